@@ -1,0 +1,74 @@
+# loom build. `make` builds build/loom; `make test` builds and runs tests.
+# SANITIZE=address,undefined builds everything under build/san with sanitizers.
+
+CC      ?= cc
+OPT     ?= -O2
+CFLAGS  ?= $(OPT) -g
+BUILD   ?= build
+
+ifneq ($(SANITIZE),)
+BUILD   := build/san
+CFLAGS  += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all
+LDFLAGS += -fsanitize=$(SANITIZE)
+endif
+
+override CFLAGS += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -pthread -Iinclude -Isrc -MMD -MP
+LDLIBS  += -lpcre2-8 -lutf8proc -lcjson -lm -pthread
+
+# Files named *_avx2.c hold the x86 SIMD kernels; they are only called after a
+# runtime CPU check, so only they get the ISA flags.
+SIMD_FLAGS := -mavx2 -mfma -mf16c
+
+LIB_SRC  := $(shell find src -name '*.c' ! -path 'src/cli/*' | sort)
+CLI_SRC  := $(sort $(wildcard src/cli/*.c))
+TEST_SRC := $(sort $(wildcard tests/test_*.c))
+TOOL_SRC := $(sort $(wildcard tools/*.c))
+BENCH_SRC := $(sort $(wildcard bench/*.c))
+
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
+TESTS    := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+TOOLS    := $(TOOL_SRC:tools/%.c=$(BUILD)/tools/%)
+BENCHES  := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
+LIB      := $(BUILD)/libloom.a
+
+.PHONY: all test tests tools clean
+all: $(BUILD)/loom $(TOOLS) $(BENCHES)
+
+$(BUILD)/obj/%_avx2.o: %_avx2.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(SIMD_FLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(LIB): $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/loom: $(CLI_OBJ) $(LIB)
+	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(LDLIBS) -o $@
+
+$(BUILD)/tests/%: tests/%.c $(LIB) tests/test.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
+
+$(BUILD)/tools/%: tools/%.c $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
+
+$(BUILD)/bench/%: bench/%.c $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
+
+tests: $(TESTS) $(BUILD)/loom
+
+# Each test binary runs from the repo root; tests/run.sh adds the CLI checks.
+test: tests
+	@LOOM_BUILD=$(BUILD) sh tests/run.sh $(TESTS)
+
+clean:
+	rm -rf build
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,0 +1,57 @@
+/* Minimal test harness: CHECK macros count failures; main returns
+ * test_report(). Fixtures are found relative to the repo root (tests run
+ * from there). */
+#ifndef LOOM_TEST_H
+#define LOOM_TEST_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int test_failures;
+static int test_checks;
+
+#define CHECK(cond)                                                        \
+    do {                                                                   \
+        test_checks++;                                                     \
+        if (!(cond)) {                                                     \
+            test_failures++;                                               \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__,         \
+                    __LINE__, #cond);                                      \
+        }                                                                  \
+    } while (0)
+
+#define CHECKF(cond, ...)                                                  \
+    do {                                                                   \
+        test_checks++;                                                     \
+        if (!(cond)) {                                                     \
+            test_failures++;                                               \
+            fprintf(stderr, "%s:%d: CHECK failed: %s: ", __FILE__,         \
+                    __LINE__, #cond);                                      \
+            fprintf(stderr, __VA_ARGS__);                                  \
+            fputc('\n', stderr);                                           \
+        }                                                                  \
+    } while (0)
+
+#define CHECK_EQ_INT(a, b) CHECKF((long long)(a) == (long long)(b), \
+                                  "%lld != %lld", (long long)(a), (long long)(b))
+#define CHECK_STR(a, b) CHECKF(strcmp((a), (b)) == 0, "\"%s\" != \"%s\"", (a), (b))
+
+static inline int test_report(const char *name) {
+    fprintf(stderr, "%s: %d checks, %d failed\n", name, test_checks,
+            test_failures);
+    return test_failures ? 1 : 0;
+}
+
+/* Deterministic xorshift random numbers for kernel tests. */
+static inline unsigned test_rand_u32(unsigned long long *s) {
+    *s ^= *s << 13; *s ^= *s >> 7; *s ^= *s << 17;
+    return (unsigned)(*s >> 32);
+}
+/* Uniform in [-1, 1). */
+static inline float test_rand_f(unsigned long long *s) {
+    return (float)((double)test_rand_u32(s) / 2147483648.0 - 1.0);
+}
+
+#endif
