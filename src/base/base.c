@@ -46,7 +46,15 @@ loom_status loom_err_wrap(loom_status s, const char *fmt, ...) {
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
     memcpy(old, err_buf, sizeof old);
-    snprintf(err_buf, sizeof err_buf, "%s: %s", prefix, old);
+    size_t n = strlen(prefix);
+    if (n > sizeof err_buf - 3) n = sizeof err_buf - 3;
+    memcpy(err_buf, prefix, n);
+    memcpy(err_buf + n, ": ", 2);
+    size_t rest = sizeof err_buf - n - 3;
+    size_t m = strlen(old);
+    if (m > rest) m = rest;
+    memcpy(err_buf + n + 2, old, m);
+    err_buf[n + 2 + m] = 0;
     return s;
 }
 
