@@ -1,5 +1,6 @@
 # loom build. `make` builds build/loom; `make test` builds and runs tests.
-# SANITIZE=address,undefined builds everything under build/san with sanitizers.
+# SANITIZE=address,undefined builds everything under $(BUILD)/san with
+# sanitizers. BUILD=dir puts all outputs under dir (default build).
 
 CC      ?= cc
 OPT     ?= -O2
@@ -7,7 +8,7 @@ CFLAGS  ?= $(OPT) -g
 BUILD   ?= build
 
 ifneq ($(SANITIZE),)
-BUILD   := build/san
+BUILD   := $(BUILD)/san
 CFLAGS  += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all
 LDFLAGS += -fsanitize=$(SANITIZE)
 endif
