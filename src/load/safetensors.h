@@ -1,0 +1,69 @@
+/* safetensors: read-only access to .safetensors files over mmap, one file
+ * or a sharded set (model.safetensors.index.json), and a small writer.
+ *
+ * Tensor data is borrowed from the mapping: pointers stay valid until
+ * loom_st_close(). Every header is validated on open (offsets inside the
+ * file, sizes matching dtype x shape, no overlaps), so consumers can trust
+ * nbytes. */
+#ifndef LOOM_SAFETENSORS_H
+#define LOOM_SAFETENSORS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "loom.h"
+
+typedef enum loom_dtype {
+    LOOM_DT_F32, LOOM_DT_F16, LOOM_DT_BF16, LOOM_DT_F64,
+    LOOM_DT_U32, LOOM_DT_I32, LOOM_DT_I64, LOOM_DT_U8, LOOM_DT_I8,
+    LOOM_DT_U16, LOOM_DT_I16, LOOM_DT_BOOL,
+    LOOM_DT_COUNT
+} loom_dtype;
+
+const char *loom_dtype_name(loom_dtype t);
+size_t loom_dtype_size(loom_dtype t);
+
+#define LOOM_ST_MAX_DIMS 8
+
+typedef struct loom_st_tensor {
+    char *name;                    /* owned */
+    loom_dtype dtype;
+    int ndim;
+    int64_t shape[LOOM_ST_MAX_DIMS];
+    const void *data;              /* borrowed from the mapping */
+    size_t nbytes;
+} loom_st_tensor;
+
+typedef struct loom_safetensors loom_safetensors;
+
+/* Opens one .safetensors file. */
+loom_status loom_st_open(const char *path, loom_safetensors **out);
+/* Opens a model directory: model.safetensors.index.json (sharded) if it
+ * exists, else model.safetensors. */
+loom_status loom_st_open_dir(const char *dir, loom_safetensors **out);
+void loom_st_close(loom_safetensors *st);
+
+int loom_st_count(const loom_safetensors *st);
+const loom_st_tensor *loom_st_at(const loom_safetensors *st, int i);
+/* NULL if absent. */
+const loom_st_tensor *loom_st_find(const loom_safetensors *st, const char *name);
+/* Value of a string in __metadata__ (first file that has it), or NULL. */
+const char *loom_st_metadata(const loom_safetensors *st, const char *key);
+
+/* Formats "F32 [3, 4]" into buf. */
+void loom_st_describe(const loom_st_tensor *t, char *buf, size_t n);
+
+/* Writes tensors to path (atomically: temp file + rename). Each entry gives
+ * name, dtype, shape and data. */
+typedef struct loom_st_write_entry {
+    const char *name;
+    loom_dtype dtype;
+    int ndim;
+    int64_t shape[LOOM_ST_MAX_DIMS];
+    const void *data;
+} loom_st_write_entry;
+
+loom_status loom_st_write(const char *path, const loom_st_write_entry *e,
+                          int n);
+
+#endif
