@@ -1,0 +1,120 @@
+/* context: one sequence over a private KV pool: the simplest way to run a
+ * model (CLI logits/generate, tests, benchmarks). The engine serves many
+ * sequences over one shared pool with the same forward. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "engine/kv.h"
+#include "model/forward.h"
+
+#define CTX_DEFAULT_MAX 32768
+#define CTX_BLOCK 16
+
+struct loom_context {
+    loom_model *m;         /* borrowed */
+    loom_kv_pool *kv;      /* owned */
+    loom_kv_seq seq;       /* owned block table */
+    loom_fwd_state *fwd;   /* owned */
+    int n_ctx, n_batch;
+};
+
+loom_context_params loom_context_default_params(void) {
+    return (loom_context_params){.n_ctx = 0, .n_batch = 0};
+}
+
+loom_status loom_context_create(loom_model *m, const loom_context_params *params,
+                                loom_context **out) {
+    *out = NULL;
+    loom_context_params p = params ? *params : loom_context_default_params();
+    if (p.n_ctx < 0 || p.n_batch < 0)
+        return loom_err(LOOM_ERR_INVALID_ARG, "context: n_ctx and n_batch must be >= 0");
+    int n_ctx = p.n_ctx ? p.n_ctx : LOOM_MIN(m->cfg.max_positions, CTX_DEFAULT_MAX);
+    if (n_ctx <= 0) n_ctx = CTX_DEFAULT_MAX;
+    int n_batch = p.n_batch ? p.n_batch : 512;
+    n_batch = LOOM_MIN(n_batch, n_ctx);
+    loom_context *c = calloc(1, sizeof *c);
+    if (!c) return loom_err(LOOM_ERR_NOMEM, "out of memory");
+    c->m = m;
+    c->n_ctx = n_ctx;
+    c->n_batch = n_batch;
+    const loom_config *cfg = &m->cfg;
+    loom_status s = loom_kv_pool_create(cfg->n_layers, cfg->n_kv_heads * cfg->head_dim, CTX_BLOCK,
+                                        (n_ctx + CTX_BLOCK - 1) / CTX_BLOCK, &c->kv);
+    if (s == LOOM_OK) s = loom_fwd_state_create(m, n_batch, n_ctx, &c->fwd);
+    if (s != LOOM_OK) {
+        loom_context_free(c);
+        return s;
+    }
+    *out = c;
+    return LOOM_OK;
+}
+
+void loom_context_free(loom_context *c) {
+    if (!c) return;
+    if (c->kv) loom_kv_seq_release(c->kv, &c->seq);
+    loom_kv_pool_free(c->kv);
+    loom_fwd_state_free(c->fwd);
+    free(c);
+}
+
+int loom_context_length(const loom_context *c) { return c->seq.n_tokens; }
+
+loom_status loom_context_truncate(loom_context *c, int pos) {
+    if (pos < 0 || pos > c->seq.n_tokens)
+        return loom_err(LOOM_ERR_RANGE, "truncate: position %d outside [0, %d]", pos,
+                        c->seq.n_tokens);
+    loom_kv_seq_truncate(c->kv, &c->seq, pos);
+    return LOOM_OK;
+}
+
+loom_status loom_context_eval(loom_context *c, const int32_t *tokens, int n,
+                              int all_logits, float *logits) {
+    int V = c->m->cfg.vocab_size;
+    if (n <= 0 || !tokens) return loom_err(LOOM_ERR_INVALID_ARG, "eval: no tokens given");
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= V)
+            return loom_err(LOOM_ERR_RANGE,
+                            "token id %d at index %d is out of range (vocabulary has %d tokens: "
+                            "0..%d)", tokens[i], i, V, V - 1);
+    if (c->seq.n_tokens + n > c->n_ctx)
+        return loom_err(LOOM_ERR_RANGE, "eval: %d + %d tokens exceed the context of %d",
+                        c->seq.n_tokens, n, c->n_ctx);
+    loom_status s = loom_kv_seq_reserve(c->kv, &c->seq, c->seq.n_tokens + n);
+    if (s != LOOM_OK) return s;
+    for (int off = 0; off < n; off += c->n_batch) {
+        int cnt = LOOM_MIN(c->n_batch, n - off);
+        int last = off + cnt == n;
+        loom_fwd_row row = {
+            .tokens = tokens + off,
+            .n = cnt,
+            .seq = &c->seq,
+            .logits = !logits ? LOOM_LOGITS_NONE
+                      : all_logits ? LOOM_LOGITS_ALL
+                      : last ? LOOM_LOGITS_LAST : LOOM_LOGITS_NONE,
+            .out = logits && all_logits ? logits + (size_t)off * V : logits,
+        };
+        if ((s = loom_forward(c->m, c->fwd, c->kv, &row, 1))) return s;
+    }
+    return LOOM_OK;
+}
+
+loom_status loom_generate_greedy(loom_context *c, const int32_t *prompt, int n_prompt,
+                                 int max_tokens, const int32_t *stop_ids, int n_stop,
+                                 int32_t *out, int *n_out) {
+    *n_out = 0;
+    int V = c->m->cfg.vocab_size;
+    float *logits = malloc(sizeof(float) * (size_t)V);
+    if (!logits) return loom_err(LOOM_ERR_NOMEM, "out of memory");
+    loom_status s = loom_context_eval(c, prompt, n_prompt, 0, logits);
+    for (int i = 0; s == LOOM_OK && i < max_tokens; i++) {
+        int32_t id = loom_argmax(logits, V);
+        out[(*n_out)++] = id;
+        int stop = 0;
+        for (int j = 0; j < n_stop; j++) stop |= stop_ids[j] == id;
+        if (stop || i + 1 == max_tokens) break;
+        s = loom_context_eval(c, &id, 1, 0, logits);
+    }
+    free(logits);
+    return s;
+}
