@@ -1,8 +1,381 @@
 /* ops_avx2: AVX2/FMA/F16C kernels. Compiled with -mavx2 -mfma -mf16c and
- * only reached after loom_kernels_get() checked the CPU. Until a kernel has
- * a SIMD version, its entry points at the reference. */
+ * only reached after loom_kernels_get() checked the CPU. Every entry must
+ * agree with ops_ref.c up to float reassociation (tests/test_ops.c).
+ *
+ * matmul layout: w is [rows][n] (row-major, one output per row), x is
+ * [T][ldx]. Two shapes matter:
+ *   - T == 1 (decode): a matvec bound by memory bandwidth. Four weight rows
+ *     are streamed together so each x load feeds four rows, with two
+ *     accumulators per row to hide FMA latency.
+ *   - T > 1 (prefill): a register tile of 4 rows x 3 tokens (12 accumulators
+ *     + 4 x/w registers = all 16 ymm). Each weight vector is converted to f32
+ *     once and reused for three tokens, so the work is FMA-bound. The row
+ *     tile stays in L1 while the token tiles sweep over it.
+ * Tails (n % 8) go through a zero-padded 8-wide block: x is loaded with a
+ * mask and w is copied into a zeroed buffer, so no load leaves its row. */
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "base/base.h"
 #include "ops/ops.h"
+
+#define INLINE static inline __attribute__((always_inline))
+
+enum { DT_F32, DT_F16, DT_BF16 };
+
+/* Lane i of the mask is all-ones for i < rem (rem in 0..8). */
+INLINE __m256i tail_mask(int rem) {
+    static const int32_t m[16] = {-1, -1, -1, -1, -1, -1, -1, -1,
+                                  0,  0,  0,  0,  0,  0,  0,  0};
+    return _mm256_loadu_si256((const __m256i *)(m + 8 - rem));
+}
+
+INLINE __m256 bf16x8(__m128i h) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* Eight weights starting at element i of w, as f32. */
+INLINE __m256 load_w(const void *w, size_t i, int dt) {
+    if (dt == DT_F32) return _mm256_loadu_ps((const float *)w + i);
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + i));
+    return dt == DT_F16 ? _mm256_cvtph_ps(h) : bf16x8(h);
+}
+
+/* The last rem (< 8) weights from element i, zero-padded to eight. */
+INLINE __m256 load_w_tail(const void *w, size_t i, int rem, int dt) {
+    if (dt == DT_F32) return _mm256_maskload_ps((const float *)w + i, tail_mask(rem));
+    uint16_t buf[8] = {0};
+    memcpy(buf, (const uint16_t *)w + i, (size_t)rem * sizeof(uint16_t));
+    __m128i h = _mm_loadu_si128((const __m128i *)buf);
+    return dt == DT_F16 ? _mm256_cvtph_ps(h) : bf16x8(h);
+}
+
+INLINE float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* {hsum(a), hsum(b), hsum(c), hsum(d)} */
+INLINE __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
+    __m256 ab = _mm256_hadd_ps(a, b), cd = _mm256_hadd_ps(c, d);
+    __m256 s = _mm256_hadd_ps(ab, cd);
+    return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+}
+
+/* y[r0 .. r0+R) = w rows . x, for R in 1..4 (T == 1). */
+INLINE void matvec_rows(float *y, const float *x, const void *w, size_t n,
+                        int r0, int R, int dt) {
+    __m256 a0[4], a1[4];
+    size_t base[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        a0[r] = _mm256_setzero_ps();
+        a1[r] = _mm256_setzero_ps();
+        base[r] = (size_t)(r0 + r) * n;
+    }
+    size_t k = 0;
+    for (; k + 16 <= n; k += 16) {
+        __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            a0[r] = _mm256_fmadd_ps(load_w(w, base[r] + k, dt), x0, a0[r]);
+            a1[r] = _mm256_fmadd_ps(load_w(w, base[r] + k + 8, dt), x1, a1[r]);
+        }
+    }
+    if (k + 8 <= n) {
+        __m256 x0 = _mm256_loadu_ps(x + k);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+            a0[r] = _mm256_fmadd_ps(load_w(w, base[r] + k, dt), x0, a0[r]);
+        k += 8;
+    }
+    if (k < n) {
+        int rem = (int)(n - k);
+        __m256 x0 = _mm256_maskload_ps(x + k, tail_mask(rem));
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+            a1[r] = _mm256_fmadd_ps(load_w_tail(w, base[r] + k, rem, dt), x0, a1[r]);
+    }
+    if (R == 4) {
+        _mm_storeu_ps(y + r0, hsum4(_mm256_add_ps(a0[0], a1[0]), _mm256_add_ps(a0[1], a1[1]),
+                                    _mm256_add_ps(a0[2], a1[2]), _mm256_add_ps(a0[3], a1[3])));
+    } else {
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) y[r0 + r] = hsum(_mm256_add_ps(a0[r], a1[r]));
+    }
+}
+
+/* Register tile for T > 1: R rows (1..4) x TT tokens (1..3). y and x point at
+ * the first token of the tile. */
+INLINE void tile(float *y, size_t ldy, const float *x, size_t ldx,
+                 const void *w, size_t n, int r0, int R, int TT, int dt) {
+    __m256 acc[4][3];
+    size_t base[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        base[r] = (size_t)(r0 + r) * n;
+#pragma GCC unroll 3
+        for (int t = 0; t < TT; t++) acc[r][t] = _mm256_setzero_ps();
+    }
+    size_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        __m256 xv[3];
+#pragma GCC unroll 3
+        for (int t = 0; t < TT; t++) xv[t] = _mm256_loadu_ps(x + t * ldx + k);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            __m256 wv = load_w(w, base[r] + k, dt);
+#pragma GCC unroll 3
+            for (int t = 0; t < TT; t++) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
+        }
+    }
+    if (k < n) {
+        int rem = (int)(n - k);
+        __m256i m = tail_mask(rem);
+        __m256 xv[3];
+#pragma GCC unroll 3
+        for (int t = 0; t < TT; t++) xv[t] = _mm256_maskload_ps(x + t * ldx + k, m);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            __m256 wv = load_w_tail(w, base[r] + k, rem, dt);
+#pragma GCC unroll 3
+            for (int t = 0; t < TT; t++) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
+        }
+    }
+#pragma GCC unroll 3
+    for (int t = 0; t < TT; t++) {
+        if (R == 4) {
+            _mm_storeu_ps(y + t * ldy + r0,
+                          hsum4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]));
+        } else {
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) y[t * ldy + r0 + r] = hsum(acc[r][t]);
+        }
+    }
+}
+
+/* Tokens of one row tile, in tiles of three plus a 1- or 2-token rest. */
+INLINE void tile_tokens(float *y, size_t ldy, const float *x, size_t ldx,
+                        const void *w, size_t n, int T, int r0, int R, int dt) {
+    int t = 0;
+    for (; t + 3 <= T; t += 3)
+        tile(y + t * ldy, ldy, x + t * ldx, ldx, w, n, r0, R, 3, dt);
+    if (T - t == 2) tile(y + t * ldy, ldy, x + t * ldx, ldx, w, n, r0, R, 2, dt);
+    else if (T - t == 1) tile(y + t * ldy, ldy, x + t * ldx, ldx, w, n, r0, R, 1, dt);
+}
+
+INLINE void matmul(float *y, int ldy, const float *x, int ldx, const void *w,
+                   int n_, int T, int r0, int r1, int dt) {
+    size_t n = (size_t)n_;
+    int r = r0;
+    if (T == 1) {
+        for (; r + 4 <= r1; r += 4) matvec_rows(y, x, w, n, r, 4, dt);
+        switch (r1 - r) {
+        case 3: matvec_rows(y, x, w, n, r, 3, dt); break;
+        case 2: matvec_rows(y, x, w, n, r, 2, dt); break;
+        case 1: matvec_rows(y, x, w, n, r, 1, dt); break;
+        default: break;
+        }
+        return;
+    }
+    size_t lx = (size_t)ldx, ly = (size_t)ldy;
+    for (; r + 4 <= r1; r += 4) tile_tokens(y, ly, x, lx, w, n, T, r, 4, dt);
+    switch (r1 - r) {
+    case 3: tile_tokens(y, ly, x, lx, w, n, T, r, 3, dt); break;
+    case 2: tile_tokens(y, ly, x, lx, w, n, T, r, 2, dt); break;
+    case 1: tile_tokens(y, ly, x, lx, w, n, T, r, 1, dt); break;
+    default: break;
+    }
+}
+
+static void matmul_f32(float *y, int ldy, const float *x, int ldx,
+                       const float *w, int n, int T, int r0, int r1) {
+    matmul(y, ldy, x, ldx, w, n, T, r0, r1, DT_F32);
+}
+
+static void matmul_f16(float *y, int ldy, const float *x, int ldx,
+                       const uint16_t *w, int n, int T, int r0, int r1) {
+    matmul(y, ldy, x, ldx, w, n, T, r0, r1, DT_F16);
+}
+
+static void matmul_bf16(float *y, int ldy, const float *x, int ldx,
+                        const uint16_t *w, int n, int T, int r0, int r1) {
+    matmul(y, ldy, x, ldx, w, n, T, r0, r1, DT_BF16);
+}
+
+/* ---- vector kernels ------------------------------------------------------ */
+
+static float dot(const float *a, const float *b, int n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
+        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
+    }
+    for (; i + 8 <= n; i += 8)
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    if (i < n) {
+        __m256i m = tail_mask(n - i);
+        s1 = _mm256_fmadd_ps(_mm256_maskload_ps(a + i, m), _mm256_maskload_ps(b + i, m), s1);
+    }
+    return hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+}
+
+static void axpy(float *y, float a, const float *x, int n) {
+    __m256 av = _mm256_set1_ps(a);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i),
+                                                _mm256_loadu_ps(y + i)));
+    if (i < n) {
+        __m256i m = tail_mask(n - i);
+        __m256 v = _mm256_fmadd_ps(av, _mm256_maskload_ps(x + i, m),
+                                   _mm256_maskload_ps(y + i, m));
+        _mm256_maskstore_ps(y + i, m, v);
+    }
+}
+
+static void rmsnorm(float *y, const float *x, const float *w, int n, float eps) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0;
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + 8);
+        s0 = _mm256_fmadd_ps(a, a, s0);
+        s1 = _mm256_fmadd_ps(b, b, s1);
+    }
+    for (; i + 8 <= n; i += 8) {
+        __m256 a = _mm256_loadu_ps(x + i);
+        s0 = _mm256_fmadd_ps(a, a, s0);
+    }
+    if (i < n) {
+        __m256 a = _mm256_maskload_ps(x + i, tail_mask(n - i));
+        s1 = _mm256_fmadd_ps(a, a, s1);
+    }
+    float ss = hsum(_mm256_add_ps(s0, s1));
+    float inv = 1.0f / sqrtf(ss / (float)n + eps);
+    __m256 iv = _mm256_set1_ps(inv);
+    /* Same rounding order as the reference: (x * inv) * w. */
+    for (i = 0; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), iv),
+                                              _mm256_loadu_ps(w + i)));
+    if (i < n) {
+        __m256i m = tail_mask(n - i);
+        __m256 v = _mm256_mul_ps(_mm256_mul_ps(_mm256_maskload_ps(x + i, m), iv),
+                                 _mm256_maskload_ps(w + i, m));
+        _mm256_maskstore_ps(y + i, m, v);
+    }
+}
+
+/* expf for eight lanes, within ~2 ulp of libm over the whole range,
+ * including overflow to inf, gradual underflow to 0 and NaN passthrough.
+ * x = n*ln2 + r with |r| <= ln2/2 (ln2 split in two for an exact r), then a
+ * degree-6 polynomial for e^r and 2^n applied as two factors so that n in
+ * [-150, 128] never leaves the exponent range of either factor. */
+INLINE __m256 exp8(__m256 x) {
+    /* max/min return the second operand when one is NaN: keep x second. */
+    x = _mm256_max_ps(_mm256_set1_ps(-104.0f), x);
+    x = _mm256_min_ps(_mm256_set1_ps(89.0f), x);
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r);
+    p = _mm256_add_ps(p, _mm256_set1_ps(1.0f));
+    __m256i ni = _mm256_cvtps_epi32(n);
+    __m256i n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
+    __m256i bias = _mm256_set1_epi32(127);
+    __m256 f1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
+    __m256 f2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
+    return _mm256_mul_ps(_mm256_mul_ps(p, f1), f2);
+}
+
+static void softmax(float *x, int n) {
+    if (n <= 0) return;
+    /* The maximum ignores NaN like the reference's `x > m ? x : m`. */
+    float m = -INFINITY;
+    int i = 0;
+    if (n >= 8) {
+        __m256 mv = _mm256_set1_ps(-INFINITY);
+        for (; i + 8 <= n; i += 8) mv = _mm256_max_ps(_mm256_loadu_ps(x + i), mv);
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(mv), _mm256_extractf128_ps(mv, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        m = _mm_cvtss_f32(h);
+    }
+    for (; i < n; i++) m = x[i] > m ? x[i] : m;
+    __m256 mv = _mm256_set1_ps(m), s = _mm256_setzero_ps();
+    for (i = 0; i + 8 <= n; i += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv));
+        _mm256_storeu_ps(x + i, e);
+        s = _mm256_add_ps(s, e);
+    }
+    if (i < n) {
+        __m256i mk = tail_mask(n - i);
+        __m256 e = exp8(_mm256_sub_ps(_mm256_maskload_ps(x + i, mk), mv));
+        e = _mm256_and_ps(e, _mm256_castsi256_ps(mk));
+        _mm256_maskstore_ps(x + i, mk, e);
+        s = _mm256_add_ps(s, e);
+    }
+    __m256 inv = _mm256_set1_ps(1.0f / hsum(s));
+    for (i = 0; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
+    if (i < n) {
+        __m256i mk = tail_mask(n - i);
+        _mm256_maskstore_ps(x + i, mk, _mm256_mul_ps(_mm256_maskload_ps(x + i, mk), inv));
+    }
+}
+
+INLINE __m256 silu_mul8(__m256 g, __m256 u) {
+    __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+    return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), u);
+}
+
+static void silu_mul(float *g, const float *u, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(g + i, silu_mul8(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
+    if (i < n) {
+        __m256i m = tail_mask(n - i);
+        _mm256_maskstore_ps(g + i, m, silu_mul8(_mm256_maskload_ps(g + i, m),
+                                                _mm256_maskload_ps(u + i, m)));
+    }
+}
+
+static void f16_to_f32(float *y, const uint16_t *x, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, load_w(x, (size_t)i, DT_F16));
+    if (i < n)
+        _mm256_maskstore_ps(y + i, tail_mask(n - i), load_w_tail(x, (size_t)i, n - i, DT_F16));
+}
+
+static void bf16_to_f32(float *y, const uint16_t *x, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, load_w(x, (size_t)i, DT_BF16));
+    if (i < n)
+        _mm256_maskstore_ps(y + i, tail_mask(n - i), load_w_tail(x, (size_t)i, n - i, DT_BF16));
+}
 
 const loom_kernels loom_kernels_avx2 = {
     .name = "avx2",
+    .matmul_f32 = matmul_f32,
+    .matmul_f16 = matmul_f16,
+    .matmul_bf16 = matmul_bf16,
+    .dot = dot,
+    .axpy = axpy,
+    .rmsnorm = rmsnorm,
+    .softmax = softmax,
+    .silu_mul = silu_mul,
+    .f16_to_f32 = f16_to_f32,
+    .bf16_to_f32 = bf16_to_f32,
 };

@@ -1,0 +1,520 @@
+/* test_ops: every entry of the SIMD kernel table against the plain-C
+ * reference on random data (never zeros) and odd sizes, plus the base
+ * f16/bf16 conversions against an independent computation in double, and
+ * loom_argmax.
+ *
+ * Tolerances: sums may be reassociated, so a sum is compared with
+ * |a - b| <= 1e-5 * sum|terms| + 1e-6. Element-wise kernels get a few ulp. */
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "ops/ops.h"
+#include "test.h"
+
+static unsigned long long rng = 0x9e3779b97f4a7c15ull;
+
+static const int SIZES[] = {1, 3, 7, 15, 16, 17, 31, 33, 63, 64, 65, 100, 127, 257, 1000, 1023};
+static const int TOKENS[] = {1, 2, 3, 5, 8, 13};
+
+static const loom_kernels *K;          /* table under test */
+static const loom_kernels *R = &loom_kernels_ref;
+
+/* Exactly sized allocations so that the sanitizers see any overread. */
+static float *rand_f32(size_t n, float scale) {
+    float *p = malloc((n ? n : 1) * sizeof *p);
+    for (size_t i = 0; i < n; i++) {
+        float v = test_rand_f(&rng) * scale;
+        p[i] = v != 0 ? v : scale * 0.5f;
+    }
+    return p;
+}
+
+static uint16_t *rand_h16(size_t n, int bf16) {
+    uint16_t *p = malloc((n ? n : 1) * sizeof *p);
+    for (size_t i = 0; i < n; i++) {
+        float v = test_rand_f(&rng);
+        if (v == 0) v = 0.25f;
+        p[i] = bf16 ? loom_f32_to_bf16(v) : loom_f32_to_f16(v);
+    }
+    return p;
+}
+
+static int close_sum(float got, float want, double sumabs) {
+    return fabs((double)got - (double)want) <= 1e-5 * sumabs + 1e-6;
+}
+
+static int close_rel(float got, float want, double rel, double abs_tol) {
+    if (isnan(want)) return isnan(got);
+    if (isinf(want)) return got == want;
+    return fabs((double)got - (double)want) <= rel * fabs((double)want) + abs_tol;
+}
+
+/* ---- matmul ---------------------------------------------------------------- */
+
+enum { W_F32, W_F16, W_BF16 };
+
+static float wval(const void *w, size_t i, int dt) {
+    if (dt == W_F32) return ((const float *)w)[i];
+    uint16_t h = ((const uint16_t *)w)[i];
+    return dt == W_F16 ? loom_f16_to_f32(h) : loom_bf16_to_f32(h);
+}
+
+static void call_mm(const loom_kernels *k, int dt, float *y, int ldy, const float *x,
+                    int ldx, const void *w, int n, int T, int r0, int r1) {
+    if (dt == W_F32) k->matmul_f32(y, ldy, x, ldx, w, n, T, r0, r1);
+    else if (dt == W_F16) k->matmul_f16(y, ldy, x, ldx, w, n, T, r0, r1);
+    else k->matmul_bf16(y, ldy, x, ldx, w, n, T, r0, r1);
+}
+
+static const float SENTINEL = 12345.0f;
+
+/* One case: rows weight rows of length n, T tokens with padded strides,
+ * output rows [r0, r1). Checks the range against the reference and that
+ * nothing outside it was written. */
+static void check_matmul(int dt, int n, int T, int rows, int r0, int r1, int ldx, int ldy) {
+    size_t nw = (size_t)rows * n;
+    void *w = dt == W_F32 ? (void *)rand_f32(nw, 1.0f) : (void *)rand_h16(nw, dt == W_BF16);
+    size_t nx = (size_t)(T - 1) * ldx + n;
+    float *x = rand_f32(nx, 1.0f);
+    size_t ny = (size_t)(T - 1) * ldy + rows;
+    float *y = malloc(ny * sizeof *y), *yr = malloc(ny * sizeof *yr);
+    for (size_t i = 0; i < ny; i++) y[i] = yr[i] = SENTINEL;
+    call_mm(K, dt, y, ldy, x, ldx, w, n, T, r0, r1);
+    call_mm(R, dt, yr, ldy, x, ldx, w, n, T, r0, r1);
+    int bad = 0;
+    for (int t = 0; t < T && bad < 3; t++)
+        for (int r = 0; r < rows && bad < 3; r++) {
+            size_t i = (size_t)t * ldy + r;
+            if (r < r0 || r >= r1) {
+                if (y[i] != SENTINEL) bad++;
+                CHECKF(y[i] == SENTINEL, "dt %d n %d T %d [%d,%d): wrote outside at t %d r %d",
+                       dt, n, T, r0, r1, t, r);
+                continue;
+            }
+            double sa = 0;
+            for (int k = 0; k < n; k++)
+                sa += fabs((double)x[(size_t)t * ldx + k] * wval(w, (size_t)r * n + k, dt));
+            int ok = close_sum(y[i], yr[i], sa);
+            if (!ok) bad++;
+            CHECKF(ok, "dt %d n %d T %d [%d,%d) t %d r %d: got %.9g want %.9g", dt, n, T, r0,
+                   r1, t, r, y[i], yr[i]);
+        }
+    /* Stride padding between tokens must be untouched too. */
+    for (int t = 0; t + 1 < T; t++)
+        for (int r = rows; r < ldy; r++)
+            if (y[(size_t)t * ldy + r] != SENTINEL) {
+                CHECKF(0, "dt %d n %d T %d: wrote into ldy padding", dt, n, T);
+                t = T;
+                break;
+            }
+    free(w);
+    free(x);
+    free(y);
+    free(yr);
+}
+
+static void test_matmul(void) {
+    static const int ranges[][2] = {{0, 19}, {1, 18}, {3, 10}, {5, 6}, {2, 7}, {4, 4}};
+    for (int dt = 0; dt < 3; dt++)
+        for (size_t ni = 0; ni < LOOM_ARRAY_LEN(SIZES); ni++)
+            for (size_t ti = 0; ti < LOOM_ARRAY_LEN(TOKENS); ti++)
+                for (size_t ri = 0; ri < LOOM_ARRAY_LEN(ranges); ri++) {
+                    int n = SIZES[ni], T = TOKENS[ti];
+                    check_matmul(dt, n, T, 19, ranges[ri][0], ranges[ri][1], n + (int)ri % 3,
+                                 19 + 2 * (int)ri);
+                }
+    /* Larger shapes with many full tiles. */
+    for (int dt = 0; dt < 3; dt++) {
+        check_matmul(dt, 1024, 1, 96, 0, 96, 1024, 96);
+        check_matmul(dt, 1024, 64, 67, 0, 67, 1024, 67);
+        check_matmul(dt, 600, 7, 130, 13, 121, 611, 140);
+    }
+}
+
+/* Weights with a large dynamic range and special (non-NaN) values: each
+ * f16 / bf16 bit pattern converts exactly, so any mismatch beyond
+ * reassociation is a conversion bug. */
+static void test_matmul_specials(void) {
+    for (int dt = W_F16; dt <= W_BF16; dt++) {
+        int n = 43, rows = 9;
+        uint16_t *w = malloc((size_t)n * rows * sizeof *w);
+        for (int i = 0; i < n * rows; i++) {
+            uint16_t h;
+            do h = (uint16_t)test_rand_u32(&rng);
+            while (dt == W_F16 ? ((h & 0x7c00) == 0x7c00 || (h & 0x7c00) > 0x5000)
+                               : ((h & 0x7f80) == 0x7f80 || (h & 0x7f80) > 0x4a00 ||
+                                  (h & 0x7f80) < 0x3000));
+            w[i] = h;
+        }
+        float *x = rand_f32(2 * (size_t)n, 1.0f);
+        float y[2 * 9], yr[2 * 9];
+        call_mm(K, dt, y, rows, x, n, w, n, 2, 0, rows);
+        call_mm(R, dt, yr, rows, x, n, w, n, 2, 0, rows);
+        for (int t = 0; t < 2; t++)
+            for (int r = 0; r < rows; r++) {
+                double sa = 0;
+                for (int k = 0; k < n; k++)
+                    sa += fabs((double)x[t * n + k] * wval(w, (size_t)r * n + k, dt));
+                CHECKF(close_sum(y[t * rows + r], yr[t * rows + r], sa),
+                       "specials dt %d t %d r %d: %g vs %g", dt, t, r, y[t * rows + r],
+                       yr[t * rows + r]);
+            }
+        free(w);
+        free(x);
+    }
+}
+
+/* ---- vector kernels -------------------------------------------------------- */
+
+static void test_dot_axpy(void) {
+    for (size_t ni = 0; ni < LOOM_ARRAY_LEN(SIZES); ni++) {
+        int n = SIZES[ni];
+        float *a = rand_f32((size_t)n, 1.0f), *b = rand_f32((size_t)n, 3.0f);
+        double sa = 0;
+        for (int i = 0; i < n; i++) sa += fabs((double)a[i] * b[i]);
+        float got = K->dot(a, b, n), want = R->dot(a, b, n);
+        CHECKF(close_sum(got, want, sa), "dot n %d: %.9g vs %.9g", n, got, want);
+
+        float *y = rand_f32((size_t)n, 2.0f), *yr = malloc((size_t)n * sizeof *yr);
+        memcpy(yr, y, (size_t)n * sizeof *y);
+        float s = test_rand_f(&rng) * 4.0f + 0.1f;
+        K->axpy(y, s, a, n);
+        R->axpy(yr, s, a, n);
+        for (int i = 0; i < n; i++) {
+            double mag = fabs((double)yr[i]) + fabs((double)s * a[i]) * 2;
+            CHECKF(fabs((double)y[i] - yr[i]) <= 2e-7 * mag + 1e-12, "axpy n %d i %d: %.9g vs %.9g",
+                   n, i, y[i], yr[i]);
+        }
+        free(a);
+        free(b);
+        free(y);
+        free(yr);
+    }
+    CHECK(K->dot(NULL, NULL, 0) == 0);
+}
+
+static void test_rmsnorm(void) {
+    for (size_t ni = 0; ni < LOOM_ARRAY_LEN(SIZES); ni++) {
+        int n = SIZES[ni];
+        float *x = rand_f32((size_t)n, 5.0f), *w = rand_f32((size_t)n, 2.0f);
+        float *y = malloc((size_t)n * sizeof *y), *yr = malloc((size_t)n * sizeof *yr);
+        K->rmsnorm(y, x, w, n, 1e-6f);
+        R->rmsnorm(yr, x, w, n, 1e-6f);
+        for (int i = 0; i < n; i++)
+            CHECKF(close_rel(y[i], yr[i], 1e-5, 1e-7), "rmsnorm n %d i %d: %.9g vs %.9g", n, i,
+                   y[i], yr[i]);
+        /* In place (y aliases x). */
+        K->rmsnorm(x, x, w, n, 1e-6f);
+        for (int i = 0; i < n; i++)
+            CHECKF(close_rel(x[i], yr[i], 1e-5, 1e-7), "rmsnorm alias n %d i %d: %.9g vs %.9g", n,
+                   i, x[i], yr[i]);
+        free(x);
+        free(w);
+        free(y);
+        free(yr);
+    }
+}
+
+static void test_softmax(void) {
+    for (size_t ni = 0; ni < LOOM_ARRAY_LEN(SIZES); ni++)
+        for (int mode = 0; mode < 3; mode++) {
+            int n = SIZES[ni];
+            /* mode 0: logits in [-1,1); 1: in [-40,40); 2: with masked -inf. */
+            float *x = rand_f32((size_t)n, mode == 0 ? 1.0f : 40.0f);
+            if (mode == 2)
+                for (int i = 0; i < n; i++)
+                    if (i % 3 == 1) x[i] = -INFINITY;
+            float *xr = malloc((size_t)n * sizeof *xr);
+            memcpy(xr, x, (size_t)n * sizeof *x);
+            K->softmax(x, n);
+            R->softmax(xr, n);
+            double sum = 0;
+            for (int i = 0; i < n; i++) {
+                sum += x[i];
+                CHECKF(close_rel(x[i], xr[i], 1e-5, 1e-9), "softmax n %d mode %d i %d: %.9g vs %.9g",
+                       n, mode, i, x[i], xr[i]);
+            }
+            CHECKF(fabs(sum - 1.0) < 1e-5, "softmax n %d mode %d: sum %.9g", n, mode, sum);
+            free(x);
+            free(xr);
+        }
+    /* exp over its whole range: softmax([0, v]) = {1, e^v} / (1 + e^v),
+     * from e^v ~ 1 down to subnormal and zero. */
+    for (float v = -110.0f; v <= 0.0f; v += 0.0371f) {
+        float x[2] = {0.0f, v}, xr[2] = {0.0f, v};
+        K->softmax(x, 2);
+        R->softmax(xr, 2);
+        CHECKF(close_rel(x[0], xr[0], 1e-6, 0) && close_rel(x[1], xr[1], 1e-6, 1e-44),
+               "softmax [0, %.9g]: {%.9g, %.9g} vs {%.9g, %.9g}", v, x[0], x[1], xr[0], xr[1]);
+    }
+}
+
+static void test_silu_mul(void) {
+    for (size_t ni = 0; ni < LOOM_ARRAY_LEN(SIZES); ni++) {
+        int n = SIZES[ni];
+        float *g = rand_f32((size_t)n, 12.0f), *u = rand_f32((size_t)n, 2.0f);
+        float *gr = malloc((size_t)n * sizeof *gr);
+        memcpy(gr, g, (size_t)n * sizeof *g);
+        K->silu_mul(g, u, n);
+        R->silu_mul(gr, u, n);
+        for (int i = 0; i < n; i++)
+            CHECKF(close_rel(g[i], gr[i], 1e-6, 1e-30), "silu_mul n %d i %d: %.9g vs %.9g", n, i,
+                   g[i], gr[i]);
+        free(g);
+        free(u);
+        free(gr);
+    }
+    /* Sweep through exp overflow (g < -88.7) and underflow (g > 87). */
+    enum { N = 4096 };
+    static float g[N], gr[N], u[N];
+    for (int i = 0; i < N; i++) {
+        g[i] = gr[i] = -120.0f + 240.0f * (float)i / N + 0.013f;
+        u[i] = 1.0f + test_rand_f(&rng) * 0.5f;
+    }
+    g[0] = gr[0] = INFINITY;
+    g[1] = gr[1] = -INFINITY;
+    g[2] = gr[2] = NAN;
+    K->silu_mul(g, u, N);
+    R->silu_mul(gr, u, N);
+    for (int i = 0; i < N; i++)
+        CHECKF(close_rel(g[i], gr[i], 1e-6, 1e-37), "silu_mul sweep i %d: %.9g vs %.9g", i, g[i],
+               gr[i]);
+}
+
+static void test_row_conversions(void) {
+    /* Every 16-bit pattern, shifted so the tail path sees each one too. */
+    enum { N = 65536 + 7 };
+    uint16_t *h = malloc(N * sizeof *h);
+    float *y = malloc(N * sizeof *y), *yr = malloc(N * sizeof *yr);
+    for (int i = 0; i < N; i++) h[i] = (uint16_t)(i * 40503u);
+    for (int bf = 0; bf < 2; bf++)
+        for (size_t ni = 0; ni <= LOOM_ARRAY_LEN(SIZES); ni++) {
+            int n = ni < LOOM_ARRAY_LEN(SIZES) ? SIZES[ni] : N;
+            for (int i = 0; i < n; i++) y[i] = yr[i] = SENTINEL;
+            if (bf) {
+                K->bf16_to_f32(y, h, n);
+                R->bf16_to_f32(yr, h, n);
+            } else {
+                K->f16_to_f32(y, h, n);
+                R->f16_to_f32(yr, h, n);
+            }
+            int bad = 0;
+            for (int i = 0; i < n && bad < 5; i++) {
+                /* NaN payloads may differ (hardware may quiet them). */
+                int ok = isnan(yr[i]) ? isnan(y[i]) : memcmp(&y[i], &yr[i], 4) == 0;
+                bad += !ok;
+                CHECKF(ok, "%s n %d i %d (0x%04x): %.9g vs %.9g", bf ? "bf16" : "f16", n, i, h[i],
+                       y[i], yr[i]);
+            }
+        }
+    free(h);
+    free(y);
+    free(yr);
+}
+
+/* ---- base conversions against an independent computation ----------------- */
+
+/* Value of a finite f16 pattern (or +-inf), computed from the definition. */
+static double f16_value(uint16_t h) {
+    int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
+    double v = e == 0 ? ldexp(m, -24) : e == 31 ? INFINITY : ldexp(1024 + m, e - 25);
+    return s ? -v : v;
+}
+
+/* Round-to-nearest-even of |f| onto the ordered list of non-negative f16
+ * patterns 0..0x7c00, where 0x7c00 (inf) takes the place of 2^16 for
+ * rounding (IEEE overflow rule). */
+static uint16_t f32_to_f16_indep(float f) {
+    if (isnan(f)) return 0x7e00;
+    uint16_t sign = signbit(f) ? 0x8000 : 0;
+    double a = fabs((double)f);
+    if (a >= 65536.0) return sign | 0x7c00;
+    uint16_t lo = 0, hi = 0x7c00;
+    while (hi - lo > 1) { /* largest lo with value(lo) <= a */
+        uint16_t mid = (uint16_t)((lo + hi) / 2);
+        if (f16_value(mid) <= a) lo = mid;
+        else hi = mid;
+    }
+    if (f16_value(lo) == a) return sign | lo;
+    double vhi = lo + 1 == 0x7c00 ? 65536.0 : f16_value((uint16_t)(lo + 1));
+    double dlo = a - f16_value(lo), dhi = vhi - a;
+    uint16_t r = dlo < dhi ? lo : dhi < dlo ? (uint16_t)(lo + 1) : (lo & 1) ? (uint16_t)(lo + 1) : lo;
+    return sign | r;
+}
+
+static uint32_t f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static float bits_f32(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* bf16 by the same nearest-even rule, with the neighbours as doubles. */
+static uint16_t f32_to_bf16_indep(float f) {
+    if (isnan(f)) return 0xffff; /* only NaN-ness is compared */
+    uint32_t u = f32_bits(f);
+    uint16_t lo = (uint16_t)(u >> 16); /* truncation: |value(lo)| <= |f| */
+    double a = fabs((double)f), vlo = fabs((double)bits_f32((uint32_t)lo << 16));
+    if (vlo == a) return lo;
+    uint16_t up = (uint16_t)(lo + 1);
+    double vhi = (up & 0x7fff) == 0x7f80 ? ldexp(1.0, 128) : fabs((double)bits_f32((uint32_t)up << 16));
+    double dlo = a - vlo, dhi = vhi - a;
+    return dlo < dhi ? lo : dhi < dlo ? up : (lo & 1) ? up : lo;
+}
+
+static void check_f32_to_f16(float f) {
+    uint16_t got = loom_f32_to_f16(f), want = f32_to_f16_indep(f);
+    if (isnan(f)) {
+        CHECKF((got & 0x7c00) == 0x7c00 && (got & 0x3ff) && (got & 0x8000) == (f32_bits(f) >> 16 & 0x8000),
+               "f32_to_f16(nan 0x%08x) = 0x%04x", f32_bits(f), got);
+        return;
+    }
+    CHECKF(got == want, "f32_to_f16(%.9g = 0x%08x) = 0x%04x, want 0x%04x", f, f32_bits(f), got, want);
+}
+
+static void check_f32_to_bf16(float f) {
+    uint16_t got = loom_f32_to_bf16(f), want = f32_to_bf16_indep(f);
+    if (isnan(f)) {
+        CHECKF(isnan(loom_bf16_to_f32(got)) && (got >> 15) == (f32_bits(f) >> 31),
+               "f32_to_bf16(nan 0x%08x) = 0x%04x", f32_bits(f), got);
+        return;
+    }
+    CHECKF(got == want, "f32_to_bf16(%.9g = 0x%08x) = 0x%04x, want 0x%04x", f, f32_bits(f), got,
+           want);
+}
+
+static void test_base_conversions(void) {
+    /* f16 -> f32 for every pattern, and exact round trip of every non-NaN. */
+    int bad = 0;
+    for (uint32_t h = 0; h < 65536 && bad < 5; h++) {
+        float f = loom_f16_to_f32((uint16_t)h);
+        int e = (h >> 10) & 31, m = h & 1023;
+        int ok;
+        if (e == 31 && m) {
+            ok = isnan(f) && !!signbit(f) == !!(h & 0x8000);
+        } else {
+            ok = (double)f == f16_value((uint16_t)h) && !!signbit(f) == !!(h & 0x8000) &&
+                 loom_f32_to_f16(f) == h;
+        }
+        bad += !ok;
+        CHECKF(ok, "f16 0x%04x -> %.9g -> 0x%04x", h, f, loom_f32_to_f16(f));
+    }
+    /* bf16 -> f32 -> bf16 for every pattern. */
+    bad = 0;
+    for (uint32_t h = 0; h < 65536 && bad < 5; h++) {
+        float f = loom_bf16_to_f32((uint16_t)h);
+        int ok = f32_bits(f) == h << 16 &&
+                 (isnan(f) ? isnan(loom_bf16_to_f32(loom_f32_to_bf16(f))) : loom_f32_to_bf16(f) == h);
+        bad += !ok;
+        CHECKF(ok, "bf16 0x%04x round trip", h);
+    }
+    /* f32 -> f16: every midpoint between neighbouring f16 values (ties go to
+     * even) and the floats just either side of it. */
+    for (uint32_t h = 0; h < 0x7c00; h++) {
+        double lo = f16_value((uint16_t)h), hi = h + 1 == 0x7c00 ? 65536.0 : f16_value((uint16_t)(h + 1));
+        float mid = (float)((lo + hi) / 2); /* exact: f16 has 11 bits, f32 24 */
+        for (int s = 0; s < 2; s++) {
+            float m = s ? -mid : mid;
+            check_f32_to_f16(m);
+            check_f32_to_f16(nextafterf(m, INFINITY));
+            check_f32_to_f16(nextafterf(m, -INFINITY));
+        }
+    }
+    static const float specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -NAN, FLT_MAX, -FLT_MAX,
+                                     FLT_MIN, FLT_TRUE_MIN, 65504.0f, 65519.99f, 65520.0f, 65536.0f,
+                                     1e-8f, 2.98023224e-8f /* 2^-25 */, 2.98023259e-8f, 5.96046448e-8f,
+                                     6.09755516e-5f, 6.10351562e-5f, 1.0f, 1.00048828125f,
+                                     1.00146484375f, 3.14159265f};
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(specials); i++) {
+        check_f32_to_f16(specials[i]);
+        check_f32_to_f16(-specials[i]);
+        check_f32_to_bf16(specials[i]);
+        check_f32_to_bf16(-specials[i]);
+    }
+    check_f32_to_bf16(bits_f32(0x7f800001u)); /* signalling NaN must stay NaN */
+    check_f32_to_bf16(bits_f32(0xff800001u));
+    check_f32_to_bf16(bits_f32(0x3f808000u)); /* tie, even below */
+    check_f32_to_bf16(bits_f32(0x3f818000u)); /* tie, odd below */
+    check_f32_to_bf16(bits_f32(0x7f7f8000u)); /* tie rounding up to inf */
+    check_f32_to_bf16(bits_f32(0x00008000u)); /* subnormal tie */
+    check_f32_to_bf16(bits_f32(0x00018000u));
+    /* Random bit patterns across the whole range (all exponents). */
+    for (int i = 0; i < 200000; i++) {
+        float f = bits_f32(test_rand_u32(&rng));
+        check_f32_to_f16(f);
+        check_f32_to_bf16(f);
+    }
+}
+
+static void test_argmax(void) {
+    float a[] = {3.0f};
+    CHECK_EQ_INT(loom_argmax(a, 1), 0);
+    float b[] = {-5.0f, -2.0f, -2.0f, -7.0f};
+    CHECK_EQ_INT(loom_argmax(b, 4), 1);
+    float c[] = {-INFINITY, -INFINITY, 1.0f, 4.0f, 4.0f};
+    CHECK_EQ_INT(loom_argmax(c, 5), 3);
+    float d[] = {-INFINITY, -INFINITY};
+    CHECK_EQ_INT(loom_argmax(d, 2), 0);
+    for (size_t ni = 0; ni < LOOM_ARRAY_LEN(SIZES); ni++) {
+        int n = SIZES[ni];
+        float *x = rand_f32((size_t)n, 1.0f);
+        int want = 0;
+        for (int i = 1; i < n; i++)
+            if (x[i] > x[want]) want = i;
+        CHECK_EQ_INT(loom_argmax(x, n), want);
+        int j = n / 2;
+        x[j] = 2.0f; /* new unique maximum in the middle */
+        if (j + 1 < n) x[n - 1] = 2.0f; /* a later tie must not win */
+        CHECK_EQ_INT(loom_argmax(x, n), j);
+        free(x);
+    }
+}
+
+int main(void) {
+    const loom_kernels *best = loom_kernels_get();
+    CHECK(best != NULL);
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    int have = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+               __builtin_cpu_supports("f16c");
+    const char *force = getenv("LOOM_KERNELS");
+    if (have && !(force && !strcmp(force, "ref"))) CHECK_STR(best->name, "avx2");
+    if (have) {
+        K = best;
+        if (strcmp(best->name, "avx2") != 0) {
+            /* Forced to ref: still test the raw SIMD entries. */
+            static loom_kernels raw;
+            raw = loom_kernels_avx2;
+#define FILLREF(f) if (!raw.f) raw.f = loom_kernels_ref.f
+            FILLREF(matmul_f32); FILLREF(matmul_f16); FILLREF(matmul_bf16); FILLREF(dot);
+            FILLREF(axpy); FILLREF(rmsnorm); FILLREF(softmax); FILLREF(silu_mul);
+            FILLREF(f16_to_f32); FILLREF(bf16_to_f32);
+            K = &raw;
+        }
+    } else {
+        fprintf(stderr, "test_ops: no AVX2/FMA/F16C; checking the reference against itself\n");
+        K = R;
+    }
+#else
+    K = best;
+#endif
+    test_matmul();
+    test_matmul_specials();
+    test_dot_axpy();
+    test_rmsnorm();
+    test_softmax();
+    test_silu_mul();
+    test_row_conversions();
+    test_base_conversions();
+    test_argmax();
+    return test_report("test_ops");
+}
