@@ -56,6 +56,9 @@ int loom_model_vocab_size(const loom_model *m);
 int loom_model_max_positions(const loom_model *m);
 /* Architecture name from config.json ("Qwen3ForCausalLM"). */
 const char *loom_model_arch(const loom_model *m);
+/* End-of-sequence ids (config.json and generation_config.json). Writes up
+ * to cap ids and returns how many there are. */
+int loom_model_eos_ids(const loom_model *m, int32_t *out, int cap);
 
 /* ---- session: one sequence with its own KV cache ------------------------ */
 

@@ -1,14 +1,37 @@
-/* loom command-line interface. */
+/* loom command-line interface: dispatches to one command per file. */
 #include <stdio.h>
 #include <string.h>
 
-#include "loom.h"
+#include "cli/cli.h"
+
+static const struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *help;
+} commands[] = {
+    {"generate", cmd_generate, "continue a prompt"},
+    {"logits", cmd_logits, "write the logits at every prompt position"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: loom <command> [options]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
+    fprintf(f, "\n'loom <command> --help' describes a command's options.\n");
+}
 
 int main(int argc, char **argv) {
-    if (argc < 2 || !strcmp(argv[1], "--help")) {
-        printf("usage: loom <command> [options]\n");
-        return argc < 2;
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
     }
-    fprintf(stderr, "loom: unknown command '%s'\n", argv[1]);
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "loom: unknown command \"%s\"\n", argv[1]);
+    usage(stderr);
     return 2;
 }

@@ -182,5 +182,24 @@ loom_status loom_config_load(const char *dir, loom_config *cfg) {
     if ((s = loom_read_file(path, &text, NULL))) return s;
     s = loom_config_parse(text, path, cfg);
     free(text);
-    return s;
+    if (s != LOOM_OK) return s;
+    /* generation_config.json may list more stop ids than config.json. */
+    if (loom_path_join(path, sizeof path, dir, "generation_config.json") != LOOM_OK ||
+        loom_read_file(path, &text, NULL) != LOOM_OK) {
+        loom_err_clear();
+        return LOOM_OK;
+    }
+    cJSON *g = cJSON_Parse(text);
+    free(text);
+    const cJSON *eos = get(g, "eos_token_id");
+    const cJSON *one = cJSON_IsNumber(eos) ? eos : NULL;
+    for (const cJSON *e = one ? one : cJSON_IsArray(eos) ? eos->child : NULL; e;
+         e = one ? NULL : e->next) {
+        int dup = 0;
+        for (int i = 0; i < cfg->n_eos; i++) dup |= cfg->eos_ids[i] == e->valueint;
+        if (cJSON_IsNumber(e) && !dup && cfg->n_eos < LOOM_MAX_EOS)
+            cfg->eos_ids[cfg->n_eos++] = e->valueint;
+    }
+    cJSON_Delete(g);
+    return LOOM_OK;
 }

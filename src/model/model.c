@@ -245,3 +245,8 @@ void loom_model_free(loom_model *m) {
 int loom_model_vocab_size(const loom_model *m) { return m->cfg.vocab_size; }
 int loom_model_max_positions(const loom_model *m) { return m->cfg.max_positions; }
 const char *loom_model_arch(const loom_model *m) { return m->cfg.arch; }
+
+int loom_model_eos_ids(const loom_model *m, int32_t *out, int cap) {
+    for (int i = 0; i < m->cfg.n_eos && i < cap; i++) out[i] = m->cfg.eos_ids[i];
+    return m->cfg.n_eos;
+}

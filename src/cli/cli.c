@@ -1,0 +1,84 @@
+/* cli: option parsing and error reporting shared by the commands. */
+#include "cli/cli.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int cli_fail(const char *what, loom_status s) {
+    fprintf(stderr, "loom: error: %s: %s (%s)\n", what, loom_last_error(), loom_status_str(s));
+    return 1;
+}
+
+int cli_usage_error(const char *cmd, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "loom %s: ", cmd);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n(see 'loom %s --help')\n", cmd);
+    va_end(ap);
+    return 2;
+}
+
+int cli_int(const char *cmd, const char *opt, const char *text, int lo, int hi, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(text, &end, 10);
+    if (errno || end == text || *end || v < lo || v > hi) {
+        cli_usage_error(cmd, "%s: expected an integer in [%d, %d], found \"%s\"", opt, lo, hi, text);
+        return 1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+int cli_float(const char *cmd, const char *opt, const char *text, float *out) {
+    char *end;
+    errno = 0;
+    float v = strtof(text, &end);
+    if (errno || end == text || *end || !isfinite(v)) {
+        cli_usage_error(cmd, "%s: expected a number, found \"%s\"", opt, text);
+        return 1;
+    }
+    *out = v;
+    return 0;
+}
+
+int cli_ids(const char *cmd, const char *opt, const char *text, int32_t **out, int *n) {
+    *out = NULL;
+    *n = 0;
+    size_t cap = 1;
+    for (const char *p = text; *p; p++) cap += *p == ',';
+    int32_t *ids = malloc(sizeof *ids * cap);
+    if (!ids) return 1;
+    const char *p = text;
+    int k = 0;
+    for (;;) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (errno || end == p || v < INT32_MIN || v > INT32_MAX || (*end && *end != ',')) {
+            free(ids);
+            cli_usage_error(cmd, "%s: expected comma-separated token ids like 1,2,3, found \"%s\"",
+                            opt, text);
+            return 1;
+        }
+        ids[k++] = (int32_t)v;
+        if (!*end) break;
+        p = end + 1;
+    }
+    *out = ids;
+    *n = k;
+    return 0;
+}
+
+const char *cli_value(const char *cmd, int argc, char **argv, int *i) {
+    if (*i + 1 >= argc) {
+        cli_usage_error(cmd, "option %s needs a value", argv[*i]);
+        return NULL;
+    }
+    return argv[++*i];
+}

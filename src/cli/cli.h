@@ -1,0 +1,31 @@
+/* cli: shared helpers for the loom commands. Commands print results to
+ * stdout, diagnostics to stderr, and return the process exit code:
+ * 0 ok, 1 runtime error, 2 usage error. */
+#ifndef LOOM_CLI_H
+#define LOOM_CLI_H
+
+#include <stdint.h>
+
+#include "loom.h"
+
+int cmd_logits(int argc, char **argv);
+int cmd_generate(int argc, char **argv);
+
+/* Reports a failed loom call ("loom: error: <what>: <last error>"), returns 1. */
+int cli_fail(const char *what, loom_status s);
+/* Reports a usage error for command cmd, returns 2. */
+int cli_usage_error(const char *cmd, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* Option value parsing; each reports a usage error and returns nonzero
+ * when the text is not a valid value. */
+int cli_int(const char *cmd, const char *opt, const char *text, int lo, int hi, int *out);
+int cli_float(const char *cmd, const char *opt, const char *text, float *out);
+/* Parses "1,2,3" into a malloc'd array. */
+int cli_ids(const char *cmd, const char *opt, const char *text, int32_t **out, int *n);
+
+/* Returns the value of option argv[*i] (advancing *i), or NULL after
+ * reporting that it is missing. */
+const char *cli_value(const char *cmd, int argc, char **argv, int *i);
+
+#endif

@@ -1,0 +1,129 @@
+/* loom generate: continue a prompt with the model. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "cli/cli.h"
+#include "sample/sample.h"
+
+static const char usage[] =
+    "usage: loom generate --model DIR --tokens 1,2,3 [options]\n"
+    "\n"
+    "Generates a continuation of the prompt token ids. Token ids are printed as\n"
+    "they are produced; with --ids the full list is printed as one JSON array\n"
+    "on the last line of stdout. Timings go to stderr.\n"
+    "\n"
+    "  --model DIR        Hugging Face model directory\n"
+    "  --tokens LIST      comma-separated prompt token ids\n"
+    "  --max-tokens N     tokens to generate (default 64)\n"
+    "  --temperature T    0 = greedy (default 0.8)\n"
+    "  --top-k K          keep the K most likely tokens (default 40, 0 = off)\n"
+    "  --top-p P          nucleus sampling mass (default 0.95)\n"
+    "  --min-p P          drop tokens under P x the top probability (default 0)\n"
+    "  --seed S           random seed (default 1)\n"
+    "  --ignore-eos       do not stop at end-of-sequence ids\n"
+    "  --ids              print the generated ids as a JSON array\n"
+    "  --ctx-size N       context length (default: prompt + max tokens)\n"
+    "  --threads N        worker threads (default: all cores)\n";
+
+int cmd_generate(int argc, char **argv) {
+    const char *model = NULL, *tokens = NULL;
+    int threads = 0, max_tokens = 64, ignore_eos = 0, json_ids = 0, n_ctx = 0, seed = 1;
+    loom_sample_params sp = loom_sample_default_params();
+    sp.temperature = 0.8f;
+    sp.top_k = 40;
+    sp.top_p = 0.95f;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            fputs(usage, stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--ignore-eos")) { ignore_eos = 1; continue; }
+        if (!strcmp(a, "--ids")) { json_ids = 1; continue; }
+        static const char *valued[] = {"--model", "--tokens", "--max-tokens", "--temperature",
+                                       "--top-k", "--top-p", "--min-p", "--seed", "--ctx-size",
+                                       "--threads"};
+        int known = 0;
+        for (size_t k = 0; k < LOOM_ARRAY_LEN(valued); k++) known |= !strcmp(a, valued[k]);
+        if (!known) return cli_usage_error("generate", "unknown option \"%s\"", a);
+        if (!(v = cli_value("generate", argc, argv, &i))) return 2;
+        int bad = 0;
+        if (!strcmp(a, "--model")) model = v;
+        else if (!strcmp(a, "--tokens")) tokens = v;
+        else if (!strcmp(a, "--max-tokens")) bad = cli_int("generate", a, v, 0, 1 << 24, &max_tokens);
+        else if (!strcmp(a, "--temperature")) bad = cli_float("generate", a, v, &sp.temperature);
+        else if (!strcmp(a, "--top-k")) bad = cli_int("generate", a, v, 0, 1 << 30, &sp.top_k);
+        else if (!strcmp(a, "--top-p")) bad = cli_float("generate", a, v, &sp.top_p);
+        else if (!strcmp(a, "--min-p")) bad = cli_float("generate", a, v, &sp.min_p);
+        else if (!strcmp(a, "--seed")) bad = cli_int("generate", a, v, 0, 1 << 30, &seed);
+        else if (!strcmp(a, "--ctx-size")) bad = cli_int("generate", a, v, 1, 1 << 24, &n_ctx);
+        else bad = cli_int("generate", a, v, 0, 4096, &threads);
+        if (bad) return 2;
+    }
+    if (!model || !tokens) return cli_usage_error("generate", "--model and --tokens are required");
+    if (sp.temperature < 0) return cli_usage_error("generate", "--temperature must be >= 0");
+    sp.seed = (uint64_t)seed * 0x9e3779b97f4a7c15ull + 1;
+    int32_t *prompt;
+    int n_prompt;
+    if (cli_ids("generate", "--tokens", tokens, &prompt, &n_prompt)) return 2;
+
+    int rc = 1;
+    loom_model *m = NULL;
+    loom_context *c = NULL;
+    loom_sampler smp = {0};
+    float *logits = NULL;
+    int32_t *out = malloc(sizeof *out * (size_t)(max_tokens + 1));
+    loom_model_params mp = loom_model_default_params();
+    mp.n_threads = threads;
+    loom_status s = loom_model_load(model, &mp, &m);
+    if (s != LOOM_OK) { rc = cli_fail("loading model", s); goto done; }
+    loom_context_params cp = loom_context_default_params();
+    cp.n_ctx = n_ctx ? n_ctx : n_prompt + max_tokens;
+    if ((s = loom_context_create(m, &cp, &c))) { rc = cli_fail("creating context", s); goto done; }
+    int V = loom_model_vocab_size(m);
+    int32_t eos[16];
+    int n_eos = ignore_eos ? 0 : LOOM_MIN(loom_model_eos_ids(m, eos, 16), 16);
+    logits = malloc(sizeof(float) * (size_t)V);
+    if (!logits || !out || loom_sampler_init(&smp, &sp, V)) {
+        fprintf(stderr, "loom: error: out of memory\n");
+        goto done;
+    }
+    double t0 = loom_now();
+    if ((s = loom_context_eval(c, prompt, n_prompt, 0, logits))) { rc = cli_fail("prompt", s); goto done; }
+    double t1 = loom_now();
+    int n_out = 0;
+    while (n_out < max_tokens) {
+        int32_t id = loom_sampler_pick(&smp, logits, V);
+        out[n_out++] = id;
+        if (!json_ids) {
+            printf("%s%d", n_out > 1 ? " " : "", id);
+            fflush(stdout);
+        }
+        int stop = 0;
+        for (int k = 0; k < n_eos; k++) stop |= eos[k] == id;
+        if (stop || n_out == max_tokens) break;
+        if ((s = loom_context_eval(c, &id, 1, 0, logits))) { rc = cli_fail("decode", s); goto done; }
+    }
+    double t2 = loom_now();
+    if (json_ids) {
+        printf("[");
+        for (int k = 0; k < n_out; k++) printf("%s%d", k ? ", " : "", out[k]);
+        printf("]\n");
+    } else {
+        printf("\n");
+    }
+    fprintf(stderr, "prompt: %d tokens in %.3f s (%.1f tok/s); generated: %d tokens in %.3f s "
+            "(%.1f tok/s)\n", n_prompt, t1 - t0, n_prompt / (t1 - t0 + 1e-12), n_out, t2 - t1,
+            n_out > 1 ? (n_out - 1) / (t2 - t1 + 1e-12) : 0.0);
+    rc = 0;
+done:
+    loom_sampler_free(&smp);
+    free(logits);
+    free(out);
+    free(prompt);
+    loom_context_free(c);
+    loom_model_free(m);
+    return rc;
+}

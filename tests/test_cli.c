@@ -1,0 +1,141 @@
+/* The CLI end to end: `loom logits` and `loom generate` against the
+ * reference fixtures, --help on every command, and error exits. Runs the
+ * binary at $LOOM_BUILD/loom. */
+#include <stdint.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "base/base.h"
+#include "load/safetensors.h"
+#include "test.h"
+
+static char loom[256];
+static char tmpdir[] = "/tmp/loom-test-cli-XXXXXX";
+
+/* Runs a shell command, captures stdout (and stderr when merge), returns the
+ * exit status. */
+static int run(const char *cmd, char *out, size_t cap) {
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static char *ids_csv(const loom_st_tensor *t) {
+    int n = (int)t->shape[0];
+    char *s = malloc((size_t)n * 12 + 1);
+    size_t w = 0;
+    for (int i = 0; i < n; i++)
+        w += (size_t)sprintf(s + w, "%s%d", i ? "," : "", ((const int32_t *)t->data)[i]);
+    return s;
+}
+
+static void check_fixture(const char *dir) {
+    char path[512], cmd[8192], out[65536];
+    snprintf(path, sizeof path, "%s/reference.safetensors", dir);
+    loom_safetensors *ref = NULL;
+    CHECK(loom_st_open(path, &ref) == LOOM_OK);
+    if (!ref) return;
+    for (int i = 1; i < 3; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "prompt.%d.ids", i);
+        const loom_st_tensor *ids = loom_st_find(ref, name);
+        snprintf(name, sizeof name, "prompt.%d.logits", i);
+        const loom_st_tensor *lg = loom_st_find(ref, name);
+        snprintf(name, sizeof name, "prompt.%d.greedy", i);
+        const loom_st_tensor *gr = loom_st_find(ref, name);
+        char *csv = ids_csv(ids);
+        /* logits */
+        snprintf(path, sizeof path, "%s/logits.safetensors", tmpdir);
+        snprintf(cmd, sizeof cmd, "%s logits --model %s --tokens %s --out %s", loom, dir, csv, path);
+        CHECK_EQ_INT(run(cmd, out, sizeof out), 0);
+        loom_safetensors *got = NULL;
+        CHECK(loom_st_open(path, &got) == LOOM_OK);
+        const loom_st_tensor *t = got ? loom_st_find(got, "logits") : NULL;
+        CHECK(t && t->dtype == LOOM_DT_F32 && t->ndim == 2 && t->shape[0] == ids->shape[0] &&
+              t->shape[1] == lg->shape[1]);
+        if (t && t->nbytes == lg->nbytes) {
+            double e = 0, m = 0;
+            for (size_t k = 0; k < t->nbytes / 4; k++) {
+                e = fmax(e, fabs(((const float *)t->data)[k] - ((const float *)lg->data)[k]));
+                m = fmax(m, fabs(((const float *)lg->data)[k]));
+            }
+            CHECKF(e / m <= 1e-5, "%s prompt %d: logits rel err %g", dir, i, e / m);
+        }
+        loom_st_close(got);
+        /* greedy ids: the JSON array on the last line */
+        snprintf(cmd, sizeof cmd,
+                 "%s generate --model %s --tokens %s --max-tokens %d --temperature 0 --ids "
+                 "--ignore-eos 2>/dev/null | tail -n 1",
+                 loom, dir, csv, (int)gr->shape[0]);
+        CHECK_EQ_INT(run(cmd, out, sizeof out), 0);
+        char want[4096] = "[";
+        size_t w = 1;
+        for (int k = 0; k < gr->shape[0]; k++)
+            w += (size_t)snprintf(want + w, sizeof want - w, "%s%d", k ? ", " : "",
+                                  ((const int32_t *)gr->data)[k]);
+        snprintf(want + w, sizeof want - w, "]\n");
+        CHECKF(!strcmp(out, want), "%s prompt %d: got %s want %s", dir, i, out, want);
+        free(csv);
+    }
+    loom_st_close(ref);
+}
+
+static void check_errors(void) {
+    char cmd[1024], out[8192];
+    const char *model = "tests/fixtures/models/qwen3-tiny";
+    static const char *cmds[] = {"logits", "generate"};
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(cmds); i++) {
+        snprintf(cmd, sizeof cmd, "%s %s --help", loom, cmds[i]);
+        CHECK_EQ_INT(run(cmd, out, sizeof out), 0);
+        CHECK(strstr(out, "usage: loom") != NULL);
+        snprintf(cmd, sizeof cmd, "%s %s --bogus 2>&1", loom, cmds[i]);
+        CHECK_EQ_INT(run(cmd, out, sizeof out), 2);
+        CHECK(strstr(out, "unknown option \"--bogus\"") != NULL);
+    }
+    snprintf(cmd, sizeof cmd, "%s --help", loom);
+    CHECK_EQ_INT(run(cmd, out, sizeof out), 0);
+    snprintf(cmd, sizeof cmd, "%s frobnicate 2>&1", loom);
+    CHECK_EQ_INT(run(cmd, out, sizeof out), 2);
+    snprintf(cmd, sizeof cmd, "%s generate --model /nonexistent --tokens 1 2>&1", loom);
+    CHECK_EQ_INT(run(cmd, out, sizeof out), 1);
+    CHECK(strstr(out, "/nonexistent") != NULL);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --tokens 1,x,3 2>&1", loom, model);
+    CHECK_EQ_INT(run(cmd, out, sizeof out), 2);
+    CHECK(strstr(out, "expected comma-separated token ids") != NULL);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --tokens 1,99999 2>&1", loom, model);
+    CHECK_EQ_INT(run(cmd, out, sizeof out), 1);
+    CHECK(strstr(out, "token id 99999") != NULL && strstr(out, "out of range") != NULL);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --tokens 1 --max-tokens -3 2>&1", loom, model);
+    CHECK_EQ_INT(run(cmd, out, sizeof out), 2);
+    snprintf(cmd, sizeof cmd, "%s logits --model %s --tokens 1 2>&1", loom, model);
+    CHECK_EQ_INT(run(cmd, out, sizeof out), 2);
+    CHECK(strstr(out, "required") != NULL);
+    /* sampling runs and is reproducible under a seed */
+    char a[4096], b[4096];
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --tokens 1,2 --max-tokens 12 --temperature 1 "
+             "--seed 7 --ids 2>/dev/null | tail -n 1", loom, model);
+    CHECK_EQ_INT(run(cmd, a, sizeof a), 0);
+    CHECK_EQ_INT(run(cmd, b, sizeof b), 0);
+    CHECK(!strcmp(a, b) && a[0] == '[');
+}
+
+int main(void) {
+    const char *b = getenv("LOOM_BUILD");
+    snprintf(loom, sizeof loom, "%s/loom", b ? b : "build");
+    if (access(loom, X_OK) != 0) {
+        fprintf(stderr, "%s not built\n", loom);
+        return 1;
+    }
+    if (!mkdtemp(tmpdir)) return 1;
+    check_fixture("tests/fixtures/models/llama3-tiny");
+    check_fixture("tests/fixtures/models/qwen2-tiny");
+    check_fixture("tests/fixtures/models/qwen3-tiny");
+    check_errors();
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
+    return test_report("test_cli");
+}

@@ -1,0 +1,310 @@
+/* Loader robustness: corrupt, truncated and inconsistent files give clear
+ * errors (status + message naming what was expected and found), never a
+ * crash; config.json spellings; writer round trip. */
+#include <stdint.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/base.h"
+#include "load/config.h"
+#include "load/safetensors.h"
+#include "test.h"
+
+static char tmpdir[] = "/tmp/loom-test-load-XXXXXX";
+
+static void write_bytes(const char *path, const void *data, size_t n) {
+    FILE *f = fopen(path, "wb");
+    fwrite(data, 1, n, f);
+    fclose(f);
+}
+
+/* A safetensors file with the given JSON header and data bytes. */
+static void write_st(const char *path, const char *header, size_t data_len) {
+    size_t hl = strlen(header);
+    unsigned char *buf = calloc(1, 8 + hl + data_len);
+    for (int i = 0; i < 8; i++) buf[i] = (unsigned char)((uint64_t)hl >> (8 * i));
+    memcpy(buf + 8, header, hl);
+    for (size_t i = 0; i < data_len; i++) buf[8 + hl + i] = (unsigned char)(i * 7 + 1);
+    write_bytes(path, buf, 8 + hl + data_len);
+    free(buf);
+}
+
+static void expect_st_error(const char *header, size_t data_len, loom_status want,
+                            const char *needle) {
+    char path[256];
+    snprintf(path, sizeof path, "%s/bad.safetensors", tmpdir);
+    write_st(path, header, data_len);
+    loom_safetensors *st = (loom_safetensors *)1;
+    loom_status s = loom_st_open(path, &st);
+    CHECKF(s == want, "header %s: got %s (%s)", header, loom_status_str(s), loom_last_error());
+    CHECK(st == NULL);
+    CHECKF(strstr(loom_last_error(), needle) != NULL, "message \"%s\" lacks \"%s\"",
+           loom_last_error(), needle);
+}
+
+static void test_safetensors_errors(void) {
+    char path[256];
+    loom_safetensors *st = NULL;
+    /* missing file */
+    snprintf(path, sizeof path, "%s/none.safetensors", tmpdir);
+    CHECK(loom_st_open(path, &st) == LOOM_ERR_IO);
+    CHECK(strstr(loom_last_error(), "No such file") != NULL);
+    /* shorter than the length prefix */
+    snprintf(path, sizeof path, "%s/short.safetensors", tmpdir);
+    write_bytes(path, "abc", 3);
+    CHECK(loom_st_open(path, &st) == LOOM_ERR_FORMAT);
+    /* header length past the end of the file */
+    unsigned char big[16] = {0xff, 0xff, 0, 0, 0, 0, 0, 0, '{', '}'};
+    write_bytes(path, big, sizeof big);
+    CHECK(loom_st_open(path, &st) == LOOM_ERR_FORMAT);
+    CHECK(strstr(loom_last_error(), "past the end") != NULL);
+
+    expect_st_error("{not json", 0, LOOM_ERR_FORMAT, "not a JSON object");
+    expect_st_error("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 4,
+                    LOOM_ERR_FORMAT, "past the end");
+    expect_st_error("{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", 8,
+                    LOOM_ERR_FORMAT, "needs 12 bytes");
+    expect_st_error("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                    "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 12,
+                    LOOM_ERR_FORMAT, "overlap");
+    expect_st_error("{\"a\":{\"dtype\":\"Q4\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8,
+                    LOOM_ERR_UNSUPPORTED, "unknown dtype \"Q4\"");
+    expect_st_error("{\"a\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", 8,
+                    LOOM_ERR_FORMAT, "shape");
+    expect_st_error("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,0]}}", 8,
+                    LOOM_ERR_FORMAT, "data_offsets");
+    expect_st_error("{\"a\":{\"dtype\":\"F32\"}}", 8, LOOM_ERR_FORMAT, "expected dtype");
+
+    /* a valid file with metadata, every dtype the loader must accept */
+    snprintf(path, sizeof path, "%s/ok.safetensors", tmpdir);
+    write_st(path,
+             "{\"__metadata__\":{\"format\":\"pt\"},"
+             "\"f\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+             "\"h\":{\"dtype\":\"F16\",\"shape\":[2],\"data_offsets\":[8,12]},"
+             "\"b\":{\"dtype\":\"BF16\",\"shape\":[1,2],\"data_offsets\":[12,16]},"
+             "\"u\":{\"dtype\":\"U32\",\"shape\":[1],\"data_offsets\":[16,20]},"
+             "\"i\":{\"dtype\":\"I32\",\"shape\":[1],\"data_offsets\":[20,24]},"
+             "\"e\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[24,24]}}",
+             24);
+    CHECKF(loom_st_open(path, &st) == LOOM_OK, "%s", loom_last_error());
+    if (st) {
+        CHECK_EQ_INT(loom_st_count(st), 6);
+        const loom_st_tensor *t = loom_st_find(st, "b");
+        CHECK(t && t->dtype == LOOM_DT_BF16 && t->ndim == 2 && t->shape[1] == 2 && t->nbytes == 4);
+        CHECK(loom_st_find(st, "zz") == NULL);
+        CHECK(loom_st_metadata(st, "format") && !strcmp(loom_st_metadata(st, "format"), "pt"));
+        loom_st_close(st);
+    }
+}
+
+static void test_writer_roundtrip(void) {
+    char path[256];
+    snprintf(path, sizeof path, "%s/w.safetensors", tmpdir);
+    float a[6] = {1, -2, 3.5f, 4, 5, 6};
+    int32_t b[3] = {7, -8, 9};
+    loom_st_write_entry e[2] = {
+        {.name = "a", .dtype = LOOM_DT_F32, .ndim = 2, .shape = {2, 3}, .data = a},
+        {.name = "b", .dtype = LOOM_DT_I32, .ndim = 1, .shape = {3}, .data = b},
+    };
+    CHECK(loom_st_write(path, e, 2) == LOOM_OK);
+    loom_safetensors *st = NULL;
+    CHECKF(loom_st_open(path, &st) == LOOM_OK, "%s", loom_last_error());
+    if (!st) return;
+    const loom_st_tensor *ta = loom_st_find(st, "a"), *tb = loom_st_find(st, "b");
+    CHECK(ta && !memcmp(ta->data, a, sizeof a) && ta->shape[0] == 2 && ta->shape[1] == 3);
+    CHECK(tb && !memcmp(tb->data, b, sizeof b));
+    CHECK(((uintptr_t)ta->data & 7) == 0);
+    loom_st_close(st);
+}
+
+static void test_sharded(void) {
+    char dir[256], path[300];
+    snprintf(dir, sizeof dir, "%s/sharded", tmpdir);
+    mkdir(dir, 0700);
+    float a[2] = {1, 2}, b[3] = {3, 4, 5};
+    loom_st_write_entry ea = {.name = "x.a", .dtype = LOOM_DT_F32, .ndim = 1, .shape = {2}, .data = a};
+    loom_st_write_entry eb = {.name = "x.b", .dtype = LOOM_DT_F32, .ndim = 1, .shape = {3}, .data = b};
+    snprintf(path, sizeof path, "%s/model-00001-of-00002.safetensors", dir);
+    CHECK(loom_st_write(path, &ea, 1) == LOOM_OK);
+    snprintf(path, sizeof path, "%s/model-00002-of-00002.safetensors", dir);
+    CHECK(loom_st_write(path, &eb, 1) == LOOM_OK);
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    const char *idx = "{\"metadata\":{},\"weight_map\":{\"x.a\":\"model-00001-of-00002.safetensors\","
+                      "\"x.b\":\"model-00002-of-00002.safetensors\"}}";
+    write_bytes(path, idx, strlen(idx));
+    loom_safetensors *st = NULL;
+    CHECKF(loom_st_open_dir(dir, &st) == LOOM_OK, "%s", loom_last_error());
+    if (st) {
+        CHECK_EQ_INT(loom_st_count(st), 2);
+        const loom_st_tensor *t = loom_st_find(st, "x.b");
+        CHECK(t && ((const float *)t->data)[2] == 5);
+        loom_st_close(st);
+    }
+    /* an index naming a tensor that no shard has */
+    idx = "{\"weight_map\":{\"x.a\":\"model-00001-of-00002.safetensors\","
+          "\"x.c\":\"model-00002-of-00002.safetensors\"}}";
+    write_bytes(path, idx, strlen(idx));
+    CHECK(loom_st_open_dir(dir, &st) == LOOM_ERR_FORMAT);
+    CHECK(strstr(loom_last_error(), "x.c") != NULL);
+    /* an index naming a missing shard */
+    idx = "{\"weight_map\":{\"x.a\":\"model-00009.safetensors\"}}";
+    write_bytes(path, idx, strlen(idx));
+    CHECK(loom_st_open_dir(dir, &st) == LOOM_ERR_IO);
+    /* an empty directory */
+    snprintf(path, sizeof path, "%s/empty", tmpdir);
+    mkdir(path, 0700);
+    CHECK(loom_st_open_dir(path, &st) == LOOM_ERR_IO);
+    CHECK(strstr(loom_last_error(), "no model.safetensors") != NULL);
+}
+
+static void test_config(void) {
+    loom_config c;
+    /* transformers 5 spelling */
+    const char *v5 = "{\"architectures\":[\"LlamaForCausalLM\"],\"vocab_size\":10,\"hidden_size\":8,"
+                     "\"num_hidden_layers\":1,\"num_attention_heads\":2,\"num_key_value_heads\":1,"
+                     "\"intermediate_size\":16,\"rope_parameters\":{\"rope_type\":\"llama3\","
+                     "\"rope_theta\":500000.0,\"factor\":8.0,\"low_freq_factor\":1.0,"
+                     "\"high_freq_factor\":4.0,\"original_max_position_embeddings\":8192}}";
+    CHECKF(loom_config_parse(v5, "v5", &c) == LOOM_OK, "%s", loom_last_error());
+    CHECK(c.rope.type == LOOM_ROPE_LLAMA3 && c.rope.theta == 500000.0 && c.rope.factor == 8.0 &&
+          c.rope.original_max_pos == 8192 && c.head_dim == 4 && c.tie_embeddings == 1);
+    /* older spelling: rope_theta at top level + rope_scaling */
+    const char *v4 = "{\"architectures\":[\"LlamaForCausalLM\"],\"vocab_size\":10,\"hidden_size\":8,"
+                     "\"num_hidden_layers\":1,\"num_attention_heads\":2,\"intermediate_size\":16,"
+                     "\"rope_theta\":123.0,\"tie_word_embeddings\":false,\"rope_scaling\":{\"type\":"
+                     "\"linear\",\"factor\":2.0},\"eos_token_id\":[5,6]}";
+    CHECKF(loom_config_parse(v4, "v4", &c) == LOOM_OK, "%s", loom_last_error());
+    CHECK(c.rope.type == LOOM_ROPE_LINEAR && c.rope.theta == 123.0 && c.rope.factor == 2.0 &&
+          c.n_kv_heads == 2 && c.tie_embeddings == 0 && c.n_eos == 2 && c.eos_ids[1] == 6);
+    /* missing field, bad type, unsupported rope */
+    CHECK(loom_config_parse("{\"architectures\":[\"X\"]}", "c", &c) == LOOM_ERR_FORMAT);
+    CHECK(strstr(loom_last_error(), "vocab_size") != NULL);
+    CHECK(loom_config_parse("{\"architectures\":[\"X\"],\"vocab_size\":\"ten\"}", "c", &c) ==
+          LOOM_ERR_FORMAT);
+    CHECK(strstr(loom_last_error(), "expected an integer") != NULL);
+    CHECK(loom_config_parse("[1,2]", "c", &c) == LOOM_ERR_FORMAT);
+    CHECK(loom_config_parse("{\"vocab_size\":3}", "c", &c) == LOOM_ERR_FORMAT);
+    CHECK(strstr(loom_last_error(), "architectures") != NULL);
+    const char *bad_rope = "{\"architectures\":[\"X\"],\"vocab_size\":10,\"hidden_size\":8,"
+                           "\"num_hidden_layers\":1,\"num_attention_heads\":2,\"intermediate_size\":"
+                           "16,\"rope_scaling\":{\"rope_type\":\"longrope\"}}";
+    CHECK(loom_config_parse(bad_rope, "c", &c) == LOOM_ERR_UNSUPPORTED);
+    CHECK(strstr(loom_last_error(), "longrope") != NULL);
+}
+
+/* A model directory: qwen3-tiny's config.json (optionally edited) and its
+ * tensors, one of which may be replaced. */
+static void make_model_dir(const char *dir, const char *cfg_from, const char *cfg_to,
+                           const char *tensor, loom_dtype dt, int r, int c) {
+    mkdir(dir, 0700);
+    char *text;
+    size_t n;
+    loom_read_file("tests/fixtures/models/qwen3-tiny/config.json", &text, &n);
+    char path[512];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "wb");
+    char *at = cfg_from ? strstr(text, cfg_from) : NULL;
+    if (at) {
+        fwrite(text, 1, (size_t)(at - text), f);
+        fputs(cfg_to, f);
+        fputs(at + strlen(cfg_from), f);
+    } else {
+        fputs(text, f);
+    }
+    fclose(f);
+    free(text);
+    loom_safetensors *src = NULL;
+    loom_st_open("tests/fixtures/models/qwen3-tiny/model.safetensors", &src);
+    int cnt = loom_st_count(src);
+    loom_st_write_entry *e = calloc((size_t)cnt, sizeof *e);
+    void *repl = calloc((size_t)r * c, 4);
+    for (int i = 0; i < cnt; i++) {
+        const loom_st_tensor *t = loom_st_at(src, i);
+        e[i].name = t->name;
+        e[i].dtype = t->dtype;
+        e[i].ndim = t->ndim;
+        memcpy(e[i].shape, t->shape, sizeof t->shape);
+        e[i].data = t->data;
+        if (tensor && !strcmp(t->name, tensor)) {
+            e[i].dtype = dt;
+            e[i].ndim = 2;
+            e[i].shape[0] = r;
+            e[i].shape[1] = c;
+            e[i].data = repl;
+        }
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    loom_st_write(path, e, cnt);
+    free(repl);
+    free(e);
+    loom_st_close(src);
+}
+
+static void expect_model_error(const char *name, const char *from, const char *to,
+                               const char *tensor, loom_dtype dt, int r, int c,
+                               loom_status want, const char *needle) {
+    char dir[256];
+    snprintf(dir, sizeof dir, "%s/%s", tmpdir, name);
+    make_model_dir(dir, from, to, tensor, dt, r, c);
+    loom_model *m = (loom_model *)1;
+    loom_status s = loom_model_load(dir, NULL, &m);
+    CHECKF(s == want, "%s: got %s (%s)", name, loom_status_str(s), loom_last_error());
+    CHECK(m == NULL);
+    CHECKF(strstr(loom_last_error(), needle) != NULL, "%s: message \"%s\" lacks \"%s\"", name,
+           loom_last_error(), needle);
+}
+
+static void test_model_errors(void) {
+    expect_model_error("transposed", NULL, NULL, "model.layers.1.self_attn.q_proj.weight",
+                       LOOM_DT_F32, 64, 128, LOOM_ERR_FORMAT,
+                       "tensor model.layers.1.self_attn.q_proj.weight: expected F32/F16/BF16 "
+                       "[128, 64], found F32 [64, 128]");
+    expect_model_error("wrongtype", NULL, NULL, "model.layers.0.mlp.up_proj.weight", LOOM_DT_I32,
+                       192, 64, LOOM_ERR_FORMAT, "found I32 [192, 64]");
+    expect_model_error("arch", "Qwen3ForCausalLM", "FancyNewForCausalLM", NULL, 0, 1, 1,
+                       LOOM_ERR_UNSUPPORTED, "architecture \"FancyNewForCausalLM\" is not supported");
+    expect_model_error("missingtensor", NULL, NULL, "model.norm.weight", LOOM_DT_F32, 1, 1,
+                       LOOM_ERR_FORMAT, "model.norm.weight: expected F32/F16/BF16 [64]");
+    expect_model_error("act", "\"silu\"", "\"relu\"", NULL, 0, 1, 1, LOOM_ERR_UNSUPPORTED, "relu");
+
+    /* a good copy loads; ids outside the vocabulary are refused */
+    char dir[256];
+    snprintf(dir, sizeof dir, "%s/good", tmpdir);
+    make_model_dir(dir, NULL, NULL, NULL, 0, 1, 1);
+    loom_model *m = NULL;
+    CHECKF(loom_model_load(dir, NULL, &m) == LOOM_OK, "%s", loom_last_error());
+    if (!m) return;
+    loom_context *c = NULL;
+    loom_context_params cp = loom_context_default_params();
+    cp.n_ctx = 8;
+    CHECK(loom_context_create(m, &cp, &c) == LOOM_OK);
+    float *lg = malloc(sizeof(float) * 512 * 9);
+    int32_t bad[2] = {3, 512};
+    CHECK(loom_context_eval(c, bad, 2, 0, lg) == LOOM_ERR_RANGE);
+    CHECK(strstr(loom_last_error(), "token id 512") != NULL);
+    int32_t neg = -1;
+    CHECK(loom_context_eval(c, &neg, 1, 0, lg) == LOOM_ERR_RANGE);
+    CHECK_EQ_INT(loom_context_length(c), 0);
+    int32_t nine[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+    CHECK(loom_context_eval(c, nine, 9, 0, lg) == LOOM_ERR_RANGE);
+    CHECK(strstr(loom_last_error(), "exceed the context") != NULL);
+    CHECK(loom_context_eval(c, nine, 8, 0, lg) == LOOM_OK);
+    CHECK_EQ_INT(loom_context_length(c), 8);
+    CHECK(loom_context_eval(c, nine, 1, 0, lg) == LOOM_ERR_RANGE);
+    free(lg);
+    loom_context_free(c);
+    loom_model_free(m);
+}
+
+int main(void) {
+    if (!mkdtemp(tmpdir)) return 1;
+    test_safetensors_errors();
+    test_writer_roundtrip();
+    test_sharded();
+    test_config();
+    test_model_errors();
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
+    return test_report("test_load");
+}
