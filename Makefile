@@ -8,7 +8,7 @@ CFLAGS  ?= $(OPT) -g
 BUILD   ?= build
 
 ifneq ($(SANITIZE),)
-BUILD   := $(BUILD)/san
+override BUILD := $(BUILD)/san
 CFLAGS  += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all
 LDFLAGS += -fsanitize=$(SANITIZE)
 endif
