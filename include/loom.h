@@ -97,6 +97,39 @@ loom_status loom_generate_greedy(loom_context *c, const int32_t *prompt,
                                  const int32_t *stop_ids, int n_stop,
                                  int32_t *out, int *n_out);
 
+/* ---- sampling ---------------------------------------------------------- */
+
+typedef struct loom_logit_bias {
+    int32_t token;
+    float bias;          /* added to the logit; -INFINITY bans the token */
+} loom_logit_bias;
+
+/* How a request picks tokens. The steps run in this order: logit bias,
+ * repetition penalty (HF style: divide positive logits, multiply negative
+ * ones, for every token in the last penalty_last_n tokens of prompt and
+ * output), presence and frequency penalties (OpenAI style, over output
+ * tokens in the same window), temperature, top-k, top-p, min-p, XTC, then a
+ * draw with the request's own random state. Temperature 0 is greedy (argmax
+ * after bias and penalties). The same seed gives the same tokens whatever
+ * else is running. */
+typedef struct loom_sampling {
+    float temperature;          /* 0 = greedy */
+    int top_k;                  /* 0 = off */
+    float top_p;                /* 1 = off */
+    float min_p;                /* 0 = off */
+    float xtc_probability;      /* 0 = off */
+    float xtc_threshold;        /* tokens at or above this probability are cut */
+    float repetition_penalty;   /* 1 = off */
+    float presence_penalty;     /* 0 = off */
+    float frequency_penalty;    /* 0 = off */
+    int penalty_last_n;         /* window in tokens; -1 = whole sequence */
+    uint64_t seed;
+    const loom_logit_bias *logit_bias;  /* [n_logit_bias], copied at submit */
+    int n_logit_bias;
+} loom_sampling;
+
+loom_sampling loom_sampling_default(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -30,7 +30,7 @@ static const char usage[] =
 int cmd_generate(int argc, char **argv) {
     const char *model = NULL, *tokens = NULL;
     int threads = 0, max_tokens = 64, ignore_eos = 0, json_ids = 0, n_ctx = 0, seed = 1;
-    loom_sample_params sp = loom_sample_default_params();
+    loom_sampling sp = loom_sampling_default();
     sp.temperature = 0.8f;
     sp.top_k = 40;
     sp.top_p = 0.95f;
@@ -64,7 +64,7 @@ int cmd_generate(int argc, char **argv) {
     }
     if (!model || !tokens) return cli_usage_error("generate", "--model and --tokens are required");
     if (sp.temperature < 0) return cli_usage_error("generate", "--temperature must be >= 0");
-    sp.seed = (uint64_t)seed * 0x9e3779b97f4a7c15ull + 1;
+    sp.seed = (uint64_t)seed;
     int32_t *prompt;
     int n_prompt;
     if (cli_ids("generate", "--tokens", tokens, &prompt, &n_prompt)) return 2;
@@ -86,16 +86,19 @@ int cmd_generate(int argc, char **argv) {
     int32_t eos[16];
     int n_eos = ignore_eos ? 0 : LOOM_MIN(loom_model_eos_ids(m, eos, 16), 16);
     logits = malloc(sizeof(float) * (size_t)V);
-    if (!logits || !out || loom_sampler_init(&smp, &sp, V)) {
+    if (!logits || !out) {
         fprintf(stderr, "loom: error: out of memory\n");
         goto done;
     }
+    if ((s = loom_sampler_init(&smp, &sp, V))) { rc = cli_fail("sampling", s); goto done; }
     double t0 = loom_now();
     if ((s = loom_context_eval(c, prompt, n_prompt, 0, logits))) { rc = cli_fail("prompt", s); goto done; }
     double t1 = loom_now();
     int n_out = 0;
     while (n_out < max_tokens) {
-        int32_t id = loom_sampler_pick(&smp, logits, V);
+        loom_sample_result res;
+        loom_sampler_pick(&smp, logits, -1, &res);
+        int32_t id = res.id;
         out[n_out++] = id;
         if (!json_ids) {
             printf("%s%d", n_out > 1 ? " " : "", id);

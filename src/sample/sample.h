@@ -1,7 +1,8 @@
-/* sample: turns a logits row into a token id under a sampling policy.
- * Temperature 0 is greedy (argmax). Otherwise the order is: temperature,
- * top-k, top-p, min-p, then a draw from the renormalised distribution with
- * the sampler's own random state (seeded, so runs are reproducible). */
+/* sample: turns a logits row into a token id under a request's sampling
+ * policy (see loom_sampling in loom.h for the order of the steps), and
+ * reports log-probabilities. One sampler per request: it owns the random
+ * state and the penalty window, so a request's tokens never depend on what
+ * else shares the batch. */
 #ifndef LOOM_SAMPLE_H
 #define LOOM_SAMPLE_H
 
@@ -9,27 +10,38 @@
 
 #include "loom.h"
 
-typedef struct loom_sample_params {
-    float temperature;   /* 0 = greedy */
-    int top_k;           /* 0 = off */
-    float top_p;         /* 1 = off */
-    float min_p;         /* 0 = off */
-    uint64_t seed;
-} loom_sample_params;
-
-loom_sample_params loom_sample_default_params(void);
+#define LOOM_MAX_TOP_LOGPROBS 20
 
 typedef struct loom_sampler {
-    loom_sample_params p;
-    uint64_t rng;        /* xorshift64* state */
-    int cap;
-    int32_t *idx;        /* owned [cap] scratch */
-    float *prob;         /* owned [cap] scratch */
+    loom_sampling p;            /* frozen copy; p.logit_bias points at bias */
+    loom_logit_bias *bias;      /* owned [p.n_logit_bias] */
+    int vocab;
+    uint64_t rng;               /* xorshift64* state */
+    int32_t *idx;               /* owned [vocab] scratch */
+    float *prob;                /* owned [vocab] scratch */
+    /* Penalty window, allocated only when a penalty is on. */
+    int32_t *window;            /* owned ring [window_cap] of recent tokens */
+    uint8_t *is_output;         /* owned ring [window_cap]: token was generated */
+    int window_cap, window_len, window_head;
+    int *count_ctx, *count_out; /* owned [vocab] occurrences in the window */
 } loom_sampler;
 
-loom_status loom_sampler_init(loom_sampler *s, const loom_sample_params *p, int vocab);
+/* The chosen token and, when asked, its log-probability and the top n. */
+typedef struct loom_sample_result {
+    int32_t id;
+    float logprob;              /* log softmax of the raw logits */
+    int n_top;
+    int32_t top_ids[LOOM_MAX_TOP_LOGPROBS];
+    float top_logprobs[LOOM_MAX_TOP_LOGPROBS];
+} loom_sample_result;
+
+/* Validates and copies p. Errors name the bad field. */
+loom_status loom_sampler_init(loom_sampler *s, const loom_sampling *p, int vocab);
 void loom_sampler_free(loom_sampler *s);
-/* Picks a token from logits [n] (logits are not modified). */
-int32_t loom_sampler_pick(loom_sampler *s, const float *logits, int n);
+/* Adds a token to the penalty window (prompt tokens with is_output 0). */
+void loom_sampler_accept(loom_sampler *s, int32_t id, int is_output);
+/* Picks a token. logits [vocab] are used as scratch (modified). With
+ * n_top >= 0, fills logprob and the n_top most likely tokens. */
+void loom_sampler_pick(loom_sampler *s, float *logits, int n_top, loom_sample_result *r);
 
 #endif
