@@ -1,0 +1,752 @@
+/* tokenize: loading tokenizer.json / tokenizer_config.json, the added-token
+ * matcher, the encode pipeline and the id <-> token lookups. See
+ * tok_internal.h for the pipeline order. */
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tokenize/tok_internal.h"
+
+static loom_status nomem(void) {
+    return loom_err(LOOM_ERR_NOMEM, "tokenizer: out of memory");
+}
+
+static const char *jstr(const cJSON *o, const char *k) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+static int jbool(const cJSON *o, const char *k, int dflt) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsBool(v) ? cJSON_IsTrue(v) : dflt;
+}
+
+static const char *cjson_type_name(const cJSON *v) {
+    if (!v) return "nothing";
+    if (cJSON_IsNull(v)) return "null";
+    if (cJSON_IsBool(v)) return "a boolean";
+    if (cJSON_IsNumber(v)) return "a number";
+    if (cJSON_IsString(v)) return "a string";
+    if (cJSON_IsArray(v)) return "an array";
+    if (cJSON_IsObject(v)) return "an object";
+    return "an invalid value";
+}
+
+/* Copies s into the arena; returns its offset or (size_t)-1. Pointers are
+ * taken only once the arena stops growing. */
+static size_t arena_add(loom_tok *t, const char *s, size_t n) {
+    if (t->arena_len + n + 1 > t->arena_cap) {
+        size_t cap = t->arena_cap ? t->arena_cap : 1 << 16;
+        while (cap < t->arena_len + n + 1) cap *= 2;
+        char *p = realloc(t->arena, cap);
+        if (!p) return (size_t)-1;
+        t->arena = p;
+        t->arena_cap = cap;
+    }
+    size_t off = t->arena_len;
+    memcpy(t->arena + off, s, n);
+    t->arena[off + n] = 0;
+    t->arena_len += n + 1;
+    return off;
+}
+
+/* ---- trie ------------------------------------------------------------------- */
+
+static int trie_init(tk_trie *tr) {
+    tr->cap = 64;
+    tr->nodes = malloc((size_t)tr->cap * sizeof *tr->nodes);
+    if (!tr->nodes) return -1;
+    tr->nodes[0] = (tk_trie_node){.child = -1, .sibling = -1, .token = -1};
+    tr->n = 1;
+    for (int i = 0; i < 256; i++) tr->root_child[i] = -1;
+    return 0;
+}
+
+static int32_t trie_child(const tk_trie *tr, int32_t node, uint8_t b) {
+    if (node == 0) return tr->root_child[b];
+    for (int32_t c = tr->nodes[node].child; c >= 0; c = tr->nodes[c].sibling)
+        if (tr->nodes[c].byte == b) return c;
+    return -1;
+}
+
+static int trie_insert(tk_trie *tr, const char *s, size_t n, int32_t token) {
+    int32_t node = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint8_t b = (uint8_t)s[i];
+        int32_t c = trie_child(tr, node, b);
+        if (c < 0) {
+            if (tr->n == tr->cap) {
+                tk_trie_node *p = realloc(tr->nodes, (size_t)tr->cap * 2 * sizeof *p);
+                if (!p) return -1;
+                tr->nodes = p;
+                tr->cap *= 2;
+            }
+            c = tr->n++;
+            tr->nodes[c] = (tk_trie_node){.child = -1, .sibling = tr->nodes[node].child,
+                                          .token = -1, .byte = b};
+            tr->nodes[node].child = c;
+            if (node == 0) tr->root_child[b] = c;
+        }
+        node = c;
+    }
+    /* the first token inserted keeps a duplicated content */
+    if (tr->nodes[node].token < 0) tr->nodes[node].token = token;
+    return 0;
+}
+
+/* Longest token starting at s[pos]; returns its index and end, or -1. */
+static int32_t trie_longest(const tk_trie *tr, const char *s, size_t n,
+                            size_t pos, size_t *end) {
+    int32_t node = 0, best = -1;
+    for (size_t i = pos; i < n; i++) {
+        node = trie_child(tr, node, (uint8_t)s[i]);
+        if (node < 0) break;
+        if (tr->nodes[node].token >= 0) {
+            best = tr->nodes[node].token;
+            *end = i + 1;
+        }
+    }
+    return best;
+}
+
+/* ---- added-token splitting -------------------------------------------------------- */
+
+static uint32_t last_cp(const char *s, size_t n) {
+    size_t k = n - 1;
+    while (k > 0 && ((uint8_t)s[k] & 0xC0) == 0x80) k--;
+    uint32_t cp;
+    tk_utf8_next(s + k, n - k, &cp);
+    return cp;
+}
+
+/* Cuts the added tokens of trie tr out of s[0..n) and appends the pieces
+ * (text pieces with id -1) to out, as the reference's find_matches does. */
+static loom_status split_added(const loom_tok *t, const tk_trie *tr,
+                               const char *s, size_t n, int origin,
+                               tk_pieces *out) {
+    size_t start_offset = 0, pos = 0;
+    while (pos < n) {
+        size_t mend = 0;
+        if (tr->root_child[(uint8_t)s[pos]] < 0) { pos++; continue; }
+        int32_t k = trie_longest(tr, s, n, pos, &mend);
+        if (k < 0) { pos++; continue; }
+        const tk_added *a = &t->added[k];
+        size_t start = pos, stop = mend;
+        pos = mend;
+        if (a->single_word) {
+            uint32_t cp;
+            int start_space = start == 0 || !tk_is_alnum_word(last_cp(s, start));
+            int stop_space = stop == n;
+            if (!stop_space) {
+                tk_utf8_next(s + stop, n - stop, &cp);
+                stop_space = !tk_is_alnum_word(cp);
+            }
+            if (!start_space || !stop_space) continue;
+        }
+        if (a->lstrip) {
+            size_t ns = start;
+            while (ns > 0) {
+                size_t q = ns - 1;
+                while (q > 0 && ((uint8_t)s[q] & 0xC0) == 0x80) q--;
+                uint32_t cp;
+                tk_utf8_next(s + q, ns - q, &cp);
+                if (!tk_is_whitespace(cp)) break;
+                ns = q;
+            }
+            start = ns > start_offset ? ns : start_offset;
+        }
+        if (a->rstrip) {
+            while (stop < n) {
+                uint32_t cp;
+                size_t l = (size_t)tk_utf8_next(s + stop, n - stop, &cp);
+                if (!tk_is_whitespace(cp)) break;
+                stop += l;
+            }
+        }
+        if (start_offset < start &&
+            tk_pieces_add(out, s + start_offset, start - start_offset, -1,
+                          origin && start_offset == 0))
+            return nomem();
+        if (tk_pieces_add(out, s + start, stop - start, a->id, origin && start == 0))
+            return nomem();
+        start_offset = stop;
+        if (pos < stop) pos = stop;
+    }
+    if (start_offset < n &&
+        tk_pieces_add(out, s + start_offset, n - start_offset, -1,
+                      origin && start_offset == 0))
+        return nomem();
+    return LOOM_OK;
+}
+
+/* ---- encode ------------------------------------------------------------------------ */
+
+loom_status loom_tok_encode(const loom_tok *t, const char *text, size_t len,
+                            int add_special, int32_t **ids, size_t *n_ids) {
+    *ids = NULL;
+    *n_ids = 0;
+    if (!t || (!text && len))
+        return loom_err(LOOM_ERR_INVALID_ARG, "tok_encode: expected a tokenizer and text");
+    if (!tk_utf8_valid(text, len))
+        return loom_err(LOOM_ERR_INVALID_ARG, "tok_encode: expected UTF-8 text, found invalid bytes");
+    loom_status st = LOOM_OK;
+    tk_pieces raw = {0}, norm = {0};
+    tk_buf nb = {0};
+    tk_ids out = {0};
+    tk_bpe_scratch sc = {0};
+    pcre2_match_data *md = pcre2_match_data_create(1, NULL);
+    if (!md) return nomem();
+
+    if (len) st = split_added(t, &t->trie_raw, text, len, 1, &raw);
+    for (size_t i = 0; i < raw.n && !st; i++) {
+        const tk_piece *p = &raw.v[i];
+        const char *s = raw.text.p + p->off;
+        if (p->id >= 0) {
+            if (tk_pieces_add(&norm, s, p->len, p->id, p->origin)) st = nomem();
+            continue;
+        }
+        if (t->norm) {
+            nb.n = 0;
+            st = tk_norm_apply(t->norm, s, p->len, &nb, md);
+            if (st) break;
+            s = nb.p ? nb.p : "";
+            if (nb.n == 0) continue;
+            if (t->has_norm_added) {
+                st = split_added(t, &t->trie_norm, s, nb.n, p->origin, &norm);
+                continue;
+            }
+            if (tk_pieces_add(&norm, s, nb.n, -1, p->origin)) st = nomem();
+            continue;
+        }
+        if (t->has_norm_added)
+            st = split_added(t, &t->trie_norm, s, p->len, p->origin, &norm);
+        else if (tk_pieces_add(&norm, s, p->len, -1, p->origin))
+            st = nomem();
+    }
+    if (!st && t->pre) st = tk_pre_apply(t->pre, &norm, md);
+    if (!st && add_special)
+        for (int i = 0; i < t->n_post_prefix && !st; i++)
+            if (tk_ids_push(&out, t->post_prefix[i])) st = nomem();
+    for (size_t i = 0; i < norm.n && !st; i++) {
+        const tk_piece *p = &norm.v[i];
+        if (p->id >= 0) {
+            if (tk_ids_push(&out, p->id)) st = nomem();
+        } else {
+            st = tk_bpe_word(t, norm.text.p + p->off, p->len, &out, &sc);
+        }
+    }
+    if (!st && add_special)
+        for (int i = 0; i < t->n_post_suffix && !st; i++)
+            if (tk_ids_push(&out, t->post_suffix[i])) st = nomem();
+
+    tk_bpe_scratch_free(&sc);
+    tk_pieces_free(&raw);
+    tk_pieces_free(&norm);
+    tk_buf_free(&nb);
+    pcre2_match_data_free(md);
+    if (st) {
+        free(out.v);
+        return st;
+    }
+    if (out.n == 0) {
+        free(out.v);
+        out.v = NULL;
+    }
+    *ids = out.v;
+    *n_ids = out.n;
+    return LOOM_OK;
+}
+
+/* ---- lookups -------------------------------------------------------------------------- */
+
+int loom_tok_vocab_size(const loom_tok *t) { return t->n_ids; }
+
+int32_t loom_tok_token_to_id(const loom_tok *t, const char *s, size_t len) {
+    int32_t id = tk_strmap_get(&t->added_map, &t->added_tab, s, len);
+    if (id >= 0) return id;
+    return tk_strmap_get(&t->vocab_map, &t->vocab, s, len);
+}
+
+const char *loom_tok_id_to_token(const loom_tok *t, int32_t id, size_t *len) {
+    if (id < 0 || id >= t->n_ids) return NULL;
+    int32_t a = t->added_of_id[id];
+    if (a >= 0) {
+        if (len) *len = t->added[a].len;
+        return t->added[a].content;
+    }
+    if (id < t->vocab.n && t->vocab.s[id]) {
+        if (len) *len = t->vocab.len[id];
+        return t->vocab.s[id];
+    }
+    return NULL;
+}
+
+int loom_tok_is_added(const loom_tok *t, int32_t id) {
+    return id >= 0 && id < t->n_ids && t->added_of_id[id] >= 0;
+}
+
+int loom_tok_is_special(const loom_tok *t, int32_t id) {
+    return loom_tok_is_added(t, id) && t->added[t->added_of_id[id]].special;
+}
+
+int32_t loom_tok_bos_id(const loom_tok *t) { return t->bos_id; }
+int32_t loom_tok_eos_id(const loom_tok *t) { return t->eos_id; }
+int32_t loom_tok_pad_id(const loom_tok *t) { return t->pad_id; }
+int loom_tok_config_add_bos(const loom_tok *t) { return t->add_bos_cfg; }
+int loom_tok_config_add_eos(const loom_tok *t) { return t->add_eos_cfg; }
+const char *loom_tok_chat_template(const loom_tok *t) { return t->chat_template; }
+
+/* ---- decode ------------------------------------------------------------------------------ */
+
+loom_status loom_tok_decode(const loom_tok *t, const int32_t *ids, size_t n,
+                            int skip_special, char **text, size_t *len) {
+    *text = NULL;
+    if (len) *len = 0;
+    if (!t || (!ids && n))
+        return loom_err(LOOM_ERR_INVALID_ARG, "tok_decode: expected a tokenizer and ids");
+    tk_pieces toks = {0};
+    tk_buf out = {0};
+    loom_status st = LOOM_OK;
+    for (size_t i = 0; i < n && !st; i++) {
+        if (ids[i] < 0 || ids[i] >= t->n_ids) {
+            st = loom_err(LOOM_ERR_RANGE, "tok_decode: ids[%zu]: expected a token id in [0, %d), found %d",
+                          i, t->n_ids, (int)ids[i]);
+            break;
+        }
+        size_t l;
+        const char *s = loom_tok_id_to_token(t, ids[i], &l);
+        if (!s || (skip_special && loom_tok_is_special(t, ids[i]))) continue;
+        if (tk_pieces_add(&toks, s, l, -1, 0)) st = nomem();
+    }
+    if (!st) {
+        tk_dec_ctx ctx = {.at_start = 1, .strip_left = tk_dec_initial_strip(t->dec),
+                          .final = 1};
+        st = tk_decode_tokens(t, &toks, &ctx, &out);
+    }
+    tk_pieces_free(&toks);
+    if (!st && tk_buf_reserve(&out, 0)) st = nomem();
+    if (st) {
+        tk_buf_free(&out);
+        return st;
+    }
+    out.p[out.n] = 0;
+    *text = out.p;
+    if (len) *len = out.n;
+    return LOOM_OK;
+}
+
+/* ---- loading ------------------------------------------------------------------------------- */
+
+void loom_tok_free(loom_tok *t) {
+    if (!t) return;
+    free(t->arena);
+    free(t->vocab.s);
+    free(t->vocab.len);
+    tk_strmap_free(&t->vocab_map);
+    tk_merge_map_free(&t->merges);
+    free(t->cont_prefix);
+    free(t->eow_suffix);
+    free(t->added);
+    free(t->added_of_id);
+    free(t->added_tab.s);
+    free(t->added_tab.len);
+    tk_strmap_free(&t->added_map);
+    free(t->trie_raw.nodes);
+    free(t->trie_norm.nodes);
+    if (t->norm) { tk_norm_free(t->norm); free(t->norm); }
+    if (t->pre) { tk_pre_free(t->pre); free(t->pre); }
+    if (t->dec) { tk_dec_free(t->dec); free(t->dec); }
+    free(t->post_prefix);
+    free(t->post_suffix);
+    free(t->chat_template);
+    free(t);
+}
+
+static int ids_append(int32_t **v, int *n, const int32_t *src, int m,
+                      int at_front) {
+    int32_t *p = realloc(*v, (size_t)(*n + m + 1) * sizeof *p);
+    if (!p) return -1;
+    if (at_front) {
+        memmove(p + m, p, (size_t)*n * sizeof *p);
+        memcpy(p, src, (size_t)m * sizeof *p);
+    } else {
+        memcpy(p + *n, src, (size_t)m * sizeof *p);
+    }
+    *v = p;
+    *n += m;
+    return 0;
+}
+
+/* Reads the ids of special_tokens[name] of a TemplateProcessing. */
+static loom_status template_ids(const cJSON *specials, const char *name,
+                                int32_t *buf, int cap, int *n) {
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(specials, name);
+    const cJSON *ids = cJSON_GetObjectItemCaseSensitive(e, "ids");
+    if (!cJSON_IsArray(ids))
+        return loom_err(LOOM_ERR_FORMAT,
+                        "post_processor TemplateProcessing: special token \"%s\": expected "
+                        "an entry with an \"ids\" array in special_tokens", name);
+    *n = 0;
+    const cJSON *x;
+    cJSON_ArrayForEach(x, ids) {
+        if (!cJSON_IsNumber(x) || *n >= cap)
+            return loom_err(LOOM_ERR_FORMAT,
+                            "post_processor TemplateProcessing: \"%s\": bad ids", name);
+        buf[(*n)++] = (int32_t)x->valueint;
+    }
+    return LOOM_OK;
+}
+
+/* Wraps the current prefix/suffix with one post-processor's additions. */
+static loom_status post_parse(loom_tok *t, const cJSON *j) {
+    const char *type = jstr(j, "type");
+    if (!type) return loom_err(LOOM_ERR_FORMAT, "post_processor: expected a \"type\" string");
+    if (!strcmp(type, "ByteLevel")) return LOOM_OK; /* offsets only */
+    if (!strcmp(type, "Sequence")) {
+        const cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "processors");
+        if (!cJSON_IsArray(a))
+            return loom_err(LOOM_ERR_FORMAT, "post_processor Sequence: expected a \"processors\" array");
+        const cJSON *e;
+        cJSON_ArrayForEach(e, a) {
+            loom_status st = post_parse(t, e);
+            if (st) return st;
+        }
+        return LOOM_OK;
+    }
+    int32_t pre[64], suf[64];
+    int npre = 0, nsuf = 0;
+    if (!strcmp(type, "TemplateProcessing")) {
+        const cJSON *single = cJSON_GetObjectItemCaseSensitive(j, "single");
+        const cJSON *specials = cJSON_GetObjectItemCaseSensitive(j, "special_tokens");
+        if (!cJSON_IsArray(single))
+            return loom_err(LOOM_ERR_FORMAT, "post_processor TemplateProcessing: expected a \"single\" array");
+        int seen_seq = 0;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, single) {
+            const cJSON *sp = cJSON_GetObjectItemCaseSensitive(e, "SpecialToken");
+            const cJSON *sq = cJSON_GetObjectItemCaseSensitive(e, "Sequence");
+            if (sq) { seen_seq = 1; continue; }
+            const char *name = jstr(sp, "id");
+            if (!name)
+                return loom_err(LOOM_ERR_FORMAT,
+                                "post_processor TemplateProcessing: expected SpecialToken or Sequence items");
+            int m = 0;
+            int32_t buf[32];
+            loom_status st = template_ids(specials, name, buf, 32, &m);
+            if (st) return st;
+            int32_t *dst = seen_seq ? suf : pre;
+            int *dn = seen_seq ? &nsuf : &npre;
+            if (*dn + m > 64)
+                return loom_err(LOOM_ERR_UNSUPPORTED, "post_processor TemplateProcessing: too many special ids");
+            memcpy(dst + *dn, buf, (size_t)m * sizeof *buf);
+            *dn += m;
+        }
+    } else if (!strcmp(type, "RobertaProcessing") || !strcmp(type, "BertProcessing")) {
+        const cJSON *cls = cJSON_GetObjectItemCaseSensitive(j, "cls");
+        const cJSON *sep = cJSON_GetObjectItemCaseSensitive(j, "sep");
+        if (!cJSON_IsArray(cls) || !cJSON_IsArray(sep) || cJSON_GetArraySize(cls) != 2 ||
+            cJSON_GetArraySize(sep) != 2 || !cJSON_IsNumber(cJSON_GetArrayItem(cls, 1)) ||
+            !cJSON_IsNumber(cJSON_GetArrayItem(sep, 1)))
+            return loom_err(LOOM_ERR_FORMAT, "post_processor %s: expected \"cls\" and \"sep\" as [token, id]", type);
+        pre[npre++] = (int32_t)cJSON_GetArrayItem(cls, 1)->valueint;
+        suf[nsuf++] = (int32_t)cJSON_GetArrayItem(sep, 1)->valueint;
+    } else {
+        return loom_err(LOOM_ERR_UNSUPPORTED,
+                        "post_processor: expected one of TemplateProcessing, ByteLevel, "
+                        "RobertaProcessing, BertProcessing, Sequence, found type \"%s\"", type);
+    }
+    if (ids_append(&t->post_prefix, &t->n_post_prefix, pre, npre, 1) ||
+        ids_append(&t->post_suffix, &t->n_post_suffix, suf, nsuf, 0))
+        return nomem();
+    return LOOM_OK;
+}
+
+static loom_status load_model(loom_tok *t, const cJSON *model,
+                              const cJSON *added_arr) {
+    if (!cJSON_IsObject(model))
+        return loom_err(LOOM_ERR_FORMAT, "tokenizer.json: expected a \"model\" object, found %s",
+                        cjson_type_name(model));
+    const char *type = jstr(model, "type");
+    const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
+    const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
+    if (type && strcmp(type, "BPE"))
+        return loom_err(LOOM_ERR_UNSUPPORTED,
+                        "tokenizer.json: model: expected type \"BPE\", found \"%s\"", type);
+    if (!type && !merges)
+        return loom_err(LOOM_ERR_UNSUPPORTED,
+                        "tokenizer.json: model: expected a BPE model (type or merges), found neither");
+    if (!cJSON_IsObject(vocab))
+        return loom_err(LOOM_ERR_FORMAT, "tokenizer.json: model.vocab: expected an object, found %s",
+                        cjson_type_name(vocab));
+    if (merges && !cJSON_IsArray(merges) && !cJSON_IsNull(merges))
+        return loom_err(LOOM_ERR_FORMAT, "tokenizer.json: model.merges: expected an array, found %s",
+                        cjson_type_name(merges));
+    if (cJSON_IsNull(merges)) merges = NULL;
+    if (added_arr && !cJSON_IsArray(added_arr) && !cJSON_IsNull(added_arr))
+        return loom_err(LOOM_ERR_FORMAT, "tokenizer.json: added_tokens: expected an array, found %s",
+                        cjson_type_name(added_arr));
+
+    /* pass 1: sizes */
+    int32_t max_id = -1;
+    size_t n_vocab = 0, bytes = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, vocab) {
+        if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble > 1e9)
+            return loom_err(LOOM_ERR_FORMAT,
+                            "tokenizer.json: model.vocab[\"%.80s\"]: expected a non-negative id, found %s",
+                            e->string, cjson_type_name(e));
+        if (e->valueint > max_id) max_id = e->valueint;
+        n_vocab++;
+        bytes += strlen(e->string) + 1;
+    }
+    int n_added = 0;
+    int32_t max_added = -1;
+    if (cJSON_IsArray(added_arr))
+        cJSON_ArrayForEach(e, added_arr) {
+            const cJSON *id = cJSON_GetObjectItemCaseSensitive(e, "id");
+            const char *c = jstr(e, "content");
+            if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble > 1e9 || !c)
+                return loom_err(LOOM_ERR_FORMAT,
+                                "tokenizer.json: added_tokens[%d]: expected \"id\" and \"content\"",
+                                n_added);
+            if (id->valueint > max_added) max_added = id->valueint;
+            bytes += strlen(c) + 1;
+            n_added++;
+        }
+    t->n_ids = (max_id > max_added ? max_id : max_added) + 1;
+
+    /* pass 2: strings into the arena (offsets first: it may move) */
+    t->arena_cap = bytes + 1;
+    t->arena = malloc(t->arena_cap);
+    t->vocab.n = max_id + 1;
+    t->vocab.s = calloc((size_t)t->vocab.n + 1, sizeof *t->vocab.s);
+    t->vocab.len = calloc((size_t)t->vocab.n + 1, sizeof *t->vocab.len);
+    t->added = calloc((size_t)n_added + 1, sizeof *t->added);
+    t->added_of_id = malloc(((size_t)t->n_ids + 1) * sizeof *t->added_of_id);
+    t->added_tab.n = t->n_ids;
+    t->added_tab.s = calloc((size_t)t->n_ids + 1, sizeof *t->added_tab.s);
+    t->added_tab.len = calloc((size_t)t->n_ids + 1, sizeof *t->added_tab.len);
+    if (!t->arena || !t->vocab.s || !t->vocab.len || !t->added || !t->added_of_id ||
+        !t->added_tab.s || !t->added_tab.len ||
+        tk_strmap_init(&t->vocab_map, n_vocab) || tk_strmap_init(&t->added_map, (size_t)n_added))
+        return nomem();
+    for (int32_t i = 0; i < t->n_ids; i++) t->added_of_id[i] = -1;
+    cJSON_ArrayForEach(e, vocab) {
+        size_t l = strlen(e->string);
+        size_t off = arena_add(t, e->string, l);
+        t->vocab.s[e->valueint] = t->arena + off;
+        t->vocab.len[e->valueint] = (uint32_t)l;
+    }
+    cJSON_ArrayForEach(e, vocab)
+        tk_strmap_put(&t->vocab_map, &t->vocab, e->string, strlen(e->string), e->valueint);
+    if (cJSON_IsArray(added_arr))
+        cJSON_ArrayForEach(e, added_arr) {
+            const char *c = jstr(e, "content");
+            size_t l = strlen(c);
+            tk_added *a = &t->added[t->n_added];
+            a->content = t->arena + arena_add(t, c, l);
+            a->len = (uint32_t)l;
+            a->id = cJSON_GetObjectItemCaseSensitive(e, "id")->valueint;
+            a->special = (uint8_t)jbool(e, "special", 0);
+            a->lstrip = (uint8_t)jbool(e, "lstrip", 0);
+            a->rstrip = (uint8_t)jbool(e, "rstrip", 0);
+            a->single_word = (uint8_t)jbool(e, "single_word", 0);
+            a->normalized = (uint8_t)jbool(e, "normalized", !a->special);
+            t->added_of_id[a->id] = t->n_added;
+            t->added_tab.s[a->id] = a->content;
+            t->added_tab.len[a->id] = a->len;
+            tk_strmap_put(&t->added_map, &t->added_tab, a->content, l, a->id);
+            t->n_added++;
+        }
+
+    /* model options */
+    const char *p = jstr(model, "continuing_subword_prefix");
+    if (p && *p) {
+        t->cont_prefix_len = strlen(p);
+        if (!(t->cont_prefix = strdup(p))) return nomem();
+    }
+    p = jstr(model, "end_of_word_suffix");
+    if (p && *p) {
+        t->eow_suffix_len = strlen(p);
+        if (!(t->eow_suffix = strdup(p))) return nomem();
+    }
+    t->fuse_unk = jbool(model, "fuse_unk", 0);
+    t->byte_fallback = jbool(model, "byte_fallback", 0);
+    t->ignore_merges = jbool(model, "ignore_merges", 0);
+    const cJSON *drop = cJSON_GetObjectItemCaseSensitive(model, "dropout");
+    if (cJSON_IsNumber(drop) && drop->valuedouble > 0)
+        loom_log(LOOM_LOG_WARN, "tokenizer: BPE dropout %g ignored (encoding is deterministic)",
+                 drop->valuedouble);
+    t->unk_id = -1;
+    p = jstr(model, "unk_token");
+    if (p) t->unk_id = tk_strmap_get(&t->vocab_map, &t->vocab, p, strlen(p));
+    for (int b = 0; b < 256; b++) {
+        char name[8];
+        snprintf(name, sizeof name, "<0x%02X>", b);
+        t->byte_ids[b] = tk_strmap_get(&t->vocab_map, &t->vocab, name, 6);
+    }
+    return tk_merges_build(t, merges);
+}
+
+static loom_status build_tries(loom_tok *t) {
+    if (trie_init(&t->trie_raw) || trie_init(&t->trie_norm)) return nomem();
+    pcre2_match_data *md = pcre2_match_data_create(1, NULL);
+    if (!md) return nomem();
+    tk_buf nb = {0};
+    loom_status st = LOOM_OK;
+    /* special tokens take precedence in the reference's pattern order */
+    for (int pass = 0; pass < 2 && !st; pass++)
+        for (int i = 0; i < t->n_added && !st; i++) {
+            const tk_added *a = &t->added[i];
+            if (a->len == 0 || (pass == 0) != (a->special != 0)) continue;
+            if (!a->normalized) {
+                if (trie_insert(&t->trie_raw, a->content, a->len, i)) st = nomem();
+                continue;
+            }
+            const char *s = a->content;
+            size_t n = a->len;
+            if (t->norm) {
+                nb.n = 0;
+                st = tk_norm_apply(t->norm, s, n, &nb, md);
+                s = nb.p ? nb.p : "";
+                n = nb.n;
+            }
+            if (!st && n) {
+                if (trie_insert(&t->trie_norm, s, n, i)) st = nomem();
+                t->has_norm_added = 1;
+            }
+        }
+    tk_buf_free(&nb);
+    pcre2_match_data_free(md);
+    return st;
+}
+
+static int32_t config_token_id(const loom_tok *t, const cJSON *cfg,
+                               const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, key);
+    const char *s = cJSON_IsString(v) ? v->valuestring : jstr(v, "content");
+    return s ? loom_tok_token_to_id(t, s, strlen(s)) : -1;
+}
+
+static loom_status load_config(loom_tok *t, const char *cfg_text, size_t n) {
+    cJSON *cfg = cJSON_ParseWithLength(cfg_text, n);
+    if (!cfg || !cJSON_IsObject(cfg)) {
+        cJSON_Delete(cfg);
+        return loom_err(LOOM_ERR_FORMAT, "tokenizer_config.json: expected a JSON object");
+    }
+    t->bos_id = config_token_id(t, cfg, "bos_token");
+    t->eos_id = config_token_id(t, cfg, "eos_token");
+    t->pad_id = config_token_id(t, cfg, "pad_token");
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, "add_bos_token");
+    if (cJSON_IsBool(v)) t->add_bos_cfg = cJSON_IsTrue(v);
+    v = cJSON_GetObjectItemCaseSensitive(cfg, "add_eos_token");
+    if (cJSON_IsBool(v)) t->add_eos_cfg = cJSON_IsTrue(v);
+    v = cJSON_GetObjectItemCaseSensitive(cfg, "chat_template");
+    const char *tmpl = cJSON_IsString(v) ? v->valuestring : NULL;
+    if (cJSON_IsArray(v)) {
+        /* named templates: take "default" */
+        const cJSON *e;
+        cJSON_ArrayForEach(e, v) {
+            const char *name = jstr(e, "name");
+            if (name && !strcmp(name, "default")) tmpl = jstr(e, "template");
+        }
+    }
+    loom_status st = LOOM_OK;
+    if (tmpl && !(t->chat_template = strdup(tmpl))) st = nomem();
+    cJSON_Delete(cfg);
+    return st;
+}
+
+loom_status loom_tok_load_mem(const char *json, size_t json_len,
+                              const char *config_json, size_t config_len,
+                              loom_tok **out) {
+    *out = NULL;
+    if (!json) return loom_err(LOOM_ERR_INVALID_ARG, "tok_load: expected JSON text, found NULL");
+    cJSON *root = cJSON_ParseWithLength(json, json_len);
+    if (!root) {
+        const char *at = cJSON_GetErrorPtr();
+        size_t off = at && at >= json && at <= json + json_len ? (size_t)(at - json) : json_len;
+        return loom_err(LOOM_ERR_FORMAT,
+                        "tokenizer.json: expected valid JSON, parse error at byte %zu of %zu",
+                        off, json_len);
+    }
+    loom_tok *t = calloc(1, sizeof *t);
+    if (!t) {
+        cJSON_Delete(root);
+        return nomem();
+    }
+    t->bos_id = t->eos_id = t->pad_id = t->unk_id = -1;
+    t->add_bos_cfg = t->add_eos_cfg = -1;
+    loom_status st = LOOM_OK;
+    if (!cJSON_IsObject(root))
+        st = loom_err(LOOM_ERR_FORMAT, "tokenizer.json: expected an object at the top, found %s",
+                      cjson_type_name(root));
+    if (!st)
+        st = load_model(t, cJSON_GetObjectItemCaseSensitive(root, "model"),
+                        cJSON_GetObjectItemCaseSensitive(root, "added_tokens"));
+    const cJSON *c;
+    if (!st && (c = cJSON_GetObjectItemCaseSensitive(root, "normalizer")) && !cJSON_IsNull(c)) {
+        if (!(t->norm = calloc(1, sizeof *t->norm))) st = nomem();
+        else st = tk_norm_parse(c, t->norm);
+    }
+    if (!st && (c = cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer")) && !cJSON_IsNull(c)) {
+        if (!(t->pre = calloc(1, sizeof *t->pre))) st = nomem();
+        else st = tk_pre_parse(c, t->pre);
+    }
+    if (!st && (c = cJSON_GetObjectItemCaseSensitive(root, "decoder")) && !cJSON_IsNull(c)) {
+        if (!(t->dec = calloc(1, sizeof *t->dec))) st = nomem();
+        else st = tk_dec_parse(c, t->dec);
+    }
+    if (!st && (c = cJSON_GetObjectItemCaseSensitive(root, "post_processor")) && !cJSON_IsNull(c))
+        st = post_parse(t, c);
+    for (int i = 0; !st && i < t->n_post_prefix + t->n_post_suffix; i++) {
+        int32_t id = i < t->n_post_prefix ? t->post_prefix[i]
+                                          : t->post_suffix[i - t->n_post_prefix];
+        if (id < 0 || id >= t->n_ids)
+            st = loom_err(LOOM_ERR_FORMAT, "post_processor: special id %d outside the vocabulary [0, %d)",
+                          (int)id, t->n_ids);
+    }
+    if (!st) st = build_tries(t);
+    cJSON_Delete(root);
+    if (!st && config_json) st = load_config(t, config_json, config_len);
+    if (st) {
+        loom_tok_free(t);
+        return st;
+    }
+    *out = t;
+    return LOOM_OK;
+}
+
+loom_status loom_tok_load(const char *json_path, const char *config_path,
+                          loom_tok **out) {
+    *out = NULL;
+    if (!json_path) return loom_err(LOOM_ERR_INVALID_ARG, "tok_load: expected a path, found NULL");
+    char *js = NULL, *cs = NULL;
+    size_t jn = 0, cn = 0;
+    loom_status st = loom_read_file(json_path, &js, &jn);
+    if (st) return st;
+    if (config_path) {
+        st = loom_read_file(config_path, &cs, &cn);
+        if (st) {
+            loom_free(js);
+            return st;
+        }
+    }
+    st = loom_tok_load_mem(js, jn, cs, cn, out);
+    if (st == LOOM_ERR_FORMAT || st == LOOM_ERR_UNSUPPORTED) loom_err_wrap(st, "%s", json_path);
+    loom_free(js);
+    loom_free(cs);
+    return st;
+}
+
+loom_status loom_tok_load_dir(const char *dir, loom_tok **out) {
+    *out = NULL;
+    char jp[4096], cp[4096];
+    loom_status st = loom_path_join(jp, sizeof jp, dir, "tokenizer.json");
+    if (!st) st = loom_path_join(cp, sizeof cp, dir, "tokenizer_config.json");
+    if (st) return st;
+    FILE *f = fopen(cp, "rb");
+    if (f) fclose(f);
+    return loom_tok_load(jp, f ? cp : NULL, out);
+}
