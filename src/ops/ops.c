@@ -10,6 +10,7 @@
 static loom_kernels complete(loom_kernels t) {
     FILL(matmul_f32); FILL(matmul_f16); FILL(matmul_bf16); FILL(dot);
     FILL(axpy); FILL(rmsnorm); FILL(softmax); FILL(silu_mul);
+    FILL(matmul_q); FILL(gelu_tanh_mul);
     FILL(f16_to_f32); FILL(bf16_to_f32);
     return t;
 }

@@ -11,6 +11,21 @@
 
 #include "load/safetensors.h"
 
+/* An MLX affine-quantized matrix: row r, element k is
+ * scale[r][k / group] * q + bias[r][k / group], where q is the unsigned
+ * bits-wide field at bit offset k * bits of the row's little-endian bit
+ * stream (so for bits 2, 4 and 8 element k of a word sits at bits
+ * (k % per_word) * bits). Everything is borrowed from the mapping. */
+typedef struct loom_qmat {
+    const uint32_t *w;         /* (rows, n * bits / 32) packed */
+    const uint16_t *scales;    /* (rows, n / group) bf16, or f16 when f16 */
+    const uint16_t *biases;    /* (rows, n / group) same dtype as scales */
+    int n;                     /* columns (input features) */
+    int bits;                  /* 2, 3, 4, 5, 6 or 8 */
+    int group;                 /* columns per scale/bias, a multiple of 32 */
+    int f16;
+} loom_qmat;
+
 typedef struct loom_kernels {
     const char *name;
     /* y[t*ldy + r] = sum_k x[t*ldx + k] * w[r*n + k] for t in [0, T),
@@ -22,6 +37,10 @@ typedef struct loom_kernels {
                        const uint16_t *w, int n, int T, int r0, int r1);
     void (*matmul_bf16)(float *y, int ldy, const float *x, int ldx,
                         const uint16_t *w, int n, int T, int r0, int r1);
+    /* The same over an affine-quantized matrix, dequantizing one group at a
+     * time; the full matrix is never expanded. */
+    void (*matmul_q)(float *y, int ldy, const float *x, int ldx,
+                     const loom_qmat *w, int T, int r0, int r1);
     float (*dot)(const float *a, const float *b, int n);
     /* y += a * x */
     void (*axpy)(float *y, float a, const float *x, int n);
@@ -31,6 +50,8 @@ typedef struct loom_kernels {
     void (*softmax)(float *x, int n);
     /* g = silu(g) * u */
     void (*silu_mul)(float *g, const float *u, int n);
+    /* g = gelu_tanh(g) * u  (the tanh approximation: gelu_pytorch_tanh) */
+    void (*gelu_tanh_mul)(float *g, const float *u, int n);
     /* Row conversions to f32. */
     void (*f16_to_f32)(float *y, const uint16_t *x, int n);
     void (*bf16_to_f32)(float *y, const uint16_t *x, int n);

@@ -37,6 +37,40 @@ static void matmul_bf16(float *y, int ldy, const float *x, int ldx,
         }
 }
 
+/* Field k of a packed row, reading the little-endian bit stream. */
+static unsigned q_field(const uint32_t *row, int k, int bits) {
+    size_t bit = (size_t)k * (size_t)bits;
+    size_t wi = bit / 32;
+    unsigned sh = (unsigned)(bit % 32);
+    uint64_t v = row[wi] >> sh;
+    if (sh + (unsigned)bits > 32) v |= (uint64_t)row[wi + 1] << (32 - sh);
+    return (unsigned)(v & ((1u << bits) - 1));
+}
+
+static void matmul_q(float *y, int ldy, const float *x, int ldx, const loom_qmat *w, int T,
+                     int r0, int r1) {
+    int n = w->n, ng = n / w->group;
+    size_t words = (size_t)n * (size_t)w->bits / 32;
+    for (int t = 0; t < T; t++)
+        for (int r = r0; r < r1; r++) {
+            const uint32_t *row = w->w + (size_t)r * words;
+            const float *xt = x + (size_t)t * ldx;
+            float s = 0;
+            for (int g = 0; g < ng; g++) {
+                size_t si = (size_t)r * ng + g;
+                float sc = w->f16 ? loom_f16_to_f32(w->scales[si]) : loom_bf16_to_f32(w->scales[si]);
+                float bi = w->f16 ? loom_f16_to_f32(w->biases[si]) : loom_bf16_to_f32(w->biases[si]);
+                float sq = 0, sx = 0;
+                for (int k = g * w->group; k < (g + 1) * w->group; k++) {
+                    sq += (float)q_field(row, k, w->bits) * xt[k];
+                    sx += xt[k];
+                }
+                s += sc * sq + bi * sx;
+            }
+            y[(size_t)t * ldy + r] = s;
+        }
+}
+
 static float dot(const float *a, const float *b, int n) {
     float s = 0;
     for (int i = 0; i < n; i++) s += a[i] * b[i];
@@ -70,6 +104,14 @@ static void silu_mul(float *g, const float *u, int n) {
     for (int i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
+static void gelu_tanh_mul(float *g, const float *u, int n) {
+    for (int i = 0; i < n; i++) {
+        float x = g[i];
+        float in = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+        g[i] = 0.5f * x * (1.0f + tanhf(in)) * u[i];
+    }
+}
+
 static void f16_to_f32(float *y, const uint16_t *x, int n) {
     for (int i = 0; i < n; i++) y[i] = loom_f16_to_f32(x[i]);
 }
@@ -83,11 +125,13 @@ const loom_kernels loom_kernels_ref = {
     .matmul_f32 = matmul_f32,
     .matmul_f16 = matmul_f16,
     .matmul_bf16 = matmul_bf16,
+    .matmul_q = matmul_q,
     .dot = dot,
     .axpy = axpy,
     .rmsnorm = rmsnorm,
     .softmax = softmax,
     .silu_mul = silu_mul,
+    .gelu_tanh_mul = gelu_tanh_mul,
     .f16_to_f32 = f16_to_f32,
     .bf16_to_f32 = bf16_to_f32,
 };
