@@ -1,0 +1,160 @@
+/* template/jinja_int: shared internals of the Jinja engine: the arena, the
+ * value model, the AST. Not for use outside src/template. */
+#ifndef LOOM_TEMPLATE_JINJA_INT_H
+#define LOOM_TEMPLATE_JINJA_INT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/base.h"
+
+/* ---- arena: everything a compile or a render allocates lives in one ---- */
+
+typedef struct jarena_block jarena_block;
+typedef struct jarena {
+    jarena_block *head;   /* owned chain of blocks, newest first */
+    int failed;           /* set once an allocation failed */
+} jarena;
+
+void *jar_alloc(jarena *a, size_t n);            /* zeroed; NULL on OOM */
+char *jar_strdup(jarena *a, const char *s, size_t n); /* NUL-terminated */
+void jar_free(jarena *a);
+
+/* Growable byte buffer (heap, not arena: the render output outlives it). */
+typedef struct jbuf {
+    char *p;
+    size_t n, cap;
+    int failed;
+} jbuf;
+
+void jb_put(jbuf *b, const char *s, size_t n);
+void jb_puts(jbuf *b, const char *s);
+void jb_putc(jbuf *b, char c);
+void jb_printf(jbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---- values -------------------------------------------------------------- */
+
+enum {
+    JV_UNDEF, JV_NONE, JV_BOOL, JV_INT, JV_FLOAT, JV_STR, JV_LIST, JV_DICT,
+    JV_FUNC,
+};
+/* flags */
+enum {
+    JVF_TUPLE = 1,     /* a list that prints as (a, b) */
+    JVF_NS = 2,        /* a namespace(): a dict whose attributes may be set */
+};
+
+typedef struct jv jv;
+typedef struct jnode jnode;
+typedef struct jframe jframe;
+
+/* Built-in callables and bound methods. */
+typedef struct jfunc {
+    int kind;              /* JF_* in jinja_eval.c */
+    const char *name;      /* builtin / method name */
+    jv *self;              /* bound object for methods */
+    const jnode *macro;    /* macro or caller definition */
+    jframe *closure;       /* scope a macro/caller was defined in */
+} jfunc;
+
+struct jv {
+    int type;
+    int flags;
+    union {
+        int b;
+        int64_t i;
+        double f;
+        struct { const char *p; size_t n; } s;   /* UTF-8, NUL-terminated */
+        struct { jv **v; size_t n, cap; } l;
+        struct { jv **k; jv **v; size_t n, cap; } d;
+        jfunc *fn;
+    } u;
+    const char *uname;     /* for undefined: the name that was missing */
+};
+
+extern jv jv_undef_static, jv_none_static, jv_true_static, jv_false_static;
+
+jv *jv_new(jarena *a, int type);
+jv *jv_str(jarena *a, const char *p, size_t n);   /* copies */
+jv *jv_strz(jarena *a, const char *p);
+jv *jv_str_borrow(jarena *a, const char *p, size_t n); /* p must outlive */
+jv *jv_int(jarena *a, int64_t i);
+jv *jv_float(jarena *a, double f);
+jv *jv_bool(int b);
+jv *jv_undef(jarena *a, const char *name);
+jv *jv_list(jarena *a, size_t cap);
+jv *jv_dict(jarena *a);
+void jv_list_push(jarena *a, jv *l, jv *x);
+jv *jv_dict_get(const jv *d, const jv *key);
+jv *jv_dict_gets(const jv *d, const char *key);
+void jv_dict_set(jarena *a, jv *d, jv *key, jv *val);
+
+int jv_truthy(const jv *v);
+int jv_equal(const jv *a, const jv *b);
+/* Three-way compare; sets *ok = 0 when Python would raise TypeError. */
+int jv_compare(const jv *a, const jv *b, int *ok);
+const char *jv_type_name(const jv *v);
+
+/* str(v) and repr(v) as Python prints them. */
+void jv_to_str(jbuf *b, const jv *v);
+void jv_repr(jbuf *b, const jv *v);
+void jv_fmt_float(jbuf *b, double f);
+/* json.dumps; returns 0 if a value is not serialisable (undefined, func). */
+typedef struct jjson_opts {
+    const char *indent;      /* NULL: single line */
+    const char *item_sep;    /* ", " or "," */
+    const char *key_sep;     /* ": " */
+    int sort_keys;
+    int ensure_ascii;
+} jjson_opts;
+int jv_to_json(jbuf *b, const jv *v, const jjson_opts *o, int depth);
+
+/* Parses JSON text into values; NULL with *err set on bad input. */
+jv *jv_parse_json(jarena *a, const char *s, size_t n, const char **err);
+
+/* UTF-8 helpers. */
+size_t ju_decode(const char *s, size_t n, size_t i, int32_t *cp);
+void ju_encode(jbuf *b, int32_t cp);
+size_t ju_count(const char *s, size_t n);
+
+/* ---- AST ----------------------------------------------------------------- */
+
+enum {
+    /* statements */
+    N_BODY, N_TEXT, N_OUTPUT, N_IF, N_FOR, N_SET, N_SETBLOCK, N_MACRO,
+    N_CALLBLOCK, N_FILTERBLOCK, N_BREAK, N_CONTINUE, N_WITH, N_DO,
+    /* expressions */
+    E_CONST, E_NAME, E_ATTR, E_ITEM, E_SLICE, E_CALL, E_FILTER, E_TEST,
+    E_NEG, E_POS, E_NOT, E_AND, E_OR, E_BIN, E_CMP, E_COND, E_LIST, E_TUPLE,
+    E_DICT, E_BODYVAL,
+};
+
+struct jnode {
+    int kind;
+    int line;
+    int op;                 /* operator code (E_BIN/E_CMP), negation (E_TEST) */
+    const char *name;       /* E_NAME, E_ATTR attribute, filter/test/macro */
+    jv *val;                /* E_CONST, N_TEXT */
+    jnode *a, *b, *c, *d;   /* children, meaning per kind */
+    jnode **items;          /* body statements, args, list items */
+    int n;
+    const char **kwn;       /* keyword argument names */
+    jnode **kwv;            /* keyword argument values (or param defaults) */
+    int nkw;
+};
+
+/* Binary operator codes for E_BIN and E_CMP. */
+enum {
+    OP_ADD = 1, OP_SUB, OP_MUL, OP_DIV, OP_FDIV, OP_MOD, OP_POW, OP_CAT,
+    OP_EQ, OP_NE, OP_LT, OP_LE, OP_GT, OP_GE, OP_IN, OP_NOTIN,
+};
+
+struct loom_jinja_template {
+    jarena arena;           /* owns every node and constant */
+    jnode *root;            /* N_BODY */
+};
+
+/* Parser entry (jinja_parse.c). */
+loom_status jinja_parse(jarena *a, const char *src, size_t len, jnode **out);
+
+#endif

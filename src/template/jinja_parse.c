@@ -1,0 +1,1409 @@
+/* template/jinja_parse: lexer and parser of the Jinja engine. Produces the
+ * AST of jinja_int.h in the template's arena.
+ *
+ * Whitespace follows Jinja's lexer with trim_blocks and lstrip_blocks on (as
+ * transformers compiles chat templates):
+ *   - the source has \r\n and \r turned into \n and one trailing \n dropped;
+ *   - `{%-`, `{{-`, `{#-` strip all whitespace before the tag; `-%}`, `-}}`,
+ *     `-#}` strip all whitespace after it;
+ *   - lstrip_blocks: before `{%` or `{#` (not `{{`), spaces and tabs back to
+ *     the start of the line are removed when nothing else is on that line
+ *     before the tag; `{%+` turns this off for one tag;
+ *   - trim_blocks: one newline right after `%}` or `#}` is removed; `+%}`
+ *     turns this off for one tag. */
+#include "template/jinja_int.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum {
+    T_EOF, T_TEXT, T_BLOCK_BEGIN, T_BLOCK_END, T_VAR_BEGIN, T_VAR_END,
+    T_NAME, T_STRING, T_INT, T_FLOAT, T_OP,
+};
+
+typedef struct tok {
+    int type;
+    int line;
+    const char *s;     /* text / name / operator / decoded string */
+    size_t n;
+    int64_t i;
+    double f;
+} tok;
+
+typedef struct parser {
+    jarena *a;
+    tok *t;
+    size_t nt, cap, pos;
+    int loop_depth;
+    loom_status st;
+} parser;
+
+static loom_status perr(parser *p, int line, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static loom_status perr(parser *p, int line, const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (p->st == LOOM_OK)
+        p->st = loom_err(LOOM_ERR_FORMAT, "template line %d: %s", line, msg);
+    return p->st;
+}
+
+static tok *push_tok(parser *p, int type, int line) {
+    if (p->nt == p->cap) {
+        size_t cap = p->cap ? p->cap * 2 : 256;
+        tok *nt = realloc(p->t, cap * sizeof *nt);
+        if (!nt) {
+            p->st = loom_err(LOOM_ERR_NOMEM, "template: out of memory");
+            return NULL;
+        }
+        p->t = nt;
+        p->cap = cap;
+    }
+    tok *t = &p->t[p->nt++];
+    memset(t, 0, sizeof *t);
+    t->type = type;
+    t->line = line;
+    return t;
+}
+
+/* ---- lexer --------------------------------------------------------------- */
+
+static int is_ws(char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+}
+static int is_alpha(char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' ||
+           (unsigned char)c >= 0x80;
+}
+static int is_digit(char c) { return c >= '0' && c <= '9'; }
+
+static int count_nl(const char *s, size_t n) {
+    int c = 0;
+    for (size_t i = 0; i < n; i++) c += s[i] == '\n';
+    return c;
+}
+
+static void emit_text(parser *p, const char *s, size_t n, int line) {
+    if (!n) return;
+    tok *t = push_tok(p, T_TEXT, line);
+    if (!t) return;
+    t->s = s;
+    t->n = n;
+}
+
+/* Decodes a string literal body the way Jinja does (Python unicode-escape
+ * over the raw text): \n \t \r \\ \' \" \xNN \uNNNN \UNNNNNNNN, octal, and
+ * unknown escapes keep their backslash. */
+static const char *decode_string(parser *p, const char *s, size_t n, size_t *outn) {
+    jbuf b = {0};
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (c != '\\' || i + 1 >= n) {
+            jb_putc(&b, c);
+            continue;
+        }
+        char e = s[++i];
+        int hexlen = 0;
+        switch (e) {
+        case 'n': jb_putc(&b, '\n'); break;
+        case 't': jb_putc(&b, '\t'); break;
+        case 'r': jb_putc(&b, '\r'); break;
+        case 'a': jb_putc(&b, '\a'); break;
+        case 'b': jb_putc(&b, '\b'); break;
+        case 'f': jb_putc(&b, '\f'); break;
+        case 'v': jb_putc(&b, '\v'); break;
+        case '\\': jb_putc(&b, '\\'); break;
+        case '\'': jb_putc(&b, '\''); break;
+        case '"': jb_putc(&b, '"'); break;
+        case '\n': break; /* line continuation */
+        case 'x': hexlen = 2; break;
+        case 'u': hexlen = 4; break;
+        case 'U': hexlen = 8; break;
+        default:
+            if (e >= '0' && e <= '7') {
+                int v = 0, k = 0;
+                while (k < 3 && i < n && s[i] >= '0' && s[i] <= '7') {
+                    v = v * 8 + (s[i] - '0');
+                    i++;
+                    k++;
+                }
+                i--;
+                ju_encode(&b, v);
+            } else {
+                jb_putc(&b, '\\');
+                jb_putc(&b, e);
+            }
+        }
+        if (hexlen) {
+            int32_t v = 0;
+            int ok = i + (size_t)hexlen < n + 0;
+            for (int k = 1; ok && k <= hexlen; k++) {
+                char h = s[i + (size_t)k];
+                v <<= 4;
+                if (h >= '0' && h <= '9') v |= h - '0';
+                else if (h >= 'a' && h <= 'f') v |= h - 'a' + 10;
+                else if (h >= 'A' && h <= 'F') v |= h - 'A' + 10;
+                else ok = 0;
+            }
+            if (ok && v >= 0 && v <= 0x10ffff) {
+                ju_encode(&b, v);
+                i += (size_t)hexlen;
+            } else {
+                jb_putc(&b, '\\');
+                jb_putc(&b, e);
+            }
+        }
+    }
+    const char *r = jar_strdup(p->a, b.p ? b.p : "", b.n);
+    *outn = b.n;
+    free(b.p);
+    return r;
+}
+
+static const char *const ops3[] = {NULL};
+static const char *const ops2[] = {"//", "**", "==", "!=", "<=", ">=", NULL};
+static const char ops1[] = "+-/*%~[](){}<>=.:|,;";
+
+/* Lexes the inside of a {{ }} or {% %} tag starting at *pos; stops after the
+ * end delimiter. Returns 0 on error. */
+static int lex_tag(parser *p, const char *src, size_t n, size_t *pos, int *line,
+                   int block, int *line_starting) {
+    size_t i = *pos;
+    int depth = 0;
+    (void)ops3;
+    for (;;) {
+        while (i < n && is_ws(src[i])) {
+            if (src[i] == '\n') (*line)++;
+            i++;
+        }
+        if (i >= n)
+            return perr(p, *line, "unexpected end of template: tag not closed, expected '%s'",
+                        block ? "%}" : "}}"), 0;
+        char c = src[i];
+        if (depth == 0) {
+            const char *end = block ? "%}" : "}}";
+            int mod = 0;
+            if ((c == '-' || c == '+') && i + 2 < n + 0 && src[i + 1] == end[0] &&
+                src[i + 2] == end[1])
+                mod = c;
+            if (mod || (c == end[0] && i + 1 < n && src[i + 1] == end[1])) {
+                tok *t = push_tok(p, block ? T_BLOCK_END : T_VAR_END, *line);
+                if (!t) return 0;
+                i += mod ? 3 : 2;
+                char last = 0;
+                if (mod == '-') {
+                    while (i < n && is_ws(src[i])) {
+                        if (src[i] == '\n') (*line)++;
+                        last = src[i++];
+                    }
+                } else if (mod == 0 && block && i < n && src[i] == '\n') {
+                    (*line)++;
+                    last = src[i++];
+                }
+                *line_starting = last == '\n';
+                *pos = i;
+                return 1;
+            }
+        }
+        if (c == '\'' || c == '"') {
+            size_t j = i + 1;
+            while (j < n && src[j] != c) {
+                if (src[j] == '\\' && j + 1 < n) j++;
+                j++;
+            }
+            if (j >= n) return perr(p, *line, "unterminated string literal"), 0;
+            tok *t = push_tok(p, T_STRING, *line);
+            if (!t) return 0;
+            t->s = decode_string(p, src + i + 1, j - i - 1, &t->n);
+            *line += count_nl(src + i, j - i);
+            i = j + 1;
+            continue;
+        }
+        if (is_digit(c)) {
+            size_t j = i;
+            char tmp[128];
+            size_t k = 0;
+            int isf = 0;
+            while (j < n && (is_digit(src[j]) || src[j] == '_')) {
+                if (src[j] != '_' && k < sizeof tmp - 1) tmp[k++] = src[j];
+                j++;
+            }
+            if (j + 1 < n && src[j] == '.' && is_digit(src[j + 1])) {
+                isf = 1;
+                tmp[k++] = src[j++];
+                while (j < n && (is_digit(src[j]) || src[j] == '_')) {
+                    if (src[j] != '_' && k < sizeof tmp - 1) tmp[k++] = src[j];
+                    j++;
+                }
+            }
+            if (j < n && (src[j] == 'e' || src[j] == 'E')) {
+                size_t e = j + 1;
+                if (e < n && (src[e] == '+' || src[e] == '-')) e++;
+                if (e < n && is_digit(src[e])) {
+                    isf = 1;
+                    while (j < e && k < sizeof tmp - 1) tmp[k++] = src[j++];
+                    while (j < n && is_digit(src[j])) {
+                        if (k < sizeof tmp - 1) tmp[k++] = src[j];
+                        j++;
+                    }
+                }
+            }
+            tmp[k] = 0;
+            tok *t = push_tok(p, isf ? T_FLOAT : T_INT, *line);
+            if (!t) return 0;
+            if (isf) t->f = strtod(tmp, NULL);
+            else {
+                errno = 0;
+                t->i = strtoll(tmp, NULL, 10);
+                if (errno) return perr(p, *line, "integer literal too large: %s", tmp), 0;
+            }
+            i = j;
+            continue;
+        }
+        if (is_alpha(c)) {
+            size_t j = i;
+            while (j < n && (is_alpha(src[j]) || is_digit(src[j]))) j++;
+            tok *t = push_tok(p, T_NAME, *line);
+            if (!t) return 0;
+            t->s = src + i;
+            t->n = j - i;
+            i = j;
+            continue;
+        }
+        size_t len = 0;
+        for (int k = 0; ops2[k]; k++)
+            if (i + 1 < n && src[i] == ops2[k][0] && src[i + 1] == ops2[k][1]) len = 2;
+        if (!len && strchr(ops1, c) && c) len = 1;
+        if (!len) return perr(p, *line, "unexpected character '%c'", c), 0;
+        if (len == 1) {
+            if (c == '(' || c == '[' || c == '{') depth++;
+            else if (c == ')' || c == ']' || c == '}') {
+                if (depth == 0) return perr(p, *line, "unexpected '%c'", c), 0;
+                depth--;
+            }
+        }
+        tok *t = push_tok(p, T_OP, *line);
+        if (!t) return 0;
+        t->s = src + i;
+        t->n = len;
+        i += len;
+    }
+}
+
+/* Matches `{%[-+]? raw [-]?%}` at src[i]; returns the length or 0. */
+static size_t match_tag_word(const char *src, size_t n, size_t i, const char *word,
+                             int *strip_before, int *strip_after) {
+    size_t j = i + 2;
+    *strip_before = 0;
+    *strip_after = 0;
+    if (j < n && (src[j] == '-' || src[j] == '+')) {
+        *strip_before = src[j] == '-';
+        j++;
+    }
+    while (j < n && is_ws(src[j])) j++;
+    size_t wl = strlen(word);
+    if (j + wl > n || memcmp(src + j, word, wl)) return 0;
+    j += wl;
+    if (j < n && (is_alpha(src[j]) || is_digit(src[j]))) return 0;
+    while (j < n && is_ws(src[j])) j++;
+    if (j < n && src[j] == '-') {
+        *strip_after = 1;
+        j++;
+    }
+    if (j + 1 < n + 0 && src[j] == '%' && src[j + 1] == '}') return j + 2 - i;
+    return 0;
+}
+
+static void lex(parser *p, const char *src, size_t n) {
+    size_t pos = 0;
+    int line = 1, line_starting = 1;
+    while (pos < n && p->st == LOOM_OK) {
+        size_t start = pos;
+        while (start + 1 < n && !(src[start] == '{' && (src[start + 1] == '{' ||
+                                                         src[start + 1] == '%' ||
+                                                         src[start + 1] == '#')))
+            start++;
+        if (start + 1 >= n) {
+            emit_text(p, src + pos, n - pos, line);
+            return;
+        }
+        char kind = src[start + 1];
+        char mod = start + 2 < n && (src[start + 2] == '-' || src[start + 2] == '+')
+                       ? src[start + 2] : 0;
+        size_t tlen = start - pos;
+        const char *text = src + pos;
+        int text_line = line;
+        line += count_nl(text, tlen);
+        if (mod == '-') {
+            while (tlen && is_ws(text[tlen - 1])) tlen--;
+        } else if (mod != '+' && kind != '{') {
+            size_t l = tlen;
+            while (l && text[l - 1] != '\n') l--;
+            if (l > 0 || line_starting) {
+                size_t k = l;
+                while (k < tlen && is_ws(text[k])) k++;
+                if (k == tlen) tlen = l;
+            }
+        }
+        emit_text(p, text, tlen, text_line);
+        if (kind == '#') {
+            size_t e = start + 2;
+            while (e + 1 < n && !(src[e] == '#' && src[e + 1] == '}')) e++;
+            if (e + 1 >= n) {
+                perr(p, line, "unclosed comment: expected '#}'");
+                return;
+            }
+            line += count_nl(src + start, e - start);
+            char before = e > start + 2 ? src[e - 1] : 0;
+            pos = e + 2;
+            char last = '}';
+            if (before == '-') {
+                while (pos < n && is_ws(src[pos])) {
+                    if (src[pos] == '\n') line++;
+                    last = src[pos++];
+                }
+            } else if (before != '+' && pos < n && src[pos] == '\n') {
+                line++;
+                last = src[pos++];
+            }
+            line_starting = last == '\n';
+            continue;
+        }
+        int sb, sa;
+        size_t rl;
+        if (kind == '%' && (rl = match_tag_word(src, n, start, "raw", &sb, &sa))) {
+            /* raw: everything up to {% endraw %} is text */
+            size_t body = start + rl;
+            if (sa) while (body < n && is_ws(src[body])) body++;
+            size_t e = body;
+            size_t el = 0;
+            int esb = 0, esa = 0;
+            for (; e + 1 < n; e++)
+                if (src[e] == '{' && src[e + 1] == '%' &&
+                    (el = match_tag_word(src, n, e, "endraw", &esb, &esa)))
+                    break;
+            if (!el) {
+                perr(p, line, "unclosed raw block: expected '{%% endraw %%}'");
+                return;
+            }
+            size_t bl = e - body;
+            if (esb) while (bl && is_ws(src[body + bl - 1])) bl--;
+            emit_text(p, src + body, bl, line);
+            line += count_nl(src + start, e + el - start);
+            pos = e + el;
+            char last = '}';
+            if (esa) {
+                while (pos < n && is_ws(src[pos])) {
+                    if (src[pos] == '\n') line++;
+                    last = src[pos++];
+                }
+            } else if (pos < n && src[pos] == '\n') {
+                line++;
+                last = src[pos++];
+            }
+            line_starting = last == '\n';
+            continue;
+        }
+        int block = kind == '%';
+        if (!push_tok(p, block ? T_BLOCK_BEGIN : T_VAR_BEGIN, line)) return;
+        pos = start + 2 + (mod ? 1 : 0);
+        if (!lex_tag(p, src, n, &pos, &line, block, &line_starting)) return;
+    }
+}
+
+/* ---- parser helpers ---------------------------------------------------------- */
+
+static tok *cur(parser *p) { return &p->t[p->pos]; }
+static tok *peek_at(parser *p, size_t k) {
+    return p->pos + k < p->nt ? &p->t[p->pos + k] : &p->t[p->nt - 1];
+}
+static void adv(parser *p) {
+    if (p->pos + 1 < p->nt) p->pos++;
+}
+
+static int tok_is_op(const tok *t, const char *op) {
+    return t->type == T_OP && t->n == strlen(op) && !memcmp(t->s, op, t->n);
+}
+static int tok_is_name(const tok *t, const char *name) {
+    return t->type == T_NAME && t->n == strlen(name) && !memcmp(t->s, name, t->n);
+}
+
+static const char *tok_desc(parser *p, const tok *t) {
+    switch (t->type) {
+    case T_EOF: return "end of template";
+    case T_TEXT: return "template text";
+    case T_BLOCK_BEGIN: return "'{%'";
+    case T_BLOCK_END: return "'%}'";
+    case T_VAR_BEGIN: return "'{{'";
+    case T_VAR_END: return "'}}'";
+    case T_STRING: return "string literal";
+    case T_INT: return "integer literal";
+    case T_FLOAT: return "float literal";
+    default: {
+        char *s = jar_alloc(p->a, t->n + 3);
+        if (!s) return "token";
+        s[0] = '\'';
+        memcpy(s + 1, t->s, t->n);
+        s[t->n + 1] = '\'';
+        return s;
+    }
+    }
+}
+
+static int expect_op(parser *p, const char *op) {
+    if (tok_is_op(cur(p), op)) {
+        adv(p);
+        return 1;
+    }
+    perr(p, cur(p)->line, "expected '%s', found %s", op, tok_desc(p, cur(p)));
+    return 0;
+}
+
+static int expect_type(parser *p, int type, const char *what) {
+    if (cur(p)->type == type) {
+        adv(p);
+        return 1;
+    }
+    perr(p, cur(p)->line, "expected %s, found %s", what, tok_desc(p, cur(p)));
+    return 0;
+}
+
+static const char *tok_name(parser *p, const tok *t) {
+    return jar_strdup(p->a, t->s, t->n);
+}
+
+static jnode *mk(parser *p, int kind, int line) {
+    jnode *n = jar_alloc(p->a, sizeof *n);
+    if (!n) {
+        p->st = loom_err(LOOM_ERR_NOMEM, "template: out of memory");
+        return NULL;
+    }
+    n->kind = kind;
+    n->line = line;
+    return n;
+}
+
+/* Growable node list used while parsing. */
+typedef struct nlist {
+    jnode **v;
+    int n, cap;
+} nlist;
+
+static void nl_push(parser *p, nlist *l, jnode *x) {
+    if (l->n == l->cap) {
+        int cap = l->cap ? l->cap * 2 : 4;
+        jnode **nv = jar_alloc(p->a, (size_t)cap * sizeof *nv);
+        if (!nv) {
+            p->st = loom_err(LOOM_ERR_NOMEM, "template: out of memory");
+            return;
+        }
+        if (l->n) memcpy(nv, l->v, (size_t)l->n * sizeof *nv);
+        l->v = nv;
+        l->cap = cap;
+    }
+    l->v[l->n++] = x;
+}
+
+/* ---- expressions ------------------------------------------------------------------- */
+
+static jnode *parse_expr(parser *p);
+static jnode *parse_or(parser *p);
+static jnode *parse_unary(parser *p, int with_filter);
+static jnode *parse_primary(parser *p);
+static jnode *parse_postfix(parser *p, jnode *n);
+static jnode *parse_filter_expr(parser *p, jnode *n);
+
+/* Parses call arguments after '(' up to and including ')'. */
+static int parse_args(parser *p, jnode *call) {
+    nlist args = {0}, kwv = {0};
+    const char **kwn = NULL;
+    int nkwn = 0, capkw = 0;
+    while (!tok_is_op(cur(p), ")")) {
+        if (args.n || nkwn) {
+            if (!expect_op(p, ",")) return 0;
+            if (tok_is_op(cur(p), ")")) break;
+        }
+        if (cur(p)->type == T_NAME && tok_is_op(peek_at(p, 1), "=")) {
+            if (nkwn == capkw) {
+                capkw = capkw ? capkw * 2 : 4;
+                const char **nk = jar_alloc(p->a, (size_t)capkw * sizeof *nk);
+                if (!nk) return 0;
+                if (nkwn) memcpy(nk, kwn, (size_t)nkwn * sizeof *nk);
+                kwn = nk;
+            }
+            kwn[nkwn++] = tok_name(p, cur(p));
+            adv(p);
+            adv(p);
+            jnode *v = parse_expr(p);
+            if (!v) return 0;
+            nl_push(p, &kwv, v);
+        } else {
+            if (tok_is_op(cur(p), "*") || tok_is_op(cur(p), "**"))
+                return perr(p, cur(p)->line, "*args and **kwargs in calls are not supported"), 0;
+            jnode *v = parse_expr(p);
+            if (!v) return 0;
+            if (nkwn)
+                return perr(p, v->line, "positional argument follows keyword argument"), 0;
+            nl_push(p, &args, v);
+        }
+        if (p->st) return 0;
+    }
+    adv(p);
+    call->items = args.v;
+    call->n = args.n;
+    call->kwn = kwn;
+    call->kwv = kwv.v;
+    call->nkw = nkwn;
+    return 1;
+}
+
+/* Parses a possibly dotted name (filters and tests may be "a.b"). */
+static const char *parse_dotted(parser *p) {
+    if (cur(p)->type != T_NAME) {
+        perr(p, cur(p)->line, "expected a name, found %s", tok_desc(p, cur(p)));
+        return NULL;
+    }
+    jbuf b = {0};
+    jb_put(&b, cur(p)->s, cur(p)->n);
+    adv(p);
+    while (tok_is_op(cur(p), ".") && peek_at(p, 1)->type == T_NAME) {
+        adv(p);
+        jb_putc(&b, '.');
+        jb_put(&b, cur(p)->s, cur(p)->n);
+        adv(p);
+    }
+    const char *r = jar_strdup(p->a, b.p ? b.p : "", b.n);
+    free(b.p);
+    return r;
+}
+
+/* Parses a comma-separated sequence; a bare comma makes a tuple. */
+static jnode *parse_tuple(parser *p, int with_condexpr, int explicit_parens) {
+    int line = cur(p)->line;
+    nlist items = {0};
+    int is_tuple = 0;
+    for (;;) {
+        if (items.n) {
+            if (!tok_is_op(cur(p), ",")) break;
+            adv(p);
+            is_tuple = 1;
+        }
+        tok *t = cur(p);
+        /* end of the sequence after a trailing comma */
+        if (items.n && (t->type == T_BLOCK_END || t->type == T_VAR_END ||
+                        tok_is_op(t, ")") || tok_is_name(t, "in") ||
+                        tok_is_op(t, "=")))
+            break;
+        jnode *e = with_condexpr ? parse_expr(p) : parse_or(p);
+        if (!e) return NULL;
+        nl_push(p, &items, e);
+        if (p->st) return NULL;
+    }
+    if (!is_tuple) {
+        if (!items.n) {
+            if (explicit_parens) {
+                jnode *n = mk(p, E_TUPLE, line);
+                return n;
+            }
+            perr(p, line, "expected an expression, found %s", tok_desc(p, cur(p)));
+            return NULL;
+        }
+        return items.v[0];
+    }
+    jnode *n = mk(p, E_TUPLE, line);
+    if (!n) return NULL;
+    n->items = items.v;
+    n->n = items.n;
+    return n;
+}
+
+static jnode *parse_primary(parser *p) {
+    tok *t = cur(p);
+    jnode *n;
+    switch (t->type) {
+    case T_NAME:
+        if (tok_is_name(t, "true") || tok_is_name(t, "True") ||
+            tok_is_name(t, "false") || tok_is_name(t, "False")) {
+            n = mk(p, E_CONST, t->line);
+            if (n) n->val = jv_bool(t->s[0] == 't' || t->s[0] == 'T');
+        } else if (tok_is_name(t, "none") || tok_is_name(t, "None")) {
+            n = mk(p, E_CONST, t->line);
+            if (n) n->val = &jv_none_static;
+        } else {
+            n = mk(p, E_NAME, t->line);
+            if (n) n->name = tok_name(p, t);
+        }
+        adv(p);
+        return n;
+    case T_STRING: {
+        jbuf b = {0};
+        int line = t->line;
+        while (cur(p)->type == T_STRING) {
+            jb_put(&b, cur(p)->s, cur(p)->n);
+            adv(p);
+        }
+        n = mk(p, E_CONST, line);
+        if (n) n->val = jv_str(p->a, b.p ? b.p : "", b.n);
+        free(b.p);
+        return n;
+    }
+    case T_INT:
+        n = mk(p, E_CONST, t->line);
+        if (n) n->val = jv_int(p->a, t->i);
+        adv(p);
+        return n;
+    case T_FLOAT:
+        n = mk(p, E_CONST, t->line);
+        if (n) n->val = jv_float(p->a, t->f);
+        adv(p);
+        return n;
+    case T_OP:
+        if (tok_is_op(t, "(")) {
+            adv(p);
+            if (tok_is_op(cur(p), ")")) {
+                adv(p);
+                return mk(p, E_TUPLE, t->line);
+            }
+            n = parse_tuple(p, 1, 1);
+            if (!n || !expect_op(p, ")")) return NULL;
+            return n;
+        }
+        if (tok_is_op(t, "[")) {
+            int line = t->line;
+            adv(p);
+            nlist items = {0};
+            while (!tok_is_op(cur(p), "]")) {
+                if (items.n && !expect_op(p, ",")) return NULL;
+                if (tok_is_op(cur(p), "]")) break;
+                jnode *e = parse_expr(p);
+                if (!e) return NULL;
+                nl_push(p, &items, e);
+            }
+            adv(p);
+            n = mk(p, E_LIST, line);
+            if (n) {
+                n->items = items.v;
+                n->n = items.n;
+            }
+            return n;
+        }
+        if (tok_is_op(t, "{")) {
+            int line = t->line;
+            adv(p);
+            nlist keys = {0}, vals = {0};
+            while (!tok_is_op(cur(p), "}")) {
+                if (keys.n && !expect_op(p, ",")) return NULL;
+                if (tok_is_op(cur(p), "}")) break;
+                jnode *k = parse_expr(p);
+                if (!k || !expect_op(p, ":")) return NULL;
+                jnode *v = parse_expr(p);
+                if (!v) return NULL;
+                nl_push(p, &keys, k);
+                nl_push(p, &vals, v);
+            }
+            adv(p);
+            n = mk(p, E_DICT, line);
+            if (n) {
+                n->items = keys.v;
+                n->kwv = vals.v;
+                n->n = keys.n;
+            }
+            return n;
+        }
+        break;
+    default: break;
+    }
+    perr(p, t->line, "unexpected %s", tok_desc(p, t));
+    return NULL;
+}
+
+static jnode *parse_subscript(parser *p, jnode *obj) {
+    int line = cur(p)->line;
+    jnode *parts[3] = {NULL, NULL, NULL};
+    int k = 0, slice = 0;
+    for (;;) {
+        if (tok_is_op(cur(p), ":")) {
+            slice = 1;
+            if (++k > 2) return perr(p, line, "bad slice"), NULL;
+            adv(p);
+            continue;
+        }
+        if (tok_is_op(cur(p), "]")) break;
+        if (parts[k]) return perr(p, line, "expected ']', found %s", tok_desc(p, cur(p))), NULL;
+        parts[k] = parse_expr(p);
+        if (!parts[k]) return NULL;
+    }
+    adv(p);
+    jnode *n;
+    if (slice) {
+        n = mk(p, E_SLICE, line);
+        if (!n) return NULL;
+        n->a = obj;
+        n->b = parts[0];
+        n->c = parts[1];
+        n->d = parts[2];
+    } else {
+        if (!parts[0]) return perr(p, line, "empty subscript"), NULL;
+        n = mk(p, E_ITEM, line);
+        if (!n) return NULL;
+        n->a = obj;
+        n->b = parts[0];
+    }
+    return n;
+}
+
+static jnode *parse_postfix(parser *p, jnode *n) {
+    while (n && p->st == LOOM_OK) {
+        tok *t = cur(p);
+        if (tok_is_op(t, ".")) {
+            adv(p);
+            tok *a = cur(p);
+            if (a->type == T_NAME) {
+                jnode *x = mk(p, E_ATTR, a->line);
+                if (!x) return NULL;
+                x->a = n;
+                x->name = tok_name(p, a);
+                adv(p);
+                n = x;
+            } else if (a->type == T_INT) {
+                jnode *x = mk(p, E_ITEM, a->line);
+                jnode *k = mk(p, E_CONST, a->line);
+                if (!x || !k) return NULL;
+                k->val = jv_int(p->a, a->i);
+                x->a = n;
+                x->b = k;
+                adv(p);
+                n = x;
+            } else {
+                return perr(p, a->line, "expected attribute name after '.', found %s",
+                            tok_desc(p, a)), NULL;
+            }
+        } else if (tok_is_op(t, "[")) {
+            adv(p);
+            n = parse_subscript(p, n);
+        } else if (tok_is_op(t, "(")) {
+            adv(p);
+            jnode *c = mk(p, E_CALL, t->line);
+            if (!c) return NULL;
+            c->a = n;
+            if (!parse_args(p, c)) return NULL;
+            n = c;
+        } else {
+            break;
+        }
+    }
+    return n;
+}
+
+static int starts_primary(const tok *t) {
+    if (t->type == T_NAME)
+        return !tok_is_name(t, "else") && !tok_is_name(t, "or") && !tok_is_name(t, "and");
+    return t->type == T_STRING || t->type == T_INT || t->type == T_FLOAT ||
+           tok_is_op(t, "(") || tok_is_op(t, "[") || tok_is_op(t, "{");
+}
+
+static jnode *parse_filter_expr(parser *p, jnode *n) {
+    while (n && p->st == LOOM_OK) {
+        tok *t = cur(p);
+        if (tok_is_op(t, "|")) {
+            adv(p);
+            jnode *f = mk(p, E_FILTER, cur(p)->line);
+            if (!f) return NULL;
+            f->name = parse_dotted(p);
+            if (!f->name) return NULL;
+            f->a = n;
+            if (tok_is_op(cur(p), "(")) {
+                adv(p);
+                if (!parse_args(p, f)) return NULL;
+            }
+            n = f;
+        } else if (tok_is_name(t, "is")) {
+            adv(p);
+            jnode *x = mk(p, E_TEST, t->line);
+            if (!x) return NULL;
+            if (tok_is_name(cur(p), "not")) {
+                x->op = 1;
+                adv(p);
+            }
+            x->name = parse_dotted(p);
+            if (!x->name) return NULL;
+            x->a = n;
+            if (tok_is_op(cur(p), "(")) {
+                adv(p);
+                if (!parse_args(p, x)) return NULL;
+            } else if (starts_primary(cur(p))) {
+                if (tok_is_name(cur(p), "is"))
+                    return perr(p, cur(p)->line, "cannot chain tests with 'is'"), NULL;
+                jnode *arg = parse_postfix(p, parse_primary(p));
+                if (!arg) return NULL;
+                x->items = jar_alloc(p->a, sizeof(jnode *));
+                if (!x->items) return NULL;
+                x->items[0] = arg;
+                x->n = 1;
+            }
+            n = x;
+        } else {
+            break;
+        }
+    }
+    return n;
+}
+
+static jnode *parse_unary(parser *p, int with_filter) {
+    tok *t = cur(p);
+    jnode *n;
+    if (tok_is_op(t, "-") || tok_is_op(t, "+")) {
+        adv(p);
+        n = mk(p, t->s[0] == '-' ? E_NEG : E_POS, t->line);
+        if (!n) return NULL;
+        n->a = parse_unary(p, 0);
+        if (!n->a) return NULL;
+    } else {
+        n = parse_primary(p);
+    }
+    n = parse_postfix(p, n);
+    if (with_filter) n = parse_filter_expr(p, n);
+    return n;
+}
+
+static jnode *mk_bin(parser *p, int kind, int op, jnode *a, jnode *b, int line) {
+    if (!a || !b) return NULL;
+    jnode *n = mk(p, kind, line);
+    if (!n) return NULL;
+    n->op = op;
+    n->a = a;
+    n->b = b;
+    return n;
+}
+
+static jnode *parse_pow(parser *p) {
+    jnode *l = parse_unary(p, 1);
+    while (l && tok_is_op(cur(p), "**")) {
+        int line = cur(p)->line;
+        adv(p);
+        l = mk_bin(p, E_BIN, OP_POW, l, parse_unary(p, 1), line);
+    }
+    return l;
+}
+
+static jnode *parse_math2(parser *p) {
+    jnode *l = parse_pow(p);
+    for (;;) {
+        tok *t = cur(p);
+        int op = tok_is_op(t, "*") ? OP_MUL : tok_is_op(t, "/") ? OP_DIV
+               : tok_is_op(t, "//") ? OP_FDIV : tok_is_op(t, "%") ? OP_MOD : 0;
+        if (!op || !l) return l;
+        adv(p);
+        l = mk_bin(p, E_BIN, op, l, parse_pow(p), t->line);
+    }
+}
+
+static jnode *parse_concat(parser *p) {
+    jnode *l = parse_math2(p);
+    while (l && tok_is_op(cur(p), "~")) {
+        int line = cur(p)->line;
+        adv(p);
+        l = mk_bin(p, E_BIN, OP_CAT, l, parse_math2(p), line);
+    }
+    return l;
+}
+
+static jnode *parse_math1(parser *p) {
+    jnode *l = parse_concat(p);
+    for (;;) {
+        tok *t = cur(p);
+        int op = tok_is_op(t, "+") ? OP_ADD : tok_is_op(t, "-") ? OP_SUB : 0;
+        if (!op || !l) return l;
+        adv(p);
+        l = mk_bin(p, E_BIN, op, l, parse_concat(p), t->line);
+    }
+}
+
+static jnode *parse_compare(parser *p) {
+    jnode *l = parse_math1(p);
+    for (;;) {
+        tok *t = cur(p);
+        int op = 0;
+        if (tok_is_op(t, "==")) op = OP_EQ;
+        else if (tok_is_op(t, "!=")) op = OP_NE;
+        else if (tok_is_op(t, "<")) op = OP_LT;
+        else if (tok_is_op(t, "<=")) op = OP_LE;
+        else if (tok_is_op(t, ">")) op = OP_GT;
+        else if (tok_is_op(t, ">=")) op = OP_GE;
+        else if (tok_is_name(t, "in")) op = OP_IN;
+        else if (tok_is_name(t, "not") && tok_is_name(peek_at(p, 1), "in")) {
+            op = OP_NOTIN;
+            adv(p);
+        }
+        if (!op || !l) return l;
+        adv(p);
+        l = mk_bin(p, E_CMP, op, l, parse_math1(p), t->line);
+    }
+}
+
+static jnode *parse_not(parser *p) {
+    if (tok_is_name(cur(p), "not")) {
+        int line = cur(p)->line;
+        adv(p);
+        jnode *n = mk(p, E_NOT, line);
+        if (!n) return NULL;
+        n->a = parse_not(p);
+        return n->a ? n : NULL;
+    }
+    return parse_compare(p);
+}
+
+static jnode *parse_and(parser *p) {
+    jnode *l = parse_not(p);
+    while (l && tok_is_name(cur(p), "and")) {
+        int line = cur(p)->line;
+        adv(p);
+        l = mk_bin(p, E_AND, 0, l, parse_not(p), line);
+    }
+    return l;
+}
+
+static jnode *parse_or(parser *p) {
+    jnode *l = parse_and(p);
+    while (l && tok_is_name(cur(p), "or")) {
+        int line = cur(p)->line;
+        adv(p);
+        l = mk_bin(p, E_OR, 0, l, parse_and(p), line);
+    }
+    return l;
+}
+
+static jnode *parse_expr(parser *p) {
+    jnode *e = parse_or(p);
+    while (e && tok_is_name(cur(p), "if")) {
+        int line = cur(p)->line;
+        adv(p);
+        jnode *c = mk(p, E_COND, line);
+        if (!c) return NULL;
+        c->a = parse_or(p);           /* condition */
+        c->b = e;                     /* value if true */
+        if (!c->a) return NULL;
+        if (tok_is_name(cur(p), "else")) {
+            adv(p);
+            c->c = parse_expr(p);
+            if (!c->c) return NULL;
+        }
+        e = c;
+    }
+    return e;
+}
+
+/* ---- statements ------------------------------------------------------------------------ */
+
+static jnode *parse_body(parser *p, const char *const *ends, const char *opener,
+                         int open_line);
+
+/* Assignment target: name, ns.attr, or a tuple of names. */
+static jnode *parse_target(parser *p, int allow_attr) {
+    int line = cur(p)->line;
+    int paren = 0;
+    if (tok_is_op(cur(p), "(")) {
+        paren = 1;
+        adv(p);
+    }
+    nlist names = {0};
+    for (;;) {
+        tok *t = cur(p);
+        if (t->type != T_NAME)
+            return perr(p, t->line, "expected a variable name, found %s", tok_desc(p, t)), NULL;
+        jnode *n = mk(p, E_NAME, t->line);
+        if (!n) return NULL;
+        n->name = tok_name(p, t);
+        adv(p);
+        if (allow_attr && !paren && !names.n && tok_is_op(cur(p), ".")) {
+            adv(p);
+            if (cur(p)->type != T_NAME)
+                return perr(p, cur(p)->line, "expected attribute name, found %s",
+                            tok_desc(p, cur(p))), NULL;
+            jnode *x = mk(p, E_ATTR, line);
+            if (!x) return NULL;
+            x->a = n;
+            x->name = tok_name(p, cur(p));
+            adv(p);
+            return x;
+        }
+        nl_push(p, &names, n);
+        if (!tok_is_op(cur(p), ",")) break;
+        adv(p);
+        if (paren && tok_is_op(cur(p), ")")) break;
+    }
+    if (paren && !expect_op(p, ")")) return NULL;
+    if (names.n == 1 && !paren) return names.v[0];
+    jnode *tu = mk(p, E_TUPLE, line);
+    if (!tu) return NULL;
+    tu->items = names.v;
+    tu->n = names.n;
+    return tu;
+}
+
+static int end_block(parser *p) { return expect_type(p, T_BLOCK_END, "'%}'"); }
+
+/* After parse_body stopped at an end keyword: consume "{% endX %}". */
+static int close_block(parser *p) {
+    adv(p); /* keyword */
+    return end_block(p);
+}
+
+static const char *const END_IF[] = {"elif", "else", "endif", NULL};
+static const char *const END_FOR[] = {"else", "endfor", NULL};
+
+static jnode *parse_if(parser *p, int line) {
+    jnode *n = mk(p, N_IF, line);
+    if (!n) return NULL;
+    n->a = parse_tuple(p, 0, 0);
+    if (!n->a || !end_block(p)) return NULL;
+    n->b = parse_body(p, END_IF, "if", line);
+    if (!n->b) return NULL;
+    tok *t = cur(p);
+    if (tok_is_name(t, "elif")) {
+        adv(p);
+        n->c = parse_if(p, t->line);
+        return n->c ? n : NULL;
+    }
+    if (tok_is_name(t, "else")) {
+        adv(p);
+        if (!end_block(p)) return NULL;
+        static const char *const e[] = {"endif", NULL};
+        n->c = parse_body(p, e, "if", line);
+        if (!n->c) return NULL;
+    }
+    return close_block(p) ? n : NULL;
+}
+
+static jnode *parse_for(parser *p, int line) {
+    jnode *n = mk(p, N_FOR, line);
+    if (!n) return NULL;
+    n->d = parse_target(p, 0);
+    if (!n->d) return NULL;
+    if (!tok_is_name(cur(p), "in"))
+        return perr(p, cur(p)->line, "expected 'in', found %s", tok_desc(p, cur(p))), NULL;
+    adv(p);
+    n->a = parse_tuple(p, 0, 0);
+    if (!n->a) return NULL;
+    if (tok_is_name(cur(p), "if")) {
+        adv(p);
+        n->c = parse_expr(p);
+        if (!n->c) return NULL;
+    }
+    if (tok_is_name(cur(p), "recursive"))
+        return perr(p, cur(p)->line, "recursive for loops are not supported"), NULL;
+    if (!end_block(p)) return NULL;
+    p->loop_depth++;
+    n->b = parse_body(p, END_FOR, "for", line);
+    p->loop_depth--;
+    if (!n->b) return NULL;
+    if (tok_is_name(cur(p), "else")) {
+        adv(p);
+        if (!end_block(p)) return NULL;
+        static const char *const e[] = {"endfor", NULL};
+        /* the else body runs outside the loop */
+        int saved = p->loop_depth;
+        p->loop_depth = 0;
+        jnode *els = parse_body(p, e, "for", line);
+        p->loop_depth = saved;
+        if (!els) return NULL;
+        n->items = jar_alloc(p->a, sizeof(jnode *));
+        if (!n->items) return NULL;
+        n->items[0] = els;
+        n->n = 1;
+    }
+    return close_block(p) ? n : NULL;
+}
+
+/* Filter chain for {% filter %} and {% set x | f %}: input is E_BODYVAL. */
+static jnode *parse_filter_chain(parser *p, int line) {
+    jnode *n = mk(p, E_BODYVAL, line);
+    if (!n) return NULL;
+    do {
+        jnode *f = mk(p, E_FILTER, cur(p)->line);
+        if (!f) return NULL;
+        f->name = parse_dotted(p);
+        if (!f->name) return NULL;
+        f->a = n;
+        if (tok_is_op(cur(p), "(")) {
+            adv(p);
+            if (!parse_args(p, f)) return NULL;
+        }
+        n = f;
+    } while (tok_is_op(cur(p), "|") && (adv(p), 1));
+    return n;
+}
+
+static jnode *parse_set(parser *p, int line) {
+    jnode *target = parse_target(p, 1);
+    if (!target) return NULL;
+    if (tok_is_op(cur(p), "=")) {
+        adv(p);
+        jnode *n = mk(p, N_SET, line);
+        if (!n) return NULL;
+        n->a = target;
+        n->b = parse_tuple(p, 1, 0);
+        if (!n->b || !end_block(p)) return NULL;
+        return n;
+    }
+    if (target->kind != E_NAME)
+        return perr(p, line, "block set needs a plain variable name"), NULL;
+    jnode *n = mk(p, N_SETBLOCK, line);
+    if (!n) return NULL;
+    n->a = target;
+    if (tok_is_op(cur(p), "|")) {
+        adv(p);
+        n->c = parse_filter_chain(p, line);
+        if (!n->c) return NULL;
+    }
+    if (!end_block(p)) return NULL;
+    static const char *const e[] = {"endset", NULL};
+    n->b = parse_body(p, e, "set", line);
+    if (!n->b) return NULL;
+    return close_block(p) ? n : NULL;
+}
+
+/* Macro / caller parameter list after '(' through ')'. Names in name list,
+ * defaults in kwv (NULL where none). */
+static int parse_params(parser *p, jnode *n) {
+    nlist names = {0}, defs = {0};
+    while (!tok_is_op(cur(p), ")")) {
+        if (names.n && !expect_op(p, ",")) return 0;
+        if (tok_is_op(cur(p), ")")) break;
+        tok *t = cur(p);
+        if (t->type != T_NAME)
+            return perr(p, t->line, "expected parameter name, found %s", tok_desc(p, t)), 0;
+        jnode *nm = mk(p, E_NAME, t->line);
+        if (!nm) return 0;
+        nm->name = tok_name(p, t);
+        adv(p);
+        jnode *d = NULL;
+        if (tok_is_op(cur(p), "=")) {
+            adv(p);
+            d = parse_expr(p);
+            if (!d) return 0;
+        } else if (defs.n && defs.v[defs.n - 1]) {
+            return perr(p, t->line, "non-default parameter follows default parameter"), 0;
+        }
+        nl_push(p, &names, nm);
+        nl_push(p, &defs, d);
+        if (p->st) return 0;
+    }
+    adv(p);
+    n->items = names.v;
+    n->kwv = defs.v;
+    n->n = names.n;
+    return 1;
+}
+
+static jnode *parse_macro(parser *p, int line) {
+    tok *t = cur(p);
+    if (t->type != T_NAME)
+        return perr(p, t->line, "expected macro name, found %s", tok_desc(p, t)), NULL;
+    jnode *n = mk(p, N_MACRO, line);
+    if (!n) return NULL;
+    n->name = tok_name(p, t);
+    adv(p);
+    if (!expect_op(p, "(") || !parse_params(p, n) || !end_block(p)) return NULL;
+    static const char *const e[] = {"endmacro", NULL};
+    int saved = p->loop_depth;
+    p->loop_depth = 0;
+    n->a = parse_body(p, e, "macro", line);
+    p->loop_depth = saved;
+    if (!n->a) return NULL;
+    return close_block(p) ? n : NULL;
+}
+
+static jnode *parse_call(parser *p, int line) {
+    jnode *n = mk(p, N_CALLBLOCK, line);
+    if (!n) return NULL;
+    if (tok_is_op(cur(p), "(")) {
+        adv(p);
+        if (!parse_params(p, n)) return NULL;
+    }
+    n->b = parse_expr(p);
+    if (!n->b) return NULL;
+    if (n->b->kind != E_CALL) return perr(p, line, "expected a macro call after 'call'"), NULL;
+    if (!end_block(p)) return NULL;
+    static const char *const e[] = {"endcall", NULL};
+    n->a = parse_body(p, e, "call", line);
+    if (!n->a) return NULL;
+    return close_block(p) ? n : NULL;
+}
+
+static jnode *parse_statement(parser *p) {
+    tok *t = cur(p);
+    int line = t->line;
+    if (t->type != T_NAME) {
+        perr(p, line, "expected a statement name, found %s", tok_desc(p, t));
+        return NULL;
+    }
+    adv(p);
+    if (tok_is_name(t, "if")) return parse_if(p, line);
+    if (tok_is_name(t, "for")) return parse_for(p, line);
+    if (tok_is_name(t, "set")) return parse_set(p, line);
+    if (tok_is_name(t, "macro")) return parse_macro(p, line);
+    if (tok_is_name(t, "call")) return parse_call(p, line);
+    if (tok_is_name(t, "break") || tok_is_name(t, "continue")) {
+        if (!p->loop_depth)
+            return perr(p, line, "'%s' outside of a loop", t->s[0] == 'b' ? "break" : "continue"),
+                   NULL;
+        jnode *n = mk(p, t->s[0] == 'b' ? N_BREAK : N_CONTINUE, line);
+        return n && end_block(p) ? n : NULL;
+    }
+    if (tok_is_name(t, "filter")) {
+        jnode *n = mk(p, N_FILTERBLOCK, line);
+        if (!n) return NULL;
+        n->c = parse_filter_chain(p, line);
+        if (!n->c || !end_block(p)) return NULL;
+        static const char *const e[] = {"endfilter", NULL};
+        n->a = parse_body(p, e, "filter", line);
+        if (!n->a) return NULL;
+        return close_block(p) ? n : NULL;
+    }
+    if (tok_is_name(t, "generation")) {
+        /* transformers' AssistantTracker: the body renders as-is */
+        if (!end_block(p)) return NULL;
+        static const char *const e[] = {"endgeneration", NULL};
+        jnode *b = parse_body(p, e, "generation", line);
+        if (!b) return NULL;
+        return close_block(p) ? b : NULL;
+    }
+    if (tok_is_name(t, "with")) {
+        jnode *n = mk(p, N_WITH, line);
+        if (!n) return NULL;
+        nlist targets = {0}, vals = {0};
+        while (cur(p)->type != T_BLOCK_END) {
+            if (targets.n && !expect_op(p, ",")) return NULL;
+            jnode *tg = parse_target(p, 0);
+            if (!tg || !expect_op(p, "=")) return NULL;
+            jnode *v = parse_expr(p);
+            if (!v) return NULL;
+            nl_push(p, &targets, tg);
+            nl_push(p, &vals, v);
+        }
+        adv(p);
+        n->items = targets.v;
+        n->kwv = vals.v;
+        n->n = targets.n;
+        static const char *const e[] = {"endwith", NULL};
+        n->a = parse_body(p, e, "with", line);
+        if (!n->a) return NULL;
+        return close_block(p) ? n : NULL;
+    }
+    if (tok_is_name(t, "do")) {
+        jnode *n = mk(p, N_DO, line);
+        if (!n) return NULL;
+        n->a = parse_tuple(p, 1, 0);
+        return n->a && end_block(p) ? n : NULL;
+    }
+    perr(p, line, "unknown tag '%.*s'", (int)t->n, t->s);
+    return NULL;
+}
+
+static jnode *parse_body(parser *p, const char *const *ends, const char *opener,
+                         int open_line) {
+    nlist body = {0};
+    int line = cur(p)->line;
+    for (;;) {
+        if (p->st) return NULL;
+        tok *t = cur(p);
+        if (t->type == T_EOF) {
+            if (ends) {
+                const char *want = ends[0];
+                for (int i = 0; ends[i]; i++) want = ends[i];
+                perr(p, t->line, "unexpected end of template: '%s' opened at line %d "
+                     "is never closed, expected '%s'", opener, open_line, want);
+                return NULL;
+            }
+            break;
+        }
+        if (t->type == T_TEXT) {
+            jnode *n = mk(p, N_TEXT, t->line);
+            if (!n) return NULL;
+            n->val = jv_str_borrow(p->a, t->s, t->n);
+            nl_push(p, &body, n);
+            adv(p);
+            continue;
+        }
+        if (t->type == T_VAR_BEGIN) {
+            adv(p);
+            jnode *n = mk(p, N_OUTPUT, t->line);
+            if (!n) return NULL;
+            n->a = parse_tuple(p, 1, 0);
+            if (!n->a || !expect_type(p, T_VAR_END, "'}}'")) return NULL;
+            nl_push(p, &body, n);
+            continue;
+        }
+        if (t->type == T_BLOCK_BEGIN) {
+            tok *kw = peek_at(p, 1);
+            int is_end = 0;
+            for (int i = 0; ends && ends[i]; i++)
+                if (tok_is_name(kw, ends[i])) is_end = 1;
+            if (is_end) {
+                adv(p); /* now at the keyword */
+                break;
+            }
+            if (kw->type == T_NAME && kw->n > 3 && !memcmp(kw->s, "end", 3)) {
+                const char *want = NULL;
+                for (int i = 0; ends && ends[i]; i++) want = ends[i];
+                perr(p, kw->line, "unexpected '%.*s'%s%s%s", (int)kw->n, kw->s,
+                     want ? ", expected '" : "", want ? want : "", want ? "'" : "");
+                return NULL;
+            }
+            if (ends == NULL && (tok_is_name(kw, "else") || tok_is_name(kw, "elif"))) {
+                perr(p, kw->line, "unexpected '%.*s'", (int)kw->n, kw->s);
+                return NULL;
+            }
+            adv(p);
+            jnode *s = parse_statement(p);
+            if (!s) return NULL;
+            nl_push(p, &body, s);
+            continue;
+        }
+        perr(p, t->line, "unexpected %s", tok_desc(p, t));
+        return NULL;
+    }
+    jnode *n = mk(p, N_BODY, line);
+    if (!n) return NULL;
+    n->items = body.v;
+    n->n = body.n;
+    return n;
+}
+
+loom_status jinja_parse(jarena *a, const char *src, size_t len, jnode **out) {
+    *out = NULL;
+    /* normalise newlines and drop one trailing newline (keep_trailing_newline
+     * is off in transformers' environment) */
+    char *s = jar_alloc(a, len + 1);
+    if (!s) return loom_err(LOOM_ERR_NOMEM, "template: out of memory");
+    size_t n = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (src[i] == '\r') {
+            s[n++] = '\n';
+            if (i + 1 < len && src[i + 1] == '\n') i++;
+        } else {
+            s[n++] = src[i];
+        }
+    }
+    if (n && s[n - 1] == '\n') n--;
+    s[n] = 0;
+    parser p = {.a = a};
+    lex(&p, s, n);
+    int last_line = 1 + count_nl(s, n);
+    if (p.st == LOOM_OK) push_tok(&p, T_EOF, last_line);
+    if (p.st == LOOM_OK) {
+        jnode *root = parse_body(&p, NULL, NULL, 0);
+        if (root && p.st == LOOM_OK) *out = root;
+    }
+    free(p.t);
+    if (p.st == LOOM_OK && !*out) p.st = loom_err(LOOM_ERR_FORMAT, "template: parse failed");
+    return p.st;
+}

@@ -1,0 +1,182 @@
+/* Chat templates against transformers' apply_chat_template renderings: every
+ * row of tests/fixtures/tokenizers/NAME/chat.json, plus the API's edges
+ * (named templates, kwargs, continue_final_message, bad input). */
+#include <cjson/cJSON.h>
+
+#include "base/base.h"
+#include "template/chat.h"
+#include "template/jinja.h"
+#include "test.h"
+
+static const char *const TOKENIZERS[] = {
+    "qwen3", "llama3_1", "llama2", "gemma3", "deepseek_v3", "gptoss",
+};
+
+static char *print_json(const cJSON *v) { return v ? cJSON_PrintUnformatted(v) : NULL; }
+
+/* Renders one fixture conversation; returns the status, output in *out. */
+static loom_status render_row(const loom_chat_template *t, const cJSON *conv, char **out) {
+    loom_chat_params p = loom_chat_default_params();
+    char *messages = print_json(cJSON_GetObjectItemCaseSensitive(conv, "messages"));
+    char *tools = print_json(cJSON_GetObjectItemCaseSensitive(conv, "tools"));
+    const cJSON *agp = cJSON_GetObjectItemCaseSensitive(conv, "add_generation_prompt");
+    /* the fixtures were made with add_generation_prompt on unless stated */
+    p.add_generation_prompt = agp ? cJSON_IsTrue(agp) : 1;
+    cJSON *kw = cJSON_CreateObject();
+    const cJSON *e;
+    cJSON_ArrayForEach(e, conv) {
+        if (!strcmp(e->string, "messages") || !strcmp(e->string, "tools") ||
+            !strcmp(e->string, "add_generation_prompt"))
+            continue;
+        cJSON_AddItemToObject(kw, e->string, cJSON_Duplicate(e, 1));
+    }
+    char *kwargs = print_json(kw);
+    cJSON_Delete(kw);
+    p.messages_json = messages;
+    p.tools_json = tools;
+    p.kwargs_json = kwargs;
+    loom_status st = loom_chat_apply(t, &p, out, NULL);
+    free(messages);
+    free(tools);
+    free(kwargs);
+    return st;
+}
+
+static void test_fixtures(void) {
+    for (size_t k = 0; k < LOOM_ARRAY_LEN(TOKENIZERS); k++) {
+        char dir[256], path[300];
+        snprintf(dir, sizeof dir, "tests/fixtures/tokenizers/%s", TOKENIZERS[k]);
+        snprintf(path, sizeof path, "%s/chat.json", dir);
+        char *text = NULL;
+        if (loom_read_file(path, &text, NULL) != LOOM_OK) {
+            CHECKF(0, "%s: %s", path, loom_last_error());
+            continue;
+        }
+        cJSON *doc = cJSON_Parse(text);
+        free(text);
+        const cJSON *rows = cJSON_GetObjectItemCaseSensitive(doc, "rows");
+        CHECK(cJSON_IsArray(rows));
+        loom_chat_template *t = NULL;
+        loom_status lst = loom_chat_template_load(dir, &t);
+        char load_err[1024];
+        snprintf(load_err, sizeof load_err, "%s", loom_last_error());
+        int pass = 0, total = 0, i = 0;
+        const cJSON *row;
+        cJSON_ArrayForEach(row, rows) {
+            total++;
+            const cJSON *conv = cJSON_GetObjectItemCaseSensitive(row, "conversation");
+            const cJSON *want = cJSON_GetObjectItemCaseSensitive(row, "rendered");
+            const cJSON *err = cJSON_GetObjectItemCaseSensitive(row, "error");
+            char *got = NULL;
+            loom_status st = lst;
+            if (lst == LOOM_OK) st = render_row(t, conv, &got);
+            if (err) {
+                /* transformers refused: loading or rendering must fail too */
+                CHECKF(st != LOOM_OK, "%s row %d: expected an error (%s), rendered \"%s\"",
+                       TOKENIZERS[k], i, err->valuestring, got ? got : "");
+                pass += st != LOOM_OK;
+            } else {
+                int ok = st == LOOM_OK && cJSON_IsString(want) && !strcmp(got, want->valuestring);
+                CHECKF(ok, "%s row %d: %s\n  want: %s\n  got:  %s", TOKENIZERS[k], i,
+                       st == LOOM_OK ? "mismatch" : (lst != LOOM_OK ? load_err : loom_last_error()),
+                       cJSON_IsString(want) ? want->valuestring : "?", got ? got : "(error)");
+                pass += ok;
+            }
+            free(got);
+            i++;
+        }
+        fprintf(stderr, "chat %-12s %d/%d rows match\n", TOKENIZERS[k], pass, total);
+        loom_chat_template_free(t);
+        cJSON_Delete(doc);
+    }
+}
+
+static char *apply(const loom_chat_template *t, const char *messages, const char *tools,
+                   int agp, const char *kwargs, loom_status *st) {
+    loom_chat_params p = loom_chat_default_params();
+    p.messages_json = messages;
+    p.tools_json = tools;
+    p.add_generation_prompt = agp;
+    p.kwargs_json = kwargs;
+    char *out = NULL;
+    *st = loom_chat_apply(t, &p, &out, NULL);
+    return out;
+}
+
+static void test_api(void) {
+    loom_chat_template *t = NULL;
+    loom_status st;
+    /* named templates: tool_use is picked when tools are given */
+    const char *cfg =
+        "{\"bos_token\": {\"content\": \"<s>\", \"lstrip\": false}, \"eos_token\": \"</s>\","
+        " \"chat_template\": [{\"name\": \"default\", \"template\": \"D{{ bos_token }}{{ eos_token }}\"},"
+        " {\"name\": \"tool_use\", \"template\": \"T{{ tools|length }}\"}]}";
+    CHECK_EQ_INT(loom_chat_template_from_config(cfg, NULL, &t), LOOM_OK);
+    int n = 0;
+    const char *const *names = loom_chat_template_names(t, &n);
+    CHECK_EQ_INT(n, 2);
+    if (n == 2) CHECK_STR(names[1], "tool_use");
+    char *out = apply(t, "[]", NULL, 0, NULL, &st);
+    CHECK(st == LOOM_OK && out && !strcmp(out, "D<s></s>"));
+    free(out);
+    out = apply(t, "[]", "[{\"a\": 1}, {}]", 0, NULL, &st);
+    CHECK(st == LOOM_OK && out && !strcmp(out, "T2"));
+    free(out);
+    loom_chat_template_free(t);
+
+    /* kwargs override special tokens; tools default to None */
+    const char *src =
+        "{{ bos_token }}|{{ tools is none }}|{{ enable_thinking }}|{{ add_generation_prompt }}|"
+        "{% for m in messages %}{{ m.role }}:{{ m.content }};{% endfor %}";
+    CHECK_EQ_INT(loom_chat_template_from_config("{\"bos_token\": \"<b>\"}", src, &t), LOOM_OK);
+    out = apply(t, "[{\"role\": \"user\", \"content\": \"hi\"}]", NULL, 1,
+                "{\"enable_thinking\": false, \"bos_token\": \"B\"}", &st);
+    CHECK(st == LOOM_OK && out && !strcmp(out, "B|True|False|True|user:hi;"));
+    free(out);
+    /* malformed inputs are caller errors */
+    out = apply(t, "{\"role\": 1}", NULL, 0, NULL, &st);
+    CHECK_EQ_INT(st, LOOM_ERR_INVALID_ARG);
+    out = apply(t, "[{\"role\": ", NULL, 0, NULL, &st);
+    CHECK_EQ_INT(st, LOOM_ERR_INVALID_ARG);
+    CHECK(out == NULL);
+    loom_chat_template_free(t);
+
+    /* continue_final_message ends inside the last message */
+    src = "{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}";
+    CHECK_EQ_INT(loom_chat_template_from_config(NULL, src, &t), LOOM_OK);
+    loom_chat_params p = loom_chat_default_params();
+    p.messages_json = "[{\"role\": \"user\", \"content\": \"Hi\"},"
+                      " {\"role\": \"assistant\", \"content\": \"The answer is\"}]";
+    p.continue_final_message = 1;
+    out = NULL;
+    CHECK_EQ_INT(loom_chat_apply(t, &p, &out, NULL), LOOM_OK);
+    if (out) CHECK_STR(out, "<user>Hi</user><assistant>The answer is");
+    free(out);
+    loom_chat_template_free(t);
+
+    /* raise_exception surfaces the template's message */
+    src = "{% if messages|length == 0 %}{{ raise_exception('No messages given') }}{% endif %}ok";
+    CHECK_EQ_INT(loom_chat_template_from_config(NULL, src, &t), LOOM_OK);
+    out = apply(t, "[]", NULL, 0, NULL, &st);
+    CHECK_EQ_INT(st, LOOM_ERR_INVALID_ARG);
+    CHECK_STR(loom_last_error(), "No messages given");
+    CHECK(loom_jinja_last_error_raised());
+    CHECK(out == NULL);
+    loom_chat_template_free(t);
+
+    /* no template at all, and a broken one */
+    CHECK_EQ_INT(loom_chat_template_from_config("{\"bos_token\": \"<s>\"}", NULL, &t),
+                 LOOM_ERR_UNSUPPORTED);
+    CHECK(t == NULL);
+    CHECK_EQ_INT(loom_chat_template_from_config(NULL, "{% if x %}", &t), LOOM_ERR_FORMAT);
+    CHECK(strstr(loom_last_error(), "line 1") != NULL);
+    CHECK_EQ_INT(loom_chat_template_load("tests/fixtures/tokenizers/gptoss", &t),
+                 LOOM_ERR_UNSUPPORTED);
+    CHECK_EQ_INT(loom_chat_template_load("/nonexistent/dir", &t), LOOM_ERR_UNSUPPORTED);
+}
+
+int main(void) {
+    test_fixtures();
+    test_api();
+    return test_report("test_chat_template");
+}
