@@ -1,0 +1,138 @@
+/* bench_ops: single-thread matmul workbench. Validates the selected kernel
+ * table against the reference first, then times
+ *   - decode matvec (T = 1) for f32 / f16 / bf16 weights of the Qwen3-0.6B
+ *     MLP shapes [3072 x 1024] and [1024 x 3072], in GB/s of weight bytes:
+ *     "hot" reuses one matrix (cache-resident), "cold" cycles through copies
+ *     larger than the last-level cache (memory bandwidth);
+ *   - prefill (T = 64) in GFLOP/s,
+ * and prints each next to the reference kernel timed in the same run.
+ * Usage: bench_ops [seconds per measurement, default 0.3] */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "ops/ops.h"
+
+enum { W_F32, W_F16, W_BF16 };
+static const char *DT_NAME[] = {"f32", "f16", "bf16"};
+static const size_t DT_SIZE[] = {4, 2, 2};
+
+#define COLD_BYTES ((size_t)192 << 20) /* well past a 32 MiB L3 */
+
+static unsigned long long rng = 88172645463325252ull;
+static float frand(void) {
+    rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
+    return (float)((double)(rng >> 40) / (double)(1ull << 23) - 1.0);
+}
+
+static void mm(const loom_kernels *k, int dt, float *y, const float *x, const void *w,
+               int rows, int n, int T) {
+    if (dt == W_F32) k->matmul_f32(y, rows, x, n, w, n, T, 0, rows);
+    else if (dt == W_F16) k->matmul_f16(y, rows, x, n, w, n, T, 0, rows);
+    else k->matmul_bf16(y, rows, x, n, w, n, T, 0, rows);
+}
+
+static void fill_w(void *w, int dt, size_t count) {
+    for (size_t i = 0; i < count; i++) {
+        float v = frand();
+        if (dt == W_F32) ((float *)w)[i] = v;
+        else if (dt == W_F16) ((uint16_t *)w)[i] = loom_f32_to_f16(v);
+        else ((uint16_t *)w)[i] = loom_f32_to_bf16(v);
+    }
+}
+
+/* Seconds per call, over copies w[0..n_copies) in turn, for at least `budget` s. */
+static double time_mm(const loom_kernels *k, int dt, float *y, const float *x,
+                      char *w, size_t wbytes, int n_copies, int rows, int n, int T,
+                      double budget) {
+    mm(k, dt, y, x, w, rows, n, T); /* warm up */
+    long calls = 0;
+    double t0 = loom_now(), t;
+    do {
+        for (int c = 0; c < n_copies; c++)
+            mm(k, dt, y, x, w + (size_t)c * wbytes, rows, n, T);
+        calls += n_copies;
+        t = loom_now() - t0;
+    } while (t < budget);
+    return t / (double)calls;
+}
+
+/* Largest |fast - ref| relative to the sum of |terms| of that output. */
+static int validate(const loom_kernels *k, int dt, const void *w, const float *x,
+                    int rows, int n, int T) {
+    float *y = malloc((size_t)T * rows * sizeof *y), *yr = malloc((size_t)T * rows * sizeof *yr);
+    mm(k, dt, y, x, w, rows, n, T);
+    mm(&loom_kernels_ref, dt, yr, x, w, rows, n, T);
+    int ok = 1;
+    for (int t = 0; t < T && ok; t++)
+        for (int r = 0; r < rows; r++) {
+            double sa = 0;
+            for (int i = 0; i < n; i++) {
+                size_t j = (size_t)r * n + i;
+                float wv = dt == W_F32 ? ((const float *)w)[j]
+                         : dt == W_F16 ? loom_f16_to_f32(((const uint16_t *)w)[j])
+                                       : loom_bf16_to_f32(((const uint16_t *)w)[j]);
+                sa += fabs((double)x[(size_t)t * n + i] * wv);
+            }
+            size_t o = (size_t)t * rows + r;
+            if (fabs((double)y[o] - yr[o]) > 1e-5 * sa + 1e-6) {
+                fprintf(stderr, "MISMATCH %s [%d x %d] T=%d t=%d r=%d: %.9g vs %.9g\n",
+                        DT_NAME[dt], rows, n, T, t, r, y[o], yr[o]);
+                ok = 0;
+                break;
+            }
+        }
+    free(y);
+    free(yr);
+    return ok;
+}
+
+int main(int argc, char **argv) {
+    double budget = argc > 1 ? atof(argv[1]) : 0.3;
+    const loom_kernels *k = loom_kernels_get();
+    const loom_kernels *ref = &loom_kernels_ref;
+    printf("kernels: %s (peer: ref), single thread, %.2f s per measurement\n", k->name, budget);
+    static const int shapes[][2] = {{3072, 1024}, {1024, 3072}};
+    const int T = 64;
+    int fail = 0;
+    for (int s = 0; s < 2; s++) {
+        int rows = shapes[s][0], n = shapes[s][1];
+        float *x = malloc((size_t)T * n * sizeof *x);
+        float *y = malloc((size_t)T * rows * sizeof *y);
+        for (size_t i = 0; i < (size_t)T * n; i++) x[i] = frand();
+        for (int dt = 0; dt < 3; dt++) {
+            size_t wbytes = (size_t)rows * n * DT_SIZE[dt];
+            int copies = (int)(COLD_BYTES / wbytes);
+            char *w = malloc(wbytes * (size_t)copies);
+            if (!w) { fprintf(stderr, "out of memory\n"); return 1; }
+            fill_w(w, dt, (size_t)rows * n);
+            for (int c = 1; c < copies; c++) memcpy(w + (size_t)c * wbytes, w, wbytes);
+            if (!validate(k, dt, w, x, rows, n, 1) || !validate(k, dt, w, x, rows, n, T)) {
+                fail = 1;
+                free(w);
+                continue;
+            }
+            double gb = (double)wbytes / 1e9, flop = 2.0 * rows * n * T;
+            double hot = time_mm(k, dt, y, x, w, wbytes, 1, rows, n, 1, budget);
+            double cold = time_mm(k, dt, y, x, w, wbytes, copies, rows, n, 1, budget);
+            double hot_r = time_mm(ref, dt, y, x, w, wbytes, 1, rows, n, 1, budget);
+            double cold_r = time_mm(ref, dt, y, x, w, wbytes, copies, rows, n, 1, budget);
+            double pf = time_mm(k, dt, y, x, w, wbytes, 1, rows, n, T, budget);
+            double pf_r = time_mm(ref, dt, y, x, w, wbytes, 1, rows, n, T, budget);
+            printf("%-4s [%4d x %4d]  matvec hot %6.1f GB/s (ref %5.1f, x%4.1f)  "
+                   "cold %6.1f GB/s (ref %5.1f, x%4.1f)  prefill T=%d %6.1f GFLOP/s "
+                   "(ref %5.2f, x%5.1f)\n",
+                   DT_NAME[dt], rows, n, gb / hot, gb / hot_r, hot_r / hot, gb / cold,
+                   gb / cold_r, cold_r / cold, T, flop / pf / 1e9, flop / pf_r / 1e9, pf_r / pf);
+            fflush(stdout);
+            free(w);
+        }
+        free(x);
+        free(y);
+    }
+    if (fail) printf("validation FAILED; timings skipped for the failing cases\n");
+    return fail;
+}
