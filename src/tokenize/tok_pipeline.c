@@ -44,12 +44,78 @@ static uint32_t first_cp(const char *s, uint32_t dflt) {
 
 /* ---- patterns ---------------------------------------------------------------- */
 
-static loom_status regex_compile(tk_regex *re, const char *src, size_t n,
+/* The reference matches with Oniguruma, where \s is the Unicode White_Space
+ * property; PCRE2's \s also takes U+180E. Spell \s (and \S outside a
+ * class) out as White_Space so both engines split alike. */
+static const char ws_class[] =
+    "\\t\\n\\x0B\\f\\r\\x20\\x85\\xA0\\x{1680}\\x{2000}-\\x{200A}"
+    "\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}";
+
+static int rewrite_spaces(const char *src, size_t n, tk_buf *out) {
+    int in_class = 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = src[i];
+        if (c == '\\' && i + 1 < n) {
+            char e = src[i + 1];
+            i++;
+            int bad = 0;
+            if (e == 's')
+                bad = in_class ? tk_buf_put(out, ws_class, sizeof ws_class - 1)
+                               : (tk_buf_putc(out, '[') ||
+                                  tk_buf_put(out, ws_class, sizeof ws_class - 1) ||
+                                  tk_buf_putc(out, ']'));
+            else if (e == 'S' && !in_class)
+                bad = tk_buf_put(out, "[^", 2) ||
+                      tk_buf_put(out, ws_class, sizeof ws_class - 1) ||
+                      tk_buf_putc(out, ']');
+            else
+                bad = tk_buf_putc(out, c) || tk_buf_putc(out, e);
+            if (bad) return -1;
+            continue;
+        }
+        if (!in_class && c == '[') {
+            in_class = 1;
+            if (tk_buf_putc(out, c)) return -1;
+            /* a ']' first in the class (after an optional '^') is literal */
+            if (i + 1 < n && src[i + 1] == '^') {
+                if (tk_buf_putc(out, '^')) return -1;
+                i++;
+            }
+            if (i + 1 < n && src[i + 1] == ']') {
+                if (tk_buf_putc(out, ']')) return -1;
+                i++;
+            }
+            continue;
+        }
+        if (in_class && c == '[' && i + 1 < n && src[i + 1] == ':') {
+            /* POSIX class [:name:] inside a class */
+            const char *end = strstr(src + i + 2, ":]");
+            if (end && (size_t)(end - src) < n) {
+                size_t l = (size_t)(end - (src + i)) + 2;
+                if (tk_buf_put(out, src + i, l)) return -1;
+                i += l - 1;
+                continue;
+            }
+        }
+        if (in_class && c == ']') in_class = 0;
+        if (tk_buf_putc(out, c)) return -1;
+    }
+    return 0;
+}
+
+static loom_status regex_compile(tk_regex *re, const char *src0, size_t n0,
                                  const char *what) {
     int err;
     PCRE2_SIZE off;
-    re->code = pcre2_compile((PCRE2_SPTR)src, n, PCRE2_UTF | PCRE2_UCP, &err,
+    tk_buf rw = {0};
+    if (rewrite_spaces(src0, n0, &rw) || tk_buf_reserve(&rw, 0)) {
+        tk_buf_free(&rw);
+        return loom_err(LOOM_ERR_NOMEM, "%s: out of memory", what);
+    }
+    const char *src = src0;
+    re->code = pcre2_compile((PCRE2_SPTR)rw.p, rw.n, PCRE2_UTF | PCRE2_UCP, &err,
                              &off, NULL);
+    tk_buf_free(&rw);
     if (!re->code) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(err, msg, sizeof msg);
@@ -97,6 +163,9 @@ int tk_pattern_find(const tk_pattern *p, pcre2_match_data *md, const char *s,
     if (from > n) return 0;
     int rc = pcre2_match(p->re.code, (PCRE2_SPTR)s, n, from,
                          PCRE2_NO_UTF_CHECK, md, NULL);
+    if (rc == PCRE2_ERROR_JIT_STACKLIMIT) /* deep backtracking: interpreter */
+        rc = pcre2_match(p->re.code, (PCRE2_SPTR)s, n, from,
+                         PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, md, NULL);
     if (rc == PCRE2_ERROR_NOMATCH) return 0;
     if (rc < 0 && rc != 0) return -1;
     PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
