@@ -83,10 +83,12 @@ loom_status tk_merges_build(loom_tok *t, const cJSON *merges) {
         const char *a, *b;
         size_t la, lb;
         if (cJSON_IsString(e)) {
-            /* legacy "a b" form: split at the first space */
+            /* legacy "a b" form: exactly one space; "#version" lines are
+             * comments that take no rank */
             const char *s = e->valuestring;
+            if (!strncmp(s, "#version", 8)) continue;
             const char *sp = strchr(s, ' ');
-            if (!sp) {
+            if (!sp || strchr(sp + 1, ' ')) {
                 tk_buf_free(&joined);
                 return loom_err(LOOM_ERR_FORMAT,
                                 "model.merges[%u]: expected \"left right\", found \"%.80s\"",

@@ -138,10 +138,18 @@ int tk_dec_initial_strip(const tk_dec *d) {
 /* ---- decoders over token lists ------------------------------------------------ */
 
 typedef struct dstate {
-    tk_pieces cur;       /* current list of strings */
+    tk_dec_scratch *s;   /* s->cur is the current list of strings */
     int fused;           /* the list is one string standing for the window */
-    pcre2_match_data *md;
 } dstate;
+
+void tk_dec_scratch_free(tk_dec_scratch *s) {
+    tk_pieces_free(&s->cur);
+    tk_pieces_free(&s->spare);
+    tk_buf_free(&s->b);
+    tk_buf_free(&s->b2);
+    if (s->md) pcre2_match_data_free(s->md);
+    memset(s, 0, sizeof *s);
+}
 
 #define TOK(l, i) ((l)->text.p + (l)->v[i].off)
 
@@ -186,35 +194,38 @@ static loom_status dec_step(const tk_dec *d, dstate *ds, tk_dec_ctx *ctx) {
         }
         return LOOM_OK;
     }
-    tk_pieces *in = &ds->cur;
-    tk_pieces out = {0};
-    tk_buf b = {0};
+    /* ping-pong between two scratch lists: no allocation once warm */
+    tk_pieces *in = &ds->s->cur, *outp = &ds->s->spare;
+    outp->n = 0;
+    outp->text.n = 0;
+    tk_buf *bp = &ds->s->b;
+    bp->n = 0;
     loom_status st = LOOM_OK;
     switch (d->type) {
     case TK_DEC_BYTELEVEL:
         for (size_t i = 0; i < in->n && !st; i++) {
             const char *s = TOK(in, i);
-            size_t n = in->v[i].len, k, mark = b.n;
+            size_t n = in->v[i].len, k, mark = bp->n;
             for (k = 0; k < n;) {
                 uint32_t cp;
                 k += (size_t)tk_utf8_next(s + k, n - k, &cp);
                 int by = tk_cp_to_byte(cp);
                 if (by < 0) break;
-                if (tk_buf_putc(&b, by)) { st = nomem(); break; }
+                if (tk_buf_putc(bp, by)) { st = nomem(); break; }
             }
             if (!st && k < n) {
                 /* a character outside the alphabet: the token's own bytes */
-                b.n = mark;
-                if (tk_buf_put(&b, s, n)) st = nomem();
+                bp->n = mark;
+                if (tk_buf_put(bp, s, n)) st = nomem();
             }
         }
         if (!st) {
-            tk_buf o = {0};
-            if (!ctx->final && tk_utf8_incomplete_tail(b.p, b.n)) ctx->unsafe = 1;
-            if (tk_utf8_lossy(&o, b.p ? b.p : "", b.n) ||
-                tk_pieces_add(&out, o.p ? o.p : "", o.n, -1, 0))
+            tk_buf *o = &ds->s->b2;
+            o->n = 0;
+            if (!ctx->final && tk_utf8_incomplete_tail(bp->p, bp->n)) ctx->unsafe = 1;
+            if (tk_utf8_lossy(o, bp->p ? bp->p : "", bp->n) ||
+                tk_pieces_add(outp, o->p ? o->p : "", o->n, -1, 0))
                 st = nomem();
-            tk_buf_free(&o);
         }
         ds->fused = 1;
         break;
@@ -223,38 +234,38 @@ static loom_status dec_step(const tk_dec *d, dstate *ds, tk_dec_ctx *ctx) {
         for (size_t i = 0; i <= in->n && !st; i++) {
             uint8_t by;
             if (i < in->n && byte_token(TOK(in, i), in->v[i].len, &by)) {
-                if (tk_buf_putc(&b, by)) st = nomem();
+                if (tk_buf_putc(bp, by)) st = nomem();
                 run++;
                 continue;
             }
             if (run) {
                 if (i == in->n && !ctx->final) ctx->unsafe = 1;
-                if (tk_utf8_valid(b.p, b.n)) {
-                    if (tk_pieces_add(&out, b.p, b.n, -1, 0)) st = nomem();
+                if (tk_utf8_valid(bp->p, bp->n)) {
+                    if (tk_pieces_add(outp, bp->p, bp->n, -1, 0)) st = nomem();
                 } else {
                     for (size_t k = 0; k < run && !st; k++)
-                        if (tk_pieces_add(&out, "\xEF\xBF\xBD", 3, -1, 0)) st = nomem();
+                        if (tk_pieces_add(outp, "\xEF\xBF\xBD", 3, -1, 0)) st = nomem();
                 }
-                b.n = 0;
+                bp->n = 0;
                 run = 0;
             }
-            if (i < in->n && !st && tk_pieces_add(&out, TOK(in, i), in->v[i].len, -1, 0))
+            if (i < in->n && !st && tk_pieces_add(outp, TOK(in, i), in->v[i].len, -1, 0))
                 st = nomem();
         }
         break;
     }
     case TK_DEC_FUSE:
         for (size_t i = 0; i < in->n && !st; i++)
-            if (tk_buf_put(&b, TOK(in, i), in->v[i].len)) st = nomem();
-        if (!st && tk_pieces_add(&out, b.p ? b.p : "", b.n, -1, 0)) st = nomem();
+            if (tk_buf_put(bp, TOK(in, i), in->v[i].len)) st = nomem();
+        if (!st && tk_pieces_add(outp, bp->p ? bp->p : "", bp->n, -1, 0)) st = nomem();
         ds->fused = 1;
         break;
     case TK_DEC_REPLACE:
         for (size_t i = 0; i < in->n && !st; i++) {
-            b.n = 0;
+            bp->n = 0;
             st = replace_in(&d->pat, d->content, d->content_len, TOK(in, i),
-                            in->v[i].len, &b, ds->md);
-            if (!st && tk_pieces_add(&out, b.p ? b.p : "", b.n, -1, 0)) st = nomem();
+                            in->v[i].len, bp, ds->s->md);
+            if (!st && tk_pieces_add(outp, bp->p ? bp->p : "", bp->n, -1, 0)) st = nomem();
         }
         break;
     case TK_DEC_STRIP:
@@ -287,7 +298,7 @@ static loom_status dec_step(const tk_dec *d, dstate *ds, tk_dec_ctx *ctx) {
                 tk_utf8_next(s + q, z - q, &cp);
                 if (cp == d->ch) ctx->unsafe = 1;
             }
-            if (tk_pieces_add(&out, s + a, z - a, -1, 0)) st = nomem();
+            if (tk_pieces_add(outp, s + a, z - a, -1, 0)) st = nomem();
         }
         break;
     case TK_DEC_METASPACE:
@@ -295,18 +306,18 @@ static loom_status dec_step(const tk_dec *d, dstate *ds, tk_dec_ctx *ctx) {
             const char *s = TOK(in, i);
             size_t n = in->v[i].len;
             int first = i == 0 && ctx->at_start;
-            b.n = 0;
+            bp->n = 0;
             for (size_t k = 0; k < n && !st;) {
                 uint32_t cp;
                 size_t l = (size_t)tk_utf8_next(s + k, n - k, &cp);
                 if (cp == d->ch) {
-                    if (!(first && d->prepend) && tk_buf_putc(&b, ' ')) st = nomem();
-                } else if (tk_buf_put(&b, s + k, l)) {
+                    if (!(first && d->prepend) && tk_buf_putc(bp, ' ')) st = nomem();
+                } else if (tk_buf_put(bp, s + k, l)) {
                     st = nomem();
                 }
                 k += l;
             }
-            if (!st && tk_pieces_add(&out, b.p ? b.p : "", b.n, -1, 0)) st = nomem();
+            if (!st && tk_pieces_add(outp, bp->p ? bp->p : "", bp->n, -1, 0)) st = nomem();
         }
         break;
     case TK_DEC_WORDPIECE:
@@ -337,7 +348,7 @@ static loom_status dec_step(const tk_dec *d, dstate *ds, tk_dec_ctx *ctx) {
                     t = u;
                 }
             }
-            if (!st && tk_pieces_add(&out, t.p ? t.p : "", t.n, -1, 0)) st = nomem();
+            if (!st && tk_pieces_add(outp, t.p ? t.p : "", t.n, -1, 0)) st = nomem();
             tk_buf_free(&t);
         }
         break;
@@ -346,31 +357,29 @@ static loom_status dec_step(const tk_dec *d, dstate *ds, tk_dec_ctx *ctx) {
             const char *s = TOK(in, i);
             size_t n = in->v[i].len;
             int last = i + 1 == in->n;
-            b.n = 0;
+            bp->n = 0;
             if (ends_with(s, n, d->content, d->content_len)) {
                 if (last && !ctx->final) ctx->unsafe = 1;
-                if (tk_buf_put(&b, s, n - d->content_len) ||
-                    (!(last && ctx->final) && tk_buf_putc(&b, ' ')))
+                if (tk_buf_put(bp, s, n - d->content_len) ||
+                    (!(last && ctx->final) && tk_buf_putc(bp, ' ')))
                     st = nomem();
-            } else if (tk_buf_put(&b, s, n)) {
+            } else if (tk_buf_put(bp, s, n)) {
                 st = nomem();
             }
-            if (!st && tk_pieces_add(&out, b.p ? b.p : "", b.n, -1, 0)) st = nomem();
+            if (!st && tk_pieces_add(outp, bp->p ? bp->p : "", bp->n, -1, 0)) st = nomem();
         }
         break;
     }
-    tk_buf_free(&b);
-    if (st) {
-        tk_pieces_free(&out);
-        return st;
-    }
-    tk_pieces_free(in);
-    *in = out;
+    if (st) return st;
+    tk_pieces t = *in;
+    *in = *outp;
+    *outp = t;
     return LOOM_OK;
 }
 
 loom_status tk_decode_tokens(const loom_tok *t, const tk_pieces *toks,
-                             tk_dec_ctx *ctx, tk_buf *out) {
+                             tk_dec_ctx *ctx, tk_buf *out,
+                             tk_dec_scratch *scratch) {
     if (!t->dec) {
         /* no decoder: tokens joined by single spaces */
         for (size_t i = 0; i < toks->n; i++) {
@@ -379,17 +388,18 @@ loom_status tk_decode_tokens(const loom_tok *t, const tk_pieces *toks,
         }
         return LOOM_OK;
     }
-    dstate ds = {.fused = 0};
-    ds.md = pcre2_match_data_create(1, NULL);
-    if (!ds.md) return nomem();
+    tk_dec_scratch local = {0};
+    dstate ds = {.s = scratch ? scratch : &local, .fused = 0};
     loom_status st = LOOM_OK;
+    if (!ds.s->md && !(ds.s->md = pcre2_match_data_create(1, NULL))) st = nomem();
+    ds.s->cur.n = 0;
+    ds.s->cur.text.n = 0;
     for (size_t i = 0; i < toks->n && !st; i++)
-        if (tk_pieces_add(&ds.cur, TOK(toks, i), toks->v[i].len, -1, 0)) st = nomem();
+        if (tk_pieces_add(&ds.s->cur, TOK(toks, i), toks->v[i].len, -1, 0)) st = nomem();
     if (!st) st = dec_step(t->dec, &ds, ctx);
-    for (size_t i = 0; i < ds.cur.n && !st; i++)
-        if (tk_buf_put(out, TOK(&ds.cur, i), ds.cur.v[i].len)) st = nomem();
-    tk_pieces_free(&ds.cur);
-    pcre2_match_data_free(ds.md);
+    for (size_t i = 0; i < ds.s->cur.n && !st; i++)
+        if (tk_buf_put(out, TOK(&ds.s->cur, i), ds.s->cur.v[i].len)) st = nomem();
+    tk_dec_scratch_free(&local);
     return st;
 }
 
@@ -404,6 +414,7 @@ struct loom_detok {
     int strip_left;       /* committed Strip budget */
     tk_pieces toks;       /* scratch: window token strings */
     tk_buf text;          /* scratch: decoded window */
+    tk_dec_scratch dec;   /* scratch for the decoder chain */
 };
 
 loom_status loom_detok_create(const loom_tok *t, int skip_special,
@@ -424,6 +435,7 @@ void loom_detok_free(loom_detok *d) {
     free(d->window.v);
     tk_pieces_free(&d->toks);
     tk_buf_free(&d->text);
+    tk_dec_scratch_free(&d->dec);
     free(d);
 }
 
@@ -451,7 +463,7 @@ static loom_status detok_run(loom_detok *d, int final, const char **piece,
                       .final = final};
     d->text.n = 0;
     if (d->window.n) {
-        loom_status st = tk_decode_tokens(d->t, &d->toks, &ctx, &d->text);
+        loom_status st = tk_decode_tokens(d->t, &d->toks, &ctx, &d->text, &d->dec);
         if (st) return st;
     }
     if (ctx.unsafe && !final) {

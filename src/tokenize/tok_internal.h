@@ -301,10 +301,20 @@ typedef struct tk_dec_ctx {
     int unsafe;        /* out: the window's end is not a stable boundary */
 } tk_dec_ctx;
 
+/* Reusable buffers for the decoder chain (a streaming detokenizer keeps
+ * one so that decoding a token allocates nothing once warm). */
+typedef struct tk_dec_scratch {
+    tk_pieces cur, spare;
+    tk_buf b, b2;
+    pcre2_match_data *md;
+} tk_dec_scratch;
+void tk_dec_scratch_free(tk_dec_scratch *s);
+
 /* Decodes a list of token strings through the decoder chain, appending to
- * out. */
+ * out. scratch may be NULL. */
 loom_status tk_decode_tokens(const loom_tok *t, const tk_pieces *toks,
-                             tk_dec_ctx *ctx, tk_buf *out);
+                             tk_dec_ctx *ctx, tk_buf *out,
+                             tk_dec_scratch *scratch);
 /* Strip budget a fresh stream starts with. */
 int tk_dec_initial_strip(const tk_dec *d);
 

@@ -8,6 +8,9 @@
 
 #include "tokenize/tok_internal.h"
 
+/* Ids index dense tables; real vocabularies stay far below this. */
+#define TK_MAX_ID (1 << 24)
+
 static loom_status nomem(void) {
     return loom_err(LOOM_ERR_NOMEM, "tokenizer: out of memory");
 }
@@ -322,7 +325,7 @@ loom_status loom_tok_decode(const loom_tok *t, const int32_t *ids, size_t n,
     if (!st) {
         tk_dec_ctx ctx = {.at_start = 1, .strip_left = tk_dec_initial_strip(t->dec),
                           .final = 1};
-        st = tk_decode_tokens(t, &toks, &ctx, &out);
+        st = tk_decode_tokens(t, &toks, &ctx, &out, NULL);
     }
     tk_pieces_free(&toks);
     if (!st && tk_buf_reserve(&out, 0)) st = nomem();
@@ -492,10 +495,10 @@ static loom_status load_model(loom_tok *t, const cJSON *model,
     size_t n_vocab = 0, bytes = 0;
     const cJSON *e;
     cJSON_ArrayForEach(e, vocab) {
-        if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble > 1e9)
+        if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble >= TK_MAX_ID)
             return loom_err(LOOM_ERR_FORMAT,
-                            "tokenizer.json: model.vocab[\"%.80s\"]: expected a non-negative id, found %s",
-                            e->string, cjson_type_name(e));
+                            "tokenizer.json: model.vocab[\"%.80s\"]: expected an id in [0, %d), found %s",
+                            e->string, TK_MAX_ID, cJSON_IsNumber(e) ? "one outside" : cjson_type_name(e));
         if (e->valueint > max_id) max_id = e->valueint;
         n_vocab++;
         bytes += strlen(e->string) + 1;
@@ -506,7 +509,7 @@ static loom_status load_model(loom_tok *t, const cJSON *model,
         cJSON_ArrayForEach(e, added_arr) {
             const cJSON *id = cJSON_GetObjectItemCaseSensitive(e, "id");
             const char *c = jstr(e, "content");
-            if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble > 1e9 || !c)
+            if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble >= TK_MAX_ID || !c)
                 return loom_err(LOOM_ERR_FORMAT,
                                 "tokenizer.json: added_tokens[%d]: expected \"id\" and \"content\"",
                                 n_added);
