@@ -8,9 +8,10 @@
  *     are streamed together so each x load feeds four rows, with two
  *     accumulators per row to hide FMA latency.
  *   - T > 1 (prefill): a register tile of 4 rows x 3 tokens (12 accumulators
- *     + 4 x/w registers = all 16 ymm). Each weight vector is converted to f32
- *     once and reused for three tokens, so the work is FMA-bound. The row
- *     tile stays in L1 while the token tiles sweep over it.
+ *     + 3 x + 1 w = all 16 ymm). Each weight vector is converted to f32 once
+ *     and reused for three tokens, so the work is FMA-bound. The row tile
+ *     stays in L1 (for rows up to ~2K elements) while the token tiles sweep
+ *     over it.
  * Tails (n % 8) go through a zero-padded 8-wide block: x is loaded with a
  * mask and w is copied into a zeroed buffer, so no load leaves its row. */
 #include <immintrin.h>
@@ -129,63 +130,99 @@ INLINE void matvec_rows(float *y, const float *x, const void *w, size_t n,
     }
 }
 
-/* Register tile for T > 1: R rows (1..4) x TT tokens (1..3). y and x point at
- * the first token of the tile. */
+/* Prefill register tile: TILE_R rows x TILE_T tokens of accumulators.
+ * 4 x 3 uses all 16 ymm registers (12 + 3 x + 1 w). Measured against 2 x 6
+ * and 3 x 4 at T = 64 on [3072 x 1024] and [1024 x 3072]: 4 x 3 was best
+ * for all three weight types (2 x 6 reads twice the x bytes per FMA from L2
+ * and ran at ~60%). */
+#define TILE_R 4
+#define TILE_T 3
+
+/* One tile of R rows (<= TILE_R) x TT tokens (<= TILE_T). y and x point at
+ * the first token of the tile. Whichever side is shorter is held in
+ * registers for the whole k step and the other is streamed, so the tile
+ * needs R*TT + min(R, TT) + 1 vector registers. */
 INLINE void tile(float *y, size_t ldy, const float *x, size_t ldx,
                  const void *w, size_t n, int r0, int R, int TT, int dt) {
-    __m256 acc[4][3];
-    size_t base[4];
-#pragma GCC unroll 4
+    __m256 acc[TILE_R][TILE_T];
+    size_t base[TILE_R];
+#pragma GCC unroll 8
     for (int r = 0; r < R; r++) {
         base[r] = (size_t)(r0 + r) * n;
-#pragma GCC unroll 3
+#pragma GCC unroll 8
         for (int t = 0; t < TT; t++) acc[r][t] = _mm256_setzero_ps();
     }
     size_t k = 0;
     for (; k + 8 <= n; k += 8) {
-        __m256 xv[3];
-#pragma GCC unroll 3
-        for (int t = 0; t < TT; t++) xv[t] = _mm256_loadu_ps(x + t * ldx + k);
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            __m256 wv = load_w(w, base[r] + k, dt);
-#pragma GCC unroll 3
-            for (int t = 0; t < TT; t++) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
+        if (R <= TT) {
+            __m256 wv[TILE_R];
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) wv[r] = load_w(w, base[r] + k, dt);
+#pragma GCC unroll 8
+            for (int t = 0; t < TT; t++) {
+                __m256 xv = _mm256_loadu_ps(x + t * ldx + k);
+#pragma GCC unroll 8
+                for (int r = 0; r < R; r++) acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]);
+            }
+        } else {
+            __m256 xv[TILE_T];
+#pragma GCC unroll 8
+            for (int t = 0; t < TT; t++) xv[t] = _mm256_loadu_ps(x + t * ldx + k);
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) {
+                __m256 wv = load_w(w, base[r] + k, dt);
+#pragma GCC unroll 8
+                for (int t = 0; t < TT; t++) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
+            }
         }
     }
     if (k < n) {
         int rem = (int)(n - k);
         __m256i m = tail_mask(rem);
-        __m256 xv[3];
-#pragma GCC unroll 3
-        for (int t = 0; t < TT; t++) xv[t] = _mm256_maskload_ps(x + t * ldx + k, m);
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            __m256 wv = load_w_tail(w, base[r] + k, rem, dt);
-#pragma GCC unroll 3
-            for (int t = 0; t < TT; t++) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
+        __m256 wv[TILE_R];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) wv[r] = load_w_tail(w, base[r] + k, rem, dt);
+#pragma GCC unroll 8
+        for (int t = 0; t < TT; t++) {
+            __m256 xv = _mm256_maskload_ps(x + t * ldx + k, m);
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]);
         }
     }
-#pragma GCC unroll 3
+#pragma GCC unroll 8
     for (int t = 0; t < TT; t++) {
         if (R == 4) {
             _mm_storeu_ps(y + t * ldy + r0,
                           hsum4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]));
         } else {
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int r = 0; r < R; r++) y[t * ldy + r0 + r] = hsum(acc[r][t]);
         }
     }
 }
 
-/* Tokens of one row tile, in tiles of three plus a 1- or 2-token rest. */
+/* Tokens of one row tile: full tiles of TILE_T, then the rest. */
 INLINE void tile_tokens(float *y, size_t ldy, const float *x, size_t ldx,
                         const void *w, size_t n, int T, int r0, int R, int dt) {
     int t = 0;
-    for (; t + 3 <= T; t += 3)
-        tile(y + t * ldy, ldy, x + t * ldx, ldx, w, n, r0, R, 3, dt);
-    if (T - t == 2) tile(y + t * ldy, ldy, x + t * ldx, ldx, w, n, r0, R, 2, dt);
-    else if (T - t == 1) tile(y + t * ldy, ldy, x + t * ldx, ldx, w, n, r0, R, 1, dt);
+    for (; t + TILE_T <= T; t += TILE_T)
+        tile(y + t * ldy, ldy, x + t * ldx, ldx, w, n, r0, R, TILE_T, dt);
+    y += t * ldy;
+    x += t * ldx;
+    switch (T - t) {
+#if TILE_T > 5
+    case 5: tile(y, ldy, x, ldx, w, n, r0, R, 5, dt); break;
+#endif
+#if TILE_T > 4
+    case 4: tile(y, ldy, x, ldx, w, n, r0, R, 4, dt); break;
+#endif
+#if TILE_T > 3
+    case 3: tile(y, ldy, x, ldx, w, n, r0, R, 3, dt); break;
+#endif
+    case 2: tile(y, ldy, x, ldx, w, n, r0, R, 2, dt); break;
+    case 1: tile(y, ldy, x, ldx, w, n, r0, R, 1, dt); break;
+    default: break;
+    }
 }
 
 INLINE void matmul(float *y, int ldy, const float *x, int ldx, const void *w,
@@ -203,10 +240,14 @@ INLINE void matmul(float *y, int ldy, const float *x, int ldx, const void *w,
         return;
     }
     size_t lx = (size_t)ldx, ly = (size_t)ldy;
-    for (; r + 4 <= r1; r += 4) tile_tokens(y, ly, x, lx, w, n, T, r, 4, dt);
+    for (; r + TILE_R <= r1; r += TILE_R) tile_tokens(y, ly, x, lx, w, n, T, r, TILE_R, dt);
     switch (r1 - r) {
+#if TILE_R > 3
     case 3: tile_tokens(y, ly, x, lx, w, n, T, r, 3, dt); break;
+#endif
+#if TILE_R > 2
     case 2: tile_tokens(y, ly, x, lx, w, n, T, r, 2, dt); break;
+#endif
     case 1: tile_tokens(y, ly, x, lx, w, n, T, r, 1, dt); break;
     default: break;
     }
