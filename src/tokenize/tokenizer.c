@@ -191,6 +191,25 @@ loom_status loom_tok_encode(const loom_tok *t, const char *text, size_t len,
     *n_ids = 0;
     if (!t || (!text && len))
         return loom_err(LOOM_ERR_INVALID_ARG, "tok_encode: expected a tokenizer and text");
+    if (add_special < LOOM_TOK_NO_SPECIAL || add_special > LOOM_TOK_ADD_SPECIAL_CONFIG)
+        return loom_err(LOOM_ERR_INVALID_ARG, "tok_encode: expected add_special 0, 1 or 2, found %d",
+                        add_special);
+    /* the ids that wrap the text */
+    const int32_t *pre = NULL, *suf = NULL;
+    int n_pre = 0, n_suf = 0;
+    int32_t cfg_pre[1], cfg_suf[1];
+    if (add_special == LOOM_TOK_ADD_SPECIAL_CONFIG &&
+        (t->add_bos_cfg >= 0 || t->add_eos_cfg >= 0)) {
+        if (t->add_bos_cfg == 1 && t->bos_id >= 0) cfg_pre[n_pre++] = t->bos_id;
+        if (t->add_eos_cfg == 1 && t->eos_id >= 0) cfg_suf[n_suf++] = t->eos_id;
+        pre = cfg_pre;
+        suf = cfg_suf;
+    } else if (add_special) {
+        pre = t->post_prefix;
+        n_pre = t->n_post_prefix;
+        suf = t->post_suffix;
+        n_suf = t->n_post_suffix;
+    }
     if (!tk_utf8_valid(text, len))
         return loom_err(LOOM_ERR_INVALID_ARG, "tok_encode: expected UTF-8 text, found invalid bytes");
     loom_status st = LOOM_OK;
@@ -228,9 +247,8 @@ loom_status loom_tok_encode(const loom_tok *t, const char *text, size_t len,
             st = nomem();
     }
     if (!st && t->pre) st = tk_pre_apply(t->pre, &norm, md);
-    if (!st && add_special)
-        for (int i = 0; i < t->n_post_prefix && !st; i++)
-            if (tk_ids_push(&out, t->post_prefix[i])) st = nomem();
+    for (int i = 0; i < n_pre && !st; i++)
+        if (tk_ids_push(&out, pre[i])) st = nomem();
     for (size_t i = 0; i < norm.n && !st; i++) {
         const tk_piece *p = &norm.v[i];
         if (p->id >= 0) {
@@ -239,9 +257,8 @@ loom_status loom_tok_encode(const loom_tok *t, const char *text, size_t len,
             st = tk_bpe_word(t, norm.text.p + p->off, p->len, &out, &sc);
         }
     }
-    if (!st && add_special)
-        for (int i = 0; i < t->n_post_suffix && !st; i++)
-            if (tk_ids_push(&out, t->post_suffix[i])) st = nomem();
+    for (int i = 0; i < n_suf && !st; i++)
+        if (tk_ids_push(&out, suf[i])) st = nomem();
 
     tk_bpe_scratch_free(&sc);
     tk_pieces_free(&raw);

@@ -8,10 +8,10 @@
  * Encoding matches the reference `tokenizers` library on tokenizer.json:
  * added/special tokens are found in the raw text first, the rest goes
  * through normalizer -> pre-tokenizer -> BPE, and add_special applies the
- * file's post-processor (e.g. a BOS id). tokenizer_config.json only supplies
- * the bos/eos/pad ids, its add_bos_token/add_eos_token flags (reported, not
- * applied: the post-processor in tokenizer.json decides) and the chat
- * template. */
+ * file's post-processor (e.g. a BOS id). tokenizer_config.json supplies the
+ * bos/eos/pad ids, the chat template and add_bos_token/add_eos_token, which
+ * only LOOM_TOK_ADD_SPECIAL_CONFIG applies (the reference library ignores
+ * them; transformers applies them for some tokenizer classes). */
 #ifndef LOOM_TOKENIZER_H
 #define LOOM_TOKENIZER_H
 
@@ -34,10 +34,22 @@ loom_status loom_tok_load_mem(const char *json, size_t json_len,
                               loom_tok **out);
 void loom_tok_free(loom_tok *t);
 
+/* add_special modes for loom_tok_encode. */
+enum {
+    LOOM_TOK_NO_SPECIAL = 0,     /* text only (use for rendered chat prompts) */
+    LOOM_TOK_ADD_SPECIAL = 1,    /* tokenizer.json's post-processor, as the
+                                    reference `tokenizers` library does */
+    LOOM_TOK_ADD_SPECIAL_CONFIG = 2, /* as transformers' Llama/Gemma classes:
+                                    when tokenizer_config.json sets
+                                    add_bos_token / add_eos_token, exactly
+                                    those (bos_token, eos_token) wrap the
+                                    text; otherwise as ADD_SPECIAL */
+};
+
 /* Encodes len bytes of UTF-8 text. *ids receives a malloc'd array the
- * caller releases with free() (NULL when *n_ids is 0). add_special applies
- * the post-processor (BOS etc.). Returns LOOM_ERR_INVALID_ARG for text that
- * is not valid UTF-8. */
+ * caller releases with free() (NULL when *n_ids is 0). add_special is one
+ * of the LOOM_TOK_* modes above. Returns LOOM_ERR_INVALID_ARG for text that
+ * is not valid UTF-8 or an unknown mode. */
 loom_status loom_tok_encode(const loom_tok *t, const char *text, size_t len,
                             int add_special, int32_t **ids, size_t *n_ids);
 
