@@ -16,6 +16,7 @@ struct loom_context {
     loom_kv_pool *kv;      /* owned */
     loom_kv_seq seq;       /* owned block table */
     loom_fwd_state *fwd;   /* owned */
+    loom_seq_state *state; /* owned; recurrent state, NULL without linear layers */
     int n_ctx, n_batch;
 };
 
@@ -39,9 +40,10 @@ loom_status loom_context_create(loom_model *m, const loom_context_params *params
     c->n_ctx = n_ctx;
     c->n_batch = n_batch;
     const loom_config *cfg = &m->cfg;
-    loom_status s = loom_kv_pool_create(cfg->n_layers, cfg->n_kv_heads * cfg->head_dim, CTX_BLOCK,
+    loom_status s = loom_kv_pool_create(cfg->n_layers, loom_model_kv_dim(m), CTX_BLOCK,
                                         (n_ctx + CTX_BLOCK - 1) / CTX_BLOCK, &c->kv);
     if (s == LOOM_OK) s = loom_fwd_state_create(m, n_batch, n_ctx, &c->fwd);
+    if (s == LOOM_OK) s = loom_seq_state_create(m, &c->state);
     if (s != LOOM_OK) {
         loom_context_free(c);
         return s;
@@ -55,6 +57,7 @@ void loom_context_free(loom_context *c) {
     if (c->kv) loom_kv_seq_release(c->kv, &c->seq);
     loom_kv_pool_free(c->kv);
     loom_fwd_state_free(c->fwd);
+    loom_seq_state_free(c->state);
     free(c);
 }
 
@@ -93,6 +96,7 @@ loom_status loom_context_eval(loom_context *c, const int32_t *tokens, int n,
                       : all_logits ? LOOM_LOGITS_ALL
                       : last ? LOOM_LOGITS_LAST : LOOM_LOGITS_NONE,
             .out = logits && all_logits ? logits + (size_t)off * V : logits,
+            .state = c->state,
         };
         if ((s = loom_forward(c->m, c->fwd, c->kv, &row, 1))) return s;
     }

@@ -43,19 +43,14 @@ static loom_status get_num(const cJSON *o, const char *k, double def,
     return LOOM_OK;
 }
 
-static loom_status parse_rope(const cJSON *root, const char *path,
-                              loom_rope_config *r) {
-    /* transformers 5 folds everything into rope_parameters; older files
-     * keep rope_theta at top level and the scaling dict in rope_scaling. */
-    const cJSON *rp = get(root, "rope_parameters");
-    const cJSON *scaling = cJSON_IsObject(rp) ? rp : get(root, "rope_scaling");
+/* One rope description: rp is the transformers 5 dict (or NULL), scaling the
+ * dict holding rope_type and its parameters (rp itself, or the older
+ * rope_scaling). theta and prf are the defaults from the top level. */
+static loom_status parse_rope_dict(const cJSON *rp, const cJSON *scaling, double theta_top,
+                                   double prf_top, const char *path, loom_rope_config *r) {
     loom_status s;
-    double theta_top;
-    if ((s = get_num(root, "rope_theta", 10000.0, path, &theta_top))) return s;
     if ((s = get_num(cJSON_IsObject(rp) ? rp : NULL, "rope_theta", theta_top, path, &r->theta)))
         return s;
-    double prf_top;
-    if ((s = get_num(root, "partial_rotary_factor", 1.0, path, &prf_top))) return s;
     r->partial_rotary_factor = prf_top;
     r->type = LOOM_ROPE_DEFAULT;
     r->factor = 1.0;
@@ -79,14 +74,166 @@ static loom_status parse_rope(const cJSON *root, const char *path,
     else if (!strcmp(type, "llama3")) r->type = LOOM_ROPE_LLAMA3;
     else if (!strcmp(type, "yarn")) r->type = LOOM_ROPE_YARN;
     else if (!strcmp(type, "dynamic")) r->type = LOOM_ROPE_DYNAMIC;
+    else if (!strcmp(type, "proportional")) r->type = LOOM_ROPE_PROPORTIONAL;
     else
         return loom_err(LOOM_ERR_UNSUPPORTED,
                         "%s: rope type \"%s\" is not supported (expected default, linear, "
-                        "llama3, yarn or dynamic)",
+                        "llama3, yarn, dynamic or proportional)",
                         path, type);
     if (r->type == LOOM_ROPE_LLAMA3 && r->original_max_pos <= 0)
         return loom_err(LOOM_ERR_FORMAT,
                         "%s: llama3 rope needs original_max_position_embeddings", path);
+    return LOOM_OK;
+}
+
+static loom_status parse_rope(const cJSON *root, const char *path, loom_config *cfg) {
+    /* transformers 5 folds everything into rope_parameters (per layer type
+     * for models that mix sliding and full layers); older files keep
+     * rope_theta at top level and the scaling dict in rope_scaling. */
+    const cJSON *rp = get(root, "rope_parameters");
+    loom_status s;
+    double theta_top, prf_top;
+    if ((s = get_num(root, "rope_theta", 10000.0, path, &theta_top))) return s;
+    if ((s = get_num(root, "partial_rotary_factor", 1.0, path, &prf_top))) return s;
+    const cJSON *full = cJSON_IsObject(rp) ? get(rp, "full_attention") : NULL;
+    const cJSON *slid = cJSON_IsObject(rp) ? get(rp, "sliding_attention") : NULL;
+    if (cJSON_IsObject(full) || cJSON_IsObject(slid)) {
+        const cJSON *g = cJSON_IsObject(full) ? full : slid;
+        if ((s = parse_rope_dict(g, g, theta_top, prf_top, path, &cfg->rope))) return s;
+        if (cJSON_IsObject(slid)) {
+            if ((s = parse_rope_dict(slid, slid, theta_top, prf_top, path, &cfg->rope_local)))
+                return s;
+            cfg->has_rope_local = 1;
+        }
+        return LOOM_OK;
+    }
+    const cJSON *scaling = cJSON_IsObject(rp) ? rp : get(root, "rope_scaling");
+    if ((s = parse_rope_dict(rp, scaling, theta_top, prf_top, path, &cfg->rope))) return s;
+    /* gemma3 before transformers 5: local layers have their own base and
+     * no scaling. */
+    double local;
+    if ((s = get_num(root, "rope_local_base_freq", 0, path, &local))) return s;
+    if (local > 0) {
+        if ((s = parse_rope_dict(NULL, NULL, local, prf_top, path, &cfg->rope_local))) return s;
+        cfg->has_rope_local = 1;
+    }
+    return LOOM_OK;
+}
+
+static int get_bool(const cJSON *o, const char *k, int def) {
+    const cJSON *v = get(o, k);
+    if (cJSON_IsBool(v)) return cJSON_IsTrue(v);
+    if (cJSON_IsNumber(v)) return v->valuedouble != 0;
+    return def;
+}
+
+static loom_status parse_layer_types(const cJSON *c, const char *path, loom_config *cfg) {
+    const cJSON *lt = get(c, "layer_types");
+    if (!lt || cJSON_IsNull(lt)) return LOOM_OK;
+    if (!cJSON_IsArray(lt) || cJSON_GetArraySize(lt) != cfg->n_layers)
+        return loom_err(LOOM_ERR_FORMAT, "%s: \"layer_types\": expected %d strings", path,
+                        cfg->n_layers);
+    int i = 0;
+    for (const cJSON *e = lt->child; e; e = e->next, i++) {
+        const char *t = cJSON_IsString(e) ? e->valuestring : "";
+        if (!strcmp(t, "full_attention")) cfg->layer_types[i] = LOOM_LAYER_FULL;
+        else if (!strcmp(t, "sliding_attention")) cfg->layer_types[i] = LOOM_LAYER_SLIDING;
+        else if (!strcmp(t, "linear_attention")) cfg->layer_types[i] = LOOM_LAYER_LINEAR;
+        else
+            return loom_err(LOOM_ERR_UNSUPPORTED,
+                            "%s: layer type \"%s\" (layer %d) is not supported (expected "
+                            "full_attention, sliding_attention or linear_attention)",
+                            path, t, i);
+    }
+    cfg->has_layer_types = 1;
+    return LOOM_OK;
+}
+
+/* MLX "quantization": {"group_size", "bits", "<module path>": {...} | false}. */
+static loom_status parse_quant(const cJSON *root, const char *path, loom_config *cfg) {
+    const cJSON *q = get(root, "quantization");
+    if (!cJSON_IsObject(q)) return LOOM_OK;
+    loom_status s;
+    if ((s = get_int(q, "bits", 1, 0, path, &cfg->quant_bits))) return s;
+    if ((s = get_int(q, "group_size", 0, 64, path, &cfg->quant_group))) return s;
+    for (const cJSON *e = q->child; e; e = e->next) {
+        if (!strcmp(e->string, "bits") || !strcmp(e->string, "group_size") ||
+            !strcmp(e->string, "mode"))
+            continue;
+        if (!cJSON_IsObject(e) && !cJSON_IsBool(e)) continue;
+        if (cfg->n_quant_overrides == LOOM_MAX_QUANT_OVERRIDES)
+            return loom_err(LOOM_ERR_UNSUPPORTED, "%s: more than %d quantization overrides", path,
+                            LOOM_MAX_QUANT_OVERRIDES);
+        loom_quant_override *o = &cfg->quant_overrides[cfg->n_quant_overrides++];
+        snprintf(o->path, sizeof o->path, "%s", e->string);
+        o->bits = 0;
+        o->group = 0;
+        if (cJSON_IsObject(e)) {
+            if ((s = get_int(e, "bits", 0, cfg->quant_bits, path, &o->bits))) return s;
+            if ((s = get_int(e, "group_size", 0, cfg->quant_group, path, &o->group))) return s;
+        }
+    }
+    const cJSON *mode = get(q, "mode");
+    if (cJSON_IsString(mode) && strcmp(mode->valuestring, "affine"))
+        return loom_err(LOOM_ERR_UNSUPPORTED, "%s: quantization mode \"%s\" is not supported "
+                        "(expected affine)", path, mode->valuestring);
+    return LOOM_OK;
+}
+
+/* Fields of the newer families: Gemma, MoE, linear attention. */
+static loom_status parse_family(const cJSON *c, const char *path, loom_config *cfg) {
+    loom_status s;
+    if ((s = parse_layer_types(c, path, cfg))) return s;
+    if ((s = get_int(c, "sliding_window_pattern", 0, 0, path, &cfg->sliding_pattern))) return s;
+    if (!cfg->sliding_pattern &&
+        (s = get_int(c, "_sliding_window_pattern", 0, 0, path, &cfg->sliding_pattern)))
+        return s;
+    if ((s = get_num(c, "attn_logit_softcapping", 0, path, &cfg->attn_softcap))) return s;
+    if ((s = get_num(c, "final_logit_softcapping", 0, path, &cfg->final_softcap))) return s;
+    if ((s = get_num(c, "query_pre_attn_scalar", 0, path, &cfg->query_pre_attn_scalar))) return s;
+
+    if ((s = get_int(c, "num_experts", 0, 0, path, &cfg->n_experts))) return s;
+    if (!cfg->n_experts && (s = get_int(c, "num_local_experts", 0, 0, path, &cfg->n_experts)))
+        return s;
+    if ((s = get_int(c, "num_experts_per_tok", 0, 0, path, &cfg->n_experts_used))) return s;
+    if (!cfg->n_experts_used && (s = get_int(c, "top_k_experts", 0, 0, path, &cfg->n_experts_used)))
+        return s;
+    if ((s = get_int(c, "moe_intermediate_size", 0, 0, path, &cfg->moe_intermediate))) return s;
+    cfg->norm_topk_prob = get_bool(c, "norm_topk_prob", 0);
+    if ((s = get_int(c, "decoder_sparse_step", 0, 1, path, &cfg->decoder_sparse_step))) return s;
+    if (cfg->decoder_sparse_step <= 0) cfg->decoder_sparse_step = 1;
+    const cJSON *mo = get(c, "mlp_only_layers");
+    if (cJSON_IsArray(mo))
+        for (const cJSON *e = mo->child; e; e = e->next)
+            if (cJSON_IsNumber(e) && e->valueint >= 0 && e->valueint < cfg->n_layers)
+                cfg->mlp_only[e->valueint] = 1;
+    if ((s = get_int(c, "shared_expert_intermediate_size", 0, 0, path,
+                     &cfg->shared_expert_intermediate)))
+        return s;
+    cfg->enable_moe_block = get_bool(c, "enable_moe_block", 0);
+    if (cfg->n_experts < 0 || cfg->n_experts_used < 0 || cfg->n_experts_used > cfg->n_experts)
+        return loom_err(LOOM_ERR_FORMAT, "%s: num_experts_per_tok %d with %d experts", path,
+                        cfg->n_experts_used, cfg->n_experts);
+
+    if ((s = get_int(c, "linear_conv_kernel_dim", 0, 4, path, &cfg->lin_conv_kernel))) return s;
+    if ((s = get_int(c, "linear_num_key_heads", 0, 0, path, &cfg->lin_n_k_heads))) return s;
+    if ((s = get_int(c, "linear_num_value_heads", 0, 0, path, &cfg->lin_n_v_heads))) return s;
+    if ((s = get_int(c, "linear_key_head_dim", 0, 0, path, &cfg->lin_k_head_dim))) return s;
+    if ((s = get_int(c, "linear_value_head_dim", 0, 0, path, &cfg->lin_v_head_dim))) return s;
+
+    if ((s = get_int(c, "hidden_size_per_layer_input", 0, 0, path, &cfg->per_layer_input_dim)))
+        return s;
+    if ((s = get_int(c, "vocab_size_per_layer_input", 0, cfg->vocab_size, path,
+                     &cfg->vocab_per_layer)))
+        return s;
+    if ((s = get_int(c, "num_kv_shared_layers", 0, 0, path, &cfg->n_kv_shared_layers))) return s;
+    if ((s = get_int(c, "global_head_dim", 0, 0, path, &cfg->global_head_dim))) return s;
+    cfg->attention_k_eq_v = get_bool(c, "attention_k_eq_v", 0);
+    cfg->double_wide_mlp = get_bool(c, "use_double_wide_mlp", 0);
+    const cJSON *plc = get(c, "per_layer_config");
+    cfg->per_layer_config = cJSON_IsObject(plc) && plc->child;
+    const cJSON *bi = get(c, "use_bidirectional_attention");
+    cfg->bidirectional = (cJSON_IsBool(bi) && cJSON_IsTrue(bi)) || cJSON_IsString(bi);
     return LOOM_OK;
 }
 
@@ -157,7 +304,9 @@ loom_status loom_config_parse(const char *text, const char *path, loom_config *c
     cfg->tie_embeddings = tie ? cJSON_IsTrue(tie) : 1;
     const cJSON *ab = get(c, "attention_bias");
     cfg->attention_bias = cJSON_IsTrue(ab);
-    if ((s = parse_rope(c, path, &cfg->rope))) goto out;
+    if ((s = parse_rope(c, path, cfg))) goto out;
+    if ((s = parse_family(c, path, cfg))) goto out;
+    if ((s = parse_quant(root, path, cfg))) goto out;
 
     cfg->bos_id = -1;
     const cJSON *bos = get(c, "bos_token_id");

@@ -15,7 +15,24 @@ typedef enum loom_rope_type {
     LOOM_ROPE_LLAMA3,
     LOOM_ROPE_YARN,
     LOOM_ROPE_DYNAMIC,
+    LOOM_ROPE_PROPORTIONAL,        /* gemma4: partial angles over the whole head */
 } loom_rope_type;
+
+/* What a decoder layer mixes tokens with (config.json "layer_types"). */
+typedef enum loom_layer_type {
+    LOOM_LAYER_FULL = 0,    /* "full_attention" */
+    LOOM_LAYER_SLIDING,     /* "sliding_attention" */
+    LOOM_LAYER_LINEAR,      /* "linear_attention" (Gated DeltaNet) */
+} loom_layer_type;
+
+#define LOOM_MAX_QUANT_OVERRIDES 256
+
+/* A per-module quantization setting from config.json "quantization". */
+typedef struct loom_quant_override {
+    char path[120];         /* module path, e.g. "model.layers.0.mlp.down_proj" */
+    int bits;               /* 0 = the module is not quantized */
+    int group;
+} loom_quant_override;
 
 typedef struct loom_rope_config {
     loom_rope_type type;
@@ -49,6 +66,46 @@ typedef struct loom_config {
     int eos_ids[LOOM_MAX_EOS];
     int n_eos;
     char hidden_act[32];
+
+    /* Layer kinds: layer_types when given (has_layer_types), else all full. */
+    unsigned char layer_types[LOOM_MAX_LAYERS];
+    int has_layer_types;
+    int sliding_pattern;            /* gemma3 sliding_window_pattern, 0 = unset */
+    loom_rope_config rope_local;    /* sliding layers, when has_rope_local */
+    int has_rope_local;
+    double attn_softcap;            /* 0 = none */
+    double final_softcap;           /* 0 = none */
+    double query_pre_attn_scalar;   /* 0 = unset */
+
+    /* Mixture of experts (0 experts = dense). */
+    int n_experts;
+    int n_experts_used;
+    int moe_intermediate;
+    int norm_topk_prob;
+    int decoder_sparse_step;
+    unsigned char mlp_only[LOOM_MAX_LAYERS];   /* 1 = dense MLP in that layer */
+    int shared_expert_intermediate;            /* 0 = no shared expert */
+    int enable_moe_block;                      /* gemma4 */
+
+    /* Gated DeltaNet linear attention. */
+    int lin_conv_kernel;
+    int lin_n_k_heads, lin_n_v_heads;
+    int lin_k_head_dim, lin_v_head_dim;
+
+    /* Gemma 4. */
+    int per_layer_input_dim;        /* hidden_size_per_layer_input, 0 = none */
+    int vocab_per_layer;
+    int n_kv_shared_layers;
+    int global_head_dim;            /* 0 = head_dim */
+    int attention_k_eq_v;
+    int double_wide_mlp;
+    int per_layer_config;           /* non-empty per_layer_config given */
+    int bidirectional;              /* use_bidirectional_attention set */
+
+    /* MLX affine quantization (bits 0 = not quantized). */
+    int quant_bits, quant_group;
+    int n_quant_overrides;
+    loom_quant_override quant_overrides[LOOM_MAX_QUANT_OVERRIDES];
 } loom_config;
 
 /* Parses dir/config.json. Errors name the missing or malformed field. */

@@ -1,30 +1,23 @@
-/* forward: the decoder stack for Llama-family models (Llama, Mistral,
- * Qwen2, Qwen3): RMSNorm -> attention (GQA, rope, optional biases and q/k
- * norms, optional sliding window) -> residual -> RMSNorm -> SiLU-gated MLP
- * -> residual, then the final norm and the head on the selected tokens. */
-#include "model/forward.h"
+/* forward: the decoder stack, assembled from shared blocks by the model's
+ * architecture flags and per-layer plan:
+ *
+ *   embed (* scale) [-> per-layer inputs]
+ *   per layer: norm -> mixer (softmax attention over paged KV, or Gated
+ *              DeltaNet) [-> post norm] -> residual
+ *              -> norm -> MLP (dense or MoE) [-> post norm] -> residual
+ *              [-> per-layer input block] [* layer scalar]
+ *   final norm -> head [-> softcap] on the selected tokens.
+ *
+ * Attention covers GQA, partial/proportional rope per layer kind, q/k/v
+ * norms, sliding windows, logit softcapping, output gates and KV shared
+ * across layers. */
+#include "model/fwd_internal.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/base.h"
-
-struct loom_fwd_state {
-    int max_tokens, max_ctx, n_threads;
-    float *x;          /* (max_tokens, hidden) residual stream */
-    float *xb;         /* (max_tokens, hidden) normed input / scratch */
-    float *q;          /* (max_tokens, n_heads * head_dim) */
-    float *kx, *vx;    /* (max_tokens, kv_dim) this step's keys and values */
-    float *att;        /* (max_tokens, n_heads * head_dim) attention output */
-    float *hb, *hb2;   /* (max_tokens, intermediate) */
-    float *cos, *sin;  /* (max_tokens, rot_dim / 2) */
-    float *scores;     /* (n_threads, max_ctx) */
-    int *tok_row;      /* [max_tokens] row of each token */
-    int *tok_pos;      /* [max_tokens] position of each token */
-    float *logits;     /* (logits_cap / vocab, vocab), grown on demand */
-    size_t logits_cap;
-};
 
 loom_status loom_fwd_state_create(const loom_model *m, int max_tokens, int max_ctx,
                                   loom_fwd_state **out) {
@@ -35,26 +28,64 @@ loom_status loom_fwd_state_create(const loom_model *m, int max_tokens, int max_c
     loom_fwd_state *s = calloc(1, sizeof *s);
     if (!s) return loom_err(LOOM_ERR_NOMEM, "out of memory");
     size_t T = (size_t)max_tokens, H = (size_t)c->hidden_size;
-    size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
-    size_t I = (size_t)c->intermediate_size;
+    size_t qd = (size_t)c->n_heads * (size_t)LOOM_MAX(m->max_head_dim, 1);
+    size_t kvd = (size_t)m->kv_dim, I = (size_t)LOOM_MAX(m->max_inter, 1);
+    size_t E = (size_t)LOOM_MAX(c->n_experts, 1), K = (size_t)LOOM_MAX(c->n_experts_used, 1);
     s->max_tokens = max_tokens;
     s->max_ctx = max_ctx;
     s->n_threads = loom_pool_size(m->pool);
-    s->x = loom_alloc(T * H * 4);
-    s->xb = loom_alloc(T * H * 4);
-    s->q = loom_alloc(T * qd * 4);
-    s->kx = loom_alloc(T * kvd * 4);
-    s->vx = loom_alloc(T * kvd * 4);
-    s->att = loom_alloc(T * qd * 4);
-    s->hb = loom_alloc(T * I * 4);
-    s->hb2 = loom_alloc(T * I * 4);
-    s->cos = loom_alloc(T * (size_t)(m->rot_dim / 2) * 4);
-    s->sin = loom_alloc(T * (size_t)(m->rot_dim / 2) * 4);
-    s->scores = loom_alloc((size_t)s->n_threads * (size_t)max_ctx * 4);
-    s->tok_row = loom_alloc(T * sizeof(int));
-    s->tok_pos = loom_alloc(T * sizeof(int));
-    if (!s->x || !s->xb || !s->q || !s->kx || !s->vx || !s->att || !s->hb || !s->hb2 ||
-        !s->cos || !s->sin || !s->scores || !s->tok_row || !s->tok_pos) {
+    s->max_rot = 2;
+    for (int i = 0; i < m->n_ropes; i++) s->max_rot = LOOM_MAX(s->max_rot, m->ropes[i].rot_dim);
+    size_t half = (size_t)s->max_rot / 2 * (size_t)LOOM_MAX_ROPES;
+    int ok = 1;
+#define ALLOC(p, n) ok &= ((p) = loom_alloc((n) * sizeof *(p))) != NULL
+    ALLOC(s->x, T * H);
+    ALLOC(s->xb, T * H);
+    ALLOC(s->xb2, T * H);
+    ALLOC(s->qraw, T * (size_t)LOOM_MAX(m->max_q_dim, 1));
+    ALLOC(s->q, T * qd);
+    ALLOC(s->gate, T * qd);
+    ALLOC(s->kx, T * kvd);
+    ALLOC(s->vx, T * kvd);
+    ALLOC(s->att, T * qd);
+    ALLOC(s->hb, T * I);
+    ALLOC(s->hb2, T * I);
+    ALLOC(s->cos, T * half);
+    ALLOC(s->sin, T * half);
+    ALLOC(s->scores, (size_t)s->n_threads * (size_t)max_ctx);
+    ALLOC(s->tok_row, T);
+    ALLOC(s->tok_pos, T);
+    ALLOC(s->row_first, T);
+    if (c->n_experts > 0) {
+        ALLOC(s->router, T * E);
+        ALLOC(s->sel, T * K);
+        ALLOC(s->sel_w, T * K);
+        ALLOC(s->gather, T);
+        ALLOC(s->xg, T * H);
+        ALLOC(s->yg, T * H);
+    }
+    if (m->n_linear > 0) {
+        size_t conv = (size_t)m->lin_conv_dim, nv = (size_t)c->lin_n_v_heads;
+        size_t vd = nv * (size_t)c->lin_v_head_dim, C = LOOM_DELTA_CHUNK;
+        ALLOC(s->lin_qkv, T * conv);
+        ALLOC(s->lin_conv, T * conv);
+        ALLOC(s->lin_z, T * vd);
+        ALLOC(s->lin_b, T * nv);
+        ALLOC(s->lin_a, T * nv);
+        ALLOC(s->lin_raw, T * (size_t)m->lin_proj_dim);
+        ALLOC(s->lin_out, T * vd);
+        s->lin_scratch_per = C * (size_t)c->lin_v_head_dim + 2 * C +
+                             2 * (size_t)c->lin_v_head_dim + 16;
+        ALLOC(s->lin_scratch, (size_t)s->n_threads * s->lin_scratch_per);
+    }
+    if (m->has_ple) {
+        size_t P = (size_t)c->per_layer_input_dim;
+        ALLOC(s->ple, T * P * (size_t)c->n_layers);
+        ALLOC(s->ple_tmp, T * P);
+        ALLOC(s->ple_row, P * (size_t)c->n_layers);
+    }
+#undef ALLOC
+    if (!ok) {
         loom_fwd_state_free(s);
         return loom_err(LOOM_ERR_NOMEM, "forward state: out of memory for %d tokens", max_tokens);
     }
@@ -64,10 +95,12 @@ loom_status loom_fwd_state_create(const loom_model *m, int max_tokens, int max_c
 
 void loom_fwd_state_free(loom_fwd_state *s) {
     if (!s) return;
-    loom_free(s->x); loom_free(s->xb); loom_free(s->q); loom_free(s->kx);
-    loom_free(s->vx); loom_free(s->att); loom_free(s->hb); loom_free(s->hb2);
-    loom_free(s->cos); loom_free(s->sin); loom_free(s->scores);
-    loom_free(s->tok_row); loom_free(s->tok_pos); loom_free(s->logits);
+    void *bufs[] = {s->x, s->xb, s->xb2, s->qraw, s->q, s->gate, s->kx, s->vx, s->att,
+                    s->hb, s->hb2, s->cos, s->sin, s->scores, s->tok_row, s->tok_pos, s->row_first,
+                    s->logits, s->router, s->sel, s->sel_w, s->gather, s->xg, s->yg,
+                    s->lin_qkv, s->lin_conv, s->lin_z, s->lin_b, s->lin_a, s->lin_raw,
+                    s->lin_out, s->lin_scratch, s->ple, s->ple_tmp, s->ple_row};
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(bufs); i++) loom_free(bufs[i]);
     free(s);
 }
 
@@ -94,19 +127,67 @@ static void mm_task(void *ctx, int task, int thread) {
     case LOOM_DT_F16:
         j->k->matmul_f16(j->y, j->ldy, j->x, j->ldx, j->w->data, j->w->cols, j->T, r0, r1);
         break;
+    case LOOM_DT_U32:
+        j->k->matmul_q(j->y, j->ldy, j->x, j->ldx, &j->w->q, j->T, r0, r1);
+        break;
     default:
         j->k->matmul_bf16(j->y, j->ldy, j->x, j->ldx, j->w->data, j->w->cols, j->T, r0, r1);
         break;
     }
 }
 
-/* y (T, w->rows) = x (T, w->cols) @ w^T, split over output rows. */
-static void matmul(loom_model *m, float *y, const float *x, const loom_weight *w, int T) {
+void loom_fwd_matmul(loom_model *m, float *y, const float *x, const loom_weight *w, int T) {
+    if (T <= 0) return;
     int n = loom_pool_size(m->pool);
     int chunk = (w->rows + 4 * n - 1) / (4 * n);
     chunk = (chunk + 15) & ~15;
     mm_job j = {m->k, y, w->rows, x, w->cols, w, T, chunk};
     loom_pool_run(m->pool, (w->rows + chunk - 1) / chunk, mm_task, &j);
+}
+
+/* ---- small helpers ------------------------------------------------------ */
+
+static void add_bias(float *y, const float *b, int T, int n) {
+    if (!b) return;
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < n; i++) y[(size_t)t * n + i] += b[i];
+}
+
+static void norm_rows(const loom_model *m, float *y, const float *x, const float *w, int T, int n) {
+    float eps = (float)m->cfg.rms_eps;
+    for (int t = 0; t < T; t++) m->k->rmsnorm(y + (size_t)t * n, x + (size_t)t * n, w, n, eps);
+}
+
+static void act_mul(const loom_model *m, float *g, const float *u, int n) {
+    if (m->act == LOOM_ACT_GELU_TANH) m->k->gelu_tanh_mul(g, u, n);
+    else m->k->silu_mul(g, u, n);
+}
+
+/* One row of an embedding table as f32 (any weight format). */
+static void weight_row(const loom_model *m, const loom_weight *e, float *dst, int id) {
+    size_t off = (size_t)id * e->cols;
+    if (e->dtype == LOOM_DT_F32) {
+        memcpy(dst, (const float *)e->data + off, (size_t)e->cols * 4);
+    } else if (e->dtype == LOOM_DT_F16) {
+        m->k->f16_to_f32(dst, (const uint16_t *)e->data + off, e->cols);
+    } else if (e->dtype == LOOM_DT_BF16) {
+        m->k->bf16_to_f32(dst, (const uint16_t *)e->data + off, e->cols);
+    } else {
+        const loom_qmat *q = &e->q;
+        int ng = q->n / q->group, bits = q->bits;
+        const uint32_t *row = q->w + (size_t)id * ((size_t)q->n * bits / 32);
+        for (int g = 0; g < ng; g++) {
+            size_t si = (size_t)id * ng + g;
+            float sc = q->f16 ? loom_f16_to_f32(q->scales[si]) : loom_bf16_to_f32(q->scales[si]);
+            float bi = q->f16 ? loom_f16_to_f32(q->biases[si]) : loom_bf16_to_f32(q->biases[si]);
+            for (int k = g * q->group; k < (g + 1) * q->group; k++) {
+                size_t bit = (size_t)k * bits;
+                uint64_t v = row[bit / 32] >> (bit % 32);
+                if (bit % 32 + (size_t)bits > 32) v |= (uint64_t)row[bit / 32 + 1] << (32 - bit % 32);
+                dst[k] = sc * (float)(v & ((1u << bits) - 1)) + bi;
+            }
+        }
+    }
 }
 
 /* ---- attention --------------------------------------------------------- */
@@ -116,7 +197,7 @@ typedef struct attn_job {
     loom_fwd_state *s;
     loom_kv_pool *kv;
     const loom_fwd_row *rows;
-    int layer, window;
+    const loom_attn *A;
 } attn_job;
 
 /* One task = one token and one KV head, covering its group of q heads. */
@@ -124,40 +205,46 @@ static void attn_task(void *ctx, int task, int thread) {
     const attn_job *j = ctx;
     const loom_config *c = &j->m->cfg;
     const loom_kernels *k = j->m->k;
-    int hd = c->head_dim, n_kv = c->n_kv_heads, group = c->n_heads / n_kv;
+    const loom_attn *A = j->A;
+    int hd = A->head_dim, n_kv = c->n_kv_heads, group = c->n_heads / n_kv;
     int t = task / n_kv, kh = task % n_kv;
     const loom_kv_seq *seq = j->rows[j->s->tok_row[t]].seq;
     int pos = j->s->tok_pos[t];
-    int lo = j->window > 0 ? LOOM_MAX(0, pos - j->window + 1) : 0;
+    int lo = A->window > 0 ? LOOM_MAX(0, pos - A->window + 1) : 0;
     float *sc = j->s->scores + (size_t)thread * j->s->max_ctx;
+    float cap = (float)c->attn_softcap;
     for (int g = 0; g < group; g++) {
         int h = kh * group + g;
         const float *q = j->s->q + ((size_t)t * c->n_heads + h) * hd;
-        for (int p = lo; p <= pos; p++)
-            sc[p - lo] = k->dot(q, loom_kv_k_row(j->kv, seq, j->layer, p) + kh * hd, hd) *
-                         j->m->attn_scale;
+        for (int p = lo; p <= pos; p++) {
+            float v = k->dot(q, loom_kv_k_row(j->kv, seq, A->kv_layer, p) + kh * hd, hd) * A->scale;
+            sc[p - lo] = cap > 0 ? tanhf(v / cap) * cap : v;
+        }
         k->softmax(sc, pos - lo + 1);
         float *o = j->s->att + ((size_t)t * c->n_heads + h) * hd;
         memset(o, 0, sizeof(float) * (size_t)hd);
         for (int p = lo; p <= pos; p++)
-            k->axpy(o, sc[p - lo], loom_kv_v_row(j->kv, seq, j->layer, p) + kh * hd, hd);
+            k->axpy(o, sc[p - lo], loom_kv_v_row(j->kv, seq, A->kv_layer, p) + kh * hd, hd);
     }
 }
 
-/* ---- per-token elementwise work ---------------------------------------- */
-
 static void rope_tables(loom_model *m, loom_fwd_state *s, int T) {
-    int half = m->rot_dim / 2;
-    for (int t = 0; t < T; t++)
-        for (int i = 0; i < half; i++) {
-            /* Angles in double: positions reach 1e5+ and f32 loses the phase. */
-            double a = (double)s->tok_pos[t] * m->inv_freq[i];
-            s->cos[(size_t)t * half + i] = (float)(cos(a) * m->rope_scale);
-            s->sin[(size_t)t * half + i] = (float)(sin(a) * m->rope_scale);
-        }
+    int half_max = s->max_rot / 2;
+    for (int r = 0; r < m->n_ropes; r++) {
+        const loom_rope *R = &m->ropes[r];
+        float *cs = s->cos + (size_t)r * s->max_tokens * half_max;
+        float *sn = s->sin + (size_t)r * s->max_tokens * half_max;
+        for (int t = 0; t < T; t++)
+            for (int i = 0; i < R->rot_dim / 2; i++) {
+                /* Angles in double: positions reach 1e5+ and f32 loses the phase. */
+                double a = (double)s->tok_pos[t] * R->inv_freq[i];
+                cs[(size_t)t * half_max + i] = (float)(cos(a) * R->scale);
+                sn[(size_t)t * half_max + i] = (float)(sin(a) * R->scale);
+            }
+    }
 }
 
-/* Rotate-half rope on the first rot_dim dims of one head vector. */
+/* Rotate-half rope on the first rot dims of one head vector. */
 static void rope_apply(float *v, const float *cs, const float *sn, int rot) {
     int half = rot / 2;
     for (int i = 0; i < half; i++) {
@@ -167,53 +254,182 @@ static void rope_apply(float *v, const float *cs, const float *sn, int rot) {
     }
 }
 
-static void add_bias(float *y, const float *b, int T, int n) {
-    if (!b) return;
-    for (int t = 0; t < T; t++)
-        for (int i = 0; i < n; i++) y[(size_t)t * n + i] += b[i];
+/* Unweighted RMSNorm (gemma4 values). */
+static void rms_plain(float *x, int n, float eps) {
+    float ss = 0;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    float inv = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int i = 0; i < n; i++) x[i] *= inv;
 }
 
-/* Bias, q/k norm and rope for this layer's q and k; writes k and v into the
- * KV blocks of each token's sequence. */
-static void qkv_post(loom_model *m, loom_fwd_state *s, loom_kv_pool *kv,
-                     const loom_fwd_row *rows, const loom_layer *L, int l, int T) {
+/* Softmax attention block: s->xb (normed input) -> s->xb. */
+static void attention(loom_model *m, loom_fwd_state *s, loom_kv_pool *kv,
+                      const loom_fwd_row *rows, const loom_layer *L, int l, int T) {
     const loom_config *c = &m->cfg;
-    int hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, half = m->rot_dim / 2;
+    const loom_attn *A = &L->attn;
+    unsigned fl = m->arch->flags;
+    int hd = A->head_dim, nh = c->n_heads, nkv = c->n_kv_heads;
+    int qd = nh * hd, kvd = nkv * hd, gated = (fl & LOOM_ARCH_ATTN_GATE) != 0;
     float eps = (float)c->rms_eps;
-    add_bias(s->q, L->bq, T, nh * hd);
-    add_bias(s->kx, L->bk, T, nkv * hd);
-    add_bias(s->vx, L->bv, T, nkv * hd);
+    int shared = A->kv_layer != l;
+
+    loom_fwd_matmul(m, gated ? s->qraw : s->q, s->xb, &A->wq, T);
+    add_bias(gated ? s->qraw : s->q, A->bq, T, A->wq.rows);
+    if (gated)  /* per head: [query (hd) | gate (hd)] */
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < nh; h++) {
+                const float *src = s->qraw + (size_t)t * 2 * qd + (size_t)h * 2 * hd;
+                memcpy(s->q + (size_t)t * qd + (size_t)h * hd, src, sizeof(float) * (size_t)hd);
+                memcpy(s->gate + (size_t)t * qd + (size_t)h * hd, src + hd, sizeof(float) * (size_t)hd);
+            }
+    if (!shared) {
+        loom_fwd_matmul(m, s->kx, s->xb, &A->wk, T);
+        loom_fwd_matmul(m, s->vx, s->xb, &A->wv, T);
+        add_bias(s->kx, A->bk, T, kvd);
+        add_bias(s->vx, A->bv, T, kvd);
+    }
+    const loom_rope *R = &m->ropes[A->rope];
+    int half_max = s->max_rot / 2;
+    const float *cos_t = s->cos + (size_t)A->rope * s->max_tokens * half_max;
+    const float *sin_t = s->sin + (size_t)A->rope * s->max_tokens * half_max;
     for (int t = 0; t < T; t++) {
-        const float *cs = s->cos + (size_t)t * half, *sn = s->sin + (size_t)t * half;
+        const float *cs = cos_t + (size_t)t * half_max, *sn = sin_t + (size_t)t * half_max;
         for (int h = 0; h < nh; h++) {
             float *q = s->q + ((size_t)t * nh + h) * hd;
-            if (L->q_norm) m->k->rmsnorm(q, q, L->q_norm, hd, eps);
-            rope_apply(q, cs, sn, m->rot_dim);
+            if (A->q_norm) m->k->rmsnorm(q, q, A->q_norm, hd, eps);
+            rope_apply(q, cs, sn, R->rot_dim);
         }
+        if (shared) continue;
         for (int h = 0; h < nkv; h++) {
             float *k = s->kx + ((size_t)t * nkv + h) * hd;
-            if (L->k_norm) m->k->rmsnorm(k, k, L->k_norm, hd, eps);
-            rope_apply(k, cs, sn, m->rot_dim);
+            if (A->k_norm) m->k->rmsnorm(k, k, A->k_norm, hd, eps);
+            rope_apply(k, cs, sn, R->rot_dim);
+            if (fl & LOOM_ARCH_V_NORM) rms_plain(s->vx + ((size_t)t * nkv + h) * hd, hd, eps);
         }
         const loom_kv_seq *seq = rows[s->tok_row[t]].seq;
-        size_t kvd = (size_t)nkv * hd;
-        memcpy(loom_kv_k_row(kv, seq, l, s->tok_pos[t]), s->kx + t * kvd, kvd * 4);
-        memcpy(loom_kv_v_row(kv, seq, l, s->tok_pos[t]), s->vx + t * kvd, kvd * 4);
+        memcpy(loom_kv_k_row(kv, seq, l, s->tok_pos[t]), s->kx + (size_t)t * kvd, (size_t)kvd * 4);
+        memcpy(loom_kv_v_row(kv, seq, l, s->tok_pos[t]), s->vx + (size_t)t * kvd, (size_t)kvd * 4);
     }
+    attn_job aj = {m, s, kv, rows, A};
+    loom_pool_run(m->pool, T * nkv, attn_task, &aj);
+    if (gated)
+        for (size_t i = 0; i < (size_t)T * qd; i++) s->att[i] *= 1.0f / (1.0f + expf(-s->gate[i]));
+    loom_fwd_matmul(m, s->xb, s->att, &A->wo, T);
+    add_bias(s->xb, A->bo, T, c->hidden_size);
 }
 
-static void embed_row(const loom_model *m, float *dst, int id) {
-    const loom_weight *e = &m->embed;
-    size_t off = (size_t)id * e->cols;
-    if (e->dtype == LOOM_DT_F32) memcpy(dst, (const float *)e->data + off, (size_t)e->cols * 4);
-    else if (e->dtype == LOOM_DT_F16) m->k->f16_to_f32(dst, (const uint16_t *)e->data + off, e->cols);
-    else m->k->bf16_to_f32(dst, (const uint16_t *)e->data + off, e->cols);
+/* ---- MLP and MoE ------------------------------------------------------- */
+
+/* out (T, hidden) = down(act(gate(in)) * up(in)); out may alias in. */
+static void mlp(loom_model *m, loom_fwd_state *s, const loom_mlp *p, float *out, const float *in,
+                int T) {
+    int I = p->gate.rows;
+    loom_fwd_matmul(m, s->hb, in, &p->gate, T);
+    loom_fwd_matmul(m, s->hb2, in, &p->up, T);
+    for (int t = 0; t < T; t++) act_mul(m, s->hb + (size_t)t * I, s->hb2 + (size_t)t * I, I);
+    loom_fwd_matmul(m, out, s->hb, &p->down, T);
 }
+
+/* Routed experts (softmax, top-k, optional renormalisation) plus the gated
+ * shared expert; only the chosen experts run, each on its tokens. */
+static void moe(loom_model *m, loom_fwd_state *s, const loom_moe *p, int T) {
+    const loom_config *c = &m->cfg;
+    int H = c->hidden_size, E = c->n_experts, K = c->n_experts_used;
+    loom_fwd_matmul(m, s->router, s->xb, &p->router, T);
+    for (int t = 0; t < T; t++) {
+        float *r = s->router + (size_t)t * E;
+        m->k->softmax(r, E);
+        int *sel = s->sel + (size_t)t * K;
+        float *w = s->sel_w + (size_t)t * K, sum = 0;
+        for (int k = 0; k < K; k++) {
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int j = 0; j < k; j++) taken |= sel[j] == e;
+                if (!taken && (best < 0 || r[e] > r[best])) best = e;
+            }
+            sel[k] = best;
+            w[k] = r[best];
+            sum += r[best];
+        }
+        if (c->norm_topk_prob)
+            for (int k = 0; k < K; k++) w[k] /= sum;
+    }
+    float *acc = s->xb2;
+    memset(acc, 0, sizeof(float) * (size_t)T * H);
+    for (int e = 0; e < E; e++) {
+        int n = 0;
+        for (int t = 0; t < T; t++)
+            for (int k = 0; k < K; k++)
+                if (s->sel[(size_t)t * K + k] == e) {
+                    s->gather[n] = t * K + k;
+                    memcpy(s->xg + (size_t)n * H, s->xb + (size_t)t * H, sizeof(float) * (size_t)H);
+                    n++;
+                }
+        if (!n) continue;
+        mlp(m, s, &p->experts[e], s->yg, s->xg, n);
+        for (int i = 0; i < n; i++) {
+            int t = s->gather[i] / K;
+            m->k->axpy(acc + (size_t)t * H, s->sel_w[s->gather[i]], s->yg + (size_t)i * H, H);
+        }
+    }
+    if (p->shared.gate.rows) {
+        mlp(m, s, &p->shared, s->yg, s->xb, T);
+        for (int t = 0; t < T; t++) {
+            float g = 0;
+            loom_fwd_matmul(m, &g, s->xb + (size_t)t * H, &p->shared_gate, 1);
+            g = 1.0f / (1.0f + expf(-g));
+            m->k->axpy(acc + (size_t)t * H, g, s->yg + (size_t)t * H, H);
+        }
+    }
+    memcpy(s->xb, acc, sizeof(float) * (size_t)T * H);
+}
+
+/* ---- gemma4 per-layer inputs ------------------------------------------- */
+
+/* ple (T, n_layers, P) = (norm(proj(x) / sqrt(hidden)) + embed_pl(id)) / sqrt(2),
+ * from the scaled token embeddings in s->x. */
+static void ple_inputs(loom_model *m, loom_fwd_state *s, const loom_fwd_row *rows, int n_rows,
+                       int T) {
+    const loom_config *c = &m->cfg;
+    int P = c->per_layer_input_dim, LP = c->n_layers * P;
+    loom_fwd_matmul(m, s->ple, s->x, &m->ple_model_proj, T);
+    float pscale = (float)(1.0 / sqrt((double)c->hidden_size));
+    for (int r = 0, t = 0; r < n_rows; r++)
+        for (int i = 0; i < rows[r].n; i++, t++) {
+            float *p = s->ple + (size_t)t * LP;
+            for (int j = 0; j < LP; j++) p[j] *= pscale;
+            for (int l = 0; l < c->n_layers; l++)
+                m->k->rmsnorm(p + (size_t)l * P, p + (size_t)l * P, m->ple_proj_norm, P,
+                              (float)c->rms_eps);
+            weight_row(m, &m->ple_embed, s->ple_row, rows[r].tokens[i]);
+            for (int j = 0; j < LP; j++)
+                p[j] = (p[j] + s->ple_row[j] * m->ple_embed_scale) * (float)M_SQRT1_2;
+        }
+}
+
+/* x += norm(proj(act(gate(x)) * ple_l)) */
+static void ple_block(loom_model *m, loom_fwd_state *s, const loom_layer *L, int l, int T) {
+    const loom_config *c = &m->cfg;
+    int P = c->per_layer_input_dim, LP = c->n_layers * P, H = c->hidden_size;
+    loom_fwd_matmul(m, s->ple_tmp, s->x, &L->ple_gate, T);
+    for (int t = 0; t < T; t++)
+        act_mul(m, s->ple_tmp + (size_t)t * P, s->ple + (size_t)t * LP + (size_t)l * P, P);
+    loom_fwd_matmul(m, s->xb, s->ple_tmp, &L->ple_proj, T);
+    norm_rows(m, s->xb, s->xb, L->ple_norm, T, H);
+    for (size_t i = 0; i < (size_t)T * H; i++) s->x[i] += s->xb[i];
+}
+
+/* ---- the pass ------------------------------------------------------------ */
 
 static loom_status check_rows(const loom_model *m, const loom_fwd_state *s,
                               const loom_kv_pool *kv, const loom_fwd_row *rows,
                               int n_rows, int *total) {
     int T = 0;
+    if (kv->kv_dim < m->kv_dim || kv->n_layers < m->cfg.n_layers)
+        return loom_err(LOOM_ERR_INVALID_ARG, "forward: KV pool has %d layers of width %d, model "
+                        "needs %d of width %d", kv->n_layers, kv->kv_dim, m->cfg.n_layers,
+                        m->kv_dim);
     for (int r = 0; r < n_rows; r++) {
         const loom_fwd_row *row = &rows[r];
         if (row->n <= 0 || !row->tokens || !row->seq)
@@ -232,6 +448,10 @@ static loom_status check_rows(const loom_model *m, const loom_fwd_state *s,
             return loom_err(LOOM_ERR_INTERNAL, "forward: row %d has no KV blocks reserved", r);
         if (row->logits != LOOM_LOGITS_NONE && !row->out)
             return loom_err(LOOM_ERR_INVALID_ARG, "forward: row %d wants logits but has no buffer", r);
+        for (int j = 0; j < r; j++)
+            if (rows[j].seq == row->seq)
+                return loom_err(LOOM_ERR_INVALID_ARG, "forward: rows %d and %d extend the same "
+                                "sequence", j, r);
         T += row->n;
     }
     if (T > s->max_tokens)
@@ -244,19 +464,21 @@ static loom_status check_rows(const loom_model *m, const loom_fwd_state *s,
 loom_status loom_forward(loom_model *m, loom_fwd_state *s, loom_kv_pool *kv,
                          loom_fwd_row *rows, int n_rows) {
     const loom_config *c = &m->cfg;
-    const loom_kernels *k = m->k;
     int T = 0;
     loom_status st = check_rows(m, s, kv, rows, n_rows, &T);
+    if (st == LOOM_OK) st = loom_fwd_check_states(m, rows, n_rows);
     if (st != LOOM_OK) return st;
-    int H = c->hidden_size, I = c->intermediate_size;
-    float eps = (float)c->rms_eps;
+    int H = c->hidden_size;
 
     int n_sel = 0;
     for (int r = 0, t = 0; r < n_rows; r++) {
         for (int i = 0; i < rows[r].n; i++, t++) {
             s->tok_row[t] = r;
             s->tok_pos[t] = rows[r].seq->n_tokens + i;
-            embed_row(m, s->x + (size_t)t * H, rows[r].tokens[i]);
+            float *x = s->x + (size_t)t * H;
+            weight_row(m, &m->embed, x, rows[r].tokens[i]);
+            if (m->embed_scale != 1.0f)
+                for (int j = 0; j < H; j++) x[j] *= m->embed_scale;
         }
         n_sel += rows[r].logits == LOOM_LOGITS_ALL ? rows[r].n : rows[r].logits ? 1 : 0;
     }
@@ -269,29 +491,25 @@ loom_status loom_forward(loom_model *m, loom_fwd_state *s, loom_kv_pool *kv,
         s->logits_cap = need;
     }
     rope_tables(m, s, T);
+    if (m->has_ple) ple_inputs(m, s, rows, n_rows, T);
 
     for (int l = 0; l < c->n_layers; l++) {
         const loom_layer *L = &m->layers[l];
-        for (int t = 0; t < T; t++)
-            k->rmsnorm(s->xb + (size_t)t * H, s->x + (size_t)t * H, L->attn_norm, H, eps);
-        matmul(m, s->q, s->xb, &L->wq, T);
-        matmul(m, s->kx, s->xb, &L->wk, T);
-        matmul(m, s->vx, s->xb, &L->wv, T);
-        qkv_post(m, s, kv, rows, L, l, T);
-        attn_job aj = {m, s, kv, rows, l, L->window};
-        loom_pool_run(m->pool, T * c->n_kv_heads, attn_task, &aj);
-        matmul(m, s->xb, s->att, &L->wo, T);
-        add_bias(s->xb, L->bo, T, H);
+        norm_rows(m, s->xb, s->x, L->attn_norm, T, H);
+        if (L->kind == LOOM_LAYER_LINEAR) loom_fwd_linear(m, s, rows, n_rows, L, T);
+        else attention(m, s, kv, rows, L, l, T);
+        if (L->post_attn_norm) norm_rows(m, s->xb, s->xb, L->post_attn_norm, T, H);
         for (size_t i = 0; i < (size_t)T * H; i++) s->x[i] += s->xb[i];
 
-        for (int t = 0; t < T; t++)
-            k->rmsnorm(s->xb + (size_t)t * H, s->x + (size_t)t * H, L->ffn_norm, H, eps);
-        matmul(m, s->hb, s->xb, &L->w_gate, T);
-        matmul(m, s->hb2, s->xb, &L->w_up, T);
-        for (int t = 0; t < T; t++)
-            k->silu_mul(s->hb + (size_t)t * I, s->hb2 + (size_t)t * I, I);
-        matmul(m, s->xb, s->hb, &L->w_down, T);
+        norm_rows(m, s->xb, s->x, L->ffn_norm, T, H);
+        if (L->is_moe) moe(m, s, &L->moe, T);
+        else mlp(m, s, &L->mlp, s->xb, s->xb, T);
+        if (L->post_ffn_norm) norm_rows(m, s->xb, s->xb, L->post_ffn_norm, T, H);
         for (size_t i = 0; i < (size_t)T * H; i++) s->x[i] += s->xb[i];
+
+        if (m->has_ple) ple_block(m, s, L, l, T);
+        if (L->out_scale != 1.0f)
+            for (size_t i = 0; i < (size_t)T * H; i++) s->x[i] *= L->out_scale;
     }
 
     /* Final norm and head only for the tokens whose logits are wanted. */
@@ -302,18 +520,25 @@ loom_status loom_forward(loom_model *m, loom_fwd_state *s, loom_kv_pool *kv,
                 int want = rows[r].logits == LOOM_LOGITS_ALL ||
                            (rows[r].logits == LOOM_LOGITS_LAST && i == rows[r].n - 1);
                 if (want)
-                    k->rmsnorm(s->xb + (size_t)j++ * H, s->x + (size_t)t * H, m->final_norm, H, eps);
+                    m->k->rmsnorm(s->xb + (size_t)j++ * H, s->x + (size_t)t * H, m->final_norm, H,
+                                  (float)c->rms_eps);
             }
         }
-        matmul(m, s->logits, s->xb, &m->lm_head, n_sel);
-        j = 0;
+        loom_fwd_matmul(m, s->logits, s->xb, &m->lm_head, n_sel);
         size_t V = (size_t)c->vocab_size;
+        if (c->final_softcap > 0) {
+            float cap = (float)c->final_softcap;
+            for (size_t i = 0; i < (size_t)n_sel * V; i++)
+                s->logits[i] = tanhf(s->logits[i] / cap) * cap;
+        }
+        j = 0;
         for (int r = 0; r < n_rows; r++) {
             int cnt = rows[r].logits == LOOM_LOGITS_ALL ? rows[r].n : rows[r].logits ? 1 : 0;
             if (cnt) memcpy(rows[r].out, s->logits + (size_t)j * V, (size_t)cnt * V * 4);
             j += cnt;
         }
     }
+    loom_fwd_commit_states(rows, n_rows);
     for (int r = 0; r < n_rows; r++) rows[r].seq->n_tokens += rows[r].n;
     return LOOM_OK;
 }

@@ -4,7 +4,15 @@
  * seq->n_tokens + n); the caller has reserved KV blocks for them. Rows are
  * independent (each attends only to its own sequence), so any mix of
  * prefill chunks and decode tokens can share one forward. Logits are
- * computed only where a row asks for them. */
+ * computed only where a row asks for them.
+ *
+ * Models with linear-attention layers (Qwen3.5, Qwen3-Next) also carry a
+ * recurrent state per sequence: a loom_seq_state holding, per linear layer,
+ * the last kernel-1 conv inputs and the delta-rule state of every value
+ * head. The row points at its sequence's state. The state cannot be
+ * rewound: it must have consumed exactly seq->n_tokens tokens, except that a
+ * sequence at position 0 always starts from a zero state (so truncating a
+ * sequence to 0 and refilling it needs no reset call). */
 #ifndef LOOM_FORWARD_H
 #define LOOM_FORWARD_H
 
@@ -15,12 +23,28 @@
 
 enum { LOOM_LOGITS_NONE = 0, LOOM_LOGITS_LAST = 1, LOOM_LOGITS_ALL = 2 };
 
+/* Recurrent state of one sequence (linear-attention layers only). */
+typedef struct loom_seq_state loom_seq_state;
+
+/* Creates a zero state for one sequence of model m. For a model without
+ * linear-attention layers *out is NULL and the call succeeds: rows of such
+ * models may leave state NULL. */
+loom_status loom_seq_state_create(const loom_model *m, loom_seq_state **out);
+void loom_seq_state_free(loom_seq_state *st);
+/* Zeroes the state (the sequence restarts at position 0). */
+void loom_seq_state_reset(loom_seq_state *st);
+/* Tokens the state has consumed. */
+int loom_seq_state_tokens(const loom_seq_state *st);
+/* Bytes one state takes for model m (0 without linear-attention layers). */
+size_t loom_seq_state_bytes(const loom_model *m);
+
 typedef struct loom_fwd_row {
     const int32_t *tokens;   /* [n] borrowed */
     int n;
     loom_kv_seq *seq;        /* borrowed; n_tokens advances by n on success */
     int logits;              /* LOOM_LOGITS_* */
     float *out;              /* [1 or n, vocab] when logits != NONE */
+    loom_seq_state *state;   /* borrowed; required iff the model has linear layers */
 } loom_fwd_row;
 
 /* Activations for up to max_tokens tokens per forward over sequences of up
@@ -32,8 +56,9 @@ loom_status loom_fwd_state_create(const loom_model *m, int max_tokens, int max_c
 void loom_fwd_state_free(loom_fwd_state *s);
 int loom_fwd_state_max_tokens(const loom_fwd_state *s);
 
-/* Runs the model. Checks token ids and sizes first; on an error nothing is
- * written to any sequence. */
+/* Runs the model. Checks token ids, sizes and recurrent states first; on an
+ * error nothing is written to any sequence. The KV pool's rows must be at
+ * least loom_model_kv_dim(m) wide. */
 loom_status loom_forward(loom_model *m, loom_fwd_state *s, loom_kv_pool *kv,
                          loom_fwd_row *rows, int n_rows);
 

@@ -1,5 +1,6 @@
-/* model: architecture table, weight binding with shape/dtype checks, rope
- * frequencies. */
+/* model: architecture table, the per-layer plan (layer kinds, head sizes,
+ * rope per layer kind, MoE placement, KV sharing), weight binding with
+ * shape/dtype checks (float or MLX affine-quantized), rope frequencies. */
 #include "model/model.h"
 
 #include <math.h>
@@ -9,11 +10,22 @@
 
 #include "base/base.h"
 
+#define GEMMA (LOOM_ARCH_NORM_1P | LOOM_ARCH_SANDWICH | LOOM_ARCH_EMBED_SCALE | LOOM_ARCH_QPAS)
+#define QWEN_HYBRID (LOOM_ARCH_NORM_1P | LOOM_ARCH_QK_NORM | LOOM_ARCH_ATTN_GATE | LOOM_ARCH_LINEAR)
+
 static const loom_arch archs[] = {
     {"LlamaForCausalLM", LOOM_ARCH_CFG_BIAS},
     {"MistralForCausalLM", LOOM_ARCH_SLIDING},
     {"Qwen2ForCausalLM", LOOM_ARCH_QKV_BIAS},
     {"Qwen3ForCausalLM", LOOM_ARCH_QK_NORM | LOOM_ARCH_CFG_BIAS},
+    {"Qwen3MoeForCausalLM", LOOM_ARCH_QK_NORM | LOOM_ARCH_CFG_BIAS | LOOM_ARCH_MOE},
+    {"Gemma2ForCausalLM", GEMMA | LOOM_ARCH_ALT_SLIDING},
+    {"Gemma3ForCausalLM", GEMMA | LOOM_ARCH_QK_NORM | LOOM_ARCH_PATTERN_SLIDING},
+    {"Gemma4ForCausalLM", LOOM_ARCH_SANDWICH | LOOM_ARCH_EMBED_SCALE | LOOM_ARCH_QK_NORM |
+                              LOOM_ARCH_V_NORM | LOOM_ARCH_UNIT_SCALE | LOOM_ARCH_PLE |
+                              LOOM_ARCH_LAYER_SCALAR},
+    {"Qwen3_5ForCausalLM", QWEN_HYBRID},
+    {"Qwen3NextForCausalLM", QWEN_HYBRID | LOOM_ARCH_LINEAR_FUSED | LOOM_ARCH_MOE},
 };
 
 const loom_arch *loom_arch_find(const char *name) {
@@ -23,13 +35,15 @@ const loom_arch *loom_arch_find(const char *name) {
 }
 
 static loom_status unsupported_arch(const char *name) {
-    char list[512] = "";
+    char list[1024] = "";
     size_t w = 0;
     for (size_t i = 0; i < LOOM_ARRAY_LEN(archs); i++)
         w += (size_t)snprintf(list + w, sizeof list - w, "%s%s", i ? ", " : "", archs[i].name);
     return loom_err(LOOM_ERR_UNSUPPORTED, "architecture \"%s\" is not supported (supported: %s)",
                     name, list);
 }
+
+int loom_model_kv_dim(const loom_model *m) { return m->kv_dim; }
 
 static int is_float(loom_dtype t) {
     return t == LOOM_DT_F32 || t == LOOM_DT_F16 || t == LOOM_DT_BF16;
@@ -42,77 +56,176 @@ static loom_status shape_error(const char *name, const char *want,
     return loom_err(LOOM_ERR_FORMAT, "tensor %s: expected %s, found %s", name, want, found);
 }
 
-/* Binds a 2-D float weight, checking its shape. */
+/* The config's bits/group for a module path (per-module override first). */
+static void quant_for(const loom_config *c, const char *module, int *bits, int *group) {
+    *bits = c->quant_bits;
+    *group = c->quant_group;
+    for (int i = 0; i < c->n_quant_overrides; i++)
+        if (!strcmp(c->quant_overrides[i].path, module)) {
+            *bits = c->quant_overrides[i].bits;
+            *group = c->quant_overrides[i].group;
+        }
+}
+
+/* Binds an MLX affine-quantized weight: name is "<module>.weight" (U32
+ * packed), with "<module>.scales" and "<module>.biases". Bits and group
+ * follow from the shapes and must agree with config.json. */
+static loom_status bind_quant(loom_model *m, const char *name, const loom_st_tensor *t, int rows,
+                              int cols, loom_weight *w) {
+    char module[256], sname[300], bname[300], want[160];
+    size_t len = strlen(name);
+    if (len < 8 || strcmp(name + len - 7, ".weight"))
+        return loom_err(LOOM_ERR_FORMAT, "tensor %s: U32 but not a quantized weight", name);
+    snprintf(module, sizeof module, "%.*s", (int)(len - 7), name);
+    snprintf(sname, sizeof sname, "%s.scales", module);
+    snprintf(bname, sizeof bname, "%s.biases", module);
+    const loom_st_tensor *sc = loom_st_find(m->st, sname), *bi = loom_st_find(m->st, bname);
+    int bits, group;
+    quant_for(&m->cfg, module, &bits, &group);
+    if (!m->cfg.quant_bits || !bits)
+        return loom_err(LOOM_ERR_FORMAT, "tensor %s: packed U32 but config.json does not "
+                        "quantize %s", name, module);
+    snprintf(want, sizeof want, "U32 [%d, %d] (%d-bit, group %d)", rows, cols * bits / 32, bits,
+             group);
+    if (t->ndim != 2 || t->shape[0] != rows || (int64_t)cols * bits != t->shape[1] * 32 ||
+        group <= 0 || cols % group)
+        return shape_error(name, want, t);
+    snprintf(want, sizeof want, "BF16/F16 [%d, %d]", rows, cols / group);
+    if (!sc) return loom_err(LOOM_ERR_FORMAT, "tensor %s: missing (expected %s)", sname, want);
+    if (!bi) return loom_err(LOOM_ERR_FORMAT, "tensor %s: missing (expected %s)", bname, want);
+    const loom_st_tensor *pair[2] = {sc, bi};
+    for (int i = 0; i < 2; i++)
+        if ((pair[i]->dtype != LOOM_DT_BF16 && pair[i]->dtype != LOOM_DT_F16) ||
+            pair[i]->dtype != sc->dtype || pair[i]->ndim != 2 || pair[i]->shape[0] != rows ||
+            pair[i]->shape[1] != cols / group)
+            return shape_error(i ? bname : sname, want, pair[i]);
+    if (bits != 2 && bits != 3 && bits != 4 && bits != 5 && bits != 6 && bits != 8)
+        return loom_err(LOOM_ERR_UNSUPPORTED, "tensor %s: %d-bit quantization is not supported "
+                        "(expected 2, 3, 4, 5, 6 or 8)", name, bits);
+    *w = (loom_weight){.dtype = LOOM_DT_U32, .rows = rows, .cols = cols, .data = t->data};
+    w->q = (loom_qmat){.w = t->data, .scales = sc->data, .biases = bi->data, .n = cols,
+                       .bits = bits, .group = group, .f16 = sc->dtype == LOOM_DT_F16};
+    return LOOM_OK;
+}
+
+/* Binds a 2-D weight (float, or quantized when the file packs it). */
 static loom_status bind_weight(loom_model *m, const char *name, int rows, int cols,
                                loom_weight *w) {
     const loom_st_tensor *t = loom_st_find(m->st, name);
     char want[96];
     snprintf(want, sizeof want, "F32/F16/BF16 [%d, %d]", rows, cols);
     if (!t) return loom_err(LOOM_ERR_FORMAT, "tensor %s: missing (expected %s)", name, want);
+    if (t->dtype == LOOM_DT_U32) return bind_quant(m, name, t, rows, cols, w);
     if (!is_float(t->dtype) || t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols)
         return shape_error(name, want, t);
     *w = (loom_weight){.dtype = t->dtype, .rows = rows, .cols = cols, .data = t->data};
     return LOOM_OK;
 }
 
-/* Copies a 1-D float vector of n elements into the arena as f32. With
- * optional set, a missing tensor gives *out = NULL. */
-static loom_status bind_vec(loom_model *m, const char *name, int n, int optional,
-                            const float **out) {
+/* Expert e of a fused 3-D tensor [n_experts, rows_total, cols], rows
+ * [r0, r0 + rows). Float only. */
+static loom_status bind_expert_slice(loom_model *m, const char *name, int e, int n_experts,
+                                     int rows_total, int r0, int rows, int cols, loom_weight *w) {
+    const loom_st_tensor *t = loom_st_find(m->st, name);
+    char want[96];
+    snprintf(want, sizeof want, "F32/F16/BF16 [%d, %d, %d]", n_experts, rows_total, cols);
+    if (!t) return loom_err(LOOM_ERR_FORMAT, "tensor %s: missing (expected %s)", name, want);
+    if (!is_float(t->dtype) || t->ndim != 3 || t->shape[0] != n_experts ||
+        t->shape[1] != rows_total || t->shape[2] != cols)
+        return shape_error(name, want, t);
+    size_t off = ((size_t)e * rows_total + (size_t)r0) * (size_t)cols * loom_dtype_size(t->dtype);
+    *w = (loom_weight){.dtype = t->dtype, .rows = rows, .cols = cols,
+                       .data = (const char *)t->data + off};
+    return LOOM_OK;
+}
+
+/* Copies a float tensor of the given shape into the arena as f32 (adding
+ * 1 when plus1). With optional set, a missing tensor gives *out = NULL. */
+static loom_status bind_f32(loom_model *m, const char *name, int ndim, const int *dims,
+                            int optional, int plus1, const float **out) {
     *out = NULL;
     const loom_st_tensor *t = loom_st_find(m->st, name);
-    char want[64];
-    snprintf(want, sizeof want, "F32/F16/BF16 [%d]", n);
+    char want[96];
+    int w = snprintf(want, sizeof want, "F32/F16/BF16 [");
+    size_t n = 1;
+    for (int i = 0; i < ndim; i++) {
+        w += snprintf(want + w, sizeof want - (size_t)w, "%s%d", i ? ", " : "", dims[i]);
+        n *= (size_t)dims[i];
+    }
+    snprintf(want + w, sizeof want - (size_t)w, "]");
     if (!t) {
         if (optional) return LOOM_OK;
         return loom_err(LOOM_ERR_FORMAT, "tensor %s: missing (expected %s)", name, want);
     }
-    if (!is_float(t->dtype) || t->ndim != 1 || t->shape[0] != n) return shape_error(name, want, t);
-    if (m->arena_used + (size_t)n > m->arena_cap)
+    int ok = is_float(t->dtype) && t->ndim == ndim;
+    for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == dims[i];
+    if (!ok) return shape_error(name, want, t);
+    if (m->arena_used + n > m->arena_cap)
         return loom_err(LOOM_ERR_INTERNAL, "vector arena too small at %s", name);
     float *dst = m->arena + m->arena_used;
-    m->arena_used += ((size_t)n + 15) & ~(size_t)15;
-    if (t->dtype == LOOM_DT_F32) memcpy(dst, t->data, (size_t)n * 4);
-    else if (t->dtype == LOOM_DT_F16) loom_kernels_ref.f16_to_f32(dst, t->data, n);
-    else loom_kernels_ref.bf16_to_f32(dst, t->data, n);
+    m->arena_used += (n + 15) & ~(size_t)15;
+    if (t->dtype == LOOM_DT_F32) memcpy(dst, t->data, n * 4);
+    else if (t->dtype == LOOM_DT_F16) loom_kernels_ref.f16_to_f32(dst, t->data, (int)n);
+    else loom_kernels_ref.bf16_to_f32(dst, t->data, (int)n);
+    if (plus1)
+        for (size_t i = 0; i < n; i++) dst[i] += 1.0f;
     *out = dst;
     return LOOM_OK;
 }
 
-/* inv_freq per rotated pair, following transformers' rope init functions. */
-static loom_status setup_rope(loom_model *m) {
-    const loom_config *c = &m->cfg;
-    const loom_rope_config *r = &c->rope;
-    int rot = (int)(c->head_dim * r->partial_rotary_factor);
+static loom_status bind_vec(loom_model *m, const char *name, int n, int optional,
+                            const float **out) {
+    return bind_f32(m, name, 1, &n, optional, 0, out);
+}
+
+/* A norm weight: (1 + w) for the families that store it offset. */
+static loom_status bind_norm(loom_model *m, const char *name, int n, const float **out) {
+    return bind_f32(m, name, 1, &n, 0, (m->arch->flags & LOOM_ARCH_NORM_1P) != 0, out);
+}
+
+/* inv_freq per rotated pair, following transformers' rope init functions,
+ * for heads of head_dim. */
+static loom_status setup_rope(const loom_config *c, const loom_rope_config *r, int head_dim,
+                              loom_rope *out) {
+    int rot = (int)(head_dim * r->partial_rotary_factor);
+    if (r->type == LOOM_ROPE_PROPORTIONAL) rot = head_dim;
     rot &= ~1;
-    if (rot <= 0 || rot > c->head_dim)
+    if (rot <= 0 || rot > head_dim)
         return loom_err(LOOM_ERR_FORMAT, "partial_rotary_factor %g gives %d rotated dims of %d",
-                        r->partial_rotary_factor, rot, c->head_dim);
-    m->rot_dim = rot;
-    m->rope_scale = 1.0;
-    m->inv_freq = malloc(sizeof(double) * (size_t)(rot / 2));
-    if (!m->inv_freq) return loom_err(LOOM_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < rot / 2; i++)
-        m->inv_freq[i] = 1.0 / pow(r->theta, (double)(2 * i) / rot);
+                        r->partial_rotary_factor, rot, head_dim);
+    out->rot_dim = rot;
+    out->scale = 1.0;
+    out->inv_freq = malloc(sizeof(double) * (size_t)(rot / 2));
+    if (!out->inv_freq) return loom_err(LOOM_ERR_NOMEM, "out of memory");
+    double *f = out->inv_freq;
+    for (int i = 0; i < rot / 2; i++) f[i] = 1.0 / pow(r->theta, (double)(2 * i) / rot);
     switch (r->type) {
     case LOOM_ROPE_DEFAULT:
         break;
     case LOOM_ROPE_LINEAR:
-        for (int i = 0; i < rot / 2; i++) m->inv_freq[i] /= r->factor;
+        for (int i = 0; i < rot / 2; i++) f[i] /= r->factor;
         break;
+    case LOOM_ROPE_PROPORTIONAL: {
+        /* Only the first prf * head_dim / 2 angles turn (exponents over the
+         * whole head); the rest stay put, yet pairs still span half a head. */
+        int angles = (int)floor(r->partial_rotary_factor * head_dim / 2);
+        for (int i = 0; i < rot / 2; i++)
+            f[i] = i < angles ? 1.0 / pow(r->theta, (double)(2 * i) / head_dim) / r->factor : 0;
+        break;
+    }
     case LOOM_ROPE_LLAMA3: {
         double old = r->original_max_pos;
         double low_wl = old / r->low_freq_factor, high_wl = old / r->high_freq_factor;
         for (int i = 0; i < rot / 2; i++) {
-            double f = m->inv_freq[i], wl = 2 * M_PI / f;
+            double fi = f[i], wl = 2 * M_PI / fi;
             if (wl > low_wl) {
-                f /= r->factor;
+                fi /= r->factor;
             } else if (wl >= high_wl) {
                 double s = (old / wl - r->low_freq_factor) /
                            (r->high_freq_factor - r->low_freq_factor);
-                f = (1 - s) * f / r->factor + s * f;
+                fi = (1 - s) * fi / r->factor + s * fi;
             }
-            m->inv_freq[i] = f;
+            f[i] = fi;
         }
         break;
     }
@@ -128,12 +241,11 @@ static loom_status setup_rope(loom_model *m) {
             double ramp = ((double)i - lo) / (hi - lo);
             ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
             double extra = 1 - ramp;  /* share of the unscaled frequency */
-            double f = m->inv_freq[i];
-            m->inv_freq[i] = f / r->factor * (1 - extra) + f * extra;
+            f[i] = f[i] / r->factor * (1 - extra) + f[i] * extra;
         }
-        m->rope_scale = r->attention_factor > 0 ? r->attention_factor
-                        : r->factor <= 1       ? 1.0
-                                               : 0.1 * log(r->factor) + 1.0;
+        out->scale = r->attention_factor > 0 ? r->attention_factor
+                     : r->factor <= 1       ? 1.0
+                                            : 0.1 * log(r->factor) + 1.0;
         break;
     }
     case LOOM_ROPE_DYNAMIC:
@@ -142,39 +254,301 @@ static loom_status setup_rope(loom_model *m) {
     return LOOM_OK;
 }
 
+/* A scale as the checkpoint's dtype holds it: transformers multiplies by
+ * the normalizer cast to the weights' dtype (sqrt(3072) is 55.5 in bf16). */
+static float round_to_dtype(double v, loom_dtype t) {
+    float f = (float)v;
+    if (t == LOOM_DT_BF16) {
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        u += 0x7fff + ((u >> 16) & 1);
+        u &= 0xffff0000u;
+        memcpy(&f, &u, 4);
+    } else if (t == LOOM_DT_F16) {
+        f = loom_f16_to_f32(loom_f32_to_f16(f));
+    }
+    return f;
+}
+
+static loom_status bind_mlp(loom_model *m, const char *prefix, int inter, loom_mlp *mlp) {
+    int H = m->cfg.hidden_size;
+    char n[320];
+    loom_status s;
+    snprintf(n, sizeof n, "%s.gate_proj.weight", prefix);
+    if ((s = bind_weight(m, n, inter, H, &mlp->gate))) return s;
+    snprintf(n, sizeof n, "%s.up_proj.weight", prefix);
+    if ((s = bind_weight(m, n, inter, H, &mlp->up))) return s;
+    snprintf(n, sizeof n, "%s.down_proj.weight", prefix);
+    if ((s = bind_weight(m, n, H, inter, &mlp->down))) return s;
+    m->max_inter = LOOM_MAX(m->max_inter, inter);
+    return LOOM_OK;
+}
+
+static loom_status bind_moe(loom_model *m, int l, loom_moe *moe) {
+    const loom_config *c = &m->cfg;
+    int H = c->hidden_size, E = c->n_experts, I = c->moe_intermediate;
+    char n[320], p[256];
+    loom_status s;
+    if (E <= 0 || c->n_experts_used <= 0 || I <= 0)
+        return loom_err(LOOM_ERR_FORMAT, "MoE layer %d: needs num_experts, num_experts_per_tok "
+                        "and moe_intermediate_size", l);
+    snprintf(n, sizeof n, "model.layers.%d.mlp.gate.weight", l);
+    if ((s = bind_weight(m, n, E, H, &moe->router))) return s;
+    moe->experts = calloc((size_t)E, sizeof *moe->experts);
+    if (!moe->experts) return loom_err(LOOM_ERR_NOMEM, "out of memory");
+    /* Hub checkpoints keep one tensor per expert; transformers 5 saves them
+     * fused as experts.gate_up_proj [E, 2I, H] and experts.down_proj. */
+    char fused[256];
+    snprintf(fused, sizeof fused, "model.layers.%d.mlp.experts.gate_up_proj", l);
+    if (loom_st_find(m->st, fused)) {
+        char down[256];
+        snprintf(down, sizeof down, "model.layers.%d.mlp.experts.down_proj", l);
+        for (int e = 0; e < E; e++) {
+            loom_mlp *x = &moe->experts[e];
+            if ((s = bind_expert_slice(m, fused, e, E, 2 * I, 0, I, H, &x->gate))) return s;
+            if ((s = bind_expert_slice(m, fused, e, E, 2 * I, I, I, H, &x->up))) return s;
+            if ((s = bind_expert_slice(m, down, e, E, H, 0, H, I, &x->down))) return s;
+        }
+        m->max_inter = LOOM_MAX(m->max_inter, I);
+    } else {
+        for (int e = 0; e < E; e++) {
+            snprintf(p, sizeof p, "model.layers.%d.mlp.experts.%d", l, e);
+            if ((s = bind_mlp(m, p, I, &moe->experts[e]))) return s;
+        }
+    }
+    if (c->shared_expert_intermediate > 0) {
+        snprintf(p, sizeof p, "model.layers.%d.mlp.shared_expert", l);
+        if ((s = bind_mlp(m, p, c->shared_expert_intermediate, &moe->shared))) return s;
+        snprintf(n, sizeof n, "model.layers.%d.mlp.shared_expert_gate.weight", l);
+        if ((s = bind_weight(m, n, 1, H, &moe->shared_gate))) return s;
+    }
+    return LOOM_OK;
+}
+
+static loom_status bind_attn(loom_model *m, int l, loom_layer *L) {
+    const loom_config *c = &m->cfg;
+    unsigned fl = m->arch->flags;
+    loom_attn *A = &L->attn;
+    int H = c->hidden_size, hd = A->head_dim;
+    int qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;
+    int qrows = qd * ((fl & LOOM_ARCH_ATTN_GATE) ? 2 : 1);
+    char n[256];
+    loom_status s;
+#define NAME(suffix) (snprintf(n, sizeof n, "model.layers.%d.self_attn.%s", l, suffix), n)
+    if ((s = bind_weight(m, NAME("q_proj.weight"), qrows, H, &A->wq))) return s;
+    if ((s = bind_weight(m, NAME("o_proj.weight"), H, qd, &A->wo))) return s;
+    int shared = A->kv_layer != l;
+    if (!shared) {
+        if ((s = bind_weight(m, NAME("k_proj.weight"), kvd, H, &A->wk))) return s;
+        if ((s = bind_weight(m, NAME("v_proj.weight"), kvd, H, &A->wv))) return s;
+    }
+    int bias = (fl & LOOM_ARCH_QKV_BIAS) || ((fl & LOOM_ARCH_CFG_BIAS) && c->attention_bias);
+    if (bias) {
+        if ((s = bind_vec(m, NAME("q_proj.bias"), qrows, 0, &A->bq))) return s;
+        if (!shared) {
+            if ((s = bind_vec(m, NAME("k_proj.bias"), kvd, 0, &A->bk))) return s;
+            if ((s = bind_vec(m, NAME("v_proj.bias"), kvd, 0, &A->bv))) return s;
+        }
+    }
+    if ((fl & LOOM_ARCH_CFG_BIAS) && c->attention_bias)
+        if ((s = bind_vec(m, NAME("o_proj.bias"), H, 1, &A->bo))) return s;
+    if (fl & LOOM_ARCH_QK_NORM) {
+        if ((s = bind_norm(m, NAME("q_norm.weight"), hd, &A->q_norm))) return s;
+        if (!shared && (s = bind_norm(m, NAME("k_norm.weight"), hd, &A->k_norm))) return s;
+    }
+#undef NAME
+    m->max_q_dim = LOOM_MAX(m->max_q_dim, qrows);
+    m->max_head_dim = LOOM_MAX(m->max_head_dim, hd);
+    m->kv_dim = LOOM_MAX(m->kv_dim, kvd);
+    return LOOM_OK;
+}
+
+static loom_status bind_linear(loom_model *m, int l, loom_linattn *A) {
+    const loom_config *c = &m->cfg;
+    int H = c->hidden_size, nk = c->lin_n_k_heads, nv = c->lin_n_v_heads;
+    int dk = c->lin_k_head_dim, dv = c->lin_v_head_dim, K = c->lin_conv_kernel;
+    int conv = 2 * nk * dk + nv * dv;
+    char n[256];
+    loom_status s;
+    if (nk <= 0 || nv <= 0 || dk <= 0 || dv <= 0 || K <= 0 || nv % nk)
+        return loom_err(LOOM_ERR_FORMAT, "linear attention layer %d: linear_num_key_heads %d, "
+                        "linear_num_value_heads %d (a multiple), head dims %d/%d, conv kernel %d "
+                        "must be positive", l, nk, nv, dk, dv, K);
+#define NAME(suffix) (snprintf(n, sizeof n, "model.layers.%d.linear_attn.%s", l, suffix), n)
+    A->fused = (m->arch->flags & LOOM_ARCH_LINEAR_FUSED) != 0;
+    if (A->fused) {
+        if ((s = bind_weight(m, NAME("in_proj_qkvz.weight"), conv + nv * dv, H, &A->in_qkvz)))
+            return s;
+        if ((s = bind_weight(m, NAME("in_proj_ba.weight"), 2 * nv, H, &A->in_ba))) return s;
+    } else {
+        if ((s = bind_weight(m, NAME("in_proj_qkv.weight"), conv, H, &A->in_qkv))) return s;
+        if ((s = bind_weight(m, NAME("in_proj_z.weight"), nv * dv, H, &A->in_z))) return s;
+        if ((s = bind_weight(m, NAME("in_proj_b.weight"), nv, H, &A->in_b))) return s;
+        if ((s = bind_weight(m, NAME("in_proj_a.weight"), nv, H, &A->in_a))) return s;
+    }
+    int cd[3] = {conv, 1, K};
+    if ((s = bind_f32(m, NAME("conv1d.weight"), 3, cd, 0, 0, &A->conv))) return s;
+    if ((s = bind_vec(m, NAME("A_log"), nv, 0, &A->neg_a))) return s;
+    for (int i = 0; i < nv; i++) ((float *)A->neg_a)[i] = -expf(A->neg_a[i]);
+    if ((s = bind_vec(m, NAME("dt_bias"), nv, 0, &A->dt_bias))) return s;
+    if ((s = bind_vec(m, NAME("norm.weight"), dv, 0, &A->norm))) return s;
+    if ((s = bind_weight(m, NAME("out_proj.weight"), H, nv * dv, &A->out))) return s;
+#undef NAME
+    A->slot = m->n_linear++;
+    m->lin_conv_dim = conv;
+    m->lin_proj_dim = conv + nv * dv + 2 * nv;
+    return LOOM_OK;
+}
+
+/* Which layers read another layer's KV (gemma4 num_kv_shared_layers): the
+ * last earlier layer of the same kind that computes its own. */
+static int kv_source(const loom_config *c, const loom_layer *layers, int l) {
+    int first = c->n_layers - c->n_kv_shared_layers;
+    if (c->n_kv_shared_layers <= 0 || l < first) return l;
+    for (int j = first - 1; j >= 0; j--)
+        if (layers[j].kind == layers[l].kind) return j;
+    return -1;
+}
+
 static loom_status bind_layer(loom_model *m, int l) {
     const loom_config *c = &m->cfg;
+    unsigned fl = m->arch->flags;
     loom_layer *L = &m->layers[l];
-    int H = c->hidden_size, hd = c->head_dim;
-    int qd = c->n_heads * hd, kvd = c->n_kv_heads * hd, I = c->intermediate_size;
+    int H = c->hidden_size;
     char n[256];
     loom_status s;
 #define NAME(suffix) (snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix), n)
-    if ((s = bind_vec(m, NAME("input_layernorm.weight"), H, 0, &L->attn_norm))) return s;
-    if ((s = bind_vec(m, NAME("post_attention_layernorm.weight"), H, 0, &L->ffn_norm))) return s;
-    if ((s = bind_weight(m, NAME("self_attn.q_proj.weight"), qd, H, &L->wq))) return s;
-    if ((s = bind_weight(m, NAME("self_attn.k_proj.weight"), kvd, H, &L->wk))) return s;
-    if ((s = bind_weight(m, NAME("self_attn.v_proj.weight"), kvd, H, &L->wv))) return s;
-    if ((s = bind_weight(m, NAME("self_attn.o_proj.weight"), H, qd, &L->wo))) return s;
-    int bias = (m->arch->flags & LOOM_ARCH_QKV_BIAS) ||
-               ((m->arch->flags & LOOM_ARCH_CFG_BIAS) && c->attention_bias);
-    if (bias) {
-        if ((s = bind_vec(m, NAME("self_attn.q_proj.bias"), qd, 0, &L->bq))) return s;
-        if ((s = bind_vec(m, NAME("self_attn.k_proj.bias"), kvd, 0, &L->bk))) return s;
-        if ((s = bind_vec(m, NAME("self_attn.v_proj.bias"), kvd, 0, &L->bv))) return s;
+    if ((s = bind_norm(m, NAME("input_layernorm.weight"), H, &L->attn_norm))) return s;
+    if (fl & LOOM_ARCH_SANDWICH) {
+        if ((s = bind_norm(m, NAME("post_attention_layernorm.weight"), H, &L->post_attn_norm)))
+            return s;
+        if ((s = bind_norm(m, NAME("pre_feedforward_layernorm.weight"), H, &L->ffn_norm)))
+            return s;
+        if ((s = bind_norm(m, NAME("post_feedforward_layernorm.weight"), H, &L->post_ffn_norm)))
+            return s;
+    } else {
+        if ((s = bind_norm(m, NAME("post_attention_layernorm.weight"), H, &L->ffn_norm))) return s;
     }
-    if ((m->arch->flags & LOOM_ARCH_CFG_BIAS) && c->attention_bias)
-        if ((s = bind_vec(m, NAME("self_attn.o_proj.bias"), H, 1, &L->bo))) return s;
-    if (m->arch->flags & LOOM_ARCH_QK_NORM) {
-        if ((s = bind_vec(m, NAME("self_attn.q_norm.weight"), hd, 0, &L->q_norm))) return s;
-        if ((s = bind_vec(m, NAME("self_attn.k_norm.weight"), hd, 0, &L->k_norm))) return s;
+    if (L->kind == LOOM_LAYER_LINEAR) {
+        if ((s = bind_linear(m, l, &L->lin))) return s;
+    } else {
+        if ((s = bind_attn(m, l, L))) return s;
     }
-    if ((s = bind_weight(m, NAME("mlp.gate_proj.weight"), I, H, &L->w_gate))) return s;
-    if ((s = bind_weight(m, NAME("mlp.up_proj.weight"), I, H, &L->w_up))) return s;
-    if ((s = bind_weight(m, NAME("mlp.down_proj.weight"), H, I, &L->w_down))) return s;
+    L->is_moe = (fl & LOOM_ARCH_MOE) && c->n_experts > 0 && !c->mlp_only[l] &&
+                (l + 1) % c->decoder_sparse_step == 0;
+    if (L->is_moe) {
+        if ((s = bind_moe(m, l, &L->moe))) return s;
+    } else {
+        int inter = c->intermediate_size;
+        int first_shared = c->n_layers - c->n_kv_shared_layers;
+        if (c->double_wide_mlp && c->n_kv_shared_layers > 0 && l >= first_shared && first_shared > 0)
+            inter *= 2;
+        if ((s = bind_mlp(m, NAME("mlp"), inter, &L->mlp))) return s;
+    }
+    L->out_scale = 1.0f;
+    if (m->has_ple) {
+        int P = c->per_layer_input_dim;
+        if ((s = bind_weight(m, NAME("per_layer_input_gate.weight"), P, H, &L->ple_gate))) return s;
+        if ((s = bind_weight(m, NAME("per_layer_projection.weight"), H, P, &L->ple_proj))) return s;
+        if ((s = bind_norm(m, NAME("post_per_layer_input_norm.weight"), H, &L->ple_norm))) return s;
+    }
+    if (fl & LOOM_ARCH_LAYER_SCALAR) {
+        const float *v;
+        if ((s = bind_vec(m, NAME("layer_scalar"), 1, 1, &v))) return s;
+        if (v) L->out_scale = v[0];
+    }
 #undef NAME
-    L->window = (m->arch->flags & LOOM_ARCH_SLIDING) ? c->sliding_window : 0;
     return LOOM_OK;
+}
+
+/* Layer kinds, head sizes, windows and ropes, before any tensor is read. */
+static loom_status plan_layers(loom_model *m) {
+    const loom_config *c = &m->cfg;
+    unsigned fl = m->arch->flags;
+    int n_sliding = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        loom_layer *L = &m->layers[l];
+        loom_layer_type k = LOOM_LAYER_FULL;
+        if (c->has_layer_types) k = c->layer_types[l];
+        else if (fl & LOOM_ARCH_ALT_SLIDING) k = l % 2 == 0 ? LOOM_LAYER_SLIDING : LOOM_LAYER_FULL;
+        else if ((fl & LOOM_ARCH_PATTERN_SLIDING) && c->sliding_pattern > 0)
+            k = (l + 1) % c->sliding_pattern ? LOOM_LAYER_SLIDING : LOOM_LAYER_FULL;
+        if ((fl & LOOM_ARCH_SLIDING) && k == LOOM_LAYER_FULL && c->sliding_window > 0)
+            k = LOOM_LAYER_SLIDING;
+        if (k == LOOM_LAYER_SLIDING && c->sliding_window <= 0) k = LOOM_LAYER_FULL;
+        if (k == LOOM_LAYER_LINEAR && !(fl & LOOM_ARCH_LINEAR))
+            return loom_err(LOOM_ERR_UNSUPPORTED, "%s: layer %d is linear_attention, which this "
+                            "architecture does not have", c->arch, l);
+        L->kind = k;
+        if (k == LOOM_LAYER_LINEAR) continue;
+        loom_attn *A = &L->attn;
+        A->head_dim = k == LOOM_LAYER_FULL && c->global_head_dim > 0 ? c->global_head_dim
+                                                                       : c->head_dim;
+        A->window = k == LOOM_LAYER_SLIDING ? c->sliding_window : 0;
+        A->rope = k == LOOM_LAYER_SLIDING ? 1 : 0;
+        n_sliding += k == LOOM_LAYER_SLIDING;
+        double qpas = c->query_pre_attn_scalar > 0 ? c->query_pre_attn_scalar : A->head_dim;
+        A->scale = (fl & LOOM_ARCH_UNIT_SCALE) ? 1.0f
+                   : (fl & LOOM_ARCH_QPAS)    ? (float)(1.0 / sqrt(qpas))
+                                              : (float)(1.0 / sqrt((double)A->head_dim));
+    }
+    for (int l = 0; l < c->n_layers; l++) {
+        loom_layer *L = &m->layers[l];
+        if (L->kind == LOOM_LAYER_LINEAR) continue;
+        L->attn.kv_layer = kv_source(c, m->layers, l);
+        if (L->attn.kv_layer < 0 ||
+            m->layers[L->attn.kv_layer].attn.head_dim != L->attn.head_dim)
+            return loom_err(LOOM_ERR_FORMAT, "layer %d shares KV but no earlier %s layer computes it",
+                            l, L->kind == LOOM_LAYER_SLIDING ? "sliding" : "full");
+    }
+    /* Rope 0 serves full layers, rope 1 sliding ones (their own base when
+     * the config gives one, and their own head size). */
+    int full_hd = c->global_head_dim > 0 ? c->global_head_dim : c->head_dim;
+    loom_status s = setup_rope(c, &c->rope, full_hd, &m->ropes[0]);
+    if (s != LOOM_OK) return s;
+    m->n_ropes = 1;
+    if (n_sliding) {
+        const loom_rope_config *r = c->has_rope_local ? &c->rope_local : &c->rope;
+        if ((s = setup_rope(c, r, c->head_dim, &m->ropes[1]))) return s;
+        m->n_ropes = 2;
+    }
+    return LOOM_OK;
+}
+
+/* Config fields that change the math in ways loom does not implement. */
+static loom_status check_supported(const loom_model *m) {
+    const loom_config *c = &m->cfg;
+    if (c->attention_k_eq_v)
+        return loom_err(LOOM_ERR_UNSUPPORTED, "%s: attention_k_eq_v is not supported", c->arch);
+    if (c->per_layer_config)
+        return loom_err(LOOM_ERR_UNSUPPORTED, "%s: per_layer_config is not supported", c->arch);
+    if (c->bidirectional)
+        return loom_err(LOOM_ERR_UNSUPPORTED, "%s: use_bidirectional_attention is not supported",
+                        c->arch);
+    if (c->enable_moe_block)
+        return loom_err(LOOM_ERR_UNSUPPORTED, "%s: enable_moe_block (gemma4 MoE) is not supported",
+                        c->arch);
+    if (c->n_experts > 0 && !(m->arch->flags & LOOM_ARCH_MOE))
+        return loom_err(LOOM_ERR_UNSUPPORTED, "%s: num_experts %d, but this architecture has no "
+                        "MoE support", c->arch, c->n_experts);
+    if (c->per_layer_input_dim > 0 && !(m->arch->flags & LOOM_ARCH_PLE))
+        return loom_err(LOOM_ERR_UNSUPPORTED, "%s: hidden_size_per_layer_input is not supported",
+                        c->arch);
+    if (c->attn_softcap < 0 || c->final_softcap < 0)
+        return loom_err(LOOM_ERR_FORMAT, "%s: softcapping must be positive", c->arch);
+    return LOOM_OK;
+}
+
+/* Floats the arena must hold: every small float tensor, padded. */
+static size_t arena_need(const loom_safetensors *st) {
+    size_t n = 64;
+    for (int i = 0; i < loom_st_count(st); i++) {
+        const loom_st_tensor *t = loom_st_at(st, i);
+        size_t e = 1;
+        for (int d = 0; d < t->ndim; d++) e *= (size_t)t->shape[d];
+        if (t->ndim <= 1 || (t->ndim == 3 && t->shape[1] == 1)) n += (e + 15) & ~(size_t)15;
+    }
+    return n;
 }
 
 static loom_status load(loom_model *m, const char *dir, const loom_model_params *p) {
@@ -183,31 +557,53 @@ static loom_status load(loom_model *m, const char *dir, const loom_model_params 
     const loom_config *c = &m->cfg;
     m->arch = loom_arch_find(c->arch);
     if (!m->arch) return unsupported_arch(c->arch);
-    if (strcmp(c->hidden_act, "silu") != 0)
-        return loom_err(LOOM_ERR_UNSUPPORTED, "%s: hidden_act \"%s\" is not supported (expected silu)",
-                        c->arch, c->hidden_act);
-    if ((s = setup_rope(m))) return s;
-    m->attn_scale = (float)(1.0 / sqrt((double)c->head_dim));
+    if (!strcmp(c->hidden_act, "silu")) m->act = LOOM_ACT_SILU;
+    else if (!strcmp(c->hidden_act, "gelu_pytorch_tanh") || !strcmp(c->hidden_act, "gelu_new"))
+        m->act = LOOM_ACT_GELU_TANH;
+    else
+        return loom_err(LOOM_ERR_UNSUPPORTED, "%s: hidden_act \"%s\" is not supported (expected "
+                        "silu, gelu_pytorch_tanh or gelu_new)", c->arch, c->hidden_act);
+    if ((s = check_supported(m))) return s;
+    m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
+    if (!m->layers) return loom_err(LOOM_ERR_NOMEM, "out of memory");
+    if ((s = plan_layers(m))) return s;
     if ((s = loom_st_open_dir(dir, &m->st))) return s;
 
-    int H = c->hidden_size, hd = c->head_dim;
-    size_t per_layer = 2 * (size_t)H + 3 * (size_t)(c->n_heads + 2 * c->n_kv_heads) * hd +
-                       2 * (size_t)hd + (size_t)H + 16 * 10;
-    m->arena_cap = per_layer * (size_t)c->n_layers + (size_t)H + 16;
+    int H = c->hidden_size;
+    m->arena_cap = arena_need(m->st);
     m->arena = loom_alloc(m->arena_cap * sizeof(float));
-    m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
-    if (!m->arena || !m->layers) return loom_err(LOOM_ERR_NOMEM, "out of memory");
+    if (!m->arena) return loom_err(LOOM_ERR_NOMEM, "out of memory");
 
     if ((s = bind_weight(m, "model.embed_tokens.weight", c->vocab_size, H, &m->embed))) return s;
-    if ((s = bind_vec(m, "model.norm.weight", H, 0, &m->final_norm))) return s;
+    m->embed_scale = 1.0f;
+    if (m->arch->flags & LOOM_ARCH_EMBED_SCALE)
+        m->embed_scale = round_to_dtype(sqrt((double)H), m->embed.dtype);
+    if ((s = bind_norm(m, "model.norm.weight", H, &m->final_norm))) return s;
     /* Tied checkpoints omit lm_head.weight; some tied ones still carry it. */
     if (loom_st_find(m->st, "lm_head.weight") || !c->tie_embeddings) {
         if ((s = bind_weight(m, "lm_head.weight", c->vocab_size, H, &m->lm_head))) return s;
     } else {
         m->lm_head = m->embed;
     }
+    if ((m->arch->flags & LOOM_ARCH_PLE) && c->per_layer_input_dim > 0) {
+        int P = c->per_layer_input_dim, LP = c->n_layers * P;
+        m->has_ple = 1;
+        if (c->vocab_per_layer != c->vocab_size)
+            return loom_err(LOOM_ERR_UNSUPPORTED, "vocab_size_per_layer_input %d differs from "
+                            "vocab_size %d", c->vocab_per_layer, c->vocab_size);
+        if ((s = bind_weight(m, "model.embed_tokens_per_layer.weight", c->vocab_per_layer, LP,
+                             &m->ple_embed)))
+            return s;
+        m->ple_embed_scale = round_to_dtype(sqrt((double)P), m->ple_embed.dtype);
+        if ((s = bind_weight(m, "model.per_layer_model_projection.weight", LP, H,
+                             &m->ple_model_proj)))
+            return s;
+        if ((s = bind_norm(m, "model.per_layer_projection_norm.weight", P, &m->ple_proj_norm)))
+            return s;
+    }
     for (int l = 0; l < c->n_layers; l++)
         if ((s = bind_layer(m, l))) return s;
+    if (m->kv_dim == 0) m->kv_dim = c->n_kv_heads * c->head_dim;  /* no attention layer */
     m->k = loom_kernels_get();
     return loom_pool_create(p->n_threads, &m->pool);
 }
@@ -236,9 +632,11 @@ void loom_model_free(loom_model *m) {
     if (!m) return;
     loom_pool_free(m->pool);
     loom_st_close(m->st);
+    if (m->layers)
+        for (int l = 0; l < m->cfg.n_layers; l++) free(m->layers[l].moe.experts);
     free(m->layers);
     loom_free(m->arena);
-    free(m->inv_freq);
+    for (int i = 0; i < LOOM_MAX_ROPES; i++) free(m->ropes[i].inv_freq);
     free(m);
 }
 

@@ -1,0 +1,65 @@
+/* fwd_internal: the forward state shared by the decoder building blocks
+ * (forward.c: attention, MLP/MoE, orchestration; linear_attn.c: Gated
+ * DeltaNet). Not part of the model API. */
+#ifndef LOOM_FWD_INTERNAL_H
+#define LOOM_FWD_INTERNAL_H
+
+#include "model/forward.h"
+
+#define LOOM_DELTA_CHUNK 64   /* tokens per chunk of the chunked delta rule */
+
+struct loom_fwd_state {
+    int max_tokens, max_ctx, n_threads;
+    float *x;          /* (max_tokens, hidden) residual stream */
+    float *xb;         /* (max_tokens, hidden) normed input / block output */
+    float *xb2;        /* (max_tokens, hidden) scratch (MoE sum, PLE) */
+    float *qraw;       /* (max_tokens, max_q_dim) q_proj output (with gate) */
+    float *q;          /* (max_tokens, n_heads * max_head_dim) */
+    float *gate;       /* (max_tokens, n_heads * max_head_dim) attention output gate */
+    float *kx, *vx;    /* (max_tokens, kv_dim) this step's keys and values */
+    float *att;        /* (max_tokens, n_heads * max_head_dim) attention output */
+    float *hb, *hb2;   /* (max_tokens, max_inter) */
+    float *cos, *sin;  /* (n_ropes, max_tokens, max_rot / 2) */
+    int max_rot;
+    float *scores;     /* (n_threads, max_ctx) */
+    int *tok_row;      /* [max_tokens] row of each token */
+    int *tok_pos;      /* [max_tokens] position of each token */
+    int *row_first;    /* [max_tokens] first token of each row */
+    float *logits;     /* (logits_cap / vocab, vocab), grown on demand */
+    size_t logits_cap;
+    /* MoE */
+    float *router;     /* (max_tokens, n_experts) */
+    int *sel;          /* (max_tokens, n_used) chosen experts */
+    float *sel_w;      /* (max_tokens, n_used) their weights */
+    int *gather;       /* [max_tokens] tokens routed to one expert */
+    float *xg, *yg;    /* (max_tokens, hidden) gathered inputs / outputs */
+    /* linear attention */
+    float *lin_qkv;    /* (max_tokens, conv_dim) conv input [q | k | v] */
+    float *lin_conv;   /* (max_tokens, conv_dim) conv output */
+    float *lin_z;      /* (max_tokens, n_v * v_dim) */
+    float *lin_b, *lin_a;  /* (max_tokens, n_v) raw, then beta and log-decay */
+    float *lin_raw;    /* (max_tokens, conv_dim + n_v * v_dim + 2 n_v) grouped projections */
+    float *lin_out;    /* (max_tokens, n_v * v_dim) */
+    float *lin_scratch;/* (n_threads, lin_scratch_per) chunk workspace */
+    size_t lin_scratch_per;
+    /* gemma4 per-layer inputs */
+    float *ple;        /* (max_tokens, n_layers * ple_dim) */
+    float *ple_tmp;    /* (max_tokens, ple_dim) */
+    float *ple_row;    /* (n_layers * ple_dim) one token's per-layer embedding */
+};
+
+/* y (T, w->rows) = x (T, w->cols) @ w^T, split over output rows. */
+void loom_fwd_matmul(loom_model *m, float *y, const float *x, const loom_weight *w, int T);
+
+/* Gated DeltaNet token mixer for layer L: reads s->xb (normed input),
+ * writes its output to s->xb. */
+void loom_fwd_linear(loom_model *m, loom_fwd_state *s, const loom_fwd_row *rows, int n_rows,
+                     const loom_layer *L, int T);
+
+/* Checks each row's recurrent state against its sequence (and zeroes the
+ * state of rows starting at position 0). */
+loom_status loom_fwd_check_states(const loom_model *m, loom_fwd_row *rows, int n_rows);
+/* Advances the states' token counts after a successful forward. */
+void loom_fwd_commit_states(loom_fwd_row *rows, int n_rows);
+
+#endif

@@ -1,0 +1,317 @@
+/* linear_attn: Gated DeltaNet (Qwen3.5, Qwen3-Next) and the per-sequence
+ * recurrent state it carries.
+ *
+ * Per token and value head h (key head h / (n_v / n_k)):
+ *   [q|k|v] = silu(causal depthwise conv1d over the last `kernel` inputs)
+ *   q, k    = l2norm(q) / sqrt(k_dim), l2norm(k)
+ *   beta    = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias)
+ *   S       = exp(g) S;  u = beta (v - S^T k);  S += k u^T;  o = S^T q
+ *   out     = rmsnorm(o) * w * silu(z)
+ * Decode (one token) runs that recurrence. Prefill runs the chunked form:
+ * within a chunk of C tokens with G = cumsum(g),
+ *   u_i = beta_i (v_i - e^{G_i} S0^T k_i - sum_{j<i} e^{G_i-G_j} (k_i.k_j) u_j)
+ *   o_i = e^{G_i} S0^T q_i + sum_{j<=i} e^{G_i-G_j} (q_i.k_j) u_j
+ *   S   = e^{G_C} S0 + sum_j e^{G_C-G_j} k_j u_j^T
+ * which is the same recurrence regrouped (tests compare the two). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "model/fwd_internal.h"
+
+struct loom_seq_state {
+    int n_tokens;              /* tokens consumed */
+    int n_slots;               /* linear layers */
+    size_t conv_per, rec_per;  /* floats per slot */
+    float *conv;               /* owned (n_slots, kernel - 1, conv_dim) oldest first */
+    float *rec;                /* owned (n_slots, n_v, k_dim, v_dim) */
+};
+
+static void state_sizes(const loom_model *m, size_t *conv, size_t *rec) {
+    const loom_config *c = &m->cfg;
+    *conv = (size_t)(c->lin_conv_kernel - 1) * (size_t)m->lin_conv_dim;
+    *rec = (size_t)c->lin_n_v_heads * c->lin_k_head_dim * c->lin_v_head_dim;
+}
+
+size_t loom_seq_state_bytes(const loom_model *m) {
+    if (m->n_linear == 0) return 0;
+    size_t conv, rec;
+    state_sizes(m, &conv, &rec);
+    return sizeof(float) * (conv + rec) * (size_t)m->n_linear;
+}
+
+loom_status loom_seq_state_create(const loom_model *m, loom_seq_state **out) {
+    *out = NULL;
+    if (m->n_linear == 0) return LOOM_OK;
+    loom_seq_state *st = calloc(1, sizeof *st);
+    if (!st) return loom_err(LOOM_ERR_NOMEM, "out of memory");
+    state_sizes(m, &st->conv_per, &st->rec_per);
+    st->n_slots = m->n_linear;
+    st->conv = calloc(st->conv_per * (size_t)st->n_slots + 1, sizeof(float));
+    st->rec = calloc(st->rec_per * (size_t)st->n_slots, sizeof(float));
+    if (!st->conv || !st->rec) {
+        loom_seq_state_free(st);
+        return loom_err(LOOM_ERR_NOMEM, "recurrent state: out of memory");
+    }
+    *out = st;
+    return LOOM_OK;
+}
+
+void loom_seq_state_free(loom_seq_state *st) {
+    if (!st) return;
+    free(st->conv);
+    free(st->rec);
+    free(st);
+}
+
+void loom_seq_state_reset(loom_seq_state *st) {
+    if (!st) return;
+    memset(st->conv, 0, sizeof(float) * st->conv_per * (size_t)st->n_slots);
+    memset(st->rec, 0, sizeof(float) * st->rec_per * (size_t)st->n_slots);
+    st->n_tokens = 0;
+}
+
+int loom_seq_state_tokens(const loom_seq_state *st) { return st ? st->n_tokens : 0; }
+
+loom_status loom_fwd_check_states(const loom_model *m, loom_fwd_row *rows, int n_rows) {
+    if (m->n_linear == 0) return LOOM_OK;
+    for (int r = 0; r < n_rows; r++) {
+        const loom_seq_state *st = rows[r].state;
+        if (!st)
+            return loom_err(LOOM_ERR_INVALID_ARG, "forward: row %d has no recurrent state (the "
+                            "model has %d linear-attention layers)", r, m->n_linear);
+        if (st->n_slots != m->n_linear)
+            return loom_err(LOOM_ERR_INVALID_ARG, "forward: row %d: recurrent state made for "
+                            "another model", r);
+        int n = rows[r].seq->n_tokens;
+        if (n != 0 && st->n_tokens != n)
+            return loom_err(LOOM_ERR_INVALID_ARG, "forward: row %d: recurrent state holds %d "
+                            "tokens, the sequence %d (linear-attention state cannot be rewound)",
+                            r, st->n_tokens, n);
+    }
+    for (int r = 0; r < n_rows; r++)
+        if (rows[r].seq->n_tokens == 0 && rows[r].state->n_tokens != 0)
+            loom_seq_state_reset(rows[r].state);
+    return LOOM_OK;
+}
+
+void loom_fwd_commit_states(loom_fwd_row *rows, int n_rows) {
+    for (int r = 0; r < n_rows; r++)
+        if (rows[r].state) rows[r].state->n_tokens += rows[r].n;
+}
+
+static float silu(float x) { return x / (1.0f + expf(-x)); }
+static float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+/* Causal depthwise conv over one row's tokens, continuing from the row's
+ * conv state; then rolls the state forward. in/out: (n, D). */
+static void conv_row(const float *w, int K, int D, float *state, const float *in, float *out,
+                     int n) {
+    for (int i = 0; i < n; i++)
+        for (int d = 0; d < D; d++) {
+            float acc = 0;
+            for (int j = 0; j < K; j++) {
+                int src = i - (K - 1) + j;  /* index into this row; < 0 reads the state */
+                float x = src >= 0 ? in[(size_t)src * D + d]
+                                   : state[(size_t)(K - 1 + src) * D + d];
+                acc += w[(size_t)d * K + j] * x;
+            }
+            out[(size_t)i * D + d] = silu(acc);
+        }
+    /* Keep the last K-1 inputs, oldest first. */
+    for (int j = 0; j < K - 1; j++) {
+        int src = n - (K - 1) + j;
+        if (src < 0) {
+            memmove(state + (size_t)j * D, state + (size_t)(j + n) * D, sizeof(float) * (size_t)D);
+        } else {
+            memcpy(state + (size_t)j * D, in + (size_t)src * D, sizeof(float) * (size_t)D);
+        }
+    }
+}
+
+typedef struct delta_job {
+    loom_model *m;
+    loom_fwd_state *s;
+    const loom_fwd_row *rows;
+    const int *row_start;      /* first token of each row */
+    int slot;
+} delta_job;
+
+/* One token through the recurrence: S (dk, dv). */
+static void delta_step(float *S, const float *q, const float *k, const float *v, float g,
+                       float beta, float *o, float *tmp, int dk, int dv) {
+    float decay = expf(g);
+    for (int i = 0; i < dk * dv; i++) S[i] *= decay;
+    for (int b = 0; b < dv; b++) tmp[b] = 0;
+    for (int a = 0; a < dk; a++)
+        for (int b = 0; b < dv; b++) tmp[b] += S[a * dv + b] * k[a];
+    for (int b = 0; b < dv; b++) tmp[b] = (v[b] - tmp[b]) * beta;
+    for (int a = 0; a < dk; a++)
+        for (int b = 0; b < dv; b++) S[a * dv + b] += k[a] * tmp[b];
+    for (int b = 0; b < dv; b++) o[b] = 0;
+    for (int a = 0; a < dk; a++)
+        for (int b = 0; b < dv; b++) o[b] += S[a * dv + b] * q[a];
+}
+
+static float dotf(const float *a, const float *b, int n) {
+    float s = 0;
+    for (int i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* One task = one row and one value head: the row's tokens through the
+ * head's state, in chunks (or the recurrence for a single token). */
+static void delta_task(void *ctx, int task, int thread) {
+    const delta_job *j = ctx;
+    const loom_config *c = &j->m->cfg;
+    loom_fwd_state *s = j->s;
+    int nv = c->lin_n_v_heads, nk = c->lin_n_k_heads, dk = c->lin_k_head_dim;
+    int dv = c->lin_v_head_dim, D = j->m->lin_conv_dim, rep = nv / nk;
+    int r = task / nv, h = task % nv, kh = h / rep;
+    const loom_fwd_row *row = &j->rows[r];
+    float *S = row->state->rec + row->state->rec_per * (size_t)j->slot + (size_t)h * dk * dv;
+    float *scr = s->lin_scratch + s->lin_scratch_per * (size_t)thread;
+    float *u = scr;                                  /* (C, dv) */
+    float *G = u + (size_t)LOOM_DELTA_CHUNK * dv;    /* (C) */
+    float *tmp = G + LOOM_DELTA_CHUNK;               /* (dv) */
+    int t0 = j->row_start[r], n = row->n;
+#define Q(t) (s->lin_conv + (size_t)(t) * D + (size_t)kh * dk)
+#define K(t) (s->lin_conv + (size_t)(t) * D + (size_t)nk * dk + (size_t)kh * dk)
+#define V(t) (s->lin_conv + (size_t)(t) * D + (size_t)2 * nk * dk + (size_t)h * dv)
+#define O(t) (s->lin_out + (size_t)(t) * nv * dv + (size_t)h * dv)
+    if (n == 1) {
+        delta_step(S, Q(t0), K(t0), V(t0), s->lin_a[(size_t)t0 * nv + h],
+                   s->lin_b[(size_t)t0 * nv + h], O(t0), tmp, dk, dv);
+        return;
+    }
+    for (int c0 = 0; c0 < n; c0 += LOOM_DELTA_CHUNK) {
+        int C = LOOM_MIN(LOOM_DELTA_CHUNK, n - c0), tb = t0 + c0;
+        float acc = 0;
+        for (int i = 0; i < C; i++) G[i] = acc += s->lin_a[(size_t)(tb + i) * nv + h];
+        for (int i = 0; i < C; i++) {
+            float beta = s->lin_b[(size_t)(tb + i) * nv + h], eg = expf(G[i]);
+            const float *ki = K(tb + i);
+            float *ui = u + (size_t)i * dv;
+            /* u_i = beta (v_i - e^{G_i} S0^T k_i - sum_j e^{G_i-G_j} (k_i.k_j) u_j) */
+            for (int b = 0; b < dv; b++) tmp[b] = 0;
+            for (int a = 0; a < dk; a++)
+                for (int b = 0; b < dv; b++) tmp[b] += S[a * dv + b] * ki[a];
+            const float *vi = V(tb + i);
+            for (int b = 0; b < dv; b++) ui[b] = vi[b] - eg * tmp[b];
+            for (int jj = 0; jj < i; jj++) {
+                float w = expf(G[i] - G[jj]) * dotf(ki, K(tb + jj), dk);
+                const float *uj = u + (size_t)jj * dv;
+                for (int b = 0; b < dv; b++) ui[b] -= w * uj[b];
+            }
+            for (int b = 0; b < dv; b++) ui[b] *= beta;
+        }
+        for (int i = 0; i < C; i++) {
+            /* o_i = e^{G_i} S0^T q_i + sum_{j<=i} e^{G_i-G_j} (q_i.k_j) u_j */
+            const float *qi = Q(tb + i);
+            float *o = O(tb + i), eg = expf(G[i]);
+            for (int b = 0; b < dv; b++) o[b] = 0;
+            for (int a = 0; a < dk; a++)
+                for (int b = 0; b < dv; b++) o[b] += S[a * dv + b] * qi[a];
+            for (int b = 0; b < dv; b++) o[b] *= eg;
+            for (int jj = 0; jj <= i; jj++) {
+                float w = expf(G[i] - G[jj]) * dotf(qi, K(tb + jj), dk);
+                const float *uj = u + (size_t)jj * dv;
+                for (int b = 0; b < dv; b++) o[b] += w * uj[b];
+            }
+        }
+        /* S = e^{G_C} S0 + sum_j e^{G_C-G_j} k_j u_j^T */
+        float eg = expf(G[C - 1]);
+        for (int i = 0; i < dk * dv; i++) S[i] *= eg;
+        for (int jj = 0; jj < C; jj++) {
+            float w = expf(G[C - 1] - G[jj]);
+            const float *kj = K(tb + jj), *uj = u + (size_t)jj * dv;
+            for (int a = 0; a < dk; a++) {
+                float ka = w * kj[a];
+                for (int b = 0; b < dv; b++) S[a * dv + b] += ka * uj[b];
+            }
+        }
+    }
+#undef Q
+#undef K
+#undef V
+#undef O
+}
+
+void loom_fwd_linear(loom_model *m, loom_fwd_state *s, const loom_fwd_row *rows, int n_rows,
+                     const loom_layer *L, int T) {
+    const loom_config *c = &m->cfg;
+    const loom_linattn *A = &L->lin;
+    int nk = c->lin_n_k_heads, nv = c->lin_n_v_heads, dk = c->lin_k_head_dim;
+    int dv = c->lin_v_head_dim, K = c->lin_conv_kernel, D = m->lin_conv_dim, rep = nv / nk;
+    float eps = (float)c->rms_eps;
+
+    /* Projections into [q | k | v], z, b, a. */
+    if (A->fused) {
+        /* Grouped by key head: [q (dk) | k (dk) | v (rep dv) | z (rep dv)],
+         * and [b (rep) | a (rep)]. */
+        int W = A->in_qkvz.rows, gw = W / nk;
+        loom_fwd_matmul(m, s->lin_raw, s->xb, &A->in_qkvz, T);
+        for (int t = 0; t < T; t++)
+            for (int g = 0; g < nk; g++) {
+                const float *src = s->lin_raw + (size_t)t * W + (size_t)g * gw;
+                float *qkv = s->lin_qkv + (size_t)t * D;
+                memcpy(qkv + (size_t)g * dk, src, sizeof(float) * (size_t)dk);
+                memcpy(qkv + (size_t)(nk + g) * dk, src + dk, sizeof(float) * (size_t)dk);
+                memcpy(qkv + (size_t)2 * nk * dk + (size_t)g * rep * dv, src + 2 * dk,
+                       sizeof(float) * (size_t)rep * dv);
+                memcpy(s->lin_z + (size_t)t * nv * dv + (size_t)g * rep * dv,
+                       src + 2 * dk + rep * dv, sizeof(float) * (size_t)rep * dv);
+            }
+        loom_fwd_matmul(m, s->lin_raw, s->xb, &A->in_ba, T);
+        for (int t = 0; t < T; t++)
+            for (int g = 0; g < nk; g++)
+                for (int i = 0; i < rep; i++) {
+                    const float *src = s->lin_raw + (size_t)t * 2 * nv + (size_t)g * 2 * rep;
+                    s->lin_b[(size_t)t * nv + g * rep + i] = src[i];
+                    s->lin_a[(size_t)t * nv + g * rep + i] = src[rep + i];
+                }
+    } else {
+        loom_fwd_matmul(m, s->lin_qkv, s->xb, &A->in_qkv, T);
+        loom_fwd_matmul(m, s->lin_z, s->xb, &A->in_z, T);
+        loom_fwd_matmul(m, s->lin_b, s->xb, &A->in_b, T);
+        loom_fwd_matmul(m, s->lin_a, s->xb, &A->in_a, T);
+    }
+
+    /* Conv per row (sequential in time), then q/k norms, beta and decay. */
+    int *row_start = s->row_first;
+    for (int r = 0, t = 0; r < n_rows; t += rows[r].n, r++) {
+        row_start[r] = t;
+        float *cst = rows[r].state->conv + rows[r].state->conv_per * (size_t)A->slot;
+        conv_row(A->conv, K, D, cst, s->lin_qkv + (size_t)t * D, s->lin_conv + (size_t)t * D,
+                 rows[r].n);
+    }
+    float qscale = 1.0f / sqrtf((float)dk);
+    for (int t = 0; t < T; t++) {
+        float *x = s->lin_conv + (size_t)t * D;
+        for (int h = 0; h < 2 * nk; h++) {
+            float *v = x + (size_t)h * dk;
+            float inv = 1.0f / sqrtf(dotf(v, v, dk) + 1e-6f);
+            if (h < nk) inv *= qscale;
+            for (int i = 0; i < dk; i++) v[i] *= inv;
+        }
+        for (int h = 0; h < nv; h++) {
+            float *b = &s->lin_b[(size_t)t * nv + h], *a = &s->lin_a[(size_t)t * nv + h];
+            *b = 1.0f / (1.0f + expf(-*b));
+            *a = A->neg_a[h] * softplus(*a + A->dt_bias[h]);
+        }
+    }
+
+    delta_job dj = {m, s, rows, row_start, A->slot};
+    loom_pool_run(m->pool, n_rows * nv, delta_task, &dj);
+
+    /* Gated RMSNorm per value head, then the output projection. */
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < nv; h++) {
+            float *o = s->lin_out + ((size_t)t * nv + h) * dv;
+            const float *z = s->lin_z + ((size_t)t * nv + h) * dv;
+            m->k->rmsnorm(o, o, A->norm, dv, eps);
+            for (int i = 0; i < dv; i++) o[i] *= silu(z[i]);
+        }
+    loom_fwd_matmul(m, s->xb, s->lin_out, &A->out, T);
+}
