@@ -901,7 +901,8 @@ static jv *do_indent(ctx *c, jv *s, const args *a) {
 
 /* Applies a filter/test/attribute selection for select/reject/map. */
 static jv *do_select(ctx *c, int line, jv *v, const args *a, int attr_mode, int keep) {
-    jv *l = to_list(c, line, v);
+    /* Jinja iterates only a truthy input: select over None is empty */
+    jv *l = jv_truthy(v) ? to_list(c, line, v) : jv_list(c->a, 0);
     if (!l) return NULL;
     jv *out = jv_list(c->a, 0);
     int skip = attr_mode ? 1 : 0;
@@ -927,7 +928,7 @@ static jv *do_select(ctx *c, int line, jv *v, const args *a, int attr_mode, int 
 }
 
 static jv *do_map(ctx *c, int line, jv *v, const args *a) {
-    jv *l = to_list(c, line, v);
+    jv *l = jv_truthy(v) ? to_list(c, line, v) : jv_list(c->a, 0);
     if (!l) return NULL;
     jv *out = jv_list(c->a, l->u.l.n);
     jv *attr = arg(a, -1, "attribute");
@@ -1246,10 +1247,31 @@ static jv *apply_filter(ctx *c, int line, const char *name, jv *v, const args *a
         jv_repr(&b, v);
         return strbuf_take(c, &b);
     }
-    if (IS("bool")) return jv_bool(jv_truthy(v));
+    if (jinja_filter_known(name))
+        return rerr(c, line, "filter '%s' is not supported", name);
     return rerr(c, line, "unknown filter '%s'", name);
 #undef IS
 }
+
+static const char *const JINJA_FILTERS[] = {
+    "abs", "attr", "batch", "capitalize", "center", "count", "d", "default", "dictsort",
+    "e", "escape", "filesizeformat", "first", "float", "forceescape", "format", "groupby",
+    "indent", "int", "items", "join", "last", "length", "list", "lower", "map", "max",
+    "min", "pprint", "random", "reject", "rejectattr", "replace", "reverse", "round",
+    "safe", "select", "selectattr", "slice", "sort", "string", "striptags", "sum",
+    "title", "tojson", "trim", "truncate", "unique", "upper", "urlencode", "urlize",
+    "wordcount", "wordwrap", "xmlattr", NULL,
+};
+static const char *const JINJA_TESTS[] = {
+    "boolean", "callable", "defined", "divisibleby", "eq", "equalto", "escaped", "even",
+    "false", "filter", "float", "ge", "gt", "greaterthan", "in", "integer", "iterable",
+    "le", "lower", "lessthan", "lt", "mapping", "ne", "none", "number", "odd", "sameas",
+    "sequence", "string", "test", "true", "undefined", "upper", "==", "!=", "<", "<=",
+    ">", ">=", NULL,
+};
+
+int jinja_filter_known(const char *name) { return find_name(JINJA_FILTERS, name) != NULL; }
+int jinja_test_known(const char *name) { return find_name(JINJA_TESTS, name) != NULL; }
 
 /* ---- tests ---------------------------------------------------------------------------------------- */
 
@@ -1339,7 +1361,7 @@ static int apply_test(ctx *c, int line, const char *name, jv *v, const args *a) 
         }
         return cased && jv_equal(t, v);
     }
-    rerr(c, line, "unknown test '%s'", name);
+    rerr(c, line, "%s test '%s'", jinja_test_known(name) ? "unsupported" : "unknown", name);
     return -1;
 #undef IS
 }

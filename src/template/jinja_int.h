@@ -8,6 +8,50 @@
 
 #include "base/base.h"
 
+/* Internal helpers shared between the engine's files; the macros give them
+ * loom_jinja_ link names so the library exports nothing unprefixed. */
+#define jar_alloc loom_jinja_jar_alloc
+#define jar_strdup loom_jinja_jar_strdup
+#define jar_free loom_jinja_jar_free
+#define jb_put loom_jinja_jb_put
+#define jb_puts loom_jinja_jb_puts
+#define jb_putc loom_jinja_jb_putc
+#define jb_printf loom_jinja_jb_printf
+#define jv_undef_static loom_jinja_jv_undef_static
+#define jv_none_static loom_jinja_jv_none_static
+#define jv_true_static loom_jinja_jv_true_static
+#define jv_false_static loom_jinja_jv_false_static
+#define jv_new loom_jinja_jv_new
+#define jv_str loom_jinja_jv_str
+#define jv_strz loom_jinja_jv_strz
+#define jv_str_borrow loom_jinja_jv_str_borrow
+#define jv_int loom_jinja_jv_int
+#define jv_float loom_jinja_jv_float
+#define jv_bool loom_jinja_jv_bool
+#define jv_undef loom_jinja_jv_undef
+#define jv_list loom_jinja_jv_list
+#define jv_dict loom_jinja_jv_dict
+#define jv_list_push loom_jinja_jv_list_push
+#define jv_dict_get loom_jinja_jv_dict_get
+#define jv_dict_gets loom_jinja_jv_dict_gets
+#define jv_dict_set loom_jinja_jv_dict_set
+#define jv_truthy loom_jinja_jv_truthy
+#define jv_equal loom_jinja_jv_equal
+#define jv_compare loom_jinja_jv_compare
+#define jv_type_name loom_jinja_jv_type_name
+#define jv_to_str loom_jinja_jv_to_str
+#define jv_repr loom_jinja_jv_repr
+#define jv_fmt_float loom_jinja_jv_fmt_float
+#define jv_to_json loom_jinja_jv_to_json
+#define jv_parse_json loom_jinja_jv_parse_json
+#define ju_decode loom_jinja_ju_decode
+#define ju_encode loom_jinja_ju_encode
+#define ju_count loom_jinja_ju_count
+#define jinja_parse loom_jinja_jinja_parse
+#define jinja_filter_known loom_jinja_jinja_filter_known
+#define jinja_test_known loom_jinja_jinja_test_known
+
+
 /* ---- arena: everything a compile or a render allocates lives in one ---- */
 
 typedef struct jarena_block jarena_block;
@@ -156,5 +200,10 @@ struct loom_jinja_template {
 
 /* Parser entry (jinja_parse.c). */
 loom_status jinja_parse(jarena *a, const char *src, size_t len, jnode **out);
+
+/* Whether a filter / test name exists in Jinja (jinja_eval.c); the parser
+ * rejects unknown names at compile time, as Jinja does. */
+int jinja_filter_known(const char *name);
+int jinja_test_known(const char *name);
 
 #endif

@@ -818,6 +818,8 @@ static jnode *parse_filter_expr(parser *p, jnode *n) {
             if (!f) return NULL;
             f->name = parse_dotted(p);
             if (!f->name) return NULL;
+            if (!jinja_filter_known(f->name))
+                return perr(p, f->line, "no filter named '%s'", f->name), NULL;
             f->a = n;
             if (tok_is_op(cur(p), "(")) {
                 adv(p);
@@ -834,6 +836,8 @@ static jnode *parse_filter_expr(parser *p, jnode *n) {
             }
             x->name = parse_dotted(p);
             if (!x->name) return NULL;
+            if (!jinja_test_known(x->name))
+                return perr(p, x->line, "no test named '%s'", x->name), NULL;
             x->a = n;
             if (tok_is_op(cur(p), "(")) {
                 adv(p);
@@ -1131,6 +1135,8 @@ static jnode *parse_filter_chain(parser *p, int line) {
         if (!f) return NULL;
         f->name = parse_dotted(p);
         if (!f->name) return NULL;
+        if (!jinja_filter_known(f->name))
+            return perr(p, f->line, "no filter named '%s'", f->name), NULL;
         f->a = n;
         if (tok_is_op(cur(p), "(")) {
             adv(p);
