@@ -37,7 +37,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "base/base.h"
 #include "engine/kv.h"
@@ -416,6 +415,8 @@ typedef struct result {
     char name[128];
     model_cost cost;
     double pp[64], tg[64];   /* tok/s per rep */
+    double peak;             /* FMA GFLOP/s measured just before the pp reps */
+    double bw;               /* read GB/s measured just before the tg reps */
     double pp_med, tg_med;
 } result;
 
@@ -441,6 +442,27 @@ static loom_status time_tg(loom_context *c, const int32_t *tok, int n, int V, fl
     }
     *tps = n / (loom_now() - t0);
     return s;
+}
+
+/* Last-level cache of CPU 0 in bytes from sysfs (sysconf reports the
+ * host's in some VMs); 0 if unknown. */
+static double llc_bytes(void) {
+    FILE *f = fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "r");
+    double v = 0;
+    char unit = 0;
+    if (f && fscanf(f, "%lf%c", &v, &unit) >= 1)
+        v *= unit == 'K' ? 1024.0 : unit == 'M' ? 1048576.0 : 1.0;
+    if (f) fclose(f);
+    return v;
+}
+
+/* One-minute load average, -1 if unknown. */
+static double load_average(void) {
+    FILE *f = fopen("/proc/loadavg", "r");
+    double v = -1;
+    if (f && fscanf(f, "%lf", &v) != 1) v = -1;
+    if (f) fclose(f);
+    return v;
 }
 
 static const char *base_name(const char *dir) {
@@ -529,6 +551,10 @@ int main(int argc, char **argv) {
                bw, threads, BW_PASSES);
         printf("f32 FMA peak:          %.1f GFLOP/s (%d threads, AVX2 FMA, median of %d)\n",
                peak, threads, PEAK_PASSES);
+        double load = load_average();
+        if (load >= 0.5)
+            printf("load average %.2f on %d CPUs: other processes compete for the cores and "
+                   "memory; expect noise\n", load, loom_cpu_count());
         fflush(stdout);
     }
 
@@ -586,7 +612,11 @@ int main(int argc, char **argv) {
         loom_status s = logits ? loom_context_create(m, &cp, &c) : LOOM_ERR_NOMEM;
         double dummy;
         if (s == LOOM_OK) s = time_pp(c, tok, p, logits, &dummy); /* warm-up: pages, caches */
+        /* The limits are measured again next to each timing: on a shared
+         * machine what other processes leave over changes by the minute. */
+        R->peak = measure_peak(threads);
         for (int i = 0; i < reps && s == LOOM_OK; i++) s = time_pp(c, tok, p, logits, &R->pp[i]);
+        R->bw = measure_bandwidth(threads);
         if (s == LOOM_OK) s = time_tg(c, tok, n, V, logits, &dummy);
         for (int i = 0; i < reps && s == LOOM_OK; i++)
             s = time_tg(c, tok, n, V, logits, &R->tg[i]);
@@ -606,7 +636,7 @@ int main(int argc, char **argv) {
         n_res++;
 
         const model_cost *mc = &R->cost;
-        double bpt = mc->weight_bytes + mc->kv_bytes, bound = bw / (bpt / 1e9);
+        double bpt = mc->weight_bytes + mc->kv_bytes, bound = R->bw / (bpt / 1e9);
         double gflops = mc->flop_per_pp_token * R->pp_med / 1e9;
         if (json) {
             printf("{\"model\":\"%s\",\"dir\":\"%s\",\"weights\":\"%s\",\"params\":%.0f,"
@@ -616,7 +646,7 @@ int main(int argc, char **argv) {
                    "\"flop_per_pp_token\":%.0f,\"pp_tps\":%.3f,\"pp_gflops\":%.3f,"
                    "\"tg_tps\":%.3f,\"tg_bound_tps\":%.3f,\"tg_pct_of_bound\":%.2f,",
                    R->name, dir, mc->dtype, mc->params, threads, p, n, reps,
-                   has_ref ? "reference" : "self", bw, peak, mc->weight_bytes, mc->kv_bytes,
+                   has_ref ? "reference" : "self", R->bw, R->peak, mc->weight_bytes, mc->kv_bytes,
                    mc->flop_per_pp_token, R->pp_med, gflops, R->tg_med, bound,
                    100.0 * R->tg_med / bound);
             printf("\"pp_reps\":[");
@@ -629,12 +659,14 @@ int main(int argc, char **argv) {
     }
 
     if (!json && n_res) {
-        printf("\nthreads %d, pp%d and tg%d (after a %d-token prompt), median of %d reps; "
-               "bound = bandwidth / bytes per decode token\n\n", threads, p, n, TG_PROMPT, reps);
-        printf("| %-18s | %-7s | %-7s | %9s | %10s | %6s | %9s | %8s | %14s | %10s |\n", "model",
-               "weights", "params", "pp tok/s", "pp GFLOP/s", "% peak", "tg tok/s", "MB/token",
-               "tg bound tok/s", "% of bound");
-        static const int width[] = {20, 9, 9, 11, 12, 8, 11, 10, 16, 12};
+        printf("\nthreads %d, pp%d and tg%d (after a %d-token prompt), median of %d reps. FMA "
+               "peak and GB/s are measured again next to each model's timing;\n"
+               "tg bound = GB/s / (MB/token: weights read per token + average KV read)\n\n",
+               threads, p, n, TG_PROMPT, reps);
+        printf("| %-18s | %-7s | %-7s | %9s | %10s | %10s | %6s | %9s | %8s | %6s | %14s | "
+               "%10s |\n", "model", "weights", "params", "pp tok/s", "pp GFLOP/s", "FMA peak",
+               "% peak", "tg tok/s", "MB/token", "GB/s", "tg bound tok/s", "% of bound");
+        static const int width[] = {20, 9, 9, 11, 12, 12, 8, 11, 10, 8, 16, 12};
         for (size_t k = 0; k < LOOM_ARRAY_LEN(width); k++) {
             printf("|");
             for (int w = 0; w < width[k]; w++) putchar(k >= 3 && w == width[k] - 1 ? ':' : '-');
@@ -643,25 +675,25 @@ int main(int argc, char **argv) {
         for (int i = 0; i < n_res; i++) {
             const result *R = &res[i];
             const model_cost *mc = &R->cost;
-            double bpt = mc->weight_bytes + mc->kv_bytes, bound = bw / (bpt / 1e9);
+            double bpt = mc->weight_bytes + mc->kv_bytes, bound = R->bw / (bpt / 1e9);
             double gflops = mc->flop_per_pp_token * R->pp_med / 1e9;
             char params[32];
             fmt_count(params, sizeof params, mc->params);
-            printf("| %-18s | %-7s | %-7s | %9.1f | %10.1f | %5.1f%% | %9.2f | %8.1f | %14.2f | "
-                   "%9.1f%% |\n",
-                   R->name, mc->dtype, params, R->pp_med, gflops,
-                   peak > 0 ? 100.0 * gflops / peak : 0.0, R->tg_med, bpt / 1e6, bound,
-                   100.0 * R->tg_med / bound);
+            printf("| %-18s | %-7s | %-7s | %9.1f | %10.1f | %10.1f | %5.1f%% | %9.2f | %8.1f | "
+                   "%6.1f | %14.2f | %9.1f%% |\n",
+                   R->name, mc->dtype, params, R->pp_med, gflops, R->peak,
+                   R->peak > 0 ? 100.0 * gflops / R->peak : 0.0, R->tg_med, bpt / 1e6, R->bw,
+                   bound, 100.0 * R->tg_med / bound);
         }
     }
     if (!json && n_res) {
-        long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+        double llc = llc_bytes();
         for (int i = 0; i < n_res; i++) {
             double bpt = res[i].cost.weight_bytes + res[i].cost.kv_bytes;
-            if (llc > 0 && bpt < (double)llc)
+            if (llc > 0 && bpt < llc)
                 printf("note: %s moves %.1f MB per token, less than the %.0f MiB last-level "
                        "cache; its weights can stay cached, so the DRAM bound understates "
-                       "what is possible\n", res[i].name, bpt / 1e6, (double)llc / (1 << 20));
+                       "what is possible\n", res[i].name, bpt / 1e6, llc / (1 << 20));
         }
     }
     free(tok);
