@@ -644,11 +644,12 @@ int main(int argc, char **argv) {
                    "\"bandwidth_gbs\":%.3f,\"fma_peak_gflops\":%.3f,"
                    "\"weight_bytes_per_token\":%.0f,\"kv_bytes_per_token\":%.0f,"
                    "\"flop_per_pp_token\":%.0f,\"pp_tps\":%.3f,\"pp_gflops\":%.3f,"
-                   "\"tg_tps\":%.3f,\"tg_bound_tps\":%.3f,\"tg_pct_of_bound\":%.2f,",
+                   "\"tg_tps\":%.3f,\"tg_bound_tps\":%.3f,\"tg_pct_of_bound\":%.2f,"
+                   "\"load_avg\":%.2f,",
                    R->name, dir, mc->dtype, mc->params, threads, p, n, reps,
                    has_ref ? "reference" : "self", R->bw, R->peak, mc->weight_bytes, mc->kv_bytes,
                    mc->flop_per_pp_token, R->pp_med, gflops, R->tg_med, bound,
-                   100.0 * R->tg_med / bound);
+                   100.0 * R->tg_med / bound, load_average());
             printf("\"pp_reps\":[");
             for (int i = 0; i < reps; i++) printf("%s%.3f", i ? "," : "", R->pp[i]);
             printf("],\"tg_reps\":[");
