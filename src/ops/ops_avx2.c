@@ -73,6 +73,21 @@ INLINE __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
 #define PF_BYTES 2048
 #define PF_HINT _MM_HINT_T2
 
+/* Software prefetch of the R rows at base[] (element offsets), PF_BYTES
+ * ahead of element k; past the row end it moves on to the same row of the
+ * next group (R rows further), so the start of every row is already in
+ * flight when it is reached. The hardware stream prefetchers ramp up slowly
+ * on short rows (2 KiB for an f16 row of 1024), which costs up to half the
+ * bandwidth. Call once per 64 bytes of row. */
+INLINE void prefetch_rows(const void *w, const size_t *base, int R, size_t n, size_t k,
+                          int dt) {
+    const size_t sz = dt == DT_F32 ? 4 : 2;
+    size_t kp = k + PF_BYTES / sz;
+    size_t off = kp < n ? kp : kp - n + (size_t)R * n;
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) _mm_prefetch((const char *)w + (base[r] + off) * sz, PF_HINT);
+}
+
 /* y[r0 .. r0+R) = w rows . x, for R in 1..4 (T == 1). */
 INLINE void matvec_rows(float *y, const float *x, const void *w, size_t n,
                         int r0, int R, int dt) {
@@ -84,23 +99,10 @@ INLINE void matvec_rows(float *y, const float *x, const void *w, size_t n,
         a1[r] = _mm256_setzero_ps();
         base[r] = (size_t)(r0 + r) * n;
     }
-    /* Software prefetch PF_BYTES ahead in each row; past the row end it
-     * moves on to the same row of the next group (R rows further), so the
-     * start of every row is already in flight when it is reached. The
-     * hardware stream prefetchers ramp up slowly on short rows (2 KiB for
-     * an f16 row of 1024), which costs up to half the bandwidth. */
-    const size_t sz = dt == DT_F32 ? 4 : 2;
-    const size_t pf_ahead = PF_BYTES / sz, next_group = (size_t)R * n;
     size_t k = 0;
     for (; k + 16 <= n; k += 16) {
         __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8);
-        if (sz == 4 || (k & 16) == 0) { /* one prefetch per row per 64 bytes */
-            size_t kp = k + pf_ahead;
-            size_t off = kp < n ? kp : kp - n + next_group;
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++)
-                _mm_prefetch((const char *)w + (base[r] + off) * sz, PF_HINT);
-        }
+        if (dt == DT_F32 || (k & 16) == 0) prefetch_rows(w, base, R, n, k, dt);
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             a0[r] = _mm256_fmadd_ps(load_w(w, base[r] + k, dt), x0, a0[r]);
@@ -143,7 +145,7 @@ INLINE void matvec_rows(float *y, const float *x, const void *w, size_t n,
  * registers for the whole k step and the other is streamed, so the tile
  * needs R*TT + min(R, TT) + 1 vector registers. */
 INLINE void tile(float *y, size_t ldy, const float *x, size_t ldx,
-                 const void *w, size_t n, int r0, int R, int TT, int dt) {
+                 const void *w, size_t n, int r0, int R, int TT, int pf, int dt) {
     __m256 acc[TILE_R][TILE_T];
     size_t base[TILE_R];
 #pragma GCC unroll 8
@@ -154,6 +156,7 @@ INLINE void tile(float *y, size_t ldy, const float *x, size_t ldx,
     }
     size_t k = 0;
     for (; k + 8 <= n; k += 8) {
+        if (pf && ((k * (dt == DT_F32 ? 4 : 2)) & 63) == 0) prefetch_rows(w, base, R, n, k, dt);
         if (R <= TT) {
             __m256 wv[TILE_R];
 #pragma GCC unroll 8
@@ -201,26 +204,29 @@ INLINE void tile(float *y, size_t ldy, const float *x, size_t ldx,
     }
 }
 
-/* Tokens of one row tile: full tiles of TILE_T, then the rest. */
+/* Tokens of one row tile: full tiles of TILE_T, then the rest. Only the
+ * first token tile brings the rows in from memory, so only it prefetches
+ * (this matters for small batches, T = 2..8, which stream like a matvec). */
 INLINE void tile_tokens(float *y, size_t ldy, const float *x, size_t ldx,
                         const void *w, size_t n, int T, int r0, int R, int dt) {
     int t = 0;
     for (; t + TILE_T <= T; t += TILE_T)
-        tile(y + t * ldy, ldy, x + t * ldx, ldx, w, n, r0, R, TILE_T, dt);
+        tile(y + t * ldy, ldy, x + t * ldx, ldx, w, n, r0, R, TILE_T, t == 0, dt);
+    int pf = t == 0;
     y += t * ldy;
     x += t * ldx;
     switch (T - t) {
 #if TILE_T > 5
-    case 5: tile(y, ldy, x, ldx, w, n, r0, R, 5, dt); break;
+    case 5: tile(y, ldy, x, ldx, w, n, r0, R, 5, pf, dt); break;
 #endif
 #if TILE_T > 4
-    case 4: tile(y, ldy, x, ldx, w, n, r0, R, 4, dt); break;
+    case 4: tile(y, ldy, x, ldx, w, n, r0, R, 4, pf, dt); break;
 #endif
 #if TILE_T > 3
-    case 3: tile(y, ldy, x, ldx, w, n, r0, R, 3, dt); break;
+    case 3: tile(y, ldy, x, ldx, w, n, r0, R, 3, pf, dt); break;
 #endif
-    case 2: tile(y, ldy, x, ldx, w, n, r0, R, 2, dt); break;
-    case 1: tile(y, ldy, x, ldx, w, n, r0, R, 1, dt); break;
+    case 2: tile(y, ldy, x, ldx, w, n, r0, R, 2, pf, dt); break;
+    case 1: tile(y, ldy, x, ldx, w, n, r0, R, 1, pf, dt); break;
     default: break;
     }
 }
