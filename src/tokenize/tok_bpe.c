@@ -7,7 +7,6 @@
  * symbols form a doubly linked list, so a word of n characters costs
  * O(n log n). A popped pair is checked against the current neighbours and
  * skipped if stale. */
-#include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -62,9 +61,26 @@ static int32_t vocab_id(const loom_tok *t, const char *s, size_t n) {
     return tk_strmap_get(&t->vocab_map, &t->vocab, s, n);
 }
 
-loom_status tk_merges_build(loom_tok *t, const cJSON *merges) {
+static loom_status bad_merge(uint32_t i, const char *what) {
+    return loom_err(LOOM_ERR_FORMAT, "model.merges[%u]: expected %s", i, what);
+}
+
+loom_status tk_merges_build(loom_tok *t, const char *js, tk_span_t span) {
     tk_merge_map *m = &t->merges;
-    size_t n = merges ? (size_t)cJSON_GetArraySize(merges) : 0;
+    tk_lex x = {.p = js + span.s, .e = js + span.e, .base = js};
+    /* count the entries to size the table */
+    size_t n = 0;
+    if (span.e) {
+        tk_lex c = x;
+        c.p++;
+        tk_lex_ws(&c);
+        while (c.p < c.e && *c.p != ']') {
+            if (tk_lex_skip(&c, 1)) return bad_merge((uint32_t)n, "a JSON value");
+            n++;
+            tk_lex_ws(&c);
+            if (c.p < c.e && *c.p == ',') c.p++;
+        }
+    }
     size_t cap = 16;
     while (cap < n * 2) cap *= 2;
     m->key = malloc(cap * sizeof *m->key);
@@ -74,53 +90,72 @@ loom_status tk_merges_build(loom_tok *t, const cJSON *merges) {
     if (!m->key || !m->rank || !m->new_id)
         return loom_err(LOOM_ERR_NOMEM, "tokenizer: out of memory for %zu merges", n);
     memset(m->key, 0xff, cap * sizeof *m->key);
-    if (!merges) return LOOM_OK;
+    if (!span.e) return LOOM_OK;
 
-    tk_buf joined = {0};
-    uint32_t rank = 0;
-    const cJSON *e;
-    cJSON_ArrayForEach(e, merges) {
+    tk_buf sa = {0}, sb = {0}, joined = {0};
+    loom_status st = LOOM_OK;
+    uint32_t rank = 0, idx = 0;
+    x.p++;
+    for (;; idx++) {
+        tk_lex_ws(&x);
+        if (x.p < x.e && *x.p == ']') break;
         const char *a, *b;
         size_t la, lb;
-        if (cJSON_IsString(e)) {
+        sa.n = sb.n = 0;
+        if (x.p < x.e && *x.p == '"') {
             /* legacy "a b" form: exactly one space; "#version" lines are
              * comments that take no rank */
-            const char *s = e->valuestring;
-            if (!strncmp(s, "#version", 8)) continue;
-            const char *sp = strchr(s, ' ');
-            if (!sp || strchr(sp + 1, ' ')) {
-                tk_buf_free(&joined);
-                return loom_err(LOOM_ERR_FORMAT,
-                                "model.merges[%u]: expected \"left right\", found \"%.80s\"",
-                                rank, s);
+            if (tk_lex_string(&x, &sa)) { st = bad_merge(idx, "a string"); break; }
+            const char *s = sa.p ? sa.p : "";
+            const char *sp = memchr(s, ' ', sa.n);
+            if (sa.n >= 8 && !memcmp(s, "#version", 8)) goto next;
+            if (!sp || memchr(sp + 1, ' ', sa.n - (size_t)(sp + 1 - s))) {
+                st = loom_err(LOOM_ERR_FORMAT,
+                              "model.merges[%u]: expected \"left right\", found \"%.80s\"", idx, s);
+                break;
             }
             a = s; la = (size_t)(sp - s);
-            b = sp + 1; lb = strlen(b);
-        } else if (cJSON_IsArray(e) && cJSON_GetArraySize(e) == 2 &&
-                   cJSON_IsString(e->child) && cJSON_IsString(e->child->next)) {
-            a = e->child->valuestring; la = strlen(a);
-            b = e->child->next->valuestring; lb = strlen(b);
+            b = sp + 1; lb = sa.n - la - 1;
+        } else if (x.p < x.e && *x.p == '[') {
+            x.p++;
+            tk_lex_ws(&x);
+            if (tk_lex_string(&x, &sa)) { st = bad_merge(idx, "a pair [a, b] of strings"); break; }
+            tk_lex_ws(&x);
+            if (x.p >= x.e || *x.p != ',') { st = bad_merge(idx, "a pair [a, b] of strings"); break; }
+            x.p++;
+            tk_lex_ws(&x);
+            if (tk_lex_string(&x, &sb)) { st = bad_merge(idx, "a pair [a, b] of strings"); break; }
+            tk_lex_ws(&x);
+            if (x.p >= x.e || *x.p != ']') { st = bad_merge(idx, "a pair [a, b] of strings"); break; }
+            x.p++;
+            a = sa.p; la = sa.n;
+            b = sb.p; lb = sb.n;
         } else {
-            tk_buf_free(&joined);
-            return loom_err(LOOM_ERR_FORMAT,
-                            "model.merges[%u]: expected a string \"a b\" or a pair [a, b]",
-                            rank);
+            st = bad_merge(idx, "a string \"a b\" or a pair [a, b]");
+            break;
         }
-        int32_t ia = vocab_id(t, a, la), ib = vocab_id(t, b, lb);
-        size_t skip = t->cont_prefix_len <= lb ? t->cont_prefix_len : lb;
-        joined.n = 0;
-        if (tk_buf_put(&joined, a, la) || tk_buf_put(&joined, b + skip, lb - skip)) {
-            tk_buf_free(&joined);
-            return loom_err(LOOM_ERR_NOMEM, "tokenizer: out of memory");
+        {
+            int32_t ia = vocab_id(t, a, la), ib = vocab_id(t, b, lb);
+            size_t skip = t->cont_prefix_len <= lb ? t->cont_prefix_len : lb;
+            joined.n = 0;
+            if (tk_buf_put(&joined, a, la) || tk_buf_put(&joined, b + skip, lb - skip)) {
+                st = loom_err(LOOM_ERR_NOMEM, "tokenizer: out of memory");
+                break;
+            }
+            int32_t inew = vocab_id(t, joined.p, joined.n);
+            /* The reference refuses such files; skipping the merge is
+             * harmless because it could never fire. */
+            if (ia >= 0 && ib >= 0 && inew >= 0) merge_put(m, ia, ib, rank, inew);
+            rank++;
         }
-        int32_t inew = vocab_id(t, joined.p, joined.n);
-        /* The reference refuses such files; skipping the merge is harmless
-         * because it could never fire. */
-        if (ia >= 0 && ib >= 0 && inew >= 0) merge_put(m, ia, ib, rank, inew);
-        rank++;
+    next:
+        tk_lex_ws(&x);
+        if (x.p < x.e && *x.p == ',') x.p++;
     }
+    tk_buf_free(&sa);
+    tk_buf_free(&sb);
     tk_buf_free(&joined);
-    return LOOM_OK;
+    return st;
 }
 
 /* ---- merge loop ---------------------------------------------------------------- */

@@ -61,6 +61,28 @@ typedef struct tk_pieces {
 int tk_pieces_add(tk_pieces *l, const char *s, size_t n, int32_t id, int origin);
 void tk_pieces_free(tk_pieces *l);
 
+/* ---- JSON fast path (tok_json.c) ------------------------------------------ */
+
+typedef struct tk_span_t {
+    size_t s, e;      /* byte range of a JSON value in the text; e == 0: none */
+} tk_span_t;
+
+typedef struct tk_lex {
+    const char *p, *e, *base;   /* cursor, end, start of the whole text */
+} tk_lex;
+
+void tk_lex_ws(tk_lex *x);
+/* Reads a string at x (appending its UTF-8 to out when out != NULL). */
+int tk_lex_string(tk_lex *x, tk_buf *out);
+int tk_lex_int(tk_lex *x, long long *v);
+/* Skips one value of any kind. */
+int tk_lex_skip(tk_lex *x, int depth);
+/* Finds the values of model.vocab (an object) and model.merges (an array)
+ * in a tokenizer.json text. -1 if the text is not valid JSON as far as the
+ * lexer can tell. */
+int tk_json_locate_model(const char *js, size_t n, tk_span_t *vocab,
+                         tk_span_t *merges);
+
 /* ---- UTF-8 ------------------------------------------------------------------ */
 
 /* Decodes one code point of valid UTF-8 at s (n bytes left); returns its
@@ -288,7 +310,9 @@ typedef struct tk_bpe_scratch {
 loom_status tk_bpe_word(const loom_tok *t, const char *w, size_t n,
                         tk_ids *out, tk_bpe_scratch *sc);
 void tk_bpe_scratch_free(tk_bpe_scratch *sc);
-loom_status tk_merges_build(loom_tok *t, const struct cJSON *merges);
+/* Builds the merge table from the model.merges array at span of js
+ * (span.e == 0: no merges). Needs the vocabulary loaded. */
+loom_status tk_merges_build(loom_tok *t, const char *js, tk_span_t span);
 void tk_merge_map_free(tk_merge_map *m);
 
 /* Decoding context for the streaming detokenizer: decoding a window of the

@@ -36,24 +36,6 @@ static const char *cjson_type_name(const cJSON *v) {
     return "an invalid value";
 }
 
-/* Copies s into the arena; returns its offset or (size_t)-1. Pointers are
- * taken only once the arena stops growing. */
-static size_t arena_add(loom_tok *t, const char *s, size_t n) {
-    if (t->arena_len + n + 1 > t->arena_cap) {
-        size_t cap = t->arena_cap ? t->arena_cap : 1 << 16;
-        while (cap < t->arena_len + n + 1) cap *= 2;
-        char *p = realloc(t->arena, cap);
-        if (!p) return (size_t)-1;
-        t->arena = p;
-        t->arena_cap = cap;
-    }
-    size_t off = t->arena_len;
-    memcpy(t->arena + off, s, n);
-    t->arena[off + n] = 0;
-    t->arena_len += n + 1;
-    return off;
-}
-
 /* ---- trie ------------------------------------------------------------------- */
 
 static int trie_init(tk_trie *tr) {
@@ -482,8 +464,60 @@ static loom_status post_parse(loom_tok *t, const cJSON *j) {
     return LOOM_OK;
 }
 
+typedef struct vocab_entry {
+    size_t off;       /* in the arena */
+    uint32_t len;
+    int32_t id;
+} vocab_entry;
+
+/* Reads model.vocab from the raw text into the arena buffer. */
+static loom_status read_vocab(const char *js, tk_span_t span, tk_buf *arena,
+                              vocab_entry **out, size_t *n_out) {
+    tk_lex x = {.p = js + span.s, .e = js + span.e, .base = js};
+    vocab_entry *v = NULL;
+    size_t n = 0, cap = 0;
+    loom_status st = LOOM_OK;
+    x.p++;
+    for (;;) {
+        tk_lex_ws(&x);
+        if (x.p < x.e && *x.p == '}') break;
+        size_t off = arena->n;
+        long long id;
+        if (tk_lex_string(&x, arena) || tk_buf_putc(arena, 0)) {
+            st = loom_err(LOOM_ERR_FORMAT, "tokenizer.json: model.vocab: expected a string key at entry %zu", n);
+            break;
+        }
+        tk_lex_ws(&x);
+        if (x.p < x.e && *x.p == ':') x.p++;
+        tk_lex_ws(&x);
+        if (tk_lex_int(&x, &id) || id < 0 || id >= TK_MAX_ID) {
+            st = loom_err(LOOM_ERR_FORMAT,
+                          "tokenizer.json: model.vocab[\"%.80s\"]: expected an integer id in [0, %d)",
+                          arena->p + off, TK_MAX_ID);
+            break;
+        }
+        if (n == cap) {
+            cap = cap ? cap * 2 : 1024;
+            vocab_entry *q = realloc(v, cap * sizeof *q);
+            if (!q) { st = nomem(); break; }
+            v = q;
+        }
+        v[n++] = (vocab_entry){off, (uint32_t)(arena->n - off - 1), (int32_t)id};
+        tk_lex_ws(&x);
+        if (x.p < x.e && *x.p == ',') x.p++;
+    }
+    if (st) {
+        free(v);
+        return st;
+    }
+    *out = v;
+    *n_out = n;
+    return LOOM_OK;
+}
+
 static loom_status load_model(loom_tok *t, const cJSON *model,
-                              const cJSON *added_arr) {
+                              const cJSON *added_arr, const char *js,
+                              tk_span_t vspan, tk_span_t mspan) {
     if (!cJSON_IsObject(model))
         return loom_err(LOOM_ERR_FORMAT, "tokenizer.json: expected a \"model\" object, found %s",
                         cjson_type_name(model));
@@ -496,49 +530,58 @@ static loom_status load_model(loom_tok *t, const cJSON *model,
     if (!type && !merges)
         return loom_err(LOOM_ERR_UNSUPPORTED,
                         "tokenizer.json: model: expected a BPE model (type or merges), found neither");
-    if (!cJSON_IsObject(vocab))
+    if (!cJSON_IsObject(vocab) || !vspan.e)
         return loom_err(LOOM_ERR_FORMAT, "tokenizer.json: model.vocab: expected an object, found %s",
                         cjson_type_name(vocab));
-    if (merges && !cJSON_IsArray(merges) && !cJSON_IsNull(merges))
+    if (merges && !cJSON_IsNull(merges) && (!cJSON_IsArray(merges) || !mspan.e))
         return loom_err(LOOM_ERR_FORMAT, "tokenizer.json: model.merges: expected an array, found %s",
                         cjson_type_name(merges));
-    if (cJSON_IsNull(merges)) merges = NULL;
     if (added_arr && !cJSON_IsArray(added_arr) && !cJSON_IsNull(added_arr))
         return loom_err(LOOM_ERR_FORMAT, "tokenizer.json: added_tokens: expected an array, found %s",
                         cjson_type_name(added_arr));
 
-    /* pass 1: sizes */
+    /* strings go to one arena; pointers are taken once it stops growing */
+    tk_buf arena = {0};
+    vocab_entry *ve = NULL;
+    size_t n_vocab = 0;
+    loom_status st = read_vocab(js, vspan, &arena, &ve, &n_vocab);
     int32_t max_id = -1;
-    size_t n_vocab = 0, bytes = 0;
-    const cJSON *e;
-    cJSON_ArrayForEach(e, vocab) {
-        if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble >= TK_MAX_ID)
-            return loom_err(LOOM_ERR_FORMAT,
-                            "tokenizer.json: model.vocab[\"%.80s\"]: expected an id in [0, %d), found %s",
-                            e->string, TK_MAX_ID, cJSON_IsNumber(e) ? "one outside" : cjson_type_name(e));
-        if (e->valueint > max_id) max_id = e->valueint;
-        n_vocab++;
-        bytes += strlen(e->string) + 1;
-    }
+    for (size_t i = 0; i < n_vocab; i++)
+        if (ve[i].id > max_id) max_id = ve[i].id;
+
     int n_added = 0;
     int32_t max_added = -1;
-    if (cJSON_IsArray(added_arr))
+    size_t *added_off = NULL;
+    const cJSON *e;
+    if (!st && cJSON_IsArray(added_arr)) {
+        added_off = malloc(((size_t)cJSON_GetArraySize(added_arr) + 1) * sizeof *added_off);
+        if (!added_off) st = nomem();
         cJSON_ArrayForEach(e, added_arr) {
+            if (st) break;
             const cJSON *id = cJSON_GetObjectItemCaseSensitive(e, "id");
             const char *c = jstr(e, "content");
-            if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble >= TK_MAX_ID || !c)
-                return loom_err(LOOM_ERR_FORMAT,
-                                "tokenizer.json: added_tokens[%d]: expected \"id\" and \"content\"",
-                                n_added);
+            if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble >= TK_MAX_ID || !c) {
+                st = loom_err(LOOM_ERR_FORMAT,
+                              "tokenizer.json: added_tokens[%d]: expected \"id\" in [0, %d) and \"content\"",
+                              n_added, TK_MAX_ID);
+                break;
+            }
             if (id->valueint > max_added) max_added = id->valueint;
-            bytes += strlen(c) + 1;
-            n_added++;
+            added_off[n_added++] = arena.n;
+            if (tk_buf_put(&arena, c, strlen(c) + 1)) st = nomem();
         }
+    }
+    if (st) {
+        free(ve);
+        free(added_off);
+        tk_buf_free(&arena);
+        return st;
+    }
+    t->arena = arena.p;
+    t->arena_len = arena.n;
+    t->arena_cap = arena.cap;
     t->n_ids = (max_id > max_added ? max_id : max_added) + 1;
 
-    /* pass 2: strings into the arena (offsets first: it may move) */
-    t->arena_cap = bytes + 1;
-    t->arena = malloc(t->arena_cap);
     t->vocab.n = max_id + 1;
     t->vocab.s = calloc((size_t)t->vocab.n + 1, sizeof *t->vocab.s);
     t->vocab.len = calloc((size_t)t->vocab.n + 1, sizeof *t->vocab.len);
@@ -547,26 +590,26 @@ static loom_status load_model(loom_tok *t, const cJSON *model,
     t->added_tab.n = t->n_ids;
     t->added_tab.s = calloc((size_t)t->n_ids + 1, sizeof *t->added_tab.s);
     t->added_tab.len = calloc((size_t)t->n_ids + 1, sizeof *t->added_tab.len);
-    if (!t->arena || !t->vocab.s || !t->vocab.len || !t->added || !t->added_of_id ||
+    if (!t->vocab.s || !t->vocab.len || !t->added || !t->added_of_id ||
         !t->added_tab.s || !t->added_tab.len ||
-        tk_strmap_init(&t->vocab_map, n_vocab) || tk_strmap_init(&t->added_map, (size_t)n_added))
+        tk_strmap_init(&t->vocab_map, n_vocab) || tk_strmap_init(&t->added_map, (size_t)n_added)) {
+        free(ve);
+        free(added_off);
         return nomem();
-    for (int32_t i = 0; i < t->n_ids; i++) t->added_of_id[i] = -1;
-    cJSON_ArrayForEach(e, vocab) {
-        size_t l = strlen(e->string);
-        size_t off = arena_add(t, e->string, l);
-        t->vocab.s[e->valueint] = t->arena + off;
-        t->vocab.len[e->valueint] = (uint32_t)l;
     }
-    cJSON_ArrayForEach(e, vocab)
-        tk_strmap_put(&t->vocab_map, &t->vocab, e->string, strlen(e->string), e->valueint);
+    for (int32_t i = 0; i < t->n_ids; i++) t->added_of_id[i] = -1;
+    for (size_t i = 0; i < n_vocab; i++) {
+        t->vocab.s[ve[i].id] = t->arena + ve[i].off;
+        t->vocab.len[ve[i].id] = ve[i].len;
+    }
+    for (size_t i = 0; i < n_vocab; i++)
+        tk_strmap_put(&t->vocab_map, &t->vocab, t->arena + ve[i].off, ve[i].len, ve[i].id);
+    free(ve);
     if (cJSON_IsArray(added_arr))
         cJSON_ArrayForEach(e, added_arr) {
-            const char *c = jstr(e, "content");
-            size_t l = strlen(c);
             tk_added *a = &t->added[t->n_added];
-            a->content = t->arena + arena_add(t, c, l);
-            a->len = (uint32_t)l;
+            a->content = t->arena + added_off[t->n_added];
+            a->len = (uint32_t)strlen(a->content);
             a->id = cJSON_GetObjectItemCaseSensitive(e, "id")->valueint;
             a->special = (uint8_t)jbool(e, "special", 0);
             a->lstrip = (uint8_t)jbool(e, "lstrip", 0);
@@ -576,9 +619,10 @@ static loom_status load_model(loom_tok *t, const cJSON *model,
             t->added_of_id[a->id] = t->n_added;
             t->added_tab.s[a->id] = a->content;
             t->added_tab.len[a->id] = a->len;
-            tk_strmap_put(&t->added_map, &t->added_tab, a->content, l, a->id);
+            tk_strmap_put(&t->added_map, &t->added_tab, a->content, a->len, a->id);
             t->n_added++;
         }
+    free(added_off);
 
     /* model options */
     const char *p = jstr(model, "continuing_subword_prefix");
@@ -606,7 +650,8 @@ static loom_status load_model(loom_tok *t, const cJSON *model,
         snprintf(name, sizeof name, "<0x%02X>", b);
         t->byte_ids[b] = tk_strmap_get(&t->vocab_map, &t->vocab, name, 6);
     }
-    return tk_merges_build(t, merges);
+    if (!cJSON_IsArray(merges)) mspan.e = 0;
+    return tk_merges_build(t, js, mspan);
 }
 
 static loom_status build_tries(loom_tok *t) {
@@ -683,7 +728,33 @@ loom_status loom_tok_load_mem(const char *json, size_t json_len,
                               loom_tok **out) {
     *out = NULL;
     if (!json) return loom_err(LOOM_ERR_INVALID_ARG, "tok_load: expected JSON text, found NULL");
-    cJSON *root = cJSON_ParseWithLength(json, json_len);
+    /* The vocabulary and merges are read from the text directly; cJSON sees
+     * a copy with those two values blanked. */
+    tk_span_t vspan, mspan;
+    char *small = NULL;
+    size_t small_len = 0;
+    if (tk_json_locate_model(json, json_len, &vspan, &mspan) == 0 && vspan.e) {
+        tk_span_t cut[2] = {vspan, mspan};
+        if (mspan.e && mspan.s < vspan.s) { cut[0] = mspan; cut[1] = vspan; }
+        small = malloc(json_len + 8);
+        if (!small) return nomem();
+        size_t from = 0;
+        for (int i = 0; i < 2; i++) {
+            if (!cut[i].e) continue;
+            memcpy(small + small_len, json + from, cut[i].s - from);
+            small_len += cut[i].s - from;
+            small[small_len++] = json[cut[i].s];            /* '{' or '[' */
+            small[small_len++] = json[cut[i].e - 1];        /* '}' or ']' */
+            from = cut[i].e;
+        }
+        memcpy(small + small_len, json + from, json_len - from);
+        small_len += json_len - from;
+    } else {
+        vspan.e = mspan.e = 0;
+    }
+    cJSON *root = small ? cJSON_ParseWithLength(small, small_len)
+                        : cJSON_ParseWithLength(json, json_len);
+    free(small);
     if (!root) {
         const char *at = cJSON_GetErrorPtr();
         size_t off = at && at >= json && at <= json + json_len ? (size_t)(at - json) : json_len;
@@ -704,7 +775,8 @@ loom_status loom_tok_load_mem(const char *json, size_t json_len,
                       cjson_type_name(root));
     if (!st)
         st = load_model(t, cJSON_GetObjectItemCaseSensitive(root, "model"),
-                        cJSON_GetObjectItemCaseSensitive(root, "added_tokens"));
+                        cJSON_GetObjectItemCaseSensitive(root, "added_tokens"), json,
+                        vspan, mspan);
     const cJSON *c;
     if (!st && (c = cJSON_GetObjectItemCaseSensitive(root, "normalizer")) && !cJSON_IsNull(c)) {
         if (!(t->norm = calloc(1, sizeof *t->norm))) st = nomem();
