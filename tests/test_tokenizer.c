@@ -457,6 +457,43 @@ static void test_small(void) {
     loom_tok_free(t);
 }
 
+/* Metaspace pre-tokenizer and decoder (older SentencePiece exports), which
+ * none of the fixtures use: prepend_scheme "first" only prepends at the
+ * start of the text, not after an added token. */
+static void test_metaspace(void) {
+    for (int scheme = 0; scheme < 2; scheme++) {
+        char json[2048];
+        snprintf(json, sizeof json,
+                 "{\"added_tokens\": [{\"id\": 0, \"content\": \"<s>\", \"special\": true}],"
+                 "\"pre_tokenizer\": {\"type\": \"Metaspace\", \"replacement\": \"\\u2581\","
+                 " \"prepend_scheme\": \"%s\", \"split\": true},"
+                 "\"decoder\": {\"type\": \"Metaspace\", \"replacement\": \"\\u2581\","
+                 " \"prepend_scheme\": \"%s\", \"split\": true},"
+                 "\"model\": {\"type\": \"BPE\", \"ignore_merges\": true, \"vocab\": {\"<s>\": 0,"
+                 " \"\\u2581Hi\": 1, \"Hi\": 2, \"\\u2581there\": 3, \"\\u2581\": 4}, \"merges\": []}}",
+                 scheme ? "always" : "first", scheme ? "always" : "first");
+        loom_tok *t;
+        loom_status st = loom_tok_load_mem(json, strlen(json), NULL, 0, &t);
+        CHECKF(st == LOOM_OK, "metaspace: %s", loom_last_error());
+        if (st) continue;
+        int32_t *ids;
+        size_t n;
+        int32_t w1[] = {1, 3}, w2f[] = {0, 2, 3}, w2a[] = {0, 1, 3};
+        CHECK(loom_tok_encode(t, "Hi there", 8, 0, &ids, &n) == LOOM_OK && ids_equal(ids, n, w1, 2));
+        free(ids);
+        CHECK(loom_tok_encode(t, "<s>Hi there", 11, 0, &ids, &n) == LOOM_OK &&
+              ids_equal(ids, n, scheme ? w2a : w2f, 3));
+        free(ids);
+        char *s;
+        CHECK(loom_tok_decode(t, w1, 2, 0, &s, NULL) == LOOM_OK && !strcmp(s, "Hi there"));
+        free(s);
+        CHECK(loom_tok_decode(t, w2f, 3, 0, &s, NULL) == LOOM_OK && !strcmp(s, "<s>Hi there"));
+        free(s);
+        CHECK(detok_matches(t, w1, 2, 0, 1) && detok_matches(t, w2a, 3, 0, 1));
+        loom_tok_free(t);
+    }
+}
+
 /* Random byte edits of a small valid file must load or fail cleanly; what
  * loads must encode and decode without faults (the suite runs under ASan). */
 static void test_fuzz(void) {
@@ -528,6 +565,7 @@ int main(void) {
     snprintf(fixdir, sizeof fixdir, "%s/fixtures/tokenizers", b && *b ? b : "build");
     test_small();
     test_malformed();
+    test_metaspace();
     test_fuzz();
     for (size_t i = 0; i < LOOM_ARRAY_LEN(names); i++) test_fixture(names[i]);
     return test_report("test_tokenizer");
