@@ -17,6 +17,7 @@
 
 #include "base/base.h"
 #include "ops/ops.h"
+#include "ops/threadpool.h"
 
 enum { W_F32, W_F16, W_BF16 };
 static const char *DT_NAME[] = {"f32", "f16", "bf16"};
@@ -30,11 +31,42 @@ static float frand(void) {
     return (float)((double)(rng >> 40) / (double)(1ull << 23) - 1.0);
 }
 
+static void mm_range(const loom_kernels *k, int dt, float *y, const float *x, const void *w,
+                     int rows, int n, int T, int r0, int r1) {
+    if (dt == W_F32) k->matmul_f32(y, rows, x, n, w, n, T, r0, r1);
+    else if (dt == W_F16) k->matmul_f16(y, rows, x, n, w, n, T, r0, r1);
+    else k->matmul_bf16(y, rows, x, n, w, n, T, r0, r1);
+}
+
+/* With g_pool set, mm() splits the rows into g_tasks slices on the pool,
+ * the way the model code parallelizes a matmul. */
+static loom_pool *g_pool;
+static int g_tasks;
+
+typedef struct {
+    const loom_kernels *k;
+    int dt, rows, n, T;
+    float *y;
+    const float *x;
+    const void *w;
+} mm_job;
+
+static void mm_task(void *ctx, int task, int thread) {
+    (void)thread;
+    const mm_job *j = ctx;
+    int per = (j->rows / g_tasks + 3) & ~3; /* whole 4-row groups */
+    int r0 = task * per, r1 = LOOM_MIN(j->rows, r0 + per);
+    if (r0 < r1) mm_range(j->k, j->dt, j->y, j->x, j->w, j->rows, j->n, j->T, r0, r1);
+}
+
 static void mm(const loom_kernels *k, int dt, float *y, const float *x, const void *w,
                int rows, int n, int T) {
-    if (dt == W_F32) k->matmul_f32(y, rows, x, n, w, n, T, 0, rows);
-    else if (dt == W_F16) k->matmul_f16(y, rows, x, n, w, n, T, 0, rows);
-    else k->matmul_bf16(y, rows, x, n, w, n, T, 0, rows);
+    if (!g_pool) {
+        mm_range(k, dt, y, x, w, rows, n, T, 0, rows);
+        return;
+    }
+    mm_job j = {k, dt, rows, n, T, y, x, w};
+    loom_pool_run(g_pool, g_tasks, mm_task, &j);
 }
 
 static void fill_w(void *w, int dt, size_t count) {
@@ -138,6 +170,42 @@ int main(int argc, char **argv) {
         }
         free(x);
         free(y);
+    }
+    /* All cores through the pool (what decode actually sees), fast table only. */
+    int nt = loom_cpu_count();
+    if (!fail && nt > 1 && loom_pool_create(nt, &g_pool) == LOOM_OK) {
+        g_tasks = 4 * nt;
+        printf("%d threads (pool, %d row slices):\n", nt, g_tasks);
+        for (int s = 0; s < 2; s++) {
+            int rows = shapes[s][0], n = shapes[s][1];
+            float *x = malloc((size_t)T * n * sizeof *x);
+            float *y = malloc((size_t)T * rows * sizeof *y);
+            for (size_t i = 0; i < (size_t)T * n; i++) x[i] = frand();
+            for (int dt = 0; dt < 3; dt++) {
+                size_t wbytes = (size_t)rows * n * DT_SIZE[dt];
+                int copies = (int)(COLD_BYTES / wbytes);
+                char *w = malloc(wbytes * (size_t)copies);
+                if (!w) break;
+                fill_w(w, dt, (size_t)rows * n);
+                for (int c = 1; c < copies; c++) memcpy(w + (size_t)c * wbytes, w, wbytes);
+                if (!validate(k, dt, w, x, rows, n, 1) || !validate(k, dt, w, x, rows, n, T)) {
+                    fail = 1;
+                    free(w);
+                    continue;
+                }
+                double gb = (double)wbytes / 1e9, flop = 2.0 * rows * n * T;
+                double cold = time_mm(k, dt, y, x, w, wbytes, copies, rows, n, 1, budget);
+                double pf = time_mm(k, dt, y, x, w, wbytes, 1, rows, n, T, budget);
+                printf("%-4s [%4d x %4d]  matvec cold %6.1f GB/s  prefill T=%d %6.1f GFLOP/s\n",
+                       DT_NAME[dt], rows, n, gb / cold, T, flop / pf / 1e9);
+                fflush(stdout);
+                free(w);
+            }
+            free(x);
+            free(y);
+        }
+        loom_pool_free(g_pool);
+        g_pool = NULL;
     }
     if (fail) printf("validation FAILED; timings skipped for the failing cases\n");
     return fail;
