@@ -4,7 +4,10 @@
  * loom_argmax.
  *
  * Tolerances: sums may be reassociated, so a sum is compared with
- * |a - b| <= 1e-5 * sum|terms| + 1e-6. Element-wise kernels get a few ulp. */
+ * |a - b| <= 1e-5 * sum|terms| + 1e-6. Element-wise kernels get a few ulp:
+ * the SIMD exp is within ~1 ulp of the true value over [-103, 88.7]
+ * (checked exhaustively when it was written), libm's expf within 0.5, so
+ * the exp sweeps below allow 5e-7 relative (about 4 ulp). */
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
