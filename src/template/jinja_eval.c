@@ -150,6 +150,24 @@ static jv *strbuf_take(ctx *c, jbuf *b) {
     return r;
 }
 
+static jv *html_escape(ctx *c, const jv *s);
+
+static jv *as_gen(jv *l) {
+    if (l && l->type == JV_LIST) l->flags |= JVF_ITER;
+    return l;
+}
+
+/* A string value marked as Markup when `safe` (a copy; values are shared). */
+static jv *with_safe(ctx *c, jv *v, int safe) {
+    if (!v || v->type != JV_STR || !safe == !(v->flags & JVF_SAFE)) return v;
+    jv *r = jv_str_borrow(c->a, v->u.s.p, v->u.s.n);
+    if (safe) r->flags |= JVF_SAFE;
+    else r->flags &= ~JVF_SAFE;
+    return r;
+}
+
+static int is_safe(const jv *v) { return v->type == JV_STR && (v->flags & JVF_SAFE); }
+
 static int str_eq(const jv *v, const char *s) {
     return v->type == JV_STR && v->u.s.n == strlen(s) && !memcmp(v->u.s.p, s, v->u.s.n);
 }
@@ -370,7 +388,15 @@ static jv *do_split(ctx *c, int line, const jv *s, const jv *sep, int64_t maxspl
 /* Converts an iterable to a list of items (dict: keys; str: characters). */
 static jv *to_list(ctx *c, int line, jv *v) {
     switch (v->type) {
-    case JV_LIST: return v;
+    case JV_LIST:
+        if (v->flags & JVF_ITER) {
+            /* iterating a generator uses it up */
+            jv *l = jv_list(c->a, v->u.l.n);
+            for (size_t i = 0; i < v->u.l.n; i++) jv_list_push(c->a, l, v->u.l.v[i]);
+            v->u.l.n = 0;
+            return l;
+        }
+        return v;
     case JV_UNDEF: return jv_list(c->a, 0);
     case JV_DICT: {
         jv *l = jv_list(c->a, v->u.d.n);
@@ -483,6 +509,7 @@ static jv *get_item(ctx *c, int line, jv *obj, jv *key) {
         return jv_undef(c->a, NULL);
     }
     case JV_LIST:
+        if (obj->flags & JVF_ITER) return jv_undef(c->a, NULL);
         if (is_intlike(key)) {
             int64_t i = numi(key), n = (int64_t)obj->u.l.n;
             if (i < 0) i += n;
@@ -860,7 +887,7 @@ static jv *html_escape(ctx *c, const jv *s) {
         default: jb_putc(&b, ch);
         }
     }
-    return strbuf_take(c, &b);
+    return with_safe(c, strbuf_take(c, &b), 1);
 }
 
 static jv *do_indent(ctx *c, jv *s, const args *a) {
@@ -924,7 +951,7 @@ static jv *do_select(ctx *c, int line, jv *v, const args *a, int attr_mode, int 
         }
         if (r == keep) jv_list_push(c->a, out, item);
     }
-    return out;
+    return as_gen(out);
 }
 
 static jv *do_map(ctx *c, int line, jv *v, const args *a) {
@@ -940,7 +967,7 @@ static jv *do_map(ctx *c, int line, jv *v, const args *a) {
             if (x->type == JV_UNDEF && def) x = def;
             jv_list_push(c->a, out, x);
         }
-        return out;
+        return as_gen(out);
     }
     jv *fname = arg(a, 0, NULL);
     if (!fname || fname->type != JV_STR) return rerr(c, line, "map: expected a filter name or attribute=");
@@ -950,7 +977,7 @@ static jv *do_map(ctx *c, int line, jv *v, const args *a) {
         if (!x) return NULL;
         jv_list_push(c->a, out, x);
     }
-    return out;
+    return as_gen(out);
 }
 
 static jv *do_minmax(ctx *c, int line, jv *v, const args *a, int want_max) {
@@ -978,7 +1005,7 @@ static jv *num_add(ctx *c, int line, jv *x, jv *y);
 
 static jv *apply_filter(ctx *c, int line, const char *name, jv *v, const args *a) {
 #define IS(s) (!strcmp(name, s))
-    if (IS("safe")) return v;
+    if (IS("safe")) return with_safe(c, str_of(c, v), 1);
     if (IS("default") || IS("d")) {
         jv *def = arg(a, 0, "default_value");
         int boolean = arg_bool(a, 1, "boolean", 0);
@@ -989,7 +1016,9 @@ static jv *apply_filter(ctx *c, int line, const char *name, jv *v, const args *a
     if (IS("length") || IS("count")) {
         switch (v->type) {
         case JV_STR: return jv_int(c->a, (int64_t)ju_count(v->u.s.p, v->u.s.n));
-        case JV_LIST: return jv_int(c->a, (int64_t)v->u.l.n);
+        case JV_LIST:
+            if (v->flags & JVF_ITER) return rerr(c, line, "object of type 'generator' has no len()");
+            return jv_int(c->a, (int64_t)v->u.l.n);
         case JV_DICT: return jv_int(c->a, (int64_t)v->u.d.n);
         case JV_UNDEF: return jv_int(c->a, 0);
         default: return rerr(c, line, "object of type '%s' has no len()", jv_type_name(v));
@@ -999,10 +1028,10 @@ static jv *apply_filter(ctx *c, int line, const char *name, jv *v, const args *a
     if (IS("string")) return str_of(c, v);
     if (IS("list")) return to_list(c, line, v);
     if (IS("items")) {
-        if (v->type == JV_UNDEF) return jv_list(c->a, 0);
+        if (v->type == JV_UNDEF) return as_gen(jv_list(c->a, 0));
         if (v->type != JV_DICT) return rerr(c, line, "items: expected a mapping, found %s",
                                              jv_type_name(v));
-        return dict_items(c, v);
+        return as_gen(dict_items(c, v));
     }
     if (IS("dictsort")) {
         if (v->type != JV_DICT) return rerr(c, line, "dictsort: expected a mapping");
@@ -1046,22 +1075,27 @@ static jv *apply_filter(ctx *c, int line, const char *name, jv *v, const args *a
             size_t k = ju_decode(v->u.s.p, v->u.s.n, st, &cp);
             return jv_str_borrow(c->a, v->u.s.p + st, k);
         }
+        if (IS("last") && v->type == JV_LIST && (v->flags & JVF_ITER))
+            return rerr(c, line, "'generator' object is not reversible");
         jv *l = to_list(c, line, v);
         if (!l) return NULL;
         if (!l->u.l.n) return jv_undef(c->a, NULL);
         return IS("first") ? l->u.l.v[0] : l->u.l.v[l->u.l.n - 1];
     }
-    if (IS("upper") || IS("lower")) return do_case(c, str_of(c, v), IS("upper"));
+    if (IS("upper") || IS("lower"))
+        return with_safe(c, do_case(c, str_of(c, v), IS("upper")), is_safe(v));
     if (IS("title")) return jinja_title(c, str_of(c, v));
-    if (IS("capitalize")) return capitalize(c, str_of(c, v));
-    if (IS("trim")) return do_strip(c, str_of(c, v), arg(a, 0, "chars"), 3);
+    if (IS("capitalize")) return with_safe(c, capitalize(c, str_of(c, v)), is_safe(v));
+    if (IS("trim"))
+        return with_safe(c, do_strip(c, str_of(c, v), arg(a, 0, "chars"), 3), is_safe(v));
     if (IS("replace")) {
         jv *old = arg(a, 0, "old"), *new = arg(a, 1, "new"), *cnt = arg(a, 2, "count");
         if (!old || !new) return rerr(c, line, "replace: expected old and new strings");
         return do_replace(c, str_of(c, v), str_of(c, old), str_of(c, new),
                           cnt && is_num(cnt) ? numi(cnt) : -1);
     }
-    if (IS("escape") || IS("e") || IS("forceescape")) return html_escape(c, str_of(c, v));
+    if (IS("escape") || IS("e")) return is_safe(v) ? v : html_escape(c, str_of(c, v));
+    if (IS("forceescape")) return html_escape(c, str_of(c, v));
     if (IS("int")) {
         jv *def = arg(a, 0, "default");
         jv *base = arg(a, 1, "base");
@@ -1129,7 +1163,7 @@ static jv *apply_filter(ctx *c, int line, const char *name, jv *v, const args *a
             jv_list_push(c->a, seen, k);
             jv_list_push(c->a, out, l->u.l.v[i]);
         }
-        return out;
+        return as_gen(out);
     }
     if (IS("sort")) {
         jv *l = to_list(c, line, v);
@@ -1158,11 +1192,13 @@ static jv *apply_filter(ctx *c, int line, const char *name, jv *v, const args *a
             jv *m1 = jv_int(c->a, -1);
             return do_slice(c, line, v, NULL, NULL, m1);
         }
+        int was_gen = v->type == JV_LIST && (v->flags & JVF_ITER);
         jv *l = to_list(c, line, v);
         if (!l) return NULL;
         jv *out = jv_list(c->a, l->u.l.n);
         for (size_t i = l->u.l.n; i > 0; i--) jv_list_push(c->a, out, l->u.l.v[i - 1]);
-        return out;
+        /* reversed(list) is an iterator; a generator is listed first */
+        return v->type == JV_LIST && !was_gen ? as_gen(out) : out;
     }
     if (IS("select")) return do_select(c, line, v, a, 0, 1);
     if (IS("reject")) return do_select(c, line, v, a, 0, 0);
@@ -1184,7 +1220,7 @@ static jv *apply_filter(ctx *c, int line, const char *name, jv *v, const args *a
         }
         return acc;
     }
-    if (IS("indent")) return do_indent(c, str_of(c, v), a);
+    if (IS("indent")) return with_safe(c, do_indent(c, str_of(c, v), a), is_safe(v));
     if (IS("wordcount")) {
         jv *s = str_of(c, v);
         int64_t words = 0;
@@ -1218,7 +1254,7 @@ static jv *apply_filter(ctx *c, int line, const char *name, jv *v, const args *a
         }
         if (cur && fill && fill->type != JV_NONE)
             while ((int64_t)cur->u.l.n < k) jv_list_push(c->a, cur, fill);
-        return out;
+        return as_gen(out);
     }
     if (IS("format")) {
         jv *s = str_of(c, v);
@@ -1316,7 +1352,7 @@ static int apply_test(ctx *c, int line, const char *name, jv *v, const args *a) 
         return v->type == JV_STR || v->type == JV_LIST || v->type == JV_DICT ||
                v->type == JV_UNDEF;
     if (IS("sequence"))
-        return v->type == JV_STR || v->type == JV_LIST ||
+        return v->type == JV_STR || (v->type == JV_LIST && !(v->flags & JVF_ITER)) ||
                (v->type == JV_DICT && !(v->flags & JVF_NS)) || v->type == JV_UNDEF;
     if (IS("callable")) return v->type == JV_FUNC;
     if (IS("escaped")) return 0;
@@ -1381,13 +1417,19 @@ static jv *num_add(ctx *c, int line, jv *x, jv *y) {
         return jv_int(c->a, numi(x) + numi(y));
     }
     if (x->type == JV_STR && y->type == JV_STR) {
+        /* Markup + str escapes the plain side (the sides stay Markup) */
+        int safe = is_safe(x) || is_safe(y);
+        if (safe && !is_safe(x)) x = html_escape(c, x);
+        if (safe && !is_safe(y)) y = html_escape(c, y);
+        if (!x || !y) return NULL;
         char *p = jar_alloc(c->a, x->u.s.n + y->u.s.n + 1);
         if (!p) return rerr(c, line, "out of memory");
         memcpy(p, x->u.s.p, x->u.s.n);
         memcpy(p + x->u.s.n, y->u.s.p, y->u.s.n);
-        return jv_str_borrow(c->a, p, x->u.s.n + y->u.s.n);
+        return with_safe(c, jv_str_borrow(c->a, p, x->u.s.n + y->u.s.n), safe);
     }
     if (x->type == JV_LIST && y->type == JV_LIST &&
+        !((x->flags | y->flags) & JVF_ITER) &&
         (x->flags & JVF_TUPLE) == (y->flags & JVF_TUPLE)) {
         jv *l = jv_list(c->a, x->u.l.n + y->u.l.n);
         l->flags = x->flags & JVF_TUPLE;
@@ -1405,7 +1447,7 @@ static jv *repeat(ctx *c, int line, jv *seq, int64_t k) {
             return rerr(c, line, "string repetition too large");
         jbuf b = {0};
         for (int64_t i = 0; i < k; i++) jb_put(&b, seq->u.s.p, seq->u.s.n);
-        return strbuf_take(c, &b);
+        return with_safe(c, strbuf_take(c, &b), is_safe(seq));
     }
     if (seq->u.l.n && (uint64_t)k > 10000000 / seq->u.l.n)
         return rerr(c, line, "list repetition too large");

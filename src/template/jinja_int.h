@@ -86,6 +86,11 @@ enum {
 enum {
     JVF_TUPLE = 1,     /* a list that prints as (a, b) */
     JVF_NS = 2,        /* a namespace(): a dict whose attributes may be set */
+    JVF_ITER = 4,      /* a list standing for a Python generator (what select,
+                          map, unique... return): always truthy, no len(),
+                          not JSON, emptied once iterated */
+    JVF_SAFE = 8,      /* a string that is Markup (|safe, |e): `+` escapes the
+                          plain-string side */
 };
 
 typedef struct jv jv;

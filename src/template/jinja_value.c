@@ -262,7 +262,7 @@ int jv_truthy(const jv *v) {
     case JV_INT: return v->u.i != 0;
     case JV_FLOAT: return v->u.f != 0.0;
     case JV_STR: return v->u.s.n != 0;
-    case JV_LIST: return v->u.l.n != 0;
+    case JV_LIST: return (v->flags & JVF_ITER) || v->u.l.n != 0;
     case JV_DICT: return (v->flags & JVF_NS) || v->u.d.n != 0;
     default: return 1;
     }
@@ -293,6 +293,7 @@ int jv_equal(const jv *a, const jv *b) {
         return a->u.s.n == b->u.s.n && !memcmp(a->u.s.p, b->u.s.p, a->u.s.n);
     case JV_LIST:
         if ((a->flags & JVF_TUPLE) != (b->flags & JVF_TUPLE)) return 0;
+        if ((a->flags | b->flags) & JVF_ITER) return 0;
         if (a->u.l.n != b->u.l.n) return 0;
         for (size_t i = 0; i < a->u.l.n; i++)
             if (!jv_equal(a->u.l.v[i], b->u.l.v[i])) return 0;
@@ -433,6 +434,10 @@ void jv_repr(jbuf *b, const jv *v) {
     switch (v->type) {
     case JV_STR: repr_str(b, v->u.s.p, v->u.s.n); return;
     case JV_LIST: {
+        if (v->flags & JVF_ITER) {
+            jb_puts(b, "<generator object>");
+            return;
+        }
         int tup = v->flags & JVF_TUPLE;
         jb_putc(b, tup ? '(' : '[');
         for (size_t i = 0; i < v->u.l.n; i++) {
@@ -534,6 +539,7 @@ int jv_to_json(jbuf *b, const jv *v, const jjson_opts *o, int depth) {
         return 1;
     case JV_STR: json_str(b, v->u.s.p, v->u.s.n, o->ensure_ascii); return 1;
     case JV_LIST:
+        if (v->flags & JVF_ITER) return 0;
         if (!v->u.l.n) { jb_puts(b, "[]"); return 1; }
         jb_putc(b, '[');
         for (size_t i = 0; i < v->u.l.n; i++) {
