@@ -188,6 +188,39 @@ static int detok_matches(const loom_tok *t, const int32_t *ids, size_t n,
     return ok;
 }
 
+/* Primes a detokenizer with ids[0..k) and streams the rest: the output must
+ * be decode(ids) minus decode(ids[0..k)) whenever the latter is a prefix of
+ * the former. Returns 1 if it holds or does not apply. */
+static int prime_matches(const loom_tok *t, const int32_t *ids, size_t n, size_t k) {
+    char *full, *head;
+    size_t fl, hl;
+    if (loom_tok_decode(t, ids, n, 0, &full, &fl)) return 0;
+    if (loom_tok_decode(t, ids, k, 0, &head, &hl)) { free(full); return 0; }
+    int applies = hl <= fl && !memcmp(full, head, hl);
+    int ok = 1;
+    if (applies) {
+        loom_detok *d;
+        if (loom_detok_create(t, 0, &d)) { free(full); free(head); return 0; }
+        size_t an = 0;
+        char *acc = malloc(fl + 64);
+        ok = loom_detok_prime(d, ids, k) == LOOM_OK;
+        for (size_t i = k; i <= n && ok; i++) {
+            const char *p;
+            size_t l;
+            loom_status st = i < n ? loom_detok_push(d, ids[i], &p, &l) : loom_detok_flush(d, &p, &l);
+            if (st || an + l > fl) { ok = 0; break; }
+            memcpy(acc + an, p, l);
+            an += l;
+        }
+        ok = ok && an == fl - hl && !memcmp(acc, full + hl, an);
+        free(acc);
+        loom_detok_free(d);
+    }
+    free(full);
+    free(head);
+    return ok;
+}
+
 static void test_fixture(const char *name) {
     char dir[1100];
     snprintf(dir, sizeof dir, "%s/%s", fixdir, name);
@@ -253,7 +286,8 @@ static void test_fixture(const char *name) {
                     decoded, dec ? dec : "(error)");
         free(dec);
         if (detok_matches(t, want, nw, 0, !shown_detok) &&
-            detok_matches(t, want_sp, nws, 1, !shown_detok))
+            detok_matches(t, want_sp, nws, 1, !shown_detok) &&
+            prime_matches(t, want, nw, nw / 2))
             ok_detok++;
         else if (!shown_detok++)
             fprintf(stderr, "%s: detok mismatch for \"%s\"\n", name, text);
@@ -332,6 +366,26 @@ static void test_fixture(const char *name) {
         free(a);
         free(b);
         free(c);
+    }
+
+    /* priming with the prompt keeps the continuation's leading space */
+    {
+        int32_t *ids = NULL;
+        size_t ni = 0;
+        CHECK(loom_tok_encode(t, "Hello world", 11, 0, &ids, &ni) == LOOM_OK && ni == 2);
+        loom_detok *d;
+        if (ni == 2 && loom_detok_create(t, 0, &d) == LOOM_OK) {
+            const char *p, *q;
+            size_t l, m;
+            CHECK(loom_detok_prime(d, ids, 1) == LOOM_OK);
+            CHECK(loom_detok_push(d, ids[1], &p, &l) == LOOM_OK);
+            char got[64];
+            snprintf(got, sizeof got, "%.*s", (int)l, p);
+            CHECK(loom_detok_flush(d, &q, &m) == LOOM_OK && m == 0);
+            CHECKF(!strcmp(got, " world"), "%s: primed continuation \"%s\"", name, got);
+            loom_detok_free(d);
+        }
+        free(ids);
     }
 
     /* lookups */

@@ -501,3 +501,18 @@ loom_status loom_detok_flush(loom_detok *d, const char **piece, size_t *len) {
     d->strip_left = tk_dec_initial_strip(d->t->dec);
     return st;
 }
+
+loom_status loom_detok_prime(loom_detok *d, const int32_t *ids, size_t n) {
+    loom_detok_reset(d);
+    const char *p;
+    size_t l;
+    for (size_t i = 0; i < n; i++) {
+        loom_status st = loom_detok_push(d, ids[i], &p, &l);
+        if (st) {
+            loom_detok_reset(d);
+            return st;
+        }
+    }
+    /* whatever is still held belongs to the context: drop it as emitted */
+    return detok_run(d, 1, &p, &l);
+}

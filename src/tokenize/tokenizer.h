@@ -101,6 +101,12 @@ loom_status loom_detok_push(loom_detok *d, int32_t id, const char **piece,
 /* Ends the stream: returns whatever was held back (an incomplete UTF-8 tail
  * becomes U+FFFD, as decode does) and resets d for a new stream. */
 loom_status loom_detok_flush(loom_detok *d, const char **piece, size_t *len);
+/* Starts a stream after context whose text the caller already has (e.g.
+ * the prompt, or its last few tokens): the ids are decoded as the stream's
+ * beginning but nothing is emitted for them, so the first pushed token gets
+ * the spacing it has in decode(context + generated) (a SentencePiece "▁Hi"
+ * then yields " Hi", not "Hi"). Resets d first. */
+loom_status loom_detok_prime(loom_detok *d, const int32_t *ids, size_t n);
 /* Forgets the stream without emitting anything. */
 void loom_detok_reset(loom_detok *d);
 /* Number of pushed ids whose text is still held back. */
