@@ -72,10 +72,14 @@ loom_status loom_fwd_state_create(const loom_model *m, int max_tokens, int max_c
         ALLOC(s->lin_z, T * vd);
         ALLOC(s->lin_b, T * nv);
         ALLOC(s->lin_a, T * nv);
+        ALLOC(s->lin_beta, T * nv);
+        ALLOC(s->lin_g, T * nv);
+        ALLOC(s->lin_od, T * vd);
         ALLOC(s->lin_raw, T * (size_t)m->lin_proj_dim);
         ALLOC(s->lin_out, T * vd);
-        s->lin_scratch_per = C * (size_t)c->lin_v_head_dim + 2 * C +
-                             2 * (size_t)c->lin_v_head_dim + 16;
+        /* doubles: state (k_dim, v_dim), u (C, v_dim), G (C), tmp (v_dim) */
+        s->lin_scratch_per = 2 * ((size_t)c->lin_k_head_dim * c->lin_v_head_dim +
+                                  C * (size_t)c->lin_v_head_dim + C + (size_t)c->lin_v_head_dim) + 16;
         ALLOC(s->lin_scratch, (size_t)s->n_threads * s->lin_scratch_per);
     }
     if (m->has_ple) {
@@ -99,7 +103,7 @@ void loom_fwd_state_free(loom_fwd_state *s) {
                     s->hb, s->hb2, s->cos, s->sin, s->scores, s->tok_row, s->tok_pos, s->row_first,
                     s->logits, s->router, s->sel, s->sel_w, s->gather, s->xg, s->yg,
                     s->lin_qkv, s->lin_conv, s->lin_z, s->lin_b, s->lin_a, s->lin_raw,
-                    s->lin_out, s->lin_scratch, s->ple, s->ple_tmp, s->ple_row};
+                    s->lin_out, s->lin_scratch, s->lin_beta, s->lin_g, s->lin_od, s->ple, s->ple_tmp, s->ple_row};
     for (size_t i = 0; i < LOOM_ARRAY_LEN(bufs); i++) loom_free(bufs[i]);
     free(s);
 }

@@ -35,9 +35,11 @@ struct loom_fwd_state {
     float *xg, *yg;    /* (max_tokens, hidden) gathered inputs / outputs */
     /* linear attention */
     float *lin_qkv;    /* (max_tokens, conv_dim) conv input [q | k | v] */
-    float *lin_conv;   /* (max_tokens, conv_dim) conv output */
+    double *lin_conv;  /* (max_tokens, conv_dim) conv output, then normed q/k */
     float *lin_z;      /* (max_tokens, n_v * v_dim) */
-    float *lin_b, *lin_a;  /* (max_tokens, n_v) raw, then beta and log-decay */
+    float *lin_b, *lin_a;  /* (max_tokens, n_v) raw b and a */
+    double *lin_beta, *lin_g;  /* (max_tokens, n_v) beta and log-decay */
+    double *lin_od;    /* (max_tokens, n_v * v_dim) delta-rule output */
     float *lin_raw;    /* (max_tokens, conv_dim + n_v * v_dim + 2 n_v) grouped projections */
     float *lin_out;    /* (max_tokens, n_v * v_dim) */
     float *lin_scratch;/* (n_threads, lin_scratch_per) chunk workspace */

@@ -101,21 +101,21 @@ void loom_fwd_commit_states(loom_fwd_row *rows, int n_rows) {
         if (rows[r].state) rows[r].state->n_tokens += rows[r].n;
 }
 
-static float silu(float x) { return x / (1.0f + expf(-x)); }
-static float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+static double silu(double x) { return x / (1.0 + exp(-x)); }
+static double softplus(double x) { return x > 20.0 ? x : log1p(exp(x)); }
 
 /* Causal depthwise conv over one row's tokens, continuing from the row's
  * conv state; then rolls the state forward. in/out: (n, D). */
-static void conv_row(const float *w, int K, int D, float *state, const float *in, float *out,
+static void conv_row(const float *w, int K, int D, float *state, const float *in, double *out,
                      int n) {
     for (int i = 0; i < n; i++)
         for (int d = 0; d < D; d++) {
-            float acc = 0;
+            double acc = 0;
             for (int j = 0; j < K; j++) {
                 int src = i - (K - 1) + j;  /* index into this row; < 0 reads the state */
                 float x = src >= 0 ? in[(size_t)src * D + d]
                                    : state[(size_t)(K - 1 + src) * D + d];
-                acc += w[(size_t)d * K + j] * x;
+                acc += (double)w[(size_t)d * K + j] * x;
             }
             out[(size_t)i * D + d] = silu(acc);
         }
@@ -139,9 +139,9 @@ typedef struct delta_job {
 } delta_job;
 
 /* One token through the recurrence: S (dk, dv). */
-static void delta_step(float *S, const float *q, const float *k, const float *v, float g,
-                       float beta, float *o, float *tmp, int dk, int dv) {
-    float decay = expf(g);
+static void delta_step(double *S, const double *q, const double *k, const double *v, double g,
+                       double beta, double *o, double *tmp, int dk, int dv) {
+    double decay = exp((double)g);
     for (int i = 0; i < dk * dv; i++) S[i] *= decay;
     for (int b = 0; b < dv; b++) tmp[b] = 0;
     for (int a = 0; a < dk; a++)
@@ -149,19 +149,23 @@ static void delta_step(float *S, const float *q, const float *k, const float *v,
     for (int b = 0; b < dv; b++) tmp[b] = (v[b] - tmp[b]) * beta;
     for (int a = 0; a < dk; a++)
         for (int b = 0; b < dv; b++) S[a * dv + b] += k[a] * tmp[b];
-    for (int b = 0; b < dv; b++) o[b] = 0;
-    for (int a = 0; a < dk; a++)
-        for (int b = 0; b < dv; b++) o[b] += S[a * dv + b] * q[a];
+    for (int b = 0; b < dv; b++) {
+        double acc = 0;
+        for (int a = 0; a < dk; a++) acc += S[a * dv + b] * q[a];
+        o[b] = acc;
+    }
 }
 
-static float dotf(const float *a, const float *b, int n) {
-    float s = 0;
+static double dotd(const double *a, const double *b, int n) {
+    double s = 0;
     for (int i = 0; i < n; i++) s += a[i] * b[i];
     return s;
 }
 
 /* One task = one row and one value head: the row's tokens through the
- * head's state, in chunks (or the recurrence for a single token). */
+ * head's state, in chunks (or the recurrence for a single token). The
+ * arithmetic is double: outputs are later RMS-normalised per head, which
+ * magnifies any cancellation in S^T q, and the state is small. */
 static void delta_task(void *ctx, int task, int thread) {
     const delta_job *j = ctx;
     const loom_config *c = &j->m->cfg;
@@ -170,68 +174,71 @@ static void delta_task(void *ctx, int task, int thread) {
     int dv = c->lin_v_head_dim, D = j->m->lin_conv_dim, rep = nv / nk;
     int r = task / nv, h = task % nv, kh = h / rep;
     const loom_fwd_row *row = &j->rows[r];
-    float *S = row->state->rec + row->state->rec_per * (size_t)j->slot + (size_t)h * dk * dv;
-    float *scr = s->lin_scratch + s->lin_scratch_per * (size_t)thread;
-    float *u = scr;                                  /* (C, dv) */
-    float *G = u + (size_t)LOOM_DELTA_CHUNK * dv;    /* (C) */
-    float *tmp = G + LOOM_DELTA_CHUNK;               /* (dv) */
+    float *Sf = row->state->rec + row->state->rec_per * (size_t)j->slot + (size_t)h * dk * dv;
+    double *S = (double *)(s->lin_scratch + s->lin_scratch_per * (size_t)thread);
+    double *u = S + (size_t)dk * dv;                 /* (C, dv) */
+    double *G = u + (size_t)LOOM_DELTA_CHUNK * dv;   /* (C) */
+    double *tmp = G + LOOM_DELTA_CHUNK;              /* (dv) */
     int t0 = j->row_start[r], n = row->n;
+    for (int i = 0; i < dk * dv; i++) S[i] = Sf[i];
 #define Q(t) (s->lin_conv + (size_t)(t) * D + (size_t)kh * dk)
 #define K(t) (s->lin_conv + (size_t)(t) * D + (size_t)nk * dk + (size_t)kh * dk)
 #define V(t) (s->lin_conv + (size_t)(t) * D + (size_t)2 * nk * dk + (size_t)h * dv)
-#define O(t) (s->lin_out + (size_t)(t) * nv * dv + (size_t)h * dv)
+#define O(t) (s->lin_od + (size_t)(t) * nv * dv + (size_t)h * dv)
     if (n == 1) {
-        delta_step(S, Q(t0), K(t0), V(t0), s->lin_a[(size_t)t0 * nv + h],
-                   s->lin_b[(size_t)t0 * nv + h], O(t0), tmp, dk, dv);
-        return;
+        delta_step(S, Q(t0), K(t0), V(t0), s->lin_g[(size_t)t0 * nv + h],
+                   s->lin_beta[(size_t)t0 * nv + h], O(t0), tmp, dk, dv);
     }
-    for (int c0 = 0; c0 < n; c0 += LOOM_DELTA_CHUNK) {
+    for (int c0 = 0; n > 1 && c0 < n; c0 += LOOM_DELTA_CHUNK) {
         int C = LOOM_MIN(LOOM_DELTA_CHUNK, n - c0), tb = t0 + c0;
-        float acc = 0;
-        for (int i = 0; i < C; i++) G[i] = acc += s->lin_a[(size_t)(tb + i) * nv + h];
+        double acc = 0;
+        for (int i = 0; i < C; i++) G[i] = acc += s->lin_g[(size_t)(tb + i) * nv + h];
         for (int i = 0; i < C; i++) {
-            float beta = s->lin_b[(size_t)(tb + i) * nv + h], eg = expf(G[i]);
-            const float *ki = K(tb + i);
-            float *ui = u + (size_t)i * dv;
+            double beta = s->lin_beta[(size_t)(tb + i) * nv + h], eg = exp(G[i]);
+            const double *ki = K(tb + i), *vi = V(tb + i);
+            double *ui = u + (size_t)i * dv;
             /* u_i = beta (v_i - e^{G_i} S0^T k_i - sum_j e^{G_i-G_j} (k_i.k_j) u_j) */
             for (int b = 0; b < dv; b++) tmp[b] = 0;
             for (int a = 0; a < dk; a++)
                 for (int b = 0; b < dv; b++) tmp[b] += S[a * dv + b] * ki[a];
-            const float *vi = V(tb + i);
             for (int b = 0; b < dv; b++) ui[b] = vi[b] - eg * tmp[b];
             for (int jj = 0; jj < i; jj++) {
-                float w = expf(G[i] - G[jj]) * dotf(ki, K(tb + jj), dk);
-                const float *uj = u + (size_t)jj * dv;
+                double w = exp(G[i] - G[jj]) * dotd(ki, K(tb + jj), dk);
+                const double *uj = u + (size_t)jj * dv;
                 for (int b = 0; b < dv; b++) ui[b] -= w * uj[b];
             }
             for (int b = 0; b < dv; b++) ui[b] *= beta;
         }
         for (int i = 0; i < C; i++) {
             /* o_i = e^{G_i} S0^T q_i + sum_{j<=i} e^{G_i-G_j} (q_i.k_j) u_j */
-            const float *qi = Q(tb + i);
-            float *o = O(tb + i), eg = expf(G[i]);
-            for (int b = 0; b < dv; b++) o[b] = 0;
+            const double *qi = Q(tb + i);
+            double eg = exp(G[i]);
+            for (int b = 0; b < dv; b++) tmp[b] = 0;
             for (int a = 0; a < dk; a++)
-                for (int b = 0; b < dv; b++) o[b] += S[a * dv + b] * qi[a];
-            for (int b = 0; b < dv; b++) o[b] *= eg;
+                for (int b = 0; b < dv; b++) tmp[b] += S[a * dv + b] * qi[a];
+            for (int b = 0; b < dv; b++) tmp[b] *= eg;
             for (int jj = 0; jj <= i; jj++) {
-                float w = expf(G[i] - G[jj]) * dotf(qi, K(tb + jj), dk);
-                const float *uj = u + (size_t)jj * dv;
-                for (int b = 0; b < dv; b++) o[b] += w * uj[b];
+                double w = exp(G[i] - G[jj]) * dotd(qi, K(tb + jj), dk);
+                const double *uj = u + (size_t)jj * dv;
+                for (int b = 0; b < dv; b++) tmp[b] += w * uj[b];
             }
+            double *o = O(tb + i);
+            for (int b = 0; b < dv; b++) o[b] = tmp[b];
         }
         /* S = e^{G_C} S0 + sum_j e^{G_C-G_j} k_j u_j^T */
-        float eg = expf(G[C - 1]);
+        double eg = exp(G[C - 1]);
         for (int i = 0; i < dk * dv; i++) S[i] *= eg;
         for (int jj = 0; jj < C; jj++) {
-            float w = expf(G[C - 1] - G[jj]);
-            const float *kj = K(tb + jj), *uj = u + (size_t)jj * dv;
+            double w = exp(G[C - 1] - G[jj]);
+            const double *kj = K(tb + jj);
+            const double *uj = u + (size_t)jj * dv;
             for (int a = 0; a < dk; a++) {
-                float ka = w * kj[a];
+                double ka = w * kj[a];
                 for (int b = 0; b < dv; b++) S[a * dv + b] += ka * uj[b];
             }
         }
     }
+    for (int i = 0; i < dk * dv; i++) Sf[i] = (float)S[i];
 #undef Q
 #undef K
 #undef V
@@ -244,7 +251,7 @@ void loom_fwd_linear(loom_model *m, loom_fwd_state *s, const loom_fwd_row *rows,
     const loom_linattn *A = &L->lin;
     int nk = c->lin_n_k_heads, nv = c->lin_n_v_heads, dk = c->lin_k_head_dim;
     int dv = c->lin_v_head_dim, K = c->lin_conv_kernel, D = m->lin_conv_dim, rep = nv / nk;
-    float eps = (float)c->rms_eps;
+    double eps = c->rms_eps;
 
     /* Projections into [q | k | v], z, b, a. */
     if (A->fused) {
@@ -286,19 +293,19 @@ void loom_fwd_linear(loom_model *m, loom_fwd_state *s, const loom_fwd_row *rows,
         conv_row(A->conv, K, D, cst, s->lin_qkv + (size_t)t * D, s->lin_conv + (size_t)t * D,
                  rows[r].n);
     }
-    float qscale = 1.0f / sqrtf((float)dk);
+    double qscale = 1.0 / sqrt((double)dk);
     for (int t = 0; t < T; t++) {
-        float *x = s->lin_conv + (size_t)t * D;
+        double *x = s->lin_conv + (size_t)t * D;
         for (int h = 0; h < 2 * nk; h++) {
-            float *v = x + (size_t)h * dk;
-            float inv = 1.0f / sqrtf(dotf(v, v, dk) + 1e-6f);
+            double *v = x + (size_t)h * dk;
+            double inv = 1.0 / sqrt(dotd(v, v, dk) + 1e-6);
             if (h < nk) inv *= qscale;
             for (int i = 0; i < dk; i++) v[i] *= inv;
         }
         for (int h = 0; h < nv; h++) {
-            float *b = &s->lin_b[(size_t)t * nv + h], *a = &s->lin_a[(size_t)t * nv + h];
-            *b = 1.0f / (1.0f + expf(-*b));
-            *a = A->neg_a[h] * softplus(*a + A->dt_bias[h]);
+            size_t i = (size_t)t * nv + h;
+            s->lin_beta[i] = 1.0 / (1.0 + exp(-(double)s->lin_b[i]));
+            s->lin_g[i] = A->neg_a[h] * softplus((double)s->lin_a[i] + A->dt_bias[h]);
         }
     }
 
@@ -308,10 +315,11 @@ void loom_fwd_linear(loom_model *m, loom_fwd_state *s, const loom_fwd_row *rows,
     /* Gated RMSNorm per value head, then the output projection. */
     for (int t = 0; t < T; t++)
         for (int h = 0; h < nv; h++) {
-            float *o = s->lin_out + ((size_t)t * nv + h) * dv;
+            const double *o = s->lin_od + ((size_t)t * nv + h) * dv;
             const float *z = s->lin_z + ((size_t)t * nv + h) * dv;
-            m->k->rmsnorm(o, o, A->norm, dv, eps);
-            for (int i = 0; i < dv; i++) o[i] *= silu(z[i]);
+            float *y = s->lin_out + ((size_t)t * nv + h) * dv;
+            double inv = 1.0 / sqrt(dotd(o, o, dv) / dv + eps);
+            for (int i = 0; i < dv; i++) y[i] = (float)(o[i] * inv * A->norm[i] * silu(z[i]));
         }
     loom_fwd_matmul(m, s->xb, s->lin_out, &A->out, T);
 }
