@@ -99,6 +99,9 @@ static loom_status bind_quant(loom_model *m, const char *name, const loom_st_ten
             pair[i]->dtype != sc->dtype || pair[i]->ndim != 2 || pair[i]->shape[0] != rows ||
             pair[i]->shape[1] != cols / group)
             return shape_error(i ? bname : sname, want, pair[i]);
+    if (group > LOOM_QGROUP_MAX)
+        return loom_err(LOOM_ERR_UNSUPPORTED, "tensor %s: quantization group %d is larger than "
+                        "%d", name, group, LOOM_QGROUP_MAX);
     if (bits != 2 && bits != 3 && bits != 4 && bits != 5 && bits != 6 && bits != 8)
         return loom_err(LOOM_ERR_UNSUPPORTED, "tensor %s: %d-bit quantization is not supported "
                         "(expected 2, 3, 4, 5, 6 or 8)", name, bits);

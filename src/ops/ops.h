@@ -16,13 +16,15 @@
  * bits-wide field at bit offset k * bits of the row's little-endian bit
  * stream (so for bits 2, 4 and 8 element k of a word sits at bits
  * (k % per_word) * bits). Everything is borrowed from the mapping. */
+#define LOOM_QGROUP_MAX 1024
+
 typedef struct loom_qmat {
     const uint32_t *w;         /* (rows, n * bits / 32) packed */
     const uint16_t *scales;    /* (rows, n / group) bf16, or f16 when f16 */
     const uint16_t *biases;    /* (rows, n / group) same dtype as scales */
     int n;                     /* columns (input features) */
     int bits;                  /* 2, 3, 4, 5, 6 or 8 */
-    int group;                 /* columns per scale/bias, a multiple of 32 */
+    int group;                 /* columns per scale/bias, at most LOOM_QGROUP_MAX */
     int f16;
 } loom_qmat;
 

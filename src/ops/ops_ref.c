@@ -47,28 +47,42 @@ static unsigned q_field(const uint32_t *row, int k, int bits) {
     return (unsigned)(v & ((1u << bits) - 1));
 }
 
+/* Dequantizes group g of a packed row into buf (group floats). */
+static void q_group(float *buf, const uint32_t *row, const loom_qmat *w, float sc, float bi, int g) {
+    int k0 = g * w->group;
+    if (32 % w->bits == 0) {
+        int per = 32 / w->bits;
+        unsigned mask = (1u << w->bits) - 1;
+        for (int k = 0; k < w->group; k++) {
+            uint32_t word = row[(k0 + k) / per];
+            buf[k] = sc * (float)((word >> (((k0 + k) % per) * w->bits)) & mask) + bi;
+        }
+    } else {
+        for (int k = 0; k < w->group; k++) buf[k] = sc * (float)q_field(row, k0 + k, w->bits) + bi;
+    }
+}
+
 static void matmul_q(float *y, int ldy, const float *x, int ldx, const loom_qmat *w, int T,
                      int r0, int r1) {
     int n = w->n, ng = n / w->group;
     size_t words = (size_t)n * (size_t)w->bits / 32;
-    for (int t = 0; t < T; t++)
-        for (int r = r0; r < r1; r++) {
-            const uint32_t *row = w->w + (size_t)r * words;
-            const float *xt = x + (size_t)t * ldx;
-            float s = 0;
-            for (int g = 0; g < ng; g++) {
-                size_t si = (size_t)r * ng + g;
-                float sc = w->f16 ? loom_f16_to_f32(w->scales[si]) : loom_bf16_to_f32(w->scales[si]);
-                float bi = w->f16 ? loom_f16_to_f32(w->biases[si]) : loom_bf16_to_f32(w->biases[si]);
-                float sq = 0, sx = 0;
-                for (int k = g * w->group; k < (g + 1) * w->group; k++) {
-                    sq += (float)q_field(row, k, w->bits) * xt[k];
-                    sx += xt[k];
-                }
-                s += sc * sq + bi * sx;
+    float buf[LOOM_QGROUP_MAX];
+    for (int r = r0; r < r1; r++) {
+        const uint32_t *row = w->w + (size_t)r * words;
+        for (int t = 0; t < T; t++) y[(size_t)t * ldy + r] = 0;
+        for (int g = 0; g < ng; g++) {
+            size_t si = (size_t)r * ng + g;
+            float sc = w->f16 ? loom_f16_to_f32(w->scales[si]) : loom_bf16_to_f32(w->scales[si]);
+            float bi = w->f16 ? loom_f16_to_f32(w->biases[si]) : loom_bf16_to_f32(w->biases[si]);
+            q_group(buf, row, w, sc, bi, g);
+            for (int t = 0; t < T; t++) {
+                const float *xt = x + (size_t)t * ldx + (size_t)g * w->group;
+                float s = 0;
+                for (int k = 0; k < w->group; k++) s += buf[k] * xt[k];
+                y[(size_t)t * ldy + r] += s;
             }
-            y[(size_t)t * ldy + r] = s;
         }
+    }
 }
 
 static float dot(const float *a, const float *b, int n) {
