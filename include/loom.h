@@ -27,6 +27,8 @@ typedef enum loom_status {
     LOOM_ERR_NO_KV = 7,        /* no free KV blocks for the request */
     LOOM_ERR_ABORTED = 8,      /* the caller cancelled the operation */
     LOOM_ERR_INTERNAL = 9,     /* a bug in loom */
+    LOOM_ERR_TIMEOUT = 10,     /* nothing happened within the time asked for */
+    LOOM_ERR_BUSY = 11,        /* a queue is full; try again later */
 } loom_status;
 
 /* Static name of a status ("LOOM_ERR_FORMAT"). */
@@ -129,6 +131,98 @@ typedef struct loom_sampling {
 } loom_sampling;
 
 loom_sampling loom_sampling_default(void);
+
+/* ---- engine: continuous batching over a shared paged KV pool ----------- */
+
+/* One engine thread owns the model, the KV pool and the scheduler. Callers
+ * on any thread submit requests and read each request's events; they never
+ * touch the model. At most one engine (or context) may run on a model at a
+ * time: they share its thread pool. */
+typedef struct loom_engine loom_engine;
+typedef struct loom_request loom_request;
+
+typedef struct loom_engine_params {
+    int max_batch_tokens;   /* token budget of one step (default 2048) */
+    int max_seqs;           /* sequences running at once (default 64) */
+    int block_size;         /* tokens per KV block (default 16) */
+    size_t kv_memory;       /* KV pool bytes; 0 = a quarter of RAM, at most
+                               what max_seqs full contexts need */
+    int n_ctx;              /* max tokens per sequence; 0 = the model's
+                               limit, at most 32768 */
+    int prefill_chunk;      /* planned prefill chunk; 0 = policy (2048, or
+                               smaller for linear-attention models) */
+    int max_queue;          /* waiting requests before submit answers
+                               LOOM_ERR_BUSY; 0 = unlimited */
+    const char *trace_file; /* traced requests' spans as JSON lines, or NULL */
+} loom_engine_params;
+
+typedef struct loom_request_params {
+    const int32_t *prompt;  /* [n_prompt], copied at submit */
+    int n_prompt;
+    int max_tokens;         /* tokens to generate; 0 = until the context is full */
+    loom_sampling sampling; /* copied and frozen at submit */
+    const int32_t *stop_ids;/* [n_stop_ids] extra stop tokens, copied */
+    int n_stop_ids;
+    int ignore_eos;         /* do not stop at the model's end-of-sequence ids */
+    int logprobs;           /* -1 none; 0 the chosen token's; n > 0 also top n (max 20) */
+    int prefill_chunk;      /* 0 = the engine's policy */
+    int trace;              /* record timed spans for this request */
+} loom_request_params;
+
+typedef enum loom_finish {
+    LOOM_FINISH_NONE = 0,   /* a token event; more follow */
+    LOOM_FINISH_STOP,       /* an end-of-sequence or stop id was generated */
+    LOOM_FINISH_LENGTH,     /* max_tokens reached, or the context is full */
+    LOOM_FINISH_CANCELLED,  /* cancelled by the caller */
+    LOOM_FINISH_ERROR,      /* failed; status and loom_request_error() say why */
+} loom_finish;
+
+typedef struct loom_event {
+    loom_finish finish;     /* NONE: token fields are valid */
+    int32_t token;
+    float logprob;
+    int n_top;
+    int32_t top_ids[20];
+    float top_logprobs[20];
+    loom_status status;     /* the failure, for LOOM_FINISH_ERROR */
+    int n_prompt;           /* usage, filled on the final event */
+    int n_generated;
+} loom_event;
+
+typedef struct loom_engine_stats {
+    int waiting, running;
+    int kv_blocks_total, kv_blocks_free;
+    uint64_t steps, prefill_tokens, decode_tokens, preemptions;
+} loom_engine_stats;
+
+loom_engine_params loom_engine_default_params(void);
+loom_request_params loom_request_default_params(void);
+
+/* Starts the engine thread. The model must outlive the engine. */
+loom_status loom_engine_create(loom_model *m, const loom_engine_params *p,
+                               loom_engine **out);
+/* Stops the engine: running and waiting requests finish as cancelled. */
+void loom_engine_free(loom_engine *e);
+
+/* Queues a request. Fails at once (nothing queued) with
+ * LOOM_ERR_INVALID_ARG for bad parameters, LOOM_ERR_RANGE when the prompt
+ * cannot fit the context or the KV pool, LOOM_ERR_BUSY when the queue is
+ * full. On success the caller owns *out and must loom_request_free() it. */
+loom_status loom_engine_submit(loom_engine *e, const loom_request_params *p,
+                               loom_request **out);
+/* Waits for the next event (timeout_ms < 0: forever). Returns LOOM_OK with
+ * an event, or LOOM_ERR_TIMEOUT. After the final event it keeps returning
+ * that event. */
+loom_status loom_request_next(loom_request *r, loom_event *ev, int timeout_ms);
+/* Asks the engine to stop the request at the next step boundary. Safe from
+ * any thread, any number of times. */
+void loom_request_cancel(loom_request *r);
+/* Message for a LOOM_FINISH_ERROR request ("" otherwise). */
+const char *loom_request_error(const loom_request *r);
+/* Cancels the request if it still runs and drops the caller's handle. */
+void loom_request_free(loom_request *r);
+
+void loom_engine_get_stats(loom_engine *e, loom_engine_stats *s);
 
 #ifdef __cplusplus
 }

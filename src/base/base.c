@@ -23,6 +23,8 @@ const char *loom_status_str(loom_status s) {
     case LOOM_ERR_NO_KV: return "LOOM_ERR_NO_KV";
     case LOOM_ERR_ABORTED: return "LOOM_ERR_ABORTED";
     case LOOM_ERR_INTERNAL: return "LOOM_ERR_INTERNAL";
+    case LOOM_ERR_TIMEOUT: return "LOOM_ERR_TIMEOUT";
+    case LOOM_ERR_BUSY: return "LOOM_ERR_BUSY";
     }
     return "LOOM_ERR_UNKNOWN";
 }

@@ -1,0 +1,582 @@
+/* engine: continuous batching. One thread owns the model, the KV pool and
+ * every request's engine-side state, and runs one batched forward per step.
+ *
+ * Design notes
+ * - Queues. Submitted requests land in `inbox` (guarded by mu); the engine
+ *   thread moves them to `waiting` (FIFO). Admitted requests live in
+ *   `running`, in admission order.
+ * - A step. (1) Requests whose abort flag is set leave, releasing their
+ *   blocks. (2) Every decoding request gets one row of one token; if its
+ *   next position needs a block and none is free, the newest running
+ *   request is preempted (blocks freed, back to the head of `waiting`, its
+ *   tokens so far recomputed later). (3) Prefilling requests, oldest first,
+ *   take pieces of their planned chunk from what is left of the token
+ *   budget. (4) Waiting requests are admitted, head first, while a row, the
+ *   budget and blocks for their whole prefill allow (first come, first
+ *   served: the head is never skipped). (5) One forward. (6) Rows with
+ *   logits sample, emit a token event and either continue or finish.
+ * - Prefill plan. A request plans its next chunk [pos, plan_end) once and
+ *   keeps it until reached: the budget may cut it into several pieces, and
+ *   other requests joining never move it. Only the piece that reaches the
+ *   end of the prefill asks for logits, and only for its last position.
+ * - Decodes never wait for a prefill: decode rows are placed first, so a
+ *   joining prefill can delay a step by at most one budget's worth of work.
+ * Invariants
+ *   1. A running request holds KV blocks for every token it has in KV and,
+ *      while prefilling, for its whole prefill (reserved at admission).
+ *   2. A waiting request holds no blocks; a finished one is not in any queue.
+ *   3. When no request is running, every block of the pool is free.
+ * Only the engine thread touches running/waiting and the pool. */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/base.h"
+#include "engine/request.h"
+#include "model/forward.h"
+
+#define ENGINE_MAX_CTX 32768
+#define CHUNK_DEFAULT 2048
+/* Attention score workspace bound for the linear-attention chunk policy. */
+#define CHUNK_WORKSPACE_BYTES (1ull << 30)
+
+struct loom_engine {
+    loom_model *m;                 /* borrowed */
+    loom_engine_params p;
+    int n_ctx, max_seqs, chunk;
+    int32_t eos[LOOM_MAX_EOS];
+    int n_eos;
+    loom_kv_pool *kv;              /* owned */
+    loom_fwd_state *fwd;           /* owned */
+    float *logits;                 /* owned (max_seqs, vocab) */
+    loom_fwd_row *rows;            /* owned [max_seqs] */
+    loom_request **row_req;        /* owned [max_seqs] request of each row */
+    int *row_kind;                 /* owned [max_seqs] 0 decode, 1 prefill */
+    loom_request **running;        /* owned [max_seqs] */
+    int n_running;
+    loom_request **waiting;        /* owned ring [wait_cap] */
+    int wait_head, wait_len, wait_cap;
+    FILE *trace;                   /* owned, may be NULL */
+    uint64_t next_order, next_work;
+
+    pthread_t thread;
+    pthread_mutex_t mu;            /* guards inbox, stop, stats */
+    pthread_cond_t cv;
+    loom_request **inbox;          /* owned [inbox_cap] */
+    int n_inbox, inbox_cap;
+    int stop;
+    uint64_t next_id;
+    loom_engine_stats stats;       /* guarded by mu: published counters */
+    loom_engine_stats counters;    /* engine thread: steps, tokens, preemptions */
+};
+
+loom_engine_params loom_engine_default_params(void) {
+    return (loom_engine_params){.max_batch_tokens = 2048, .max_seqs = 64, .block_size = 16};
+}
+
+loom_request_params loom_request_default_params(void) {
+    return (loom_request_params){.max_tokens = 256, .sampling = loom_sampling_default(),
+                                 .logprobs = -1};
+}
+
+/* ---- chunk policy ------------------------------------------------------ */
+
+static int has_linear_attention(const loom_model *m) {
+    return !strcmp(m->cfg.arch, "Qwen3_5ForCausalLM") ||
+           !strcmp(m->cfg.arch, "Qwen3NextForCausalLM");
+}
+
+/* An explicit chunk is exact. Otherwise 2048, halved (down to 8) for
+ * linear-attention models while the attention score workspace of the prompt
+ * would exceed its budget. Changes work size only, never admission. */
+static int chunk_for(const loom_engine *e, const loom_request *r) {
+    if (r->chunk > 0) return r->chunk;
+    if (e->p.prefill_chunk > 0) return e->p.prefill_chunk;
+    int chunk = CHUNK_DEFAULT;
+    if (!has_linear_attention(e->m)) return chunk;
+    while (chunk > 8 && (uint64_t)e->m->cfg.n_heads * (uint64_t)chunk *
+                                (uint64_t)r->prefill_len * sizeof(float) >
+                            CHUNK_WORKSPACE_BYTES)
+        chunk /= 2;
+    return chunk;
+}
+
+/* ---- request lifecycle (engine thread) --------------------------------- */
+
+static void finish(loom_engine *e, loom_request *r, loom_finish why, loom_status st,
+                   const char *msg) {
+    loom_kv_seq_release(e->kv, &r->seq);
+    r->state = RQ_DONE;
+    if (msg) snprintf(r->error, sizeof r->error, "%s", msg);
+    loom_event ev = {.finish = why, .status = st, .n_prompt = r->n_prompt,
+                     .n_generated = r->n_generated};
+    loom_rq_push(r, &ev);
+    if (e->trace && r->trace) {
+        loom_rq_write_trace(r, e->trace);
+        fflush(e->trace);
+    }
+    loom_rq_release(r);
+}
+
+static void remove_running(loom_engine *e, int i) {
+    memmove(&e->running[i], &e->running[i + 1], sizeof *e->running * (size_t)(e->n_running - i - 1));
+    e->n_running--;
+}
+
+static void waiting_push_front(loom_engine *e, loom_request *r) {
+    e->wait_head = (e->wait_head + e->wait_cap - 1) % e->wait_cap;
+    e->waiting[e->wait_head] = r;
+    e->wait_len++;
+}
+
+static loom_status waiting_reserve(loom_engine *e, int extra) {
+    if (e->wait_len + extra <= e->wait_cap) return LOOM_OK;
+    int cap = LOOM_MAX(e->wait_cap * 2, e->wait_len + extra + 16);
+    loom_request **nw = malloc(sizeof *nw * (size_t)cap);
+    if (!nw) return loom_err(LOOM_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < e->wait_len; i++) nw[i] = e->waiting[(e->wait_head + i) % e->wait_cap];
+    free(e->waiting);
+    e->waiting = nw;
+    e->wait_cap = cap;
+    e->wait_head = 0;
+    return LOOM_OK;
+}
+
+/* Frees the request's blocks and queues it to recompute everything it has
+ * so far (prompt and generated tokens) when blocks allow. */
+static void preempt(loom_engine *e, int i) {
+    loom_request *r = e->running[i];
+    remove_running(e, i);
+    loom_kv_seq_release(e->kv, &r->seq);
+    r->state = RQ_WAITING;
+    r->plan_end = 0;
+    waiting_push_front(e, r); /* capacity: running requests were counted */
+    e->counters.preemptions++;
+    loom_log(LOOM_LOG_INFO, "request %llu preempted (no free KV blocks)",
+             (unsigned long long)r->id);
+}
+
+static int newest_running(const loom_engine *e) {
+    int best = -1;
+    for (int i = 0; i < e->n_running; i++)
+        if (best < 0 || e->running[i]->order > e->running[best]->order) best = i;
+    return best;
+}
+
+/* ---- one step ----------------------------------------------------------- */
+
+static void reap_cancelled(loom_engine *e) {
+    for (int i = 0; i < e->n_running;) {
+        loom_request *r = e->running[i];
+        if (atomic_load(&r->abort)) {
+            remove_running(e, i);
+            finish(e, r, LOOM_FINISH_CANCELLED, LOOM_ERR_ABORTED, "cancelled");
+        } else {
+            i++;
+        }
+    }
+    int n = e->wait_len, k = 0;
+    for (int i = 0; i < n; i++) {
+        loom_request *r = e->waiting[(e->wait_head + i) % e->wait_cap];
+        if (atomic_load(&r->abort)) finish(e, r, LOOM_FINISH_CANCELLED, LOOM_ERR_ABORTED, "cancelled");
+        else e->waiting[(e->wait_head + k++) % e->wait_cap] = r;
+    }
+    e->wait_len = k;
+}
+
+static int blocks_for(const loom_engine *e, int tokens) {
+    return (tokens + e->kv->block_size - 1) / e->kv->block_size;
+}
+
+static void add_prefill_row(loom_engine *e, loom_request *r, int *n_rows, int *budget) {
+    if (r->plan_end == 0) {
+        int end = r->seq.n_tokens + chunk_for(e, r);
+        r->plan_end = LOOM_MIN(end, r->prefill_len);
+    }
+    int count = LOOM_MIN(r->plan_end - r->seq.n_tokens, *budget);
+    if (count <= 0) return;
+    int final = r->seq.n_tokens + count == r->prefill_len;
+    int i = (*n_rows)++;
+    e->rows[i] = (loom_fwd_row){
+        .tokens = r->tokens + r->seq.n_tokens,
+        .n = count,
+        .seq = &r->seq,
+        .logits = final ? LOOM_LOGITS_LAST : LOOM_LOGITS_NONE,
+        .out = final ? e->logits + (size_t)i * e->m->cfg.vocab_size : NULL,
+    };
+    e->row_req[i] = r;
+    e->row_kind[i] = 1;
+    *budget -= count;
+}
+
+/* Samples from a row's logits; emits the token or finishes the request. */
+static void complete_row(loom_engine *e, loom_request *r, float *logits, int *still_running) {
+    if (atomic_load(&r->abort)) {
+        *still_running = 0;
+        finish(e, r, LOOM_FINISH_CANCELLED, LOOM_ERR_ABORTED, "cancelled");
+        return;
+    }
+    loom_sample_result res;
+    loom_sampler_pick(&r->sampler, logits, r->logprobs, &res);
+    loom_sampler_accept(&r->sampler, res.id, 1);
+    r->tokens[r->n_tokens++] = res.id;
+    r->n_generated++;
+    e->counters.decode_tokens++;
+    loom_event ev = {.finish = LOOM_FINISH_NONE, .token = res.id, .logprob = res.logprob,
+                     .n_top = res.n_top};
+    memcpy(ev.top_ids, res.top_ids, sizeof ev.top_ids);
+    memcpy(ev.top_logprobs, res.top_logprobs, sizeof ev.top_logprobs);
+    loom_rq_push(r, &ev);
+    int stop = 0;
+    for (int i = 0; i < r->n_stop && !stop; i++) stop = r->stop_ids[i] == res.id;
+    for (int i = 0; i < e->n_eos && !stop && !r->ignore_eos; i++) stop = e->eos[i] == res.id;
+    *still_running = 0;
+    if (stop) finish(e, r, LOOM_FINISH_STOP, LOOM_OK, NULL);
+    else if (r->n_generated >= r->max_tokens || r->n_tokens >= e->n_ctx)
+        finish(e, r, LOOM_FINISH_LENGTH, LOOM_OK, NULL);
+    else *still_running = 1;
+}
+
+/* Plans and runs one step. Returns 0 when there was nothing to do. */
+static int step(loom_engine *e) {
+    reap_cancelled(e);
+    int n_rows = 0, budget = e->p.max_batch_tokens;
+    double t0 = loom_now();
+
+    /* decode rows first; make room by preempting the newest if needed */
+    for (int i = 0; i < e->n_running;) {
+        loom_request *r = e->running[i];
+        if (r->state != RQ_DECODE) { i++; continue; }
+        if (loom_kv_seq_reserve(e->kv, &r->seq, r->seq.n_tokens + 1) != LOOM_OK) {
+            int v = newest_running(e);
+            preempt(e, v);
+            if (v < i) i--;
+            continue; /* retry r (or the request now at i) */
+        }
+        int k = n_rows++;
+        e->rows[k] = (loom_fwd_row){.tokens = r->tokens + r->seq.n_tokens, .n = 1, .seq = &r->seq,
+                                    .logits = LOOM_LOGITS_LAST,
+                                    .out = e->logits + (size_t)k * e->m->cfg.vocab_size};
+        e->row_req[k] = r;
+        e->row_kind[k] = 0;
+        budget--;
+        i++;
+    }
+    loom_err_clear();
+    /* prefills in progress, oldest first */
+    for (int i = 0; i < e->n_running && budget > 0; i++)
+        if (e->running[i]->state == RQ_PREFILL) add_prefill_row(e, e->running[i], &n_rows, &budget);
+    /* admissions */
+    while (e->wait_len > 0 && budget > 0 && e->n_running < e->max_seqs) {
+        loom_request *r = e->waiting[e->wait_head];
+        r->prefill_len = r->n_tokens;
+        if (blocks_for(e, r->prefill_len + 1) > e->kv->n_free) break;
+        if (loom_kv_seq_reserve(e->kv, &r->seq, r->prefill_len) != LOOM_OK) break;
+        e->wait_head = (e->wait_head + 1) % e->wait_cap;
+        e->wait_len--;
+        r->state = RQ_PREFILL;
+        r->order = ++e->next_order;
+        r->t_admit = loom_now();
+        loom_rq_span(r, "cache.lookup_restore", r->t_admit, r->t_admit, 0, 0, 0, 0);
+        e->running[e->n_running++] = r;
+        add_prefill_row(e, r, &n_rows, &budget);
+    }
+    if (n_rows == 0) return 0;
+
+    uint64_t work = ++e->next_work;
+    double t1 = loom_now();
+    loom_status st = loom_forward(e->m, e->fwd, e->kv, e->rows, n_rows);
+    double t2 = loom_now();
+    e->counters.steps++;
+    if (st != LOOM_OK) {
+        /* A failed forward fails its rows; the engine keeps serving. */
+        char msg[256];
+        snprintf(msg, sizeof msg, "forward failed: %s", loom_last_error());
+        loom_log(LOOM_LOG_ERROR, "%s", msg);
+        for (int i = 0; i < n_rows; i++) {
+            loom_request *r = e->row_req[i];
+            for (int j = 0; j < e->n_running; j++)
+                if (e->running[j] == r) { remove_running(e, j); break; }
+            finish(e, r, LOOM_FINISH_ERROR, st, msg);
+        }
+        return 1;
+    }
+    for (int i = 0; i < n_rows; i++) {
+        loom_request *r = e->row_req[i];
+        const char *name = e->row_kind[i] ? "prefill.forward" : "decode.step";
+        loom_rq_span(r, name, t1, t2, work, n_rows, e->rows[i].n, r->seq.n_tokens - e->rows[i].n);
+        if (e->row_kind[i]) {
+            loom_rq_span(r, "prefill.chunk", t0, t2, work, n_rows, e->rows[i].n,
+                         r->seq.n_tokens - e->rows[i].n);
+            e->counters.prefill_tokens += (uint64_t)e->rows[i].n;
+            if (r->seq.n_tokens == r->plan_end) r->plan_end = 0;
+        }
+        if (e->rows[i].logits == LOOM_LOGITS_NONE) continue;
+        double t3 = loom_now();
+        int keep;
+        complete_row(e, r, e->rows[i].out, &keep);
+        if (keep) {
+            if (e->row_kind[i]) {
+                loom_rq_span(r, "prefill.complete", t3, loom_now(), work, n_rows, e->rows[i].n, 0);
+                loom_rq_span(r, "prefill.total", r->t_admit, loom_now(), work, 0, 0, 0);
+            }
+            r->state = RQ_DECODE;
+        } else {
+            for (int j = 0; j < e->n_running; j++)
+                if (e->running[j] == r) { remove_running(e, j); break; }
+        }
+    }
+    return 1;
+}
+
+static void *engine_main(void *arg) {
+    loom_engine *e = arg;
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        while (!e->stop && e->n_inbox == 0 && e->n_running == 0 && e->wait_len == 0)
+            pthread_cond_wait(&e->cv, &e->mu);
+        if (e->stop) {
+            pthread_mutex_unlock(&e->mu);
+            break;
+        }
+        if (e->n_inbox > 0 && waiting_reserve(e, e->n_inbox) == LOOM_OK) {
+            for (int i = 0; i < e->n_inbox; i++) {
+                e->waiting[(e->wait_head + e->wait_len) % e->wait_cap] = e->inbox[i];
+                e->wait_len++;
+            }
+            e->n_inbox = 0;
+        }
+        pthread_mutex_unlock(&e->mu);
+
+        int did = step(e);
+
+        pthread_mutex_lock(&e->mu);
+        e->stats.steps = e->counters.steps;
+        e->stats.prefill_tokens = e->counters.prefill_tokens;
+        e->stats.decode_tokens = e->counters.decode_tokens;
+        e->stats.preemptions = e->counters.preemptions;
+        e->stats.waiting = e->wait_len + e->n_inbox;
+        e->stats.running = e->n_running;
+        e->stats.kv_blocks_free = e->kv->n_free;
+        pthread_mutex_unlock(&e->mu);
+        if (!did && e->n_running == 0 && e->wait_len > 0) {
+            /* The head cannot be admitted into an empty pool: it never will. */
+            loom_request *r = e->waiting[e->wait_head];
+            e->wait_head = (e->wait_head + 1) % e->wait_cap;
+            e->wait_len--;
+            finish(e, r, LOOM_FINISH_ERROR, LOOM_ERR_NO_KV, "request does not fit the KV pool");
+        } else if (!did && e->wait_len > 0) {
+            usleep(100); /* wait for running requests to free blocks */
+        }
+    }
+    /* Shutdown: everything still queued or running is cancelled. */
+    pthread_mutex_lock(&e->mu);
+    for (int i = 0; i < e->n_inbox; i++)
+        e->waiting[(e->wait_head + e->wait_len++) % e->wait_cap] = e->inbox[i];
+    e->n_inbox = 0;
+    pthread_mutex_unlock(&e->mu);
+    while (e->n_running > 0) {
+        loom_request *r = e->running[--e->n_running];
+        finish(e, r, LOOM_FINISH_CANCELLED, LOOM_ERR_ABORTED, "engine stopped");
+    }
+    while (e->wait_len > 0) {
+        loom_request *r = e->waiting[e->wait_head];
+        e->wait_head = (e->wait_head + 1) % e->wait_cap;
+        e->wait_len--;
+        finish(e, r, LOOM_FINISH_CANCELLED, LOOM_ERR_ABORTED, "engine stopped");
+    }
+    return NULL;
+}
+
+/* ---- public API --------------------------------------------------------- */
+
+static size_t ram_bytes(void) {
+    long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
+    return pages > 0 && size > 0 ? (size_t)pages * (size_t)size : (size_t)8 << 30;
+}
+
+loom_status loom_engine_create(loom_model *m, const loom_engine_params *params,
+                               loom_engine **out) {
+    *out = NULL;
+    loom_engine_params p = params ? *params : loom_engine_default_params();
+    if (p.max_batch_tokens <= 0 || p.max_seqs <= 0 || p.block_size <= 0 || p.n_ctx < 0 ||
+        p.prefill_chunk < 0 || p.max_queue < 0)
+        return loom_err(LOOM_ERR_INVALID_ARG,
+                        "engine: max_batch_tokens, max_seqs and block_size must be positive, "
+                        "n_ctx, prefill_chunk and max_queue >= 0");
+    loom_engine *e = calloc(1, sizeof *e);
+    if (!e) return loom_err(LOOM_ERR_NOMEM, "out of memory");
+    e->m = m;
+    e->p = p;
+    e->p.trace_file = NULL;
+    const loom_config *c = &m->cfg;
+    e->n_ctx = p.n_ctx ? p.n_ctx : LOOM_MIN(c->max_positions > 0 ? c->max_positions : ENGINE_MAX_CTX,
+                                            ENGINE_MAX_CTX);
+    e->max_seqs = LOOM_MIN(p.max_seqs, p.max_batch_tokens);
+    e->n_eos = loom_model_eos_ids(m, e->eos, LOOM_MAX_EOS);
+    if (e->n_eos > LOOM_MAX_EOS) e->n_eos = LOOM_MAX_EOS;
+    size_t block = loom_kv_block_bytes(c->n_layers, c->n_kv_heads * c->head_dim, p.block_size);
+    size_t want = p.kv_memory;
+    if (!want) {
+        size_t full = block * (size_t)blocks_for(&(loom_engine){.kv = &(loom_kv_pool){
+                                                     .block_size = p.block_size}},
+                                                 e->n_ctx) *
+                      (size_t)e->max_seqs;
+        want = LOOM_MIN(ram_bytes() / 4, full);
+    }
+    int n_blocks = (int)LOOM_MIN(want / block, (size_t)1 << 30);
+    loom_status s = LOOM_OK;
+    if (n_blocks < 1)
+        s = loom_err(LOOM_ERR_INVALID_ARG, "engine: kv_memory %zu bytes is less than one block (%zu bytes)",
+                     want, block);
+    if (!s) s = loom_kv_pool_create(c->n_layers, c->n_kv_heads * c->head_dim, p.block_size, n_blocks, &e->kv);
+    if (!s) s = loom_fwd_state_create(m, p.max_batch_tokens, e->n_ctx, &e->fwd);
+    if (!s) {
+        e->logits = loom_alloc(sizeof(float) * (size_t)e->max_seqs * (size_t)c->vocab_size);
+        e->rows = calloc((size_t)e->max_seqs, sizeof *e->rows);
+        e->row_req = calloc((size_t)e->max_seqs, sizeof *e->row_req);
+        e->row_kind = calloc((size_t)e->max_seqs, sizeof *e->row_kind);
+        e->running = calloc((size_t)e->max_seqs, sizeof *e->running);
+        if (!e->logits || !e->rows || !e->row_req || !e->row_kind || !e->running)
+            s = loom_err(LOOM_ERR_NOMEM, "engine: out of memory");
+    }
+    if (!s) s = waiting_reserve(e, 16);
+    if (!s && p.trace_file) {
+        e->trace = fopen(p.trace_file, "a");
+        if (!e->trace) s = loom_err(LOOM_ERR_IO, "trace file %s: cannot open", p.trace_file);
+    }
+    if (s) {
+        loom_engine_free(e);
+        return s;
+    }
+    e->stats.kv_blocks_total = n_blocks;
+    e->stats.kv_blocks_free = n_blocks;
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
+        pthread_mutex_destroy(&e->mu);
+        pthread_cond_destroy(&e->cv);
+        e->thread = 0;
+        loom_engine_free(e);
+        return loom_err(LOOM_ERR_NOMEM, "engine: cannot start the engine thread");
+    }
+    loom_log(LOOM_LOG_INFO, "engine: %d KV blocks of %d tokens (%.1f MiB), context %d, batch %d tokens / %d seqs",
+             n_blocks, p.block_size, (double)block * n_blocks / (1 << 20), e->n_ctx,
+             p.max_batch_tokens, e->max_seqs);
+    *out = e;
+    return LOOM_OK;
+}
+
+void loom_engine_free(loom_engine *e) {
+    if (!e) return;
+    if (e->thread) {
+        pthread_mutex_lock(&e->mu);
+        e->stop = 1;
+        pthread_cond_signal(&e->cv);
+        pthread_mutex_unlock(&e->mu);
+        pthread_join(e->thread, NULL);
+        pthread_mutex_destroy(&e->mu);
+        pthread_cond_destroy(&e->cv);
+    }
+    if (e->trace) fclose(e->trace);
+    loom_kv_pool_free(e->kv);
+    loom_fwd_state_free(e->fwd);
+    loom_free(e->logits);
+    free(e->rows);
+    free(e->row_req);
+    free(e->row_kind);
+    free(e->running);
+    free(e->waiting);
+    free(e->inbox);
+    free(e);
+}
+
+loom_status loom_engine_submit(loom_engine *e, const loom_request_params *p, loom_request **out) {
+    *out = NULL;
+    int V = e->m->cfg.vocab_size;
+    if (!p || p->n_prompt <= 0 || !p->prompt)
+        return loom_err(LOOM_ERR_INVALID_ARG, "request: the prompt is empty (expected at least one token)");
+    if (p->max_tokens < 0)
+        return loom_err(LOOM_ERR_INVALID_ARG, "request: max_tokens must be >= 0, found %d", p->max_tokens);
+    if (p->logprobs < -1 || p->logprobs > LOOM_MAX_TOP_LOGPROBS)
+        return loom_err(LOOM_ERR_INVALID_ARG, "request: logprobs must be -1..%d, found %d",
+                        LOOM_MAX_TOP_LOGPROBS, p->logprobs);
+    if (p->n_stop_ids < 0 || (p->n_stop_ids && !p->stop_ids))
+        return loom_err(LOOM_ERR_INVALID_ARG, "request: bad stop ids");
+    for (int i = 0; i < p->n_prompt; i++)
+        if (p->prompt[i] < 0 || p->prompt[i] >= V)
+            return loom_err(LOOM_ERR_RANGE,
+                            "token id %d at index %d is out of range (vocabulary has %d tokens: 0..%d)",
+                            p->prompt[i], i, V, V - 1);
+    if (p->n_prompt >= e->n_ctx)
+        return loom_err(LOOM_ERR_RANGE,
+                        "the prompt has %d tokens; the context holds %d (prompt plus at least one "
+                        "generated token)", p->n_prompt, e->n_ctx);
+    if (blocks_for(e, p->n_prompt + 1) > e->kv->n_blocks)
+        return loom_err(LOOM_ERR_RANGE, "the prompt has %d tokens; the KV pool holds %d",
+                        p->n_prompt, e->kv->n_blocks * e->kv->block_size - 1);
+    loom_request *r = calloc(1, sizeof *r);
+    if (!r) return loom_err(LOOM_ERR_NOMEM, "out of memory");
+    int gen = p->max_tokens ? p->max_tokens : e->n_ctx - p->n_prompt;
+    gen = LOOM_MIN(gen, e->n_ctx - p->n_prompt);
+    r->n_prompt = p->n_prompt;
+    r->max_tokens = gen;
+    r->logprobs = p->logprobs;
+    r->chunk = p->prefill_chunk > 0 ? p->prefill_chunk : 0;
+    r->trace = p->trace;
+    r->ignore_eos = p->ignore_eos;
+    r->cap = p->n_prompt + gen;
+    r->tokens = malloc(sizeof *r->tokens * (size_t)r->cap);
+    r->n_stop = p->n_stop_ids;
+    r->stop_ids = malloc(sizeof *r->stop_ids * (size_t)(p->n_stop_ids + 1));
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    atomic_init(&r->refs, 1);
+    atomic_init(&r->abort, 0);
+    loom_status s = !r->tokens || !r->stop_ids ? loom_err(LOOM_ERR_NOMEM, "out of memory") : LOOM_OK;
+    if (!s) s = loom_sampler_init(&r->sampler, &p->sampling, V);
+    if (s) {
+        loom_rq_release(r);
+        return s;
+    }
+    memcpy(r->tokens, p->prompt, sizeof *r->tokens * (size_t)p->n_prompt);
+    if (p->n_stop_ids) memcpy(r->stop_ids, p->stop_ids, sizeof *r->stop_ids * (size_t)p->n_stop_ids);
+    r->n_tokens = p->n_prompt;
+    for (int i = 0; i < p->n_prompt; i++) loom_sampler_accept(&r->sampler, p->prompt[i], 0);
+    r->t_submit = loom_now();
+
+    pthread_mutex_lock(&e->mu);
+    if (e->p.max_queue > 0 && e->stats.waiting >= e->p.max_queue) {
+        pthread_mutex_unlock(&e->mu);
+        loom_rq_release(r);
+        return loom_err(LOOM_ERR_BUSY, "the queue is full (%d waiting requests)", e->p.max_queue);
+    }
+    if (e->n_inbox == e->inbox_cap) {
+        int cap = e->inbox_cap ? e->inbox_cap * 2 : 16;
+        loom_request **ni = realloc(e->inbox, sizeof *ni * (size_t)cap);
+        if (!ni) {
+            pthread_mutex_unlock(&e->mu);
+            loom_rq_release(r);
+            return loom_err(LOOM_ERR_NOMEM, "out of memory");
+        }
+        e->inbox = ni;
+        e->inbox_cap = cap;
+    }
+    r->id = ++e->next_id;
+    atomic_store(&r->refs, 2); /* the caller's handle and the engine's */
+    e->inbox[e->n_inbox++] = r;
+    e->stats.waiting++;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    *out = r;
+    return LOOM_OK;
+}
+
+void loom_engine_get_stats(loom_engine *e, loom_engine_stats *s) {
+    pthread_mutex_lock(&e->mu);
+    *s = e->stats;
+    pthread_mutex_unlock(&e->mu);
+}

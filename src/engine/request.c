@@ -1,0 +1,129 @@
+/* request: event channel, trace spans, reference counting. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/base.h"
+#include "engine/request.h"
+
+void loom_rq_push(loom_request *r, const loom_event *ev) {
+    pthread_mutex_lock(&r->mu);
+    if (ev->finish != LOOM_FINISH_NONE) {
+        r->final = *ev;
+        r->finished = 1;
+    } else {
+        if (r->ev_len == r->ev_cap) {
+            int cap = r->ev_cap ? r->ev_cap * 2 : 16;
+            loom_event *ne = malloc(sizeof *ne * (size_t)cap);
+            if (!ne) {
+                /* No memory to queue a token: turn it into a failure rather
+                 * than lose it silently. */
+                r->final = (loom_event){.finish = LOOM_FINISH_ERROR, .status = LOOM_ERR_NOMEM};
+                snprintf(r->error, sizeof r->error, "out of memory queueing a token");
+                r->finished = 1;
+                atomic_store(&r->abort, 1);
+                pthread_cond_broadcast(&r->cv);
+                pthread_mutex_unlock(&r->mu);
+                return;
+            }
+            for (int i = 0; i < r->ev_len; i++) ne[i] = r->events[(r->ev_head + i) % r->ev_cap];
+            free(r->events);
+            r->events = ne;
+            r->ev_cap = cap;
+            r->ev_head = 0;
+        }
+        r->events[(r->ev_head + r->ev_len) % r->ev_cap] = *ev;
+        r->ev_len++;
+    }
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+loom_status loom_request_next(loom_request *r, loom_event *ev, int timeout_ms) {
+    struct timespec until;
+    if (timeout_ms >= 0) {
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += timeout_ms / 1000;
+        until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+    }
+    pthread_mutex_lock(&r->mu);
+    while (r->ev_len == 0 && !r->finished) {
+        if (timeout_ms < 0) {
+            pthread_cond_wait(&r->cv, &r->mu);
+        } else if (pthread_cond_timedwait(&r->cv, &r->mu, &until) != 0 && r->ev_len == 0 &&
+                   !r->finished) {
+            pthread_mutex_unlock(&r->mu);
+            return LOOM_ERR_TIMEOUT;
+        }
+    }
+    if (r->ev_len > 0) {
+        *ev = r->events[r->ev_head];
+        r->ev_head = (r->ev_head + 1) % r->ev_cap;
+        r->ev_len--;
+    } else {
+        *ev = r->final;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return LOOM_OK;
+}
+
+void loom_request_cancel(loom_request *r) {
+    if (r) atomic_store(&r->abort, 1);
+}
+
+const char *loom_request_error(const loom_request *r) { return r->error; }
+
+void loom_rq_span(loom_request *r, const char *name, double t0, double t1, uint64_t work_id,
+                  int batch_size, int tokens_per_row, int start_token) {
+    if (!r->trace) return;
+    if (r->n_spans == r->span_cap) {
+        int cap = r->span_cap ? r->span_cap * 2 : 32;
+        rq_span *ns = realloc(r->spans, sizeof *ns * (size_t)cap);
+        if (!ns) return; /* tracing is best effort */
+        r->spans = ns;
+        r->span_cap = cap;
+    }
+    int cached = 0;
+    r->spans[r->n_spans++] = (rq_span){name, t0, t1, work_id, batch_size, tokens_per_row,
+                                       start_token, cached};
+}
+
+void loom_rq_write_trace(const loom_request *r, FILE *f) {
+    fprintf(f, "{\"request\":%llu,\"prompt_tokens\":%d,\"generated_tokens\":%d,\"spans\":[",
+            (unsigned long long)r->id, r->n_prompt, r->n_generated);
+    for (int i = 0; i < r->n_spans; i++) {
+        const rq_span *s = &r->spans[i];
+        fprintf(f,
+                "%s{\"name\":\"%s\",\"start_ms\":%.3f,\"dur_ms\":%.3f,\"work_id\":%llu,"
+                "\"batch_size\":%d,\"tokens_per_row\":%d,\"start_token\":%d,"
+                "\"cached_tokens\":%d}",
+                i ? "," : "", s->name, (s->t0 - r->t_submit) * 1e3, (s->t1 - s->t0) * 1e3,
+                (unsigned long long)s->work_id, s->batch_size, s->tokens_per_row,
+                s->start_token, s->cached_tokens);
+    }
+    fprintf(f, "]}\n");
+}
+
+void loom_rq_release(loom_request *r) {
+    if (!r || atomic_fetch_sub(&r->refs, 1) != 1) return;
+    loom_sampler_free(&r->sampler);
+    free(r->tokens);
+    free(r->stop_ids);
+    free(r->spans);
+    free(r->events);
+    free(r->seq.blocks);
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cv);
+    free(r);
+}
+
+void loom_request_free(loom_request *r) {
+    if (!r) return;
+    atomic_store(&r->abort, 1);
+    loom_rq_release(r);
+}

@@ -1,0 +1,75 @@
+/* request: one generation request as the engine sees it, with its event
+ * channel and trace.
+ *
+ * Ownership: a request is shared by the caller's handle and the engine;
+ * `refs` counts both and the last release frees it. Fields under "engine
+ * thread" are touched only by the engine thread; the channel is guarded by
+ * `mu`; `abort` is atomic. */
+#ifndef LOOM_REQUEST_H
+#define LOOM_REQUEST_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "engine/kv.h"
+#include "sample/sample.h"
+
+typedef enum rq_state {
+    RQ_WAITING,   /* queued, holds no KV */
+    RQ_PREFILL,   /* admitted, prompt (or recompute) being prefilled */
+    RQ_DECODE,    /* generating one token per step */
+    RQ_DONE,      /* final event sent; awaiting release */
+} rq_state;
+
+typedef struct rq_span {
+    const char *name;          /* static */
+    double t0, t1;             /* seconds, monotonic */
+    uint64_t work_id;
+    int batch_size, tokens_per_row, start_token, cached_tokens;
+} rq_span;
+
+struct loom_request {
+    /* frozen at submit */
+    uint64_t id;
+    int n_prompt, max_tokens, logprobs, chunk, trace, ignore_eos;
+    int32_t *stop_ids;         /* owned [n_stop] */
+    int n_stop;
+    atomic_int abort;
+    atomic_int refs;
+
+    /* engine thread */
+    int32_t *tokens;           /* owned [cap]: prompt then generated */
+    int n_tokens, cap;
+    int n_generated;
+    loom_sampler sampler;
+    rq_state state;
+    loom_kv_seq seq;           /* KV holds tokens [0, seq.n_tokens) */
+    int plan_end;              /* planned prefill chunk end; 0 = none */
+    int prefill_len;           /* tokens to prefill before sampling */
+    uint64_t order;            /* admission order, for preemption */
+    double t_submit, t_admit;
+    rq_span *spans;            /* owned [n_spans] */
+    int n_spans, span_cap;
+
+    /* channel, guarded by mu */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    loom_event *events;        /* owned ring [ev_cap] */
+    int ev_head, ev_len, ev_cap;
+    int finished;              /* the final event is queued */
+    loom_event final;
+    char error[256];
+};
+
+/* Appends an event (copies it); wakes the reader. */
+void loom_rq_push(loom_request *r, const loom_event *ev);
+/* Records a span when the request is traced. */
+void loom_rq_span(loom_request *r, const char *name, double t0, double t1,
+                  uint64_t work_id, int batch_size, int tokens_per_row, int start_token);
+/* Writes the request's spans as one JSON line. */
+void loom_rq_write_trace(const loom_request *r, FILE *f);
+/* Drops one reference; frees on the last. */
+void loom_rq_release(loom_request *r);
+
+#endif

@@ -1,0 +1,310 @@
+/* The engine: batched equals solo under every mix of budgets, chunk sizes
+ * and arrivals; cancellation leaves the others untouched; preemption under
+ * a small KV pool; nothing leaks; admission errors. */
+#include <stdint.h>
+#include <unistd.h>
+
+#include "base/base.h"
+#include "load/safetensors.h"
+#include "test.h"
+
+#define NP 4
+#define NG 20
+
+typedef struct fixture {
+    loom_safetensors *ref;
+    loom_model *m;
+    const int32_t *ids[NP];
+    int len[NP];
+    const int32_t *greedy[NP];
+} fixture;
+
+static int load_fixture(const char *dir, fixture *f) {
+    char path[512];
+    memset(f, 0, sizeof *f);
+    snprintf(path, sizeof path, "%s/reference.safetensors", dir);
+    if (loom_st_open(path, &f->ref) || loom_model_load(dir, NULL, &f->m)) {
+        fprintf(stderr, "%s: %s\n", dir, loom_last_error());
+        return 0;
+    }
+    for (int i = 0; i < NP; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "prompt.%d.ids", i);
+        const loom_st_tensor *t = loom_st_find(f->ref, name);
+        f->ids[i] = t->data;
+        f->len[i] = (int)t->shape[0];
+        snprintf(name, sizeof name, "prompt.%d.greedy", i);
+        f->greedy[i] = loom_st_find(f->ref, name)->data;
+    }
+    return 1;
+}
+
+static void free_fixture(fixture *f) {
+    loom_model_free(f->m);
+    loom_st_close(f->ref);
+}
+
+static loom_request *submit(loom_engine *e, const int32_t *ids, int n, int max_tokens, int chunk) {
+    loom_request_params rp = loom_request_default_params();
+    rp.prompt = ids;
+    rp.n_prompt = n;
+    rp.max_tokens = max_tokens;
+    rp.ignore_eos = 1;
+    rp.prefill_chunk = chunk;
+    rp.logprobs = 0;
+    loom_request *r = NULL;
+    loom_status s = loom_engine_submit(e, &rp, &r);
+    CHECKF(s == LOOM_OK, "submit: %s", loom_last_error());
+    return r;
+}
+
+/* Reads every event; returns the finish reason. */
+static loom_finish drain(loom_request *r, int32_t *toks, float *lps, int *n) {
+    *n = 0;
+    for (;;) {
+        loom_event ev;
+        if (loom_request_next(r, &ev, 60000) != LOOM_OK) return LOOM_FINISH_ERROR;
+        if (ev.finish != LOOM_FINISH_NONE) return ev.finish;
+        if (lps) lps[*n] = ev.logprob;
+        toks[(*n)++] = ev.token;
+    }
+}
+
+/* Waits until the engine is idle and checks every block is back. */
+static void check_idle(loom_engine *e) {
+    loom_engine_stats st;
+    for (int i = 0; i < 2000; i++) {
+        loom_engine_get_stats(e, &st);
+        if (st.running == 0 && st.waiting == 0 && st.kv_blocks_free == st.kv_blocks_total) break;
+        usleep(1000);
+    }
+    CHECKF(st.running == 0 && st.waiting == 0, "engine not idle: %d running %d waiting", st.running,
+           st.waiting);
+    CHECKF(st.kv_blocks_free == st.kv_blocks_total, "blocks leaked: %d of %d free",
+           st.kv_blocks_free, st.kv_blocks_total);
+}
+
+static int same_tokens(const int32_t *a, const int32_t *b, int n) {
+    for (int i = 0; i < n; i++)
+        if (a[i] != b[i]) return 0;
+    return 1;
+}
+
+/* Log-probabilities of the greedy tokens, solo through a context. */
+static void solo_logprobs(fixture *f, int i, float *out) {
+    loom_context *c = NULL;
+    loom_context_params cp = loom_context_default_params();
+    cp.n_ctx = f->len[i] + NG;
+    CHECK(loom_context_create(f->m, &cp, &c) == LOOM_OK);
+    int V = loom_model_vocab_size(f->m);
+    float *l = malloc(sizeof(float) * V);
+    CHECK(loom_context_eval(c, f->ids[i], f->len[i], 0, l) == LOOM_OK);
+    for (int t = 0; t < NG; t++) {
+        double mx = l[0], sum = 0;
+        for (int k = 1; k < V; k++) mx = fmax(mx, l[k]);
+        for (int k = 0; k < V; k++) sum += exp(l[k] - mx);
+        out[t] = (float)(l[f->greedy[i][t]] - mx - log(sum));
+        CHECK(loom_context_eval(c, &f->greedy[i][t], 1, 0, l) == LOOM_OK);
+    }
+    free(l);
+    loom_context_free(c);
+}
+
+static void batched_equals_solo(const char *dir) {
+    fixture f;
+    if (!load_fixture(dir, &f)) { CHECK(0); return; }
+    float solo_lp[NP][NG];
+    for (int i = 0; i < NP; i++) solo_logprobs(&f, i, solo_lp[i]);
+    static const int budgets[] = {16, 64, 2048};
+    static const int chunks[] = {1, 7, 64};
+    for (size_t b = 0; b < LOOM_ARRAY_LEN(budgets); b++)
+        for (size_t c = 0; c < LOOM_ARRAY_LEN(chunks); c++)
+            for (int staggered = 0; staggered < 2; staggered++) {
+                if (chunks[c] == 1 && budgets[b] == 2048 && staggered) continue;
+                loom_engine_params ep = loom_engine_default_params();
+                ep.max_batch_tokens = budgets[b];
+                ep.max_seqs = 8;
+                ep.n_ctx = 400;
+                ep.prefill_chunk = chunks[c];
+                loom_engine *e = NULL;
+                CHECK(loom_engine_create(f.m, &ep, &e) == LOOM_OK);
+                if (!e) continue;
+                loom_request *r[NP];
+                int32_t toks[NP][NG + 1];
+                float lps[NP][NG + 1];
+                int n[NP];
+                if (!staggered) {
+                    for (int i = 0; i < NP; i++) r[i] = submit(e, f.ids[i], f.len[i], NG, 0);
+                } else {
+                    /* each request joins after the previous produced a token */
+                    for (int i = 0; i < NP; i++) {
+                        r[i] = submit(e, f.ids[NP - 1 - i], f.len[NP - 1 - i], NG, 0);
+                        loom_event ev;
+                        CHECK(loom_request_next(r[i], &ev, 60000) == LOOM_OK);
+                        toks[i][0] = ev.token;
+                        lps[i][0] = ev.logprob;
+                    }
+                }
+                for (int i = 0; i < NP; i++) {
+                    int p = staggered ? NP - 1 - i : i, off = staggered;
+                    loom_finish fin = drain(r[i], toks[i] + off, lps[i] + off, &n[i]);
+                    n[i] += off;
+                    CHECK(fin == LOOM_FINISH_LENGTH);
+                    CHECK_EQ_INT(n[i], NG);
+                    int ok = n[i] == NG && same_tokens(toks[i], f.greedy[p], NG);
+                    double worst = 0;
+                    for (int t = 0; t < n[i] && t < NG; t++)
+                        worst = fmax(worst, fabs(lps[i][t] - solo_lp[p][t]));
+                    CHECKF(ok && worst < 1e-4, "%s budget %d chunk %d %s prompt %d: tokens %s, "
+                           "logprob diff %g", dir, budgets[b], chunks[c],
+                           staggered ? "staggered" : "together", p, ok ? "ok" : "DIFFER", worst);
+                    loom_request_free(r[i]);
+                }
+                check_idle(e);
+                loom_engine_free(e);
+            }
+    free_fixture(&f);
+}
+
+static void cancellation(void) {
+    fixture f;
+    if (!load_fixture("tests/fixtures/models/qwen3-tiny", &f)) { CHECK(0); return; }
+    loom_engine_params ep = loom_engine_default_params();
+    ep.max_batch_tokens = 32;
+    ep.prefill_chunk = 7;
+    ep.n_ctx = 400;
+    loom_engine *e = NULL;
+    CHECK(loom_engine_create(f.m, &ep, &e) == LOOM_OK);
+    enum { N = 8 };
+    loom_request *r[N];
+    for (int i = 0; i < N; i++) r[i] = submit(e, f.ids[i % NP], f.len[i % NP], NG, 0);
+    /* request 3 (300-token prompt, 32-token budget) is still prefilling */
+    loom_request_cancel(r[3]);
+    /* request 5 is cancelled once it is decoding */
+    loom_event ev;
+    for (int k = 0; k < 3; k++) CHECK(loom_request_next(r[5], &ev, 60000) == LOOM_OK && !ev.finish);
+    loom_request_cancel(r[5]);
+    for (int i = 0; i < N; i++) {
+        int32_t toks[NG + 1];
+        int n;
+        loom_finish fin = drain(r[i], toks, NULL, &n);
+        if (i == 3 || i == 5) {
+            CHECK(fin == LOOM_FINISH_CANCELLED);
+            CHECK(n < NG);
+        } else {
+            CHECK(fin == LOOM_FINISH_LENGTH);
+            CHECKF(n == NG && same_tokens(toks, f.greedy[i % NP], NG), "request %d changed", i);
+        }
+        loom_request_free(r[i]);
+    }
+    /* freeing a handle mid-flight cancels it */
+    loom_request *x = submit(e, f.ids[3], f.len[3], NG, 0);
+    loom_request_free(x);
+    check_idle(e);
+    loom_engine_free(e);
+    /* freeing the engine with work in flight cancels it */
+    CHECK(loom_engine_create(f.m, &ep, &e) == LOOM_OK);
+    loom_request *y = submit(e, f.ids[3], f.len[3], NG, 0);
+    loom_engine_free(e);
+    int32_t toks[NG + 1];
+    int n;
+    CHECK(drain(y, toks, NULL, &n) == LOOM_FINISH_CANCELLED);
+    loom_request_free(y);
+    free_fixture(&f);
+}
+
+static void preemption(void) {
+    fixture f;
+    if (!load_fixture("tests/fixtures/models/qwen3-tiny", &f)) { CHECK(0); return; }
+    /* qwen3-tiny: 3 layers x 64 KV dims x 16 tokens x K,V x f32 = 24 KiB a
+     * block. 12 blocks admit four 45-token prompts (3 blocks each) but not
+     * their growth to 65 tokens (5 blocks each). */
+    loom_engine_params ep = loom_engine_default_params();
+    ep.kv_memory = 12 * 24576;
+    ep.n_ctx = 400;
+    loom_engine *e = NULL;
+    CHECK(loom_engine_create(f.m, &ep, &e) == LOOM_OK);
+    loom_request *r[4];
+    for (int i = 0; i < 4; i++) r[i] = submit(e, f.ids[2], f.len[2], NG, 0);
+    for (int i = 0; i < 4; i++) {
+        int32_t toks[NG + 1];
+        int n;
+        CHECK(drain(r[i], toks, NULL, &n) == LOOM_FINISH_LENGTH);
+        CHECKF(n == NG && same_tokens(toks, f.greedy[2], NG), "preempted request %d differs", i);
+        loom_request_free(r[i]);
+    }
+    loom_engine_stats st;
+    loom_engine_get_stats(e, &st);
+    CHECKF(st.preemptions > 0, "expected preemptions, got %llu", (unsigned long long)st.preemptions);
+    check_idle(e);
+    /* a prompt larger than the whole pool is refused at submit */
+    loom_request_params rp = loom_request_default_params();
+    rp.prompt = f.ids[3];
+    rp.n_prompt = f.len[3];
+    loom_request *big = NULL;
+    CHECK(loom_engine_submit(e, &rp, &big) == LOOM_ERR_RANGE && big == NULL);
+    CHECK(strstr(loom_last_error(), "KV pool") != NULL);
+    loom_engine_free(e);
+
+    /* admission errors; the engine keeps serving */
+    ep = loom_engine_default_params();
+    ep.n_ctx = 100;
+    ep.max_seqs = 1;
+    ep.max_queue = 1;
+    CHECK(loom_engine_create(f.m, &ep, &e) == LOOM_OK);
+    rp = loom_request_default_params();
+    rp.prompt = f.ids[3];
+    rp.n_prompt = f.len[3];
+    CHECK(loom_engine_submit(e, &rp, &big) == LOOM_ERR_RANGE);
+    CHECK(strstr(loom_last_error(), "context holds 100") != NULL);
+    int32_t bad[2] = {1, 1 << 20};
+    rp.prompt = bad;
+    rp.n_prompt = 2;
+    CHECK(loom_engine_submit(e, &rp, &big) == LOOM_ERR_RANGE);
+    CHECK(strstr(loom_last_error(), "out of range") != NULL);
+    rp.n_prompt = 0;
+    CHECK(loom_engine_submit(e, &rp, &big) == LOOM_ERR_INVALID_ARG);
+    rp = loom_request_default_params();
+    rp.prompt = f.ids[1];
+    rp.n_prompt = f.len[1];
+    rp.sampling.top_p = 2;
+    CHECK(loom_engine_submit(e, &rp, &big) == LOOM_ERR_INVALID_ARG);
+    CHECK(strstr(loom_last_error(), "top_p") != NULL);
+    /* queue limit: one running, one waiting, the next is refused */
+    loom_request *a = submit(e, f.ids[1], f.len[1], 60, 0), *b = NULL, *c = NULL;
+    loom_event ev;
+    CHECK(loom_request_next(a, &ev, 60000) == LOOM_OK); /* a is running */
+    loom_engine_stats st2;
+    for (int i = 0; i < 1000; i++) {
+        loom_engine_get_stats(e, &st2);
+        if (st2.waiting == 0) break;
+        usleep(1000);
+    }
+    rp = loom_request_default_params();
+    rp.prompt = f.ids[1];
+    rp.n_prompt = f.len[1];
+    CHECK(loom_engine_submit(e, &rp, &b) == LOOM_OK);
+    CHECK(loom_engine_submit(e, &rp, &c) == LOOM_ERR_BUSY && c == NULL);
+    loom_request_free(a);
+    loom_request_free(b);
+    check_idle(e);
+    /* still serving */
+    loom_request *d = submit(e, f.ids[2], f.len[2], NG, 0);
+    int32_t toks[NG + 1];
+    int n;
+    CHECK(drain(d, toks, NULL, &n) == LOOM_FINISH_LENGTH && same_tokens(toks, f.greedy[2], NG));
+    loom_request_free(d);
+    check_idle(e);
+    loom_engine_free(e);
+    free_fixture(&f);
+}
+
+int main(void) {
+    batched_equals_solo("tests/fixtures/models/qwen3-tiny");
+    batched_equals_solo("tests/fixtures/models/llama3-tiny");
+    batched_equals_solo("tests/fixtures/models/qwen2-tiny");
+    batched_equals_solo("tests/fixtures/models/mistral-tiny-swa");
+    cancellation();
+    preemption();
+    return test_report("test_engine");
+}
