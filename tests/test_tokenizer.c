@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <utf8proc.h>
+
 #include "base/base.h"
 #include "test.h"
 #include "tokenize/tokenizer.h"
@@ -188,6 +190,92 @@ static int detok_matches(const loom_tok *t, const int32_t *ids, size_t n,
     return ok;
 }
 
+/* Appends a random piece of text: words, whitespace runs, digits, code
+ * punctuation, letters of several scripts, combining marks, emoji with ZWJ,
+ * and the tokenizer's own special-token strings. */
+static size_t rand_text(unsigned long long *seed, char *o, size_t cap, const loom_tok *t,
+                        int allow_added) {
+    static const unsigned ranges[][2] = {
+        {0x20, 0x7E}, {0xA0, 0xFF}, {0x400, 0x44F}, {0x4E00, 0x4FFF}, {0xAC00, 0xAD00},
+        {0x300, 0x36F}, {0x1F600, 0x1F64F}, {0x1F300, 0x1F3FF}, {0x600, 0x6FF},
+        {0x900, 0x97F}, {0x3040, 0x30FF}, {0x2000, 0x206F}, {0x0, 0x1F},
+    };
+    static const char *words[] = {"the", " of", "Hello", " world", "  ", "\n", "\n\n", "\t",
+                                  "123", "3.14", "'s", "'LL", "def", "(x)", "{}", "==", "    ",
+                                  "\r\n", "\xE2\x80\x8D", "\xC2\x85", "\xE1\xA0\x8E"};
+    size_t n = 0;
+    int parts = 1 + (int)(test_rand_u32(seed) % 12);
+    for (int k = 0; k < parts; k++) {
+        unsigned r = test_rand_u32(seed) % 10;
+        char tmp[64];
+        size_t l = 0;
+        if (r < 4) {
+            const char *w = words[test_rand_u32(seed) % LOOM_ARRAY_LEN(words)];
+            l = strlen(w);
+            memcpy(tmp, w, l);
+        } else if (r < 9) {
+            int m = 1 + (int)(test_rand_u32(seed) % 4);
+            const unsigned *rg = ranges[test_rand_u32(seed) % LOOM_ARRAY_LEN(ranges)];
+            for (int i = 0; i < m; i++) {
+                unsigned cp = rg[0] + test_rand_u32(seed) % (rg[1] - rg[0] + 1);
+                if (cp == 0) cp = 1;
+                l += put_utf8(tmp + l, cp);
+            }
+        } else {
+            /* an added token's text, if the id has one */
+            int32_t id = (int32_t)(test_rand_u32(seed) % (unsigned)loom_tok_vocab_size(t));
+            for (int tries = 0; tries < 64 && !loom_tok_is_added(t, id); tries++)
+                id = (id + 1) % loom_tok_vocab_size(t);
+            size_t tl;
+            const char *ts = loom_tok_id_to_token(t, id, &tl);
+            if (allow_added && ts && tl < sizeof tmp && loom_tok_is_added(t, id)) {
+                memcpy(tmp, ts, tl);
+                l = tl;
+            }
+        }
+        if (n + l >= cap) break;
+        memcpy(o + n, tmp, l);
+        n += l;
+    }
+    o[n] = 0;
+    return n;
+}
+
+/* decode(encode(text)) gives back the text (after NFC where the tokenizer
+ * normalizes that way) for random strings of many kinds. llama2 prepends
+ * "▁" to the text after each added token, which decodes as a space, so it
+ * gets no added-token strings here. */
+static void test_roundtrip(const loom_tok *t, const char *name) {
+    unsigned long long seed = 0x1234567ULL + (unsigned long long)strlen(name) * 7919;
+    int nfc = !strcmp(name, "qwen3"), ok = 0, n_try = 400, shown = 0;
+    for (int k = 0; k < n_try; k++) {
+        char text[512];
+        size_t n = rand_text(&seed, text, sizeof text, t, strcmp(name, "llama2") != 0);
+        char *want = text;
+        utf8proc_uint8_t *norm = NULL;
+        if (nfc && n) {
+            utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)text, (utf8proc_ssize_t)n, &norm,
+                                              UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+            if (r >= 0) { want = (char *)norm; }
+        }
+        int32_t *ids = NULL;
+        size_t ni = 0;
+        char *back = NULL;
+        size_t bl = 0;
+        int good = loom_tok_encode(t, text, n, 0, &ids, &ni) == LOOM_OK &&
+                   loom_tok_decode(t, ids, ni, 0, &back, &bl) == LOOM_OK &&
+                   bl == strlen(want) && !memcmp(back, want, bl) &&
+                   detok_matches(t, ids, ni, 0, 0);
+        if (good) ok++;
+        else if (!shown++)
+            fprintf(stderr, "%s: roundtrip of \"%s\" gave \"%s\"\n", name, text, back ? back : "(error)");
+        free(ids);
+        free(back);
+        free(norm);
+    }
+    CHECKF(ok == n_try, "%s: roundtrip %d/%d", name, ok, n_try);
+}
+
 /* Primes a detokenizer with ids[0..k) and streams the rest: the output must
  * be decode(ids) minus decode(ids[0..k)) whenever the latter is a prefix of
  * the former. Returns 1 if it holds or does not apply. */
@@ -367,6 +455,8 @@ static void test_fixture(const char *name) {
         free(b);
         free(c);
     }
+
+    test_roundtrip(t, name);
 
     /* priming with the prompt keeps the continuation's leading space */
     {
