@@ -220,21 +220,18 @@ void tk_bpe_scratch_free(tk_bpe_scratch *sc) {
     memset(sc, 0, sizeof *sc);
 }
 
-static loom_status nomem(void) {
-    return loom_err(LOOM_ERR_NOMEM, "tokenizer: out of memory");
-}
 
 loom_status tk_bpe_word(const loom_tok *t, const char *w, size_t n,
                         tk_ids *out, tk_bpe_scratch *sc) {
     if (n == 0) return LOOM_OK;
     if (t->ignore_merges) {
         int32_t id = vocab_id(t, w, n);
-        if (id >= 0) return tk_ids_push(out, id) ? nomem() : LOOM_OK;
+        if (id >= 0) return tk_ids_push(out, id) ? tk_nomem() : LOOM_OK;
     }
     /* a word of n bytes has at most n symbols (byte fallback: one per byte) */
     if (grow(&sc->sym, &sc->sym_cap, n + 1, sizeof(sym)) ||
         grow(&sc->heap, &sc->heap_cap, 2 * n + 2, sizeof(cand)))
-        return nomem();
+        return tk_nomem();
     sym *s = sc->sym;
     cand *h = sc->heap;
     int32_t ns = 0;
@@ -258,9 +255,9 @@ loom_status tk_bpe_word(const loom_tok *t, const char *w, size_t n,
         i += cl;
         if ((!first && t->cont_prefix_len) || (last && t->eow_suffix_len)) {
             tmp.n = 0;
-            if (!first && tk_buf_put(&tmp, t->cont_prefix, t->cont_prefix_len)) { st = nomem(); break; }
-            if (tk_buf_put(&tmp, c, cl)) { st = nomem(); break; }
-            if (last && tk_buf_put(&tmp, t->eow_suffix, t->eow_suffix_len)) { st = nomem(); break; }
+            if (!first && tk_buf_put(&tmp, t->cont_prefix, t->cont_prefix_len)) { st = tk_nomem(); break; }
+            if (tk_buf_put(&tmp, c, cl)) { st = tk_nomem(); break; }
+            if (last && tk_buf_put(&tmp, t->eow_suffix, t->eow_suffix_len)) { st = tk_nomem(); break; }
             c = tmp.p;
             clen = tmp.n;
         }
@@ -278,7 +275,7 @@ loom_status tk_bpe_word(const loom_tok *t, const char *w, size_t n,
                 /* the reference adds these without flushing a pending unk */
                 if (grow(&sc->sym, &sc->sym_cap, (size_t)ns + clen + 2, sizeof(sym)) ||
                     grow(&sc->heap, &sc->heap_cap, 2 * ((size_t)ns + clen) + 2, sizeof(cand))) {
-                    st = nomem();
+                    st = tk_nomem();
                     break;
                 }
                 s = sc->sym;
@@ -326,7 +323,7 @@ loom_status tk_bpe_word(const loom_tok *t, const char *w, size_t n,
         /* at most two new candidates per merge: the heap never holds more
          * than 2n entries beyond the initial n-1 */
         if (nh + 2 > sc->heap_cap) {
-            if (grow(&sc->heap, &sc->heap_cap, nh + 2, sizeof(cand))) return nomem();
+            if (grow(&sc->heap, &sc->heap_cap, nh + 2, sizeof(cand))) return tk_nomem();
             h = sc->heap;
         }
         if (a->prev >= 0 &&
@@ -336,6 +333,6 @@ loom_status tk_bpe_word(const loom_tok *t, const char *w, size_t n,
             heap_push(h, &nh, (cand){rank, top.pos, nid});
     }
     for (int32_t i = 0; i >= 0; i = s[i].next)
-        if (tk_ids_push(out, s[i].id)) return nomem();
+        if (tk_ids_push(out, s[i].id)) return tk_nomem();
     return LOOM_OK;
 }

@@ -18,43 +18,15 @@
 
 #include "tokenize/tok_internal.h"
 
-static loom_status nomem(void) {
-    return loom_err(LOOM_ERR_NOMEM, "tokenizer: out of memory");
-}
 
-static const char *jstr(const cJSON *o, const char *k) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-    return cJSON_IsString(v) ? v->valuestring : NULL;
-}
 
-static int jbool(const cJSON *o, const char *k, int dflt) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-    return cJSON_IsBool(v) ? cJSON_IsTrue(v) : dflt;
-}
 
-static int jint(const cJSON *o, const char *k, int dflt) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-    return cJSON_IsNumber(v) ? v->valueint : dflt;
-}
 
-static char *dup_str(const char *s, size_t *len) {
-    size_t n = strlen(s);
-    char *d = malloc(n + 1);
-    if (d) memcpy(d, s, n + 1);
-    if (len) *len = n;
-    return d;
-}
 
-static uint32_t first_cp(const char *s, uint32_t dflt) {
-    if (!s || !*s) return dflt;
-    uint32_t cp;
-    tk_utf8_next(s, strlen(s), &cp);
-    return cp;
-}
 
 loom_status tk_dec_parse(const cJSON *j, tk_dec *out) {
     memset(out, 0, sizeof *out);
-    const char *type = jstr(j, "type");
+    const char *type = tk_jstr(j, "type");
     if (!type) return loom_err(LOOM_ERR_FORMAT, "decoder: expected a \"type\" string");
     if (!strcmp(type, "ByteLevel")) {
         out->type = TK_DEC_BYTELEVEL;
@@ -64,34 +36,34 @@ loom_status tk_dec_parse(const cJSON *j, tk_dec *out) {
         out->type = TK_DEC_FUSE;
     } else if (!strcmp(type, "Metaspace")) {
         out->type = TK_DEC_METASPACE;
-        out->ch = first_cp(jstr(j, "replacement"), 0x2581);
-        const char *ps = jstr(j, "prepend_scheme");
-        out->prepend = ps ? strcmp(ps, "never") != 0 : jbool(j, "add_prefix_space", 1);
+        out->ch = tk_first_cp(tk_jstr(j, "replacement"), 0x2581);
+        const char *ps = tk_jstr(j, "prepend_scheme");
+        out->prepend = ps ? strcmp(ps, "never") != 0 : tk_jbool(j, "add_prefix_space", 1);
     } else if (!strcmp(type, "Strip")) {
         out->type = TK_DEC_STRIP;
-        out->ch = first_cp(jstr(j, "content"), ' ');
-        out->start = jint(j, "start", 0);
-        out->stop = jint(j, "stop", 0);
+        out->ch = tk_first_cp(tk_jstr(j, "content"), ' ');
+        out->start = tk_jint(j, "start", 0);
+        out->stop = tk_jint(j, "stop", 0);
         if (out->start < 0 || out->stop < 0)
             return loom_err(LOOM_ERR_FORMAT, "decoder Strip: expected start, stop >= 0");
     } else if (!strcmp(type, "Replace")) {
         out->type = TK_DEC_REPLACE;
-        const char *c = jstr(j, "content");
+        const char *c = tk_jstr(j, "content");
         const cJSON *pat = cJSON_GetObjectItemCaseSensitive(j, "pattern");
         if (!c || !pat)
             return loom_err(LOOM_ERR_FORMAT, "decoder Replace: expected \"pattern\" and \"content\"");
         loom_status st = tk_pattern_parse(pat, &out->pat, "decoder Replace");
         if (st) return st;
-        if (!(out->content = dup_str(c, &out->content_len))) return nomem();
+        if (!(out->content = tk_dup_str(c, &out->content_len))) return tk_nomem();
     } else if (!strcmp(type, "WordPiece")) {
         out->type = TK_DEC_WORDPIECE;
-        const char *p = jstr(j, "prefix");
-        if (!(out->content = dup_str(p ? p : "##", &out->content_len))) return nomem();
-        out->cleanup = jbool(j, "cleanup", 1);
+        const char *p = tk_jstr(j, "prefix");
+        if (!(out->content = tk_dup_str(p ? p : "##", &out->content_len))) return tk_nomem();
+        out->cleanup = tk_jbool(j, "cleanup", 1);
     } else if (!strcmp(type, "BPEDecoder")) {
         out->type = TK_DEC_BPE;
-        const char *p = jstr(j, "suffix");
-        if (!(out->content = dup_str(p ? p : "</w>", &out->content_len))) return nomem();
+        const char *p = tk_jstr(j, "suffix");
+        if (!(out->content = tk_dup_str(p ? p : "</w>", &out->content_len))) return tk_nomem();
     } else if (!strcmp(type, "Sequence")) {
         out->type = TK_DEC_SEQUENCE;
         const cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "decoders");
@@ -99,7 +71,7 @@ loom_status tk_dec_parse(const cJSON *j, tk_dec *out) {
             return loom_err(LOOM_ERR_FORMAT, "decoder Sequence: expected a \"decoders\" array");
         int n = cJSON_GetArraySize(a);
         out->sub = calloc((size_t)(n ? n : 1), sizeof *out->sub);
-        if (!out->sub) return nomem();
+        if (!out->sub) return tk_nomem();
         const cJSON *e;
         cJSON_ArrayForEach(e, a) {
             loom_status st = tk_dec_parse(e, &out->sub[out->n_sub]);
@@ -176,10 +148,10 @@ static loom_status replace_in(const tk_pattern *p, const char *with,
         int r = tk_pattern_find(p, md, s, n, pos, &ms, &me);
         if (r < 0) return loom_err(LOOM_ERR_INTERNAL, "decoder Replace: regex match failed");
         if (r == 0 || me == ms) break;
-        if (tk_buf_put(o, s + prev, ms - prev) || tk_buf_put(o, with, wl)) return nomem();
+        if (tk_buf_put(o, s + prev, ms - prev) || tk_buf_put(o, with, wl)) return tk_nomem();
         prev = pos = me;
     }
-    return tk_buf_put(o, s + prev, n - prev) ? nomem() : LOOM_OK;
+    return tk_buf_put(o, s + prev, n - prev) ? tk_nomem() : LOOM_OK;
 }
 
 static int ends_with(const char *s, size_t n, const char *x, size_t xn) {
@@ -211,12 +183,12 @@ static loom_status dec_step(const tk_dec *d, dstate *ds, tk_dec_ctx *ctx) {
                 k += (size_t)tk_utf8_next(s + k, n - k, &cp);
                 int by = tk_cp_to_byte(cp);
                 if (by < 0) break;
-                if (tk_buf_putc(bp, by)) { st = nomem(); break; }
+                if (tk_buf_putc(bp, by)) { st = tk_nomem(); break; }
             }
             if (!st && k < n) {
                 /* a character outside the alphabet: the token's own bytes */
                 bp->n = mark;
-                if (tk_buf_put(bp, s, n)) st = nomem();
+                if (tk_buf_put(bp, s, n)) st = tk_nomem();
             }
         }
         if (!st) {
@@ -225,7 +197,7 @@ static loom_status dec_step(const tk_dec *d, dstate *ds, tk_dec_ctx *ctx) {
             if (!ctx->final && tk_utf8_incomplete_tail(bp->p, bp->n)) ctx->unsafe = 1;
             if (tk_utf8_lossy(o, bp->p ? bp->p : "", bp->n) ||
                 tk_pieces_add(outp, o->p ? o->p : "", o->n, -1, 0))
-                st = nomem();
+                st = tk_nomem();
         }
         ds->fused = 1;
         break;
@@ -234,30 +206,30 @@ static loom_status dec_step(const tk_dec *d, dstate *ds, tk_dec_ctx *ctx) {
         for (size_t i = 0; i <= in->n && !st; i++) {
             uint8_t by;
             if (i < in->n && byte_token(TOK(in, i), in->v[i].len, &by)) {
-                if (tk_buf_putc(bp, by)) st = nomem();
+                if (tk_buf_putc(bp, by)) st = tk_nomem();
                 run++;
                 continue;
             }
             if (run) {
                 if (i == in->n && !ctx->final) ctx->unsafe = 1;
                 if (tk_utf8_valid(bp->p, bp->n)) {
-                    if (tk_pieces_add(outp, bp->p, bp->n, -1, 0)) st = nomem();
+                    if (tk_pieces_add(outp, bp->p, bp->n, -1, 0)) st = tk_nomem();
                 } else {
                     for (size_t k = 0; k < run && !st; k++)
-                        if (tk_pieces_add(outp, "\xEF\xBF\xBD", 3, -1, 0)) st = nomem();
+                        if (tk_pieces_add(outp, "\xEF\xBF\xBD", 3, -1, 0)) st = tk_nomem();
                 }
                 bp->n = 0;
                 run = 0;
             }
             if (i < in->n && !st && tk_pieces_add(outp, TOK(in, i), in->v[i].len, -1, 0))
-                st = nomem();
+                st = tk_nomem();
         }
         break;
     }
     case TK_DEC_FUSE:
         for (size_t i = 0; i < in->n && !st; i++)
-            if (tk_buf_put(bp, TOK(in, i), in->v[i].len)) st = nomem();
-        if (!st && tk_pieces_add(outp, bp->p ? bp->p : "", bp->n, -1, 0)) st = nomem();
+            if (tk_buf_put(bp, TOK(in, i), in->v[i].len)) st = tk_nomem();
+        if (!st && tk_pieces_add(outp, bp->p ? bp->p : "", bp->n, -1, 0)) st = tk_nomem();
         ds->fused = 1;
         break;
     case TK_DEC_REPLACE:
@@ -265,7 +237,7 @@ static loom_status dec_step(const tk_dec *d, dstate *ds, tk_dec_ctx *ctx) {
             bp->n = 0;
             st = replace_in(&d->pat, d->content, d->content_len, TOK(in, i),
                             in->v[i].len, bp, ds->s->md);
-            if (!st && tk_pieces_add(outp, bp->p ? bp->p : "", bp->n, -1, 0)) st = nomem();
+            if (!st && tk_pieces_add(outp, bp->p ? bp->p : "", bp->n, -1, 0)) st = tk_nomem();
         }
         break;
     case TK_DEC_STRIP:
@@ -298,7 +270,7 @@ static loom_status dec_step(const tk_dec *d, dstate *ds, tk_dec_ctx *ctx) {
                 tk_utf8_next(s + q, z - q, &cp);
                 if (cp == d->ch) ctx->unsafe = 1;
             }
-            if (tk_pieces_add(outp, s + a, z - a, -1, 0)) st = nomem();
+            if (tk_pieces_add(outp, s + a, z - a, -1, 0)) st = tk_nomem();
         }
         break;
     case TK_DEC_METASPACE:
@@ -311,13 +283,13 @@ static loom_status dec_step(const tk_dec *d, dstate *ds, tk_dec_ctx *ctx) {
                 uint32_t cp;
                 size_t l = (size_t)tk_utf8_next(s + k, n - k, &cp);
                 if (cp == d->ch) {
-                    if (!(first && d->prepend) && tk_buf_putc(bp, ' ')) st = nomem();
+                    if (!(first && d->prepend) && tk_buf_putc(bp, ' ')) st = tk_nomem();
                 } else if (tk_buf_put(bp, s + k, l)) {
-                    st = nomem();
+                    st = tk_nomem();
                 }
                 k += l;
             }
-            if (!st && tk_pieces_add(outp, bp->p ? bp->p : "", bp->n, -1, 0)) st = nomem();
+            if (!st && tk_pieces_add(outp, bp->p ? bp->p : "", bp->n, -1, 0)) st = tk_nomem();
         }
         break;
     case TK_DEC_WORDPIECE:
@@ -331,10 +303,10 @@ static loom_status dec_step(const tk_dec *d, dstate *ds, tk_dec_ctx *ctx) {
                     s += d->content_len;
                     n -= d->content_len;
                 } else if (tk_buf_putc(&t, ' ')) {
-                    st = nomem();
+                    st = tk_nomem();
                 }
             }
-            if (!st && tk_buf_put(&t, s, n)) st = nomem();
+            if (!st && tk_buf_put(&t, s, n)) st = tk_nomem();
             if (!st && d->cleanup) {
                 static const char *from[] = {" .", " ?", " !", " ,", " ' ", " n't",
                                              " 'm", " do not", " 's", " 've", " 're"};
@@ -348,7 +320,7 @@ static loom_status dec_step(const tk_dec *d, dstate *ds, tk_dec_ctx *ctx) {
                     t = u;
                 }
             }
-            if (!st && tk_pieces_add(outp, t.p ? t.p : "", t.n, -1, 0)) st = nomem();
+            if (!st && tk_pieces_add(outp, t.p ? t.p : "", t.n, -1, 0)) st = tk_nomem();
             tk_buf_free(&t);
         }
         break;
@@ -362,11 +334,11 @@ static loom_status dec_step(const tk_dec *d, dstate *ds, tk_dec_ctx *ctx) {
                 if (last && !ctx->final) ctx->unsafe = 1;
                 if (tk_buf_put(bp, s, n - d->content_len) ||
                     (!(last && ctx->final) && tk_buf_putc(bp, ' ')))
-                    st = nomem();
+                    st = tk_nomem();
             } else if (tk_buf_put(bp, s, n)) {
-                st = nomem();
+                st = tk_nomem();
             }
-            if (!st && tk_pieces_add(outp, bp->p ? bp->p : "", bp->n, -1, 0)) st = nomem();
+            if (!st && tk_pieces_add(outp, bp->p ? bp->p : "", bp->n, -1, 0)) st = tk_nomem();
         }
         break;
     }
@@ -383,22 +355,22 @@ loom_status tk_decode_tokens(const loom_tok *t, const tk_pieces *toks,
     if (!t->dec) {
         /* no decoder: tokens joined by single spaces */
         for (size_t i = 0; i < toks->n; i++) {
-            if ((i > 0 || !ctx->at_start) && tk_buf_putc(out, ' ')) return nomem();
-            if (tk_buf_put(out, TOK(toks, i), toks->v[i].len)) return nomem();
+            if ((i > 0 || !ctx->at_start) && tk_buf_putc(out, ' ')) return tk_nomem();
+            if (tk_buf_put(out, TOK(toks, i), toks->v[i].len)) return tk_nomem();
         }
         return LOOM_OK;
     }
     tk_dec_scratch local = {0};
     dstate ds = {.s = scratch ? scratch : &local, .fused = 0};
     loom_status st = LOOM_OK;
-    if (!ds.s->md && !(ds.s->md = pcre2_match_data_create(1, NULL))) st = nomem();
+    if (!ds.s->md && !(ds.s->md = pcre2_match_data_create(1, NULL))) st = tk_nomem();
     ds.s->cur.n = 0;
     ds.s->cur.text.n = 0;
     for (size_t i = 0; i < toks->n && !st; i++)
-        if (tk_pieces_add(&ds.s->cur, TOK(toks, i), toks->v[i].len, -1, 0)) st = nomem();
+        if (tk_pieces_add(&ds.s->cur, TOK(toks, i), toks->v[i].len, -1, 0)) st = tk_nomem();
     if (!st) st = dec_step(t->dec, &ds, ctx);
     for (size_t i = 0; i < ds.s->cur.n && !st; i++)
-        if (tk_buf_put(out, TOK(&ds.s->cur, i), ds.s->cur.v[i].len)) st = nomem();
+        if (tk_buf_put(out, TOK(&ds.s->cur, i), ds.s->cur.v[i].len)) st = tk_nomem();
     tk_dec_scratch_free(&local);
     return st;
 }
@@ -422,7 +394,7 @@ loom_status loom_detok_create(const loom_tok *t, int skip_special,
     *out = NULL;
     if (!t) return loom_err(LOOM_ERR_INVALID_ARG, "detok: expected a tokenizer, found NULL");
     loom_detok *d = calloc(1, sizeof *d);
-    if (!d) return nomem();
+    if (!d) return tk_nomem();
     d->t = t;
     d->skip_special = skip_special;
     d->strip_left = tk_dec_initial_strip(t->dec);
@@ -456,7 +428,7 @@ static loom_status detok_run(loom_detok *d, int final, const char **piece,
     for (size_t i = 0; i < d->window.n; i++) {
         size_t n;
         const char *s = loom_tok_id_to_token(d->t, d->window.v[i], &n);
-        if (tk_pieces_add(&d->toks, s, n, -1, 0)) return nomem();
+        if (tk_pieces_add(&d->toks, s, n, -1, 0)) return tk_nomem();
     }
     tk_dec_ctx ctx = {.at_start = d->win_start == 0,
                       .strip_left = d->strip_left,
@@ -489,7 +461,7 @@ loom_status loom_detok_push(loom_detok *d, int32_t id, const char **piece,
     size_t n;
     if (!loom_tok_id_to_token(d->t, id, &n)) return LOOM_OK; /* a hole: skipped */
     if (d->skip_special && loom_tok_is_special(d->t, id)) return LOOM_OK;
-    if (tk_ids_push(&d->window, id)) return nomem();
+    if (tk_ids_push(&d->window, id)) return tk_nomem();
     d->n_seen++;
     return detok_run(d, 0, piece, len);
 }

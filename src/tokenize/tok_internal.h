@@ -129,6 +129,16 @@ int32_t tk_strmap_get(const tk_strmap *m, const tk_strtab *tab, const char *s,
                       size_t n);
 void tk_strmap_free(tk_strmap *m);
 
+/* ---- small shared helpers ------------------------------------------------ */
+
+struct cJSON;
+loom_status tk_nomem(void);                  /* sets and returns LOOM_ERR_NOMEM */
+const char *tk_jstr(const struct cJSON *o, const char *k);  /* NULL if absent */
+int tk_jbool(const struct cJSON *o, const char *k, int dflt);
+int tk_jint(const struct cJSON *o, const char *k, int dflt);
+char *tk_dup_str(const char *s, size_t *len);
+uint32_t tk_first_cp(const char *s, uint32_t dflt); /* first code point */
+
 /* ---- components -------------------------------------------------------- */
 
 typedef struct tk_regex {

@@ -15,32 +15,10 @@ static const char gpt2_regex[] =
 
 /* ---- JSON helpers ---------------------------------------------------------- */
 
-static int jbool(const cJSON *o, const char *k, int dflt) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-    if (cJSON_IsBool(v)) return cJSON_IsTrue(v);
-    return dflt;
-}
 
-static const char *jstr(const cJSON *o, const char *k) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-    return cJSON_IsString(v) ? v->valuestring : NULL;
-}
 
-static char *dup_str(const char *s, size_t *len) {
-    size_t n = strlen(s);
-    char *d = malloc(n + 1);
-    if (d) memcpy(d, s, n + 1);
-    if (len) *len = n;
-    return d;
-}
 
 /* First code point of a string, or dflt for NULL/empty. */
-static uint32_t first_cp(const char *s, uint32_t dflt) {
-    if (!s || !*s) return dflt;
-    uint32_t cp;
-    tk_utf8_next(s, strlen(s), &cp);
-    return cp;
-}
 
 /* ---- patterns ---------------------------------------------------------------- */
 
@@ -131,13 +109,13 @@ static loom_status regex_compile(tk_regex *re, const char *src0, size_t n0,
 loom_status tk_pattern_parse(const cJSON *j, tk_pattern *out,
                              const char *what) {
     memset(out, 0, sizeof *out);
-    const char *s = jstr(j, "String");
+    const char *s = tk_jstr(j, "String");
     if (s) {
-        out->str = dup_str(s, &out->str_len);
+        out->str = tk_dup_str(s, &out->str_len);
         if (!out->str) return loom_err(LOOM_ERR_NOMEM, "%s: out of memory", what);
         return LOOM_OK;
     }
-    const char *r = jstr(j, "Regex");
+    const char *r = tk_jstr(j, "Regex");
     if (r) return regex_compile(&out->re, r, strlen(r), what);
     return loom_err(LOOM_ERR_FORMAT,
                     "%s: expected pattern {\"String\": ...} or {\"Regex\": ...}",
@@ -307,7 +285,7 @@ static void norm_init_fields(tk_norm *n) { memset(n, 0, sizeof *n); }
 
 loom_status tk_norm_parse(const cJSON *j, tk_norm *out) {
     norm_init_fields(out);
-    const char *type = jstr(j, "type");
+    const char *type = tk_jstr(j, "type");
     if (!type)
         return loom_err(LOOM_ERR_FORMAT, "normalizer: expected a \"type\" string");
     if (!strcmp(type, "NFC")) out->type = TK_NORM_NFC;
@@ -318,31 +296,31 @@ loom_status tk_norm_parse(const cJSON *j, tk_norm *out) {
     else if (!strcmp(type, "StripAccents")) out->type = TK_NORM_STRIP_ACCENTS;
     else if (!strcmp(type, "Strip")) {
         out->type = TK_NORM_STRIP;
-        out->left = jbool(j, "strip_left", 1);
-        out->right = jbool(j, "strip_right", 1);
+        out->left = tk_jbool(j, "strip_left", 1);
+        out->right = tk_jbool(j, "strip_right", 1);
     } else if (!strcmp(type, "Prepend") || !strcmp(type, "Append")) {
         out->type = type[0] == 'P' ? TK_NORM_PREPEND : TK_NORM_APPEND;
-        const char *c = jstr(j, type[0] == 'P' ? "prepend" : "append");
+        const char *c = tk_jstr(j, type[0] == 'P' ? "prepend" : "append");
         if (!c)
             return loom_err(LOOM_ERR_FORMAT, "normalizer %s: expected a string field", type);
-        if (!(out->content = dup_str(c, &out->content_len)))
+        if (!(out->content = tk_dup_str(c, &out->content_len)))
             return loom_err(LOOM_ERR_NOMEM, "normalizer: out of memory");
     } else if (!strcmp(type, "Replace")) {
         out->type = TK_NORM_REPLACE;
-        const char *c = jstr(j, "content");
+        const char *c = tk_jstr(j, "content");
         const cJSON *pat = cJSON_GetObjectItemCaseSensitive(j, "pattern");
         if (!c || !pat)
             return loom_err(LOOM_ERR_FORMAT, "normalizer Replace: expected \"pattern\" and \"content\"");
         loom_status st = tk_pattern_parse(pat, &out->pat, "normalizer Replace");
         if (st) return st;
-        if (!(out->content = dup_str(c, &out->content_len)))
+        if (!(out->content = tk_dup_str(c, &out->content_len)))
             return loom_err(LOOM_ERR_NOMEM, "normalizer: out of memory");
     } else if (!strcmp(type, "BertNormalizer")) {
         out->type = TK_NORM_BERT;
-        out->clean_text = jbool(j, "clean_text", 1);
-        out->chinese = jbool(j, "handle_chinese_chars", 1);
-        out->lowercase = jbool(j, "lowercase", 1);
-        out->strip_accents = jbool(j, "strip_accents", out->lowercase);
+        out->clean_text = tk_jbool(j, "clean_text", 1);
+        out->chinese = tk_jbool(j, "handle_chinese_chars", 1);
+        out->lowercase = tk_jbool(j, "lowercase", 1);
+        out->strip_accents = tk_jbool(j, "strip_accents", out->lowercase);
     } else if (!strcmp(type, "Sequence")) {
         out->type = TK_NORM_SEQUENCE;
         const cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "normalizers");
@@ -375,9 +353,6 @@ void tk_norm_free(tk_norm *n) {
     memset(n, 0, sizeof *n);
 }
 
-static loom_status nomem(void) {
-    return loom_err(LOOM_ERR_NOMEM, "tokenizer: out of memory");
-}
 
 static int is_cjk(uint32_t c) {
     return (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF) ||
@@ -394,9 +369,9 @@ static int is_mark(uint32_t c) {
 
 static loom_status put_lower(tk_buf *out, uint32_t cp) {
     /* char::to_lowercase has one multi-character mapping */
-    if (cp == 0x130) return tk_buf_put(out, "i\xCC\x87", 3) ? nomem() : LOOM_OK;
+    if (cp == 0x130) return tk_buf_put(out, "i\xCC\x87", 3) ? tk_nomem() : LOOM_OK;
     return tk_buf_put_cp(out, (uint32_t)utf8proc_tolower((utf8proc_int32_t)cp))
-               ? nomem() : LOOM_OK;
+               ? tk_nomem() : LOOM_OK;
 }
 
 static loom_status unicode_norm(int type, const char *s, size_t n,
@@ -415,7 +390,7 @@ static loom_status unicode_norm(int type, const char *s, size_t n,
                         utf8proc_errmsg(r));
     int bad = tk_buf_put(out, dst, (size_t)r);
     free(dst);
-    return bad ? nomem() : LOOM_OK;
+    return bad ? tk_nomem() : LOOM_OK;
 }
 
 loom_status tk_norm_apply(const tk_norm *nm, const char *s, size_t n,
@@ -434,7 +409,7 @@ loom_status tk_norm_apply(const tk_norm *nm, const char *s, size_t n,
     case TK_NORM_STRIP_ACCENTS:
         for (i = 0; i < n;) {
             size_t l = (size_t)tk_utf8_next(s + i, n - i, &cp);
-            if (!is_mark(cp) && tk_buf_put(out, s + i, l)) return nomem();
+            if (!is_mark(cp) && tk_buf_put(out, s + i, l)) return tk_nomem();
             i += l;
         }
         return LOOM_OK;
@@ -454,14 +429,14 @@ loom_status tk_norm_apply(const tk_norm *nm, const char *s, size_t n,
                 if (!tk_is_whitespace(cp)) break;
                 b = k;
             }
-        return tk_buf_put(out, s + a, b - a) ? nomem() : LOOM_OK;
+        return tk_buf_put(out, s + a, b - a) ? tk_nomem() : LOOM_OK;
     }
     case TK_NORM_PREPEND:
-        if (n && tk_buf_put(out, nm->content, nm->content_len)) return nomem();
-        return tk_buf_put(out, s, n) ? nomem() : LOOM_OK;
+        if (n && tk_buf_put(out, nm->content, nm->content_len)) return tk_nomem();
+        return tk_buf_put(out, s, n) ? tk_nomem() : LOOM_OK;
     case TK_NORM_APPEND:
-        if (tk_buf_put(out, s, n)) return nomem();
-        if (n && tk_buf_put(out, nm->content, nm->content_len)) return nomem();
+        if (tk_buf_put(out, s, n)) return tk_nomem();
+        if (n && tk_buf_put(out, nm->content, nm->content_len)) return tk_nomem();
         return LOOM_OK;
     case TK_NORM_REPLACE: {
         size_t pos = 0, prev = 0, ms, me;
@@ -471,18 +446,18 @@ loom_status tk_norm_apply(const tk_norm *nm, const char *s, size_t n,
             if (r == 0) break;
             if (tk_buf_put(out, s + prev, ms - prev) ||
                 tk_buf_put(out, nm->content, nm->content_len))
-                return nomem();
+                return tk_nomem();
             prev = me;
             if (me == ms) {
                 if (ms >= n) break;
                 size_t l = (size_t)tk_utf8_next(s + ms, n - ms, &cp);
-                if (tk_buf_put(out, s + ms, l)) return nomem();
+                if (tk_buf_put(out, s + ms, l)) return tk_nomem();
                 prev = pos = ms + l;
             } else {
                 pos = me;
             }
         }
-        return tk_buf_put(out, s + prev, n - prev) ? nomem() : LOOM_OK;
+        return tk_buf_put(out, s + prev, n - prev) ? tk_nomem() : LOOM_OK;
     }
     case TK_NORM_BERT: {
         tk_buf a = {0};
@@ -497,14 +472,14 @@ loom_status tk_norm_apply(const tk_norm *nm, const char *s, size_t n,
                 if (cp == 0 || cp == 0xFFFD ||
                     (!ws && (cat == UTF8PROC_CATEGORY_CC || cat == UTF8PROC_CATEGORY_CF)))
                     continue;
-                if (ws) { if (tk_buf_putc(&a, ' ')) st = nomem(); continue; }
+                if (ws) { if (tk_buf_putc(&a, ' ')) st = tk_nomem(); continue; }
             }
             if (nm->chinese && is_cjk(cp)) {
                 if (tk_buf_putc(&a, ' ') || tk_buf_put(&a, c, l) || tk_buf_putc(&a, ' '))
-                    st = nomem();
+                    st = tk_nomem();
                 continue;
             }
-            if (tk_buf_put(&a, c, l)) st = nomem();
+            if (tk_buf_put(&a, c, l)) st = tk_nomem();
         }
         if (!st && nm->strip_accents) {
             tk_buf d = {0};
@@ -515,7 +490,7 @@ loom_status tk_norm_apply(const tk_norm *nm, const char *s, size_t n,
                 size_t l = (size_t)tk_utf8_next(d.p + i, d.n - i, &cp);
                 if (utf8proc_category((utf8proc_int32_t)cp) != UTF8PROC_CATEGORY_MN &&
                     tk_buf_put(&a, d.p + i, l))
-                    st = nomem();
+                    st = tk_nomem();
                 i += l;
             }
             tk_buf_free(&d);
@@ -523,14 +498,14 @@ loom_status tk_norm_apply(const tk_norm *nm, const char *s, size_t n,
         for (i = 0; !st && i < a.n;) {
             i += (size_t)tk_utf8_next(a.p + i, a.n - i, &cp);
             st = nm->lowercase ? put_lower(out, cp)
-                               : (tk_buf_put_cp(out, cp) ? nomem() : LOOM_OK);
+                               : (tk_buf_put_cp(out, cp) ? tk_nomem() : LOOM_OK);
         }
         tk_buf_free(&a);
         return st;
     }
     case TK_NORM_SEQUENCE: {
         tk_buf cur = {0}, next = {0};
-        if (tk_buf_put(&cur, s, n)) return nomem();
+        if (tk_buf_put(&cur, s, n)) return tk_nomem();
         for (int k = 0; k < nm->n_sub; k++) {
             next.n = 0;
             loom_status st = tk_norm_apply(&nm->sub[k], cur.p, cur.n, &next, md);
@@ -546,7 +521,7 @@ loom_status tk_norm_apply(const tk_norm *nm, const char *s, size_t n,
         int bad = tk_buf_put(out, cur.p, cur.n);
         tk_buf_free(&cur);
         tk_buf_free(&next);
-        return bad ? nomem() : LOOM_OK;
+        return bad ? tk_nomem() : LOOM_OK;
     }
     }
     return loom_err(LOOM_ERR_INTERNAL, "normalizer: bad type %d", nm->type);
@@ -566,7 +541,7 @@ static int parse_behavior(const char *b) {
 
 loom_status tk_pre_parse(const cJSON *j, tk_pre *out) {
     memset(out, 0, sizeof *out);
-    const char *type = jstr(j, "type");
+    const char *type = tk_jstr(j, "type");
     if (!type)
         return loom_err(LOOM_ERR_FORMAT, "pre_tokenizer: expected a \"type\" string");
     if (!strcmp(type, "Split")) {
@@ -575,18 +550,18 @@ loom_status tk_pre_parse(const cJSON *j, tk_pre *out) {
         if (!pat) return loom_err(LOOM_ERR_FORMAT, "pre_tokenizer Split: expected \"pattern\"");
         loom_status st = tk_pattern_parse(pat, &out->pat, "pre_tokenizer Split");
         if (st) return st;
-        const char *b = jstr(j, "behavior");
+        const char *b = tk_jstr(j, "behavior");
         out->behavior = parse_behavior(b);
         if (out->behavior < 0)
             return loom_err(LOOM_ERR_FORMAT,
                             "pre_tokenizer Split: expected behavior Removed, Isolated, "
                             "MergedWithPrevious, MergedWithNext or Contiguous, found \"%s\"",
                             b ? b : "(none)");
-        out->invert = jbool(j, "invert", 0);
+        out->invert = tk_jbool(j, "invert", 0);
     } else if (!strcmp(type, "ByteLevel")) {
         out->type = TK_PRE_BYTELEVEL;
-        out->add_prefix_space = jbool(j, "add_prefix_space", 1);
-        out->use_regex = jbool(j, "use_regex", 1);
+        out->add_prefix_space = tk_jbool(j, "add_prefix_space", 1);
+        out->use_regex = tk_jbool(j, "use_regex", 1);
         if (out->use_regex) {
             loom_status st = regex_compile(&out->pat.re, gpt2_regex,
                                            strlen(gpt2_regex), "pre_tokenizer ByteLevel");
@@ -594,9 +569,9 @@ loom_status tk_pre_parse(const cJSON *j, tk_pre *out) {
         }
     } else if (!strcmp(type, "Metaspace")) {
         out->type = TK_PRE_METASPACE;
-        out->replacement = first_cp(jstr(j, "replacement"), 0x2581);
-        out->split = jbool(j, "split", 1);
-        const char *ps = jstr(j, "prepend_scheme");
+        out->replacement = tk_first_cp(tk_jstr(j, "replacement"), 0x2581);
+        out->split = tk_jbool(j, "split", 1);
+        const char *ps = tk_jstr(j, "prepend_scheme");
         if (ps) {
             if (!strcmp(ps, "always")) out->prepend_scheme = TK_PREPEND_ALWAYS;
             else if (!strcmp(ps, "first")) out->prepend_scheme = TK_PREPEND_FIRST;
@@ -606,15 +581,15 @@ loom_status tk_pre_parse(const cJSON *j, tk_pre *out) {
                                 "pre_tokenizer Metaspace: expected prepend_scheme always, "
                                 "first or never, found \"%s\"", ps);
         } else {
-            out->prepend_scheme = jbool(j, "add_prefix_space", 1)
+            out->prepend_scheme = tk_jbool(j, "add_prefix_space", 1)
                                       ? TK_PREPEND_ALWAYS : TK_PREPEND_NEVER;
         }
     } else if (!strcmp(type, "Digits")) {
         out->type = TK_PRE_DIGITS;
-        out->individual_digits = jbool(j, "individual_digits", 0);
+        out->individual_digits = tk_jbool(j, "individual_digits", 0);
     } else if (!strcmp(type, "Punctuation")) {
         out->type = TK_PRE_PUNCT;
-        const char *b = jstr(j, "behavior");
+        const char *b = tk_jstr(j, "behavior");
         out->behavior = b ? parse_behavior(b) : TK_SPLIT_ISOLATED;
         if (out->behavior < 0)
             return loom_err(LOOM_ERR_FORMAT, "pre_tokenizer Punctuation: bad behavior \"%s\"", b);
@@ -628,10 +603,10 @@ loom_status tk_pre_parse(const cJSON *j, tk_pre *out) {
         out->type = TK_PRE_BERT;
     } else if (!strcmp(type, "CharDelimiterSplit")) {
         out->type = TK_PRE_CHARDELIM;
-        const char *d = jstr(j, "delimiter");
+        const char *d = tk_jstr(j, "delimiter");
         if (!d || !*d)
             return loom_err(LOOM_ERR_FORMAT, "pre_tokenizer CharDelimiterSplit: expected \"delimiter\"");
-        out->replacement = first_cp(d, ' ');
+        out->replacement = tk_first_cp(d, ' ');
     } else if (!strcmp(type, "Sequence")) {
         out->type = TK_PRE_SEQUENCE;
         const cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "pretokenizers");
@@ -639,7 +614,7 @@ loom_status tk_pre_parse(const cJSON *j, tk_pre *out) {
             return loom_err(LOOM_ERR_FORMAT, "pre_tokenizer Sequence: expected a \"pretokenizers\" array");
         int n = cJSON_GetArraySize(a);
         out->sub = calloc((size_t)(n ? n : 1), sizeof *out->sub);
-        if (!out->sub) return nomem();
+        if (!out->sub) return tk_nomem();
         const cJSON *e;
         cJSON_ArrayForEach(e, a) {
             loom_status st = tk_pre_parse(e, &out->sub[out->n_sub]);
@@ -672,9 +647,9 @@ static int pred_eq(uint32_t c, uint32_t a) { return c == a; }
 static loom_status split_pred(int (*pred)(uint32_t, uint32_t), uint32_t arg,
                               int behavior, const char *s, size_t n,
                               int origin, spans *sp, tk_pieces *out) {
-    if (spans_from_pred(pred, arg, s, n, sp)) return nomem();
+    if (spans_from_pred(pred, arg, s, n, sp)) return tk_nomem();
     spans_behave(sp, behavior, 0);
-    return emit_spans(sp, s, origin, out) ? nomem() : LOOM_OK;
+    return emit_spans(sp, s, origin, out) ? tk_nomem() : LOOM_OK;
 }
 
 static loom_status split_pattern(const tk_pattern *p, int behavior, int invert,
@@ -684,7 +659,7 @@ static loom_status split_pattern(const tk_pattern *p, int behavior, int invert,
     if (spans_from_pattern(p, md, s, n, sp))
         return loom_err(LOOM_ERR_INTERNAL, "pre_tokenizer: regex match failed");
     spans_behave(sp, behavior, invert);
-    return emit_spans(sp, s, origin, out) ? nomem() : LOOM_OK;
+    return emit_spans(sp, s, origin, out) ? tk_nomem() : LOOM_OK;
 }
 
 static loom_status pre_one(const tk_pre *p, const char *s, size_t n,
@@ -722,23 +697,23 @@ static loom_status pre_one(const tk_pre *p, const char *s, size_t n,
     case TK_PRE_BYTELEVEL: {
         tmp->n = 0;
         if (p->add_prefix_space && (n == 0 || s[0] != ' ') && tk_buf_putc(tmp, ' '))
-            return nomem();
-        if (tk_buf_put(tmp, s, n)) return nomem();
+            return tk_nomem();
+        if (tk_buf_put(tmp, s, n)) return tk_nomem();
         tk_pieces parts = {0};
         loom_status st = LOOM_OK;
         if (p->use_regex)
             st = split_pattern(&p->pat, TK_SPLIT_ISOLATED, 0, tmp->p, tmp->n,
                                origin, sp, &parts, md);
         else if (tk_pieces_add(&parts, tmp->p, tmp->n, -1, origin))
-            st = nomem();
+            st = tk_nomem();
         tk_buf m = {0};
         for (size_t i = 0; !st && i < parts.n; i++) {
             m.n = 0;
             const uint8_t *u = (const uint8_t *)parts.text.p + parts.v[i].off;
             for (size_t k = 0; k < parts.v[i].len; k++)
-                if (tk_buf_put_cp(&m, tk_byte_to_cp(u[k]))) { st = nomem(); break; }
+                if (tk_buf_put_cp(&m, tk_byte_to_cp(u[k]))) { st = tk_nomem(); break; }
             if (!st && tk_pieces_add(out, m.p, m.n, -1, parts.v[i].origin))
-                st = nomem();
+                st = tk_nomem();
         }
         tk_buf_free(&m);
         tk_pieces_free(&parts);
@@ -753,16 +728,16 @@ static loom_status pre_one(const tk_pre *p, const char *s, size_t n,
         int starts = n && (cp0 == p->replacement || cp0 == ' ');
         if (!starts && (p->prepend_scheme == TK_PREPEND_ALWAYS ||
                         (p->prepend_scheme == TK_PREPEND_FIRST && origin)))
-            if (tk_buf_put(tmp, rep, rl)) return nomem();
+            if (tk_buf_put(tmp, rep, rl)) return tk_nomem();
         for (size_t i = 0; i < n; i++) {
             int bad = s[i] == ' ' ? tk_buf_put(tmp, rep, rl) : tk_buf_putc(tmp, s[i]);
-            if (bad) return nomem();
+            if (bad) return tk_nomem();
         }
         if (!p->split)
-            return tk_pieces_add(out, tmp->p, tmp->n, -1, origin) ? nomem() : LOOM_OK;
+            return tk_pieces_add(out, tmp->p, tmp->n, -1, origin) ? tk_nomem() : LOOM_OK;
         /* split may not alias tmp with out; copy through a local list */
         tk_buf own = {0};
-        if (tk_buf_put(&own, tmp->p, tmp->n)) return nomem();
+        if (tk_buf_put(&own, tmp->p, tmp->n)) return tk_nomem();
         loom_status st = split_pred(pred_eq, p->replacement, TK_SPLIT_MERGED_NEXT,
                                     own.p, own.n, origin, sp, out);
         tk_buf_free(&own);
@@ -788,7 +763,7 @@ loom_status tk_pre_apply(const tk_pre *p, tk_pieces *l, pcre2_match_data *md) {
         const tk_piece *pc = &l->v[i];
         const char *s = l->text.p + pc->off;
         if (pc->id >= 0) {
-            if (tk_pieces_add(&out, s, pc->len, pc->id, pc->origin)) st = nomem();
+            if (tk_pieces_add(&out, s, pc->len, pc->id, pc->origin)) st = tk_nomem();
             continue;
         }
         st = pre_one(p, s, pc->len, pc->origin, &out, &sp, &tmp, md);

@@ -1,6 +1,7 @@
 /* tokenize utilities: growable buffers, UTF-8 handling, the character
  * classes the reference library uses, the string->id hash map and the
  * byte-level alphabet. */
+#include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <string.h>
 #include <utf8proc.h>
@@ -309,4 +310,40 @@ int tk_cp_to_byte(uint32_t cp) {
     if (cp >= 289 && cp <= 322) return (int)(cp - 289 + 127);
     if (cp == 323) return 173;
     return -1;
+}
+
+/* ---- small shared helpers ------------------------------------------------------ */
+
+loom_status tk_nomem(void) {
+    return loom_err(LOOM_ERR_NOMEM, "tokenizer: out of memory");
+}
+
+const char *tk_jstr(const cJSON *o, const char *k) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+int tk_jbool(const cJSON *o, const char *k, int dflt) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsBool(v) ? cJSON_IsTrue(v) : dflt;
+}
+
+int tk_jint(const cJSON *o, const char *k, int dflt) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsNumber(v) ? v->valueint : dflt;
+}
+
+char *tk_dup_str(const char *s, size_t *len) {
+    size_t n = strlen(s);
+    char *d = malloc(n + 1);
+    if (d) memcpy(d, s, n + 1);
+    if (len) *len = n;
+    return d;
+}
+
+uint32_t tk_first_cp(const char *s, uint32_t dflt) {
+    if (!s || !*s) return dflt;
+    uint32_t cp;
+    tk_utf8_next(s, strlen(s), &cp);
+    return cp;
 }

@@ -11,19 +11,8 @@
 /* Ids index dense tables; real vocabularies stay far below this. */
 #define TK_MAX_ID (1 << 24)
 
-static loom_status nomem(void) {
-    return loom_err(LOOM_ERR_NOMEM, "tokenizer: out of memory");
-}
 
-static const char *jstr(const cJSON *o, const char *k) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-    return cJSON_IsString(v) ? v->valuestring : NULL;
-}
 
-static int jbool(const cJSON *o, const char *k, int dflt) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-    return cJSON_IsBool(v) ? cJSON_IsTrue(v) : dflt;
-}
 
 static const char *cjson_type_name(const cJSON *v) {
     if (!v) return "nothing";
@@ -152,16 +141,16 @@ static loom_status split_added(const loom_tok *t, const tk_trie *tr,
         if (start_offset < start &&
             tk_pieces_add(out, s + start_offset, start - start_offset, -1,
                           origin && start_offset == 0))
-            return nomem();
+            return tk_nomem();
         if (tk_pieces_add(out, s + start, stop - start, a->id, origin && start == 0))
-            return nomem();
+            return tk_nomem();
         start_offset = stop;
         if (pos < stop) pos = stop;
     }
     if (start_offset < n &&
         tk_pieces_add(out, s + start_offset, n - start_offset, -1,
                       origin && start_offset == 0))
-        return nomem();
+        return tk_nomem();
     return LOOM_OK;
 }
 
@@ -200,14 +189,14 @@ loom_status loom_tok_encode(const loom_tok *t, const char *text, size_t len,
     tk_ids out = {0};
     tk_bpe_scratch sc = {0};
     pcre2_match_data *md = pcre2_match_data_create(1, NULL);
-    if (!md) return nomem();
+    if (!md) return tk_nomem();
 
     if (len) st = split_added(t, &t->trie_raw, text, len, 1, &raw);
     for (size_t i = 0; i < raw.n && !st; i++) {
         const tk_piece *p = &raw.v[i];
         const char *s = raw.text.p + p->off;
         if (p->id >= 0) {
-            if (tk_pieces_add(&norm, s, p->len, p->id, p->origin)) st = nomem();
+            if (tk_pieces_add(&norm, s, p->len, p->id, p->origin)) st = tk_nomem();
             continue;
         }
         if (t->norm) {
@@ -220,27 +209,27 @@ loom_status loom_tok_encode(const loom_tok *t, const char *text, size_t len,
                 st = split_added(t, &t->trie_norm, s, nb.n, p->origin, &norm);
                 continue;
             }
-            if (tk_pieces_add(&norm, s, nb.n, -1, p->origin)) st = nomem();
+            if (tk_pieces_add(&norm, s, nb.n, -1, p->origin)) st = tk_nomem();
             continue;
         }
         if (t->has_norm_added)
             st = split_added(t, &t->trie_norm, s, p->len, p->origin, &norm);
         else if (tk_pieces_add(&norm, s, p->len, -1, p->origin))
-            st = nomem();
+            st = tk_nomem();
     }
     if (!st && t->pre) st = tk_pre_apply(t->pre, &norm, md);
     for (int i = 0; i < n_pre && !st; i++)
-        if (tk_ids_push(&out, pre[i])) st = nomem();
+        if (tk_ids_push(&out, pre[i])) st = tk_nomem();
     for (size_t i = 0; i < norm.n && !st; i++) {
         const tk_piece *p = &norm.v[i];
         if (p->id >= 0) {
-            if (tk_ids_push(&out, p->id)) st = nomem();
+            if (tk_ids_push(&out, p->id)) st = tk_nomem();
         } else {
             st = tk_bpe_word(t, norm.text.p + p->off, p->len, &out, &sc);
         }
     }
     for (int i = 0; i < n_suf && !st; i++)
-        if (tk_ids_push(&out, suf[i])) st = nomem();
+        if (tk_ids_push(&out, suf[i])) st = tk_nomem();
 
     tk_bpe_scratch_free(&sc);
     tk_pieces_free(&raw);
@@ -319,7 +308,7 @@ loom_status loom_tok_decode(const loom_tok *t, const int32_t *ids, size_t n,
         size_t l;
         const char *s = loom_tok_id_to_token(t, ids[i], &l);
         if (!s || (skip_special && loom_tok_is_special(t, ids[i]))) continue;
-        if (tk_pieces_add(&toks, s, l, -1, 0)) st = nomem();
+        if (tk_pieces_add(&toks, s, l, -1, 0)) st = tk_nomem();
     }
     if (!st) {
         tk_dec_ctx ctx = {.at_start = 1, .strip_left = tk_dec_initial_strip(t->dec),
@@ -327,7 +316,7 @@ loom_status loom_tok_decode(const loom_tok *t, const int32_t *ids, size_t n,
         st = tk_decode_tokens(t, &toks, &ctx, &out, NULL);
     }
     tk_pieces_free(&toks);
-    if (!st && tk_buf_reserve(&out, 0)) st = nomem();
+    if (!st && tk_buf_reserve(&out, 0)) st = tk_nomem();
     if (st) {
         tk_buf_free(&out);
         return st;
@@ -402,7 +391,7 @@ static loom_status template_ids(const cJSON *specials, const char *name,
 
 /* Wraps the current prefix/suffix with one post-processor's additions. */
 static loom_status post_parse(loom_tok *t, const cJSON *j) {
-    const char *type = jstr(j, "type");
+    const char *type = tk_jstr(j, "type");
     if (!type) return loom_err(LOOM_ERR_FORMAT, "post_processor: expected a \"type\" string");
     if (!strcmp(type, "ByteLevel")) return LOOM_OK; /* offsets only */
     if (!strcmp(type, "Sequence")) {
@@ -429,7 +418,7 @@ static loom_status post_parse(loom_tok *t, const cJSON *j) {
             const cJSON *sp = cJSON_GetObjectItemCaseSensitive(e, "SpecialToken");
             const cJSON *sq = cJSON_GetObjectItemCaseSensitive(e, "Sequence");
             if (sq) { seen_seq = 1; continue; }
-            const char *name = jstr(sp, "id");
+            const char *name = tk_jstr(sp, "id");
             if (!name)
                 return loom_err(LOOM_ERR_FORMAT,
                                 "post_processor TemplateProcessing: expected SpecialToken or Sequence items");
@@ -460,7 +449,7 @@ static loom_status post_parse(loom_tok *t, const cJSON *j) {
     }
     if (ids_append(&t->post_prefix, &t->n_post_prefix, pre, npre, 1) ||
         ids_append(&t->post_suffix, &t->n_post_suffix, suf, nsuf, 0))
-        return nomem();
+        return tk_nomem();
     return LOOM_OK;
 }
 
@@ -499,7 +488,7 @@ static loom_status read_vocab(const char *js, tk_span_t span, tk_buf *arena,
         if (n == cap) {
             cap = cap ? cap * 2 : 1024;
             vocab_entry *q = realloc(v, cap * sizeof *q);
-            if (!q) { st = nomem(); break; }
+            if (!q) { st = tk_nomem(); break; }
             v = q;
         }
         v[n++] = (vocab_entry){off, (uint32_t)(arena->n - off - 1), (int32_t)id};
@@ -521,7 +510,7 @@ static loom_status load_model(loom_tok *t, const cJSON *model,
     if (!cJSON_IsObject(model))
         return loom_err(LOOM_ERR_FORMAT, "tokenizer.json: expected a \"model\" object, found %s",
                         cjson_type_name(model));
-    const char *type = jstr(model, "type");
+    const char *type = tk_jstr(model, "type");
     const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
     const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
     if (type && strcmp(type, "BPE"))
@@ -555,11 +544,11 @@ static loom_status load_model(loom_tok *t, const cJSON *model,
     const cJSON *e;
     if (!st && cJSON_IsArray(added_arr)) {
         added_off = malloc(((size_t)cJSON_GetArraySize(added_arr) + 1) * sizeof *added_off);
-        if (!added_off) st = nomem();
+        if (!added_off) st = tk_nomem();
         cJSON_ArrayForEach(e, added_arr) {
             if (st) break;
             const cJSON *id = cJSON_GetObjectItemCaseSensitive(e, "id");
-            const char *c = jstr(e, "content");
+            const char *c = tk_jstr(e, "content");
             if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble >= TK_MAX_ID || !c) {
                 st = loom_err(LOOM_ERR_FORMAT,
                               "tokenizer.json: added_tokens[%d]: expected \"id\" in [0, %d) and \"content\"",
@@ -568,7 +557,7 @@ static loom_status load_model(loom_tok *t, const cJSON *model,
             }
             if (id->valueint > max_added) max_added = id->valueint;
             added_off[n_added++] = arena.n;
-            if (tk_buf_put(&arena, c, strlen(c) + 1)) st = nomem();
+            if (tk_buf_put(&arena, c, strlen(c) + 1)) st = tk_nomem();
         }
     }
     if (st) {
@@ -595,7 +584,7 @@ static loom_status load_model(loom_tok *t, const cJSON *model,
         tk_strmap_init(&t->vocab_map, n_vocab) || tk_strmap_init(&t->added_map, (size_t)n_added)) {
         free(ve);
         free(added_off);
-        return nomem();
+        return tk_nomem();
     }
     for (int32_t i = 0; i < t->n_ids; i++) t->added_of_id[i] = -1;
     for (size_t i = 0; i < n_vocab; i++) {
@@ -611,11 +600,11 @@ static loom_status load_model(loom_tok *t, const cJSON *model,
             a->content = t->arena + added_off[t->n_added];
             a->len = (uint32_t)strlen(a->content);
             a->id = cJSON_GetObjectItemCaseSensitive(e, "id")->valueint;
-            a->special = (uint8_t)jbool(e, "special", 0);
-            a->lstrip = (uint8_t)jbool(e, "lstrip", 0);
-            a->rstrip = (uint8_t)jbool(e, "rstrip", 0);
-            a->single_word = (uint8_t)jbool(e, "single_word", 0);
-            a->normalized = (uint8_t)jbool(e, "normalized", !a->special);
+            a->special = (uint8_t)tk_jbool(e, "special", 0);
+            a->lstrip = (uint8_t)tk_jbool(e, "lstrip", 0);
+            a->rstrip = (uint8_t)tk_jbool(e, "rstrip", 0);
+            a->single_word = (uint8_t)tk_jbool(e, "single_word", 0);
+            a->normalized = (uint8_t)tk_jbool(e, "normalized", !a->special);
             t->added_of_id[a->id] = t->n_added;
             t->added_tab.s[a->id] = a->content;
             t->added_tab.len[a->id] = a->len;
@@ -625,25 +614,25 @@ static loom_status load_model(loom_tok *t, const cJSON *model,
     free(added_off);
 
     /* model options */
-    const char *p = jstr(model, "continuing_subword_prefix");
+    const char *p = tk_jstr(model, "continuing_subword_prefix");
     if (p && *p) {
         t->cont_prefix_len = strlen(p);
-        if (!(t->cont_prefix = strdup(p))) return nomem();
+        if (!(t->cont_prefix = strdup(p))) return tk_nomem();
     }
-    p = jstr(model, "end_of_word_suffix");
+    p = tk_jstr(model, "end_of_word_suffix");
     if (p && *p) {
         t->eow_suffix_len = strlen(p);
-        if (!(t->eow_suffix = strdup(p))) return nomem();
+        if (!(t->eow_suffix = strdup(p))) return tk_nomem();
     }
-    t->fuse_unk = jbool(model, "fuse_unk", 0);
-    t->byte_fallback = jbool(model, "byte_fallback", 0);
-    t->ignore_merges = jbool(model, "ignore_merges", 0);
+    t->fuse_unk = tk_jbool(model, "fuse_unk", 0);
+    t->byte_fallback = tk_jbool(model, "byte_fallback", 0);
+    t->ignore_merges = tk_jbool(model, "ignore_merges", 0);
     const cJSON *drop = cJSON_GetObjectItemCaseSensitive(model, "dropout");
     if (cJSON_IsNumber(drop) && drop->valuedouble > 0)
         loom_log(LOOM_LOG_WARN, "tokenizer: BPE dropout %g ignored (encoding is deterministic)",
                  drop->valuedouble);
     t->unk_id = -1;
-    p = jstr(model, "unk_token");
+    p = tk_jstr(model, "unk_token");
     if (p) t->unk_id = tk_strmap_get(&t->vocab_map, &t->vocab, p, strlen(p));
     for (int b = 0; b < 256; b++) {
         char name[8];
@@ -655,9 +644,9 @@ static loom_status load_model(loom_tok *t, const cJSON *model,
 }
 
 static loom_status build_tries(loom_tok *t) {
-    if (trie_init(&t->trie_raw) || trie_init(&t->trie_norm)) return nomem();
+    if (trie_init(&t->trie_raw) || trie_init(&t->trie_norm)) return tk_nomem();
     pcre2_match_data *md = pcre2_match_data_create(1, NULL);
-    if (!md) return nomem();
+    if (!md) return tk_nomem();
     tk_buf nb = {0};
     loom_status st = LOOM_OK;
     /* special tokens take precedence in the reference's pattern order */
@@ -666,7 +655,7 @@ static loom_status build_tries(loom_tok *t) {
             const tk_added *a = &t->added[i];
             if (a->len == 0 || (pass == 0) != (a->special != 0)) continue;
             if (!a->normalized) {
-                if (trie_insert(&t->trie_raw, a->content, a->len, i)) st = nomem();
+                if (trie_insert(&t->trie_raw, a->content, a->len, i)) st = tk_nomem();
                 continue;
             }
             const char *s = a->content;
@@ -678,7 +667,7 @@ static loom_status build_tries(loom_tok *t) {
                 n = nb.n;
             }
             if (!st && n) {
-                if (trie_insert(&t->trie_norm, s, n, i)) st = nomem();
+                if (trie_insert(&t->trie_norm, s, n, i)) st = tk_nomem();
                 t->has_norm_added = 1;
             }
         }
@@ -690,7 +679,7 @@ static loom_status build_tries(loom_tok *t) {
 static int32_t config_token_id(const loom_tok *t, const cJSON *cfg,
                                const char *key) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, key);
-    const char *s = cJSON_IsString(v) ? v->valuestring : jstr(v, "content");
+    const char *s = cJSON_IsString(v) ? v->valuestring : tk_jstr(v, "content");
     return s ? loom_tok_token_to_id(t, s, strlen(s)) : -1;
 }
 
@@ -713,12 +702,12 @@ static loom_status load_config(loom_tok *t, const char *cfg_text, size_t n) {
         /* named templates: take "default" */
         const cJSON *e;
         cJSON_ArrayForEach(e, v) {
-            const char *name = jstr(e, "name");
-            if (name && !strcmp(name, "default")) tmpl = jstr(e, "template");
+            const char *name = tk_jstr(e, "name");
+            if (name && !strcmp(name, "default")) tmpl = tk_jstr(e, "template");
         }
     }
     loom_status st = LOOM_OK;
-    if (tmpl && !(t->chat_template = strdup(tmpl))) st = nomem();
+    if (tmpl && !(t->chat_template = strdup(tmpl))) st = tk_nomem();
     cJSON_Delete(cfg);
     return st;
 }
@@ -737,7 +726,7 @@ loom_status loom_tok_load_mem(const char *json, size_t json_len,
         tk_span_t cut[2] = {vspan, mspan};
         if (mspan.e && mspan.s < vspan.s) { cut[0] = mspan; cut[1] = vspan; }
         small = malloc(json_len + 8);
-        if (!small) return nomem();
+        if (!small) return tk_nomem();
         size_t from = 0;
         for (int i = 0; i < 2; i++) {
             if (!cut[i].e) continue;
@@ -765,7 +754,7 @@ loom_status loom_tok_load_mem(const char *json, size_t json_len,
     loom_tok *t = calloc(1, sizeof *t);
     if (!t) {
         cJSON_Delete(root);
-        return nomem();
+        return tk_nomem();
     }
     t->bos_id = t->eos_id = t->pad_id = t->unk_id = -1;
     t->add_bos_cfg = t->add_eos_cfg = -1;
@@ -779,15 +768,15 @@ loom_status loom_tok_load_mem(const char *json, size_t json_len,
                         vspan, mspan);
     const cJSON *c;
     if (!st && (c = cJSON_GetObjectItemCaseSensitive(root, "normalizer")) && !cJSON_IsNull(c)) {
-        if (!(t->norm = calloc(1, sizeof *t->norm))) st = nomem();
+        if (!(t->norm = calloc(1, sizeof *t->norm))) st = tk_nomem();
         else st = tk_norm_parse(c, t->norm);
     }
     if (!st && (c = cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer")) && !cJSON_IsNull(c)) {
-        if (!(t->pre = calloc(1, sizeof *t->pre))) st = nomem();
+        if (!(t->pre = calloc(1, sizeof *t->pre))) st = tk_nomem();
         else st = tk_pre_parse(c, t->pre);
     }
     if (!st && (c = cJSON_GetObjectItemCaseSensitive(root, "decoder")) && !cJSON_IsNull(c)) {
-        if (!(t->dec = calloc(1, sizeof *t->dec))) st = nomem();
+        if (!(t->dec = calloc(1, sizeof *t->dec))) st = tk_nomem();
         else st = tk_dec_parse(c, t->dec);
     }
     if (!st && (c = cJSON_GetObjectItemCaseSensitive(root, "post_processor")) && !cJSON_IsNull(c))
