@@ -144,8 +144,9 @@ static loom_status split_added(const loom_tok *t, const tk_trie *tr,
             return tk_nomem();
         if (tk_pieces_add(out, s + start, stop - start, a->id, origin && start == 0))
             return tk_nomem();
+        /* the scan resumes at the match end even when rstrip took more, as
+         * the reference's matcher does */
         start_offset = stop;
-        if (pos < stop) pos = stop;
     }
     if (start_offset < n &&
         tk_pieces_add(out, s + start_offset, n - start_offset, -1,
