@@ -334,6 +334,14 @@ static const char *const CASES[][2] = {
      "False"},
     {"{{ 1 in l|select }}",
      "True"},
+    {"{{ 1 < x < 5 }}{{ 1 < x < 2 }}{{ 3 == x == 3 }}{{ 1 < 2 > 1 < 0 }}{{ (1 < 2) < 3 }}{{ x in l in [l] }}",
+     "TrueFalseTrueFalseTrueTrue"},
+    {"{{ 0.1 is odd }}{{ 3.0 is odd }}{{ 4.0 is even }}{{ 4.5 is divisibleby 1.5 }}",
+     "FalseTrueTrueTrue"},
+    {"{{ 'abc' % l }}{{ 'abc' % d }}{{ '%s' % [1, 2] }}",
+     "abcabc[1, 2]"},
+    {"{{ (1, 'x') is lower }}{{ d is lower }}{{ missing is callable }}{{ 'ABC' is upper }}",
+     "TrueTrueTrueTrue"},
 };
 
 static void test_table(void) {

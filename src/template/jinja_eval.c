@@ -444,6 +444,14 @@ static int contains(ctx *c, int line, const jv *container, const jv *item, int *
             }
         return 1;
     case JV_DICT:
+        if (item->type == JV_LIST && !(item->flags & JVF_TUPLE)) {
+            rerr(c, line, "unhashable type: 'list'");
+            return 0;
+        }
+        if (item->type == JV_DICT) {
+            rerr(c, line, "unhashable type: 'dict'");
+            return 0;
+        }
         *res = jv_dict_get(container, item) != NULL;
         return 1;
     case JV_UNDEF:
@@ -694,7 +702,8 @@ static jv *do_tojson(ctx *c, int line, jv *v, const args *a) {
 
 /* ---- printf-style formatting (the `format` filter and str % args) -------------------- */
 
-static jv *printf_format(ctx *c, int line, const jv *fmt, jv **vals, int nvals) {
+static jv *printf_format(ctx *c, int line, const jv *fmt, jv **vals, int nvals,
+                         int mapping_like) {
     jbuf b = {0};
     int k = 0;
     const char *p = fmt->u.s.p, *end = p + fmt->u.s.n;
@@ -753,6 +762,11 @@ static jv *printf_format(ctx *c, int line, const jv *fmt, jv **vals, int nvals) 
             free(b.p);
             return rerr(c, line, "format: unsupported format character '%c'", conv);
         }
+    }
+    if (k < nvals && !mapping_like) {
+        /* a list or dict operand counts as a mapping: unused is fine */
+        free(b.p);
+        return rerr(c, line, "not all arguments converted during string formatting");
     }
     return strbuf_take(c, &b);
 }
@@ -1096,6 +1110,7 @@ static jv *apply_filter(ctx *c, int line, const char *name, jv *v, const args *a
     }
     if (IS("escape") || IS("e")) return is_safe(v) ? v : html_escape(c, str_of(c, v));
     if (IS("forceescape")) return html_escape(c, str_of(c, v));
+    if ((IS("int") || IS("float")) && v->type == JV_UNDEF) return undef_err(c, line, v);
     if (IS("int")) {
         jv *def = arg(a, 0, "default");
         jv *base = arg(a, 1, "base");
@@ -1220,7 +1235,10 @@ static jv *apply_filter(ctx *c, int line, const char *name, jv *v, const args *a
         }
         return acc;
     }
-    if (IS("indent")) return with_safe(c, do_indent(c, str_of(c, v), a), is_safe(v));
+    if (IS("indent")) {
+        if (v->type != JV_STR) return rerr(c, line, "indent: expected a string, found %s", jv_type_name(v));
+        return with_safe(c, do_indent(c, v, a), is_safe(v));
+    }
     if (IS("wordcount")) {
         jv *s = str_of(c, v);
         int64_t words = 0;
@@ -1258,7 +1276,7 @@ static jv *apply_filter(ctx *c, int line, const char *name, jv *v, const args *a
     }
     if (IS("format")) {
         jv *s = str_of(c, v);
-        return printf_format(c, line, s, a->pos, a->npos);
+        return printf_format(c, line, s, a->pos, a->npos, 0);
     }
     if (IS("attr")) {
         jv *nm = arg(a, 0, "name");
@@ -1354,7 +1372,7 @@ static int apply_test(ctx *c, int line, const char *name, jv *v, const args *a) 
     if (IS("sequence"))
         return v->type == JV_STR || (v->type == JV_LIST && !(v->flags & JVF_ITER)) ||
                (v->type == JV_DICT && !(v->flags & JVF_NS)) || v->type == JV_UNDEF;
-    if (IS("callable")) return v->type == JV_FUNC;
+    if (IS("callable")) return v->type == JV_FUNC || v->type == JV_UNDEF; /* Undefined has __call__ */
     if (IS("escaped")) return 0;
     if (IS("sameas")) {
         if (!x) return rerr(c, line, "sameas needs an argument"), -1;
@@ -1377,17 +1395,23 @@ static int apply_test(ctx *c, int line, const char *name, jv *v, const args *a) 
     if (IS("gt") || IS("greaterthan") || IS(">")) return cmp_test(c, line, v, x, OP_GT);
     if (IS("ge") || IS(">=")) return cmp_test(c, line, v, x, OP_GE);
     if (IS("odd") || IS("even")) {
-        if (!is_intlike(v)) return rerr(c, line, "'%s' test needs an integer", name), -1;
+        if (!is_num(v)) return rerr(c, line, "'%s' test needs a number", name), -1;
+        if (v->type == JV_FLOAT) { /* Python: value % 2 == 1 */
+            double r = fmod(v->u.f, 2.0);
+            if (r < 0) r += 2.0;
+            return IS("odd") ? r == 1.0 : r == 0.0;
+        }
         int64_t r = numi(v) % 2;
         return IS("odd") ? r != 0 : r == 0;
     }
     if (IS("divisibleby")) {
-        if (!x || !is_intlike(v) || !is_intlike(x) || numi(x) == 0)
-            return rerr(c, line, "divisibleby needs non-zero integers"), -1;
+        if (!x || !is_num(v) || !is_num(x) || numf(x) == 0)
+            return rerr(c, line, "divisibleby needs numbers and a non-zero divisor"), -1;
+        if (v->type == JV_FLOAT || x->type == JV_FLOAT) return fmod(numf(v), numf(x)) == 0;
         return numi(v) % numi(x) == 0;
     }
     if (IS("lower") || IS("upper")) {
-        if (v->type != JV_STR) return 0;
+        v = str_of(c, v); /* Jinja tests str(value) */
         jv *t = do_case(c, v, IS("upper"));
         int cased = 0;
         for (size_t i = 0; i < v->u.s.n;) {
@@ -1474,8 +1498,8 @@ static jv *binop(ctx *c, int line, int op, jv *x, jv *y) {
     }
     if (op == OP_MOD && x->type == JV_STR) {
         if (y->type == JV_LIST && (y->flags & JVF_TUPLE))
-            return printf_format(c, line, x, y->u.l.v, (int)y->u.l.n);
-        return printf_format(c, line, x, &y, 1);
+            return printf_format(c, line, x, y->u.l.v, (int)y->u.l.n, 0);
+        return printf_format(c, line, x, &y, 1, y->type == JV_LIST || y->type == JV_DICT);
     }
     static const char *const names[] = {"", "+", "-", "*", "/", "//", "%", "**"};
     if (!is_num(x) || !is_num(y)) return op_err(c, line, names[op], x, y);

@@ -932,6 +932,7 @@ static jnode *parse_math1(parser *p) {
 
 static jnode *parse_compare(parser *p) {
     jnode *l = parse_math1(p);
+    int chained = 0;
     for (;;) {
         tok *t = cur(p);
         int op = 0;
@@ -948,7 +949,18 @@ static jnode *parse_compare(parser *p) {
         }
         if (!op || !l) return l;
         adv(p);
-        l = mk_bin(p, E_CMP, op, l, parse_math1(p), t->line);
+        jnode *r = parse_math1(p);
+        if (l->kind == E_CMP && chained) {
+            /* a < b < c means (a < b) and (b < c), as in Python */
+            jnode *rhs = mk_bin(p, E_CMP, op, l->b, r, t->line);
+            l = mk_bin(p, E_AND, 0, l, rhs, t->line);
+        } else if (l->kind == E_AND && chained) {
+            jnode *rhs = mk_bin(p, E_CMP, op, l->b->b, r, t->line);
+            l = mk_bin(p, E_AND, 0, l, rhs, t->line);
+        } else {
+            l = mk_bin(p, E_CMP, op, l, r, t->line);
+        }
+        chained = 1;
     }
 }
 

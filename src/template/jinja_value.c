@@ -326,7 +326,9 @@ int jv_compare(const jv *a, const jv *b, int *ok) {
         if (c) return c < 0 ? -1 : 1;
         return a->u.s.n < b->u.s.n ? -1 : a->u.s.n > b->u.s.n;
     }
-    if (a->type == JV_LIST && b->type == JV_LIST) {
+    if (a->type == JV_LIST && b->type == JV_LIST &&
+        (a->flags & JVF_TUPLE) == (b->flags & JVF_TUPLE) &&
+        !((a->flags | b->flags) & JVF_ITER)) {
         size_t n = LOOM_MIN(a->u.l.n, b->u.l.n);
         for (size_t i = 0; i < n; i++) {
             if (jv_equal(a->u.l.v[i], b->u.l.v[i])) continue;
