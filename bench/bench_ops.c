@@ -7,7 +7,7 @@
  *   - a small decode batch (T = 4, cold), in GB/s of weight bytes;
  *   - prefill (T = 64) in GFLOP/s,
  * and prints each next to the reference kernel timed in the same run.
- * Each figure is the best of repeated bursts (robust to a busy machine).
+ * Each figure is the fastest of repeated calls (robust to a busy machine).
  * Usage: bench_ops [seconds per measurement, default 0.3] */
 #include <math.h>
 #include <stdint.h>
@@ -78,20 +78,23 @@ static void fill_w(void *w, int dt, size_t count) {
     }
 }
 
-/* Seconds per call. One burst calls copies w[0..n_copies) in turn; bursts
- * repeat for `budget` seconds and the fastest burst counts, so that other
- * processes on a busy machine inflate the result as little as possible. */
+/* Seconds per call: the fastest single call over `budget` seconds, calls
+ * cycling through the copies w[0..n_copies) so that with copies larger than
+ * the caches every call streams its weights from memory. The minimum keeps
+ * other processes on a busy machine out of the result as far as possible. */
 static double time_mm(const loom_kernels *k, int dt, float *y, const float *x,
                       char *w, size_t wbytes, int n_copies, int rows, int n, int T,
                       double budget) {
-    mm(k, dt, y, x, w, rows, n, T); /* warm up */
+    for (int c = 0; c < n_copies; c++) /* warm up, and evict the first copies */
+        mm(k, dt, y, x, w + (size_t)c * wbytes, rows, n, T);
     double best = 1e30, start = loom_now();
+    int c = 0;
     do {
         double t0 = loom_now();
-        for (int c = 0; c < n_copies; c++)
-            mm(k, dt, y, x, w + (size_t)c * wbytes, rows, n, T);
-        double t = (loom_now() - t0) / n_copies;
+        mm(k, dt, y, x, w + (size_t)c * wbytes, rows, n, T);
+        double t = loom_now() - t0;
         best = t < best ? t : best;
+        c = (c + 1) % n_copies;
     } while (loom_now() - start < budget);
     return best;
 }

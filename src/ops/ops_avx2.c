@@ -204,31 +204,25 @@ INLINE void tile(float *y, size_t ldy, const float *x, size_t ldx,
     }
 }
 
-/* Tokens of one row tile: full tiles of TILE_T, then the rest. Only the
- * first token tile brings the rows in from memory, so only it prefetches
- * (this matters for small batches, T = 2..8, which stream like a matvec). */
+/* Tokens of one row tile: tiles of three, ending in 2 or 2 + 2 tokens
+ * rather than a lone token: a one-token tile has only four FMA chains and
+ * runs at half speed on FMA latency. Only the first token tile brings the
+ * rows in from memory, so only it prefetches (this matters for small decode
+ * batches, T = 2..8, which stream the weights like a matvec). */
+_Static_assert(TILE_T == 3, "tile_tokens splits tokens for TILE_T == 3");
 INLINE void tile_tokens(float *y, size_t ldy, const float *x, size_t ldx,
                         const void *w, size_t n, int T, int r0, int R, int dt) {
-    int t = 0;
-    for (; t + TILE_T <= T; t += TILE_T)
-        tile(y + t * ldy, ldy, x + t * ldx, ldx, w, n, r0, R, TILE_T, t == 0, dt);
-    int pf = t == 0;
-    y += t * ldy;
-    x += t * ldx;
-    switch (T - t) {
-#if TILE_T > 5
-    case 5: tile(y, ldy, x, ldx, w, n, r0, R, 5, pf, dt); break;
-#endif
-#if TILE_T > 4
-    case 4: tile(y, ldy, x, ldx, w, n, r0, R, 4, pf, dt); break;
-#endif
-#if TILE_T > 3
-    case 3: tile(y, ldy, x, ldx, w, n, r0, R, 3, pf, dt); break;
-#endif
-    case 2: tile(y, ldy, x, ldx, w, n, r0, R, 2, pf, dt); break;
-    case 1: tile(y, ldy, x, ldx, w, n, r0, R, 1, pf, dt); break;
-    default: break;
+    int full = T / 3, rest = T % 3;
+    if (rest == 1 && full > 0) {
+        full--;
+        rest = 4;
     }
+    int t = 0;
+    for (; t < 3 * full; t += 3)
+        tile(y + t * ldy, ldy, x + t * ldx, ldx, w, n, r0, R, 3, t == 0, dt);
+    for (; rest >= 2; rest -= 2, t += 2)
+        tile(y + t * ldy, ldy, x + t * ldx, ldx, w, n, r0, R, 2, t == 0, dt);
+    if (rest == 1) tile(y + t * ldy, ldy, x + t * ldx, ldx, w, n, r0, R, 1, t == 0, dt);
 }
 
 INLINE void matmul(float *y, int ldy, const float *x, int ldx, const void *w,
