@@ -154,6 +154,8 @@ static int valid_utf8(const char *s, size_t n) {
     return 1;
 }
 
+static size_t last_flush_len; /* what the last detok_matches got from flush */
+
 /* Streams ids through a detokenizer; returns 1 if the pieces are valid
  * UTF-8 and concatenate to decode(ids). */
 static int detok_matches(const loom_tok *t, const int32_t *ids, size_t n,
@@ -172,6 +174,7 @@ static int detok_matches(const loom_tok *t, const int32_t *ids, size_t n,
         loom_status st = i < n ? loom_detok_push(d, ids[i], &p, &l)
                                : loom_detok_flush(d, &p, &l);
         if (st || !valid_utf8(p, l)) { ok = 0; break; }
+        if (i == n) last_flush_len = l;
         if (acc_n + l > acc_cap) {
             acc_cap = (acc_n + l) * 2;
             acc = realloc(acc, acc_cap);
@@ -373,7 +376,10 @@ static void test_fixture(const char *name) {
             fprintf(stderr, "%s: decode mismatch:\n    want \"%s\"\n    got  \"%s\"\n", name,
                     decoded, dec ? dec : "(error)");
         free(dec);
+        /* byte-level streams hold nothing once the text is complete */
+        int bytelevel = strcmp(name, "llama2") && strcmp(name, "gemma3");
         if (detok_matches(t, want, nw, 0, !shown_detok) &&
+            (!bytelevel || last_flush_len == 0) &&
             detok_matches(t, want_sp, nws, 1, !shown_detok) &&
             prime_matches(t, want, nw, nw / 2))
             ok_detok++;

@@ -158,6 +158,25 @@ static int ends_with(const char *s, size_t n, const char *x, size_t xn) {
     return n >= xn && memcmp(s + n - xn, x, xn) == 0;
 }
 
+/* Appends the bytes a byte-level token stands for: each character mapped
+ * back through the GPT-2 alphabet, or the token's own UTF-8 when it holds a
+ * character outside the alphabet (added tokens). */
+static int bytelevel_bytes(const char *s, size_t n, tk_buf *b) {
+    size_t k, mark = b->n;
+    for (k = 0; k < n;) {
+        uint32_t cp;
+        k += (size_t)tk_utf8_next(s + k, n - k, &cp);
+        int by = tk_cp_to_byte(cp);
+        if (by < 0) break;
+        if (tk_buf_putc(b, by)) return -1;
+    }
+    if (k < n) {
+        b->n = mark;
+        return tk_buf_put(b, s, n);
+    }
+    return 0;
+}
+
 static loom_status dec_step(const tk_dec *d, dstate *ds, tk_dec_ctx *ctx) {
     if (d->type == TK_DEC_SEQUENCE) {
         for (int i = 0; i < d->n_sub; i++) {
@@ -175,22 +194,8 @@ static loom_status dec_step(const tk_dec *d, dstate *ds, tk_dec_ctx *ctx) {
     loom_status st = LOOM_OK;
     switch (d->type) {
     case TK_DEC_BYTELEVEL:
-        for (size_t i = 0; i < in->n && !st; i++) {
-            const char *s = TOK(in, i);
-            size_t n = in->v[i].len, k, mark = bp->n;
-            for (k = 0; k < n;) {
-                uint32_t cp;
-                k += (size_t)tk_utf8_next(s + k, n - k, &cp);
-                int by = tk_cp_to_byte(cp);
-                if (by < 0) break;
-                if (tk_buf_putc(bp, by)) { st = tk_nomem(); break; }
-            }
-            if (!st && k < n) {
-                /* a character outside the alphabet: the token's own bytes */
-                bp->n = mark;
-                if (tk_buf_put(bp, s, n)) st = tk_nomem();
-            }
-        }
+        for (size_t i = 0; i < in->n && !st; i++)
+            if (bytelevel_bytes(TOK(in, i), in->v[i].len, bp)) st = tk_nomem();
         if (!st) {
             tk_buf *o = &ds->s->b2;
             o->n = 0;
@@ -387,6 +392,12 @@ struct loom_detok {
     tk_pieces toks;       /* scratch: window token strings */
     tk_buf text;          /* scratch: decoded window */
     tk_dec_scratch dec;   /* scratch for the decoder chain */
+    /* The common byte-level case streams bytes instead of windows: the
+     * output is the lossy UTF-8 of all token bytes, so everything up to an
+     * incomplete final sequence is final. */
+    int bytelevel;        /* the decoder is ByteLevel alone */
+    tk_buf pend;          /* bytelevel: held bytes (an incomplete sequence) */
+    size_t pend_ids;      /* bytelevel: ids (at most) behind the held bytes */
 };
 
 loom_status loom_detok_create(const loom_tok *t, int skip_special,
@@ -398,6 +409,7 @@ loom_status loom_detok_create(const loom_tok *t, int skip_special,
     d->t = t;
     d->skip_special = skip_special;
     d->strip_left = tk_dec_initial_strip(t->dec);
+    d->bytelevel = t->dec && t->dec->type == TK_DEC_BYTELEVEL;
     *out = d;
     return LOOM_OK;
 }
@@ -408,6 +420,7 @@ void loom_detok_free(loom_detok *d) {
     tk_pieces_free(&d->toks);
     tk_buf_free(&d->text);
     tk_dec_scratch_free(&d->dec);
+    tk_buf_free(&d->pend);
     free(d);
 }
 
@@ -416,9 +429,29 @@ void loom_detok_reset(loom_detok *d) {
     d->n_seen = 0;
     d->win_start = 0;
     d->strip_left = tk_dec_initial_strip(d->t->dec);
+    d->pend.n = 0;
+    d->pend_ids = 0;
 }
 
-size_t loom_detok_pending(const loom_detok *d) { return d->window.n; }
+size_t loom_detok_pending(const loom_detok *d) {
+    return d->bytelevel ? d->pend_ids : d->window.n;
+}
+
+/* Byte-level streaming: emits the held bytes up to any incomplete final
+ * sequence (all of them when final). */
+static loom_status bytelevel_emit(loom_detok *d, int final, const char **piece,
+                                  size_t *len) {
+    size_t keep = final ? 0 : tk_utf8_incomplete_tail(d->pend.p, d->pend.n);
+    d->text.n = 0;
+    if (tk_utf8_lossy(&d->text, d->pend.p ? d->pend.p : "", d->pend.n - keep))
+        return tk_nomem();
+    if (keep) memmove(d->pend.p, d->pend.p + d->pend.n - keep, keep);
+    d->pend.n = keep;
+    d->pend_ids = LOOM_MIN(d->pend_ids, keep);
+    *piece = d->text.p ? d->text.p : "";
+    *len = d->text.n;
+    return LOOM_OK;
+}
 
 /* Decodes the window; on a safe end (or final) emits it and clears it. */
 static loom_status detok_run(loom_detok *d, int final, const char **piece,
@@ -461,13 +494,20 @@ loom_status loom_detok_push(loom_detok *d, int32_t id, const char **piece,
     size_t n;
     if (!loom_tok_id_to_token(d->t, id, &n)) return LOOM_OK; /* a hole: skipped */
     if (d->skip_special && loom_tok_is_special(d->t, id)) return LOOM_OK;
+    if (d->bytelevel) {
+        const char *s = loom_tok_id_to_token(d->t, id, &n);
+        if (bytelevel_bytes(s, n, &d->pend)) return tk_nomem();
+        d->pend_ids++;
+        return bytelevel_emit(d, 0, piece, len);
+    }
     if (tk_ids_push(&d->window, id)) return tk_nomem();
     d->n_seen++;
     return detok_run(d, 0, piece, len);
 }
 
 loom_status loom_detok_flush(loom_detok *d, const char **piece, size_t *len) {
-    loom_status st = detok_run(d, 1, piece, len);
+    loom_status st = d->bytelevel ? bytelevel_emit(d, 1, piece, len)
+                                  : detok_run(d, 1, piece, len);
     d->n_seen = 0;
     d->win_start = 0;
     d->strip_left = tk_dec_initial_strip(d->t->dec);
@@ -486,5 +526,10 @@ loom_status loom_detok_prime(loom_detok *d, const int32_t *ids, size_t n) {
         }
     }
     /* whatever is still held belongs to the context: drop it as emitted */
+    if (d->bytelevel) {
+        d->pend.n = 0;
+        d->pend_ids = 0;
+        return LOOM_OK;
+    }
     return detok_run(d, 1, &p, &l);
 }
