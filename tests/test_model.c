@@ -41,6 +41,22 @@ static loom_status run_chunked(loom_context *c, const int32_t *tok, int L, int c
     return s;
 }
 
+/* Positions whose max |a - ref| / max |ref| exceeds TOL. */
+static int rows_over_tol(const float *a, const float *ref, int L, int V) {
+    double m = 0;
+    for (size_t i = 0; i < (size_t)L * V; i++) m = fabs(ref[i]) > m ? fabs(ref[i]) : m;
+    int n = 0;
+    for (int t = 0; t < L; t++) {
+        double e = 0;
+        for (int v = 0; v < V; v++) {
+            double d = fabs((double)a[(size_t)t * V + v] - ref[(size_t)t * V + v]);
+            e = d > e || d != d ? d : e;
+        }
+        n += !(e / m <= TOL);
+    }
+    return n;
+}
+
 static void check_model_tol(const char *dir, int n_prompts, int n_greedy, double tol) {
     char path[512];
     snprintf(path, sizeof path, "%s/reference.safetensors", dir);
@@ -98,6 +114,9 @@ static void check_model_tol(const char *dir, int n_prompts, int n_greedy, double
             worst = e > worst ? e : worst;
             CHECKF(e <= tol, "%s prompt %d (L=%d) chunks of %d: rel err %.3g", dir, i, L,
                    chunks[k], e);
+            int over = rows_over_tol(got, want, L, V);
+            CHECKF(over <= L / 25, "%s prompt %d chunks of %d: %d of %d positions over %g", dir,
+                   i, chunks[k], over, L, TOL);
             int same = 1;
             for (int t = 0; t < ng; t++) same &= out[t] == ((const int32_t *)gr->data)[t];
             CHECKF(same, "%s prompt %d chunks of %d: greedy continuation differs", dir, i,
@@ -118,10 +137,13 @@ static void check_model(const char *dir, int n_prompts, int n_greedy) {
     check_model_tol(dir, n_prompts, n_greedy, TOL);
 }
 
-/* The hybrid fixtures are ill-conditioned at a few positions of the
- * 300-token prompt: a 1e-7 relative perturbation of the conv outputs moves
- * their logits by up to 1.6e-5, so f32 activations land at 2-3e-5 there
- * (every other position within 1e-5). */
+/* The hybrid references are not float64 throughout: transformers runs the
+ * chunked delta rule in f32, and its in-chunk cumulative decays, rounded to
+ * f32, put the reference up to 3e-5 away from exact math at a few positions
+ * of the 300-token prompt (an independent float64 forward, with and without
+ * that rounding, lands at 2e-5 and 3e-7 there). Reproducing the rounding
+ * would need the decays exact to ~1e-9, beyond f32 activations; loom keeps
+ * the exact math, and every other position is within 1e-5. */
 #define TOL_HYBRID 5e-5
 
 int main(void) {
