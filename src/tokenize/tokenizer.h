@@ -84,10 +84,15 @@ const char *loom_tok_chat_template(const loom_tok *t);
 /* ---- streaming detokenizer ------------------------------------------------
 
  * Fed one id at a time, returns the text that became final. Holds back
- * incomplete UTF-8 (byte-level and <0xNN> byte tokens) and anything the
- * decoder chain could still change; what it emits is always valid UTF-8.
- * The concatenation of every piece from loom_detok_push plus the piece from
- * loom_detok_flush equals loom_tok_decode() of all the ids pushed. */
+ * incomplete UTF-8 and anything the decoder chain could still change; what
+ * it emits is always valid UTF-8. The concatenation of every piece from
+ * loom_detok_push plus the piece from loom_detok_flush equals
+ * loom_tok_decode() of all the ids pushed (skip_special as given here).
+ * Byte-level tokenizers (Qwen, Llama 3, gpt-oss, DeepSeek) emit each
+ * character as soon as its last byte arrives. With <0xNN> byte-fallback
+ * tokens (Llama 2, Gemma) a run of them is held until the first non-byte
+ * token, because decode turns a whole run into U+FFFDs if any byte of it is
+ * invalid. No allocation per push once the buffers have grown. */
 typedef struct loom_detok loom_detok;
 
 loom_status loom_detok_create(const loom_tok *t, int skip_special,
