@@ -1,0 +1,224 @@
+/* Model families beyond the fixtures' happy path: config fields loom does
+ * not implement are refused by name, MLX per-module quantization overrides,
+ * KV shared across layers (gemma4), and incremental == whole-prompt
+ * agreement for those variants. */
+#include <stdint.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/base.h"
+#include "load/safetensors.h"
+#include "model/forward.h"
+#include "ops/ops.h"
+#include "test.h"
+
+static char tmpdir[] = "/tmp/loom-test-families-XXXXXX";
+
+/* Writes dir/config.json (the fixture's, with up to two text replacements)
+ * and dir/model.safetensors (the fixture's tensors; names starting with
+ * swap_prefix come from swap_src instead; drop removes one tensor). */
+static void make_dir(const char *dir, const char *fixture, const char *from1, const char *to1,
+                     const char *from2, const char *to2, const char *swap_src,
+                     const char *swap_prefix, const char *drop) {
+    mkdir(dir, 0700);
+    char path[512], *text = NULL;
+    size_t n;
+    snprintf(path, sizeof path, "tests/fixtures/models/%s/config.json", fixture);
+    CHECK(loom_read_file(path, &text, &n) == LOOM_OK);
+    if (!text) return;
+    const char *from[2] = {from1, from2}, *to[2] = {to1, to2};
+    for (int i = 0; i < 2; i++) {
+        char *at = from[i] ? strstr(text, from[i]) : NULL;
+        CHECKF(!from[i] || at, "%s: \"%s\" not in config", fixture, from[i]);
+        if (!at) continue;
+        size_t len = strlen(text) - strlen(from[i]) + strlen(to[i]) + 1;
+        char *nt = malloc(len);
+        snprintf(nt, len, "%.*s%s%s", (int)(at - text), text, to[i], at + strlen(from[i]));
+        free(text);
+        text = nt;
+    }
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "wb");
+    fputs(text, f);
+    fclose(f);
+    free(text);
+
+    loom_safetensors *src = NULL, *alt = NULL;
+    snprintf(path, sizeof path, "tests/fixtures/models/%s/model.safetensors", fixture);
+    CHECK(loom_st_open(path, &src) == LOOM_OK);
+    if (swap_src) {
+        snprintf(path, sizeof path, "tests/fixtures/models/%s/model.safetensors", swap_src);
+        CHECK(loom_st_open(path, &alt) == LOOM_OK);
+    }
+    int cnt = loom_st_count(src), k = 0;
+    loom_st_write_entry *e = calloc((size_t)cnt, sizeof *e);
+    for (int i = 0; i < cnt; i++) {
+        const loom_st_tensor *t = loom_st_at(src, i);
+        if (drop && !strcmp(t->name, drop)) continue;
+        if (alt && swap_prefix && !strncmp(t->name, swap_prefix, strlen(swap_prefix)))
+            t = loom_st_find(alt, t->name);
+        e[k].name = t->name;
+        e[k].dtype = t->dtype;
+        e[k].ndim = t->ndim;
+        memcpy(e[k].shape, t->shape, sizeof t->shape);
+        e[k].data = t->data;
+        k++;
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    CHECK(loom_st_write(path, e, k) == LOOM_OK);
+    free(e);
+    loom_st_close(alt);
+    loom_st_close(src);
+}
+
+static void expect_refused(const char *name, const char *fixture, const char *from,
+                           const char *to, const char *drop, loom_status want,
+                           const char *needle) {
+    char dir[256];
+    snprintf(dir, sizeof dir, "%s/%s", tmpdir, name);
+    make_dir(dir, fixture, from, to, NULL, NULL, NULL, NULL, drop);
+    loom_model *m = (loom_model *)1;
+    loom_status s = loom_model_load(dir, NULL, &m);
+    CHECKF(s == want, "%s: got %s (%s)", name, loom_status_str(s), loom_last_error());
+    CHECK(m == NULL);
+    CHECKF(strstr(loom_last_error(), needle) != NULL, "%s: message \"%s\" lacks \"%s\"", name,
+           loom_last_error(), needle);
+}
+
+static void test_refusals(void) {
+    expect_refused("rope", "gemma4-tiny", "\"proportional\"", "\"longrope\"", NULL,
+                   LOOM_ERR_UNSUPPORTED, "rope type \"longrope\"");
+    expect_refused("act", "gemma2-tiny", "\"gelu_pytorch_tanh\"", "\"gelu\"", NULL,
+                   LOOM_ERR_UNSUPPORTED, "hidden_act \"gelu\"");
+    expect_refused("layertype", "gemma3-tiny", "\"full_attention\"\n", "\"chunked_attention\"\n",
+                   NULL, LOOM_ERR_UNSUPPORTED, "layer type \"chunked_attention\"");
+    expect_refused("linear", "qwen3-tiny-mlx4", "\"full_attention\",\n", "\"linear_attention\",\n",
+                   NULL, LOOM_ERR_UNSUPPORTED, "linear_attention");
+    expect_refused("moeblock", "gemma4-tiny", "\"enable_moe_block\": false",
+                   "\"enable_moe_block\": true", NULL, LOOM_ERR_UNSUPPORTED, "enable_moe_block");
+    expect_refused("keqv", "gemma4-tiny", "\"attention_k_eq_v\": false",
+                   "\"attention_k_eq_v\": true", NULL, LOOM_ERR_UNSUPPORTED, "attention_k_eq_v");
+    expect_refused("alog", "qwen3.5-tiny-hybrid", NULL, NULL, "model.layers.1.linear_attn.A_log",
+                   LOOM_ERR_FORMAT, "model.layers.1.linear_attn.A_log: missing (expected");
+    expect_refused("expert", "qwen3moe-tiny", NULL, NULL,
+                   "model.layers.2.mlp.experts.5.up_proj.weight", LOOM_ERR_FORMAT,
+                   "model.layers.2.mlp.experts.5.up_proj.weight: missing");
+    expect_refused("qbits", "qwen3-tiny-mlx4", "\"bits\": 4\n  },\n  \"quantization_config\"",
+                   "\"bits\": 8\n  },\n  \"quantization_config\"", NULL, LOOM_ERR_FORMAT,
+                   "model.embed_tokens.weight: expected U32 [512, 16] (8-bit, group 64), found U32 [512, 8]");
+}
+
+/* Whole prompt vs token by token on one model: the rows must agree. */
+static double self_consistency(loom_model *m, const int32_t *tok, int L) {
+    int V = loom_model_vocab_size(m);
+    float *a = malloc(sizeof(float) * (size_t)L * V), *b = malloc(sizeof(float) * (size_t)L * V);
+    loom_context *c = NULL;
+    loom_context_params cp = loom_context_default_params();
+    cp.n_ctx = L;
+    CHECK(loom_context_create(m, &cp, &c) == LOOM_OK);
+    CHECK(loom_context_eval(c, tok, L, 1, a) == LOOM_OK);
+    CHECK(loom_context_truncate(c, 0) == LOOM_OK);
+    for (int t = 0; t < L; t++) CHECK(loom_context_eval(c, tok + t, 1, 1, b + (size_t)t * V) == LOOM_OK);
+    double e = 0, mx = 0;
+    for (size_t i = 0; i < (size_t)L * V; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        e = d > e || d != d ? d : e;
+        mx = fabs(a[i]) > mx ? fabs(a[i]) : mx;
+    }
+    loom_context_free(c);
+    free(a);
+    free(b);
+    return e / mx;
+}
+
+static const loom_st_tensor *ref_tensor(loom_safetensors **ref, const char *fixture,
+                                        const char *name) {
+    char path[512];
+    snprintf(path, sizeof path, "tests/fixtures/models/%s/reference.safetensors", fixture);
+    if (!*ref) CHECK(loom_st_open(path, ref) == LOOM_OK);
+    return *ref ? loom_st_find(*ref, name) : NULL;
+}
+
+/* Layer 0's down_proj at 8 bits inside the 4-bit model: refused unless
+ * config.json names the module, then close to the 4-bit reference. */
+static void test_quant_override(void) {
+    char dir[256];
+    snprintf(dir, sizeof dir, "%s/mixed", tmpdir);
+    make_dir(dir, "qwen3-tiny-mlx4", NULL, NULL, NULL, NULL, "qwen3-tiny-mlx8",
+             "model.layers.0.mlp.down_proj.", NULL);
+    loom_model *m = NULL;
+    CHECK(loom_model_load(dir, NULL, &m) == LOOM_ERR_FORMAT);
+    CHECK(strstr(loom_last_error(), "model.layers.0.mlp.down_proj.weight") != NULL);
+    make_dir(dir, "qwen3-tiny-mlx4", "\"quantization\": {",
+             "\"quantization\": {\"model.layers.0.mlp.down_proj\": {\"group_size\": 64, "
+             "\"bits\": 8},", NULL, NULL, "qwen3-tiny-mlx8", "model.layers.0.mlp.down_proj.", NULL);
+    CHECKF(loom_model_load(dir, NULL, &m) == LOOM_OK, "%s", loom_last_error());
+    if (!m) return;
+    CHECK(m->layers[0].mlp.down.q.bits == 8 && m->layers[1].mlp.down.q.bits == 4);
+    loom_safetensors *ref = NULL;
+    const loom_st_tensor *ids = ref_tensor(&ref, "qwen3-tiny-mlx4", "prompt.2.ids");
+    const loom_st_tensor *lg = ref_tensor(&ref, "qwen3-tiny-mlx4", "prompt.2.logits");
+    if (ids && lg) {
+        int L = (int)ids->shape[0], V = loom_model_vocab_size(m);
+        float *got = malloc(sizeof(float) * (size_t)L * V);
+        loom_context *c = NULL;
+        CHECK(loom_context_create(m, NULL, &c) == LOOM_OK);
+        CHECK(loom_context_eval(c, ids->data, L, 1, got) == LOOM_OK);
+        double e = 0, mx = 0;
+        const float *want = lg->data;
+        for (size_t i = 0; i < (size_t)L * V; i++) {
+            double d = fabs((double)got[i] - want[i]);
+            e = d > e || d != d ? d : e;
+            mx = fabs(want[i]) > mx ? fabs(want[i]) : mx;
+        }
+        /* a different quantization of the same weights: near, not equal */
+        CHECKF(e / mx > 1e-6 && e / mx < 0.2, "mixed-bit model vs 4-bit reference: %.3g", e / mx);
+        loom_context_free(c);
+        free(got);
+    }
+    loom_st_close(ref);
+    loom_model_free(m);
+}
+
+/* gemma4 with the last two layers reading the KV of layers 2 and 3. */
+static void test_kv_sharing(void) {
+    char dir[256];
+    snprintf(dir, sizeof dir, "%s/kvshare", tmpdir);
+    make_dir(dir, "gemma4-tiny", "\"num_kv_shared_layers\": 0", "\"num_kv_shared_layers\": 2",
+             "\"sliding_attention\",\n    \"sliding_attention\",\n    \"sliding_attention\",\n"
+             "    \"sliding_attention\",\n    \"sliding_attention\",\n    \"full_attention\"",
+             "\"sliding_attention\",\n    \"full_attention\",\n    \"sliding_attention\",\n"
+             "    \"full_attention\",\n    \"sliding_attention\",\n    \"full_attention\"",
+             NULL, NULL, NULL);
+    loom_model *m = NULL;
+    CHECKF(loom_model_load(dir, NULL, &m) == LOOM_OK, "%s", loom_last_error());
+    if (!m) return;
+    CHECK_EQ_INT(m->layers[4].attn.kv_layer, 2);
+    CHECK_EQ_INT(m->layers[5].attn.kv_layer, 3);
+    CHECK_EQ_INT(m->layers[3].attn.kv_layer, 3);
+    loom_safetensors *ref = NULL;
+    const loom_st_tensor *ids = ref_tensor(&ref, "gemma4-tiny", "prompt.3.ids");
+    if (ids) {
+        double e = self_consistency(m, ids->data, (int)ids->shape[0]);
+        CHECKF(e < 1e-5, "kv sharing: whole vs incremental %.3g", e);
+    }
+    loom_st_close(ref);
+    loom_model_free(m);
+
+    /* Sharing with no earlier layer of the kind is a malformed config. */
+    make_dir(dir, "gemma4-tiny", "\"num_kv_shared_layers\": 0", "\"num_kv_shared_layers\": 1",
+             NULL, NULL, NULL, NULL, NULL);
+    CHECK(loom_model_load(dir, NULL, &m) == LOOM_ERR_FORMAT);
+    CHECK(strstr(loom_last_error(), "shares KV") != NULL);
+}
+
+int main(void) {
+    if (!mkdtemp(tmpdir)) return 1;
+    test_refusals();
+    test_quant_override();
+    test_kv_sharing();
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
+    return test_report("test_families");
+}
