@@ -139,24 +139,27 @@ INLINE void matvec_rows(float *y, const float *x, const void *w, size_t n,
  * and ran at ~60%). */
 #define TILE_R 4
 #define TILE_T 3
+_Static_assert(TILE_R == 4, "row remainders below assume TILE_R == 4");
 
-/* One tile of R rows (<= TILE_R) x TT tokens (<= TILE_T). y and x point at
- * the first token of the tile. Whichever side is shorter is held in
- * registers for the whole k step and the other is streamed, so the tile
- * needs R*TT + min(R, TT) + 1 vector registers. */
-INLINE void tile(float *y, size_t ldy, const float *x, size_t ldx,
-                 const void *w, size_t n, int r0, int R, int TT, int pf, int dt) {
+/* One tile of R rows (<= TILE_R) x TT tokens (<= TILE_T) over n columns:
+ * y[t*ldy + r] (+)= x[t*ldx + .] . w[r*ldw + .]. y and x point at the first
+ * token, y and w at the first row of the tile. With add, the sums are added
+ * to y instead of stored. Whichever side is shorter is held in registers
+ * for the whole k step and the other is streamed, so the tile needs
+ * R*TT + min(R, TT) + 1 vector registers. */
+INLINE void tile(float *y, size_t ldy, const float *x, size_t ldx, const void *w,
+                 size_t ldw, size_t n, int R, int TT, int pf, int add, int dt) {
     __m256 acc[TILE_R][TILE_T];
     size_t base[TILE_R];
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) {
-        base[r] = (size_t)(r0 + r) * n;
+        base[r] = (size_t)r * ldw;
 #pragma GCC unroll 8
         for (int t = 0; t < TT; t++) acc[r][t] = _mm256_setzero_ps();
     }
     size_t k = 0;
     for (; k + 8 <= n; k += 8) {
-        if (pf && ((k * (dt == DT_F32 ? 4 : 2)) & 63) == 0) prefetch_rows(w, base, R, n, k, dt);
+        if (pf && ((k * (dt == DT_F32 ? 4 : 2)) & 63) == 0) prefetch_rows(w, base, R, ldw, k, dt);
         if (R <= TT) {
             __m256 wv[TILE_R];
 #pragma GCC unroll 8
@@ -194,12 +197,13 @@ INLINE void tile(float *y, size_t ldy, const float *x, size_t ldx,
     }
 #pragma GCC unroll 8
     for (int t = 0; t < TT; t++) {
+        float *yt = y + t * ldy;
         if (R == 4) {
-            _mm_storeu_ps(y + t * ldy + r0,
-                          hsum4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]));
+            __m128 v = hsum4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]);
+            _mm_storeu_ps(yt, add ? _mm_add_ps(_mm_loadu_ps(yt), v) : v);
         } else {
 #pragma GCC unroll 8
-            for (int r = 0; r < R; r++) y[t * ldy + r0 + r] = hsum(acc[r][t]);
+            for (int r = 0; r < R; r++) yt[r] = add ? yt[r] + hsum(acc[r][t]) : hsum(acc[r][t]);
         }
     }
 }
@@ -210,8 +214,8 @@ INLINE void tile(float *y, size_t ldy, const float *x, size_t ldx,
  * rows in from memory, so only it prefetches (this matters for small decode
  * batches, T = 2..8, which stream the weights like a matvec). */
 _Static_assert(TILE_T == 3, "tile_tokens splits tokens for TILE_T == 3");
-INLINE void tile_tokens(float *y, size_t ldy, const float *x, size_t ldx,
-                        const void *w, size_t n, int T, int r0, int R, int dt) {
+INLINE void tile_tokens(float *y, size_t ldy, const float *x, size_t ldx, const void *w,
+                        size_t ldw, size_t n, int T, int R, int pf, int add, int dt) {
     int full = T / 3, rest = T % 3;
     if (rest == 1 && full > 0) {
         full--;
@@ -219,10 +223,11 @@ INLINE void tile_tokens(float *y, size_t ldy, const float *x, size_t ldx,
     }
     int t = 0;
     for (; t < 3 * full; t += 3)
-        tile(y + t * ldy, ldy, x + t * ldx, ldx, w, n, r0, R, 3, t == 0, dt);
+        tile(y + t * ldy, ldy, x + t * ldx, ldx, w, ldw, n, R, 3, pf && t == 0, add, dt);
     for (; rest >= 2; rest -= 2, t += 2)
-        tile(y + t * ldy, ldy, x + t * ldx, ldx, w, n, r0, R, 2, t == 0, dt);
-    if (rest == 1) tile(y + t * ldy, ldy, x + t * ldx, ldx, w, n, r0, R, 1, t == 0, dt);
+        tile(y + t * ldy, ldy, x + t * ldx, ldx, w, ldw, n, R, 2, pf && t == 0, add, dt);
+    if (rest == 1)
+        tile(y + t * ldy, ldy, x + t * ldx, ldx, w, ldw, n, R, 1, pf && t == 0, add, dt);
 }
 
 INLINE void matmul(float *y, int ldy, const float *x, int ldx, const void *w,
@@ -239,18 +244,17 @@ INLINE void matmul(float *y, int ldy, const float *x, int ldx, const void *w,
         }
         return;
     }
-    size_t lx = (size_t)ldx, ly = (size_t)ldy;
-    for (; r + TILE_R <= r1; r += TILE_R) tile_tokens(y, ly, x, lx, w, n, T, r, TILE_R, dt);
+    size_t lx = (size_t)ldx, ly = (size_t)ldy, sz = dt == DT_F32 ? 4 : 2;
+#define ROWS(R) tile_tokens(y + r, ly, x, lx, (const char *)w + (size_t)r * n * sz, n, n, T, \
+                            R, 1, 0, dt)
+    for (; r + TILE_R <= r1; r += TILE_R) ROWS(TILE_R);
     switch (r1 - r) {
-#if TILE_R > 3
-    case 3: tile_tokens(y, ly, x, lx, w, n, T, r, 3, dt); break;
-#endif
-#if TILE_R > 2
-    case 2: tile_tokens(y, ly, x, lx, w, n, T, r, 2, dt); break;
-#endif
-    case 1: tile_tokens(y, ly, x, lx, w, n, T, r, 1, dt); break;
+    case 3: ROWS(3); break;
+    case 2: ROWS(2); break;
+    case 1: ROWS(1); break;
     default: break;
     }
+#undef ROWS
 }
 
 static void matmul_f32(float *y, int ldy, const float *x, int ldx,
