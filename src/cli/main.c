@@ -11,6 +11,7 @@ static const struct {
 } commands[] = {
     {"generate", cmd_generate, "continue a prompt"},
     {"logits", cmd_logits, "write the logits at every prompt position"},
+    {"serve", cmd_serve, "serve an OpenAI-compatible HTTP API"},
     {"info", cmd_info, "describe a model: architecture, sizes, layer kinds"},
 };
 

@@ -1,0 +1,99 @@
+/* loom serve: the OpenAI-compatible HTTP server. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "cli/cli.h"
+#include "serve/server.h"
+
+static const char usage[] =
+    "usage: loom serve --model DIR [options]\n"
+    "\n"
+    "Serves the model over an OpenAI-compatible HTTP API: /v1/chat/completions,\n"
+    "/v1/completions, /v1/models, /health, /metrics. Stops on SIGINT/SIGTERM\n"
+    "after in-flight requests finish (or the grace period ends).\n"
+    "\n"
+    "  --model DIR             Hugging Face model directory\n"
+    "  --host ADDR             IPv4 address to bind (default 127.0.0.1)\n"
+    "  --port N                port (default 8080; 0 picks a free one)\n"
+    "  --api-key KEY           require 'Authorization: Bearer KEY' on /v1/*\n"
+    "  --cors                  send permissive CORS headers\n"
+    "  --model-name NAME       model id reported to clients (default: dir name)\n"
+    "  --max-batch-tokens N    token budget of one engine step (default 2048)\n"
+    "  --max-seqs N            sequences decoding at once (default 64)\n"
+    "  --max-queue N           waiting requests before 429 (default 256)\n"
+    "  --ctx-size N            max tokens per sequence (default: model limit, <= 32768)\n"
+    "  --kv-memory SIZE        KV pool size, e.g. 2G or 512M (default: RAM/4)\n"
+    "  --block-size N          tokens per KV block (default 16)\n"
+    "  --prefill-chunk N       planned prefill chunk (default policy: 2048)\n"
+    "  --max-tokens N          default max tokens of a request (default 512)\n"
+    "  --max-body SIZE         largest request body (default 8M)\n"
+    "  --timeout S             idle connection timeout in seconds (default 60)\n"
+    "  --grace S               shutdown grace period in seconds (default 10)\n"
+    "  --trace-file FILE       append request traces as JSON lines\n"
+    "  --port-file FILE        write the bound port to FILE when ready\n"
+    "  --threads N             model threads (default: all cores)\n";
+
+/* "2G", "512M", "64K" or plain bytes. */
+static int parse_size(const char *opt, const char *v, size_t *out) {
+    char *end;
+    double x = strtod(v, &end);
+    double mul = 1;
+    if (*end == 'k' || *end == 'K') mul = 1024, end++;
+    else if (*end == 'm' || *end == 'M') mul = 1024.0 * 1024, end++;
+    else if (*end == 'g' || *end == 'G') mul = 1024.0 * 1024 * 1024, end++;
+    if (*end == 'i' || *end == 'B') end++;
+    if (*end == 'B') end++;
+    if (end == v || *end || !(x > 0)) {
+        cli_usage_error("serve", "%s: expected a size like 2G, 512M or 1048576, found \"%s\"", opt, v);
+        return 1;
+    }
+    *out = (size_t)(x * mul);
+    return 0;
+}
+
+int cmd_serve(int argc, char **argv) {
+    loom_serve_params p = loom_serve_default_params();
+    p.engine.max_queue = 256;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            fputs(usage, stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--cors")) { p.cors = 1; continue; }
+        static const char *valued[] = {"--model", "--host", "--port", "--api-key", "--model-name",
+                                       "--max-batch-tokens", "--max-seqs", "--max-queue",
+                                       "--ctx-size", "--kv-memory", "--block-size",
+                                       "--prefill-chunk", "--max-tokens", "--max-body", "--timeout",
+                                       "--grace", "--trace-file", "--port-file", "--threads"};
+        int known = 0;
+        for (size_t k = 0; k < LOOM_ARRAY_LEN(valued); k++) known |= !strcmp(a, valued[k]);
+        if (!known) return cli_usage_error("serve", "unknown option \"%s\"", a);
+        if (!(v = cli_value("serve", argc, argv, &i))) return 2;
+        int bad = 0;
+        if (!strcmp(a, "--model")) p.model_dir = v;
+        else if (!strcmp(a, "--host")) p.host = v;
+        else if (!strcmp(a, "--port")) bad = cli_int("serve", a, v, 0, 65535, &p.port);
+        else if (!strcmp(a, "--api-key")) p.api_key = v;
+        else if (!strcmp(a, "--model-name")) p.model_name = v;
+        else if (!strcmp(a, "--max-batch-tokens")) bad = cli_int("serve", a, v, 1, 1 << 20, &p.engine.max_batch_tokens);
+        else if (!strcmp(a, "--max-seqs")) bad = cli_int("serve", a, v, 1, 4096, &p.engine.max_seqs);
+        else if (!strcmp(a, "--max-queue")) bad = cli_int("serve", a, v, 0, 1 << 20, &p.engine.max_queue);
+        else if (!strcmp(a, "--ctx-size")) bad = cli_int("serve", a, v, 2, 1 << 22, &p.engine.n_ctx);
+        else if (!strcmp(a, "--kv-memory")) bad = parse_size(a, v, &p.engine.kv_memory);
+        else if (!strcmp(a, "--block-size")) bad = cli_int("serve", a, v, 1, 4096, &p.engine.block_size);
+        else if (!strcmp(a, "--prefill-chunk")) bad = cli_int("serve", a, v, 1, 1 << 20, &p.engine.prefill_chunk);
+        else if (!strcmp(a, "--max-tokens")) bad = cli_int("serve", a, v, 1, 1 << 22, &p.default_max_tokens);
+        else if (!strcmp(a, "--max-body")) bad = parse_size(a, v, &p.max_body);
+        else if (!strcmp(a, "--timeout")) bad = cli_int("serve", a, v, 1, 86400, &p.timeout_s);
+        else if (!strcmp(a, "--grace")) bad = cli_int("serve", a, v, 0, 86400, &p.grace_s);
+        else if (!strcmp(a, "--trace-file")) p.engine.trace_file = v;
+        else if (!strcmp(a, "--port-file")) p.port_file = v;
+        else bad = cli_int("serve", a, v, 0, 4096, &p.n_threads);
+        if (bad) return 2;
+    }
+    if (!p.model_dir) return cli_usage_error("serve", "--model is required");
+    return loom_serve_run(&p);
+}

@@ -1,0 +1,475 @@
+/* api: OpenAI request parsing and validation, JSON string building. */
+#include "serve/api.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/base.h"
+
+int api_fail(api_error *err, int status, const char *param, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->message, sizeof err->message, fmt, ap);
+    va_end(ap);
+    err->status = status;
+    snprintf(err->param, sizeof err->param, "%s", param ? param : "");
+    err->type = status == 401   ? "authentication_error"
+                : status == 404 ? "not_found_error"
+                : status == 429 ? "rate_limit_error"
+                : status >= 500 ? "server_error"
+                                : "invalid_request_error";
+    err->code = NULL;
+    return -1;
+}
+
+/* ---- sbuf --------------------------------------------------------------- */
+
+void sb_put(sbuf *b, const char *s, size_t n) {
+    if (b->oom) return;
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = LOOM_MAX(b->cap * 2, b->len + n + 256);
+        char *p = realloc(b->p, cap);
+        if (!p) {
+            b->oom = 1;
+            return;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = 0;
+}
+
+void sb_puts(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
+
+void sb_printf(sbuf *b, const char *fmt, ...) {
+    char tmp[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if ((size_t)n < sizeof tmp) {
+        sb_put(b, tmp, (size_t)n);
+        return;
+    }
+    char *big = malloc((size_t)n + 1);
+    if (!big) {
+        b->oom = 1;
+        return;
+    }
+    va_start(ap, fmt);
+    vsnprintf(big, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    sb_put(b, big, (size_t)n);
+    free(big);
+}
+
+void sb_json_str(sbuf *b, const char *s, size_t n) {
+    sb_put(b, "\"", 1);
+    size_t run = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        const char *esc = NULL;
+        char u[8];
+        if (c == '"') esc = "\\\"";
+        else if (c == '\\') esc = "\\\\";
+        else if (c == '\n') esc = "\\n";
+        else if (c == '\r') esc = "\\r";
+        else if (c == '\t') esc = "\\t";
+        else if (c < 0x20) {
+            snprintf(u, sizeof u, "\\u%04x", c);
+            esc = u;
+        }
+        if (!esc) continue;
+        sb_put(b, s + run, i - run);
+        sb_puts(b, esc);
+        run = i + 1;
+    }
+    sb_put(b, s + run, n - run);
+    sb_put(b, "\"", 1);
+}
+
+void sb_free(sbuf *b) {
+    free(b->p);
+    memset(b, 0, sizeof *b);
+}
+
+char *api_error_json(const api_error *err) {
+    sbuf b = {0};
+    sb_puts(&b, "{\"error\":{\"message\":");
+    sb_json_str(&b, err->message, strlen(err->message));
+    sb_printf(&b, ",\"type\":\"%s\",\"param\":", err->type ? err->type : "invalid_request_error");
+    if (err->param[0]) sb_json_str(&b, err->param, strlen(err->param));
+    else sb_puts(&b, "null");
+    sb_puts(&b, ",\"code\":");
+    if (err->code) sb_json_str(&b, err->code, strlen(err->code));
+    else sb_puts(&b, "null");
+    sb_puts(&b, "}}");
+    if (b.oom) {
+        sb_free(&b);
+        return NULL;
+    }
+    return b.p;
+}
+
+/* ---- field readers ------------------------------------------------------ */
+
+static const cJSON *field(const api_req *r, const char *k) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(r->body, k);
+    return v && !cJSON_IsNull(v) ? v : NULL;
+}
+
+static int get_number(const api_req *r, const char *k, double lo, double hi, double *out,
+                      api_error *err) {
+    const cJSON *v = field(r, k);
+    if (!v) return 0;
+    if (!cJSON_IsNumber(v))
+        return api_fail(err, 400, k, "'%s' must be a number", k);
+    if (!(v->valuedouble >= lo && v->valuedouble <= hi))
+        return api_fail(err, 400, k, "'%s' must be between %g and %g, got %g", k, lo, hi,
+                        v->valuedouble);
+    *out = v->valuedouble;
+    return 1;
+}
+
+static int get_int(const api_req *r, const char *k, long lo, long hi, int *out, api_error *err) {
+    const cJSON *v = field(r, k);
+    if (!v) return 0;
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble))
+        return api_fail(err, 400, k, "'%s' must be an integer", k);
+    if (v->valuedouble < (double)lo || v->valuedouble > (double)hi)
+        return api_fail(err, 400, k, "'%s' must be between %ld and %ld, got %.0f", k, lo, hi,
+                        v->valuedouble);
+    *out = (int)v->valuedouble;
+    return 1;
+}
+
+static int get_bool(const api_req *r, const char *k, int *out, api_error *err) {
+    const cJSON *v = field(r, k);
+    if (!v) return 0;
+    if (!cJSON_IsBool(v)) return api_fail(err, 400, k, "'%s' must be a boolean", k);
+    *out = cJSON_IsTrue(v);
+    return 1;
+}
+
+/* Token id arrays: [1, 2, 3]. */
+static int get_ids(const cJSON *v, const char *param, int vocab, int32_t **out, int *n,
+                   api_error *err) {
+    int cnt = cJSON_GetArraySize(v);
+    if (cnt == 0) return api_fail(err, 400, param, "'%s' is empty", param);
+    int32_t *ids = malloc(sizeof *ids * (size_t)cnt);
+    if (!ids) return api_fail(err, 500, NULL, "out of memory");
+    int i = 0;
+    for (const cJSON *e = v->child; e; e = e->next, i++) {
+        if (!cJSON_IsNumber(e) || e->valuedouble != floor(e->valuedouble) || e->valuedouble < 0 ||
+            e->valuedouble >= vocab) {
+            free(ids);
+            return api_fail(err, 400, param,
+                            "'%s'[%d] must be a token id in [0, %d)", param, i, vocab);
+        }
+        ids[i] = (int32_t)e->valuedouble;
+    }
+    *out = ids;
+    *n = cnt;
+    return 0;
+}
+
+/* Content as the template sees it: a string, or text parts joined. */
+static int normalise_content(cJSON *msg, int idx, api_error *err) {
+    cJSON *c = cJSON_GetObjectItemCaseSensitive(msg, "content");
+    char param[48];
+    snprintf(param, sizeof param, "messages[%d].content", idx);
+    if (!c || cJSON_IsNull(c) || cJSON_IsString(c)) return 0;
+    if (!cJSON_IsArray(c))
+        return api_fail(err, 400, param, "'%s' must be a string or an array of content parts", param);
+    sbuf b = {0};
+    int first = 1;
+    for (const cJSON *part = c->child; part; part = part->next) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+        const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
+        if (cJSON_IsString(part)) text = part;
+        else if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") != 0 ||
+                 !cJSON_IsString(text)) {
+            sb_free(&b);
+            return api_fail(err, 400, param,
+                            "'%s': only text content parts are supported (found type %s)", param,
+                            cJSON_IsString(type) ? type->valuestring : "?");
+        }
+        if (!first) sb_put(&b, "\n", 1);
+        sb_puts(&b, text->valuestring);
+        first = 0;
+    }
+    cJSON *s = cJSON_CreateString(b.p ? b.p : "");
+    sb_free(&b);
+    if (!s) return api_fail(err, 500, NULL, "out of memory");
+    cJSON_ReplaceItemInObjectCaseSensitive(msg, "content", s);
+    return 0;
+}
+
+/* Templates index tool-call arguments as objects; OpenAI sends strings. */
+static void arguments_to_objects(cJSON *msg) {
+    cJSON *calls = cJSON_GetObjectItemCaseSensitive(msg, "tool_calls");
+    for (cJSON *tc = cJSON_IsArray(calls) ? calls->child : NULL; tc; tc = tc->next) {
+        cJSON *fn = cJSON_GetObjectItemCaseSensitive(tc, "function");
+        cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
+        if (!cJSON_IsString(args)) continue;
+        cJSON *obj = cJSON_Parse(args->valuestring);
+        if (cJSON_IsObject(obj)) cJSON_ReplaceItemInObjectCaseSensitive(fn, "arguments", obj);
+        else cJSON_Delete(obj);
+    }
+}
+
+static int parse_messages(api_req *r, api_error *err) {
+    cJSON *msgs = cJSON_GetObjectItemCaseSensitive(r->body, "messages");
+    if (!msgs) return api_fail(err, 400, "messages", "'messages' is required");
+    if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0)
+        return api_fail(err, 400, "messages", "'messages' must be a non-empty array");
+    int i = 0;
+    for (cJSON *m = msgs->child; m; m = m->next, i++) {
+        char param[48];
+        snprintf(param, sizeof param, "messages[%d]", i);
+        if (!cJSON_IsObject(m)) return api_fail(err, 400, param, "'%s' must be an object", param);
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        snprintf(param, sizeof param, "messages[%d].role", i);
+        if (!cJSON_IsString(role))
+            return api_fail(err, 400, param, "'%s' must be a string", param);
+        static const char *roles[] = {"system", "developer", "user", "assistant", "tool", "function"};
+        int known = 0;
+        for (size_t k = 0; k < LOOM_ARRAY_LEN(roles); k++) known |= !strcmp(role->valuestring, roles[k]);
+        if (!known)
+            return api_fail(err, 400, param, "'%s' must be one of system, developer, user, "
+                            "assistant, tool; got '%s'", param, role->valuestring);
+        if (normalise_content(m, i, err)) return -1;
+        arguments_to_objects(m);
+    }
+    r->messages_json = cJSON_PrintUnformatted(msgs);
+    if (!r->messages_json) return api_fail(err, 500, NULL, "out of memory");
+    return 0;
+}
+
+static int parse_tools(api_req *r, api_error *err) {
+    const cJSON *tools = field(r, "tools");
+    r->tool_choice = "auto";
+    if (!tools) {
+        r->tool_choice = "none";
+        return 0;
+    }
+    if (!cJSON_IsArray(tools)) return api_fail(err, 400, "tools", "'tools' must be an array");
+    int i = 0;
+    for (const cJSON *t = tools->child; t; t = t->next, i++) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+        if (!cJSON_IsObject(t) || !cJSON_IsString(name)) {
+            char param[48];
+            snprintf(param, sizeof param, "tools[%d].function.name", i);
+            return api_fail(err, 400, param, "'%s' is required", param);
+        }
+    }
+    const cJSON *tc = field(r, "tool_choice");
+    if (cJSON_IsString(tc)) {
+        if (strcmp(tc->valuestring, "none") && strcmp(tc->valuestring, "auto") &&
+            strcmp(tc->valuestring, "required"))
+            return api_fail(err, 400, "tool_choice",
+                            "'tool_choice' must be none, auto, required or a function");
+        r->tool_choice = tc->valuestring;
+    } else if (tc) {
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(
+            cJSON_GetObjectItemCaseSensitive(tc, "function"), "name");
+        if (!cJSON_IsString(name))
+            return api_fail(err, 400, "tool_choice", "'tool_choice.function.name' is required");
+        r->tool_choice = name->valuestring;
+    }
+    if (!strcmp(r->tool_choice, "none")) return 0;
+    r->tools_json = cJSON_PrintUnformatted(tools);
+    if (!r->tools_json) return api_fail(err, 500, NULL, "out of memory");
+    return 0;
+}
+
+static int parse_stop(api_req *r, api_error *err) {
+    const cJSON *st = field(r, "stop");
+    if (!st) return 0;
+    if (cJSON_IsString(st)) {
+        r->stops[r->n_stops++] = st->valuestring;
+        return 0;
+    }
+    if (!cJSON_IsArray(st)) return api_fail(err, 400, "stop", "'stop' must be a string or an array of strings");
+    if (cJSON_GetArraySize(st) > API_MAX_STOPS)
+        return api_fail(err, 400, "stop", "'stop' has more than %d strings", API_MAX_STOPS);
+    for (const cJSON *e = st->child; e; e = e->next) {
+        if (!cJSON_IsString(e)) return api_fail(err, 400, "stop", "'stop' must contain only strings");
+        r->stops[r->n_stops++] = e->valuestring;
+    }
+    return 0;
+}
+
+static int parse_sampling(api_req *r, int vocab, api_error *err) {
+    loom_sampling *s = &r->sampling;
+    *s = loom_sampling_default();
+    s->temperature = 1.0f;
+    s->penalty_last_n = -1;
+    double d;
+    int k;
+#define NUM(key, lo, hi, dst) \
+    if ((k = get_number(r, key, lo, hi, &d, err)) < 0) return -1; \
+    if (k) dst = (float)d;
+    NUM("temperature", 0, 2, s->temperature);
+    NUM("top_p", 1e-9, 1, s->top_p);
+    NUM("min_p", 0, 1, s->min_p);
+    NUM("presence_penalty", -2, 2, s->presence_penalty);
+    NUM("frequency_penalty", -2, 2, s->frequency_penalty);
+    NUM("repetition_penalty", 1e-6, 100, s->repetition_penalty);
+    NUM("xtc_probability", 0, 1, s->xtc_probability);
+    NUM("xtc_threshold", 0, 1, s->xtc_threshold);
+#undef NUM
+    if (get_int(r, "top_k", -1, 1 << 30, &k, err) < 0) return -1;
+    if (field(r, "top_k")) s->top_k = k < 0 ? 0 : k;
+    const cJSON *seed = field(r, "seed");
+    if (seed) {
+        if (!cJSON_IsNumber(seed) || seed->valuedouble != floor(seed->valuedouble))
+            return api_fail(err, 400, "seed", "'seed' must be an integer");
+        s->seed = (uint64_t)(int64_t)seed->valuedouble;
+        r->seed_given = 1;
+    }
+    const cJSON *lb = field(r, "logit_bias");
+    if (lb) {
+        if (!cJSON_IsObject(lb)) return api_fail(err, 400, "logit_bias", "'logit_bias' must be an object");
+        int n = cJSON_GetArraySize(lb);
+        r->bias = calloc((size_t)(n + 1), sizeof *r->bias);
+        if (!r->bias) return api_fail(err, 500, NULL, "out of memory");
+        for (const cJSON *e = lb->child; e; e = e->next) {
+            char *end;
+            long id = strtol(e->string, &end, 10);
+            if (*end || end == e->string || id < 0 || id >= vocab)
+                return api_fail(err, 400, "logit_bias",
+                                "'logit_bias' keys must be token ids in [0, %d), got '%s'", vocab,
+                                e->string);
+            if (!cJSON_IsNumber(e) || e->valuedouble < -100 || e->valuedouble > 100)
+                return api_fail(err, 400, "logit_bias", "'logit_bias' values must be in [-100, 100]");
+            r->bias[s->n_logit_bias++] =
+                (loom_logit_bias){(int32_t)id, e->valuedouble <= -100 ? -INFINITY : (float)e->valuedouble};
+        }
+        s->logit_bias = r->bias;
+    }
+    return 0;
+}
+
+int api_parse(api_kind kind, const char *body, size_t len, int vocab, api_req *r, api_error *err) {
+    memset(r, 0, sizeof *r);
+    memset(err, 0, sizeof *err);
+    r->kind = kind;
+    r->max_tokens = -1;
+    r->logprobs = -1;
+    r->n = 1;
+    const char *end = NULL;
+    r->body = cJSON_ParseWithLengthOpts(body, len, &end, 0);
+    if (!r->body) {
+        size_t at = end ? (size_t)(end - body) : 0;
+        api_fail(err, 400, NULL, "the request body is not valid JSON (error near byte %zu)", at);
+        goto fail;
+    }
+    if (!cJSON_IsObject(r->body)) {
+        api_fail(err, 400, NULL, "the request body must be a JSON object");
+        goto fail;
+    }
+    const cJSON *model = field(r, "model");
+    if (model && !cJSON_IsString(model)) {
+        api_fail(err, 400, "model", "'model' must be a string");
+        goto fail;
+    }
+    r->model = model ? model->valuestring : NULL;
+    if (get_bool(r, "stream", &r->stream, err) < 0) goto fail;
+    const cJSON *so = field(r, "stream_options");
+    if (so) {
+        const cJSON *iu = cJSON_GetObjectItemCaseSensitive(so, "include_usage");
+        if (!cJSON_IsObject(so) || (iu && !cJSON_IsBool(iu))) {
+            api_fail(err, 400, "stream_options", "'stream_options' must be an object with a boolean include_usage");
+            goto fail;
+        }
+        r->include_usage = cJSON_IsTrue(iu);
+    }
+    if (get_int(r, "n", 1, API_MAX_N, &r->n, err) < 0) goto fail;
+    if (get_int(r, "max_tokens", 1, 1 << 24, &r->max_tokens, err) < 0) goto fail;
+    if (get_int(r, "max_completion_tokens", 1, 1 << 24, &r->max_tokens, err) < 0) goto fail;
+    if (get_bool(r, "ignore_eos", &r->ignore_eos, err) < 0) goto fail;
+    if (parse_sampling(r, vocab, err) < 0) goto fail;
+    if (parse_stop(r, err) < 0) goto fail;
+
+    if (kind == API_CHAT) {
+        int lp = 0;
+        if (get_bool(r, "logprobs", &lp, err) < 0) goto fail;
+        int top = 0;
+        if (get_int(r, "top_logprobs", 0, 20, &top, err) < 0) goto fail;
+        if (field(r, "top_logprobs") && !lp) {
+            api_fail(err, 400, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
+            goto fail;
+        }
+        r->logprobs = lp ? top : -1;
+        if (parse_messages(r, err) < 0 || parse_tools(r, err) < 0) goto fail;
+        const cJSON *rf = field(r, "response_format");
+        if (rf) {
+            const cJSON *t = cJSON_GetObjectItemCaseSensitive(rf, "type");
+            if (!cJSON_IsString(t) || (strcmp(t->valuestring, "text") && strcmp(t->valuestring, "json_object") &&
+                                       strcmp(t->valuestring, "json_schema"))) {
+                api_fail(err, 400, "response_format",
+                         "'response_format.type' must be text, json_object or json_schema");
+                goto fail;
+            }
+            r->json_object = strcmp(t->valuestring, "text") != 0;
+        }
+        const cJSON *kw = field(r, "chat_template_kwargs");
+        if (kw) {
+            if (!cJSON_IsObject(kw)) {
+                api_fail(err, 400, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+                goto fail;
+            }
+            r->kwargs_json = cJSON_PrintUnformatted(kw);
+        }
+    } else {
+        int lp;
+        int k = get_int(r, "logprobs", 0, 20, &lp, err);
+        if (k < 0) goto fail;
+        if (k) r->logprobs = lp;
+        if (get_bool(r, "echo", &r->echo, err) < 0) goto fail;
+        if (get_bool(r, "return_token_ids", &r->return_token_ids, err) < 0) goto fail;
+        const cJSON *p = cJSON_GetObjectItemCaseSensitive(r->body, "prompt");
+        if (!p) {
+            api_fail(err, 400, "prompt", "'prompt' is required");
+            goto fail;
+        }
+        if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 &&
+            (cJSON_IsString(p->child) || cJSON_IsArray(p->child)))
+            p = p->child; /* a batch of one */
+        if (cJSON_IsString(p)) {
+            r->prompt_text = p->valuestring;
+            if (!p->valuestring[0]) {
+                api_fail(err, 400, "prompt", "'prompt' is empty");
+                goto fail;
+            }
+        } else if (cJSON_IsArray(p) && cJSON_IsNumber(p->child)) {
+            if (get_ids(p, "prompt", vocab, &r->prompt_ids, &r->n_prompt_ids, err) < 0) goto fail;
+        } else {
+            api_fail(err, 400, "prompt", "'prompt' must be a string or an array of token ids "
+                     "(batches of several prompts are not supported)");
+            goto fail;
+        }
+    }
+    return 0;
+fail:
+    api_req_free(r);
+    return -1;
+}
+
+void api_req_free(api_req *r) {
+    cJSON_Delete(r->body);
+    free(r->bias);
+    free(r->messages_json);
+    free(r->tools_json);
+    free(r->kwargs_json);
+    free(r->prompt_ids);
+    memset(r, 0, sizeof *r);
+}

@@ -1,0 +1,83 @@
+/* api: the OpenAI request format. Parses and validates a request body into
+ * what the engine needs, naming the offending field on error, and formats
+ * responses. No HTTP and no engine here, so the parser can be fuzzed and
+ * tested alone. */
+#ifndef LOOM_API_H
+#define LOOM_API_H
+
+#include <cjson/cJSON.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "loom.h"
+
+/* An error destined for the client, in OpenAI's shape. */
+typedef struct api_error {
+    int status;                 /* HTTP status */
+    char message[512];
+    char param[64];             /* offending field, or "" */
+    const char *type;           /* "invalid_request_error", ... */
+    const char *code;           /* optional machine code, or NULL */
+} api_error;
+
+typedef enum api_kind { API_CHAT, API_COMPLETION } api_kind;
+
+#define API_MAX_N 16
+#define API_MAX_STOPS 16
+
+typedef struct api_req {
+    api_kind kind;
+    cJSON *body;                /* owned: the parsed request */
+    const char *model;          /* borrowed from body, may be NULL */
+    int stream, include_usage;
+    int n;
+    int max_tokens;             /* -1: not given */
+    loom_sampling sampling;     /* logit_bias points at bias */
+    loom_logit_bias *bias;      /* owned */
+    int seed_given;
+    const char *stops[API_MAX_STOPS]; /* borrowed from body */
+    int n_stops;
+    int logprobs;               /* -1 none; else top n (chat: top_logprobs) */
+    int echo, return_token_ids;
+    int json_object;            /* response_format json_object */
+    int ignore_eos;
+    /* chat */
+    char *messages_json;        /* owned, normalised for the template */
+    char *tools_json;           /* owned, NULL without tools */
+    char *kwargs_json;          /* owned, chat_template_kwargs, or NULL */
+    const char *tool_choice;    /* "none", "auto", "required" or a name */
+    /* completions: text or ids */
+    const char *prompt_text;    /* borrowed */
+    int32_t *prompt_ids;        /* owned, when the prompt is token ids */
+    int n_prompt_ids;
+} api_req;
+
+/* Parses body (len bytes). vocab bounds token ids and logit_bias keys.
+ * Returns 0 on success; on failure fills err and returns -1 (req is then
+ * released). */
+int api_parse(api_kind kind, const char *body, size_t len, int vocab, api_req *req,
+              api_error *err);
+void api_req_free(api_req *req);
+
+/* Fills err and returns -1. */
+int api_fail(api_error *err, int status, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* {"error": {...}} as a heap string. */
+char *api_error_json(const api_error *err);
+
+/* A growable string. */
+typedef struct sbuf {
+    char *p;
+    size_t len, cap;
+    int oom;
+} sbuf;
+
+void sb_put(sbuf *b, const char *s, size_t n);
+void sb_puts(sbuf *b, const char *s);
+void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* s as a JSON string literal (quotes included), n bytes of UTF-8. */
+void sb_json_str(sbuf *b, const char *s, size_t n);
+void sb_free(sbuf *b);
+
+#endif

@@ -1,0 +1,91 @@
+/* metrics: atomic counters and fixed-bucket histograms. */
+#include "serve/metrics.h"
+
+#include <string.h>
+
+#include "serve/api.h"
+
+static const double bounds[METRICS_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                               0.25,  0.5,    1,     2.5,  5,     10,   30};
+static const int statuses[9] = {200, 400, 401, 404, 405, 413, 429, 500, 503};
+static const char *endpoints[3] = {"chat", "completions", "other"};
+
+void metrics_init(loom_metrics *m) { memset(m, 0, sizeof *m); }
+void metrics_free(loom_metrics *m) { (void)m; }
+
+void metrics_count_request(loom_metrics *m, const char *endpoint, int status) {
+    int e = !strcmp(endpoint, "chat") ? 0 : !strcmp(endpoint, "completions") ? 1 : 2;
+    int k = 7; /* unknown statuses count as 500 */
+    for (int i = 0; i < 9; i++)
+        if (statuses[i] == status) k = i;
+    atomic_fetch_add(&m->requests[e][k], 1);
+}
+
+void metrics_count_disconnect(loom_metrics *m) { atomic_fetch_add(&m->disconnects, 1); }
+
+void metrics_add_tokens(loom_metrics *m, uint64_t prompt, uint64_t generated) {
+    atomic_fetch_add(&m->prompt_tokens, prompt);
+    atomic_fetch_add(&m->generated_tokens, generated);
+}
+
+static void observe(metrics_hist *h, double s) {
+    int b = METRICS_BUCKETS;
+    for (int i = 0; i < METRICS_BUCKETS; i++)
+        if (s <= bounds[i]) {
+            b = i;
+            break;
+        }
+    atomic_fetch_add(&h->count[b], 1);
+    atomic_fetch_add(&h->sum_us, (unsigned long long)(s * 1e6));
+}
+
+void metrics_observe_ttft(loom_metrics *m, double s) { observe(&m->ttft, s); }
+void metrics_observe_itl(loom_metrics *m, double s) { observe(&m->itl, s); }
+
+static void put_hist(sbuf *b, const char *name, const char *help, metrics_hist *h) {
+    sb_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    unsigned long long cum = 0;
+    for (int i = 0; i < METRICS_BUCKETS; i++) {
+        cum += atomic_load(&h->count[i]);
+        sb_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, bounds[i], cum);
+    }
+    cum += atomic_load(&h->count[METRICS_BUCKETS]);
+    sb_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name, cum, name,
+              (double)atomic_load(&h->sum_us) * 1e-6, name, cum);
+}
+
+char *metrics_render(loom_metrics *m, const loom_engine_stats *st, int inflight) {
+    sbuf b = {0};
+    sb_puts(&b, "# HELP loom_requests_total HTTP requests by endpoint and status.\n"
+                "# TYPE loom_requests_total counter\n");
+    for (int e = 0; e < 3; e++)
+        for (int k = 0; k < 9; k++) {
+            unsigned long long v = atomic_load(&m->requests[e][k]);
+            if (v || k == 0)
+                sb_printf(&b, "loom_requests_total{endpoint=\"%s\",status=\"%d\"} %llu\n",
+                          endpoints[e], statuses[k], v);
+        }
+    sb_printf(&b,
+              "# TYPE loom_prompt_tokens_total counter\nloom_prompt_tokens_total %llu\n"
+              "# TYPE loom_generated_tokens_total counter\nloom_generated_tokens_total %llu\n"
+              "# TYPE loom_client_disconnects_total counter\nloom_client_disconnects_total %llu\n"
+              "# TYPE loom_requests_in_flight gauge\nloom_requests_in_flight %d\n"
+              "# TYPE loom_queue_depth gauge\nloom_queue_depth %d\n"
+              "# TYPE loom_running_sequences gauge\nloom_running_sequences %d\n"
+              "# TYPE loom_kv_blocks_used gauge\nloom_kv_blocks_used %d\n"
+              "# TYPE loom_kv_blocks_free gauge\nloom_kv_blocks_free %d\n"
+              "# TYPE loom_preemptions_total counter\nloom_preemptions_total %llu\n"
+              "# TYPE loom_engine_steps_total counter\nloom_engine_steps_total %llu\n",
+              (unsigned long long)atomic_load(&m->prompt_tokens),
+              (unsigned long long)atomic_load(&m->generated_tokens),
+              (unsigned long long)atomic_load(&m->disconnects), inflight, st->waiting, st->running,
+              st->kv_blocks_total - st->kv_blocks_free, st->kv_blocks_free,
+              (unsigned long long)st->preemptions, (unsigned long long)st->steps);
+    put_hist(&b, "loom_time_to_first_token_seconds", "Time from request to first token.", &m->ttft);
+    put_hist(&b, "loom_inter_token_latency_seconds", "Time between tokens of a request.", &m->itl);
+    if (b.oom) {
+        sb_free(&b);
+        return NULL;
+    }
+    return b.p;
+}

@@ -1,0 +1,942 @@
+/* server: libmicrohttpd with one thread per connection. A generation
+ * request becomes a job: n engine requests (choices), each with a text
+ * stream that detokenizes and holds back stop strings. Non-streaming jobs
+ * run to completion in the connection thread; streaming jobs are pumped by
+ * the response's content reader, which turns engine events into SSE
+ * chunks. A client that goes away is noticed while waiting for events (the
+ * socket is polled) or when a write fails, and its requests are cancelled
+ * in the engine at once. */
+#include "serve/server.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <microhttpd.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/base.h"
+#include "serve/api.h"
+#include "serve/metrics.h"
+#include "serve/toolcall.h"
+#include "stream/textstream.h"
+#include "template/chat.h"
+#include "tokenize/tokenizer.h"
+
+typedef struct server {
+    loom_serve_params p;
+    char model_id[256];
+    loom_model *model;
+    loom_tok *tok;
+    loom_chat_template *chat;      /* NULL when the model has none */
+    loom_engine *engine;
+    pthread_rwlock_t engine_lock;  /* read: submit; write: shutdown */
+    atomic_int shutting_down;
+    atomic_int inflight;
+    atomic_ullong next_id;
+    int vocab;
+    int think;                     /* the vocabulary has </think>: split reasoning */
+    loom_metrics metrics;
+} server;
+
+/* ---- one generation job --------------------------------------------------- */
+
+typedef struct choice {
+    loom_request *rq;
+    loom_textstream *ts;
+    sbuf text;                  /* content so far (non-streaming, tools) */
+    sbuf lp;                    /* logprobs entries as JSON, comma-separated */
+    int32_t *ids;               /* generated ids */
+    int n_ids, cap_ids;
+    int done;
+    const char *finish;         /* "stop", "length", "tool_calls" */
+    size_t text_offset;         /* completions logprobs text_offset */
+    loom_toolscan scan;         /* tool-call / reasoning splitter */
+} choice;
+
+typedef struct job {
+    server *srv;
+    api_req req;
+    int32_t *prompt;            /* owned */
+    int n_prompt;
+    char *prompt_text;          /* owned, rendered chat or the completion prompt */
+    choice ch[API_MAX_N];
+    int n;
+    char id[48];
+    long created;
+    int fd;                     /* client socket, for disconnect checks */
+    double t_start, t_last;
+    int first_token_seen;
+    /* streaming */
+    sbuf out;
+    size_t out_pos;
+    int phase;                  /* 0 tokens, 1 final chunks queued, 2 done */
+    int failed;                 /* error status already decided */
+    api_error err;
+} job;
+
+static const char *kind_name(const job *j) {
+    return j->req.kind == API_CHAT ? "chat" : "completions";
+}
+
+static void job_free(job *j) {
+    if (!j) return;
+    for (int i = 0; i < j->n; i++) {
+        choice *c = &j->ch[i];
+        loom_request_free(c->rq);
+        loom_ts_free(c->ts);
+        sb_free(&c->text);
+        sb_free(&c->lp);
+        free(c->ids);
+        loom_toolscan_free(&c->scan);
+    }
+    sb_free(&j->out);
+    free(j->prompt);
+    free(j->prompt_text);
+    api_req_free(&j->req);
+    atomic_fetch_sub(&j->srv->inflight, 1);
+    free(j);
+}
+
+static int client_gone(int fd) {
+    if (fd < 0) return 0;
+    struct pollfd pfd = {.fd = fd, .events = POLLIN | POLLRDHUP};
+    if (poll(&pfd, 1, 0) <= 0) return 0;
+    if (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) return 1;
+    char c;
+    ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0;
+}
+
+static void cancel_all(job *j) {
+    for (int i = 0; i < j->n; i++) loom_request_cancel(j->ch[i].rq);
+}
+
+/* ---- prompt ---------------------------------------------------------------- */
+
+static int build_prompt(job *j, api_error *err) {
+    server *s = j->srv;
+    api_req *r = &j->req;
+    if (r->kind == API_CHAT) {
+        if (!s->chat)
+            return api_fail(err, 400, "messages",
+                            "this model has no chat template; use /v1/completions");
+        loom_chat_params cp = loom_chat_default_params();
+        cp.messages_json = r->messages_json;
+        cp.tools_json = r->tools_json;
+        cp.add_generation_prompt = 1;
+        cp.kwargs_json = r->kwargs_json;
+        size_t len;
+        loom_status st = loom_chat_apply(s->chat, &cp, &j->prompt_text, &len);
+        if (st != LOOM_OK)
+            return api_fail(err, 400, "messages", "chat template: %s", loom_last_error());
+        size_t n = 0;
+        st = loom_tok_encode(s->tok, j->prompt_text, len, LOOM_TOK_NO_SPECIAL, &j->prompt, &n);
+        if (st != LOOM_OK) return api_fail(err, 400, "messages", "%s", loom_last_error());
+        j->n_prompt = (int)n;
+    } else if (r->prompt_ids) {
+        j->prompt = r->prompt_ids;
+        j->n_prompt = r->n_prompt_ids;
+        r->prompt_ids = NULL;
+        size_t len;
+        if (loom_tok_decode(s->tok, j->prompt, (size_t)j->n_prompt, 0, &j->prompt_text, &len))
+            return api_fail(err, 400, "prompt", "%s", loom_last_error());
+    } else {
+        size_t n = 0;
+        loom_status st = loom_tok_encode(s->tok, r->prompt_text, strlen(r->prompt_text),
+                                         LOOM_TOK_ADD_SPECIAL, &j->prompt, &n);
+        if (st != LOOM_OK) return api_fail(err, 400, "prompt", "%s", loom_last_error());
+        j->n_prompt = (int)n;
+        j->prompt_text = strdup(r->prompt_text);
+    }
+    if (j->n_prompt == 0) return api_fail(err, 400, r->kind == API_CHAT ? "messages" : "prompt",
+                                          "the prompt encodes to no tokens");
+    return 0;
+}
+
+/* Submits the n choices. */
+static int start_job(job *j, api_error *err) {
+    server *s = j->srv;
+    api_req *r = &j->req;
+    loom_request_params rp = loom_request_default_params();
+    rp.prompt = j->prompt;
+    rp.n_prompt = j->n_prompt;
+    rp.max_tokens = r->max_tokens > 0 ? r->max_tokens : s->p.default_max_tokens;
+    rp.sampling = r->sampling;
+    rp.logprobs = r->logprobs;
+    rp.ignore_eos = r->ignore_eos;
+    j->n = r->n;
+    for (int i = 0; i < j->n; i++) {
+        choice *c = &j->ch[i];
+        if (r->seed_given) rp.sampling.seed = r->sampling.seed + (uint64_t)i;
+        else rp.sampling.seed = atomic_fetch_add(&s->next_id, 1) * 7919u + (uint64_t)time(NULL);
+        if (loom_ts_create(s->tok, r->stops, r->n_stops, 1, &c->ts))
+            return api_fail(err, 500, NULL, "%s", loom_last_error());
+        int ctx = LOOM_MIN(j->n_prompt, 4);
+        loom_ts_prime(c->ts, j->prompt + j->n_prompt - ctx, (size_t)ctx);
+        loom_toolscan_init(&c->scan, r->kind == API_CHAT && r->tools_json != NULL,
+                           r->kind == API_CHAT && s->think, j->prompt_text);
+        pthread_rwlock_rdlock(&s->engine_lock);
+        loom_status st = atomic_load(&s->shutting_down)
+                             ? LOOM_ERR_BUSY
+                             : loom_engine_submit(s->engine, &rp, &c->rq);
+        pthread_rwlock_unlock(&s->engine_lock);
+        if (st == LOOM_ERR_BUSY)
+            return api_fail(err, atomic_load(&s->shutting_down) ? 503 : 429, NULL,
+                            "the server is busy: %s", atomic_load(&s->shutting_down)
+                                                          ? "shutting down" : loom_last_error());
+        if (st == LOOM_ERR_RANGE || st == LOOM_ERR_INVALID_ARG)
+            return api_fail(err, 400, r->kind == API_CHAT ? "messages" : "prompt", "%s",
+                            loom_last_error());
+        if (st != LOOM_OK) return api_fail(err, 500, NULL, "%s", loom_last_error());
+    }
+    metrics_add_tokens(&s->metrics, (uint64_t)j->n_prompt * (uint64_t)j->n, 0);
+    return 0;
+}
+
+/* ---- formatting ------------------------------------------------------------ */
+
+static void put_token_text(server *s, sbuf *b, int32_t id) {
+    char *t = NULL;
+    size_t n = 0;
+    if (loom_tok_decode(s->tok, &id, 1, 0, &t, &n) != LOOM_OK) {
+        sb_puts(b, "\"\"");
+        return;
+    }
+    sb_json_str(b, t, n);
+    free(t);
+}
+
+static void put_token_bytes(server *s, sbuf *b, int32_t id) {
+    char *t = NULL;
+    size_t n = 0;
+    sb_puts(b, "[");
+    if (loom_tok_decode(s->tok, &id, 1, 0, &t, &n) == LOOM_OK)
+        for (size_t i = 0; i < n; i++) sb_printf(b, "%s%u", i ? "," : "", (unsigned char)t[i]);
+    free(t);
+    sb_puts(b, "]");
+}
+
+/* One logprobs entry for a generated token, appended to c->lp. */
+static void add_logprob(job *j, choice *c, const loom_event *ev, size_t piece_len) {
+    server *s = j->srv;
+    sbuf *b = &c->lp;
+    if (b->len) sb_puts(b, ",");
+    if (j->req.kind == API_CHAT) {
+        sb_puts(b, "{\"token\":");
+        put_token_text(s, b, ev->token);
+        sb_printf(b, ",\"logprob\":%.6g,\"bytes\":", ev->logprob);
+        put_token_bytes(s, b, ev->token);
+        sb_puts(b, ",\"top_logprobs\":[");
+        for (int k = 0; k < ev->n_top; k++) {
+            sb_puts(b, k ? ",{\"token\":" : "{\"token\":");
+            put_token_text(s, b, ev->top_ids[k]);
+            sb_printf(b, ",\"logprob\":%.6g,\"bytes\":", ev->top_logprobs[k]);
+            put_token_bytes(s, b, ev->top_ids[k]);
+            sb_puts(b, "}");
+        }
+        sb_puts(b, "]}");
+    } else {
+        /* completions: parallel arrays, assembled at the end */
+        sb_printf(b, "{\"t\":%d,\"lp\":%.6g,\"off\":%zu,\"top\":{", ev->token, ev->logprob,
+                  c->text_offset);
+        for (int k = 0; k < ev->n_top; k++) {
+            if (k) sb_puts(b, ",");
+            put_token_text(s, b, ev->top_ids[k]);
+            sb_printf(b, ":%.6g", ev->top_logprobs[k]);
+        }
+        sb_puts(b, "}}");
+    }
+    c->text_offset += piece_len;
+}
+
+/* Completions logprobs object from the entries in c->lp. */
+static void put_completion_logprobs(job *j, choice *c, sbuf *b) {
+    cJSON *arr = NULL;
+    sbuf tmp = {0};
+    sb_puts(&tmp, "[");
+    if (c->lp.p) sb_put(&tmp, c->lp.p, c->lp.len);
+    sb_puts(&tmp, "]");
+    arr = tmp.p ? cJSON_Parse(tmp.p) : NULL;
+    sb_free(&tmp);
+    sb_puts(b, "{\"tokens\":[");
+    int i = 0;
+    for (cJSON *e = arr ? arr->child : NULL; e; e = e->next, i++) {
+        if (i) sb_puts(b, ",");
+        put_token_text(j->srv, b, (int32_t)cJSON_GetObjectItem(e, "t")->valueint);
+    }
+    sb_puts(b, "],\"token_logprobs\":[");
+    i = 0;
+    for (cJSON *e = arr ? arr->child : NULL; e; e = e->next, i++)
+        sb_printf(b, "%s%.6g", i ? "," : "", cJSON_GetObjectItem(e, "lp")->valuedouble);
+    sb_puts(b, "],\"top_logprobs\":[");
+    i = 0;
+    for (cJSON *e = arr ? arr->child : NULL; e; e = e->next, i++) {
+        char *t = cJSON_PrintUnformatted(cJSON_GetObjectItem(e, "top"));
+        sb_printf(b, "%s%s", i ? "," : "", t ? t : "{}");
+        free(t);
+    }
+    sb_puts(b, "],\"text_offset\":[");
+    i = 0;
+    for (cJSON *e = arr ? arr->child : NULL; e; e = e->next, i++)
+        sb_printf(b, "%s%.0f", i ? "," : "", cJSON_GetObjectItem(e, "off")->valuedouble);
+    sb_puts(b, "]}");
+    cJSON_Delete(arr);
+}
+
+static void put_usage(job *j, sbuf *b) {
+    int gen = 0;
+    for (int i = 0; i < j->n; i++) gen += j->ch[i].n_ids;
+    sb_printf(b, "\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d}",
+              j->n_prompt, gen, j->n_prompt + gen);
+}
+
+static void put_head(job *j, sbuf *b, int chunk) {
+    const char *obj = j->req.kind == API_CHAT ? (chunk ? "chat.completion.chunk" : "chat.completion")
+                                               : "text_completion";
+    sb_printf(b, "{\"id\":\"%s\",\"object\":\"%s\",\"created\":%ld,\"model\":", j->id, obj,
+              j->created);
+    sb_json_str(b, j->srv->model_id, strlen(j->srv->model_id));
+    sb_puts(b, ",");
+}
+
+/* ---- event processing -------------------------------------------------------- */
+
+/* Text a choice produced in one step, split by the tool scanner. */
+typedef struct emitted {
+    sbuf content, reasoning;
+} emitted;
+
+static void take_text(job *j, choice *c, const char *text, size_t len, int final, emitted *em) {
+    loom_toolscan_feed(&c->scan, text, len, final, &em->content, &em->reasoning);
+    if (!j->req.stream || c->scan.tools) sb_put(&c->text, text, len);
+}
+
+static void finish_choice(job *j, choice *c, loom_finish why, emitted *em) {
+    const char *text;
+    size_t len;
+    int stopped = 0;
+    loom_ts_finish(c->ts, &text, &len, &stopped);
+    take_text(j, c, text, len, 1, em);
+    c->done = 1;
+    c->finish = why == LOOM_FINISH_LENGTH && !stopped ? "length" : "stop";
+    if (c->scan.n_calls > 0) c->finish = "tool_calls";
+}
+
+/* Handles one event of choice c. Returns -1 on a failure (j->err set). */
+static int on_event(job *j, choice *c, const loom_event *ev, emitted *em) {
+    server *s = j->srv;
+    if (ev->finish != LOOM_FINISH_NONE) {
+        if (c->done) return 0;
+        if (ev->finish == LOOM_FINISH_ERROR) {
+            j->failed = 1;
+            api_fail(&j->err, ev->status == LOOM_ERR_NO_KV ? 503 : 500, NULL, "generation failed: %s",
+                     loom_request_error(c->rq));
+            c->done = 1;
+            return -1;
+        }
+        finish_choice(j, c, ev->finish, em);
+        return 0;
+    }
+    if (c->done) return 0;
+    double now = loom_now();
+    if (!j->first_token_seen) {
+        j->first_token_seen = 1;
+        metrics_observe_ttft(&s->metrics, now - j->t_start);
+    } else {
+        metrics_observe_itl(&s->metrics, now - j->t_last);
+    }
+    j->t_last = now;
+    metrics_add_tokens(&s->metrics, 0, 1);
+    if (c->n_ids == c->cap_ids) {
+        int cap = c->cap_ids ? c->cap_ids * 2 : 64;
+        int32_t *ni = realloc(c->ids, sizeof *ni * (size_t)cap);
+        if (!ni) {
+            j->failed = 1;
+            api_fail(&j->err, 500, NULL, "out of memory");
+            return -1;
+        }
+        c->ids = ni;
+        c->cap_ids = cap;
+    }
+    c->ids[c->n_ids++] = ev->token;
+    const char *text;
+    size_t len;
+    int stopped = 0;
+    if (loom_ts_push(c->ts, ev->token, &text, &len, &stopped) != LOOM_OK) {
+        j->failed = 1;
+        api_fail(&j->err, 500, NULL, "%s", loom_last_error());
+        return -1;
+    }
+    if (j->req.logprobs >= 0) add_logprob(j, c, ev, len);
+    take_text(j, c, text, len, 0, em);
+    if (stopped) {
+        loom_request_cancel(c->rq);
+        c->done = 1;
+        c->finish = c->scan.n_calls > 0 ? "tool_calls" : "stop";
+        loom_toolscan_feed(&c->scan, "", 0, 1, &em->content, &em->reasoning);
+    }
+    return 0;
+}
+
+/* Waits for the next event of any unfinished choice and handles it.
+ * Returns 1 if an event was handled, 0 on timeout, -1 when the job must end
+ * (failure or client gone). */
+static int pump(job *j, int *which, emitted *em) {
+    int pending = 0;
+    for (int i = 0; i < j->n; i++) pending += !j->ch[i].done;
+    if (!pending) return 0;
+    int wait_ms = pending == 1 ? 100 : 5;
+    for (int i = 0; i < j->n; i++) {
+        choice *c = &j->ch[i];
+        if (c->done) continue;
+        loom_event ev;
+        if (loom_request_next(c->rq, &ev, wait_ms) != LOOM_OK) continue;
+        *which = i;
+        return on_event(j, c, &ev, em) < 0 ? -1 : 1;
+    }
+    if (client_gone(j->fd)) {
+        cancel_all(j);
+        metrics_count_disconnect(&j->srv->metrics);
+        return -1;
+    }
+    return 0;
+}
+
+static int all_done(const job *j) {
+    for (int i = 0; i < j->n; i++)
+        if (!j->ch[i].done) return 0;
+    return 1;
+}
+
+/* ---- non-streaming ----------------------------------------------------------- */
+
+static char *run_blocking(job *j) {
+    while (!all_done(j)) {
+        emitted em = {0};
+        int which = 0;
+        int r = pump(j, &which, &em);
+        sb_free(&em.content);
+        sb_free(&em.reasoning);
+        if (r < 0) return NULL;
+    }
+    sbuf b = {0};
+    put_head(j, &b, 0);
+    sb_puts(&b, "\"choices\":[");
+    for (int i = 0; i < j->n; i++) {
+        choice *c = &j->ch[i];
+        sb_printf(&b, "%s{\"index\":%d,", i ? "," : "", i);
+        if (j->req.kind == API_CHAT) {
+            sb_puts(&b, "\"message\":{\"role\":\"assistant\",\"content\":");
+            const sbuf *content = &c->scan.content;
+            if (c->scan.n_calls > 0 && content->len == 0) sb_puts(&b, "null");
+            else sb_json_str(&b, content->p ? content->p : "", content->len);
+            if (c->scan.reasoning.len) {
+                sb_puts(&b, ",\"reasoning_content\":");
+                sb_json_str(&b, c->scan.reasoning.p, c->scan.reasoning.len);
+            }
+            if (c->scan.n_calls > 0) {
+                sb_puts(&b, ",\"tool_calls\":");
+                loom_toolscan_put_calls(&c->scan, &b, 0);
+            }
+            sb_puts(&b, "},\"logprobs\":");
+            if (j->req.logprobs >= 0) {
+                sb_puts(&b, "{\"content\":[");
+                if (c->lp.p) sb_put(&b, c->lp.p, c->lp.len);
+                sb_puts(&b, "]}");
+            } else {
+                sb_puts(&b, "null");
+            }
+        } else {
+            sb_puts(&b, "\"text\":");
+            size_t tl;
+            const char *t = loom_ts_text(c->ts, &tl);
+            if (j->req.echo) {
+                sbuf e = {0};
+                sb_puts(&e, j->prompt_text ? j->prompt_text : "");
+                sb_put(&e, t, tl);
+                sb_json_str(&b, e.p ? e.p : "", e.len);
+                sb_free(&e);
+            } else {
+                sb_json_str(&b, t, tl);
+            }
+            sb_puts(&b, ",\"logprobs\":");
+            if (j->req.logprobs >= 0) put_completion_logprobs(j, c, &b);
+            else sb_puts(&b, "null");
+            if (j->req.return_token_ids) {
+                sb_puts(&b, ",\"prompt_token_ids\":[");
+                for (int k = 0; k < j->n_prompt; k++) sb_printf(&b, "%s%d", k ? "," : "", j->prompt[k]);
+                sb_puts(&b, "],\"token_ids\":[");
+                for (int k = 0; k < c->n_ids; k++) sb_printf(&b, "%s%d", k ? "," : "", c->ids[k]);
+                sb_puts(&b, "]");
+            }
+        }
+        sb_printf(&b, ",\"finish_reason\":\"%s\"}", c->finish ? c->finish : "stop");
+    }
+    sb_puts(&b, "],");
+    put_usage(j, &b);
+    sb_puts(&b, "}");
+    if (b.oom) {
+        sb_free(&b);
+        return NULL;
+    }
+    return b.p;
+}
+
+/* ---- streaming ------------------------------------------------------------------ */
+
+static void sse_chunk_begin(job *j, int index) {
+    sb_puts(&j->out, "data: ");
+    put_head(j, &j->out, 1);
+    sb_printf(&j->out, "\"choices\":[{\"index\":%d,", index);
+}
+
+static void sse_delta(job *j, int index, const emitted *em, const sbuf *lp_new) {
+    choice *c = &j->ch[index];
+    if (j->req.kind == API_CHAT) {
+        if (!em->content.len && !em->reasoning.len && !lp_new) return;
+        sse_chunk_begin(j, index);
+        sb_puts(&j->out, "\"delta\":{");
+        int comma = 0;
+        if (em->reasoning.len) {
+            sb_puts(&j->out, "\"reasoning_content\":");
+            sb_json_str(&j->out, em->reasoning.p, em->reasoning.len);
+            comma = 1;
+        }
+        if (em->content.len || !em->reasoning.len) {
+            sb_puts(&j->out, comma ? ",\"content\":" : "\"content\":");
+            sb_json_str(&j->out, em->content.p ? em->content.p : "", em->content.len);
+        }
+        sb_puts(&j->out, "},\"logprobs\":");
+        if (lp_new && lp_new->len) {
+            sb_puts(&j->out, "{\"content\":[");
+            sb_put(&j->out, lp_new->p, lp_new->len);
+            sb_puts(&j->out, "]}");
+        } else {
+            sb_puts(&j->out, "null");
+        }
+        sb_puts(&j->out, ",\"finish_reason\":null}]}\n\n");
+    } else {
+        if (!em->content.len && !lp_new) return;
+        sse_chunk_begin(j, index);
+        sb_puts(&j->out, "\"text\":");
+        sb_json_str(&j->out, em->content.p ? em->content.p : "", em->content.len);
+        sb_puts(&j->out, ",\"logprobs\":");
+        if (lp_new && lp_new->len) {
+            choice tmp = *c;
+            tmp.lp = *lp_new;
+            put_completion_logprobs(j, &tmp, &j->out);
+        } else {
+            sb_puts(&j->out, "null");
+        }
+        sb_puts(&j->out, ",\"finish_reason\":null}]}\n\n");
+    }
+}
+
+static void sse_finish(job *j) {
+    for (int i = 0; i < j->n; i++) {
+        choice *c = &j->ch[i];
+        if (j->req.kind == API_CHAT && c->scan.n_calls > 0) {
+            sse_chunk_begin(j, i);
+            sb_puts(&j->out, "\"delta\":{\"tool_calls\":");
+            loom_toolscan_put_calls(&c->scan, &j->out, 1);
+            sb_puts(&j->out, "},\"logprobs\":null,\"finish_reason\":null}]}\n\n");
+        }
+        sse_chunk_begin(j, i);
+        if (j->req.kind == API_CHAT) sb_puts(&j->out, "\"delta\":{},");
+        else sb_puts(&j->out, "\"text\":\"\",");
+        sb_printf(&j->out, "\"logprobs\":null,\"finish_reason\":\"%s\"}]}\n\n",
+                  c->finish ? c->finish : "stop");
+    }
+    if (j->req.include_usage) {
+        sb_puts(&j->out, "data: ");
+        put_head(j, &j->out, 1);
+        sb_puts(&j->out, "\"choices\":[],");
+        put_usage(j, &j->out);
+        sb_puts(&j->out, "}\n\n");
+    }
+    sb_puts(&j->out, "data: [DONE]\n\n");
+}
+
+static void sse_error(job *j) {
+    char *e = api_error_json(&j->err);
+    sb_puts(&j->out, "data: ");
+    sb_puts(&j->out, e ? e : "{\"error\":{\"message\":\"error\"}}");
+    sb_puts(&j->out, "\n\ndata: [DONE]\n\n");
+    free(e);
+}
+
+static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    job *j = cls;
+    while (j->out_pos == j->out.len) {
+        j->out.len = j->out_pos = 0;
+        if (j->phase == 2) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (j->phase == 1 || all_done(j)) {
+            if (j->phase == 0) sse_finish(j);
+            j->phase = 2;
+            continue;
+        }
+        emitted em = {0};
+        int which = 0;
+        size_t lp_before = 0;
+        for (int i = 0; i < j->n; i++) j->ch[i].lp.len = 0; /* stream sends lp per chunk */
+        (void)lp_before;
+        int r = pump(j, &which, &em);
+        if (r < 0) {
+            sb_free(&em.content);
+            sb_free(&em.reasoning);
+            if (!j->failed) return MHD_CONTENT_READER_END_WITH_ERROR; /* client gone */
+            sse_error(j);
+            j->phase = 2;
+            continue;
+        }
+        if (r > 0) {
+            choice *c = &j->ch[which];
+            sse_delta(j, which, &em, c->lp.len ? &c->lp : NULL);
+        }
+        sb_free(&em.content);
+        sb_free(&em.reasoning);
+        if (j->out.oom) return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+    size_t n = LOOM_MIN(max, j->out.len - j->out_pos);
+    memcpy(buf, j->out.p + j->out_pos, n);
+    j->out_pos += n;
+    return (ssize_t)n;
+}
+
+static void stream_free(void *cls) {
+    job *j = cls;
+    cancel_all(j);
+    job_free(j);
+}
+
+/* ---- HTTP plumbing -------------------------------------------------------------- */
+
+typedef struct conn_ctx {
+    sbuf body;
+    int too_big;
+    int is_post;
+} conn_ctx;
+
+static void add_common_headers(server *s, struct MHD_Response *resp, const char *type) {
+    MHD_add_response_header(resp, "Content-Type", type);
+    if (s->p.cors) {
+        MHD_add_response_header(resp, "Access-Control-Allow-Origin", "*");
+        MHD_add_response_header(resp, "Access-Control-Allow-Headers", "Authorization, Content-Type");
+        MHD_add_response_header(resp, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+    }
+}
+
+static enum MHD_Result send_text(server *s, struct MHD_Connection *conn, int status,
+                                 const char *type, char *text) {
+    if (!text) {
+        static char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\"}}";
+        struct MHD_Response *r = MHD_create_response_from_buffer(strlen(oom), oom, MHD_RESPMEM_PERSISTENT);
+        add_common_headers(s, r, "application/json");
+        enum MHD_Result ret = MHD_queue_response(conn, 500, r);
+        MHD_destroy_response(r);
+        return ret;
+    }
+    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
+    add_common_headers(s, r, type);
+    enum MHD_Result ret = MHD_queue_response(conn, (unsigned)status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static enum MHD_Result send_error(server *s, struct MHD_Connection *conn, const char *endpoint,
+                                  const api_error *err) {
+    metrics_count_request(&s->metrics, endpoint, err->status);
+    return send_text(s, conn, err->status, "application/json", api_error_json(err));
+}
+
+static enum MHD_Result handle_generate(server *s, struct MHD_Connection *conn, api_kind kind,
+                                       conn_ctx *cc) {
+    const char *endpoint = kind == API_CHAT ? "chat" : "completions";
+    api_error err;
+    job *j = calloc(1, sizeof *j);
+    if (!j) return send_text(s, conn, 500, "application/json", NULL);
+    j->srv = s;
+    atomic_fetch_add(&s->inflight, 1);
+    if (api_parse(kind, cc->body.p ? cc->body.p : "", cc->body.len, s->vocab, &j->req, &err) < 0) {
+        job_free(j);
+        return send_error(s, conn, endpoint, &err);
+    }
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    j->fd = ci ? ci->connect_fd : -1;
+    j->t_start = loom_now();
+    j->created = (long)time(NULL);
+    snprintf(j->id, sizeof j->id, "%s-%llu", kind == API_CHAT ? "chatcmpl" : "cmpl",
+             (unsigned long long)atomic_fetch_add(&s->next_id, 1));
+    if (build_prompt(j, &err) < 0 || start_job(j, &err) < 0) {
+        cancel_all(j);
+        job_free(j);
+        return send_error(s, conn, endpoint, &err);
+    }
+    if (!j->req.stream) {
+        char *body = run_blocking(j);
+        if (!body) {
+            int failed = j->failed;
+            api_error e = j->err;
+            cancel_all(j);
+            job_free(j);
+            if (!failed) return MHD_NO; /* client gone: drop the connection */
+            return send_error(s, conn, endpoint, &e);
+        }
+        job_free(j);
+        metrics_count_request(&s->metrics, endpoint, 200);
+        return send_text(s, conn, 200, "application/json", body);
+    }
+    /* role first, so clients see the stream open at once */
+    if (kind == API_CHAT)
+        for (int i = 0; i < j->n; i++) {
+            sse_chunk_begin(j, i);
+            sb_puts(&j->out, "\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"logprobs\":null,"
+                             "\"finish_reason\":null}]}\n\n");
+        }
+    struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader,
+                                                               j, stream_free);
+    if (!r) {
+        job_free(j);
+        return send_text(s, conn, 500, "application/json", NULL);
+    }
+    add_common_headers(s, r, "text/event-stream");
+    MHD_add_response_header(r, "Cache-Control", "no-cache");
+    enum MHD_Result ret = MHD_queue_response(conn, 200, r);
+    MHD_destroy_response(r);
+    metrics_count_request(&s->metrics, endpoint, 200);
+    (void)kind_name;
+    return ret;
+}
+
+static char *models_json(server *s) {
+    sbuf b = {0};
+    sb_puts(&b, "{\"object\":\"list\",\"data\":[{\"id\":");
+    sb_json_str(&b, s->model_id, strlen(s->model_id));
+    sb_printf(&b, ",\"object\":\"model\",\"created\":%ld,\"owned_by\":\"loom\",\"max_model_len\":%d}]}",
+              (long)time(NULL), loom_model_max_positions(s->model));
+    return b.oom ? (sb_free(&b), NULL) : b.p;
+}
+
+static int authorized(server *s, struct MHD_Connection *conn) {
+    if (!s->p.api_key) return 1;
+    const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
+    if (!h || strncmp(h, "Bearer ", 7) != 0) return 0;
+    const char *k = h + 7, *want = s->p.api_key;
+    size_t a = strlen(k), b = strlen(want);
+    unsigned diff = (unsigned)(a ^ b);
+    for (size_t i = 0; i < a && i < b; i++) diff |= (unsigned)(k[i] ^ want[i]);
+    return diff == 0;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
+                                  const char *method, const char *version, const char *upload,
+                                  size_t *upload_size, void **con_cls) {
+    (void)version;
+    server *s = cls;
+    conn_ctx *cc = *con_cls;
+    if (!cc) {
+        cc = calloc(1, sizeof *cc);
+        if (!cc) return MHD_NO;
+        cc->is_post = !strcmp(method, "POST");
+        *con_cls = cc;
+        const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
+        if (cl && strtoull(cl, NULL, 10) > s->p.max_body) cc->too_big = 1;
+        if (!cc->too_big) return MHD_YES;
+    }
+    if (*upload_size) {
+        if (!cc->too_big) {
+            if (cc->body.len + *upload_size > s->p.max_body) {
+                cc->too_big = 1;
+                sb_free(&cc->body);
+            } else {
+                sb_put(&cc->body, upload, *upload_size);
+            }
+        }
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    api_error err;
+    const char *endpoint = "other";
+    int is_chat = !strcmp(url, "/v1/chat/completions") || !strcmp(url, "/chat/completions");
+    int is_comp = !strcmp(url, "/v1/completions") || !strcmp(url, "/completions");
+    if (is_chat) endpoint = "chat";
+    if (is_comp) endpoint = "completions";
+    if (!strcmp(method, "OPTIONS") && s->p.cors) {
+        char *empty = strdup("");
+        return send_text(s, conn, 204, "text/plain", empty);
+    }
+    if (cc->too_big) {
+        api_fail(&err, 413, NULL, "the request body exceeds %zu bytes", s->p.max_body);
+        return send_error(s, conn, endpoint, &err);
+    }
+    if (!strcmp(url, "/health")) {
+        metrics_count_request(&s->metrics, endpoint, 200);
+        return send_text(s, conn, 200, "application/json", strdup("{\"status\":\"ok\"}"));
+    }
+    if (!strncmp(url, "/v1/", 4) && !authorized(s, conn)) {
+        api_fail(&err, 401, NULL, "missing or invalid API key (send 'Authorization: Bearer <key>')");
+        return send_error(s, conn, endpoint, &err);
+    }
+    if (!strcmp(url, "/metrics") && !strcmp(method, "GET")) {
+        loom_engine_stats st = {0};
+        pthread_rwlock_rdlock(&s->engine_lock);
+        if (s->engine) loom_engine_get_stats(s->engine, &st);
+        pthread_rwlock_unlock(&s->engine_lock);
+        return send_text(s, conn, 200, "text/plain; version=0.0.4",
+                         metrics_render(&s->metrics, &st, atomic_load(&s->inflight)));
+    }
+    if ((!strcmp(url, "/v1/models") || !strcmp(url, "/models")) && !strcmp(method, "GET")) {
+        metrics_count_request(&s->metrics, endpoint, 200);
+        return send_text(s, conn, 200, "application/json", models_json(s));
+    }
+    if (is_chat || is_comp) {
+        if (!cc->is_post) {
+            api_fail(&err, 405, NULL, "%s needs POST", url);
+            return send_error(s, conn, endpoint, &err);
+        }
+        return handle_generate(s, conn, is_chat ? API_CHAT : API_COMPLETION, cc);
+    }
+    api_fail(&err, 404, NULL, "no route for %s %s", method, url);
+    return send_error(s, conn, endpoint, &err);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                         enum MHD_RequestTerminationCode toe) {
+    (void)cls;
+    (void)conn;
+    (void)toe;
+    conn_ctx *cc = *con_cls;
+    if (!cc) return;
+    sb_free(&cc->body);
+    free(cc);
+    *con_cls = NULL;
+}
+
+/* ---- lifecycle -------------------------------------------------------------------- */
+
+loom_serve_params loom_serve_default_params(void) {
+    return (loom_serve_params){
+        .host = "127.0.0.1", .port = 8080, .max_body = 8u << 20, .timeout_s = 60, .grace_s = 10,
+        .max_connections = 512, .default_max_tokens = 512, .engine = loom_engine_default_params(),
+    };
+}
+
+static void free_server(server *s) {
+    loom_engine_free(s->engine);
+    loom_chat_template_free(s->chat);
+    loom_tok_free(s->tok);
+    loom_model_free(s->model);
+    pthread_rwlock_destroy(&s->engine_lock);
+    metrics_free(&s->metrics);
+}
+
+int loom_serve_run(const loom_serve_params *params) {
+    server srv;
+    memset(&srv, 0, sizeof srv);
+    server *s = &srv;
+    s->p = *params;
+    pthread_rwlock_init(&s->engine_lock, NULL);
+    metrics_init(&s->metrics);
+    const char *dir = s->p.model_dir;
+    const char *base = strrchr(dir, '/');
+    while (base && base[1] == 0 && base > dir) { /* trailing slash */
+        const char *b = base - 1;
+        while (b > dir && *b != '/') b--;
+        base = b;
+    }
+    snprintf(s->model_id, sizeof s->model_id, "%s",
+             s->p.model_name ? s->p.model_name : base && base[1] ? base + 1 : dir);
+    char *slash = strchr(s->model_id, '/');
+    if (slash && !s->p.model_name) *slash = 0;
+
+    /* Signals go to the main thread only, which waits for them below. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    fprintf(stderr, "loom: loading %s ...\n", dir);
+    loom_model_params mp = loom_model_default_params();
+    mp.n_threads = s->p.n_threads;
+    loom_status st = loom_model_load(dir, &mp, &s->model);
+    if (!st) st = loom_tok_load_dir(dir, &s->tok);
+    if (st) {
+        fprintf(stderr, "loom: error: %s (%s)\n", loom_last_error(), loom_status_str(st));
+        free_server(s);
+        return 1;
+    }
+    if (loom_chat_template_load(dir, &s->chat) != LOOM_OK) {
+        fprintf(stderr, "loom: warning: no chat template (%s); /v1/chat/completions is disabled\n",
+                loom_last_error());
+        s->chat = NULL;
+    }
+    s->vocab = loom_model_vocab_size(s->model);
+    s->think = loom_tok_token_to_id(s->tok, "</think>", 8) >= 0;
+    s->p.engine.max_queue = s->p.engine.max_queue;
+    if ((st = loom_engine_create(s->model, &s->p.engine, &s->engine))) {
+        fprintf(stderr, "loom: error: %s (%s)\n", loom_last_error(), loom_status_str(st));
+        free_server(s);
+        return 1;
+    }
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s->p.port)};
+    if (inet_pton(AF_INET, s->p.host, &addr.sin_addr) != 1) {
+        fprintf(stderr, "loom: error: --host: expected an IPv4 address, found \"%s\"\n", s->p.host);
+        free_server(s);
+        return 2;
+    }
+    struct MHD_Daemon *d = MHD_start_daemon(
+        MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC |
+            MHD_USE_ERROR_LOG,
+        (uint16_t)s->p.port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, &addr,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_CONNECTION_TIMEOUT,
+        (unsigned)s->p.timeout_s, MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->p.max_connections,
+        MHD_OPTION_END);
+    if (!d) {
+        fprintf(stderr, "loom: error: cannot listen on %s:%d: %s\n", s->p.host, s->p.port,
+                strerror(errno));
+        free_server(s);
+        return 1;
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+    int port = di ? di->port : s->p.port;
+    if (s->p.port_file) {
+        FILE *f = fopen(s->p.port_file, "w");
+        if (f) {
+            fprintf(f, "%d\n", port);
+            fclose(f);
+        }
+    }
+    fprintf(stderr, "loom: %s (%s, vocab %d, context %d) serving at http://%s:%d/v1\n",
+            s->model_id, loom_model_arch(s->model), s->vocab, loom_model_max_positions(s->model),
+            s->p.host, port);
+
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    fprintf(stderr, "loom: %s received, shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    MHD_socket lfd = MHD_quiesce_daemon(d);
+    if (lfd != MHD_INVALID_SOCKET) close(lfd);
+    double until = loom_now() + s->p.grace_s;
+    while (atomic_load(&s->inflight) > 0 && loom_now() < until) usleep(10000);
+    atomic_store(&s->shutting_down, 1);
+    /* Cancels whatever still runs; connection threads see final events. */
+    pthread_rwlock_wrlock(&s->engine_lock);
+    loom_engine *e = s->engine;
+    s->engine = NULL;
+    pthread_rwlock_unlock(&s->engine_lock);
+    loom_engine_free(e);
+    MHD_stop_daemon(d);
+    free_server(s);
+    fprintf(stderr, "loom: stopped\n");
+    return 0;
+}

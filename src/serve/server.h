@@ -1,0 +1,34 @@
+/* server: the OpenAI-compatible HTTP server. HTTP threads parse and
+ * validate, render the chat template, tokenize, submit to the engine and
+ * stream its events back; they never touch the model. */
+#ifndef LOOM_SERVER_H
+#define LOOM_SERVER_H
+
+#include <stddef.h>
+
+#include "loom.h"
+
+typedef struct loom_serve_params {
+    const char *model_dir;
+    const char *model_name;     /* id reported by /v1/models; NULL = dir name */
+    const char *host;           /* default 127.0.0.1 */
+    int port;                   /* default 8080; 0 = any free port */
+    const char *api_key;        /* Bearer token required under /v1/, or NULL */
+    int cors;                   /* add permissive CORS headers */
+    size_t max_body;            /* bytes; larger bodies get 413 */
+    int timeout_s;              /* idle connection timeout */
+    int grace_s;                /* shutdown grace period for in-flight requests */
+    int max_connections;
+    int n_threads;              /* model threads; 0 = all cores */
+    int default_max_tokens;     /* when a request gives none */
+    loom_engine_params engine;
+    const char *port_file;      /* write the bound port here when ready */
+} loom_serve_params;
+
+loom_serve_params loom_serve_default_params(void);
+
+/* Loads the model, serves until SIGINT/SIGTERM, then shuts down gracefully.
+ * Returns a process exit code. */
+int loom_serve_run(const loom_serve_params *p);
+
+#endif
