@@ -442,9 +442,9 @@ static void test_robustness(void) {
     /* deep nesting and long loops stay bounded */
     char deep[4096];
     size_t n = 0;
-    for (int i = 0; i < 300; i++) n += (size_t)snprintf(deep + n, sizeof deep - n, "(");
+    for (int i = 0; i < 60; i++) n += (size_t)snprintf(deep + n, sizeof deep - n, "(");
     n += (size_t)snprintf(deep + n, sizeof deep - n, "1");
-    for (int i = 0; i < 300; i++) n += (size_t)snprintf(deep + n, sizeof deep - n, ")");
+    for (int i = 0; i < 60; i++) n += (size_t)snprintf(deep + n, sizeof deep - n, ")");
     char src[4200];
     snprintf(src, sizeof src, "{{ %s }}", deep);
     loom_status st;
@@ -452,6 +452,31 @@ static void test_robustness(void) {
     CHECK(out && !strcmp(out, "1"));
     free(out);
     CHECK_RENDER("{% for i in range(300) %}{% for j in range(300) %}{% endfor %}{% endfor %}ok", NULL, "ok");
+    /* nesting that would exhaust the stack is refused at compile time */
+    static char huge[300000];
+    size_t k = 0;
+    k += (size_t)snprintf(huge + k, sizeof huge - k, "{{ ");
+    for (int i = 0; i < 100000; i++) huge[k++] = '(';
+    huge[k++] = '1';
+    for (int i = 0; i < 100000; i++) huge[k++] = ')';
+    snprintf(huge + k, sizeof huge - k, " }}");
+    CHECK_FAIL(huge, NULL, LOOM_ERR_FORMAT, "nested too deeply");
+    k = (size_t)snprintf(huge, sizeof huge, "{{ 1");
+    for (int i = 0; i < 5000; i++) k += (size_t)snprintf(huge + k, sizeof huge - k, " + 1");
+    snprintf(huge + k, sizeof huge - k, " }}");
+    CHECK_FAIL(huge, NULL, LOOM_ERR_FORMAT, "expression too long");
+    k = 0;
+    for (int i = 0; i < 2000; i++) k += (size_t)snprintf(huge + k, sizeof huge - k, "{%% if true %%}");
+    CHECK_FAIL(huge, NULL, LOOM_ERR_FORMAT, "too deeply");
+    k = (size_t)snprintf(huge, sizeof huge, "{{ x");
+    for (int i = 0; i < 5000; i++) k += (size_t)snprintf(huge + k, sizeof huge - k, "|trim");
+    snprintf(huge + k, sizeof huge - k, " }}");
+    CHECK_FAIL(huge, NULL, LOOM_ERR_FORMAT, "nested too deeply");
+    /* a list holding itself neither loops nor crashes */
+    out = render("{% set a = [] %}{% set _ = a.append(a) %}{{ a|length }}{{ a == a }}{{ a|string|length > 0 }}",
+                 NULL, &st);
+    CHECK(out && !strcmp(out, "1TrueTrue"));
+    free(out);
 }
 
 int main(void) {

@@ -24,6 +24,7 @@
 #define MAX_STEPS 50000000L       /* statements + loop iterations */
 #define MAX_DEPTH 200             /* macro call nesting */
 #define MAX_RANGE 100000          /* as Jinja's sandbox */
+#define MAX_MEMORY (512u << 20)   /* bytes of values a render may hold */
 
 enum { JF_BUILTIN, JF_METHOD, JF_MACRO, JF_CALLER, JF_CYCLE };
 
@@ -2141,6 +2142,11 @@ static int exec(ctx *c, const jnode *n, jframe *f) {
         rerr(c, n->line, "template output exceeds %u bytes", MAX_OUTPUT);
         return FLOW_ERR;
     }
+    if (c->a->failed) {
+        c->st = loom_err(LOOM_ERR_NOMEM, "template line %d: render memory limit (%zu MiB) "
+                         "exceeded", n->line, c->a->limit >> 20);
+        return FLOW_ERR;
+    }
     switch (n->kind) {
     case N_BODY:
         for (int i = 0; i < n->n; i++) {
@@ -2263,7 +2269,7 @@ loom_status loom_jinja_render(const loom_jinja_template *t, const char *vars_jso
     if (out_len) *out_len = 0;
     last_raised = 0;
     if (!t) return loom_err(LOOM_ERR_INVALID_ARG, "template: NULL template");
-    jarena arena = {0};
+    jarena arena = {.limit = MAX_MEMORY};
     jbuf buf = {0};
     ctx c = {.a = &arena, .out = &buf};
     c.root = frame_new(&c, NULL);

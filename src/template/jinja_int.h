@@ -57,6 +57,8 @@
 typedef struct jarena_block jarena_block;
 typedef struct jarena {
     jarena_block *head;   /* owned chain of blocks, newest first */
+    size_t used;          /* bytes held in blocks */
+    size_t limit;         /* 0 = none; past it allocations fail */
     int failed;           /* set once an allocation failed */
 } jarena;
 
@@ -190,6 +192,7 @@ struct jnode {
     const char **kwn;       /* keyword argument names */
     jnode **kwv;            /* keyword argument values (or param defaults) */
     int nkw;
+    int height;             /* operator-chain height (parser's depth bound) */
 };
 
 /* Binary operator codes for E_BIN and E_CMP. */

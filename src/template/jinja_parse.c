@@ -38,8 +38,12 @@ typedef struct parser {
     tok *t;
     size_t nt, cap, pos;
     int loop_depth;
+    int depth;          /* nesting of expressions and blocks, bounded so that
+                           hostile input cannot exhaust the stack */
     loom_status st;
 } parser;
+
+#define MAX_NESTING 256
 
 static loom_status perr(parser *p, int line, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -760,7 +764,9 @@ static jnode *parse_subscript(parser *p, jnode *obj) {
 }
 
 static jnode *parse_postfix(parser *p, jnode *n) {
-    while (n && p->st == LOOM_OK) {
+    for (int links = 0; n && p->st == LOOM_OK; links++) {
+        if (links > MAX_NESTING)
+            return perr(p, cur(p)->line, "expression nested too deeply"), NULL;
         tok *t = cur(p);
         if (tok_is_op(t, ".")) {
             adv(p);
@@ -810,7 +816,9 @@ static int starts_primary(const tok *t) {
 }
 
 static jnode *parse_filter_expr(parser *p, jnode *n) {
-    while (n && p->st == LOOM_OK) {
+    for (int links = 0; n && p->st == LOOM_OK; links++) {
+        if (links > MAX_NESTING)
+            return perr(p, cur(p)->line, "expression nested too deeply"), NULL;
         tok *t = cur(p);
         if (tok_is_op(t, "|")) {
             adv(p);
@@ -860,7 +868,19 @@ static jnode *parse_filter_expr(parser *p, jnode *n) {
     return n;
 }
 
+static jnode *parse_unary_inner(parser *p, int with_filter);
+
 static jnode *parse_unary(parser *p, int with_filter) {
+    if (++p->depth > MAX_NESTING) {
+        perr(p, cur(p)->line, "expression nested too deeply");
+        return NULL;
+    }
+    jnode *n = parse_unary_inner(p, with_filter);
+    p->depth--;
+    return n;
+}
+
+static jnode *parse_unary_inner(parser *p, int with_filter) {
     tok *t = cur(p);
     jnode *n;
     if (tok_is_op(t, "-") || tok_is_op(t, "+")) {
@@ -877,13 +897,23 @@ static jnode *parse_unary(parser *p, int with_filter) {
     return n;
 }
 
+/* Height of an operator chain, so that `1 + 1 + ... + 1` cannot build a
+ * tree too deep to evaluate. */
+static int chain_height(const jnode *n) { return n->height; }
+
 static jnode *mk_bin(parser *p, int kind, int op, jnode *a, jnode *b, int line) {
     if (!a || !b) return NULL;
+    int h = 1 + LOOM_MAX(chain_height(a), chain_height(b));
+    if (h > 4 * MAX_NESTING) {
+        perr(p, line, "expression too long: more than %d operators in a chain", 4 * MAX_NESTING);
+        return NULL;
+    }
     jnode *n = mk(p, kind, line);
     if (!n) return NULL;
     n->op = op;
     n->a = a;
     n->b = b;
+    n->height = h;
     return n;
 }
 
@@ -970,7 +1000,10 @@ static jnode *parse_not(parser *p) {
         adv(p);
         jnode *n = mk(p, E_NOT, line);
         if (!n) return NULL;
+        if (++p->depth > MAX_NESTING)
+            return perr(p, line, "expression nested too deeply"), NULL;
         n->a = parse_not(p);
+        p->depth--;
         return n->a ? n : NULL;
     }
     return parse_compare(p);
@@ -996,7 +1029,19 @@ static jnode *parse_or(parser *p) {
     return l;
 }
 
+static jnode *parse_expr_inner(parser *p);
+
 static jnode *parse_expr(parser *p) {
+    if (++p->depth > MAX_NESTING) {
+        perr(p, cur(p)->line, "expression nested too deeply");
+        return NULL;
+    }
+    jnode *n = parse_expr_inner(p);
+    p->depth--;
+    return n;
+}
+
+static jnode *parse_expr_inner(parser *p) {
     jnode *e = parse_or(p);
     while (e && tok_is_name(cur(p), "if")) {
         int line = cur(p)->line;
@@ -1256,7 +1301,19 @@ static jnode *parse_call(parser *p, int line) {
     return close_block(p) ? n : NULL;
 }
 
+static jnode *parse_statement_inner(parser *p);
+
 static jnode *parse_statement(parser *p) {
+    if (++p->depth > MAX_NESTING) {
+        perr(p, cur(p)->line, "blocks nested too deeply");
+        return NULL;
+    }
+    jnode *n = parse_statement_inner(p);
+    p->depth--;
+    return n;
+}
+
+static jnode *parse_statement_inner(parser *p) {
     tok *t = cur(p);
     int line = t->line;
     if (t->type != T_NAME) {

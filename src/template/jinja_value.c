@@ -26,11 +26,12 @@ void *jar_alloc(jarena *a, size_t n) {
     jarena_block *b = a->head;
     if (!b || b->cap - b->used < n) {
         size_t cap = n > 32768 ? n : 32768;
-        b = malloc(sizeof *b + cap);
+        b = a->limit && a->used + cap > a->limit ? NULL : malloc(sizeof *b + cap);
         if (!b) {
             a->failed = 1;
             return NULL;
         }
+        a->used += cap;
         b->next = a->head;
         b->used = 0;
         b->cap = cap;
@@ -280,8 +281,17 @@ static int64_t num_i(const jv *v) {
     return v->type == JV_INT ? v->u.i : v->u.b;
 }
 
-int jv_equal(const jv *a, const jv *b) {
+/* Containers can hold themselves (list.append(list), ns.x = ns): recursion
+ * below is capped at this depth instead of running off the stack. */
+#define MAX_VALUE_DEPTH 200
+
+static int equal_at(const jv *a, const jv *b, int depth);
+
+int jv_equal(const jv *a, const jv *b) { return equal_at(a, b, 0); }
+
+static int equal_at(const jv *a, const jv *b, int depth) {
     if (a == b) return 1;
+    if (depth > MAX_VALUE_DEPTH) return 0;
     if (is_num(a) && is_num(b)) {
         if (a->type != JV_FLOAT && b->type != JV_FLOAT) return num_i(a) == num_i(b);
         return num_f(a) == num_f(b);
@@ -296,22 +306,27 @@ int jv_equal(const jv *a, const jv *b) {
         if ((a->flags | b->flags) & JVF_ITER) return 0;
         if (a->u.l.n != b->u.l.n) return 0;
         for (size_t i = 0; i < a->u.l.n; i++)
-            if (!jv_equal(a->u.l.v[i], b->u.l.v[i])) return 0;
+            if (!equal_at(a->u.l.v[i], b->u.l.v[i], depth + 1)) return 0;
         return 1;
     case JV_DICT:
         if ((a->flags & JVF_NS) || (b->flags & JVF_NS)) return 0;
         if (a->u.d.n != b->u.d.n) return 0;
         for (size_t i = 0; i < a->u.d.n; i++) {
             jv *o = jv_dict_get(b, a->u.d.k[i]);
-            if (!o || !jv_equal(a->u.d.v[i], o)) return 0;
+            if (!o || !equal_at(a->u.d.v[i], o, depth + 1)) return 0;
         }
         return 1;
     default: return 0;
     }
 }
 
-int jv_compare(const jv *a, const jv *b, int *ok) {
-    *ok = 1;
+static int compare_at(const jv *a, const jv *b, int *ok, int depth);
+
+int jv_compare(const jv *a, const jv *b, int *ok) { return compare_at(a, b, ok, 0); }
+
+static int compare_at(const jv *a, const jv *b, int *ok, int depth) {
+    *ok = depth <= MAX_VALUE_DEPTH;
+    if (!*ok) return 0;
     if (is_num(a) && is_num(b)) {
         if (a->type != JV_FLOAT && b->type != JV_FLOAT) {
             int64_t x = num_i(a), y = num_i(b);
@@ -332,7 +347,7 @@ int jv_compare(const jv *a, const jv *b, int *ok) {
         size_t n = LOOM_MIN(a->u.l.n, b->u.l.n);
         for (size_t i = 0; i < n; i++) {
             if (jv_equal(a->u.l.v[i], b->u.l.v[i])) continue;
-            return jv_compare(a->u.l.v[i], b->u.l.v[i], ok);
+            return compare_at(a->u.l.v[i], b->u.l.v[i], ok, depth + 1);
         }
         return a->u.l.n < b->u.l.n ? -1 : a->u.l.n > b->u.l.n;
     }
@@ -432,7 +447,15 @@ static void repr_str(jbuf *b, const char *s, size_t n) {
     jb_putc(b, q);
 }
 
-void jv_repr(jbuf *b, const jv *v) {
+static void repr_at(jbuf *b, const jv *v, int depth);
+
+void jv_repr(jbuf *b, const jv *v) { repr_at(b, v, 0); }
+
+static void repr_at(jbuf *b, const jv *v, int depth) {
+    if (depth > MAX_VALUE_DEPTH && (v->type == JV_LIST || v->type == JV_DICT)) {
+        jb_puts(b, "...");
+        return;
+    }
     switch (v->type) {
     case JV_STR: repr_str(b, v->u.s.p, v->u.s.n); return;
     case JV_LIST: {
@@ -444,7 +467,7 @@ void jv_repr(jbuf *b, const jv *v) {
         jb_putc(b, tup ? '(' : '[');
         for (size_t i = 0; i < v->u.l.n; i++) {
             if (i) jb_puts(b, ", ");
-            jv_repr(b, v->u.l.v[i]);
+            repr_at(b, v->u.l.v[i], depth + 1);
         }
         if (tup && v->u.l.n == 1) jb_putc(b, ',');
         jb_putc(b, tup ? ')' : ']');
@@ -455,9 +478,9 @@ void jv_repr(jbuf *b, const jv *v) {
         jb_putc(b, '{');
         for (size_t i = 0; i < v->u.d.n; i++) {
             if (i) jb_puts(b, ", ");
-            jv_repr(b, v->u.d.k[i]);
+            repr_at(b, v->u.d.k[i], depth + 1);
             jb_puts(b, ": ");
-            jv_repr(b, v->u.d.v[i]);
+            repr_at(b, v->u.d.v[i], depth + 1);
         }
         jb_putc(b, '}');
         if (v->flags & JVF_NS) jb_putc(b, '>');
