@@ -212,11 +212,121 @@ static void test_kv_sharing(void) {
     CHECK(strstr(loom_last_error(), "shares KV") != NULL);
 }
 
+/* Logits of prompt 3 against the fixture's reference, for a model
+ * directory that spells the same model differently. */
+static void check_against_ref(const char *dir, const char *fixture) {
+    loom_model *m = NULL;
+    CHECKF(loom_model_load(dir, NULL, &m) == LOOM_OK, "%s: %s", dir, loom_last_error());
+    loom_safetensors *ref = NULL;
+    const loom_st_tensor *ids = ref_tensor(&ref, fixture, "prompt.3.ids");
+    const loom_st_tensor *lg = ref_tensor(&ref, fixture, "prompt.3.logits");
+    if (m && ids && lg) {
+        int L = (int)ids->shape[0], V = loom_model_vocab_size(m);
+        float *got = malloc(sizeof(float) * (size_t)L * V);
+        loom_context *c = NULL;
+        CHECK(loom_context_create(m, NULL, &c) == LOOM_OK);
+        CHECK(loom_context_eval(c, ids->data, L, 1, got) == LOOM_OK);
+        double e = 0, mx = 0;
+        const float *want = lg->data;
+        for (size_t i = 0; i < (size_t)L * V; i++) {
+            double d = fabs((double)got[i] - want[i]);
+            e = d > e || d != d ? d : e;
+            mx = fabs(want[i]) > mx ? fabs(want[i]) : mx;
+        }
+        CHECKF(e / mx <= 1e-5, "%s vs %s reference: %.3g", dir, fixture, e / mx);
+        loom_context_free(c);
+        free(got);
+    }
+    loom_st_close(ref);
+    loom_model_free(m);
+}
+
+/* Older config spellings of the same models: gemma2 without layer_types
+ * (even layers slide), gemma3 with rope_theta + rope_local_base_freq +
+ * sliding_window_pattern. */
+static void test_old_configs(void) {
+    char dir[256];
+    snprintf(dir, sizeof dir, "%s/gemma2old", tmpdir);
+    make_dir(dir, "gemma2-tiny", "\"layer_types\"", "\"old_layer_types\"", NULL, NULL, NULL, NULL,
+             NULL);
+    check_against_ref(dir, "gemma2-tiny");
+    snprintf(dir, sizeof dir, "%s/gemma3old", tmpdir);
+    make_dir(dir, "gemma3-tiny", "\"layer_types\"", "\"old_layer_types\"",
+             "\"rope_parameters\": {\n    \"full_attention\": {\n      \"rope_theta\": 1000000.0,\n"
+             "      \"rope_type\": \"default\"\n    },\n    \"sliding_attention\": {\n"
+             "      \"rope_theta\": 10000.0,\n      \"rope_type\": \"default\"\n    }\n  }",
+             "\"rope_theta\": 1000000.0, \"rope_local_base_freq\": 10000.0, "
+             "\"sliding_window_pattern\": 6", NULL, NULL, NULL);
+    check_against_ref(dir, "gemma3-tiny");
+}
+
+static uint16_t bf16_trunc(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)(u >> 16);
+}
+
+/* matmul_q of every supported width against the dequantized matrix. */
+static void test_matmul_q(void) {
+    const loom_kernels *k = loom_kernels_get();
+    unsigned long long seed = 12345;
+    const int widths[] = {2, 3, 4, 5, 6, 8};
+    for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++) {
+        for (int f16 = 0; f16 < 2; f16++) {
+            int bits = widths[wi], rows = 19, n = 192, group = f16 ? 32 : 64, T = 3;
+            int ng = n / group;
+            size_t words = (size_t)n * bits / 32;
+            uint32_t *w = calloc((size_t)rows * words, 4);
+            uint16_t *sc = malloc(sizeof(uint16_t) * (size_t)rows * ng);
+            uint16_t *bi = malloc(sizeof(uint16_t) * (size_t)rows * ng);
+            float *dq = malloc(sizeof(float) * (size_t)rows * n);
+            float *x = malloc(sizeof(float) * (size_t)T * n);
+            float *y = malloc(sizeof(float) * (size_t)T * rows);
+            for (int i = 0; i < T * n; i++) x[i] = (float)(test_rand_u32(&seed) % 2001) / 1000.0f - 1.0f;
+            for (int r = 0; r < rows; r++) {
+                for (int g = 0; g < ng; g++) {
+                    float s = (float)(test_rand_u32(&seed) % 100 + 1) / 1000.0f;
+                    float b = (float)(test_rand_u32(&seed) % 200) / 1000.0f - 0.1f;
+                    sc[r * ng + g] = f16 ? loom_f32_to_f16(s) : bf16_trunc(s);
+                    bi[r * ng + g] = f16 ? loom_f32_to_f16(b) : bf16_trunc(b);
+                }
+                for (int c = 0; c < n; c++) {
+                    unsigned q = test_rand_u32(&seed) & ((1u << bits) - 1);
+                    size_t bit = (size_t)c * bits;
+                    uint32_t *row = w + (size_t)r * words;
+                    row[bit / 32] |= q << (bit % 32);
+                    if (bit % 32 + bits > 32) row[bit / 32 + 1] |= q >> (32 - bit % 32);
+                    size_t si = (size_t)r * ng + c / group;
+                    float s = f16 ? loom_f16_to_f32(sc[si]) : loom_bf16_to_f32(sc[si]);
+                    float b = f16 ? loom_f16_to_f32(bi[si]) : loom_bf16_to_f32(bi[si]);
+                    dq[(size_t)r * n + c] = s * (float)q + b;
+                }
+            }
+            loom_qmat qm = {.w = w, .scales = sc, .biases = bi, .n = n, .bits = bits,
+                            .group = group, .f16 = f16};
+            k->matmul_q(y, rows, x, n, &qm, T, 0, rows);
+            double e = 0;
+            for (int t = 0; t < T; t++)
+                for (int r = 0; r < rows; r++) {
+                    double want = 0;
+                    for (int c = 0; c < n; c++) want += (double)x[t * n + c] * dq[(size_t)r * n + c];
+                    double d = fabs(want - y[t * rows + r]);
+                    e = d > e ? d : e;
+                }
+            CHECKF(e < 1e-4, "matmul_q %d-bit (%s scales, %s): max err %.3g", bits,
+                   f16 ? "f16" : "bf16", k->name, e);
+            free(w); free(sc); free(bi); free(dq); free(x); free(y);
+        }
+    }
+}
+
 int main(void) {
     if (!mkdtemp(tmpdir)) return 1;
     test_refusals();
     test_quant_override();
     test_kv_sharing();
+    test_old_configs();
+    test_matmul_q();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
