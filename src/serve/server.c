@@ -43,6 +43,8 @@ typedef struct server {
     atomic_ullong next_id;
     int vocab;
     int think;                     /* the vocabulary has </think>: split reasoning */
+    int32_t turn_end[8];           /* end-of-turn ids chat requests stop at */
+    int n_turn_end;
     loom_metrics metrics;
 } server;
 
@@ -172,6 +174,10 @@ static int start_job(job *j, api_error *err) {
     rp.sampling = r->sampling;
     rp.logprobs = r->logprobs;
     rp.ignore_eos = r->ignore_eos;
+    if (r->kind == API_CHAT && !r->ignore_eos) {
+        rp.stop_ids = s->turn_end;
+        rp.n_stop_ids = s->n_turn_end;
+    }
     j->n = r->n;
     for (int i = 0; i < j->n; i++) {
         choice *c = &j->ch[i];
@@ -883,6 +889,15 @@ int loom_serve_run(const loom_serve_params *params) {
     }
     s->vocab = loom_model_vocab_size(s->model);
     s->think = loom_tok_token_to_id(s->tok, "</think>", 8) >= 0;
+    /* Chat turns end at the template's end-of-turn token, which is often
+     * not the model's EOS (ChatML's <|im_end|> on a base model). */
+    static const char *const turn_ends[] = {"<|im_end|>", "<|eot_id|>", "<end_of_turn>",
+                                            "<|end|>", "<|return|>", "<|eom_id|>", "<turn|>"};
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(turn_ends) && s->n_turn_end < 7; i++) {
+        int32_t id = loom_tok_token_to_id(s->tok, turn_ends[i], strlen(turn_ends[i]));
+        if (id >= 0) s->turn_end[s->n_turn_end++] = id;
+    }
+    if (loom_tok_eos_id(s->tok) >= 0) s->turn_end[s->n_turn_end++] = loom_tok_eos_id(s->tok);
     s->p.engine.max_queue = s->p.engine.max_queue;
     if ((st = loom_engine_create(s->model, &s->p.engine, &s->engine))) {
         fprintf(stderr, "loom: error: %s (%s)\n", loom_last_error(), loom_status_str(st));
