@@ -6,21 +6,27 @@
 #include "base/base.h"
 #include "cli/cli.h"
 #include "sample/sample.h"
+#include "stream/textstream.h"
+#include "tokenize/tokenizer.h"
 
 static const char usage[] =
-    "usage: loom generate --model DIR --tokens 1,2,3 [options]\n"
+    "usage: loom generate --model DIR (--prompt TEXT | --tokens 1,2,3) [options]\n"
     "\n"
-    "Generates a continuation of the prompt token ids. Token ids are printed as\n"
-    "they are produced; with --ids the full list is printed as one JSON array\n"
-    "on the last line of stdout. Timings go to stderr.\n"
+    "Generates a continuation of the prompt. With --prompt the text streams to\n"
+    "stdout as it is produced; with --tokens the ids do. With --ids the\n"
+    "generated ids are printed as one JSON array on the last line of stdout.\n"
+    "Timings go to stderr.\n"
     "\n"
     "  --model DIR        Hugging Face model directory\n"
+    "  --prompt TEXT      prompt text (tokenized with the model's tokenizer)\n"
     "  --tokens LIST      comma-separated prompt token ids\n"
+    "  --stop TEXT        stop when TEXT is generated (repeatable)\n"
     "  --max-tokens N     tokens to generate (default 64)\n"
     "  --temperature T    0 = greedy (default 0.8)\n"
     "  --top-k K          keep the K most likely tokens (default 40, 0 = off)\n"
     "  --top-p P          nucleus sampling mass (default 0.95)\n"
     "  --min-p P          drop tokens under P x the top probability (default 0)\n"
+    "  --repeat-penalty R penalise tokens of the last 64 (default 1 = off)\n"
     "  --seed S           random seed (default 1)\n"
     "  --ignore-eos       do not stop at end-of-sequence ids\n"
     "  --ids              print the generated ids as a JSON array\n"
@@ -28,7 +34,9 @@ static const char usage[] =
     "  --threads N        worker threads (default: all cores)\n";
 
 int cmd_generate(int argc, char **argv) {
-    const char *model = NULL, *tokens = NULL;
+    const char *model = NULL, *tokens = NULL, *prompt_text = NULL;
+    const char *stops[16];
+    int n_stops = 0;
     int threads = 0, max_tokens = 64, ignore_eos = 0, json_ids = 0, n_ctx = 0, seed = 1;
     loom_sampling sp = loom_sampling_default();
     sp.temperature = 0.8f;
@@ -44,7 +52,7 @@ int cmd_generate(int argc, char **argv) {
         if (!strcmp(a, "--ids")) { json_ids = 1; continue; }
         static const char *valued[] = {"--model", "--tokens", "--max-tokens", "--temperature",
                                        "--top-k", "--top-p", "--min-p", "--seed", "--ctx-size",
-                                       "--threads"};
+                                       "--threads", "--prompt", "--stop", "--repeat-penalty"};
         int known = 0;
         for (size_t k = 0; k < LOOM_ARRAY_LEN(valued); k++) known |= !strcmp(a, valued[k]);
         if (!known) return cli_usage_error("generate", "unknown option \"%s\"", a);
@@ -52,24 +60,33 @@ int cmd_generate(int argc, char **argv) {
         int bad = 0;
         if (!strcmp(a, "--model")) model = v;
         else if (!strcmp(a, "--tokens")) tokens = v;
+        else if (!strcmp(a, "--prompt")) prompt_text = v;
+        else if (!strcmp(a, "--stop")) {
+            if (n_stops == 16) return cli_usage_error("generate", "at most 16 --stop strings");
+            stops[n_stops++] = v;
+        }
         else if (!strcmp(a, "--max-tokens")) bad = cli_int("generate", a, v, 0, 1 << 24, &max_tokens);
         else if (!strcmp(a, "--temperature")) bad = cli_float("generate", a, v, &sp.temperature);
         else if (!strcmp(a, "--top-k")) bad = cli_int("generate", a, v, 0, 1 << 30, &sp.top_k);
         else if (!strcmp(a, "--top-p")) bad = cli_float("generate", a, v, &sp.top_p);
         else if (!strcmp(a, "--min-p")) bad = cli_float("generate", a, v, &sp.min_p);
+        else if (!strcmp(a, "--repeat-penalty")) bad = cli_float("generate", a, v, &sp.repetition_penalty);
         else if (!strcmp(a, "--seed")) bad = cli_int("generate", a, v, 0, 1 << 30, &seed);
         else if (!strcmp(a, "--ctx-size")) bad = cli_int("generate", a, v, 1, 1 << 24, &n_ctx);
         else bad = cli_int("generate", a, v, 0, 4096, &threads);
         if (bad) return 2;
     }
-    if (!model || !tokens) return cli_usage_error("generate", "--model and --tokens are required");
+    if (!model || !tokens == !prompt_text)
+        return cli_usage_error("generate", "--model and one of --prompt or --tokens are required");
     if (sp.temperature < 0) return cli_usage_error("generate", "--temperature must be >= 0");
     sp.seed = (uint64_t)seed;
-    int32_t *prompt;
-    int n_prompt;
-    if (cli_ids("generate", "--tokens", tokens, &prompt, &n_prompt)) return 2;
+    int32_t *prompt = NULL;
+    int n_prompt = 0;
+    if (tokens && cli_ids("generate", "--tokens", tokens, &prompt, &n_prompt)) return 2;
 
     int rc = 1;
+    loom_tok *tok = NULL;
+    loom_textstream *ts = NULL;
     loom_model *m = NULL;
     loom_context *c = NULL;
     loom_sampler smp = {0};
@@ -79,6 +96,19 @@ int cmd_generate(int argc, char **argv) {
     mp.n_threads = threads;
     loom_status s = loom_model_load(model, &mp, &m);
     if (s != LOOM_OK) { rc = cli_fail("loading model", s); goto done; }
+    if (prompt_text || n_stops) {
+        if ((s = loom_tok_load_dir(model, &tok))) { rc = cli_fail("loading tokenizer", s); goto done; }
+        if ((s = loom_ts_create(tok, stops, n_stops, 1, &ts))) { rc = cli_fail("stop strings", s); goto done; }
+    }
+    if (prompt_text) {
+        size_t n = 0;
+        s = loom_tok_encode(tok, prompt_text, strlen(prompt_text), LOOM_TOK_ADD_SPECIAL_CONFIG, &prompt, &n);
+        if (s) { rc = cli_fail("tokenizing the prompt", s); goto done; }
+        n_prompt = (int)n;
+        if (!n_prompt) { fprintf(stderr, "loom: error: the prompt encodes to no tokens\n"); goto done; }
+        int ctx = LOOM_MIN(n_prompt, 4);
+        loom_ts_prime(ts, prompt + n_prompt - ctx, (size_t)ctx);
+    }
     loom_context_params cp = loom_context_default_params();
     cp.n_ctx = n_ctx ? n_ctx : n_prompt + max_tokens;
     if ((s = loom_context_create(m, &cp, &c))) { rc = cli_fail("creating context", s); goto done; }
@@ -100,28 +130,46 @@ int cmd_generate(int argc, char **argv) {
         loom_sampler_pick(&smp, logits, -1, &res);
         int32_t id = res.id;
         out[n_out++] = id;
-        if (!json_ids) {
+        int stop = 0;
+        if (ts) {
+            const char *text;
+            size_t len;
+            loom_ts_push(ts, id, &text, &len, &stop);
+            if (prompt_text && !json_ids) fwrite(text, 1, len, stdout);
+            fflush(stdout);
+        } else if (!json_ids) {
             printf("%s%d", n_out > 1 ? " " : "", id);
             fflush(stdout);
         }
-        int stop = 0;
         for (int k = 0; k < n_eos; k++) stop |= eos[k] == id;
         if (stop || n_out == max_tokens) break;
         if ((s = loom_context_eval(c, &id, 1, 0, logits))) { rc = cli_fail("decode", s); goto done; }
     }
     double t2 = loom_now();
-    if (json_ids) {
+    if (ts) {
+        const char *text;
+        size_t len;
+        int stopped;
+        loom_ts_finish(ts, &text, &len, &stopped);
+        if (prompt_text && !json_ids) fwrite(text, 1, len, stdout);
+    }
+    if (prompt_text && !json_ids) {
+        printf("\n");
+    } else if (json_ids) {
         printf("[");
         for (int k = 0; k < n_out; k++) printf("%s%d", k ? ", " : "", out[k]);
         printf("]\n");
-    } else {
+    } else if (!prompt_text) {
         printf("\n");
     }
+    fflush(stdout);
     fprintf(stderr, "prompt: %d tokens in %.3f s (%.1f tok/s); generated: %d tokens in %.3f s "
             "(%.1f tok/s)\n", n_prompt, t1 - t0, n_prompt / (t1 - t0 + 1e-12), n_out, t2 - t1,
             n_out > 1 ? (n_out - 1) / (t2 - t1 + 1e-12) : 0.0);
     rc = 0;
 done:
+    loom_ts_free(ts);
+    loom_tok_free(tok);
     loom_sampler_free(&smp);
     free(logits);
     free(out);

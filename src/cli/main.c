@@ -12,6 +12,7 @@ static const struct {
     {"generate", cmd_generate, "continue a prompt"},
     {"logits", cmd_logits, "write the logits at every prompt position"},
     {"serve", cmd_serve, "serve an OpenAI-compatible HTTP API"},
+    {"chat", cmd_chat, "chat in the terminal"},
     {"info", cmd_info, "describe a model: architecture, sizes, layer kinds"},
 };
 

@@ -1,0 +1,245 @@
+/* loom chat: an interactive terminal chat over the model's chat template.
+ * The conversation's KV stays in one context: each turn only prefills what
+ * the template added since the previous one. */
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "cli/cli.h"
+#include "sample/sample.h"
+#include "stream/textstream.h"
+#include "template/chat.h"
+#include "tokenize/tokenizer.h"
+
+static const char usage[] =
+    "usage: loom chat --model DIR [options]\n"
+    "\n"
+    "Chats in the terminal with the model's own chat template, streaming the\n"
+    "replies. Commands: /reset (forget the conversation), /exit.\n"
+    "\n"
+    "  --model DIR        Hugging Face model directory\n"
+    "  --system TEXT      system message\n"
+    "  --max-tokens N     reply length limit (default 512)\n"
+    "  --temperature T    (default 0.7)\n"
+    "  --top-p P          (default 0.95)\n"
+    "  --repeat-penalty R (default 1.1)\n"
+    "  --seed S           (default 1)\n"
+    "  --ctx-size N       context length (default 4096)\n"
+    "  --threads N        worker threads (default: all cores)\n";
+
+typedef struct chat_state {
+    loom_model *m;
+    loom_tok *tok;
+    loom_chat_template *tpl;
+    loom_context *ctx;
+    cJSON *messages;
+    const char *system;
+    int32_t *held;             /* tokens in the context, in order */
+    int n_held;
+    int32_t turn_end[8];
+    int n_turn_end;
+} chat_state;
+
+static void reset(chat_state *c) {
+    cJSON_Delete(c->messages);
+    c->messages = cJSON_CreateArray();
+    if (c->system) {
+        cJSON *m = cJSON_CreateObject();
+        cJSON_AddStringToObject(m, "role", "system");
+        cJSON_AddStringToObject(m, "content", c->system);
+        cJSON_AddItemToArray(c->messages, m);
+    }
+    loom_context_truncate(c->ctx, 0);
+    c->n_held = 0;
+}
+
+/* One turn: render, reuse the common prefix of the context, generate. */
+static int turn(chat_state *c, const char *user, int max_tokens, loom_sampler *smp, float *logits) {
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "role", "user");
+    cJSON_AddStringToObject(m, "content", user);
+    cJSON_AddItemToArray(c->messages, m);
+    char *msgs = cJSON_PrintUnformatted(c->messages);
+    loom_chat_params cp = loom_chat_default_params();
+    cp.messages_json = msgs;
+    cp.add_generation_prompt = 1;
+    char *text = NULL;
+    size_t len = 0;
+    loom_status s = loom_chat_apply(c->tpl, &cp, &text, &len);
+    free(msgs);
+    if (s) return cli_fail("chat template", s);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    s = loom_tok_encode(c->tok, text, len, LOOM_TOK_NO_SPECIAL, &ids, &n);
+    free(text);
+    if (s) return cli_fail("tokenizing", s);
+    int keep = 0;
+    while (keep < c->n_held && keep < (int)n - 1 && c->held[keep] == ids[keep]) keep++;
+    loom_context_truncate(c->ctx, keep);
+    int cap = (int)n + max_tokens + 1;
+    int32_t *held = realloc(c->held, sizeof *held * (size_t)cap);
+    if (!held) {
+        free(ids);
+        return 1;
+    }
+    c->held = held;
+    memcpy(c->held, ids, sizeof *ids * n);
+    c->n_held = (int)n;
+    s = loom_context_eval(c->ctx, ids + keep, (int)n - keep, 0, logits);
+    free(ids);
+    if (s) return cli_fail("prompt", s);
+    loom_textstream *ts = NULL;
+    if ((s = loom_ts_create(c->tok, NULL, 0, 1, &ts))) return cli_fail("detokenizer", s);
+    int ctx = LOOM_MIN(c->n_held, 4);
+    loom_ts_prime(ts, c->held + c->n_held - ctx, (size_t)ctx);
+
+    char *reply = NULL;
+    size_t reply_len = 0, reply_cap = 0;
+    int V = loom_model_vocab_size(c->m);
+    for (int i = 0; i < max_tokens; i++) {
+        loom_sample_result r;
+        loom_sampler_pick(smp, logits, -1, &r);
+        loom_sampler_accept(smp, r.id, 1);
+        int end = 0;
+        for (int k = 0; k < c->n_turn_end; k++) end |= r.id == c->turn_end[k];
+        if (end) break;
+        const char *piece;
+        size_t pl;
+        int stopped;
+        loom_ts_push(ts, r.id, &piece, &pl, &stopped);
+        fwrite(piece, 1, pl, stdout);
+        fflush(stdout);
+        if (reply_len + pl + 1 > reply_cap) {
+            reply_cap = (reply_len + pl + 1) * 2;
+            char *nr = realloc(reply, reply_cap);
+            if (!nr) break;
+            reply = nr;
+        }
+        memcpy(reply + reply_len, piece, pl);
+        reply_len += pl;
+        c->held[c->n_held++] = r.id;
+        if ((s = loom_context_eval(c->ctx, &r.id, 1, 0, logits))) {
+            cli_fail("decode", s);
+            break;
+        }
+    }
+    (void)V;
+    const char *piece;
+    size_t pl;
+    int stopped;
+    loom_ts_finish(ts, &piece, &pl, &stopped);
+    fwrite(piece, 1, pl, stdout);
+    printf("\n");
+    loom_ts_free(ts);
+    cJSON *a = cJSON_CreateObject();
+    cJSON_AddStringToObject(a, "role", "assistant");
+    char *full = malloc(reply_len + pl + 1);
+    if (full) {
+        if (reply_len) memcpy(full, reply, reply_len);
+        memcpy(full + reply_len, piece, pl);
+        full[reply_len + pl] = 0;
+        cJSON_AddStringToObject(a, "content", full);
+    }
+    free(full);
+    free(reply);
+    cJSON_AddItemToArray(c->messages, a);
+    return 0;
+}
+
+int cmd_chat(int argc, char **argv) {
+    const char *model = NULL;
+    int threads = 0, max_tokens = 512, n_ctx = 4096, seed = 1;
+    loom_sampling sp = loom_sampling_default();
+    sp.temperature = 0.7f;
+    sp.top_p = 0.95f;
+    sp.repetition_penalty = 1.1f;
+    chat_state c;
+    memset(&c, 0, sizeof c);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            fputs(usage, stdout);
+            return 0;
+        }
+        static const char *valued[] = {"--model", "--system", "--max-tokens", "--temperature",
+                                       "--top-p", "--repeat-penalty", "--seed", "--ctx-size",
+                                       "--threads"};
+        int known = 0;
+        for (size_t k = 0; k < LOOM_ARRAY_LEN(valued); k++) known |= !strcmp(a, valued[k]);
+        if (!known) return cli_usage_error("chat", "unknown option \"%s\"", a);
+        if (!(v = cli_value("chat", argc, argv, &i))) return 2;
+        int bad = 0;
+        if (!strcmp(a, "--model")) model = v;
+        else if (!strcmp(a, "--system")) c.system = v;
+        else if (!strcmp(a, "--max-tokens")) bad = cli_int("chat", a, v, 1, 1 << 20, &max_tokens);
+        else if (!strcmp(a, "--temperature")) bad = cli_float("chat", a, v, &sp.temperature);
+        else if (!strcmp(a, "--top-p")) bad = cli_float("chat", a, v, &sp.top_p);
+        else if (!strcmp(a, "--repeat-penalty")) bad = cli_float("chat", a, v, &sp.repetition_penalty);
+        else if (!strcmp(a, "--seed")) bad = cli_int("chat", a, v, 0, 1 << 30, &seed);
+        else if (!strcmp(a, "--ctx-size")) bad = cli_int("chat", a, v, 16, 1 << 22, &n_ctx);
+        else bad = cli_int("chat", a, v, 0, 4096, &threads);
+        if (bad) return 2;
+    }
+    if (!model) return cli_usage_error("chat", "--model is required");
+    sp.seed = (uint64_t)seed;
+    int rc = 1;
+    float *logits = NULL;
+    loom_sampler smp = {0};
+    loom_model_params mp = loom_model_default_params();
+    mp.n_threads = threads;
+    loom_status s = loom_model_load(model, &mp, &c.m);
+    if (!s) s = loom_tok_load_dir(model, &c.tok);
+    if (!s) s = loom_chat_template_load(model, &c.tpl);
+    if (s) { rc = cli_fail("loading", s); goto done; }
+    loom_context_params cp = loom_context_default_params();
+    cp.n_ctx = n_ctx;
+    if ((s = loom_context_create(c.m, &cp, &c.ctx))) { rc = cli_fail("context", s); goto done; }
+    if ((s = loom_sampler_init(&smp, &sp, loom_model_vocab_size(c.m)))) { rc = cli_fail("sampling", s); goto done; }
+    logits = malloc(sizeof(float) * (size_t)loom_model_vocab_size(c.m));
+    if (!logits) goto done;
+    static const char *const ends[] = {"<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>"};
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(ends); i++) {
+        int32_t id = loom_tok_token_to_id(c.tok, ends[i], strlen(ends[i]));
+        if (id >= 0) c.turn_end[c.n_turn_end++] = id;
+    }
+    int32_t eos[4];
+    int ne = LOOM_MIN(loom_model_eos_ids(c.m, eos, 4), 4);
+    for (int i = 0; i < ne && c.n_turn_end < 8; i++) c.turn_end[c.n_turn_end++] = eos[i];
+    reset(&c);
+    fprintf(stderr, "loom chat: %s (%s). /reset clears the conversation, /exit quits.\n", model,
+            loom_model_arch(c.m));
+    char line[8192];
+    for (;;) {
+        fprintf(stderr, "> ");
+        if (!fgets(line, sizeof line, stdin)) break;
+        line[strcspn(line, "\n")] = 0;
+        if (!line[0]) continue;
+        if (!strcmp(line, "/exit") || !strcmp(line, "/quit")) break;
+        if (!strcmp(line, "/reset")) {
+            reset(&c);
+            fprintf(stderr, "(conversation cleared)\n");
+            continue;
+        }
+        if (loom_context_length(c.ctx) + 16 > n_ctx) {
+            fprintf(stderr, "(context full: conversation cleared)\n");
+            reset(&c);
+        }
+        turn(&c, line, LOOM_MIN(max_tokens, n_ctx - loom_context_length(c.ctx) - 256 > 0
+                                                ? n_ctx - loom_context_length(c.ctx) - 256
+                                                : 16),
+             &smp, logits);
+    }
+    rc = 0;
+done:
+    free(logits);
+    loom_sampler_free(&smp);
+    free(c.held);
+    cJSON_Delete(c.messages);
+    loom_context_free(c.ctx);
+    loom_chat_template_free(c.tpl);
+    loom_tok_free(c.tok);
+    loom_model_free(c.m);
+    return rc;
+}
