@@ -171,6 +171,93 @@ static void test_matmul_specials(void) {
     }
 }
 
+/* ---- affine-quantized matmul --------------------------------------------- */
+
+/* Field k of a packed row, read bit by bit from the little-endian stream. */
+static unsigned q_field_indep(const uint32_t *row, int k, int bits) {
+    unsigned v = 0;
+    for (int b = 0; b < bits; b++) {
+        size_t bit = (size_t)k * bits + b;
+        v |= ((row[bit / 32] >> (bit % 32)) & 1u) << b;
+    }
+    return v;
+}
+
+static float q_param_f(const uint16_t *p, size_t i, int f16) {
+    return f16 ? loom_f16_to_f32(p[i]) : loom_bf16_to_f32(p[i]);
+}
+
+static void check_matmul_q(int bits, int group, int n, int T, int f16, int rows, int r0, int r1,
+                           int ldx, int ldy) {
+    int words = n * bits / 32, ng = n / group;
+    uint32_t *wq = malloc((size_t)rows * words * sizeof *wq);
+    for (int i = 0; i < rows * words; i++) wq[i] = test_rand_u32(&rng);
+    uint16_t *sc = malloc((size_t)rows * ng * sizeof *sc), *bi = malloc((size_t)rows * ng * sizeof *bi);
+    for (int i = 0; i < rows * ng; i++) {
+        float s = (0.02f + 0.05f * fabsf(test_rand_f(&rng))) / (float)(1 << bits);
+        float b = -s * (float)(1 << (bits - 1)) * (1.0f + 0.2f * test_rand_f(&rng));
+        sc[i] = f16 ? loom_f32_to_f16(s) : loom_f32_to_bf16(s);
+        bi[i] = f16 ? loom_f32_to_f16(b) : loom_f32_to_bf16(b);
+    }
+    loom_qmat w = {.w = wq, .scales = sc, .biases = bi, .n = n, .bits = bits, .group = group,
+                   .f16 = f16};
+    float *x = rand_f32((size_t)(T - 1) * ldx + n, 1.0f);
+    size_t ny = (size_t)(T - 1) * ldy + rows;
+    float *y = malloc(ny * sizeof *y), *yr = malloc(ny * sizeof *yr);
+    for (size_t i = 0; i < ny; i++) y[i] = yr[i] = SENTINEL;
+    K->matmul_q(y, ldy, x, ldx, &w, T, r0, r1);
+    R->matmul_q(yr, ldy, x, ldx, &w, T, r0, r1);
+    int bad = 0;
+    for (int t = 0; t < T && bad < 3; t++)
+        for (int r = 0; r < rows && bad < 3; r++) {
+            size_t i = (size_t)t * ldy + r;
+            if (r < r0 || r >= r1) {
+                bad += y[i] != SENTINEL;
+                CHECKF(y[i] == SENTINEL, "matmul_q: wrote outside [%d,%d) at t %d r %d", r0, r1, t, r);
+                continue;
+            }
+            /* Bound for either way of summing: scale*q and bias separately. */
+            double sa = 0;
+            for (int k = 0; k < n; k++) {
+                size_t gi = (size_t)r * ng + k / group;
+                double q = q_field_indep(wq + (size_t)r * words, k, bits);
+                sa += fabs((double)x[(size_t)t * ldx + k]) *
+                      (fabs(q_param_f(sc, gi, f16) * q) + fabs((double)q_param_f(bi, gi, f16)));
+            }
+            int ok = close_sum(y[i], yr[i], sa);
+            bad += !ok;
+            CHECKF(ok, "matmul_q bits %d group %d n %d T %d f16 %d [%d,%d) t %d r %d: %.9g vs %.9g",
+                   bits, group, n, T, f16, r0, r1, t, r, y[i], yr[i]);
+        }
+    free(wq);
+    free(sc);
+    free(bi);
+    free(x);
+    free(y);
+    free(yr);
+}
+
+static void test_matmul_q(void) {
+    static const int bitss[] = {2, 3, 4, 5, 6, 8};
+    /* {group, n}: one group, several, past the 1024-column chunk, a group
+     * split by the chunk boundary (384), tiny groups. */
+    static const int shapes[][2] = {{32, 32}, {64, 192}, {128, 2176}, {384, 1152}, {8, 40}, {32, 1056}};
+    static const int qT[] = {1, 2, 4, 5, 13};
+    static const int ranges[][2] = {{0, 9}, {1, 8}, {3, 4}, {2, 7}};
+    for (size_t bi = 0; bi < LOOM_ARRAY_LEN(bitss); bi++)
+        for (size_t si = 0; si < LOOM_ARRAY_LEN(shapes); si++)
+            for (size_t ti = 0; ti < LOOM_ARRAY_LEN(qT); ti++)
+                for (size_t ri = 0; ri < LOOM_ARRAY_LEN(ranges); ri++) {
+                    int group = shapes[si][0], n = shapes[si][1];
+                    if ((n * bitss[bi]) % 32) continue;
+                    check_matmul_q(bitss[bi], group, n, qT[ti], (int)(ri + ti) % 2, 9,
+                                   ranges[ri][0], ranges[ri][1], n + (int)ri, 11 + (int)ri);
+                }
+    /* Groups that are not a multiple of 8 (the reference path). */
+    check_matmul_q(8, 4, 12, 3, 0, 5, 0, 5, 12, 5);
+    check_matmul_q(4, 24, 48, 2, 1, 5, 1, 4, 50, 6);
+}
+
 /* ---- vector kernels -------------------------------------------------------- */
 
 static void test_dot_axpy(void) {
@@ -286,6 +373,53 @@ static void test_silu_mul(void) {
     for (int i = 0; i < N; i++)
         CHECKF(close_rel(g[i], gr[i], 5e-7, 1e-37), "silu_mul sweep i %d: %.9g vs %.9g", i, g[i],
                gr[i]);
+}
+
+static int close_gelu(float got, float want, float x, float u) {
+    if (isnan(want)) return isnan(got);
+    /* The reference's 1 + tanhf(z) carries an absolute error of about an
+     * ulp of 1, so allow that much of 0.5 |x u| besides the relative part. */
+    return fabs((double)got - want) <= 1e-6 * fabs((double)want) + 3e-7 * fabs((double)x * u) + 1e-37;
+}
+
+static void test_gelu_tanh_mul(void) {
+    for (size_t ni = 0; ni < LOOM_ARRAY_LEN(SIZES); ni++) {
+        int n = SIZES[ni];
+        float *g = rand_f32((size_t)n, 6.0f), *u = rand_f32((size_t)n, 2.0f);
+        float *g0 = malloc((size_t)n * sizeof *g0), *gr = malloc((size_t)n * sizeof *gr);
+        memcpy(g0, g, (size_t)n * sizeof *g);
+        memcpy(gr, g, (size_t)n * sizeof *g);
+        K->gelu_tanh_mul(g, u, n);
+        R->gelu_tanh_mul(gr, u, n);
+        for (int i = 0; i < n; i++)
+            CHECKF(close_gelu(g[i], gr[i], g0[i], u[i]), "gelu_tanh_mul n %d i %d (x %.9g): %.9g vs %.9g",
+                   n, i, g0[i], g[i], gr[i]);
+        free(g);
+        free(u);
+        free(g0);
+        free(gr);
+    }
+    enum { N = 4096 };
+    static float g[N], gr[N], g0[N], u[N];
+    for (int i = 0; i < N; i++) {
+        g[i] = -40.0f + 80.0f * (float)i / N + 0.0071f;
+        u[i] = 1.0f + test_rand_f(&rng) * 0.5f;
+    }
+    g[0] = INFINITY;
+    g[1] = -INFINITY;
+    g[2] = NAN;
+    g[3] = 1e20f; /* x^3 overflows */
+    g[4] = -1e20f;
+    g[5] = 1e-30f;
+    memcpy(gr, g, sizeof g);
+    memcpy(g0, g, sizeof g);
+    K->gelu_tanh_mul(g, u, N);
+    R->gelu_tanh_mul(gr, u, N);
+    for (int i = 0; i < N; i++) {
+        int ok = isinf(g0[i]) ? (isnan(gr[i]) ? isnan(g[i]) : g[i] == gr[i])
+                              : close_gelu(g[i], gr[i], g0[i], u[i]);
+        CHECKF(ok, "gelu_tanh_mul sweep x %.9g: %.9g vs %.9g", g0[i], g[i], gr[i]);
+    }
 }
 
 static void test_row_conversions(void) {
@@ -500,7 +634,8 @@ int main(void) {
 #define FILLREF(f) if (!raw.f) raw.f = loom_kernels_ref.f
             FILLREF(matmul_f32); FILLREF(matmul_f16); FILLREF(matmul_bf16); FILLREF(dot);
             FILLREF(axpy); FILLREF(rmsnorm); FILLREF(softmax); FILLREF(silu_mul);
-            FILLREF(f16_to_f32); FILLREF(bf16_to_f32);
+            FILLREF(f16_to_f32); FILLREF(bf16_to_f32); FILLREF(matmul_q);
+            FILLREF(gelu_tanh_mul);
             K = &raw;
         }
     } else {
@@ -512,10 +647,12 @@ int main(void) {
 #endif
     test_matmul();
     test_matmul_specials();
+    test_matmul_q();
     test_dot_axpy();
     test_rmsnorm();
     test_softmax();
     test_silu_mul();
+    test_gelu_tanh_mul();
     test_row_conversions();
     test_base_conversions();
     test_argmax();

@@ -272,6 +272,103 @@ static void matmul_bf16(float *y, int ldy, const float *x, int ldx,
     matmul(y, ldy, x, ldx, w, n, T, r0, r1, DT_BF16);
 }
 
+/* ---- affine-quantized rows ---------------------------------------------- */
+
+/* Columns dequantized per pass: TILE_R rows of this many f32 (16 KiB) stay
+ * in L1 while every token runs over them. */
+#define QCHUNK 1024
+
+/* Eight fields of `bits` bits starting at field k (k % 8 == 0) of a packed
+ * row of row_bytes bytes, as int32 lanes. Eight fields are exactly `bits`
+ * bytes, starting on a byte boundary. */
+INLINE __m256i q_fields8(const uint8_t *row, size_t row_bytes, size_t k, int bits) {
+    const uint8_t *p = row + k / 8 * (size_t)bits;
+    if (bits == 8) return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    if (bits == 4) {
+        uint32_t u;
+        memcpy(&u, p, 4);
+        return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)u),
+                                                  _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                                _mm256_set1_epi32(15));
+    }
+    /* Any width up to 8: the 8 * bits bits as one 64-bit word (loaded
+     * whole unless it would run past the end of the row). */
+    uint64_t u = 0;
+    if ((size_t)(p - row) + 8 <= row_bytes) memcpy(&u, p, 8);
+    else memcpy(&u, p, (size_t)bits);
+    __m256i v = _mm256_set1_epi64x((long long)u);
+    __m256i m = _mm256_set1_epi64x((1 << bits) - 1);
+    __m256i lo = _mm256_and_si256(
+        _mm256_srlv_epi64(v, _mm256_setr_epi64x(0, bits, 2 * bits, 3 * bits)), m); /* fields 0..3 */
+    __m256i hi = _mm256_and_si256(
+        _mm256_srlv_epi64(v, _mm256_setr_epi64x(4 * bits, 5 * bits, 6 * bits, 7 * bits)),
+        m);                                                                          /* fields 4..7 */
+    /* 32-bit lanes: lo = f0 . f1 . | f2 . f3 ., hi = f4 . f5 . | f6 . f7 . */
+    __m256i both = _mm256_or_si256(lo, _mm256_slli_epi64(hi, 32)); /* f0 f4 f1 f5 | f2 f6 f3 f7 */
+    return _mm256_permutevar8x32_epi32(both, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
+}
+
+INLINE float q_param(const loom_qmat *w, const uint16_t *p, size_t i) {
+    return w->f16 ? loom_f16_to_f32(p[i]) : loom_bf16_to_f32(p[i]);
+}
+
+/* buf[j] = scale * (float)q[k + j] + bias for the columns [k, end) of one
+ * group, rounded twice (no FMA) exactly as the reference does, so only the
+ * order of the sums can differ. */
+INLINE void q_dequant_group(float *buf, const uint8_t *row, size_t row_bytes, size_t k,
+                            size_t end, __m256 sc, __m256 bi, int bits) {
+    for (; k < end; k += 8, buf += 8) {
+        __m256 q = _mm256_cvtepi32_ps(q_fields8(row, row_bytes, k, bits));
+        _mm256_storeu_ps(buf, _mm256_add_ps(_mm256_mul_ps(sc, q), bi));
+    }
+}
+
+/* buf[0 .. len) = row r, columns [k0, k0 + len), dequantized. k0, len and
+ * the group are multiples of 8. */
+static void q_dequant(float *buf, const loom_qmat *w, size_t r, size_t k0, size_t len) {
+    const size_t row_bytes = (size_t)w->n * (size_t)w->bits / 8;
+    const uint8_t *row = (const uint8_t *)w->w + r * row_bytes;
+    const size_t group = (size_t)w->group, ng = (size_t)w->n / group;
+    for (size_t k = k0, end = k0 + len; k < end;) {
+        size_t g = k / group, gend = LOOM_MIN(end, (g + 1) * group);
+        __m256 sc = _mm256_set1_ps(q_param(w, w->scales, r * ng + g));
+        __m256 bi = _mm256_set1_ps(q_param(w, w->biases, r * ng + g));
+        float *b = buf + (k - k0);
+        /* Constant widths get their own specialized loops. */
+        if (w->bits == 4) q_dequant_group(b, row, row_bytes, k, gend, sc, bi, 4);
+        else if (w->bits == 8) q_dequant_group(b, row, row_bytes, k, gend, sc, bi, 8);
+        else q_dequant_group(b, row, row_bytes, k, gend, sc, bi, w->bits);
+        k = gend;
+    }
+}
+
+static void matmul_q(float *y, int ldy, const float *x, int ldx, const loom_qmat *w, int T,
+                     int r0, int r1) {
+    if (w->n % 8 || w->group % 8 || w->bits < 1 || w->bits > 8) {
+        /* Groups that split an 8-wide block: rare enough for the reference. */
+        loom_kernels_ref.matmul_q(y, ldy, x, ldx, w, T, r0, r1);
+        return;
+    }
+    float buf[TILE_R * QCHUNK] __attribute__((aligned(32)));
+    const size_t n = (size_t)w->n, lx = (size_t)ldx, ly = (size_t)ldy;
+    for (int r = r0; r < r1; r += TILE_R) {
+        int R = LOOM_MIN(TILE_R, r1 - r);
+        size_t k0 = 0;
+        do { /* at least once, so that n == 0 still stores zeros */
+            size_t len = LOOM_MIN((size_t)QCHUNK, n - k0);
+            for (int i = 0; i < R; i++) q_dequant(buf + (size_t)i * QCHUNK, w, (size_t)(r + i), k0, len);
+            int add = k0 > 0;
+            switch (R) {
+            case 4: tile_tokens(y + r, ly, x + k0, lx, buf, QCHUNK, len, T, 4, 0, add, DT_F32); break;
+            case 3: tile_tokens(y + r, ly, x + k0, lx, buf, QCHUNK, len, T, 3, 0, add, DT_F32); break;
+            case 2: tile_tokens(y + r, ly, x + k0, lx, buf, QCHUNK, len, T, 2, 0, add, DT_F32); break;
+            default: tile_tokens(y + r, ly, x + k0, lx, buf, QCHUNK, len, T, 1, 0, add, DT_F32); break;
+            }
+            k0 += len;
+        } while (k0 < n);
+    }
+}
+
 /* ---- vector kernels ------------------------------------------------------ */
 
 static float dot(const float *a, const float *b, int n) {
@@ -418,6 +515,30 @@ static void silu_mul(float *g, const float *u, int n) {
     }
 }
 
+/* gelu_tanh(x) = 0.5 x (1 + tanh(z)), z = 0.79788456 (x + 0.044715 x^3),
+ * with 1 + tanh(z) = 2 / (1 + e^(-2z)), which has no cancellation when z is
+ * very negative (the reference's 1 + tanhf(z) has an absolute error of
+ * about one ulp of 1 there; the test allows for that). z is computed in the
+ * reference's order. */
+INLINE __m256 gelu_tanh_mul8(__m256 x, __m256 u) {
+    __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.044715f), x), x), x);
+    __m256 z = _mm256_mul_ps(_mm256_set1_ps(0.7978845608028654f), _mm256_add_ps(x, x3));
+    __m256 e = exp8(_mm256_mul_ps(_mm256_set1_ps(-2.0f), z));
+    __m256 s = _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+    return _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), x), s), u);
+}
+
+static void gelu_tanh_mul(float *g, const float *u, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(g + i, gelu_tanh_mul8(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
+    if (i < n) {
+        __m256i m = tail_mask(n - i);
+        _mm256_maskstore_ps(g + i, m, gelu_tanh_mul8(_mm256_maskload_ps(g + i, m),
+                                                     _mm256_maskload_ps(u + i, m)));
+    }
+}
+
 static void f16_to_f32(float *y, const uint16_t *x, int n) {
     int i = 0;
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, load_w(x, (size_t)i, DT_F16));
@@ -437,11 +558,13 @@ const loom_kernels loom_kernels_avx2 = {
     .matmul_f32 = matmul_f32,
     .matmul_f16 = matmul_f16,
     .matmul_bf16 = matmul_bf16,
+    .matmul_q = matmul_q,
     .dot = dot,
     .axpy = axpy,
     .rmsnorm = rmsnorm,
     .softmax = softmax,
     .silu_mul = silu_mul,
+    .gelu_tanh_mul = gelu_tanh_mul,
     .f16_to_f32 = f16_to_f32,
     .bf16_to_f32 = bf16_to_f32,
 };
