@@ -332,7 +332,11 @@ static int parse_sampling(api_req *r, int vocab, api_error *err) {
     if (seed) {
         if (!cJSON_IsNumber(seed) || seed->valuedouble != floor(seed->valuedouble))
             return api_fail(err, 400, "seed", "'seed' must be an integer");
-        s->seed = (uint64_t)(int64_t)seed->valuedouble;
+        /* A double outside the target type makes the conversion undefined. */
+        double v = seed->valuedouble;
+        if (!(v >= -9223372036854775808.0 && v < 18446744073709551616.0))
+            return api_fail(err, 400, "seed", "'seed' must fit in 64 bits, got %g", v);
+        s->seed = v < 0 ? (uint64_t)(int64_t)v : (uint64_t)v;
         r->seed_given = 1;
     }
     const cJSON *lb = field(r, "logit_bias");
