@@ -40,6 +40,8 @@ typedef struct server {
     pthread_rwlock_t engine_lock;  /* read: submit; write: shutdown */
     atomic_int shutting_down;
     atomic_int inflight;
+    atomic_int active;             /* HTTP requests begun and not yet completed */
+    atomic_int draining;           /* SIGTERM seen: new generations get 503 */
     atomic_ullong next_id;
     int vocab;
     int think;                     /* the vocabulary has </think>: split reasoning */
@@ -75,12 +77,14 @@ typedef struct job {
     long created;
     int fd;                     /* client socket, for disconnect checks */
     double t_start, t_last;
+    double t_checked;           /* last client_gone() poll */
     int first_token_seen;
     /* streaming */
     sbuf out;
     size_t out_pos;
     int phase;                  /* 0 tokens, 1 final chunks queued, 2 done */
     int failed;                 /* error status already decided */
+    int gone;                   /* the client went away (counted) */
     api_error err;
 } job;
 
@@ -348,6 +352,17 @@ static int on_event(job *j, choice *c, const loom_event *ev, emitted *em) {
             c->done = 1;
             return -1;
         }
+        if (ev->finish == LOOM_FINISH_CANCELLED) {
+            /* Not cancelled by this job (it stops reading after its own
+             * cancels): the engine stopped under it, at shutdown. A
+             * truncated answer must not look like a normal "stop". */
+            j->failed = 1;
+            api_fail(&j->err, 503, NULL, "the request was cancelled: %s",
+                     atomic_load(&s->shutting_down) ? "the server is shutting down"
+                                                    : loom_request_error(c->rq));
+            c->done = 1;
+            return -1;
+        }
         finish_choice(j, c, ev->finish, em);
         return 0;
     }
@@ -399,6 +414,19 @@ static int pump(job *j, int *which, emitted *em) {
     int pending = 0;
     for (int i = 0; i < j->n; i++) pending += !j->ch[i].done;
     if (!pending) return 0;
+    /* Events may keep coming for a client that is long gone (a blocking
+     * request writes nothing until the end), so poll the socket on a
+     * clock, not only when the engine is quiet. */
+    double now = loom_now();
+    if (now - j->t_checked >= 0.05) {
+        j->t_checked = now;
+        if (client_gone(j->fd)) {
+            cancel_all(j);
+            metrics_count_disconnect(&j->srv->metrics);
+            j->gone = 1;
+            return -1;
+        }
+    }
     int wait_ms = pending == 1 ? 100 : 5;
     for (int i = 0; i < j->n; i++) {
         choice *c = &j->ch[i];
@@ -411,6 +439,7 @@ static int pump(job *j, int *which, emitted *em) {
     if (client_gone(j->fd)) {
         cancel_all(j);
         metrics_count_disconnect(&j->srv->metrics);
+        j->gone = 1;
         return -1;
     }
     return 0;
@@ -620,6 +649,9 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
 
 static void stream_free(void *cls) {
     job *j = cls;
+    /* A stream MHD drops before its end: the client went away (a failed
+     * write) or the server is stopping. */
+    if (j->phase != 2 && !j->gone) metrics_count_disconnect(&j->srv->metrics);
     cancel_all(j);
     job_free(j);
 }
@@ -668,6 +700,10 @@ static enum MHD_Result handle_generate(server *s, struct MHD_Connection *conn, a
                                        conn_ctx *cc) {
     const char *endpoint = kind == API_CHAT ? "chat" : "completions";
     api_error err;
+    if (atomic_load(&s->draining)) {
+        api_fail(&err, 503, NULL, "the server is shutting down");
+        return send_error(s, conn, endpoint, &err);
+    }
     job *j = calloc(1, sizeof *j);
     if (!j) return send_text(s, conn, 500, "application/json", NULL);
     j->srv = s;
@@ -754,6 +790,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         if (!cc) return MHD_NO;
         cc->is_post = !strcmp(method, "POST");
         *con_cls = cc;
+        atomic_fetch_add(&s->active, 1);
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
         if (cl && strtoull(cl, NULL, 10) > s->p.max_body) cc->too_big = 1;
         if (!cc->too_big) return MHD_YES;
@@ -817,11 +854,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                          enum MHD_RequestTerminationCode toe) {
-    (void)cls;
+    server *s = cls;
     (void)conn;
     (void)toe;
     conn_ctx *cc = *con_cls;
     if (!cc) return;
+    atomic_fetch_sub(&s->active, 1);
     sb_free(&cc->body);
     free(cc);
     *con_cls = NULL;
@@ -939,6 +977,7 @@ int loom_serve_run(const loom_serve_params *params) {
     int sig = 0;
     sigwait(&sigs, &sig);
     fprintf(stderr, "loom: %s received, shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    atomic_store(&s->draining, 1);
     MHD_socket lfd = MHD_quiesce_daemon(d);
     if (lfd != MHD_INVALID_SOCKET) close(lfd);
     double until = loom_now() + s->p.grace_s;
@@ -950,6 +989,11 @@ int loom_serve_run(const loom_serve_params *params) {
     s->engine = NULL;
     pthread_rwlock_unlock(&s->engine_lock);
     loom_engine_free(e);
+    /* The cancelled jobs still answer (an error chunk, a 503): let their
+     * connection threads hand the last bytes to the socket before the
+     * daemon closes every connection. */
+    until = loom_now() + 2;
+    while (atomic_load(&s->active) > 0 && loom_now() < until) usleep(10000);
     MHD_stop_daemon(d);
     free_server(s);
     fprintf(stderr, "loom: stopped\n");
