@@ -44,11 +44,16 @@ static void layer_line(const loom_model *m, int l) {
         snprintf(mixer, sizeof mixer, "sliding(%d)", L->attn.window);
     else
         snprintf(mixer, sizeof mixer, "full");
+    if (L->kind != LOOM_LAYER_LINEAR && L->attn.k_eq_v)
+        snprintf(mixer + strlen(mixer), sizeof mixer - strlen(mixer), " v=k");
     if (L->kind != LOOM_LAYER_LINEAR && L->attn.kv_layer != l)
         snprintf(mixer + strlen(mixer), sizeof mixer - strlen(mixer), " kv<-%d", L->attn.kv_layer);
     if (L->is_moe)
         snprintf(mlp, sizeof mlp, "MoE(%d experts, top %d%s)", m->cfg.n_experts,
                  m->cfg.n_experts_used, L->moe.shared.gate.rows ? ", shared" : "");
+    else if (L->moe_beside)
+        snprintf(mlp, sizeof mlp, "MLP(%d) + MoE(%d experts, top %d)", L->mlp.gate.rows,
+                 m->cfg.n_experts, m->cfg.n_experts_used);
     else
         snprintf(mlp, sizeof mlp, "MLP(%d)", L->mlp.gate.rows);
     printf("  layer %3d  %-18s %s\n", l, mixer, mlp);

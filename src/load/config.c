@@ -229,6 +229,9 @@ static loom_status parse_family(const cJSON *c, const char *path, loom_config *c
     if ((s = get_int(c, "num_kv_shared_layers", 0, 0, path, &cfg->n_kv_shared_layers))) return s;
     if ((s = get_int(c, "global_head_dim", 0, 0, path, &cfg->global_head_dim))) return s;
     cfg->attention_k_eq_v = get_bool(c, "attention_k_eq_v", 0);
+    if ((s = get_int(c, "num_global_key_value_heads", 0, cfg->n_kv_heads, path,
+                     &cfg->n_global_kv_heads)))
+        return s;
     cfg->double_wide_mlp = get_bool(c, "use_double_wide_mlp", 0);
     const cJSON *plc = get(c, "per_layer_config");
     cfg->per_layer_config = cJSON_IsObject(plc) && plc->child;

@@ -97,7 +97,8 @@ typedef struct loom_config {
     int vocab_per_layer;
     int n_kv_shared_layers;
     int global_head_dim;            /* 0 = head_dim */
-    int attention_k_eq_v;
+    int attention_k_eq_v;           /* full layers: v = k, num_global_key_value_heads */
+    int n_global_kv_heads;
     int double_wide_mlp;
     int per_layer_config;           /* non-empty per_layer_config given */
     int bidirectional;              /* use_bidirectional_attention set */

@@ -63,6 +63,8 @@ loom_status loom_fwd_state_create(const loom_model *m, int max_tokens, int max_c
         ALLOC(s->gather, T);
         ALLOC(s->xg, T * H);
         ALLOC(s->yg, T * H);
+        ALLOC(s->moe_in, T * H);
+        ALLOC(s->moe_r, T * H);
     }
     if (m->n_linear > 0) {
         size_t conv = (size_t)m->lin_conv_dim, nv = (size_t)c->lin_n_v_heads;
@@ -101,7 +103,7 @@ void loom_fwd_state_free(loom_fwd_state *s) {
     if (!s) return;
     void *bufs[] = {s->x, s->xb, s->xb2, s->qraw, s->q, s->gate, s->kx, s->vx, s->att,
                     s->hb, s->hb2, s->cos, s->sin, s->scores, s->tok_row, s->tok_pos, s->row_first,
-                    s->logits, s->router, s->sel, s->sel_w, s->gather, s->xg, s->yg,
+                    s->logits, s->router, s->sel, s->sel_w, s->gather, s->xg, s->yg, s->moe_in, s->moe_r,
                     s->lin_qkv, s->lin_conv, s->lin_z, s->lin_b, s->lin_a, s->lin_raw,
                     s->lin_out, s->lin_scratch, s->lin_beta, s->lin_g, s->lin_od, s->ple, s->ple_tmp, s->ple_row};
     for (size_t i = 0; i < LOOM_ARRAY_LEN(bufs); i++) loom_free(bufs[i]);
@@ -210,7 +212,7 @@ static void attn_task(void *ctx, int task, int thread) {
     const loom_config *c = &j->m->cfg;
     const loom_kernels *k = j->m->k;
     const loom_attn *A = j->A;
-    int hd = A->head_dim, n_kv = c->n_kv_heads, group = c->n_heads / n_kv;
+    int hd = A->head_dim, n_kv = A->n_kv_heads, group = c->n_heads / n_kv;
     int t = task / n_kv, kh = task % n_kv;
     const loom_kv_seq *seq = j->rows[j->s->tok_row[t]].seq;
     int pos = j->s->tok_pos[t];
@@ -272,7 +274,7 @@ static void attention(loom_model *m, loom_fwd_state *s, loom_kv_pool *kv,
     const loom_config *c = &m->cfg;
     const loom_attn *A = &L->attn;
     unsigned fl = m->arch->flags;
-    int hd = A->head_dim, nh = c->n_heads, nkv = c->n_kv_heads;
+    int hd = A->head_dim, nh = c->n_heads, nkv = A->n_kv_heads;
     int qd = nh * hd, kvd = nkv * hd, gated = (fl & LOOM_ARCH_ATTN_GATE) != 0;
     float eps = (float)c->rms_eps;
     int shared = A->kv_layer != l;
@@ -288,9 +290,13 @@ static void attention(loom_model *m, loom_fwd_state *s, loom_kv_pool *kv,
             }
     if (!shared) {
         loom_fwd_matmul(m, s->kx, s->xb, &A->wk, T);
-        loom_fwd_matmul(m, s->vx, s->xb, &A->wv, T);
         add_bias(s->kx, A->bk, T, kvd);
-        add_bias(s->vx, A->bv, T, kvd);
+        if (A->k_eq_v) {
+            memcpy(s->vx, s->kx, sizeof(float) * (size_t)T * kvd);
+        } else {
+            loom_fwd_matmul(m, s->vx, s->xb, &A->wv, T);
+            add_bias(s->vx, A->bv, T, kvd);
+        }
     }
     const loom_rope *R = &m->ropes[A->rope];
     int half_max = s->max_rot / 2;
@@ -334,12 +340,24 @@ static void mlp(loom_model *m, loom_fwd_state *s, const loom_mlp *p, float *out,
     loom_fwd_matmul(m, out, s->hb, &p->down, T);
 }
 
-/* Routed experts (softmax, top-k, optional renormalisation) plus the gated
- * shared expert; only the chosen experts run, each on its tokens. */
-static void moe(loom_model *m, loom_fwd_state *s, const loom_moe *p, int T) {
+/* Routed experts (softmax, top-k, optional renormalisation and per-expert
+ * scales) plus the gated shared expert: out (T, hidden) from router input
+ * rin and expert input xin. Only the chosen experts run, each on its
+ * tokens. */
+static void moe(loom_model *m, loom_fwd_state *s, const loom_moe *p, const float *rin,
+                const float *xin, float *out, int T) {
     const loom_config *c = &m->cfg;
     int H = c->hidden_size, E = c->n_experts, K = c->n_experts_used;
-    loom_fwd_matmul(m, s->router, s->xb, &p->router, T);
+    if (p->in_scale) {  /* gemma4: route on rmsnorm(x) * scale / sqrt(hidden) */
+        for (int t = 0; t < T; t++) {
+            float *r = s->moe_r + (size_t)t * H;
+            memcpy(r, rin + (size_t)t * H, sizeof(float) * (size_t)H);
+            rms_plain(r, H, (float)c->rms_eps);
+            for (int i = 0; i < H; i++) r[i] *= p->in_scale[i];
+        }
+        rin = s->moe_r;
+    }
+    loom_fwd_matmul(m, s->router, rin, &p->router, T);
     for (int t = 0; t < T; t++) {
         float *r = s->router + (size_t)t * E;
         m->k->softmax(r, E);
@@ -356,37 +374,50 @@ static void moe(loom_model *m, loom_fwd_state *s, const loom_moe *p, int T) {
             w[k] = r[best];
             sum += r[best];
         }
-        if (c->norm_topk_prob)
-            for (int k = 0; k < K; k++) w[k] /= sum;
+        for (int k = 0; k < K; k++) {
+            if (p->renorm) w[k] /= sum;
+            if (p->expert_scale) w[k] *= p->expert_scale[sel[k]];
+        }
     }
-    float *acc = s->xb2;
-    memset(acc, 0, sizeof(float) * (size_t)T * H);
+    memset(out, 0, sizeof(float) * (size_t)T * H);
     for (int e = 0; e < E; e++) {
         int n = 0;
         for (int t = 0; t < T; t++)
             for (int k = 0; k < K; k++)
                 if (s->sel[(size_t)t * K + k] == e) {
                     s->gather[n] = t * K + k;
-                    memcpy(s->xg + (size_t)n * H, s->xb + (size_t)t * H, sizeof(float) * (size_t)H);
+                    memcpy(s->xg + (size_t)n * H, xin + (size_t)t * H, sizeof(float) * (size_t)H);
                     n++;
                 }
         if (!n) continue;
         mlp(m, s, &p->experts[e], s->yg, s->xg, n);
         for (int i = 0; i < n; i++) {
             int t = s->gather[i] / K;
-            m->k->axpy(acc + (size_t)t * H, s->sel_w[s->gather[i]], s->yg + (size_t)i * H, H);
+            m->k->axpy(out + (size_t)t * H, s->sel_w[s->gather[i]], s->yg + (size_t)i * H, H);
         }
     }
     if (p->shared.gate.rows) {
-        mlp(m, s, &p->shared, s->yg, s->xb, T);
+        mlp(m, s, &p->shared, s->yg, xin, T);
         for (int t = 0; t < T; t++) {
             float g = 0;
-            loom_fwd_matmul(m, &g, s->xb + (size_t)t * H, &p->shared_gate, 1);
+            loom_fwd_matmul(m, &g, xin + (size_t)t * H, &p->shared_gate, 1);
             g = 1.0f / (1.0f + expf(-g));
-            m->k->axpy(acc + (size_t)t * H, g, s->yg + (size_t)t * H, H);
+            m->k->axpy(out + (size_t)t * H, g, s->yg + (size_t)t * H, H);
         }
     }
-    memcpy(s->xb, acc, sizeof(float) * (size_t)T * H);
+}
+
+/* Gemma 4 feed-forward with the MoE block beside the dense MLP:
+ * post1(mlp(pre(x))) + post2(moe(router: x, experts: pre2(x))) -> s->xb. */
+static void ffn_moe_beside(loom_model *m, loom_fwd_state *s, const loom_layer *L, int T) {
+    int H = m->cfg.hidden_size;
+    norm_rows(m, s->xb, s->x, L->ffn_norm, T, H);
+    mlp(m, s, &L->mlp, s->xb, s->xb, T);
+    norm_rows(m, s->xb, s->xb, L->post_ffn_norm1, T, H);
+    norm_rows(m, s->moe_in, s->x, L->pre_moe_norm, T, H);
+    moe(m, s, &L->moe, s->x, s->moe_in, s->xb2, T);
+    norm_rows(m, s->xb2, s->xb2, L->post_moe_norm, T, H);
+    for (size_t i = 0; i < (size_t)T * H; i++) s->xb[i] += s->xb2[i];
 }
 
 /* ---- gemma4 per-layer inputs ------------------------------------------- */
@@ -505,9 +536,17 @@ loom_status loom_forward(loom_model *m, loom_fwd_state *s, loom_kv_pool *kv,
         if (L->post_attn_norm) norm_rows(m, s->xb, s->xb, L->post_attn_norm, T, H);
         for (size_t i = 0; i < (size_t)T * H; i++) s->x[i] += s->xb[i];
 
-        norm_rows(m, s->xb, s->x, L->ffn_norm, T, H);
-        if (L->is_moe) moe(m, s, &L->moe, T);
-        else mlp(m, s, &L->mlp, s->xb, s->xb, T);
+        if (L->moe_beside) {
+            ffn_moe_beside(m, s, L, T);
+        } else {
+            norm_rows(m, s->xb, s->x, L->ffn_norm, T, H);
+            if (L->is_moe) {
+                moe(m, s, &L->moe, s->xb, s->xb, s->xb2, T);
+                memcpy(s->xb, s->xb2, sizeof(float) * (size_t)T * H);
+            } else {
+                mlp(m, s, &L->mlp, s->xb, s->xb, T);
+            }
+        }
         if (L->post_ffn_norm) norm_rows(m, s->xb, s->xb, L->post_ffn_norm, T, H);
         for (size_t i = 0; i < (size_t)T * H; i++) s->x[i] += s->xb[i];
 

@@ -33,6 +33,8 @@ struct loom_fwd_state {
     float *sel_w;      /* (max_tokens, n_used) their weights */
     int *gather;       /* [max_tokens] tokens routed to one expert */
     float *xg, *yg;    /* (max_tokens, hidden) gathered inputs / outputs */
+    float *moe_in;     /* (max_tokens, hidden) expert input (gemma4 MoE block) */
+    float *moe_r;      /* (max_tokens, hidden) router input (gemma4) */
     /* linear attention */
     float *lin_qkv;    /* (max_tokens, conv_dim) conv input [q | k | v] */
     double *lin_conv;  /* (max_tokens, conv_dim) conv output, then normed q/k */

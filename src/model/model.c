@@ -23,7 +23,7 @@ static const loom_arch archs[] = {
     {"Gemma3ForCausalLM", GEMMA | LOOM_ARCH_QK_NORM | LOOM_ARCH_PATTERN_SLIDING},
     {"Gemma4ForCausalLM", LOOM_ARCH_SANDWICH | LOOM_ARCH_EMBED_SCALE | LOOM_ARCH_QK_NORM |
                               LOOM_ARCH_V_NORM | LOOM_ARCH_UNIT_SCALE | LOOM_ARCH_PLE |
-                              LOOM_ARCH_LAYER_SCALAR},
+                              LOOM_ARCH_LAYER_SCALAR | LOOM_ARCH_MOE_BESIDE},
     {"Qwen3_5ForCausalLM", QWEN_HYBRID},
     {"Qwen3NextForCausalLM", QWEN_HYBRID | LOOM_ARCH_LINEAR_FUSED | LOOM_ARCH_MOE},
 };
@@ -297,6 +297,7 @@ static loom_status bind_moe(loom_model *m, int l, loom_moe *moe) {
                         "and moe_intermediate_size", l);
     snprintf(n, sizeof n, "model.layers.%d.mlp.gate.weight", l);
     if ((s = bind_weight(m, n, E, H, &moe->router))) return s;
+    moe->renorm = c->norm_topk_prob;
     moe->experts = calloc((size_t)E, sizeof *moe->experts);
     if (!moe->experts) return loom_err(LOOM_ERR_NOMEM, "out of memory");
     /* Hub checkpoints keep one tensor per expert; transformers 5 saves them
@@ -328,12 +329,52 @@ static loom_status bind_moe(loom_model *m, int l, loom_moe *moe) {
     return LOOM_OK;
 }
 
+/* Gemma 4 MoE block: a router with its own input scaling and per-expert
+ * scales, fused expert tensors, and three extra norms. */
+static loom_status bind_gemma4_moe(loom_model *m, int l, loom_layer *L) {
+    const loom_config *c = &m->cfg;
+    int H = c->hidden_size, E = c->n_experts, I = c->moe_intermediate;
+    loom_moe *moe = &L->moe;
+    char n[256], down[256];
+    loom_status s;
+    if (E <= 0 || c->n_experts_used <= 0 || I <= 0)
+        return loom_err(LOOM_ERR_FORMAT, "MoE layer %d: needs num_experts, top_k_experts and "
+                        "moe_intermediate_size", l);
+#define NAME(suffix) (snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix), n)
+    if ((s = bind_weight(m, NAME("router.proj.weight"), E, H, &moe->router))) return s;
+    if ((s = bind_vec(m, NAME("router.scale"), H, 0, &moe->in_scale))) return s;
+    float rs = (float)(1.0 / sqrt((double)H));
+    for (int i = 0; i < H; i++) ((float *)moe->in_scale)[i] *= rs;
+    if ((s = bind_vec(m, NAME("router.per_expert_scale"), E, 0, &moe->expert_scale))) return s;
+    if ((s = bind_norm(m, NAME("post_feedforward_layernorm_1.weight"), H, &L->post_ffn_norm1)))
+        return s;
+    if ((s = bind_norm(m, NAME("pre_feedforward_layernorm_2.weight"), H, &L->pre_moe_norm)))
+        return s;
+    if ((s = bind_norm(m, NAME("post_feedforward_layernorm_2.weight"), H, &L->post_moe_norm)))
+        return s;
+    moe->renorm = 1;
+    moe->experts = calloc((size_t)E, sizeof *moe->experts);
+    if (!moe->experts) return loom_err(LOOM_ERR_NOMEM, "out of memory");
+    snprintf(down, sizeof down, "model.layers.%d.experts.down_proj", l);
+    NAME("experts.gate_up_proj");
+    for (int e = 0; e < E; e++) {
+        loom_mlp *x = &moe->experts[e];
+        if ((s = bind_expert_slice(m, n, e, E, 2 * I, 0, I, H, &x->gate))) return s;
+        if ((s = bind_expert_slice(m, n, e, E, 2 * I, I, I, H, &x->up))) return s;
+        if ((s = bind_expert_slice(m, down, e, E, H, 0, H, I, &x->down))) return s;
+    }
+#undef NAME
+    m->max_inter = LOOM_MAX(m->max_inter, I);
+    L->moe_beside = 1;
+    return LOOM_OK;
+}
+
 static loom_status bind_attn(loom_model *m, int l, loom_layer *L) {
     const loom_config *c = &m->cfg;
     unsigned fl = m->arch->flags;
     loom_attn *A = &L->attn;
     int H = c->hidden_size, hd = A->head_dim;
-    int qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;
+    int qd = c->n_heads * hd, kvd = A->n_kv_heads * hd;
     int qrows = qd * ((fl & LOOM_ARCH_ATTN_GATE) ? 2 : 1);
     char n[256];
     loom_status s;
@@ -343,14 +384,14 @@ static loom_status bind_attn(loom_model *m, int l, loom_layer *L) {
     int shared = A->kv_layer != l;
     if (!shared) {
         if ((s = bind_weight(m, NAME("k_proj.weight"), kvd, H, &A->wk))) return s;
-        if ((s = bind_weight(m, NAME("v_proj.weight"), kvd, H, &A->wv))) return s;
+        if (!A->k_eq_v && (s = bind_weight(m, NAME("v_proj.weight"), kvd, H, &A->wv))) return s;
     }
     int bias = (fl & LOOM_ARCH_QKV_BIAS) || ((fl & LOOM_ARCH_CFG_BIAS) && c->attention_bias);
     if (bias) {
         if ((s = bind_vec(m, NAME("q_proj.bias"), qrows, 0, &A->bq))) return s;
         if (!shared) {
             if ((s = bind_vec(m, NAME("k_proj.bias"), kvd, 0, &A->bk))) return s;
-            if ((s = bind_vec(m, NAME("v_proj.bias"), kvd, 0, &A->bv))) return s;
+            if (!A->k_eq_v && (s = bind_vec(m, NAME("v_proj.bias"), kvd, 0, &A->bv))) return s;
         }
     }
     if ((fl & LOOM_ARCH_CFG_BIAS) && c->attention_bias)
@@ -447,6 +488,7 @@ static loom_status bind_layer(loom_model *m, int l) {
         if (c->double_wide_mlp && c->n_kv_shared_layers > 0 && l >= first_shared && first_shared > 0)
             inter *= 2;
         if ((s = bind_mlp(m, NAME("mlp"), inter, &L->mlp))) return s;
+        if (c->enable_moe_block && (s = bind_gemma4_moe(m, l, L))) return s;
     }
     L->out_scale = 1.0f;
     if (m->has_ple) {
@@ -487,6 +529,11 @@ static loom_status plan_layers(loom_model *m) {
         loom_attn *A = &L->attn;
         A->head_dim = k == LOOM_LAYER_FULL && c->global_head_dim > 0 ? c->global_head_dim
                                                                        : c->head_dim;
+        A->k_eq_v = c->attention_k_eq_v && k == LOOM_LAYER_FULL;
+        A->n_kv_heads = A->k_eq_v ? c->n_global_kv_heads : c->n_kv_heads;
+        if (A->n_kv_heads <= 0 || c->n_heads % A->n_kv_heads)
+            return loom_err(LOOM_ERR_FORMAT, "layer %d: %d attention heads over %d kv heads", l,
+                            c->n_heads, A->n_kv_heads);
         A->window = k == LOOM_LAYER_SLIDING ? c->sliding_window : 0;
         A->rope = k == LOOM_LAYER_SLIDING ? 1 : 0;
         n_sliding += k == LOOM_LAYER_SLIDING;
@@ -500,7 +547,8 @@ static loom_status plan_layers(loom_model *m) {
         if (L->kind == LOOM_LAYER_LINEAR) continue;
         L->attn.kv_layer = kv_source(c, m->layers, l);
         if (L->attn.kv_layer < 0 ||
-            m->layers[L->attn.kv_layer].attn.head_dim != L->attn.head_dim)
+            m->layers[L->attn.kv_layer].attn.head_dim != L->attn.head_dim ||
+            m->layers[L->attn.kv_layer].attn.n_kv_heads != L->attn.n_kv_heads)
             return loom_err(LOOM_ERR_FORMAT, "layer %d shares KV but no earlier %s layer computes it",
                             l, L->kind == LOOM_LAYER_SLIDING ? "sliding" : "full");
     }
@@ -521,17 +569,15 @@ static loom_status plan_layers(loom_model *m) {
 /* Config fields that change the math in ways loom does not implement. */
 static loom_status check_supported(const loom_model *m) {
     const loom_config *c = &m->cfg;
-    if (c->attention_k_eq_v)
-        return loom_err(LOOM_ERR_UNSUPPORTED, "%s: attention_k_eq_v is not supported", c->arch);
     if (c->per_layer_config)
         return loom_err(LOOM_ERR_UNSUPPORTED, "%s: per_layer_config is not supported", c->arch);
     if (c->bidirectional)
         return loom_err(LOOM_ERR_UNSUPPORTED, "%s: use_bidirectional_attention is not supported",
                         c->arch);
-    if (c->enable_moe_block)
-        return loom_err(LOOM_ERR_UNSUPPORTED, "%s: enable_moe_block (gemma4 MoE) is not supported",
-                        c->arch);
-    if (c->n_experts > 0 && !(m->arch->flags & LOOM_ARCH_MOE))
+    unsigned fl = m->arch->flags;
+    if (c->enable_moe_block && !(fl & LOOM_ARCH_MOE_BESIDE))
+        return loom_err(LOOM_ERR_UNSUPPORTED, "%s: enable_moe_block is not supported", c->arch);
+    if (c->n_experts > 0 && !(fl & LOOM_ARCH_MOE) && !(c->enable_moe_block && (fl & LOOM_ARCH_MOE_BESIDE)))
         return loom_err(LOOM_ERR_UNSUPPORTED, "%s: num_experts %d, but this architecture has no "
                         "MoE support", c->arch, c->n_experts);
     if (c->per_layer_input_dim > 0 && !(m->arch->flags & LOOM_ARCH_PLE))

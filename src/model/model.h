@@ -36,6 +36,7 @@ enum {
     LOOM_ARCH_LAYER_SCALAR = 1 << 15,/* gemma4 per-layer output scalar */
     LOOM_ARCH_ALT_SLIDING = 1 << 16, /* no layer_types: even layers slide (gemma2) */
     LOOM_ARCH_PATTERN_SLIDING = 1 << 17, /* no layer_types: sliding_window_pattern (gemma3) */
+    LOOM_ARCH_MOE_BESIDE = 1 << 18,  /* enable_moe_block: MoE beside the dense MLP (gemma4) */
 };
 
 typedef struct loom_arch {
@@ -74,6 +75,10 @@ typedef struct loom_moe {
     loom_mlp *experts;         /* owned [n_experts]; weights borrowed */
     loom_mlp shared;           /* shared expert (gate.rows 0 when none) */
     loom_weight shared_gate;   /* (1, hidden): sigmoid weight of the shared expert */
+    int renorm;                /* top-k weights renormalised to sum 1 */
+    /* gemma4 router: input rmsnorm (no weight) * in_scale; weights * expert_scale */
+    const float *in_scale;     /* (hidden) already times hidden^-0.5, or NULL; owned */
+    const float *expert_scale; /* (n_experts) or NULL; owned */
 } loom_moe;
 
 /* Softmax attention over the paged KV cache. */
@@ -86,6 +91,8 @@ typedef struct loom_attn {
     const float *q_norm;       /* (head_dim) or NULL; owned */
     const float *k_norm;       /* (head_dim) or NULL; owned */
     int head_dim;
+    int n_kv_heads;
+    int k_eq_v;                /* no v_proj: values are the raw keys (gemma4 full layers) */
     int window;                /* sliding window in tokens, 0 = full */
     int rope;                  /* index into loom_model.ropes */
     int kv_layer;              /* layer whose KV this layer reads (itself unless shared) */
@@ -114,9 +121,13 @@ typedef struct loom_layer {
     const float *post_ffn_norm;   /* (hidden) after it (sandwich), or NULL */
     loom_attn attn;               /* kind FULL or SLIDING */
     loom_linattn lin;             /* kind LINEAR */
-    int is_moe;
-    loom_mlp mlp;                 /* dense MLP when !is_moe */
+    int is_moe;                   /* the MLP is the routed MoE (qwen) */
+    int moe_beside;               /* dense MLP plus a MoE block beside it (gemma4) */
+    loom_mlp mlp;                 /* dense MLP unless is_moe */
     loom_moe moe;
+    const float *post_ffn_norm1;  /* gemma4 MoE block: after the dense MLP */
+    const float *pre_moe_norm;    /* ... before the experts */
+    const float *post_moe_norm;   /* ... after the experts */
     /* gemma4 per-layer input */
     loom_weight ple_gate;         /* (ple_dim, hidden) */
     loom_weight ple_proj;         /* (hidden, ple_dim) */
