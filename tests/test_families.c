@@ -97,6 +97,11 @@ static void test_refusals(void) {
     expect_refused("moeblock", "gemma4-tiny", "\"enable_moe_block\": false",
                    "\"enable_moe_block\": true", NULL, LOOM_ERR_FORMAT,
                    "MoE layer 0: needs num_experts");
+    expect_refused("mlpbias", "qwen3moe-tiny", "\"attention_bias\": false",
+                   "\"attention_bias\": false, \"mlp_bias\": true", NULL, LOOM_ERR_UNSUPPORTED,
+                   "mlp_bias");
+    expect_refused("gemmabias", "gemma2-tiny", "\"attention_bias\": false",
+                   "\"attention_bias\": true", NULL, LOOM_ERR_UNSUPPORTED, "attention_bias");
     expect_refused("moe_arch", "gemma3-tiny", "\"attention_bias\": false",
                    "\"attention_bias\": false, \"num_experts\": 4", NULL, LOOM_ERR_UNSUPPORTED,
                    "num_experts 4");

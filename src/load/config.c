@@ -129,7 +129,19 @@ static int get_bool(const cJSON *o, const char *k, int def) {
 
 static loom_status parse_layer_types(const cJSON *c, const char *path, loom_config *cfg) {
     const cJSON *lt = get(c, "layer_types");
-    if (!lt || cJSON_IsNull(lt)) return LOOM_OK;
+    if (!lt || cJSON_IsNull(lt)) {
+        /* Qwen2-style configs without layer_types: sliding from layer
+         * max_window_layers on, when use_sliding_window. */
+        if (cJSON_IsTrue(get(c, "use_sliding_window")) && cfg->sliding_window > 0) {
+            int from;
+            loom_status s = get_int(c, "max_window_layers", 0, 0, path, &from);
+            if (s) return s;
+            for (int i = 0; i < cfg->n_layers; i++)
+                cfg->layer_types[i] = i >= from ? LOOM_LAYER_SLIDING : LOOM_LAYER_FULL;
+            cfg->has_layer_types = 1;
+        }
+        return LOOM_OK;
+    }
     if (!cJSON_IsArray(lt) || cJSON_GetArraySize(lt) != cfg->n_layers)
         return loom_err(LOOM_ERR_FORMAT, "%s: \"layer_types\": expected %d strings", path,
                         cfg->n_layers);
@@ -307,6 +319,7 @@ loom_status loom_config_parse(const char *text, const char *path, loom_config *c
     cfg->tie_embeddings = tie ? cJSON_IsTrue(tie) : 1;
     const cJSON *ab = get(c, "attention_bias");
     cfg->attention_bias = cJSON_IsTrue(ab);
+    cfg->mlp_bias = cJSON_IsTrue(get(c, "mlp_bias"));
     if ((s = parse_rope(c, path, cfg))) goto out;
     if ((s = parse_family(c, path, cfg))) goto out;
     if ((s = parse_quant(root, path, cfg))) goto out;

@@ -60,6 +60,7 @@ typedef struct loom_config {
     double rms_eps;
     int tie_embeddings;
     int attention_bias;     /* q/k/v projections carry biases */
+    int mlp_bias;           /* MLP projections carry biases (not supported) */
     int sliding_window;     /* 0 = none */
     loom_rope_config rope;
     int bos_id;             /* -1 if unset */
