@@ -1,0 +1,200 @@
+#!/bin/sh
+# loom serve end to end with curl: health, models, metrics, chat and
+# completions (blocking and streamed), stop strings, request errors with
+# the offending field named, 401/404/405/413/429, a client that hangs up
+# mid-stream, and SIGTERM with requests in flight. The OpenAI-client tests
+# and the load test are in tests/cli_server_js.sh.
+set -u
+. tests/js/server_lib.sh
+
+U='{"role":"user","content":"write a function"}'
+
+start_server main --max-body 64K --grace 2
+MAIN_PID=$PID MAIN_LOG=$LOG
+
+# ---- plain routes ----
+s=$(req GET /health); expect_status 200 "$s" /health; body_has '"status":"ok"' /health
+s=$(req GET /v1/models); expect_status 200 "$s" /v1/models
+body_has '"object":"list"' /v1/models; body_has '"id":"pycoder-16m"' /v1/models
+s=$(req GET /v1/nope); expect_status 404 "$s" "unknown route"; body_has '"type":"not_found_error"' 404
+s=$(req GET /v1/chat/completions); expect_status 405 "$s" "GET on chat"
+s=$(req GET /metrics); expect_status 200 "$s" /metrics
+body_has '# TYPE loom_kv_blocks_used gauge' /metrics
+body_has 'loom_time_to_first_token_seconds_bucket{le="+Inf"}' /metrics
+ok "health, models, 404, 405, metrics"
+
+# ---- chat, blocking ----
+s=$(req POST /v1/chat/completions "{\"messages\":[$U],\"max_tokens\":8,\"temperature\":0}")
+expect_status 200 "$s" "chat"
+body_has '"object":"chat.completion"' chat; body_has '"role":"assistant"' chat
+body_has '"finish_reason":"length"' chat; body_has '"completion_tokens":8' chat
+cp "$TMPD/body" "$TMPD/chat1"
+s=$(req POST /v1/chat/completions "{\"messages\":[$U],\"max_tokens\":8,\"temperature\":0}")
+sed 's/"id":"[^"]*","object":"chat.completion","created":[0-9]*//' "$TMPD/chat1" >"$TMPD/a"
+sed 's/"id":"[^"]*","object":"chat.completion","created":[0-9]*//' "$TMPD/body" >"$TMPD/b"
+cmp -s "$TMPD/a" "$TMPD/b" || fail "greedy chat is not deterministic"
+ok "chat blocking, greedy deterministic"
+
+# ---- chat, streamed ----
+s=$(req POST /v1/chat/completions "{\"messages\":[$U],\"max_tokens\":8,\"temperature\":0,\"stream\":true,\"stream_options\":{\"include_usage\":true}}" -N)
+expect_status 200 "$s" "chat stream"
+grep '^data: ' "$TMPD/body" >"$TMPD/sse"
+head -n 1 "$TMPD/sse" | grep -qF '"delta":{"role":"assistant"' || fail "stream: first chunk is not the role: $(head -n 1 "$TMPD/sse")"
+[ "$(tail -n 1 "$TMPD/sse")" = "data: [DONE]" ] || fail "stream: last event is not [DONE]"
+grep -qF '"finish_reason":"length"' "$TMPD/sse" || fail "stream: no finish_reason chunk"
+tail -n 2 "$TMPD/sse" | head -n 1 | grep -qF '"choices":[],"usage":{"prompt_tokens":' || fail "stream: no usage chunk before [DONE]"
+[ "$(grep -c '"content":"' "$TMPD/sse")" -ge 2 ] || fail "stream: no content deltas"
+grep -v '^data: \[DONE\]$' "$TMPD/sse" | grep -qv '^data: {"id":"chatcmpl-' && fail "stream: an event is not a chunk"
+# the deltas add up to the blocking answer (JSON escapes never split)
+want=$(sed 's/.*"message":{"role":"assistant","content":"\(\([^"\\]\|\\.\)*\)".*/\1/' "$TMPD/chat1")
+got=$(sed -n 's/.*"delta":{"content":"\(\([^"\\]\|\\.\)*\)".*/\1/p' "$TMPD/sse" | tr -d '\n')
+[ -n "$want" ] && [ "$got" = "$want" ] || fail "streamed content \"$got\" differs from the blocking \"$want\""
+ok "chat streamed: role, content deltas, finish_reason, usage, [DONE]"
+
+# ---- completions with token ids, echo, return_token_ids, logprobs ----
+s=$(req POST /v1/completions '{"prompt":[1,2,3],"max_tokens":4,"temperature":0,"echo":true,"return_token_ids":true,"logprobs":2}')
+expect_status 200 "$s" "completions ids"
+body_has '"object":"text_completion"' completions; body_has '"prompt_token_ids":[1,2,3]' completions
+body_has '"text":"<|im_start|><|im_end|>!' "completions echo"
+body_has '"token_logprobs":[' completions; body_has '"text_offset":[' completions
+s=$(req POST /v1/completions '{"prompt":"def fib(n):","max_tokens":5,"n":3,"seed":7}')
+expect_status 200 "$s" "completions n=3"
+body_has '"index":2' "n=3"; body_has '"completion_tokens":15' "n=3 usage"
+ok "completions: token ids, echo, return_token_ids, logprobs, n"
+
+# ---- stop strings: held back, never sent ----
+s=$(req POST /v1/completions '{"prompt":"def fib(n):","max_tokens":20,"temperature":0}')
+body_has '"text":" return 1\n' "greedy reference text"
+s=$(req POST /v1/completions '{"prompt":"def fib(n):","max_tokens":20,"temperature":0,"stop":["1\n","zzz"]}')
+expect_status 200 "$s" "stop"; body_has '"text":" return ","' "stop text"; body_has '"finish_reason":"stop"' "stop reason"
+s=$(req POST /v1/completions '{"prompt":"def fib(n):","max_tokens":20,"temperature":0,"stop":"n 1","stream":true}' -N)
+txt=$(grep -o '"text":"[^"]*"' "$TMPD/body" | sed 's/"text":"//; s/"$//' | tr -d '\n')
+[ "$txt" = " retur" ] || fail "streamed stop: text is \"$txt\", expected \" retur\""
+grep -qF '"finish_reason":"stop"' "$TMPD/body" || fail "streamed stop: no finish_reason stop"
+ok "stop strings: cut before the stop, not streamed, finish_reason stop"
+
+# ---- request errors name the field ----
+bad() { # BODY PARAM WHAT
+    s=$(req POST /v1/chat/completions "$1")
+    expect_status 400 "$s" "$3"
+    body_has '"type":"invalid_request_error"' "$3"
+    [ -z "$2" ] || body_has "\"param\":\"$2\"" "$3"
+}
+bad '{"messages":[' "" "bad JSON"
+bad '[1,2]' "" "not an object"
+bad '{}' messages "no messages"
+bad "{\"messages\":[$U],\"temperature\":\"hot\"}" temperature "wrong type"
+bad "{\"messages\":[$U],\"temperature\":2.5}" temperature "out of range"
+bad "{\"messages\":[$U],\"n\":0}" n "n out of range"
+bad "{\"messages\":[$U],\"max_tokens\":1.5}" max_tokens "non-integer max_tokens"
+bad "{\"messages\":[$U],\"seed\":1e300}" seed "seed beyond 64 bits"
+bad "{\"messages\":[$U],\"stop\":[1]}" stop "stop of numbers"
+bad "{\"messages\":[$U],\"top_logprobs\":2}" top_logprobs "top_logprobs without logprobs"
+bad "{\"messages\":[$U],\"logit_bias\":{\"99999\":1}}" logit_bias "logit_bias id"
+bad '{"messages":[{"role":"robot","content":"x"}]}' 'messages[0].role' "unknown role"
+bad '{"messages":[{"role":"user","content":{"a":1}}]}' 'messages[0].content' "content type"
+bad "{\"messages\":[$U],\"tools\":[{\"type\":\"function\"}]}" 'tools[0].function.name' "tool without name"
+s=$(req POST /v1/completions '{"prompt":[1,99999]}'); expect_status 400 "$s" "token id"; body_has '"param":"prompt"' "token id"
+s=$(req POST /v1/completions '{"max_tokens":3}'); expect_status 400 "$s" "no prompt"; body_has '"param":"prompt"' "no prompt"
+ok "400s name the field"
+
+# ---- oversized bodies: declared and chunked ----
+head -c 70000 /dev/zero | tr '\0' 'a' >"$TMPD/big"
+s=$(curl -s --max-time 30 -o "$TMPD/body" -w '%{http_code}' -H 'Content-Type: application/json' \
+    --data-binary @"$TMPD/big" "$BASE/v1/chat/completions")
+expect_status 413 "$s" "oversized body"
+s=$(curl -s --max-time 30 -o "$TMPD/body" -w '%{http_code}' -H 'Transfer-Encoding: chunked' \
+    -H 'Content-Type: application/json' --data-binary @"$TMPD/big" "$BASE/v1/chat/completions")
+expect_status 413 "$s" "oversized chunked body"
+ok "413 for bodies over --max-body"
+
+# ---- tool conversation: assistant tool_calls + a tool message ----
+TOOLS='"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}]'
+s=$(req POST /v1/chat/completions "{\"messages\":[$U],\"max_tokens\":1,$TOOLS}")
+expect_status 200 "$s" "tools"
+p1=$(grep -o '"prompt_tokens":[0-9]*' "$TMPD/body" | cut -d: -f2)
+s=$(req POST /v1/chat/completions "{\"messages\":[$U,{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"call_1\",\"content\":\"sunny, 21 C\"}],\"max_tokens\":1,$TOOLS}")
+expect_status 200 "$s" "tool round trip"
+p2=$(grep -o '"prompt_tokens":[0-9]*' "$TMPD/body" | cut -d: -f2)
+[ "$p2" -gt $((p1 + 5)) ] || fail "tool messages not rendered: prompt_tokens $p1 -> $p2"
+ok "tool_calls + tool message accepted and rendered ($p1 -> $p2 prompt tokens)"
+
+# ---- a client that hangs up mid-stream is cancelled at once ----
+wait_metric loom_running_sequences 0 10
+d0=$(metric loom_client_disconnects_total)
+curl -s -N --max-time 120 -H 'Content-Type: application/json' "$BASE/v1/completions" \
+    -d '{"prompt":"def","max_tokens":100000,"ignore_eos":true,"stream":true}' >"$TMPD/hang" &
+CPID=$!
+CHILD_PIDS="$CHILD_PIDS $CPID"
+i=0
+while ! grep -q '"text"' "$TMPD/hang" 2>/dev/null; do
+    i=$((i + 1)); [ "$i" -lt 600 ] || fail "no token streamed"; sleep 0.05
+done
+[ "$(metric loom_running_sequences)" = 1 ] || fail "the streaming request is not running"
+kill "$CPID"; wait "$CPID" 2>/dev/null
+wait_metric loom_running_sequences 0 2
+wait_metric loom_kv_blocks_used 0 2
+d1=$(metric loom_client_disconnects_total)
+[ "$d1" -gt "$d0" ] || fail "the disconnect was not counted ($d0 -> $d1)"
+# the same for a blocking request, which writes nothing until the end
+curl -s --max-time 120 -H 'Content-Type: application/json' "$BASE/v1/completions" \
+    -d '{"prompt":"def","max_tokens":100000,"ignore_eos":true}' >/dev/null &
+CPID=$!
+CHILD_PIDS="$CHILD_PIDS $CPID"
+wait_metric loom_running_sequences 1 20
+sleep 0.3
+kill "$CPID"; wait "$CPID" 2>/dev/null
+wait_metric loom_running_sequences 0 2
+wait_metric loom_kv_blocks_used 0 2
+ok "hang-ups cancel the request within 2 s (streamed and blocking)"
+
+# ---- idle afterwards ----
+wait_metric loom_queue_depth 0 5
+wait_metric loom_requests_in_flight 0 5
+curl -s "$BASE/metrics" | grep -q '^loom_requests_total{endpoint="chat",status="400"} [1-9]' || fail "400s not counted"
+
+# ---- SIGTERM with requests in flight (grace 2 s) ----
+curl -s -N --max-time 60 -H 'Content-Type: application/json' "$BASE/v1/chat/completions" \
+    -d "{\"messages\":[$U],\"max_tokens\":100000,\"ignore_eos\":true,\"stream\":true}" >"$TMPD/t1" &
+C1=$!
+curl -s --max-time 60 -o "$TMPD/t2" -w '%{http_code}' -H 'Content-Type: application/json' "$BASE/v1/completions" \
+    -d '{"prompt":"def","max_tokens":100000,"ignore_eos":true}' >"$TMPD/t2code" &
+C2=$!
+curl -s --max-time 60 -o "$TMPD/t3" -w '%{http_code}' -H 'Content-Type: application/json' "$BASE/v1/completions" \
+    -d '{"prompt":"def","max_tokens":2}' >"$TMPD/t3code" &
+C3=$!
+CHILD_PIDS="$CHILD_PIDS $C1 $C2 $C3"
+wait_metric loom_running_sequences 2 20
+stop_server "$MAIN_PID" "$MAIN_LOG" 20
+wait "$C1" "$C2" "$C3" 2>/dev/null
+[ "$STOP_SECONDS" -le 8 ] || fail "shutdown took $STOP_SECONDS s with --grace 2"
+grep -v "^$" "$TMPD/t1" | tail -n 1 | grep -qF 'data: [DONE]' || fail "stream cut at shutdown did not end with [DONE]"
+grep -qF '"error":{"message":"the request was cancelled' "$TMPD/t1" || fail "stream cut at shutdown has no error event"
+[ "$(cat "$TMPD/t2code")" = 503 ] || fail "blocking request cut at shutdown: HTTP $(cat "$TMPD/t2code")"
+[ "$(cat "$TMPD/t3code")" = 200 ] || fail "short request during shutdown: HTTP $(cat "$TMPD/t3code")"
+ok "SIGTERM: in-flight requests end (error after the grace period), exit 0 in $STOP_SECONDS s"
+
+# ---- API key, queue limit ----
+start_server gate --api-key sekrit --max-seqs 1 --max-queue 1
+GATE_PID=$PID GATE_LOG=$LOG
+s=$(req GET /health); expect_status 200 "$s" "/health needs no key"
+s=$(req GET /v1/models); expect_status 401 "$s" "no key"; body_has '"type":"authentication_error"' 401
+s=$(req GET /v1/models "" -H 'Authorization: Bearer wrong'); expect_status 401 "$s" "wrong key"
+s=$(req GET /v1/models "" -H 'Authorization: Bearer sekrit'); expect_status 200 "$s" "right key"
+long='{"prompt":"def","max_tokens":100000,"ignore_eos":true}'
+for k in 1 2; do
+    curl -s --max-time 60 -o /dev/null -H 'Authorization: Bearer sekrit' -H 'Content-Type: application/json' \
+        "$BASE/v1/completions" -d "$long" &
+    CHILD_PIDS="$CHILD_PIDS $!"
+    eval "L$k=\$!"
+    if [ "$k" = 1 ]; then wait_metric loom_running_sequences 1 20; else wait_metric loom_queue_depth 1 20; fi
+done
+s=$(req POST /v1/completions "$long" -H 'Authorization: Bearer sekrit')
+expect_status 429 "$s" "queue full"; body_has '"type":"rate_limit_error"' 429
+kill "$L1" "$L2"; wait "$L1" "$L2" 2>/dev/null
+wait_metric loom_running_sequences 0 5
+wait_metric loom_queue_depth 0 5
+wait_metric loom_kv_blocks_used 0 5
+ok "401 without the key, 429 with the queue full"
+stop_server "$GATE_PID" "$GATE_LOG" 20
+echo "all server checks passed"
