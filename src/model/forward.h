@@ -37,6 +37,13 @@ void loom_seq_state_reset(loom_seq_state *st);
 int loom_seq_state_tokens(const loom_seq_state *st);
 /* Bytes one state takes for model m (0 without linear-attention layers). */
 size_t loom_seq_state_bytes(const loom_model *m);
+/* Snapshots (prefix cache, disk tier): copies the state to buf, which
+ * holds loom_seq_state_bytes(m) bytes, or restores it from such a copy;
+ * the state then counts n_tokens consumed. dst and src of a copy come from
+ * the same model. */
+void loom_seq_state_save(const loom_seq_state *st, void *buf);
+void loom_seq_state_load(loom_seq_state *st, const void *buf, int n_tokens);
+void loom_seq_state_copy(loom_seq_state *dst, const loom_seq_state *src);
 
 typedef struct loom_fwd_row {
     const int32_t *tokens;   /* [n] borrowed */

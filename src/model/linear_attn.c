@@ -74,6 +74,25 @@ void loom_seq_state_reset(loom_seq_state *st) {
 
 int loom_seq_state_tokens(const loom_seq_state *st) { return st ? st->n_tokens : 0; }
 
+void loom_seq_state_save(const loom_seq_state *st, void *buf) {
+    size_t conv = st->conv_per * (size_t)st->n_slots, rec = st->rec_per * (size_t)st->n_slots;
+    memcpy(buf, st->conv, conv * sizeof(float));
+    memcpy((float *)buf + conv, st->rec, rec * sizeof(float));
+}
+
+void loom_seq_state_load(loom_seq_state *st, const void *buf, int n_tokens) {
+    size_t conv = st->conv_per * (size_t)st->n_slots, rec = st->rec_per * (size_t)st->n_slots;
+    memcpy(st->conv, buf, conv * sizeof(float));
+    memcpy(st->rec, (const float *)buf + conv, rec * sizeof(float));
+    st->n_tokens = n_tokens;
+}
+
+void loom_seq_state_copy(loom_seq_state *dst, const loom_seq_state *src) {
+    memcpy(dst->conv, src->conv, sizeof(float) * src->conv_per * (size_t)src->n_slots);
+    memcpy(dst->rec, src->rec, sizeof(float) * src->rec_per * (size_t)src->n_slots);
+    dst->n_tokens = src->n_tokens;
+}
+
 loom_status loom_fwd_check_states(const loom_model *m, loom_fwd_row *rows, int n_rows) {
     if (m->n_linear == 0) return LOOM_OK;
     for (int r = 0; r < n_rows; r++) {
