@@ -398,10 +398,9 @@ static void moe(loom_model *m, loom_fwd_state *s, const loom_moe *p, const float
     }
     if (p->shared.gate.rows) {
         mlp(m, s, &p->shared, s->yg, xin, T);
+        loom_fwd_matmul(m, s->router, xin, &p->shared_gate, T);  /* routing is done */
         for (int t = 0; t < T; t++) {
-            float g = 0;
-            loom_fwd_matmul(m, &g, xin + (size_t)t * H, &p->shared_gate, 1);
-            g = 1.0f / (1.0f + expf(-g));
+            float g = 1.0f / (1.0f + expf(-s->router[t]));
             m->k->axpy(out + (size_t)t * H, g, s->yg + (size_t)t * H, H);
         }
     }
