@@ -174,6 +174,67 @@ int main(int argc, char **argv) {
         free(x);
         free(y);
     }
+    /* Affine-quantized weights (MLX layout, bf16 scales/biases, group 64):
+     * bytes counted are the packed weights plus scales and biases. */
+    for (int s = 0; s < 2 && !fail; s++) {
+        int rows = shapes[s][0], n = shapes[s][1];
+        float *x = malloc((size_t)T * n * sizeof *x);
+        float *y = malloc((size_t)T * rows * sizeof *y), *yr = malloc((size_t)T * rows * sizeof *yr);
+        for (size_t i = 0; i < (size_t)T * n; i++) x[i] = frand();
+        static const int bitss[] = {4, 8};
+        for (int b = 0; b < 2; b++) {
+            int bits = bitss[b], group = 64, ng = n / group;
+            size_t words = (size_t)rows * n * bits / 32;
+            uint32_t *wq = malloc(words * sizeof *wq);
+            uint16_t *sc = malloc((size_t)rows * ng * 2), *bi = malloc((size_t)rows * ng * 2);
+            for (size_t i = 0; i < words; i++) wq[i] = (uint32_t)(frand() * 4e9f);
+            for (size_t i = 0; i < (size_t)rows * ng; i++) {
+                sc[i] = loom_f32_to_bf16(0.01f + 0.001f * frand());
+                bi[i] = loom_f32_to_bf16(-0.08f + 0.01f * frand());
+            }
+            loom_qmat q = {.w = wq, .scales = sc, .biases = bi, .n = n, .bits = bits,
+                           .group = group, .f16 = 0};
+            double bytes = (double)words * 4 + (double)rows * ng * 4;
+            double t[2][2];
+            for (int v = 0; v < 2; v++) { /* v = 0: fast table, 1: reference */
+                const loom_kernels *kk = v ? ref : k;
+                for (int tt = 0; tt < 2; tt++) {
+                    int TT = tt ? T : 1;
+                    kk->matmul_q(v ? yr : y, rows, x, n, &q, TT, 0, rows);
+                    double best = 1e30, start = loom_now();
+                    do {
+                        double t0 = loom_now();
+                        kk->matmul_q(v ? yr : y, rows, x, n, &q, TT, 0, rows);
+                        double e = loom_now() - t0;
+                        best = e < best ? e : best;
+                    } while (loom_now() - start < budget);
+                    t[v][tt] = best;
+                }
+            }
+            /* Validate the T = T outputs against the reference. */
+            double maxd = 0, maxy = 0;
+            for (size_t i = 0; i < (size_t)T * rows; i++) {
+                maxd = fmax(maxd, fabs((double)y[i] - yr[i]));
+                maxy = fmax(maxy, fabs((double)yr[i]));
+            }
+            if (maxd > 1e-4 * maxy + 1e-5) {
+                printf("q%d MISMATCH: max |diff| %g (max |y| %g)\n", bits, maxd, maxy);
+                fail = 1;
+            }
+            double flop = 2.0 * rows * n * T;
+            printf("q%d g64 [%4d x %4d]  matvec hot %6.1f GB/s (ref %5.2f, x%5.1f)  "
+                   "prefill T=%d %6.1f GFLOP/s (ref %5.2f, x%5.1f)\n",
+                   bits, rows, n, bytes / t[0][0] / 1e9, bytes / t[1][0] / 1e9, t[1][0] / t[0][0],
+                   T, flop / t[0][1] / 1e9, flop / t[1][1] / 1e9, t[1][1] / t[0][1]);
+            fflush(stdout);
+            free(wq);
+            free(sc);
+            free(bi);
+        }
+        free(x);
+        free(y);
+        free(yr);
+    }
     /* All cores through the pool (what decode actually sees), fast table only. */
     int nt = loom_cpu_count();
     if (!fail && nt > 1 && loom_pool_create(nt, &g_pool) == LOOM_OK) {

@@ -309,7 +309,7 @@ INLINE __m256i q_fields8(const uint8_t *row, size_t row_bytes, size_t k, int bit
 }
 
 INLINE float q_param(const loom_qmat *w, const uint16_t *p, size_t i) {
-    return w->f16 ? loom_f16_to_f32(p[i]) : loom_bf16_to_f32(p[i]);
+    return w->f16 ? _cvtsh_ss(p[i]) : loom_bf16_to_f32(p[i]);
 }
 
 /* buf[j] = scale * (float)q[k + j] + bias for the columns [k, end) of one
@@ -342,11 +342,68 @@ static void q_dequant(float *buf, const loom_qmat *w, size_t r, size_t k0, size_
     }
 }
 
+/* Decode (T == 1) for 4- and 8-bit rows, R (1..4) rows at a time, without
+ * a dequantized copy: per group, y += scale * sum(x q) + bias * sum(x). The
+ * weights are read once and x once per four rows; this is compute-bound
+ * (unpacking), so the fewer instructions per weight the better. */
+INLINE void q_matvec_rows(float *y, const float *x, const loom_qmat *w, int r0, int R, int bits) {
+    const size_t n = (size_t)w->n, group = (size_t)w->group, ng = n / group;
+    const size_t row_bytes = n * (size_t)bits / 8;
+    const uint8_t *row[4];
+    __m256 acc[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        row[r] = (const uint8_t *)w->w + (size_t)(r0 + r) * row_bytes;
+        acc[r] = _mm256_setzero_ps();
+    }
+    for (size_t g = 0; g < ng; g++) {
+        __m256 p[4], xs = _mm256_setzero_ps();
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) p[r] = _mm256_setzero_ps();
+        for (size_t k = g * group, end = k + group; k < end; k += 8) {
+            __m256 xv = _mm256_loadu_ps(x + k);
+            xs = _mm256_add_ps(xs, xv);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++)
+                p[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q_fields8(row[r], row_bytes, k, bits)), xv,
+                                       p[r]);
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            size_t i = (size_t)(r0 + r) * ng + g;
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(q_param(w, w->scales, i)), p[r], acc[r]);
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(q_param(w, w->biases, i)), xs, acc[r]);
+        }
+    }
+    if (R == 4) {
+        _mm_storeu_ps(y + r0, hsum4(acc[0], acc[1], acc[2], acc[3]));
+    } else {
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) y[r0 + r] = hsum(acc[r]);
+    }
+}
+
+INLINE void q_matvec(float *y, const float *x, const loom_qmat *w, int r0, int r1, int bits) {
+    int r = r0;
+    for (; r + 4 <= r1; r += 4) q_matvec_rows(y, x, w, r, 4, bits);
+    switch (r1 - r) {
+    case 3: q_matvec_rows(y, x, w, r, 3, bits); break;
+    case 2: q_matvec_rows(y, x, w, r, 2, bits); break;
+    case 1: q_matvec_rows(y, x, w, r, 1, bits); break;
+    default: break;
+    }
+}
+
 static void matmul_q(float *y, int ldy, const float *x, int ldx, const loom_qmat *w, int T,
                      int r0, int r1) {
     if (w->n % 8 || w->group % 8 || w->bits < 1 || w->bits > 8) {
         /* Groups that split an 8-wide block: rare enough for the reference. */
         loom_kernels_ref.matmul_q(y, ldy, x, ldx, w, T, r0, r1);
+        return;
+    }
+    if (T == 1 && (w->bits == 4 || w->bits == 8)) {
+        if (w->bits == 4) q_matvec(y, x, w, r0, r1, 4);
+        else q_matvec(y, x, w, r0, r1, 8);
         return;
     }
     float buf[TILE_R * QCHUNK] __attribute__((aligned(32)));
