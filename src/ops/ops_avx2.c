@@ -13,7 +13,16 @@
  *     stays in L1 (for rows up to ~2K elements) while the token tiles sweep
  *     over it.
  * Tails (n % 8) go through a zero-padded 8-wide block: x is loaded with a
- * mask and w is copied into a zeroed buffer, so no load leaves its row. */
+ * mask and w is copied into a zeroed buffer, so no load leaves its row.
+ *
+ * matmul_q (affine-quantized rows): for T > 1, four rows at a time are
+ * dequantized 1024 columns at a time into a stack buffer (16 KiB) exactly as
+ * the reference does, and the f32 tile runs over it. For T == 1 and 4/8-bit
+ * rows, each group is summed as scale * x.q + bias * sum(x) straight from the
+ * packed words.
+ *
+ * exp (softmax, silu, gelu) is a Cody-Waite reduction plus a degree-6
+ * polynomial, within ~1 ulp of the true value over the whole float range. */
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
