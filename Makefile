@@ -14,7 +14,7 @@ LDFLAGS += -fsanitize=$(SANITIZE)
 endif
 
 override CFLAGS += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -pthread -Iinclude -Isrc -MMD -MP
-LDLIBS  += -lmicrohttpd -lpcre2-8 -lutf8proc -lcjson -lm -pthread
+LDLIBS  += -lmicrohttpd -lxxhash -lpcre2-8 -lutf8proc -lcjson -lm -pthread
 
 # Files named *_avx2.c hold the x86 SIMD kernels; they are only called after a
 # runtime CPU check, so only they get the ISA flags.

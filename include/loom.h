@@ -154,6 +154,9 @@ typedef struct loom_engine_params {
     int max_queue;          /* waiting requests before submit answers
                                LOOM_ERR_BUSY; 0 = unlimited */
     const char *trace_file; /* traced requests' spans as JSON lines, or NULL */
+    int prefix_cache;       /* reuse KV of earlier prompts' full blocks (default 1;
+                               models with linear-attention layers never do) */
+    size_t prefix_cache_bytes; /* cap on KV kept only for reuse; 0 = whole pool */
 } loom_engine_params;
 
 typedef struct loom_request_params {
@@ -167,6 +170,8 @@ typedef struct loom_request_params {
     int logprobs;           /* -1 none; 0 the chosen token's; n > 0 also top n (max 20) */
     int prefill_chunk;      /* 0 = the engine's policy */
     int trace;              /* record timed spans for this request */
+    const char *cache_session_id; /* isolates this request's prefix-cache
+                                     entries from other sessions; NULL = shared */
 } loom_request_params;
 
 typedef enum loom_finish {
@@ -187,12 +192,15 @@ typedef struct loom_event {
     loom_status status;     /* the failure, for LOOM_FINISH_ERROR */
     int n_prompt;           /* usage, filled on the final event */
     int n_generated;
+    int n_cached;           /* prompt tokens served from the prefix cache */
 } loom_event;
 
 typedef struct loom_engine_stats {
     int waiting, running;
-    int kv_blocks_total, kv_blocks_free;
+    int kv_blocks_total, kv_blocks_free; /* free counts evictable cached blocks */
+    int kv_blocks_cached;                /* blocks held in the prefix cache */
     uint64_t steps, prefill_tokens, decode_tokens, preemptions;
+    uint64_t cache_hit_tokens, cache_miss_tokens, cache_evicted_blocks;
 } loom_engine_stats;
 
 loom_engine_params loom_engine_default_params(void);

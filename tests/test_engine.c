@@ -223,20 +223,26 @@ static void preemption(void) {
     ep.kv_memory = 12 * 24576;
     ep.n_ctx = 400;
     loom_engine *e = NULL;
-    CHECK(loom_engine_create(f.m, &ep, &e) == LOOM_OK);
-    loom_request *r[4];
-    for (int i = 0; i < 4; i++) r[i] = submit(e, f.ids[2], f.len[2], NG, 0);
-    for (int i = 0; i < 4; i++) {
-        int32_t toks[NG + 1];
-        int n;
-        CHECK(drain(r[i], toks, NULL, &n) == LOOM_FINISH_LENGTH);
-        CHECKF(n == NG && same_tokens(toks, f.greedy[2], NG), "preempted request %d differs", i);
-        loom_request_free(r[i]);
+    /* without the prefix cache (which would share their first blocks), then with it */
+    for (int cache = 0; cache < 2; cache++) {
+        ep.prefix_cache = cache;
+        CHECK(loom_engine_create(f.m, &ep, &e) == LOOM_OK);
+        loom_request *r[4];
+        for (int i = 0; i < 4; i++) r[i] = submit(e, f.ids[2], f.len[2], NG, 0);
+        for (int i = 0; i < 4; i++) {
+            int32_t toks[NG + 1];
+            int n;
+            CHECK(drain(r[i], toks, NULL, &n) == LOOM_FINISH_LENGTH);
+            CHECKF(n == NG && same_tokens(toks, f.greedy[2], NG), "preempted request %d differs", i);
+            loom_request_free(r[i]);
+        }
+        loom_engine_stats st;
+        loom_engine_get_stats(e, &st);
+        if (!cache)
+            CHECKF(st.preemptions > 0, "expected preemptions, got %llu", (unsigned long long)st.preemptions);
+        check_idle(e);
+        if (!cache) loom_engine_free(e);
     }
-    loom_engine_stats st;
-    loom_engine_get_stats(e, &st);
-    CHECKF(st.preemptions > 0, "expected preemptions, got %llu", (unsigned long long)st.preemptions);
-    check_idle(e);
     /* a prompt larger than the whole pool is refused at submit */
     loom_request_params rp = loom_request_default_params();
     rp.prompt = f.ids[3];
@@ -299,7 +305,62 @@ static void preemption(void) {
     free_fixture(&f);
 }
 
+/* Cached equals uncached: a prompt served from the prefix cache gives the
+ * reference tokens and the solo log-probabilities. */
+static void prefix_cache(const char *dir) {
+    fixture f;
+    if (!load_fixture(dir, &f)) { CHECK(0); return; }
+    float solo[NG];
+    solo_logprobs(&f, 3, solo);
+    loom_engine_params ep = loom_engine_default_params();
+    ep.n_ctx = 400;
+    ep.max_batch_tokens = 64;
+    loom_engine *e = NULL;
+    CHECK(loom_engine_create(f.m, &ep, &e) == LOOM_OK);
+    int L = f.len[3];
+    /* a prompt sharing the first 100 tokens of prompt 3, then prompt 3 */
+    int32_t *mixed = malloc(sizeof(int32_t) * (size_t)L);
+    memcpy(mixed, f.ids[3], sizeof(int32_t) * (size_t)L);
+    for (int i = 100; i < L; i++) mixed[i] = (mixed[i] + 1) % loom_model_vocab_size(f.m);
+    for (int round = 0; round < 3; round++) {
+        const int32_t *ids = round == 0 ? mixed : f.ids[3];
+        loom_request *r = submit(e, ids, L, NG, 0);
+        int32_t toks[NG + 1];
+        float lps[NG + 1];
+        int n = 0, cached = -1;
+        for (;;) {
+            loom_event ev;
+            if (loom_request_next(r, &ev, 60000) != LOOM_OK) break;
+            if (ev.finish) {
+                cached = ev.n_cached;
+                break;
+            }
+            lps[n] = ev.logprob;
+            toks[n++] = ev.token;
+        }
+        int want = round == 0 ? 0 : round == 1 ? 96 : (L - 1) / 16 * 16;
+        CHECKF(cached == want, "%s round %d: %d cached tokens, want %d", dir, round, cached, want);
+        if (round > 0) {
+            double worst = 0;
+            for (int t = 0; t < n && t < NG; t++) worst = fmax(worst, fabs(lps[t] - solo[t]));
+            CHECKF(n == NG && same_tokens(toks, f.greedy[3], NG) && worst < 1e-5,
+                   "%s round %d: cached run differs (logprob diff %g)", dir, round, worst);
+        }
+        loom_request_free(r);
+    }
+    loom_engine_stats st;
+    loom_engine_get_stats(e, &st);
+    CHECK(st.kv_blocks_cached > 0 && st.cache_hit_tokens > 0);
+    check_idle(e);
+    free(mixed);
+    loom_engine_free(e);
+    free_fixture(&f);
+}
+
 int main(void) {
+    prefix_cache("tests/fixtures/models/qwen3-tiny");
+    prefix_cache("tests/fixtures/models/llama3-tiny");
+    prefix_cache("tests/fixtures/models/mistral-tiny-swa");
     batched_equals_solo("tests/fixtures/models/qwen3-tiny");
     batched_equals_solo("tests/fixtures/models/llama3-tiny");
     batched_equals_solo("tests/fixtures/models/qwen2-tiny");

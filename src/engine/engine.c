@@ -60,6 +60,9 @@ struct loom_engine {
     loom_request **waiting;        /* owned ring [wait_cap] */
     int wait_head, wait_len, wait_cap;
     FILE *trace;                   /* owned, may be NULL */
+    int cache;                     /* prefix cache in use */
+    int has_state;                 /* the model keeps recurrent state per sequence */
+    char ns_base[256];             /* namespace text: model and KV layout */
     uint64_t next_order, next_work;
 
     pthread_t thread;
@@ -74,7 +77,8 @@ struct loom_engine {
 };
 
 loom_engine_params loom_engine_default_params(void) {
-    return (loom_engine_params){.max_batch_tokens = 2048, .max_seqs = 64, .block_size = 16};
+    return (loom_engine_params){.max_batch_tokens = 2048, .max_seqs = 64, .block_size = 16,
+                                .prefix_cache = 1};
 }
 
 loom_request_params loom_request_default_params(void) {
@@ -84,10 +88,7 @@ loom_request_params loom_request_default_params(void) {
 
 /* ---- chunk policy ------------------------------------------------------ */
 
-static int has_linear_attention(const loom_model *m) {
-    return !strcmp(m->cfg.arch, "Qwen3_5ForCausalLM") ||
-           !strcmp(m->cfg.arch, "Qwen3NextForCausalLM");
-}
+static int has_linear_attention(const loom_model *m) { return loom_seq_state_bytes(m) > 0; }
 
 /* An explicit chunk is exact. Otherwise 2048, halved (down to 8) for
  * linear-attention models while the attention score workspace of the prompt
@@ -112,7 +113,7 @@ static void finish(loom_engine *e, loom_request *r, loom_finish why, loom_status
     r->state = RQ_DONE;
     if (msg) snprintf(r->error, sizeof r->error, "%s", msg);
     loom_event ev = {.finish = why, .status = st, .n_prompt = r->n_prompt,
-                     .n_generated = r->n_generated};
+                     .n_generated = r->n_generated, .n_cached = r->n_cached};
     loom_rq_push(r, &ev);
     if (e->trace && r->trace) {
         loom_rq_write_trace(r, e->trace);
@@ -206,6 +207,7 @@ static void add_prefill_row(loom_engine *e, loom_request *r, int *n_rows, int *b
         .seq = &r->seq,
         .logits = final ? LOOM_LOGITS_LAST : LOOM_LOGITS_NONE,
         .out = final ? e->logits + (size_t)i * e->m->cfg.vocab_size : NULL,
+        .state = r->rstate,
     };
     e->row_req[i] = r;
     e->row_kind[i] = 1;
@@ -259,7 +261,8 @@ static int step(loom_engine *e) {
         int k = n_rows++;
         e->rows[k] = (loom_fwd_row){.tokens = r->tokens + r->seq.n_tokens, .n = 1, .seq = &r->seq,
                                     .logits = LOOM_LOGITS_LAST,
-                                    .out = e->logits + (size_t)k * e->m->cfg.vocab_size};
+                                    .out = e->logits + (size_t)k * e->m->cfg.vocab_size,
+                                    .state = r->rstate};
         e->row_req[k] = r;
         e->row_kind[k] = 0;
         budget--;
@@ -273,14 +276,20 @@ static int step(loom_engine *e) {
     while (e->wait_len > 0 && budget > 0 && e->n_running < e->max_seqs) {
         loom_request *r = e->waiting[e->wait_head];
         r->prefill_len = r->n_tokens;
-        if (blocks_for(e, r->prefill_len + 1) > e->kv->n_free) break;
-        if (loom_kv_seq_reserve(e->kv, &r->seq, r->prefill_len) != LOOM_OK) break;
+        double tl = loom_now();
+        int hit = e->cache ? loom_kv_cache_lookup(e->kv, &r->seq, r->tokens, r->prefill_len, r->ns) : 0;
+        if (blocks_for(e, r->prefill_len + 1) - r->seq.n_blocks > loom_kv_available(e->kv) ||
+            loom_kv_seq_reserve(e->kv, &r->seq, r->prefill_len) != LOOM_OK) {
+            loom_kv_seq_release(e->kv, &r->seq);
+            break;
+        }
+        if (r->n_generated == 0) r->n_cached = hit; /* recomputes keep the first figure */
         e->wait_head = (e->wait_head + 1) % e->wait_cap;
         e->wait_len--;
         r->state = RQ_PREFILL;
         r->order = ++e->next_order;
         r->t_admit = loom_now();
-        loom_rq_span(r, "cache.lookup_restore", r->t_admit, r->t_admit, 0, 0, 0, 0);
+        loom_rq_span(r, "cache.lookup_restore", tl, r->t_admit, 0, 0, 0, 0);
         e->running[e->n_running++] = r;
         add_prefill_row(e, r, &n_rows, &budget);
     }
@@ -304,6 +313,8 @@ static int step(loom_engine *e) {
         }
         return 1;
     }
+    for (int i = 0; i < n_rows && e->cache; i++)
+        loom_kv_cache_commit(e->kv, &e->row_req[i]->seq, e->row_req[i]->tokens, e->row_req[i]->ns);
     for (int i = 0; i < n_rows; i++) {
         loom_request *r = e->row_req[i];
         const char *name = e->row_kind[i] ? "prefill.forward" : "decode.step";
@@ -360,7 +371,11 @@ static void *engine_main(void *arg) {
         e->stats.preemptions = e->counters.preemptions;
         e->stats.waiting = e->wait_len + e->n_inbox;
         e->stats.running = e->n_running;
-        e->stats.kv_blocks_free = e->kv->n_free;
+        e->stats.kv_blocks_free = loom_kv_available(e->kv);
+        e->stats.kv_blocks_cached = e->kv->n_cached;
+        e->stats.cache_hit_tokens = e->kv->hits * (uint64_t)e->kv->block_size;
+        e->stats.cache_miss_tokens = e->kv->misses * (uint64_t)e->kv->block_size;
+        e->stats.cache_evicted_blocks = e->kv->evictions;
         pthread_mutex_unlock(&e->mu);
         if (!did && e->n_running == 0 && e->wait_len > 0) {
             /* The head cannot be admitted into an empty pool: it never will. */
@@ -418,7 +433,7 @@ loom_status loom_engine_create(loom_model *m, const loom_engine_params *params,
     e->max_seqs = LOOM_MIN(p.max_seqs, p.max_batch_tokens);
     e->n_eos = loom_model_eos_ids(m, e->eos, LOOM_MAX_EOS);
     if (e->n_eos > LOOM_MAX_EOS) e->n_eos = LOOM_MAX_EOS;
-    size_t block = loom_kv_block_bytes(c->n_layers, c->n_kv_heads * c->head_dim, p.block_size);
+    size_t block = loom_kv_block_bytes(c->n_layers, loom_model_kv_dim(m), p.block_size);
     size_t want = p.kv_memory;
     if (!want) {
         size_t full = block * (size_t)blocks_for(&(loom_engine){.kv = &(loom_kv_pool){
@@ -432,7 +447,13 @@ loom_status loom_engine_create(loom_model *m, const loom_engine_params *params,
     if (n_blocks < 1)
         s = loom_err(LOOM_ERR_INVALID_ARG, "engine: kv_memory %zu bytes is less than one block (%zu bytes)",
                      want, block);
-    if (!s) s = loom_kv_pool_create(c->n_layers, c->n_kv_heads * c->head_dim, p.block_size, n_blocks, &e->kv);
+    if (!s) s = loom_kv_pool_create(c->n_layers, loom_model_kv_dim(m), p.block_size, n_blocks, &e->kv);
+    e->has_state = loom_seq_state_bytes(m) > 0;
+    e->cache = p.prefix_cache && !e->has_state;
+    if (!s && e->cache)
+        s = loom_kv_cache_enable(e->kv, p.prefix_cache_bytes ? (int)LOOM_MIN(p.prefix_cache_bytes / block, (size_t)n_blocks) : 0);
+    snprintf(e->ns_base, sizeof e->ns_base, "loom1|%s|L%d|H%d|V%d|kv=f32|bs=%d|", c->arch, c->n_layers,
+             c->hidden_size, c->vocab_size, p.block_size);
     if (!s) s = loom_fwd_state_create(m, p.max_batch_tokens, e->n_ctx, &e->fwd);
     if (!s) {
         e->logits = loom_alloc(sizeof(float) * (size_t)e->max_seqs * (size_t)c->vocab_size);
@@ -538,6 +559,12 @@ loom_status loom_engine_submit(loom_engine *e, const loom_request_params *p, loo
     atomic_init(&r->abort, 0);
     loom_status s = !r->tokens || !r->stop_ids ? loom_err(LOOM_ERR_NOMEM, "out of memory") : LOOM_OK;
     if (!s) s = loom_sampler_init(&r->sampler, &p->sampling, V);
+    if (!s && e->has_state) s = loom_seq_state_create(e->m, &r->rstate);
+    if (!s) {
+        char ns[512];
+        int w = snprintf(ns, sizeof ns, "%s%s", e->ns_base, p->cache_session_id ? p->cache_session_id : "");
+        r->ns = loom_kv_namespace(ns, (size_t)LOOM_MIN(w, (int)sizeof ns - 1));
+    }
     if (s) {
         loom_rq_release(r);
         return s;

@@ -3,6 +3,8 @@
 
 #include <assert.h>
 #include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
 
 #include "base/base.h"
 
@@ -41,6 +43,12 @@ loom_status loom_kv_pool_create(int n_layers, int kv_dim, int block_size,
 
 void loom_kv_pool_free(loom_kv_pool *p) {
     if (!p) return;
+    free(p->hash);
+    free(p->btok);
+    free(p->bparent);
+    free(p->lru_prev);
+    free(p->lru_next);
+    free(p->table);
     free(p->k);
     free(p->v);
     free(p->refcount);
@@ -48,38 +56,223 @@ void loom_kv_pool_free(loom_kv_pool *p) {
     free(p);
 }
 
+/* ---- prefix cache: hash table and LRU ------------------------------------ */
+
+static size_t slot_of(const loom_kv_pool *p, uint64_t h) {
+    return (size_t)(h * 0x9e3779b97f4a7c15ull >> 17) & (size_t)(p->table_cap - 1);
+}
+
+static void table_insert(loom_kv_pool *p, int b) {
+    size_t i = slot_of(p, p->hash[b]);
+    while (p->table[i] >= 0) i = (i + 1) & (size_t)(p->table_cap - 1);
+    p->table[i] = b;
+    p->n_cached++;
+}
+
+/* Backward-shift deletion keeps probe chains intact without tombstones. */
+static void table_remove(loom_kv_pool *p, int b) {
+    size_t mask = (size_t)(p->table_cap - 1), i = slot_of(p, p->hash[b]);
+    while (p->table[i] != b) i = (i + 1) & mask;
+    p->table[i] = -1;
+    for (size_t j = (i + 1) & mask; p->table[j] >= 0; j = (j + 1) & mask) {
+        size_t home = slot_of(p, p->hash[p->table[j]]);
+        /* move j back to i if its home is not in (i, j] cyclically */
+        int between = i <= j ? (home > i && home <= j) : (home > i || home <= j);
+        if (!between) {
+            p->table[i] = p->table[j];
+            p->table[j] = -1;
+            i = j;
+        }
+    }
+    p->n_cached--;
+    p->hash[b] = 0;
+}
+
+static int table_find(const loom_kv_pool *p, uint64_t h, uint64_t parent, const int32_t *tok) {
+    size_t mask = (size_t)(p->table_cap - 1);
+    for (size_t i = slot_of(p, h); p->table[i] >= 0; i = (i + 1) & mask) {
+        int b = p->table[i];
+        if (p->hash[b] == h && p->bparent[b] == parent &&
+            !memcmp(p->btok + (size_t)b * p->block_size, tok, sizeof *tok * (size_t)p->block_size))
+            return b;
+    }
+    return -1;
+}
+
+static void lru_unlink(loom_kv_pool *p, int b) {
+    int pr = p->lru_prev[b], nx = p->lru_next[b];
+    if (pr >= 0) p->lru_next[pr] = nx;
+    else p->lru_head = nx;
+    if (nx >= 0) p->lru_prev[nx] = pr;
+    else p->lru_tail = pr;
+    p->lru_prev[b] = p->lru_next[b] = -1;
+    p->n_lru--;
+}
+
+static void lru_push(loom_kv_pool *p, int b) {
+    p->lru_prev[b] = p->lru_tail;
+    p->lru_next[b] = -1;
+    if (p->lru_tail >= 0) p->lru_next[p->lru_tail] = b;
+    else p->lru_head = b;
+    p->lru_tail = b;
+    p->n_lru++;
+}
+
+/* Evicts the least recently used cached block onto the free list. */
+static void evict_one(loom_kv_pool *p) {
+    int b = p->lru_head;
+    lru_unlink(p, b);
+    table_remove(p, b);
+    p->free_list[p->n_free++] = b;
+    p->evictions++;
+}
+
 static void block_unref(loom_kv_pool *p, int b) {
     assert(p->refcount[b] > 0);
-    if (--p->refcount[b] == 0) p->free_list[p->n_free++] = b;
+    if (--p->refcount[b] > 0) return;
+    if (p->hash && p->hash[b]) {
+        lru_push(p, b);
+        while (p->n_lru > p->cache_cap) evict_one(p);
+    } else {
+        p->free_list[p->n_free++] = b;
+    }
+}
+
+/* A block for a sequence: free ones first, then the oldest cached one. */
+static int block_take(loom_kv_pool *p) {
+    if (p->n_free == 0) evict_one(p);
+    int b = p->free_list[--p->n_free];
+    assert(p->refcount[b] == 0);
+    p->refcount[b] = 1;
+    return b;
+}
+
+static loom_status seq_grow(loom_kv_seq *seq, int need) {
+    if (need <= seq->cap) return LOOM_OK;
+    int cap = LOOM_MAX(need, seq->cap * 2);
+    int *nb = realloc(seq->blocks, sizeof *nb * (size_t)cap);
+    if (!nb) return loom_err(LOOM_ERR_NOMEM, "out of memory");
+    seq->blocks = nb;
+    seq->cap = cap;
+    return LOOM_OK;
+}
+
+loom_status loom_kv_cache_enable(loom_kv_pool *p, int cap_blocks) {
+    int n = p->n_blocks;
+    p->table_cap = 16;
+    while (p->table_cap < 2 * n) p->table_cap *= 2;
+    p->hash = calloc((size_t)n, sizeof *p->hash);
+    p->bparent = calloc((size_t)n, sizeof *p->bparent);
+    p->btok = malloc(sizeof *p->btok * (size_t)n * (size_t)p->block_size);
+    p->lru_prev = malloc(sizeof *p->lru_prev * (size_t)n);
+    p->lru_next = malloc(sizeof *p->lru_next * (size_t)n);
+    p->table = malloc(sizeof *p->table * (size_t)p->table_cap);
+    if (!p->hash || !p->bparent || !p->btok || !p->lru_prev || !p->lru_next || !p->table)
+        return loom_err(LOOM_ERR_NOMEM, "prefix cache: out of memory");
+    for (int i = 0; i < n; i++) p->lru_prev[i] = p->lru_next[i] = -1;
+    for (int i = 0; i < p->table_cap; i++) p->table[i] = -1;
+    p->lru_head = p->lru_tail = -1;
+    p->cache_cap = cap_blocks > 0 ? LOOM_MIN(cap_blocks, n) : n;
+    p->cache_on = 1;
+    return LOOM_OK;
+}
+
+uint64_t loom_kv_namespace(const char *s, size_t n) {
+    uint64_t h = XXH3_64bits(s, n);
+    return h ? h : 1;
+}
+
+static uint64_t chain_hash(uint64_t parent, const int32_t *tok, int bs) {
+    uint64_t h = XXH3_64bits_withSeed(tok, sizeof *tok * (size_t)bs, parent);
+    return h ? h : 1;
+}
+
+int loom_kv_cache_lookup(loom_kv_pool *p, loom_kv_seq *seq, const int32_t *tokens, int n,
+                         uint64_t ns) {
+    assert(seq->n_blocks == 0);
+    seq->n_hashed = 0;
+    seq->chain = ns;
+    if (!p->cache_on) return 0;
+    int bs = p->block_size, max = (n - 1) / bs, hit = 0;
+    if (max <= 0 || seq_grow(seq, max) != LOOM_OK) return 0;
+    uint64_t chain = ns;
+    for (; hit < max; hit++) {
+        const int32_t *t = tokens + (size_t)hit * bs;
+        uint64_t h = chain_hash(chain, t, bs);
+        int b = table_find(p, h, chain, t);
+        if (b < 0) break;
+        if (p->refcount[b]++ == 0) lru_unlink(p, b);
+        seq->blocks[seq->n_blocks++] = b;
+        chain = h;
+    }
+    p->hits += (uint64_t)hit;
+    p->misses += (uint64_t)(max - hit);
+    seq->n_tokens = hit * bs;
+    seq->n_hashed = hit;
+    seq->chain = chain;
+    return hit * bs;
+}
+
+void loom_kv_cache_commit(loom_kv_pool *p, loom_kv_seq *seq, const int32_t *tokens, uint64_t ns) {
+    if (!p->cache_on) return;
+    int bs = p->block_size;
+    if (seq->n_hashed == 0) seq->chain = ns;
+    while ((seq->n_hashed + 1) * bs <= seq->n_tokens) {
+        int i = seq->n_hashed;
+        const int32_t *t = tokens + (size_t)i * bs;
+        uint64_t h = chain_hash(seq->chain, t, bs);
+        int b = seq->blocks[i];
+        if (!p->hash[b] && table_find(p, h, seq->chain, t) < 0) {
+            p->hash[b] = h;
+            p->bparent[b] = seq->chain;
+            memcpy(p->btok + (size_t)b * bs, t, sizeof *t * (size_t)bs);
+            table_insert(p, b);
+        }
+        seq->chain = h;
+        seq->n_hashed++;
+    }
+}
+
+void loom_kv_cache_clear(loom_kv_pool *p) {
+    while (p->n_lru > 0) evict_one(p);
 }
 
 loom_status loom_kv_seq_reserve(loom_kv_pool *p, loom_kv_seq *seq, int n_tokens) {
     int need = (n_tokens + p->block_size - 1) / p->block_size;
     if (need <= seq->n_blocks) return LOOM_OK;
-    if (need - seq->n_blocks > p->n_free)
+    if (need - seq->n_blocks > loom_kv_available(p))
         return loom_err(LOOM_ERR_NO_KV, "kv: need %d more blocks, %d free",
-                        need - seq->n_blocks, p->n_free);
-    if (need > seq->cap) {
-        int cap = LOOM_MAX(need, seq->cap * 2);
-        int *nb = realloc(seq->blocks, sizeof *nb * (size_t)cap);
-        if (!nb) return loom_err(LOOM_ERR_NOMEM, "out of memory");
-        seq->blocks = nb;
-        seq->cap = cap;
-    }
-    while (seq->n_blocks < need) {
-        int b = p->free_list[--p->n_free];
-        assert(p->refcount[b] == 0);
-        p->refcount[b] = 1;
-        seq->blocks[seq->n_blocks++] = b;
-    }
+                        need - seq->n_blocks, loom_kv_available(p));
+    loom_status s = seq_grow(seq, need);
+    if (s != LOOM_OK) return s;
+    while (seq->n_blocks < need) seq->blocks[seq->n_blocks++] = block_take(p);
     return LOOM_OK;
 }
 
 void loom_kv_seq_truncate(loom_kv_pool *p, loom_kv_seq *seq, int n_tokens) {
     if (n_tokens < 0) n_tokens = 0;
-    int keep = (n_tokens + p->block_size - 1) / p->block_size;
+    int bs = p->block_size, keep = (n_tokens + bs - 1) / bs;
     while (seq->n_blocks > keep) block_unref(p, seq->blocks[--seq->n_blocks]);
     if (seq->n_tokens > n_tokens) seq->n_tokens = n_tokens;
+    if (seq->n_hashed * bs > n_tokens) seq->n_hashed = 0; /* rehash from the start */
+    /* The next write lands in the last block: copy it first if shared. */
+    if (n_tokens % bs && keep > 0) {
+        int b = seq->blocks[keep - 1];
+        if (p->refcount[b] == 1 && p->hash && p->hash[b]) {
+            table_remove(p, b); /* ours alone: just stop caching it */
+        } else if (p->refcount[b] > 1 && loom_kv_available(p) > 0) {
+            int nb = block_take(p);
+            size_t row = (size_t)bs * p->kv_dim;
+            for (int l = 0; l < p->n_layers; l++) {
+                size_t src = ((size_t)l * p->n_blocks + (size_t)b) * row;
+                size_t dst = ((size_t)l * p->n_blocks + (size_t)nb) * row;
+                memcpy(p->k + dst, p->k + src, row * sizeof(float));
+                memcpy(p->v + dst, p->v + src, row * sizeof(float));
+            }
+            seq->blocks[keep - 1] = nb;
+            block_unref(p, b);
+        }
+    }
 }
 
 void loom_kv_seq_release(loom_kv_pool *p, loom_kv_seq *seq) {

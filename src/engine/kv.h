@@ -7,12 +7,20 @@
  *   + slot) * kv_dim.
  * - A sequence owns a block table: position p lives in block
  *   table[p / block_size], slot p % block_size.
- * - Blocks carry reference counts so a block can be shared (prefix cache);
- *   a block returns to the free list when its count drops to zero.
+ * - Blocks carry reference counts so a block can be shared.
+ * - Prefix cache (when enabled). A full block is keyed by a hash chained
+ *   over every token up to its end, seeded with a namespace (model, KV
+ *   layout, optional session). Full blocks are never written again
+ *   (sequences only append), so sharing them needs no copy. A new sequence
+ *   maps the longest cached run of its prompt's blocks into its table
+ *   (refcount + 1). A cached block whose count drops to zero is not freed
+ *   but kept on an LRU list; allocation takes free blocks first, then
+ *   evicts the least recently used cached block.
  * Invariants
- *   1. refcount[b] == 0  <=>  b is on the free list.
- *   2. A sequence holding n tokens has exactly ceil(n / block_size) blocks.
- *   3. free + sum over blocks of (refcount > 0) == n_blocks.
+ *   1. refcount[b] == 0  <=>  b is on the free list or on the LRU list.
+ *   2. b is on the LRU list  <=>  refcount[b] == 0 and b is in the hash table.
+ *   3. A sequence holding n tokens has exactly ceil(n / block_size) blocks.
+ *   4. free + lru + (blocks with refcount > 0) == n_blocks.
  * Only the engine thread calls these functions. */
 #ifndef LOOM_KV_H
 #define LOOM_KV_H
@@ -31,12 +39,25 @@ typedef struct loom_kv_pool {
     int *refcount;       /* owned [n_blocks] */
     int *free_list;      /* owned [n_blocks], stack of free ids */
     int n_free;
+    /* prefix cache; all NULL / 0 when disabled */
+    int cache_on;
+    int cache_cap;       /* max unreferenced cached blocks kept */
+    uint64_t *hash;      /* owned [n_blocks]: chain hash of a cached block, 0 = none */
+    int32_t *btok;       /* owned (n_blocks, block_size): a cached block's tokens */
+    uint64_t *bparent;   /* owned [n_blocks]: chain hash before the block */
+    int *lru_prev, *lru_next; /* owned [n_blocks]; -1 ends */
+    int lru_head, lru_tail, n_lru;  /* head = least recently used */
+    int *table;          /* owned [table_cap] open addressing: block id or -1 */
+    int table_cap, n_cached;
+    uint64_t hits, misses, evictions; /* blocks */
 } loom_kv_pool;
 
 typedef struct loom_kv_seq {
     int *blocks;         /* owned [cap] block ids */
     int n_blocks, cap;
     int n_tokens;        /* positions [0, n_tokens) are written */
+    int n_hashed;        /* leading full blocks already offered to the cache */
+    uint64_t chain;      /* chain hash after block n_hashed - 1 (or the namespace) */
 } loom_kv_seq;
 
 /* Bytes one block takes (K and V, all layers). */
@@ -54,6 +75,26 @@ loom_status loom_kv_seq_reserve(loom_kv_pool *p, loom_kv_seq *seq, int n_tokens)
 void loom_kv_seq_truncate(loom_kv_pool *p, loom_kv_seq *seq, int n_tokens);
 /* Releases every block and the table. seq is empty afterwards. */
 void loom_kv_seq_release(loom_kv_pool *p, loom_kv_seq *seq);
+
+/* Blocks that can be handed out now: free plus evictable cached ones. */
+static inline int loom_kv_available(const loom_kv_pool *p) { return p->n_free + p->n_lru; }
+
+/* Turns the prefix cache on, keeping at most cap_blocks unreferenced cached
+ * blocks (0 = as many as the pool holds). Call before any sequence exists. */
+loom_status loom_kv_cache_enable(loom_kv_pool *p, int cap_blocks);
+/* A namespace seed for chain hashes from a string (model, layout, session). */
+uint64_t loom_kv_namespace(const char *s, size_t n);
+/* Maps the longest cached run of full blocks of tokens[0, n) into the empty
+ * sequence seq (which must hold no blocks), chaining from ns, never the
+ * whole prompt: at least one token is left to compute. Returns the number
+ * of tokens mapped (a multiple of block_size). */
+int loom_kv_cache_lookup(loom_kv_pool *p, loom_kv_seq *seq, const int32_t *tokens, int n,
+                         uint64_t ns);
+/* Offers the sequence's newly completed full blocks to the cache. tokens
+ * are the sequence's tokens [0, seq->n_tokens). */
+void loom_kv_cache_commit(loom_kv_pool *p, loom_kv_seq *seq, const int32_t *tokens, uint64_t ns);
+/* Drops every unreferenced cached block (e.g. when the namespace changes). */
+void loom_kv_cache_clear(loom_kv_pool *p);
 
 /* Row of K (or V) for layer l at a sequence position (block must exist). */
 static inline float *loom_kv_k_row(const loom_kv_pool *p, const loom_kv_seq *s,

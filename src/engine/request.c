@@ -6,6 +6,7 @@
 
 #include "base/base.h"
 #include "engine/request.h"
+#include "model/forward.h"
 
 void loom_rq_push(loom_request *r, const loom_event *ev) {
     pthread_mutex_lock(&r->mu);
@@ -88,9 +89,8 @@ void loom_rq_span(loom_request *r, const char *name, double t0, double t1, uint6
         r->spans = ns;
         r->span_cap = cap;
     }
-    int cached = 0;
     r->spans[r->n_spans++] = (rq_span){name, t0, t1, work_id, batch_size, tokens_per_row,
-                                       start_token, cached};
+                                       start_token, r->n_cached};
 }
 
 void loom_rq_write_trace(const loom_request *r, FILE *f) {
@@ -112,6 +112,7 @@ void loom_rq_write_trace(const loom_request *r, FILE *f) {
 void loom_rq_release(loom_request *r) {
     if (!r || atomic_fetch_sub(&r->refs, 1) != 1) return;
     loom_sampler_free(&r->sampler);
+    loom_seq_state_free(r->rstate);
     free(r->tokens);
     free(r->stop_ids);
     free(r->spans);

@@ -46,6 +46,9 @@ struct loom_request {
     rq_state state;
     loom_kv_seq seq;           /* KV holds tokens [0, seq.n_tokens) */
     int plan_end;              /* planned prefill chunk end; 0 = none */
+    int n_cached;              /* prompt tokens mapped from the prefix cache */
+    uint64_t ns;               /* prefix-cache namespace of this request */
+    struct loom_seq_state *rstate; /* owned recurrent state, or NULL */
     int prefill_len;           /* tokens to prefill before sampling */
     uint64_t order;            /* admission order, for preemption */
     double t_submit, t_admit;
