@@ -415,6 +415,67 @@ static void test_gemma4_moe(void) {
     loom_model_free(m);
 }
 
+/* gemma4-tiny whose full layer has global_head_dim 64 (twice the sliding
+ * head): synthetic weights for that layer; the KV pool rows widen to fit.
+ * Checks shapes, then whole-prompt vs token-by-token agreement. */
+static void test_global_head_dim(void) {
+    char dir[256], path[512];
+    snprintf(dir, sizeof dir, "%s/g4hd", tmpdir);
+    make_dir(dir, "gemma4-tiny", "\"head_dim\": 32", "\"head_dim\": 32, \"global_head_dim\": 64",
+             NULL, NULL, NULL, NULL, NULL);
+    loom_safetensors *src = NULL;
+    CHECK(loom_st_open("tests/fixtures/models/gemma4-tiny/model.safetensors", &src) == LOOM_OK);
+    if (!src) return;
+    struct { const char *name; int64_t r, c; } repl[] = {
+        {"model.layers.5.self_attn.q_proj.weight", 256, 64},
+        {"model.layers.5.self_attn.k_proj.weight", 128, 64},
+        {"model.layers.5.self_attn.v_proj.weight", 128, 64},
+        {"model.layers.5.self_attn.o_proj.weight", 64, 256},
+        {"model.layers.5.self_attn.q_norm.weight", 64, 0},
+        {"model.layers.5.self_attn.k_norm.weight", 64, 0},
+    };
+    float *big = malloc(sizeof(float) * 256 * 64);
+    unsigned long long seed = 99;
+    for (int i = 0; i < 256 * 64; i++) big[i] = ((float)(test_rand_u32(&seed) % 2001) / 1000.0f - 1.0f) * 0.1f;
+    float ones[64];
+    for (int i = 0; i < 64; i++) ones[i] = 1.0f;
+    int cnt = loom_st_count(src);
+    loom_st_write_entry *e = calloc((size_t)cnt, sizeof *e);
+    for (int i = 0; i < cnt; i++) {
+        const loom_st_tensor *t = loom_st_at(src, i);
+        e[i] = (loom_st_write_entry){.name = t->name, .dtype = t->dtype, .ndim = t->ndim,
+                                     .data = t->data};
+        memcpy(e[i].shape, t->shape, sizeof t->shape);
+        for (size_t j = 0; j < sizeof repl / sizeof repl[0]; j++)
+            if (!strcmp(t->name, repl[j].name)) {
+                e[i].ndim = repl[j].c ? 2 : 1;
+                e[i].shape[0] = repl[j].r;
+                e[i].shape[1] = repl[j].c;
+                e[i].data = repl[j].c ? big : ones;
+            }
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    CHECK(loom_st_write(path, e, cnt) == LOOM_OK);
+    free(e);
+    free(big);
+    loom_st_close(src);
+    loom_model *m = NULL;
+    CHECKF(loom_model_load(dir, NULL, &m) == LOOM_OK, "%s", loom_last_error());
+    if (!m) return;
+    CHECK_EQ_INT(m->layers[5].attn.head_dim, 64);
+    CHECK_EQ_INT(m->layers[4].attn.head_dim, 32);
+    CHECK_EQ_INT(loom_model_kv_dim(m), 128);
+    CHECK_EQ_INT(m->ropes[0].rot_dim, 64);  /* proportional: the whole global head */
+    loom_safetensors *ref = NULL;
+    const loom_st_tensor *ids = ref_tensor(&ref, "gemma4-tiny", "prompt.3.ids");
+    if (ids) {
+        double err = self_consistency(m, ids->data, (int)ids->shape[0]);
+        CHECKF(err < 1e-5, "global_head_dim: whole vs incremental %.3g", err);
+    }
+    loom_st_close(ref);
+    loom_model_free(m);
+}
+
 /* Hybrid models: chunked prefill and the recurrence agree, and a saved
  * recurrent state (with the KV of its positions) continues exactly like the
  * original sequence. */
@@ -490,6 +551,7 @@ int main(void) {
     test_old_configs();
     test_matmul_q();
     test_gemma4_moe();
+    test_global_head_dim();
     test_recurrent_state("qwen3.5-tiny-hybrid");
     test_recurrent_state("qwen3next-tiny-hybrid-moe");
     char cmd[300];
