@@ -792,8 +792,16 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         *con_cls = cc;
         atomic_fetch_add(&s->active, 1);
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
-        if (cl && strtoull(cl, NULL, 10) > s->p.max_body) cc->too_big = 1;
-        if (!cc->too_big) return MHD_YES;
+        if (!cl || strtoull(cl, NULL, 10) <= s->p.max_body) return MHD_YES;
+        cc->too_big = 1;
+        /* Answering before the body is read makes the daemon close with
+         * unread data, and the kernel then resets the connection, which
+         * can destroy the 413 before the client reads it. So a body that
+         * is not much larger is read and dropped first; a client that
+         * waits for "100 Continue" gets its answer at once. */
+        const char *expect = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Expect");
+        unsigned long long drain = LOOM_MAX((unsigned long long)s->p.max_body * 4, 64ull << 20);
+        if (!expect && strtoull(cl, NULL, 10) <= drain) return MHD_YES;
     }
     if (*upload_size) {
         if (!cc->too_big) {
