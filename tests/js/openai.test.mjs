@@ -1,0 +1,307 @@
+// loom serve through the official OpenAI client: chat and completions,
+// blocking and streamed, logprobs, stop strings, n, seeds, tools, and the
+// error classes the client maps statuses to. Run by tests/cli_server_js.sh:
+//   LOOM_URL=http://127.0.0.1:PORT LOOM_API_KEY=KEY [LOOM_BUSY_URL=...] node openai.test.mjs
+import assert from 'node:assert/strict';
+import OpenAI from 'openai';
+
+const base = process.env.LOOM_URL;
+const key = process.env.LOOM_API_KEY || 'none';
+if (!base) throw new Error('LOOM_URL is not set');
+const client = new OpenAI({ baseURL: `${base}/v1`, apiKey: key, maxRetries: 0, timeout: 120000 });
+const model = 'pycoder-16m';
+const user = (content) => [{ role: 'user', content }];
+
+const tests = [];
+const test = (name, fn) => tests.push({ name, fn });
+
+async function collect(stream) {
+  const chunks = [];
+  for await (const c of stream) chunks.push(c);
+  return chunks;
+}
+
+// Concatenated text of choice i in chat chunks.
+const chatText = (chunks, i = 0) =>
+  chunks.flatMap((c) => c.choices.filter((x) => x.index === i)).map((x) => x.delta?.content ?? '').join('');
+
+async function expectError(promise, cls, status, param) {
+  try {
+    await promise;
+  } catch (e) {
+    assert.ok(e instanceof cls, `expected ${cls.name}, got ${e.constructor.name}: ${e.message}`);
+    assert.equal(e.status, status);
+    if (param !== undefined) assert.equal(e.param, param, `param of: ${e.message}`);
+    return e;
+  }
+  assert.fail(`expected ${cls.name} (${status})`);
+}
+
+test('models.list names the model', async () => {
+  const list = await client.models.list();
+  const ids = [];
+  for await (const m of list) ids.push(m.id);
+  assert.deepEqual(ids, [model]);
+});
+
+test('chat blocking', async () => {
+  const r = await client.chat.completions.create({ model, messages: user('def add(a, b):'), max_tokens: 12, temperature: 0 });
+  assert.equal(r.object, 'chat.completion');
+  assert.equal(r.choices.length, 1);
+  const c = r.choices[0];
+  assert.equal(c.message.role, 'assistant');
+  assert.equal(typeof c.message.content, 'string');
+  assert.ok(['stop', 'length'].includes(c.finish_reason));
+  assert.equal(r.usage.total_tokens, r.usage.prompt_tokens + r.usage.completion_tokens);
+  assert.ok(r.usage.completion_tokens <= 12 && r.usage.completion_tokens > 0);
+});
+
+test('chat streamed: role, deltas, finish_reason, usage; equals blocking', async () => {
+  const args = { model, messages: user('import numpy'), max_tokens: 16, temperature: 0, ignore_eos: true };
+  const full = await client.chat.completions.create(args);
+  const chunks = await collect(
+    await client.chat.completions.create({ ...args, stream: true, stream_options: { include_usage: true } }));
+  assert.equal(chunks[0].choices[0].delta.role, 'assistant');
+  const ids = new Set(chunks.map((c) => c.id));
+  assert.equal(ids.size, 1, 'one id across chunks');
+  for (const c of chunks) assert.equal(c.object, 'chat.completion.chunk');
+  const finishes = chunks.flatMap((c) => c.choices).filter((x) => x.finish_reason);
+  assert.equal(finishes.length, 1);
+  assert.equal(finishes[0].finish_reason, 'length');
+  const last = chunks.at(-1);
+  assert.deepEqual(last.choices, []);
+  assert.deepEqual(last.usage, full.usage);
+  assert.equal(last.usage.completion_tokens, 16);
+  for (const c of chunks.slice(0, -1)) assert.ok(!c.usage, 'usage only in the last chunk');
+  assert.equal(chatText(chunks), full.choices[0].message.content);
+});
+
+test('streams without include_usage send no usage chunk', async () => {
+  const chunks = await collect(await client.chat.completions.create(
+    { model, messages: user('x'), max_tokens: 3, stream: true }));
+  assert.ok(chunks.every((c) => !c.usage && c.choices.length === 1));
+});
+
+test('completions with token ids, return_token_ids, echo', async () => {
+  const r = await client.completions.create({
+    model, prompt: [785, 1630, 25], max_tokens: 6, temperature: 0, return_token_ids: true });
+  assert.equal(r.object, 'text_completion');
+  const c = r.choices[0];
+  assert.deepEqual(c.prompt_token_ids, [785, 1630, 25]);
+  assert.equal(c.token_ids.length, r.usage.completion_tokens);
+  assert.equal(r.usage.prompt_tokens, 3);
+  const e = await client.completions.create({
+    model, prompt: [785, 1630, 25], max_tokens: 6, temperature: 0, echo: true });
+  assert.ok(e.choices[0].text.endsWith(c.text), 'echo keeps the completion');
+  assert.ok(e.choices[0].text.length > c.text.length, 'echo adds the prompt');
+  // the text of the prompt ids, as the completion of a text prompt sees it
+  const prompt = e.choices[0].text.slice(0, e.choices[0].text.length - c.text.length);
+  const t = await client.completions.create({ model, prompt, max_tokens: 6, temperature: 0, return_token_ids: true });
+  assert.deepEqual(t.choices[0].prompt_token_ids, [785, 1630, 25], `"${prompt}" encodes back to the ids`);
+  assert.equal(t.choices[0].text, c.text);
+});
+
+test('chat logprobs and top_logprobs', async () => {
+  const r = await client.chat.completions.create({
+    model, messages: user('class Foo:'), max_tokens: 8, temperature: 0, logprobs: true, top_logprobs: 3 });
+  const lp = r.choices[0].logprobs.content;
+  assert.equal(lp.length, r.usage.completion_tokens);
+  for (const t of lp) {
+    assert.ok(t.logprob <= 0);
+    assert.equal(t.top_logprobs.length, 3);
+    for (let k = 1; k < 3; k++) assert.ok(t.top_logprobs[k - 1].logprob >= t.top_logprobs[k].logprob);
+    assert.equal(t.top_logprobs[0].token, t.token, 'greedy picks the top token');
+    assert.ok(Math.abs(t.top_logprobs[0].logprob - t.logprob) < 1e-4);
+    assert.deepEqual(Buffer.from(t.bytes).toString('utf8'), t.token);
+  }
+  assert.equal(lp.map((t) => t.token).join(''), r.choices[0].message.content);
+  // streamed: the same entries, spread over the chunks
+  const chunks = await collect(await client.chat.completions.create({
+    model, messages: user('class Foo:'), max_tokens: 8, temperature: 0, logprobs: true, top_logprobs: 3, stream: true }));
+  const slp = chunks.flatMap((c) => c.choices.flatMap((x) => x.logprobs?.content ?? []));
+  assert.deepEqual(slp.map((t) => t.token), lp.map((t) => t.token));
+});
+
+test('completions logprobs', async () => {
+  const r = await client.completions.create({ model, prompt: 'def fib(n):', max_tokens: 6, temperature: 0, logprobs: 2 });
+  const lp = r.choices[0].logprobs;
+  assert.equal(lp.tokens.length, 6);
+  assert.equal(lp.token_logprobs.length, 6);
+  assert.equal(lp.top_logprobs.length, 6);
+  assert.equal(lp.tokens.join(''), r.choices[0].text);
+  let off = 0;
+  for (let i = 0; i < 6; i++) {
+    assert.equal(lp.text_offset[i], off);
+    off += lp.tokens[i].length;
+    assert.equal(Object.keys(lp.top_logprobs[i]).length, 2);
+  }
+});
+
+// The greedy text of a prompt, then stop strings cut from it at random:
+// the answer must be exactly the text before the first stop, blocking and
+// streamed, and no streamed piece may hold any part of the stop.
+test('stop strings never leak', async () => {
+  const prompt = 'def fib(n):';
+  const base = await client.completions.create({ model, prompt, max_tokens: 40, temperature: 0, ignore_eos: true });
+  const text = base.choices[0].text;
+  assert.ok(text.length > 30, 'a long enough reference');
+  let rng = 12345;
+  const rand = (n) => ((rng = (rng * 1103515245 + 12345) % 2147483648) % n);
+  for (let trial = 0; trial < 8; trial++) {
+    const a = 1 + rand(text.length - 6);
+    const stop = text.slice(a, a + 1 + rand(5));
+    const stops = [stop, 'never appears ~~'];
+    const want = text.slice(0, text.indexOf(stop));
+    const r = await client.completions.create({ model, prompt, max_tokens: 40, temperature: 0, ignore_eos: true, stop: stops });
+    assert.equal(r.choices[0].text, want, `stop ${JSON.stringify(stop)}`);
+    assert.equal(r.choices[0].finish_reason, 'stop');
+    const chunks = await collect(await client.completions.create(
+      { model, prompt, max_tokens: 40, temperature: 0, ignore_eos: true, stop: stops, stream: true }));
+    const pieces = chunks.flatMap((c) => c.choices.map((x) => x.text));
+    assert.equal(pieces.join(''), want, `streamed, stop ${JSON.stringify(stop)}`);
+    assert.equal(chunks.flatMap((c) => c.choices).filter((x) => x.finish_reason).map((x) => x.finish_reason).join(), 'stop');
+  }
+  // chat: the same through the chat endpoint
+  const cb = await client.chat.completions.create({ model, messages: user('hello'), max_tokens: 30, temperature: 0, ignore_eos: true });
+  const ct = cb.choices[0].message.content;
+  const stop = ct.slice(10, 13);
+  const cs = await collect(await client.chat.completions.create(
+    { model, messages: user('hello'), max_tokens: 30, temperature: 0, ignore_eos: true, stop, stream: true }));
+  assert.equal(chatText(cs), ct.slice(0, ct.indexOf(stop)));
+  assert.equal(cs.flatMap((c) => c.choices).find((x) => x.finish_reason).finish_reason, 'stop');
+});
+
+test('n > 1, blocking and streamed', async () => {
+  const r = await client.chat.completions.create({ model, messages: user('x = '), max_tokens: 5, n: 3, seed: 11 });
+  assert.deepEqual(r.choices.map((c) => c.index), [0, 1, 2]);
+  assert.ok(r.usage.completion_tokens >= 3 && r.usage.completion_tokens <= 15);
+  const chunks = await collect(await client.chat.completions.create(
+    { model, messages: user('x = '), max_tokens: 5, n: 3, seed: 11, stream: true }));
+  for (let i = 0; i < 3; i++) {
+    const mine = chunks.flatMap((c) => c.choices).filter((x) => x.index === i);
+    assert.equal(mine[0].delta.role, 'assistant');
+    assert.equal(mine.filter((x) => x.finish_reason).length, 1, `one finish for choice ${i}`);
+    assert.equal(chatText(chunks, i), r.choices[i].message.content, `choice ${i} as blocking with the seed`);
+  }
+});
+
+test('seeds reproduce; different seeds differ', async () => {
+  const args = { model, prompt: 'import', max_tokens: 24, temperature: 1, ignore_eos: true };
+  const a = await client.completions.create({ ...args, seed: 42 });
+  const b = await client.completions.create({ ...args, seed: 42 });
+  const c = await client.completions.create({ ...args, seed: 43 });
+  assert.equal(a.choices[0].text, b.choices[0].text);
+  assert.notEqual(a.choices[0].text, c.choices[0].text);
+  const n = await client.completions.create({ ...args, seed: 42, n: 2 });
+  assert.equal(n.choices[0].text, a.choices[0].text, 'choice 0 uses the seed itself');
+  assert.notEqual(n.choices[1].text, n.choices[0].text);
+});
+
+test('tools: accepted; a tool_calls + tool conversation renders', async () => {
+  const tools = [{ type: 'function', function: { name: 'get_weather', description: 'weather of a city',
+    parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } }];
+  const r = await client.chat.completions.create({ model, messages: user('weather in Paris?'), tools, max_tokens: 4 });
+  assert.ok(['stop', 'length', 'tool_calls'].includes(r.choices[0].finish_reason));
+  const conv = [
+    ...user('weather in Paris?'),
+    // content "" rather than null: this model's template concatenates it
+    { role: 'assistant', content: '', tool_calls: [{ id: 'call_1', type: 'function',
+      function: { name: 'get_weather', arguments: '{"city":"Paris"}' } }] },
+    { role: 'tool', tool_call_id: 'call_1', content: 'sunny, 21 C' },
+  ];
+  const r2 = await client.chat.completions.create({ model, messages: conv, tools, max_tokens: 4 });
+  assert.ok(r2.usage.prompt_tokens > r.usage.prompt_tokens + 5, 'the tool message is in the prompt');
+  const s = await collect(await client.chat.completions.create({ model, messages: conv, tools, max_tokens: 4, stream: true }));
+  assert.equal(s.flatMap((c) => c.choices).filter((x) => x.finish_reason).length, 1);
+});
+
+test('400s: types, ranges, roles name the field', async () => {
+  const B = OpenAI.BadRequestError;
+  await expectError(client.chat.completions.create({ model, messages: user('x'), temperature: 'hot' }), B, 400, 'temperature');
+  await expectError(client.chat.completions.create({ model, messages: user('x'), top_p: 1.5 }), B, 400, 'top_p');
+  await expectError(client.chat.completions.create({ model, messages: user('x'), n: 99 }), B, 400, 'n');
+  await expectError(client.chat.completions.create({ model, messages: user('x'), max_tokens: 0 }), B, 400, 'max_tokens');
+  await expectError(client.chat.completions.create({ model, messages: [{ role: 'wizard', content: 'x' }] }), B, 400, 'messages[0].role');
+  await expectError(client.chat.completions.create({ model, messages: [] }), B, 400, 'messages');
+  await expectError(client.chat.completions.create({ model, messages: user('x'), stream: 'yes' }), B, 400, 'stream');
+  await expectError(client.completions.create({ model, prompt: [1, -2] }), B, 400, 'prompt');
+  await expectError(client.completions.create({ model, prompt: 'x', logprobs: 50 }), B, 400, 'logprobs');
+  // a streamed request that is refused gets its status before any event
+  await expectError(client.chat.completions.create({ model, messages: user('x'), temperature: -1, stream: true }), B, 400, 'temperature');
+  // bad JSON cannot come from the client: send it raw
+  const res = await fetch(`${base}/v1/chat/completions`, { method: 'POST', body: '{"messages": [',
+    headers: { 'content-type': 'application/json', authorization: `Bearer ${key}` } });
+  assert.equal(res.status, 400);
+  const j = await res.json();
+  assert.equal(j.error.type, 'invalid_request_error');
+  assert.match(j.error.message, /not valid JSON/);
+});
+
+test('401 with a wrong key, 404, 413', async () => {
+  const bad = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'wrong', maxRetries: 0 });
+  await expectError(bad.models.list(), OpenAI.AuthenticationError, 401);
+  await expectError(client.get('/nothing/here'), OpenAI.NotFoundError, 404);
+  const e = await expectError(client.chat.completions.create({ model, messages: user('x'.repeat(200000)) }),
+    OpenAI.APIError, 413);
+  assert.match(e.message, /exceeds/);
+});
+
+test('429 when the queue is full', async () => {
+  const busy = process.env.LOOM_BUSY_URL;
+  assert.ok(busy, 'LOOM_BUSY_URL (a server with --max-seqs 1 --max-queue 1) is not set');
+  const bc = new OpenAI({ baseURL: `${busy}/v1`, apiKey: key, maxRetries: 0 });
+  const ctl = new AbortController();
+  const long = { model, prompt: 'def', max_tokens: 100000, ignore_eos: true };
+  const metric = async (name) => {
+    const t = await (await fetch(`${busy}/metrics`)).text();
+    return Number(t.split('\n').find((l) => l.startsWith(name + ' ')).split(' ')[1]);
+  };
+  const until = async (name, v) => {
+    for (let i = 0; i < 400 && (await metric(name)) !== v; i++) await new Promise((r) => setTimeout(r, 50));
+    assert.equal(await metric(name), v, name);
+  };
+  const held = [];
+  held.push(bc.completions.create({ ...long, stream: true }, { signal: ctl.signal }).then(collect).catch(() => {}));
+  await until('loom_running_sequences', 1);
+  held.push(bc.completions.create(long, { signal: ctl.signal }).catch(() => {}));
+  await until('loom_queue_depth', 1);
+  await expectError(bc.completions.create(long), OpenAI.RateLimitError, 429);
+  ctl.abort();
+  await Promise.all(held);
+  await until('loom_running_sequences', 0);
+  await until('loom_queue_depth', 0);
+  await until('loom_kv_blocks_used', 0);
+});
+
+test('an aborted stream is cancelled in the engine', async () => {
+  const ctl = new AbortController();
+  const s = await client.chat.completions.create(
+    { model, messages: user('x'), max_tokens: 100000, ignore_eos: true, stream: true }, { signal: ctl.signal });
+  let n = 0;
+  try {
+    for await (const c of s) if (++n === 5) ctl.abort();
+  } catch (e) {
+    assert.ok(e instanceof OpenAI.APIUserAbortError || e.name === 'AbortError', e.message);
+  }
+  const t0 = Date.now();
+  for (;;) {
+    const m = await (await fetch(`${base}/metrics`)).text();
+    if (/^loom_running_sequences 0$/m.test(m) && /^loom_kv_blocks_used 0$/m.test(m)) break;
+    assert.ok(Date.now() - t0 < 2000, 'still running 2 s after the abort');
+    await new Promise((r) => setTimeout(r, 20));
+  }
+});
+
+let failed = 0;
+for (const t of tests) {
+  const t0 = Date.now();
+  try {
+    await t.fn();
+    console.log(`ok   ${t.name} (${Date.now() - t0} ms)`);
+  } catch (e) {
+    failed++;
+    console.log(`FAIL ${t.name}\n     ${(e.stack || String(e)).split('\n').slice(0, 6).join('\n     ')}`);
+  }
+}
+console.log(failed ? `${failed} of ${tests.length} failed` : `all ${tests.length} passed`);
+process.exit(failed ? 1 : 0);
