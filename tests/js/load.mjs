@@ -139,7 +139,7 @@ async function streamOnce(i, round, { abortAfter = 0, slow = false } = {}) {
 }
 
 async function badOnce(i, round) {
-  if (round % 2 === 0) {
+  if (((i >> 3) + round) % 2 === 0) {
     const r = await request('/v1/chat/completions', '{"messages": [{"role": "user", "content": "x"}, ');
     if (r.status === 400 && /not valid JSON/.test(r.body)) stats.bad400++;
     else failure(`client ${i}: malformed JSON answered ${r.status} ${r.error ?? ''} ${String(r.body).slice(0, 120)}`);
