@@ -6,8 +6,23 @@ missing=""
 for p in $PKGS; do
   dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
 done
-[ -z "$missing" ] && exit 0
-SUDO=""
-[ "$(id -u)" -ne 0 ] && SUDO="sudo"
-$SUDO apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing
+# The server tests drive loom serve with the OpenAI Node client. A node
+# that is already installed (e.g. from NodeSource, which bundles npm) is kept.
+command -v node >/dev/null 2>&1 || missing="$missing nodejs"
+command -v npm >/dev/null 2>&1 || missing="$missing npm"
+if [ -n "$missing" ]; then
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing
+fi
+# tests/js: the openai package pinned in package-lock.json, unless that
+# version is installed already (npm ci would first delete it, which an
+# offline machine cannot undo). Without it tests/cli_server_js.sh fails.
+cd "$(dirname "$0")/.."
+want=$(sed -n 's/.*"openai": *"\([0-9][^"]*\)".*/\1/p' tests/js/package.json 2>/dev/null)
+have=$(sed -n 's/^  "version": *"\([^"]*\)".*/\1/p' tests/js/node_modules/openai/package.json 2>/dev/null || true)
+if [ -f tests/js/package-lock.json ] && [ "$want" != "$have" ]; then
+  npm ci --prefix tests/js --no-audit --no-fund --loglevel=error ||
+    echo "install-deps: warning: npm ci --prefix tests/js failed; the server tests will fail" >&2
+fi
