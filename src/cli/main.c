@@ -13,6 +13,7 @@ static const struct {
     {"logits", cmd_logits, "write the logits at every prompt position"},
     {"serve", cmd_serve, "serve an OpenAI-compatible HTTP API"},
     {"chat", cmd_chat, "chat in the terminal"},
+    {"perplexity", cmd_perplexity, "perplexity of a text file"},
     {"info", cmd_info, "describe a model: architecture, sizes, layer kinds"},
 };
 
