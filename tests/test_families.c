@@ -476,6 +476,147 @@ static void test_global_head_dim(void) {
     loom_model_free(m);
 }
 
+static uint16_t bf16_round(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7fff + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+
+/* MLX affine quantization of rows x cols floats (groups of 64 along a row):
+ * packed words, bf16 scales and biases. */
+static void quantize(const float *w, int rows, int cols, int bits, uint32_t *q, uint16_t *sc,
+                     uint16_t *bi) {
+    int ng = cols / 64, words = cols * bits / 32, top = (1 << bits) - 1;
+    memset(q, 0, sizeof(uint32_t) * (size_t)rows * words);
+    for (int r = 0; r < rows; r++)
+        for (int g = 0; g < ng; g++) {
+            const float *x = w + (size_t)r * cols + g * 64;
+            float lo = x[0], hi = x[0];
+            for (int k = 1; k < 64; k++) {
+                lo = x[k] < lo ? x[k] : lo;
+                hi = x[k] > hi ? x[k] : hi;
+            }
+            uint16_t s16 = bf16_round((hi - lo) / (float)top), b16 = bf16_round(lo);
+            sc[r * ng + g] = s16;
+            bi[r * ng + g] = b16;
+            float s = loom_bf16_to_f32(s16), b = loom_bf16_to_f32(b16);
+            for (int k = 0; k < 64; k++) {
+                int v = (int)lrintf((x[k] - b) / s);
+                v = v < 0 ? 0 : v > top ? top : v;
+                size_t bit = (size_t)(g * 64 + k) * bits;
+                q[(size_t)r * words + bit / 32] |= (uint32_t)v << (bit % 32);
+            }
+        }
+}
+
+/* qwen3moe-tiny rewritten as MLX stores MoE layers: experts stacked in
+ * mlp.switch_mlp.*: float (must match the reference exactly), quantized to
+ * 8 bits, and float again holding those dequantized values (must match the
+ * quantized run: routing makes either far from the original). */
+static void test_switch_mlp(void) {
+    const char *fx = "qwen3moe-tiny";
+    loom_safetensors *src = NULL;
+    CHECK(loom_st_open("tests/fixtures/models/qwen3moe-tiny/model.safetensors", &src) == LOOM_OK);
+    if (!src) return;
+    enum { E = 8, H = 64, I = 64, NL = 3 };
+    const char *proj[3] = {"gate_proj", "up_proj", "down_proj"};
+    static float stack[NL][3][E * I * H], deq[NL][3][E * I * H];
+    static uint32_t qs[NL][3][E * I * H / 4];
+    static uint16_t scs[NL][3][E * I], bis[NL][3][E * I];
+    static char names[NL * 9][96];
+    for (int l = 0; l < NL; l++)
+        for (int j = 0; j < 3; j++)
+            for (int e = 0; e < E; e++) {
+                char n[128];
+                snprintf(n, sizeof n, "model.layers.%d.mlp.experts.%d.%s.weight", l, e, proj[j]);
+                const loom_st_tensor *t = loom_st_find(src, n);
+                CHECK(t && t->nbytes == sizeof(float) * I * H);
+                if (t) memcpy(stack[l][j] + (size_t)e * I * H, t->data, t->nbytes);
+            }
+    float *runs[3] = {0};
+    for (int quant = 0; quant < 3; quant++) {
+        char dir[256], path[512];
+        snprintf(dir, sizeof dir, "%s/switch%d", tmpdir, quant);
+        make_dir(dir, fx, quant == 1 ? "\"vocab_size\": 512" : NULL,
+                 "\"vocab_size\": 512, \"quantization\": {\"group_size\": 64, \"bits\": 8}",
+                 NULL, NULL, NULL, NULL, NULL);
+        int cnt = loom_st_count(src), k = 0;
+        loom_st_write_entry *e = calloc((size_t)cnt + NL * 9, sizeof *e);
+        for (int i = 0; i < cnt; i++) {
+            const loom_st_tensor *t = loom_st_at(src, i);
+            if (strstr(t->name, ".experts.")) continue;
+            e[k] = (loom_st_write_entry){.name = t->name, .dtype = t->dtype, .ndim = t->ndim,
+                                         .data = t->data};
+            memcpy(e[k].shape, t->shape, sizeof t->shape);
+            k++;
+        }
+        for (int l = 0; l < NL; l++)
+            for (int j = 0; j < 3; j++) {
+                char *n = names[(l * 3 + j) * 3];
+                snprintf(n, 96, "model.layers.%d.mlp.switch_mlp.%s.weight", l, proj[j]);
+                if (quant != 1) {
+                    e[k++] = (loom_st_write_entry){.name = n, .dtype = LOOM_DT_F32, .ndim = 3,
+                                                   .shape = {E, I, H},
+                                                   .data = quant ? deq[l][j] : stack[l][j]};
+                    continue;
+                }
+                quantize(stack[l][j], E * I, H, 8, qs[l][j], scs[l][j], bis[l][j]);
+                for (int r = 0; r < E * I; r++)
+                    for (int c = 0; c < H; c++)
+                        deq[l][j][r * H + c] =
+                            loom_bf16_to_f32(scs[l][j][r]) * (float)((qs[l][j][r * 16 + c / 4] >>
+                                                                      (c % 4 * 8)) & 255) +
+                            loom_bf16_to_f32(bis[l][j][r]);
+                e[k++] = (loom_st_write_entry){.name = n, .dtype = LOOM_DT_U32, .ndim = 3,
+                                               .shape = {E, I, H / 4}, .data = qs[l][j]};
+                snprintf(names[(l * 3 + j) * 3 + 1], 96, "model.layers.%d.mlp.switch_mlp.%s.scales",
+                         l, proj[j]);
+                snprintf(names[(l * 3 + j) * 3 + 2], 96, "model.layers.%d.mlp.switch_mlp.%s.biases",
+                         l, proj[j]);
+                e[k++] = (loom_st_write_entry){.name = names[(l * 3 + j) * 3 + 1],
+                                               .dtype = LOOM_DT_BF16, .ndim = 3,
+                                               .shape = {E, I, H / 64}, .data = scs[l][j]};
+                e[k++] = (loom_st_write_entry){.name = names[(l * 3 + j) * 3 + 2],
+                                               .dtype = LOOM_DT_BF16, .ndim = 3,
+                                               .shape = {E, I, H / 64}, .data = bis[l][j]};
+            }
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        CHECK(loom_st_write(path, e, k) == LOOM_OK);
+        free(e);
+        loom_model *m = NULL;
+        CHECKF(loom_model_load(dir, NULL, &m) == LOOM_OK, "%s", loom_last_error());
+        if (!m) continue;
+        CHECK(m->layers[1].is_moe && m->layers[1].moe.experts[3].down.dtype ==
+                                         (quant == 1 ? LOOM_DT_U32 : LOOM_DT_F32));
+        loom_safetensors *ref = NULL;
+        const loom_st_tensor *ids = ref_tensor(&ref, fx, "prompt.3.ids");
+        const loom_st_tensor *lg = ref_tensor(&ref, fx, "prompt.3.logits");
+        if (ids && lg) {
+            int L = (int)ids->shape[0], V = loom_model_vocab_size(m);
+            float *got = runs[quant] = malloc(sizeof(float) * (size_t)L * V);
+            loom_context *c = NULL;
+            CHECK(loom_context_create(m, NULL, &c) == LOOM_OK);
+            CHECK(loom_context_eval(c, ids->data, L, 1, got) == LOOM_OK);
+            const float *want = quant == 2 ? runs[1] : lg->data;
+            double err = 0, mx = 0;
+            for (size_t i = 0; want && i < (size_t)L * V; i++) {
+                double d = fabs((double)got[i] - want[i]);
+                err = d > err || d != d ? d : err;
+                mx = fabs(want[i]) > mx ? fabs(want[i]) : mx;
+            }
+            if (quant != 1)
+                CHECKF(err / mx <= 1e-5, "switch_mlp %s: %.3g", quant ? "dequantized vs 8-bit" : "f32",
+                       err / mx);
+            loom_context_free(c);
+        }
+        loom_st_close(ref);
+        loom_model_free(m);
+    }
+    for (int i = 0; i < 3; i++) free(runs[i]);
+    loom_st_close(src);
+}
+
 /* Hybrid models: chunked prefill and the recurrence agree, and a saved
  * recurrent state (with the KV of its positions) continues exactly like the
  * original sequence. */
@@ -552,6 +693,7 @@ int main(void) {
     test_matmul_q();
     test_gemma4_moe();
     test_global_head_dim();
+    test_switch_mlp();
     test_recurrent_state("qwen3.5-tiny-hybrid");
     test_recurrent_state("qwen3next-tiny-hybrid-moe");
     char cmd[300];

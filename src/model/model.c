@@ -67,12 +67,25 @@ static void quant_for(const loom_config *c, const char *module, int *bits, int *
         }
 }
 
+/* Formats a shape "[E, ]rows, cols" (E only when stacked). */
+static void fmt_dims(char *buf, size_t n, const char *dtype, int stack, int rows, int cols) {
+    if (stack) snprintf(buf, n, "%s [%d, %d, %d]", dtype, stack, rows, cols);
+    else snprintf(buf, n, "%s [%d, %d]", dtype, rows, cols);
+}
+
+static int dims_are(const loom_st_tensor *t, int stack, int rows, int cols) {
+    if (stack) return t->ndim == 3 && t->shape[0] == stack && t->shape[1] == rows && t->shape[2] == cols;
+    return t->ndim == 2 && t->shape[0] == rows && t->shape[1] == cols;
+}
+
 /* Binds an MLX affine-quantized weight: name is "<module>.weight" (U32
  * packed), with "<module>.scales" and "<module>.biases". Bits and group
- * follow from the shapes and must agree with config.json. */
-static loom_status bind_quant(loom_model *m, const char *name, const loom_st_tensor *t, int rows,
-                              int cols, loom_weight *w) {
-    char module[256], sname[300], bname[300], want[160];
+ * follow from config.json (per-module overrides first) and must match the
+ * shapes. With stack > 0 the tensors hold stack experts and this binds
+ * expert e. */
+static loom_status bind_quant(loom_model *m, const char *name, const loom_st_tensor *t, int stack,
+                              int e, int rows, int cols, loom_weight *w) {
+    char module[256], sname[300], bname[300], want[160], dt[48];
     size_t len = strlen(name);
     if (len < 8 || strcmp(name + len - 7, ".weight"))
         return loom_err(LOOM_ERR_FORMAT, "tensor %s: U32 but not a quantized weight", name);
@@ -85,19 +98,20 @@ static loom_status bind_quant(loom_model *m, const char *name, const loom_st_ten
     if (!m->cfg.quant_bits || !bits)
         return loom_err(LOOM_ERR_FORMAT, "tensor %s: packed U32 but config.json does not "
                         "quantize %s", name, module);
-    snprintf(want, sizeof want, "U32 [%d, %d] (%d-bit, group %d)", rows, cols * bits / 32, bits,
-             group);
-    if (t->ndim != 2 || t->shape[0] != rows || (int64_t)cols * bits != t->shape[1] * 32 ||
-        group <= 0 || cols % group)
-        return shape_error(name, want, t);
-    snprintf(want, sizeof want, "BF16/F16 [%d, %d]", rows, cols / group);
+    if (group <= 0 || cols % group || (cols * bits) % 32)
+        return loom_err(LOOM_ERR_FORMAT, "tensor %s: %d columns do not split into groups of %d "
+                        "at %d bits", name, cols, group, bits);
+    snprintf(dt, sizeof dt, "(%d-bit, group %d)", bits, group);
+    fmt_dims(want, sizeof want, "U32", stack, rows, cols * bits / 32);
+    snprintf(want + strlen(want), sizeof want - strlen(want), " %s", dt);
+    if (!dims_are(t, stack, rows, cols * bits / 32)) return shape_error(name, want, t);
+    fmt_dims(want, sizeof want, "BF16/F16", stack, rows, cols / group);
     if (!sc) return loom_err(LOOM_ERR_FORMAT, "tensor %s: missing (expected %s)", sname, want);
     if (!bi) return loom_err(LOOM_ERR_FORMAT, "tensor %s: missing (expected %s)", bname, want);
     const loom_st_tensor *pair[2] = {sc, bi};
     for (int i = 0; i < 2; i++)
         if ((pair[i]->dtype != LOOM_DT_BF16 && pair[i]->dtype != LOOM_DT_F16) ||
-            pair[i]->dtype != sc->dtype || pair[i]->ndim != 2 || pair[i]->shape[0] != rows ||
-            pair[i]->shape[1] != cols / group)
+            pair[i]->dtype != sc->dtype || !dims_are(pair[i], stack, rows, cols / group))
             return shape_error(i ? bname : sname, want, pair[i]);
     if (group > LOOM_QGROUP_MAX)
         return loom_err(LOOM_ERR_UNSUPPORTED, "tensor %s: quantization group %d is larger than "
@@ -105,9 +119,12 @@ static loom_status bind_quant(loom_model *m, const char *name, const loom_st_ten
     if (bits != 2 && bits != 3 && bits != 4 && bits != 5 && bits != 6 && bits != 8)
         return loom_err(LOOM_ERR_UNSUPPORTED, "tensor %s: %d-bit quantization is not supported "
                         "(expected 2, 3, 4, 5, 6 or 8)", name, bits);
-    *w = (loom_weight){.dtype = LOOM_DT_U32, .rows = rows, .cols = cols, .data = t->data};
-    w->q = (loom_qmat){.w = t->data, .scales = sc->data, .biases = bi->data, .n = cols,
-                       .bits = bits, .group = group, .f16 = sc->dtype == LOOM_DT_F16};
+    size_t wo = (size_t)e * rows * ((size_t)cols * bits / 32), so = (size_t)e * rows * (cols / group);
+    const uint32_t *qw = (const uint32_t *)t->data + wo;
+    *w = (loom_weight){.dtype = LOOM_DT_U32, .rows = rows, .cols = cols, .data = qw};
+    w->q = (loom_qmat){.w = qw, .scales = (const uint16_t *)sc->data + so,
+                       .biases = (const uint16_t *)bi->data + so, .n = cols, .bits = bits,
+                       .group = group, .f16 = sc->dtype == LOOM_DT_F16};
     return LOOM_OK;
 }
 
@@ -118,7 +135,7 @@ static loom_status bind_weight(loom_model *m, const char *name, int rows, int co
     char want[96];
     snprintf(want, sizeof want, "F32/F16/BF16 [%d, %d]", rows, cols);
     if (!t) return loom_err(LOOM_ERR_FORMAT, "tensor %s: missing (expected %s)", name, want);
-    if (t->dtype == LOOM_DT_U32) return bind_quant(m, name, t, rows, cols, w);
+    if (t->dtype == LOOM_DT_U32) return bind_quant(m, name, t, 0, 0, rows, cols, w);
     if (!is_float(t->dtype) || t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols)
         return shape_error(name, want, t);
     *w = (loom_weight){.dtype = t->dtype, .rows = rows, .cols = cols, .data = t->data};
@@ -140,6 +157,15 @@ static loom_status bind_expert_slice(loom_model *m, const char *name, int e, int
     *w = (loom_weight){.dtype = t->dtype, .rows = rows, .cols = cols,
                        .data = (const char *)t->data + off};
     return LOOM_OK;
+}
+
+/* Expert e of a stacked "<module>.weight" [n_experts, rows, cols] (MLX
+ * switch_mlp), float or quantized. */
+static loom_status bind_stacked(loom_model *m, const char *name, int e, int n_experts, int rows,
+                                int cols, loom_weight *w) {
+    const loom_st_tensor *t = loom_st_find(m->st, name);
+    if (t && t->dtype == LOOM_DT_U32) return bind_quant(m, name, t, n_experts, e, rows, cols, w);
+    return bind_expert_slice(m, name, e, n_experts, rows, 0, rows, cols, w);
 }
 
 /* Copies a float tensor of the given shape into the arena as f32 (adding
@@ -304,7 +330,21 @@ static loom_status bind_moe(loom_model *m, int l, loom_moe *moe) {
      * fused as experts.gate_up_proj [E, 2I, H] and experts.down_proj. */
     char fused[256];
     snprintf(fused, sizeof fused, "model.layers.%d.mlp.experts.gate_up_proj", l);
-    if (loom_st_find(m->st, fused)) {
+    char stacked[256];
+    snprintf(stacked, sizeof stacked, "model.layers.%d.mlp.switch_mlp.gate_proj.weight", l);
+    if (loom_st_find(m->st, stacked)) {
+        /* MLX: switch_mlp.{gate,up,down}_proj stacked over experts */
+        for (int e = 0; e < E; e++) {
+            loom_mlp *x = &moe->experts[e];
+            snprintf(p, sizeof p, "model.layers.%d.mlp.switch_mlp.gate_proj.weight", l);
+            if ((s = bind_stacked(m, p, e, E, I, H, &x->gate))) return s;
+            snprintf(p, sizeof p, "model.layers.%d.mlp.switch_mlp.up_proj.weight", l);
+            if ((s = bind_stacked(m, p, e, E, I, H, &x->up))) return s;
+            snprintf(p, sizeof p, "model.layers.%d.mlp.switch_mlp.down_proj.weight", l);
+            if ((s = bind_stacked(m, p, e, E, H, I, &x->down))) return s;
+        }
+        m->max_inter = LOOM_MAX(m->max_inter, I);
+    } else if (loom_st_find(m->st, fused)) {
         char down[256];
         snprintf(down, sizeof down, "model.layers.%d.mlp.experts.down_proj", l);
         for (int e = 0; e < E; e++) {
