@@ -103,6 +103,10 @@ loom_status loom_fwd_check_states(const loom_model *m, loom_fwd_row *rows, int n
         if (st->n_slots != m->n_linear)
             return loom_err(LOOM_ERR_INVALID_ARG, "forward: row %d: recurrent state made for "
                             "another model", r);
+        for (int j = 0; j < r; j++)
+            if (rows[j].state == st)
+                return loom_err(LOOM_ERR_INVALID_ARG, "forward: rows %d and %d share a recurrent "
+                                "state", j, r);
         int n = rows[r].seq->n_tokens;
         if (n != 0 && st->n_tokens != n)
             return loom_err(LOOM_ERR_INVALID_ARG, "forward: row %d: recurrent state holds %d "
