@@ -1,0 +1,412 @@
+/* Server pieces that need no HTTP: request parsing and validation
+ * (api_parse), the tool-call / reasoning splitter (toolcall.c) fed whole
+ * and in small pieces, the stop-string hold-back (textstream.c) over a real
+ * tokenizer, JSON string escaping and the Prometheus rendering. */
+#include <cjson/cJSON.h>
+
+#include "serve/api.h"
+#include "serve/metrics.h"
+#include "serve/toolcall.h"
+#include "stream/textstream.h"
+#include "test.h"
+#include "tokenize/tokenizer.h"
+
+/* ---- api_parse ------------------------------------------------------------ */
+
+static void check_rejects(api_kind kind, const char *body, int status, const char *param) {
+    api_req r;
+    api_error e;
+    int rc = api_parse(kind, body, strlen(body), 1000, &r, &e);
+    CHECKF(rc < 0, "accepted: %s", body);
+    if (rc < 0) {
+        CHECKF(e.status == status, "%s: status %d, want %d", body, e.status, status);
+        CHECKF(!strcmp(e.param, param), "%s: param \"%s\", want \"%s\" (%s)", body, e.param, param,
+               e.message);
+        char *j = api_error_json(&e);
+        cJSON *p = j ? cJSON_Parse(j) : NULL;
+        CHECKF(p && cJSON_IsString(cJSON_GetObjectItem(cJSON_GetObjectItem(p, "error"), "message")),
+               "error JSON %s", j ? j : "(null)");
+        cJSON_Delete(p);
+        free(j);
+    } else {
+        api_req_free(&r);
+    }
+}
+
+static void test_parse_errors(void) {
+    const char *M = "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]";
+    char b[512];
+    check_rejects(API_CHAT, "{\"messages\":[", 400, "");
+    check_rejects(API_CHAT, "", 400, "");
+    check_rejects(API_CHAT, "\"text\"", 400, "");
+    check_rejects(API_CHAT, "{}", 400, "messages");
+    check_rejects(API_CHAT, "{\"messages\":[]}", 400, "messages");
+    check_rejects(API_CHAT, "{\"messages\":[1]}", 400, "messages[0]");
+    check_rejects(API_CHAT, "{\"messages\":[{\"content\":\"x\"}]}", 400, "messages[0].role");
+    check_rejects(API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"ai\"}]}", 400,
+                  "messages[1].role");
+    check_rejects(API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}",
+                  400, "messages[0].content");
+    static const struct { const char *extra, *param; } bad[] = {
+        {"\"model\":5", "model"},
+        {"\"stream\":1", "stream"},
+        {"\"stream_options\":{\"include_usage\":\"yes\"}", "stream_options"},
+        {"\"n\":17", "n"},
+        {"\"n\":1.5", "n"},
+        {"\"max_tokens\":0", "max_tokens"},
+        {"\"max_completion_tokens\":-3", "max_completion_tokens"},
+        {"\"temperature\":-0.1", "temperature"},
+        {"\"top_p\":0", "top_p"},
+        {"\"min_p\":2", "min_p"},
+        {"\"presence_penalty\":3", "presence_penalty"},
+        {"\"frequency_penalty\":\"x\"", "frequency_penalty"},
+        {"\"top_k\":-2", "top_k"},
+        {"\"seed\":0.5", "seed"},
+        {"\"seed\":1e20", "seed"},
+        {"\"seed\":-1e19", "seed"},
+        {"\"logit_bias\":[]", "logit_bias"},
+        {"\"logit_bias\":{\"1000\":1}", "logit_bias"},
+        {"\"logit_bias\":{\"5\":101}", "logit_bias"},
+        {"\"logit_bias\":{\"5x\":1}", "logit_bias"},
+        {"\"stop\":5", "stop"},
+        {"\"stop\":[\"a\",2]", "stop"},
+        {"\"stop\":[\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\",\"10\",\"11\",\"12\",\"13\",\"14\",\"15\",\"16\",\"17\"]", "stop"},
+        {"\"logprobs\":1", "logprobs"},
+        {"\"logprobs\":true,\"top_logprobs\":21", "top_logprobs"},
+        {"\"top_logprobs\":1", "top_logprobs"},
+        {"\"tools\":{}", "tools"},
+        {"\"tools\":[{\"type\":\"function\",\"function\":{}}]", "tools[0].function.name"},
+        {"\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],\"tool_choice\":\"always\"", "tool_choice"},
+        {"\"response_format\":{\"type\":\"xml\"}", "response_format"},
+        {"\"chat_template_kwargs\":[]", "chat_template_kwargs"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(b, sizeof b, "{%s,%s}", M, bad[i].extra);
+        check_rejects(API_CHAT, b, 400, bad[i].param);
+    }
+    check_rejects(API_COMPLETION, "{\"max_tokens\":3}", 400, "prompt");
+    check_rejects(API_COMPLETION, "{\"prompt\":\"\"}", 400, "prompt");
+    check_rejects(API_COMPLETION, "{\"prompt\":[]}", 400, "prompt");
+    check_rejects(API_COMPLETION, "{\"prompt\":[1,1000]}", 400, "prompt");
+    check_rejects(API_COMPLETION, "{\"prompt\":[1,-1]}", 400, "prompt");
+    check_rejects(API_COMPLETION, "{\"prompt\":[1,2.5]}", 400, "prompt");
+    check_rejects(API_COMPLETION, "{\"prompt\":[\"a\",\"b\"]}", 400, "prompt");
+    check_rejects(API_COMPLETION, "{\"prompt\":{}}", 400, "prompt");
+    check_rejects(API_COMPLETION, "{\"prompt\":\"x\",\"logprobs\":21}", 400, "logprobs");
+    check_rejects(API_COMPLETION, "{\"prompt\":\"x\",\"echo\":\"y\"}", 400, "echo");
+}
+
+static void test_parse_ok(void) {
+    api_req r;
+    api_error e;
+    const char *b =
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"system\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},"
+        "{\"type\":\"text\",\"text\":\"b\"}]},{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\","
+        "\"content\":null,\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"f\","
+        "\"arguments\":\"{\\\"x\\\":1}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"r\"}],"
+        "\"n\":3,\"seed\":-1,\"stop\":[\"x\",\"yz\"],\"logprobs\":true,\"top_logprobs\":2,\"stream\":true,"
+        "\"stream_options\":{\"include_usage\":true},\"max_completion_tokens\":7,\"top_k\":-1,"
+        "\"logit_bias\":{\"3\":-100,\"4\":2.5},\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}";
+    CHECKF(api_parse(API_CHAT, b, strlen(b), 1000, &r, &e) == 0, "%s", e.message);
+    CHECK_EQ_INT(r.n, 3);
+    CHECK_EQ_INT(r.n_stops, 2);
+    CHECK_STR(r.stops[1], "yz");
+    CHECK_EQ_INT(r.logprobs, 2);
+    CHECK(r.stream && r.include_usage && r.seed_given);
+    CHECK(r.sampling.seed == UINT64_MAX);
+    CHECK_EQ_INT(r.max_tokens, 7);
+    CHECK_EQ_INT(r.sampling.top_k, 0);
+    CHECK_EQ_INT(r.sampling.n_logit_bias, 2);
+    CHECK(isinf(r.sampling.logit_bias[0].bias) && r.sampling.logit_bias[1].bias == 2.5f);
+    CHECK(r.tools_json != NULL);
+    CHECK_STR(r.model, "m");
+    /* content parts joined; string arguments turned into objects for templates */
+    cJSON *m = cJSON_Parse(r.messages_json);
+    CHECK_STR(cJSON_GetObjectItem(cJSON_GetArrayItem(m, 0), "content")->valuestring, "a\nb");
+    cJSON *args = cJSON_GetObjectItem(
+        cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetArrayItem(m, 2), "tool_calls"), 0),
+                            "function"),
+        "arguments");
+    CHECK(cJSON_IsObject(args) && cJSON_GetObjectItem(args, "x")->valueint == 1);
+    cJSON_Delete(m);
+    api_req_free(&r);
+
+    b = "{\"prompt\":[[5,6,7]],\"echo\":true,\"return_token_ids\":true,\"logprobs\":0,\"tool_choice\":\"none\"}";
+    CHECKF(api_parse(API_COMPLETION, b, strlen(b), 1000, &r, &e) == 0, "%s", e.message);
+    CHECK_EQ_INT(r.n_prompt_ids, 3);
+    CHECK(r.prompt_ids && r.prompt_ids[2] == 7);
+    CHECK(r.echo && r.return_token_ids && r.logprobs == 0);
+    api_req_free(&r);
+    /* a body that is not NUL-terminated is read only up to len */
+    char buf[] = "{\"prompt\":\"ab\"}GARBAGE";
+    CHECK(api_parse(API_COMPLETION, buf, 15, 1000, &r, &e) == 0);
+    api_req_free(&r);
+}
+
+/* ---- JSON strings ------------------------------------------------------------ */
+
+static void test_json_str(void) {
+    const char raw[] = "a\"b\\c\n\r\t\x01\x1f\x7f \xc3\xa9 </script>";
+    sbuf b = {0};
+    sb_json_str(&b, raw, sizeof raw - 1);
+    cJSON *j = cJSON_Parse(b.p);
+    CHECKF(cJSON_IsString(j) && !strcmp(j->valuestring, raw), "%s", b.p);
+    cJSON_Delete(j);
+    sb_free(&b);
+    /* embedded NUL */
+    sb_json_str(&b, "x\0y", 3);
+    CHECK_STR(b.p, "\"x\\u0000y\"");
+    sb_free(&b);
+    sb_printf(&b, "%s-%0600d", "long", 1);
+    CHECK_EQ_INT(b.len, 605);
+    sb_free(&b);
+}
+
+/* ---- tool calls ---------------------------------------------------------------- */
+
+typedef struct scan_out {
+    sbuf content, reasoning;
+    loom_toolscan t;
+} scan_out;
+
+/* Feeds text in pieces of `piece` bytes (0: whole), then finishes. */
+static void scan(scan_out *o, int tools, int think, const char *prompt, const char *text, size_t piece) {
+    memset(o, 0, sizeof *o);
+    loom_toolscan_init(&o->t, tools, think, prompt);
+    size_t n = strlen(text);
+    if (!piece) piece = n ? n : 1;
+    for (size_t i = 0; i < n; i += piece) {
+        size_t k = n - i < piece ? n - i : piece;
+        loom_toolscan_feed(&o->t, text + i, k, 0, &o->content, &o->reasoning);
+        /* nothing that may start a marker leaves before it is decided */
+        if (tools && o->content.p) CHECKF(!strstr(o->content.p, "<tool_call"), "leaked: %s", o->content.p);
+    }
+    loom_toolscan_feed(&o->t, "", 0, 1, &o->content, &o->reasoning);
+}
+
+static void scan_free(scan_out *o) {
+    sb_free(&o->content);
+    sb_free(&o->reasoning);
+    loom_toolscan_free(&o->t);
+}
+
+static const char *str(const sbuf *b) { return b->p ? b->p : ""; }
+
+/* The call's arguments, reparsed: compares JSON values, not spacing. */
+static int args_equal(const char *got, const char *want) {
+    cJSON *a = cJSON_Parse(got), *b = cJSON_Parse(want);
+    int eq = a && b && cJSON_Compare(a, b, 1);
+    cJSON_Delete(a);
+    cJSON_Delete(b);
+    return eq;
+}
+
+static void test_toolcalls(void) {
+    static const struct {
+        const char *text, *content, *name0, *args0, *name1;
+        int n_calls;
+    } cases[] = {
+        /* Qwen / Hermes */
+        {"<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>", "",
+         "get_weather", "{\"city\":\"Paris\"}", NULL, 1},
+        {"Let me look.\n<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\": [1, 2]}}\n</tool_call>\n"
+         "<tool_call>\n{\"name\": \"b\", \"arguments\": {}}\n</tool_call>",
+         "Let me look.\n", "a", "{\"x\":[1,2]}", "b", 2},
+        /* Llama 3: bare JSON with parameters, or after <|python_tag|> */
+        {"{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}", "", "get_weather",
+         "{\"city\":\"Oslo\"}", NULL, 1},
+        {"<|python_tag|>{\"name\": \"f\", \"parameters\": {\"q\": \"a<b\"}}", "", "f", "{\"q\":\"a<b\"}", NULL, 1},
+        /* Mistral */
+        {"[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {\"k\": 1}}, {\"name\": \"b\", \"arguments\": \"{}\"}]", "",
+         "a", "{\"k\":1}", "b", 2},
+        /* not calls: returned as content, whole */
+        {"{not json at all", "{not json at all", NULL, NULL, NULL, 0},
+        {"if a < b and c <tool", "if a < b and c <tool", NULL, NULL, NULL, 0},
+        {"x = [TOOL", "x = [TOOL", NULL, NULL, NULL, 0},
+        {"plain answer", "plain answer", NULL, NULL, NULL, 0},
+        {"[1, 2, 3] is the list", "[1, 2, 3] is the list", NULL, NULL, NULL, 0},
+        {"{\"name\": 5}", "{\"name\": 5}", NULL, NULL, NULL, 0},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)
+        for (size_t piece = 0; piece <= 7; piece++) {
+            scan_out o;
+            scan(&o, 1, 0, NULL, cases[c].text, piece);
+            CHECKF(o.t.n_calls == cases[c].n_calls, "case %zu piece %zu: %d calls", c, piece, o.t.n_calls);
+            CHECKF(!strcmp(str(&o.content), cases[c].content), "case %zu piece %zu: content \"%s\"", c, piece,
+                   str(&o.content));
+            if (cases[c].n_calls > 0 && o.t.n_calls > 0) {
+                CHECK_STR(o.t.calls[0].name, cases[c].name0);
+                CHECKF(args_equal(o.t.calls[0].arguments, cases[c].args0), "case %zu: args %s", c,
+                       o.t.calls[0].arguments);
+            }
+            if (cases[c].name1 && o.t.n_calls > 1) CHECK_STR(o.t.calls[1].name, cases[c].name1);
+            if (piece == 0 && o.t.n_calls > 0) {
+                /* the OpenAI shape, with indexes when streamed */
+                sbuf b = {0};
+                loom_toolscan_put_calls(&o.t, &b, 1);
+                cJSON *j = cJSON_Parse(b.p);
+                CHECKF(cJSON_GetArraySize(j) == o.t.n_calls, "%s", b.p);
+                cJSON *f = cJSON_GetObjectItem(cJSON_GetArrayItem(j, 0), "function");
+                CHECK(cJSON_GetObjectItem(cJSON_GetArrayItem(j, 0), "index")->valueint == 0);
+                CHECK(cJSON_IsString(cJSON_GetObjectItem(f, "arguments")));
+                CHECK(!strncmp(cJSON_GetObjectItem(cJSON_GetArrayItem(j, 0), "id")->valuestring, "call_", 5));
+                cJSON_Delete(j);
+                sb_free(&b);
+            }
+            scan_free(&o);
+        }
+    /* tools off: markers are plain text */
+    scan_out o;
+    scan(&o, 0, 0, NULL, "<tool_call>{\"name\":\"f\"}</tool_call>", 3);
+    CHECK_EQ_INT(o.t.n_calls, 0);
+    CHECK_STR(str(&o.content), "<tool_call>{\"name\":\"f\"}</tool_call>");
+    scan_free(&o);
+    /* distinct ids */
+    scan(&o, 1, 0, NULL, cases[1].text, 0);
+    CHECK(o.t.n_calls == 2 && strcmp(o.t.calls[0].id, o.t.calls[1].id) != 0);
+    scan_free(&o);
+}
+
+static void test_reasoning(void) {
+    for (size_t piece = 0; piece <= 5; piece++) {
+        scan_out o;
+        scan(&o, 0, 1, NULL, "<think>\nweigh it</think>\n\nthe answer", piece);
+        CHECKF(!strcmp(str(&o.reasoning), "weigh it"), "piece %zu: reasoning \"%s\"", piece, str(&o.reasoning));
+        CHECKF(!strcmp(str(&o.content), "the answer"), "piece %zu: content \"%s\"", piece, str(&o.content));
+        scan_free(&o);
+        /* the template opened the block */
+        scan(&o, 1, 1, "<|im_start|>assistant\n<think>\n", "hmm</think>\n<tool_call>{\"name\":\"f\",\"arguments\":{}}</tool_call>",
+             piece);
+        CHECK_STR(str(&o.reasoning), "hmm");
+        CHECK_EQ_INT(o.t.n_calls, 1);
+        CHECK_STR(str(&o.content), "");
+        scan_free(&o);
+        /* a prompt with a closed block starts in content */
+        scan(&o, 0, 1, "<think>\n\n</think>\n\n", "just text", piece);
+        CHECK_STR(str(&o.content), "just text");
+        CHECK_STR(str(&o.reasoning), "");
+        scan_free(&o);
+    }
+}
+
+/* ---- stop strings over a real tokenizer ----------------------------------------- */
+
+static void run_stream(const loom_tok *tok, const int32_t *ids, size_t n, const char *const *stops, int n_stops,
+                       sbuf *out, int *stopped) {
+    loom_textstream *ts = NULL;
+    CHECK(loom_ts_create(tok, stops, n_stops, 1, &ts) == LOOM_OK);
+    if (!ts) return;
+    *stopped = 0;
+    for (size_t i = 0; i < n && !*stopped; i++) {
+        const char *t;
+        size_t len;
+        CHECK(loom_ts_push(ts, ids[i], &t, &len, stopped) == LOOM_OK);
+        sb_put(out, t, len);
+        /* no emitted text ever holds a stop string */
+        for (int k = 0; k < n_stops; k++)
+            if (out->p && stops[k][0]) CHECKF(!strstr(out->p, stops[k]), "stop \"%s\" leaked", stops[k]);
+    }
+    if (!*stopped) {
+        const char *t;
+        size_t len;
+        CHECK(loom_ts_finish(ts, &t, &len, stopped) == LOOM_OK);
+        sb_put(out, t, len);
+    }
+    size_t all;
+    const char *a = loom_ts_text(ts, &all);
+    CHECKF(all == out->len && !memcmp(a, out->p ? out->p : "", all), "loom_ts_text differs");
+    loom_ts_free(ts);
+}
+
+static void test_textstream(void) {
+    loom_tok *tok = NULL;
+    if (loom_tok_load_dir("tests/fixtures/trained/pycoder-16m", &tok) != LOOM_OK) {
+        CHECKF(0, "tokenizer: %s", loom_last_error());
+        return;
+    }
+    const char *text = "def fib(n):\n    if n < 2:\n        return n  # done\n    return fib(n - 1) + fib(n - 2)\n"
+                       "print(\"h\xc3\xa9llo \xe2\x82\xac\")\n";
+    int32_t *ids = NULL;
+    size_t n = 0;
+    CHECK(loom_tok_encode(tok, text, strlen(text), 0, &ids, &n) == LOOM_OK);
+    sbuf out = {0};
+    int stopped = 0;
+    run_stream(tok, ids, n, NULL, 0, &out, &stopped);
+    CHECK_STR(out.p ? out.p : "", text);
+    CHECK(!stopped);
+    sb_free(&out);
+    /* every substring start, a few lengths: the output is the text up to
+     * the first occurrence of the stop */
+    size_t L = strlen(text);
+    unsigned long long rng = 0x5eed;
+    for (int trial = 0; trial < 300; trial++) {
+        size_t a = test_rand_u32(&rng) % L, len = 1 + test_rand_u32(&rng) % 6;
+        if (a + len > L) len = L - a;
+        char stop[8];
+        memcpy(stop, text + a, len);
+        stop[len] = 0;
+        const char *stops[3] = {"never there", stop, ""};
+        run_stream(tok, ids, n, stops, 3, &out, &stopped);
+        size_t want = (size_t)(strstr(text, stop) - text);
+        CHECKF(stopped && out.len == want && !memcmp(out.p ? out.p : "", text, want),
+               "stop \"%s\": got %zu bytes, want %zu", stop, out.len, want);
+        sb_free(&out);
+    }
+    /* a stop that only completes at the very end */
+    const char *tail[] = {"\")\n"};
+    run_stream(tok, ids, n, tail, 1, &out, &stopped);
+    CHECK(stopped && out.len == L - 3);
+    sb_free(&out);
+    free(ids);
+    loom_tok_free(tok);
+}
+
+/* ---- metrics ----------------------------------------------------------------------- */
+
+static void test_metrics(void) {
+    loom_metrics m;
+    metrics_init(&m);
+    metrics_count_request(&m, "chat", 200);
+    metrics_count_request(&m, "chat", 400);
+    metrics_count_request(&m, "completions", 418);
+    metrics_count_disconnect(&m);
+    metrics_add_tokens(&m, 10, 3);
+    metrics_observe_ttft(&m, 0.003);
+    metrics_observe_ttft(&m, 100);
+    metrics_observe_itl(&m, 0.02);
+    loom_engine_stats st = {.waiting = 2, .running = 1, .kv_blocks_total = 10, .kv_blocks_free = 7};
+    char *t = metrics_render(&m, &st, 3);
+    CHECK(t != NULL);
+    if (t) {
+        CHECK(strstr(t, "loom_requests_total{endpoint=\"chat\",status=\"400\"} 1\n") != NULL);
+        CHECK(strstr(t, "loom_requests_total{endpoint=\"completions\",status=\"500\"} 1\n") != NULL);
+        CHECK(strstr(t, "\nloom_kv_blocks_used 3\n") != NULL);
+        CHECK(strstr(t, "\nloom_queue_depth 2\n") != NULL);
+        CHECK(strstr(t, "\nloom_requests_in_flight 3\n") != NULL);
+        CHECK(strstr(t, "loom_time_to_first_token_seconds_bucket{le=\"0.0025\"} 0\n") != NULL);
+        CHECK(strstr(t, "loom_time_to_first_token_seconds_bucket{le=\"0.005\"} 1\n") != NULL);
+        CHECK(strstr(t, "loom_time_to_first_token_seconds_bucket{le=\"30\"} 1\n") != NULL);
+        CHECK(strstr(t, "loom_time_to_first_token_seconds_bucket{le=\"+Inf\"} 2\n") != NULL);
+        CHECK(strstr(t, "loom_time_to_first_token_seconds_count 2\n") != NULL);
+        /* every sample line is NAME[{labels}] VALUE */
+        for (char *l = strtok(t, "\n"); l; l = strtok(NULL, "\n")) {
+            if (l[0] == '#') continue;
+            char *sp = strrchr(l, ' ');
+            char *end = NULL;
+            CHECKF(sp && (strtod(sp + 1, &end), *end == 0), "bad sample line: %s", l);
+        }
+    }
+    free(t);
+    metrics_free(&m);
+}
+
+int main(void) {
+    test_parse_errors();
+    test_parse_ok();
+    test_json_str();
+    test_toolcalls();
+    test_reasoning();
+    test_textstream();
+    test_metrics();
+    return test_report("test_api");
+}
