@@ -397,6 +397,15 @@ static void test_errors(void) {
     CHECK_FAIL("{{ (1, 2 }}", NULL, F, "line 1");
     CHECK_FAIL("{% else %}", NULL, F, "unexpected 'else'");
     CHECK_FAIL("{{ }}", NULL, F, "unexpected '}}'");
+    CHECK_FAIL("{{ 'a' +}}", NULL, F, "unexpected '}}'");
+    /* unknown names inside if blocks and conditional expressions fail only
+     * when reached, like Jinja; elsewhere at compile time */
+    CHECK_RENDER("{% if false %}{{ x|nosuch }}{% endif %}{{ 1 if true else x|nosuch }}", NULL, "1");
+    CHECK_FAIL("{% if true %}{{ x|nosuch }}{% endif %}", NULL, I, "unknown filter 'nosuch'");
+    CHECK_FAIL("{% if false %}{% for a in b %}{{ a|nosuch }}{% endfor %}{% endif %}", NULL, F,
+               "no filter named 'nosuch'");
+    CHECK_FAIL("{{ x|tojson(indentx=2) }}", NULL, I, "unexpected keyword argument 'indentx'");
+    CHECK_FAIL("{{ x is defined(1) }}", NULL, I, "takes no arguments");
     CHECK_FAIL("{{ a.b.c }}", NULL, I, "line 1: 'a' is undefined");
     /* render-time errors name the line too */
     CHECK_FAIL("ok\n{{ 1 + 'a' }}", NULL, I, "line 2: unsupported operand type(s) for +: 'int' and 'str'");

@@ -577,13 +577,14 @@ static void slice_bounds(int64_t n, const jv *lo, const jv *hi, int64_t step,
 
 static jv *do_slice(ctx *c, int line, jv *obj, jv *lo, jv *hi, jv *st) {
     int64_t step = 1;
-    if (st && st->type != JV_NONE && st->type != JV_UNDEF) {
+    if (st && st->type != JV_NONE && st->type != JV_UNDEF) { /* undefined: below */
         if (!is_intlike(st)) return rerr(c, line, "slice step must be an integer");
         step = numi(st);
         if (step == 0) return rerr(c, line, "slice step cannot be zero");
     }
-    if ((lo && lo->type != JV_NONE && lo->type != JV_UNDEF && !is_intlike(lo)) ||
-        (hi && hi->type != JV_NONE && hi->type != JV_UNDEF && !is_intlike(hi)))
+    if ((lo && lo->type != JV_NONE && !is_intlike(lo)) ||
+        (hi && hi->type != JV_NONE && !is_intlike(hi)) ||
+        (st && st->type == JV_UNDEF))
         return rerr(c, line, "slice indices must be integers or None");
     if (obj->type == JV_LIST) {
         int64_t start, stop;
@@ -1018,8 +1019,51 @@ static jv *do_minmax(ctx *c, int line, jv *v, const args *a, int want_max) {
 
 static jv *num_add(ctx *c, int line, jv *x, jv *y);
 
+/* Keyword arguments each filter takes (Python rejects others). Filters not
+ * listed take none; map/select/reject pass theirs on and are not checked. */
+static const char *const FILTER_KWARGS[][6] = {
+    {"tojson", "indent", "ensure_ascii", "separators", "sort_keys", NULL},
+    {"default", "default_value", "boolean", NULL},
+    {"d", "default_value", "boolean", NULL},
+    {"join", "d", "attribute", NULL},
+    {"sort", "reverse", "case_sensitive", "attribute", NULL},
+    {"unique", "case_sensitive", "attribute", NULL},
+    {"min", "case_sensitive", "attribute", NULL},
+    {"max", "case_sensitive", "attribute", NULL},
+    {"sum", "attribute", "start", NULL},
+    {"round", "precision", "method", NULL},
+    {"indent", "width", "first", "blank", NULL},
+    {"int", "default", "base", NULL},
+    {"float", "default", NULL},
+    {"replace", "old", "new", "count", NULL},
+    {"trim", "chars", NULL},
+    {"batch", "linecount", "fill_with", NULL},
+    {"dictsort", "case_sensitive", "by", "reverse", NULL},
+    {"center", "width", NULL},
+    {"attr", "name", NULL},
+};
+
+static int check_kwargs(ctx *c, int line, const char *name, const args *a) {
+    if (!a->nkw || !strcmp(name, "map") || !strcmp(name, "select") || !strcmp(name, "reject") ||
+        !strcmp(name, "selectattr") || !strcmp(name, "rejectattr") || !strcmp(name, "format"))
+        return 1;
+    const char *const *allowed = NULL;
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(FILTER_KWARGS); i++)
+        if (!strcmp(FILTER_KWARGS[i][0], name)) allowed = FILTER_KWARGS[i] + 1;
+    for (int k = 0; k < a->nkw; k++) {
+        int ok = 0;
+        for (int j = 0; allowed && allowed[j]; j++) ok |= !strcmp(allowed[j], a->kwn[k]);
+        if (!ok) {
+            rerr(c, line, "%s() got an unexpected keyword argument '%s'", name, a->kwn[k]);
+            return 0;
+        }
+    }
+    return 1;
+}
+
 static jv *apply_filter(ctx *c, int line, const char *name, jv *v, const args *a) {
 #define IS(s) (!strcmp(name, s))
+    if (!check_kwargs(c, line, name, a)) return NULL;
     if (IS("safe")) return with_safe(c, str_of(c, v), 1);
     if (IS("default") || IS("d")) {
         jv *def = arg(a, 0, "default_value");
@@ -1356,6 +1400,13 @@ static int cmp_test(ctx *c, int line, jv *v, jv *other, int op) {
 static int apply_test(ctx *c, int line, const char *name, jv *v, const args *a) {
 #define IS(s) (!strcmp(name, s))
     jv *x = arg(a, 0, NULL);
+    static const char *const NO_ARGS[] = {
+        "defined", "undefined", "none", "boolean", "true", "false", "integer", "float",
+        "number", "string", "mapping", "iterable", "sequence", "callable", "escaped",
+        "odd", "even", "lower", "upper", NULL,
+    };
+    if ((a->npos || a->nkw) && find_name(NO_ARGS, name))
+        return rerr(c, line, "test '%s' takes no arguments", name), -1;
     if (IS("defined")) return v->type != JV_UNDEF;
     if (IS("undefined")) return v->type == JV_UNDEF;
     if (IS("none")) return v->type == JV_NONE;

@@ -194,7 +194,8 @@ static int lex_tag(parser *p, const char *src, size_t n, size_t *pos, int *line,
         if (depth == 0) {
             const char *end = block ? "%}" : "}}";
             int mod = 0;
-            if ((c == '-' || c == '+') && i + 2 < n + 0 && src[i + 1] == end[0] &&
+            /* `-}}`, `-%}` and `+%}`: Jinja has no `+}}` */
+            if ((c == '-' || (c == '+' && block)) && i + 2 < n && src[i + 1] == end[0] &&
                 src[i + 2] == end[1])
                 mod = c;
             if (mod || (c == end[0] && i + 1 < n && src[i + 1] == end[1])) {
@@ -754,7 +755,8 @@ static jnode *parse_subscript(parser *p, jnode *obj) {
         n->c = parts[1];
         n->d = parts[2];
     } else {
-        if (!parts[0]) return perr(p, line, "empty subscript"), NULL;
+        /* x[] is x[()] in Jinja */
+        if (!parts[0] && !(parts[0] = mk(p, E_TUPLE, line))) return NULL;
         n = mk(p, E_ITEM, line);
         if (!n) return NULL;
         n->a = obj;
@@ -826,8 +828,6 @@ static jnode *parse_filter_expr(parser *p, jnode *n) {
             if (!f) return NULL;
             f->name = parse_dotted(p);
             if (!f->name) return NULL;
-            if (!jinja_filter_known(f->name))
-                return perr(p, f->line, "no filter named '%s'", f->name), NULL;
             f->a = n;
             if (tok_is_op(cur(p), "(")) {
                 adv(p);
@@ -844,8 +844,6 @@ static jnode *parse_filter_expr(parser *p, jnode *n) {
             }
             x->name = parse_dotted(p);
             if (!x->name) return NULL;
-            if (!jinja_test_known(x->name))
-                return perr(p, x->line, "no test named '%s'", x->name), NULL;
             x->a = n;
             if (tok_is_op(cur(p), "(")) {
                 adv(p);
@@ -1192,8 +1190,6 @@ static jnode *parse_filter_chain(parser *p, int line) {
         if (!f) return NULL;
         f->name = parse_dotted(p);
         if (!f->name) return NULL;
-        if (!jinja_filter_known(f->name))
-            return perr(p, f->line, "no filter named '%s'", f->name), NULL;
         f->a = n;
         if (tok_is_op(cur(p), "(")) {
             adv(p);
@@ -1453,6 +1449,46 @@ static jnode *parse_body(parser *p, const char *const *ends, const char *opener,
     return n;
 }
 
+/* Unknown filter and test names are compile errors in Jinja, except where
+ * its compiler uses a "soft" frame: inside an if statement and inside a
+ * conditional expression (not crossing into a for, macro, call, set or filter
+ * block, which open frames of their own). There they fail only if run. */
+static int check_names(parser *p, const jnode *n, int soft) {
+    if (!n || p->st) return p->st == LOOM_OK;
+    if (!soft && n->kind == E_FILTER && !jinja_filter_known(n->name))
+        return perr(p, n->line, "no filter named '%s'", n->name), 0;
+    if (!soft && n->kind == E_TEST && !jinja_test_known(n->name))
+        return perr(p, n->line, "no test named '%s'", n->name), 0;
+    int inner = soft;     /* softness for children */
+    switch (n->kind) {
+    case N_IF: case E_COND: inner = 1; break;
+    case N_FOR:
+        /* the iterable and the else body belong to the outer frame */
+        if (!check_names(p, n->a, soft)) return 0;
+        if (n->n && !check_names(p, n->items[0], soft)) return 0;
+        return check_names(p, n->b, 0) && check_names(p, n->c, 0) && check_names(p, n->d, 0);
+    case N_CALLBLOCK:
+        if (!check_names(p, n->b, soft)) return 0;
+        inner = 0;
+        for (int i = 0; i < n->n; i++)
+            if (n->kwv && !check_names(p, n->kwv[i], 0)) return 0;
+        return check_names(p, n->a, 0);
+    case N_MACRO: case N_SETBLOCK: case N_FILTERBLOCK: case N_WITH: inner = 0; break;
+    default: break;
+    }
+    if (!check_names(p, n->a, inner) || !check_names(p, n->b, inner) ||
+        !check_names(p, n->c, inner) || !check_names(p, n->d, inner))
+        return 0;
+    for (int i = 0; n->items && i < n->n; i++)
+        if (!check_names(p, n->items[i], inner)) return 0;
+    /* kwv holds dict values, parameter defaults or with-values (n of them),
+     * else keyword arguments (nkw) */
+    int nk = n->kind == E_DICT || n->kind == N_MACRO || n->kind == N_WITH ? n->n : n->nkw;
+    for (int i = 0; n->kwv && i < nk; i++)
+        if (!check_names(p, n->kwv[i], inner)) return 0;
+    return 1;
+}
+
 loom_status jinja_parse(jarena *a, const char *src, size_t len, jnode **out) {
     *out = NULL;
     /* normalise newlines and drop one trailing newline (keep_trailing_newline
@@ -1476,7 +1512,7 @@ loom_status jinja_parse(jarena *a, const char *src, size_t len, jnode **out) {
     if (p.st == LOOM_OK) push_tok(&p, T_EOF, last_line);
     if (p.st == LOOM_OK) {
         jnode *root = parse_body(&p, NULL, NULL, 0);
-        if (root && p.st == LOOM_OK) *out = root;
+        if (root && p.st == LOOM_OK && check_names(&p, root, 0)) *out = root;
     }
     free(p.t);
     if (p.st == LOOM_OK && !*out) p.st = loom_err(LOOM_ERR_FORMAT, "template: parse failed");
