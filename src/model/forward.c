@@ -79,9 +79,9 @@ loom_status loom_fwd_state_create(const loom_model *m, int max_tokens, int max_c
         ALLOC(s->lin_od, T * vd);
         ALLOC(s->lin_raw, T * (size_t)m->lin_proj_dim);
         ALLOC(s->lin_out, T * vd);
-        /* doubles: state (k_dim, v_dim), u (C, v_dim), G (C), tmp (v_dim) */
-        s->lin_scratch_per = 2 * ((size_t)c->lin_k_head_dim * c->lin_v_head_dim +
-                                  C * (size_t)c->lin_v_head_dim + C + (size_t)c->lin_v_head_dim) + 16;
+        /* state (k_dim, v_dim), u (C, v_dim), G (C), tmp (v_dim) */
+        s->lin_scratch_per = (size_t)c->lin_k_head_dim * c->lin_v_head_dim +
+                             C * (size_t)c->lin_v_head_dim + C + (size_t)c->lin_v_head_dim + 8;
         ALLOC(s->lin_scratch, (size_t)s->n_threads * s->lin_scratch_per);
     }
     if (m->has_ple) {

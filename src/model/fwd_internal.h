@@ -44,7 +44,7 @@ struct loom_fwd_state {
     double *lin_od;    /* (max_tokens, n_v * v_dim) delta-rule output */
     float *lin_raw;    /* (max_tokens, conv_dim + n_v * v_dim + 2 n_v) grouped projections */
     float *lin_out;    /* (max_tokens, n_v * v_dim) */
-    float *lin_scratch;/* (n_threads, lin_scratch_per) chunk workspace */
+    double *lin_scratch; /* (n_threads, lin_scratch_per) delta-rule workspace */
     size_t lin_scratch_per;
     /* gemma4 per-layer inputs */
     float *ple;        /* (max_tokens, n_layers * ple_dim) */

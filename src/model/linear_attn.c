@@ -198,7 +198,7 @@ static void delta_task(void *ctx, int task, int thread) {
     int r = task / nv, h = task % nv, kh = h / rep;
     const loom_fwd_row *row = &j->rows[r];
     float *Sf = row->state->rec + row->state->rec_per * (size_t)j->slot + (size_t)h * dk * dv;
-    double *S = (double *)(s->lin_scratch + s->lin_scratch_per * (size_t)thread);
+    double *S = s->lin_scratch + s->lin_scratch_per * (size_t)thread;
     double *u = S + (size_t)dk * dv;                 /* (C, dv) */
     double *G = u + (size_t)LOOM_DELTA_CHUNK * dv;   /* (C) */
     double *tmp = G + LOOM_DELTA_CHUNK;              /* (dv) */
