@@ -708,6 +708,20 @@ int main(int argc, char **argv) {
                    peak_best > 0 ? 100.0 * gflops / peak_best : 0.0, R->tg_med, bpt / 1e6,
                    bound, 100.0 * R->tg_med / bound);
         }
+        for (int i = 0; i < n_res; i++) {
+            const result *R = &res[i];
+            double lo[2] = {R->pp[0], R->tg[0]}, hi[2] = {R->pp[0], R->tg[0]};
+            for (int k = 1; k < reps; k++) {
+                lo[0] = LOOM_MIN(lo[0], R->pp[k]);
+                hi[0] = LOOM_MAX(hi[0], R->pp[k]);
+                lo[1] = LOOM_MIN(lo[1], R->tg[k]);
+                hi[1] = LOOM_MAX(hi[1], R->tg[k]);
+            }
+            for (int k = 0; k < 2; k++)
+                if (hi[k] > 1.2 * lo[k])
+                    printf("note: %s %s reps spread from %.2f to %.2f tok/s (noise)\n", R->name,
+                           k ? "tg" : "pp", lo[k], hi[k]);
+        }
         double llc = llc_bytes();
         for (int i = 0; i < n_res; i++) {
             double bpt = res[i].cost.weight_bytes + res[i].cost.kv_bytes;
