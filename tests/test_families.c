@@ -97,6 +97,9 @@ static void test_refusals(void) {
     expect_refused("moeblock", "gemma4-tiny", "\"enable_moe_block\": false",
                    "\"enable_moe_block\": true", NULL, LOOM_ERR_FORMAT,
                    "MoE layer 0: needs num_experts");
+    expect_refused("gptq", "qwen3-tiny-mlx4", "\"quantization_config\": {",
+                   "\"quantization_config\": {\"quant_method\": \"gptq\",", NULL,
+                   LOOM_ERR_UNSUPPORTED, "quant_method \"gptq\"");
     expect_refused("mlpbias", "qwen3moe-tiny", "\"attention_bias\": false",
                    "\"attention_bias\": false, \"mlp_bias\": true", NULL, LOOM_ERR_UNSUPPORTED,
                    "mlp_bias");

@@ -163,6 +163,13 @@ static loom_status parse_layer_types(const cJSON *c, const char *path, loom_conf
 
 /* MLX "quantization": {"group_size", "bits", "<module path>": {...} | false}. */
 static loom_status parse_quant(const cJSON *root, const char *path, loom_config *cfg) {
+    /* Hugging Face quantizers (gptq, awq, fp8, bitsandbytes, ...) name
+     * themselves; MLX's copy of its settings there does not. */
+    const cJSON *hq = get(root, "quantization_config");
+    const cJSON *qm = cJSON_IsObject(hq) ? get(hq, "quant_method") : NULL;
+    if (cJSON_IsString(qm))
+        return loom_err(LOOM_ERR_UNSUPPORTED, "%s: quantization_config quant_method \"%s\" is not "
+                        "supported (MLX affine \"quantization\" is)", path, qm->valuestring);
     const cJSON *q = get(root, "quantization");
     if (!cJSON_IsObject(q)) return LOOM_OK;
     loom_status s;
