@@ -157,6 +157,9 @@ typedef struct loom_engine_params {
     int prefix_cache;       /* reuse KV of earlier prompts' full blocks (default 1;
                                models with linear-attention layers never do) */
     size_t prefix_cache_bytes; /* cap on KV kept only for reuse; 0 = whole pool */
+    const char *prefix_cache_dir; /* disk tier: evicted blocks spill here and
+                                     survive restarts; NULL = memory only */
+    size_t prefix_cache_disk_bytes; /* cap of the disk tier; 0 = unlimited */
 } loom_engine_params;
 
 typedef struct loom_request_params {
@@ -201,6 +204,8 @@ typedef struct loom_engine_stats {
     int kv_blocks_cached;                /* blocks held in the prefix cache */
     uint64_t steps, prefill_tokens, decode_tokens, preemptions;
     uint64_t cache_hit_tokens, cache_miss_tokens, cache_evicted_blocks;
+    uint64_t disk_hit_tokens, disk_reads, disk_writes, disk_bad_files;
+    uint64_t disk_bytes;
 } loom_engine_stats;
 
 loom_engine_params loom_engine_default_params(void);

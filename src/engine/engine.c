@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "base/base.h"
+#include "engine/kvdisk.h"
 #include "engine/request.h"
 #include "model/forward.h"
 
@@ -61,6 +62,7 @@ struct loom_engine {
     int wait_head, wait_len, wait_cap;
     FILE *trace;                   /* owned, may be NULL */
     int cache;                     /* prefix cache in use */
+    loom_kvdisk *disk;             /* owned disk tier, or NULL */
     int has_state;                 /* the model keeps recurrent state per sequence */
     char ns_base[256];             /* namespace text: model and KV layout */
     uint64_t next_order, next_work;
@@ -376,6 +378,15 @@ static void *engine_main(void *arg) {
         e->stats.cache_hit_tokens = e->kv->hits * (uint64_t)e->kv->block_size;
         e->stats.cache_miss_tokens = e->kv->misses * (uint64_t)e->kv->block_size;
         e->stats.cache_evicted_blocks = e->kv->evictions;
+        e->stats.disk_hit_tokens = e->kv->tier_hits * (uint64_t)e->kv->block_size;
+        if (e->disk) {
+            loom_kvdisk_stats ds;
+            loom_kvdisk_get_stats(e->disk, &ds);
+            e->stats.disk_reads = ds.reads;
+            e->stats.disk_writes = ds.writes;
+            e->stats.disk_bad_files = ds.bad_files;
+            e->stats.disk_bytes = ds.bytes;
+        }
         pthread_mutex_unlock(&e->mu);
         if (!did && e->n_running == 0 && e->wait_len > 0) {
             /* The head cannot be admitted into an empty pool: it never will. */
@@ -452,6 +463,12 @@ loom_status loom_engine_create(loom_model *m, const loom_engine_params *params,
     e->cache = p.prefix_cache && !e->has_state;
     if (!s && e->cache)
         s = loom_kv_cache_enable(e->kv, p.prefix_cache_bytes ? (int)LOOM_MIN(p.prefix_cache_bytes / block, (size_t)n_blocks) : 0);
+    if (!s && e->cache && p.prefix_cache_dir &&
+        loom_kvdisk_open(p.prefix_cache_dir, p.prefix_cache_disk_bytes, e->kv, &e->disk) != LOOM_OK) {
+        loom_log(LOOM_LOG_WARN, "%s; the prefix cache stays in memory", loom_last_error());
+        e->disk = NULL;
+    }
+    e->p.prefix_cache_dir = NULL;
     snprintf(e->ns_base, sizeof e->ns_base, "loom1|%s|L%d|H%d|V%d|kv=f32|bs=%d|", c->arch, c->n_layers,
              c->hidden_size, c->vocab_size, p.block_size);
     if (!s) s = loom_fwd_state_create(m, p.max_batch_tokens, e->n_ctx, &e->fwd);
@@ -503,6 +520,11 @@ void loom_engine_free(loom_engine *e) {
         pthread_cond_destroy(&e->cv);
     }
     if (e->trace) fclose(e->trace);
+    if (e->disk) {
+        /* what is still cached in memory goes to disk for the next start */
+        loom_kv_cache_spill_all(e->kv);
+        loom_kvdisk_close(e->disk, e->kv);
+    }
     loom_kv_pool_free(e->kv);
     loom_fwd_state_free(e->fwd);
     loom_free(e->logits);

@@ -122,6 +122,7 @@ static void lru_push(loom_kv_pool *p, int b) {
 static void evict_one(loom_kv_pool *p) {
     int b = p->lru_head;
     lru_unlink(p, b);
+    if (p->tier.spill) p->tier.spill(p->tier.ctx, p, b);
     table_remove(p, b);
     p->free_list[p->n_free++] = b;
     p->evictions++;
@@ -200,8 +201,24 @@ int loom_kv_cache_lookup(loom_kv_pool *p, loom_kv_seq *seq, const int32_t *token
         const int32_t *t = tokens + (size_t)hit * bs;
         uint64_t h = chain_hash(chain, t, bs);
         int b = table_find(p, h, chain, t);
-        if (b < 0) break;
-        if (p->refcount[b]++ == 0) lru_unlink(p, b);
+        if (b >= 0) {
+            if (p->refcount[b]++ == 0) lru_unlink(p, b);
+        } else {
+            /* Not in memory: the tier may have it. Keep one block spare so
+             * a restore never starves the rest of the prompt. */
+            if (!p->tier.fetch || loom_kv_available(p) < 2) break;
+            b = block_take(p);
+            if (p->tier.fetch(p->tier.ctx, p, h, chain, t, b) != 0) {
+                p->refcount[b] = 0;
+                p->free_list[p->n_free++] = b;
+                break;
+            }
+            p->hash[b] = h;
+            p->bparent[b] = chain;
+            memcpy(p->btok + (size_t)b * bs, t, sizeof *t * (size_t)bs);
+            table_insert(p, b);
+            p->tier_hits++;
+        }
         seq->blocks[seq->n_blocks++] = b;
         chain = h;
     }
@@ -235,6 +252,12 @@ void loom_kv_cache_commit(loom_kv_pool *p, loom_kv_seq *seq, const int32_t *toke
 
 void loom_kv_cache_clear(loom_kv_pool *p) {
     while (p->n_lru > 0) evict_one(p);
+}
+
+void loom_kv_cache_spill_all(loom_kv_pool *p) {
+    if (!p->cache_on || !p->tier.spill) return;
+    for (int i = 0; i < p->table_cap; i++)
+        if (p->table[i] >= 0) p->tier.spill(p->tier.ctx, p, p->table[i]);
 }
 
 loom_status loom_kv_seq_reserve(loom_kv_pool *p, loom_kv_seq *seq, int n_tokens) {

@@ -30,6 +30,18 @@
 
 #include "loom.h"
 
+struct loom_kv_pool;
+
+/* A slower tier below the prefix cache (e.g. disk): evicted cached blocks
+ * are offered to spill; a lookup that misses in memory asks fetch to fill
+ * a fresh block (0 on success). Both run on the engine thread. */
+typedef struct loom_kv_tier {
+    void *ctx;
+    void (*spill)(void *ctx, const struct loom_kv_pool *p, int block);
+    int (*fetch)(void *ctx, struct loom_kv_pool *p, uint64_t hash, uint64_t parent,
+                 const int32_t *tokens, int block);
+} loom_kv_tier;
+
 typedef struct loom_kv_pool {
     int n_layers;
     int kv_dim;          /* n_kv_heads * head_dim */
@@ -50,6 +62,8 @@ typedef struct loom_kv_pool {
     int *table;          /* owned [table_cap] open addressing: block id or -1 */
     int table_cap, n_cached;
     uint64_t hits, misses, evictions; /* blocks */
+    uint64_t tier_hits;  /* blocks restored from the tier */
+    loom_kv_tier tier;   /* optional; fns NULL = none */
 } loom_kv_pool;
 
 typedef struct loom_kv_seq {
@@ -95,6 +109,15 @@ int loom_kv_cache_lookup(loom_kv_pool *p, loom_kv_seq *seq, const int32_t *token
 void loom_kv_cache_commit(loom_kv_pool *p, loom_kv_seq *seq, const int32_t *tokens, uint64_t ns);
 /* Drops every unreferenced cached block (e.g. when the namespace changes). */
 void loom_kv_cache_clear(loom_kv_pool *p);
+/* Offers every cached block to the tier (e.g. before shutdown). */
+void loom_kv_cache_spill_all(loom_kv_pool *p);
+/* K (or V) rows of a block for layer l: (block_size, kv_dim). */
+static inline float *loom_kv_block_k(const loom_kv_pool *p, int l, int b) {
+    return p->k + ((size_t)l * p->n_blocks + (size_t)b) * p->block_size * p->kv_dim;
+}
+static inline float *loom_kv_block_v(const loom_kv_pool *p, int l, int b) {
+    return p->v + ((size_t)l * p->n_blocks + (size_t)b) * p->block_size * p->kv_dim;
+}
 
 /* Row of K (or V) for layer l at a sequence position (block must exist). */
 static inline float *loom_kv_k_row(const loom_kv_pool *p, const loom_kv_seq *s,

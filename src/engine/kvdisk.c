@@ -1,0 +1,291 @@
+/* kvdisk: block files with checksums, an in-memory index for the byte cap. */
+#include "engine/kvdisk.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "base/base.h"
+
+#define KVD_MAGIC "LOOMKVB1"
+#define KVD_VERSION 1u
+#define KVD_HEADER 64u
+#define KVD_EXT ".lkv"
+
+typedef struct kvd_entry {
+    uint64_t hash;
+    size_t size;
+    uint64_t age;          /* larger = newer */
+} kvd_entry;
+
+struct loom_kvdisk {
+    char *dir;             /* owned */
+    size_t cap;
+    kvd_entry *entries;    /* owned [n], unordered */
+    int n, n_cap;
+    uint64_t clock;
+    uint8_t *buf;          /* owned: one file's bytes */
+    size_t file_size, payload;
+    int block_size, n_layers, kv_dim;
+    loom_kvdisk_stats st;
+};
+
+static void put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+static void put64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+static uint32_t get32(const uint8_t *p) {
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; i--) v = v << 8 | p[i];
+    return v;
+}
+static uint64_t get64(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
+    return v;
+}
+
+static void file_name(const loom_kvdisk *d, uint64_t hash, char *buf, size_t n) {
+    snprintf(buf, n, "%s/%016llx" KVD_EXT, d->dir, (unsigned long long)hash);
+}
+
+static int find_entry(const loom_kvdisk *d, uint64_t hash) {
+    for (int i = 0; i < d->n; i++)
+        if (d->entries[i].hash == hash) return i;
+    return -1;
+}
+
+static void drop_entry(loom_kvdisk *d, int i) {
+    d->st.bytes -= d->entries[i].size;
+    d->entries[i] = d->entries[--d->n];
+}
+
+static void remove_file(loom_kvdisk *d, uint64_t hash) {
+    char path[4096];
+    file_name(d, hash, path, sizeof path);
+    unlink(path);
+    int i = find_entry(d, hash);
+    if (i >= 0) drop_entry(d, i);
+}
+
+static void add_entry(loom_kvdisk *d, uint64_t hash, size_t size) {
+    int i = find_entry(d, hash);
+    if (i >= 0) {
+        d->entries[i].age = ++d->clock;
+        return;
+    }
+    if (d->n == d->n_cap) {
+        int cap = d->n_cap ? d->n_cap * 2 : 64;
+        kvd_entry *ne = realloc(d->entries, sizeof *ne * (size_t)cap);
+        if (!ne) return; /* the file stays; it is just not counted */
+        d->entries = ne;
+        d->n_cap = cap;
+    }
+    d->entries[d->n++] = (kvd_entry){hash, size, ++d->clock};
+    d->st.bytes += size;
+}
+
+/* Deletes the oldest files until the cap holds. */
+static void enforce_cap(loom_kvdisk *d) {
+    while (d->cap && d->st.bytes > d->cap && d->n > 0) {
+        int old = 0;
+        for (int i = 1; i < d->n; i++)
+            if (d->entries[i].age < d->entries[old].age) old = i;
+        remove_file(d, d->entries[old].hash);
+        d->st.evicted_files++;
+    }
+}
+
+static void disable(loom_kvdisk *d, const char *why) {
+    if (!d->st.disabled)
+        loom_log(LOOM_LOG_WARN, "prefix cache disk tier %s: %s; continuing in memory only", d->dir, why);
+    d->st.disabled = 1;
+}
+
+static void spill(void *ctx, const loom_kv_pool *p, int b) {
+    loom_kvdisk *d = ctx;
+    if (d->st.disabled || !p->hash[b]) return;
+    uint64_t hash = p->hash[b];
+    if (find_entry(d, hash) >= 0) {
+        add_entry(d, hash, d->file_size); /* refresh its age */
+        return;
+    }
+    uint8_t *h = d->buf;
+    memset(h, 0, KVD_HEADER);
+    memcpy(h, KVD_MAGIC, 8);
+    put32(h + 8, KVD_VERSION);
+    put32(h + 12, KVD_HEADER);
+    put32(h + 16, (uint32_t)p->block_size);
+    put32(h + 20, (uint32_t)p->n_layers);
+    put32(h + 24, (uint32_t)p->kv_dim);
+    put32(h + 28, 0);
+    put64(h + 32, hash);
+    put64(h + 40, p->bparent[b]);
+    put64(h + 48, d->payload);
+    uint8_t *body = h + KVD_HEADER;
+    size_t tok_bytes = sizeof(int32_t) * (size_t)p->block_size;
+    memcpy(body, p->btok + (size_t)b * p->block_size, tok_bytes);
+    size_t rows = sizeof(float) * (size_t)p->block_size * p->kv_dim;
+    uint8_t *kv = body + tok_bytes;
+    for (int l = 0; l < p->n_layers; l++) {
+        memcpy(kv + (size_t)l * rows, loom_kv_block_k(p, l, b), rows);
+        memcpy(kv + ((size_t)p->n_layers + l) * rows, loom_kv_block_v(p, l, b), rows);
+    }
+    put64(h + 56, XXH64(body, d->file_size - KVD_HEADER, 0));
+    char path[4096], tmp[4200];
+    file_name(d, hash, path, sizeof path);
+    snprintf(tmp, sizeof tmp, "%s.tmp%d", path, (int)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        disable(d, strerror(errno));
+        return;
+    }
+    size_t off = 0;
+    while (off < d->file_size) {
+        ssize_t w = write(fd, d->buf + off, d->file_size - off);
+        if (w <= 0) break;
+        off += (size_t)w;
+    }
+    int ok = off == d->file_size;
+    int err = errno;
+    ok = (close(fd) == 0) && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        unlink(tmp);
+        disable(d, ok ? strerror(errno) : strerror(err));
+        return;
+    }
+    d->st.writes++;
+    d->st.write_bytes += d->file_size;
+    add_entry(d, hash, d->file_size);
+    enforce_cap(d);
+}
+
+static int bad_file(loom_kvdisk *d, uint64_t hash, const char *why) {
+    char path[4096];
+    file_name(d, hash, path, sizeof path);
+    loom_log(LOOM_LOG_WARN, "prefix cache file %s: %s; deleted", path, why);
+    d->st.bad_files++;
+    remove_file(d, hash);
+    return -1;
+}
+
+static int fetch(void *ctx, loom_kv_pool *p, uint64_t hash, uint64_t parent, const int32_t *tokens,
+                 int b) {
+    loom_kvdisk *d = ctx;
+    if (find_entry(d, hash) < 0) return -1;
+    char path[4096];
+    file_name(d, hash, path, sizeof path);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int i = find_entry(d, hash);
+        if (i >= 0) drop_entry(d, i);
+        return -1;
+    }
+    size_t off = 0;
+    for (;;) {
+        ssize_t r = read(fd, d->buf + off, d->file_size - off);
+        if (r <= 0) break;
+        off += (size_t)r;
+        if (off == d->file_size) {
+            char extra;
+            if (read(fd, &extra, 1) > 0) off++; /* longer than it should be */
+            break;
+        }
+    }
+    close(fd);
+    if (off != d->file_size) return bad_file(d, hash, "wrong size (truncated or foreign)");
+    const uint8_t *h = d->buf;
+    if (memcmp(h, KVD_MAGIC, 8) != 0) return bad_file(d, hash, "bad magic");
+    if (get32(h + 8) != KVD_VERSION) return bad_file(d, hash, "unsupported version");
+    if (get32(h + 12) != KVD_HEADER || get32(h + 16) != (uint32_t)p->block_size ||
+        get32(h + 20) != (uint32_t)p->n_layers || get32(h + 24) != (uint32_t)p->kv_dim ||
+        get32(h + 28) != 0 || get64(h + 48) != d->payload)
+        return bad_file(d, hash, "KV geometry differs from this model's");
+    if (get64(h + 32) != hash) return bad_file(d, hash, "hash does not match the file name");
+    if (XXH64(h + KVD_HEADER, d->file_size - KVD_HEADER, 0) != get64(h + 56))
+        return bad_file(d, hash, "checksum mismatch");
+    size_t tok_bytes = sizeof(int32_t) * (size_t)p->block_size;
+    /* A hash collision or another prefix: not ours, but not corrupt either. */
+    if (get64(h + 40) != parent || memcmp(h + KVD_HEADER, tokens, tok_bytes) != 0) return -1;
+    size_t rows = sizeof(float) * (size_t)p->block_size * p->kv_dim;
+    const uint8_t *kv = h + KVD_HEADER + tok_bytes;
+    for (int l = 0; l < p->n_layers; l++) {
+        memcpy(loom_kv_block_k(p, l, b), kv + (size_t)l * rows, rows);
+        memcpy(loom_kv_block_v(p, l, b), kv + ((size_t)p->n_layers + l) * rows, rows);
+    }
+    d->st.reads++;
+    d->st.read_bytes += d->file_size;
+    add_entry(d, hash, d->file_size);
+    return 0;
+}
+
+/* Indexes existing block files; temporary leftovers are removed. */
+static void scan(loom_kvdisk *d) {
+    DIR *dir = opendir(d->dir);
+    if (!dir) return;
+    struct dirent *e;
+    while ((e = readdir(dir))) {
+        const char *n = e->d_name;
+        size_t len = strlen(n);
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", d->dir, n);
+        if (strstr(n, KVD_EXT ".tmp")) {
+            unlink(path);
+            continue;
+        }
+        if (len != 16 + strlen(KVD_EXT) || strcmp(n + 16, KVD_EXT) != 0) continue;
+        char *end;
+        uint64_t hash = strtoull(n, &end, 16);
+        if (end != n + 16) continue;
+        struct stat sb;
+        if (stat(path, &sb) != 0) continue;
+        add_entry(d, hash, (size_t)sb.st_size);
+        /* order by modification time: older files leave first */
+        d->entries[d->n - 1].age = (uint64_t)sb.st_mtime;
+        if (d->clock < (uint64_t)sb.st_mtime) d->clock = (uint64_t)sb.st_mtime;
+    }
+    closedir(dir);
+}
+
+loom_status loom_kvdisk_open(const char *dir, size_t cap, loom_kv_pool *p, loom_kvdisk **out) {
+    *out = NULL;
+    if (!p->cache_on)
+        return loom_err(LOOM_ERR_INVALID_ARG, "prefix cache disk tier: the prefix cache is off");
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        return loom_err(LOOM_ERR_IO, "prefix cache directory %s: %s", dir, strerror(errno));
+    loom_kvdisk *d = calloc(1, sizeof *d);
+    if (!d) return loom_err(LOOM_ERR_NOMEM, "out of memory");
+    d->dir = strdup(dir);
+    d->cap = cap;
+    d->block_size = p->block_size;
+    d->n_layers = p->n_layers;
+    d->kv_dim = p->kv_dim;
+    d->payload = 2 * sizeof(float) * (size_t)p->n_layers * p->block_size * p->kv_dim;
+    d->file_size = KVD_HEADER + sizeof(int32_t) * (size_t)p->block_size + d->payload;
+    d->buf = malloc(d->file_size + 1);
+    if (!d->dir || !d->buf) {
+        loom_kvdisk_close(d, NULL);
+        return loom_err(LOOM_ERR_NOMEM, "out of memory");
+    }
+    scan(d);
+    enforce_cap(d);
+    if (access(dir, W_OK) != 0) disable(d, "directory is not writable");
+    p->tier = (loom_kv_tier){.ctx = d, .spill = spill, .fetch = fetch};
+    *out = d;
+    return LOOM_OK;
+}
+
+void loom_kvdisk_close(loom_kvdisk *d, loom_kv_pool *p) {
+    if (!d) return;
+    if (p && p->tier.ctx == d) p->tier = (loom_kv_tier){0};
+    free(d->dir);
+    free(d->entries);
+    free(d->buf);
+    free(d);
+}
+
+void loom_kvdisk_get_stats(const loom_kvdisk *d, loom_kvdisk_stats *s) { *s = d->st; }

@@ -1,0 +1,48 @@
+/* kvdisk: the disk tier of the prefix cache. One file per cached KV block,
+ * named by its chain hash, so a restarted process finds the blocks of
+ * prompts it served before.
+ *
+ * File format (little-endian), version 1:
+ *   offset  size  field
+ *        0     8  magic "LOOMKVB1"
+ *        8     4  version (1)
+ *       12     4  header size (64)
+ *       16     4  block_size (tokens)
+ *       20     4  n_layers
+ *       24     4  kv_dim
+ *       28     4  KV dtype (0 = f32)
+ *       32     8  chain hash of the block (the namespace is folded into it)
+ *       40     8  chain hash before the block
+ *       48     8  payload bytes
+ *       56     8  XXH64 of everything after the header
+ *       64   4*B  the block's token ids
+ *  64+4*B      P  K then V, each (n_layers, block_size, kv_dim) f32
+ * Files are written to a temporary name and renamed, so a reader never
+ * sees a half-written file. A file that fails any check (magic, version,
+ * geometry, size, hash, tokens, checksum) is reported, deleted and treated
+ * as a miss. When the directory cannot be written, the tier turns itself
+ * off and the cache stays in memory. */
+#ifndef LOOM_KVDISK_H
+#define LOOM_KVDISK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/kv.h"
+
+typedef struct loom_kvdisk loom_kvdisk;
+
+typedef struct loom_kvdisk_stats {
+    uint64_t reads, writes, read_bytes, write_bytes, bad_files, evicted_files;
+    size_t bytes;            /* on disk now */
+    int disabled;            /* the tier gave up (unwritable directory, full disk) */
+} loom_kvdisk_stats;
+
+/* Opens (creating) dir for a pool of p's geometry, keeping at most cap
+ * bytes (0 = unlimited), and attaches itself as p's tier. */
+loom_status loom_kvdisk_open(const char *dir, size_t cap, loom_kv_pool *p, loom_kvdisk **out);
+/* Detaches from the pool; call after loom_kv_cache_spill_all if wanted. */
+void loom_kvdisk_close(loom_kvdisk *d, loom_kv_pool *p);
+void loom_kvdisk_get_stats(const loom_kvdisk *d, loom_kvdisk_stats *s);
+
+#endif
