@@ -31,6 +31,10 @@ static const char usage[] =
     "  --max-body SIZE         largest request body (default 8M)\n"
     "  --timeout S             idle connection timeout in seconds (default 60)\n"
     "  --grace S               shutdown grace period in seconds (default 10)\n"
+    "  --no-prefix-cache       do not reuse KV across requests\n"
+    "  --prefix-cache-bytes SIZE  cap on KV kept only for reuse (default: the pool)\n"
+    "  --prefix-cache-dir DIR  spill cached KV blocks to DIR; reused after restarts\n"
+    "  --prefix-cache-disk-bytes SIZE  cap of the disk tier (default: unlimited)\n"
     "  --trace-file FILE       append request traces as JSON lines\n"
     "  --port-file FILE        write the bound port to FILE when ready\n"
     "  --threads N             model threads (default: all cores)\n";
@@ -63,11 +67,14 @@ int cmd_serve(int argc, char **argv) {
             return 0;
         }
         if (!strcmp(a, "--cors")) { p.cors = 1; continue; }
+        if (!strcmp(a, "--no-prefix-cache")) { p.engine.prefix_cache = 0; continue; }
         static const char *valued[] = {"--model", "--host", "--port", "--api-key", "--model-name",
                                        "--max-batch-tokens", "--max-seqs", "--max-queue",
                                        "--ctx-size", "--kv-memory", "--block-size",
                                        "--prefill-chunk", "--max-tokens", "--max-body", "--timeout",
-                                       "--grace", "--trace-file", "--port-file", "--threads"};
+                                       "--grace", "--trace-file", "--port-file", "--threads",
+                                       "--prefix-cache-bytes", "--prefix-cache-dir",
+                                       "--prefix-cache-disk-bytes"};
         int known = 0;
         for (size_t k = 0; k < LOOM_ARRAY_LEN(valued); k++) known |= !strcmp(a, valued[k]);
         if (!known) return cli_usage_error("serve", "unknown option \"%s\"", a);
@@ -91,6 +98,9 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--grace")) bad = cli_int("serve", a, v, 0, 86400, &p.grace_s);
         else if (!strcmp(a, "--trace-file")) p.engine.trace_file = v;
         else if (!strcmp(a, "--port-file")) p.port_file = v;
+        else if (!strcmp(a, "--prefix-cache-bytes")) bad = parse_size(a, v, &p.engine.prefix_cache_bytes);
+        else if (!strcmp(a, "--prefix-cache-dir")) p.engine.prefix_cache_dir = v;
+        else if (!strcmp(a, "--prefix-cache-disk-bytes")) bad = parse_size(a, v, &p.engine.prefix_cache_disk_bytes);
         else bad = cli_int("serve", a, v, 0, 4096, &p.n_threads);
         if (bad) return 2;
     }
