@@ -229,8 +229,8 @@ static void check_model(const char *dir, int n_prompts, int n_greedy) {
  * a few positions of the 300-token prompt. An independent float64 forward
  * of exact math lands 2.5e-5 (qwen3.5) and 1.6e-5 (qwen3-next) from the
  * references, over 1e-5 at 8 and 4 positions; loom lands at 3.2e-5 and
- * 2.6e-5, over 1e-5 at 8 and 2 positions. Reproducing the reference's rounding would
- * need its decays exact to ~1e-9, beyond f32 activations. */
+ * 2.6e-5, over 1e-5 at 8 and 2 positions. Reproducing the reference's
+ * rounding would need its decays exact to ~1e-9, beyond f32 activations. */
 #define TOL_HYBRID 5e-5
 
 int main(void) {
