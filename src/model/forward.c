@@ -24,7 +24,8 @@ loom_status loom_fwd_state_create(const loom_model *m, int max_tokens, int max_c
     *out = NULL;
     const loom_config *c = &m->cfg;
     if (max_tokens <= 0 || max_ctx <= 0)
-        return loom_err(LOOM_ERR_INVALID_ARG, "forward state: max_tokens and max_ctx must be positive");
+        return loom_err(LOOM_ERR_INVALID_ARG,
+                        "forward state: max_tokens and max_ctx must be positive");
     loom_fwd_state *s = calloc(1, sizeof *s);
     if (!s) return loom_err(LOOM_ERR_NOMEM, "out of memory");
     size_t T = (size_t)max_tokens, H = (size_t)c->hidden_size;
@@ -103,7 +104,8 @@ void loom_fwd_state_free(loom_fwd_state *s) {
     if (!s) return;
     void *bufs[] = {s->x, s->xb, s->xb2, s->qraw, s->q, s->gate, s->kx, s->vx, s->att,
                     s->hb, s->hb2, s->cos, s->sin, s->scores, s->tok_row, s->tok_pos, s->row_first,
-                    s->logits, s->router, s->sel, s->sel_w, s->gather, s->xg, s->yg, s->moe_in, s->moe_r,
+                    s->logits, s->router, s->sel, s->sel_w, s->gather, s->xg, s->yg,
+                    s->moe_in, s->moe_r,
                     s->lin_qkv, s->lin_conv, s->lin_z, s->lin_b, s->lin_a, s->lin_raw,
                     s->lin_out, s->lin_scratch, s->lin_beta, s->lin_g, s->lin_od, s->ple, s->ple_tmp, s->ple_row};
     for (size_t i = 0; i < LOOM_ARRAY_LEN(bufs); i++) loom_free(bufs[i]);
