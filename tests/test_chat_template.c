@@ -2,6 +2,7 @@
  * row of tests/fixtures/tokenizers/NAME/chat.json, plus the API's edges
  * (named templates, kwargs, continue_final_message, bad input). */
 #include <cjson/cJSON.h>
+#include <pthread.h>
 
 #include "base/base.h"
 #include "template/chat.h"
@@ -175,8 +176,58 @@ static void test_api(void) {
     CHECK_EQ_INT(loom_chat_template_load("/nonexistent/dir", &t), LOOM_ERR_UNSUPPORTED);
 }
 
+/* One compiled template rendered from several threads at once (the server
+ * shares it between requests): every rendering must be identical. */
+typedef struct thread_job {
+    const loom_chat_template *t;
+    const char *want;
+    int bad;
+} thread_job;
+
+static const char *const THREAD_MESSAGES =
+    "[{\"role\": \"system\", \"content\": \"Be brief.\"},"
+    " {\"role\": \"user\", \"content\": \"Weather?\"},"
+    " {\"role\": \"assistant\", \"content\": \"\", \"tool_calls\": [{\"type\": \"function\","
+    " \"function\": {\"name\": \"w\", \"arguments\": {\"city\": \"Oslo\", \"days\": [1, 2.5]}}}]},"
+    " {\"role\": \"tool\", \"content\": \"sunny\"}]";
+static const char *const THREAD_TOOLS =
+    "[{\"type\": \"function\", \"function\": {\"name\": \"w\", \"parameters\": {\"type\": \"object\"}}}]";
+
+static void *thread_main(void *arg) {
+    thread_job *j = arg;
+    for (int i = 0; i < 200; i++) {
+        loom_status st;
+        char *out = apply(j->t, THREAD_MESSAGES, THREAD_TOOLS, 1, "{\"enable_thinking\": false}", &st);
+        if (st != LOOM_OK || !out || strcmp(out, j->want)) j->bad++;
+        free(out);
+    }
+    return NULL;
+}
+
+static void test_threads(void) {
+    loom_chat_template *t = NULL;
+    CHECK_EQ_INT(loom_chat_template_load("tests/fixtures/tokenizers/qwen3", &t), LOOM_OK);
+    if (!t) return;
+    loom_status st;
+    char *want = apply(t, THREAD_MESSAGES, THREAD_TOOLS, 1, "{\"enable_thinking\": false}", &st);
+    CHECK(st == LOOM_OK && want && strstr(want, "<tool_response>\nsunny\n</tool_response>"));
+    thread_job jobs[4];
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) {
+        jobs[i] = (thread_job){t, want ? want : "", 0};
+        pthread_create(&th[i], NULL, thread_main, &jobs[i]);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        CHECK_EQ_INT(jobs[i].bad, 0);
+    }
+    free(want);
+    loom_chat_template_free(t);
+}
+
 int main(void) {
     test_fixtures();
     test_api();
+    test_threads();
     return test_report("test_chat_template");
 }

@@ -102,7 +102,7 @@ static const char *const BUILTINS[] = {
 static jv *mk_func(ctx *c, int kind, const char *name, jv *self) {
     jv *v = jv_new(c->a, JV_FUNC);
     jfunc *f = jar_alloc(c->a, sizeof *f);
-    if (!f || v == &jv_none_static) return &jv_none_static;
+    if (!f || v->type != JV_FUNC) return jv_oom();
     f->kind = kind;
     f->name = name;
     f->self = self;
@@ -845,7 +845,7 @@ static jv *attr_path(ctx *c, int line, jv *v, const jv *path) {
     return v;
 }
 
-static int sort_err;
+static _Thread_local int sort_err; /* set by the comparator of one sort */
 
 static int sort_cmp_asc(sort_item *x, sort_item *y) {
     int ok;

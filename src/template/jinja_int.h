@@ -22,6 +22,7 @@
 #define jv_true_static loom_jinja_jv_true_static
 #define jv_false_static loom_jinja_jv_false_static
 #define jv_new loom_jinja_jv_new
+#define jv_oom loom_jinja_jv_oom
 #define jv_str loom_jinja_jv_str
 #define jv_strz loom_jinja_jv_strz
 #define jv_str_borrow loom_jinja_jv_str_borrow
@@ -126,6 +127,7 @@ struct jv {
 extern jv jv_undef_static, jv_none_static, jv_true_static, jv_false_static;
 
 jv *jv_new(jarena *a, int type);
+jv *jv_oom(void);   /* scratch None handed out when an allocation fails */
 jv *jv_str(jarena *a, const char *p, size_t n);   /* copies */
 jv *jv_strz(jarena *a, const char *p);
 jv *jv_str_borrow(jarena *a, const char *p, size_t n); /* p must outlive */

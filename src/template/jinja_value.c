@@ -142,16 +142,27 @@ jv jv_none_static = {.type = JV_NONE};
 jv jv_true_static = {.type = JV_BOOL, .u.b = 1};
 jv jv_false_static = {.type = JV_BOOL, .u.b = 0};
 
+/* On allocation failure constructors return this thread's scratch value, a
+ * fresh None each time: callers may write to it harmlessly (the shared
+ * statics are never written), and the arena's failed flag fails the render. */
+static _Thread_local jv oom_scratch;
+
+jv *jv_oom(void) {
+    memset(&oom_scratch, 0, sizeof oom_scratch);
+    oom_scratch.type = JV_NONE;
+    return &oom_scratch;
+}
+
 jv *jv_new(jarena *a, int type) {
     jv *v = jar_alloc(a, sizeof *v);
-    if (!v) return &jv_none_static;  /* arena->failed makes the render fail */
+    if (!v) return jv_oom();
     v->type = type;
     return v;
 }
 
 jv *jv_str_borrow(jarena *a, const char *p, size_t n) {
     jv *v = jv_new(a, JV_STR);
-    if (v == &jv_none_static) return v;
+    if (v == &oom_scratch) return v;
     v->u.s.p = p;
     v->u.s.n = n;
     return v;
@@ -159,7 +170,7 @@ jv *jv_str_borrow(jarena *a, const char *p, size_t n) {
 
 jv *jv_str(jarena *a, const char *p, size_t n) {
     char *c = jar_strdup(a, p, n);
-    if (!c) return &jv_none_static;
+    if (!c) return jv_oom();
     return jv_str_borrow(a, c, n);
 }
 
@@ -167,13 +178,13 @@ jv *jv_strz(jarena *a, const char *p) { return jv_str(a, p, strlen(p)); }
 
 jv *jv_int(jarena *a, int64_t i) {
     jv *v = jv_new(a, JV_INT);
-    if (v != &jv_none_static) v->u.i = i;
+    if (v != &oom_scratch) v->u.i = i;
     return v;
 }
 
 jv *jv_float(jarena *a, double f) {
     jv *v = jv_new(a, JV_FLOAT);
-    if (v != &jv_none_static) v->u.f = f;
+    if (v != &oom_scratch) v->u.f = f;
     return v;
 }
 
@@ -182,13 +193,13 @@ jv *jv_bool(int b) { return b ? &jv_true_static : &jv_false_static; }
 jv *jv_undef(jarena *a, const char *name) {
     if (!name) return &jv_undef_static;
     jv *v = jv_new(a, JV_UNDEF);
-    if (v != &jv_none_static) v->uname = name;
+    if (v != &oom_scratch) v->uname = name;
     return v;
 }
 
 jv *jv_list(jarena *a, size_t cap) {
     jv *v = jv_new(a, JV_LIST);
-    if (v == &jv_none_static) return v;
+    if (v == &oom_scratch) return v;
     if (cap) {
         v->u.l.v = jar_alloc(a, cap * sizeof(jv *));
         if (v->u.l.v) v->u.l.cap = cap;
