@@ -1,0 +1,231 @@
+/* bench_engine: the engine under concurrency.
+ *
+ *   bench_engine --model DIR [--model DIR2 ...] [--threads N] [--gen N]
+ *
+ * For each model, after checking that batched greedy decoding reproduces
+ * solo decoding:
+ *   1. aggregate decode tokens/s with 1, 2, 4, 8, 16 sequences decoding;
+ *   2. a 2048-token prompt arriving while 8 sequences decode: its TTFT and
+ *      the largest inter-token gap the decoders saw meanwhile (bounded by
+ *      one step's prefill chunk, --max-batch-tokens);
+ *   3. TTFT of a 4096-token prompt cold, then again with all but its last
+ *      token block cached (the prefix cache), and the ratio.
+ * Prints one table per model. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loom.h"
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int die(const char *what) {
+    fprintf(stderr, "bench_engine: %s: %s\n", what, loom_last_error());
+    return 1;
+}
+
+/* Deterministic pseudo-random prompt ids in [1, vocab). */
+static void fill_prompt(int32_t *ids, int n, int vocab, unsigned seed) {
+    unsigned long long s = seed * 2654435761ull + 1;
+    for (int i = 0; i < n; i++) {
+        s ^= s << 13; s ^= s >> 7; s ^= s << 17;
+        ids[i] = 1 + (int32_t)(s % (unsigned long long)(vocab - 1));
+    }
+}
+
+static loom_request *submit(loom_engine *e, const int32_t *ids, int n, int gen) {
+    loom_request_params rp = loom_request_default_params();
+    rp.prompt = ids;
+    rp.n_prompt = n;
+    rp.max_tokens = gen;
+    rp.ignore_eos = 1;
+    loom_request *r = NULL;
+    if (loom_engine_submit(e, &rp, &r) != LOOM_OK) return NULL;
+    return r;
+}
+
+/* Reads all events; returns tokens generated, stores them in out (if any). */
+static int drain(loom_request *r, int32_t *out, double *t_first) {
+    int n = 0;
+    for (;;) {
+        loom_event ev;
+        if (loom_request_next(r, &ev, -1) != LOOM_OK) return -1;
+        if (ev.finish) return n;
+        if (n == 0 && t_first) *t_first = now();
+        if (out) out[n] = ev.token;
+        n++;
+    }
+}
+
+/* Greedy solo vs 4 concurrent: identical tokens. */
+static int validate(loom_model *m, loom_engine *e, int vocab) {
+    enum { N = 4, G = 16 };
+    int32_t prompts[N][64], solo[N][G], batched[N][G];
+    for (int i = 0; i < N; i++) fill_prompt(prompts[i], 16 + 12 * i, vocab, 100 + (unsigned)i);
+    for (int i = 0; i < N; i++) {
+        loom_request *r = submit(e, prompts[i], 16 + 12 * i, G);
+        if (!r || drain(r, solo[i], NULL) != G) return 0;
+        loom_request_free(r);
+    }
+    loom_request *rs[N];
+    for (int i = 0; i < N; i++) rs[i] = submit(e, prompts[i], 16 + 12 * i, G);
+    int ok = 1;
+    for (int i = 0; i < N; i++) {
+        ok &= rs[i] && drain(rs[i], batched[i], NULL) == G && !memcmp(solo[i], batched[i], sizeof solo[i]);
+        loom_request_free(rs[i]);
+    }
+    (void)m;
+    return ok;
+}
+
+static double aggregate_decode(loom_engine *e, int n_seqs, int gen, int vocab) {
+    loom_request *r[64];
+    int32_t prompt[64][32];
+    for (int i = 0; i < n_seqs; i++) fill_prompt(prompt[i], 32, vocab, 7 + (unsigned)i);
+    for (int i = 0; i < n_seqs; i++) r[i] = submit(e, prompt[i], 32, gen);
+    /* time from every sequence's first token to the last token */
+    double t0 = 0, t1;
+    int total = 0;
+    for (int i = 0; i < n_seqs; i++) {
+        loom_event ev;
+        if (loom_request_next(r[i], &ev, -1) != LOOM_OK) return 0;
+    }
+    t0 = now();
+    for (int i = 0; i < n_seqs; i++) {
+        int n = drain(r[i], NULL, NULL);
+        total += n;
+        loom_request_free(r[i]);
+    }
+    t1 = now();
+    return total / (t1 - t0);
+}
+
+typedef struct watcher {
+    loom_request *r;
+    double max_gap, gap_from, gap_to;
+    double watch_from, watch_to;
+} watcher;
+
+static void *watch(void *arg) {
+    watcher *w = arg;
+    double last = 0;
+    for (;;) {
+        loom_event ev;
+        if (loom_request_next(w->r, &ev, -1) != LOOM_OK || ev.finish) break;
+        double t = now();
+        if (last && t > w->watch_from && last < w->watch_to && t - last > w->max_gap)
+            w->max_gap = t - last;
+        last = t;
+    }
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    const char *models[8];
+    int n_models = 0, threads = 0, gen = 64;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--model") && i + 1 < argc && n_models < 8) models[n_models++] = argv[++i];
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--gen") && i + 1 < argc) gen = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "usage: bench_engine --model DIR [--model DIR ...] [--threads N] [--gen N]\n");
+            return 2;
+        }
+    }
+    if (!n_models) models[n_models++] = "models/pycoder-16m";
+    for (int mi = 0; mi < n_models; mi++) {
+        loom_model *m = NULL;
+        loom_model_params mp = loom_model_default_params();
+        mp.n_threads = threads;
+        if (loom_model_load(models[mi], &mp, &m) != LOOM_OK) return die(models[mi]);
+        int vocab = loom_model_vocab_size(m);
+        loom_engine_params ep = loom_engine_default_params();
+        ep.n_ctx = 4608;
+        ep.max_seqs = 32;
+        ep.prefix_cache = 0;
+        loom_engine *e = NULL;
+        if (loom_engine_create(m, &ep, &e) != LOOM_OK) return die("engine");
+        if (!validate(m, e, vocab)) {
+            fprintf(stderr, "bench_engine: %s: batched decoding differs from solo; not timing\n", models[mi]);
+            return 1;
+        }
+        printf("\n%s (%s), batched greedy == solo: ok\n", models[mi], loom_model_arch(m));
+        printf("| sequences | aggregate decode tok/s | per sequence |\n|---:|---:|---:|\n");
+        static const int counts[] = {1, 2, 4, 8, 16};
+        for (int k = 0; k < 5; k++) {
+            double tps = aggregate_decode(e, counts[k], gen, vocab);
+            printf("| %d | %.1f | %.1f |\n", counts[k], tps, tps / counts[k]);
+            fflush(stdout);
+        }
+        loom_engine_free(e);
+        /* a long prompt joins 8 decoders, under two step budgets */
+        static const int budgets[] = {2048, 256};
+        for (int bi = 0; bi < 2; bi++) {
+            ep.max_batch_tokens = budgets[bi];
+            if (loom_engine_create(m, &ep, &e) != LOOM_OK) return die("engine");
+            enum { D = 8, P = 2048 };
+            watcher w[D];
+            pthread_t th[D];
+            int32_t dp[D][32];
+            int32_t *big = malloc(sizeof(int32_t) * P);
+            fill_prompt(big, P, vocab, 999);
+            for (int i = 0; i < D; i++) {
+                fill_prompt(dp[i], 32, vocab, 50 + (unsigned)i);
+                memset(&w[i], 0, sizeof w[i]);
+                w[i].r = submit(e, dp[i], 32, 100000 / 100);
+                w[i].watch_from = 1e30;
+                pthread_create(&th[i], NULL, watch, &w[i]);
+            }
+            /* let the decoders settle, then measure the gap while the prompt prefills */
+            struct timespec ts = {0, 300000000};
+            nanosleep(&ts, NULL);
+            double t0 = now(), tf = 0;
+            for (int i = 0; i < D; i++) w[i].watch_from = t0, w[i].watch_to = 1e30;
+            loom_request *r = submit(e, big, P, 1);
+            drain(r, NULL, &tf);
+            for (int i = 0; i < D; i++) w[i].watch_to = tf;
+            loom_request_free(r);
+            for (int i = 0; i < D; i++) loom_request_cancel(w[i].r);
+            double gap = 0;
+            for (int i = 0; i < D; i++) {
+                pthread_join(th[i], NULL);
+                if (w[i].max_gap > gap) gap = w[i].max_gap;
+                loom_request_free(w[i].r);
+            }
+            printf("%s2048-token prompt joining 8 decoders, step budget %d tokens: TTFT %.3f s; "
+                   "largest decode gap meanwhile %.3f s\n", bi ? "" : "\n", ep.max_batch_tokens, tf - t0, gap);
+            free(big);
+            loom_engine_free(e);
+        }
+        ep.max_batch_tokens = 2048;
+        /* cold vs cached 4096-token prefix */
+        {
+            ep.prefix_cache = 1;
+            if (loom_engine_create(m, &ep, &e) != LOOM_OK) return die("engine");
+            enum { P = 4096 };
+            int32_t *p = malloc(sizeof(int32_t) * (P + 16));
+            fill_prompt(p, P + 16, vocab, 4242);
+            double t0 = now(), tf = 0;
+            loom_request *r = submit(e, p, P, 1);
+            drain(r, NULL, &tf);
+            double cold = tf - t0;
+            loom_request_free(r);
+            p[P] = 7; /* a new turn: the same 4096 tokens plus 16 more */
+            t0 = now();
+            r = submit(e, p, P + 16, 1);
+            drain(r, NULL, &tf);
+            double warm = tf - t0;
+            loom_request_free(r);
+            printf("4096-token prefix: TTFT cold %.3f s, cached %.4f s (%.0fx)\n", cold, warm, cold / warm);
+            free(p);
+            loom_engine_free(e);
+        }
+        loom_model_free(m);
+    }
+    return 0;
+}
