@@ -73,7 +73,11 @@ static const char *find_marker(const loom_toolscan *t, const char *s, size_t n, 
         return best;
     }
     if (t->think && !t->started && !t->reasoning.len) {
+        /* Only an opening tag before any content counts: the same text
+         * must split the same way whether it comes whole or in pieces. */
         const char *h = memmem(s, n, think_open, sizeof think_open - 1);
+        for (const char *q = s; h && q < h; q++)
+            if (*q != ' ' && *q != '\n' && *q != '\r' && *q != '\t') h = NULL;
         if (h) {
             best = h;
             *mlen = sizeof think_open - 1;
@@ -180,7 +184,9 @@ void loom_toolscan_feed(loom_toolscan *t, const char *text, size_t len, int fina
         /* A bare JSON answer is a tool call when tools are on. */
         if (t->tools && t->state == 0 && !t->started) {
             size_t k = 0;
-            while (k < n && (s[k] == ' ' || s[k] == '\n')) k++;
+            while (k < n && (s[k] == ' ' || s[k] == '\n' || s[k] == '\r' || s[k] == '\t')) k++;
+            /* Blank so far: hold it, or a piece boundary would decide. */
+            if (k == n && n && !final && !t->content.len) break;
             if (k < n && (s[k] == '{' || s[k] == '[') && !t->content.len) {
                 t->state = 2;
                 continue;
