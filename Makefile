@@ -69,6 +69,18 @@ tests: $(TESTS) $(BUILD)/loom
 test: tests
 	@LOOM_BUILD=$(BUILD) sh tests/run.sh $(TESTS)
 
+# libFuzzer targets (fuzz/README.md): `make fuzz` builds $(BUILD)/fuzz/*
+# with clang; the code under test gets coverage, the rest links from $(LIB).
+FUZZ_CC  ?= clang
+FUZZ_SRC := src/base/base.c src/serve/api.c src/serve/toolcall.c src/stream/textstream.c \
+            $(sort $(wildcard src/tokenize/*.c))
+.PHONY: fuzz
+fuzz: $(patsubst fuzz/%.c,$(BUILD)/fuzz/%,$(wildcard fuzz/fuzz_*.c))
+$(BUILD)/fuzz/%: fuzz/%.c $(FUZZ_SRC) $(LIB)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) -g -O1 -fsanitize=fuzzer,address,undefined -std=c11 -D_GNU_SOURCE -Iinclude -Isrc \
+	    $< $(FUZZ_SRC) $(LIB) $(LDLIBS) -o $@
+
 clean:
 	rm -rf build
 
