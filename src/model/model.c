@@ -11,6 +11,9 @@
 #include "base/base.h"
 
 #define GEMMA (LOOM_ARCH_NORM_1P | LOOM_ARCH_SANDWICH | LOOM_ARCH_EMBED_SCALE | LOOM_ARCH_QPAS)
+#define GEMMA4 (LOOM_ARCH_SANDWICH | LOOM_ARCH_EMBED_SCALE | LOOM_ARCH_QK_NORM | \
+                LOOM_ARCH_V_NORM | LOOM_ARCH_UNIT_SCALE | LOOM_ARCH_PLE | LOOM_ARCH_LAYER_SCALAR | \
+                LOOM_ARCH_MOE_BESIDE)
 #define QWEN_HYBRID (LOOM_ARCH_NORM_1P | LOOM_ARCH_QK_NORM | LOOM_ARCH_ATTN_GATE | LOOM_ARCH_LINEAR)
 
 static const loom_arch archs[] = {
@@ -21,10 +24,11 @@ static const loom_arch archs[] = {
     {"Qwen3MoeForCausalLM", LOOM_ARCH_QK_NORM | LOOM_ARCH_CFG_BIAS | LOOM_ARCH_MOE},
     {"Gemma2ForCausalLM", GEMMA | LOOM_ARCH_ALT_SLIDING},
     {"Gemma3ForCausalLM", GEMMA | LOOM_ARCH_QK_NORM | LOOM_ARCH_PATTERN_SLIDING},
-    {"Gemma4ForCausalLM", LOOM_ARCH_SANDWICH | LOOM_ARCH_EMBED_SCALE | LOOM_ARCH_QK_NORM |
-                              LOOM_ARCH_V_NORM | LOOM_ARCH_UNIT_SCALE | LOOM_ARCH_PLE |
-                              LOOM_ARCH_LAYER_SCALAR | LOOM_ARCH_MOE_BESIDE},
+    {"Gemma4ForCausalLM", GEMMA4},
+    {"Gemma4ForConditionalGeneration", GEMMA4},
+    {"Gemma3ForConditionalGeneration", GEMMA | LOOM_ARCH_QK_NORM | LOOM_ARCH_PATTERN_SLIDING},
     {"Qwen3_5ForCausalLM", QWEN_HYBRID},
+    {"Qwen3_5ForConditionalGeneration", QWEN_HYBRID},
     {"Qwen3NextForCausalLM", QWEN_HYBRID | LOOM_ARCH_LINEAR_FUSED | LOOM_ARCH_MOE},
 };
 
@@ -54,6 +58,26 @@ static loom_status shape_error(const char *name, const char *want,
     char found[128];
     loom_st_describe(t, found, sizeof found);
     return loom_err(LOOM_ERR_FORMAT, "tensor %s: expected %s, found %s", name, want, found);
+}
+
+/* The name a tensor has in this checkpoint: multimodal checkpoints keep
+ * the language model under a prefix (m->prefix replaces "model.", and
+ * m->head_prefix goes before "lm_head."). Idempotent. */
+static const char *real_name(const loom_model *m, const char *name, char *buf, size_t n) {
+    if (m->prefix[0] && !strncmp(name, "model.", 6) && strncmp(name, m->prefix, strlen(m->prefix))) {
+        snprintf(buf, n, "%s%s", m->prefix, name + 6);
+        return buf;
+    }
+    if (m->head_prefix[0] && !strncmp(name, "lm_head.", 8)) {
+        snprintf(buf, n, "%s%s", m->head_prefix, name);
+        return buf;
+    }
+    return name;
+}
+
+static const loom_st_tensor *find(const loom_model *m, const char *name) {
+    char buf[320];
+    return loom_st_find(m->st, real_name(m, name, buf, sizeof buf));
 }
 
 /* The config's bits/group for a module path (per-module override first). */
@@ -131,6 +155,8 @@ static loom_status bind_quant(loom_model *m, const char *name, const loom_st_ten
 /* Binds a 2-D weight (float, or quantized when the file packs it). */
 static loom_status bind_weight(loom_model *m, const char *name, int rows, int cols,
                                loom_weight *w) {
+    char rn[320];
+    name = real_name(m, name, rn, sizeof rn);
     const loom_st_tensor *t = loom_st_find(m->st, name);
     char want[96];
     snprintf(want, sizeof want, "F32/F16/BF16 [%d, %d]", rows, cols);
@@ -146,6 +172,8 @@ static loom_status bind_weight(loom_model *m, const char *name, int rows, int co
  * [r0, r0 + rows). Float only. */
 static loom_status bind_expert_slice(loom_model *m, const char *name, int e, int n_experts,
                                      int rows_total, int r0, int rows, int cols, loom_weight *w) {
+    char rn[320];
+    name = real_name(m, name, rn, sizeof rn);
     const loom_st_tensor *t = loom_st_find(m->st, name);
     char want[96];
     snprintf(want, sizeof want, "F32/F16/BF16 [%d, %d, %d]", n_experts, rows_total, cols);
@@ -163,6 +191,8 @@ static loom_status bind_expert_slice(loom_model *m, const char *name, int e, int
  * switch_mlp), float or quantized. */
 static loom_status bind_stacked(loom_model *m, const char *name, int e, int n_experts, int rows,
                                 int cols, loom_weight *w) {
+    char rn[320];
+    name = real_name(m, name, rn, sizeof rn);
     const loom_st_tensor *t = loom_st_find(m->st, name);
     if (t && t->dtype == LOOM_DT_U32) return bind_quant(m, name, t, n_experts, e, rows, cols, w);
     return bind_expert_slice(m, name, e, n_experts, rows, 0, rows, cols, w);
@@ -173,6 +203,8 @@ static loom_status bind_stacked(loom_model *m, const char *name, int e, int n_ex
 static loom_status bind_f32(loom_model *m, const char *name, int ndim, const int *dims,
                             int optional, int plus1, const float **out) {
     *out = NULL;
+    char rn[320];
+    name = real_name(m, name, rn, sizeof rn);
     const loom_st_tensor *t = loom_st_find(m->st, name);
     char want[96];
     int w = snprintf(want, sizeof want, "F32/F16/BF16 [");
@@ -332,7 +364,7 @@ static loom_status bind_moe(loom_model *m, int l, loom_moe *moe) {
     snprintf(fused, sizeof fused, "model.layers.%d.mlp.experts.gate_up_proj", l);
     char stacked[256];
     snprintf(stacked, sizeof stacked, "model.layers.%d.mlp.switch_mlp.gate_proj.weight", l);
-    if (loom_st_find(m->st, stacked)) {
+    if (find(m, stacked)) {
         /* MLX: switch_mlp.{gate,up,down}_proj stacked over experts */
         for (int e = 0; e < E; e++) {
             loom_mlp *x = &moe->experts[e];
@@ -344,7 +376,7 @@ static loom_status bind_moe(loom_model *m, int l, loom_moe *moe) {
             if ((s = bind_stacked(m, p, e, E, H, I, &x->down))) return s;
         }
         m->max_inter = LOOM_MAX(m->max_inter, I);
-    } else if (loom_st_find(m->st, fused)) {
+    } else if (find(m, fused)) {
         char down[256];
         snprintf(down, sizeof down, "model.layers.%d.mlp.experts.down_proj", l);
         for (int e = 0; e < E; e++) {
@@ -663,6 +695,15 @@ static loom_status load(loom_model *m, const char *dir, const loom_model_params 
     if ((s = plan_layers(m))) return s;
     if ((s = loom_st_open_dir(dir, &m->st))) return s;
 
+    /* Multimodal checkpoints (text only here): transformers 5 saves the language model as
+     * model.language_model.*, older ones as language_model.model.* with
+     * language_model.lm_head. */
+    if (loom_st_find(m->st, "model.language_model.embed_tokens.weight")) {
+        snprintf(m->prefix, sizeof m->prefix, "model.language_model.");
+    } else if (loom_st_find(m->st, "language_model.model.embed_tokens.weight")) {
+        snprintf(m->prefix, sizeof m->prefix, "language_model.model.");
+        snprintf(m->head_prefix, sizeof m->head_prefix, "language_model.");
+    }
     int H = c->hidden_size;
     m->arena_cap = arena_need(m->st);
     m->arena = loom_alloc(m->arena_cap * sizeof(float));
@@ -674,7 +715,7 @@ static loom_status load(loom_model *m, const char *dir, const loom_model_params 
         m->embed_scale = round_to_dtype(sqrt((double)H), m->embed.dtype);
     if ((s = bind_norm(m, "model.norm.weight", H, &m->final_norm))) return s;
     /* Tied checkpoints omit lm_head.weight; some tied ones still carry it. */
-    if (loom_st_find(m->st, "lm_head.weight") || !c->tie_embeddings) {
+    if (find(m, "lm_head.weight") || !c->tie_embeddings) {
         if ((s = bind_weight(m, "lm_head.weight", c->vocab_size, H, &m->lm_head))) return s;
     } else {
         m->lm_head = m->embed;

@@ -141,6 +141,8 @@ struct loom_model {
     loom_config cfg;
     const loom_arch *arch;
     loom_safetensors *st;      /* owned; every loom_weight points into it */
+    char prefix[32];           /* replaces "model." in tensor names ("" = none) */
+    char head_prefix[32];      /* goes before "lm_head." ("" = none) */
     loom_weight embed;         /* (vocab, hidden) */
     float embed_scale;         /* 1, or sqrt(hidden) rounded to the weights' dtype */
     loom_weight lm_head;       /* (vocab, hidden); = embed when tied */
