@@ -13,34 +13,140 @@ static const char *const TOKENIZERS[] = {
     "qwen3", "llama3_1", "llama2", "gemma3", "deepseek_v3", "gptoss",
 };
 
-static char *print_json(const cJSON *v) { return v ? cJSON_PrintUnformatted(v) : NULL; }
+/* The fixture conversations are handed to the template as their raw JSON
+ * text: a cJSON round trip would print 1.0 as 1, and tool schemas must reach
+ * the template exactly as Python's json.loads saw them. */
+static size_t json_ws(const char *s, size_t i) {
+    while (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r') i++;
+    return i;
+}
 
-/* Renders one fixture conversation; returns the status, output in *out. */
-static loom_status render_row(const loom_chat_template *t, const cJSON *conv, char **out) {
-    loom_chat_params p = loom_chat_default_params();
-    char *messages = print_json(cJSON_GetObjectItemCaseSensitive(conv, "messages"));
-    char *tools = print_json(cJSON_GetObjectItemCaseSensitive(conv, "tools"));
-    const cJSON *agp = cJSON_GetObjectItemCaseSensitive(conv, "add_generation_prompt");
-    /* the fixtures were made with add_generation_prompt on unless stated */
-    p.add_generation_prompt = agp ? cJSON_IsTrue(agp) : 1;
-    cJSON *kw = cJSON_CreateObject();
-    const cJSON *e;
-    cJSON_ArrayForEach(e, conv) {
-        if (!strcmp(e->string, "messages") || !strcmp(e->string, "tools") ||
-            !strcmp(e->string, "add_generation_prompt"))
-            continue;
-        cJSON_AddItemToObject(kw, e->string, cJSON_Duplicate(e, 1));
+/* Index just past the JSON value starting at s[i] (after whitespace). */
+static size_t json_skip(const char *s, size_t i) {
+    i = json_ws(s, i);
+    if (s[i] == '"') {
+        for (i++; s[i] && s[i] != '"'; i++)
+            if (s[i] == '\\' && s[i + 1]) i++;
+        return s[i] ? i + 1 : i;
     }
-    char *kwargs = print_json(kw);
-    cJSON_Delete(kw);
-    p.messages_json = messages;
-    p.tools_json = tools;
-    p.kwargs_json = kwargs;
+    if (s[i] == '{' || s[i] == '[') {
+        int depth = 0;
+        for (; s[i]; i++) {
+            if (s[i] == '"') {
+                i = json_skip(s, i) - 1;
+                continue;
+            }
+            if (s[i] == '{' || s[i] == '[') depth++;
+            if ((s[i] == '}' || s[i] == ']') && --depth == 0) return i + 1;
+        }
+        return i;
+    }
+    while (s[i] && s[i] != ',' && s[i] != '}' && s[i] != ']' && s[i] != ' ' && s[i] != '\n') i++;
+    return i;
+}
+
+typedef struct span {
+    size_t b, e;   /* value text is s[b..e) */
+} span;
+
+/* Calls fn for each member of the object at s[i]. */
+static void json_members(const char *s, size_t i, void (*fn)(const char *s, span key, span val, void *ud),
+                         void *ud) {
+    i = json_ws(s, i);
+    if (s[i] != '{') return;
+    i = json_ws(s, i + 1);
+    while (s[i] == '"') {
+        span k = {i + 1, json_skip(s, i) - 1};
+        i = json_ws(s, k.e + 1);
+        if (s[i] != ':') return;
+        span v = {json_ws(s, i + 1), json_skip(s, i + 1)};
+        fn(s, k, v, ud);
+        i = json_ws(s, v.e);
+        if (s[i] == ',') i = json_ws(s, i + 1);
+    }
+}
+
+static int key_is(const char *s, span k, const char *name) {
+    return k.e - k.b == strlen(name) && !memcmp(s + k.b, name, k.e - k.b);
+}
+
+static char *span_dup(const char *s, span v) {
+    char *r = malloc(v.e - v.b + 1);
+    if (!r) return NULL;
+    memcpy(r, s + v.b, v.e - v.b);
+    r[v.e - v.b] = 0;
+    return r;
+}
+
+typedef struct conv_parts {
+    char *messages, *tools, *documents;
+    int agp, cont;          /* -1 when absent */
+    char kwargs[65536];     /* {"enable_thinking": false, ...} */
+    size_t kn;
+} conv_parts;
+
+static void conv_member(const char *s, span k, span v, void *ud) {
+    conv_parts *c = ud;
+    int is_true = v.e - v.b == 4 && !memcmp(s + v.b, "true", 4);
+    if (key_is(s, k, "messages")) c->messages = span_dup(s, v);
+    else if (key_is(s, k, "tools")) c->tools = span_dup(s, v);
+    else if (key_is(s, k, "documents")) c->documents = span_dup(s, v);
+    else if (key_is(s, k, "add_generation_prompt")) c->agp = is_true;
+    else if (key_is(s, k, "continue_final_message")) c->cont = is_true;
+    else if (c->kn + (v.e - k.b) + 8 < sizeof c->kwargs) {
+        /* everything else is a template keyword (enable_thinking, ...) */
+        c->kn += (size_t)snprintf(c->kwargs + c->kn, sizeof c->kwargs - c->kn, "%s%.*s",
+                                  c->kn > 1 ? ", " : "", (int)(v.e - k.b + 1), s + k.b - 1);
+    }
+}
+
+/* Renders one fixture conversation (raw JSON object text at s[i]). */
+static loom_status render_row(const loom_chat_template *t, const char *s, size_t i, char **out) {
+    conv_parts *c = calloc(1, sizeof *c);
+    if (!c) return LOOM_ERR_NOMEM;
+    c->agp = c->cont = -1;
+    c->kwargs[0] = '{';
+    c->kn = 1;
+    json_members(s, i, conv_member, c);
+    snprintf(c->kwargs + c->kn, sizeof c->kwargs - c->kn, "}");
+    loom_chat_params p = loom_chat_default_params();
+    p.messages_json = c->messages;
+    p.tools_json = c->tools;
+    p.documents_json = c->documents;
+    p.kwargs_json = c->kwargs;
+    /* the fixtures were made with add_generation_prompt on unless stated */
+    p.continue_final_message = c->cont == 1;
+    p.add_generation_prompt = c->agp >= 0 ? c->agp : c->cont != 1;
     loom_status st = loom_chat_apply(t, &p, out, NULL);
-    free(messages);
-    free(tools);
-    free(kwargs);
+    free(c->messages);
+    free(c->tools);
+    free(c->documents);
+    free(c);
     return st;
+}
+
+/* Start offsets of each row's "conversation" object, in order. */
+typedef struct row_offsets {
+    size_t at[4096];
+    int n;
+} row_offsets;
+
+static void row_member(const char *s, span k, span v, void *ud) {
+    row_offsets *r = ud;
+    if (key_is(s, k, "conversation") && r->n < (int)LOOM_ARRAY_LEN(r->at)) r->at[r->n++] = v.b;
+}
+
+static void root_member(const char *s, span k, span v, void *ud) {
+    if (!key_is(s, k, "rows")) return;
+    size_t i = json_ws(s, v.b + 1);
+    while (i < v.e && s[i] == '{') {
+        row_offsets *r = ud;
+        int before = r->n;
+        json_members(s, i, row_member, ud);
+        if (r->n == before && r->n < (int)LOOM_ARRAY_LEN(r->at)) r->at[r->n++] = 0;
+        i = json_ws(s, json_skip(s, i));
+        if (s[i] == ',') i = json_ws(s, i + 1);
+    }
 }
 
 static void test_fixtures(void) {
@@ -54,9 +160,12 @@ static void test_fixtures(void) {
             continue;
         }
         cJSON *doc = cJSON_Parse(text);
-        free(text);
         const cJSON *rows = cJSON_GetObjectItemCaseSensitive(doc, "rows");
         CHECK(cJSON_IsArray(rows));
+        static row_offsets offs;
+        offs.n = 0;
+        json_members(text, 0, root_member, &offs);
+        CHECK_EQ_INT(offs.n, cJSON_GetArraySize(rows));
         loom_chat_template *t = NULL;
         loom_status lst = loom_chat_template_load(dir, &t);
         char load_err[1024];
@@ -65,12 +174,12 @@ static void test_fixtures(void) {
         const cJSON *row;
         cJSON_ArrayForEach(row, rows) {
             total++;
-            const cJSON *conv = cJSON_GetObjectItemCaseSensitive(row, "conversation");
             const cJSON *want = cJSON_GetObjectItemCaseSensitive(row, "rendered");
             const cJSON *err = cJSON_GetObjectItemCaseSensitive(row, "error");
             char *got = NULL;
             loom_status st = lst;
-            if (lst == LOOM_OK) st = render_row(t, conv, &got);
+            if (lst == LOOM_OK && i < offs.n && offs.at[i]) st = render_row(t, text, offs.at[i], &got);
+            else if (lst == LOOM_OK) st = LOOM_ERR_FORMAT;
             if (err) {
                 /* transformers refused: loading or rendering must fail too */
                 CHECKF(st != LOOM_OK, "%s row %d: expected an error (%s), rendered \"%s\"",
@@ -89,6 +198,7 @@ static void test_fixtures(void) {
         fprintf(stderr, "chat %-12s %d/%d rows match\n", TOKENIZERS[k], pass, total);
         loom_chat_template_free(t);
         cJSON_Delete(doc);
+        free(text);
     }
 }
 

@@ -1629,7 +1629,7 @@ static jv *call_macro(ctx *c, int line, const jnode *m, jframe *closure, const a
     if (caller) frame_set(c, f, "caller", caller);
     c->depth++;
     int flow;
-    jv *r = render_capture(c, m->kind == N_MACRO ? m->a : m->a, f, &flow);
+    jv *r = render_capture(c, m->a, f, &flow); /* macro and caller bodies are in a */
     c->depth--;
     return r;
 }

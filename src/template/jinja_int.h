@@ -1,5 +1,22 @@
 /* template/jinja_int: shared internals of the Jinja engine: the arena, the
- * value model, the AST. Not for use outside src/template. */
+ * value model, the AST. Not for use outside src/template.
+ *
+ * Design notes
+ *   1. A compiled template owns one arena holding its AST and constants.
+ *      Rendering never writes to it, so one template may be rendered by many
+ *      threads at once.
+ *   2. A render owns a second arena holding every value it makes (the parsed
+ *      variables included); values are never freed one by one, the arena is
+ *      dropped when the render returns. Only the output buffer outlives it.
+ *   3. Values are shared by pointer, as Python objects are: a list appended
+ *      to through one name is seen through every other. Strings, numbers and
+ *      the None/True/False/Undefined statics are never written after
+ *      creation; constructors hand out a thread-local scratch value on
+ *      allocation failure so that nothing shared is ever written.
+ *   4. Every limit that keeps hostile input from exhausting the stack or
+ *      memory is enforced where the resource is spent: parser nesting
+ *      (jinja_parse.c), value depth (jinja_value.c), steps, output, memory
+ *      and macro depth (jinja_eval.c). */
 #ifndef LOOM_TEMPLATE_JINJA_INT_H
 #define LOOM_TEMPLATE_JINJA_INT_H
 

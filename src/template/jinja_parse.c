@@ -147,7 +147,7 @@ static const char *decode_string(parser *p, const char *s, size_t n, size_t *out
         }
         if (hexlen) {
             int32_t v = 0;
-            int ok = i + (size_t)hexlen < n + 0;
+            int ok = i + (size_t)hexlen < n;
             for (int k = 1; ok && k <= hexlen; k++) {
                 char h = s[i + (size_t)k];
                 v <<= 4;
@@ -160,8 +160,9 @@ static const char *decode_string(parser *p, const char *s, size_t n, size_t *out
                 ju_encode(&b, v);
                 i += (size_t)hexlen;
             } else {
-                jb_putc(&b, '\\');
-                jb_putc(&b, e);
+                /* Python's unicode_escape rejects these */
+                free(b.p);
+                return NULL;
             }
         }
     }
@@ -171,7 +172,6 @@ static const char *decode_string(parser *p, const char *s, size_t n, size_t *out
     return r;
 }
 
-static const char *const ops3[] = {NULL};
 static const char *const ops2[] = {"//", "**", "==", "!=", "<=", ">=", NULL};
 static const char ops1[] = "+-/*%~[](){}<>=.:|,;";
 
@@ -181,7 +181,6 @@ static int lex_tag(parser *p, const char *src, size_t n, size_t *pos, int *line,
                    int block, int *line_starting) {
     size_t i = *pos;
     int depth = 0;
-    (void)ops3;
     for (;;) {
         while (i < n && is_ws(src[i])) {
             if (src[i] == '\n') (*line)++;
@@ -227,6 +226,7 @@ static int lex_tag(parser *p, const char *src, size_t n, size_t *pos, int *line,
             tok *t = push_tok(p, T_STRING, *line);
             if (!t) return 0;
             t->s = decode_string(p, src + i + 1, j - i - 1, &t->n);
+            if (!t->s) return perr(p, *line, "truncated or invalid \\x, \\u or \\U escape"), 0;
             *line += count_nl(src + i, j - i);
             i = j + 1;
             continue;
@@ -322,7 +322,7 @@ static size_t match_tag_word(const char *src, size_t n, size_t i, const char *wo
         *strip_after = 1;
         j++;
     }
-    if (j + 1 < n + 0 && src[j] == '%' && src[j + 1] == '}') return j + 2 - i;
+    if (j + 1 < n && src[j] == '%' && src[j + 1] == '}') return j + 2 - i;
     return 0;
 }
 
