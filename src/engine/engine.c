@@ -64,6 +64,7 @@ struct loom_engine {
     int cache;                     /* prefix cache in use */
     loom_kvdisk *disk;             /* owned disk tier, or NULL */
     int has_state;                 /* the model keeps recurrent state per sequence */
+    int window;                    /* every layer slides over this many tokens; 0 = no */
     char ns_base[256];             /* namespace text: model and KV layout */
     uint64_t next_order, next_work;
 
@@ -315,8 +316,12 @@ static int step(loom_engine *e) {
         }
         return 1;
     }
-    for (int i = 0; i < n_rows && e->cache; i++)
-        loom_kv_cache_commit(e->kv, &e->row_req[i]->seq, e->row_req[i]->tokens, e->row_req[i]->ns);
+    for (int i = 0; i < n_rows; i++) {
+        loom_request *r = e->row_req[i];
+        if (e->cache) loom_kv_cache_commit(e->kv, &r->seq, r->tokens, r->ns);
+        /* The next position attends to [n - window + 1, n]: older blocks go. */
+        if (e->window) loom_kv_seq_drop_before(e->kv, &r->seq, r->seq.n_tokens - e->window + 1);
+    }
     for (int i = 0; i < n_rows; i++) {
         loom_request *r = e->row_req[i];
         const char *name = e->row_kind[i] ? "prefill.forward" : "decode.step";
@@ -460,6 +465,10 @@ loom_status loom_engine_create(loom_model *m, const loom_engine_params *params,
                      want, block);
     if (!s) s = loom_kv_pool_create(c->n_layers, loom_model_kv_dim(m), p.block_size, n_blocks, &e->kv);
     e->has_state = loom_seq_state_bytes(m) > 0;
+    e->window = INT32_MAX;
+    for (int l = 0; l < c->n_layers; l++)
+        e->window = m->layers[l].attn.window > 0 ? LOOM_MIN(e->window, m->layers[l].attn.window) : 0;
+    if (e->window == INT32_MAX || e->has_state) e->window = 0;
     e->cache = p.prefix_cache && !e->has_state;
     if (!s && e->cache)
         s = loom_kv_cache_enable(e->kv, p.prefix_cache_bytes ? (int)LOOM_MIN(p.prefix_cache_bytes / block, (size_t)n_blocks) : 0);

@@ -239,7 +239,7 @@ void loom_kv_cache_commit(loom_kv_pool *p, loom_kv_seq *seq, const int32_t *toke
         const int32_t *t = tokens + (size_t)i * bs;
         uint64_t h = chain_hash(seq->chain, t, bs);
         int b = seq->blocks[i];
-        if (!p->hash[b] && table_find(p, h, seq->chain, t) < 0) {
+        if (b >= 0 && !p->hash[b] && table_find(p, h, seq->chain, t) < 0) {
             p->hash[b] = h;
             p->bparent[b] = seq->chain;
             memcpy(p->btok + (size_t)b * bs, t, sizeof *t * (size_t)bs);
@@ -275,13 +275,19 @@ loom_status loom_kv_seq_reserve(loom_kv_pool *p, loom_kv_seq *seq, int n_tokens)
 void loom_kv_seq_truncate(loom_kv_pool *p, loom_kv_seq *seq, int n_tokens) {
     if (n_tokens < 0) n_tokens = 0;
     int bs = p->block_size, keep = (n_tokens + bs - 1) / bs;
-    while (seq->n_blocks > keep) block_unref(p, seq->blocks[--seq->n_blocks]);
+    while (seq->n_blocks > keep) {
+        int b = seq->blocks[--seq->n_blocks];
+        if (b >= 0) block_unref(p, b);
+    }
     if (seq->n_tokens > n_tokens) seq->n_tokens = n_tokens;
     if (seq->n_hashed * bs > n_tokens) seq->n_hashed = 0; /* rehash from the start */
     /* The next write lands in the last block: copy it first if shared. */
     if (n_tokens % bs && keep > 0) {
         int b = seq->blocks[keep - 1];
-        if (p->refcount[b] == 1 && p->hash && p->hash[b]) {
+        if (b < 0) {
+            /* dropped from a sliding window; the write needs a block again */
+            if (loom_kv_available(p) > 0) seq->blocks[keep - 1] = block_take(p);
+        } else if (p->refcount[b] == 1 && p->hash && p->hash[b]) {
             table_remove(p, b); /* ours alone: just stop caching it */
         } else if (p->refcount[b] > 1 && loom_kv_available(p) > 0) {
             int nb = block_take(p);
@@ -302,4 +308,15 @@ void loom_kv_seq_release(loom_kv_pool *p, loom_kv_seq *seq) {
     loom_kv_seq_truncate(p, seq, 0);
     free(seq->blocks);
     *seq = (loom_kv_seq){0};
+}
+
+int loom_kv_seq_drop_before(loom_kv_pool *p, loom_kv_seq *seq, int pos) {
+    int dropped = 0;
+    for (int i = 0; i < seq->n_blocks && (i + 1) * p->block_size <= pos; i++) {
+        if (seq->blocks[i] < 0) continue;
+        block_unref(p, seq->blocks[i]);
+        seq->blocks[i] = -1;
+        dropped++;
+    }
+    return dropped;
 }

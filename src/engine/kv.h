@@ -19,7 +19,9 @@
  * Invariants
  *   1. refcount[b] == 0  <=>  b is on the free list or on the LRU list.
  *   2. b is on the LRU list  <=>  refcount[b] == 0 and b is in the hash table.
- *   3. A sequence holding n tokens has exactly ceil(n / block_size) blocks.
+ *   3. A sequence holding n tokens has exactly ceil(n / block_size) table
+ *      entries; entries wholly outside every layer's sliding window may be
+ *      -1 (released).
  *   4. free + lru + (blocks with refcount > 0) == n_blocks.
  * Only the engine thread calls these functions. */
 #ifndef LOOM_KV_H
@@ -87,6 +89,10 @@ void loom_kv_pool_free(loom_kv_pool *p);
 loom_status loom_kv_seq_reserve(loom_kv_pool *p, loom_kv_seq *seq, int n_tokens);
 /* Drops positions from n_tokens on, releasing whole blocks past it. */
 void loom_kv_seq_truncate(loom_kv_pool *p, loom_kv_seq *seq, int n_tokens);
+/* Releases the blocks that lie wholly before position pos (they left every
+ * layer's sliding window); their table entries become -1 and are never
+ * read again. Returns how many were released. */
+int loom_kv_seq_drop_before(loom_kv_pool *p, loom_kv_seq *seq, int pos);
 /* Releases every block and the table. seq is empty afterwards. */
 void loom_kv_seq_release(loom_kv_pool *p, loom_kv_seq *seq);
 
