@@ -193,6 +193,8 @@ static int start_job(job *j, api_error *err) {
         loom_ts_prime(c->ts, j->prompt + j->n_prompt - ctx, (size_t)ctx);
         loom_toolscan_init(&c->scan, r->kind == API_CHAT && r->tools_json != NULL,
                            r->kind == API_CHAT && s->think, j->prompt_text);
+        /* with echo the generated text starts after the prompt */
+        if (r->echo && j->prompt_text) c->text_offset = strlen(j->prompt_text);
         pthread_rwlock_rdlock(&s->engine_lock);
         loom_status st = atomic_load(&s->shutting_down)
                              ? LOOM_ERR_BUSY
@@ -743,6 +745,15 @@ static enum MHD_Result handle_generate(server *s, struct MHD_Connection *conn, a
             sse_chunk_begin(j, i);
             sb_puts(&j->out, "\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"logprobs\":null,"
                              "\"finish_reason\":null}]}\n\n");
+        }
+    /* echo: the prompt opens each choice's text, as in a blocking answer */
+    if (kind == API_COMPLETION && j->req.echo)
+        for (int i = 0; i < j->n; i++) {
+            sse_chunk_begin(j, i);
+            sb_puts(&j->out, "\"text\":");
+            sb_json_str(&j->out, j->prompt_text ? j->prompt_text : "",
+                        j->prompt_text ? strlen(j->prompt_text) : 0);
+            sb_puts(&j->out, ",\"logprobs\":null,\"finish_reason\":null}]}\n\n");
         }
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader,
                                                                j, stream_free);
