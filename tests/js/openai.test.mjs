@@ -99,6 +99,14 @@ test('completions with token ids, return_token_ids, echo', async () => {
   const t = await client.completions.create({ model, prompt, max_tokens: 6, temperature: 0, return_token_ids: true });
   assert.deepEqual(t.choices[0].prompt_token_ids, [785, 1630, 25], `"${prompt}" encodes back to the ids`);
   assert.equal(t.choices[0].text, c.text);
+  // streamed echo: the prompt comes first, as in the blocking answer
+  const se = await collect(await client.completions.create({
+    model, prompt: [785, 1630, 25], max_tokens: 6, temperature: 0, echo: true, stream: true }));
+  assert.equal(se.flatMap((x) => x.choices.map((y) => y.text)).join(''), e.choices[0].text);
+  // with echo, logprobs offsets count from the start of the echoed text
+  const el = await client.completions.create({
+    model, prompt: [785, 1630, 25], max_tokens: 6, temperature: 0, echo: true, logprobs: 1 });
+  assert.equal(el.choices[0].logprobs.text_offset[0], Buffer.byteLength(prompt));
 });
 
 test('chat logprobs and top_logprobs', async () => {
