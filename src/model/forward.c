@@ -19,6 +19,11 @@
 
 #include "base/base.h"
 
+/* Query rows (token x head) one attention task covers. Keys and values
+ * are read once per task and reused by all of them while they sit in L1,
+ * instead of once per query. */
+#define ATT_SLOTS 32
+
 loom_status loom_fwd_state_create(const loom_model *m, int max_tokens, int max_ctx,
                                   loom_fwd_state **out) {
     *out = NULL;
@@ -53,7 +58,9 @@ loom_status loom_fwd_state_create(const loom_model *m, int max_tokens, int max_c
     ALLOC(s->hb2, T * I);
     ALLOC(s->cos, T * half);
     ALLOC(s->sin, T * half);
-    ALLOC(s->scores, (size_t)s->n_threads * (size_t)max_ctx);
+    /* ATT_SLOTS query rows per task, or a whole group when it is larger */
+    ALLOC(s->scores, (size_t)s->n_threads * (size_t)LOOM_MAX(ATT_SLOTS, c->n_heads) * (size_t)max_ctx);
+    ALLOC(s->tiles, 2 * T);
     ALLOC(s->tok_row, T);
     ALLOC(s->tok_pos, T);
     ALLOC(s->row_first, T);
@@ -103,7 +110,7 @@ loom_status loom_fwd_state_create(const loom_model *m, int max_tokens, int max_c
 void loom_fwd_state_free(loom_fwd_state *s) {
     if (!s) return;
     void *bufs[] = {s->x, s->xb, s->xb2, s->qraw, s->q, s->gate, s->kx, s->vx, s->att,
-                    s->hb, s->hb2, s->cos, s->sin, s->scores, s->tok_row, s->tok_pos, s->row_first,
+                    s->hb, s->hb2, s->cos, s->sin, s->scores, s->tiles, s->tok_row, s->tok_pos, s->row_first,
                     s->logits, s->router, s->sel, s->sel_w, s->gather, s->xg, s->yg,
                     s->moe_in, s->moe_r,
                     s->lin_qkv, s->lin_conv, s->lin_z, s->lin_b, s->lin_a, s->lin_raw,
@@ -206,33 +213,55 @@ typedef struct attn_job {
     loom_kv_pool *kv;
     const loom_fwd_row *rows;
     const loom_attn *A;
+    const int *tiles;        /* [2 * n_tiles] token ranges [ta, tb) of one row */
 } attn_job;
 
-/* One task = one token and one KV head, covering its group of q heads. */
+/* One task = a tile of consecutive tokens of one row and one KV head, with
+ * the q heads of its group. Every query computes exactly what it would
+ * alone (same dots, softmax and accumulation order). */
 static void attn_task(void *ctx, int task, int thread) {
     const attn_job *j = ctx;
     const loom_config *c = &j->m->cfg;
     const loom_kernels *k = j->m->k;
     const loom_attn *A = j->A;
     int hd = A->head_dim, n_kv = A->n_kv_heads, group = c->n_heads / n_kv;
-    int t = task / n_kv, kh = task % n_kv;
-    const loom_kv_seq *seq = j->rows[j->s->tok_row[t]].seq;
-    int pos = j->s->tok_pos[t];
-    int lo = A->window > 0 ? LOOM_MAX(0, pos - A->window + 1) : 0;
-    float *sc = j->s->scores + (size_t)thread * j->s->max_ctx;
+    int kh = task % n_kv, ta = j->tiles[2 * (task / n_kv)], tb = j->tiles[2 * (task / n_kv) + 1];
+    const loom_kv_seq *seq = j->rows[j->s->tok_row[ta]].seq;
+    int pos0 = j->s->tok_pos[ta], pos1 = j->s->tok_pos[tb - 1];
+    int win = A->window;
+    int lo0 = win > 0 ? LOOM_MAX(0, pos0 - win + 1) : 0;
+    int span = pos1 - lo0 + 1;
+    float *sc = j->s->scores + (size_t)thread * ATT_SLOTS * j->s->max_ctx;
     float cap = (float)c->attn_softcap;
-    for (int g = 0; g < group; g++) {
-        int h = kh * group + g;
-        const float *q = j->s->q + ((size_t)t * c->n_heads + h) * hd;
-        for (int p = lo; p <= pos; p++) {
-            float v = k->dot(q, loom_kv_k_row(j->kv, seq, A->kv_layer, p) + kh * hd, hd) * A->scale;
-            sc[p - lo] = cap > 0 ? tanhf(v / cap) * cap : v;
+    for (int p = lo0; p <= pos1; p++) {
+        const float *kr = loom_kv_k_row(j->kv, seq, A->kv_layer, p) + kh * hd;
+        for (int t = ta; t < tb; t++) {
+            int pos = j->s->tok_pos[t];
+            if (p > pos || (win > 0 && p < pos - win + 1)) continue;
+            for (int g = 0; g < group; g++) {
+                const float *q = j->s->q + ((size_t)t * c->n_heads + kh * group + g) * hd;
+                float v = k->dot(q, kr, hd) * A->scale;
+                sc[(size_t)((t - ta) * group + g) * span + (p - lo0)] = cap > 0 ? tanhf(v / cap) * cap : v;
+            }
         }
-        k->softmax(sc, pos - lo + 1);
-        float *o = j->s->att + ((size_t)t * c->n_heads + h) * hd;
-        memset(o, 0, sizeof(float) * (size_t)hd);
-        for (int p = lo; p <= pos; p++)
-            k->axpy(o, sc[p - lo], loom_kv_v_row(j->kv, seq, A->kv_layer, p) + kh * hd, hd);
+    }
+    for (int t = ta; t < tb; t++) {
+        int pos = j->s->tok_pos[t], lo = win > 0 ? LOOM_MAX(0, pos - win + 1) : 0;
+        for (int g = 0; g < group; g++) {
+            k->softmax(sc + (size_t)((t - ta) * group + g) * span + (lo - lo0), pos - lo + 1);
+            memset(j->s->att + ((size_t)t * c->n_heads + kh * group + g) * hd, 0, sizeof(float) * (size_t)hd);
+        }
+    }
+    for (int p = lo0; p <= pos1; p++) {
+        const float *vr = loom_kv_v_row(j->kv, seq, A->kv_layer, p) + kh * hd;
+        for (int t = ta; t < tb; t++) {
+            int pos = j->s->tok_pos[t];
+            if (p > pos || (win > 0 && p < pos - win + 1)) continue;
+            for (int g = 0; g < group; g++) {
+                float *o = j->s->att + ((size_t)t * c->n_heads + kh * group + g) * hd;
+                k->axpy(o, sc[(size_t)((t - ta) * group + g) * span + (p - lo0)], vr, hd);
+            }
+        }
     }
 }
 
@@ -322,8 +351,19 @@ static void attention(loom_model *m, loom_fwd_state *s, loom_kv_pool *kv,
         memcpy(loom_kv_k_row(kv, seq, l, s->tok_pos[t]), s->kx + (size_t)t * kvd, (size_t)kvd * 4);
         memcpy(loom_kv_v_row(kv, seq, l, s->tok_pos[t]), s->vx + (size_t)t * kvd, (size_t)kvd * 4);
     }
-    attn_job aj = {m, s, kv, rows, A};
-    loom_pool_run(m->pool, T * nkv, attn_task, &aj);
+    /* Tiles of consecutive tokens of the same row; a tile's scores must
+     * fit ATT_SLOTS query rows of max_ctx scores. */
+    int per_tile = LOOM_MAX(1, ATT_SLOTS / (nh / nkv)), n_tiles = 0;
+    for (int t = 0; t < T;) {
+        int tb = t + 1;
+        while (tb < T && tb - t < per_tile && s->tok_row[tb] == s->tok_row[t]) tb++;
+        s->tiles[2 * n_tiles] = t;
+        s->tiles[2 * n_tiles + 1] = tb;
+        n_tiles++;
+        t = tb;
+    }
+    attn_job aj = {m, s, kv, rows, A, s->tiles};
+    loom_pool_run(m->pool, n_tiles * nkv, attn_task, &aj);
     if (gated)
         for (size_t i = 0; i < (size_t)T * qd; i++) s->att[i] *= 1.0f / (1.0f + expf(-s->gate[i]));
     loom_fwd_matmul(m, s->xb, s->att, &A->wo, T);

@@ -21,7 +21,8 @@ struct loom_fwd_state {
     float *hb, *hb2;   /* (max_tokens, max_inter) */
     float *cos, *sin;  /* (n_ropes, max_tokens, max_rot / 2) */
     int max_rot;
-    float *scores;     /* (n_threads, max_ctx) */
+    float *scores;     /* (n_threads, score_slots, max_ctx) attention scores */
+    int *tiles;        /* [2 * max_tokens] attention tiles [ta, tb) */
     int *tok_row;      /* [max_tokens] row of each token */
     int *tok_pos;      /* [max_tokens] position of each token */
     int *row_first;    /* [max_tokens] first token of each row */
