@@ -14,6 +14,8 @@ int cmd_serve(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
 int cmd_info(int argc, char **argv);
+int cmd_convert(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
 
 /* Reports a failed loom call ("loom: error: <what>: <last error>"), returns 1. */
 int cli_fail(const char *what, loom_status s);

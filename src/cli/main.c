@@ -15,6 +15,8 @@ static const struct {
     {"chat", cmd_chat, "chat in the terminal"},
     {"perplexity", cmd_perplexity, "perplexity of a text file"},
     {"info", cmd_info, "describe a model: architecture, sizes, layer kinds"},
+    {"convert", cmd_convert, "quantize a checkpoint (MLX affine, 8/4 bits)"},
+    {"bench", cmd_bench, "prefill and decode throughput (llama-bench style)"},
 };
 
 static void usage(FILE *f) {

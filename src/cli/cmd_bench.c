@@ -1,0 +1,280 @@
+/* loom bench: prefill and decode throughput, llama-bench style.
+ *
+ * pp<p>: one prompt of p tokens evaluated from an empty context (a single
+ * batched forward when p fits the batch). tg<n>: n tokens generated one at
+ * a time (greedy, each fed back) after a short untimed prompt. Each test
+ * runs once to warm up, then reps times; the table gives the median and
+ * the spread (standard deviation, min..max). Before anything is timed the
+ * run is validated: logits are finite and the one-token decode path agrees
+ * with the batched path on a short prompt. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "cli/cli.h"
+#include "load/safetensors.h"
+
+static const char usage[] =
+    "usage: loom bench --model DIR [-p 512] [-n 128] [--threads N] [--reps R] [--json]\n"
+    "\n"
+    "Measures prompt processing (pp: p tokens from an empty context) and text\n"
+    "generation (tg: n tokens decoded one at a time after a 4-token prompt)\n"
+    "in tokens per second: the median of R runs after one warm-up run, with\n"
+    "the standard deviation and range. Validates the logits first.\n"
+    "\n"
+    "  --model DIR        Hugging Face model directory\n"
+    "  -p, --prompt N     prompt tokens for pp (default 512, 0 = skip)\n"
+    "  -n, --gen N        generated tokens for tg (default 128, 0 = skip)\n"
+    "  --threads N        worker threads (default: all cores)\n"
+    "  --reps R           timed repeats (default 5)\n"
+    "  --json             print one JSON object instead of the table\n";
+
+#define TG_PROMPT 4
+#define CHECK_LEN 8
+
+typedef struct stats {
+    double median, mean, sd, min, max;
+} stats;
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static stats summarize(double *v, int n) {
+    stats s = {0};
+    if (!n) return s;
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    s.median = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+    s.min = v[0];
+    s.max = v[n - 1];
+    for (int i = 0; i < n; i++) s.mean += v[i] / n;
+    for (int i = 0; i < n; i++) s.sd += (v[i] - s.mean) * (v[i] - s.mean);
+    s.sd = n > 1 ? sqrt(s.sd / (n - 1)) : 0;
+    return s;
+}
+
+/* Deterministic prompt ids spread over the vocabulary. */
+static void fill_tokens(int32_t *t, int n, int vocab) {
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (int i = 0; i < n; i++) {
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        t[i] = (int32_t)(x % (uint64_t)vocab);
+    }
+}
+
+static int argmax(const float *x, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++) if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* Batched vs one-at-a-time logits on a short prompt; prints the failure
+ * and returns nonzero when they are not finite or do not agree. */
+static int validate(loom_context *c, const int32_t *toks, int V, float *a, float *b) {
+    loom_status s;
+    if ((s = loom_context_truncate(c, 0)) || (s = loom_context_eval(c, toks, CHECK_LEN, 1, a)))
+        return cli_fail("validation (batched)", s);
+    if ((s = loom_context_truncate(c, 0))) return cli_fail("validation", s);
+    for (int i = 0; i < CHECK_LEN; i++)
+        if ((s = loom_context_eval(c, toks + i, 1, 0, b + (size_t)i * V)))
+            return cli_fail("validation (decode)", s);
+    double max_abs = 0, max_diff = 0;
+    int argmax_diff = 0;
+    for (size_t i = 0; i < (size_t)CHECK_LEN * V; i++) {
+        if (!isfinite(a[i]) || !isfinite(b[i])) {
+            fprintf(stderr, "loom: error: bench validation: logit %zu of position %zu is not "
+                    "finite (batched %g, decode %g)\n", i % V, i / V, a[i], b[i]);
+            return 1;
+        }
+        max_abs = fmax(max_abs, fabs(a[i]));
+        max_diff = fmax(max_diff, fabs(a[i] - b[i]));
+    }
+    for (int i = 0; i < CHECK_LEN; i++)
+        argmax_diff += argmax(a + (size_t)i * V, V) != argmax(b + (size_t)i * V, V);
+    /* Batched and decode kernels sum in different orders (and may round
+     * activations differently): agree to 1% of the logit range. */
+    double tol = 1e-2 * fmax(1.0, max_abs);
+    if (max_diff > tol) {
+        fprintf(stderr, "loom: error: bench validation: the batched and decode paths disagree: "
+                "max |diff| %.3g over %d positions, expected <= %.3g (max |logit| %.3g; "
+                "%d argmax differ)\n", max_diff, CHECK_LEN, tol, max_abs, argmax_diff);
+        return 1;
+    }
+    return 0;
+}
+
+/* One pp run: seconds to evaluate p tokens from an empty context. */
+static loom_status run_pp(loom_context *c, const int32_t *toks, int p, float *logits,
+                          double *secs) {
+    loom_status s = loom_context_truncate(c, 0);
+    if (s) return s;
+    double t0 = loom_now();
+    s = loom_context_eval(c, toks, p, 0, logits);
+    *secs = loom_now() - t0;
+    return s;
+}
+
+/* One tg run: seconds to decode n tokens one at a time after the prompt. */
+static loom_status run_tg(loom_context *c, const int32_t *toks, int n, int V, float *logits,
+                          double *secs) {
+    loom_status s = loom_context_truncate(c, 0);
+    if (s || (s = loom_context_eval(c, toks, TG_PROMPT, 0, logits))) return s;
+    double t0 = loom_now();
+    for (int i = 0; i < n && !s; i++) {
+        int32_t id = argmax(logits, V);
+        s = loom_context_eval(c, &id, 1, 0, logits);
+    }
+    *secs = loom_now() - t0;
+    return s;
+}
+
+/* Bytes of tensor data in the model directory (0 if unreadable). */
+static double model_mib(const char *dir) {
+    loom_safetensors *st = NULL;
+    if (loom_st_open_dir(dir, &st)) return 0;
+    double b = 0;
+    for (int i = 0; i < loom_st_count(st); i++) b += (double)loom_st_at(st, i)->nbytes;
+    loom_st_close(st);
+    return b / (1 << 20);
+}
+
+static void json_string(const char *s) {
+    putchar('"');
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\') printf("\\%c", *s);
+        else if ((unsigned char)*s < 0x20) printf("\\u%04x", *s);
+        else putchar(*s);
+    }
+    putchar('"');
+}
+
+int cmd_bench(int argc, char **argv) {
+    const char *model = NULL;
+    int p = 512, n = 128, threads = 0, reps = 5, json = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            fputs(usage, stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--json")) { json = 1; continue; }
+        static const char *valued[] = {"--model", "-p", "--prompt", "-n", "--gen",
+                                       "--threads", "--reps"};
+        int known = 0;
+        for (size_t k = 0; k < LOOM_ARRAY_LEN(valued); k++) known |= !strcmp(a, valued[k]);
+        if (!known) return cli_usage_error("bench", "unknown option \"%s\"", a);
+        if (!(v = cli_value("bench", argc, argv, &i))) return 2;
+        int bad = 0;
+        if (!strcmp(a, "--model")) model = v;
+        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) bad = cli_int("bench", a, v, 0, 1 << 20, &p);
+        else if (!strcmp(a, "-n") || !strcmp(a, "--gen")) bad = cli_int("bench", a, v, 0, 1 << 20, &n);
+        else if (!strcmp(a, "--threads")) bad = cli_int("bench", a, v, 0, 4096, &threads);
+        else bad = cli_int("bench", a, v, 1, 1000, &reps);
+        if (bad) return 2;
+    }
+    if (!model) return cli_usage_error("bench", "--model is required");
+    if (!p && !n) return cli_usage_error("bench", "nothing to measure: -p and -n are both 0");
+
+    int rc = 1;
+    loom_model *m = NULL;
+    loom_context *c = NULL;
+    float *la = NULL, *lb = NULL;
+    int32_t *toks = NULL;
+    double *pp_t = calloc((size_t)reps, sizeof *pp_t), *tg_t = calloc((size_t)reps, sizeof *tg_t);
+    loom_model_params mp = loom_model_default_params();
+    mp.n_threads = threads;
+    loom_status s = loom_model_load(model, &mp, &m);
+    if (s) { rc = cli_fail("loading model", s); goto done; }
+    int V = loom_model_vocab_size(m);
+    int n_tok = LOOM_MAX(LOOM_MAX(p, TG_PROMPT + n), CHECK_LEN);
+    loom_context_params cp = loom_context_default_params();
+    cp.n_ctx = n_tok;
+    cp.n_batch = LOOM_MAX(LOOM_MAX(p, CHECK_LEN), 1);
+    if (n_tok > loom_model_max_positions(m)) {
+        fprintf(stderr, "loom: error: bench needs %d positions; the model allows %d\n", n_tok,
+                loom_model_max_positions(m));
+        goto done;
+    }
+    if ((s = loom_context_create(m, &cp, &c))) { rc = cli_fail("creating context", s); goto done; }
+    toks = malloc(sizeof *toks * (size_t)n_tok);
+    la = malloc(sizeof *la * (size_t)V * CHECK_LEN);
+    lb = malloc(sizeof *lb * (size_t)V * CHECK_LEN);
+    if (!toks || !la || !lb || !pp_t || !tg_t) {
+        fprintf(stderr, "loom: error: out of memory\n");
+        goto done;
+    }
+    fill_tokens(toks, n_tok, V);
+    if (validate(c, toks, V, la, lb)) goto done;
+
+    double secs;
+    if (p) {
+        if ((s = run_pp(c, toks, p, la, &secs))) { rc = cli_fail("pp warm-up", s); goto done; }
+        for (int i = 0; i < V; i++)
+            if (!isfinite(la[i])) {
+                fprintf(stderr, "loom: error: bench: pp logits are not finite\n");
+                goto done;
+            }
+        for (int r = 0; r < reps; r++) {
+            if ((s = run_pp(c, toks, p, la, &secs))) { rc = cli_fail("pp", s); goto done; }
+            pp_t[r] = p / secs;
+        }
+    }
+    if (n) {
+        if ((s = run_tg(c, toks, n, V, la, &secs))) { rc = cli_fail("tg warm-up", s); goto done; }
+        for (int r = 0; r < reps; r++) {
+            if ((s = run_tg(c, toks, n, V, la, &secs))) { rc = cli_fail("tg", s); goto done; }
+            tg_t[r] = n / secs;
+        }
+    }
+    stats pp = summarize(pp_t, p ? reps : 0), tg = summarize(tg_t, n ? reps : 0);
+    int nthreads = threads ? threads : loom_cpu_count();
+    double mib = model_mib(model);
+    if (json) {
+        printf("{\"model\": ");
+        json_string(model);
+        printf(", \"arch\": ");
+        json_string(loom_model_arch(m));
+        printf(", \"size_mib\": %.2f, \"threads\": %d, \"p\": %d, \"n\": %d, \"reps\": %d",
+               mib, nthreads, p, n, reps);
+        if (p)
+            printf(", \"pp_tok_s\": %.3f, \"pp_sd\": %.3f, \"pp_min\": %.3f, \"pp_max\": %.3f",
+                   pp.median, pp.sd, pp.min, pp.max);
+        if (n)
+            printf(", \"tg_tok_s\": %.3f, \"tg_sd\": %.3f, \"tg_min\": %.3f, \"tg_max\": %.3f",
+                   tg.median, tg.sd, tg.min, tg.max);
+        printf("}\n");
+    } else {
+        printf("| %-28s | %9s | %7s | %-6s | %12s | %9s | %21s |\n", "model", "size MiB",
+               "threads", "test", "t/s (median)", "± sd", "min .. max");
+        printf("| %.28s | %.9s | %.7s | %.6s | %.12s | %.9s | %.21s |\n",
+               "-----------------------------", "----------", "--------", "-------",
+               "-------------", "----------", "----------------------");
+        char test[32];
+        const char *name = strrchr(model, '/') && strrchr(model, '/')[1] ? strrchr(model, '/') + 1
+                                                                         : model;
+        if (p) {
+            snprintf(test, sizeof test, "pp%d", p);
+            printf("| %-28.28s | %9.1f | %7d | %-6s | %12.2f | %9.2f | %9.2f .. %9.2f |\n",
+                   name, mib, nthreads, test, pp.median, pp.sd, pp.min, pp.max);
+        }
+        if (n) {
+            snprintf(test, sizeof test, "tg%d", n);
+            printf("| %-28.28s | %9.1f | %7d | %-6s | %12.2f | %9.2f | %9.2f .. %9.2f |\n",
+                   name, mib, nthreads, test, tg.median, tg.sd, tg.min, tg.max);
+        }
+        printf("(%d reps after 1 warm-up; %s)\n", reps, loom_model_arch(m));
+    }
+    rc = 0;
+done:
+    free(toks);
+    free(la);
+    free(lb);
+    free(pp_t);
+    free(tg_t);
+    loom_context_free(c);
+    loom_model_free(m);
+    return rc;
+}
