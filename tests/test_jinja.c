@@ -342,6 +342,8 @@ static const char *const CASES[][2] = {
      "abcabc[1, 2]"},
     {"{{ (1, 'x') is lower }}{{ d is lower }}{{ missing is callable }}{{ 'ABC' is upper }}",
      "TrueTrueTrueTrue"},
+    {"{{ 0x1F }}{{ 0o17 }}{{ 0b101 }}{{ 0X_ff }}{{ 1_000 }}{{ 01.5 }}{{ 00 }}{{ 0e3 }}",
+     "3115525510001.500.0"},
 };
 
 static void test_table(void) {

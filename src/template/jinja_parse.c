@@ -231,6 +231,32 @@ static int lex_tag(parser *p, const char *src, size_t n, size_t *pos, int *line,
             i = j + 1;
             continue;
         }
+        if (c == '0' && i + 2 < n && strchr("xXoObB", src[i + 1]) && src[i + 1] &&
+            (is_digit(src[i + 2]) || (src[i + 2] | 32) >= 'a')) {
+            /* 0x1f, 0o17, 0b101 (underscores allowed), as Jinja lexes them */
+            int base = (src[i + 1] | 32) == 'x' ? 16 : (src[i + 1] | 32) == 'o' ? 8 : 2;
+            size_t j = i + 2;
+            int64_t v = 0;
+            int digits = 0;
+            for (; j < n; j++) {
+                char d = src[j];
+                int dv = d >= '0' && d <= '9' ? d - '0' : (d | 32) >= 'a' && (d | 32) <= 'f'
+                         ? (d | 32) - 'a' + 10 : d == '_' ? -2 : -1;
+                if (dv == -2) continue;
+                if (dv < 0 || dv >= base) break;
+                if (v > (INT64_MAX - dv) / base)
+                    return perr(p, *line, "integer literal too large"), 0;
+                v = v * base + dv;
+                digits++;
+            }
+            if (digits) {
+                tok *t = push_tok(p, T_INT, *line);
+                if (!t) return 0;
+                t->i = v;
+                i = j;
+                continue;
+            }
+        }
         if (is_digit(c)) {
             size_t j = i;
             char tmp[128];
@@ -259,6 +285,14 @@ static int lex_tag(parser *p, const char *src, size_t n, size_t *pos, int *line,
                         j++;
                     }
                 }
+            }
+            if (!isf && c == '0') {
+                /* an integer never starts with 0 in Jinja: "01" is 0 then 1 */
+                j = i + 1;
+                while (j + 1 < n && src[j] == '_' && src[j + 1] == '0') j += 2;
+                while (j < n && src[j] == '0') j++;
+                tmp[0] = '0';
+                k = 1;
             }
             tmp[k] = 0;
             tok *t = push_tok(p, isf ? T_FLOAT : T_INT, *line);
