@@ -3,12 +3,25 @@
  * not its trained weights.
  *
  *   gen_model --preset qwen3-0.6b --dtype bf16 --seed 1 --out DIR
+ *             [--format safetensors|gguf]
  *             [--layers N --hidden N --heads N --kv-heads N --head-dim N
  *              --intermediate N --vocab N --max-pos N --untied]
+ *   gen_model --check FILE.gguf --against DIR
  *
- * The output is a Hugging Face directory: config.json as transformers writes
- * it for the architecture, and model.safetensors with every tensor under its
- * Hugging Face name.
+ * --format safetensors (the default) writes a Hugging Face directory:
+ * config.json as transformers writes it for the architecture, and
+ * model.safetensors with every tensor under its Hugging Face name.
+ * --format gguf writes DIR/model.gguf (GGUF v3, llama.cpp's "qwen3"
+ * architecture) with the same values: matrices in the --dtype (bf16, f16,
+ * f32, or q8_0 / q4_0 quantized from the bf16 values), 1-D norm weights in
+ * f32 holding the values rounded to the float dtype (bf16 for q8_0/q4_0), as
+ * llama.cpp's converter stores them. The vocabulary is a dummy one
+ * (tokenizer.ggml.model "none" with qwen3.vocab_size entries): enough for
+ * llama-bench, which feeds random token ids.
+ * --check reads every tensor of a GGUF file back and compares it with the
+ * same tensor of the safetensors model in DIR: names, shapes (reversed, as
+ * GGUF lists ne0 first), and every element: equal for float types, within
+ * the quantization step for q8_0/q4_0. Exit status 1 on any mismatch.
  *
  * Design
  * - A blueprint (gm_shape) comes from a preset, with per-field overrides.
@@ -26,11 +39,14 @@
  * weights ~ 1 + N(0, 0.02). With RMSNorm before every projection the
  * activations stay O(1) through any number of layers. */
 #include <errno.h>
+#include <fcntl.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -160,13 +176,44 @@ static void gm_convert(loom_dtype dt, const float *src, size_t n, void *dst) {
     }
 }
 
+/* ---- GGUF (llama.cpp) ---------------------------------------------------- */
+
+/* GGUF v3 layout (little-endian):
+ *   "GGUF", u32 version = 3, u64 n_tensors, u64 n_kv,
+ *   n_kv x (string key, u32 value type, value),
+ *   n_tensors x (string name, u32 n_dims, u64 ne[n_dims] (ne[0] is the
+ *                contiguous dimension), u32 ggml type, u64 offset),
+ *   zero padding to general.alignment (32), then the tensor data, each
+ *   tensor at its offset from the data start (a multiple of the alignment).
+ * A string is a u64 byte count and the bytes (no terminator). */
+#define GGUF_ALIGN 32
+enum { GGUF_T_U32 = 4, GGUF_T_I32 = 5, GGUF_T_F32 = 6, GGUF_T_STRING = 8, GGUF_T_ARRAY = 9 };
+
+/* Storage types, with their ggml type ids, block sizes and the
+ * general.file_type (llama_ftype) of a model whose matrices use them. */
+typedef enum gm_type { GM_F32, GM_F16, GM_BF16, GM_Q8_0, GM_Q4_0, GM_TYPE_COUNT } gm_type;
+
+static const struct {
+    const char *name;
+    uint32_t ggml;          /* ggml_type */
+    size_t block, bytes;    /* elements per block, bytes per block */
+    uint32_t ftype;         /* llama_ftype */
+} gm_types[GM_TYPE_COUNT] = {
+    [GM_F32] = {"f32", 0, 1, 4, 0},
+    [GM_F16] = {"f16", 1, 1, 2, 1},
+    [GM_BF16] = {"bf16", 30, 1, 2, 32},
+    [GM_Q8_0] = {"q8_0", 8, 32, 34, 7},
+    [GM_Q4_0] = {"q4_0", 2, 32, 18, 2},
+};
+
 /* ---- writers ------------------------------------------------------------ */
 
 typedef struct gm_job {
     const gm_shape *shape;
     const gm_tensor *tensors;
     int n_tensors;
-    loom_dtype dtype;
+    loom_dtype dtype;          /* float type every value is rounded to */
+    gm_type type;              /* GGUF: storage type of the matrices */
     uint64_t seed;
     const char *dir;
 } gm_job;
@@ -322,6 +369,442 @@ static int gm_write_config(const gm_job *j) {
     return gm_commit(f, w > 0, tmp, j->dir, "config.json");
 }
 
+static size_t gm_type_bytes(gm_type t, size_t n) {
+    return n / gm_types[t].block * gm_types[t].bytes;
+}
+
+/* Q8_0 block: f16 d = max|x| / 127, then 32 x int8 round(x / d). */
+static void gm_quant_q8_0(const float *x, size_t n, uint8_t *out) {
+    for (size_t b = 0; b < n / 32; b++, x += 32, out += 34) {
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[i]));
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        uint16_t dh = loom_f32_to_f16(d);
+        out[0] = (uint8_t)dh;
+        out[1] = (uint8_t)(dh >> 8);
+        for (int i = 0; i < 32; i++) out[2 + i] = (uint8_t)(int8_t)roundf(x[i] * id);
+    }
+}
+
+/* Q4_0 block: f16 d = (the value of largest magnitude) / -8, then 16 bytes:
+ * byte i holds element i in its low nibble and element i + 16 in its high
+ * nibble, each as min(15, trunc(x / d + 8.5)); value = (q - 8) * d. */
+static void gm_quant_q4_0(const float *x, size_t n, uint8_t *out) {
+    for (size_t b = 0; b < n / 32; b++, x += 32, out += 18) {
+        float amax = 0.0f, max = 0.0f;
+        for (int i = 0; i < 32; i++)
+            if (fabsf(x[i]) > amax) {
+                amax = fabsf(x[i]);
+                max = x[i];
+            }
+        float d = max / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        uint16_t dh = loom_f32_to_f16(d);
+        out[0] = (uint8_t)dh;
+        out[1] = (uint8_t)(dh >> 8);
+        for (int i = 0; i < 16; i++) {
+            int q0 = LOOM_MIN(15, (int)(x[i] * id + 8.5f));
+            int q1 = LOOM_MIN(15, (int)(x[i + 16] * id + 8.5f));
+            out[2 + i] = (uint8_t)(q0 | (q1 << 4));
+        }
+    }
+}
+
+/* Rounds n values to dt (the model's float dtype) in place. */
+static void gm_round(loom_dtype dt, float *v, size_t n) {
+    if (dt == LOOM_DT_BF16)
+        for (size_t i = 0; i < n; i++) v[i] = loom_bf16_to_f32(loom_f32_to_bf16(v[i]));
+    else if (dt == LOOM_DT_F16)
+        for (size_t i = 0; i < n; i++) v[i] = loom_f16_to_f32(loom_f32_to_f16(v[i]));
+}
+
+/* Encodes n f32 values as t (n a multiple of t's block). */
+static void gm_encode(gm_type t, const float *src, size_t n, void *dst) {
+    switch (t) {
+    case GM_F32: gm_convert(LOOM_DT_F32, src, n, dst); break;
+    case GM_F16: gm_convert(LOOM_DT_F16, src, n, dst); break;
+    case GM_BF16: gm_convert(LOOM_DT_BF16, src, n, dst); break;
+    case GM_Q8_0: gm_quant_q8_0(src, n, dst); break;
+    case GM_Q4_0: gm_quant_q4_0(src, n, dst); break;
+    default: break;
+    }
+}
+
+/* The llama.cpp name of a Hugging Face Qwen3 tensor; 0 if it has none. */
+static int gm_gguf_name(const char *hf, char *out, size_t n) {
+    static const char *const map[][2] = {
+        {"input_layernorm.weight", "attn_norm.weight"},
+        {"self_attn.q_proj.weight", "attn_q.weight"},
+        {"self_attn.k_proj.weight", "attn_k.weight"},
+        {"self_attn.v_proj.weight", "attn_v.weight"},
+        {"self_attn.o_proj.weight", "attn_output.weight"},
+        {"self_attn.q_norm.weight", "attn_q_norm.weight"},
+        {"self_attn.k_norm.weight", "attn_k_norm.weight"},
+        {"post_attention_layernorm.weight", "ffn_norm.weight"},
+        {"mlp.gate_proj.weight", "ffn_gate.weight"},
+        {"mlp.up_proj.weight", "ffn_up.weight"},
+        {"mlp.down_proj.weight", "ffn_down.weight"},
+    };
+    int layer, pos = 0;
+    if (!strcmp(hf, "model.embed_tokens.weight")) return snprintf(out, n, "token_embd.weight") < (int)n;
+    if (!strcmp(hf, "model.norm.weight")) return snprintf(out, n, "output_norm.weight") < (int)n;
+    if (!strcmp(hf, "lm_head.weight")) return snprintf(out, n, "output.weight") < (int)n;
+    if (sscanf(hf, "model.layers.%d.%n", &layer, &pos) != 1 || !pos) return 0;
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(map); i++)
+        if (!strcmp(hf + pos, map[i][0])) return snprintf(out, n, "blk.%d.%s", layer, map[i][1]) < (int)n;
+    return 0;
+}
+
+/* Matrices are stored as the requested type; 1-D tensors (norms) as f32,
+ * which is what llama.cpp expects of them. */
+static gm_type gm_gguf_type(const gm_job *j, const gm_tensor *t) {
+    return t->ndim == 2 ? j->type : GM_F32;
+}
+
+static size_t gm_pad(size_t x) { return (x + GGUF_ALIGN - 1) / GGUF_ALIGN * GGUF_ALIGN; }
+
+static int gm_put(gm_buf *b, const void *p, size_t n) {
+    if (b->len + n > b->cap) {
+        size_t cap = LOOM_MAX(b->cap * 2, b->len + n + 4096);
+        char *q = realloc(b->p, cap);
+        if (!q) return 0;
+        b->p = q;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, p, n);
+    b->len += n;
+    return 1;
+}
+
+static int gm_put_u32(gm_buf *b, uint32_t v) {
+    uint8_t le[4];
+    for (int i = 0; i < 4; i++) le[i] = (uint8_t)(v >> (8 * i));
+    return gm_put(b, le, 4);
+}
+
+static int gm_put_u64(gm_buf *b, uint64_t v) {
+    uint8_t le[8];
+    for (int i = 0; i < 8; i++) le[i] = (uint8_t)(v >> (8 * i));
+    return gm_put(b, le, 8);
+}
+
+static int gm_put_str(gm_buf *b, const char *s) {
+    return gm_put_u64(b, strlen(s)) && gm_put(b, s, strlen(s));
+}
+
+/* Key/value pairs, counted as they are added. */
+typedef struct gm_kv {
+    gm_buf b;
+    uint64_t n;
+    int ok;
+} gm_kv;
+
+static void gm_kv_u32(gm_kv *kv, const char *key, uint32_t v) {
+    kv->ok = kv->ok && gm_put_str(&kv->b, key) && gm_put_u32(&kv->b, GGUF_T_U32) &&
+             gm_put_u32(&kv->b, v);
+    kv->n++;
+}
+
+static void gm_kv_f32(gm_kv *kv, const char *key, float v) {
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    kv->ok = kv->ok && gm_put_str(&kv->b, key) && gm_put_u32(&kv->b, GGUF_T_F32) &&
+             gm_put_u32(&kv->b, u);
+    kv->n++;
+}
+
+static void gm_kv_str(gm_kv *kv, const char *key, const char *v) {
+    kv->ok = kv->ok && gm_put_str(&kv->b, key) && gm_put_u32(&kv->b, GGUF_T_STRING) &&
+             gm_put_str(&kv->b, v);
+    kv->n++;
+}
+
+/* The metadata llama.cpp reads for a "qwen3" model (llama-arch.cpp key
+ * names; head_dim is given as key/value length since it is not
+ * hidden / heads). */
+static int gm_gguf_metadata(const gm_job *j, gm_kv *kv) {
+    const gm_shape *s = j->shape;
+    char name[128];
+    snprintf(name, sizeof name, "random %s seed %llu", s->preset, (unsigned long long)j->seed);
+    gm_kv_str(kv, "general.architecture", s->model_type);
+    gm_kv_str(kv, "general.name", name);
+    gm_kv_u32(kv, "general.file_type", gm_types[j->type].ftype);
+    gm_kv_u32(kv, "general.quantization_version", 2);
+    gm_kv_u32(kv, "general.alignment", GGUF_ALIGN);
+    gm_kv_u32(kv, "qwen3.context_length", (uint32_t)s->max_pos);
+    gm_kv_u32(kv, "qwen3.embedding_length", (uint32_t)s->hidden);
+    gm_kv_u32(kv, "qwen3.block_count", (uint32_t)s->layers);
+    gm_kv_u32(kv, "qwen3.feed_forward_length", (uint32_t)s->inter);
+    gm_kv_u32(kv, "qwen3.attention.head_count", (uint32_t)s->heads);
+    gm_kv_u32(kv, "qwen3.attention.head_count_kv", (uint32_t)s->kv_heads);
+    gm_kv_u32(kv, "qwen3.attention.key_length", (uint32_t)s->head_dim);
+    gm_kv_u32(kv, "qwen3.attention.value_length", (uint32_t)s->head_dim);
+    gm_kv_u32(kv, "qwen3.rope.dimension_count", (uint32_t)s->head_dim);
+    gm_kv_f32(kv, "qwen3.rope.freq_base", (float)s->rope_theta);
+    gm_kv_f32(kv, "qwen3.attention.layer_norm_rms_epsilon", (float)s->rms_eps);
+    gm_kv_u32(kv, "qwen3.vocab_size", (uint32_t)s->vocab);
+    gm_kv_str(kv, "tokenizer.ggml.model", "none");
+    return kv->ok;
+}
+
+static int gm_write_gguf(const gm_job *j) {
+    for (int i = 0; i < j->n_tensors; i++)
+        if (gm_numel(&j->tensors[i]) % gm_types[gm_gguf_type(j, &j->tensors[i])].block ||
+            (j->tensors[i].ndim == 2 && j->tensors[i].shape[1] % 32)) {
+            fprintf(stderr, "gen_model: %s: rows must be a multiple of 32 for %s\n",
+                    j->tensors[i].name, gm_types[j->type].name);
+            return 0;
+        }
+    gm_kv kv = {.ok = 1};
+    gm_buf h = {0};
+    int ok = gm_gguf_metadata(j, &kv);
+    ok = ok && gm_put(&h, "GGUF", 4) && gm_put_u32(&h, 3) && gm_put_u64(&h, (uint64_t)j->n_tensors) &&
+         gm_put_u64(&h, kv.n) && gm_put(&h, kv.b.p, kv.b.len);
+    free(kv.b.p);
+    uint64_t off = 0;
+    for (int i = 0; i < j->n_tensors && ok; i++) {
+        const gm_tensor *t = &j->tensors[i];
+        char name[96];
+        if (!gm_gguf_name(t->name, name, sizeof name)) {
+            fprintf(stderr, "gen_model: %s has no GGUF name\n", t->name);
+            ok = 0;
+            break;
+        }
+        gm_type ty = gm_gguf_type(j, t);
+        ok = gm_put_str(&h, name) && gm_put_u32(&h, (uint32_t)t->ndim);
+        for (int d = t->ndim - 1; d >= 0 && ok; d--) ok = gm_put_u64(&h, (uint64_t)t->shape[d]);
+        ok = ok && gm_put_u32(&h, gm_types[ty].ggml) && gm_put_u64(&h, off);
+        off += gm_pad(gm_type_bytes(ty, gm_numel(t)));
+    }
+    static const uint8_t zeros[GGUF_ALIGN];
+    if (ok) ok = gm_put(&h, zeros, gm_pad(h.len) - h.len);
+    char tmp[4096];
+    FILE *f = ok ? gm_open_tmp(j->dir, "model.gguf", tmp, sizeof tmp) : NULL;
+    if (!f) {
+        if (!ok) fprintf(stderr, "gen_model: out of memory\n");
+        free(h.p);
+        return 0;
+    }
+    ok = fwrite(h.p, 1, h.len, f) == h.len;
+    free(h.p);
+    float *vals = malloc(GM_CHUNK * sizeof(float));
+    void *enc = malloc(GM_CHUNK * sizeof(float));
+    ok = ok && vals && enc;
+    for (int i = 0; i < j->n_tensors && ok; i++) {
+        const gm_tensor *t = &j->tensors[i];
+        gm_type ty = gm_gguf_type(j, t);
+        size_t total = gm_numel(t), bytes = 0;
+        for (size_t o = 0; o < total && ok; o += GM_CHUNK) {
+            size_t n = LOOM_MIN(GM_CHUNK, total - o), nb = gm_type_bytes(ty, n);
+            gm_fill(t, j->seed, o, n, vals);
+            gm_round(j->dtype, vals, n);
+            gm_encode(ty, vals, n, enc);
+            ok = fwrite(enc, 1, nb, f) == nb;
+            bytes += nb;
+        }
+        if (ok) ok = fwrite(zeros, 1, gm_pad(bytes) - bytes, f) == gm_pad(bytes) - bytes;
+    }
+    free(vals);
+    free(enc);
+    return gm_commit(f, ok, tmp, j->dir, "model.gguf");
+}
+
+/* ---- GGUF read-back check ------------------------------------------------ */
+
+typedef struct gg_reader {
+    const uint8_t *p;
+    size_t size, pos;
+    int ok;
+} gg_reader;
+
+static uint64_t gg_uint(gg_reader *r, int bytes) {
+    uint64_t v = 0;
+    if (r->pos + (size_t)bytes > r->size) {
+        r->ok = 0;
+        return 0;
+    }
+    for (int i = 0; i < bytes; i++) v |= (uint64_t)r->p[r->pos + (size_t)i] << (8 * i);
+    r->pos += (size_t)bytes;
+    return v;
+}
+
+/* Reads a string into out (truncated to n - 1 bytes). */
+static void gg_str(gg_reader *r, char *out, size_t n) {
+    uint64_t len = gg_uint(r, 8);
+    if (!r->ok || len > r->size - r->pos) {
+        r->ok = 0;
+        if (n) out[0] = 0;
+        return;
+    }
+    if (n) {
+        size_t c = LOOM_MIN((size_t)len, n - 1);
+        memcpy(out, r->p + r->pos, c);
+        out[c] = 0;
+    }
+    r->pos += (size_t)len;
+}
+
+static void gg_skip_value(gg_reader *r, uint32_t type, int depth) {
+    static const int size[13] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
+    if (type == GGUF_T_STRING) {
+        gg_str(r, NULL, 0);
+    } else if (type == GGUF_T_ARRAY && depth < 4) {
+        uint32_t et = (uint32_t)gg_uint(r, 4);
+        uint64_t n = gg_uint(r, 8);
+        for (uint64_t i = 0; i < n && r->ok; i++) gg_skip_value(r, et, depth + 1);
+    } else if (type < 13 && size[type]) {
+        gg_uint(r, size[type]);
+    } else {
+        r->ok = 0;
+    }
+}
+
+/* Element i of a tensor of ggml type ty at data, as f32. */
+static float gg_value(uint32_t ty, const uint8_t *data, size_t i, float *scale) {
+    *scale = 0.0f;
+    if (ty == gm_types[GM_F32].ggml) {
+        float f;
+        memcpy(&f, data + 4 * i, 4);
+        return f;
+    }
+    if (ty == gm_types[GM_F16].ggml) return loom_f16_to_f32((uint16_t)(data[2 * i] | data[2 * i + 1] << 8));
+    if (ty == gm_types[GM_BF16].ggml) return loom_bf16_to_f32((uint16_t)(data[2 * i] | data[2 * i + 1] << 8));
+    size_t b = i / 32, k = i % 32;
+    if (ty == gm_types[GM_Q8_0].ggml) {
+        const uint8_t *blk = data + 34 * b;
+        *scale = loom_f16_to_f32((uint16_t)(blk[0] | blk[1] << 8));
+        return (float)(int8_t)blk[2 + k] * *scale;
+    }
+    const uint8_t *blk = data + 18 * b; /* Q4_0 */
+    *scale = loom_f16_to_f32((uint16_t)(blk[0] | blk[1] << 8));
+    int q = k < 16 ? blk[2 + k] & 15 : blk[2 + k - 16] >> 4;
+    return (float)(q - 8) * *scale;
+}
+
+static float gg_st_value(const loom_st_tensor *t, size_t i) {
+    const uint8_t *d = t->data;
+    if (t->dtype == LOOM_DT_F32) {
+        float f;
+        memcpy(&f, d + 4 * i, 4);
+        return f;
+    }
+    uint16_t h = (uint16_t)(d[2 * i] | d[2 * i + 1] << 8);
+    return t->dtype == LOOM_DT_BF16 ? loom_bf16_to_f32(h) : loom_f16_to_f32(h);
+}
+
+/* Compares every tensor of the GGUF file with the model in dir. Float types
+ * must be equal; a quantized element x' of a block with scale d must be
+ * within 0.6 |d| (q8_0: rounding plus the f16 scale) or 1.05 |d| (q4_0: the
+ * top of the range clamps to 15) of the safetensors value. */
+static int gm_check(const char *gguf, const char *dir) {
+    int fd = open(gguf, O_RDONLY);
+    struct stat sb;
+    if (fd < 0 || fstat(fd, &sb) != 0) {
+        fprintf(stderr, "gen_model: %s: %s\n", gguf, strerror(errno));
+        if (fd >= 0) close(fd);
+        return 0;
+    }
+    void *map = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (map == MAP_FAILED) {
+        fprintf(stderr, "gen_model: mmap %s: %s\n", gguf, strerror(errno));
+        return 0;
+    }
+    loom_safetensors *st = NULL;
+    if (loom_st_open_dir(dir, &st) != LOOM_OK) {
+        fprintf(stderr, "gen_model: cannot open the safetensors model in %s\n", dir);
+        munmap(map, (size_t)sb.st_size);
+        return 0;
+    }
+    gg_reader r = {.p = map, .size = (size_t)sb.st_size, .ok = 1};
+    int ok = r.size >= 24 && !memcmp(r.p, "GGUF", 4);
+    r.pos = 4;
+    uint32_t version = (uint32_t)gg_uint(&r, 4);
+    uint64_t n_tensors = gg_uint(&r, 8), n_kv = gg_uint(&r, 8);
+    if (!ok || version != 3) {
+        fprintf(stderr, "gen_model: %s: expected GGUF v3, found %s v%u\n", gguf,
+                ok ? "GGUF" : "no GGUF magic", version);
+        ok = 0;
+    }
+    uint64_t align = GGUF_ALIGN;
+    for (uint64_t i = 0; i < n_kv && ok && r.ok; i++) {
+        char key[256];
+        gg_str(&r, key, sizeof key);
+        uint32_t type = (uint32_t)gg_uint(&r, 4);
+        if (!strcmp(key, "general.alignment") && type == GGUF_T_U32) align = gg_uint(&r, 4);
+        else gg_skip_value(&r, type, 0);
+    }
+    typedef struct { char name[96]; uint32_t ndim, type; uint64_t ne[4], off; } info;
+    info *inf = ok ? calloc(n_tensors ? (size_t)n_tensors : 1, sizeof *inf) : NULL;
+    ok = ok && inf && align && n_tensors == (uint64_t)loom_st_count(st);
+    if (inf && !ok)
+        fprintf(stderr, "gen_model: %s holds %llu tensors, the model %d\n", gguf,
+                (unsigned long long)n_tensors, loom_st_count(st));
+    for (uint64_t i = 0; i < n_tensors && ok && r.ok; i++) {
+        gg_str(&r, inf[i].name, sizeof inf[i].name);
+        inf[i].ndim = (uint32_t)gg_uint(&r, 4);
+        if (inf[i].ndim < 1 || inf[i].ndim > 4) r.ok = 0;
+        for (uint32_t d = 0; d < inf[i].ndim && r.ok; d++) inf[i].ne[d] = gg_uint(&r, 8);
+        inf[i].type = (uint32_t)gg_uint(&r, 4);
+        inf[i].off = gg_uint(&r, 8);
+    }
+    if (ok && !r.ok) {
+        fprintf(stderr, "gen_model: %s: header truncated or malformed\n", gguf);
+        ok = 0;
+    }
+    size_t data = (r.pos + (size_t)align - 1) / (size_t)align * (size_t)align;
+    int bad = 0;
+    size_t checked = 0;
+    for (int i = 0; i < loom_st_count(st) && ok; i++) {
+        const loom_st_tensor *t = loom_st_at(st, i);
+        char want[96];
+        const info *g = NULL;
+        if (gm_gguf_name(t->name, want, sizeof want))
+            for (uint64_t k = 0; k < n_tensors; k++)
+                if (!strcmp(inf[k].name, want)) g = &inf[k];
+        if (!g) {
+            fprintf(stderr, "gen_model: %s: no tensor %s in %s\n", t->name, want, gguf);
+            bad++;
+            continue;
+        }
+        int shape_ok = (int)g->ndim == t->ndim;
+        for (int d = 0; d < t->ndim && shape_ok; d++)
+            shape_ok = g->ne[d] == (uint64_t)t->shape[t->ndim - 1 - d];
+        gm_type ty = GM_TYPE_COUNT;
+        for (int k = 0; k < GM_TYPE_COUNT; k++)
+            if (gm_types[k].ggml == g->type) ty = (gm_type)k;
+        size_t n = 1;
+        for (int d = 0; d < t->ndim; d++) n *= (size_t)t->shape[d];
+        if (!shape_ok || ty == GM_TYPE_COUNT || n % gm_types[ty].block ||
+            data + g->off + gm_type_bytes(ty, n) > r.size) {
+            fprintf(stderr, "gen_model: %s: %s has ggml type %u, %u dims, or lies outside the "
+                    "file; expected the reversed shape of the safetensors tensor\n", t->name,
+                    g->name, g->type, g->ndim);
+            bad++;
+            continue;
+        }
+        const uint8_t *p = r.p + data + g->off;
+        for (size_t e = 0; e < n; e++) {
+            float scale, x = gg_value(g->type, p, e, &scale), want_x = gg_st_value(t, e);
+            float tol = ty == GM_Q8_0 ? 0.6f * fabsf(scale) : ty == GM_Q4_0 ? 1.05f * fabsf(scale) : 0.0f;
+            if (!(fabsf(x - want_x) <= tol)) {
+                fprintf(stderr, "gen_model: %s: element %zu is %g in %s (%s), %g in the "
+                        "safetensors model (tolerance %g)\n", g->name, e, (double)x, gguf,
+                        gm_types[ty].name, (double)want_x, (double)tol);
+                bad++;
+                break;
+            }
+        }
+        checked += n;
+    }
+    if (ok && !bad)
+        fprintf(stderr, "gen_model: %s matches %s: %llu tensors, %zu values\n", gguf, dir,
+                (unsigned long long)n_tensors, checked);
+    free(inf);
+    loom_st_close(st);
+    munmap(map, (size_t)sb.st_size);
+    return ok && !bad;
+}
+
 typedef struct gm_writer {
     const char *format;
     int (*write)(const gm_job *j);  /* returns 1 on success */
@@ -333,6 +816,7 @@ static int gm_write_hf(const gm_job *j) {
 
 static const gm_writer writers[] = {
     {"safetensors", gm_write_hf},  /* Hugging Face directory */
+    {"gguf", gm_write_gguf},       /* DIR/model.gguf for llama.cpp */
 };
 
 /* ---- command line ------------------------------------------------------- */
@@ -356,14 +840,18 @@ static int mkdir_p(const char *dir) {
 
 static void usage(FILE *f) {
     fprintf(f,
-        "usage: gen_model --out DIR [--preset qwen3-0.6b|tiny] [--dtype bf16|f16|f32]\n"
-        "                 [--seed N] [--format safetensors]\n"
+        "usage: gen_model --out DIR [--preset qwen3-0.6b|tiny]\n"
+        "                 [--dtype bf16|f16|f32|q8_0|q4_0] [--seed N]\n"
+        "                 [--format safetensors|gguf]\n"
         "                 [--layers N] [--hidden N] [--heads N] [--kv-heads N]\n"
         "                 [--head-dim N] [--intermediate N] [--vocab N] [--max-pos N]\n"
         "                 [--untied]\n"
-        "Writes a random-weight model directory (config.json + model.safetensors).\n"
-        "Values depend only on the seed and the tensor names, not on the dtype or\n"
-        "the file format.\n");
+        "       gen_model --check FILE.gguf --against DIR\n"
+        "Writes a random-weight model directory (config.json + model.safetensors,\n"
+        "or model.gguf for llama.cpp with --format gguf; q8_0 and q4_0 are GGUF\n"
+        "only, quantized from the bf16 values). Values depend only on the seed\n"
+        "and the tensor names, not on the dtype or the file format. --check\n"
+        "compares every tensor of a GGUF file with the safetensors model in DIR.\n");
 }
 
 static int parse_pos_int(const char *flag, const char *v, int *out) {
@@ -379,6 +867,7 @@ static int parse_pos_int(const char *flag, const char *v, int *out) {
 
 int main(int argc, char **argv) {
     const char *preset = "qwen3-0.6b", *dtype_s = "bf16", *out = NULL, *format = "safetensors";
+    const char *check = NULL, *against = NULL;
     uint64_t seed = 1;
     int ov[8] = {0}, untied = 0;
     static const char *ov_flags[8] = {"--layers", "--hidden", "--heads", "--kv-heads",
@@ -419,11 +908,22 @@ int main(int argc, char **argv) {
             out = v;
         } else if (!strcmp(a, "--format")) {
             format = v;
+        } else if (!strcmp(a, "--check")) {
+            check = v;
+        } else if (!strcmp(a, "--against")) {
+            against = v;
         } else {
             fprintf(stderr, "gen_model: unknown option %s\n", a);
             usage(stderr);
             return 2;
         }
+    }
+    if (check || against) {
+        if (!check || !against) {
+            fprintf(stderr, "gen_model: --check FILE.gguf needs --against DIR\n");
+            return 2;
+        }
+        return gm_check(check, against) ? 0 : 1;
     }
     if (!out) {
         fprintf(stderr, "gen_model: --out DIR is required\n");
@@ -451,19 +951,27 @@ int main(int argc, char **argv) {
     }
     if (s.bos_id >= s.vocab) s.bos_id = 0;
     if (s.eos_id >= s.vocab) s.eos_id = 0;
-    loom_dtype dt;
-    if (!strcmp(dtype_s, "bf16")) dt = LOOM_DT_BF16;
-    else if (!strcmp(dtype_s, "f16")) dt = LOOM_DT_F16;
-    else if (!strcmp(dtype_s, "f32")) dt = LOOM_DT_F32;
-    else {
-        fprintf(stderr, "gen_model: --dtype: expected bf16, f16 or f32, got \"%s\"\n", dtype_s);
+    gm_type ty = GM_TYPE_COUNT;
+    for (int k = 0; k < GM_TYPE_COUNT; k++)
+        if (!strcmp(dtype_s, gm_types[k].name)) ty = (gm_type)k;
+    if (ty == GM_TYPE_COUNT) {
+        fprintf(stderr, "gen_model: --dtype: expected bf16, f16, f32, q8_0 or q4_0, got \"%s\"\n",
+                dtype_s);
         return 2;
     }
+    /* Quantized types start from the bf16 values, as a conversion of the
+     * bf16 checkpoint would. */
+    loom_dtype dt = ty == GM_F32 ? LOOM_DT_F32 : ty == GM_F16 ? LOOM_DT_F16 : LOOM_DT_BF16;
     const gm_writer *wr = NULL;
     for (size_t i = 0; i < LOOM_ARRAY_LEN(writers); i++)
         if (!strcmp(writers[i].format, format)) wr = &writers[i];
     if (!wr) {
-        fprintf(stderr, "gen_model: --format: expected safetensors, got \"%s\"\n", format);
+        fprintf(stderr, "gen_model: --format: expected safetensors or gguf, got \"%s\"\n", format);
+        return 2;
+    }
+    if (wr->write == gm_write_hf && (ty == GM_Q8_0 || ty == GM_Q4_0)) {
+        fprintf(stderr, "gen_model: --dtype %s is only written as --format gguf (for loom's "
+                "8/4-bit models, run `loom convert --bits 8|4` on the bf16 model)\n", dtype_s);
         return 2;
     }
 
@@ -473,7 +981,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     gm_job j = {.shape = &s, .tensors = list, .n_tensors = gm_tensors(&s, list),
-                .dtype = dt, .seed = seed, .dir = out};
+                .dtype = dt, .type = ty, .seed = seed, .dir = out};
     size_t params = 0;
     for (int i = 0; i < j.n_tensors; i++) params += gm_numel(&list[i]);
     double t0 = loom_now();
@@ -481,7 +989,9 @@ int main(int argc, char **argv) {
     if (ok)
         fprintf(stderr, "gen_model: %s %s seed %llu: %d tensors, %.1fM params, %.2f GB in %s "
                 "(%.1f s)\n", s.preset, dtype_s, (unsigned long long)seed, j.n_tensors,
-                (double)params / 1e6, (double)(params * loom_dtype_size(dt)) / 1e9, out,
+                (double)params / 1e6,
+                (double)(wr->write == gm_write_hf ? params * loom_dtype_size(dt)
+                                                  : gm_type_bytes(ty, params)) / 1e9, out,
                 loom_now() - t0);
     free(list);
     return ok ? 0 : 1;
