@@ -10,7 +10,10 @@
  * Rendering passes the same variables transformers does: messages, tools
  * (None when not given), documents, add_generation_prompt, the special
  * tokens, then every extra keyword (chat_template_kwargs, e.g.
- * enable_thinking), which override the rest. */
+ * enable_thinking), which override the rest.
+ *
+ * A loaded template is read-only: any number of threads may call
+ * loom_chat_apply on it at once. */
 #ifndef LOOM_TEMPLATE_CHAT_H
 #define LOOM_TEMPLATE_CHAT_H
 

@@ -17,6 +17,8 @@
 
 #include "loom.h"
 
+/* A compiled template; rendering does not modify it, so one template may be
+ * rendered by several threads at once. */
 typedef struct loom_jinja_template loom_jinja_template;
 
 /* Compiles template source (len bytes; need not be NUL-terminated). On a

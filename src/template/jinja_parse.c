@@ -127,6 +127,9 @@ static const char *decode_string(parser *p, const char *s, size_t n, size_t *out
         case '\'': jb_putc(&b, '\''); break;
         case '"': jb_putc(&b, '"'); break;
         case '\n': break; /* line continuation */
+        case 'N': /* \N{NAME}: no name table here; a template never needs one */
+            free(b.p);
+            return NULL;
         case 'x': hexlen = 2; break;
         case 'u': hexlen = 4; break;
         case 'U': hexlen = 8; break;
@@ -226,7 +229,7 @@ static int lex_tag(parser *p, const char *src, size_t n, size_t *pos, int *line,
             tok *t = push_tok(p, T_STRING, *line);
             if (!t) return 0;
             t->s = decode_string(p, src + i + 1, j - i - 1, &t->n);
-            if (!t->s) return perr(p, *line, "truncated or invalid \\x, \\u or \\U escape"), 0;
+            if (!t->s) return perr(p, *line, "malformed or unsupported \\x, \\u, \\U or \\N escape"), 0;
             *line += count_nl(src + i, j - i);
             i = j + 1;
             continue;
