@@ -58,7 +58,7 @@
 #define MAX_MODELS 16
 
 /* Bytes per element of the KV cache, whatever type the pool stores. */
-#define KV_ELEM_BYTES sizeof(*((loom_kv_pool *)0)->k)
+#define KV_ELEM_BYTES sizeof(float) /* contexts keep f32 KV */
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;

@@ -62,6 +62,13 @@ const char *loom_model_arch(const loom_model *m);
  * to cap ids and returns how many there are. */
 int loom_model_eos_ids(const loom_model *m, int32_t *out, int cap);
 
+/* Element type of the KV cache. */
+typedef enum loom_kv_type {
+    LOOM_KV_F32 = 0,     /* exact: what the reference computes */
+    LOOM_KV_F16 = 1,     /* half the memory */
+    LOOM_KV_BF16 = 2,
+} loom_kv_type;
+
 /* ---- session: one sequence with its own KV cache ------------------------ */
 
 /* A context holds the KV cache for one token sequence. It is the simplest
@@ -72,6 +79,7 @@ typedef struct loom_context loom_context;
 typedef struct loom_context_params {
     int n_ctx;            /* max tokens the sequence may hold; 0 = model max */
     int n_batch;          /* max tokens per forward; 0 = 512 */
+    loom_kv_type kv_type; /* default LOOM_KV_F32 */
 } loom_context_params;
 
 loom_context_params loom_context_default_params(void);
@@ -153,6 +161,7 @@ typedef struct loom_engine_params {
                                smaller for linear-attention models) */
     int max_queue;          /* waiting requests before submit answers
                                LOOM_ERR_BUSY; 0 = unlimited */
+    loom_kv_type kv_type;   /* KV element type (default LOOM_KV_F32) */
     const char *trace_file; /* traced requests' spans as JSON lines, or NULL */
     int prefix_cache;       /* reuse KV of earlier prompts' full blocks (default 1;
                                models with linear-attention layers never do) */

@@ -449,7 +449,12 @@ loom_status loom_engine_create(loom_model *m, const loom_engine_params *params,
     e->max_seqs = LOOM_MIN(p.max_seqs, p.max_batch_tokens);
     e->n_eos = loom_model_eos_ids(m, e->eos, LOOM_MAX_EOS);
     if (e->n_eos > LOOM_MAX_EOS) e->n_eos = LOOM_MAX_EOS;
-    size_t block = loom_kv_block_bytes(c->n_layers, loom_model_kv_dim(m), p.block_size);
+    loom_dtype kvt = loom_kv_dtype(p.kv_type);
+    if (kvt == LOOM_DT_COUNT) {
+        free(e);
+        return loom_err(LOOM_ERR_INVALID_ARG, "engine: unknown kv_type %d", (int)p.kv_type);
+    }
+    size_t block = loom_kv_block_bytes(c->n_layers, loom_model_kv_dim(m), p.block_size, kvt);
     size_t want = p.kv_memory;
     if (!want) {
         size_t full = block * (size_t)blocks_for(&(loom_engine){.kv = &(loom_kv_pool){
@@ -463,7 +468,7 @@ loom_status loom_engine_create(loom_model *m, const loom_engine_params *params,
     if (n_blocks < 1)
         s = loom_err(LOOM_ERR_INVALID_ARG, "engine: kv_memory %zu bytes is less than one block (%zu bytes)",
                      want, block);
-    if (!s) s = loom_kv_pool_create(c->n_layers, loom_model_kv_dim(m), p.block_size, n_blocks, &e->kv);
+    if (!s) s = loom_kv_pool_create(c->n_layers, loom_model_kv_dim(m), p.block_size, n_blocks, kvt, &e->kv);
     e->has_state = loom_seq_state_bytes(m) > 0;
     e->window = INT32_MAX;
     for (int l = 0; l < c->n_layers; l++)
@@ -478,8 +483,8 @@ loom_status loom_engine_create(loom_model *m, const loom_engine_params *params,
         e->disk = NULL;
     }
     e->p.prefix_cache_dir = NULL;
-    snprintf(e->ns_base, sizeof e->ns_base, "loom1|%s|L%d|H%d|V%d|kv=f32|bs=%d|", c->arch, c->n_layers,
-             c->hidden_size, c->vocab_size, p.block_size);
+    snprintf(e->ns_base, sizeof e->ns_base, "loom1|%s|L%d|H%d|V%d|kv=%s|bs=%d|", c->arch, c->n_layers,
+             c->hidden_size, c->vocab_size, loom_dtype_name(kvt), p.block_size);
     if (!s) s = loom_fwd_state_create(m, p.max_batch_tokens, e->n_ctx, &e->fwd);
     if (!s) {
         e->logits = loom_alloc(sizeof(float) * (size_t)e->max_seqs * (size_t)c->vocab_size);

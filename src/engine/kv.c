@@ -8,22 +8,27 @@
 
 #include "base/base.h"
 
-size_t loom_kv_block_bytes(int n_layers, int kv_dim, int block_size) {
-    return 2 * sizeof(float) * (size_t)n_layers * (size_t)kv_dim * (size_t)block_size;
+size_t loom_kv_block_bytes(int n_layers, int kv_dim, int block_size, loom_dtype dtype) {
+    return 2 * loom_dtype_size(dtype) * (size_t)n_layers * (size_t)kv_dim * (size_t)block_size;
 }
 
 loom_status loom_kv_pool_create(int n_layers, int kv_dim, int block_size,
-                                int n_blocks, loom_kv_pool **out) {
+                                int n_blocks, loom_dtype dtype, loom_kv_pool **out) {
     *out = NULL;
     if (n_layers <= 0 || kv_dim <= 0 || block_size <= 0 || n_blocks <= 0)
         return loom_err(LOOM_ERR_INVALID_ARG, "kv pool: sizes must be positive");
+    if (dtype != LOOM_DT_F32 && dtype != LOOM_DT_F16 && dtype != LOOM_DT_BF16)
+        return loom_err(LOOM_ERR_INVALID_ARG, "kv pool: element type %s, expected F32, F16 or BF16",
+                        loom_dtype_name(dtype));
     loom_kv_pool *p = calloc(1, sizeof *p);
     if (!p) return loom_err(LOOM_ERR_NOMEM, "out of memory");
     p->n_layers = n_layers;
     p->kv_dim = kv_dim;
     p->block_size = block_size;
     p->n_blocks = n_blocks;
-    size_t half = loom_kv_block_bytes(n_layers, kv_dim, block_size) / 2 * (size_t)n_blocks;
+    p->dtype = dtype;
+    p->elt = loom_dtype_size(dtype);
+    size_t half = loom_kv_block_bytes(n_layers, kv_dim, block_size, dtype) / 2 * (size_t)n_blocks;
     /* Not zeroed: every row is written before it is read, and untouched
      * pages of a large pool then cost no memory. */
     if (posix_memalign((void **)&p->k, 64, half) != 0) p->k = NULL;
@@ -291,12 +296,10 @@ void loom_kv_seq_truncate(loom_kv_pool *p, loom_kv_seq *seq, int n_tokens) {
             table_remove(p, b); /* ours alone: just stop caching it */
         } else if (p->refcount[b] > 1 && loom_kv_available(p) > 0) {
             int nb = block_take(p);
-            size_t row = (size_t)bs * p->kv_dim;
+            size_t row = (size_t)bs * p->kv_dim * p->elt;
             for (int l = 0; l < p->n_layers; l++) {
-                size_t src = ((size_t)l * p->n_blocks + (size_t)b) * row;
-                size_t dst = ((size_t)l * p->n_blocks + (size_t)nb) * row;
-                memcpy(p->k + dst, p->k + src, row * sizeof(float));
-                memcpy(p->v + dst, p->v + src, row * sizeof(float));
+                memcpy(loom_kv_block_k(p, l, nb), loom_kv_block_k(p, l, b), row);
+                memcpy(loom_kv_block_v(p, l, nb), loom_kv_block_v(p, l, b), row);
             }
             seq->blocks[keep - 1] = nb;
             block_unref(p, b);

@@ -30,6 +30,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "load/safetensors.h"
 #include "loom.h"
 
 struct loom_kv_pool;
@@ -49,7 +50,9 @@ typedef struct loom_kv_pool {
     int kv_dim;          /* n_kv_heads * head_dim */
     int block_size;      /* tokens per block */
     int n_blocks;
-    float *k, *v;        /* owned (n_layers, n_blocks, block_size, kv_dim) */
+    loom_dtype dtype;    /* element type: F32, F16 or BF16 */
+    size_t elt;          /* bytes per element */
+    uint8_t *k, *v;      /* owned (n_layers, n_blocks, block_size, kv_dim) elements */
     int *refcount;       /* owned [n_blocks] */
     int *free_list;      /* owned [n_blocks], stack of free ids */
     int n_free;
@@ -76,11 +79,18 @@ typedef struct loom_kv_seq {
     uint64_t chain;      /* chain hash after block n_hashed - 1 (or the namespace) */
 } loom_kv_seq;
 
-/* Bytes one block takes (K and V, all layers). */
-size_t loom_kv_block_bytes(int n_layers, int kv_dim, int block_size);
+/* Bytes one block takes (K and V, all layers) for an element type. */
+size_t loom_kv_block_bytes(int n_layers, int kv_dim, int block_size, loom_dtype dtype);
 
+/* The element type for a public KV type; LOOM_DT_COUNT when unknown. */
+static inline loom_dtype loom_kv_dtype(loom_kv_type t) {
+    return t == LOOM_KV_F32 ? LOOM_DT_F32 : t == LOOM_KV_F16 ? LOOM_DT_F16
+           : t == LOOM_KV_BF16 ? LOOM_DT_BF16 : LOOM_DT_COUNT;
+}
+
+/* dtype: LOOM_DT_F32, LOOM_DT_F16 or LOOM_DT_BF16. */
 loom_status loom_kv_pool_create(int n_layers, int kv_dim, int block_size,
-                                int n_blocks, loom_kv_pool **out);
+                                int n_blocks, loom_dtype dtype, loom_kv_pool **out);
 void loom_kv_pool_free(loom_kv_pool *p);
 
 /* Makes seq hold blocks for positions [0, n_tokens). Returns LOOM_ERR_NO_KV
@@ -117,26 +127,27 @@ void loom_kv_cache_commit(loom_kv_pool *p, loom_kv_seq *seq, const int32_t *toke
 void loom_kv_cache_clear(loom_kv_pool *p);
 /* Offers every cached block to the tier (e.g. before shutdown). */
 void loom_kv_cache_spill_all(loom_kv_pool *p);
-/* K (or V) rows of a block for layer l: (block_size, kv_dim). */
-static inline float *loom_kv_block_k(const loom_kv_pool *p, int l, int b) {
-    return p->k + ((size_t)l * p->n_blocks + (size_t)b) * p->block_size * p->kv_dim;
+/* K (or V) rows of a block for layer l: (block_size, kv_dim) elements. */
+static inline void *loom_kv_block_k(const loom_kv_pool *p, int l, int b) {
+    return p->k + ((size_t)l * p->n_blocks + (size_t)b) * p->block_size * p->kv_dim * p->elt;
 }
-static inline float *loom_kv_block_v(const loom_kv_pool *p, int l, int b) {
-    return p->v + ((size_t)l * p->n_blocks + (size_t)b) * p->block_size * p->kv_dim;
+static inline void *loom_kv_block_v(const loom_kv_pool *p, int l, int b) {
+    return p->v + ((size_t)l * p->n_blocks + (size_t)b) * p->block_size * p->kv_dim * p->elt;
 }
 
-/* Row of K (or V) for layer l at a sequence position (block must exist). */
-static inline float *loom_kv_k_row(const loom_kv_pool *p, const loom_kv_seq *s,
-                                   int l, int pos) {
+/* Row of K (or V) for layer l at a sequence position (block must exist):
+ * kv_dim elements of p->dtype. */
+static inline void *loom_kv_k_row(const loom_kv_pool *p, const loom_kv_seq *s,
+                                  int l, int pos) {
     size_t b = (size_t)s->blocks[pos / p->block_size];
     return p->k + (((size_t)l * p->n_blocks + b) * p->block_size +
-                   (size_t)(pos % p->block_size)) * p->kv_dim;
+                   (size_t)(pos % p->block_size)) * p->kv_dim * p->elt;
 }
-static inline float *loom_kv_v_row(const loom_kv_pool *p, const loom_kv_seq *s,
-                                   int l, int pos) {
+static inline void *loom_kv_v_row(const loom_kv_pool *p, const loom_kv_seq *s,
+                                  int l, int pos) {
     size_t b = (size_t)s->blocks[pos / p->block_size];
     return p->v + (((size_t)l * p->n_blocks + b) * p->block_size +
-                   (size_t)(pos % p->block_size)) * p->kv_dim;
+                   (size_t)(pos % p->block_size)) * p->kv_dim * p->elt;
 }
 
 #endif

@@ -32,7 +32,7 @@ struct loom_kvdisk {
     uint64_t clock;
     uint8_t *buf;          /* owned: one file's bytes */
     size_t file_size, payload;
-    int block_size, n_layers, kv_dim;
+    int block_size, n_layers, kv_dim, dtype_code;
     loom_kvdisk_stats st;
 };
 
@@ -122,14 +122,14 @@ static void spill(void *ctx, const loom_kv_pool *p, int b) {
     put32(h + 16, (uint32_t)p->block_size);
     put32(h + 20, (uint32_t)p->n_layers);
     put32(h + 24, (uint32_t)p->kv_dim);
-    put32(h + 28, 0);
+    put32(h + 28, (uint32_t)d->dtype_code);
     put64(h + 32, hash);
     put64(h + 40, p->bparent[b]);
     put64(h + 48, d->payload);
     uint8_t *body = h + KVD_HEADER;
     size_t tok_bytes = sizeof(int32_t) * (size_t)p->block_size;
     memcpy(body, p->btok + (size_t)b * p->block_size, tok_bytes);
-    size_t rows = sizeof(float) * (size_t)p->block_size * p->kv_dim;
+    size_t rows = p->elt * (size_t)p->block_size * p->kv_dim;
     uint8_t *kv = body + tok_bytes;
     for (int l = 0; l < p->n_layers; l++) {
         memcpy(kv + (size_t)l * rows, loom_kv_block_k(p, l, b), rows);
@@ -203,7 +203,7 @@ static int fetch(void *ctx, loom_kv_pool *p, uint64_t hash, uint64_t parent, con
     if (get32(h + 8) != KVD_VERSION) return bad_file(d, hash, "unsupported version");
     if (get32(h + 12) != KVD_HEADER || get32(h + 16) != (uint32_t)p->block_size ||
         get32(h + 20) != (uint32_t)p->n_layers || get32(h + 24) != (uint32_t)p->kv_dim ||
-        get32(h + 28) != 0 || get64(h + 48) != d->payload)
+        get32(h + 28) != (uint32_t)d->dtype_code || get64(h + 48) != d->payload)
         return bad_file(d, hash, "KV geometry differs from this model's");
     if (get64(h + 32) != hash) return bad_file(d, hash, "hash does not match the file name");
     if (XXH64(h + KVD_HEADER, d->file_size - KVD_HEADER, 0) != get64(h + 56))
@@ -211,7 +211,7 @@ static int fetch(void *ctx, loom_kv_pool *p, uint64_t hash, uint64_t parent, con
     size_t tok_bytes = sizeof(int32_t) * (size_t)p->block_size;
     /* A hash collision or another prefix: not ours, but not corrupt either. */
     if (get64(h + 40) != parent || memcmp(h + KVD_HEADER, tokens, tok_bytes) != 0) return -1;
-    size_t rows = sizeof(float) * (size_t)p->block_size * p->kv_dim;
+    size_t rows = p->elt * (size_t)p->block_size * p->kv_dim;
     const uint8_t *kv = h + KVD_HEADER + tok_bytes;
     for (int l = 0; l < p->n_layers; l++) {
         memcpy(loom_kv_block_k(p, l, b), kv + (size_t)l * rows, rows);
@@ -264,7 +264,8 @@ loom_status loom_kvdisk_open(const char *dir, size_t cap, loom_kv_pool *p, loom_
     d->block_size = p->block_size;
     d->n_layers = p->n_layers;
     d->kv_dim = p->kv_dim;
-    d->payload = 2 * sizeof(float) * (size_t)p->n_layers * p->block_size * p->kv_dim;
+    d->dtype_code = p->dtype == LOOM_DT_F32 ? 0 : p->dtype == LOOM_DT_F16 ? 1 : 2;
+    d->payload = 2 * p->elt * (size_t)p->n_layers * p->block_size * p->kv_dim;
     d->file_size = KVD_HEADER + sizeof(int32_t) * (size_t)p->block_size + d->payload;
     d->buf = malloc(d->file_size + 1);
     if (!d->dir || !d->buf) {

@@ -23,6 +23,7 @@ struct loom_fwd_state {
     int max_rot;
     float *scores;     /* (n_threads, score_slots, max_ctx) attention scores */
     int *tiles;        /* [2 * max_tokens] attention tiles [ta, tb) */
+    float *kvrow;      /* (n_threads, 2, kv_dim) K and V rows widened from 16-bit KV */
     int *tok_row;      /* [max_tokens] row of each token */
     int *tok_pos;      /* [max_tokens] position of each token */
     int *row_first;    /* [max_tokens] first token of each row */
