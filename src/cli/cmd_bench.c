@@ -247,9 +247,9 @@ int cmd_bench(int argc, char **argv) {
                    tg.median, tg.sd, tg.min, tg.max);
         printf("}\n");
     } else {
-        printf("| %-28s | %9s | %7s | %-6s | %12s | %9s | %21s |\n", "model", "size MiB",
-               "threads", "test", "t/s (median)", "± sd", "min .. max");
-        printf("| %.28s | %.9s | %.7s | %.6s | %.12s | %.9s | %.21s |\n",
+        printf("| %-28s | %9s | %7s | %-6s | %12s | %9s | %22s |\n", "model", "size MiB",
+               "threads", "test", "t/s (median)", "sd", "min .. max");
+        printf("| %.28s | %.9s | %.7s | %.6s | %.12s | %.9s | %.22s |\n",
                "-----------------------------", "----------", "--------", "-------",
                "-------------", "----------", "----------------------");
         char test[32];
