@@ -1,0 +1,185 @@
+#!/bin/sh
+# bench/vs_llamacpp.sh: loom and llama.cpp side by side on the CPU, on the
+# same random Qwen3-0.6B-shaped weights, in the same run.
+#
+#   bench/vs_llamacpp.sh
+#   VS_FORMATS="bf16 q8_0" VS_ROUNDS=5 bench/vs_llamacpp.sh
+#
+# 1. Models (once, under $VS_DIR, default /tmp/loom-vs-llamacpp/qwen3-0.6b-seed1): from
+#    one seed, gen_model writes the bf16 and f16 safetensors models (loom) and
+#    the bf16, f16, q8_0 and q4_0 GGUF files (llama.cpp); `loom convert
+#    --bits 8|4` turns the bf16 model into loom's MLX-format 8- and 4-bit
+#    models. Every value comes from the same (seed, tensor, index) function;
+#    the quantized formats start from the bf16 values.
+# 2. Validation, before timing: `gen_model --check` reads every tensor of each
+#    GGUF file back and compares it element by element with the safetensors
+#    model (equal for bf16/f16; within the quantization step for q8_0/q4_0).
+#    bench_model validates loom on each model before it times it (batched vs
+#    token-by-token logits). A failure stops the script (exit 1).
+# 3. Timing, alternating: for each of $VS_ROUNDS rounds and each format, loom
+#    (bench_model --json) and llama-bench (-o jsonl) with the same threads,
+#    prompt and generation lengths, each $VS_REPS repetitions after its own
+#    warm-up; odd rounds run loom first, even rounds llama.cpp first, so a
+#    drift in machine load does not favour one side.
+# 4. Table of medians over every repetition of every round: pp and tg
+#    tokens/s for both, the ratio loom / llama.cpp, and the decode bound:
+#    the best read bandwidth bench_model measured in this run divided by the
+#    bytes a decode step reads (loom's weights as stored plus its KV; the
+#    GGUF formats store the same bits per weight: 16, 16, 8.5, 4.5).
+#
+# llama.cpp is found in $LLAMA_CPP_DIR (default /tmp/llama.cpp/build/bin,
+# needs llama-bench); without it the script prints loom's figures and the
+# bound alone. Raw results go to $VS_DIR/runs/<time>/.
+#
+# Environment: BUILD (default build/bench), VS_DIR, LLAMA_CPP_DIR,
+# VS_FORMATS (default "bf16 f16 q8_0 q4_0"), VS_ROUNDS (3), VS_REPS (2),
+# VS_THREADS (all cores), VS_P (512), VS_N (128), VS_SEED (1), VS_PRESET
+# (qwen3-0.6b; tiny for a quick check of the script).
+set -eu
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build/bench}
+SEED=${VS_SEED:-1}
+PRESET=${VS_PRESET:-qwen3-0.6b}
+DIR=${VS_DIR:-/tmp/loom-vs-llamacpp}/$PRESET-seed$SEED
+LLAMA=${LLAMA_CPP_DIR:-/tmp/llama.cpp/build/bin}
+FORMATS=${VS_FORMATS:-bf16 f16 q8_0 q4_0}
+ROUNDS=${VS_ROUNDS:-3}
+REPS=${VS_REPS:-2}
+THREADS=${VS_THREADS:-$(nproc)}
+P=${VS_P:-512}
+N=${VS_N:-128}
+
+say() { echo "vs_llamacpp: $*" >&2; }
+die() { say "$*"; exit 1; }
+load() { cut -d' ' -f1-3 /proc/loadavg; }
+
+make -s BUILD="$BUILD" "$BUILD/bench/bench_model" "$BUILD/tools/gen_model" "$BUILD/loom" >&2
+GEN=$BUILD/tools/gen_model
+HAVE_LLAMA=0
+if [ -x "$LLAMA/llama-bench" ]; then HAVE_LLAMA=1; else
+    say "no llama-bench in $LLAMA (set LLAMA_CPP_DIR): loom's figures and the bound only"
+fi
+HAVE_CONVERT=0
+if "$BUILD/loom" convert --help >/dev/null 2>&1; then HAVE_CONVERT=1; fi
+
+# ---- 1. models --------------------------------------------------------------
+for f in $FORMATS; do
+    case $f in bf16|f16|q8_0|q4_0) ;; *) die "unknown format $f (expected bf16, f16, q8_0 or q4_0)" ;; esac
+done
+mkdir -p "$DIR"
+st() { # loom's model directory for a format ("" if loom cannot run it)
+    case $1 in
+    bf16|f16) echo "$DIR/st-$1" ;;
+    q8_0) [ $HAVE_CONVERT = 1 ] && echo "$DIR/st-q8" || echo "" ;;
+    q4_0) [ $HAVE_CONVERT = 1 ] && echo "$DIR/st-q4" || echo "" ;;
+    esac
+}
+src() { # the safetensors model a format's values come from
+    case $1 in f16) echo "$DIR/st-f16" ;; *) echo "$DIR/st-bf16" ;; esac
+}
+gen_st() {
+    [ -f "$DIR/st-$1/model.safetensors" ] ||
+        "$GEN" --preset "$PRESET" --dtype "$1" --seed "$SEED" --out "$DIR/st-$1"
+}
+gen_st bf16
+for f in $FORMATS; do
+    s=$(src "$f")
+    [ "$s" = "$DIR/st-f16" ] && gen_st f16
+    [ -f "$DIR/gguf-$f/model.gguf" ] ||
+        "$GEN" --preset "$PRESET" --format gguf --dtype "$f" --seed "$SEED" --out "$DIR/gguf-$f"
+    m=$(st "$f")
+    case $f in q8_0|q4_0)
+        if [ -n "$m" ] && [ ! -f "$m/config.json" ]; then
+            rm -rf "$m"
+            bits=$(echo "$f" | cut -c2)
+            "$BUILD/loom" convert --model "$DIR/st-bf16" --bits "$bits" --out "$m" >&2 ||
+                die "loom convert --bits $bits failed"
+        fi
+    esac
+done
+
+# ---- 2. validation ----------------------------------------------------------
+for f in $FORMATS; do
+    "$GEN" --check "$DIR/gguf-$f/model.gguf" --against "$(src "$f")" ||
+        die "gguf-$f does not hold the values of $(src "$f"): not timing anything"
+done
+
+# ---- 3. timing --------------------------------------------------------------
+OUT=$DIR/runs/$(date -u +%Y%m%dT%H%M%SZ)
+mkdir -p "$OUT"
+say "load average at start: $(load); raw results in $OUT"
+run_loom() { # format round
+    m=$(st "$1")
+    [ -n "$m" ] || return 0
+    say "round $2 $1: loom ($m), load $(load)"
+    "$BUILD/bench/bench_model" --model "$m" -p "$P" -n "$N" --reps "$REPS" \
+        --threads "$THREADS" --json >"$OUT/loom-$1-$2.json" 2>>"$OUT/loom.log" ||
+        die "bench_model failed on $m (see $OUT/loom.log)"
+}
+run_llama() {
+    [ $HAVE_LLAMA = 1 ] || return 0
+    say "round $2 $1: llama.cpp (gguf-$1), load $(load)"
+    "$LLAMA/llama-bench" -m "$DIR/gguf-$1/model.gguf" -p "$P" -n "$N" -t "$THREADS" \
+        -r "$REPS" -o jsonl >"$OUT/llama-$1-$2.jsonl" 2>>"$OUT/llama.log" ||
+        die "llama-bench failed on gguf-$1 (see $OUT/llama.log)"
+}
+r=1
+while [ $r -le "$ROUNDS" ]; do
+    for f in $FORMATS; do
+        if [ $((r % 2)) = 1 ]; then run_loom "$f" $r; run_llama "$f" $r
+        else run_llama "$f" $r; run_loom "$f" $r; fi
+    done
+    r=$((r + 1))
+done
+say "load average at end: $(load)"
+
+# ---- 4. table ---------------------------------------------------------------
+# field KEY FILE...: the values of "KEY" (a number or an array of numbers) in
+# one-line JSON objects, one per line.
+field() {
+    k=$1; shift
+    cat "$@" 2>/dev/null | sed -n "s/.*\"$k\": *\(\[[^]]*\]\|[^,}]*\).*/\1/p" |
+        tr -d '[] "' | tr ',' '\n' | sed '/^$/d'
+}
+# llama-bench writes one object per test: pp has n_gen 0, tg n_prompt 0.
+llama_samples() { # pp|tg FILES...
+    t=$1; shift
+    if [ "$t" = pp ]; then pat='"n_gen": 0,'; else pat='"n_prompt": 0,'; fi
+    cat "$@" 2>/dev/null | grep -F "$pat" | field samples_ts /dev/stdin
+}
+median() { sort -g | awk '{v[NR] = $1} END {
+    if (NR == 0) print "-"; else if (NR % 2) printf "%.1f\n", v[(NR + 1) / 2];
+    else printf "%.1f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "-" || b == "-" || b == 0) print "-";
+    else printf "%.2f\n", a / b }'; }
+
+BW=$(field bandwidth_gbs "$OUT"/loom-*.json | sort -g | tail -1)
+[ -n "$BW" ] || BW=-
+echo
+echo "loom vs llama.cpp, random $PRESET-shaped model (seed $SEED), $THREADS threads, pp$P / tg$N,"
+echo "medians of $ROUNDS rounds x $REPS reps (alternating), tokens/s; ratio = loom / llama.cpp"
+echo "read bandwidth (best measured by bench_model in this run): $BW GB/s; load average now: $(load)"
+if [ $HAVE_LLAMA = 1 ]; then
+    echo "llama.cpp: $(field build_commit "$OUT"/llama-*.jsonl | head -1) build $(field build_number "$OUT"/llama-*.jsonl | head -1), $LLAMA"
+fi
+echo
+printf '| %-6s | %8s | %9s | %5s | %8s | %9s | %5s | %8s | %8s |\n' format "loom pp" "llama pp" ratio \
+    "loom tg" "llama tg" ratio "MB/tok" "tg bound"
+printf '| %-6s | %8s | %9s | %5s | %8s | %9s | %5s | %8s | %8s |\n' ------ -------- --------- ----- \
+    -------- --------- ----- -------- --------
+for f in $FORMATS; do
+    lf=$(ls "$OUT"/loom-"$f"-*.json 2>/dev/null || true)
+    gf=$(ls "$OUT"/llama-"$f"-*.jsonl 2>/dev/null || true)
+    lpp=$(field pp_reps $lf | median); ltg=$(field tg_reps $lf | median)
+    gpp=$(llama_samples pp $gf | median); gtg=$(llama_samples tg $gf | median)
+    w=$(field weight_bytes_per_token $lf | head -1); kv=$(field kv_bytes_per_token $lf | head -1)
+    mb=$(awk -v w="${w:-0}" -v k="${kv:-0}" 'BEGIN { if (w + k > 0) printf "%.1f\n", (w + k) / 1e6; else print "-" }')
+    bound=$(awk -v bw="$BW" -v w="${w:-0}" -v k="${kv:-0}" 'BEGIN {
+        if (bw == "-" || w + k == 0) print "-"; else printf "%.1f\n", bw * 1e9 / (w + k) }')
+    printf '| %-6s | %8s | %9s | %5s | %8s | %9s | %5s | %8s | %8s |\n' "$f" "$lpp" "$gpp" \
+        "$(ratio "$lpp" "$gpp")" "$ltg" "$gtg" "$(ratio "$ltg" "$gtg")" "$mb" "$bound"
+done
+echo
+echo "loom: bf16/f16 safetensors; q8_0/q4_0 rows run loom's MLX affine 8-/4-bit models (group 64,"
+echo "from \`loom convert\` of the bf16 model) against llama.cpp's Q8_0/Q4_0 (group 32) of the same values."
+echo "tg bound = bandwidth / (loom's weight bytes as stored + its average KV bytes per decode step)."
