@@ -344,6 +344,8 @@ static const char *const CASES[][2] = {
      "TrueTrueTrueTrue"},
     {"{{ 0x1F }}{{ 0o17 }}{{ 0b101 }}{{ 0X_ff }}{{ 1_000 }}{{ 01.5 }}{{ 00 }}{{ 0e3 }}",
      "3115525510001.500.0"},
+    {"{{ 'The quick brown fox jumps'|truncate(9) }}|{{ 'The quick brown fox jumps'|truncate(9, true) }}|{{ 'h\303\251llo w\303\266rld again'|truncate(8, leeway=0) }}",
+     "The...|The qu...|h\303\251llo..."},
 };
 
 static void test_table(void) {
@@ -416,7 +418,7 @@ static void test_errors(void) {
     CHECK_FAIL("{{ none|length }}", NULL, I, "has no len()");
     CHECK_FAIL("{% for x in 3 %}{% endfor %}", NULL, I, "'int' object is not iterable");
     CHECK_FAIL("{{ x|tojson }}", NULL, I, "not JSON serializable");
-    CHECK_FAIL("{{ 'x'|truncate(3) }}", NULL, I, "filter 'truncate' is not supported");
+    CHECK_FAIL("{{ 'x'|wordwrap(3) }}", NULL, I, "filter 'wordwrap' is not supported");
     CHECK_FAIL("{% set a, b = [1] %}", NULL, I, "cannot unpack");
     CHECK_FAIL("{% set n = 1 %}{% set n.a = 2 %}", NULL, I, "non-namespace");
     CHECK_FAIL("{{ range(1000000)|length }}", NULL, I, "range too big");

@@ -1041,6 +1041,7 @@ static const char *const FILTER_KWARGS[][6] = {
     {"dictsort", "case_sensitive", "by", "reverse", NULL},
     {"center", "width", NULL},
     {"attr", "name", NULL},
+    {"truncate", "length", "killwords", "end", "leeway", NULL},
 };
 
 static int check_kwargs(ctx *c, int line, const char *name, const args *a) {
@@ -1340,6 +1341,32 @@ static jv *apply_filter(ctx *c, int line, const char *name, jv *v, const args *a
         jb_put(&b, s->u.s.p, s->u.s.n);
         for (int64_t i = 0; i < total - left; i++) jb_putc(&b, ' ');
         return strbuf_take(c, &b);
+    }
+    if (IS("truncate")) {
+        jv *str = str_of(c, v);
+        jv *lv = arg(a, 0, "length"), *kw = arg(a, 1, "killwords"), *endv = arg(a, 2, "end"),
+           *lw = arg(a, 3, "leeway");
+        int64_t length = lv && is_intlike(lv) ? numi(lv) : 255;
+        int64_t leeway = lw && is_intlike(lw) ? numi(lw) : 5;
+        jv *end = endv ? str_of(c, endv) : jv_str_borrow(c->a, "...", 3);
+        int64_t n = (int64_t)ju_count(str->u.s.p, str->u.s.n);
+        int64_t endn = (int64_t)ju_count(end->u.s.p, end->u.s.n);
+        if (length < endn) return rerr(c, line, "truncate: expected length >= %lld, got %lld",
+                                       (long long)endn, (long long)length);
+        if (n <= length + leeway) return str;
+        jv *head = do_slice(c, line, str, NULL, jv_int(c->a, length - endn), NULL);
+        if (!head) return NULL;
+        if (!(kw && jv_truthy(kw))) {
+            /* drop the last partial word: rsplit(" ", 1)[0] */
+            const char *sp = NULL;
+            for (size_t i = head->u.s.n; i-- > 0;)
+                if (head->u.s.p[i] == ' ') {
+                    sp = head->u.s.p + i;
+                    break;
+                }
+            if (sp) head = jv_str_borrow(c->a, head->u.s.p, (size_t)(sp - head->u.s.p));
+        }
+        return num_add(c, line, head, end);
     }
     if (IS("pprint")) {
         jbuf b = {0};
