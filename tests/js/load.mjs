@@ -1,9 +1,10 @@
 // Load test of loom serve over loopback: C concurrent clients, each doing
 // R requests. Most stream well-formed chat or completion requests; some
 // hang up mid-stream, some send malformed JSON or oversized bodies, some
-// trickle their body over seconds. Every well-formed request must get a
-// valid SSE stream; afterwards the server must be idle (no running or
-// queued sequence, no KV block in use). Prints requests/s and the client's
+// trickle their body over seconds, and some repeat one seeded request
+// whose text must not depend on what else is batched with it. Every
+// well-formed request must get a valid SSE stream; afterwards the server
+// must be idle (no running or queued sequence, no KV block in use). Prints requests/s and the client's
 // TTFT and inter-token latency percentiles.
 //   node load.mjs --url http://127.0.0.1:PORT [--clients 64] [--rounds 3]
 //        [--max-tokens 32] [--oversize BYTES] [--slow-ms 2000] [--key KEY]
@@ -22,7 +23,11 @@ const agent = new http.Agent({ keepAlive: true, maxSockets: opt.clients * 2 });
 const now = () => performance.now();
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
-const stats = { ok: 0, aborted: 0, bad400: 0, big413: 0, slow: 0, failures: [], ttft: [], itl: [], tokens: 0 };
+const stats = { ok: 0, aborted: 0, bad400: 0, big413: 0, slow: 0, same: 0, failures: [], ttft: [], itl: [], tokens: 0 };
+// The seeded request every "same" client sends; its text alone is the reference.
+const SAME = JSON.stringify({ prompt: 'def parse(line):', max_tokens: T, ignore_eos: true, stream: true,
+  stream_options: { include_usage: true }, temperature: 0.9, seed: 4242 });
+let sameRef = null;
 const failure = (what) => { stats.failures.push(what); };
 
 // One HTTP request. body: a string/Buffer, or an array of pieces sent
@@ -87,9 +92,10 @@ function genBody(i, round, chat) {
 }
 
 // A streamed request, timed by the arrival of text.
-async function streamOnce(i, round, { abortAfter = 0, slow = false } = {}) {
-  const chat = (i + round) % 2 === 0;
-  const body = genBody(i, round, chat);
+async function streamOnce(i, round, { abortAfter = 0, slow = false, same = false } = {}) {
+  const chat = same ? false : (i + round) % 2 === 0;
+  const body = same ? SAME : genBody(i, round, chat);
+  let all = '';
   const t0 = now();
   let last = 0, first = 0, seen = 0, pending = '';
   const gaps = [];
@@ -103,6 +109,7 @@ async function streamOnce(i, round, { abortAfter = 0, slow = false } = {}) {
       const j = JSON.parse(ev.slice(6));
       const text = j.choices?.[0] ? (chat ? j.choices[0].delta?.content : j.choices[0].text) : '';
       if (!text) continue;
+      all += text;
       const t = now();
       if (!first) first = t;
       else gaps.push(t - last);
@@ -131,6 +138,11 @@ async function streamOnce(i, round, { abortAfter = 0, slow = false } = {}) {
     failure(`client ${i} round ${round}${slow ? ' (slow body)' : ''}: ${e.message}`);
     return;
   }
+  if (same && sameRef !== null && all !== sameRef) {
+    failure(`client ${i} round ${round}: the seeded request gave different text under load`);
+    return;
+  }
+  if (same) stats.same++;
   stats.ok++;
   if (slow) stats.slow++;
   stats.tokens += T;
@@ -156,6 +168,7 @@ async function client(i) {
       case 3: await streamOnce(i, round, { abortAfter: 2 + (i % 5) }); break;
       case 5: await badOnce(i, round); break;
       case 7: await streamOnce(i, round, { slow: true }); break;
+      case 6: await streamOnce(i, round, { same: true }); break;
       default: await streamOnce(i, round);
     }
   }
@@ -177,6 +190,13 @@ const pct = (a, p) => {
   return s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))];
 };
 
+// the seeded request's text with nothing else running
+{
+  const r = await request('/v1/completions', SAME);
+  const chunks = checkStream(r, false, 1);
+  sameRef = chunks.map((c) => c.choices[0]?.text ?? '').join('');
+  stats.tokens = 0;
+}
 const t0 = now();
 await Promise.all(Array.from({ length: opt.clients }, (_, i) => client(i)));
 const wall = (now() - t0) / 1000;
@@ -193,7 +213,8 @@ const f = (x) => x.toFixed(1);
 const total = stats.ok + stats.aborted + stats.bad400 + stats.big413;
 console.log(`clients ${opt.clients} x rounds ${opt.rounds}, max_tokens ${T}: ${wall.toFixed(2)} s`);
 console.log(`requests: ${stats.ok} streamed ok (${stats.slow} with slow bodies), ${stats.aborted} hung up mid-stream, ` +
-  `${stats.bad400} malformed -> 400, ${stats.big413} oversized -> 413; ${(total / wall).toFixed(1)} requests/s, ` +
+  `${stats.bad400} malformed -> 400, ${stats.big413} oversized -> 413, ${stats.same} seeded repeats as alone; ` +
+  `${(total / wall).toFixed(1)} requests/s, ` +
   `${(stats.ok / wall).toFixed(2)} streams/s, ${(stats.tokens / wall).toFixed(0)} tokens/s`);
 console.log(`TTFT ms: p50 ${f(pct(stats.ttft, 50))} p99 ${f(pct(stats.ttft, 99))}; ` +
   `inter-token ms: p50 ${f(pct(stats.itl, 50))} p99 ${f(pct(stats.itl, 99))}`);
