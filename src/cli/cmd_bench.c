@@ -4,7 +4,9 @@
  * batched forward when p fits the batch). tg<n>: n tokens generated one at
  * a time (greedy, each fed back) after a short untimed prompt. Each test
  * runs once to warm up, then reps times; the table gives the median and
- * the spread (standard deviation, min..max). Before anything is timed the
+ * the spread (standard deviation, min..max). Several models interleave
+ * their repeats and are reported as ratios to the first, so a comparison
+ * holds even on a machine busy with other work. Before anything is timed the
  * run is validated: logits are finite and the one-token decode path agrees
  * with the batched path on a short prompt. */
 #include <math.h>
@@ -153,9 +155,50 @@ static void json_string(const char *s) {
     putchar('"');
 }
 
+#define MAX_MODELS 8
+
+/* One model under test: owned handles and buffers, and its timings. */
+typedef struct bench_model {
+    const char *dir;
+    loom_model *m;          /* owned */
+    loom_context *c;        /* owned */
+    int V;
+    float *la, *lb;         /* owned [CHECK_LEN, V] each */
+    double *pp, *tg;        /* owned [reps]: tokens per second */
+    stats pps, tgs;
+} bench_model;
+
+static void print_row(const bench_model *b, int nthreads, const char *test, const stats *st,
+                      double base) {
+    const char *slash = strrchr(b->dir, '/');
+    const char *name = slash && slash[1] ? slash + 1 : b->dir;
+    printf("| %-28.28s | %9.1f | %7d | %-6s | %12.2f | %9.2f | %9.2f .. %9.2f |", name,
+           model_mib(b->dir), nthreads, test, st->median, st->sd, st->min, st->max);
+    if (base > 0) printf(" %6.2fx |", st->median / base);
+    printf("\n");
+}
+
+static void print_json(const bench_model *b, int nthreads, int p, int n, int reps) {
+    printf("{\"model\": ");
+    json_string(b->dir);
+    printf(", \"arch\": ");
+    json_string(loom_model_arch(b->m));
+    printf(", \"size_mib\": %.2f, \"threads\": %d, \"p\": %d, \"n\": %d, \"reps\": %d",
+           model_mib(b->dir), nthreads, p, n, reps);
+    if (p)
+        printf(", \"pp_tok_s\": %.3f, \"pp_sd\": %.3f, \"pp_min\": %.3f, \"pp_max\": %.3f",
+               b->pps.median, b->pps.sd, b->pps.min, b->pps.max);
+    if (n)
+        printf(", \"tg_tok_s\": %.3f, \"tg_sd\": %.3f, \"tg_min\": %.3f, \"tg_max\": %.3f",
+               b->tgs.median, b->tgs.sd, b->tgs.min, b->tgs.max);
+    printf("}\n");
+}
+
 int cmd_bench(int argc, char **argv) {
-    const char *model = NULL;
+    bench_model bm[MAX_MODELS];
+    int nm = 0;
     int p = 512, n = 128, threads = 0, reps = 5, json = 0;
+    memset(bm, 0, sizeof bm);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -170,113 +213,127 @@ int cmd_bench(int argc, char **argv) {
         if (!known) return cli_usage_error("bench", "unknown option \"%s\"", a);
         if (!(v = cli_value("bench", argc, argv, &i))) return 2;
         int bad = 0;
-        if (!strcmp(a, "--model")) model = v;
+        if (!strcmp(a, "--model")) {
+            if (nm == MAX_MODELS) return cli_usage_error("bench", "at most %d --model", MAX_MODELS);
+            bm[nm++].dir = v;
+        }
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) bad = cli_int("bench", a, v, 0, 1 << 20, &p);
         else if (!strcmp(a, "-n") || !strcmp(a, "--gen")) bad = cli_int("bench", a, v, 0, 1 << 20, &n);
         else if (!strcmp(a, "--threads")) bad = cli_int("bench", a, v, 0, 4096, &threads);
         else bad = cli_int("bench", a, v, 1, 1000, &reps);
         if (bad) return 2;
     }
-    if (!model) return cli_usage_error("bench", "--model is required");
+    if (!nm) return cli_usage_error("bench", "--model is required");
     if (!p && !n) return cli_usage_error("bench", "nothing to measure: -p and -n are both 0");
 
     int rc = 1;
-    loom_model *m = NULL;
-    loom_context *c = NULL;
-    float *la = NULL, *lb = NULL;
-    int32_t *toks = NULL;
-    double *pp_t = calloc((size_t)reps, sizeof *pp_t), *tg_t = calloc((size_t)reps, sizeof *tg_t);
-    loom_model_params mp = loom_model_default_params();
-    mp.n_threads = threads;
-    loom_status s = loom_model_load(model, &mp, &m);
-    if (s) { rc = cli_fail("loading model", s); goto done; }
-    int V = loom_model_vocab_size(m);
     int n_tok = LOOM_MAX(LOOM_MAX(p, TG_PROMPT + n), CHECK_LEN);
-    loom_context_params cp = loom_context_default_params();
-    cp.n_ctx = n_tok;
-    cp.n_batch = LOOM_MAX(LOOM_MAX(p, CHECK_LEN), 1);
-    if (n_tok > loom_model_max_positions(m)) {
-        fprintf(stderr, "loom: error: bench needs %d positions; the model allows %d\n", n_tok,
-                loom_model_max_positions(m));
-        goto done;
+    int32_t *toks = NULL;
+    int min_vocab = 1 << 30;
+    loom_status s;
+    for (int k = 0; k < nm; k++) {
+        bench_model *b = &bm[k];
+        loom_model_params mp = loom_model_default_params();
+        mp.n_threads = threads;
+        if ((s = loom_model_load(b->dir, &mp, &b->m))) {
+            fprintf(stderr, "loom: error: %s:\n", b->dir);
+            rc = cli_fail("loading model", s);
+            goto done;
+        }
+        b->V = loom_model_vocab_size(b->m);
+        min_vocab = LOOM_MIN(min_vocab, b->V);
+        if (n_tok > loom_model_max_positions(b->m)) {
+            fprintf(stderr, "loom: error: %s: bench needs %d positions; the model allows %d\n",
+                    b->dir, n_tok, loom_model_max_positions(b->m));
+            goto done;
+        }
+        loom_context_params cp = loom_context_default_params();
+        cp.n_ctx = n_tok;
+        cp.n_batch = LOOM_MAX(p, CHECK_LEN);
+        if ((s = loom_context_create(b->m, &cp, &b->c))) {
+            rc = cli_fail("creating context", s);
+            goto done;
+        }
+        b->la = malloc(sizeof *b->la * (size_t)b->V * CHECK_LEN);
+        b->lb = malloc(sizeof *b->lb * (size_t)b->V * CHECK_LEN);
+        b->pp = calloc((size_t)reps, sizeof *b->pp);
+        b->tg = calloc((size_t)reps, sizeof *b->tg);
+        if (!b->la || !b->lb || !b->pp || !b->tg) {
+            fprintf(stderr, "loom: error: out of memory\n");
+            goto done;
+        }
     }
-    if ((s = loom_context_create(m, &cp, &c))) { rc = cli_fail("creating context", s); goto done; }
-    toks = malloc(sizeof *toks * (size_t)n_tok);
-    la = malloc(sizeof *la * (size_t)V * CHECK_LEN);
-    lb = malloc(sizeof *lb * (size_t)V * CHECK_LEN);
-    if (!toks || !la || !lb || !pp_t || !tg_t) {
+    /* The same prompt for every model (ids valid in the smallest vocabulary). */
+    if (!(toks = malloc(sizeof *toks * (size_t)n_tok))) {
         fprintf(stderr, "loom: error: out of memory\n");
         goto done;
     }
-    fill_tokens(toks, n_tok, V);
-    if (validate(c, toks, V, la, lb)) goto done;
+    fill_tokens(toks, n_tok, min_vocab);
+    for (int k = 0; k < nm; k++) {
+        bench_model *b = &bm[k];
+        if (nm > 1) fprintf(stderr, "loom bench: %s\n", b->dir);
+        if (validate(b->c, toks, b->V, b->la, b->lb)) goto done;
+    }
 
+    /* Warm-up, then the repeats; with several models each repeat runs
+     * every model in turn, so they share whatever else the machine does. */
     double secs;
-    if (p) {
-        if ((s = run_pp(c, toks, p, la, &secs))) { rc = cli_fail("pp warm-up", s); goto done; }
-        for (int i = 0; i < V; i++)
-            if (!isfinite(la[i])) {
-                fprintf(stderr, "loom: error: bench: pp logits are not finite\n");
-                goto done;
+    for (int r = -1; r < reps; r++) {
+        for (int k = 0; k < nm && p; k++) {
+            bench_model *b = &bm[k];
+            if ((s = run_pp(b->c, toks, p, b->la, &secs))) { rc = cli_fail("pp", s); goto done; }
+            if (r < 0) {
+                for (int i = 0; i < b->V; i++)
+                    if (!isfinite(b->la[i])) {
+                        fprintf(stderr, "loom: error: %s: pp logits are not finite\n", b->dir);
+                        goto done;
+                    }
+            } else {
+                b->pp[r] = p / secs;
             }
-        for (int r = 0; r < reps; r++) {
-            if ((s = run_pp(c, toks, p, la, &secs))) { rc = cli_fail("pp", s); goto done; }
-            pp_t[r] = p / secs;
+        }
+        for (int k = 0; k < nm && n; k++) {
+            bench_model *b = &bm[k];
+            if ((s = run_tg(b->c, toks, n, b->V, b->la, &secs))) { rc = cli_fail("tg", s); goto done; }
+            if (r >= 0) b->tg[r] = n / secs;
         }
     }
-    if (n) {
-        if ((s = run_tg(c, toks, n, V, la, &secs))) { rc = cli_fail("tg warm-up", s); goto done; }
-        for (int r = 0; r < reps; r++) {
-            if ((s = run_tg(c, toks, n, V, la, &secs))) { rc = cli_fail("tg", s); goto done; }
-            tg_t[r] = n / secs;
-        }
-    }
-    stats pp = summarize(pp_t, p ? reps : 0), tg = summarize(tg_t, n ? reps : 0);
     int nthreads = threads ? threads : loom_cpu_count();
-    double mib = model_mib(model);
+    for (int k = 0; k < nm; k++) {
+        bm[k].pps = summarize(bm[k].pp, p ? reps : 0);
+        bm[k].tgs = summarize(bm[k].tg, n ? reps : 0);
+    }
     if (json) {
-        printf("{\"model\": ");
-        json_string(model);
-        printf(", \"arch\": ");
-        json_string(loom_model_arch(m));
-        printf(", \"size_mib\": %.2f, \"threads\": %d, \"p\": %d, \"n\": %d, \"reps\": %d",
-               mib, nthreads, p, n, reps);
-        if (p)
-            printf(", \"pp_tok_s\": %.3f, \"pp_sd\": %.3f, \"pp_min\": %.3f, \"pp_max\": %.3f",
-                   pp.median, pp.sd, pp.min, pp.max);
-        if (n)
-            printf(", \"tg_tok_s\": %.3f, \"tg_sd\": %.3f, \"tg_min\": %.3f, \"tg_max\": %.3f",
-                   tg.median, tg.sd, tg.min, tg.max);
-        printf("}\n");
+        for (int k = 0; k < nm; k++) print_json(&bm[k], nthreads, p, n, reps);
     } else {
-        printf("| %-28s | %9s | %7s | %-6s | %12s | %9s | %22s |\n", "model", "size MiB",
-               "threads", "test", "t/s (median)", "sd", "min .. max");
-        printf("| %.28s | %.9s | %.7s | %.6s | %.12s | %.9s | %.22s |\n",
+        printf("| %-28s | %9s | %7s | %-6s | %12s | %9s | %22s |%s\n", "model", "size MiB",
+               "threads", "test", "t/s (median)", "sd", "min .. max", nm > 1 ? "  vs 1st |" : "");
+        printf("| %.28s | %.9s | %.7s | %.6s | %.12s | %.9s | %.22s |%s\n",
                "-----------------------------", "----------", "--------", "-------",
-               "-------------", "----------", "----------------------");
+               "-------------", "----------", "-----------------------",
+               nm > 1 ? " ------: |" : "");
         char test[32];
-        const char *name = strrchr(model, '/') && strrchr(model, '/')[1] ? strrchr(model, '/') + 1
-                                                                         : model;
-        if (p) {
+        for (int k = 0; k < nm && p; k++) {
             snprintf(test, sizeof test, "pp%d", p);
-            printf("| %-28.28s | %9.1f | %7d | %-6s | %12.2f | %9.2f | %9.2f .. %9.2f |\n",
-                   name, mib, nthreads, test, pp.median, pp.sd, pp.min, pp.max);
+            print_row(&bm[k], nthreads, test, &bm[k].pps, nm > 1 ? bm[0].pps.median : 0);
         }
-        if (n) {
+        for (int k = 0; k < nm && n; k++) {
             snprintf(test, sizeof test, "tg%d", n);
-            printf("| %-28.28s | %9.1f | %7d | %-6s | %12.2f | %9.2f | %9.2f .. %9.2f |\n",
-                   name, mib, nthreads, test, tg.median, tg.sd, tg.min, tg.max);
+            print_row(&bm[k], nthreads, test, &bm[k].tgs, nm > 1 ? bm[0].tgs.median : 0);
         }
-        printf("(%d reps after 1 warm-up; %s)\n", reps, loom_model_arch(m));
+        printf("(%d reps after 1 warm-up%s; %s)\n", reps,
+               nm > 1 ? ", models interleaved" : "", loom_model_arch(bm[0].m));
     }
     rc = 0;
 done:
     free(toks);
-    free(la);
-    free(lb);
-    free(pp_t);
-    free(tg_t);
-    loom_context_free(c);
-    loom_model_free(m);
+    for (int k = 0; k < nm; k++) {
+        free(bm[k].la);
+        free(bm[k].lb);
+        free(bm[k].pp);
+        free(bm[k].tg);
+        loom_context_free(bm[k].c);
+        loom_model_free(bm[k].m);
+    }
     return rc;
 }
