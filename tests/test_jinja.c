@@ -346,6 +346,18 @@ static const char *const CASES[][2] = {
      "3115525510001.500.0"},
     {"{{ 'The quick brown fox jumps'|truncate(9) }}|{{ 'The quick brown fox jumps'|truncate(9, true) }}|{{ 'h\303\251llo w\303\266rld again'|truncate(8, leeway=0) }}",
      "The...|The qu...|h\303\251llo..."},
+    {"{% macro m(a, b=2) %}{{ a }}{{ b }}{{ varargs }}{% endmacro %}{{ m(1, 2, 3) }}",
+     "12(3,)"},
+    {"{% macro m(a, b=2) %}{{ a }}{{ b }}{{ kwargs }}{% endmacro %}{{ m(1, c=3) }}",
+     "12{'c': 3}"},
+    {"{% macro m(a, b=2) %}{{ a }}{{ b }}{% endmacro %}{{ m(b=5, a=3) }}{{ m() }}",
+     "352"},
+    {"{% macro m() %}[{{ caller() }}]{% endmacro %}{% call m() %}x{% endcall %}",
+     "[x]"},
+    {"{% macro outer() %}{% macro inner() %}{{ kwargs }}{% endmacro %}{{ inner(z=1) }}{% endmacro %}{{ outer() }}",
+     "{'z': 1}"},
+    {"{{ '{\\n'|indent(4, first=true) }}|{{ 'a'|indent(2) }}|{{ ''|indent(2, true) }}|{{ 'a\\n\\nb'|indent(2) }}|{{ 'a\\n\\nb\\n'|indent(2, blank=true) }}|{{ 'x\\r\\ny\\rz'|indent(1) }}|{{ '\\n'|indent(3, true, true) }}",
+     "    {\n|a|  |a\n\n  b|a\n  \n  b\n  |x\n y\n z|   \n   "},
 };
 
 static void test_table(void) {

@@ -917,27 +917,25 @@ static jv *do_indent(ctx *c, jv *s, const args *a) {
         for (int64_t i = 0; i < k && i < 1024; i++) jb_putc(&ind, ' ');
     }
     const char *in = ind.p ? ind.p : "";
-    /* split into lines as str.splitlines() after appending "\n" */
+    /* Jinja splits (s + "\n").splitlines(): every terminator ends a line and
+     * the text after the last one is a line too, even when empty */
     jbuf b = {0};
     const char *p = s->u.s.p, *end = p + s->u.s.n;
-    int lineno = 0;
-    while (p < end) {
+    for (int lineno = 0;; lineno++) {
         const char *e = p;
         while (e < end && *e != '\n' && *e != '\r') e++;
         size_t len = (size_t)(e - p);
         if (lineno == 0) {
             if (first) jb_puts(&b, in);
-            jb_put(&b, p, len);
         } else {
             jb_putc(&b, '\n');
             if (blank || len) jb_puts(&b, in);
-            jb_put(&b, p, len);
         }
-        lineno++;
-        if (e < end && *e == '\r' && e + 1 < end && e[1] == '\n') e++;
-        p = e < end ? e + 1 : e;
+        jb_put(&b, p, len);
+        if (e == end) break;
+        if (*e == '\r' && e + 1 < end && e[1] == '\n') e++;
+        p = e + 1;
     }
-    if (lineno == 0 && first) jb_puts(&b, in);
     free(ind.p);
     return strbuf_take(c, &b);
 }
@@ -1631,6 +1629,21 @@ static jv *call_macro(ctx *c, int line, const jnode *m, jframe *closure, const a
     jframe *f = frame_new(c, closure);
     if (!f) return rerr(c, line, "out of memory");
     int np = m->n;
+    if (m->kind == N_MACRO) { /* argument checks as Jinja's Macro does them */
+        if (a->npos > np && !(m->op & MACRO_VARARGS))
+            return rerr(c, line, "macro '%s' takes not more than %d argument(s)", m->name, np);
+        for (int k = 0; k < a->nkw; k++) {
+            int at = -1;
+            for (int i = 0; i < np; i++)
+                if (!strcmp(a->kwn[k], m->items[i]->name)) at = i;
+            if (at >= 0 && at < a->npos)
+                return rerr(c, line, "macro '%s' got multiple values for argument '%s'",
+                            m->name, a->kwn[k]);
+            if (at < 0 && !(m->op & MACRO_KWARGS) && strcmp(a->kwn[k], "caller"))
+                return rerr(c, line, "macro '%s' takes no keyword argument '%s'", m->name,
+                            a->kwn[k]);
+        }
+    }
     for (int i = 0; i < np; i++) {
         const char *pname = m->items[i]->name;
         jv *v = i < a->npos ? a->pos[i] : NULL;
@@ -1644,6 +1657,7 @@ static jv *call_macro(ctx *c, int line, const jnode *m, jframe *closure, const a
         frame_set(c, f, pname, v ? v : jv_undef(c->a, pname));
     }
     jv *varargs = jv_list(c->a, 0);
+    varargs->flags |= JVF_TUPLE;
     for (int i = np; i < a->npos; i++) jv_list_push(c->a, varargs, a->pos[i]);
     jv *kwargs = jv_dict(c->a);
     for (int k = 0; k < a->nkw; k++) {

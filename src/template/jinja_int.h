@@ -214,6 +214,10 @@ struct jnode {
     int height;             /* operator-chain height (parser's depth bound) */
 };
 
+/* N_MACRO op bits: the body reads varargs / kwargs, so extra positional /
+ * keyword arguments are accepted. */
+enum { MACRO_VARARGS = 1, MACRO_KWARGS = 2 };
+
 /* Binary operator codes for E_BIN and E_CMP. */
 enum {
     OP_ADD = 1, OP_SUB, OP_MUL, OP_DIV, OP_FDIV, OP_MOD, OP_POW, OP_CAT,

@@ -1299,6 +1299,23 @@ static int parse_params(parser *p, jnode *n) {
     return 1;
 }
 
+/* Whether the subtree reads variable `name` (Jinja lets a macro take extra
+ * positional or keyword arguments only when its body uses varargs/kwargs). */
+static int mentions(const jnode *n, const char *name) {
+    if (!n) return 0;
+    if (n->kind == E_NAME && !strcmp(n->name, name)) return 1;
+    if (mentions(n->a, name) || mentions(n->b, name) || mentions(n->c, name) ||
+        mentions(n->d, name))
+        return 1;
+    for (int i = 0; n->items && i < n->n; i++)
+        if (mentions(n->items[i], name)) return 1;
+    int nk = n->kind == E_DICT || n->kind == N_MACRO || n->kind == N_WITH ||
+                     n->kind == N_CALLBLOCK ? n->n : n->nkw;
+    for (int i = 0; n->kwv && i < nk; i++)
+        if (mentions(n->kwv[i], name)) return 1;
+    return 0;
+}
+
 static jnode *parse_macro(parser *p, int line) {
     tok *t = cur(p);
     if (t->type != T_NAME)
@@ -1314,6 +1331,8 @@ static jnode *parse_macro(parser *p, int line) {
     n->a = parse_body(p, e, "macro", line);
     p->loop_depth = saved;
     if (!n->a) return NULL;
+    n->op = (mentions(n->a, "varargs") ? MACRO_VARARGS : 0) |
+            (mentions(n->a, "kwargs") ? MACRO_KWARGS : 0);
     return close_block(p) ? n : NULL;
 }
 
