@@ -85,6 +85,7 @@ typedef struct job {
     int phase;                  /* 0 tokens, 1 final chunks queued, 2 done */
     int failed;                 /* error status already decided */
     int gone;                   /* the client went away (counted) */
+    int next_choice;            /* pump() looks at this choice first */
     api_error err;
 } job;
 
@@ -429,14 +430,23 @@ static int pump(job *j, int *which, emitted *em) {
             return -1;
         }
     }
-    int wait_ms = pending == 1 ? 100 : 5;
-    for (int i = 0; i < j->n; i++) {
-        choice *c = &j->ch[i];
-        if (c->done) continue;
-        loom_event ev;
-        if (loom_request_next(c->rq, &ev, wait_ms) != LOOM_OK) continue;
-        *which = i;
-        return on_event(j, c, &ev, em) < 0 ? -1 : 1;
+    /* The engine emits one event per choice per step, all at once: first
+     * take whatever is ready (in turn, from the choice after the last one
+     * served), and only then wait, briefly per choice when there are
+     * several. Waiting on one choice while another's event sits ready
+     * cost up to 5 ms per choice per token. */
+    for (int pass = 0; pass < 2; pass++) {
+        int wait_ms = pass == 0 ? 0 : pending == 1 ? 100 : 2;
+        for (int k = 0; k < j->n; k++) {
+            int i = (j->next_choice + k) % j->n;
+            choice *c = &j->ch[i];
+            if (c->done) continue;
+            loom_event ev;
+            if (loom_request_next(c->rq, &ev, wait_ms) != LOOM_OK) continue;
+            j->next_choice = (i + 1) % j->n;
+            *which = i;
+            return on_event(j, c, &ev, em) < 0 ? -1 : 1;
+        }
     }
     if (client_gone(j->fd)) {
         cancel_all(j);
