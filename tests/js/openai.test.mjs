@@ -193,6 +193,16 @@ test('n > 1, blocking and streamed', async () => {
   }
 });
 
+test('n > 1 streams its choices side by side', async () => {
+  const chunks = await collect(await client.completions.create(
+    { model, prompt: 'import', max_tokens: 48, n: 6, ignore_eos: true, stream: true }));
+  const order = chunks.flatMap((c) => c.choices).filter((x) => x.text).map((x) => x.index);
+  assert.ok(order.length >= 6 * 24, `${order.length} text chunks`);
+  // every choice starts within the first few rounds, not after choice 0 is done
+  const start = new Set(order.slice(0, 18));
+  assert.equal(start.size, 6, `first 18 chunks come from choices ${[...start]}`);
+});
+
 test('seeds reproduce; different seeds differ', async () => {
   const args = { model, prompt: 'import', max_tokens: 24, temperature: 1, ignore_eos: true };
   const a = await client.completions.create({ ...args, seed: 42 });
