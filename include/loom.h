@@ -67,6 +67,8 @@ typedef enum loom_kv_type {
     LOOM_KV_F32 = 0,     /* exact: what the reference computes */
     LOOM_KV_F16 = 1,     /* half the memory */
     LOOM_KV_BF16 = 2,
+    LOOM_KV_Q8 = 3,      /* affine 8-bit, groups of 64 (32 for narrow rows), f16 scale/bias */
+    LOOM_KV_Q4 = 4,      /* affine 4-bit, likewise */
 } loom_kv_type;
 
 /* ---- session: one sequence with its own KV cache ------------------------ */

@@ -530,15 +530,19 @@ static void sliding_window_blocks(void) {
     free_fixture(&f);
 }
 
-/* 16-bit KV: logits stay close to the f32 reference, and the engine's
- * greedy tokens match the reference on the fixtures. */
-static void kv_16bit(const char *dir) {
+/* 16-bit and quantized KV: logits stay close to the f32 reference, and
+ * the engine's greedy tokens match the reference on the fixtures (16-bit
+ * and 8-bit). */
+static void kv_lossy(const char *dir) {
     fixture f;
     if (!load_fixture(dir, &f)) { CHECK(0); return; }
-    static const loom_kv_type types[] = {LOOM_KV_F16, LOOM_KV_BF16};
-    static const double tol[] = {1e-3, 1e-2};
+    static const loom_kv_type types[] = {LOOM_KV_F16, LOOM_KV_BF16, LOOM_KV_Q8, LOOM_KV_Q4};
+    static const double tol[] = {1e-3, 1e-2, 2e-2, 2.5e-1};
+    /* 4-bit on random weights is only bounded in logits; its quality is
+     * measured as perplexity on a trained model (loom perplexity). */
+    static const int min_same[] = {NP, NP, NP, 0};
     int V = loom_model_vocab_size(f.m);
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < 4; k++) {
         loom_context_params cp = loom_context_default_params();
         cp.n_ctx = 400;
         cp.kv_type = types[k];
@@ -579,7 +583,7 @@ static void kv_16bit(const char *dir) {
             loom_request_free(r[i]);
         }
         fprintf(stderr, "%s kv type %d: %d of %d greedy continuations identical\n", dir, (int)types[k], same, NP);
-        CHECK(same == NP);
+        CHECK(same >= min_same[k]);
         check_idle(e);
         loom_engine_free(e);
     }
@@ -587,8 +591,8 @@ static void kv_16bit(const char *dir) {
 }
 
 int main(void) {
-    kv_16bit("tests/fixtures/models/qwen3-tiny");
-    kv_16bit("tests/fixtures/models/llama3-tiny");
+    kv_lossy("tests/fixtures/models/qwen3-tiny");
+    kv_lossy("tests/fixtures/models/llama3-tiny");
     sliding_window_blocks();
     tracing();
     disk_tier();

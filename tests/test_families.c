@@ -700,7 +700,7 @@ static void test_recurrent_state(const char *fixture) {
         loom_fwd_state *fs = NULL;
         loom_kv_seq a = {0}, b = {0};
         loom_seq_state *sa = NULL, *sb = NULL;
-        CHECK(loom_kv_pool_create(m->cfg.n_layers, loom_model_kv_dim(m), 16, 64, LOOM_DT_F32, &kv) == LOOM_OK);
+        CHECK(loom_kv_pool_create(m->cfg.n_layers, loom_model_kv_dim(m), 16, 64, LOOM_KV_F32, &kv) == LOOM_OK);
         CHECK(loom_fwd_state_create(m, 512, 512, &fs) == LOOM_OK);
         CHECK(loom_seq_state_create(m, &sa) == LOOM_OK && sa);
         CHECK(loom_seq_state_create(m, &sb) == LOOM_OK && sb);

@@ -173,7 +173,7 @@ static void check_batched(const char *dir, double tol) {
     loom_fwd_state *fs = NULL;
     loom_kv_seq seq[3] = {{0}};
     loom_seq_state *st[3] = {0};
-    CHECK(loom_kv_pool_create(m->cfg.n_layers, loom_model_kv_dim(m), 16, 64, LOOM_DT_F32, &kv) == LOOM_OK);
+    CHECK(loom_kv_pool_create(m->cfg.n_layers, loom_model_kv_dim(m), 16, 64, LOOM_KV_F32, &kv) == LOOM_OK);
     CHECK(loom_fwd_state_create(m, 512, 512, &fs) == LOOM_OK);
     float *out[3], dec[2][512];
     for (int i = 0; i < 3; i++) {

@@ -82,3 +82,14 @@ const char *cli_value(const char *cmd, int argc, char **argv, int *i) {
     }
     return argv[++*i];
 }
+
+int cli_kv_type(const char *cmd, const char *text, loom_kv_type *out) {
+    static const char *names[] = {"f32", "f16", "bf16", "q8", "q4"};
+    for (int i = 0; i < 5; i++)
+        if (!strcmp(text, names[i])) {
+            *out = (loom_kv_type)i;
+            return 0;
+        }
+    cli_usage_error(cmd, "--kv-type: expected f32, f16, bf16, q8 or q4, found \"%s\"", text);
+    return 1;
+}

@@ -30,6 +30,9 @@ int cli_float(const char *cmd, const char *opt, const char *text, float *out);
 /* Parses "1,2,3" into a malloc'd array. */
 int cli_ids(const char *cmd, const char *opt, const char *text, int32_t **out, int *n);
 
+/* Parses a KV type name (f32, f16, bf16, q8, q4). */
+int cli_kv_type(const char *cmd, const char *text, loom_kv_type *out);
+
 /* Returns the value of option argv[*i] (advancing *i), or NULL after
  * reporting that it is missing. */
 const char *cli_value(const char *cmd, int argc, char **argv, int *i);

@@ -7,6 +7,8 @@
 
 #include "base/base.h"
 #include "cli/cli.h"
+#include "engine/kv.h"
+#include "model/model.h"
 #include "tokenize/tokenizer.h"
 
 static const char usage[] =
@@ -20,11 +22,13 @@ static const char usage[] =
     "  --text-file FILE  UTF-8 text\n"
     "  --ctx N           window length in tokens (default 512)\n"
     "  --windows N       number of windows (default 64; fewer if the text is short)\n"
+    "  --kv-type T       KV cache type: f32 (default), f16, bf16, q8, q4\n"
     "  --threads N       worker threads (default: all cores)\n";
 
 int cmd_perplexity(int argc, char **argv) {
     const char *model = NULL, *file = NULL;
     int ctx = 512, windows = 64, threads = 0;
+    loom_kv_type kv_type = LOOM_KV_F32;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -32,7 +36,7 @@ int cmd_perplexity(int argc, char **argv) {
             return 0;
         }
         if (strcmp(a, "--model") && strcmp(a, "--text-file") && strcmp(a, "--ctx") &&
-            strcmp(a, "--windows") && strcmp(a, "--threads"))
+            strcmp(a, "--windows") && strcmp(a, "--threads") && strcmp(a, "--kv-type"))
             return cli_usage_error("perplexity", "unknown option \"%s\"", a);
         if (!(v = cli_value("perplexity", argc, argv, &i))) return 2;
         int bad = 0;
@@ -40,6 +44,7 @@ int cmd_perplexity(int argc, char **argv) {
         else if (!strcmp(a, "--text-file")) file = v;
         else if (!strcmp(a, "--ctx")) bad = cli_int("perplexity", a, v, 2, 1 << 20, &ctx);
         else if (!strcmp(a, "--windows")) bad = cli_int("perplexity", a, v, 1, 1 << 20, &windows);
+        else if (!strcmp(a, "--kv-type")) bad = cli_kv_type("perplexity", v, &kv_type);
         else bad = cli_int("perplexity", a, v, 0, 4096, &threads);
         if (bad) return 2;
     }
@@ -72,6 +77,7 @@ int cmd_perplexity(int argc, char **argv) {
     loom_context_params cp = loom_context_default_params();
     cp.n_ctx = ctx;
     cp.n_batch = ctx;
+    cp.kv_type = kv_type;
     if ((s = loom_context_create(m, &cp, &c))) { rc = cli_fail("context", s); goto done; }
     int V = loom_model_vocab_size(m);
     logits = malloc(sizeof(float) * (size_t)ctx * (size_t)V);
@@ -92,7 +98,9 @@ int cmd_perplexity(int argc, char **argv) {
         }
     }
     double t2 = loom_now();
-    printf("perplexity %.4f over %ld tokens (%d windows of %d)\n", exp(nll / count), count, windows, ctx);
+    printf("perplexity %.4f over %ld tokens (%d windows of %d), KV %s: %zu bytes per token\n",
+           exp(nll / count), count, windows, ctx, loom_kv_type_name(kv_type),
+           loom_kv_block_bytes(m->cfg.n_layers, loom_model_kv_dim(m), 1, kv_type));
     fprintf(stderr, "tokenized %zu tokens in %.2f s; scored in %.2f s (%.0f tok/s)\n", n, t1 - t0,
             t2 - t1, (double)windows * ctx / (t2 - t1));
     rc = 0;

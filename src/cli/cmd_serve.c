@@ -26,7 +26,7 @@ static const char usage[] =
     "  --ctx-size N            max tokens per sequence (default: model limit, <= 32768)\n"
     "  --kv-memory SIZE        KV pool size, e.g. 2G or 512M (default: RAM/4)\n"
     "  --block-size N          tokens per KV block (default 16)\n"
-    "  --kv-type T             KV element type: f32 (exact, default), f16 or bf16\n"
+    "  --kv-type T             KV type: f32 (exact, default), f16, bf16, q8 or q4\n"
     "  --prefill-chunk N       planned prefill chunk (default policy: 2048)\n"
     "  --max-tokens N          default max tokens of a request (default 512)\n"
     "  --max-body SIZE         largest request body (default 8M)\n"
@@ -99,12 +99,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--grace")) bad = cli_int("serve", a, v, 0, 86400, &p.grace_s);
         else if (!strcmp(a, "--trace-file")) p.engine.trace_file = v;
         else if (!strcmp(a, "--port-file")) p.port_file = v;
-        else if (!strcmp(a, "--kv-type")) {
-            if (!strcmp(v, "f32")) p.engine.kv_type = LOOM_KV_F32;
-            else if (!strcmp(v, "f16")) p.engine.kv_type = LOOM_KV_F16;
-            else if (!strcmp(v, "bf16")) p.engine.kv_type = LOOM_KV_BF16;
-            else return cli_usage_error("serve", "--kv-type: expected f32, f16 or bf16, found \"%s\"", v);
-        }
+        else if (!strcmp(a, "--kv-type")) bad = cli_kv_type("serve", v, &p.engine.kv_type);
         else if (!strcmp(a, "--prefix-cache-bytes")) bad = parse_size(a, v, &p.engine.prefix_cache_bytes);
         else if (!strcmp(a, "--prefix-cache-dir")) p.engine.prefix_cache_dir = v;
         else if (!strcmp(a, "--prefix-cache-disk-bytes")) bad = parse_size(a, v, &p.engine.prefix_cache_disk_bytes);

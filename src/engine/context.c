@@ -42,7 +42,7 @@ loom_status loom_context_create(loom_model *m, const loom_context_params *params
     const loom_config *cfg = &m->cfg;
     loom_status s = loom_kv_pool_create(cfg->n_layers, loom_model_kv_dim(m), CTX_BLOCK,
                                         (n_ctx + CTX_BLOCK - 1) / CTX_BLOCK,
-                                        loom_kv_dtype(p.kv_type), &c->kv);
+                                        p.kv_type, &c->kv);
     if (s == LOOM_OK) s = loom_fwd_state_create(m, n_batch, n_ctx, &c->fwd);
     if (s == LOOM_OK) s = loom_seq_state_create(m, &c->state);
     if (s != LOOM_OK) {

@@ -449,12 +449,13 @@ loom_status loom_engine_create(loom_model *m, const loom_engine_params *params,
     e->max_seqs = LOOM_MIN(p.max_seqs, p.max_batch_tokens);
     e->n_eos = loom_model_eos_ids(m, e->eos, LOOM_MAX_EOS);
     if (e->n_eos > LOOM_MAX_EOS) e->n_eos = LOOM_MAX_EOS;
-    loom_dtype kvt = loom_kv_dtype(p.kv_type);
-    if (kvt == LOOM_DT_COUNT) {
-        free(e);
-        return loom_err(LOOM_ERR_INVALID_ARG, "engine: unknown kv_type %d", (int)p.kv_type);
-    }
+    loom_kv_type kvt = p.kv_type;
     size_t block = loom_kv_block_bytes(c->n_layers, loom_model_kv_dim(m), p.block_size, kvt);
+    if (!block) {
+        free(e);
+        return loom_err(LOOM_ERR_INVALID_ARG, "engine: kv_type %d cannot store rows of %d values",
+                        (int)p.kv_type, loom_model_kv_dim(m));
+    }
     size_t want = p.kv_memory;
     if (!want) {
         size_t full = block * (size_t)blocks_for(&(loom_engine){.kv = &(loom_kv_pool){
@@ -484,7 +485,7 @@ loom_status loom_engine_create(loom_model *m, const loom_engine_params *params,
     }
     e->p.prefix_cache_dir = NULL;
     snprintf(e->ns_base, sizeof e->ns_base, "loom1|%s|L%d|H%d|V%d|kv=%s|bs=%d|", c->arch, c->n_layers,
-             c->hidden_size, c->vocab_size, loom_dtype_name(kvt), p.block_size);
+             c->hidden_size, c->vocab_size, loom_kv_type_name(kvt), p.block_size);
     if (!s) s = loom_fwd_state_create(m, p.max_batch_tokens, e->n_ctx, &e->fwd);
     if (!s) {
         e->logits = loom_alloc(sizeof(float) * (size_t)e->max_seqs * (size_t)c->vocab_size);

@@ -2,33 +2,127 @@
 #include "engine/kv.h"
 
 #include <assert.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
 
 #include "base/base.h"
+#include "ops/ops.h"
 
-size_t loom_kv_block_bytes(int n_layers, int kv_dim, int block_size, loom_dtype dtype) {
-    return 2 * loom_dtype_size(dtype) * (size_t)n_layers * (size_t)kv_dim * (size_t)block_size;
+/* Quantized rows: groups of 64 values, or 32 when the row is not a
+ * multiple of 64 (narrow heads). */
+static int kv_group(int kv_dim) { return kv_dim % 64 == 0 ? 64 : 32; }
+static int kv_bits(loom_kv_type t) { return t == LOOM_KV_Q8 ? 8 : t == LOOM_KV_Q4 ? 4 : 0; }
+
+size_t loom_kv_row_bytes(loom_kv_type type, int kv_dim) {
+    switch (type) {
+    case LOOM_KV_F32: return 4 * (size_t)kv_dim;
+    case LOOM_KV_F16:
+    case LOOM_KV_BF16: return 2 * (size_t)kv_dim;
+    case LOOM_KV_Q8:
+    case LOOM_KV_Q4:
+        if (kv_dim % 32) return 0;
+        /* packed values, then an f16 scale and bias per group */
+        return (size_t)kv_dim * (size_t)kv_bits(type) / 8 + (size_t)(kv_dim / kv_group(kv_dim)) * 4;
+    }
+    return 0;
+}
+
+const char *loom_kv_type_name(loom_kv_type type) {
+    static const char *names[] = {"f32", "f16", "bf16", "q8", "q4"};
+    return (unsigned)type < 5 ? names[type] : NULL;
+}
+
+size_t loom_kv_block_bytes(int n_layers, int kv_dim, int block_size, loom_kv_type type) {
+    return 2 * loom_kv_row_bytes(type, kv_dim) * (size_t)n_layers * (size_t)block_size;
+}
+
+void loom_kv_store_row(const loom_kv_pool *p, void *row, const float *x, int n) {
+    switch (p->type) {
+    case LOOM_KV_F32:
+        memcpy(row, x, sizeof(float) * (size_t)n);
+        return;
+    case LOOM_KV_F16:
+        for (int i = 0; i < n; i++) ((uint16_t *)row)[i] = loom_f32_to_f16(x[i]);
+        return;
+    case LOOM_KV_BF16:
+        for (int i = 0; i < n; i++) ((uint16_t *)row)[i] = loom_f32_to_bf16(x[i]);
+        return;
+    case LOOM_KV_Q8:
+    case LOOM_KV_Q4:
+        break;
+    }
+    int G = p->group, bits = p->bits, levels = (1 << bits) - 1, full = n / G;
+    uint8_t *q = row;
+    uint16_t *sb = (uint16_t *)(q + (size_t)p->kv_dim * bits / 8);
+    memset(q, 0, (size_t)p->kv_dim * bits / 8);
+    float pad[64];
+    for (int g = 0; g < p->kv_dim / G; g++) {
+        const float *xs = x + (size_t)g * G;
+        if (g >= full) { /* past n the row reads as zero */
+            for (int i = 0; i < G; i++) pad[i] = g * G + i < n ? x[g * G + i] : 0;
+            xs = pad;
+        }
+        float lo = xs[0], hi = xs[0];
+        for (int i = 1; i < G; i++) {
+            lo = xs[i] < lo ? xs[i] : lo;
+            hi = xs[i] > hi ? xs[i] : hi;
+        }
+        /* scale and bias as stored, so values round against what is read */
+        uint16_t s16 = loom_f32_to_f16((hi - lo) / (float)levels), b16 = loom_f32_to_f16(lo);
+        float scale = loom_f16_to_f32(s16), bias = loom_f16_to_f32(b16);
+        sb[2 * g] = s16;
+        sb[2 * g + 1] = b16;
+        for (int i = 0; i < G; i++) {
+            int v = scale > 0 ? (int)lrintf((xs[i] - bias) / scale) : 0;
+            v = v < 0 ? 0 : v > levels ? levels : v;
+            int at = g * G + i;
+            if (bits == 8) q[at] = (uint8_t)v;
+            else q[at / 2] |= (uint8_t)(v << (4 * (at & 1)));
+        }
+    }
+}
+
+const float *loom_kv_load(const loom_kv_pool *p, const void *row, int off, int n, float *tmp) {
+    switch (p->type) {
+    case LOOM_KV_F32: return (const float *)row + off;
+    case LOOM_KV_F16: p->kern->f16_to_f32(tmp, (const uint16_t *)row + off, n); return tmp;
+    case LOOM_KV_BF16: p->kern->bf16_to_f32(tmp, (const uint16_t *)row + off, n); return tmp;
+    case LOOM_KV_Q8:
+    case LOOM_KV_Q4: break;
+    }
+    const uint8_t *q = row;
+    const uint16_t *sb = (const uint16_t *)(q + (size_t)p->kv_dim * p->bits / 8);
+    for (int i = 0; i < n; i++) {
+        int at = off + i, g = at / p->group;
+        int v = p->bits == 8 ? q[at] : (q[at / 2] >> (4 * (at & 1))) & 15;
+        tmp[i] = loom_f16_to_f32(sb[2 * g]) * (float)v + loom_f16_to_f32(sb[2 * g + 1]);
+    }
+    return tmp;
 }
 
 loom_status loom_kv_pool_create(int n_layers, int kv_dim, int block_size,
-                                int n_blocks, loom_dtype dtype, loom_kv_pool **out) {
+                                int n_blocks, loom_kv_type type, loom_kv_pool **out) {
     *out = NULL;
     if (n_layers <= 0 || kv_dim <= 0 || block_size <= 0 || n_blocks <= 0)
         return loom_err(LOOM_ERR_INVALID_ARG, "kv pool: sizes must be positive");
-    if (dtype != LOOM_DT_F32 && dtype != LOOM_DT_F16 && dtype != LOOM_DT_BF16)
-        return loom_err(LOOM_ERR_INVALID_ARG, "kv pool: element type %s, expected F32, F16 or BF16",
-                        loom_dtype_name(dtype));
+    if (!loom_kv_row_bytes(type, kv_dim))
+        return loom_err(LOOM_ERR_INVALID_ARG,
+                        "kv pool: type %d with rows of %d values (expected f32, f16, bf16, or q8/q4 "
+                        "with rows a multiple of 32)", (int)type, kv_dim);
     loom_kv_pool *p = calloc(1, sizeof *p);
     if (!p) return loom_err(LOOM_ERR_NOMEM, "out of memory");
     p->n_layers = n_layers;
     p->kv_dim = kv_dim;
     p->block_size = block_size;
     p->n_blocks = n_blocks;
-    p->dtype = dtype;
-    p->elt = loom_dtype_size(dtype);
-    size_t half = loom_kv_block_bytes(n_layers, kv_dim, block_size, dtype) / 2 * (size_t)n_blocks;
+    p->type = type;
+    p->bits = kv_bits(type);
+    p->group = kv_group(kv_dim);
+    p->row_bytes = loom_kv_row_bytes(type, kv_dim);
+    p->kern = loom_kernels_get();
+    size_t half = loom_kv_block_bytes(n_layers, kv_dim, block_size, type) / 2 * (size_t)n_blocks;
     /* Not zeroed: every row is written before it is read, and untouched
      * pages of a large pool then cost no memory. */
     if (posix_memalign((void **)&p->k, 64, half) != 0) p->k = NULL;
@@ -296,7 +390,7 @@ void loom_kv_seq_truncate(loom_kv_pool *p, loom_kv_seq *seq, int n_tokens) {
             table_remove(p, b); /* ours alone: just stop caching it */
         } else if (p->refcount[b] > 1 && loom_kv_available(p) > 0) {
             int nb = block_take(p);
-            size_t row = (size_t)bs * p->kv_dim * p->elt;
+            size_t row = (size_t)bs * p->row_bytes;
             for (int l = 0; l < p->n_layers; l++) {
                 memcpy(loom_kv_block_k(p, l, nb), loom_kv_block_k(p, l, b), row);
                 memcpy(loom_kv_block_v(p, l, nb), loom_kv_block_v(p, l, b), row);

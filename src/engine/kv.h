@@ -30,7 +30,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "load/safetensors.h"
 #include "loom.h"
 
 struct loom_kv_pool;
@@ -50,9 +49,11 @@ typedef struct loom_kv_pool {
     int kv_dim;          /* n_kv_heads * head_dim */
     int block_size;      /* tokens per block */
     int n_blocks;
-    loom_dtype dtype;    /* element type: F32, F16 or BF16 */
-    size_t elt;          /* bytes per element */
-    uint8_t *k, *v;      /* owned (n_layers, n_blocks, block_size, kv_dim) elements */
+    loom_kv_type type;   /* how a row is stored (see loom_kv_store_row) */
+    int bits, group;     /* quantized types: bits per value, values per group */
+    size_t row_bytes;    /* bytes of one stored row of kv_dim values */
+    const struct loom_kernels *kern; /* borrowed: widening kernels */
+    uint8_t *k, *v;      /* owned (n_layers, n_blocks, block_size) rows of row_bytes */
     int *refcount;       /* owned [n_blocks] */
     int *free_list;      /* owned [n_blocks], stack of free ids */
     int n_free;
@@ -79,18 +80,24 @@ typedef struct loom_kv_seq {
     uint64_t chain;      /* chain hash after block n_hashed - 1 (or the namespace) */
 } loom_kv_seq;
 
-/* Bytes one block takes (K and V, all layers) for an element type. */
-size_t loom_kv_block_bytes(int n_layers, int kv_dim, int block_size, loom_dtype dtype);
+/* Bytes of one stored row of kv_dim values, or 0 for an unknown type. */
+size_t loom_kv_row_bytes(loom_kv_type type, int kv_dim);
+/* Bytes one block takes (K and V, all layers). */
+size_t loom_kv_block_bytes(int n_layers, int kv_dim, int block_size, loom_kv_type type);
+/* "f32", "f16", "bf16", "q8", "q4" (NULL for an unknown type). */
+const char *loom_kv_type_name(loom_kv_type type);
 
-/* The element type for a public KV type; LOOM_DT_COUNT when unknown. */
-static inline loom_dtype loom_kv_dtype(loom_kv_type t) {
-    return t == LOOM_KV_F32 ? LOOM_DT_F32 : t == LOOM_KV_F16 ? LOOM_DT_F16
-           : t == LOOM_KV_BF16 ? LOOM_DT_BF16 : LOOM_DT_COUNT;
-}
-
-/* dtype: LOOM_DT_F32, LOOM_DT_F16 or LOOM_DT_BF16. */
 loom_status loom_kv_pool_create(int n_layers, int kv_dim, int block_size,
-                                int n_blocks, loom_dtype dtype, loom_kv_pool **out);
+                                int n_blocks, loom_kv_type type, loom_kv_pool **out);
+
+/* Row codec. Stores n <= kv_dim f32 values into a row of the pool's type
+ * (rounded to 16 bits, or quantized per group: scale and bias in f16 from
+ * the group's min and max, values rounded to the nearest level); the rest
+ * of the row reads as zero. */
+void loom_kv_store_row(const loom_kv_pool *p, void *row, const float *x, int n);
+/* Values [off, off + n) of a stored row as f32: a pointer into the row for
+ * f32 pools, else widened into tmp (n floats). */
+const float *loom_kv_load(const loom_kv_pool *p, const void *row, int off, int n, float *tmp);
 void loom_kv_pool_free(loom_kv_pool *p);
 
 /* Makes seq hold blocks for positions [0, n_tokens). Returns LOOM_ERR_NO_KV
@@ -127,27 +134,27 @@ void loom_kv_cache_commit(loom_kv_pool *p, loom_kv_seq *seq, const int32_t *toke
 void loom_kv_cache_clear(loom_kv_pool *p);
 /* Offers every cached block to the tier (e.g. before shutdown). */
 void loom_kv_cache_spill_all(loom_kv_pool *p);
-/* K (or V) rows of a block for layer l: (block_size, kv_dim) elements. */
+/* K (or V) rows of a block for layer l: block_size rows of row_bytes. */
 static inline void *loom_kv_block_k(const loom_kv_pool *p, int l, int b) {
-    return p->k + ((size_t)l * p->n_blocks + (size_t)b) * p->block_size * p->kv_dim * p->elt;
+    return p->k + ((size_t)l * p->n_blocks + (size_t)b) * p->block_size * p->row_bytes;
 }
 static inline void *loom_kv_block_v(const loom_kv_pool *p, int l, int b) {
-    return p->v + ((size_t)l * p->n_blocks + (size_t)b) * p->block_size * p->kv_dim * p->elt;
+    return p->v + ((size_t)l * p->n_blocks + (size_t)b) * p->block_size * p->row_bytes;
 }
 
-/* Row of K (or V) for layer l at a sequence position (block must exist):
- * kv_dim elements of p->dtype. */
+/* Row of K (or V) for layer l at a sequence position (block must exist);
+ * read and write it with the row codec. */
 static inline void *loom_kv_k_row(const loom_kv_pool *p, const loom_kv_seq *s,
                                   int l, int pos) {
     size_t b = (size_t)s->blocks[pos / p->block_size];
     return p->k + (((size_t)l * p->n_blocks + b) * p->block_size +
-                   (size_t)(pos % p->block_size)) * p->kv_dim * p->elt;
+                   (size_t)(pos % p->block_size)) * p->row_bytes;
 }
 static inline void *loom_kv_v_row(const loom_kv_pool *p, const loom_kv_seq *s,
                                   int l, int pos) {
     size_t b = (size_t)s->blocks[pos / p->block_size];
     return p->v + (((size_t)l * p->n_blocks + b) * p->block_size +
-                   (size_t)(pos % p->block_size)) * p->kv_dim * p->elt;
+                   (size_t)(pos % p->block_size)) * p->row_bytes;
 }
 
 #endif

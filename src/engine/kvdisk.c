@@ -129,7 +129,7 @@ static void spill(void *ctx, const loom_kv_pool *p, int b) {
     uint8_t *body = h + KVD_HEADER;
     size_t tok_bytes = sizeof(int32_t) * (size_t)p->block_size;
     memcpy(body, p->btok + (size_t)b * p->block_size, tok_bytes);
-    size_t rows = p->elt * (size_t)p->block_size * p->kv_dim;
+    size_t rows = p->row_bytes * (size_t)p->block_size;
     uint8_t *kv = body + tok_bytes;
     for (int l = 0; l < p->n_layers; l++) {
         memcpy(kv + (size_t)l * rows, loom_kv_block_k(p, l, b), rows);
@@ -211,7 +211,7 @@ static int fetch(void *ctx, loom_kv_pool *p, uint64_t hash, uint64_t parent, con
     size_t tok_bytes = sizeof(int32_t) * (size_t)p->block_size;
     /* A hash collision or another prefix: not ours, but not corrupt either. */
     if (get64(h + 40) != parent || memcmp(h + KVD_HEADER, tokens, tok_bytes) != 0) return -1;
-    size_t rows = p->elt * (size_t)p->block_size * p->kv_dim;
+    size_t rows = p->row_bytes * (size_t)p->block_size;
     const uint8_t *kv = h + KVD_HEADER + tok_bytes;
     for (int l = 0; l < p->n_layers; l++) {
         memcpy(loom_kv_block_k(p, l, b), kv + (size_t)l * rows, rows);
@@ -264,8 +264,8 @@ loom_status loom_kvdisk_open(const char *dir, size_t cap, loom_kv_pool *p, loom_
     d->block_size = p->block_size;
     d->n_layers = p->n_layers;
     d->kv_dim = p->kv_dim;
-    d->dtype_code = p->dtype == LOOM_DT_F32 ? 0 : p->dtype == LOOM_DT_F16 ? 1 : 2;
-    d->payload = 2 * p->elt * (size_t)p->n_layers * p->block_size * p->kv_dim;
+    d->dtype_code = (int)p->type;
+    d->payload = 2 * p->row_bytes * (size_t)p->n_layers * p->block_size;
     d->file_size = KVD_HEADER + sizeof(int32_t) * (size_t)p->block_size + d->payload;
     d->buf = malloc(d->file_size + 1);
     if (!d->dir || !d->buf) {

@@ -10,13 +10,13 @@
  *       16     4  block_size (tokens)
  *       20     4  n_layers
  *       24     4  kv_dim
- *       28     4  KV dtype (0 = f32, 1 = f16, 2 = bf16)
+ *       28     4  KV type (loom_kv_type: 0 f32, 1 f16, 2 bf16, 3 q8, 4 q4)
  *       32     8  chain hash of the block (the namespace is folded into it)
  *       40     8  chain hash before the block
  *       48     8  payload bytes
  *       56     8  XXH64 of everything after the header
  *       64   4*B  the block's token ids
- *  64+4*B      P  K then V, each (n_layers, block_size, kv_dim) elements
+ *  64+4*B      P  K then V, each (n_layers, block_size) stored rows
  * Files are written to a temporary name and renamed, so a reader never
  * sees a half-written file. A file that fails any check (magic, version,
  * geometry, size, hash, tokens, checksum) is reported, deleted and treated

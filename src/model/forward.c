@@ -217,28 +217,6 @@ typedef struct attn_job {
     const int *tiles;        /* [2 * n_tiles] token ranges [ta, tb) of one row */
 } attn_job;
 
-/* n elements at offset off of a KV row as f32: the row itself, or widened
- * into tmp from 16-bit storage. */
-static const float *kv_row(const loom_kv_pool *kv, const loom_kernels *k, const void *row, int off,
-                           int n, float *tmp) {
-    if (kv->dtype == LOOM_DT_F32) return (const float *)row + off;
-    const uint16_t *h = (const uint16_t *)row + off;
-    if (kv->dtype == LOOM_DT_F16) k->f16_to_f32(tmp, h, n);
-    else k->bf16_to_f32(tmp, h, n);
-    return tmp;
-}
-
-/* Stores n f32 values into a KV row of the pool's element type. */
-static void kv_store(const loom_kv_pool *kv, void *row, const float *x, int n) {
-    if (kv->dtype == LOOM_DT_F32) {
-        memcpy(row, x, sizeof(float) * (size_t)n);
-    } else if (kv->dtype == LOOM_DT_F16) {
-        for (int i = 0; i < n; i++) ((uint16_t *)row)[i] = loom_f32_to_f16(x[i]);
-    } else {
-        for (int i = 0; i < n; i++) ((uint16_t *)row)[i] = loom_f32_to_bf16(x[i]);
-    }
-}
-
 /* One task = a tile of consecutive tokens of one row and one KV head, with
  * the q heads of its group. Every query computes exactly what it would
  * alone (same dots, softmax and accumulation order). */
@@ -258,7 +236,7 @@ static void attn_task(void *ctx, int task, int thread) {
     float cap = (float)c->attn_softcap;
     float *wide = j->s->kvrow + (size_t)thread * 2 * j->kv->kv_dim;
     for (int p = lo0; p <= pos1; p++) {
-        const float *kr = kv_row(j->kv, k, loom_kv_k_row(j->kv, seq, A->kv_layer, p), kh * hd, hd, wide);
+        const float *kr = loom_kv_load(j->kv, loom_kv_k_row(j->kv, seq, A->kv_layer, p), kh * hd, hd, wide);
         for (int t = ta; t < tb; t++) {
             int pos = j->s->tok_pos[t];
             if (p > pos || (win > 0 && p < pos - win + 1)) continue;
@@ -277,8 +255,8 @@ static void attn_task(void *ctx, int task, int thread) {
         }
     }
     for (int p = lo0; p <= pos1; p++) {
-        const float *vr = kv_row(j->kv, k, loom_kv_v_row(j->kv, seq, A->kv_layer, p), kh * hd, hd,
-                                 wide + j->kv->kv_dim);
+        const float *vr = loom_kv_load(j->kv, loom_kv_v_row(j->kv, seq, A->kv_layer, p), kh * hd, hd,
+                                       wide + j->kv->kv_dim);
         for (int t = ta; t < tb; t++) {
             int pos = j->s->tok_pos[t];
             if (p > pos || (win > 0 && p < pos - win + 1)) continue;
@@ -373,8 +351,8 @@ static void attention(loom_model *m, loom_fwd_state *s, loom_kv_pool *kv,
             if (fl & LOOM_ARCH_V_NORM) rms_plain(s->vx + ((size_t)t * nkv + h) * hd, hd, eps);
         }
         const loom_kv_seq *seq = rows[s->tok_row[t]].seq;
-        kv_store(kv, loom_kv_k_row(kv, seq, l, s->tok_pos[t]), s->kx + (size_t)t * kvd, kvd);
-        kv_store(kv, loom_kv_v_row(kv, seq, l, s->tok_pos[t]), s->vx + (size_t)t * kvd, kvd);
+        loom_kv_store_row(kv, loom_kv_k_row(kv, seq, l, s->tok_pos[t]), s->kx + (size_t)t * kvd, kvd);
+        loom_kv_store_row(kv, loom_kv_v_row(kv, seq, l, s->tok_pos[t]), s->vx + (size_t)t * kvd, kvd);
     }
     /* Tiles of consecutive tokens of the same row; a tile's scores must
      * fit ATT_SLOTS query rows of max_ctx scores. */
