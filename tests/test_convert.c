@@ -444,6 +444,47 @@ static void check_stream(void) {
     CHECK_EQ_INT(tmps, 0);
 }
 
+/* --pack-f32 (MLX's kernels' rule): the same scales and biases, levels
+ * close to the default's (bf16 rounding moves the scale by up to 2^-9 of
+ * itself, so the top of an 8-bit grid by up to 255 x 2^-9 of a step, plus
+ * the bias's share: at most two levels), and the model loads. */
+static void check_pack_f32(const char *stored_dir, int bits) {
+    char dst[512];
+    snprintf(dst, sizeof dst, "%s/f32pack%d", tmpdir, bits);
+    loom_convert_params p = {.bits = bits, .group = 64, .pack = LOOM_QPACK_F32};
+    CHECK_EQ_INT(loom_convert_model(FIX "qwen3-tiny", dst, &p, NULL), LOOM_OK);
+    loom_safetensors *a = open_model(stored_dir), *b = open_model(dst);
+    int moved = 0, far = 0, total = 0;
+    for (int i = 0; a && b && i < loom_st_count(a); i++) {
+        const loom_st_tensor *x = loom_st_at(a, i), *y = loom_st_find(b, x->name);
+        CHECK(y && y->nbytes == x->nbytes);
+        if (!y || y->nbytes != x->nbytes) continue;
+        if (x->dtype != LOOM_DT_U32) {
+            CHECKF(!memcmp(x->data, y->data, x->nbytes), "%s differs", x->name);
+            continue;
+        }
+        const uint32_t *wx = x->data, *wy = y->data;
+        for (size_t k = 0; k < x->nbytes / 4; k++)
+            for (int e = 0; e < 32 / bits; e++) {
+                int qx = (int)((wx[k] >> (e * bits)) & ((1u << bits) - 1));
+                int qy = (int)((wy[k] >> (e * bits)) & ((1u << bits) - 1));
+                moved += qx != qy;
+                far += abs(qx - qy) > 2;
+                total++;
+            }
+    }
+    fprintf(stderr, "%d-bit: --pack-f32 moves %d of %d levels\n", bits, moved, total);
+    CHECK(moved > 0);
+    CHECK_EQ_INT(far, 0);
+    loom_st_close(a);
+    loom_st_close(b);
+    loom_model *m = NULL;
+    loom_model_params mp = loom_model_default_params();
+    mp.n_threads = 1;
+    CHECK(loom_model_load(dst, &mp, &m) == LOOM_OK);
+    loom_model_free(m);
+}
+
 int main(void) {
     if (!mkdtemp(tmpdir)) {
         perror("mkdtemp");
@@ -472,6 +513,7 @@ int main(void) {
         /* Bit-identical to the fixture, so the fixture's greedy holds. */
         if (bits[k] == 4) check_greedy(dst, ref);
         else check_greedy8(dst);
+        check_pack_f32(dst, bits[k]);
     }
     check_stream();
     check_refusals();

@@ -8,6 +8,7 @@
 
 static const char usage[] =
     "usage: loom convert --model DIR --bits 8|4 [--group-size 64] --out DIR2 [--force]\n"
+    "                    [--pack-f32]\n"
     "\n"
     "Writes an MLX-format affine-quantized copy of an F32/F16/BF16 checkpoint,\n"
     "laid out as `mlx_lm.convert -q` writes it: every 2-D weight of a linear\n"
@@ -21,11 +22,16 @@ static const char usage[] =
     "  --out DIR2         output directory (created; must be empty)\n"
     "  --bits B           bits per weight: 8, 4 or 2\n"
     "  --group-size G     weights per scale/bias: 32, 64 (default) or 128\n"
-    "  --force            write into a non-empty output directory\n";
+    "  --force            write into a non-empty output directory\n"
+    "  --pack-f32         compute the levels with the unrounded f32 scale and bias,\n"
+    "                     as MLX's quantize kernels do (default: with the stored\n"
+    "                     BF16 scale and bias, as the MLX checkpoints in\n"
+    "                     tests/fixtures are packed; they differ for values near\n"
+    "                     a half step)\n";
 
 int cmd_convert(int argc, char **argv) {
     const char *model = NULL, *out = NULL;
-    loom_convert_params p = {.bits = 0, .group = 64, .force = 0};
+    loom_convert_params p = {.bits = 0, .group = 64, .force = 0, .pack = LOOM_QPACK_STORED};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -33,6 +39,7 @@ int cmd_convert(int argc, char **argv) {
             return 0;
         }
         if (!strcmp(a, "--force")) { p.force = 1; continue; }
+        if (!strcmp(a, "--pack-f32")) { p.pack = LOOM_QPACK_F32; continue; }
         static const char *valued[] = {"--model", "--out", "--bits", "--group-size"};
         int known = 0;
         for (size_t k = 0; k < LOOM_ARRAY_LEN(valued); k++) known |= !strcmp(a, valued[k]);

@@ -8,9 +8,15 @@
  *   edge  = min if |min| > |max| else max
  *   q0    = rint(edge / scale); if q0 != 0: scale = edge / q0, bias = edge
  *           else bias = 0
- * scale and bias are rounded to the output dtype, then every element gets
+ * scale and bias are stored rounded to the output dtype, and every element
+ * gets
  *   q = clamp(rint((w - bias) / scale), 0, 2^bits - 1)
- * computed in f32 with the rounded scale and bias. */
+ * in f32. MLX's kernels (mlx/backend/cpu/quantized.cpp `quantize`, and the
+ * Metal and CUDA ones) use the unrounded f32 scale and bias there; the MLX
+ * checkpoints in tests/fixtures were packed with the stored (bf16-rounded)
+ * ones, which is the default here (LOOM_QPACK_STORED: the levels are the
+ * nearest for the scale the loader will use). LOOM_QPACK_F32 gives MLX's
+ * kernels' rule. */
 #include "load/quantize.h"
 
 #include <cjson/cJSON.h>
@@ -35,7 +41,8 @@ static float from_half(uint16_t h, loom_dtype dt) {
 }
 
 int loom_quant_row(const float *w, int n, int bits, int group, loom_dtype out_dtype,
-                   uint32_t *packed, uint16_t *scales, uint16_t *biases) {
+                   loom_quant_pack pack, uint32_t *packed, uint16_t *scales,
+                   uint16_t *biases) {
     const float n_bins = (float)((1 << bits) - 1);
     const int per_word = 32 / bits;
     for (int g = 0; g < n / group; g++) {
@@ -58,7 +65,11 @@ int loom_quant_row(const float *w, int n, int bits, int group, loom_dtype out_dt
         }
         scales[g] = to_half(scale, out_dtype);
         biases[g] = to_half(bias, out_dtype);
-        float s = from_half(scales[g], out_dtype), b = from_half(biases[g], out_dtype);
+        float s = scale, b = bias;
+        if (pack == LOOM_QPACK_STORED) {
+            s = from_half(scales[g], out_dtype);
+            b = from_half(biases[g], out_dtype);
+        }
         uint32_t *out = packed + (size_t)g * group / per_word;
         for (int j = 0; j < group; j += per_word) {
             uint32_t word = 0;
@@ -294,7 +305,8 @@ static void release_pages(const void *data, size_t nbytes) {
 /* Writes a packed weight (row blocks, as produced), then its scales and
  * biases. */
 static loom_status write_quantized(loom_st_stream *w, const loom_st_tensor *t, int bits,
-                                   int group, loom_dtype hd, loom_convert_stats *st) {
+                                   int group, loom_quant_pack pack, loom_dtype hd,
+                                   loom_convert_stats *st) {
     size_t rows = (size_t)t->shape[0], cols = (size_t)t->shape[1];
     size_t words = cols * (size_t)bits / 32, ng = cols / (size_t)group;
     size_t block = CHUNK_ELEMS / cols ? CHUNK_ELEMS / cols : 1;
@@ -311,7 +323,7 @@ static loom_status write_quantized(loom_st_stream *w, const loom_st_tensor *t, i
         size_t nr = rows - r0 < block ? rows - r0 : block;
         read_floats(t, r0 * cols, nr * cols, x);
         for (size_t r = 0; r < nr; r++) {
-            if (loom_quant_row(x + r * cols, (int)cols, bits, group, hd, q + r * words,
+            if (loom_quant_row(x + r * cols, (int)cols, bits, group, hd, pack, q + r * words,
                                sc + (r0 + r) * ng, bi + (r0 + r) * ng)) {
                 s = loom_err(LOOM_ERR_FORMAT, "tensor %s: row %zu holds a NaN or infinity",
                              t->name, r0 + r);
@@ -528,7 +540,7 @@ loom_status loom_convert_model(const char *src, const char *dst, const loom_conv
         const loom_st_tensor *t = loom_st_at(in, i);
         st->bytes_in += t->nbytes;
         if (quantizable(t, p->group)) {
-            s = write_quantized(w, t, p->bits, p->group, hd, st);
+            s = write_quantized(w, t, p->bits, p->group, p->pack, hd, st);
             st->n_quantized++;
         } else {
             s = write_copy(w, t, hd, st);

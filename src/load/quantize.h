@@ -19,16 +19,26 @@
 #include "load/safetensors.h"
 #include "loom.h"
 
+/* How the levels are computed once a group's scale and bias are known. */
+typedef enum loom_quant_pack {
+    LOOM_QPACK_STORED = 0,  /* with scale and bias as stored (rounded to the
+                               half dtype): what the MLX checkpoints in
+                               tests/fixtures hold */
+    LOOM_QPACK_F32,         /* with the unrounded f32 scale and bias, as MLX's
+                               quantize kernels (CPU, Metal, CUDA) compute them */
+} loom_quant_pack;
+
 /* Quantizes one row of n floats (n % group == 0) MLX's way, group by group:
  * the scale spans [min, max] over 2^bits - 1 steps, the edge farther from
  * zero is snapped to an integer level (so it is exact and zero stays on a
- * level); scale and bias are rounded to out_dtype (BF16 or F16) and the
- * levels are computed with the rounded values. Writes n * bits / 32 words
- * to packed and n / group values each to scales and biases. bits is 2, 4
- * or 8. Returns 0, or -1 (nothing useful written) when the row holds a
- * NaN or infinity. */
+ * level); scale and bias are stored rounded to out_dtype (BF16 or F16) and
+ * the levels computed as pack says. Writes n * bits / 32 words to packed
+ * and n / group values each to scales and biases. bits is 2, 4 or 8.
+ * Returns 0, or -1 (nothing useful written) when the row holds a NaN or
+ * infinity. */
 int loom_quant_row(const float *w, int n, int bits, int group, loom_dtype out_dtype,
-                    uint32_t *packed, uint16_t *scales, uint16_t *biases);
+                   loom_quant_pack pack, uint32_t *packed, uint16_t *scales,
+                   uint16_t *biases);
 
 /* Inverse of loom_quant_row: n floats into out. */
 void loom_quant_dequant_row(const uint32_t *packed, const uint16_t *scales,
@@ -60,6 +70,7 @@ typedef struct loom_convert_params {
     int bits;             /* 2, 4 or 8 */
     int group;            /* 32, 64 or 128 */
     int force;            /* write into a non-empty destination */
+    loom_quant_pack pack; /* LOOM_QPACK_STORED (default) or LOOM_QPACK_F32 */
 } loom_convert_params;
 
 typedef struct loom_convert_stats {
