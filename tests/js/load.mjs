@@ -38,8 +38,8 @@ function request(path, body, { pieces = null, pieceDelay = 0, onData = null, met
     const headers = { 'content-type': 'application/json', 'content-length': len };
     if (opt.key) headers.authorization = `Bearer ${opt.key}`;
     const req = http.request({ host: target.hostname, port: target.port, path, method, headers, agent });
-    let settled = false;
-    const done = (v) => { if (!settled) { settled = true; resolve(v); } };
+    let settled = false, sentAt = 0;
+    const done = (v) => { if (!settled) { settled = true; resolve({ ...v, sentAt }); } };
     req.on('response', (res) => {
       const parts = [];
       res.on('data', (c) => { parts.push(c); if (onData) onData(c, req); });
@@ -50,12 +50,16 @@ function request(path, body, { pieces = null, pieceDelay = 0, onData = null, met
     req.on('error', (e) => done({ error: e }));
     req.on('close', () => done({ closed: true }));
     (async () => {
-      if (!pieces) return req.end(body);
+      if (!pieces) {
+        sentAt = now();
+        return req.end(body);
+      }
       for (const p of pieces) {
         if (req.destroyed) return;
         req.write(p);
         await sleep(pieceDelay);
       }
+      sentAt = now();
       req.end();
     })();
   });
@@ -146,7 +150,8 @@ async function streamOnce(i, round, { abortAfter = 0, slow = false, same = false
   stats.ok++;
   if (slow) stats.slow++;
   stats.tokens += T;
-  if (first) stats.ttft.push(first - t0);
+  // TTFT from the end of the upload: a trickled body is not the server's time
+  if (first) stats.ttft.push(first - (r.sentAt || t0));
   stats.itl.push(...gaps);
 }
 
