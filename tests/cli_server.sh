@@ -193,12 +193,18 @@ grep -v "^$" "$TMPD/t3" | tail -n 1 | grep -qF 'data: [DONE]' || fail "the short
 ok "SIGTERM: a $n3-token request in flight finished, endless ones cut after the grace period, exit 0 in $STOP_SECONDS s"
 
 # ---- API key, queue limit ----
-start_server gate --api-key sekrit --max-seqs 1 --max-queue 1
+start_server gate --api-key sekrit --max-seqs 1 --max-queue 1 --cors
 GATE_PID=$PID GATE_LOG=$LOG
 s=$(req GET /health); expect_status 200 "$s" "/health needs no key"
 s=$(req GET /v1/models); expect_status 401 "$s" "no key"; body_has '"type":"authentication_error"' 401
 s=$(req GET /v1/models "" -H 'Authorization: Bearer wrong'); expect_status 401 "$s" "wrong key"
 s=$(req GET /v1/models "" -H 'Authorization: Bearer sekrit'); expect_status 200 "$s" "right key"
+# a CORS preflight carries no key
+h=$(curl -s --max-time 10 -D - -o /dev/null -X OPTIONS -H 'Origin: http://x' \
+    -H 'Access-Control-Request-Method: POST' "$BASE/v1/chat/completions")
+echo "$h" | head -n 1 | grep -q ' 204' || fail "CORS preflight: $(echo "$h" | head -n 1)"
+echo "$h" | grep -qi '^Access-Control-Allow-Origin: \*' || fail "CORS preflight without Allow-Origin"
+echo "$h" | grep -qi '^Access-Control-Allow-Headers:.*Authorization' || fail "CORS preflight without Allow-Headers"
 long='{"prompt":"def","max_tokens":100000,"ignore_eos":true}'
 for k in 1 2; do
     curl -s --max-time 60 -o /dev/null -H 'Authorization: Bearer sekrit' -H 'Content-Type: application/json' \
@@ -213,6 +219,6 @@ kill "$L1" "$L2"; wait "$L1" "$L2" 2>/dev/null
 wait_metric loom_running_sequences 0 5
 wait_metric loom_queue_depth 0 5
 wait_metric loom_kv_blocks_used 0 5
-ok "401 without the key, 429 with the queue full"
+ok "401 without the key, CORS preflight, 429 with the queue full"
 stop_server "$GATE_PID" "$GATE_LOG" 20
 echo "all server checks passed"
