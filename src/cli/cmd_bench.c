@@ -4,34 +4,45 @@
  * batched forward when p fits the batch). tg<n>: n tokens generated one at
  * a time (greedy, each fed back) after a short untimed prompt. Each test
  * runs once to warm up, then reps times; the table gives the median and
- * the spread (standard deviation, min..max). Several models interleave
- * their repeats and are reported as ratios to the first, so a comparison
- * holds even on a machine busy with other work. Before anything is timed the
+ * the spread (standard deviation, min..max), plus tokens per CPU second.
+ * Several models interleave their repeats and are reported as ratios to
+ * the first, so a comparison holds even on a machine busy with other work.
+ * Before anything is timed the
  * run is validated: logits are finite and the one-token decode path agrees
  * with the batched path on a short prompt. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "base/base.h"
 #include "cli/cli.h"
 #include "load/safetensors.h"
 
 static const char usage[] =
-    "usage: loom bench --model DIR [-p 512] [-n 128] [--threads N] [--reps R] [--json]\n"
+    "usage: loom bench --model DIR [--model DIR2 ...] [-p 512] [-n 128] [--threads N]\n"
+    "                  [--reps R] [--json]\n"
     "\n"
     "Measures prompt processing (pp: p tokens from an empty context) and text\n"
     "generation (tg: n tokens decoded one at a time after a 4-token prompt)\n"
     "in tokens per second: the median of R runs after one warm-up run, with\n"
-    "the standard deviation and range. Validates the logits first.\n"
+    "the standard deviation and range, and tokens per CPU second (process CPU\n"
+    "time over all threads: steadier than wall time on a machine shared with\n"
+    "other work). Validates the logits first: finite, and the one-token\n"
+    "decode path agrees with the batched path on a short prompt.\n"
     "\n"
-    "  --model DIR        Hugging Face model directory\n"
+    "With several --model the repeats interleave (each repeat runs every\n"
+    "model in turn, so all share the machine's load) and the table adds the\n"
+    "ratio to the first model. --json prints one JSON object per model, one\n"
+    "per line.\n"
+    "\n"
+    "  --model DIR        Hugging Face model directory (up to 8)\n"
     "  -p, --prompt N     prompt tokens for pp (default 512, 0 = skip)\n"
     "  -n, --gen N        generated tokens for tg (default 128, 0 = skip)\n"
     "  --threads N        worker threads (default: all cores)\n"
     "  --reps R           timed repeats (default 5)\n"
-    "  --json             print one JSON object instead of the table\n";
+    "  --json             print JSON instead of the table\n";
 
 #define TG_PROMPT 4
 #define CHECK_LEN 8
@@ -110,27 +121,39 @@ static int validate(loom_context *c, const int32_t *toks, int V, float *a, float
     return 0;
 }
 
-/* One pp run: seconds to evaluate p tokens from an empty context. */
+/* CPU seconds used by the whole process (every thread). On a machine
+ * shared with other work this moves much less than wall time. */
+static double cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* One pp run: wall and CPU seconds to evaluate p tokens from an empty
+ * context. */
 static loom_status run_pp(loom_context *c, const int32_t *toks, int p, float *logits,
-                          double *secs) {
+                          double *secs, double *cpu) {
     loom_status s = loom_context_truncate(c, 0);
     if (s) return s;
-    double t0 = loom_now();
+    double t0 = loom_now(), c0 = cpu_now();
     s = loom_context_eval(c, toks, p, 0, logits);
+    *cpu = cpu_now() - c0;
     *secs = loom_now() - t0;
     return s;
 }
 
-/* One tg run: seconds to decode n tokens one at a time after the prompt. */
+/* One tg run: wall and CPU seconds to decode n tokens one at a time after
+ * the prompt. */
 static loom_status run_tg(loom_context *c, const int32_t *toks, int n, int V, float *logits,
-                          double *secs) {
+                          double *secs, double *cpu) {
     loom_status s = loom_context_truncate(c, 0);
     if (s || (s = loom_context_eval(c, toks, TG_PROMPT, 0, logits))) return s;
-    double t0 = loom_now();
+    double t0 = loom_now(), c0 = cpu_now();
     for (int i = 0; i < n && !s; i++) {
         int32_t id = argmax(logits, V);
         s = loom_context_eval(c, &id, 1, 0, logits);
     }
+    *cpu = cpu_now() - c0;
     *secs = loom_now() - t0;
     return s;
 }
@@ -165,15 +188,17 @@ typedef struct bench_model {
     int V;
     float *la, *lb;         /* owned [CHECK_LEN, V] each */
     double *pp, *tg;        /* owned [reps]: tokens per second */
-    stats pps, tgs;
+    double *ppc, *tgc;      /* owned [reps]: tokens per CPU second */
+    stats pps, tgs, ppcs, tgcs;
 } bench_model;
 
 static void print_row(const bench_model *b, int nthreads, const char *test, const stats *st,
-                      double base) {
+                      const stats *cpu, double base) {
     const char *slash = strrchr(b->dir, '/');
     const char *name = slash && slash[1] ? slash + 1 : b->dir;
-    printf("| %-28.28s | %9.1f | %7d | %-6s | %12.2f | %9.2f | %9.2f .. %9.2f |", name,
-           model_mib(b->dir), nthreads, test, st->median, st->sd, st->min, st->max);
+    printf("| %-28.28s | %9.1f | %7d | %-6s | %12.2f | %9.2f | %9.2f .. %9.2f | %9.2f |", name,
+           model_mib(b->dir), nthreads, test, st->median, st->sd, st->min, st->max,
+           cpu->median);
     if (base > 0) printf(" %6.2fx |", st->median / base);
     printf("\n");
 }
@@ -186,11 +211,13 @@ static void print_json(const bench_model *b, int nthreads, int p, int n, int rep
     printf(", \"size_mib\": %.2f, \"threads\": %d, \"p\": %d, \"n\": %d, \"reps\": %d",
            model_mib(b->dir), nthreads, p, n, reps);
     if (p)
-        printf(", \"pp_tok_s\": %.3f, \"pp_sd\": %.3f, \"pp_min\": %.3f, \"pp_max\": %.3f",
-               b->pps.median, b->pps.sd, b->pps.min, b->pps.max);
+        printf(", \"pp_tok_s\": %.3f, \"pp_sd\": %.3f, \"pp_min\": %.3f, \"pp_max\": %.3f, "
+               "\"pp_tok_per_cpu_s\": %.3f", b->pps.median, b->pps.sd, b->pps.min, b->pps.max,
+               b->ppcs.median);
     if (n)
-        printf(", \"tg_tok_s\": %.3f, \"tg_sd\": %.3f, \"tg_min\": %.3f, \"tg_max\": %.3f",
-               b->tgs.median, b->tgs.sd, b->tgs.min, b->tgs.max);
+        printf(", \"tg_tok_s\": %.3f, \"tg_sd\": %.3f, \"tg_min\": %.3f, \"tg_max\": %.3f, "
+               "\"tg_tok_per_cpu_s\": %.3f", b->tgs.median, b->tgs.sd, b->tgs.min, b->tgs.max,
+               b->tgcs.median);
     printf("}\n");
 }
 
@@ -258,7 +285,9 @@ int cmd_bench(int argc, char **argv) {
         b->lb = malloc(sizeof *b->lb * (size_t)b->V * CHECK_LEN);
         b->pp = calloc((size_t)reps, sizeof *b->pp);
         b->tg = calloc((size_t)reps, sizeof *b->tg);
-        if (!b->la || !b->lb || !b->pp || !b->tg) {
+        b->ppc = calloc((size_t)reps, sizeof *b->ppc);
+        b->tgc = calloc((size_t)reps, sizeof *b->tgc);
+        if (!b->la || !b->lb || !b->pp || !b->tg || !b->ppc || !b->tgc) {
             fprintf(stderr, "loom: error: out of memory\n");
             goto done;
         }
@@ -277,11 +306,11 @@ int cmd_bench(int argc, char **argv) {
 
     /* Warm-up, then the repeats; with several models each repeat runs
      * every model in turn, so they share whatever else the machine does. */
-    double secs;
+    double secs, cpu;
     for (int r = -1; r < reps; r++) {
         for (int k = 0; k < nm && p; k++) {
             bench_model *b = &bm[k];
-            if ((s = run_pp(b->c, toks, p, b->la, &secs))) { rc = cli_fail("pp", s); goto done; }
+            if ((s = run_pp(b->c, toks, p, b->la, &secs, &cpu))) { rc = cli_fail("pp", s); goto done; }
             if (r < 0) {
                 for (int i = 0; i < b->V; i++)
                     if (!isfinite(b->la[i])) {
@@ -290,39 +319,49 @@ int cmd_bench(int argc, char **argv) {
                     }
             } else {
                 b->pp[r] = p / secs;
+                b->ppc[r] = p / cpu;
             }
         }
         for (int k = 0; k < nm && n; k++) {
             bench_model *b = &bm[k];
-            if ((s = run_tg(b->c, toks, n, b->V, b->la, &secs))) { rc = cli_fail("tg", s); goto done; }
-            if (r >= 0) b->tg[r] = n / secs;
+            if ((s = run_tg(b->c, toks, n, b->V, b->la, &secs, &cpu))) { rc = cli_fail("tg", s); goto done; }
+            if (r >= 0) {
+                b->tg[r] = n / secs;
+                b->tgc[r] = n / cpu;
+            }
         }
     }
     int nthreads = threads ? threads : loom_cpu_count();
     for (int k = 0; k < nm; k++) {
         bm[k].pps = summarize(bm[k].pp, p ? reps : 0);
         bm[k].tgs = summarize(bm[k].tg, n ? reps : 0);
+        bm[k].ppcs = summarize(bm[k].ppc, p ? reps : 0);
+        bm[k].tgcs = summarize(bm[k].tgc, n ? reps : 0);
     }
     if (json) {
         for (int k = 0; k < nm; k++) print_json(&bm[k], nthreads, p, n, reps);
     } else {
-        printf("| %-28s | %9s | %7s | %-6s | %12s | %9s | %22s |%s\n", "model", "size MiB",
-               "threads", "test", "t/s (median)", "sd", "min .. max", nm > 1 ? "  vs 1st |" : "");
-        printf("| %.28s | %.9s | %.7s | %.6s | %.12s | %.9s | %.22s |%s\n",
+        printf("| %-28s | %9s | %7s | %-6s | %12s | %9s | %22s | %9s |%s\n", "model",
+               "size MiB", "threads", "test", "t/s (median)", "sd", "min .. max", "t/cpu-s",
+               nm > 1 ? "  vs 1st |" : "");
+        printf("| %.28s | %.9s | %.7s | %.6s | %.12s | %.9s | %.22s | %.9s |%s\n",
                "-----------------------------", "----------", "--------", "-------",
-               "-------------", "----------", "-----------------------",
+               "-------------", "----------", "-----------------------", "----------",
                nm > 1 ? " ------: |" : "");
         char test[32];
         for (int k = 0; k < nm && p; k++) {
             snprintf(test, sizeof test, "pp%d", p);
-            print_row(&bm[k], nthreads, test, &bm[k].pps, nm > 1 ? bm[0].pps.median : 0);
+            print_row(&bm[k], nthreads, test, &bm[k].pps, &bm[k].ppcs,
+                      nm > 1 ? bm[0].pps.median : 0);
         }
         for (int k = 0; k < nm && n; k++) {
             snprintf(test, sizeof test, "tg%d", n);
-            print_row(&bm[k], nthreads, test, &bm[k].tgs, nm > 1 ? bm[0].tgs.median : 0);
+            print_row(&bm[k], nthreads, test, &bm[k].tgs, &bm[k].tgcs,
+                      nm > 1 ? bm[0].tgs.median : 0);
         }
-        printf("(%d reps after 1 warm-up%s; %s)\n", reps,
-               nm > 1 ? ", models interleaved" : "", loom_model_arch(bm[0].m));
+        printf("(%d reps after 1 warm-up%s; t/cpu-s: median tokens per CPU second of the "
+               "process, all threads; %s)\n", reps, nm > 1 ? ", models interleaved" : "",
+               loom_model_arch(bm[0].m));
     }
     rc = 0;
 done:
@@ -332,6 +371,8 @@ done:
         free(bm[k].lb);
         free(bm[k].pp);
         free(bm[k].tg);
+        free(bm[k].ppc);
+        free(bm[k].tgc);
         loom_context_free(bm[k].c);
         loom_model_free(bm[k].m);
     }
