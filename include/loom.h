@@ -171,6 +171,8 @@ typedef struct loom_engine_params {
     const char *prefix_cache_dir; /* disk tier: evicted blocks spill here and
                                      survive restarts; NULL = memory only */
     size_t prefix_cache_disk_bytes; /* cap of the disk tier; 0 = unlimited */
+    size_t snapshot_bytes;  /* cap on saved recurrent states (linear-attention
+                               models); 0 = 1 GiB */
 } loom_engine_params;
 
 typedef struct loom_request_params {
@@ -186,6 +188,10 @@ typedef struct loom_request_params {
     int trace;              /* record timed spans for this request */
     const char *cache_session_id; /* isolates this request's prefix-cache
                                      entries from other sessions; NULL = shared */
+    int snapshot_at;        /* a prompt boundary worth resuming from later (e.g.
+                               the conversation before the newest user turn);
+                               models with linear-attention layers save their
+                               state there when it is >= 256 tokens; 0 = none */
 } loom_request_params;
 
 typedef enum loom_finish {

@@ -37,6 +37,7 @@
 #include "base/base.h"
 #include "engine/kvdisk.h"
 #include "engine/request.h"
+#include "engine/snapshot.h"
 #include "model/forward.h"
 
 #define ENGINE_MAX_CTX 32768
@@ -63,6 +64,7 @@ struct loom_engine {
     FILE *trace;                   /* owned, may be NULL */
     int cache;                     /* prefix cache in use */
     loom_kvdisk *disk;             /* owned disk tier, or NULL */
+    loom_snapshots *snaps;         /* owned saved states (linear-attention models) */
     int has_state;                 /* the model keeps recurrent state per sequence */
     int window;                    /* every layer slides over this many tokens; 0 = no */
     char ns_base[256];             /* namespace text: model and KV layout */
@@ -197,8 +199,11 @@ static int blocks_for(const loom_engine *e, int tokens) {
 
 static void add_prefill_row(loom_engine *e, loom_request *r, int *n_rows, int *budget) {
     if (r->plan_end == 0) {
-        int end = r->seq.n_tokens + chunk_for(e, r);
-        r->plan_end = LOOM_MIN(end, r->prefill_len);
+        int pos = r->seq.n_tokens, end = LOOM_MIN(pos + chunk_for(e, r), r->prefill_len);
+        /* a chunk ends exactly where a state snapshot is due */
+        for (int k = 0; k < 2; k++)
+            if (r->snap[k] > pos && r->snap[k] < end) end = r->snap[k];
+        r->plan_end = end;
     }
     int count = LOOM_MIN(r->plan_end - r->seq.n_tokens, *budget);
     if (count <= 0) return;
@@ -215,6 +220,35 @@ static void add_prefill_row(loom_engine *e, loom_request *r, int *n_rows, int *b
     e->row_req[i] = r;
     e->row_kind[i] = 1;
     *budget -= count;
+}
+
+/* Linear-attention models: the KV hit is usable only up to the longest
+ * boundary with a saved state. Cuts the sequence back to it and restores
+ * the state there (or to nothing). Returns the tokens resumed. */
+static int resume_from_snapshot(loom_engine *e, loom_request *r) {
+    loom_kv_seq *seq = &r->seq;
+    int bs = e->kv->block_size;
+    for (int i = seq->n_blocks - 1; i >= 0; i--) {
+        uint64_t h = e->kv->hash[seq->blocks[i]];
+        int n = 0;
+        const void *st = h ? loom_snapshots_find(e->snaps, h, &n) : NULL;
+        if (!st || n != (i + 1) * bs) continue;
+        loom_kv_seq_truncate(e->kv, seq, n);
+        seq->n_hashed = i + 1;
+        seq->chain = h;
+        loom_seq_state_load(r->rstate, st, n);
+        return n;
+    }
+    loom_kv_seq_truncate(e->kv, seq, 0);
+    return 0;
+}
+
+/* Saves the state of a stateful request that just reached a boundary. */
+static void maybe_snapshot(loom_engine *e, loom_request *r) {
+    int n = r->seq.n_tokens, bs = e->kv->block_size;
+    if (n % bs || (n != r->snap[0] && n != r->snap[1]) || r->seq.n_hashed != n / bs) return;
+    void *buf = loom_snapshots_put(e->snaps, r->seq.chain, n);
+    if (buf) loom_seq_state_save(r->rstate, buf);
 }
 
 /* Samples from a row's logits; emits the token or finishes the request. */
@@ -281,6 +315,7 @@ static int step(loom_engine *e) {
         r->prefill_len = r->n_tokens;
         double tl = loom_now();
         int hit = e->cache ? loom_kv_cache_lookup(e->kv, &r->seq, r->tokens, r->prefill_len, r->ns) : 0;
+        if (e->snaps) hit = resume_from_snapshot(e, r);
         if (blocks_for(e, r->prefill_len + 1) - r->seq.n_blocks > loom_kv_available(e->kv) ||
             loom_kv_seq_reserve(e->kv, &r->seq, r->prefill_len) != LOOM_OK) {
             loom_kv_seq_release(e->kv, &r->seq);
@@ -319,6 +354,7 @@ static int step(loom_engine *e) {
     for (int i = 0; i < n_rows; i++) {
         loom_request *r = e->row_req[i];
         if (e->cache) loom_kv_cache_commit(e->kv, &r->seq, r->tokens, r->ns);
+        if (e->snaps && e->row_kind[i]) maybe_snapshot(e, r);
         /* The next position attends to [n - window + 1, n]: older blocks go. */
         if (e->window) loom_kv_seq_drop_before(e->kv, &r->seq, r->seq.n_tokens - e->window + 1);
     }
@@ -475,7 +511,10 @@ loom_status loom_engine_create(loom_model *m, const loom_engine_params *params,
     for (int l = 0; l < c->n_layers; l++)
         e->window = m->layers[l].attn.window > 0 ? LOOM_MIN(e->window, m->layers[l].attn.window) : 0;
     if (e->window == INT32_MAX || e->has_state) e->window = 0;
-    e->cache = p.prefix_cache && !e->has_state;
+    e->cache = p.prefix_cache;
+    if (!s && e->cache && e->has_state)
+        s = loom_snapshots_create(loom_seq_state_bytes(m), p.snapshot_bytes ? p.snapshot_bytes : (size_t)1 << 30,
+                                  &e->snaps);
     if (!s && e->cache)
         s = loom_kv_cache_enable(e->kv, p.prefix_cache_bytes ? (int)LOOM_MIN(p.prefix_cache_bytes / block, (size_t)n_blocks) : 0);
     if (!s && e->cache && p.prefix_cache_dir &&
@@ -541,6 +580,7 @@ void loom_engine_free(loom_engine *e) {
         loom_kvdisk_close(e->disk, e->kv);
     }
     loom_kv_pool_free(e->kv);
+    loom_snapshots_free(e->snaps);
     loom_fwd_state_free(e->fwd);
     loom_free(e->logits);
     free(e->rows);
@@ -610,6 +650,12 @@ loom_status loom_engine_submit(loom_engine *e, const loom_request_params *p, loo
     if (p->n_stop_ids) memcpy(r->stop_ids, p->stop_ids, sizeof *r->stop_ids * (size_t)p->n_stop_ids);
     r->n_tokens = p->n_prompt;
     for (int i = 0; i < p->n_prompt; i++) loom_sampler_accept(&r->sampler, p->prompt[i], 0);
+    /* State snapshots (linear-attention models): at the caller's boundary
+     * and at the prompt's last full block, both rounded down to blocks,
+     * when at least 256 tokens in and short of the prompt's end. */
+    int bs = e->kv->block_size;
+    int at[2] = {LOOM_MIN(p->snapshot_at, p->n_prompt - 1) / bs * bs, (p->n_prompt - 1) / bs * bs};
+    for (int k = 0; k < 2; k++) r->snap[k] = e->snaps && at[k] >= 256 ? at[k] : 0;
     r->t_submit = loom_now();
 
     pthread_mutex_lock(&e->mu);

@@ -47,6 +47,7 @@ struct loom_request {
     loom_kv_seq seq;           /* KV holds tokens [0, seq.n_tokens) */
     int plan_end;              /* planned prefill chunk end; 0 = none */
     int n_cached;              /* prompt tokens mapped from the prefix cache */
+    int snap[2];               /* boundaries to save recurrent state at (0 = none) */
     uint64_t ns;               /* prefix-cache namespace of this request */
     struct loom_seq_state *rstate; /* owned recurrent state, or NULL */
     int prefill_len;           /* tokens to prefill before sampling */
