@@ -75,12 +75,24 @@ char *metrics_render(loom_metrics *m, const loom_engine_stats *st, int inflight)
               "# TYPE loom_kv_blocks_used gauge\nloom_kv_blocks_used %d\n"
               "# TYPE loom_kv_blocks_free gauge\nloom_kv_blocks_free %d\n"
               "# TYPE loom_preemptions_total counter\nloom_preemptions_total %llu\n"
-              "# TYPE loom_engine_steps_total counter\nloom_engine_steps_total %llu\n",
+              "# TYPE loom_engine_steps_total counter\nloom_engine_steps_total %llu\n"
+              "# TYPE loom_prefix_cache_hit_tokens_total counter\nloom_prefix_cache_hit_tokens_total %llu\n"
+              "# TYPE loom_prefix_cache_miss_tokens_total counter\nloom_prefix_cache_miss_tokens_total %llu\n"
+              "# TYPE loom_prefix_cache_evicted_blocks_total counter\nloom_prefix_cache_evicted_blocks_total %llu\n"
+              "# TYPE loom_prefix_cache_blocks gauge\nloom_prefix_cache_blocks %d\n"
+              "# TYPE loom_prefix_cache_disk_hit_tokens_total counter\nloom_prefix_cache_disk_hit_tokens_total %llu\n"
+              "# TYPE loom_prefix_cache_disk_reads_total counter\nloom_prefix_cache_disk_reads_total %llu\n"
+              "# TYPE loom_prefix_cache_disk_writes_total counter\nloom_prefix_cache_disk_writes_total %llu\n"
+              "# TYPE loom_prefix_cache_disk_bytes gauge\nloom_prefix_cache_disk_bytes %llu\n",
               (unsigned long long)atomic_load(&m->prompt_tokens),
               (unsigned long long)atomic_load(&m->generated_tokens),
               (unsigned long long)atomic_load(&m->disconnects), inflight, st->waiting, st->running,
               st->kv_blocks_total - st->kv_blocks_free, st->kv_blocks_free,
-              (unsigned long long)st->preemptions, (unsigned long long)st->steps);
+              (unsigned long long)st->preemptions, (unsigned long long)st->steps,
+              (unsigned long long)st->cache_hit_tokens, (unsigned long long)st->cache_miss_tokens,
+              (unsigned long long)st->cache_evicted_blocks, st->kv_blocks_cached,
+              (unsigned long long)st->disk_hit_tokens, (unsigned long long)st->disk_reads,
+              (unsigned long long)st->disk_writes, (unsigned long long)st->disk_bytes);
     put_hist(&b, "loom_time_to_first_token_seconds", "Time from request to first token.", &m->ttft);
     put_hist(&b, "loom_inter_token_latency_seconds", "Time between tokens of a request.", &m->itl);
     if (b.oom) {

@@ -26,6 +26,7 @@
 #include "serve/api.h"
 #include "serve/metrics.h"
 #include "serve/toolcall.h"
+#include "model/forward.h"
 #include "stream/textstream.h"
 #include "template/chat.h"
 #include "tokenize/tokenizer.h"
@@ -45,6 +46,7 @@ typedef struct server {
     atomic_ullong next_id;
     int vocab;
     int think;                     /* the vocabulary has </think>: split reasoning */
+    int stateful;                  /* the model keeps recurrent state (snapshots) */
     int32_t turn_end[8];           /* end-of-turn ids chat requests stop at */
     int n_turn_end;
     loom_metrics metrics;
@@ -63,6 +65,7 @@ typedef struct choice {
     const char *finish;         /* "stop", "length", "tool_calls" */
     size_t text_offset;         /* completions logprobs text_offset */
     loom_toolscan scan;         /* tool-call / reasoning splitter */
+    int n_cached;               /* prompt tokens served from the prefix cache */
 } choice;
 
 typedef struct job {
@@ -70,6 +73,7 @@ typedef struct job {
     api_req req;
     int32_t *prompt;            /* owned */
     int n_prompt;
+    int snapshot_at;            /* conversation boundary, for recurrent-state snapshots */
     char *prompt_text;          /* owned, rendered chat or the completion prompt */
     choice ch[API_MAX_N];
     int n;
@@ -128,6 +132,8 @@ static void cancel_all(job *j) {
 
 /* ---- prompt ---------------------------------------------------------------- */
 
+static int conversation_boundary(job *j);
+
 static int build_prompt(job *j, api_error *err) {
     server *s = j->srv;
     api_req *r = &j->req;
@@ -148,6 +154,7 @@ static int build_prompt(job *j, api_error *err) {
         st = loom_tok_encode(s->tok, j->prompt_text, len, LOOM_TOK_NO_SPECIAL, &j->prompt, &n);
         if (st != LOOM_OK) return api_fail(err, 400, "messages", "%s", loom_last_error());
         j->n_prompt = (int)n;
+        j->snapshot_at = conversation_boundary(j);
     } else if (r->prompt_ids) {
         j->prompt = r->prompt_ids;
         j->n_prompt = r->n_prompt_ids;
@@ -168,6 +175,42 @@ static int build_prompt(job *j, api_error *err) {
     return 0;
 }
 
+/* Tokens of the conversation before its newest user turn, when they are a
+ * prefix of the prompt: the point the next turn of this conversation will
+ * share, where models with recurrent state save it (0 when unknown). */
+static int conversation_boundary(job *j) {
+    server *s = j->srv;
+    if (!s->stateful) return 0;
+    cJSON *msgs = cJSON_Parse(j->req.messages_json);
+    int last_user = -1, i = 0;
+    for (cJSON *m = msgs ? msgs->child : NULL; m; m = m->next, i++) {
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        if (cJSON_IsString(role) && !strcmp(role->valuestring, "user")) last_user = i;
+    }
+    int at = 0;
+    if (last_user > 0) {
+        while (cJSON_GetArraySize(msgs) > last_user) cJSON_DeleteItemFromArray(msgs, last_user);
+        char *head = cJSON_PrintUnformatted(msgs);
+        loom_chat_params cp = loom_chat_default_params();
+        cp.messages_json = head;
+        cp.tools_json = j->req.tools_json;
+        cp.kwargs_json = j->req.kwargs_json;
+        char *text = NULL;
+        size_t len = 0, n = 0;
+        int32_t *ids = NULL;
+        if (head && loom_chat_apply(s->chat, &cp, &text, &len) == LOOM_OK &&
+            loom_tok_encode(s->tok, text, len, LOOM_TOK_NO_SPECIAL, &ids, &n) == LOOM_OK) {
+            while (at < (int)n && at < j->n_prompt && ids[at] == j->prompt[at]) at++;
+        }
+        loom_err_clear();
+        free(ids);
+        free(text);
+        free(head);
+    }
+    cJSON_Delete(msgs);
+    return at;
+}
+
 /* Submits the n choices. */
 static int start_job(job *j, api_error *err) {
     server *s = j->srv;
@@ -179,6 +222,8 @@ static int start_job(job *j, api_error *err) {
     rp.sampling = r->sampling;
     rp.logprobs = r->logprobs;
     rp.ignore_eos = r->ignore_eos;
+    rp.snapshot_at = j->snapshot_at;
+    rp.cache_session_id = r->cache_session_id;
     if (r->kind == API_CHAT && !r->ignore_eos) {
         rp.stop_ids = s->turn_end;
         rp.n_stop_ids = s->n_turn_end;
@@ -305,10 +350,14 @@ static void put_completion_logprobs(job *j, choice *c, sbuf *b) {
 }
 
 static void put_usage(job *j, sbuf *b) {
-    int gen = 0;
-    for (int i = 0; i < j->n; i++) gen += j->ch[i].n_ids;
-    sb_printf(b, "\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d}",
-              j->n_prompt, gen, j->n_prompt + gen);
+    int gen = 0, cached = 0;
+    for (int i = 0; i < j->n; i++) {
+        gen += j->ch[i].n_ids;
+        cached = LOOM_MAX(cached, j->ch[i].n_cached);
+    }
+    sb_printf(b, "\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d,"
+              "\"prompt_tokens_details\":{\"cached_tokens\":%d}}",
+              j->n_prompt, gen, j->n_prompt + gen, cached);
 }
 
 static void put_head(job *j, sbuf *b, int chunk) {
@@ -347,6 +396,7 @@ static void finish_choice(job *j, choice *c, loom_finish why, emitted *em) {
 static int on_event(job *j, choice *c, const loom_event *ev, emitted *em) {
     server *s = j->srv;
     if (ev->finish != LOOM_FINISH_NONE) {
+        c->n_cached = ev->n_cached;
         if (c->done) return 0;
         if (ev->finish == LOOM_FINISH_ERROR) {
             j->failed = 1;
@@ -956,6 +1006,7 @@ int loom_serve_run(const loom_serve_params *params) {
     }
     s->vocab = loom_model_vocab_size(s->model);
     s->think = loom_tok_token_to_id(s->tok, "</think>", 8) >= 0;
+    s->stateful = loom_seq_state_bytes(s->model) > 0;
     /* Chat turns end at the template's end-of-turn token, which is often
      * not the model's EOS (ChatML's <|im_end|> on a base model). */
     static const char *const turn_ends[] = {"<|im_end|>", "<|eot_id|>", "<end_of_turn>",
