@@ -66,9 +66,8 @@ static void check_chunk(const sbuf *content, const loom_toolscan *t) {
         const cJSON *f = cJSON_GetObjectItem(cJSON_GetArrayItem(calls, i), "function");
         assert(cJSON_IsString(cJSON_GetObjectItem(f, "name")));
         assert(cJSON_IsString(cJSON_GetObjectItem(f, "arguments")));
-        if (!memchr(t->calls[i].name, 0, strlen(t->calls[i].name)))
-            assert(!strcmp(cJSON_GetObjectItem(f, "name")->valuestring, t->calls[i].name) ||
-                   strlen(t->calls[i].name) != strlen(cJSON_GetObjectItem(f, "name")->valuestring));
+        assert(!strcmp(cJSON_GetObjectItem(f, "name")->valuestring, t->calls[i].name));
+        assert(!strcmp(cJSON_GetObjectItem(f, "arguments")->valuestring, t->calls[i].arguments));
     }
     cJSON_Delete(j);
     sb_free(&b);
