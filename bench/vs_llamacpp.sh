@@ -34,7 +34,8 @@
 # Environment: BUILD (default build/bench), VS_DIR, LLAMA_CPP_DIR,
 # VS_FORMATS (default "bf16 f16 q8_0 q4_0"), VS_ROUNDS (3), VS_REPS (2),
 # VS_THREADS (all cores), VS_P (512), VS_N (128), VS_SEED (1), VS_PRESET
-# (qwen3-0.6b; tiny for a quick check of the script).
+# (qwen3-0.6b; tiny for a quick check of the script). VS_TABLE=<runs dir>
+# prints the table of an earlier (or interrupted) run and times nothing.
 set -eu
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build/bench}
@@ -62,6 +63,7 @@ fi
 HAVE_CONVERT=0
 if "$BUILD/loom" convert --help >/dev/null 2>&1; then HAVE_CONVERT=1; fi
 
+if [ -z "${VS_TABLE:-}" ]; then
 # ---- 1. models --------------------------------------------------------------
 for f in $FORMATS; do
     case $f in bf16|f16|q8_0|q4_0) ;; *) die "unknown format $f (expected bf16, f16, q8_0 or q4_0)" ;; esac
@@ -132,6 +134,12 @@ while [ $r -le "$ROUNDS" ]; do
     r=$((r + 1))
 done
 say "load average at end: $(load)"
+else
+    OUT=$VS_TABLE
+    [ -d "$OUT" ] || die "VS_TABLE: no directory $OUT"
+    HAVE_LLAMA=1
+    ROUNDS=$(ls "$OUT" | sed -n 's/^loom-.*-\([0-9]*\)\.json$/\1/p' | sort -n | tail -1)
+fi
 
 # ---- 4. table ---------------------------------------------------------------
 # field KEY FILE...: the values of "KEY" (a number or an array of numbers) in
