@@ -12,6 +12,7 @@ static const struct {
     {"generate", cmd_generate, "continue a prompt"},
     {"logits", cmd_logits, "write the logits at every prompt position"},
     {"serve", cmd_serve, "serve an OpenAI-compatible HTTP API"},
+    {"batch", cmd_batch, "run a file of requests (OpenAI Batch API lines)"},
     {"chat", cmd_chat, "chat in the terminal"},
     {"perplexity", cmd_perplexity, "perplexity of a text file"},
     {"info", cmd_info, "describe a model: architecture, sizes, layer kinds"},

@@ -758,6 +758,28 @@ static enum MHD_Result send_error(server *s, struct MHD_Connection *conn, const 
     return send_text(s, conn, err->status, "application/json", api_error_json(err));
 }
 
+/* Runs a parsed non-streaming job to the end and frees it. Returns the
+ * response body (or an error body) with *status set; NULL with status 0
+ * when the client went away. */
+static char *complete_job(job *j, int *status) {
+    api_error err;
+    char *body = NULL;
+    if (build_prompt(j, &err) < 0 || start_job(j, &err) < 0) {
+        *status = err.status;
+        body = api_error_json(&err);
+    } else if ((body = run_blocking(j)) != NULL) {
+        *status = 200;
+    } else if (j->failed) {
+        *status = j->err.status;
+        body = api_error_json(&j->err);
+    } else {
+        *status = 0;
+    }
+    cancel_all(j);
+    job_free(j);
+    return body;
+}
+
 static enum MHD_Result handle_generate(server *s, struct MHD_Connection *conn, api_kind kind,
                                        conn_ctx *cc) {
     const char *endpoint = kind == API_CHAT ? "chat" : "completions";
@@ -780,24 +802,17 @@ static enum MHD_Result handle_generate(server *s, struct MHD_Connection *conn, a
     j->created = (long)time(NULL);
     snprintf(j->id, sizeof j->id, "%s-%llu", kind == API_CHAT ? "chatcmpl" : "cmpl",
              (unsigned long long)atomic_fetch_add(&s->next_id, 1));
+    if (!j->req.stream) {
+        int status = 0;
+        char *body = complete_job(j, &status);
+        if (!body && !status) return MHD_NO; /* client gone: drop the connection */
+        metrics_count_request(&s->metrics, endpoint, status);
+        return send_text(s, conn, status, "application/json", body);
+    }
     if (build_prompt(j, &err) < 0 || start_job(j, &err) < 0) {
         cancel_all(j);
         job_free(j);
         return send_error(s, conn, endpoint, &err);
-    }
-    if (!j->req.stream) {
-        char *body = run_blocking(j);
-        if (!body) {
-            int failed = j->failed;
-            api_error e = j->err;
-            cancel_all(j);
-            job_free(j);
-            if (!failed) return MHD_NO; /* client gone: drop the connection */
-            return send_error(s, conn, endpoint, &e);
-        }
-        job_free(j);
-        metrics_count_request(&s->metrics, endpoint, 200);
-        return send_text(s, conn, 200, "application/json", body);
     }
     /* role first, so clients see the stream open at once */
     if (kind == API_CHAT)
@@ -962,10 +977,9 @@ static void free_server(server *s) {
     metrics_free(&s->metrics);
 }
 
-int loom_serve_run(const loom_serve_params *params) {
-    server srv;
-    memset(&srv, 0, sizeof srv);
-    server *s = &srv;
+/* Loads the model, tokenizer and template and starts the engine. */
+static int server_open(server *s, const loom_serve_params *params) {
+    memset(s, 0, sizeof *s);
     s->p = *params;
     pthread_rwlock_init(&s->engine_lock, NULL);
     metrics_init(&s->metrics);
@@ -981,14 +995,6 @@ int loom_serve_run(const loom_serve_params *params) {
     char *slash = strchr(s->model_id, '/');
     if (slash && !s->p.model_name) *slash = 0;
 
-    /* Signals go to the main thread only, which waits for them below. */
-    sigset_t sigs;
-    sigemptyset(&sigs);
-    sigaddset(&sigs, SIGINT);
-    sigaddset(&sigs, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
-    signal(SIGPIPE, SIG_IGN);
-
     fprintf(stderr, "loom: loading %s ...\n", dir);
     loom_model_params mp = loom_model_default_params();
     mp.n_threads = s->p.n_threads;
@@ -1000,7 +1006,7 @@ int loom_serve_run(const loom_serve_params *params) {
         return 1;
     }
     if (loom_chat_template_load(dir, &s->chat) != LOOM_OK) {
-        fprintf(stderr, "loom: warning: no chat template (%s); /v1/chat/completions is disabled\n",
+        fprintf(stderr, "loom: warning: no chat template (%s); chat completions are disabled\n",
                 loom_last_error());
         s->chat = NULL;
     }
@@ -1016,12 +1022,70 @@ int loom_serve_run(const loom_serve_params *params) {
         if (id >= 0) s->turn_end[s->n_turn_end++] = id;
     }
     if (loom_tok_eos_id(s->tok) >= 0) s->turn_end[s->n_turn_end++] = loom_tok_eos_id(s->tok);
-    s->p.engine.max_queue = s->p.engine.max_queue;
     if ((st = loom_engine_create(s->model, &s->p.engine, &s->engine))) {
         fprintf(stderr, "loom: error: %s (%s)\n", loom_last_error(), loom_status_str(st));
         free_server(s);
         return 1;
     }
+    return 0;
+}
+
+/* ---- service: the same request handling without HTTP (batch mode) ------- */
+
+loom_status loom_service_open(const loom_serve_params *p, loom_service **out) {
+    *out = NULL;
+    server *s = malloc(sizeof *s);
+    if (!s) return loom_err(LOOM_ERR_NOMEM, "out of memory");
+    if (server_open(s, p) != 0) {
+        free(s);
+        return loom_err(LOOM_ERR_INVALID_ARG, "cannot open %s", p->model_dir);
+    }
+    *out = (loom_service *)s;
+    return LOOM_OK;
+}
+
+void loom_service_close(loom_service *svc) {
+    if (!svc) return;
+    free_server((server *)svc);
+    free(svc);
+}
+
+char *loom_service_complete(loom_service *svc, int chat, const char *body, size_t len, int *status) {
+    server *s = (server *)svc;
+    api_kind kind = chat ? API_CHAT : API_COMPLETION;
+    api_error err;
+    job *j = calloc(1, sizeof *j);
+    if (!j) {
+        *status = 500;
+        return NULL;
+    }
+    j->srv = s;
+    j->fd = -1;
+    atomic_fetch_add(&s->inflight, 1);
+    if (api_parse(kind, body, len, s->vocab, &j->req, &err) < 0 ||
+        (j->req.stream && api_fail(&err, 400, "stream", "streaming is not available in batch mode") < 0)) {
+        job_free(j);
+        *status = err.status;
+        return api_error_json(&err);
+    }
+    j->t_start = loom_now();
+    j->created = (long)time(NULL);
+    snprintf(j->id, sizeof j->id, "%s-%llu", chat ? "chatcmpl" : "cmpl",
+             (unsigned long long)atomic_fetch_add(&s->next_id, 1));
+    return complete_job(j, status);
+}
+
+int loom_serve_run(const loom_serve_params *params) {
+    server srv;
+    server *s = &srv;
+    /* Signals go to the main thread only, which waits for them below. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    if (server_open(s, params) != 0) return 1;
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s->p.port)};
     if (inet_pton(AF_INET, s->p.host, &addr.sin_addr) != 1) {
         fprintf(stderr, "loom: error: --host: expected an IPv4 address, found \"%s\"\n", s->p.host);

@@ -31,4 +31,14 @@ loom_serve_params loom_serve_default_params(void);
  * Returns a process exit code. */
 int loom_serve_run(const loom_serve_params *p);
 
+/* The same request handling without HTTP, for batch mode: a loaded model,
+ * tokenizer, template and running engine. loom_service_complete may be
+ * called from many threads at once; each call blocks until its request is
+ * done and returns the response body (or an OpenAI error body), with the
+ * HTTP status it would have had in *status. */
+typedef struct loom_service loom_service;
+loom_status loom_service_open(const loom_serve_params *p, loom_service **out);
+void loom_service_close(loom_service *s);
+char *loom_service_complete(loom_service *s, int chat, const char *body, size_t len, int *status);
+
 #endif

@@ -1,0 +1,36 @@
+#!/bin/sh
+# loom batch: results in input order, per-line errors that do not stop the
+# others, a completion equal to the greedy CLI run, split error file.
+set -eu
+LOOM="${LOOM_BUILD:-build}/loom"
+MODEL=models/pycoder-16m
+dir=$(mktemp -d /tmp/loom-batch-XXXXXX)
+trap 'rm -rf "$dir"' EXIT
+cat >"$dir/in.jsonl" <<'JSONL'
+{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": [1, 2, 3], "max_tokens": 4, "temperature": 0, "return_token_ids": true}}
+{"custom_id": "b", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}}
+not json
+
+{"custom_id": "d", "method": "POST", "url": "/v1/embeddings", "body": {}}
+{"custom_id": "e", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x", "temperature": 9}}
+{"custom_id": "f", "method": "POST", "url": "/v1/completions", "body": {"prompt": "def f():", "max_tokens": 3, "stream": true}}
+JSONL
+"$LOOM" batch --model "$MODEL" --input "$dir/in.jsonl" --output "$dir/out.jsonl" 2>"$dir/log"
+test "$(wc -l <"$dir/out.jsonl")" -eq 6
+sed -n 1p "$dir/out.jsonl" | grep -q '"custom_id":"a","response":{"status_code":200'
+want=$("$LOOM" generate --model "$MODEL" --tokens 1,2,3 --max-tokens 4 --temperature 0 --ids --ignore-eos 2>/dev/null | tail -n 1 | tr -d ' []')
+sed -n 1p "$dir/out.jsonl" | grep -q "\"token_ids\":\[$want\]"
+sed -n 2p "$dir/out.jsonl" | grep -q '"custom_id":"b","response":{"status_code":200'
+sed -n 3p "$dir/out.jsonl" | grep -q '"code":"invalid_json"'
+sed -n 4p "$dir/out.jsonl" | grep -q '"custom_id":"d".*"code":"invalid_url"'
+sed -n 5p "$dir/out.jsonl" | grep -q '"status_code":400.*"param":"temperature"'
+sed -n 6p "$dir/out.jsonl" | grep -q '"status_code":400.*"param":"stream"'
+grep -q "6 requests, 4 failed" "$dir/log"
+# failures split into their own file
+"$LOOM" batch --model "$MODEL" --input "$dir/in.jsonl" --output "$dir/ok.jsonl" --errors "$dir/err.jsonl" 2>/dev/null
+test "$(wc -l <"$dir/ok.jsonl")" -eq 2
+test "$(wc -l <"$dir/err.jsonl")" -eq 4
+# usage errors
+if "$LOOM" batch --model "$MODEL" 2>/dev/null; then exit 1; fi
+if "$LOOM" batch --model "$MODEL" --input /nonexistent --output "$dir/x" 2>/dev/null; then exit 1; fi
+echo ok
