@@ -74,8 +74,9 @@ mkdir -p "$DIR"
 st() { # loom's model directory for a format ("" if loom cannot run it)
     case $1 in
     bf16|f16) echo "$DIR/st-$1" ;;
-    q8_0) [ $HAVE_CONVERT = 1 ] && echo "$DIR/st-q8" || echo "" ;;
-    q4_0) [ $HAVE_CONVERT = 1 ] && echo "$DIR/st-q4" || echo "" ;;
+    q8_0|q4_0)
+        m=$DIR/st-q$(echo "$1" | cut -c2)
+        if [ $HAVE_CONVERT = 1 ] || [ -f "$m/config.json" ]; then echo "$m"; else echo ""; fi ;;
     esac
 }
 src() { # the safetensors model a format's values come from
