@@ -155,9 +155,15 @@ static void mm_task(void *ctx, int task, int thread) {
 void loom_fwd_matmul(loom_model *m, float *y, const float *x, const loom_weight *w, int T) {
     if (T <= 0) return;
     int n = loom_pool_size(m->pool);
+    /* Below ~256K multiply-adds waking the workers costs more than it saves. */
+    if ((size_t)w->rows * (size_t)w->cols * (size_t)T < ((size_t)1 << 18)) n = 1;
     int chunk = (w->rows + 4 * n - 1) / (4 * n);
     chunk = (chunk + 15) & ~15;
     mm_job j = {m->k, y, w->rows, x, w->cols, w, T, chunk};
+    if (n == 1) {
+        for (int t = 0; t * chunk < w->rows; t++) mm_task(&j, t, 0);
+        return;
+    }
     loom_pool_run(m->pool, (w->rows + chunk - 1) / chunk, mm_task, &j);
 }
 
