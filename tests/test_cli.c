@@ -86,7 +86,8 @@ static void check_fixture(const char *dir) {
 static void check_errors(void) {
     char cmd[1024], out[8192];
     const char *model = "tests/fixtures/models/qwen3-tiny";
-    static const char *cmds[] = {"logits", "generate"};
+    static const char *cmds[] = {"logits", "generate", "serve", "chat", "batch", "perplexity",
+                                 "info", "convert", "bench"};
     for (size_t i = 0; i < LOOM_ARRAY_LEN(cmds); i++) {
         snprintf(cmd, sizeof cmd, "%s %s --help", loom, cmds[i]);
         CHECK_EQ_INT(run(cmd, out, sizeof out), 0);
