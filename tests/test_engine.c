@@ -373,6 +373,32 @@ static void prefix_cache_expect(const char *dir, const int want_cached[3]) {
 }
 
 /* Runs prompt 3 once on a fresh engine over dir; returns cached tokens. */
+static int run_disk(fixture *f, const char *dir, const float *solo, loom_engine_stats *st);
+
+/* A hybrid model's snapshot survives a restart through the disk tier. */
+static void disk_tier_hybrid(void) {
+    fixture f;
+    if (!load_fixture("tests/fixtures/models/qwen3.5-tiny-hybrid", &f)) { CHECK(0); return; }
+    float solo[NG];
+    solo_logprobs(&f, 3, solo);
+    char dir[] = "/tmp/loom-test-kvdisk-hybrid-XXXXXX";
+    if (!mkdtemp(dir)) { CHECK(0); return; }
+    loom_engine_stats st;
+    CHECK_EQ_INT(run_disk(&f, dir, solo, &st), 0);
+    CHECK_EQ_INT(run_disk(&f, dir, solo, &st), (f.len[3] - 1) / 16 * 16);
+    CHECK(st.disk_reads > 0);
+    /* a damaged snapshot is refused: the run starts cold and stays right */
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "cd %s && for f in *.lks; do printf '\\377' | dd of=$f bs=1 seek=100 "
+             "conv=notrunc 2>/dev/null; done", dir);
+    CHECK(system(cmd) == 0);
+    CHECK_EQ_INT(run_disk(&f, dir, solo, &st), 0);
+    CHECK(st.disk_bad_files >= 1);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    CHECK(system(cmd) == 0);
+    free_fixture(&f);
+}
+
 static int run_disk(fixture *f, const char *dir, const float *solo, loom_engine_stats *st) {
     loom_engine_params ep = loom_engine_default_params();
     ep.n_ctx = 400;
@@ -604,6 +630,7 @@ static void kv_lossy(const char *dir) {
 }
 
 int main(void) {
+    disk_tier_hybrid();
     kv_lossy("tests/fixtures/models/qwen3-tiny");
     kv_lossy("tests/fixtures/models/llama3-tiny");
     sliding_window_blocks();

@@ -65,6 +65,7 @@ struct loom_engine {
     int cache;                     /* prefix cache in use */
     loom_kvdisk *disk;             /* owned disk tier, or NULL */
     loom_snapshots *snaps;         /* owned saved states (linear-attention models) */
+    void *state_buf;               /* owned scratch for a state read from disk */
     int has_state;                 /* the model keeps recurrent state per sequence */
     int window;                    /* every layer slides over this many tokens; 0 = no */
     char ns_base[256];             /* namespace text: model and KV layout */
@@ -222,6 +223,11 @@ static void add_prefill_row(loom_engine *e, loom_request *r, int *n_rows, int *b
     *budget -= count;
 }
 
+static void spill_state(void *ctx, uint64_t hash, int n_tokens, const void *state) {
+    loom_engine *e = ctx;
+    loom_kvdisk_put_state(e->disk, hash, n_tokens, state, loom_seq_state_bytes(e->m));
+}
+
 /* Linear-attention models: the KV hit is usable only up to the longest
  * boundary with a saved state. Cuts the sequence back to it and restores
  * the state there (or to nothing). Returns the tokens resumed. */
@@ -232,6 +238,15 @@ static int resume_from_snapshot(loom_engine *e, loom_request *r) {
         uint64_t h = e->kv->hash[seq->blocks[i]];
         int n = 0;
         const void *st = h ? loom_snapshots_find(e->snaps, h, &n) : NULL;
+        if (!st && h && e->disk) { /* a snapshot from an earlier run */
+            size_t bytes = loom_seq_state_bytes(e->m);
+            if (!e->state_buf) e->state_buf = malloc(bytes);
+            if (e->state_buf && loom_kvdisk_get_state(e->disk, h, &n, e->state_buf, bytes) == 0) {
+                void *buf = loom_snapshots_put(e->snaps, h, n);
+                if (buf) memcpy(buf, e->state_buf, bytes);
+                st = buf ? buf : e->state_buf;
+            }
+        }
         if (!st || n != (i + 1) * bs) continue;
         loom_kv_seq_truncate(e->kv, seq, n);
         seq->n_hashed = i + 1;
@@ -522,6 +537,7 @@ loom_status loom_engine_create(loom_model *m, const loom_engine_params *params,
         loom_log(LOOM_LOG_WARN, "%s; the prefix cache stays in memory", loom_last_error());
         e->disk = NULL;
     }
+    if (e->disk && e->snaps) loom_snapshots_set_spill(e->snaps, spill_state, e);
     e->p.prefix_cache_dir = NULL;
     snprintf(e->ns_base, sizeof e->ns_base, "loom1|%s|L%d|H%d|V%d|kv=%s|bs=%d|", c->arch, c->n_layers,
              c->hidden_size, c->vocab_size, loom_kv_type_name(kvt), p.block_size);
@@ -577,10 +593,12 @@ void loom_engine_free(loom_engine *e) {
     if (e->disk) {
         /* what is still cached in memory goes to disk for the next start */
         loom_kv_cache_spill_all(e->kv);
+        if (e->snaps) loom_snapshots_spill_all(e->snaps);
         loom_kvdisk_close(e->disk, e->kv);
     }
     loom_kv_pool_free(e->kv);
     loom_snapshots_free(e->snaps);
+    free(e->state_buf);
     loom_fwd_state_free(e->fwd);
     loom_free(e->logits);
     free(e->rows);

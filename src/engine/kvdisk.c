@@ -17,11 +17,14 @@
 #define KVD_VERSION 1u
 #define KVD_HEADER 64u
 #define KVD_EXT ".lkv"
+#define KVS_MAGIC "LOOMKVS1"
+#define KVS_EXT ".lks"
 
 typedef struct kvd_entry {
     uint64_t hash;
     size_t size;
     uint64_t age;          /* larger = newer */
+    int state;             /* a state snapshot (.lks), not a block */
 } kvd_entry;
 
 struct loom_kvdisk {
@@ -49,31 +52,36 @@ static uint64_t get64(const uint8_t *p) {
     return v;
 }
 
+static void file_name_kind(const loom_kvdisk *d, uint64_t hash, int state, char *buf, size_t n) {
+    snprintf(buf, n, "%s/%016llx%s", d->dir, (unsigned long long)hash, state ? KVS_EXT : KVD_EXT);
+}
 static void file_name(const loom_kvdisk *d, uint64_t hash, char *buf, size_t n) {
-    snprintf(buf, n, "%s/%016llx" KVD_EXT, d->dir, (unsigned long long)hash);
+    file_name_kind(d, hash, 0, buf, n);
 }
 
-static int find_entry(const loom_kvdisk *d, uint64_t hash) {
+static int find_entry_kind(const loom_kvdisk *d, uint64_t hash, int state) {
     for (int i = 0; i < d->n; i++)
-        if (d->entries[i].hash == hash) return i;
+        if (d->entries[i].hash == hash && d->entries[i].state == state) return i;
     return -1;
 }
+static int find_entry(const loom_kvdisk *d, uint64_t hash) { return find_entry_kind(d, hash, 0); }
 
 static void drop_entry(loom_kvdisk *d, int i) {
     d->st.bytes -= d->entries[i].size;
     d->entries[i] = d->entries[--d->n];
 }
 
-static void remove_file(loom_kvdisk *d, uint64_t hash) {
+static void remove_file_kind(loom_kvdisk *d, uint64_t hash, int state) {
     char path[4096];
-    file_name(d, hash, path, sizeof path);
+    file_name_kind(d, hash, state, path, sizeof path);
     unlink(path);
-    int i = find_entry(d, hash);
+    int i = find_entry_kind(d, hash, state);
     if (i >= 0) drop_entry(d, i);
 }
+static void remove_file(loom_kvdisk *d, uint64_t hash) { remove_file_kind(d, hash, 0); }
 
-static void add_entry(loom_kvdisk *d, uint64_t hash, size_t size) {
-    int i = find_entry(d, hash);
+static void add_entry_kind(loom_kvdisk *d, uint64_t hash, size_t size, int state) {
+    int i = find_entry_kind(d, hash, state);
     if (i >= 0) {
         d->entries[i].age = ++d->clock;
         return;
@@ -85,9 +93,10 @@ static void add_entry(loom_kvdisk *d, uint64_t hash, size_t size) {
         d->entries = ne;
         d->n_cap = cap;
     }
-    d->entries[d->n++] = (kvd_entry){hash, size, ++d->clock};
+    d->entries[d->n++] = (kvd_entry){hash, size, ++d->clock, state};
     d->st.bytes += size;
 }
+static void add_entry(loom_kvdisk *d, uint64_t hash, size_t size) { add_entry_kind(d, hash, size, 0); }
 
 /* Deletes the oldest files until the cap holds. */
 static void enforce_cap(loom_kvdisk *d) {
@@ -95,7 +104,7 @@ static void enforce_cap(loom_kvdisk *d) {
         int old = 0;
         for (int i = 1; i < d->n; i++)
             if (d->entries[i].age < d->entries[old].age) old = i;
-        remove_file(d, d->entries[old].hash);
+        remove_file_kind(d, d->entries[old].hash, d->entries[old].state);
         d->st.evicted_files++;
     }
 }
@@ -237,13 +246,18 @@ static void scan(loom_kvdisk *d) {
             unlink(path);
             continue;
         }
-        if (len != 16 + strlen(KVD_EXT) || strcmp(n + 16, KVD_EXT) != 0) continue;
+        if (strstr(n, KVS_EXT ".tmp")) {
+            unlink(path);
+            continue;
+        }
+        int state = len == 16 + strlen(KVS_EXT) && !strcmp(n + 16, KVS_EXT);
+        if (!state && (len != 16 + strlen(KVD_EXT) || strcmp(n + 16, KVD_EXT) != 0)) continue;
         char *end;
         uint64_t hash = strtoull(n, &end, 16);
         if (end != n + 16) continue;
         struct stat sb;
         if (stat(path, &sb) != 0) continue;
-        add_entry(d, hash, (size_t)sb.st_size);
+        add_entry_kind(d, hash, (size_t)sb.st_size, state);
         /* order by modification time: older files leave first */
         d->entries[d->n - 1].age = (uint64_t)sb.st_mtime;
         if (d->clock < (uint64_t)sb.st_mtime) d->clock = (uint64_t)sb.st_mtime;
@@ -290,3 +304,79 @@ void loom_kvdisk_close(loom_kvdisk *d, loom_kv_pool *p) {
 }
 
 void loom_kvdisk_get_stats(const loom_kvdisk *d, loom_kvdisk_stats *s) { *s = d->st; }
+
+int loom_kvdisk_put_state(loom_kvdisk *d, uint64_t hash, int n_tokens, const void *state,
+                          size_t bytes) {
+    if (d->st.disabled) return -1;
+    if (find_entry_kind(d, hash, 1) >= 0) {
+        add_entry_kind(d, hash, KVD_HEADER + bytes, 1);
+        return 0;
+    }
+    uint8_t h[KVD_HEADER];
+    memset(h, 0, sizeof h);
+    memcpy(h, KVS_MAGIC, 8);
+    put32(h + 8, KVD_VERSION);
+    put32(h + 12, KVD_HEADER);
+    put32(h + 16, (uint32_t)n_tokens);
+    put64(h + 32, hash);
+    put64(h + 48, bytes);
+    put64(h + 56, XXH64(state, bytes, 0));
+    char path[4096], tmp[4200];
+    file_name_kind(d, hash, 1, path, sizeof path);
+    snprintf(tmp, sizeof tmp, "%s.tmp%d", path, (int)getpid());
+    FILE *f = fopen(tmp, "wb");
+    if (!f) {
+        disable(d, strerror(errno));
+        return -1;
+    }
+    int ok = fwrite(h, 1, sizeof h, f) == sizeof h && fwrite(state, 1, bytes, f) == bytes;
+    ok = (fclose(f) == 0) && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        unlink(tmp);
+        disable(d, "cannot write a state snapshot");
+        return -1;
+    }
+    d->st.writes++;
+    d->st.write_bytes += KVD_HEADER + bytes;
+    add_entry_kind(d, hash, KVD_HEADER + bytes, 1);
+    enforce_cap(d);
+    return 0;
+}
+
+static int bad_state(loom_kvdisk *d, uint64_t hash, const char *why) {
+    char path[4096];
+    file_name_kind(d, hash, 1, path, sizeof path);
+    loom_log(LOOM_LOG_WARN, "prefix cache file %s: %s; deleted", path, why);
+    d->st.bad_files++;
+    remove_file_kind(d, hash, 1);
+    return -1;
+}
+
+int loom_kvdisk_get_state(loom_kvdisk *d, uint64_t hash, int *n_tokens, void *state, size_t bytes) {
+    if (find_entry_kind(d, hash, 1) < 0) return -1;
+    char path[4096];
+    file_name_kind(d, hash, 1, path, sizeof path);
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        int i = find_entry_kind(d, hash, 1);
+        if (i >= 0) drop_entry(d, i);
+        return -1;
+    }
+    uint8_t h[KVD_HEADER];
+    char extra;
+    int ok = fread(h, 1, sizeof h, f) == sizeof h && fread(state, 1, bytes, f) == bytes &&
+             fread(&extra, 1, 1, f) == 0;
+    fclose(f);
+    if (!ok) return bad_state(d, hash, "wrong size (truncated or foreign)");
+    if (memcmp(h, KVS_MAGIC, 8) != 0) return bad_state(d, hash, "bad magic");
+    if (get32(h + 8) != KVD_VERSION || get32(h + 12) != KVD_HEADER)
+        return bad_state(d, hash, "unsupported version");
+    if (get64(h + 48) != bytes) return bad_state(d, hash, "state size differs from this model's");
+    if (get64(h + 32) != hash) return bad_state(d, hash, "hash does not match the file name");
+    if (XXH64(state, bytes, 0) != get64(h + 56)) return bad_state(d, hash, "checksum mismatch");
+    *n_tokens = (int)get32(h + 16);
+    d->st.reads++;
+    d->st.read_bytes += KVD_HEADER + bytes;
+    add_entry_kind(d, hash, KVD_HEADER + bytes, 1);
+    return 0;
+}

@@ -17,6 +17,10 @@
  *       56     8  XXH64 of everything after the header
  *       64   4*B  the block's token ids
  *  64+4*B      P  K then V, each (n_layers, block_size) stored rows
+ * Recurrent-state snapshots live beside them, one file each
+ * ("<hash>.lks"): the same 64-byte header with magic "LOOMKVS1", the
+ * boundary's token count at offset 16, the state's bytes at 48 and the
+ * XXH64 of the state at 56, then the state.
  * Files are written to a temporary name and renamed, so a reader never
  * sees a half-written file. A file that fails any check (magic, version,
  * geometry, size, hash, tokens, checksum) is reported, deleted and treated
@@ -44,5 +48,12 @@ loom_status loom_kvdisk_open(const char *dir, size_t cap, loom_kv_pool *p, loom_
 /* Detaches from the pool; call after loom_kv_cache_spill_all if wanted. */
 void loom_kvdisk_close(loom_kvdisk *d, loom_kv_pool *p);
 void loom_kvdisk_get_stats(const loom_kvdisk *d, loom_kvdisk_stats *s);
+
+/* Writes a state snapshot saved at a boundary of n_tokens (0 on success). */
+int loom_kvdisk_put_state(loom_kvdisk *d, uint64_t hash, int n_tokens, const void *state,
+                          size_t bytes);
+/* Reads the snapshot with this hash into state (bytes long); 0 on success,
+ * with *n_tokens set. Damaged files are reported and deleted. */
+int loom_kvdisk_get_state(loom_kvdisk *d, uint64_t hash, int *n_tokens, void *state, size_t bytes);
 
 #endif

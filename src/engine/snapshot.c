@@ -18,7 +18,19 @@ struct loom_snapshots {
     snap *e;              /* owned [cap] */
     int n;
     uint64_t clock;
+    loom_snapshot_spill spill;
+    void *spill_ctx;
 };
+
+void loom_snapshots_set_spill(loom_snapshots *s, loom_snapshot_spill fn, void *ctx) {
+    s->spill = fn;
+    s->spill_ctx = ctx;
+}
+
+void loom_snapshots_spill_all(loom_snapshots *s) {
+    for (int i = 0; s->spill && i < s->n; i++)
+        if (s->e[i].hash) s->spill(s->spill_ctx, s->e[i].hash, s->e[i].n_tokens, s->e[i].state);
+}
 
 loom_status loom_snapshots_create(size_t state_bytes, size_t cap_bytes, loom_snapshots **out) {
     *out = NULL;
@@ -65,6 +77,7 @@ void *loom_snapshots_put(loom_snapshots *s, uint64_t hash, int n_tokens) {
     if (s->e[at].hash) { /* full: reuse the least recently used entry's buffer */
         for (int i = 0; i < s->n; i++)
             if (s->e[i].age < s->e[at].age) at = i;
+        if (s->spill) s->spill(s->spill_ctx, s->e[at].hash, s->e[at].n_tokens, s->e[at].state);
     }
     s->e[at].hash = hash;
     s->e[at].n_tokens = n_tokens;

@@ -17,7 +17,13 @@
 
 typedef struct loom_snapshots loom_snapshots;
 
+/* spill, when set, sees every snapshot about to be evicted (and, through
+ * loom_snapshots_spill_all, the rest), e.g. to write it to disk. */
+typedef void (*loom_snapshot_spill)(void *ctx, uint64_t hash, int n_tokens, const void *state);
+
 loom_status loom_snapshots_create(size_t state_bytes, size_t cap_bytes, loom_snapshots **out);
+void loom_snapshots_set_spill(loom_snapshots *s, loom_snapshot_spill fn, void *ctx);
+void loom_snapshots_spill_all(loom_snapshots *s);
 void loom_snapshots_free(loom_snapshots *s);
 /* The state saved at the boundary with this chain hash, or NULL; *n_tokens
  * receives the boundary. Marks it recently used. */
