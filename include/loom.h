@@ -53,6 +53,9 @@ loom_model_params loom_model_default_params(void);
 loom_status loom_model_load(const char *dir, const loom_model_params *params,
                             loom_model **out);
 void loom_model_free(loom_model *m);
+/* Reads every weight page now (they are mapped lazily) so the first request
+ * does not wait on the disk; progress (may be NULL) gets fractions 0..1. */
+void loom_model_warm(loom_model *m, void (*progress)(void *ctx, double done), void *ctx);
 
 int loom_model_vocab_size(const loom_model *m);
 int loom_model_max_positions(const loom_model *m);

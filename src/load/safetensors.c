@@ -407,3 +407,21 @@ loom_status loom_st_write(const char *path, const loom_st_write_entry *e, int n)
     }
     return LOOM_OK;
 }
+
+void loom_st_warm(const loom_safetensors *st, void (*progress)(void *ctx, double done), void *ctx) {
+    size_t total = 0, seen = 0, step = 64u << 20;
+    for (int i = 0; i < st->n_maps; i++) total += st->maps[i].size;
+    volatile uint8_t sink = 0;
+    for (int i = 0; i < st->n_maps; i++) {
+        const uint8_t *p = st->maps[i].base;
+        size_t n = st->maps[i].size;
+        madvise(st->maps[i].base, n, MADV_WILLNEED);
+        for (size_t off = 0; off < n; off += 4096) {
+            sink ^= p[off];
+            if (progress && (seen + off) % step < 4096) progress(ctx, (double)(seen + off) / (double)total);
+        }
+        seen += n;
+    }
+    (void)sink;
+    if (progress) progress(ctx, 1.0);
+}

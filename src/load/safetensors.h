@@ -50,6 +50,10 @@ const loom_st_tensor *loom_st_find(const loom_safetensors *st, const char *name)
 /* Value of a string in __metadata__ (first file that has it), or NULL. */
 const char *loom_st_metadata(const loom_safetensors *st, const char *key);
 
+/* Reads every page of the mapped files so the first forward does not stall
+ * on disk; progress (may be NULL) gets the fraction done now and then. */
+void loom_st_warm(const loom_safetensors *st, void (*progress)(void *ctx, double done), void *ctx);
+
 /* Formats "F32 [3, 4]" into buf. */
 void loom_st_describe(const loom_st_tensor *t, char *buf, size_t n);
 

@@ -783,3 +783,7 @@ int loom_model_eos_ids(const loom_model *m, int32_t *out, int cap) {
     for (int i = 0; i < m->cfg.n_eos && i < cap; i++) out[i] = m->cfg.eos_ids[i];
     return m->cfg.n_eos;
 }
+
+void loom_model_warm(loom_model *m, void (*progress)(void *ctx, double done), void *ctx) {
+    loom_st_warm(m->st, progress, ctx);
+}

@@ -977,6 +977,14 @@ static void free_server(server *s) {
     metrics_free(&s->metrics);
 }
 
+static void load_progress(void *ctx, double done) {
+    (void)ctx;
+    int w = 30, fill = (int)(done * w);
+    fprintf(stderr, "\rloom: loading weights [%.*s%*s] %3.0f%%", fill, "==============================",
+            w - fill, "", done * 100);
+    if (done >= 1) fputc('\n', stderr);
+}
+
 /* Loads the model, tokenizer and template and starts the engine. */
 static int server_open(server *s, const loom_serve_params *params) {
     memset(s, 0, sizeof *s);
@@ -1005,6 +1013,7 @@ static int server_open(server *s, const loom_serve_params *params) {
         free_server(s);
         return 1;
     }
+    loom_model_warm(s->model, isatty(2) ? load_progress : NULL, NULL);
     if (loom_chat_template_load(dir, &s->chat) != LOOM_OK) {
         fprintf(stderr, "loom: warning: no chat template (%s); chat completions are disabled\n",
                 loom_last_error());
