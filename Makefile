@@ -33,6 +33,41 @@ TOOLS    := $(TOOL_SRC:tools/%.c=$(BUILD)/tools/%)
 BENCHES  := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 LIB      := $(BUILD)/libloom.a
 
+# CUDA=1 adds the CUDA backend: src/cuda/*.cu built by nvcc for sm_90 into
+# $(BUILD)/cuda and archived into the library, which then links cudart and
+# cuBLAS. `make CUDA=1 cuda-tests` builds the GPU kernel tests (tests/cuda/;
+# they need a GPU to run: tools/cuda_check.sh). Use its own BUILD dir
+# (e.g. BUILD=build/cuda) so CPU-only and CUDA libraries never mix.
+ifeq ($(CUDA),1)
+CUDA_HOME ?= /usr/local/cuda
+NVCC      ?= $(CUDA_HOME)/bin/nvcc
+CUDA_ARCH ?= -arch=sm_90
+NVCCFLAGS ?= -O3 -lineinfo
+override NVCCFLAGS += $(CUDA_ARCH) -std=c++17 -Iinclude -Isrc \
+    -Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings
+CU_SRC   := $(sort $(wildcard src/cuda/*.cu))
+CU_HDR   := $(wildcard src/cuda/*.h src/cuda/*.cuh) include/loom.h
+CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/cuda/%.o)
+LIB_OBJ  += $(CU_OBJ)
+LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+CUDA_TESTS := $(BUILD)/cuda-tests/test_cuda_kernels
+
+$(BUILD)/cuda/%.o: %.cu $(CU_HDR)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(BUILD)/cuda-tests/%: tests/cuda/%.c $(LIB) tests/test.h $(CU_HDR)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
+
+.PHONY: cuda-tests
+cuda-tests: $(CUDA_TESTS)
+else
+.PHONY: cuda-tests
+cuda-tests:
+	@echo "cuda-tests: build with CUDA=1 (make BUILD=build/cuda CUDA=1 cuda-tests)" >&2; exit 1
+endif
+
 .PHONY: all test tests tools clean
 all: $(BUILD)/loom $(TOOLS) $(BENCHES)
 

@@ -1,0 +1,166 @@
+/* cuda: the CUDA backend's kernels, behind plain C entry points.
+ *
+ * Built only with `make CUDA=1` (the .cu files here, nvcc, sm_90). Every kernel
+ * here has a plain-C reference on the CPU side (src/ops/ops_ref.c and the
+ * forward's attention); tests/cuda/test_cuda_kernels.c checks each one
+ * against it on random data and odd sizes.
+ *
+ * Conventions
+ * - A loom_cuda is one device, one stream and one cuBLAS handle; it is used
+ *   from one thread. Every kernel call is enqueued on that stream and returns
+ *   at once; launch errors come back as LOOM_ERR_INTERNAL with file:line and
+ *   the CUDA message (loom_last_error()). loom_cuda_sync() waits for the
+ *   stream and reports errors of kernels that already ran.
+ * - Pointers named d_* are device memory (from loom_cuda_alloc); everything
+ *   else is host memory. Shapes are given as (rows, cols), row-major.
+ * - The context owns a scratch area that grows on demand (GEMM input
+ *   conversion, flash-decoding partials). Growing synchronizes the stream;
+ *   after the first step of a given size nothing is allocated again. */
+#ifndef LOOM_CUDA_H
+#define LOOM_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "loom.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Element types of weights, tables and KV rows on the device. */
+typedef enum loom_cuda_dtype {
+    LOOM_CUDA_F32 = 0,
+    LOOM_CUDA_F16 = 1,
+    LOOM_CUDA_BF16 = 2,
+} loom_cuda_dtype;
+
+typedef struct loom_cuda loom_cuda;
+
+/* ---- context, memory ---------------------------------------------------- */
+
+/* Opens device `device` with a fresh non-blocking stream and cuBLAS handle.
+ * LOOM_ERR_UNSUPPORTED when there is no such device. */
+loom_status loom_cuda_create(int device, loom_cuda **out);
+void loom_cuda_free(loom_cuda *c);
+/* The device's name ("NVIDIA H200") and compute capability. */
+const char *loom_cuda_device_name(const loom_cuda *c);
+int loom_cuda_device_cc(const loom_cuda *c);  /* major * 10 + minor */
+/* Waits for everything enqueued so far; reports asynchronous errors. */
+loom_status loom_cuda_sync(loom_cuda *c);
+
+/* Device allocations (cudaMalloc, 256-byte aligned). *d is NULL on failure
+ * (LOOM_ERR_NOMEM, naming the size). n == 0 gives NULL and LOOM_OK. */
+loom_status loom_cuda_alloc(loom_cuda *c, void **d, size_t n);
+void loom_cuda_release(loom_cuda *c, void *d);
+/* Copies between host and device, ordered on the stream; both wait for the
+ * copy to finish, so the host buffer may be reused on return. */
+loom_status loom_cuda_upload(loom_cuda *c, void *d_dst, const void *src, size_t n);
+loom_status loom_cuda_download(loom_cuda *c, void *dst, const void *d_src, size_t n);
+/* d_dst = 0 (n bytes), enqueued. */
+loom_status loom_cuda_memset0(loom_cuda *c, void *d_dst, size_t n);
+
+/* ---- element-wise and row kernels -------------------------------------- */
+
+/* Each of the T rows of n values: y = x / sqrt(mean(x^2) + eps) * w, or
+ * * (1 + w) when one_plus; w NULL = unweighted. y may alias x. Also serves
+ * q/k norms per head (T = tokens * heads, n = head_dim). */
+loom_status loom_cuda_rmsnorm(loom_cuda *c, float *d_y, const float *d_x, const float *d_w,
+                              int T, int n, float eps, int one_plus);
+
+/* Rotate-half rope on the first rot_dim dims of every head of d_x
+ * (T, n_heads, head_dim): for i < rot_dim / 2, (x[i], x[i + rot_dim/2])
+ * rotate by the angle whose cos and sin are d_cos/d_sin[t * ld + i]
+ * (tables made on the host, angles in double: loom_cuda_rope_table). */
+loom_status loom_cuda_rope(loom_cuda *c, float *d_x, int T, int n_heads, int head_dim,
+                           int rot_dim, const float *d_cos, const float *d_sin, int ld);
+/* Host helper: cos/sin (T, ld) for positions pos[T] and inv_freq[rot_dim/2],
+ * both multiplied by scale, exactly as the CPU forward makes them. */
+void loom_cuda_rope_table(float *cos_out, float *sin_out, int ld, const int *pos, int T,
+                          const double *inv_freq, int rot_dim, double scale);
+
+/* g = silu(g) * u, and g = gelu_tanh(g) * u, over n values. */
+loom_status loom_cuda_silu_mul(loom_cuda *c, float *d_g, const float *d_u, size_t n);
+loom_status loom_cuda_gelu_tanh_mul(loom_cuda *c, float *d_g, const float *d_u, size_t n);
+
+/* d_out (T, cols) = table[ids[t]] * scale, table (vocab, cols) of dtype.
+ * Ids are trusted (the caller checked them against the vocabulary). */
+loom_status loom_cuda_embed(loom_cuda *c, float *d_out, const void *d_table, loom_cuda_dtype dt,
+                            int cols, const int32_t *d_ids, int T, float scale);
+
+/* Each of the T rows of n values: x = softmax(x) in place. */
+loom_status loom_cuda_softmax(loom_cuda *c, float *d_x, int T, int n);
+/* d_out[t] = index of the largest of row t (first on ties; NaN never wins). */
+loom_status loom_cuda_argmax(loom_cuda *c, int32_t *d_out, const float *d_x, int T, int n);
+
+/* ---- matrix products --------------------------------------------------- */
+
+/* d_y (T, rows) = d_x (T, cols) @ W^T, W (rows, cols) of dtype, through
+ * cuBLAS with f32 accumulation. For f16/bf16 weights x is rounded to the
+ * weight's type first (into the context's scratch); f32 is plain SGEMM
+ * precision (no TF32). */
+loom_status loom_cuda_gemm(loom_cuda *c, float *d_y, const float *d_x, const void *d_w,
+                           loom_cuda_dtype dt, int T, int rows, int cols);
+
+/* An MLX affine-quantized matrix on the device, laid out as in ops.h's
+ * loom_qmat: row r, element k = scale[r][k/group] * q + bias[r][k/group]. */
+typedef struct loom_cuda_qmat {
+    const uint32_t *d_w;        /* (rows, cols * bits / 32) packed */
+    const uint16_t *d_scales;   /* (rows, cols / group) bf16, or f16 when f16 */
+    const uint16_t *d_biases;   /* (rows, cols / group) */
+    int rows, cols, bits, group, f16;
+} loom_cuda_qmat;
+
+/* d_y (T, rows) = d_x (T, cols) @ dequant(W)^T, dequantizing on the fly (one
+ * warp per output row; meant for decode, T small). bits 2, 3, 4, 5, 6, 8. */
+loom_status loom_cuda_matmul_q(loom_cuda *c, float *d_y, const float *d_x,
+                               const loom_cuda_qmat *w, int T);
+
+/* ---- paged attention --------------------------------------------------- */
+
+/* One layer's view of the paged KV pool (src/engine/kv.h): the K (V) row
+ * of position p of a sequence with block table tbl is
+ *   d_k + ((size_t)tbl[p / block_size] * block_size + p % block_size) * row_stride
+ * elements of dtype, i.e. d_k = pool K base + layer * n_blocks * block_size
+ * rows. Head h's values are elements [h * head_dim, (h + 1) * head_dim). */
+typedef struct loom_cuda_kv {
+    const void *d_k, *d_v;      /* this layer's first row; borrowed */
+    loom_cuda_dtype dt;         /* F32, F16 or BF16 */
+    int block_size;
+    size_t row_stride;          /* elements between rows (pool row_bytes / size) */
+} loom_cuda_kv;
+
+typedef struct loom_cuda_attn {
+    int n_heads, n_kv_heads, head_dim;
+    float scale;                /* multiplies q.k */
+    float softcap;              /* 0 = off, else cap * tanh(s / cap) */
+    int window;                 /* sliding window in tokens, 0 = full */
+} loom_cuda_attn;
+
+/* Decode: one query per sequence. d_q (n_seqs, n_heads, head_dim); sequence
+ * s attends to positions [lo, len[s]) with len = d_lens[s] (its query sits
+ * at len - 1; lo from the window). Block tables d_tables (n_seqs,
+ * table_stride). max_len >= every len (sizes the split grid). Splits of
+ * the KV range run in parallel and a second kernel combines them
+ * (flash-decoding). d_out (n_seqs, n_heads, head_dim). */
+loom_status loom_cuda_attn_decode(loom_cuda *c, float *d_out, const float *d_q,
+                                  const loom_cuda_kv *kv, const loom_cuda_attn *a,
+                                  const int32_t *d_tables, int table_stride,
+                                  const int32_t *d_lens, int n_seqs, int max_len);
+
+/* Prefill (any number of new tokens per row, causal): row r owns query
+ * tokens [d_row_tok[r], d_row_tok[r + 1]) of d_q (T, n_heads, head_dim)
+ * at positions d_row_pos[r] + i, already written to the KV pool; token at
+ * position p attends to [lo, p]. max_row_tokens >= every row's count.
+ * Tiled with an online softmax. d_out (T, n_heads, head_dim). */
+loom_status loom_cuda_attn_prefill(loom_cuda *c, float *d_out, const float *d_q,
+                                   const loom_cuda_kv *kv, const loom_cuda_attn *a,
+                                   const int32_t *d_tables, int table_stride,
+                                   const int32_t *d_row_tok, const int32_t *d_row_pos,
+                                   int n_rows, int max_row_tokens);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

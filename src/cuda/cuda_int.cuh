@@ -1,0 +1,66 @@
+/* cuda_int: what the CUDA translation units share (context layout, error
+ * checks, scratch). Not part of the backend's C API (cuda.h). */
+#ifndef LOOM_CUDA_INT_CUH
+#define LOOM_CUDA_INT_CUH
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include "cuda/cuda.h"
+
+/* base.h is C11 (designated initializers in its inline helpers); the two
+ * error functions it exports are all the CUDA side needs. */
+extern "C" loom_status loom_err(loom_status s, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+struct loom_cuda {
+    int device;
+    int cc;                     /* major * 10 + minor */
+    int n_sm;
+    size_t smem_optin;          /* max dynamic shared memory per block */
+    char name[256];
+    cudaStream_t stream;        /* owned */
+    cublasHandle_t blas;        /* owned, bound to stream */
+    void *scratch;              /* owned device scratch, scratch_cap bytes */
+    size_t scratch_cap;
+};
+
+const char *loom_cublas_str(cublasStatus_t s);
+
+/* Every CUDA runtime / cuBLAS call goes through these: on failure they set
+ * the thread's error ("file:line: call: message") and return from the
+ * enclosing function with LOOM_ERR_INTERNAL (NOMEM for allocations). */
+#define CUDA_CHECK(call)                                                          \
+    do {                                                                          \
+        cudaError_t e_ = (call);                                                  \
+        if (e_ != cudaSuccess)                                                    \
+            return loom_err(e_ == cudaErrorMemoryAllocation ? LOOM_ERR_NOMEM      \
+                                                            : LOOM_ERR_INTERNAL,  \
+                            "%s:%d: %s: %s (%s)", __FILE__, __LINE__, #call,      \
+                            cudaGetErrorString(e_), cudaGetErrorName(e_));        \
+    } while (0)
+
+#define CUBLAS_CHECK(call)                                                        \
+    do {                                                                          \
+        cublasStatus_t s_ = (call);                                               \
+        if (s_ != CUBLAS_STATUS_SUCCESS)                                          \
+            return loom_err(LOOM_ERR_INTERNAL, "%s:%d: %s: %s", __FILE__,         \
+                            __LINE__, #call, loom_cublas_str(s_));                \
+    } while (0)
+
+/* After a launch: reports a bad configuration at once (file:line of the
+ * launch); faults inside the kernel surface at the next sync. */
+#define LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
+
+/* A device scratch area of at least n bytes (grows, synchronizing). */
+loom_status loom_cuda_scratch(loom_cuda *c, size_t n, void **out);
+
+static inline unsigned LOOM_MIN_U(unsigned a, unsigned b) { return a < b ? a : b; }
+
+static inline int LOOM_MAX_I(int a, int b) { return a > b ? a : b; }
+
+static inline unsigned loom_cuda_blocks(size_t n, unsigned threads) {
+    return (unsigned)((n + threads - 1) / threads);
+}
+
+#endif

@@ -1,0 +1,125 @@
+/* cuda_rt: the device context (device, stream, cuBLAS handle), device
+ * memory, copies and the growable scratch area. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/cuda_int.cuh"
+
+const char *loom_cublas_str(cublasStatus_t s) { return cublasGetStatusString(s); }
+
+extern "C" loom_status loom_cuda_create(int device, loom_cuda **out) {
+    *out = NULL;
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0)
+        return loom_err(LOOM_ERR_UNSUPPORTED, "cuda: no device (%s)",
+                        e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+    if (device < 0 || device >= n)
+        return loom_err(LOOM_ERR_UNSUPPORTED, "cuda: device %d asked for, %d present", device, n);
+    loom_cuda *c = (loom_cuda *)calloc(1, sizeof *c);
+    if (!c) return loom_err(LOOM_ERR_NOMEM, "out of memory");
+    loom_status st = LOOM_OK;
+    cudaDeviceProp prop;
+    do {
+        e = cudaSetDevice(device);
+        if (e == cudaSuccess) e = cudaGetDeviceProperties(&prop, device);
+        if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+        if (e != cudaSuccess) {
+            st = loom_err(LOOM_ERR_INTERNAL, "%s:%d: cuda: device %d: %s", __FILE__, __LINE__,
+                          device, cudaGetErrorString(e));
+            break;
+        }
+        cublasStatus_t bs = cublasCreate(&c->blas);
+        if (bs == CUBLAS_STATUS_SUCCESS) bs = cublasSetStream(c->blas, c->stream);
+        /* f32 GEMMs stay true f32 (no TF32) so they match the reference. */
+        if (bs == CUBLAS_STATUS_SUCCESS) bs = cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH);
+        if (bs != CUBLAS_STATUS_SUCCESS) {
+            st = loom_err(LOOM_ERR_INTERNAL, "%s:%d: cublas: %s", __FILE__, __LINE__,
+                          loom_cublas_str(bs));
+            break;
+        }
+    } while (0);
+    if (st != LOOM_OK) {
+        loom_cuda_free(c);
+        return st;
+    }
+    c->device = device;
+    c->cc = prop.major * 10 + prop.minor;
+    c->n_sm = prop.multiProcessorCount;
+    c->smem_optin = prop.sharedMemPerBlockOptin;
+    snprintf(c->name, sizeof c->name, "%s", prop.name);
+    *out = c;
+    return LOOM_OK;
+}
+
+extern "C" void loom_cuda_free(loom_cuda *c) {
+    if (!c) return;
+    if (c->stream) cudaStreamSynchronize(c->stream);
+    if (c->scratch) cudaFree(c->scratch);
+    if (c->blas) cublasDestroy(c->blas);
+    if (c->stream) cudaStreamDestroy(c->stream);
+    free(c);
+}
+
+extern "C" const char *loom_cuda_device_name(const loom_cuda *c) { return c->name; }
+extern "C" int loom_cuda_device_cc(const loom_cuda *c) { return c->cc; }
+
+extern "C" loom_status loom_cuda_sync(loom_cuda *c) {
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    return LOOM_OK;
+}
+
+extern "C" loom_status loom_cuda_alloc(loom_cuda *c, void **d, size_t n) {
+    (void)c;
+    *d = NULL;
+    if (n == 0) return LOOM_OK;
+    cudaError_t e = cudaMalloc(d, n);
+    if (e != cudaSuccess) {
+        *d = NULL;
+        return loom_err(e == cudaErrorMemoryAllocation ? LOOM_ERR_NOMEM : LOOM_ERR_INTERNAL,
+                        "%s:%d: cudaMalloc of %zu bytes: %s", __FILE__, __LINE__, n,
+                        cudaGetErrorString(e));
+    }
+    return LOOM_OK;
+}
+
+extern "C" void loom_cuda_release(loom_cuda *c, void *d) {
+    (void)c;
+    if (d) cudaFree(d);
+}
+
+extern "C" loom_status loom_cuda_upload(loom_cuda *c, void *d_dst, const void *src, size_t n) {
+    if (n == 0) return LOOM_OK;
+    CUDA_CHECK(cudaMemcpyAsync(d_dst, src, n, cudaMemcpyHostToDevice, c->stream));
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    return LOOM_OK;
+}
+
+extern "C" loom_status loom_cuda_download(loom_cuda *c, void *dst, const void *d_src, size_t n) {
+    if (n == 0) return LOOM_OK;
+    CUDA_CHECK(cudaMemcpyAsync(dst, d_src, n, cudaMemcpyDeviceToHost, c->stream));
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    return LOOM_OK;
+}
+
+extern "C" loom_status loom_cuda_memset0(loom_cuda *c, void *d_dst, size_t n) {
+    if (n == 0) return LOOM_OK;
+    CUDA_CHECK(cudaMemsetAsync(d_dst, 0, n, c->stream));
+    return LOOM_OK;
+}
+
+loom_status loom_cuda_scratch(loom_cuda *c, size_t n, void **out) {
+    if (n > c->scratch_cap) {
+        /* Work already enqueued may still read the old area. */
+        CUDA_CHECK(cudaStreamSynchronize(c->stream));
+        if (c->scratch) CUDA_CHECK(cudaFree(c->scratch));
+        c->scratch = NULL;
+        c->scratch_cap = 0;
+        size_t cap = n + n / 4;
+        CUDA_CHECK(cudaMalloc(&c->scratch, cap));
+        c->scratch_cap = cap;
+    }
+    *out = c->scratch;
+    return LOOM_OK;
+}

@@ -1,0 +1,330 @@
+/* kernels_attn: softmax attention over the paged KV pool.
+ *
+ * Both kernels read K and V rows through block tables in the pool layout of
+ * src/engine/kv.h (see loom_cuda_kv in cuda.h) and compute what the CPU
+ * forward's attn_task computes: s = (q . k) * scale, optional softcap
+ * cap * tanh(s / cap), softmax over the positions [lo, pos] (lo from the
+ * sliding window), then the weighted sum of V. A q head h reads KV head
+ * h / (n_heads / n_kv_heads) (GQA); a block handles one KV head and all the
+ * q heads of its group, so each K/V row is read once per group.
+ *
+ * Decode (one query per sequence): flash-decoding. The KV range of each
+ * sequence is cut into splits of `split` positions; block (split, kv head,
+ * sequence) writes its partial max m, sum l and unnormalised output; a
+ * second kernel rescales and combines the splits.
+ *
+ * Prefill (causal, many queries per sequence): a block takes a tile of QT
+ * consecutive query tokens of one row (QT * group query rows) and walks
+ * the KV range in tiles of KT = 32 positions held in shared memory,
+ * keeping a running max, sum and output per query row (online softmax).
+ * Masked scores are -inf; a row whose scores are all masked so far keeps
+ * m = -inf, l = 0 and contributes nothing. */
+#include <cuda_fp16.h>
+#include <math.h>
+
+#include "cuda/cuda_int.cuh"
+
+#define DEC_THREADS 128
+#define PRE_THREADS 256
+#define KT 32
+
+__device__ __forceinline__ float kv_elem(const void *p, size_t i, int dt) {
+    if (dt == LOOM_CUDA_F32) return ((const float *)p)[i];
+    if (dt == LOOM_CUDA_F16) return __half2float(((const __half *)p)[i]);
+    return __uint_as_float((unsigned)((const unsigned short *)p)[i] << 16);
+}
+
+__device__ __forceinline__ float a_warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float a_warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+__device__ __forceinline__ float cap_score(float s, float softcap) {
+    return softcap > 0 ? tanhf(s / softcap) * softcap : s;
+}
+
+/* First element of position p's row (its block must be mapped). */
+__device__ __forceinline__ size_t kv_row(const int32_t *table, int p, int bs, size_t stride) {
+    return ((size_t)table[p / bs] * bs + (size_t)(p % bs)) * stride;
+}
+
+/* ---- decode ------------------------------------------------------------- */
+
+__global__ void attn_decode_kernel(float *part_acc, float *part_ml, const float *q,
+                                   const void *kb, const void *vb, int dt, size_t stride, int bs,
+                                   const int32_t *tables, int tstride, const int32_t *lens,
+                                   int nh, int nkv, int hd, float scale, float softcap,
+                                   int window, int split, int n_splits) {
+    extern __shared__ float smem[];
+    int sp = blockIdx.x, kh = blockIdx.y, s = blockIdx.z;
+    int group = nh / nkv;
+    float *qs = smem;                   /* (group, hd) scaled queries */
+    float *sc = qs + group * hd;        /* (group, split) scores, then weights */
+    float *ml = sc + group * split;     /* (group, 2) max and sum */
+    int len = lens[s], pos = len - 1;
+    int lo = window > 0 ? max(0, pos - window + 1) : 0;
+    int p0 = lo + sp * split, p1 = min(len, p0 + split), n = p1 - p0;
+    size_t pbase = ((size_t)s * nh + (size_t)kh * group) * n_splits + sp;  /* + g * n_splits */
+    if (n <= 0) {
+        for (int g = threadIdx.x; g < group; g += blockDim.x) {
+            part_ml[(pbase + (size_t)g * n_splits) * 2] = -INFINITY;
+            part_ml[(pbase + (size_t)g * n_splits) * 2 + 1] = 0;
+        }
+        return;
+    }
+    const int32_t *table = tables + (size_t)s * tstride;
+    for (int i = threadIdx.x; i < group * hd; i += blockDim.x)
+        qs[i] = q[((size_t)s * nh + (size_t)kh * group) * hd + i] * scale;
+    __syncthreads();
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int j = w; j < n; j += nw) {
+        size_t r = kv_row(table, p0 + j, bs, stride) + (size_t)kh * hd;
+        for (int g = 0; g < group; g++) {
+            float d = 0;
+            for (int i = lane; i < hd; i += 32) d += qs[g * hd + i] * kv_elem(kb, r + i, dt);
+            d = a_warp_sum(d);
+            if (lane == 0) sc[g * split + j] = cap_score(d, softcap);
+        }
+    }
+    __syncthreads();
+    for (int g = w; g < group; g += nw) {
+        float m = -INFINITY;
+        for (int j = lane; j < n; j += 32) m = fmaxf(m, sc[g * split + j]);
+        m = a_warp_max(m);
+        float l = 0;
+        for (int j = lane; j < n; j += 32) {
+            float e = expf(sc[g * split + j] - m);
+            sc[g * split + j] = e;
+            l += e;
+        }
+        l = a_warp_sum(l);
+        if (lane == 0) {
+            ml[2 * g] = m;
+            ml[2 * g + 1] = l;
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < group * hd; i += blockDim.x) {
+        int g = i / hd, d = i % hd;
+        float a = 0;
+        for (int j = 0; j < n; j++)
+            a += sc[g * split + j] * kv_elem(vb, kv_row(table, p0 + j, bs, stride) + (size_t)kh * hd + d, dt);
+        part_acc[(pbase + (size_t)g * n_splits) * hd + d] = a;
+    }
+    for (int g = threadIdx.x; g < group; g += blockDim.x) {
+        part_ml[(pbase + (size_t)g * n_splits) * 2] = ml[2 * g];
+        part_ml[(pbase + (size_t)g * n_splits) * 2 + 1] = ml[2 * g + 1];
+    }
+}
+
+/* out[s, h] = sum_sp acc_sp * e^(m_sp - M) / sum_sp l_sp * e^(m_sp - M). */
+__global__ void attn_combine_kernel(float *out, const float *part_acc, const float *part_ml,
+                                    int nh, int hd, int n_splits) {
+    int h = blockIdx.x, s = blockIdx.y;
+    size_t base = ((size_t)s * nh + h) * n_splits;
+    float M = -INFINITY;
+    for (int sp = 0; sp < n_splits; sp++)
+        if (part_ml[(base + sp) * 2 + 1] > 0) M = fmaxf(M, part_ml[(base + sp) * 2]);
+    float L = 0;
+    for (int sp = 0; sp < n_splits; sp++) {
+        float l = part_ml[(base + sp) * 2 + 1];
+        if (l > 0) L += l * expf(part_ml[(base + sp) * 2] - M);
+    }
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float a = 0;
+        for (int sp = 0; sp < n_splits; sp++) {
+            float l = part_ml[(base + sp) * 2 + 1];
+            if (l > 0) a += part_acc[(base + sp) * hd + d] * expf(part_ml[(base + sp) * 2] - M);
+        }
+        out[((size_t)s * nh + h) * hd + d] = L > 0 ? a / L : 0.0f;
+    }
+}
+
+static loom_status check_attn(const loom_cuda_kv *kv, const loom_cuda_attn *a, const char *what) {
+    if (a->n_kv_heads <= 0 || a->n_heads <= 0 || a->n_heads % a->n_kv_heads || a->head_dim <= 0 ||
+        kv->block_size <= 0 || (int)kv->dt < 0 || (int)kv->dt > 2 ||
+        kv->row_stride < (size_t)a->n_kv_heads * a->head_dim)
+        return loom_err(LOOM_ERR_INVALID_ARG,
+                        "cuda %s: %d heads over %d KV heads of %d, block size %d, KV type %d, "
+                        "row stride %zu",
+                        what, a->n_heads, a->n_kv_heads, a->head_dim, kv->block_size, (int)kv->dt,
+                        kv->row_stride);
+    return LOOM_OK;
+}
+
+extern "C" loom_status loom_cuda_attn_decode(loom_cuda *c, float *d_out, const float *d_q,
+                                             const loom_cuda_kv *kv, const loom_cuda_attn *a,
+                                             const int32_t *d_tables, int table_stride,
+                                             const int32_t *d_lens, int n_seqs, int max_len) {
+    loom_status st = check_attn(kv, a, "attn_decode");
+    if (st != LOOM_OK) return st;
+    if (n_seqs <= 0) return LOOM_OK;
+    if (n_seqs > 65535 || a->n_kv_heads > 65535)
+        return loom_err(LOOM_ERR_INVALID_ARG, "cuda attn_decode: %d sequences, at most 65535", n_seqs);
+    int group = a->n_heads / a->n_kv_heads, hd = a->head_dim;
+    int span = a->window > 0 ? LOOM_MIN_U((unsigned)a->window, (unsigned)LOOM_MAX_I(max_len, 1))
+                             : LOOM_MAX_I(max_len, 1);
+    /* Scores of one split stay in shared memory: at most 8192 per block. */
+    int split = 256;
+    while (split > 32 && group * split > 8192) split /= 2;
+    int n_splits = (span + split - 1) / split;
+    size_t smem = ((size_t)group * hd + (size_t)group * split + 2 * (size_t)group) * sizeof(float);
+    if (smem > c->smem_optin)
+        return loom_err(LOOM_ERR_UNSUPPORTED, "cuda attn_decode: %zu bytes of shared memory "
+                        "needed (group %d, head_dim %d), device allows %zu", smem, group, hd,
+                        c->smem_optin);
+    if (smem > 48 * 1024)
+        CUDA_CHECK(cudaFuncSetAttribute(attn_decode_kernel,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    size_t parts = (size_t)n_seqs * a->n_heads * n_splits;
+    void *scr;
+    st = loom_cuda_scratch(c, parts * ((size_t)hd + 2) * sizeof(float), &scr);
+    if (st != LOOM_OK) return st;
+    float *part_acc = (float *)scr, *part_ml = part_acc + parts * hd;
+    dim3 grid((unsigned)n_splits, (unsigned)a->n_kv_heads, (unsigned)n_seqs);
+    attn_decode_kernel<<<grid, DEC_THREADS, smem, c->stream>>>(
+        part_acc, part_ml, d_q, kv->d_k, kv->d_v, (int)kv->dt, kv->row_stride, kv->block_size,
+        d_tables, table_stride, d_lens, a->n_heads, a->n_kv_heads, hd, a->scale, a->softcap,
+        a->window, split, n_splits);
+    LAUNCH_CHECK();
+    dim3 g2((unsigned)a->n_heads, (unsigned)n_seqs);
+    attn_combine_kernel<<<g2, 128, 0, c->stream>>>(d_out, part_acc, part_ml, a->n_heads, hd,
+                                                   n_splits);
+    LAUNCH_CHECK();
+    return LOOM_OK;
+}
+
+/* ---- prefill ------------------------------------------------------------ */
+
+__global__ void attn_prefill_kernel(float *out, const float *q, const void *kb, const void *vb,
+                                    int dt, size_t stride, int bs, const int32_t *tables,
+                                    int tstride, const int32_t *row_tok, const int32_t *row_pos,
+                                    int nh, int nkv, int hd, float scale, float softcap,
+                                    int window, int QT) {
+    extern __shared__ float smem[];
+    int tile = blockIdx.x, kh = blockIdx.y, r = blockIdx.z;
+    int group = nh / nkv, QR = QT * group;
+    int tok0 = row_tok[r], ntok = row_tok[r + 1] - tok0, pos0 = row_pos[r];
+    int qa = tile * QT;
+    if (qa >= ntok) return;
+    int nq = min(ntok - qa, QT);
+    float *Qs = smem;                    /* (QR, hd) */
+    float *Acc = Qs + QR * hd;           /* (QR, hd) */
+    float *Ks = Acc + QR * hd;           /* (KT, hd + 1): padded against bank conflicts */
+    float *Vs = Ks + KT * (hd + 1);      /* (KT, hd) */
+    float *S = Vs + KT * hd;             /* (QR, KT) */
+    float *Mx = S + QR * KT, *Ls = Mx + QR, *Al = Ls + QR;  /* (QR) each */
+    const int32_t *table = tables + (size_t)r * tstride;
+    /* query row rr = token qt * group + g: q head kh * group + g */
+    for (int i = threadIdx.x; i < QR * hd; i += blockDim.x) {
+        int rr = i / hd, d = i % hd, qt = rr / group, g = rr % group;
+        Qs[i] = qt < nq ? q[((size_t)(tok0 + qa + qt) * nh + (size_t)kh * group + g) * hd + d] * scale
+                        : 0.0f;
+        Acc[i] = 0;
+    }
+    for (int i = threadIdx.x; i < QR; i += blockDim.x) {
+        Mx[i] = -INFINITY;
+        Ls[i] = 0;
+    }
+    int posA = pos0 + qa, posB = pos0 + qa + nq - 1;
+    int lo = window > 0 ? max(0, posA - window + 1) : 0;
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int k0 = lo; k0 <= posB; k0 += KT) {
+        __syncthreads();  /* the previous tile's K/V/S are no longer read */
+        for (int i = threadIdx.x; i < KT * hd; i += blockDim.x) {
+            int j = i / hd, d = i % hd, p = k0 + j;
+            float kv_k = 0, kv_v = 0;
+            if (p <= posB) {
+                size_t e = kv_row(table, p, bs, stride) + (size_t)kh * hd + d;
+                kv_k = kv_elem(kb, e, dt);
+                kv_v = kv_elem(vb, e, dt);
+            }
+            Ks[j * (hd + 1) + d] = kv_k;
+            Vs[j * hd + d] = kv_v;
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < QR * KT; i += blockDim.x) {
+            int rr = i / KT, j = i % KT, qt = rr / group, p = k0 + j;
+            int qpos = pos0 + qa + qt;
+            float s = -INFINITY;
+            if (qt < nq && p <= qpos && (window <= 0 || p > qpos - window)) {
+                float d = 0;
+                const float *qr = Qs + rr * hd, *kr = Ks + j * (hd + 1);
+                for (int e = 0; e < hd; e++) d += qr[e] * kr[e];
+                s = cap_score(d, softcap);
+            }
+            S[i] = s;
+        }
+        __syncthreads();
+        for (int rr = w; rr < QR; rr += nw) {  /* KT == 32: one key per lane */
+            float s = S[rr * KT + lane];
+            float mo = Mx[rr], mn = fmaxf(mo, a_warp_max(s));
+            float pexp = 0, alpha = 1;
+            if (mn != -INFINITY) {
+                pexp = expf(s - mn);
+                alpha = expf(mo - mn);
+            }
+            float sum = a_warp_sum(pexp);
+            S[rr * KT + lane] = pexp;
+            if (lane == 0) {
+                Mx[rr] = mn;
+                Ls[rr] = Ls[rr] * alpha + sum;
+                Al[rr] = alpha;
+            }
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < QR * hd; i += blockDim.x) {
+            int rr = i / hd, d = i % hd;
+            float acc = Acc[i] * Al[rr];
+            const float *pr = S + rr * KT;
+            for (int j = 0; j < KT; j++) acc += pr[j] * Vs[j * hd + d];
+            Acc[i] = acc;
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < nq * group * hd; i += blockDim.x) {
+        int rr = i / hd, d = i % hd, qt = rr / group, g = rr % group;
+        float l = Ls[rr];
+        out[((size_t)(tok0 + qa + qt) * nh + (size_t)kh * group + g) * hd + d] =
+            l > 0 ? Acc[i] / l : 0.0f;
+    }
+}
+
+extern "C" loom_status loom_cuda_attn_prefill(loom_cuda *c, float *d_out, const float *d_q,
+                                              const loom_cuda_kv *kv, const loom_cuda_attn *a,
+                                              const int32_t *d_tables, int table_stride,
+                                              const int32_t *d_row_tok, const int32_t *d_row_pos,
+                                              int n_rows, int max_row_tokens) {
+    loom_status st = check_attn(kv, a, "attn_prefill");
+    if (st != LOOM_OK) return st;
+    if (n_rows <= 0 || max_row_tokens <= 0) return LOOM_OK;
+    if (n_rows > 65535 || a->n_kv_heads > 65535)
+        return loom_err(LOOM_ERR_INVALID_ARG, "cuda attn_prefill: %d rows, at most 65535", n_rows);
+    int group = a->n_heads / a->n_kv_heads, hd = a->head_dim;
+    /* Query rows per block: about 8192 / head_dim (64 rows at head_dim 128),
+     * whole tokens, at least one token. */
+    int QT = LOOM_MAX_I(1, (8192 / hd) / group);
+    QT = LOOM_MIN_U((unsigned)QT, (unsigned)max_row_tokens);
+    size_t QR = (size_t)QT * group;
+    size_t smem = (2 * QR * hd + (size_t)KT * (hd + 1) + (size_t)KT * hd + QR * KT + 3 * QR) *
+                  sizeof(float);
+    if (smem > c->smem_optin)
+        return loom_err(LOOM_ERR_UNSUPPORTED, "cuda attn_prefill: %zu bytes of shared memory "
+                        "needed (group %d, head_dim %d), device allows %zu", smem, group, hd,
+                        c->smem_optin);
+    if (smem > 48 * 1024)
+        CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_kernel,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    dim3 grid((unsigned)((max_row_tokens + QT - 1) / QT), (unsigned)a->n_kv_heads, (unsigned)n_rows);
+    attn_prefill_kernel<<<grid, PRE_THREADS, smem, c->stream>>>(
+        d_out, d_q, kv->d_k, kv->d_v, (int)kv->dt, kv->row_stride, kv->block_size, d_tables,
+        table_stride, d_row_tok, d_row_pos, a->n_heads, a->n_kv_heads, hd, a->scale, a->softcap,
+        a->window, QT);
+    LAUNCH_CHECK();
+    return LOOM_OK;
+}

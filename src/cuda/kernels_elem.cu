@@ -1,0 +1,258 @@
+/* kernels_elem: row and element-wise kernels (RMSNorm, rope, gated
+ * activations, embedding gather, softmax, argmax). References:
+ * src/ops/ops_ref.c and src/model/forward.c. */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+
+#include "cuda/cuda_int.cuh"
+
+#define ROW_THREADS 256
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* Sum (or max) over the block of ROW_THREADS; every thread gets it. */
+__device__ float block_sum(float v, float *sh) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();  /* sh may still be read from a previous call */
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    v = lane < (int)(blockDim.x >> 5) ? sh[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+__device__ float block_max(float v, float *sh) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    v = lane < (int)(blockDim.x >> 5) ? sh[lane] : -INFINITY;
+    return warp_max(v);
+}
+
+__device__ __forceinline__ float load_elem(const void *p, size_t i, int dt) {
+    if (dt == LOOM_CUDA_F32) return ((const float *)p)[i];
+    if (dt == LOOM_CUDA_F16) return __half2float(((const __half *)p)[i]);
+    return __uint_as_float((unsigned)((const unsigned short *)p)[i] << 16);
+}
+
+/* ---- RMSNorm ------------------------------------------------------------ */
+
+__global__ void rmsnorm_kernel(float *y, const float *x, const float *w, int n, float eps,
+                               int one_plus) {
+    __shared__ float sh[32];
+    const float *xr = x + (size_t)blockIdx.x * n;
+    float *yr = y + (size_t)blockIdx.x * n;
+    float ss = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = block_sum(ss, sh);
+    float inv = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float s = w ? (one_plus ? 1.0f + w[i] : w[i]) : 1.0f;
+        yr[i] = xr[i] * inv * s;
+    }
+}
+
+extern "C" loom_status loom_cuda_rmsnorm(loom_cuda *c, float *d_y, const float *d_x,
+                                         const float *d_w, int T, int n, float eps,
+                                         int one_plus) {
+    if (T <= 0 || n <= 0) return LOOM_OK;
+    /* Narrow rows (per-head norms) waste most of a 256-thread block; 64 is
+     * enough for head_dim 64..256. */
+    unsigned th = n <= 256 ? 64 : ROW_THREADS;
+    rmsnorm_kernel<<<T, th, 0, c->stream>>>(d_y, d_x, d_w, n, eps, one_plus);
+    LAUNCH_CHECK();
+    return LOOM_OK;
+}
+
+/* ---- rope --------------------------------------------------------------- */
+
+__global__ void rope_kernel(float *x, int T, int n_heads, int head_dim, int half,
+                            const float *cs, const float *sn, int ld) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t total = (size_t)T * n_heads * half;
+    if (i >= total) return;
+    int k = (int)(i % half);
+    size_t th = i / half;  /* t * n_heads + h */
+    int t = (int)(th / n_heads);
+    float *v = x + th * head_dim;
+    float c = cs[(size_t)t * ld + k], s = sn[(size_t)t * ld + k];
+    float a = v[k], b = v[k + half];
+    v[k] = a * c - b * s;
+    v[k + half] = b * c + a * s;
+}
+
+extern "C" loom_status loom_cuda_rope(loom_cuda *c, float *d_x, int T, int n_heads,
+                                      int head_dim, int rot_dim, const float *d_cos,
+                                      const float *d_sin, int ld) {
+    if (rot_dim > head_dim || rot_dim % 2 || rot_dim / 2 > ld)
+        return loom_err(LOOM_ERR_INVALID_ARG, "cuda rope: rot_dim %d, head_dim %d, table width %d",
+                        rot_dim, head_dim, ld);
+    size_t total = (size_t)T * n_heads * (rot_dim / 2);
+    if (total == 0) return LOOM_OK;
+    rope_kernel<<<loom_cuda_blocks(total, 256), 256, 0, c->stream>>>(
+        d_x, T, n_heads, head_dim, rot_dim / 2, d_cos, d_sin, ld);
+    LAUNCH_CHECK();
+    return LOOM_OK;
+}
+
+extern "C" void loom_cuda_rope_table(float *cos_out, float *sin_out, int ld, const int *pos,
+                                     int T, const double *inv_freq, int rot_dim, double scale) {
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < rot_dim / 2; i++) {
+            /* Angles in double: positions reach 1e5+ and f32 loses the phase. */
+            double a = (double)pos[t] * inv_freq[i];
+            cos_out[(size_t)t * ld + i] = (float)(cos(a) * scale);
+            sin_out[(size_t)t * ld + i] = (float)(sin(a) * scale);
+        }
+}
+
+/* ---- gated activations -------------------------------------------------- */
+
+__global__ void silu_mul_kernel(float *g, const float *u, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        float x = g[i];
+        g[i] = x / (1.0f + expf(-x)) * u[i];
+    }
+}
+
+__global__ void gelu_tanh_mul_kernel(float *g, const float *u, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        float x = g[i];
+        float in = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+        g[i] = 0.5f * x * (1.0f + tanhf(in)) * u[i];
+    }
+}
+
+extern "C" loom_status loom_cuda_silu_mul(loom_cuda *c, float *d_g, const float *d_u, size_t n) {
+    if (!n) return LOOM_OK;
+    silu_mul_kernel<<<loom_cuda_blocks(n, 256), 256, 0, c->stream>>>(d_g, d_u, n);
+    LAUNCH_CHECK();
+    return LOOM_OK;
+}
+
+extern "C" loom_status loom_cuda_gelu_tanh_mul(loom_cuda *c, float *d_g, const float *d_u,
+                                               size_t n) {
+    if (!n) return LOOM_OK;
+    gelu_tanh_mul_kernel<<<loom_cuda_blocks(n, 256), 256, 0, c->stream>>>(d_g, d_u, n);
+    LAUNCH_CHECK();
+    return LOOM_OK;
+}
+
+/* ---- embedding gather --------------------------------------------------- */
+
+__global__ void embed_kernel(float *out, const void *table, int dt, int cols, const int32_t *ids,
+                             float scale) {
+    int t = blockIdx.y;
+    size_t base = (size_t)ids[t] * cols;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < cols; i += gridDim.x * blockDim.x)
+        out[(size_t)t * cols + i] = load_elem(table, base + i, dt) * scale;
+}
+
+extern "C" loom_status loom_cuda_embed(loom_cuda *c, float *d_out, const void *d_table,
+                                       loom_cuda_dtype dt, int cols, const int32_t *d_ids, int T,
+                                       float scale) {
+    if (T <= 0 || cols <= 0) return LOOM_OK;
+    if (T > 65535) return loom_err(LOOM_ERR_INVALID_ARG, "cuda embed: %d tokens, at most 65535", T);
+    dim3 grid(LOOM_MIN_U(loom_cuda_blocks((size_t)cols, 256), 64u), (unsigned)T);
+    embed_kernel<<<grid, 256, 0, c->stream>>>(d_out, d_table, (int)dt, cols, d_ids, scale);
+    LAUNCH_CHECK();
+    return LOOM_OK;
+}
+
+/* ---- softmax ------------------------------------------------------------ */
+
+__global__ void softmax_kernel(float *x, int n) {
+    __shared__ float sh[32];
+    float *r = x + (size_t)blockIdx.x * n;
+    float m = -INFINITY;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) m = fmaxf(m, r[i]);
+    m = block_max(m, sh);
+    float s = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float e = expf(r[i] - m);
+        r[i] = e;
+        s += e;
+    }
+    s = block_sum(s, sh);
+    float inv = 1.0f / s;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) r[i] *= inv;
+}
+
+extern "C" loom_status loom_cuda_softmax(loom_cuda *c, float *d_x, int T, int n) {
+    if (T <= 0 || n <= 0) return LOOM_OK;
+    softmax_kernel<<<T, ROW_THREADS, 0, c->stream>>>(d_x, n);
+    LAUNCH_CHECK();
+    return LOOM_OK;
+}
+
+/* ---- argmax ------------------------------------------------------------- */
+
+/* (v, i) beats (w, j): larger, or equal and earlier; index -1 = nothing. */
+__device__ __forceinline__ bool am_better(float v, int i, float w, int j) {
+    if (i < 0) return false;
+    if (j < 0) return true;
+    return v > w || (v == w && i < j);
+}
+
+__global__ void argmax_kernel(int32_t *out, const float *x, int n) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    const float *r = x + (size_t)blockIdx.x * n;
+    float bv = -INFINITY;
+    int bi = -1;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = r[i];
+        if (v == v && am_better(v, i, bv, bi)) {  /* NaN never wins */
+            bv = v;
+            bi = i;
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (am_better(ov, oi, bv, bi)) {
+            bv = ov;
+            bi = oi;
+        }
+    }
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    if (lane == 0) {
+        sv[w] = bv;
+        si[w] = bi;
+    }
+    __syncthreads();
+    if (w == 0) {
+        bv = lane < (int)(blockDim.x >> 5) ? sv[lane] : -INFINITY;
+        bi = lane < (int)(blockDim.x >> 5) ? si[lane] : -1;
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (am_better(ov, oi, bv, bi)) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        if (lane == 0) out[blockIdx.x] = bi < 0 ? 0 : bi;
+    }
+}
+
+extern "C" loom_status loom_cuda_argmax(loom_cuda *c, int32_t *d_out, const float *d_x, int T,
+                                        int n) {
+    if (T <= 0 || n <= 0) return LOOM_OK;
+    argmax_kernel<<<T, ROW_THREADS, 0, c->stream>>>(d_out, d_x, n);
+    LAUNCH_CHECK();
+    return LOOM_OK;
+}
