@@ -1,0 +1,734 @@
+/* test_cuda_kernels: every CUDA kernel against its CPU reference on random
+ * data and odd sizes. Needs a GPU; built by `make CUDA=1 cuda-tests`, run by
+ * tools/cuda_check.sh. Prints one line per case to stdout:
+ *   PASS|FAIL  <kernel> <case>  max_err=<largest |gpu - ref|>  worst=<largest
+ *   error / allowed error (<= 1 passes)>
+ * and a summary; exits 0 only when every case passed. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../test.h"
+#include "base/base.h"
+#include "cuda/cuda.h"
+#include "engine/kv.h"
+#include "ops/ops.h"
+
+static loom_cuda *C;
+static unsigned long long rng = 0x9e3779b97f4a7c15ull;
+static int n_pass, n_fail;
+
+static float rnd(void) { return test_rand_f(&rng); }
+
+static void fill(float *x, size_t n, float scale) {
+    for (size_t i = 0; i < n; i++) x[i] = rnd() * scale;
+}
+
+static void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "out of host memory (%zu bytes)\n", n);
+        exit(2);
+    }
+    return p;
+}
+
+/* A failed CUDA call: one FAIL line naming the case and the error. */
+static int api_fail(const char *kernel, const char *what, loom_status st) {
+    printf("FAIL  %-14s %s  error %s: %s\n", kernel, what, loom_status_str(st), loom_last_error());
+    fflush(stdout);
+    n_fail++;
+    return 0;
+}
+
+#define TRY(kernel, what, call)                                           \
+    do {                                                                  \
+        loom_status st_ = (call);                                         \
+        if (st_ != LOOM_OK) return api_fail(kernel, what, st_);           \
+    } while (0)
+
+/* Device copy of a host buffer (NULL on failure, which is reported). */
+static void *up(const void *h, size_t n) {
+    void *d = NULL;
+    if (loom_cuda_alloc(C, &d, n) != LOOM_OK) return NULL;
+    if (loom_cuda_upload(C, d, h, n) != LOOM_OK) {
+        loom_cuda_release(C, d);
+        return NULL;
+    }
+    return d;
+}
+
+/* Compares got with ref where element i may be off by bound[i] (or by
+ * atol + rtol * |ref| when bound is NULL); prints the case's line. */
+static int report(const char *kernel, const char *what, const float *got, const float *ref,
+                  const float *bound, size_t n, float atol, float rtol) {
+    double max_err = 0, worst = 0;
+    size_t wi = 0;
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs((double)got[i] - (double)ref[i]);
+        double allow = bound ? (double)bound[i] : atol + rtol * fabs((double)ref[i]);
+        if (isnan(got[i]) != isnan(ref[i]) || isinf(got[i]) != isinf(ref[i])) {
+            bad = 1;
+            wi = i;
+            worst = INFINITY;
+            continue;
+        }
+        if (isnan(ref[i]) || isinf(ref[i])) continue;
+        if (e > max_err) max_err = e;
+        double r = allow > 0 ? e / allow : (e > 0 ? INFINITY : 0);
+        if (r > worst) {
+            worst = r;
+            wi = i;
+        }
+    }
+    int ok = !bad && worst <= 1.0;
+    printf("%s  %-14s %-44s max_err=%.3g worst=%.3g", ok ? "PASS" : "FAIL", kernel, what, max_err,
+           worst);
+    if (!ok && n) printf("  [at %zu: gpu %.9g ref %.9g]", wi, got[wi], ref[wi]);
+    printf("\n");
+    fflush(stdout);
+    if (ok) n_pass++;
+    else n_fail++;
+    return ok;
+}
+
+static const int SIZES[] = {1, 7, 33, 1000, 4097};
+#define N_SIZES ((int)(sizeof SIZES / sizeof SIZES[0]))
+
+/* ---- RMSNorm ------------------------------------------------------------ */
+
+static int test_rmsnorm(int n, int T, int mode) {
+    /* mode 0: weight, 1: (1 + weight), 2: no weight */
+    static const char *modes[] = {"w", "1+w", "none"};
+    char what[96];
+    snprintf(what, sizeof what, "T=%d n=%d weight=%s", T, n, modes[mode]);
+    size_t N = (size_t)T * n;
+    float *x = xmalloc(N * 4), *w = xmalloc((size_t)n * 4), *w1 = xmalloc((size_t)n * 4);
+    float *ref = xmalloc(N * 4), *got = xmalloc(N * 4);
+    fill(x, N, 3.0f);
+    fill(w, (size_t)n, 1.0f);
+    for (int i = 0; i < n; i++) w1[i] = mode == 0 ? w[i] : mode == 1 ? 1.0f + w[i] : 1.0f;
+    for (int t = 0; t < T; t++)
+        loom_kernels_ref.rmsnorm(ref + (size_t)t * n, x + (size_t)t * n, w1, n, 1e-6f);
+    float *dx = up(x, N * 4), *dw = up(w, (size_t)n * 4);
+    int ok = 0;
+    if (!dx || !dw) {
+        api_fail("rmsnorm", what, LOOM_ERR_NOMEM);
+    } else {
+        loom_status st = loom_cuda_rmsnorm(C, dx, dx, mode == 2 ? NULL : dw, T, n, 1e-6f, mode == 1);
+        if (st == LOOM_OK) st = loom_cuda_download(C, got, dx, N * 4);
+        if (st != LOOM_OK) api_fail("rmsnorm", what, st);
+        else ok = report("rmsnorm", what, got, ref, NULL, N, 1e-6f, 2e-5f);
+    }
+    loom_cuda_release(C, dx);
+    loom_cuda_release(C, dw);
+    free(x), free(w), free(w1), free(ref), free(got);
+    return ok;
+}
+
+/* ---- rope --------------------------------------------------------------- */
+
+static int test_rope(int T, int nh, int hd, int rot, double theta) {
+    char what[96];
+    snprintf(what, sizeof what, "T=%d heads=%d head_dim=%d rot=%d", T, nh, hd, rot);
+    int half = rot / 2, ld = half + 3;  /* a wider table, like the forward's max_rot */
+    size_t N = (size_t)T * nh * hd;
+    float *x = xmalloc(N * 4), *ref = xmalloc(N * 4), *got = xmalloc(N * 4);
+    float *cs = xmalloc((size_t)T * ld * 4), *sn = xmalloc((size_t)T * ld * 4);
+    double *inv = xmalloc((size_t)(half ? half : 1) * sizeof(double));
+    int *pos = xmalloc((size_t)T * sizeof(int));
+    fill(x, N, 2.0f);
+    for (int i = 0; i < half; i++) inv[i] = pow(theta, -2.0 * i / rot);
+    if (half > 2) inv[half - 1] = 0;  /* an unrotated pair */
+    for (int t = 0; t < T; t++) pos[t] = t == 0 ? 0 : (int)(test_rand_u32(&rng) % 131072);
+    memset(cs, 0, (size_t)T * ld * 4);
+    memset(sn, 0, (size_t)T * ld * 4);
+    loom_cuda_rope_table(cs, sn, ld, pos, T, inv, rot, 1.0);
+    memcpy(ref, x, N * 4);
+    /* The CPU forward's rope_tables + rope_apply, spelled out. */
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < nh; h++) {
+            float *v = ref + ((size_t)t * nh + h) * hd;
+            for (int i = 0; i < half; i++) {
+                double ang = (double)pos[t] * inv[i];
+                float c = (float)cos(ang), s = (float)sin(ang);
+                float a = v[i], b = v[i + half];
+                v[i] = a * c - b * s;
+                v[i + half] = b * c + a * s;
+            }
+        }
+    float *dx = up(x, N * 4), *dc = up(cs, (size_t)T * ld * 4), *ds = up(sn, (size_t)T * ld * 4);
+    int ok = 0;
+    if (!dx || !dc || !ds) {
+        api_fail("rope", what, LOOM_ERR_NOMEM);
+    } else {
+        loom_status st = loom_cuda_rope(C, dx, T, nh, hd, rot, dc, ds, ld);
+        if (st == LOOM_OK) st = loom_cuda_download(C, got, dx, N * 4);
+        if (st != LOOM_OK) api_fail("rope", what, st);
+        else ok = report("rope", what, got, ref, NULL, N, 1e-6f, 1e-5f);
+    }
+    loom_cuda_release(C, dx);
+    loom_cuda_release(C, dc);
+    loom_cuda_release(C, ds);
+    free(x), free(ref), free(got), free(cs), free(sn), free(inv), free(pos);
+    return ok;
+}
+
+/* ---- gated activations -------------------------------------------------- */
+
+static int test_act(int n, int gelu) {
+    const char *k = gelu ? "gelu_tanh_mul" : "silu_mul";
+    char what[96];
+    snprintf(what, sizeof what, "n=%d", n);
+    float *g = xmalloc((size_t)n * 4), *u = xmalloc((size_t)n * 4), *ref = xmalloc((size_t)n * 4);
+    float *got = xmalloc((size_t)n * 4);
+    fill(g, (size_t)n, 8.0f);
+    fill(u, (size_t)n, 2.0f);
+    memcpy(ref, g, (size_t)n * 4);
+    if (gelu) loom_kernels_ref.gelu_tanh_mul(ref, u, n);
+    else loom_kernels_ref.silu_mul(ref, u, n);
+    float *dg = up(g, (size_t)n * 4), *du = up(u, (size_t)n * 4);
+    int ok = 0;
+    if (!dg || !du) {
+        api_fail(k, what, LOOM_ERR_NOMEM);
+    } else {
+        loom_status st = gelu ? loom_cuda_gelu_tanh_mul(C, dg, du, (size_t)n)
+                              : loom_cuda_silu_mul(C, dg, du, (size_t)n);
+        if (st == LOOM_OK) st = loom_cuda_download(C, got, dg, (size_t)n * 4);
+        if (st != LOOM_OK) api_fail(k, what, st);
+        else ok = report(k, what, got, ref, NULL, (size_t)n, 1e-6f, 1e-5f);
+    }
+    loom_cuda_release(C, dg);
+    loom_cuda_release(C, du);
+    free(g), free(u), free(ref), free(got);
+    return ok;
+}
+
+/* ---- embedding ---------------------------------------------------------- */
+
+static const char *DT_NAME[] = {"f32", "f16", "bf16"};
+
+/* Random table of dtype dt (vocab, cols) and its f32 values. */
+static void *rand_table(loom_cuda_dtype dt, size_t n, float scale, float *as_f32) {
+    if (dt == LOOM_CUDA_F32) {
+        float *t = xmalloc(n * 4);
+        fill(t, n, scale);
+        memcpy(as_f32, t, n * 4);
+        return t;
+    }
+    uint16_t *t = xmalloc(n * 2);
+    for (size_t i = 0; i < n; i++) {
+        float v = rnd() * scale;
+        t[i] = dt == LOOM_CUDA_F16 ? loom_f32_to_f16(v) : loom_f32_to_bf16(v);
+        as_f32[i] = dt == LOOM_CUDA_F16 ? loom_f16_to_f32(t[i]) : loom_bf16_to_f32(t[i]);
+    }
+    return t;
+}
+
+static int test_embed(int cols, loom_cuda_dtype dt) {
+    char what[96];
+    int V = 37, T = 6;
+    float scale = cols % 2 ? 1.0f : 5.5f;
+    snprintf(what, sizeof what, "%s cols=%d T=%d scale=%g", DT_NAME[dt], cols, T, scale);
+    size_t N = (size_t)V * cols;
+    float *tf = xmalloc(N * 4), *ref = xmalloc((size_t)T * cols * 4), *got = xmalloc((size_t)T * cols * 4);
+    void *tab = rand_table(dt, N, 3.0f, tf);
+    int32_t ids[6];
+    for (int t = 0; t < T; t++) ids[t] = t == 0 ? V - 1 : (int32_t)(test_rand_u32(&rng) % V);
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < cols; i++) ref[(size_t)t * cols + i] = tf[(size_t)ids[t] * cols + i] * scale;
+    void *dtab = up(tab, N * (dt == LOOM_CUDA_F32 ? 4 : 2));
+    int32_t *dids = up(ids, sizeof ids);
+    float *dout = NULL;
+    int ok = 0;
+    if (!dtab || !dids || loom_cuda_alloc(C, (void **)&dout, (size_t)T * cols * 4) != LOOM_OK) {
+        api_fail("embed", what, LOOM_ERR_NOMEM);
+    } else {
+        loom_status st = loom_cuda_embed(C, dout, dtab, dt, cols, dids, T, scale);
+        if (st == LOOM_OK) st = loom_cuda_download(C, got, dout, (size_t)T * cols * 4);
+        if (st != LOOM_OK) api_fail("embed", what, st);
+        else ok = report("embed", what, got, ref, NULL, (size_t)T * cols, 0, 0);
+    }
+    loom_cuda_release(C, dtab);
+    loom_cuda_release(C, dids);
+    loom_cuda_release(C, dout);
+    free(tf), free(ref), free(got), free(tab);
+    return ok;
+}
+
+/* ---- softmax and argmax ------------------------------------------------- */
+
+static int test_softmax(int n, int T) {
+    char what[96];
+    snprintf(what, sizeof what, "T=%d n=%d", T, n);
+    size_t N = (size_t)T * n;
+    float *x = xmalloc(N * 4), *ref = xmalloc(N * 4), *got = xmalloc(N * 4);
+    fill(x, N, 12.0f);
+    if (n > 3) x[2] = -INFINITY;  /* a masked entry */
+    memcpy(ref, x, N * 4);
+    for (int t = 0; t < T; t++) loom_kernels_ref.softmax(ref + (size_t)t * n, n);
+    float *dx = up(x, N * 4);
+    int ok = 0;
+    if (!dx) {
+        api_fail("softmax", what, LOOM_ERR_NOMEM);
+    } else {
+        loom_status st = loom_cuda_softmax(C, dx, T, n);
+        if (st == LOOM_OK) st = loom_cuda_download(C, got, dx, N * 4);
+        if (st != LOOM_OK) api_fail("softmax", what, st);
+        else ok = report("softmax", what, got, ref, NULL, N, 1e-7f, 2e-5f);
+    }
+    loom_cuda_release(C, dx);
+    free(x), free(ref), free(got);
+    return ok;
+}
+
+static int test_argmax(int n, int T) {
+    char what[96];
+    snprintf(what, sizeof what, "T=%d n=%d (with ties)", T, n);
+    size_t N = (size_t)T * n;
+    float *x = xmalloc(N * 4), *ref = xmalloc((size_t)T * 4), *got = xmalloc((size_t)T * 4);
+    int32_t *gi = xmalloc((size_t)T * 4);
+    fill(x, N, 4.0f);
+    for (int t = 0; t < T; t++) {
+        float *r = x + (size_t)t * n;
+        if (n > 2 && t % 2) {  /* the maximum twice: the first must win */
+            int a = (int)(test_rand_u32(&rng) % n), b = (int)(test_rand_u32(&rng) % n);
+            r[a] = r[b] = 9.0f;
+        }
+        if (t == 2) for (int i = 0; i < n; i++) r[i] = -1.0f;  /* all equal: index 0 */
+        ref[t] = (float)loom_argmax(r, n);
+    }
+    float *dx = up(x, N * 4);
+    int32_t *dout = NULL;
+    int ok = 0;
+    if (!dx || loom_cuda_alloc(C, (void **)&dout, (size_t)T * 4) != LOOM_OK) {
+        api_fail("argmax", what, LOOM_ERR_NOMEM);
+    } else {
+        loom_status st = loom_cuda_argmax(C, dout, dx, T, n);
+        if (st == LOOM_OK) st = loom_cuda_download(C, gi, dout, (size_t)T * 4);
+        if (st != LOOM_OK) {
+            api_fail("argmax", what, st);
+        } else {
+            for (int t = 0; t < T; t++) got[t] = (float)gi[t];
+            ok = report("argmax", what, got, ref, NULL, (size_t)T, 0, 0);
+        }
+    }
+    loom_cuda_release(C, dx);
+    loom_cuda_release(C, dout);
+    free(x), free(ref), free(got), free(gi);
+    return ok;
+}
+
+/* ---- dense GEMM --------------------------------------------------------- */
+
+static int test_gemm(loom_cuda_dtype dt, int T, int rows, int cols) {
+    char what[96];
+    snprintf(what, sizeof what, "%s T=%d rows=%d cols=%d", DT_NAME[dt], T, rows, cols);
+    size_t NW = (size_t)rows * cols, NX = (size_t)T * cols, NY = (size_t)T * rows;
+    float *wf = xmalloc(NW * 4), *x = xmalloc(NX * 4), *ref = xmalloc(NY * 4);
+    float *got = xmalloc(NY * 4), *bound = xmalloc(NY * 4);
+    void *w = rand_table(dt, NW, 0.5f, wf);
+    fill(x, NX, 2.0f);
+    if (dt == LOOM_CUDA_F32) loom_kernels_ref.matmul_f32(ref, rows, x, cols, w, cols, T, 0, rows);
+    else if (dt == LOOM_CUDA_F16) loom_kernels_ref.matmul_f16(ref, rows, x, cols, w, cols, T, 0, rows);
+    else loom_kernels_ref.matmul_bf16(ref, rows, x, cols, w, cols, T, 0, rows);
+    /* x is rounded to the weight's type on the GPU: relative error 2^-11
+     * (f16) or 2^-8 (bf16) per product, plus f32 summation in any order. */
+    float rel = dt == LOOM_CUDA_F32 ? 5e-5f : dt == LOOM_CUDA_F16 ? 1.5e-3f : 6e-3f;
+    for (int t = 0; t < T; t++)
+        for (int r = 0; r < rows; r++) {
+            double s = 0;
+            for (int k = 0; k < cols; k++)
+                s += fabs((double)x[(size_t)t * cols + k] * wf[(size_t)r * cols + k]);
+            bound[(size_t)t * rows + r] = (float)(rel * s + 1e-6);
+        }
+    void *dw = up(w, NW * (dt == LOOM_CUDA_F32 ? 4 : 2));
+    float *dx = up(x, NX * 4), *dy = NULL;
+    int ok = 0;
+    if (!dw || !dx || loom_cuda_alloc(C, (void **)&dy, NY * 4) != LOOM_OK) {
+        api_fail("gemm", what, LOOM_ERR_NOMEM);
+    } else {
+        loom_status st = loom_cuda_gemm(C, dy, dx, dw, dt, T, rows, cols);
+        if (st == LOOM_OK) st = loom_cuda_download(C, got, dy, NY * 4);
+        if (st != LOOM_OK) api_fail("gemm", what, st);
+        else ok = report("gemm", what, got, ref, bound, NY, 0, 0);
+    }
+    loom_cuda_release(C, dw);
+    loom_cuda_release(C, dx);
+    loom_cuda_release(C, dy);
+    free(wf), free(x), free(ref), free(got), free(bound), free(w);
+    return ok;
+}
+
+/* ---- MLX affine-quantized GEMV ------------------------------------------ */
+
+static int test_matmul_q(int bits, int group, int f16, int T, int rows, int cols) {
+    char what[96];
+    snprintf(what, sizeof what, "bits=%d group=%d %s T=%d rows=%d cols=%d", bits, group,
+             f16 ? "f16" : "bf16", T, rows, cols);
+    size_t words = (size_t)cols * bits / 32, ng = (size_t)cols / group;
+    uint32_t *w = xmalloc((size_t)rows * words * 4);
+    uint16_t *sc = xmalloc((size_t)rows * ng * 2), *bi = xmalloc((size_t)rows * ng * 2);
+    float *x = xmalloc((size_t)T * cols * 4), *ref = xmalloc((size_t)T * rows * 4);
+    float *got = xmalloc((size_t)T * rows * 4), *bound = xmalloc((size_t)T * rows * 4);
+    for (size_t i = 0; i < (size_t)rows * words; i++) w[i] = test_rand_u32(&rng);
+    for (size_t i = 0; i < (size_t)rows * ng; i++) {
+        float s = rnd() * 0.05f, b = rnd() * 0.3f;
+        sc[i] = f16 ? loom_f32_to_f16(s) : loom_f32_to_bf16(s);
+        bi[i] = f16 ? loom_f32_to_f16(b) : loom_f32_to_bf16(b);
+    }
+    fill(x, (size_t)T * cols, 2.0f);
+    loom_qmat q = {w, sc, bi, cols, bits, group, f16};
+    loom_kernels_ref.matmul_q(ref, rows, x, cols, &q, T, 0, rows);
+    float qmax = (float)((1u << bits) - 1);
+    for (int t = 0; t < T; t++)
+        for (int r = 0; r < rows; r++) {
+            double s = 0;
+            for (size_t g = 0; g < ng; g++) {
+                size_t si = (size_t)r * ng + g;
+                double a = f16 ? loom_f16_to_f32(sc[si]) : loom_bf16_to_f32(sc[si]);
+                double b = f16 ? loom_f16_to_f32(bi[si]) : loom_bf16_to_f32(bi[si]);
+                double xs = 0;
+                for (int k = 0; k < group; k++) xs += fabs(x[(size_t)t * cols + g * group + k]);
+                s += xs * (fabs(a) * qmax + fabs(b));
+            }
+            bound[(size_t)t * rows + r] = (float)(2e-5 * s + 1e-6);
+        }
+    uint32_t *dw = up(w, (size_t)rows * words * 4);
+    uint16_t *dsc = up(sc, (size_t)rows * ng * 2), *dbi = up(bi, (size_t)rows * ng * 2);
+    float *dx = up(x, (size_t)T * cols * 4), *dy = NULL;
+    int ok = 0;
+    if (!dw || !dsc || !dbi || !dx || loom_cuda_alloc(C, (void **)&dy, (size_t)T * rows * 4) != LOOM_OK) {
+        api_fail("matmul_q", what, LOOM_ERR_NOMEM);
+    } else {
+        loom_cuda_qmat dq = {dw, dsc, dbi, rows, cols, bits, group, f16};
+        loom_status st = loom_cuda_matmul_q(C, dy, dx, &dq, T);
+        if (st == LOOM_OK) st = loom_cuda_download(C, got, dy, (size_t)T * rows * 4);
+        if (st != LOOM_OK) api_fail("matmul_q", what, st);
+        else ok = report("matmul_q", what, got, ref, bound, (size_t)T * rows, 0, 0);
+    }
+    loom_cuda_release(C, dw);
+    loom_cuda_release(C, dsc);
+    loom_cuda_release(C, dbi);
+    loom_cuda_release(C, dx);
+    loom_cuda_release(C, dy);
+    free(w), free(sc), free(bi), free(x), free(ref), free(got), free(bound);
+    return ok;
+}
+
+/* ---- paged attention ---------------------------------------------------- */
+
+typedef struct attn_case {
+    int nh, nkv, hd, bs;
+    loom_kv_type kv_type;
+    int window;
+    float softcap;
+} attn_case;
+
+/* A host pool of 2 layers holding n_seqs sequences of lens[s] positions in
+ * shuffled blocks (random K/V written through the row codec), and each
+ * sequence's block table. Layer 1 is the one tested. */
+typedef struct paged {
+    loom_kv_pool *pool;
+    loom_kv_seq *seqs;
+    int32_t *tables;   /* (n_seqs, tstride) */
+    int tstride, n_seqs;
+} paged;
+
+static int paged_make(paged *P, const attn_case *a, const int *lens, int n_seqs) {
+    memset(P, 0, sizeof *P);
+    int kv_dim = a->nkv * a->hd, total = 0, maxb = 1;
+    for (int s = 0; s < n_seqs; s++) {
+        int nb = (lens[s] + a->bs - 1) / a->bs;
+        total += nb;
+        maxb = LOOM_MAX(maxb, nb);
+    }
+    int n_blocks = total + 5;  /* a few never used */
+    if (loom_kv_pool_create(2, kv_dim, a->bs, n_blocks, a->kv_type, &P->pool) != LOOM_OK) return 0;
+    int *perm = xmalloc((size_t)n_blocks * sizeof(int));
+    for (int i = 0; i < n_blocks; i++) perm[i] = i;
+    for (int i = n_blocks - 1; i > 0; i--) {
+        int j = (int)(test_rand_u32(&rng) % (unsigned)(i + 1)), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    P->n_seqs = n_seqs;
+    P->tstride = maxb + 1;
+    P->seqs = calloc((size_t)n_seqs, sizeof *P->seqs);
+    P->tables = xmalloc((size_t)n_seqs * P->tstride * sizeof(int32_t));
+    for (size_t i = 0; i < (size_t)n_seqs * P->tstride; i++) P->tables[i] = -1;
+    float *row = xmalloc((size_t)kv_dim * 4);
+    for (int s = 0, next = 0; s < n_seqs; s++) {
+        loom_kv_seq *q = &P->seqs[s];
+        q->n_blocks = (lens[s] + a->bs - 1) / a->bs;
+        q->blocks = xmalloc((size_t)LOOM_MAX(q->n_blocks, 1) * sizeof(int));
+        for (int b = 0; b < q->n_blocks; b++) {
+            q->blocks[b] = perm[next++];
+            P->tables[(size_t)s * P->tstride + b] = q->blocks[b];
+        }
+        q->n_tokens = lens[s];
+        for (int l = 0; l < 2; l++)
+            for (int p = 0; p < lens[s]; p++) {
+                fill(row, (size_t)kv_dim, 2.0f);
+                loom_kv_store_row(P->pool, loom_kv_k_row(P->pool, q, l, p), row, kv_dim);
+                fill(row, (size_t)kv_dim, 1.0f);
+                loom_kv_store_row(P->pool, loom_kv_v_row(P->pool, q, l, p), row, kv_dim);
+            }
+    }
+    free(row);
+    free(perm);
+    return 1;
+}
+
+static void paged_free(paged *P) {
+    for (int s = 0; s < P->n_seqs && P->seqs; s++) free(P->seqs[s].blocks);
+    free(P->seqs);
+    free(P->tables);
+    loom_kv_pool_free(P->pool);
+}
+
+/* Straightforward attention for one query token at position pos of
+ * sequence seq (all heads), in double, reading rows as the CPU does. */
+static void attn_ref(const paged *P, const attn_case *a, int s, const float *q, int pos,
+                     float scale, float *out) {
+    const loom_kv_pool *p = P->pool;
+    int group = a->nh / a->nkv, lo = a->window > 0 ? LOOM_MAX(0, pos - a->window + 1) : 0;
+    int n = pos - lo + 1;
+    double *w = xmalloc((size_t)n * sizeof(double));
+    float *tmp = xmalloc((size_t)a->hd * 4);
+    for (int h = 0; h < a->nh; h++) {
+        int kh = h / group;
+        double m = -INFINITY, sum = 0;
+        for (int i = 0; i < n; i++) {
+            const float *k = loom_kv_load(p, loom_kv_k_row(p, &P->seqs[s], 1, lo + i), kh * a->hd,
+                                          a->hd, tmp);
+            double d = 0;
+            for (int e = 0; e < a->hd; e++) d += (double)q[h * a->hd + e] * k[e];
+            d *= scale;
+            if (a->softcap > 0) d = tanh(d / a->softcap) * a->softcap;
+            w[i] = d;
+            if (d > m) m = d;
+        }
+        for (int i = 0; i < n; i++) sum += (w[i] = exp(w[i] - m));
+        for (int e = 0; e < a->hd; e++) out[h * a->hd + e] = 0;
+        double *o = xmalloc((size_t)a->hd * sizeof(double));
+        for (int e = 0; e < a->hd; e++) o[e] = 0;
+        for (int i = 0; i < n; i++) {
+            const float *v = loom_kv_load(p, loom_kv_v_row(p, &P->seqs[s], 1, lo + i), kh * a->hd,
+                                          a->hd, tmp);
+            for (int e = 0; e < a->hd; e++) o[e] += w[i] / sum * v[e];
+        }
+        for (int e = 0; e < a->hd; e++) out[h * a->hd + e] = (float)o[e];
+        free(o);
+    }
+    free(w);
+    free(tmp);
+}
+
+static loom_cuda_dtype kv_dt(loom_kv_type t) {
+    return t == LOOM_KV_F16 ? LOOM_CUDA_F16 : t == LOOM_KV_BF16 ? LOOM_CUDA_BF16 : LOOM_CUDA_F32;
+}
+
+static const char *kv_name(loom_kv_type t) { return loom_kv_type_name(t); }
+
+/* Uploads the pool; fills the device view of layer 1. */
+static int paged_upload(const paged *P, loom_cuda_kv *kv, void **dk, void **dv, int32_t **dtab) {
+    const loom_kv_pool *p = P->pool;
+    size_t bytes = (size_t)p->n_layers * p->n_blocks * p->block_size * p->row_bytes;
+    *dk = up(p->k, bytes);
+    *dv = up(p->v, bytes);
+    *dtab = up(P->tables, (size_t)P->n_seqs * P->tstride * sizeof(int32_t));
+    if (!*dk || !*dv || !*dtab) return 0;
+    size_t layer = (size_t)1 * p->n_blocks * p->block_size * p->row_bytes;
+    kv->d_k = (const char *)*dk + layer;
+    kv->d_v = (const char *)*dv + layer;
+    kv->dt = kv_dt(p->type);
+    kv->block_size = p->block_size;
+    kv->row_stride = p->row_bytes / (p->type == LOOM_KV_F32 ? 4 : 2);
+    return 1;
+}
+
+static int test_attn_decode(const attn_case *a, const int *lens, int n_seqs) {
+    char what[128];
+    int len_max = 0;
+    for (int s = 0; s < n_seqs; s++) len_max = LOOM_MAX(len_max, lens[s]);
+    snprintf(what, sizeof what, "%s h=%d/%d d=%d bs=%d win=%d cap=%g seqs=%d max_len=%d",
+             kv_name(a->kv_type), a->nh, a->nkv, a->hd, a->bs, a->window, a->softcap, n_seqs,
+             len_max);
+    paged P;
+    if (!paged_make(&P, a, lens, n_seqs)) return api_fail("attn_decode", what, LOOM_ERR_NOMEM);
+    size_t qn = (size_t)n_seqs * a->nh * a->hd;
+    float *q = xmalloc(qn * 4), *ref = xmalloc(qn * 4), *got = xmalloc(qn * 4);
+    fill(q, qn, 1.0f);
+    float scale = 1.0f / sqrtf((float)a->hd);
+    for (int s = 0; s < n_seqs; s++)
+        attn_ref(&P, a, s, q + (size_t)s * a->nh * a->hd, lens[s] - 1, scale,
+                 ref + (size_t)s * a->nh * a->hd);
+    loom_cuda_kv kv;
+    void *dk = NULL, *dv = NULL;
+    int32_t *dtab = NULL, *dlens = up(lens, (size_t)n_seqs * 4);
+    float *dq = up(q, qn * 4), *dout = NULL;
+    int ok = 0;
+    if (!paged_upload(&P, &kv, &dk, &dv, &dtab) || !dlens || !dq ||
+        loom_cuda_alloc(C, (void **)&dout, qn * 4) != LOOM_OK) {
+        api_fail("attn_decode", what, LOOM_ERR_NOMEM);
+    } else {
+        loom_cuda_attn at = {a->nh, a->nkv, a->hd, scale, a->softcap, a->window};
+        loom_status st = loom_cuda_attn_decode(C, dout, dq, &kv, &at, dtab, P.tstride, dlens,
+                                               n_seqs, len_max);
+        if (st == LOOM_OK) st = loom_cuda_download(C, got, dout, qn * 4);
+        if (st != LOOM_OK) api_fail("attn_decode", what, st);
+        else ok = report("attn_decode", what, got, ref, NULL, qn, 2e-5f, 1e-4f);
+    }
+    loom_cuda_release(C, dk);
+    loom_cuda_release(C, dv);
+    loom_cuda_release(C, dtab);
+    loom_cuda_release(C, dlens);
+    loom_cuda_release(C, dq);
+    loom_cuda_release(C, dout);
+    paged_free(&P);
+    free(q), free(ref), free(got);
+    return ok;
+}
+
+/* Rows: row r appends n_new[r] tokens after start[r] cached ones. */
+static int test_attn_prefill(const attn_case *a, const int *start, const int *n_new, int n_rows) {
+    char what[128];
+    int *lens = xmalloc((size_t)n_rows * sizeof(int));
+    int32_t *row_tok = xmalloc((size_t)(n_rows + 1) * 4), *row_pos = xmalloc((size_t)n_rows * 4);
+    int T = 0, max_new = 0;
+    for (int r = 0; r < n_rows; r++) {
+        lens[r] = start[r] + n_new[r];
+        row_tok[r] = T;
+        row_pos[r] = start[r];
+        T += n_new[r];
+        max_new = LOOM_MAX(max_new, n_new[r]);
+    }
+    row_tok[n_rows] = T;
+    snprintf(what, sizeof what, "%s h=%d/%d d=%d bs=%d win=%d cap=%g rows=%d T=%d",
+             kv_name(a->kv_type), a->nh, a->nkv, a->hd, a->bs, a->window, a->softcap, n_rows, T);
+    paged P;
+    if (!paged_make(&P, a, lens, n_rows)) return api_fail("attn_prefill", what, LOOM_ERR_NOMEM);
+    size_t qn = (size_t)T * a->nh * a->hd, per = (size_t)a->nh * a->hd;
+    float *q = xmalloc(qn * 4), *ref = xmalloc(qn * 4), *got = xmalloc(qn * 4);
+    fill(q, qn, 1.0f);
+    float scale = 1.0f / sqrtf((float)a->hd);
+    for (int r = 0; r < n_rows; r++)
+        for (int i = 0; i < n_new[r]; i++)
+            attn_ref(&P, a, r, q + (row_tok[r] + i) * per, start[r] + i, scale,
+                     ref + (row_tok[r] + i) * per);
+    loom_cuda_kv kv;
+    void *dk = NULL, *dv = NULL;
+    int32_t *dtab = NULL, *drt = up(row_tok, (size_t)(n_rows + 1) * 4);
+    int32_t *drp = up(row_pos, (size_t)n_rows * 4);
+    float *dq = up(q, qn * 4), *dout = NULL;
+    int ok = 0;
+    if (!paged_upload(&P, &kv, &dk, &dv, &dtab) || !drt || !drp || !dq ||
+        loom_cuda_alloc(C, (void **)&dout, qn * 4) != LOOM_OK) {
+        api_fail("attn_prefill", what, LOOM_ERR_NOMEM);
+    } else {
+        loom_cuda_attn at = {a->nh, a->nkv, a->hd, scale, a->softcap, a->window};
+        loom_status st = loom_cuda_attn_prefill(C, dout, dq, &kv, &at, dtab, P.tstride, drt, drp,
+                                                n_rows, max_new);
+        if (st == LOOM_OK) st = loom_cuda_download(C, got, dout, qn * 4);
+        if (st != LOOM_OK) api_fail("attn_prefill", what, st);
+        else ok = report("attn_prefill", what, got, ref, NULL, qn, 2e-5f, 1e-4f);
+    }
+    loom_cuda_release(C, dk);
+    loom_cuda_release(C, dv);
+    loom_cuda_release(C, dtab);
+    loom_cuda_release(C, drt);
+    loom_cuda_release(C, drp);
+    loom_cuda_release(C, dq);
+    loom_cuda_release(C, dout);
+    paged_free(&P);
+    free(q), free(ref), free(got), free(lens), free(row_tok), free(row_pos);
+    return ok;
+}
+
+int main(void) {
+    loom_status st = loom_cuda_create(0, &C);
+    if (st != LOOM_OK) {
+        printf("FAIL  cuda_create  %s: %s\n", loom_status_str(st), loom_last_error());
+        return 1;
+    }
+    printf("device: %s (compute capability %d.%d)\n", loom_cuda_device_name(C),
+           loom_cuda_device_cc(C) / 10, loom_cuda_device_cc(C) % 10);
+    fflush(stdout);
+
+    for (int i = 0; i < N_SIZES; i++)
+        for (int mode = 0; mode < 3; mode++) test_rmsnorm(SIZES[i], i == 0 ? 1 : 3, mode);
+    test_rmsnorm(128, 7 * 40, 0);  /* per-head q norm shape */
+
+    test_rope(1, 1, 2, 2, 10000.0);
+    test_rope(7, 3, 64, 64, 10000.0);
+    test_rope(5, 4, 128, 32, 1000000.0);  /* partial rotary */
+    test_rope(33, 2, 10, 6, 500.0);
+    test_rope(3, 8, 256, 64, 10000.0);
+
+    for (int i = 0; i < N_SIZES; i++) {
+        test_act(SIZES[i], 0);
+        test_act(SIZES[i], 1);
+    }
+
+    for (int i = 0; i < N_SIZES; i++)
+        for (int dt = 0; dt < 3; dt++) test_embed(SIZES[i], (loom_cuda_dtype)dt);
+
+    for (int i = 0; i < N_SIZES; i++) test_softmax(SIZES[i], 3);
+    test_softmax(151936, 2);  /* a vocabulary row */
+    for (int i = 0; i < N_SIZES; i++) test_argmax(SIZES[i], 4);
+    test_argmax(151936, 5);
+
+    static const int shapes[][3] = {{1, 1, 1},    {1, 7, 33},    {7, 33, 1000},
+                                    {5, 1000, 4097}, {33, 4097, 7}, {1, 4096, 1024},
+                                    {64, 512, 640}};
+    for (int dt = 0; dt < 3; dt++)
+        for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+            test_gemm((loom_cuda_dtype)dt, shapes[i][0], shapes[i][1], shapes[i][2]);
+
+    static const int qbits[] = {4, 8, 2, 3, 5, 6};
+    for (size_t b = 0; b < sizeof qbits / sizeof qbits[0]; b++) {
+        test_matmul_q(qbits[b], 64, 0, 1, 33, 1024);
+        test_matmul_q(qbits[b], 32, 1, 5, 7, 96);
+        test_matmul_q(qbits[b], 128, 0, 3, 1, 4096);
+    }
+    test_matmul_q(4, 64, 0, 1, 4097, 2048);
+    test_matmul_q(8, 64, 1, 2, 1000, 1024);
+
+    {
+        attn_case a1 = {8, 2, 64, 16, LOOM_KV_F32, 0, 0};
+        int l1[] = {1, 7, 33, 300, 1000, 16};
+        test_attn_decode(&a1, l1, 6);
+        attn_case a2 = {12, 4, 128, 16, LOOM_KV_F16, 100, 50.0f};
+        int l2[] = {5, 257, 600, 99, 100, 101};
+        test_attn_decode(&a2, l2, 6);
+        attn_case a3 = {4, 4, 80, 7, LOOM_KV_BF16, 0, 0};
+        int l3[] = {1, 2, 1030};
+        test_attn_decode(&a3, l3, 3);
+        attn_case a4 = {16, 1, 256, 16, LOOM_KV_F32, 0, 30.0f};
+        int l4[] = {4097, 3};
+        test_attn_decode(&a4, l4, 2);
+        attn_case a5 = {32, 8, 128, 32, LOOM_KV_F16, 4096, 0};
+        int l5[] = {5000, 1, 64};
+        test_attn_decode(&a5, l5, 3);
+
+        int s1[] = {0, 100, 7, 0, 33}, n1[] = {37, 5, 1, 300, 64};
+        test_attn_prefill(&a1, s1, n1, 5);
+        test_attn_prefill(&a2, s1, n1, 5);
+        test_attn_prefill(&a3, s1, n1, 5);
+        int s4[] = {0, 1000}, n4[] = {129, 33};
+        test_attn_prefill(&a4, s4, n4, 2);
+        attn_case a6 = {8, 8, 64, 16, LOOM_KV_F32, 16, 0};  /* window < a tile */
+        test_attn_prefill(&a6, s1, n1, 5);
+        int s7[] = {0}, n7[] = {1};
+        test_attn_prefill(&a5, s7, n7, 1);
+    }
+
+    st = loom_cuda_sync(C);
+    if (st != LOOM_OK) api_fail("sync", "end of run", st);
+    loom_cuda_free(C);
+    printf("cuda kernels: %d passed, %d failed\n", n_pass, n_fail);
+    return n_fail ? 1 : 0;
+}
