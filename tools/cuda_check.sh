@@ -1,0 +1,76 @@
+#!/bin/sh
+# cuda_check: builds loom with the CUDA backend (make CUDA=1) and runs the
+# GPU kernel tests (tests/cuda/test_cuda_kernels.c), printing one PASS/FAIL
+# line per kernel case with its largest error. Run from anywhere on a
+# machine with an NVIDIA GPU and the CUDA toolkit:
+#   sh tools/cuda_check.sh
+# Environment: CUDA_HOME (default /usr/local/cuda, else where nvcc is),
+# BUILD (default build/cuda), CUDA_ARCH (default -arch=sm_90),
+# CUDA_CHECK_SANITIZE=1 also runs the tests under compute-sanitizer.
+# Exit status: 0 all passed, 1 a kernel case failed, 2 the build failed.
+set -u
+cd "$(dirname "$0")/.." || exit 2
+BUILD=${BUILD:-build/cuda}
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+if [ ! -x "$CUDA_HOME/bin/nvcc" ] && command -v nvcc >/dev/null 2>&1; then
+  CUDA_HOME=$(dirname "$(dirname "$(command -v nvcc)")")
+fi
+NVCC="$CUDA_HOME/bin/nvcc"
+CUDA_ARCH=${CUDA_ARCH:--arch=sm_90}
+JOBS=$(nproc 2>/dev/null || echo 4)
+
+echo "== environment"
+date -u '+%Y-%m-%d %H:%M:%S UTC'
+echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+if command -v nvidia-smi >/dev/null 2>&1; then
+  nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader ||
+    echo "nvidia-smi: query failed"
+else
+  echo "nvidia-smi: not found"
+fi
+if [ ! -x "$NVCC" ]; then
+  echo "cuda_check: no nvcc at $NVCC (set CUDA_HOME)"
+  exit 2
+fi
+"$NVCC" --version | tail -n 2
+
+# The library's own dependencies (scripts/install-deps.sh); installed only
+# when a header is missing, so an offline machine that has them works.
+missing=""
+for h in pcre2.h utf8proc.h cjson/cJSON.h microhttpd.h xxhash.h; do
+  printf '#define PCRE2_CODE_UNIT_WIDTH 8\n#include <%s>\n' "$h" |
+    ${CC:-cc} -E -x c - >/dev/null 2>&1 || missing="$missing $h"
+done
+if [ -n "$missing" ]; then
+  echo "missing headers:$missing; running scripts/install-deps.sh"
+  sh scripts/install-deps.sh || { echo "cuda_check: install-deps failed"; exit 2; }
+fi
+
+echo "== build: make BUILD=$BUILD CUDA=1 CUDA_HOME=$CUDA_HOME CUDA_ARCH=$CUDA_ARCH cuda-tests"
+mkdir -p "$BUILD"
+log="$BUILD/cuda_check_build.log"
+if ! make -j"$JOBS" BUILD="$BUILD" CUDA=1 CUDA_HOME="$CUDA_HOME" NVCC="$NVCC" \
+     CUDA_ARCH="$CUDA_ARCH" cuda-tests >"$log" 2>&1; then
+  tail -n 60 "$log"
+  echo "cuda_check: BUILD FAILED (full log: $log)"
+  exit 2
+fi
+echo "build ok"
+
+echo "== kernel tests"
+bin="$BUILD/cuda-tests/test_cuda_kernels"
+"$bin"
+rc=$?
+if [ "${CUDA_CHECK_SANITIZE:-0}" = 1 ]; then
+  echo "== compute-sanitizer (memcheck)"
+  if [ -x "$CUDA_HOME/bin/compute-sanitizer" ]; then
+    "$CUDA_HOME/bin/compute-sanitizer" --tool memcheck --error-exitcode 3 "$bin" >"$BUILD/sanitizer.log" 2>&1
+    src=$?
+    grep -E "ERROR SUMMARY|Invalid|out of bounds|cuda kernels:" "$BUILD/sanitizer.log" | head -n 20
+    [ $src -ne 0 ] && [ $rc -eq 0 ] && rc=1
+  else
+    echo "compute-sanitizer: not found"
+  fi
+fi
+if [ $rc -eq 0 ]; then echo "cuda_check: PASS"; else echo "cuda_check: FAIL (exit $rc)"; fi
+exit $rc
