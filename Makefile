@@ -51,21 +51,6 @@ CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/cuda/%.o)
 LIB_OBJ  += $(CU_OBJ)
 LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
 CUDA_TESTS := $(BUILD)/cuda-tests/test_cuda_kernels
-
-$(BUILD)/cuda/%.o: %.cu $(CU_HDR)
-	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -c $< -o $@
-
-$(BUILD)/cuda-tests/%: tests/cuda/%.c $(LIB) tests/test.h $(CU_HDR)
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
-
-.PHONY: cuda-tests
-cuda-tests: $(CUDA_TESTS)
-else
-.PHONY: cuda-tests
-cuda-tests:
-	@echo "cuda-tests: build with CUDA=1 (make BUILD=build/cuda CUDA=1 cuda-tests)" >&2; exit 1
 endif
 
 .PHONY: all test tests tools clean
@@ -115,6 +100,23 @@ $(BUILD)/fuzz/%: fuzz/%.c $(FUZZ_SRC) $(LIB)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) -g -O1 -fsanitize=fuzzer,address,undefined -std=c11 -D_GNU_SOURCE -Iinclude -Isrc \
 	    $< $(FUZZ_SRC) $(LIB) $(LDLIBS) -o $@
+
+# CUDA=1 rules (variables above, next to LIB).
+.PHONY: cuda-tests
+ifeq ($(CUDA),1)
+$(BUILD)/cuda/%.o: %.cu $(CU_HDR)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(BUILD)/cuda-tests/%: tests/cuda/%.c $(LIB) tests/test.h $(CU_HDR)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
+
+cuda-tests: $(CUDA_TESTS)
+else
+cuda-tests:
+	@echo "cuda-tests: build with CUDA=1 (make BUILD=build/cuda CUDA=1 cuda-tests)" >&2; exit 1
+endif
 
 clean:
 	rm -rf build
