@@ -19,6 +19,10 @@ fi
 NVCC="$CUDA_HOME/bin/nvcc"
 CUDA_ARCH=${CUDA_ARCH:--arch=sm_90}
 JOBS=$(nproc 2>/dev/null || echo 4)
+if [ -z "${CC:-}" ]; then
+  if command -v cc >/dev/null 2>&1; then CC=cc; else CC=gcc; fi
+fi
+export CC
 
 echo "== environment"
 date -u '+%Y-%m-%d %H:%M:%S UTC'
@@ -42,10 +46,12 @@ fi
 missing=""
 for h in ${CUDA_CHECK_HEADERS:-pcre2.h utf8proc.h cjson/cJSON.h microhttpd.h xxhash.h}; do
   printf '#define PCRE2_CODE_UNIT_WIDTH 8\n#include <%s>\n' "$h" |
-    ${CC:-cc} -E -x c - >/dev/null 2>&1 || missing="$missing $h"
+    $CC -E -x c - >/dev/null 2>&1 || missing="$missing $h"
 done
 if [ "${CUDA_CHECK_MINIMAL:-0}" = 1 ]; then
   missing=" (CUDA_CHECK_MINIMAL=1)"
+elif ! command -v make >/dev/null 2>&1; then
+  missing=" (no make)"
 elif [ -n "$missing" ]; then
   echo "missing headers:$missing; trying scripts/install-deps.sh"
   if sh scripts/install-deps.sh; then missing=""; else echo "install-deps failed"; fi
@@ -70,14 +76,14 @@ else
   ok=1
   {
     for f in src/base/base.c src/engine/kv.c src/ops/ops.c src/ops/ops_ref.c src/ops/threadpool.c; do
-      ${CC:-cc} $CF -c "$f" -o "$obj/$(basename "$f" .c).o" || ok=0
+      $CC $CF -c "$f" -o "$obj/$(basename "$f" .c).o" || ok=0
     done
-    ${CC:-cc} $CF -mavx2 -mfma -mf16c -c src/ops/ops_avx2.c -o "$obj/ops_avx2.o" || ok=0
+    $CC $CF -mavx2 -mfma -mf16c -c src/ops/ops_avx2.c -o "$obj/ops_avx2.o" || ok=0
     for f in src/cuda/*.cu; do
       "$NVCC" -O3 -lineinfo $CUDA_ARCH -std=c++17 -Iinclude -Isrc -Xcompiler -Wall,-Wextra,-Werror \
         -Werror all-warnings -c "$f" -o "$obj/$(basename "$f" .cu).cu.o" || ok=0
     done
-    [ $ok = 1 ] && ${CC:-cc} $CF tests/cuda/test_cuda_kernels.c "$obj"/*.o -L"$CUDA_HOME/lib64" \
+    [ $ok = 1 ] && $CC $CF tests/cuda/test_cuda_kernels.c "$obj"/*.o -L"$CUDA_HOME/lib64" \
       -Wl,-rpath,"$CUDA_HOME/lib64" -lcublas -lcudart -lstdc++ -lm -o "$bin" || ok=0
   } >"$log" 2>&1
   if [ $ok != 1 ]; then
