@@ -1,6 +1,11 @@
 /* cli: option parsing and error reporting shared by the commands. */
 #include "cli/cli.h"
 
+#include <cjson/cJSON.h>
+
+#include "template/chat.h"
+#include "tokenize/tokenizer.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -92,4 +97,38 @@ int cli_kv_type(const char *cmd, const char *text, loom_kv_type *out) {
         }
     cli_usage_error(cmd, "--kv-type: expected f32, f16, bf16, q8 or q4, found \"%s\"", text);
     return 1;
+}
+
+loom_status cli_render_user_turn(const char *model_dir, const char *text, char **out) {
+    *out = NULL;
+    loom_chat_template *t = NULL;
+    loom_status s = loom_chat_template_load(model_dir, &t);
+    if (s) return s;
+    cJSON *msgs = cJSON_CreateArray();
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "role", "user");
+    cJSON_AddStringToObject(m, "content", text);
+    cJSON_AddItemToArray(msgs, m);
+    char *json = cJSON_PrintUnformatted(msgs);
+    cJSON_Delete(msgs);
+    loom_chat_params cp = loom_chat_default_params();
+    cp.messages_json = json;
+    cp.add_generation_prompt = 1;
+    size_t len;
+    s = json ? loom_chat_apply(t, &cp, out, &len) : LOOM_ERR_NOMEM;
+    free(json);
+    loom_chat_template_free(t);
+    return s;
+}
+
+int cli_turn_end_ids(const struct loom_tok *tok, int32_t *out, int cap) {
+    static const char *const ends[] = {"<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>",
+                                       "<|return|>", "<|eom_id|>"};
+    int n = 0;
+    for (size_t i = 0; i < sizeof ends / sizeof ends[0] && n < cap; i++) {
+        int32_t id = loom_tok_token_to_id(tok, ends[i], strlen(ends[i]));
+        if (id >= 0) out[n++] = id;
+    }
+    if (n < cap && loom_tok_eos_id(tok) >= 0) out[n++] = loom_tok_eos_id(tok);
+    return n;
 }

@@ -8,10 +8,15 @@
 
 #include "loom.h"
 
+struct loom_tok;
+
 int cmd_logits(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_batch(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+int cmd_detokenize(int argc, char **argv);
+int cmd_chat_template(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
 int cmd_info(int argc, char **argv);
@@ -33,6 +38,12 @@ int cli_ids(const char *cmd, const char *opt, const char *text, int32_t **out, i
 
 /* Parses a KV type name (f32, f16, bf16, q8, q4). */
 int cli_kv_type(const char *cmd, const char *text, loom_kv_type *out);
+
+/* Renders one user message through the model directory's chat template
+ * (with the generation prompt) into a heap string. */
+loom_status cli_render_user_turn(const char *model_dir, const char *text, char **out);
+/* Ids of the end-of-turn tokens chat replies stop at; returns the count. */
+int cli_turn_end_ids(const struct loom_tok *tok, int32_t *out, int cap);
 
 /* Returns the value of option argv[*i] (advancing *i), or NULL after
  * reporting that it is missing. */

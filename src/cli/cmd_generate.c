@@ -7,6 +7,7 @@
 #include "cli/cli.h"
 #include "sample/sample.h"
 #include "stream/textstream.h"
+#include "template/chat.h"
 #include "tokenize/tokenizer.h"
 
 static const char usage[] =
@@ -19,6 +20,7 @@ static const char usage[] =
     "\n"
     "  --model DIR        Hugging Face model directory\n"
     "  --prompt TEXT      prompt text (tokenized with the model's tokenizer)\n"
+    "  --chat             send --prompt as a user message through the chat template\n"
     "  --tokens LIST      comma-separated prompt token ids\n"
     "  --stop TEXT        stop when TEXT is generated (repeatable)\n"
     "  --max-tokens N     tokens to generate (default 64)\n"
@@ -37,7 +39,7 @@ int cmd_generate(int argc, char **argv) {
     const char *model = NULL, *tokens = NULL, *prompt_text = NULL;
     const char *stops[16];
     int n_stops = 0;
-    int threads = 0, max_tokens = 64, ignore_eos = 0, json_ids = 0, n_ctx = 0, seed = 1;
+    int threads = 0, max_tokens = 64, ignore_eos = 0, json_ids = 0, n_ctx = 0, seed = 1, chat = 0;
     loom_sampling sp = loom_sampling_default();
     sp.temperature = 0.8f;
     sp.top_k = 40;
@@ -50,6 +52,7 @@ int cmd_generate(int argc, char **argv) {
         }
         if (!strcmp(a, "--ignore-eos")) { ignore_eos = 1; continue; }
         if (!strcmp(a, "--ids")) { json_ids = 1; continue; }
+        if (!strcmp(a, "--chat")) { chat = 1; continue; }
         static const char *valued[] = {"--model", "--tokens", "--max-tokens", "--temperature",
                                        "--top-k", "--top-p", "--min-p", "--seed", "--ctx-size",
                                        "--threads", "--prompt", "--stop", "--repeat-penalty"};
@@ -100,9 +103,22 @@ int cmd_generate(int argc, char **argv) {
         if ((s = loom_tok_load_dir(model, &tok))) { rc = cli_fail("loading tokenizer", s); goto done; }
         if ((s = loom_ts_create(tok, stops, n_stops, 1, &ts))) { rc = cli_fail("stop strings", s); goto done; }
     }
+    if (chat && !prompt_text) {
+        rc = cli_usage_error("generate", "--chat needs --prompt");
+        goto done;
+    }
+    int32_t turn_end[8];
+    int n_turn_end = 0;
     if (prompt_text) {
         size_t n = 0;
-        s = loom_tok_encode(tok, prompt_text, strlen(prompt_text), LOOM_TOK_ADD_SPECIAL_CONFIG, &prompt, &n);
+        char *rendered = NULL;
+        if (chat) {
+            if ((s = cli_render_user_turn(model, prompt_text, &rendered))) { rc = cli_fail("chat template", s); goto done; }
+            n_turn_end = cli_turn_end_ids(tok, turn_end, 8);
+        }
+        s = rendered ? loom_tok_encode(tok, rendered, strlen(rendered), LOOM_TOK_NO_SPECIAL, &prompt, &n)
+                     : loom_tok_encode(tok, prompt_text, strlen(prompt_text), LOOM_TOK_ADD_SPECIAL_CONFIG, &prompt, &n);
+        free(rendered);
         if (s) { rc = cli_fail("tokenizing the prompt", s); goto done; }
         n_prompt = (int)n;
         if (!n_prompt) { fprintf(stderr, "loom: error: the prompt encodes to no tokens\n"); goto done; }
@@ -142,6 +158,7 @@ int cmd_generate(int argc, char **argv) {
             fflush(stdout);
         }
         for (int k = 0; k < n_eos; k++) stop |= eos[k] == id;
+        for (int k = 0; k < n_turn_end && !ignore_eos; k++) stop |= turn_end[k] == id;
         if (stop || n_out == max_tokens) break;
         if ((s = loom_context_eval(c, &id, 1, 0, logits))) { rc = cli_fail("decode", s); goto done; }
     }

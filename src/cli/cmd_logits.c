@@ -5,41 +5,67 @@
 
 #include "cli/cli.h"
 #include "load/safetensors.h"
+#include "tokenize/tokenizer.h"
 
 static const char usage[] =
-    "usage: loom logits --model DIR --tokens 1,2,3 --out FILE [--threads N]\n"
+    "usage: loom logits --model DIR (--tokens 1,2,3 | --prompt TEXT [--chat]) --out FILE\n"
     "\n"
-    "Runs the model over the token ids and writes FILE, a safetensors file with\n"
-    "one tensor \"logits\", F32 [L, vocab]: the logits at every position.\n"
+    "Runs the model over the prompt and writes FILE, a safetensors file with\n"
+    "one tensor \"logits\", F32 [L, vocab]: the logits at every position (and\n"
+    "\"ids\", I32 [L], the prompt's token ids).\n"
     "\n"
     "  --model DIR     Hugging Face model directory (config.json + safetensors)\n"
     "  --tokens LIST   comma-separated prompt token ids\n"
+    "  --prompt TEXT   prompt text, tokenized with the model's tokenizer\n"
+    "  --chat          send --prompt as a user message through the chat template\n"
     "  --out FILE      output .safetensors path\n"
     "  --threads N     worker threads (default: all cores)\n";
 
 int cmd_logits(int argc, char **argv) {
-    const char *model = NULL, *tokens = NULL, *out = NULL;
-    int threads = 0;
+    const char *model = NULL, *tokens = NULL, *out = NULL, *prompt = NULL;
+    int threads = 0, chat = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             fputs(usage, stdout);
             return 0;
         }
+        if (!strcmp(a, "--chat")) { chat = 1; continue; }
         if (strcmp(a, "--model") && strcmp(a, "--tokens") && strcmp(a, "--out") &&
-            strcmp(a, "--threads"))
+            strcmp(a, "--threads") && strcmp(a, "--prompt"))
             return cli_usage_error("logits", "unknown option \"%s\"", a);
         if (!(v = cli_value("logits", argc, argv, &i))) return 2;
         if (!strcmp(a, "--model")) model = v;
         else if (!strcmp(a, "--tokens")) tokens = v;
         else if (!strcmp(a, "--out")) out = v;
+        else if (!strcmp(a, "--prompt")) prompt = v;
         else if (cli_int("logits", a, v, 0, 4096, &threads)) return 2;
     }
-    if (!model || !tokens || !out)
-        return cli_usage_error("logits", "--model, --tokens and --out are required");
-    int32_t *ids;
-    int n;
-    if (cli_ids("logits", "--tokens", tokens, &ids, &n)) return 2;
+    if (!model || !out || !tokens == !prompt)
+        return cli_usage_error("logits", "--model, --out and one of --tokens or --prompt are required");
+    if (chat && !prompt) return cli_usage_error("logits", "--chat needs --prompt");
+    int32_t *ids = NULL;
+    int n = 0;
+    if (tokens && cli_ids("logits", "--tokens", tokens, &ids, &n)) return 2;
+    if (prompt) {
+        loom_tok *tok = NULL;
+        char *rendered = NULL;
+        size_t cnt = 0;
+        loom_status ts = loom_tok_load_dir(model, &tok);
+        if (!ts && chat) ts = cli_render_user_turn(model, prompt, &rendered);
+        if (!ts)
+            ts = rendered ? loom_tok_encode(tok, rendered, strlen(rendered), LOOM_TOK_NO_SPECIAL, &ids, &cnt)
+                          : loom_tok_encode(tok, prompt, strlen(prompt), LOOM_TOK_ADD_SPECIAL_CONFIG, &ids, &cnt);
+        free(rendered);
+        loom_tok_free(tok);
+        if (ts) return cli_fail("tokenizing the prompt", ts);
+        n = (int)cnt;
+        if (!n) {
+            free(ids);
+            fprintf(stderr, "loom: error: the prompt encodes to no tokens\n");
+            return 1;
+        }
+    }
 
     int rc = 1;
     loom_model *m = NULL;
@@ -56,9 +82,11 @@ int cmd_logits(int argc, char **argv) {
     logits = malloc(sizeof(float) * (size_t)n * V);
     if (!logits) { fprintf(stderr, "loom: error: out of memory\n"); goto done; }
     if ((s = loom_context_eval(c, ids, n, 1, logits))) { rc = cli_fail("evaluating", s); goto done; }
-    loom_st_write_entry e = {.name = "logits", .dtype = LOOM_DT_F32, .ndim = 2,
-                             .shape = {n, V}, .data = logits};
-    if ((s = loom_st_write(out, &e, 1))) { rc = cli_fail("writing logits", s); goto done; }
+    loom_st_write_entry e[2] = {
+        {.name = "logits", .dtype = LOOM_DT_F32, .ndim = 2, .shape = {n, V}, .data = logits},
+        {.name = "ids", .dtype = LOOM_DT_I32, .ndim = 1, .shape = {n}, .data = ids},
+    };
+    if ((s = loom_st_write(out, e, 2))) { rc = cli_fail("writing logits", s); goto done; }
     rc = 0;
 done:
     free(logits);
