@@ -27,6 +27,7 @@ static const char usage[] =
     "  --kv-memory SIZE        KV pool size, e.g. 2G or 512M (default: RAM/4)\n"
     "  --block-size N          tokens per KV block (default 16)\n"
     "  --kv-type T             KV type: f32 (exact, default), f16, bf16, q8 or q4\n"
+    "  --kv-bits 8|4           the same as --kv-type q8 / q4\n"
     "  --prefill-chunk N       planned prefill chunk (default policy: 2048)\n"
     "  --max-tokens N          default max tokens of a request (default 512)\n"
     "  --max-body SIZE         largest request body (default 8M)\n"
@@ -75,7 +76,7 @@ int cmd_serve(int argc, char **argv) {
                                        "--prefill-chunk", "--max-tokens", "--max-body", "--timeout",
                                        "--grace", "--trace-file", "--port-file", "--threads",
                                        "--prefix-cache-bytes", "--prefix-cache-dir",
-                                       "--prefix-cache-disk-bytes", "--kv-type"};
+                                       "--prefix-cache-disk-bytes", "--kv-type", "--kv-bits"};
         int known = 0;
         for (size_t k = 0; k < LOOM_ARRAY_LEN(valued); k++) known |= !strcmp(a, valued[k]);
         if (!known) return cli_usage_error("serve", "unknown option \"%s\"", a);
@@ -100,6 +101,11 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--trace-file")) p.engine.trace_file = v;
         else if (!strcmp(a, "--port-file")) p.port_file = v;
         else if (!strcmp(a, "--kv-type")) bad = cli_kv_type("serve", v, &p.engine.kv_type);
+        else if (!strcmp(a, "--kv-bits")) {
+            if (!strcmp(v, "8")) p.engine.kv_type = LOOM_KV_Q8;
+            else if (!strcmp(v, "4")) p.engine.kv_type = LOOM_KV_Q4;
+            else return cli_usage_error("serve", "--kv-bits: expected 8 or 4, found \"%s\"", v);
+        }
         else if (!strcmp(a, "--prefix-cache-bytes")) bad = parse_size(a, v, &p.engine.prefix_cache_bytes);
         else if (!strcmp(a, "--prefix-cache-dir")) p.engine.prefix_cache_dir = v;
         else if (!strcmp(a, "--prefix-cache-disk-bytes")) bad = parse_size(a, v, &p.engine.prefix_cache_disk_bytes);
