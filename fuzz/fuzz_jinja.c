@@ -34,7 +34,7 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-#define MAX_SRC 4096
+#define MAX_SRC 16384
 #define MAX_OUT ((size_t)256 << 20)
 
 static const char *const CONTEXTS[3] = {
