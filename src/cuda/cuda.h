@@ -159,6 +159,33 @@ loom_status loom_cuda_attn_prefill(loom_cuda *c, float *d_out, const float *d_q,
                                    const int32_t *d_row_tok, const int32_t *d_row_pos,
                                    int n_rows, int max_row_tokens);
 
+
+/* ---- dense decoder forward ---------------------------------------------- */
+
+struct loom_kv_pool;
+struct loom_fwd_row;
+typedef struct loom_cuda_model loom_cuda_model;
+
+/* Uploads the weights of m (borrowed; must outlive the result) once and
+ * allocates the device KV rows in the layout of the host pool kv (same
+ * layers, blocks, block size and row bytes; type f32, f16 or bf16) plus
+ * activations for max_tokens tokens per forward over sequences of up to
+ * max_ctx positions. Dense decoders only (Llama, Mistral, Qwen2, Qwen3 and
+ * their MLX-quantized forms): LOOM_ERR_UNSUPPORTED names what else a model
+ * needs (MoE, linear attention, sandwich norms, ...). */
+loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
+                                   const struct loom_kv_pool *kv, int max_tokens, int max_ctx,
+                                   loom_cuda_model **out);
+void loom_cuda_model_free(loom_cuda_model *g);
+
+/* loom_forward (model/forward.h) on the GPU for the same rows: the host
+ * pool kv supplies block tables only (its k/v bytes are neither read nor
+ * written; the device twin holds the rows). Logits land in each row's out;
+ * seq->n_tokens advances. Synchronous: returns when the logits are on the
+ * host. Rows must carry no recurrent state. */
+loom_status loom_cuda_forward(loom_cuda_model *g, struct loom_kv_pool *kv,
+                              struct loom_fwd_row *rows, int n_rows);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,540 @@
+/* forward_cuda: the dense decoder (Llama, Mistral, Qwen2, Qwen3 and the
+ * like) on the GPU, computing what src/model/forward.c computes for the
+ * same rows:
+ *
+ *   embed (* scale) -> per layer: rmsnorm -> q/k/v (+ bias) -> q/k norms
+ *   -> rope -> K/V rows into the device KV pool -> paged attention -> o
+ *   -> residual -> rmsnorm -> gate/up -> act * up -> down -> residual
+ *   -> final norm and head (-> softcap) on the tokens whose logits are wanted.
+ *
+ * Weights are uploaded once (loom_cuda_model_create); the host model stays
+ * the owner of the mapping. The device holds its own K/V rows in the exact
+ * layout of the host pool (same n_layers, n_blocks, block_size, row bytes),
+ * so the host loom_kv_pool keeps doing all the bookkeeping (block tables,
+ * reference counts, prefix cache) and only its k/v bytes go unused.
+ * Activations are carved once for max_tokens; the logits buffer grows on
+ * demand. Unsupported model features are refused at create time, naming
+ * the feature. */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/cuda_int.cuh"
+#include "model/forward.h"
+#include "model/model.h"
+
+/* ---- small kernels ------------------------------------------------------ */
+
+__global__ void fw_add_bias(float *y, const float *b, size_t total, int n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < total) y[i] += b[i % n];
+}
+
+__global__ void fw_add(float *x, const float *y, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] += y[i];
+}
+
+__global__ void fw_softcap(float *x, size_t n, float cap) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = tanhf(x[i] / cap) * cap;
+}
+
+/* K and V rows of this step's tokens into the pool: token t goes to row
+ * slot[t] (= block * block_size + position % block_size) of the layer. */
+__global__ void fw_kv_store(void *pk, void *pv, int dt, size_t stride, const float *k,
+                            const float *v, const int32_t *slot, int kvd) {
+    int t = blockIdx.y;
+    size_t row = (size_t)slot[t] * stride;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < kvd; i += gridDim.x * blockDim.x) {
+        float a = k[(size_t)t * kvd + i], b = v[(size_t)t * kvd + i];
+        if (dt == LOOM_CUDA_F32) {
+            ((float *)pk)[row + i] = a;
+            ((float *)pv)[row + i] = b;
+        } else if (dt == LOOM_CUDA_F16) {
+            ((__half *)pk)[row + i] = __float2half_rn(a);
+            ((__half *)pv)[row + i] = __float2half_rn(b);
+        } else {
+            ((__nv_bfloat16 *)pk)[row + i] = __float2bfloat16_rn(a);
+            ((__nv_bfloat16 *)pv)[row + i] = __float2bfloat16_rn(b);
+        }
+    }
+}
+
+/* dst[j] = src[idx[j]] (rows of n floats). */
+__global__ void fw_gather(float *dst, const float *src, const int32_t *idx, int n) {
+    int j = blockIdx.y;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        dst[(size_t)j * n + i] = src[(size_t)idx[j] * n + i];
+}
+
+/* Embedding rows of an MLX affine-quantized table, times scale. */
+__global__ void fw_embed_q(float *out, const uint32_t *w, const unsigned short *sc,
+                           const unsigned short *bi, int cols, int bits, int group, int f16,
+                           const int32_t *ids, float scale) {
+    int t = blockIdx.y;
+    size_t id = (size_t)ids[t], words = (size_t)cols * bits / 32;
+    int ng = cols / group;
+    const uint32_t *row = w + id * words;
+    for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < cols; k += gridDim.x * blockDim.x) {
+        size_t bit = (size_t)k * bits;
+        unsigned sh = (unsigned)(bit % 32);
+        unsigned long long v = row[bit / 32] >> sh;
+        if (sh + (unsigned)bits > 32) v |= (unsigned long long)row[bit / 32 + 1] << (32 - sh);
+        unsigned short s = sc[id * ng + k / group], b = bi[id * ng + k / group];
+        float fs = f16 ? __half2float(__ushort_as_half(s)) : __uint_as_float((unsigned)s << 16);
+        float fb = f16 ? __half2float(__ushort_as_half(b)) : __uint_as_float((unsigned)b << 16);
+        out[(size_t)t * cols + k] = (fs * (float)(v & ((1ull << bits) - 1)) + fb) * scale;
+    }
+}
+
+/* ---- the model on the device -------------------------------------------- */
+
+typedef struct dweight {
+    int rows, cols;
+    int quant;                 /* 1: qm, else dense d of dt */
+    loom_cuda_dtype dt;
+    const void *d;             /* device (rows, cols) */
+    loom_cuda_qmat qm;         /* device pointers */
+} dweight;
+
+typedef struct dlayer {
+    dweight wq, wk, wv, wo, gate, up, down;
+    const float *attn_norm, *ffn_norm, *q_norm, *k_norm;  /* device or NULL */
+    const float *bq, *bk, *bv, *bo;
+} dlayer;
+
+struct loom_cuda_model {
+    loom_cuda *c;              /* borrowed */
+    const loom_model *m;       /* borrowed */
+    int max_tokens, max_ctx;
+    void **allocs;             /* owned device allocations */
+    int n_allocs, cap_allocs;
+    dweight embed, lm_head;
+    const float *final_norm;
+    dlayer *layers;            /* owned [n_layers] */
+    /* device KV: (n_layers, n_blocks, block_size) rows of row_bytes, as the host pool */
+    void *kv_k, *kv_v;
+    int kv_blocks, kv_bs;
+    size_t kv_row_bytes;
+    loom_cuda_dtype kv_dt;
+    /* activations (device) */
+    float *x, *xb;             /* (max_tokens, hidden) */
+    float *q, *att;            /* (max_tokens, n_heads * head_dim) */
+    float *k, *v;              /* (max_tokens, kv_dim) */
+    float *hb, *hb2;           /* (max_tokens, inter) */
+    float *cs, *sn;            /* (n_ropes, max_tokens, max_half) */
+    int max_half;
+    float *logits;             /* (logits_rows, vocab), grown */
+    int logits_rows;
+    int32_t *ints;             /* device twin of h_ints */
+    size_t ints_cap;
+    /* host staging */
+    int32_t *h_ints;           /* owned, ints_cap */
+    float *h_cs, *h_sn;        /* owned, like cs / sn */
+    int *h_pos;                /* owned [max_tokens] */
+};
+
+static loom_status g_alloc(loom_cuda_model *g, void **d, size_t n) {
+    if (g->n_allocs == g->cap_allocs) {
+        int cap = g->cap_allocs ? 2 * g->cap_allocs : 64;
+        void **na = (void **)realloc(g->allocs, sizeof *na * (size_t)cap);
+        if (!na) return loom_err(LOOM_ERR_NOMEM, "out of memory");
+        g->allocs = na;
+        g->cap_allocs = cap;
+    }
+    loom_status st = loom_cuda_alloc(g->c, d, n ? n : 16);
+    if (st == LOOM_OK) g->allocs[g->n_allocs++] = *d;
+    return st;
+}
+
+static loom_status g_upload(loom_cuda_model *g, const void **d, const void *src, size_t n) {
+    void *p;
+    loom_status st = g_alloc(g, &p, n);
+    if (st == LOOM_OK) st = loom_cuda_upload(g->c, p, src, n);
+    *d = p;
+    return st;
+}
+
+static loom_status up_vec(loom_cuda_model *g, const float **d, const float *v, int n) {
+    *d = NULL;
+    if (!v) return LOOM_OK;
+    return g_upload(g, (const void **)d, v, (size_t)n * sizeof(float));
+}
+
+static loom_status up_weight(loom_cuda_model *g, dweight *dw, const loom_weight *w,
+                             const char *what) {
+    memset(dw, 0, sizeof *dw);
+    dw->rows = w->rows;
+    dw->cols = w->cols;
+    size_t n = (size_t)w->rows * w->cols;
+    switch (w->dtype) {
+    case LOOM_DT_F32: dw->dt = LOOM_CUDA_F32; return g_upload(g, &dw->d, w->data, n * 4);
+    case LOOM_DT_F16: dw->dt = LOOM_CUDA_F16; return g_upload(g, &dw->d, w->data, n * 2);
+    case LOOM_DT_BF16: dw->dt = LOOM_CUDA_BF16; return g_upload(g, &dw->d, w->data, n * 2);
+    case LOOM_DT_U32: {
+        const loom_qmat *q = &w->q;
+        size_t ng = (size_t)w->rows * (q->n / q->group);
+        dw->quant = 1;
+        dw->qm.rows = w->rows;
+        dw->qm.cols = q->n;
+        dw->qm.bits = q->bits;
+        dw->qm.group = q->group;
+        dw->qm.f16 = q->f16;
+        loom_status st = g_upload(g, (const void **)&dw->qm.d_w, q->w,
+                                  (size_t)w->rows * q->n * q->bits / 32 * 4);
+        if (st == LOOM_OK) st = g_upload(g, (const void **)&dw->qm.d_scales, q->scales, ng * 2);
+        if (st == LOOM_OK) st = g_upload(g, (const void **)&dw->qm.d_biases, q->biases, ng * 2);
+        return st;
+    }
+    default:
+        return loom_err(LOOM_ERR_UNSUPPORTED, "cuda forward: weight %s has dtype %d (expected "
+                        "F32, F16, BF16 or MLX-quantized U32)", what, (int)w->dtype);
+    }
+}
+
+/* y (T, w->rows) = x (T, w->cols) @ w^T (+ bias). */
+static loom_status linear(loom_cuda_model *g, float *y, const float *x, const dweight *w,
+                          const float *bias, int T) {
+    loom_status st = w->quant ? loom_cuda_matmul_q(g->c, y, x, &w->qm, T)
+                              : loom_cuda_gemm(g->c, y, x, w->d, w->dt, T, w->rows, w->cols);
+    if (st != LOOM_OK || !bias) return st;
+    size_t total = (size_t)T * w->rows;
+    fw_add_bias<<<loom_cuda_blocks(total, 256), 256, 0, g->c->stream>>>(y, bias, total, w->rows);
+    LAUNCH_CHECK();
+    return LOOM_OK;
+}
+
+extern "C" void loom_cuda_model_free(loom_cuda_model *g) {
+    if (!g) return;
+    if (g->c) loom_cuda_sync(g->c);
+    for (int i = 0; i < g->n_allocs; i++) loom_cuda_release(g->c, g->allocs[i]);
+    free(g->allocs);
+    free(g->layers);
+    free(g->h_ints);
+    free(g->h_cs);
+    free(g->h_sn);
+    free(g->h_pos);
+    free(g);
+}
+
+/* The features this forward implements; anything else is refused. */
+static loom_status check_model(const loom_model *m) {
+    const loom_config *c = &m->cfg;
+    unsigned bad = LOOM_ARCH_SANDWICH | LOOM_ARCH_V_NORM | LOOM_ARCH_ATTN_GATE | LOOM_ARCH_MOE |
+                   LOOM_ARCH_LINEAR | LOOM_ARCH_LINEAR_FUSED | LOOM_ARCH_PLE |
+                   LOOM_ARCH_LAYER_SCALAR | LOOM_ARCH_MOE_BESIDE;
+    if (m->arch->flags & bad)
+        return loom_err(LOOM_ERR_UNSUPPORTED, "cuda forward: %s needs features beyond the dense "
+                        "decoder (flags 0x%x)", m->arch->name, m->arch->flags & bad);
+    if (m->has_ple || m->n_linear > 0 || c->n_experts > 0)
+        return loom_err(LOOM_ERR_UNSUPPORTED, "cuda forward: %s has per-layer inputs, linear "
+                        "attention or experts", m->arch->name);
+    for (int l = 0; l < c->n_layers; l++) {
+        const loom_layer *L = &m->layers[l];
+        if (L->kind == LOOM_LAYER_LINEAR || L->is_moe || L->moe_beside || L->post_attn_norm ||
+            L->post_ffn_norm || L->attn.k_eq_v || L->attn.kv_layer != l || L->out_scale != 1.0f)
+            return loom_err(LOOM_ERR_UNSUPPORTED, "cuda forward: layer %d is not a plain "
+                            "attention + MLP layer", l);
+    }
+    return LOOM_OK;
+}
+
+extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
+                                              const struct loom_kv_pool *kv, int max_tokens,
+                                              int max_ctx, loom_cuda_model **out) {
+    *out = NULL;
+    loom_status st = check_model(m);
+    if (st != LOOM_OK) return st;
+    const loom_config *cf = &m->cfg;
+    if (kv->type != LOOM_KV_F32 && kv->type != LOOM_KV_F16 && kv->type != LOOM_KV_BF16)
+        return loom_err(LOOM_ERR_UNSUPPORTED, "cuda forward: KV type %s (expected f32, f16 or bf16)",
+                        loom_kv_type_name(kv->type));
+    if (kv->kv_dim < m->kv_dim || kv->n_layers < cf->n_layers || max_tokens <= 0 || max_ctx <= 0)
+        return loom_err(LOOM_ERR_INVALID_ARG, "cuda forward: KV pool has %d layers of width %d, "
+                        "model needs %d of width %d; max_tokens %d, max_ctx %d", kv->n_layers,
+                        kv->kv_dim, cf->n_layers, m->kv_dim, max_tokens, max_ctx);
+    loom_cuda_model *g = (loom_cuda_model *)calloc(1, sizeof *g);
+    if (!g) return loom_err(LOOM_ERR_NOMEM, "out of memory");
+    g->c = c;
+    g->m = m;
+    g->max_tokens = max_tokens;
+    g->max_ctx = max_ctx;
+    int H = cf->hidden_size, L = cf->n_layers;
+    g->layers = (dlayer *)calloc((size_t)L, sizeof *g->layers);
+    if (!g->layers) st = loom_err(LOOM_ERR_NOMEM, "out of memory");
+    if (st == LOOM_OK) st = up_weight(g, &g->embed, &m->embed, "embed_tokens");
+    if (st == LOOM_OK) {
+        if (m->lm_head.data == m->embed.data && m->lm_head.dtype == m->embed.dtype) g->lm_head = g->embed;
+        else st = up_weight(g, &g->lm_head, &m->lm_head, "lm_head");
+    }
+    if (st == LOOM_OK) st = up_vec(g, &g->final_norm, m->final_norm, H);
+    for (int l = 0; l < L && st == LOOM_OK; l++) {
+        const loom_layer *S = &m->layers[l];
+        const loom_attn *A = &S->attn;
+        dlayer *D = &g->layers[l];
+        int qd = A->wq.rows, kvd = A->wk.rows, hd = A->head_dim;
+        if (st == LOOM_OK) st = up_weight(g, &D->wq, &A->wq, "q_proj");
+        if (st == LOOM_OK) st = up_weight(g, &D->wk, &A->wk, "k_proj");
+        if (st == LOOM_OK) st = up_weight(g, &D->wv, &A->wv, "v_proj");
+        if (st == LOOM_OK) st = up_weight(g, &D->wo, &A->wo, "o_proj");
+        if (st == LOOM_OK) st = up_weight(g, &D->gate, &S->mlp.gate, "gate_proj");
+        if (st == LOOM_OK) st = up_weight(g, &D->up, &S->mlp.up, "up_proj");
+        if (st == LOOM_OK) st = up_weight(g, &D->down, &S->mlp.down, "down_proj");
+        if (st == LOOM_OK) st = up_vec(g, &D->attn_norm, S->attn_norm, H);
+        if (st == LOOM_OK) st = up_vec(g, &D->ffn_norm, S->ffn_norm, H);
+        if (st == LOOM_OK) st = up_vec(g, &D->q_norm, A->q_norm, hd);
+        if (st == LOOM_OK) st = up_vec(g, &D->k_norm, A->k_norm, hd);
+        if (st == LOOM_OK) st = up_vec(g, &D->bq, A->bq, qd);
+        if (st == LOOM_OK) st = up_vec(g, &D->bk, A->bk, kvd);
+        if (st == LOOM_OK) st = up_vec(g, &D->bv, A->bv, kvd);
+        if (st == LOOM_OK) st = up_vec(g, &D->bo, A->bo, H);
+    }
+    /* device KV pool, the host pool's layout */
+    g->kv_blocks = kv->n_blocks;
+    g->kv_bs = kv->block_size;
+    g->kv_row_bytes = kv->row_bytes;
+    g->kv_dt = kv->type == LOOM_KV_F16 ? LOOM_CUDA_F16 : kv->type == LOOM_KV_BF16 ? LOOM_CUDA_BF16
+                                                                                 : LOOM_CUDA_F32;
+    size_t kv_bytes = (size_t)kv->n_layers * kv->n_blocks * kv->block_size * kv->row_bytes;
+    if (st == LOOM_OK) st = g_alloc(g, &g->kv_k, kv_bytes);
+    if (st == LOOM_OK) st = g_alloc(g, &g->kv_v, kv_bytes);
+    /* activations */
+    size_t T = (size_t)max_tokens, qd = (size_t)cf->n_heads * LOOM_MAX_I(m->max_head_dim, 1);
+    size_t kvd = (size_t)m->kv_dim, I = (size_t)LOOM_MAX_I(m->max_inter, 1);
+    g->max_half = 1;
+    for (int i = 0; i < m->n_ropes; i++) g->max_half = LOOM_MAX_I(g->max_half, m->ropes[i].rot_dim / 2);
+    size_t rope_n = (size_t)LOOM_MAX_ROPES * T * g->max_half;
+    if (st == LOOM_OK) st = g_alloc(g, (void **)&g->x, T * H * 4);
+    if (st == LOOM_OK) st = g_alloc(g, (void **)&g->xb, T * H * 4);
+    if (st == LOOM_OK) st = g_alloc(g, (void **)&g->q, T * qd * 4);
+    if (st == LOOM_OK) st = g_alloc(g, (void **)&g->att, T * qd * 4);
+    if (st == LOOM_OK) st = g_alloc(g, (void **)&g->k, T * kvd * 4);
+    if (st == LOOM_OK) st = g_alloc(g, (void **)&g->v, T * kvd * 4);
+    if (st == LOOM_OK) st = g_alloc(g, (void **)&g->hb, T * I * 4);
+    if (st == LOOM_OK) st = g_alloc(g, (void **)&g->hb2, T * I * 4);
+    if (st == LOOM_OK) st = g_alloc(g, (void **)&g->cs, rope_n * 4);
+    if (st == LOOM_OK) st = g_alloc(g, (void **)&g->sn, rope_n * 4);
+    /* ints: tokens, slots, sel [T each], row_tok [T + 1], row_pos, lens [T
+     * each], then block tables (rows, stride) with stride <= ceil(max_ctx / bs) */
+    size_t tstride_max = (size_t)(max_ctx + kv->block_size - 1) / kv->block_size;
+    g->ints_cap = 6 * T + 1 + T * tstride_max;
+    if (st == LOOM_OK) st = g_alloc(g, (void **)&g->ints, g->ints_cap * 4);
+    if (st == LOOM_OK) {
+        g->h_ints = (int32_t *)malloc(g->ints_cap * 4);
+        g->h_cs = (float *)calloc(rope_n, 4);
+        g->h_sn = (float *)calloc(rope_n, 4);
+        g->h_pos = (int *)malloc(T * sizeof(int));
+        if (!g->h_ints || !g->h_cs || !g->h_sn || !g->h_pos)
+            st = loom_err(LOOM_ERR_NOMEM, "cuda forward: out of host memory");
+    }
+    if (st != LOOM_OK) {
+        loom_cuda_model_free(g);
+        return st;
+    }
+    *out = g;
+    return LOOM_OK;
+}
+
+static loom_status check_rows(const loom_cuda_model *g, const loom_kv_pool *kv,
+                              const loom_fwd_row *rows, int n_rows, int *total) {
+    const loom_model *m = g->m;
+    if (kv->n_blocks != g->kv_blocks || kv->block_size != g->kv_bs || kv->row_bytes != g->kv_row_bytes)
+        return loom_err(LOOM_ERR_INVALID_ARG, "cuda forward: KV pool differs from the one the "
+                        "model was created with");
+    int T = 0;
+    for (int r = 0; r < n_rows; r++) {
+        const loom_fwd_row *row = &rows[r];
+        if (row->n <= 0 || !row->tokens || !row->seq)
+            return loom_err(LOOM_ERR_INVALID_ARG, "forward: row %d has no tokens", r);
+        for (int i = 0; i < row->n; i++)
+            if (row->tokens[i] < 0 || row->tokens[i] >= m->cfg.vocab_size)
+                return loom_err(LOOM_ERR_RANGE, "token id %d at index %d is out of range "
+                                "(vocabulary has %d tokens: 0..%d)", row->tokens[i], i,
+                                m->cfg.vocab_size, m->cfg.vocab_size - 1);
+        int end = row->seq->n_tokens + row->n;
+        if (end > g->max_ctx)
+            return loom_err(LOOM_ERR_RANGE, "forward: sequence would hold %d tokens, limit %d",
+                            end, g->max_ctx);
+        if ((end + kv->block_size - 1) / kv->block_size > row->seq->n_blocks)
+            return loom_err(LOOM_ERR_INTERNAL, "forward: row %d has no KV blocks reserved", r);
+        if (row->logits != LOOM_LOGITS_NONE && !row->out)
+            return loom_err(LOOM_ERR_INVALID_ARG, "forward: row %d wants logits but has no buffer", r);
+        if (row->state)
+            return loom_err(LOOM_ERR_INVALID_ARG, "forward: row %d carries a recurrent state", r);
+        for (int j = 0; j < r; j++)
+            if (rows[j].seq == row->seq)
+                return loom_err(LOOM_ERR_INVALID_ARG, "forward: rows %d and %d extend the same "
+                                "sequence", j, r);
+        T += row->n;
+    }
+    if (T > g->max_tokens)
+        return loom_err(LOOM_ERR_INVALID_ARG, "forward: %d tokens in one batch, limit %d", T,
+                        g->max_tokens);
+    *total = T;
+    return LOOM_OK;
+}
+
+extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_pool *kv,
+                                         loom_fwd_row *rows, int n_rows) {
+    const loom_model *m = g->m;
+    const loom_config *cf = &m->cfg;
+    loom_cuda *c = g->c;
+    int T = 0;
+    if (n_rows <= 0) return LOOM_OK;
+    loom_status st = check_rows(g, kv, rows, n_rows, &T);
+    if (st != LOOM_OK) return st;
+    int H = cf->hidden_size, V = cf->vocab_size, nh = cf->n_heads, bs = kv->block_size;
+
+    /* Host side of the step: ids, KV slots, rows, tables, rope tables. */
+    int tstride = 1, max_new = 0, max_len = 0, n_sel = 0, decode = 1;
+    for (int r = 0; r < n_rows; r++) {
+        int end = rows[r].seq->n_tokens + rows[r].n;
+        tstride = LOOM_MAX_I(tstride, (end + bs - 1) / bs);
+        max_new = LOOM_MAX_I(max_new, rows[r].n);
+        max_len = LOOM_MAX_I(max_len, end);
+        n_sel += rows[r].logits == LOOM_LOGITS_ALL ? rows[r].n : rows[r].logits ? 1 : 0;
+        decode &= rows[r].n == 1;
+    }
+    int32_t *h_tok = g->h_ints, *h_slot = h_tok + T, *h_sel = h_slot + T;
+    int32_t *h_rtok = h_sel + T, *h_rpos = h_rtok + n_rows + 1, *h_lens = h_rpos + n_rows;
+    int32_t *h_tab = h_lens + n_rows;
+    size_t n_ints = (size_t)(h_tab - g->h_ints) + (size_t)n_rows * tstride;
+    for (int r = 0, t = 0, j = 0; r < n_rows; r++) {
+        const loom_kv_seq *seq = rows[r].seq;
+        h_rtok[r] = t;
+        h_rpos[r] = seq->n_tokens;
+        h_lens[r] = seq->n_tokens + rows[r].n;
+        for (int b = 0; b < tstride; b++)
+            h_tab[(size_t)r * tstride + b] = b < seq->n_blocks ? seq->blocks[b] : -1;
+        for (int i = 0; i < rows[r].n; i++, t++) {
+            int pos = seq->n_tokens + i;
+            h_tok[t] = rows[r].tokens[i];
+            h_slot[t] = seq->blocks[pos / bs] * bs + pos % bs;
+            g->h_pos[t] = pos;
+            if (rows[r].logits == LOOM_LOGITS_ALL || (rows[r].logits == LOOM_LOGITS_LAST && i == rows[r].n - 1))
+                h_sel[j++] = t;
+        }
+        h_rtok[r + 1] = t;
+    }
+    for (int i = 0; i < m->n_ropes; i++)
+        loom_cuda_rope_table(g->h_cs + (size_t)i * g->max_tokens * g->max_half,
+                             g->h_sn + (size_t)i * g->max_tokens * g->max_half, g->max_half,
+                             g->h_pos, T, m->ropes[i].inv_freq, m->ropes[i].rot_dim,
+                             m->ropes[i].scale);
+    int32_t *d_tok = g->ints, *d_slot = d_tok + T, *d_sel = d_slot + T, *d_rtok = d_sel + T;
+    int32_t *d_rpos = d_rtok + n_rows + 1, *d_lens = d_rpos + n_rows, *d_tab = d_lens + n_rows;
+    CUDA_CHECK(cudaMemcpyAsync(g->ints, g->h_ints, n_ints * 4, cudaMemcpyHostToDevice, c->stream));
+    for (int i = 0; i < m->n_ropes; i++) {
+        size_t off = (size_t)i * g->max_tokens * g->max_half, n = (size_t)T * g->max_half * 4;
+        CUDA_CHECK(cudaMemcpyAsync(g->cs + off, g->h_cs + off, n, cudaMemcpyHostToDevice, c->stream));
+        CUDA_CHECK(cudaMemcpyAsync(g->sn + off, g->h_sn + off, n, cudaMemcpyHostToDevice, c->stream));
+    }
+    /* The host buffers are rewritten next step: wait for the copies
+     * (pageable memory; pinned staging would let this overlap). */
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+
+#define TRY(call)                                  \
+    do {                                           \
+        loom_status s_ = (call);                   \
+        if (s_ != LOOM_OK) return s_;              \
+    } while (0)
+
+    /* embed */
+    if (g->embed.quant) {
+        const loom_cuda_qmat *q = &g->embed.qm;
+        dim3 grid(LOOM_MIN_U(loom_cuda_blocks((size_t)H, 256), 64u), (unsigned)T);
+        fw_embed_q<<<grid, 256, 0, c->stream>>>(g->x, q->d_w, q->d_scales, q->d_biases, q->cols,
+                                                q->bits, q->group, q->f16, d_tok, m->embed_scale);
+        LAUNCH_CHECK();
+    } else {
+        TRY(loom_cuda_embed(c, g->x, g->embed.d, g->embed.dt, H, d_tok, T, m->embed_scale));
+    }
+
+    float eps = (float)cf->rms_eps;
+    size_t TH = (size_t)T * H;
+    for (int l = 0; l < cf->n_layers; l++) {
+        const loom_layer *S = &m->layers[l];
+        const loom_attn *A = &S->attn;
+        const dlayer *D = &g->layers[l];
+        int hd = A->head_dim, nkv = A->n_kv_heads, kvd = nkv * hd;
+        const loom_rope *R = &m->ropes[A->rope];
+        TRY(loom_cuda_rmsnorm(c, g->xb, g->x, D->attn_norm, T, H, eps, 0));
+        TRY(linear(g, g->q, g->xb, &D->wq, D->bq, T));
+        TRY(linear(g, g->k, g->xb, &D->wk, D->bk, T));
+        TRY(linear(g, g->v, g->xb, &D->wv, D->bv, T));
+        if (D->q_norm) TRY(loom_cuda_rmsnorm(c, g->q, g->q, D->q_norm, T * nh, hd, eps, 0));
+        if (D->k_norm) TRY(loom_cuda_rmsnorm(c, g->k, g->k, D->k_norm, T * nkv, hd, eps, 0));
+        size_t roff = (size_t)A->rope * g->max_tokens * g->max_half;
+        TRY(loom_cuda_rope(c, g->q, T, nh, hd, R->rot_dim, g->cs + roff, g->sn + roff, g->max_half));
+        TRY(loom_cuda_rope(c, g->k, T, nkv, hd, R->rot_dim, g->cs + roff, g->sn + roff, g->max_half));
+        size_t layer_off = (size_t)l * g->kv_blocks * g->kv_bs * g->kv_row_bytes;
+        size_t esz = g->kv_dt == LOOM_CUDA_F32 ? 4 : 2;
+        char *pk = (char *)g->kv_k + layer_off, *pv = (char *)g->kv_v + layer_off;
+        {
+            dim3 grid(LOOM_MIN_U(loom_cuda_blocks((size_t)kvd, 256), 16u), (unsigned)T);
+            fw_kv_store<<<grid, 256, 0, c->stream>>>(pk, pv, (int)g->kv_dt, g->kv_row_bytes / esz,
+                                                     g->k, g->v, d_slot, kvd);
+            LAUNCH_CHECK();
+        }
+        loom_cuda_kv dkv = {pk, pv, g->kv_dt, bs, g->kv_row_bytes / esz};
+        loom_cuda_attn at = {nh, nkv, hd, A->scale, (float)cf->attn_softcap, A->window};
+        if (decode)
+            TRY(loom_cuda_attn_decode(c, g->att, g->q, &dkv, &at, d_tab, tstride, d_lens, n_rows,
+                                      max_len));
+        else
+            TRY(loom_cuda_attn_prefill(c, g->att, g->q, &dkv, &at, d_tab, tstride, d_rtok, d_rpos,
+                                       n_rows, max_new));
+        TRY(linear(g, g->xb, g->att, &D->wo, D->bo, T));
+        fw_add<<<loom_cuda_blocks(TH, 256), 256, 0, c->stream>>>(g->x, g->xb, TH);
+        LAUNCH_CHECK();
+        TRY(loom_cuda_rmsnorm(c, g->xb, g->x, D->ffn_norm, T, H, eps, 0));
+        TRY(linear(g, g->hb, g->xb, &D->gate, NULL, T));
+        TRY(linear(g, g->hb2, g->xb, &D->up, NULL, T));
+        size_t TI = (size_t)T * D->gate.rows;
+        if (m->act == LOOM_ACT_GELU_TANH) TRY(loom_cuda_gelu_tanh_mul(c, g->hb, g->hb2, TI));
+        else TRY(loom_cuda_silu_mul(c, g->hb, g->hb2, TI));
+        TRY(linear(g, g->xb, g->hb, &D->down, NULL, T));
+        fw_add<<<loom_cuda_blocks(TH, 256), 256, 0, c->stream>>>(g->x, g->xb, TH);
+        LAUNCH_CHECK();
+    }
+
+    if (n_sel > 0) {
+        if (n_sel > g->logits_rows) {
+            CUDA_CHECK(cudaStreamSynchronize(c->stream));
+            if (g->logits) {
+                for (int i = 0; i < g->n_allocs; i++)
+                    if (g->allocs[i] == g->logits) g->allocs[i] = g->allocs[--g->n_allocs];
+                loom_cuda_release(c, g->logits);
+                g->logits = NULL;
+                g->logits_rows = 0;
+            }
+            TRY(g_alloc(g, (void **)&g->logits, (size_t)n_sel * V * 4));
+            g->logits_rows = n_sel;
+        }
+        dim3 grid(LOOM_MIN_U(loom_cuda_blocks((size_t)H, 256), 64u), (unsigned)n_sel);
+        fw_gather<<<grid, 256, 0, c->stream>>>(g->xb, g->x, d_sel, H);
+        LAUNCH_CHECK();
+        TRY(loom_cuda_rmsnorm(c, g->xb, g->xb, g->final_norm, n_sel, H, eps, 0));
+        TRY(linear(g, g->logits, g->xb, &g->lm_head, NULL, n_sel));
+        size_t NV = (size_t)n_sel * V;
+        if (cf->final_softcap > 0) {
+            fw_softcap<<<loom_cuda_blocks(NV, 256), 256, 0, c->stream>>>(g->logits, NV,
+                                                                        (float)cf->final_softcap);
+            LAUNCH_CHECK();
+        }
+        for (int r = 0, j = 0; r < n_rows; r++) {
+            int cnt = rows[r].logits == LOOM_LOGITS_ALL ? rows[r].n : rows[r].logits ? 1 : 0;
+            if (cnt)
+                CUDA_CHECK(cudaMemcpyAsync(rows[r].out, g->logits + (size_t)j * V,
+                                           (size_t)cnt * V * 4, cudaMemcpyDeviceToHost, c->stream));
+            j += cnt;
+        }
+    }
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+#undef TRY
+    for (int r = 0; r < n_rows; r++) rows[r].seq->n_tokens += rows[r].n;
+    return LOOM_OK;
+}
