@@ -22,8 +22,13 @@
 #include <string.h>
 
 #include "cuda/cuda_int.cuh"
+
+/* The model headers are C without extern "C" guards of their own. */
+extern "C" {
+#include "engine/kv.h"
 #include "model/forward.h"
 #include "model/model.h"
+}
 
 /* ---- small kernels ------------------------------------------------------ */
 
