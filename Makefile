@@ -50,7 +50,7 @@ CU_HDR   := $(wildcard src/cuda/*.h src/cuda/*.cuh) include/loom.h
 CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/cuda/%.o)
 LIB_OBJ  += $(CU_OBJ)
 LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
-CUDA_TESTS := $(BUILD)/cuda-tests/test_cuda_kernels
+CUDA_TESTS := $(BUILD)/cuda-tests/test_cuda_kernels $(BUILD)/cuda-tests/test_cuda_forward
 endif
 
 .PHONY: all test tests tools clean

@@ -1,7 +1,8 @@
 #!/bin/sh
 # cuda_check: builds loom with the CUDA backend (make CUDA=1) and runs the
-# GPU kernel tests (tests/cuda/test_cuda_kernels.c), printing one PASS/FAIL
-# line per kernel case with its largest error. Run from anywhere on a
+# GPU tests: tests/cuda/test_cuda_kernels.c (one PASS/FAIL line per kernel
+# case with its largest error) and tests/cuda/test_cuda_forward.c (GPU
+# forward vs CPU forward logits on the tiny fixture models). Run from anywhere on a
 # machine with an NVIDIA GPU and the CUDA toolkit:
 #   sh tools/cuda_check.sh
 # Environment: CUDA_HOME (default /usr/local/cuda, else where nvcc is),
@@ -97,6 +98,15 @@ echo "build ok"
 echo "== kernel tests"
 "$bin"
 rc=$?
+# The forward test loads the tiny fixture models, so it needs the whole
+# library (the make build); the minimal build skips it.
+fwd="$BUILD/cuda-tests/test_cuda_forward"
+if [ -z "$missing" ] && [ -x "$fwd" ]; then
+  echo "== forward tests (GPU vs CPU logits on tests/fixtures/models)"
+  "$fwd" || rc=1
+else
+  echo "== forward tests skipped (minimal build)"
+fi
 if [ "${CUDA_CHECK_SANITIZE:-0}" = 1 ]; then
   echo "== compute-sanitizer (memcheck)"
   if [ -x "$CUDA_HOME/bin/compute-sanitizer" ]; then

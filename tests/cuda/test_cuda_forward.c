@@ -1,0 +1,165 @@
+/* test_cuda_forward: loom_cuda_forward against loom_forward (the CPU
+ * reference) on the tiny dense fixtures: a two-row prefill, decode steps,
+ * and a step mixing a decode row with a prefill chunk, for f32 and f16 KV.
+ * Needs a GPU; run by tools/cuda_check.sh. One PASS/FAIL line per step:
+ * err = max |gpu - cpu| / max |cpu| over the step's logits, and how many
+ * of the logit rows agree on the argmax. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../test.h"
+#include "cuda/cuda.h"
+#include "engine/kv.h"
+#include "model/forward.h"
+#include "model/model.h"
+#include "ops/ops.h"
+
+static loom_cuda *C;
+static int n_pass, n_fail;
+
+/* Rounding x to 16 bits before the GPU's GEMMs costs about this much. */
+static double tolerance(const loom_model *m) {
+    int dt = m->layers[0].attn.wq.dtype;
+    if (dt == LOOM_DT_BF16 || m->lm_head.dtype == LOOM_DT_BF16) return 5e-2;
+    if (dt == LOOM_DT_F16 || m->lm_head.dtype == LOOM_DT_F16) return 1e-2;
+    return 2e-3;
+}
+
+static void compare(const char *fixture, const char *kvn, const char *step, const float *g,
+                    const float *c, int n_rows, int V, double tol) {
+    double e = 0, mx = 0;
+    int agree = 0;
+    for (size_t i = 0; i < (size_t)n_rows * V; i++) {
+        double d = fabs((double)g[i] - c[i]);
+        if (d > e || d != d) e = d;
+        if (fabs(c[i]) > mx) mx = fabs(c[i]);
+    }
+    for (int r = 0; r < n_rows; r++)
+        agree += loom_argmax(g + (size_t)r * V, V) == loom_argmax(c + (size_t)r * V, V);
+    double rel = mx > 0 ? e / mx : e;
+    int ok = rel <= tol && rel == rel;
+    printf("%s  forward %-18s kv=%-3s %-28s err=%.3g (tol %.0e) argmax %d/%d\n", ok ? "PASS" : "FAIL",
+           fixture, kvn, step, rel, tol, agree, n_rows);
+    fflush(stdout);
+    if (ok) n_pass++;
+    else n_fail++;
+}
+
+typedef struct side {
+    loom_kv_pool *kv;
+    loom_kv_seq a, b;
+} side;
+
+static void run_fixture(const char *fixture, loom_kv_type kvt) {
+    char dir[256];
+    snprintf(dir, sizeof dir, "tests/fixtures/models/%s", fixture);
+    const char *kvn = loom_kv_type_name(kvt);
+    loom_model *m = NULL;
+    if (loom_model_load(dir, NULL, &m) != LOOM_OK) {
+        printf("FAIL  forward %-18s load: %s\n", fixture, loom_last_error());
+        n_fail++;
+        return;
+    }
+    int V = loom_model_vocab_size(m), max_tokens = 128, max_ctx = 256;
+    double tol = tolerance(m);
+    side cpu = {0}, gpu = {0};
+    loom_fwd_state *fs = NULL;
+    loom_cuda_model *g = NULL;
+    float *lc = malloc(sizeof(float) * (size_t)max_tokens * V);
+    float *lg = malloc(sizeof(float) * (size_t)max_tokens * V);
+    loom_status st = loom_kv_pool_create(m->cfg.n_layers, loom_model_kv_dim(m), 16, 64, kvt, &cpu.kv);
+    if (st == LOOM_OK)
+        st = loom_kv_pool_create(m->cfg.n_layers, loom_model_kv_dim(m), 16, 64, kvt, &gpu.kv);
+    if (st == LOOM_OK) st = loom_fwd_state_create(m, max_tokens, max_ctx, &fs);
+    if (st == LOOM_OK) st = loom_cuda_model_create(C, m, gpu.kv, max_tokens, max_ctx, &g);
+    if (st != LOOM_OK) {
+        printf("FAIL  forward %-18s kv=%-3s setup %s: %s\n", fixture, kvn, loom_status_str(st),
+               loom_last_error());
+        n_fail++;
+        goto out;
+    }
+    unsigned long long rng = 0x1234567ull;
+    int32_t ta[80], tb[80];
+    for (int i = 0; i < 80; i++) {
+        ta[i] = (int32_t)(test_rand_u32(&rng) % (unsigned)V);
+        tb[i] = (int32_t)(test_rand_u32(&rng) % (unsigned)V);
+    }
+    side *sides[2] = {&cpu, &gpu};
+    for (int s = 0; s < 2; s++) {
+        loom_kv_seq_reserve(sides[s]->kv, &sides[s]->a, 80);
+        loom_kv_seq_reserve(sides[s]->kv, &sides[s]->b, 80);
+    }
+    /* step 1: prefill 45 + 20 tokens, all logits */
+    int na = 45, nb = 20;
+    for (int s = 0; s < 2; s++) {
+        float *out = s ? lg : lc;
+        loom_fwd_row rows[2] = {{ta, na, &sides[s]->a, LOOM_LOGITS_ALL, out, NULL},
+                                {tb, nb, &sides[s]->b, LOOM_LOGITS_ALL, out + (size_t)na * V, NULL}};
+        st = s ? loom_cuda_forward(g, gpu.kv, rows, 2) : loom_forward(m, fs, cpu.kv, rows, 2);
+        if (st != LOOM_OK) goto fail;
+    }
+    compare(fixture, kvn, "prefill 45+20", lg, lc, na + nb, V, tol);
+    /* steps 2-4: decode both rows (the CPU's greedy tokens) */
+    for (int k = 0; k < 3; k++) {
+        char what[64];
+        snprintf(what, sizeof what, "decode %d (pos %d, %d)", k + 1, na, nb);
+        for (int s = 0; s < 2; s++) {
+            float *out = s ? lg : lc;
+            loom_fwd_row rows[2] = {{ta + na, 1, &sides[s]->a, LOOM_LOGITS_LAST, out, NULL},
+                                    {tb + nb, 1, &sides[s]->b, LOOM_LOGITS_LAST, out + V, NULL}};
+            st = s ? loom_cuda_forward(g, gpu.kv, rows, 2) : loom_forward(m, fs, cpu.kv, rows, 2);
+            if (st != LOOM_OK) goto fail;
+        }
+        compare(fixture, kvn, what, lg, lc, 2, V, tol);
+        na++, nb++;
+    }
+    /* step 5: a decode row beside a prefill chunk of 9 */
+    for (int s = 0; s < 2; s++) {
+        float *out = s ? lg : lc;
+        loom_fwd_row rows[2] = {{ta + na, 1, &sides[s]->a, LOOM_LOGITS_LAST, out, NULL},
+                                {tb + nb, 9, &sides[s]->b, LOOM_LOGITS_ALL, out + V, NULL}};
+        st = s ? loom_cuda_forward(g, gpu.kv, rows, 2) : loom_forward(m, fs, cpu.kv, rows, 2);
+        if (st != LOOM_OK) goto fail;
+    }
+    compare(fixture, kvn, "mixed 1 + chunk 9", lg, lc, 10, V, tol);
+    goto out;
+fail:
+    printf("FAIL  forward %-18s kv=%-3s %s: %s\n", fixture, kvn, loom_status_str(st),
+           loom_last_error());
+    n_fail++;
+out:
+    if (cpu.kv) {
+        loom_kv_seq_release(cpu.kv, &cpu.a);
+        loom_kv_seq_release(cpu.kv, &cpu.b);
+    }
+    if (gpu.kv) {
+        loom_kv_seq_release(gpu.kv, &gpu.a);
+        loom_kv_seq_release(gpu.kv, &gpu.b);
+    }
+    loom_cuda_model_free(g);
+    loom_fwd_state_free(fs);
+    loom_kv_pool_free(cpu.kv);
+    loom_kv_pool_free(gpu.kv);
+    loom_model_free(m);
+    free(lc);
+    free(lg);
+}
+
+int main(void) {
+    loom_status st = loom_cuda_create(0, &C);
+    if (st != LOOM_OK) {
+        printf("FAIL  cuda_create  %s: %s\n", loom_status_str(st), loom_last_error());
+        return 1;
+    }
+    static const char *fixtures[] = {"llama3-tiny", "qwen2-tiny", "qwen3-tiny", "mistral-tiny-swa",
+                                     "qwen3-tiny-mlx4", "qwen3-tiny-mlx8"};
+    for (size_t i = 0; i < sizeof fixtures / sizeof fixtures[0]; i++) {
+        run_fixture(fixtures[i], LOOM_KV_F32);
+        run_fixture(fixtures[i], LOOM_KV_F16);
+    }
+    loom_cuda_free(C);
+    printf("cuda forward: %d passed, %d failed\n", n_pass, n_fail);
+    return n_fail ? 1 : 0;
+}
