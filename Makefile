@@ -106,7 +106,7 @@ $(BUILD)/fuzz/%: fuzz/%.c $(FUZZ_SRC) $(LIB)
 ifeq ($(CUDA),1)
 $(BUILD)/cuda/%.o: %.cu $(CU_HDR)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@
 
 $(BUILD)/cuda-tests/%: tests/cuda/%.c $(LIB) tests/test.h $(CU_HDR)
 	@mkdir -p $(dir $@)
