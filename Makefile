@@ -47,12 +47,14 @@ NVCCFLAGS ?= -O3 -lineinfo
 # host compiler's new warnings need not stop a one-off GPU check).
 CUDA_WERROR ?= -Xcompiler -Werror -Werror all-warnings
 override NVCCFLAGS += $(CUDA_ARCH) -std=c++17 -Iinclude -Isrc -Xcompiler -Wall,-Wextra $(CUDA_WERROR)
+override CFLAGS += -DLOOM_CUDA
 CU_SRC   := $(sort $(wildcard src/cuda/*.cu))
 CU_HDR   := $(wildcard src/cuda/*.h src/cuda/*.cuh) include/loom.h
 CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/cuda/%.o)
 LIB_OBJ  += $(CU_OBJ)
 LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
-CUDA_TESTS := $(BUILD)/cuda-tests/test_cuda_kernels $(BUILD)/cuda-tests/test_cuda_forward
+CUDA_TESTS := $(BUILD)/cuda-tests/test_cuda_kernels $(BUILD)/cuda-tests/test_cuda_forward \
+              $(BUILD)/cuda-tests/test_cuda_engine
 endif
 
 .PHONY: all test tests tools clean

@@ -44,6 +44,8 @@ typedef struct loom_model loom_model;
 
 typedef struct loom_model_params {
     int n_threads;        /* worker threads for the CPU backend; 0 = all cores */
+    int device;           /* -1 = CPU (default); n >= 0 = CUDA device n (dense
+                             Llama/Mistral/Qwen2/Qwen3 models, CUDA=1 builds) */
 } loom_model_params;
 
 loom_model_params loom_model_default_params(void);

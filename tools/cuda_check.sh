@@ -82,7 +82,7 @@ else
   echo "== build (minimal: the library's packages are missing; nvcc warnings not fatal here)"
   obj="$BUILD/cuda-min"
   mkdir -p "$obj" "$BUILD/cuda-tests"
-  CF="-O2 -g -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -pthread -Iinclude -Isrc -Itests/cuda/shim"
+  CF="-O2 -g -std=c11 -D_GNU_SOURCE -DLOOM_CUDA -Wall -Wextra -Werror -pthread -Iinclude -Isrc -Itests/cuda/shim"
   ok=1
   {
     for f in src/base/base.c src/engine/kv.c src/ops/ops.c src/ops/ops_ref.c src/ops/threadpool.c; do
@@ -106,6 +106,16 @@ else
       [ $fok = 1 ] && $CC $CF tests/cuda/test_cuda_forward.c "$obj"/*.o "$obj"/model/*.o \
         -L"$CUDA_HOME/lib64" -Wl,-rpath,"$CUDA_HOME/lib64" -lcublas -lcudart -lstdc++ -lcjson -lm \
         -o "$BUILD/cuda-tests/test_cuda_forward" || echo "forward test: build failed"
+      # the engine test adds the scheduler, sampling and the exec seam
+      mkdir -p "$obj/engine"
+      eok=$fok
+      for f in src/engine/*.c src/sample/*.c; do
+        [ "$f" = src/engine/kv.c ] && continue  # already in the base objects
+        $CC $CF -c "$f" -o "$obj/engine/$(basename "$f" .c).o" || eok=0
+      done
+      [ $eok = 1 ] && $CC $CF tests/cuda/test_cuda_engine.c "$obj"/*.o "$obj"/model/*.o \
+        "$obj"/engine/*.o -L"$CUDA_HOME/lib64" -Wl,-rpath,"$CUDA_HOME/lib64" -lcublas -lcudart \
+        -lstdc++ -lcjson -lm -o "$BUILD/cuda-tests/test_cuda_engine" || echo "engine test: build failed"
     fi
   } >"$log" 2>&1
   if [ $ok != 1 ]; then
@@ -127,6 +137,13 @@ if [ -x "$fwd" ]; then
   "$fwd" || rc=1
 else
   echo "== forward tests SKIPPED: not built (minimal build without cjson/cJSON.h; see $log)"
+fi
+eng="$BUILD/cuda-tests/test_cuda_engine"
+if [ -x "$eng" ]; then
+  echo "== context and engine on the device (reference logits and greedy tokens)"
+  "$eng" || rc=1
+else
+  echo "== engine tests SKIPPED: not built (see $log)"
 fi
 if [ "${CUDA_CHECK_SANITIZE:-0}" = 1 ]; then
   echo "== compute-sanitizer (memcheck)"

@@ -6,6 +6,7 @@
 
 #include "base/base.h"
 #include "engine/kv.h"
+#include "engine/exec.h"
 #include "model/forward.h"
 
 #define CTX_DEFAULT_MAX 32768
@@ -15,7 +16,7 @@ struct loom_context {
     loom_model *m;         /* borrowed */
     loom_kv_pool *kv;      /* owned */
     loom_kv_seq seq;       /* owned block table */
-    loom_fwd_state *fwd;   /* owned */
+    loom_exec *fwd;        /* owned: CPU or device forwards */
     loom_seq_state *state; /* owned; recurrent state, NULL without linear layers */
     int n_ctx, n_batch;
 };
@@ -43,7 +44,7 @@ loom_status loom_context_create(loom_model *m, const loom_context_params *params
     loom_status s = loom_kv_pool_create(cfg->n_layers, loom_model_kv_dim(m), CTX_BLOCK,
                                         (n_ctx + CTX_BLOCK - 1) / CTX_BLOCK,
                                         p.kv_type, &c->kv);
-    if (s == LOOM_OK) s = loom_fwd_state_create(m, n_batch, n_ctx, &c->fwd);
+    if (s == LOOM_OK) s = loom_exec_create(m, c->kv, n_batch, n_ctx, &c->fwd);
     if (s == LOOM_OK) s = loom_seq_state_create(m, &c->state);
     if (s != LOOM_OK) {
         loom_context_free(c);
@@ -57,7 +58,7 @@ void loom_context_free(loom_context *c) {
     if (!c) return;
     if (c->kv) loom_kv_seq_release(c->kv, &c->seq);
     loom_kv_pool_free(c->kv);
-    loom_fwd_state_free(c->fwd);
+    loom_exec_free(c->fwd);
     loom_seq_state_free(c->state);
     free(c);
 }
@@ -99,7 +100,7 @@ loom_status loom_context_eval(loom_context *c, const int32_t *tokens, int n,
             .out = logits && all_logits ? logits + (size_t)off * V : logits,
             .state = c->state,
         };
-        if ((s = loom_forward(c->m, c->fwd, c->kv, &row, 1))) return s;
+        if ((s = loom_exec_forward(c->fwd, c->kv, &row, 1))) return s;
     }
     return LOOM_OK;
 }

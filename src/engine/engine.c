@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "base/base.h"
+#include "engine/exec.h"
 #include "engine/kvdisk.h"
 #include "engine/request.h"
 #include "engine/snapshot.h"
@@ -52,7 +53,7 @@ struct loom_engine {
     int32_t eos[LOOM_MAX_EOS];
     int n_eos;
     loom_kv_pool *kv;              /* owned */
-    loom_fwd_state *fwd;           /* owned */
+    loom_exec *fwd;                /* owned: CPU or device forwards */
     float *logits;                 /* owned (max_seqs, vocab) */
     loom_fwd_row *rows;            /* owned [max_seqs] */
     loom_request **row_req;        /* owned [max_seqs] request of each row */
@@ -350,7 +351,7 @@ static int step(loom_engine *e) {
 
     uint64_t work = ++e->next_work;
     double t1 = loom_now();
-    loom_status st = loom_forward(e->m, e->fwd, e->kv, e->rows, n_rows);
+    loom_status st = loom_exec_forward(e->fwd, e->kv, e->rows, n_rows);
     double t2 = loom_now();
     e->counters.steps++;
     if (st != LOOM_OK) {
@@ -532,7 +533,9 @@ loom_status loom_engine_create(loom_model *m, const loom_engine_params *params,
                                   &e->snaps);
     if (!s && e->cache)
         s = loom_kv_cache_enable(e->kv, p.prefix_cache_bytes ? (int)LOOM_MIN(p.prefix_cache_bytes / block, (size_t)n_blocks) : 0);
-    if (!s && e->cache && p.prefix_cache_dir &&
+    if (p.prefix_cache_dir && m->device >= 0) /* the disk tier copies host KV rows */
+        loom_log(LOOM_LOG_WARN, "the prefix cache disk tier is not available on a device yet");
+    if (!s && e->cache && p.prefix_cache_dir && m->device < 0 &&
         loom_kvdisk_open(p.prefix_cache_dir, p.prefix_cache_disk_bytes, e->kv, &e->disk) != LOOM_OK) {
         loom_log(LOOM_LOG_WARN, "%s; the prefix cache stays in memory", loom_last_error());
         e->disk = NULL;
@@ -541,7 +544,7 @@ loom_status loom_engine_create(loom_model *m, const loom_engine_params *params,
     e->p.prefix_cache_dir = NULL;
     snprintf(e->ns_base, sizeof e->ns_base, "loom1|%s|L%d|H%d|V%d|kv=%s|bs=%d|", c->arch, c->n_layers,
              c->hidden_size, c->vocab_size, loom_kv_type_name(kvt), p.block_size);
-    if (!s) s = loom_fwd_state_create(m, p.max_batch_tokens, e->n_ctx, &e->fwd);
+    if (!s) s = loom_exec_create(m, e->kv, p.max_batch_tokens, e->n_ctx, &e->fwd);
     if (!s) {
         e->logits = loom_alloc(sizeof(float) * (size_t)e->max_seqs * (size_t)c->vocab_size);
         e->rows = calloc((size_t)e->max_seqs, sizeof *e->rows);
@@ -599,7 +602,7 @@ void loom_engine_free(loom_engine *e) {
     loom_kv_pool_free(e->kv);
     loom_snapshots_free(e->snaps);
     free(e->state_buf);
-    loom_fwd_state_free(e->fwd);
+    loom_exec_free(e->fwd);
     loom_free(e->logits);
     free(e->rows);
     free(e->row_req);

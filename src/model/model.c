@@ -744,7 +744,7 @@ static loom_status load(loom_model *m, const char *dir, const loom_model_params 
 }
 
 loom_model_params loom_model_default_params(void) {
-    return (loom_model_params){.n_threads = 0};
+    return (loom_model_params){.n_threads = 0, .device = -1};
 }
 
 loom_status loom_model_load(const char *dir, const loom_model_params *params,
@@ -753,6 +753,7 @@ loom_status loom_model_load(const char *dir, const loom_model_params *params,
     loom_model_params p = params ? *params : loom_model_default_params();
     loom_model *m = calloc(1, sizeof *m);
     if (!m) return loom_err(LOOM_ERR_NOMEM, "out of memory");
+    m->device = p.device < 0 ? -1 : p.device;
     loom_status s = load(m, dir, &p);
     if (s != LOOM_OK) {
         loom_err_wrap(s, "%s", dir);

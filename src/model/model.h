@@ -139,6 +139,7 @@ typedef struct loom_layer {
 
 struct loom_model {
     loom_config cfg;
+    int device;                /* -1 CPU, else the CUDA device forwards run on */
     const loom_arch *arch;
     loom_safetensors *st;      /* owned; every loom_weight points into it */
     char prefix[32];           /* replaces "model." in tensor names ("" = none) */

@@ -1,0 +1,64 @@
+/* exec: CPU forward, or the CUDA forward when the model asks for a device. */
+#include "engine/exec.h"
+
+#include <stdlib.h>
+
+#include "base/base.h"
+#ifdef LOOM_CUDA
+#include "cuda/cuda.h"
+#endif
+
+struct loom_exec {
+    loom_model *m;             /* borrowed */
+    loom_fwd_state *fwd;       /* owned, CPU */
+#ifdef LOOM_CUDA
+    loom_cuda *cuda;           /* owned, device */
+    loom_cuda_model *gpu;      /* owned, device */
+#endif
+};
+
+loom_status loom_exec_create(loom_model *m, loom_kv_pool *kv, int max_tokens, int max_ctx,
+                             loom_exec **out) {
+    *out = NULL;
+    loom_exec *x = calloc(1, sizeof *x);
+    if (!x) return loom_err(LOOM_ERR_NOMEM, "out of memory");
+    x->m = m;
+    loom_status s;
+    if (m->device < 0) {
+        s = loom_fwd_state_create(m, max_tokens, max_ctx, &x->fwd);
+    } else {
+#ifdef LOOM_CUDA
+        s = loom_cuda_create(m->device, &x->cuda);
+        if (!s) s = loom_cuda_model_create(x->cuda, m, kv, max_tokens, max_ctx, &x->gpu);
+#else
+        (void)kv;
+        s = loom_err(LOOM_ERR_UNSUPPORTED,
+                     "device cuda:%d: this loom was built without CUDA (make CUDA=1)", m->device);
+#endif
+    }
+    if (s) {
+        loom_exec_free(x);
+        return s;
+    }
+    *out = x;
+    return LOOM_OK;
+}
+
+void loom_exec_free(loom_exec *x) {
+    if (!x) return;
+    loom_fwd_state_free(x->fwd);
+#ifdef LOOM_CUDA
+    loom_cuda_model_free(x->gpu);
+    loom_cuda_free(x->cuda);
+#endif
+    free(x);
+}
+
+loom_status loom_exec_forward(loom_exec *x, loom_kv_pool *kv, loom_fwd_row *rows, int n_rows) {
+#ifdef LOOM_CUDA
+    if (x->gpu) return loom_cuda_forward(x->gpu, kv, rows, n_rows);
+#endif
+    return loom_forward(x->m, x->fwd, kv, rows, n_rows);
+}
+
+int loom_exec_on_device(const loom_exec *x) { return x->fwd == NULL; }

@@ -1,0 +1,22 @@
+/* exec: where forwards run. The CPU path is loom_forward over a host
+ * loom_fwd_state; on a CUDA device (model loaded with device >= 0, binary
+ * built with CUDA=1) the same rows go to loom_cuda_forward, the host KV
+ * pool keeping only the block tables. The engine and contexts hold one
+ * exec each, next to their KV pool. */
+#ifndef LOOM_EXEC_H
+#define LOOM_EXEC_H
+
+#include "model/forward.h"
+
+typedef struct loom_exec loom_exec;
+
+/* Activations for max_tokens per forward over sequences of up to max_ctx
+ * positions, for the pool kv (which must outlive the exec). */
+loom_status loom_exec_create(loom_model *m, loom_kv_pool *kv, int max_tokens, int max_ctx,
+                             loom_exec **out);
+void loom_exec_free(loom_exec *x);
+loom_status loom_exec_forward(loom_exec *x, loom_kv_pool *kv, loom_fwd_row *rows, int n_rows);
+/* 1 when the KV rows live on a device (the host pool holds no K/V data). */
+int loom_exec_on_device(const loom_exec *x);
+
+#endif

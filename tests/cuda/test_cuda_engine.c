@@ -1,0 +1,105 @@
+/* The context and the engine with forwards on CUDA device 0: reference
+ * logits (context) and greedy continuations (context and batched engine)
+ * of the dense fixtures. Needs a GPU; run through tools/cuda_check.sh. */
+#include <stdint.h>
+
+#include "base/base.h"
+#include "load/safetensors.h"
+#include "../test.h"
+
+static const char *models[] = {"llama3-tiny", "qwen2-tiny", "qwen3-tiny", "mistral-tiny-swa",
+                               "qwen3-tiny-mlx4", "qwen3-tiny-mlx8"};
+
+static void check(const char *name) {
+    char dir[256], path[300];
+    snprintf(dir, sizeof dir, "tests/fixtures/models/%s", name);
+    snprintf(path, sizeof path, "%s/reference.safetensors", dir);
+    loom_safetensors *ref = NULL;
+    loom_model *m = NULL;
+    loom_model_params mp = loom_model_default_params();
+    mp.device = 0;
+    if (loom_st_open(path, &ref) || loom_model_load(dir, &mp, &m)) {
+        fprintf(stderr, "%s: %s\n", name, loom_last_error());
+        CHECK(0);
+        loom_st_close(ref);
+        return;
+    }
+    int V = loom_model_vocab_size(m);
+    const int32_t *ids[4], *greedy[4];
+    int len[4];
+    double worst = 0;
+    int same = 0;
+    for (int i = 0; i < 4; i++) {
+        char k[64];
+        snprintf(k, sizeof k, "prompt.%d.ids", i);
+        const loom_st_tensor *t = loom_st_find(ref, k);
+        ids[i] = t->data;
+        len[i] = (int)t->shape[0];
+        snprintf(k, sizeof k, "prompt.%d.greedy", i);
+        greedy[i] = loom_st_find(ref, k)->data;
+        snprintf(k, sizeof k, "prompt.%d.logits", i);
+        const float *want = loom_st_find(ref, k)->data;
+        loom_context *c = NULL;
+        loom_context_params cp = loom_context_default_params();
+        cp.n_ctx = len[i] + 24;
+        CHECK(loom_context_create(m, &cp, &c) == LOOM_OK);
+        if (!c) continue;
+        float *got = malloc(sizeof(float) * (size_t)len[i] * V);
+        CHECK(loom_context_eval(c, ids[i], len[i], 1, got) == LOOM_OK);
+        double e = 0, mx = 0;
+        for (size_t q = 0; q < (size_t)len[i] * V; q++) {
+            e = fmax(e, fabs(got[q] - want[q]));
+            mx = fmax(mx, fabs(want[q]));
+        }
+        worst = fmax(worst, e / mx);
+        loom_context_truncate(c, 0);
+        int32_t out[20];
+        int n = 0;
+        CHECK(loom_generate_greedy(c, ids[i], len[i], 20, NULL, 0, out, &n) == LOOM_OK);
+        same += n == 20 && !memcmp(out, greedy[i], sizeof out);
+        free(got);
+        loom_context_free(c);
+    }
+    /* the four prompts together through the engine */
+    loom_engine_params ep = loom_engine_default_params();
+    ep.n_ctx = 400;
+    ep.max_batch_tokens = 64;
+    loom_engine *e = NULL;
+    CHECK(loom_engine_create(m, &ep, &e) == LOOM_OK);
+    int batched = 0;
+    if (e) {
+        loom_request *r[4];
+        for (int i = 0; i < 4; i++) {
+            loom_request_params rp = loom_request_default_params();
+            rp.prompt = ids[i];
+            rp.n_prompt = len[i];
+            rp.max_tokens = 20;
+            rp.ignore_eos = 1;
+            CHECK(loom_engine_submit(e, &rp, &r[i]) == LOOM_OK);
+        }
+        for (int i = 0; i < 4; i++) {
+            int32_t out[20];
+            int n = 0;
+            for (;;) {
+                loom_event ev;
+                if (loom_request_next(r[i], &ev, 60000) != LOOM_OK || ev.finish) break;
+                if (n < 20) out[n] = ev.token;
+                n++;
+            }
+            batched += n == 20 && !memcmp(out, greedy[i], sizeof out);
+            loom_request_free(r[i]);
+        }
+        loom_engine_free(e);
+    }
+    int ok = worst <= 1e-5 && same == 4 && batched == 4;
+    printf("%s  %-18s logits rel err %.2g (reference, device 0); greedy %d/4 context, %d/4 engine\n",
+           ok ? "PASS" : "FAIL", name, worst, same, batched);
+    CHECK(ok);
+    loom_model_free(m);
+    loom_st_close(ref);
+}
+
+int main(void) {
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(models); i++) check(models[i]);
+    return test_report("test_cuda_engine");
+}
