@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+int cli_device = -1;
+
 int cli_fail(const char *what, loom_status s) {
     fprintf(stderr, "loom: error: %s: %s (%s)\n", what, loom_last_error(), loom_status_str(s));
     return 1;

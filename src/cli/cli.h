@@ -23,6 +23,10 @@ int cmd_info(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 
+/* --device, taken out of argv by main before a command runs: -1 = CPU,
+ * n = CUDA device n. Commands that load a model pass it on. */
+extern int cli_device;
+
 /* Reports a failed loom call ("loom: error: <what>: <last error>"), returns 1. */
 int cli_fail(const char *what, loom_status s);
 /* Reports a usage error for command cmd, returns 2. */

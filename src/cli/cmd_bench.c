@@ -262,6 +262,7 @@ int cmd_bench(int argc, char **argv) {
         bench_model *b = &bm[k];
         loom_model_params mp = loom_model_default_params();
         mp.n_threads = threads;
+        mp.device = cli_device;
         if ((s = loom_model_load(b->dir, &mp, &b->m))) {
             fprintf(stderr, "loom: error: %s:\n", b->dir);
             rc = cli_fail("loading model", s);

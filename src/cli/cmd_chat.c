@@ -189,6 +189,7 @@ int cmd_chat(int argc, char **argv) {
     loom_sampler smp = {0};
     loom_model_params mp = loom_model_default_params();
     mp.n_threads = threads;
+    mp.device = cli_device;
     loom_status s = loom_model_load(model, &mp, &c.m);
     if (!s) s = loom_tok_load_dir(model, &c.tok);
     if (!s) s = loom_chat_template_load(model, &c.tpl);

@@ -1,5 +1,6 @@
 /* loom command-line interface: dispatches to one command per file. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli/cli.h"
@@ -27,10 +28,37 @@ static void usage(FILE *f) {
     fprintf(f, "usage: loom <command> [options]\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
-    fprintf(f, "\n'loom <command> --help' describes a command's options.\n");
+    fprintf(f, "\n'loom <command> --help' describes a command's options. Commands that load a\n"
+               "model also take --device cpu|cuda[:N] (CUDA builds: make CUDA=1).\n");
+}
+
+/* Takes --device out of argv (any position); returns 0 or a usage error. */
+static int take_device(int *argc, char **argv) {
+    for (int i = 1; i < *argc; i++) {
+        if (strcmp(argv[i], "--device")) continue;
+        if (i + 1 >= *argc) {
+            fprintf(stderr, "loom: --device needs a value (cpu, cuda or cuda:N)\n");
+            return 2;
+        }
+        const char *v = argv[i + 1];
+        char *end = NULL;
+        if (!strcmp(v, "cpu")) cli_device = -1;
+        else if (!strcmp(v, "cuda")) cli_device = 0;
+        else if (!strncmp(v, "cuda:", 5) && v[5] && (cli_device = (int)strtol(v + 5, &end, 10), !*end) &&
+                 cli_device >= 0) {
+        } else {
+            fprintf(stderr, "loom: --device: expected cpu, cuda or cuda:N, found \"%s\"\n", v);
+            return 2;
+        }
+        memmove(&argv[i], &argv[i + 2], sizeof *argv * (size_t)(*argc - i - 1));
+        *argc -= 2;
+        i--;
+    }
+    return 0;
 }
 
 int main(int argc, char **argv) {
+    if (take_device(&argc, argv)) return 2;
     if (argc < 2) {
         usage(stderr);
         return 2;

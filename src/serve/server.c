@@ -964,7 +964,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 loom_serve_params loom_serve_default_params(void) {
     return (loom_serve_params){
         .host = "127.0.0.1", .port = 8080, .max_body = 8u << 20, .timeout_s = 60, .grace_s = 10,
-        .max_connections = 512, .default_max_tokens = 512, .engine = loom_engine_default_params(),
+        .max_connections = 512, .default_max_tokens = 512, .engine = loom_engine_default_params(), .device = -1,
     };
 }
 
@@ -1006,6 +1006,7 @@ static int server_open(server *s, const loom_serve_params *params) {
     fprintf(stderr, "loom: loading %s ...\n", dir);
     loom_model_params mp = loom_model_default_params();
     mp.n_threads = s->p.n_threads;
+    mp.device = s->p.device;
     loom_status st = loom_model_load(dir, &mp, &s->model);
     if (!st) st = loom_tok_load_dir(dir, &s->tok);
     if (st) {
