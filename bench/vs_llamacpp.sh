@@ -21,7 +21,9 @@
 #    prompt and generation lengths, each $VS_REPS repetitions after its own
 #    warm-up; odd rounds run loom first, even rounds llama.cpp first, so a
 #    drift in machine load does not favour one side.
-# 4. Table of medians over every repetition of every round: pp and tg
+# 4. Table of medians over every repetition of every round (and a second
+#    table of the best repetition, which on a shared machine is the nearest
+#    to what each program does alone): pp and tg
 #    tokens/s for both, the ratio loom / llama.cpp, and the decode bound:
 #    the best read bandwidth bench_model measured in this run divided by the
 #    bytes a decode step reads (loom's weights as stored plus its KV; the
@@ -158,6 +160,7 @@ llama_samples() { # pp|tg FILES...
     if [ "$t" = pp ]; then pat='"n_gen": 0,'; else pat='"n_prompt": 0,'; fi
     cat "$@" 2>/dev/null | grep -F "$pat" | field samples_ts /dev/stdin
 }
+best() { sort -g | awk '{v = $1} END { if (NR == 0) print "-"; else printf "%.1f\n", v }'; }
 median() { sort -g | awk '{v[NR] = $1} END {
     if (NR == 0) print "-"; else if (NR % 2) printf "%.1f\n", v[(NR + 1) / 2];
     else printf "%.1f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
@@ -174,6 +177,8 @@ if [ $HAVE_LLAMA = 1 ]; then
     echo "llama.cpp: $(field build_commit "$OUT"/llama-*.jsonl | head -1) build $(field build_number "$OUT"/llama-*.jsonl | head -1), $LLAMA"
 fi
 echo
+table() { # median|best
+stat=$1
 printf '| %-6s | %8s | %9s | %5s | %8s | %9s | %5s | %8s | %8s |\n' format "loom pp" "llama pp" ratio \
     "loom tg" "llama tg" ratio "MB/tok" "tg bound"
 printf '| %-6s | %8s | %9s | %5s | %8s | %9s | %5s | %8s | %8s |\n' ------ -------- --------- ----- \
@@ -181,8 +186,8 @@ printf '| %-6s | %8s | %9s | %5s | %8s | %9s | %5s | %8s | %8s |\n' ------ -----
 for f in $FORMATS; do
     lf=$(ls "$OUT"/loom-"$f"-*.json 2>/dev/null || true)
     gf=$(ls "$OUT"/llama-"$f"-*.jsonl 2>/dev/null || true)
-    lpp=$(field pp_reps $lf | median); ltg=$(field tg_reps $lf | median)
-    gpp=$(llama_samples pp $gf | median); gtg=$(llama_samples tg $gf | median)
+    lpp=$(field pp_reps $lf | $stat); ltg=$(field tg_reps $lf | $stat)
+    gpp=$(llama_samples pp $gf | $stat); gtg=$(llama_samples tg $gf | $stat)
     w=$(field weight_bytes_per_token $lf | head -1); kv=$(field kv_bytes_per_token $lf | head -1)
     mb=$(awk -v w="${w:-0}" -v k="${kv:-0}" 'BEGIN { if (w + k > 0) printf "%.1f\n", (w + k) / 1e6; else print "-" }')
     bound=$(awk -v bw="$BW" -v w="${w:-0}" -v k="${kv:-0}" 'BEGIN {
@@ -190,6 +195,12 @@ for f in $FORMATS; do
     printf '| %-6s | %8s | %9s | %5s | %8s | %9s | %5s | %8s | %8s |\n' "$f" "$lpp" "$gpp" \
         "$(ratio "$lpp" "$gpp")" "$ltg" "$gtg" "$(ratio "$ltg" "$gtg")" "$mb" "$bound"
 done
+}
+table median
+echo
+echo "best repetition of each (what each program reaches when the machine leaves it alone):"
+echo
+table best
 echo
 echo "loom: bf16/f16 safetensors; q8_0/q4_0 rows run loom's MLX affine 8-/4-bit models (group 64,"
 echo "from \`loom convert\` of the bf16 model) against llama.cpp's Q8_0/Q4_0 (group 32) of the same values."
