@@ -400,7 +400,16 @@ static void test_metrics(void) {
     metrics_free(&m);
 }
 
+static void test_not_utf8(void) {
+    api_req r;
+    api_error e;
+    const char b[] = "{\"prompt\": \"a\xff\xfe\", \"max_tokens\": 2}";
+    CHECK(api_parse(API_COMPLETION, b, sizeof b - 1, 1000, &r, &e) < 0);
+    CHECK(e.status == 400 && strstr(e.message, "UTF-8") != NULL);
+}
+
 int main(void) {
+    test_not_utf8();
     test_parse_errors();
     test_parse_ok();
     test_json_str();

@@ -504,7 +504,27 @@ static void test_robustness(void) {
     free(out);
 }
 
+/* Inputs a fuzzer found: a float literal longer than the parser's buffer,
+ * and slicing strings that are not valid UTF-8. */
+static void test_fuzz_regressions(void) {
+    char src[200] = "{{ ";
+    for (int i = 0; i < 127; i++) strcat(src, "1");
+    strcat(src, ".0 }}");
+    CHECK_FAIL(src, "{}", LOOM_ERR_FORMAT, "numeric literal");
+    CHECK_RENDER("{{ 12345678901234567890.5 > 1 }}", "{}", "True");
+    /* a stray byte counts as one character, consistently */
+    loom_status st;
+    char *out = render("{{ \"a\x8f\x8f\"[1:] }}|{{ s[1:] }}|{{ s[::-1] }}|{{ s | length }}",
+                       "{\"s\": \"xyz\"}", &st);
+    CHECK(st == LOOM_OK && out && !strcmp(out, "\x8f\x8f|yz|zyx|3"));
+    free(out);
+    out = render("{{ \"a\x8f\x8f\"[::-1] }}|{{ \"\x8f\" | length }}", "{}", &st);
+    CHECK(st == LOOM_OK && out && !strcmp(out, "\x8f\x8f" "a|1"));
+    free(out);
+}
+
 int main(void) {
+    test_fuzz_regressions();
     test_table();
     test_whitespace();
     test_values();

@@ -710,7 +710,18 @@ static void test_fuzz(void) {
     fprintf(stderr, "fuzz: %d of 3000 edited files loaded\n", loaded);
 }
 
+/* A tokenizer.json that is not UTF-8 is refused (a fuzzer found a token
+ * with a stray byte loading and decoding to invalid text). */
+static void test_not_utf8(void) {
+    const char bad[] = "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []},"
+                       " \"added_tokens\": [{\"id\": 1, \"content\": \"x\xab\", \"special\": true}]}";
+    loom_tok *t = NULL;
+    CHECK(loom_tok_load_mem(bad, sizeof bad - 1, NULL, 0, &t) == LOOM_ERR_FORMAT && t == NULL);
+    CHECK(strstr(loom_last_error(), "UTF-8") != NULL);
+}
+
 int main(void) {
+    test_not_utf8();
     const char *b = getenv("LOOM_BUILD");
     snprintf(fixdir, sizeof fixdir, "%s/fixtures/tokenizers", b && *b ? b : "build");
     test_small();

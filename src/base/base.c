@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <utf8proc.h>
 
 static _Thread_local char err_buf[1024];
 
@@ -182,4 +183,19 @@ uint16_t loom_f32_to_f16(float f) {
     uint32_t lsb = (r >> 13) & 1;
     r += 0xfff + lsb;
     return (uint16_t)(sign | (r >> 13));
+}
+
+int loom_utf8_valid(const char *s, size_t n) {
+    for (size_t i = 0; i < n;) {
+        if ((unsigned char)s[i] < 0x80) {
+            i++;
+            continue;
+        }
+        utf8proc_int32_t cp;
+        utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)s + i,
+                                              (utf8proc_ssize_t)(n - i), &cp);
+        if (k <= 0) return 0;
+        i += (size_t)k;
+    }
+    return 1;
 }

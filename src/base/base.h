@@ -35,6 +35,9 @@ void loom_free(void *p);
 /* Reads a whole file into a NUL-terminated heap buffer. */
 loom_status loom_read_file(const char *path, char **out, size_t *len);
 
+/* 1 if s[0..n) is valid UTF-8 (no overlongs, surrogates or stray bytes). */
+int loom_utf8_valid(const char *s, size_t n);
+
 /* Monotonic time in seconds. */
 double loom_now(void);
 

@@ -370,6 +370,11 @@ int api_parse(api_kind kind, const char *body, size_t len, int vocab, api_req *r
     r->logprobs = -1;
     r->n = 1;
     const char *end = NULL;
+    /* Everything downstream (templates, tokenizer, JSON out) expects UTF-8. */
+    if (!loom_utf8_valid(body, len)) {
+        api_fail(err, 400, NULL, "the request body is not valid UTF-8");
+        goto fail;
+    }
     r->body = cJSON_ParseWithLengthOpts(body, len, &end, 0);
     if (!r->body) {
         size_t at = end ? (size_t)(end - body) : 0;

@@ -598,12 +598,12 @@ static jv *do_slice(ctx *c, int line, jv *obj, jv *lo, jv *hi, jv *st) {
         return r;
     }
     if (obj->type == JV_STR) {
-        /* slice over code points */
+        /* slice over code points (ju_count steps like ju_decode) */
         size_t n = ju_count(obj->u.s.p, obj->u.s.n);
         size_t *off = malloc((n + 1) * sizeof *off);
         if (!off) return rerr(c, line, "out of memory");
         size_t k = 0;
-        for (size_t i = 0; i < obj->u.s.n;) {
+        for (size_t i = 0; i < obj->u.s.n && k < n;) {
             int32_t cp;
             off[k++] = i;
             i += ju_decode(obj->u.s.p, obj->u.s.n, i, &cp);

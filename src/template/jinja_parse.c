@@ -271,7 +271,8 @@ static int lex_tag(parser *p, const char *src, size_t n, size_t *pos, int *line,
             }
             if (j + 1 < n && src[j] == '.' && is_digit(src[j + 1])) {
                 isf = 1;
-                tmp[k++] = src[j++];
+                if (k < sizeof tmp - 1) tmp[k++] = src[j];
+                j++;
                 while (j < n && (is_digit(src[j]) || src[j] == '_')) {
                     if (src[j] != '_' && k < sizeof tmp - 1) tmp[k++] = src[j];
                     j++;
@@ -298,6 +299,11 @@ static int lex_tag(parser *p, const char *src, size_t n, size_t *pos, int *line,
                 k = 1;
             }
             tmp[k] = 0;
+            /* digits past the buffer would change the value silently */
+            size_t digits = 0;
+            for (size_t q = i; q < j; q++) digits += src[q] != '_';
+            if (digits > sizeof tmp - 1 && !(!isf && c == '0'))
+                return perr(p, *line, "numeric literal longer than %zu characters", sizeof tmp - 1), 0;
             tok *t = push_tok(p, isf ? T_FLOAT : T_INT, *line);
             if (!t) return 0;
             if (isf) t->f = strtod(tmp, NULL);

@@ -128,10 +128,14 @@ void ju_encode(jbuf *b, int32_t cp) {
     jb_put(b, (const char *)tmp, (size_t)k);
 }
 
+/* Code points as ju_decode steps through them (a stray byte counts as
+ * one), so counts and offset tables built by decoding always agree. */
 size_t ju_count(const char *s, size_t n) {
     size_t c = 0;
-    for (size_t i = 0; i < n; i++)
-        if (((unsigned char)s[i] & 0xc0) != 0x80) c++;
+    for (size_t i = 0; i < n; c++) {
+        int32_t cp;
+        i += ju_decode(s, n, i, &cp);
+    }
     return c;
 }
 

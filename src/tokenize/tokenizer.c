@@ -718,6 +718,11 @@ loom_status loom_tok_load_mem(const char *json, size_t json_len,
                               loom_tok **out) {
     *out = NULL;
     if (!json) return loom_err(LOOM_ERR_INVALID_ARG, "tok_load: expected JSON text, found NULL");
+    /* JSON is UTF-8; a token with stray bytes would decode to invalid text */
+    if (!tk_utf8_valid(json, json_len))
+        return loom_err(LOOM_ERR_FORMAT, "tokenizer.json: expected UTF-8 text, found invalid bytes");
+    if (config_json && !tk_utf8_valid(config_json, config_len))
+        return loom_err(LOOM_ERR_FORMAT, "tokenizer_config.json: expected UTF-8 text, found invalid bytes");
     /* The vocabulary and merges are read from the text directly; cJSON sees
      * a copy with those two values blanked. */
     tk_span_t vspan, mspan;
