@@ -548,8 +548,7 @@ static int gm_gguf_metadata(const gm_job *j, gm_kv *kv) {
 
 static int gm_write_gguf(const gm_job *j) {
     for (int i = 0; i < j->n_tensors; i++)
-        if (gm_numel(&j->tensors[i]) % gm_types[gm_gguf_type(j, &j->tensors[i])].block ||
-            (j->tensors[i].ndim == 2 && j->tensors[i].shape[1] % 32)) {
+        if (j->tensors[i].ndim == 2 && j->tensors[i].shape[1] % (int64_t)gm_types[j->type].block) {
             fprintf(stderr, "gen_model: %s: rows must be a multiple of 32 for %s\n",
                     j->tensors[i].name, gm_types[j->type].name);
             return 0;
