@@ -188,7 +188,7 @@ grep -v "^$" "$TMPD/t1" | tail -n 1 | grep -qF 'data: [DONE]' || fail "stream cu
 grep -qF '"error":{"message":"the request was cancelled' "$TMPD/t1" || fail "stream cut at shutdown has no error event"
 [ "$(cat "$TMPD/t2code")" = 503 ] || fail "blocking request cut at shutdown: HTTP $(cat "$TMPD/t2code")"
 grep -qF '"finish_reason":"length"' "$TMPD/t3" || fail "the short request ($n3 tokens) did not finish: $(tail -c 300 "$TMPD/t3")"
-grep -qF '"error"' "$TMPD/t3" && fail "the short request got an error"
+grep -qF '"error":{' "$TMPD/t3" && fail "the short request got an error"
 grep -v "^$" "$TMPD/t3" | tail -n 1 | grep -qF 'data: [DONE]' || fail "the short request did not end with [DONE]"
 ok "SIGTERM: a $n3-token request in flight finished, endless ones cut after the grace period, exit 0 in $STOP_SECONDS s"
 
