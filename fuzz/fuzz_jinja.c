@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/base.h"
 #include "template/chat.h"
 #include "template/jinja.h"
 
