@@ -122,15 +122,3 @@ loom_status cli_render_user_turn(const char *model_dir, const char *text, char *
     loom_chat_template_free(t);
     return s;
 }
-
-int cli_turn_end_ids(const struct loom_tok *tok, int32_t *out, int cap) {
-    static const char *const ends[] = {"<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>",
-                                       "<|return|>", "<|eom_id|>"};
-    int n = 0;
-    for (size_t i = 0; i < sizeof ends / sizeof ends[0] && n < cap; i++) {
-        int32_t id = loom_tok_token_to_id(tok, ends[i], strlen(ends[i]));
-        if (id >= 0) out[n++] = id;
-    }
-    if (n < cap && loom_tok_eos_id(tok) >= 0) out[n++] = loom_tok_eos_id(tok);
-    return n;
-}

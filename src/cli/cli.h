@@ -8,7 +8,6 @@
 
 #include "loom.h"
 
-struct loom_tok;
 
 int cmd_logits(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
@@ -46,8 +45,6 @@ int cli_kv_type(const char *cmd, const char *text, loom_kv_type *out);
 /* Renders one user message through the model directory's chat template
  * (with the generation prompt) into a heap string. */
 loom_status cli_render_user_turn(const char *model_dir, const char *text, char **out);
-/* Ids of the end-of-turn tokens chat replies stop at; returns the count. */
-int cli_turn_end_ids(const struct loom_tok *tok, int32_t *out, int cap);
 
 /* Returns the value of option argv[*i] (advancing *i), or NULL after
  * reporting that it is missing. */

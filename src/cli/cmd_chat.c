@@ -38,7 +38,7 @@ typedef struct chat_state {
     const char *system;
     int32_t *held;             /* tokens in the context, in order */
     int n_held;
-    int32_t turn_end[8];
+    int32_t turn_end[16];
     int n_turn_end;
 } chat_state;
 
@@ -200,14 +200,10 @@ int cmd_chat(int argc, char **argv) {
     if ((s = loom_sampler_init(&smp, &sp, loom_model_vocab_size(c.m)))) { rc = cli_fail("sampling", s); goto done; }
     logits = malloc(sizeof(float) * (size_t)loom_model_vocab_size(c.m));
     if (!logits) goto done;
-    static const char *const ends[] = {"<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>"};
-    for (size_t i = 0; i < LOOM_ARRAY_LEN(ends); i++) {
-        int32_t id = loom_tok_token_to_id(c.tok, ends[i], strlen(ends[i]));
-        if (id >= 0) c.turn_end[c.n_turn_end++] = id;
-    }
+    c.n_turn_end = loom_tok_turn_end_ids(c.tok, c.turn_end, 12);
     int32_t eos[4];
     int ne = LOOM_MIN(loom_model_eos_ids(c.m, eos, 4), 4);
-    for (int i = 0; i < ne && c.n_turn_end < 8; i++) c.turn_end[c.n_turn_end++] = eos[i];
+    for (int i = 0; i < ne && c.n_turn_end < 16; i++) c.turn_end[c.n_turn_end++] = eos[i];
     reset(&c);
     fprintf(stderr, "loom chat: %s (%s). /reset clears the conversation, /exit quits.\n", model,
             loom_model_arch(c.m));

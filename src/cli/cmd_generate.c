@@ -115,7 +115,7 @@ int cmd_generate(int argc, char **argv) {
         char *rendered = NULL;
         if (chat) {
             if ((s = cli_render_user_turn(model, prompt_text, &rendered))) { rc = cli_fail("chat template", s); goto done; }
-            n_turn_end = cli_turn_end_ids(tok, turn_end, 8);
+            n_turn_end = loom_tok_turn_end_ids(tok, turn_end, 8);
         }
         s = rendered ? loom_tok_encode(tok, rendered, strlen(rendered), LOOM_TOK_NO_SPECIAL, &prompt, &n)
                      : loom_tok_encode(tok, prompt_text, strlen(prompt_text), LOOM_TOK_ADD_SPECIAL_CONFIG, &prompt, &n);

@@ -1025,13 +1025,7 @@ static int server_open(server *s, const loom_serve_params *params) {
     s->stateful = loom_seq_state_bytes(s->model) > 0;
     /* Chat turns end at the template's end-of-turn token, which is often
      * not the model's EOS (ChatML's <|im_end|> on a base model). */
-    static const char *const turn_ends[] = {"<|im_end|>", "<|eot_id|>", "<end_of_turn>",
-                                            "<|end|>", "<|return|>", "<|eom_id|>", "<turn|>"};
-    for (size_t i = 0; i < LOOM_ARRAY_LEN(turn_ends) && s->n_turn_end < 7; i++) {
-        int32_t id = loom_tok_token_to_id(s->tok, turn_ends[i], strlen(turn_ends[i]));
-        if (id >= 0) s->turn_end[s->n_turn_end++] = id;
-    }
-    if (loom_tok_eos_id(s->tok) >= 0) s->turn_end[s->n_turn_end++] = loom_tok_eos_id(s->tok);
+    s->n_turn_end = loom_tok_turn_end_ids(s->tok, s->turn_end, 8);
     if ((st = loom_engine_create(s->model, &s->p.engine, &s->engine))) {
         fprintf(stderr, "loom: error: %s (%s)\n", loom_last_error(), loom_status_str(st));
         free_server(s);

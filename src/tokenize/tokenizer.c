@@ -837,3 +837,15 @@ loom_status loom_tok_load_dir(const char *dir, loom_tok **out) {
     if (f) fclose(f);
     return loom_tok_load(jp, f ? cp : NULL, out);
 }
+
+int loom_tok_turn_end_ids(const loom_tok *t, int32_t *out, int cap) {
+    static const char *const ends[] = {"<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>",
+                                       "<|return|>", "<|eom_id|>", "<turn|>"};
+    int n = 0;
+    for (size_t i = 0; i < sizeof ends / sizeof ends[0] && n < cap; i++) {
+        int32_t id = loom_tok_token_to_id(t, ends[i], strlen(ends[i]));
+        if (id >= 0) out[n++] = id;
+    }
+    if (n < cap && loom_tok_eos_id(t) >= 0) out[n++] = loom_tok_eos_id(t);
+    return n;
+}

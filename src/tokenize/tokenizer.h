@@ -75,6 +75,12 @@ int loom_tok_is_added(const loom_tok *t, int32_t id);
 int32_t loom_tok_bos_id(const loom_tok *t);
 int32_t loom_tok_eos_id(const loom_tok *t);
 int32_t loom_tok_pad_id(const loom_tok *t);
+/* Ids of the tokens that end a chat turn in this vocabulary (<|im_end|>,
+ * <|eot_id|>, <end_of_turn>, ...) and then the eos id, at most cap; returns
+ * the count. A chat reply stops at any of them: the template's end-of-turn
+ * token is often not the model's EOS (ChatML on a base model). */
+int loom_tok_turn_end_ids(const loom_tok *t, int32_t *out, int cap);
+
 /* tokenizer_config.json add_bos_token / add_eos_token: 1, 0, or -1 unset. */
 int loom_tok_config_add_bos(const loom_tok *t);
 int loom_tok_config_add_eos(const loom_tok *t);
