@@ -8,7 +8,6 @@
 
 #include "loom.h"
 
-
 int cmd_logits(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
