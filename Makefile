@@ -16,9 +16,10 @@ endif
 override CFLAGS += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -pthread -Iinclude -Isrc -MMD -MP
 LDLIBS  += -lmicrohttpd -lxxhash -lpcre2-8 -lutf8proc -lcjson -lm -pthread
 
-# Files named *_avx2.c hold the x86 SIMD kernels; they are only called after a
-# runtime CPU check, so only they get the ISA flags.
+# Files named *_avx2.c and *_avx512.c hold the x86 SIMD kernels; they are
+# only called after a runtime CPU check, so only they get the ISA flags.
 SIMD_FLAGS := -mavx2 -mfma -mf16c
+AVX512_FLAGS := $(SIMD_FLAGS) -mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx512vnni -mavx512bf16
 
 LIB_SRC  := $(shell find src -name '*.c' ! -path 'src/cli/*' | sort)
 CLI_SRC  := $(sort $(wildcard src/cli/*.c))
@@ -63,6 +64,10 @@ all: $(BUILD)/loom $(TOOLS) $(BENCHES)
 $(BUILD)/obj/%_avx2.o: %_avx2.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(SIMD_FLAGS) -c $< -o $@
+
+$(BUILD)/obj/%_avx512.o: %_avx512.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(AVX512_FLAGS) -c $< -o $@
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)

@@ -46,6 +46,11 @@ typedef struct loom_model_params {
     int n_threads;        /* worker threads for the CPU backend; 0 = all cores */
     int device;           /* -1 = CPU (default); n >= 0 = CUDA device n (dense
                              Llama/Mistral/Qwen2/Qwen3 models, CUDA=1 builds) */
+    int fast_matmul;      /* CPU: round activations to the weights' fast format
+                             (8-bit for MLX-quantized weights, bf16 for bf16
+                             weights) where the CPU has instructions for it, as
+                             llama.cpp does. Faster; logits then differ from the
+                             exact path by about 1e-3 relative. Default 0. */
 } loom_model_params;
 
 loom_model_params loom_model_default_params(void);

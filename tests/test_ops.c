@@ -616,35 +616,11 @@ static void test_argmax(void) {
     }
 }
 
-int main(void) {
-    const loom_kernels *best = loom_kernels_get();
-    CHECK(best != NULL);
-#if defined(__x86_64__)
-    __builtin_cpu_init();
-    int have = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-               __builtin_cpu_supports("f16c");
-    const char *force = getenv("LOOM_KERNELS");
-    if (have && !(force && !strcmp(force, "ref"))) CHECK_STR(best->name, "avx2");
-    if (have) {
-        K = best;
-        if (strcmp(best->name, "avx2") != 0) {
-            /* Forced to ref: still test the raw SIMD entries. */
-            static loom_kernels raw;
-            raw = loom_kernels_avx2;
-#define FILLREF(f) if (!raw.f) raw.f = loom_kernels_ref.f
-            FILLREF(matmul_f32); FILLREF(matmul_f16); FILLREF(matmul_bf16); FILLREF(dot);
-            FILLREF(axpy); FILLREF(rmsnorm); FILLREF(softmax); FILLREF(silu_mul);
-            FILLREF(f16_to_f32); FILLREF(bf16_to_f32); FILLREF(matmul_q);
-            FILLREF(gelu_tanh_mul);
-            K = &raw;
-        }
-    } else {
-        fprintf(stderr, "test_ops: no AVX2/FMA/F16C; checking the reference against itself\n");
-        K = R;
-    }
-#else
-    K = best;
-#endif
+/* Every test over table k, against reference table r. */
+static void run_all(const char *label, const loom_kernels *k, const loom_kernels *r) {
+    fprintf(stderr, "test_ops: %s kernels against %s\n", label, r->name);
+    K = k;
+    R = r;
     test_matmul();
     test_matmul_specials();
     test_matmul_q();
@@ -656,5 +632,43 @@ int main(void) {
     test_row_conversions();
     test_base_conversions();
     test_argmax();
+}
+
+int main(void) {
+    const loom_kernels *best = loom_kernels_get();
+    CHECK(best != NULL);
+    /* The fast reference: loom_kernels_ref with the rounded variants. */
+    static loom_kernels ref_fast;
+    ref_fast = loom_kernels_over(loom_kernels_ref, &loom_kernels_ref_fast);
+    int ran = 0;
+#if defined(__x86_64__)
+    /* Each SIMD table is tested whatever LOOM_KERNELS picks, on any CPU
+     * that can run it. */
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c")) {
+        static loom_kernels avx2;
+        avx2 = loom_kernels_over(loom_kernels_ref, &loom_kernels_avx2);
+        run_all("avx2", &avx2, &loom_kernels_ref);
+        ran = 1;
+        if (loom_cpu_has_avx512()) {
+            static loom_kernels avx512, avx512_fast;
+            avx512 = loom_kernels_over(loom_kernels_over(avx2, &loom_kernels_avx512_dense),
+                                       &loom_kernels_avx512_q);
+            avx512_fast = loom_kernels_over(
+                loom_kernels_over(avx512, &loom_kernels_avx512_dense_fast), &loom_kernels_avx512_q_fast);
+            run_all("avx512", &avx512, &loom_kernels_ref);
+            run_all("avx512-fast", &avx512_fast, &ref_fast);
+        } else {
+            fprintf(stderr, "test_ops: no AVX-512 (F/BW/DQ/VL/VNNI/BF16); those kernels not tested\n");
+        }
+        const char *force = getenv("LOOM_KERNELS");
+        if (!force) CHECK_STR(best->name, loom_cpu_has_avx512() ? "avx512" : "avx2");
+    }
+#endif
+    if (!ran) {
+        fprintf(stderr, "test_ops: no SIMD table for this CPU; checking the reference against itself\n");
+        run_all("ref", best, &loom_kernels_ref);
+    }
     return test_report("test_ops");
 }

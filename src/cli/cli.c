@@ -14,6 +14,7 @@
 #include <string.h>
 
 int cli_device = -1;
+int cli_fast;
 
 int cli_fail(const char *what, loom_status s) {
     fprintf(stderr, "loom: error: %s: %s (%s)\n", what, loom_last_error(), loom_status_str(s));

@@ -24,6 +24,8 @@ int cmd_bench(int argc, char **argv);
 /* --device, taken out of argv by main before a command runs: -1 = CPU,
  * n = CUDA device n. Commands that load a model pass it on. */
 extern int cli_device;
+/* --fast, taken out of argv by main: loom_model_params.fast_matmul. */
+extern int cli_fast;
 
 /* Reports a failed loom call ("loom: error: <what>: <last error>"), returns 1. */
 int cli_fail(const char *what, loom_status s);

@@ -155,6 +155,7 @@ static int split_lines(char *text, char ***out) {
 int cmd_batch(int argc, char **argv) {
     loom_serve_params p = loom_serve_default_params();
     p.device = cli_device;
+    p.fast_matmul = cli_fast;
     const char *input = NULL, *output = NULL, *errors = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;

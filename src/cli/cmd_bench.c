@@ -263,6 +263,7 @@ int cmd_bench(int argc, char **argv) {
         loom_model_params mp = loom_model_default_params();
         mp.n_threads = threads;
         mp.device = cli_device;
+        mp.fast_matmul = cli_fast;
         if ((s = loom_model_load(b->dir, &mp, &b->m))) {
             fprintf(stderr, "loom: error: %s:\n", b->dir);
             rc = cli_fail("loading model", s);

@@ -98,6 +98,7 @@ int cmd_generate(int argc, char **argv) {
     loom_model_params mp = loom_model_default_params();
     mp.n_threads = threads;
     mp.device = cli_device;
+    mp.fast_matmul = cli_fast;
     loom_status s = loom_model_load(model, &mp, &m);
     if (s != LOOM_OK) { rc = cli_fail("loading model", s); goto done; }
     if (prompt_text || n_stops) {

@@ -74,6 +74,7 @@ int cmd_logits(int argc, char **argv) {
     loom_model_params mp = loom_model_default_params();
     mp.n_threads = threads;
     mp.device = cli_device;
+    mp.fast_matmul = cli_fast;
     loom_status s = loom_model_load(model, &mp, &m);
     if (s != LOOM_OK) { rc = cli_fail("loading model", s); goto done; }
     loom_context_params cp = loom_context_default_params();

@@ -62,6 +62,7 @@ static int parse_size(const char *opt, const char *v, size_t *out) {
 int cmd_serve(int argc, char **argv) {
     loom_serve_params p = loom_serve_default_params();
     p.device = cli_device;
+    p.fast_matmul = cli_fast;
     p.engine.max_queue = 256;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;

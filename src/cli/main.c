@@ -29,7 +29,10 @@ static void usage(FILE *f) {
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
     fprintf(f, "\n'loom <command> --help' describes a command's options. Commands that load a\n"
-               "model also take --device cpu|cuda[:N] (CUDA builds: make CUDA=1).\n");
+               "model also take --device cpu|cuda[:N] (CUDA builds: make CUDA=1) and --fast\n"
+               "(CPU: activations rounded to 8 bits for quantized weights and to bf16 for bf16\n"
+               "weights in the matmuls, where the CPU has instructions for it; logits then\n"
+               "differ from the exact default by about 1e-3).\n");
 }
 
 /* Takes --device out of argv (any position); returns 0 or a usage error. */
@@ -57,8 +60,20 @@ static int take_device(int *argc, char **argv) {
     return 0;
 }
 
+/* Takes --fast out of argv (any position). */
+static void take_fast(int *argc, char **argv) {
+    for (int i = 1; i < *argc; i++) {
+        if (strcmp(argv[i], "--fast")) continue;
+        cli_fast = 1;
+        memmove(&argv[i], &argv[i + 1], sizeof *argv * (size_t)(*argc - i));
+        (*argc)--;
+        i--;
+    }
+}
+
 int main(int argc, char **argv) {
     if (take_device(&argc, argv)) return 2;
+    take_fast(&argc, argv);
     if (argc < 2) {
         usage(stderr);
         return 2;

@@ -739,7 +739,7 @@ static loom_status load(loom_model *m, const char *dir, const loom_model_params 
     for (int l = 0; l < c->n_layers; l++)
         if ((s = bind_layer(m, l))) return s;
     if (m->kv_dim == 0) m->kv_dim = c->n_kv_heads * c->head_dim;  /* no attention layer */
-    m->k = loom_kernels_get();
+    m->k = p->fast_matmul ? loom_kernels_get_fast() : loom_kernels_get();
     return loom_pool_create(p->n_threads, &m->pool);
 }
 

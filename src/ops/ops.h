@@ -62,10 +62,29 @@ typedef struct loom_kernels {
 extern const loom_kernels loom_kernels_ref;
 #if defined(__x86_64__)
 extern const loom_kernels loom_kernels_avx2;
+/* AVX-512 entries (F/BW/DQ/VL/VNNI/BF16), NULL where the AVX2 one is used.
+ * The _q tables hold the quantized-weight matmuls, the _dense ones the
+ * f32/f16/bf16 ones; each file owns one pair. */
+extern const loom_kernels loom_kernels_avx512_q, loom_kernels_avx512_dense;
+/* Reduced-precision variants: the same entries, but activations are
+ * rounded to the weights' fast format first (8-bit for quantized weights,
+ * bf16 for bf16 weights), as llama.cpp does. Each has a plain-C
+ * reference of the same rounding in ops_ref.c (loom_kernels_ref_fast). */
+extern const loom_kernels loom_kernels_avx512_q_fast, loom_kernels_avx512_dense_fast;
 #endif
+extern const loom_kernels loom_kernels_ref_fast;
 
-/* Best table for this CPU (cached after the first call). */
+/* Whether this CPU runs the AVX-512 tables (F, BW, DQ, VL, VNNI, BF16). */
+int loom_cpu_has_avx512(void);
+/* base with every non-NULL entry of t put over it. */
+loom_kernels loom_kernels_over(loom_kernels base, const loom_kernels *t);
+
+/* Best table for this CPU (cached after the first call). Entries of a SIMD
+ * table that are NULL fall back to the next best table's. */
 const loom_kernels *loom_kernels_get(void);
+/* The same with the reduced-precision variants where this CPU has them;
+ * every other entry is loom_kernels_get()'s. */
+const loom_kernels *loom_kernels_get_fast(void);
 
 /* Index of the largest element (first on ties). */
 int loom_argmax(const float *x, int n);

@@ -1007,6 +1007,7 @@ static int server_open(server *s, const loom_serve_params *params) {
     loom_model_params mp = loom_model_default_params();
     mp.n_threads = s->p.n_threads;
     mp.device = s->p.device;
+    mp.fast_matmul = s->p.fast_matmul;
     loom_status st = loom_model_load(dir, &mp, &s->model);
     if (!st) st = loom_tok_load_dir(dir, &s->tok);
     if (st) {

@@ -21,6 +21,7 @@ typedef struct loom_serve_params {
     int max_connections;
     int n_threads;              /* model threads; 0 = all cores */
     int device;                 /* -1 CPU, n = CUDA device n */
+    int fast_matmul;            /* loom_model_params.fast_matmul */
     int default_max_tokens;     /* when a request gives none */
     loom_engine_params engine;
     const char *port_file;      /* write the bound port here when ready */
