@@ -639,7 +639,9 @@ int main(void) {
     CHECK(best != NULL);
     /* The fast reference: loom_kernels_ref with the rounded variants. */
     static loom_kernels ref_fast;
-    ref_fast = loom_kernels_over(loom_kernels_ref, &loom_kernels_ref_fast);
+    ref_fast = loom_kernels_over(loom_kernels_over(loom_kernels_ref, &loom_kernels_ref_dense_fast),
+                                 &loom_kernels_ref_q_fast);
+    ref_fast.name = "ref-fast";
     int ran = 0;
 #if defined(__x86_64__)
     /* Each SIMD table is tested whatever LOOM_KERNELS picks, on any CPU

@@ -69,10 +69,12 @@ extern const loom_kernels loom_kernels_avx512_q, loom_kernels_avx512_dense;
 /* Reduced-precision variants: the same entries, but activations are
  * rounded to the weights' fast format first (8-bit for quantized weights,
  * bf16 for bf16 weights), as llama.cpp does. Each has a plain-C
- * reference of the same rounding in ops_ref.c (loom_kernels_ref_fast). */
+ * reference of the same rounding (loom_kernels_ref_*_fast below). */
 extern const loom_kernels loom_kernels_avx512_q_fast, loom_kernels_avx512_dense_fast;
 #endif
-extern const loom_kernels loom_kernels_ref_fast;
+/* Plain-C references of the rounded variants (ops_q_fast_ref.c,
+ * ops_dense_fast_ref.c): what the _fast SIMD entries must agree with. */
+extern const loom_kernels loom_kernels_ref_q_fast, loom_kernels_ref_dense_fast;
 
 /* Whether this CPU runs the AVX-512 tables (F, BW, DQ, VL, VNNI, BF16). */
 int loom_cpu_has_avx512(void);

@@ -156,7 +156,3 @@ int loom_argmax(const float *x, int n) {
         if (x[i] > x[best]) best = i;
     return best;
 }
-
-/* Reduced-precision references: the rounding the fast SIMD entries do,
- * done in plain C (NULL: no fast variant, the exact entry is used). */
-const loom_kernels loom_kernels_ref_fast = {.name = "ref-fast"};
