@@ -2,7 +2,7 @@
  * a real checkpoint, for benchmarks that need a model of realistic size but
  * not its trained weights.
  *
- *   gen_model --preset qwen3-0.6b --dtype bf16 --seed 1 --out DIR
+ *   gen_model --preset qwen3-0.6b|llama3-8b|tiny --dtype bf16 --seed 1 --out DIR
  *             [--format safetensors|gguf]
  *             [--layers N --hidden N --heads N --kv-heads N --head-dim N
  *              --intermediate N --vocab N --max-pos N --untied]
@@ -41,6 +41,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -75,6 +76,12 @@ static const gm_shape presets[] = {
      .vocab = 151936, .hidden = 1024, .layers = 28, .heads = 16, .kv_heads = 8,
      .head_dim = 128, .inter = 3072, .max_pos = 40960, .rope_theta = 1000000.0,
      .rms_eps = 1e-6, .tie = 1, .bos_id = 151643, .eos_id = 151645},
+    /* Same shapes and config as meta-llama/Meta-Llama-3-8B (no q/k norms,
+     * untied head). GGUF output is Qwen3-only. */
+    {.preset = "llama3-8b", .arch = "LlamaForCausalLM", .model_type = "llama",
+     .vocab = 128256, .hidden = 4096, .layers = 32, .heads = 32, .kv_heads = 8,
+     .head_dim = 128, .inter = 14336, .max_pos = 8192, .rope_theta = 500000.0,
+     .rms_eps = 1e-5, .tie = 0, .bos_id = 128000, .eos_id = 128001},
     /* A few MB: for quick checks of the tool and the benchmark. */
     {.preset = "tiny", .arch = "Qwen3ForCausalLM", .model_type = "qwen3",
      .vocab = 512, .hidden = 64, .layers = 2, .heads = 4, .kv_heads = 2,
@@ -109,6 +116,9 @@ static void gm_add(gm_tensor *list, int *n, int init, int64_t rows, int64_t cols
     t->init = init;
 }
 
+/* Qwen3 has RMSNorms on q and k per head; Llama has none. */
+static int gm_qk_norm(const gm_shape *s) { return !strcmp(s->model_type, "qwen3"); }
+
 /* Fills list (capacity 3 + 11 * layers) in Hugging Face order; returns the
  * count. */
 static int gm_tensors(const gm_shape *s, gm_tensor *list) {
@@ -122,8 +132,10 @@ static int gm_tensors(const gm_shape *s, gm_tensor *list) {
         gm_add(list, &n, GM_INIT_MATRIX, kv, H, "model.layers.%d.self_attn.k_proj.weight", l);
         gm_add(list, &n, GM_INIT_MATRIX, kv, H, "model.layers.%d.self_attn.v_proj.weight", l);
         gm_add(list, &n, GM_INIT_MATRIX, H, q, "model.layers.%d.self_attn.o_proj.weight", l);
-        gm_add(list, &n, GM_INIT_NORM, s->head_dim, 0, "model.layers.%d.self_attn.q_norm.weight", l);
-        gm_add(list, &n, GM_INIT_NORM, s->head_dim, 0, "model.layers.%d.self_attn.k_norm.weight", l);
+        if (gm_qk_norm(s)) {
+            gm_add(list, &n, GM_INIT_NORM, s->head_dim, 0, "model.layers.%d.self_attn.q_norm.weight", l);
+            gm_add(list, &n, GM_INIT_NORM, s->head_dim, 0, "model.layers.%d.self_attn.k_norm.weight", l);
+        }
         gm_add(list, &n, GM_INIT_NORM, H, 0, "model.layers.%d.post_attention_layernorm.weight", l);
         gm_add(list, &n, GM_INIT_MATRIX, I, H, "model.layers.%d.mlp.gate_proj.weight", l);
         gm_add(list, &n, GM_INIT_MATRIX, I, H, "model.layers.%d.mlp.up_proj.weight", l);
@@ -219,17 +231,53 @@ typedef struct gm_job {
 } gm_job;
 
 /* Streams every tensor's data, in list order, to f. */
+/* One worker's share of a chunk: fill and convert elements [a, b). An 8B
+ * model is 8e9 values; one thread takes minutes, so chunks are split over
+ * the cores (the values stay a function of seed, name and index). */
+typedef struct gm_part {
+    const gm_tensor *t;
+    uint64_t seed;
+    size_t start, a, b;
+    float *vals;
+    void *conv;
+    loom_dtype dt;
+} gm_part;
+
+static void *gm_part_run(void *arg) {
+    gm_part *p = arg;
+    size_t es = loom_dtype_size(p->dt);
+    gm_fill(p->t, p->seed, p->start + p->a, p->b - p->a, p->vals + p->a);
+    gm_convert(p->dt, p->vals + p->a, p->b - p->a, (char *)p->conv + p->a * es);
+    return NULL;
+}
+
+#define GM_MAX_THREADS 32
+
 static int gm_write_data(const gm_job *j, FILE *f) {
-    float *vals = malloc(GM_CHUNK * sizeof(float));
-    void *conv = malloc(GM_CHUNK * loom_dtype_size(j->dtype));
+    size_t es = loom_dtype_size(j->dtype), chunk = GM_CHUNK * 16;
+    float *vals = malloc(chunk * sizeof(float));
+    void *conv = malloc(chunk * es);
     int ok = vals && conv;
-    size_t es = loom_dtype_size(j->dtype);
+    long nc = sysconf(_SC_NPROCESSORS_ONLN);
+    int nt = nc < 1 ? 1 : nc > GM_MAX_THREADS ? GM_MAX_THREADS : (int)nc;
     for (int i = 0; i < j->n_tensors && ok; i++) {
         size_t total = gm_numel(&j->tensors[i]);
-        for (size_t off = 0; off < total && ok; off += GM_CHUNK) {
-            size_t n = LOOM_MIN(GM_CHUNK, total - off);
-            gm_fill(&j->tensors[i], j->seed, off, n, vals);
-            gm_convert(j->dtype, vals, n, conv);
+        for (size_t off = 0; off < total && ok; off += chunk) {
+            size_t n = LOOM_MIN(chunk, total - off);
+            gm_part parts[GM_MAX_THREADS];
+            pthread_t tid[GM_MAX_THREADS];
+            int started[GM_MAX_THREADS] = {0};
+            int np = n < GM_CHUNK ? 1 : nt;
+            for (int k = 0; k < np; k++) {
+                parts[k] = (gm_part){.t = &j->tensors[i], .seed = j->seed, .start = off,
+                                     .a = n * k / np, .b = n * (k + 1) / np, .vals = vals,
+                                     .conv = conv, .dt = j->dtype};
+                started[k] = k > 0 && pthread_create(&tid[k], NULL, gm_part_run, &parts[k]) == 0;
+                if (k > 0 && !started[k]) gm_part_run(&parts[k]);
+            }
+            gm_part_run(&parts[0]);
+            for (int k = 1; k < np; k++)
+                if (started[k]) pthread_join(tid[k], NULL);
             ok = fwrite(conv, es, n, f) == n;
         }
     }
@@ -839,7 +887,7 @@ static int mkdir_p(const char *dir) {
 
 static void usage(FILE *f) {
     fprintf(f,
-        "usage: gen_model --out DIR [--preset qwen3-0.6b|tiny]\n"
+        "usage: gen_model --out DIR [--preset qwen3-0.6b|llama3-8b|tiny]\n"
         "                 [--dtype bf16|f16|f32|q8_0|q4_0] [--seed N]\n"
         "                 [--format safetensors|gguf]\n"
         "                 [--layers N] [--hidden N] [--heads N] [--kv-heads N]\n"
@@ -934,7 +982,7 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < LOOM_ARRAY_LEN(presets); i++)
         if (!strcmp(presets[i].preset, preset)) p = &presets[i];
     if (!p) {
-        fprintf(stderr, "gen_model: unknown preset \"%s\" (expected qwen3-0.6b or tiny)\n", preset);
+        fprintf(stderr, "gen_model: unknown preset \"%s\" (expected qwen3-0.6b, llama3-8b or tiny)\n", preset);
         return 2;
     }
     s = *p;
@@ -966,6 +1014,11 @@ int main(int argc, char **argv) {
         if (!strcmp(writers[i].format, format)) wr = &writers[i];
     if (!wr) {
         fprintf(stderr, "gen_model: --format: expected safetensors or gguf, got \"%s\"\n", format);
+        return 2;
+    }
+    if (wr->write == gm_write_gguf && !gm_qk_norm(&s)) {
+        fprintf(stderr, "gen_model: --format gguf writes llama.cpp's qwen3 architecture only "
+                "(preset %s is %s)\n", s.preset, s.arch);
         return 2;
     }
     if (wr->write == gm_write_hf && (ty == GM_Q8_0 || ty == GM_Q4_0)) {
