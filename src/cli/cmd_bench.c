@@ -7,6 +7,11 @@
  * the spread (standard deviation, min..max), plus tokens per CPU second.
  * Several models interleave their repeats and are reported as ratios to
  * the first, so a comparison holds even on a machine busy with other work.
+ * tg<n>@b<B> (--batch B,...): B sequences decoding together through the
+ * engine (continuous batching, one forward per step for all B rows):
+ * aggregate tokens per second over the steps after every sequence has its
+ * first token; before timing, the greedy tokens of the batch are checked
+ * against the context's for the same prompts.
  * Before anything is timed the
  * run is validated: logits are finite and the one-token decode path agrees
  * with the batched path on a short prompt. */
@@ -22,7 +27,7 @@
 
 static const char usage[] =
     "usage: loom bench --model DIR [--model DIR2 ...] [-p 512] [-n 128] [--threads N]\n"
-    "                  [--reps R] [--json]\n"
+    "                  [--reps R] [--batch B,...] [--tg-prompt N] [--kv-type T] [--json]\n"
     "\n"
     "Measures prompt processing (pp: p tokens from an empty context) and text\n"
     "generation (tg: n tokens decoded one at a time after a 4-token prompt)\n"
@@ -42,10 +47,17 @@ static const char usage[] =
     "  -n, --gen N        generated tokens for tg (default 128, 0 = skip)\n"
     "  --threads N        worker threads (default: all cores)\n"
     "  --reps R           timed repeats (default 5)\n"
+    "  --batch B,...      also decode n tokens in B sequences at once through the\n"
+    "                     engine (aggregate tokens/s), for each B in the list\n"
+    "  --tg-prompt N      prompt tokens before tg and the batched decode (default 4)\n"
+    "  --kv-type T        KV cache type: f32 (default), f16, bf16, q8, q4\n"
     "  --json             print JSON instead of the table\n";
 
-#define TG_PROMPT 4
 #define CHECK_LEN 8
+#define MAX_BATCHES 8
+#define CHECK_GEN 8         /* greedy tokens compared, batch vs context */
+
+static int tg_prompt = 4;   /* --tg-prompt */
 
 typedef struct stats {
     double median, mean, sd, min, max;
@@ -147,7 +159,7 @@ static loom_status run_pp(loom_context *c, const int32_t *toks, int p, float *lo
 static loom_status run_tg(loom_context *c, const int32_t *toks, int n, int V, float *logits,
                           double *secs, double *cpu) {
     loom_status s = loom_context_truncate(c, 0);
-    if (s || (s = loom_context_eval(c, toks, TG_PROMPT, 0, logits))) return s;
+    if (s || (s = loom_context_eval(c, toks, tg_prompt, 0, logits))) return s;
     double t0 = loom_now(), c0 = cpu_now();
     for (int i = 0; i < n && !s; i++) {
         int32_t id = argmax(logits, V);
@@ -155,6 +167,53 @@ static loom_status run_tg(loom_context *c, const int32_t *toks, int n, int V, fl
     }
     *cpu = cpu_now() - c0;
     *secs = loom_now() - t0;
+    return s;
+}
+
+/* Prompt of request i in a batch: its own ids, so no two rows share KV. */
+static void batch_prompt(int32_t *t, int n, int vocab, int i) {
+    uint64_t x = 0x2545f4914f6cdd1dull * (uint64_t)(i + 1);
+    for (int k = 0; k < n; k++) {
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        t[k] = (int32_t)(x % (uint64_t)vocab);
+    }
+}
+
+/* B greedy requests of n tokens after tg_prompt-token prompts, read in
+ * lockstep. Aggregate tokens/s over the steps after every request had its
+ * first token (prefill excluded). first (B * n) receives the tokens. */
+static loom_status run_batch(loom_engine *e, const int32_t *prompts, int B, int n,
+                             int32_t *first, double *tok_s) {
+    loom_request **r = calloc((size_t)B, sizeof *r);
+    if (!r) return loom_err(LOOM_ERR_NOMEM, "out of memory");
+    loom_status s = LOOM_OK;
+    for (int i = 0; i < B && !s; i++) {
+        loom_request_params rp = loom_request_default_params();
+        rp.prompt = prompts + (size_t)i * tg_prompt;
+        rp.n_prompt = tg_prompt;
+        rp.max_tokens = n;
+        rp.ignore_eos = 1;
+        s = loom_engine_submit(e, &rp, &r[i]);
+    }
+    double t0 = 0;
+    for (int k = 0; k < n && !s; k++) {
+        for (int i = 0; i < B && !s; i++) {
+            loom_event ev;
+            if ((s = loom_request_next(r[i], &ev, -1))) break;
+            if (ev.finish) {
+                s = ev.finish == LOOM_FINISH_ERROR ? ev.status : LOOM_ERR_INTERNAL;
+                if (ev.finish != LOOM_FINISH_ERROR)
+                    loom_err(s, "batch decode: request %d finished after %d tokens", i, k);
+                break;
+            }
+            first[(size_t)i * n + k] = ev.token;
+        }
+        if (k == 0) t0 = loom_now();
+    }
+    double t1 = loom_now();
+    for (int i = 0; i < B; i++) loom_request_free(r[i]);
+    free(r);
+    *tok_s = n > 1 && t1 > t0 ? (double)B * (n - 1) / (t1 - t0) : 0;
     return s;
 }
 
@@ -190,6 +249,9 @@ typedef struct bench_model {
     double *pp, *tg;        /* owned [reps]: tokens per second */
     double *ppc, *tgc;      /* owned [reps]: tokens per CPU second */
     stats pps, tgs, ppcs, tgcs;
+    double *bt;             /* owned [n_batch * reps]: batched decode tokens/s */
+    stats bts[MAX_BATCHES];
+    int b_match[MAX_BATCHES]; /* requests whose greedy tokens match the context */
 } bench_model;
 
 static void print_row(const bench_model *b, int nthreads, const char *test, const stats *st,
@@ -202,6 +264,8 @@ static void print_row(const bench_model *b, int nthreads, const char *test, cons
     if (base > 0) printf(" %6.2fx |", st->median / base);
     printf("\n");
 }
+
+static int batches[MAX_BATCHES], n_batches;
 
 static void print_json(const bench_model *b, int nthreads, int p, int n, int reps) {
     printf("{\"model\": ");
@@ -218,6 +282,14 @@ static void print_json(const bench_model *b, int nthreads, int p, int n, int rep
         printf(", \"tg_tok_s\": %.3f, \"tg_sd\": %.3f, \"tg_min\": %.3f, \"tg_max\": %.3f, "
                "\"tg_tok_per_cpu_s\": %.3f", b->tgs.median, b->tgs.sd, b->tgs.min, b->tgs.max,
                b->tgcs.median);
+    if (n_batches) {
+        printf(", \"tg_prompt\": %d, \"batch\": [", tg_prompt);
+        for (int i = 0; i < n_batches; i++)
+            printf("%s{\"b\": %d, \"tok_s\": %.3f, \"sd\": %.3f, \"min\": %.3f, \"max\": %.3f, "
+                   "\"greedy_match\": %d}", i ? ", " : "", batches[i], b->bts[i].median,
+                   b->bts[i].sd, b->bts[i].min, b->bts[i].max, b->b_match[i]);
+        printf("]");
+    }
     printf("}\n");
 }
 
@@ -225,6 +297,7 @@ int cmd_bench(int argc, char **argv) {
     bench_model bm[MAX_MODELS];
     int nm = 0;
     int p = 512, n = 128, threads = 0, reps = 5, json = 0;
+    loom_kv_type kv_type = LOOM_KV_F32;
     memset(bm, 0, sizeof bm);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -234,7 +307,8 @@ int cmd_bench(int argc, char **argv) {
         }
         if (!strcmp(a, "--json")) { json = 1; continue; }
         static const char *valued[] = {"--model", "-p", "--prompt", "-n", "--gen",
-                                       "--threads", "--reps"};
+                                       "--threads", "--reps", "--batch", "--tg-prompt",
+                                       "--kv-type"};
         int known = 0;
         for (size_t k = 0; k < LOOM_ARRAY_LEN(valued); k++) known |= !strcmp(a, valued[k]);
         if (!known) return cli_usage_error("bench", "unknown option \"%s\"", a);
@@ -247,14 +321,30 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) bad = cli_int("bench", a, v, 0, 1 << 20, &p);
         else if (!strcmp(a, "-n") || !strcmp(a, "--gen")) bad = cli_int("bench", a, v, 0, 1 << 20, &n);
         else if (!strcmp(a, "--threads")) bad = cli_int("bench", a, v, 0, 4096, &threads);
+        else if (!strcmp(a, "--tg-prompt")) bad = cli_int("bench", a, v, 1, 1 << 20, &tg_prompt);
+        else if (!strcmp(a, "--kv-type")) bad = cli_kv_type("bench", v, &kv_type);
+        else if (!strcmp(a, "--batch")) {
+            int32_t *ids = NULL;
+            int cnt = 0;
+            if ((bad = cli_ids("bench", a, v, &ids, &cnt))) return 2;
+            if (cnt > MAX_BATCHES) bad = cli_usage_error("bench", "--batch: at most %d sizes", MAX_BATCHES);
+            for (int k = 0; k < cnt && !bad; k++) {
+                if (ids[k] < 1 || ids[k] > 4096)
+                    bad = cli_usage_error("bench", "--batch: sizes are 1..4096, found %d", ids[k]);
+                batches[k] = ids[k];
+            }
+            n_batches = bad ? 0 : cnt;
+            free(ids);
+        }
         else bad = cli_int("bench", a, v, 1, 1000, &reps);
         if (bad) return 2;
     }
     if (!nm) return cli_usage_error("bench", "--model is required");
     if (!p && !n) return cli_usage_error("bench", "nothing to measure: -p and -n are both 0");
+    if (n_batches && n < 2) return cli_usage_error("bench", "--batch needs -n >= 2");
 
     int rc = 1;
-    int n_tok = LOOM_MAX(LOOM_MAX(p, TG_PROMPT + n), CHECK_LEN);
+    int n_tok = LOOM_MAX(LOOM_MAX(p, tg_prompt + n), CHECK_LEN);
     int32_t *toks = NULL;
     int min_vocab = 1 << 30;
     loom_status s;
@@ -278,7 +368,8 @@ int cmd_bench(int argc, char **argv) {
         }
         loom_context_params cp = loom_context_default_params();
         cp.n_ctx = n_tok;
-        cp.n_batch = LOOM_MAX(p, CHECK_LEN);
+        cp.n_batch = LOOM_MAX(LOOM_MAX(p, CHECK_LEN), tg_prompt);
+        cp.kv_type = kv_type;
         if ((s = loom_context_create(b->m, &cp, &b->c))) {
             rc = cli_fail("creating context", s);
             goto done;
@@ -289,7 +380,8 @@ int cmd_bench(int argc, char **argv) {
         b->tg = calloc((size_t)reps, sizeof *b->tg);
         b->ppc = calloc((size_t)reps, sizeof *b->ppc);
         b->tgc = calloc((size_t)reps, sizeof *b->tgc);
-        if (!b->la || !b->lb || !b->pp || !b->tg || !b->ppc || !b->tgc) {
+        b->bt = calloc((size_t)reps * (n_batches ? n_batches : 1), sizeof *b->bt);
+        if (!b->la || !b->lb || !b->pp || !b->tg || !b->ppc || !b->tgc || !b->bt) {
             fprintf(stderr, "loom: error: out of memory\n");
             goto done;
         }
@@ -333,6 +425,77 @@ int cmd_bench(int argc, char **argv) {
             }
         }
     }
+    /* Batched decode through the engine, model by model: the context goes
+     * first, so a device holds one copy of the weights at a time. */
+    for (int k = 0; k < nm && n_batches; k++) {
+        bench_model *b = &bm[k];
+        int bmax = 0;
+        for (int i = 0; i < n_batches; i++) bmax = LOOM_MAX(bmax, batches[i]);
+        int32_t *prompts = malloc(sizeof *prompts * (size_t)bmax * tg_prompt);
+        int32_t *got = malloc(sizeof *got * (size_t)bmax * n);
+        int32_t *want = malloc(sizeof *want * (size_t)CHECK_GEN * bmax);
+        int ok = prompts && got && want;
+        if (!ok) fprintf(stderr, "loom: error: out of memory\n");
+        for (int i = 0; ok && i < bmax; i++) batch_prompt(prompts + (size_t)i * tg_prompt, tg_prompt, b->V, i);
+        /* the context's greedy tokens, for the check below (first 8 rows) */
+        int n_want = LOOM_MIN(bmax, 8), gen = LOOM_MIN(n, CHECK_GEN);
+        for (int i = 0; ok && i < n_want; i++) {
+            int got_n = 0;
+            if ((s = loom_context_truncate(b->c, 0)) ||
+                (s = loom_generate_greedy(b->c, prompts + (size_t)i * tg_prompt, tg_prompt, gen,
+                                          NULL, 0, want + (size_t)i * CHECK_GEN, &got_n))) {
+                ok = 0;
+                rc = cli_fail("batch check (context)", s);
+            }
+        }
+        loom_context_free(b->c);
+        b->c = NULL;
+        loom_engine_params ep = loom_engine_default_params();
+        ep.max_seqs = bmax;
+        ep.max_batch_tokens = LOOM_MAX(2048, bmax);
+        ep.n_ctx = tg_prompt + n + 1;
+        ep.kv_type = kv_type;
+        ep.prefix_cache = 0;
+        loom_engine *e = NULL;
+        if (ok && (s = loom_engine_create(b->m, &ep, &e))) {
+            ok = 0;
+            rc = cli_fail("creating engine", s);
+        }
+        for (int i = 0; ok && i < n_batches; i++) {
+            int B = batches[i];
+            double ts = 0;
+            for (int r = -1; ok && r < reps; r++) {
+                if ((s = run_batch(e, prompts, B, n, got, &ts))) {
+                    ok = 0;
+                    rc = cli_fail("batch decode", s);
+                } else if (r < 0) {
+                    /* Batched GEMMs sum in another order than the one-row
+                     * path: a near-tie can flip, so count, report, and
+                     * fail only when most rows disagree. */
+                    int match = 0, rows = LOOM_MIN(B, n_want);
+                    for (int q = 0; q < rows; q++)
+                        match += !memcmp(got + (size_t)q * n, want + (size_t)q * CHECK_GEN,
+                                         sizeof *got * (size_t)gen);
+                    b->b_match[i] = match;
+                    fprintf(stderr, "loom bench: batch %d: %d of %d rows' first %d greedy tokens "
+                            "equal the context's\n", B, match, rows, gen);
+                    if (2 * match < rows) {
+                        fprintf(stderr, "loom: error: bench validation: batched decode "
+                                "disagrees with the context\n");
+                        ok = 0;
+                    }
+                } else {
+                    b->bt[(size_t)i * reps + r] = ts;
+                }
+            }
+            if (ok) b->bts[i] = summarize(b->bt + (size_t)i * reps, reps);
+        }
+        loom_engine_free(e);
+        free(prompts);
+        free(got);
+        free(want);
+        if (!ok) goto done;
+    }
     int nthreads = threads ? threads : loom_cpu_count();
     for (int k = 0; k < nm; k++) {
         bm[k].pps = summarize(bm[k].pp, p ? reps : 0);
@@ -361,6 +524,12 @@ int cmd_bench(int argc, char **argv) {
             print_row(&bm[k], nthreads, test, &bm[k].tgs, &bm[k].tgcs,
                       nm > 1 ? bm[0].tgs.median : 0);
         }
+        for (int k = 0; k < nm; k++)
+            for (int i = 0; i < n_batches; i++) {
+                snprintf(test, sizeof test, "tg%d@b%d", n, batches[i]);
+                print_row(&bm[k], nthreads, test, &bm[k].bts[i], &bm[k].bts[i],
+                          nm > 1 ? bm[0].bts[i].median : 0);
+            }
         printf("(%d reps after 1 warm-up%s; t/cpu-s: median tokens per CPU second of the "
                "process, all threads; %s)\n", reps, nm > 1 ? ", models interleaved" : "",
                loom_model_arch(bm[0].m));
@@ -375,6 +544,7 @@ done:
         free(bm[k].tg);
         free(bm[k].ppc);
         free(bm[k].tgc);
+        free(bm[k].bt);
         loom_context_free(bm[k].c);
         loom_model_free(bm[k].m);
     }
