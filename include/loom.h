@@ -202,6 +202,17 @@ typedef struct loom_request_params {
                                the conversation before the newest user turn);
                                models with linear-attention layers save their
                                state there when it is >= 256 tokens; 0 = none */
+    const char *save_id;    /* keep this request's final state (KV of prompt and
+                               output, recurrent state) under this id when it
+                               finishes (stop or length), and as the latest turn
+                               of its cache_session_id if any; NULL = don't.
+                               Kept while memory allows (prefix cache on). */
+    const char *resume_id;  /* continue the state kept under this save_id: when
+                               the prompt starts with its tokens and adds at
+                               least one, only the new tokens are computed. NULL
+                               = the latest turn of cache_session_id, if any.
+                               An unknown, evicted or unmatched id is no error:
+                               the prompt goes through the prefix cache. */
 } loom_request_params;
 
 typedef enum loom_finish {
@@ -222,7 +233,8 @@ typedef struct loom_event {
     loom_status status;     /* the failure, for LOOM_FINISH_ERROR */
     int n_prompt;           /* usage, filled on the final event */
     int n_generated;
-    int n_cached;           /* prompt tokens served from the prefix cache */
+    int n_cached;           /* prompt tokens served from the prefix cache or a
+                               continued session (not computed) */
 } loom_event;
 
 typedef struct loom_engine_stats {
@@ -233,6 +245,9 @@ typedef struct loom_engine_stats {
     uint64_t cache_hit_tokens, cache_miss_tokens, cache_evicted_blocks;
     uint64_t disk_hit_tokens, disk_reads, disk_writes, disk_bad_files;
     uint64_t disk_bytes;
+    int sessions;                        /* finished sequences kept for continuation */
+    uint64_t session_hits, session_misses; /* requests that named one: resumed or not */
+    uint64_t session_hit_tokens, session_evictions;
 } loom_engine_stats;
 
 loom_engine_params loom_engine_default_params(void);

@@ -7,6 +7,8 @@
 #include <cjson/cJSON.h>
 
 #include "base/base.h"
+#include "engine/kv.h"
+#include "model/model.h"
 #include "load/safetensors.h"
 #include "test.h"
 
@@ -629,7 +631,189 @@ static void kv_lossy(const char *dir) {
     free_fixture(&f);
 }
 
+
+/* ---- sessions -------------------------------------------------------------- */
+
+#define NTOP 5
+
+/* Greedy tokens and the log-probabilities of the NTOP best tokens at each
+ * step, cold through a context. */
+static void cold_run(fixture *f, const int32_t *ids, int n, int32_t *toks, float (*lp)[NTOP]) {
+    loom_context *c = NULL;
+    loom_context_params cp = loom_context_default_params();
+    cp.n_ctx = n + NG + 1;
+    CHECK(loom_context_create(f->m, &cp, &c) == LOOM_OK);
+    int V = loom_model_vocab_size(f->m);
+    float *l = malloc(sizeof(float) * V);
+    CHECK(loom_context_eval(c, ids, n, 0, l) == LOOM_OK);
+    for (int t = 0; t < NG; t++) {
+        double mx = l[0], sum = 0;
+        for (int k = 1; k < V; k++) mx = fmax(mx, l[k]);
+        for (int k = 0; k < V; k++) sum += exp(l[k] - mx);
+        for (int j = 0; j < NTOP; j++) { /* j-th best, ties to the lower id */
+            int best = 0;
+            for (int k = 1; k < V; k++)
+                if (l[k] > l[best]) best = k;
+            lp[t][j] = (float)(l[best] - mx - log(sum));
+            if (j == 0) toks[t] = best;
+            l[best] = -INFINITY;
+        }
+        CHECK(loom_context_eval(c, &toks[t], 1, 0, l) == LOOM_OK);
+    }
+    free(l);
+    loom_context_free(c);
+}
+
+/* Runs a greedy request; fills tokens, top log-probabilities, cached count. */
+static loom_finish run_session(loom_engine *e, const int32_t *ids, int n, const char *save,
+                               const char *resume, int32_t *toks, float (*lp)[NTOP], int *cached) {
+    loom_request_params rp = loom_request_default_params();
+    rp.prompt = ids;
+    rp.n_prompt = n;
+    rp.max_tokens = NG;
+    rp.ignore_eos = 1;
+    rp.logprobs = NTOP;
+    rp.save_id = save;
+    rp.resume_id = resume;
+    loom_request *r = NULL;
+    CHECKF(loom_engine_submit(e, &rp, &r) == LOOM_OK, "submit: %s", loom_last_error());
+    if (!r) return LOOM_FINISH_ERROR;
+    int k = 0;
+    loom_finish fin = LOOM_FINISH_ERROR;
+    for (;;) {
+        loom_event ev;
+        if (loom_request_next(r, &ev, 60000) != LOOM_OK) break;
+        if (ev.finish) {
+            fin = ev.finish;
+            *cached = ev.n_cached;
+            break;
+        }
+        if (k < NG) {
+            toks[k] = ev.token;
+            for (int j = 0; j < NTOP; j++) lp[k][j] = ev.top_logprobs[j];
+        }
+        k++;
+    }
+    loom_request_free(r);
+    return k == NG ? fin : LOOM_FINISH_ERROR;
+}
+
+/* Stats once the engine has published the step that finished the last
+ * request (events arrive before the step's counters). */
+static void settled_stats(loom_engine *e, loom_engine_stats *st) {
+    for (int i = 0; i < 2000; i++) {
+        loom_engine_get_stats(e, st);
+        if (st->running == 0 && st->waiting == 0) return;
+        usleep(1000);
+    }
+}
+
+static double worst_diff(float (*a)[NTOP], float (*b)[NTOP]) {
+    double w = 0;
+    for (int t = 0; t < NG; t++)
+        for (int j = 0; j < NTOP; j++) w = fmax(w, fabs(a[t][j] - b[t][j]));
+    return w;
+}
+
+/* A request continuing a finished one computes only its new tokens and
+ * gives what a cold run of the whole prompt gives; a prompt that strays
+ * from the session resumes up to where it strays (dense) or not at all
+ * (recurrent state), an evicted session falls back, a cancelled resume
+ * leaves the pool idle. */
+static void sessions(const char *dir) {
+    fixture f;
+    if (!load_fixture(dir, &f)) { CHECK(0); return; }
+    int stateful = strstr(dir, "hybrid") != NULL;
+    loom_engine_params ep = loom_engine_default_params();
+    ep.n_ctx = 400;
+    ep.max_batch_tokens = 64;
+    /* a pool of 32 blocks: the two sessions (15) and a 300-token prompt (20)
+     * do not fit together (but for sliding windows, which drop blocks) */
+    int swa = strstr(dir, "swa") != NULL;
+    ep.kv_memory = loom_kv_block_bytes(f.m->cfg.n_layers, loom_model_kv_dim(f.m), 16, LOOM_KV_F32) * 32;
+    loom_engine *e = NULL;
+    CHECK(loom_engine_create(f.m, &ep, &e) == LOOM_OK);
+    if (!e) { free_fixture(&f); return; }
+    int32_t g1[NG], toks[NG], cold[NG];
+    float lp1[NG][NTOP], lp[NG][NTOP], lpc[NG][NTOP];
+    int cached = -1, A = 150;
+    /* turn 1: 150 prompt tokens, 20 generated; 169 end up in KV */
+    CHECK(run_session(e, f.ids[3], A, "r1", NULL, g1, lp1, &cached) == LOOM_FINISH_LENGTH);
+    loom_engine_stats st0, st1;
+    settled_stats(e, &st0);
+    CHECK_EQ_INT(st0.sessions, 1);
+    /* turn 2: the whole of turn 1, then 30 new tokens */
+    int32_t next[220];
+    memcpy(next, f.ids[3], sizeof(int32_t) * A);
+    memcpy(next + A, g1, sizeof(int32_t) * NG);
+    memcpy(next + A + NG, f.ids[2], sizeof(int32_t) * 30);
+    int n2 = A + NG + 30, kept = A + NG - 1;
+    cold_run(&f, next, n2, cold, lpc);
+    CHECK(run_session(e, next, n2, "r2", "r1", toks, lp, &cached) == LOOM_FINISH_LENGTH);
+    settled_stats(e, &st1);
+    CHECKF(cached == kept, "%s: %d cached tokens, want %d", dir, cached, kept);
+    CHECKF(st1.prefill_tokens - st0.prefill_tokens == (uint64_t)(n2 - kept),
+           "%s: %llu tokens prefilled, want %d", dir,
+           (unsigned long long)(st1.prefill_tokens - st0.prefill_tokens), n2 - kept);
+    CHECK_EQ_INT(st1.session_hits, 1);
+    CHECKF(same_tokens(toks, cold, NG) && worst_diff(lp, lpc) < 1e-5,
+           "%s: continued run differs from cold (logprob diff %g)", dir, worst_diff(lp, lpc));
+    /* a prompt that strays 10 tokens into turn 1's output */
+    next[A + 10] = (next[A + 10] + 1) % loom_model_vocab_size(f.m);
+    cold_run(&f, next, n2, cold, lpc);
+    CHECK(run_session(e, next, n2, NULL, "r1", toks, lp, &cached) == LOOM_FINISH_LENGTH);
+    settled_stats(e, &st0);
+    if (stateful) {
+        CHECK_EQ_INT(st0.session_misses, 1);
+        CHECKF(cached == 0, "%s: strayed prompt resumed %d tokens", dir, cached);
+    } else {
+        CHECK_EQ_INT(st0.session_hits, 2);
+        CHECK_EQ_INT(cached, A + 10);
+    }
+    CHECKF(same_tokens(toks, cold, NG) && worst_diff(lp, lpc) < 1e-5,
+           "%s: strayed run differs from cold (logprob diff %g)", dir, worst_diff(lp, lpc));
+    /* cancelled right after submit (before or after its restore): the
+     * pool is idle again and the session is still there */
+    next[A + 10] = g1[10];
+    loom_request_params rp = loom_request_default_params();
+    rp.prompt = next;
+    rp.n_prompt = n2;
+    rp.resume_id = "r1";
+    loom_request *x = NULL;
+    CHECK(loom_engine_submit(e, &rp, &x) == LOOM_OK);
+    loom_request_cancel(x);
+    loom_request_free(x);
+    check_idle(e);
+    settled_stats(e, &st0);
+    CHECK_EQ_INT(st0.sessions, 2);
+    /* a 300-token prompt sharing nothing needs the blocks both sessions
+     * hold: they are evicted */
+    int32_t other[300];
+    for (int i = 0; i < 300; i++) other[i] = (f.ids[3][i] + 7) % loom_model_vocab_size(f.m);
+    CHECK(run_session(e, other, 300, NULL, NULL, toks, lp, &cached) == LOOM_FINISH_LENGTH);
+    settled_stats(e, &st0);
+    if (swa) loom_engine_free(e); /* the sessions are gone with the engine */
+    if (swa) CHECK(loom_engine_create(f.m, &ep, &e) == LOOM_OK);
+    else CHECKF(st0.sessions < 2 && st0.session_evictions > 0, "%s: %d sessions, %llu evicted", dir,
+                st0.sessions, (unsigned long long)st0.session_evictions);
+    cold_run(&f, next, n2, cold, lpc);
+    settled_stats(e, &st0);
+    uint64_t misses = st0.session_misses;
+    int gone = st0.sessions == 0;
+    CHECK(run_session(e, next, n2, NULL, "r1", toks, lp, &cached) == LOOM_FINISH_LENGTH);
+    settled_stats(e, &st0);
+    if (gone) CHECK_EQ_INT(st0.session_misses, misses + 1);
+    CHECKF(same_tokens(toks, cold, NG) && worst_diff(lp, lpc) < 1e-5,
+           "%s: run after eviction differs from cold (logprob diff %g)", dir, worst_diff(lp, lpc));
+    check_idle(e);
+    loom_engine_free(e);
+    free_fixture(&f);
+}
+
 int main(void) {
+    sessions("tests/fixtures/models/qwen3-tiny");
+    sessions("tests/fixtures/models/qwen3.5-tiny-hybrid");
+    sessions("tests/fixtures/models/mistral-tiny-swa");
     disk_tier_hybrid();
     kv_lossy("tests/fixtures/models/qwen3-tiny");
     kv_lossy("tests/fixtures/models/llama3-tiny");

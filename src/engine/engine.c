@@ -21,11 +21,21 @@
  *   end of the prefill asks for logits, and only for its last position.
  * - Decodes never wait for a prefill: decode rows are placed first, so a
  *   joining prefill can delay a step by at most one budget's worth of work.
+ * - Sessions. A request with a save id parks its whole sequence (and
+ *   recurrent state) in the session store when it finishes; a request
+ *   naming it resumes at admission: dense models from the longest common
+ *   prefix of the two token lists (short of the prompt's last token),
+ *   models with recurrent state only at exactly the session's end (else
+ *   the prefix cache and snapshots take over). The blocks are mapped, the
+ *   partial last one copied, so only the new tokens are forwarded. Parked
+ *   blocks are reclaimable: wherever blocks are needed, sessions are
+ *   evicted (least recently used first) before anything is preempted.
  * Invariants
  *   1. A running request holds KV blocks for every token it has in KV and,
  *      while prefilling, for its whole prefill (reserved at admission).
  *   2. A waiting request holds no blocks; a finished one is not in any queue.
- *   3. When no request is running, every block of the pool is free.
+ *   3. When no request is running, every block of the pool is free or
+ *      reclaimable (cached or parked).
  * Only the engine thread touches running/waiting and the pool. */
 #include <math.h>
 #include <pthread.h>
@@ -38,6 +48,7 @@
 #include "engine/exec.h"
 #include "engine/kvdisk.h"
 #include "engine/request.h"
+#include "engine/session.h"
 #include "engine/snapshot.h"
 #include "model/forward.h"
 
@@ -66,6 +77,7 @@ struct loom_engine {
     int cache;                     /* prefix cache in use */
     loom_kvdisk *disk;             /* owned disk tier, or NULL */
     loom_snapshots *snaps;         /* owned saved states (linear-attention models) */
+    loom_sessions *sessions;       /* owned parked sequences, or NULL (no prefix cache) */
     void *state_buf;               /* owned scratch for a state read from disk */
     int has_state;                 /* the model keeps recurrent state per sequence */
     int window;                    /* every layer slides over this many tokens; 0 = no */
@@ -114,9 +126,38 @@ static int chunk_for(const loom_engine *e, const loom_request *r) {
 
 /* ---- request lifecycle (engine thread) --------------------------------- */
 
+/* Evicts parked sessions until need blocks can be handed out (or none is
+ * left to evict). */
+static void make_room(loom_engine *e, int need) {
+    while (e->sessions && loom_kv_available(e->kv) < need && loom_sessions_evict_one(e->sessions))
+        e->counters.session_evictions++;
+}
+
+static loom_status reserve(loom_engine *e, loom_kv_seq *seq, int n_tokens) {
+    make_room(e, (n_tokens + e->kv->block_size - 1) / e->kv->block_size - seq->n_blocks);
+    return loom_kv_seq_reserve(e->kv, seq, n_tokens);
+}
+
+/* Parks a finished request's sequence under its save keys: the blocks
+ * holding its tokens, and its recurrent state. */
+static void park(loom_engine *e, loom_request *r) {
+    loom_kv_seq *seq = &r->seq;
+    int keep = (seq->n_tokens + e->kv->block_size - 1) / e->kv->block_size;
+    if (seq->n_blocks > keep) loom_kv_seq_truncate(e->kv, seq, keep * e->kv->block_size);
+    loom_session *x = loom_sessions_put(e->sessions, r->save_key, r->save_alias, r->ns, seq, r->tokens);
+    if (x && x->state) loom_seq_state_save(r->rstate, x->state);
+    /* parked blocks count against the cache's cap like unreferenced cached ones */
+    while (e->kv->n_lru + e->kv->n_reclaim > e->kv->cache_cap && loom_sessions_evict_one(e->sessions))
+        e->counters.session_evictions++;
+}
+
 static void finish(loom_engine *e, loom_request *r, loom_finish why, loom_status st,
                    const char *msg) {
-    loom_kv_seq_release(e->kv, &r->seq);
+    if (e->sessions && r->save_key && r->seq.n_tokens > 0 &&
+        (why == LOOM_FINISH_STOP || why == LOOM_FINISH_LENGTH))
+        park(e, r);
+    else
+        loom_kv_seq_release(e->kv, &r->seq);
     r->state = RQ_DONE;
     if (msg) snprintf(r->error, sizeof r->error, "%s", msg);
     loom_event ev = {.finish = why, .status = st, .n_prompt = r->n_prompt,
@@ -259,6 +300,48 @@ static int resume_from_snapshot(loom_engine *e, loom_request *r) {
     return 0;
 }
 
+static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb) {
+    int n = 0;
+    while (n < na && n < nb && a[n] == b[n]) n++;
+    return n;
+}
+
+/* Continues the session the request names, if its prompt extends the
+ * session's tokens. Returns the tokens resumed, or -1 (nothing mapped). */
+static int resume_session(loom_engine *e, loom_request *r) {
+    loom_session *x = loom_sessions_find(e->sessions, r->resume_key, r->ns);
+    int bs = e->kv->block_size, use = 0;
+    if (x) {
+        int common = common_prefix(x->tokens, x->seq.n_tokens, r->tokens, r->prefill_len);
+        if (e->has_state) /* recurrent state exists only at the session's end */
+            use = common == x->seq.n_tokens && common < r->prefill_len ? common : 0;
+        else /* KV is exact up to any position; one token is left to compute */
+            use = LOOM_MIN(common, r->prefill_len - 1);
+        /* sliding windows: the blocks the next positions see must be there */
+        for (int i = e->window ? LOOM_MAX(use - e->window + 1, 0) / bs : 0;
+             use > 0 && i < (use + bs - 1) / bs; i++)
+            if (x->seq.blocks[i] < 0) use = 0;
+    }
+    if (use > 0) {
+        x->pinned = 1;
+        make_room(e, 1); /* for the copy of the partial last block */
+        x->pinned = 0;
+        if (loom_kv_seq_share(e->kv, &r->seq, &x->seq, use) != LOOM_OK) {
+            loom_kv_seq_release(e->kv, &r->seq);
+            loom_err_clear();
+            use = 0;
+        }
+    }
+    if (use <= 0) {
+        e->counters.session_misses++;
+        return -1;
+    }
+    if (x->state) loom_seq_state_load(r->rstate, x->state, use);
+    e->counters.session_hits++;
+    e->counters.session_hit_tokens += (uint64_t)use;
+    return use;
+}
+
 /* Saves the state of a stateful request that just reached a boundary. */
 static void maybe_snapshot(loom_engine *e, loom_request *r) {
     int n = r->seq.n_tokens, bs = e->kv->block_size;
@@ -305,7 +388,7 @@ static int step(loom_engine *e) {
     for (int i = 0; i < e->n_running;) {
         loom_request *r = e->running[i];
         if (r->state != RQ_DECODE) { i++; continue; }
-        if (loom_kv_seq_reserve(e->kv, &r->seq, r->seq.n_tokens + 1) != LOOM_OK) {
+        if (reserve(e, &r->seq, r->seq.n_tokens + 1) != LOOM_OK) {
             int v = newest_running(e);
             preempt(e, v);
             if (v < i) i--;
@@ -330,8 +413,12 @@ static int step(loom_engine *e) {
         loom_request *r = e->waiting[e->wait_head];
         r->prefill_len = r->n_tokens;
         double tl = loom_now();
-        int hit = e->cache ? loom_kv_cache_lookup(e->kv, &r->seq, r->tokens, r->prefill_len, r->ns) : 0;
-        if (e->snaps) hit = resume_from_snapshot(e, r);
+        int hit = e->sessions && r->resume_key ? resume_session(e, r) : -1;
+        if (hit < 0) {
+            hit = e->cache ? loom_kv_cache_lookup(e->kv, &r->seq, r->tokens, r->prefill_len, r->ns) : 0;
+            if (e->snaps) hit = resume_from_snapshot(e, r);
+        }
+        make_room(e, blocks_for(e, r->prefill_len + 1) - r->seq.n_blocks);
         if (blocks_for(e, r->prefill_len + 1) - r->seq.n_blocks > loom_kv_available(e->kv) ||
             loom_kv_seq_reserve(e->kv, &r->seq, r->prefill_len) != LOOM_OK) {
             loom_kv_seq_release(e->kv, &r->seq);
@@ -430,7 +517,12 @@ static void *engine_main(void *arg) {
         e->stats.preemptions = e->counters.preemptions;
         e->stats.waiting = e->wait_len + e->n_inbox;
         e->stats.running = e->n_running;
-        e->stats.kv_blocks_free = loom_kv_available(e->kv);
+        e->stats.kv_blocks_free = loom_kv_available(e->kv) + e->kv->n_reclaim;
+        e->stats.sessions = e->sessions ? loom_sessions_count(e->sessions) : 0;
+        e->stats.session_hits = e->counters.session_hits;
+        e->stats.session_misses = e->counters.session_misses;
+        e->stats.session_hit_tokens = e->counters.session_hit_tokens;
+        e->stats.session_evictions = e->counters.session_evictions;
         e->stats.kv_blocks_cached = e->kv->n_cached;
         e->stats.cache_hit_tokens = e->kv->hits * (uint64_t)e->kv->block_size;
         e->stats.cache_miss_tokens = e->kv->misses * (uint64_t)e->kv->block_size;
@@ -532,6 +624,9 @@ loom_status loom_engine_create(loom_model *m, const loom_engine_params *params,
         s = loom_snapshots_create(loom_seq_state_bytes(m), p.snapshot_bytes ? p.snapshot_bytes : (size_t)1 << 30,
                                   &e->snaps);
     if (!s && e->cache)
+        s = loom_sessions_create(e->kv, 4096, loom_seq_state_bytes(m),
+                                 p.snapshot_bytes ? p.snapshot_bytes : (size_t)1 << 30, &e->sessions);
+    if (!s && e->cache)
         s = loom_kv_cache_enable(e->kv, p.prefix_cache_bytes ? (int)LOOM_MIN(p.prefix_cache_bytes / block, (size_t)n_blocks) : 0);
     if (p.prefix_cache_dir && m->device >= 0) /* the disk tier copies host KV rows */
         loom_log(LOOM_LOG_WARN, "the prefix cache disk tier is not available on a device yet");
@@ -593,6 +688,8 @@ void loom_engine_free(loom_engine *e) {
         pthread_cond_destroy(&e->cv);
     }
     if (e->trace) fclose(e->trace);
+    loom_sessions_free(e->sessions); /* parked blocks go back to the pool (and cache) */
+    e->sessions = NULL;
     if (e->disk) {
         /* what is still cached in memory goes to disk for the next start */
         loom_kv_cache_spill_all(e->kv);
@@ -662,6 +759,11 @@ loom_status loom_engine_submit(loom_engine *e, const loom_request_params *p, loo
         char ns[512];
         int w = snprintf(ns, sizeof ns, "%s%s", e->ns_base, p->cache_session_id ? p->cache_session_id : "");
         r->ns = loom_kv_namespace(ns, (size_t)LOOM_MIN(w, (int)sizeof ns - 1));
+        const char *sid = p->cache_session_id;
+        if (p->save_id) r->save_key = loom_sessions_key("response", p->save_id);
+        if (p->save_id && sid) r->save_alias = loom_sessions_key("session", sid);
+        if (p->resume_id) r->resume_key = loom_sessions_key("response", p->resume_id);
+        else if (sid) r->resume_key = loom_sessions_key("session", sid);
     }
     if (s) {
         loom_rq_release(r);

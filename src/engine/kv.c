@@ -128,8 +128,9 @@ loom_status loom_kv_pool_create(int n_layers, int kv_dim, int block_size,
     if (posix_memalign((void **)&p->k, 64, half) != 0) p->k = NULL;
     if (posix_memalign((void **)&p->v, 64, half) != 0) p->v = NULL;
     p->refcount = calloc((size_t)n_blocks, sizeof *p->refcount);
+    p->parked = calloc((size_t)n_blocks, sizeof *p->parked);
     p->free_list = malloc(sizeof *p->free_list * (size_t)n_blocks);
-    if (!p->k || !p->v || !p->refcount || !p->free_list) {
+    if (!p->k || !p->v || !p->refcount || !p->parked || !p->free_list) {
         loom_kv_pool_free(p);
         return loom_err(LOOM_ERR_NOMEM, "kv pool: cannot allocate %zu bytes", 2 * half);
     }
@@ -151,6 +152,7 @@ void loom_kv_pool_free(loom_kv_pool *p) {
     free(p->k);
     free(p->v);
     free(p->refcount);
+    free(p->parked);
     free(p->free_list);
     free(p);
 }
@@ -227,9 +229,22 @@ static void evict_one(loom_kv_pool *p) {
     p->evictions++;
 }
 
+/* Every reference to b belongs to parked sequences: evicting them frees b. */
+static int only_parked(const loom_kv_pool *p, int b) {
+    return p->parked[b] > 0 && p->parked[b] == p->refcount[b];
+}
+
+/* Every reference count change goes through here, keeping n_reclaim. */
+static void ref_add(loom_kv_pool *p, int b, int d) {
+    int was = only_parked(p, b);
+    p->refcount[b] += d;
+    p->n_reclaim += only_parked(p, b) - was;
+}
+
 static void block_unref(loom_kv_pool *p, int b) {
     assert(p->refcount[b] > 0);
-    if (--p->refcount[b] > 0) return;
+    ref_add(p, b, -1);
+    if (p->refcount[b] > 0) return;
     if (p->hash && p->hash[b]) {
         lru_push(p, b);
         while (p->n_lru > p->cache_cap) evict_one(p);
@@ -301,7 +316,8 @@ int loom_kv_cache_lookup(loom_kv_pool *p, loom_kv_seq *seq, const int32_t *token
         uint64_t h = chain_hash(chain, t, bs);
         int b = table_find(p, h, chain, t);
         if (b >= 0) {
-            if (p->refcount[b]++ == 0) lru_unlink(p, b);
+            if (p->refcount[b] == 0) lru_unlink(p, b);
+            ref_add(p, b, 1);
         } else {
             /* Not in memory: the tier may have it. Keep one block spare so
              * a restore never starves the rest of the prompt. */
@@ -371,6 +387,17 @@ loom_status loom_kv_seq_reserve(loom_kv_pool *p, loom_kv_seq *seq, int n_tokens)
     return LOOM_OK;
 }
 
+/* A fresh block holding a copy of b's rows (a block must be available). */
+static int block_copy(loom_kv_pool *p, int b) {
+    int nb = block_take(p);
+    size_t row = (size_t)p->block_size * p->row_bytes;
+    for (int l = 0; l < p->n_layers; l++) {
+        memcpy(loom_kv_block_k(p, l, nb), loom_kv_block_k(p, l, b), row);
+        memcpy(loom_kv_block_v(p, l, nb), loom_kv_block_v(p, l, b), row);
+    }
+    return nb;
+}
+
 void loom_kv_seq_truncate(loom_kv_pool *p, loom_kv_seq *seq, int n_tokens) {
     if (n_tokens < 0) n_tokens = 0;
     int bs = p->block_size, keep = (n_tokens + bs - 1) / bs;
@@ -389,13 +416,7 @@ void loom_kv_seq_truncate(loom_kv_pool *p, loom_kv_seq *seq, int n_tokens) {
         } else if (p->refcount[b] == 1 && p->hash && p->hash[b]) {
             table_remove(p, b); /* ours alone: just stop caching it */
         } else if (p->refcount[b] > 1 && loom_kv_available(p) > 0) {
-            int nb = block_take(p);
-            size_t row = (size_t)bs * p->row_bytes;
-            for (int l = 0; l < p->n_layers; l++) {
-                memcpy(loom_kv_block_k(p, l, nb), loom_kv_block_k(p, l, b), row);
-                memcpy(loom_kv_block_v(p, l, nb), loom_kv_block_v(p, l, b), row);
-            }
-            seq->blocks[keep - 1] = nb;
+            seq->blocks[keep - 1] = block_copy(p, b);
             block_unref(p, b);
         }
     }
@@ -416,4 +437,40 @@ int loom_kv_seq_drop_before(loom_kv_pool *p, loom_kv_seq *seq, int pos) {
         dropped++;
     }
     return dropped;
+}
+
+void loom_kv_seq_park(loom_kv_pool *p, const loom_kv_seq *seq, int on) {
+    for (int i = 0; i < seq->n_blocks; i++) {
+        int b = seq->blocks[i];
+        if (b < 0) continue;
+        int was = only_parked(p, b);
+        p->parked[b] += on ? 1 : -1;
+        assert(p->parked[b] >= 0 && p->parked[b] <= p->refcount[b]);
+        p->n_reclaim += only_parked(p, b) - was;
+    }
+}
+
+loom_status loom_kv_seq_share(loom_kv_pool *p, loom_kv_seq *dst, const loom_kv_seq *src,
+                              int n_tokens) {
+    assert(dst->n_blocks == 0 && n_tokens > 0 && n_tokens <= src->n_tokens);
+    int bs = p->block_size, keep = (n_tokens + bs - 1) / bs, partial = n_tokens % bs != 0;
+    if (partial && (src->blocks[keep - 1] < 0 || loom_kv_available(p) < 1))
+        return loom_err(LOOM_ERR_NO_KV, "kv: no block for a copy of the last shared block");
+    loom_status s = seq_grow(dst, keep);
+    if (s != LOOM_OK) return s;
+    for (int i = 0; i < keep; i++) {
+        int b = src->blocks[i];
+        dst->blocks[i] = b;
+        if (b >= 0) ref_add(p, b, 1); /* src holds it: never on the LRU list */
+    }
+    dst->n_blocks = keep;
+    if (partial) { /* the next write lands in it */
+        int b = dst->blocks[keep - 1];
+        dst->blocks[keep - 1] = block_copy(p, b);
+        block_unref(p, b);
+    }
+    dst->n_tokens = n_tokens;
+    dst->n_hashed = 0; /* the next commit walks the chain again */
+    dst->chain = 0;
+    return LOOM_OK;
 }

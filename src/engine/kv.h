@@ -23,6 +23,14 @@
  *      entries; entries wholly outside every layer's sliding window may be
  *      -1 (released).
  *   4. free + lru + (blocks with refcount > 0) == n_blocks.
+ *   5. parked[b] <= refcount[b]; n_reclaim counts the blocks with
+ *      parked[b] == refcount[b] > 0 (held only by parked sequences).
+ * - Parked sequences. A finished request's sequence may be kept whole
+ *   (partial last block included) so a later request continues it; its
+ *   references are marked parked. Blocks only parked sequences hold are
+ *   reclaimable: their owner (the engine's session store) drops parked
+ *   sequences when the pool runs short. A sequence continuing a parked one
+ *   maps its blocks (refcount + 1) and copies the partial last block.
  * Only the engine thread calls these functions. */
 #ifndef LOOM_KV_H
 #define LOOM_KV_H
@@ -55,6 +63,8 @@ typedef struct loom_kv_pool {
     const struct loom_kernels *kern; /* borrowed: widening kernels */
     uint8_t *k, *v;      /* owned (n_layers, n_blocks, block_size) rows of row_bytes */
     int *refcount;       /* owned [n_blocks] */
+    int *parked;         /* owned [n_blocks]: references held by parked sequences */
+    int n_reclaim;       /* blocks only parked sequences hold */
     int *free_list;      /* owned [n_blocks], stack of free ids */
     int n_free;
     /* prefix cache; all NULL / 0 when disabled */
@@ -112,6 +122,16 @@ void loom_kv_seq_truncate(loom_kv_pool *p, loom_kv_seq *seq, int n_tokens);
 int loom_kv_seq_drop_before(loom_kv_pool *p, loom_kv_seq *seq, int pos);
 /* Releases every block and the table. seq is empty afterwards. */
 void loom_kv_seq_release(loom_kv_pool *p, loom_kv_seq *seq);
+
+/* Marks (on) or unmarks every block reference of seq as parked: held by a
+ * sequence kept for continuation (see design notes). Unmark before release. */
+void loom_kv_seq_park(loom_kv_pool *p, const loom_kv_seq *seq, int on);
+/* Maps the first n_tokens (> 0, <= src->n_tokens) of src into the empty
+ * dst without copying (refcount + 1); a partial last block is copied, as
+ * dst will write into it. LOOM_ERR_NO_KV (dst untouched but for its table)
+ * when no block is available for that copy. */
+loom_status loom_kv_seq_share(loom_kv_pool *p, loom_kv_seq *dst, const loom_kv_seq *src,
+                              int n_tokens);
 
 /* Blocks that can be handed out now: free plus evictable cached ones. */
 static inline int loom_kv_available(const loom_kv_pool *p) { return p->n_free + p->n_lru; }

@@ -49,6 +49,8 @@ struct loom_request {
     int n_cached;              /* prompt tokens mapped from the prefix cache */
     int snap[2];               /* boundaries to save recurrent state at (0 = none) */
     uint64_t ns;               /* prefix-cache namespace of this request */
+    uint64_t save_key, save_alias; /* session keys to park the sequence under (0 = none) */
+    uint64_t resume_key;       /* session to continue (0 = none) */
     struct loom_seq_state *rstate; /* owned recurrent state, or NULL */
     int prefill_len;           /* tokens to prefill before sampling */
     uint64_t order;            /* admission order, for preemption */
