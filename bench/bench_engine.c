@@ -1,6 +1,7 @@
 /* bench_engine: the engine under concurrency.
  *
  *   bench_engine --model DIR [--model DIR2 ...] [--threads N] [--gen N]
+ *                [--prompt N] [--seqs 1,4,8] [--reps N] [--decode-only] [--json] [--fast]
  *
  * For each model, after checking that batched greedy decoding reproduces
  * solo decoding:
@@ -10,7 +11,10 @@
  *      one step's prefill chunk, --max-batch-tokens);
  *   3. TTFT of a 4096-token prompt cold, then again with all but its last
  *      token block cached (the prefix cache), and the ratio.
- * Prints one table per model. */
+ * Prints one table per model. --decode-only runs part 1 alone, each count
+ * --reps times (the median is printed), with prompts of --prompt tokens:
+ * llama-batched-bench's protocol (-npp P -ntg G -npl LIST). --json prints
+ * that part as one JSON object per model. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,17 +87,18 @@ static int validate(loom_model *m, loom_engine *e, int vocab) {
     return ok;
 }
 
-static double aggregate_decode(loom_engine *e, int n_seqs, int gen, int vocab) {
+static double aggregate_decode(loom_engine *e, int n_seqs, int n_prompt, int gen, int vocab) {
     loom_request *r[64];
-    int32_t prompt[64][32];
-    for (int i = 0; i < n_seqs; i++) fill_prompt(prompt[i], 32, vocab, 7 + (unsigned)i);
-    for (int i = 0; i < n_seqs; i++) r[i] = submit(e, prompt[i], 32, gen);
+    int32_t *prompt = malloc(sizeof *prompt * (size_t)n_seqs * (size_t)n_prompt);
+    for (int i = 0; i < n_seqs; i++) fill_prompt(prompt + (size_t)i * n_prompt, n_prompt, vocab, 7 + (unsigned)i);
+    for (int i = 0; i < n_seqs; i++) r[i] = submit(e, prompt + (size_t)i * n_prompt, n_prompt, gen);
+    free(prompt); /* the engine copied them */
     /* time from every sequence's first token to the last token */
     double t0 = 0, t1;
     int total = 0;
     for (int i = 0; i < n_seqs; i++) {
         loom_event ev;
-        if (loom_request_next(r[i], &ev, -1) != LOOM_OK) return 0;
+        if (!r[i] || loom_request_next(r[i], &ev, -1) != LOOM_OK) return 0;
     }
     t0 = now();
     for (int i = 0; i < n_seqs; i++) {
@@ -125,22 +130,55 @@ static void *watch(void *arg) {
     return NULL;
 }
 
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Parses "1,4,8" (each in 1..64); returns the count, 0 on a bad list. */
+static int parse_seqs(const char *text, int *out, int max) {
+    int n = 0;
+    for (const char *p = text; *p;) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 1 || v > 64 || n == max) return 0;
+        out[n++] = (int)v;
+        if (*end == ',') end++;
+        else if (*end) return 0;
+        p = end;
+    }
+    return n;
+}
+
 int main(int argc, char **argv) {
     const char *models[8];
-    int n_models = 0, threads = 0, gen = 64;
+    int n_models = 0, threads = 0, gen = 64, n_prompt = 32, reps = 1, decode_only = 0, json = 0;
+    int counts[16] = {1, 2, 4, 8, 16}, n_counts = 5;
+    loom_model_params mp = loom_model_default_params();
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc && n_models < 8) models[n_models++] = argv[++i];
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--gen") && i + 1 < argc) gen = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--prompt") && i + 1 < argc) n_prompt = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--seqs") && i + 1 < argc && (n_counts = parse_seqs(argv[++i], counts, 16))) {
+        } else if (!strcmp(argv[i], "--decode-only")) decode_only = 1;
+        else if (!strcmp(argv[i], "--json")) json = 1;
+        else if (!strcmp(argv[i], "--fast")) mp.fast_matmul = 1;
         else {
-            fprintf(stderr, "usage: bench_engine --model DIR [--model DIR ...] [--threads N] [--gen N]\n");
+            fprintf(stderr, "usage: bench_engine --model DIR [--model DIR ...] [--threads N] [--gen N]\n"
+                            "                    [--prompt N] [--seqs 1,4,8] [--reps N] [--decode-only]\n"
+                            "                    [--json] [--fast]\n");
             return 2;
         }
+    }
+    if (gen < 2 || n_prompt < 1 || n_prompt > 4096 || reps < 1 || reps > 64) {
+        fprintf(stderr, "bench_engine: expected --gen >= 2, --prompt in 1..4096, --reps in 1..64\n");
+        return 2;
     }
     if (!n_models) models[n_models++] = "models/pycoder-16m";
     for (int mi = 0; mi < n_models; mi++) {
         loom_model *m = NULL;
-        loom_model_params mp = loom_model_default_params();
         mp.n_threads = threads;
         if (loom_model_load(models[mi], &mp, &m) != LOOM_OK) return die(models[mi]);
         int vocab = loom_model_vocab_size(m);
@@ -154,15 +192,36 @@ int main(int argc, char **argv) {
             fprintf(stderr, "bench_engine: %s: batched decoding differs from solo; not timing\n", models[mi]);
             return 1;
         }
-        printf("\n%s (%s), batched greedy == solo: ok\n", models[mi], loom_model_arch(m));
-        printf("| sequences | aggregate decode tok/s | per sequence |\n|---:|---:|---:|\n");
-        static const int counts[] = {1, 2, 4, 8, 16};
-        for (int k = 0; k < 5; k++) {
-            double tps = aggregate_decode(e, counts[k], gen, vocab);
-            printf("| %d | %.1f | %.1f |\n", counts[k], tps, tps / counts[k]);
+        if (json) printf("{\"model\": \"%s\", \"prompt\": %d, \"gen\": %d, \"fast\": %d, \"decode\": [",
+                         models[mi], n_prompt, gen, mp.fast_matmul);
+        else {
+            printf("\n%s (%s), batched greedy == solo: ok; prompts of %d tokens, %d generated%s\n",
+                   models[mi], loom_model_arch(m), n_prompt, gen, mp.fast_matmul ? ", --fast" : "");
+            printf("| sequences | aggregate decode tok/s | per sequence |\n|---:|---:|---:|\n");
+        }
+        for (int k = 0; k < n_counts; k++) {
+            double v[64];
+            for (int rep = 0; rep < reps; rep++) {
+                v[rep] = aggregate_decode(e, counts[k], n_prompt, gen, vocab);
+                if (v[rep] <= 0) return die("aggregate decode");
+            }
+            qsort(v, (size_t)reps, sizeof *v, cmp_double);
+            double tps = reps % 2 ? v[reps / 2] : (v[reps / 2 - 1] + v[reps / 2]) / 2;
+            if (json) {
+                printf("%s{\"seqs\": %d, \"tok_s\": %.2f, \"reps\": [", k ? ", " : "", counts[k], tps);
+                for (int rep = 0; rep < reps; rep++) printf("%s%.2f", rep ? ", " : "", v[rep]);
+                printf("]}");
+            } else {
+                printf("| %d | %.1f | %.1f |\n", counts[k], tps, tps / counts[k]);
+            }
             fflush(stdout);
         }
+        if (json) printf("]}\n");
         loom_engine_free(e);
+        if (decode_only) {
+            loom_model_free(m);
+            continue;
+        }
         /* a long prompt joins 8 decoders, under two step budgets */
         static const int budgets[] = {2048, 256};
         for (int bi = 0; bi < 2; bi++) {

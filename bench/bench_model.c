@@ -233,13 +233,20 @@ static loom_status model_cost_get(const char *dir, const loom_config *c, int p, 
     for (int i = 0; i < loom_st_count(st); i++) {
         const loom_st_tensor *t = loom_st_at(st, i);
         double numel = (double)t->nbytes / (double)loom_dtype_size(t->dtype);
-        mc->params += numel;
+        size_t nl = strlen(t->name);
+        /* MLX packed weights: count the values, not the U32 words; their
+         * scales and biases are not parameters. (Per-module bit overrides
+         * are rare; the default width is used.) */
+        if (t->dtype == LOOM_DT_U32 && c->quant_bits > 0) numel *= 32.0 / c->quant_bits;
+        int qaux = c->quant_bits > 0 && ((nl > 7 && !strcmp(t->name + nl - 7, ".scales")) ||
+                                         (nl > 7 && !strcmp(t->name + nl - 7, ".biases")));
+        if (!qaux) mc->params += numel;
         by_dtype[t->dtype] += (double)t->nbytes;
         if (t == embed && !lm_is_embed) /* a gather: one row per token */
             mc->weight_bytes += (double)t->nbytes / (double)c->vocab_size;
         else
             mc->weight_bytes += (double)t->nbytes;
-        if (t->ndim == 2 && !strncmp(t->name, "model.layers.", 13)) layer_matrix_params += numel;
+        if (t->ndim == 2 && !qaux && !strncmp(t->name, "model.layers.", 13)) layer_matrix_params += numel;
     }
     if (embed && lm_is_embed) /* the token's embedding row, on top of the lm_head */
         mc->weight_bytes += (double)embed->nbytes / (double)c->vocab_size;
@@ -482,10 +489,11 @@ static const char *base_name(const char *dir) {
 static void usage(FILE *f) {
     fprintf(f,
         "usage: bench_model --model DIR [--model DIR ...] [-p 512] [-n 128] [--reps 5]\n"
-        "                   [--threads N] [--json]\n"
+        "                   [--threads N] [--json] [--fast]\n"
         "Validates each model, then times prefill (pp, p-token prompt) and decode\n"
         "(tg, n steps) and compares decode with the memory-bandwidth bound.\n"
-        "--json prints one JSON object per model instead of the table.\n");
+        "--json prints one JSON object per model instead of the table.\n"
+        "--fast times the reduced-precision matmuls (loom --fast).\n");
 }
 
 static int int_arg(const char *flag, const char *v, int lo, int hi, int *out) {
@@ -508,7 +516,7 @@ static void fmt_count(char *buf, size_t n, double v) {
 
 int main(int argc, char **argv) {
     const char *dirs[MAX_MODELS];
-    int n_dirs = 0, p = 512, n = 128, reps = 5, threads = loom_cpu_count(), json = 0;
+    int n_dirs = 0, p = 512, n = 128, reps = 5, threads = loom_cpu_count(), json = 0, fast = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -517,6 +525,10 @@ int main(int argc, char **argv) {
         }
         if (!strcmp(a, "--json")) {
             json = 1;
+            continue;
+        }
+        if (!strcmp(a, "--fast")) {
+            fast = 1;
             continue;
         }
         if (i + 1 >= argc) {
@@ -573,6 +585,7 @@ int main(int argc, char **argv) {
         loom_model *m = NULL;
         loom_model_params mp = loom_model_default_params();
         mp.n_threads = threads;
+        mp.fast_matmul = fast;
         if (loom_config_load(dir, &cfg) != LOOM_OK || loom_model_load(dir, &mp, &m) != LOOM_OK) {
             fprintf(stderr, "bench_model: %s: %s\n", dir, loom_last_error());
             failed = 1;
@@ -660,14 +673,14 @@ int main(int argc, char **argv) {
         double bpt = mc->weight_bytes + mc->kv_bytes, bound = bw_best / (bpt / 1e9);
         double gflops = mc->flop_per_pp_token * R->pp_med / 1e9;
         printf("{\"model\":\"%s\",\"dir\":\"%s\",\"weights\":\"%s\",\"params\":%.0f,"
-               "\"threads\":%d,\"p\":%d,\"n\":%d,\"reps\":%d,\"validation\":\"%s\","
+               "\"fast\":%d,\"threads\":%d,\"p\":%d,\"n\":%d,\"reps\":%d,\"validation\":\"%s\","
                "\"bandwidth_gbs\":%.3f,\"bandwidth_gbs_at_tg\":%.3f,\"fma_peak_gflops\":%.3f,"
                "\"fma_peak_gflops_at_pp\":%.3f,"
                "\"weight_bytes_per_token\":%.0f,\"kv_bytes_per_token\":%.0f,"
                "\"flop_per_pp_token\":%.0f,\"pp_tps\":%.3f,\"pp_gflops\":%.3f,"
                "\"pp_pct_of_peak\":%.2f,\"tg_tps\":%.3f,\"tg_bound_tps\":%.3f,"
                "\"tg_pct_of_bound\":%.2f,\"load_avg\":%.2f,",
-               R->name, R->dir, mc->dtype, mc->params, threads, p, n, reps,
+               R->name, R->dir, mc->dtype, mc->params, fast, threads, p, n, reps,
                R->has_ref ? "reference" : "self", bw_best, R->bw, peak_best, R->peak,
                mc->weight_bytes, mc->kv_bytes, mc->flop_per_pp_token, R->pp_med, gflops,
                peak_best > 0 ? 100.0 * gflops / peak_best : 0.0, R->tg_med, bound,

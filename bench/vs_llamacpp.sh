@@ -17,7 +17,9 @@
 #    bench_model validates loom on each model before it times it (batched vs
 #    token-by-token logits). A failure stops the script (exit 1).
 # 3. Timing, alternating: for each of $VS_ROUNDS rounds and each format, loom
-#    (bench_model --json) and llama-bench (-o jsonl) with the same threads,
+#    (bench_model --json, once per mode in $VS_MODES: "exact" is the default
+#    f32-activation path, "fast" is --fast, activations rounded to bf16 or
+#    8 bits as llama.cpp does) and llama-bench (-o jsonl) with the same threads,
 #    prompt and generation lengths, each $VS_REPS repetitions after its own
 #    warm-up; odd rounds run loom first, even rounds llama.cpp first, so a
 #    drift in machine load does not favour one side.
@@ -29,12 +31,18 @@
 #    bytes a decode step reads (loom's weights as stored plus its KV; the
 #    GGUF formats store the same bits per weight: 16, 16, 8.5, 4.5).
 #
+# 5. Batched decode (VS_BATCHED=1): for each format in $VS_BATCH_FORMATS,
+#    llama-batched-bench (-npp 128 -ntg 64 -npl 1,4,8) against bench_engine
+#    --decode-only with the same protocol (each sequence its own 128-token
+#    prompt, 64 generated tokens, aggregate decode tokens/s), alternating.
+#
 # llama.cpp is found in $LLAMA_CPP_DIR (default /tmp/llama.cpp/build/bin,
 # needs llama-bench); without it the script prints loom's figures and the
 # bound alone. Raw results go to $VS_DIR/runs/<time>/.
 #
 # Environment: BUILD (default build/bench), VS_DIR, LLAMA_CPP_DIR,
-# VS_FORMATS (default "bf16 f16 q8_0 q4_0"), VS_ROUNDS (3), VS_REPS (2),
+# VS_FORMATS (default "bf16 f16 q8_0 q4_0"), VS_MODES ("exact fast"),
+# VS_BATCHED (0), VS_BATCH_FORMATS ("q8_0"), VS_ROUNDS (3), VS_REPS (2),
 # VS_THREADS (all cores), VS_P (512), VS_N (128), VS_SEED (1), VS_PRESET
 # (qwen3-0.6b; tiny for a quick check of the script). VS_TABLE=<runs dir>
 # prints the table of an earlier (or interrupted) run and times nothing.
@@ -46,6 +54,9 @@ PRESET=${VS_PRESET:-qwen3-0.6b}
 DIR=${VS_DIR:-/tmp/loom-vs-llamacpp}/$PRESET-seed$SEED
 LLAMA=${LLAMA_CPP_DIR:-/tmp/llama.cpp/build/bin}
 FORMATS=${VS_FORMATS:-bf16 f16 q8_0 q4_0}
+MODES=${VS_MODES:-exact fast}
+BATCHED=${VS_BATCHED:-0}
+BATCH_FORMATS=${VS_BATCH_FORMATS:-q8_0}
 ROUNDS=${VS_ROUNDS:-3}
 REPS=${VS_REPS:-2}
 THREADS=${VS_THREADS:-$(nproc)}
@@ -56,7 +67,7 @@ say() { echo "vs_llamacpp: $*" >&2; }
 die() { say "$*"; exit 1; }
 load() { cut -d' ' -f1-3 /proc/loadavg; }
 
-make -s BUILD="$BUILD" "$BUILD/bench/bench_model" "$BUILD/tools/gen_model" >&2
+make -s BUILD="$BUILD" "$BUILD/bench/bench_model" "$BUILD/bench/bench_engine" "$BUILD/tools/gen_model" >&2
 # The CLI is only needed for `loom convert`; an older binary will do.
 make -s BUILD="$BUILD" "$BUILD/loom" >&2 || [ -x "$BUILD/loom" ] || say "cannot build $BUILD/loom"
 GEN=$BUILD/tools/gen_model
@@ -115,13 +126,41 @@ done
 OUT=$DIR/runs/$(date -u +%Y%m%dT%H%M%SZ)
 mkdir -p "$OUT"
 say "load average at start: $(load); raw results in $OUT"
+fast_flag() { [ "$1" = fast ] && echo --fast || true; }
 run_loom() { # format round
     m=$(st "$1")
     [ -n "$m" ] || return 0
-    say "round $2 $1: loom ($m), load $(load)"
-    "$BUILD/bench/bench_model" --model "$m" -p "$P" -n "$N" --reps "$REPS" \
-        --threads "$THREADS" --json >"$OUT/loom-$1-$2.json" 2>>"$OUT/loom.log" ||
-        die "bench_model failed on $m (see $OUT/loom.log)"
+    for mode in $MODES; do
+        say "round $2 $1: loom $mode ($m), load $(load)"
+        # shellcheck disable=SC2046
+        "$BUILD/bench/bench_model" --model "$m" -p "$P" -n "$N" --reps "$REPS" \
+            --threads "$THREADS" --json $(fast_flag $mode) >"$OUT/loom-$1-$mode-$2.json" \
+            2>>"$OUT/loom.log" || die "bench_model $mode failed on $m (see $OUT/loom.log)"
+    done
+}
+run_loom_batched() { # format round
+    m=$(st "$1")
+    [ -n "$m" ] || return 0
+    for mode in $MODES; do
+        say "round $2 $1: loom batched $mode ($m), load $(load)"
+        # shellcheck disable=SC2046
+        "$BUILD/bench/bench_engine" --model "$m" --decode-only --prompt 128 --gen 64 --seqs 1,4,8 \
+            --reps "$REPS" --threads "$THREADS" --json $(fast_flag $mode) \
+            >"$OUT/loomb-$1-$mode-$2.json" 2>>"$OUT/loom.log" ||
+            die "bench_engine $mode failed on $m (see $OUT/loom.log)"
+    done
+}
+run_llama_batched() {
+    [ $HAVE_LLAMA = 1 ] && [ -x "$LLAMA/llama-batched-bench" ] || return 0
+    say "round $2 $1: llama-batched-bench (gguf-$1), load $(load)"
+    k=1
+    while [ $k -le "$REPS" ]; do
+        "$LLAMA/llama-batched-bench" -m "$DIR/gguf-$1/model.gguf" -c 2048 -b 2048 -ub 512 \
+            -npp 128 -ntg 64 -npl 1,4,8 -t "$THREADS" --output-format jsonl \
+            >>"$OUT/llamab-$1-$2.jsonl" 2>>"$OUT/llama.log" ||
+            die "llama-batched-bench failed on gguf-$1 (see $OUT/llama.log)"
+        k=$((k + 1))
+    done
 }
 run_llama() {
     [ $HAVE_LLAMA = 1 ] || return 0
@@ -138,12 +177,23 @@ while [ $r -le "$ROUNDS" ]; do
     done
     r=$((r + 1))
 done
+if [ "$BATCHED" = 1 ]; then
+    r=1
+    while [ $r -le "$ROUNDS" ]; do
+        for f in $BATCH_FORMATS; do
+            if [ $((r % 2)) = 1 ]; then run_loom_batched "$f" $r; run_llama_batched "$f" $r
+            else run_llama_batched "$f" $r; run_loom_batched "$f" $r; fi
+        done
+        r=$((r + 1))
+    done
+fi
 say "load average at end: $(load)"
 else
     OUT=$VS_TABLE
     [ -d "$OUT" ] || die "VS_TABLE: no directory $OUT"
     HAVE_LLAMA=1
     ROUNDS=$(ls "$OUT" | sed -n 's/^loom-.*-\([0-9]*\)\.json$/\1/p' | sort -n | tail -1)
+    ls "$OUT"/loomb-* >/dev/null 2>&1 && BATCHED=1
 fi
 
 # ---- 4. table ---------------------------------------------------------------
@@ -177,14 +227,17 @@ if [ $HAVE_LLAMA = 1 ]; then
     echo "llama.cpp: $(field build_commit "$OUT"/llama-*.jsonl | head -1) build $(field build_number "$OUT"/llama-*.jsonl | head -1), $LLAMA"
 fi
 echo
-table() { # median|best
+table() { # median|best mode
 stat=$1
+mode=$2
+echo "loom $mode:"
+echo
 printf '| %-6s | %8s | %9s | %5s | %8s | %9s | %5s | %8s | %8s |\n' format "loom pp" "llama pp" ratio \
     "loom tg" "llama tg" ratio "MB/tok" "tg bound"
 printf '| %-6s | %8s | %9s | %5s | %8s | %9s | %5s | %8s | %8s |\n' ------ -------- --------- ----- \
     -------- --------- ----- -------- --------
 for f in $FORMATS; do
-    lf=$(ls "$OUT"/loom-"$f"-*.json 2>/dev/null || true)
+    lf=$(ls "$OUT"/loom-"$f"-"$mode"-*.json 2>/dev/null || true)
     gf=$(ls "$OUT"/llama-"$f"-*.jsonl 2>/dev/null || true)
     lpp=$(field pp_reps $lf | $stat); ltg=$(field tg_reps $lf | $stat)
     gpp=$(llama_samples pp $gf | $stat); gtg=$(llama_samples tg $gf | $stat)
@@ -196,12 +249,38 @@ for f in $FORMATS; do
         "$(ratio "$lpp" "$gpp")" "$ltg" "$gtg" "$(ratio "$ltg" "$gtg")" "$mb" "$bound"
 done
 }
-table median
-echo
+for mode in $MODES; do table median "$mode"; echo; done
 echo "best repetition of each (what each program reaches when the machine leaves it alone):"
 echo
-table best
-echo
+for mode in $MODES; do table best "$mode"; echo; done
 echo "loom: bf16/f16 safetensors; q8_0/q4_0 rows run loom's MLX affine 8-/4-bit models (group 64,"
 echo "from \`loom convert\` of the bf16 model) against llama.cpp's Q8_0/Q4_0 (group 32) of the same values."
 echo "tg bound = bandwidth / (loom's weight bytes as stored + its average KV bytes per decode step)."
+
+# ---- 5. batched decode table ---------------------------------------------------
+if [ "$BATCHED" = 1 ]; then
+    loomb_samples() { # seqs FILES...
+        k=$1; shift
+        cat "$@" 2>/dev/null | grep -o "{\"seqs\": $k, [^}]*}" | field reps /dev/stdin
+    }
+    llamab_samples() { # seqs FILES...
+        k=$1; shift
+        cat "$@" 2>/dev/null | grep -F "\"pl\": $k," | field speed_tg /dev/stdin
+    }
+    echo
+    echo "batched decode: each sequence its own 128-token prompt, 64 new tokens; aggregate decode"
+    echo "tokens/s, medians over $ROUNDS rounds x $REPS reps (bench_engine --decode-only vs llama-batched-bench)"
+    echo
+    printf '| %-6s | %-5s | %4s | %9s | %9s | %5s |\n' format mode seqs "loom" "llama.cpp" ratio
+    printf '| %-6s | %-5s | %4s | %9s | %9s | %5s |\n' ------ ----- ---: --------: --------: ----:
+    for f in $BATCH_FORMATS; do
+        gf=$(ls "$OUT"/llamab-"$f"-*.jsonl 2>/dev/null || true)
+        for mode in $MODES; do
+            lf=$(ls "$OUT"/loomb-"$f"-"$mode"-*.json 2>/dev/null || true)
+            for k in 1 4 8; do
+                l=$(loomb_samples $k $lf | median); g=$(llamab_samples $k $gf | median)
+                printf '| %-6s | %-5s | %4s | %9s | %9s | %5s |\n' "$f" "$mode" $k "$l" "$g" "$(ratio "$l" "$g")"
+            done
+        done
+    done
+fi
