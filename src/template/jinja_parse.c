@@ -909,13 +909,18 @@ static jnode *parse_filter_expr(parser *p, jnode *n) {
     return n;
 }
 
+/* Enters one more level of nesting; past MAX_NESTING reports and fails
+ * (the recursion must stay well inside the stack). */
+static int nest(parser *p, int line, const char *what) {
+    if (++p->depth <= MAX_NESTING) return 1;
+    perr(p, line, "%s nested too deeply", what);
+    return 0;
+}
+
 static jnode *parse_unary_inner(parser *p, int with_filter);
 
 static jnode *parse_unary(parser *p, int with_filter) {
-    if (++p->depth > MAX_NESTING) {
-        perr(p, cur(p)->line, "expression nested too deeply");
-        return NULL;
-    }
+    if (!nest(p, cur(p)->line, "expression")) return NULL;
     jnode *n = parse_unary_inner(p, with_filter);
     p->depth--;
     return n;
@@ -1041,8 +1046,7 @@ static jnode *parse_not(parser *p) {
         adv(p);
         jnode *n = mk(p, E_NOT, line);
         if (!n) return NULL;
-        if (++p->depth > MAX_NESTING)
-            return perr(p, line, "expression nested too deeply"), NULL;
+        if (!nest(p, line, "expression")) return NULL;
         n->a = parse_not(p);
         p->depth--;
         return n->a ? n : NULL;
@@ -1073,10 +1077,7 @@ static jnode *parse_or(parser *p) {
 static jnode *parse_expr_inner(parser *p);
 
 static jnode *parse_expr(parser *p) {
-    if (++p->depth > MAX_NESTING) {
-        perr(p, cur(p)->line, "expression nested too deeply");
-        return NULL;
-    }
+    if (!nest(p, cur(p)->line, "expression")) return NULL;
     jnode *n = parse_expr_inner(p);
     p->depth--;
     return n;
@@ -1362,10 +1363,7 @@ static jnode *parse_call(parser *p, int line) {
 static jnode *parse_statement_inner(parser *p);
 
 static jnode *parse_statement(parser *p) {
-    if (++p->depth > MAX_NESTING) {
-        perr(p, cur(p)->line, "blocks nested too deeply");
-        return NULL;
-    }
+    if (!nest(p, cur(p)->line, "blocks")) return NULL;
     jnode *n = parse_statement_inner(p);
     p->depth--;
     return n;
