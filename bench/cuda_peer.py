@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""cuda_peer: the GPU's physical limits and the PyTorch + transformers peer
+for bench/cuda_bench.sh, one JSON object per line on stdout.
+
+  cuda_peer.py limits
+      device-to-device copy bandwidth (bytes read + written) and the bf16
+      8192^3 GEMM rate, on random data, timed with CUDA events (medians).
+  cuda_peer.py model DIR [--prefill 4096] [--batch 1,8,32,128]
+                         [--prompt 128] [--gen 128] [--reps 3]
+      builds the model of DIR/config.json with random weights in bf16 on the
+      GPU (attn_implementation="sdpa"), then: prefill tok/s of one prompt
+      (logits of the last position only), and decode tok/s at each batch
+      size through generate() with a static KV cache and greedy picks:
+      (time of n tokens - time of 1 token) over B * (n - 1) tokens, so the
+      prefill is left out. No torch.compile (eager, as a plain transformers
+      user runs it).
+"""
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+
+def cuda_time(fn, reps, warm=1):
+    """Median seconds of fn() over reps runs after warm runs, by CUDA events."""
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    return statistics.median(times), times
+
+
+def limits():
+    dev = torch.cuda.get_device_properties(0)
+    # copy: 4 GiB source, random bytes (never zeros), several buffers so
+    # nothing stays in the 60 MB L2
+    n = 4 << 30
+    src = torch.randint(0, 255, (n,), dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    t, _ = cuda_time(lambda: dst.copy_(src), reps=20, warm=3)
+    assert torch.equal(dst[:1 << 20], src[:1 << 20])
+    copy_bw = 2 * n / t
+    del src, dst
+    # GEMM: 8192^3 bf16, random normal inputs, three input sets rotated
+    m = 8192
+    sets = [(torch.randn(m, m, device="cuda", dtype=torch.bfloat16),
+             torch.randn(m, m, device="cuda", dtype=torch.bfloat16)) for _ in range(3)]
+    out = torch.empty(m, m, device="cuda", dtype=torch.bfloat16)
+    k = [0]
+
+    def mm():
+        a, b = sets[k[0] % 3]
+        k[0] += 1
+        torch.matmul(a, b, out=out)
+    t, _ = cuda_time(mm, reps=20, warm=5)
+    # check one product against f32 on a corner
+    a, b = sets[0]
+    ref = a[:256].float() @ b[:, :256].float()
+    got = (a[:256] @ b[:, :256]).float()
+    rel = ((got - ref).norm() / ref.norm()).item()
+    assert rel < 1e-2, rel
+    print(json.dumps({"what": "limits", "gpu": dev.name, "sms": dev.multi_processor_count,
+                      "copy_bytes_s": copy_bw, "gemm_flop_s": 2 * m ** 3 / t,
+                      "gemm_rel_err": rel, "torch": torch.__version__}), flush=True)
+
+
+def build(dir_):
+    import transformers
+    from transformers import AutoConfig, AutoModelForCausalLM
+    cfg = AutoConfig.from_pretrained(dir_)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        try:
+            model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16,
+                                                     attn_implementation="sdpa")
+        except TypeError:
+            model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16,
+                                                     attn_implementation="sdpa")
+    model.eval()
+    return model, cfg, transformers.__version__
+
+
+def gen(model, ids, n, state):
+    kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+              do_sample=False, pad_token_id=0)
+    if state.get("static", True):
+        kw["cache_implementation"] = "static"
+    if state.get("no_compile", True):
+        kw["disable_compile"] = True
+    try:
+        return model.generate(ids, **kw)
+    except (TypeError, ValueError) as e:
+        if "disable_compile" in kw and state.get("no_compile", True):
+            state["no_compile"] = False
+            print(f"cuda_peer: generate without disable_compile ({e})", file=sys.stderr)
+            return gen(model, ids, n, state)
+        if state.get("static", True):
+            state["static"] = False
+            print(f"cuda_peer: static cache refused, dynamic cache ({e})", file=sys.stderr)
+            return gen(model, ids, n, state)
+        raise
+
+
+def run_model(a):
+    model, cfg, tv = build(a.dir)
+    V = cfg.vocab_size
+    g = torch.Generator(device="cuda").manual_seed(1)
+    res = {"what": "peer", "dir": a.dir, "arch": cfg.architectures[0], "transformers": tv,
+           "torch": torch.__version__}
+    with torch.inference_mode():
+        if a.prefill:
+            ids = torch.randint(1, V, (1, a.prefill), device="cuda", generator=g)
+
+            def pf():
+                return model(ids, use_cache=False, logits_to_keep=1).logits
+            lg = pf()
+            assert torch.isfinite(lg.float()).all(), "prefill logits not finite"
+            t, ts = cuda_time(pf, reps=a.reps, warm=1)
+            res["prefill"] = a.prefill
+            res["prefill_tok_s"] = a.prefill / t
+            res["prefill_s"] = ts
+            print(f"cuda_peer: prefill {a.prefill}: {a.prefill / t:.0f} tok/s", file=sys.stderr,
+                  flush=True)
+        state = {}
+        res["batch"] = []
+        for B in a.batch:
+            ids = torch.randint(1, V, (B, a.prompt), device="cuda", generator=g)
+            out = gen(model, ids, a.gen, state)  # warm-up, and the check
+            assert out.shape == (B, a.prompt + a.gen), out.shape
+            t_n, _ = cuda_time(lambda: gen(model, ids, a.gen, state), reps=a.reps, warm=0)
+            t_1, _ = cuda_time(lambda: gen(model, ids, 1, state), reps=a.reps, warm=1)
+            tok_s = B * (a.gen - 1) / (t_n - t_1)
+            res["batch"].append({"b": B, "tok_s": tok_s, "t_gen_s": t_n, "t_first_s": t_1})
+            print(f"cuda_peer: batch {B}: {tok_s:.1f} tok/s", file=sys.stderr, flush=True)
+        res["static_cache"] = state.get("static", True)
+        res["compile_disabled"] = state.get("no_compile", True)
+    print(json.dumps(res), flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("limits")
+    m = sub.add_parser("model")
+    m.add_argument("dir")
+    m.add_argument("--prefill", type=int, default=4096)
+    m.add_argument("--batch", type=lambda s: [int(x) for x in s.split(",") if x],
+                   default=[1, 8, 32, 128])
+    m.add_argument("--prompt", type=int, default=128)
+    m.add_argument("--gen", type=int, default=128)
+    m.add_argument("--reps", type=int, default=3)
+    a = ap.parse_args()
+    if a.cmd == "limits":
+        limits()
+    else:
+        run_model(a)
+
+
+if __name__ == "__main__":
+    main()
