@@ -62,6 +62,38 @@ expect_status 200 "$s" "completions n=3"
 body_has '"index":2' "n=3"; body_has '"completion_tokens":15' "n=3 usage"
 ok "completions: token ids, echo, return_token_ids, logprobs, n"
 
+# ---- continuing a response: previous_response_id ----
+P=$(seq -s, 100 139)
+s=$(req POST /v1/completions "{\"prompt\":[$P],\"max_tokens\":8,\"temperature\":0,\"ignore_eos\":true,\"return_token_ids\":true}")
+expect_status 200 "$s" "session turn 1"
+rid=$(sed -n 's/^{"id":"\([^"]*\)".*/\1/p' "$TMPD/body")
+gen=$(sed -n 's/.*"token_ids":\[\([0-9,]*\)\].*/\1/p' "$TMPD/body")
+[ -n "$rid" ] && [ -n "$gen" ] || fail "session turn 1: no id or token ids"
+P2="$P,$gen,5,6,7"
+s=$(req POST /v1/completions "{\"prompt\":[$P2],\"max_tokens\":6,\"temperature\":0,\"ignore_eos\":true,\"previous_response_id\":\"$rid\"}")
+expect_status 200 "$s" "session turn 2"
+body_has '"cached_tokens":47' "session turn 2 (40 prompt + 7 generated tokens in KV)"
+sed 's/^{"id":"[^"]*","object":"text_completion","created":[0-9]*//; s/"usage".*//' "$TMPD/body" >"$TMPD/cont"
+# an unknown id is no error: the prompt is served as usual, with the same text
+s=$(req POST /v1/completions "{\"prompt\":[$P2],\"max_tokens\":6,\"temperature\":0,\"ignore_eos\":true,\"previous_response_id\":\"cmpl-nope\"}")
+expect_status 200 "$s" "unknown previous_response_id"
+sed 's/^{"id":"[^"]*","object":"text_completion","created":[0-9]*//; s/"usage".*//' "$TMPD/body" >"$TMPD/cold"
+cmp -s "$TMPD/cont" "$TMPD/cold" || fail "continued text differs: $(cat "$TMPD/cont") vs $(cat "$TMPD/cold")"
+s=$(req POST /v1/completions '{"prompt":"def","previous_response_id":7}')
+expect_status 400 "$s" "previous_response_id not a string"; body_has '"param":"previous_response_id"' "bad previous_response_id"
+curl -s "$BASE/metrics" | grep -q '^loom_session_hits_total [1-9]' || fail "session hit not counted"
+curl -s "$BASE/metrics" | grep -q '^loom_session_misses_total [1-9]' || fail "session miss not counted"
+# a chat session named by cache_session_id continues its latest turn
+s=$(req POST /v1/chat/completions "{\"messages\":[$U],\"max_tokens\":8,\"temperature\":0,\"cache_session_id\":\"s1\"}")
+expect_status 200 "$s" "chat session turn 1"
+p1=$(sed -n 's/.*"prompt_tokens":\([0-9]*\).*/\1/p' "$TMPD/body")
+a1=$(sed -n 's/.*"message":{"role":"assistant","content":\("\([^"\\]\|\\.\)*"\)}.*/\1/p' "$TMPD/body")
+[ -n "$p1" ] && [ -n "$a1" ] || fail "chat session turn 1: no usage or content"
+s=$(req POST /v1/chat/completions "{\"messages\":[$U,{\"role\":\"assistant\",\"content\":$a1},{\"role\":\"user\",\"content\":\"and test it\"}],\"max_tokens\":4,\"temperature\":0,\"cache_session_id\":\"s1\"}")
+expect_status 200 "$s" "chat session turn 2"
+body_has "\"cached_tokens\":$((p1 + 7))" "chat session turn 2 (turn 1's prompt and output reused)"
+ok "previous_response_id: only new tokens computed, same text as without, unknown ids fall back; cache_session_id"
+
 # ---- stop strings: held back, never sent ----
 s=$(req POST /v1/completions '{"prompt":"def fib(n):","max_tokens":20,"temperature":0}')
 body_has '"text":" return 1\n' "greedy reference text"

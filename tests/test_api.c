@@ -79,6 +79,8 @@ static void test_parse_errors(void) {
         {"\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],\"tool_choice\":\"always\"", "tool_choice"},
         {"\"response_format\":{\"type\":\"xml\"}", "response_format"},
         {"\"chat_template_kwargs\":[]", "chat_template_kwargs"},
+        {"\"previous_response_id\":5", "previous_response_id"},
+        {"\"cache_session_id\":{}", "cache_session_id"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         snprintf(b, sizeof b, "{%s,%s}", M, bad[i].extra);
@@ -131,8 +133,10 @@ static void test_parse_ok(void) {
     cJSON_Delete(m);
     api_req_free(&r);
 
-    b = "{\"prompt\":[[5,6,7]],\"echo\":true,\"return_token_ids\":true,\"logprobs\":0,\"tool_choice\":\"none\"}";
+    b = "{\"prompt\":[[5,6,7]],\"echo\":true,\"return_token_ids\":true,\"logprobs\":0,\"tool_choice\":\"none\","
+        "\"previous_response_id\":\"cmpl-4\"}";
     CHECKF(api_parse(API_COMPLETION, b, strlen(b), 1000, &r, &e) == 0, "%s", e.message);
+    CHECK(r.previous_response_id && !strcmp(r.previous_response_id, "cmpl-4"));
     CHECK_EQ_INT(r.n_prompt_ids, 3);
     CHECK(r.prompt_ids && r.prompt_ids[2] == 7);
     CHECK(r.echo && r.return_token_ids && r.logprobs == 0);

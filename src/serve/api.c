@@ -411,6 +411,13 @@ int api_parse(api_kind kind, const char *body, size_t len, int vocab, api_req *r
         goto fail;
     }
     r->cache_session_id = sid ? sid->valuestring : NULL;
+    const cJSON *prev = field(r, "previous_response_id");
+    if (prev && !cJSON_IsNull(prev) && (!cJSON_IsString(prev) || strlen(prev->valuestring) > 200)) {
+        api_fail(err, 400, "previous_response_id",
+                 "'previous_response_id' must be a string of at most 200 bytes");
+        goto fail;
+    }
+    r->previous_response_id = cJSON_IsString(prev) ? prev->valuestring : NULL;
     if (parse_sampling(r, vocab, err) < 0) goto fail;
     if (parse_stop(r, err) < 0) goto fail;
 

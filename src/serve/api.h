@@ -46,7 +46,9 @@ typedef struct api_req {
     char *tools_json;           /* owned, NULL without tools */
     char *kwargs_json;          /* owned, chat_template_kwargs, or NULL */
     const char *tool_choice;    /* "none", "auto", "required" or a name */
-    const char *cache_session_id; /* isolates prefix-cache reuse, or NULL */
+    const char *cache_session_id; /* isolates prefix-cache reuse and names a
+                                     conversation to continue, or NULL */
+    const char *previous_response_id; /* a response to continue from, or NULL */
     /* completions: text or ids */
     const char *prompt_text;    /* borrowed */
     int32_t *prompt_ids;        /* owned, when the prompt is token ids */

@@ -93,6 +93,15 @@ char *metrics_render(loom_metrics *m, const loom_engine_stats *st, int inflight)
               (unsigned long long)st->cache_evicted_blocks, st->kv_blocks_cached,
               (unsigned long long)st->disk_hit_tokens, (unsigned long long)st->disk_reads,
               (unsigned long long)st->disk_writes, (unsigned long long)st->disk_bytes);
+    sb_printf(&b,
+              "# TYPE loom_sessions gauge\nloom_sessions %d\n"
+              "# TYPE loom_session_hits_total counter\nloom_session_hits_total %llu\n"
+              "# TYPE loom_session_misses_total counter\nloom_session_misses_total %llu\n"
+              "# TYPE loom_session_hit_tokens_total counter\nloom_session_hit_tokens_total %llu\n"
+              "# TYPE loom_session_evictions_total counter\nloom_session_evictions_total %llu\n",
+              st->sessions, (unsigned long long)st->session_hits,
+              (unsigned long long)st->session_misses, (unsigned long long)st->session_hit_tokens,
+              (unsigned long long)st->session_evictions);
     put_hist(&b, "loom_time_to_first_token_seconds", "Time from request to first token.", &m->ttft);
     put_hist(&b, "loom_inter_token_latency_seconds", "Time between tokens of a request.", &m->itl);
     if (b.oom) {

@@ -224,6 +224,10 @@ static int start_job(job *j, api_error *err) {
     rp.ignore_eos = r->ignore_eos;
     rp.snapshot_at = j->snapshot_at;
     rp.cache_session_id = r->cache_session_id;
+    /* An unknown or evicted previous_response_id is not an error (OpenAI's
+     * Responses API answers 404): the prompt carries the whole
+     * conversation, so the prefix cache serves it instead. */
+    rp.resume_id = r->previous_response_id;
     if (r->kind == API_CHAT && !r->ignore_eos) {
         rp.stop_ids = s->turn_end;
         rp.n_stop_ids = s->n_turn_end;
@@ -231,6 +235,8 @@ static int start_job(job *j, api_error *err) {
     j->n = r->n;
     for (int i = 0; i < j->n; i++) {
         choice *c = &j->ch[i];
+        /* the first choice's state is kept under the response id */
+        rp.save_id = i == 0 ? j->id : NULL;
         if (r->seed_given) rp.sampling.seed = r->sampling.seed + (uint64_t)i;
         else rp.sampling.seed = atomic_fetch_add(&s->next_id, 1) * 7919u + (uint64_t)time(NULL);
         if (loom_ts_create(s->tok, r->stops, r->n_stops, 1, &c->ts))
