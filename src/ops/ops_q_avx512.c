@@ -1,7 +1,525 @@
 /* ops_q_avx512: matmuls over MLX affine-quantized weights with AVX-512.
  * Compiled with the AVX-512 flags (Makefile); only reached after
- * loom_kernels_get() checked the CPU. */
+ * loom_kernels_get() checked the CPU. Handles 4- and 8-bit rows whose group
+ * is 64 << s columns (MLX's usual 64 and 128); everything else goes to the
+ * AVX2 kernel.
+ *
+ * Per 64-column block j of group g the exact entry computes
+ *     y += sw_g * sum(q * x) + bw_g * sum(x)
+ * (the bias term once per group, as a dot of the row's biases with the
+ * group sums of x), so the inner loop is convert + FMA per weight.
+ *   - T < GEMM_T (decode): four rows per pass share each x load; the f32
+ *     sum of a block is scaled once. 4-bit fields: the 16 bytes of 32
+ *     nibbles are widened to dwords and VPERMPS maps each nibble (it only
+ *     reads an index's low four bits) straight to its float, with x
+ *     reordered per 32 columns into even | odd columns to match.
+ *   - T >= GEMM_T (prefill): a panel of 16 rows x KC columns is
+ *     dequantized once, transposed to [column][row], and every token tile
+ *     (12 tokens x 16 rows of accumulators) sweeps over it from L1 with
+ *     one weight load and 12 broadcast FMAs per column.
+ * The _fast entry rounds each token's activations per 64-column block to
+ * int8 (ops_q_fast_ref.c defines it) and sums q * qx exactly with
+ * VPDPBUSD (u8 weights x s8 activations, 64 products per instruction):
+ *   - decode: one VPDPBUSD per row and block, then convert and one FMA by
+ *     sw * sx; 4-bit blocks are unpacked to [low nibbles | high nibbles],
+ *     so the activations are stored in that order too.
+ *   - prefill: the panel is unpacked to u8 and transposed into
+ *     [column / 4][row][4] so that one weight vector feeds 12 tokens'
+ *     VPDPBUSDs, each with its four activation bytes broadcast; the
+ *     integer sums are scaled once per block. Activations are rounded once
+ *     per block of tokens, the panel re-packed once per block of tokens. */
+#include <immintrin.h>
+#include <string.h>
+
+#include "base/base.h"
 #include "ops/ops.h"
 
-const loom_kernels loom_kernels_avx512_q = {.name = "avx512-q"};
-const loom_kernels loom_kernels_avx512_q_fast = {.name = "avx512-q-fast"};
+#define INLINE static inline __attribute__((always_inline))
+
+#define XBLK 64          /* columns per activation block (and per VPDPBUSD) */
+#define MAXN 32768       /* longest row kept on the stack (x copies, params) */
+#define MAXB (MAXN / XBLK)
+#define GEMM_T 4         /* tokens from which the panel kernels win */
+#define PR 16            /* rows per panel */
+#define TT_MAX 12        /* tokens per register tile */
+#define KC_EXACT 128     /* panel columns (f32: 8 KiB) */
+#define KC_FAST 256      /* panel columns (u8: 4 KiB) */
+#define XQ_BYTES (128 * 1024) /* rounded activations of one token block */
+
+static int shape_ok(const loom_qmat *w) {
+    int m = w->group / XBLK;
+    return (w->bits == 4 || w->bits == 8) && w->group % XBLK == 0 && (m & (m - 1)) == 0 &&
+           w->n > 0 && w->n % w->group == 0 && w->n <= MAXN;
+}
+
+INLINE __mmask16 mask16(int c) { return c >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << c) - 1); }
+
+/* c (<= 16) scales or biases as f32, zero past c. */
+INLINE __m512 params16(const uint16_t *p, int c, int f16) {
+    __m256i h = _mm256_maskz_loadu_epi16(mask16(c), p);
+    if (f16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+static void row_params(float *out, const uint16_t *p, int ng, int f16) {
+    for (int g = 0; g < ng; g += 16) {
+        int c = LOOM_MIN(16, ng - g);
+        _mm512_mask_storeu_ps(out + g, mask16(c), params16(p + g, c, f16));
+    }
+}
+
+/* Lanes summing to sum_g b[g] * xs[g]. */
+INLINE __m512 bias_dot(const uint16_t *b, const float *xs, int ng, int f16) {
+    __m512 a = _mm512_setzero_ps();
+    for (int g = 0; g < ng; g += 16) {
+        int c = LOOM_MIN(16, ng - g);
+        a = _mm512_fmadd_ps(params16(b + g, c, f16), _mm512_maskz_loadu_ps(mask16(c), xs + g), a);
+    }
+    return a;
+}
+
+/* 64 nibbles (32 bytes) as 64 bytes in column order. */
+INLINE __m512i unpack4_natural(const uint8_t *p) {
+    __m256i v = _mm256_loadu_si256((const __m256i *)p), m = _mm256_set1_epi8(15);
+    __m256i lo = _mm256_and_si256(v, m), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m);
+    __m256i a = _mm256_unpacklo_epi8(lo, hi), b = _mm256_unpackhi_epi8(lo, hi);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_permute2x128_si256(a, b, 0x20)),
+                              _mm256_permute2x128_si256(a, b, 0x31), 1);
+}
+
+/* 64 nibbles as [even columns | odd columns]: cheaper, for decode. */
+INLINE __m512i unpack4_split(const uint8_t *p) {
+    __m256i v = _mm256_loadu_si256((const __m256i *)p);
+    __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1);
+    return _mm512_and_si512(z, _mm512_set1_epi8(15));
+}
+
+/* In place 16 x 16 transpose of dwords: r[m] becomes lane m of every r[i]. */
+INLINE void tr16(__m512i r[16]) {
+    __m512i t[16];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    /* r[4i + e], 128-bit lane L: element 4L + e of rows 4i .. 4i + 3. */
+#pragma GCC unroll 4
+    for (int e = 0; e < 4; e++) {
+        __m512i u0 = _mm512_shuffle_i32x4(r[e], r[4 + e], 0x44);
+        __m512i u1 = _mm512_shuffle_i32x4(r[e], r[4 + e], 0xEE);
+        __m512i v0 = _mm512_shuffle_i32x4(r[8 + e], r[12 + e], 0x44);
+        __m512i v1 = _mm512_shuffle_i32x4(r[8 + e], r[12 + e], 0xEE);
+        t[e] = _mm512_shuffle_i32x4(u0, v0, 0x88);
+        t[4 + e] = _mm512_shuffle_i32x4(u0, v0, 0xDD);
+        t[8 + e] = _mm512_shuffle_i32x4(u1, v1, 0x88);
+        t[12 + e] = _mm512_shuffle_i32x4(u1, v1, 0xDD);
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++) r[i] = t[i];
+}
+
+INLINE const uint8_t *qrow(const loom_qmat *w, int r) {
+    return (const uint8_t *)w->w + (size_t)r * ((size_t)w->n * (size_t)w->bits / 8);
+}
+
+/* ---- exact, decode ------------------------------------------------------- */
+
+/* xp: x (8-bit) or x reordered per 32 columns as even | odd (4-bit);
+ * xsg[g]: sum of x over group g. */
+static void ex_prep(float *xp, float *xsg, const float *x, const loom_qmat *w) {
+    const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i od = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    int ng = w->n / w->group;
+    for (int g = 0; g < ng; g++) {
+        __m512 s = _mm512_setzero_ps();
+        for (int k = g * w->group, end = k + w->group; k < end; k += 32) {
+            __m512 a = _mm512_loadu_ps(x + k), b = _mm512_loadu_ps(x + k + 16);
+            s = _mm512_add_ps(s, _mm512_add_ps(a, b));
+            if (w->bits == 4) {
+                _mm512_storeu_ps(xp + k, _mm512_permutex2var_ps(a, ev, b));
+                _mm512_storeu_ps(xp + k + 16, _mm512_permutex2var_ps(a, od, b));
+            }
+        }
+        xsg[g] = _mm512_reduce_add_ps(s);
+    }
+}
+
+INLINE void ex_rows(float *y, const float *xp, const float *xsg, const loom_qmat *w, int r0,
+                    const int R, const int bits) {
+    const int n = w->n, ng = n / w->group, nb = n / XBLK, gs = __builtin_ctz(w->group / XBLK);
+    const uint8_t *row[4];
+    float sc[4][MAXB];
+    __m512 facc[4], p[4];
+    const __m512 tbl = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        row[r] = qrow(w, r0 + r);
+        row_params(sc[r], w->scales + (size_t)(r0 + r) * ng, ng, w->f16);
+        facc[r] = bias_dot(w->biases + (size_t)(r0 + r) * ng, xsg, ng, w->f16);
+    }
+    for (int j = 0; j < nb; j++) {
+        const float *xj = xp + (size_t)j * XBLK;
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) p[r] = _mm512_setzero_ps();
+        if (bits == 8) {
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                __m512 xv = _mm512_loadu_ps(xj + 16 * c);
+#pragma GCC unroll 4
+                for (int r = 0; r < R; r++) {
+                    __m128i b = _mm_loadu_si128((const __m128i *)(row[r] + (size_t)j * 64 + 16 * c));
+                    p[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)), xv, p[r]);
+                }
+            }
+        } else {
+#pragma GCC unroll 2
+            for (int c = 0; c < 2; c++) {
+                __m512 xe = _mm512_loadu_ps(xj + 32 * c), xo = _mm512_loadu_ps(xj + 32 * c + 16);
+#pragma GCC unroll 4
+                for (int r = 0; r < R; r++) {
+                    __m128i b = _mm_loadu_si128((const __m128i *)(row[r] + (size_t)j * 32 + 16 * c));
+                    __m512i d = _mm512_cvtepu8_epi32(b);
+                    p[r] = _mm512_fmadd_ps(_mm512_permutexvar_ps(d, tbl), xe, p[r]);
+                    p[r] = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), tbl), xo, p[r]);
+                }
+            }
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+            facc[r] = _mm512_fmadd_ps(p[r], _mm512_set1_ps(sc[r][j >> gs]), facc[r]);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) y[r0 + r] = _mm512_reduce_add_ps(facc[r]);
+}
+
+INLINE void ex_matvec_bits(float *y, const float *xp, const float *xsg, const loom_qmat *w, int r0,
+                           int r1, const int bits) {
+    int r = r0;
+    for (; r + 4 <= r1; r += 4) ex_rows(y, xp, xsg, w, r, 4, bits);
+    switch (r1 - r) {
+    case 3: ex_rows(y, xp, xsg, w, r, 3, bits); break;
+    case 2: ex_rows(y, xp, xsg, w, r, 2, bits); break;
+    case 1: ex_rows(y, xp, xsg, w, r, 1, bits); break;
+    default: break;
+    }
+}
+
+static void ex_matvec(float *y, const float *x, const loom_qmat *w, int r0, int r1) {
+    float xp[w->bits == 4 ? w->n : 1], xsg[MAXB];
+    ex_prep(xp, xsg, x, w);
+    if (w->bits == 8) ex_matvec_bits(y, x, xsg, w, r0, r1, 8);
+    else ex_matvec_bits(y, xp, xsg, w, r0, r1, 4);
+}
+
+/* ---- exact, prefill ------------------------------------------------------ */
+
+/* pan[k][i] = row p0 + i, column k0 + k dequantized (sc * q + bi, rounded
+ * twice like the reference), zero for rows past R; len % 64 == 0. */
+static void ex_panel(float *pan, const loom_qmat *w, int p0, int R, int k0, int len) {
+    const int ng = w->n / w->group;
+    for (int c = 0; c < len; c += XBLK) {
+        int k = k0 + c, g = k / w->group;
+        __m512i rows[4][16]; /* four 16-column quarters of 16 rows */
+        for (int i = 0; i < PR; i++) {
+            if (i >= R) {
+                for (int q = 0; q < 4; q++) rows[q][i] = _mm512_setzero_si512();
+                continue;
+            }
+            size_t si = (size_t)(p0 + i) * ng + g;
+            __m512 sc = _mm512_set1_ps(w->f16 ? _cvtsh_ss(w->scales[si]) : loom_bf16_to_f32(w->scales[si]));
+            __m512 bi = _mm512_set1_ps(w->f16 ? _cvtsh_ss(w->biases[si]) : loom_bf16_to_f32(w->biases[si]));
+            const uint8_t *row = qrow(w, p0 + i);
+            __m512i b = w->bits == 8 ? _mm512_loadu_si512(row + k) : unpack4_natural(row + k / 2);
+            __m512i d[4] = {_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(b, 0)),
+                            _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(b, 1)),
+                            _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(b, 2)),
+                            _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(b, 3))};
+            for (int q = 0; q < 4; q++)
+                rows[q][i] = _mm512_castps_si512(
+                    _mm512_add_ps(_mm512_mul_ps(sc, _mm512_cvtepi32_ps(d[q])), bi));
+        }
+        for (int q = 0; q < 4; q++) {
+            tr16(rows[q]);
+            for (int m = 0; m < 16; m++)
+                _mm512_store_si512((__m512i *)(pan + (size_t)(c + 16 * q + m) * PR), rows[q][m]);
+        }
+    }
+}
+
+/* y[t][p0 + i] (+)= sum_k x[t][k0 + k] * pan[k][i] for TT tokens. */
+INLINE void ex_tile(float *y, size_t ldy, const float *x, size_t ldx, const float *pan, int len,
+                    int first, __mmask16 rm, const int TT) {
+    __m512 acc[TT_MAX];
+#pragma GCC unroll 12
+    for (int t = 0; t < TT; t++)
+        acc[t] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(rm, y + t * ldy);
+    for (int k = 0; k < len; k++) {
+        __m512 wv = _mm512_load_ps(pan + (size_t)k * PR);
+#pragma GCC unroll 12
+        for (int t = 0; t < TT; t++) acc[t] = _mm512_fmadd_ps(wv, _mm512_set1_ps(x[t * ldx + k]), acc[t]);
+    }
+#pragma GCC unroll 12
+    for (int t = 0; t < TT; t++) _mm512_mask_storeu_ps(y + t * ldy, rm, acc[t]);
+}
+
+static void ex_gemm(float *y, int ldy, const float *x, int ldx, const loom_qmat *w, int T, int r0,
+                    int r1) {
+    float pan[KC_EXACT * PR] __attribute__((aligned(64)));
+    const size_t ly = (size_t)ldy, lx = (size_t)ldx;
+    for (int p0 = r0; p0 < r1; p0 += PR) {
+        int R = LOOM_MIN(PR, r1 - p0);
+        __mmask16 rm = mask16(R);
+        for (int k0 = 0; k0 < w->n; k0 += KC_EXACT) {
+            int len = LOOM_MIN(KC_EXACT, w->n - k0), first = k0 == 0;
+            ex_panel(pan, w, p0, R, k0, len);
+            for (int t = 0; t < T; t += TT_MAX) {
+                float *yt = y + (size_t)t * ly + p0;
+                const float *xt = x + (size_t)t * lx + k0;
+                switch (LOOM_MIN(TT_MAX, T - t)) {
+#define EX_CASE(n) case n: ex_tile(yt, ly, xt, lx, pan, len, first, rm, n); break;
+                EX_CASE(12) EX_CASE(11) EX_CASE(10) EX_CASE(9) EX_CASE(8) EX_CASE(7)
+                EX_CASE(6) EX_CASE(5) EX_CASE(4) EX_CASE(3) EX_CASE(2) EX_CASE(1)
+#undef EX_CASE
+                default: break;
+                }
+            }
+        }
+    }
+}
+
+static void matmul_q(float *y, int ldy, const float *x, int ldx, const loom_qmat *w, int T, int r0,
+                     int r1) {
+    if (!shape_ok(w)) {
+        loom_kernels_avx2.matmul_q(y, ldy, x, ldx, w, T, r0, r1);
+        return;
+    }
+    if (T >= GEMM_T) {
+        ex_gemm(y, ldy, x, ldx, w, T, r0, r1);
+        return;
+    }
+    for (int t = 0; t < T; t++) ex_matvec(y + (size_t)t * ldy, x + (size_t)t * ldx, w, r0, r1);
+}
+
+/* ---- fast: activations rounded to int8 ----------------------------------- */
+
+/* One token: xq (n bytes), sx[j] per 64-block, xsg[g] = sum over the
+ * group's blocks of sx * sum(qx). split: 4-bit decode order (each block
+ * as even | odd columns) instead of column order. */
+static void fq_prep(int8_t *xq, float *sx, float *xsg, const float *x, const loom_qmat *w, int split) {
+    const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i od = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    const int nb = w->n / XBLK, per = w->group / XBLK;
+    for (int j = 0; j < nb; j++) {
+        const float *xj = x + (size_t)j * XBLK;
+        __m512 v[4];
+        __m512 m = _mm512_setzero_ps();
+        for (int i = 0; i < 4; i++) {
+            v[i] = _mm512_loadu_ps(xj + 16 * i);
+            m = _mm512_max_ps(m, _mm512_abs_ps(v[i]));
+        }
+        float amax = _mm512_reduce_max_ps(m);
+        float inv = amax > 0 ? 127.0f / amax : 0.0f;
+        sx[j] = amax / 127.0f;
+        __m512 iv = _mm512_set1_ps(inv);
+        __m512i q[4], s = _mm512_setzero_si512();
+        for (int i = 0; i < 4; i++) {
+            q[i] = _mm512_cvtps_epi32(_mm512_mul_ps(v[i], iv)); /* nearest even */
+            s = _mm512_add_epi32(s, q[i]);
+        }
+        if (split) {
+            __m512i e0 = _mm512_permutex2var_epi32(q[0], ev, q[1]);
+            __m512i e1 = _mm512_permutex2var_epi32(q[2], ev, q[3]);
+            __m512i o0 = _mm512_permutex2var_epi32(q[0], od, q[1]);
+            __m512i o1 = _mm512_permutex2var_epi32(q[2], od, q[3]);
+            q[0] = e0, q[1] = e1, q[2] = o0, q[3] = o1;
+        }
+        for (int i = 0; i < 4; i++)
+            _mm_storeu_si128((__m128i *)(xq + (size_t)j * XBLK + 16 * i), _mm512_cvtepi32_epi8(q[i]));
+        float bs = sx[j] * (float)_mm512_reduce_add_epi32(s);
+        if (j % per == 0) xsg[j / per] = bs;
+        else xsg[j / per] += bs;
+    }
+}
+
+INLINE void fq_rows(float *y, const int8_t *xq, const float *sx, const float *xsg,
+                    const loom_qmat *w, int r0, const int R, const int bits) {
+    const int n = w->n, ng = n / w->group, nb = n / XBLK, gs = __builtin_ctz(w->group / XBLK);
+    const uint8_t *row[4];
+    float cs[4][MAXB];
+    __m512 facc[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        row[r] = qrow(w, r0 + r);
+        row_params(cs[r], w->scales + (size_t)(r0 + r) * ng, ng, w->f16);
+        if (gs == 0) {
+            for (int j = 0; j < nb; j += 16) {
+                __mmask16 m = mask16(nb - j);
+                _mm512_mask_storeu_ps(cs[r] + j, m,
+                                      _mm512_mul_ps(_mm512_maskz_loadu_ps(m, cs[r] + j),
+                                                    _mm512_maskz_loadu_ps(m, sx + j)));
+            }
+        } else {
+            for (int j = nb - 1; j >= 0; j--) cs[r][j] = cs[r][j >> gs] * sx[j];
+        }
+        facc[r] = bias_dot(w->biases + (size_t)(r0 + r) * ng, xsg, ng, w->f16);
+    }
+    for (int j = 0; j < nb; j++) {
+        __m512i xv = _mm512_loadu_si512(xq + (size_t)j * XBLK);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            __m512i wv = bits == 8 ? _mm512_loadu_si512(row[r] + (size_t)j * 64)
+                                   : unpack4_split(row[r] + (size_t)j * 32);
+            __m512i acc = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv);
+            facc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_set1_ps(cs[r][j]), facc[r]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) y[r0 + r] = _mm512_reduce_add_ps(facc[r]);
+}
+
+INLINE void fq_matvec_bits(float *y, const int8_t *xq, const float *sx, const float *xsg,
+                           const loom_qmat *w, int r0, int r1, const int bits) {
+    int r = r0;
+    for (; r + 4 <= r1; r += 4) fq_rows(y, xq, sx, xsg, w, r, 4, bits);
+    switch (r1 - r) {
+    case 3: fq_rows(y, xq, sx, xsg, w, r, 3, bits); break;
+    case 2: fq_rows(y, xq, sx, xsg, w, r, 2, bits); break;
+    case 1: fq_rows(y, xq, sx, xsg, w, r, 1, bits); break;
+    default: break;
+    }
+}
+
+static void fq_matvec(float *y, const float *x, const loom_qmat *w, int r0, int r1) {
+    int8_t xq[w->n] __attribute__((aligned(64)));
+    float sx[MAXB], xsg[MAXB];
+    fq_prep(xq, sx, xsg, x, w, w->bits == 4);
+    if (w->bits == 8) fq_matvec_bits(y, xq, sx, xsg, w, r0, r1, 8);
+    else fq_matvec_bits(y, xq, sx, xsg, w, r0, r1, 4);
+}
+
+/* pan[(k / 4) * 64 + i * 4 + k % 4] = u8 field of row p0 + i, column k0 + k
+ * (zero past R); swv/bwv[b][i]: that row's scale / bias for block b. */
+static void fq_panel(uint8_t *pan, float *swv, float *bwv, const loom_qmat *w, int p0, int R,
+                     int k0, int len) {
+    const int ng = w->n / w->group;
+    for (int c = 0, b = 0; c < len; c += XBLK, b++) {
+        int k = k0 + c, g = k / w->group;
+        __m512i rows[16];
+        for (int i = 0; i < PR; i++) {
+            if (i >= R) {
+                rows[i] = _mm512_setzero_si512();
+                swv[b * PR + i] = bwv[b * PR + i] = 0;
+                continue;
+            }
+            size_t si = (size_t)(p0 + i) * ng + g;
+            swv[b * PR + i] = w->f16 ? _cvtsh_ss(w->scales[si]) : loom_bf16_to_f32(w->scales[si]);
+            bwv[b * PR + i] = w->f16 ? _cvtsh_ss(w->biases[si]) : loom_bf16_to_f32(w->biases[si]);
+            const uint8_t *row = qrow(w, p0 + i);
+            rows[i] = w->bits == 8 ? _mm512_loadu_si512(row + k) : unpack4_natural(row + k / 2);
+        }
+        tr16(rows);
+        for (int m = 0; m < 16; m++)
+            _mm512_store_si512((__m512i *)(pan + (size_t)(c / 4 + m) * 64), rows[m]);
+    }
+}
+
+/* y[t][p0 + i] (+)= the panel's blocks over TT tokens' rounded activations. */
+INLINE void fq_tile(float *y, size_t ldy, const int8_t *xq, size_t ldq, const float *sx,
+                    const float *xsg, size_t nb, size_t ng, const uint8_t *pan, const float *swv,
+                    const float *bwv, int j0, int nblk, int per, int first, __mmask16 rm,
+                    const int TT) {
+    __m512 facc[TT_MAX];
+    __m512i acc[TT_MAX];
+#pragma GCC unroll 12
+    for (int t = 0; t < TT; t++)
+        facc[t] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(rm, y + t * ldy);
+    for (int b = 0; b < nblk; b++) {
+        int j = j0 + b;
+#pragma GCC unroll 12
+        for (int t = 0; t < TT; t++) acc[t] = _mm512_setzero_si512();
+        for (int s = 0; s < XBLK / 4; s++) {
+            __m512i wv = _mm512_load_si512((const __m512i *)(pan + (size_t)(b * 16 + s) * 64));
+#pragma GCC unroll 12
+            for (int t = 0; t < TT; t++) {
+                int32_t xb;
+                memcpy(&xb, xq + t * ldq + (size_t)b * XBLK + 4 * s, 4);
+                acc[t] = _mm512_dpbusd_epi32(acc[t], wv, _mm512_set1_epi32(xb));
+            }
+        }
+        __m512 sw = _mm512_load_ps(swv + b * PR);
+#pragma GCC unroll 12
+        for (int t = 0; t < TT; t++)
+            facc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[t]),
+                                      _mm512_mul_ps(sw, _mm512_set1_ps(sx[t * nb + j])), facc[t]);
+        if (j % per == 0) {
+            __m512 bw = _mm512_load_ps(bwv + b * PR);
+#pragma GCC unroll 12
+            for (int t = 0; t < TT; t++)
+                facc[t] = _mm512_fmadd_ps(bw, _mm512_set1_ps(xsg[t * ng + j / per]), facc[t]);
+        }
+    }
+#pragma GCC unroll 12
+    for (int t = 0; t < TT; t++) _mm512_mask_storeu_ps(y + t * ldy, rm, facc[t]);
+}
+
+static void fq_gemm(float *y, int ldy, const float *x, int ldx, const loom_qmat *w, int T, int r0,
+                    int r1) {
+    const int n = w->n, nb = n / XBLK, ng = n / w->group, per = w->group / XBLK;
+    const int TB = LOOM_MAX(1, LOOM_MIN(T, XQ_BYTES / n));
+    int8_t xq[XQ_BYTES > MAXN ? XQ_BYTES : MAXN] __attribute__((aligned(64)));
+    float sx[(XQ_BYTES > MAXN ? XQ_BYTES : MAXN) / XBLK], xsg[(XQ_BYTES > MAXN ? XQ_BYTES : MAXN) / XBLK];
+    uint8_t pan[KC_FAST * PR] __attribute__((aligned(64)));
+    float swv[KC_FAST / XBLK * PR] __attribute__((aligned(64)));
+    float bwv[KC_FAST / XBLK * PR] __attribute__((aligned(64)));
+    const size_t ly = (size_t)ldy;
+    for (int t0 = 0; t0 < T; t0 += TB) {
+        int tn = LOOM_MIN(TB, T - t0);
+        for (int t = 0; t < tn; t++)
+            fq_prep(xq + (size_t)t * n, sx + (size_t)t * nb, xsg + (size_t)t * ng,
+                    x + (size_t)(t0 + t) * ldx, w, 0);
+        for (int p0 = r0; p0 < r1; p0 += PR) {
+            int R = LOOM_MIN(PR, r1 - p0);
+            __mmask16 rm = mask16(R);
+            for (int k0 = 0; k0 < n; k0 += KC_FAST) {
+                int len = LOOM_MIN(KC_FAST, n - k0), first = k0 == 0;
+                fq_panel(pan, swv, bwv, w, p0, R, k0, len);
+                for (int t = 0; t < tn; t += TT_MAX) {
+                    float *yt = y + (size_t)(t0 + t) * ly + p0;
+                    const int8_t *q = xq + (size_t)t * n + k0;
+                    const float *s = sx + (size_t)t * nb, *g = xsg + (size_t)t * ng;
+                    switch (LOOM_MIN(TT_MAX, tn - t)) {
+#define FQ_CASE(c) case c: fq_tile(yt, ly, q, (size_t)n, s, g, (size_t)nb, (size_t)ng, pan, swv, bwv, \
+                                   k0 / XBLK, len / XBLK, per, first, rm, c); break;
+                    FQ_CASE(12) FQ_CASE(11) FQ_CASE(10) FQ_CASE(9) FQ_CASE(8) FQ_CASE(7)
+                    FQ_CASE(6) FQ_CASE(5) FQ_CASE(4) FQ_CASE(3) FQ_CASE(2) FQ_CASE(1)
+#undef FQ_CASE
+                    default: break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+static void matmul_q_fast(float *y, int ldy, const float *x, int ldx, const loom_qmat *w, int T,
+                          int r0, int r1) {
+    if (!shape_ok(w)) {
+        loom_kernels_avx2.matmul_q(y, ldy, x, ldx, w, T, r0, r1);
+        return;
+    }
+    if (T >= GEMM_T) {
+        fq_gemm(y, ldy, x, ldx, w, T, r0, r1);
+        return;
+    }
+    for (int t = 0; t < T; t++) fq_matvec(y + (size_t)t * ldy, x + (size_t)t * ldx, w, r0, r1);
+}
+
+const loom_kernels loom_kernels_avx512_q = {.name = "avx512-q", .matmul_q = matmul_q};
+const loom_kernels loom_kernels_avx512_q_fast = {.name = "avx512-q-fast", .matmul_q = matmul_q_fast};
