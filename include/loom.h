@@ -92,6 +92,8 @@ typedef struct loom_context_params {
     int n_ctx;            /* max tokens the sequence may hold; 0 = model max */
     int n_batch;          /* max tokens per forward; 0 = 512 */
     loom_kv_type kv_type; /* default LOOM_KV_F32 */
+    const char *kv_config;/* kv_config.json with per-layer KV bits, or NULL (see
+                             loom_engine_params.kv_config) */
 } loom_context_params;
 
 loom_context_params loom_context_default_params(void);
@@ -174,6 +176,12 @@ typedef struct loom_engine_params {
     int max_queue;          /* waiting requests before submit answers
                                LOOM_ERR_BUSY; 0 = unlimited */
     loom_kv_type kv_type;   /* KV element type (default LOOM_KV_F32) */
+    const char *kv_config;  /* path of a kv_config.json storing some layers
+                               differently: [{"layer_idx": i, "bits": 4|8|16|32,
+                               "group_size": 32|64|128}, ...]; other layers use
+                               kv_type. NULL = none (the library does not look in
+                               the model directory; the loom commands do). The
+                               CUDA backend takes one type for all layers. */
     const char *trace_file; /* traced requests' spans as JSON lines, or NULL */
     int prefix_cache;       /* reuse KV of earlier prompts' full blocks (default 1;
                                models with linear-attention layers never do) */

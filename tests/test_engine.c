@@ -810,7 +810,174 @@ static void sessions(const char *dir) {
     free_fixture(&f);
 }
 
+/* ---- per-layer KV (kv_config.json) ------------------------------------------- */
+
+static char kvc_dir[] = "/tmp/loom-test-kvconfig-XXXXXX";
+
+/* Writes text to a file in kvc_dir; returns its path (static buffer). */
+static const char *kvc_file(const char *name, const char *text) {
+    static char path[4][256];
+    static int next;
+    char *p = path[next++ % 4];
+    snprintf(p, 256, "%s/%s", kvc_dir, name);
+    FILE *f = fopen(p, "w");
+    CHECK(f != NULL);
+    if (f) {
+        fputs(text, f);
+        fclose(f);
+    }
+    return p;
+}
+
+/* All-position logits of the fixture's prompts through a context. */
+static float *kvc_logits(fixture *f, loom_kv_type type, const char *config, size_t *n) {
+    loom_context_params cp = loom_context_default_params();
+    cp.n_ctx = 400;
+    cp.kv_type = type;
+    cp.kv_config = config;
+    loom_context *c = NULL;
+    loom_status s = loom_context_create(f->m, &cp, &c);
+    CHECKF(s == LOOM_OK, "context: %s", loom_last_error());
+    if (s) return NULL;
+    int V = loom_model_vocab_size(f->m);
+    size_t total = 0;
+    for (int i = 0; i < NP; i++) total += (size_t)f->len[i] * V;
+    float *out = malloc(sizeof(float) * total), *at = out;
+    for (int i = 0; i < NP; i++) {
+        loom_context_truncate(c, 0);
+        CHECK(loom_context_eval(c, f->ids[i], f->len[i], 1, at) == LOOM_OK);
+        at += (size_t)f->len[i] * V;
+    }
+    loom_context_free(c);
+    *n = total;
+    return out;
+}
+
+static double mean_sq_err(const float *a, const float *ref, size_t n) {
+    double e = 0;
+    for (size_t i = 0; i < n; i++) e += (double)(a[i] - ref[i]) * (a[i] - ref[i]);
+    return e / (double)n;
+}
+
+/* Cached tokens of prompt 3 on a fresh engine over a disk-tier directory. */
+static int kvc_disk_run(fixture *f, loom_kv_type type, const char *config, const char *dir) {
+    loom_engine_params ep = loom_engine_default_params();
+    ep.n_ctx = 400;
+    ep.kv_type = type;
+    ep.kv_config = config;
+    ep.prefix_cache_dir = dir;
+    loom_engine *e = NULL;
+    CHECK(loom_engine_create(f->m, &ep, &e) == LOOM_OK);
+    if (!e) return -1;
+    loom_request *r = submit(e, f->ids[3], f->len[3], 4, 0);
+    int cached = -1;
+    for (;;) {
+        loom_event ev;
+        if (loom_request_next(r, &ev, 60000) != LOOM_OK) break;
+        if (ev.finish) {
+            cached = ev.finish == LOOM_FINISH_LENGTH ? ev.n_cached : -1;
+            break;
+        }
+    }
+    loom_request_free(r);
+    check_idle(e);
+    loom_engine_free(e);
+    return cached;
+}
+
+/* A config naming every layer equals the uniform type bitwise; a mixed one
+ * lands between the uniform types it mixes; the namespace (and so the disk
+ * tier) keeps layouts apart; bad files are refused naming the problem. */
+static void kv_config(void) {
+    fixture f;
+    if (!load_fixture("tests/fixtures/models/qwen3-tiny", &f)) { CHECK(0); return; }
+    if (!mkdtemp(kvc_dir)) { CHECK(0); return; }
+    const char *all8 = kvc_file("all8.json",
+                                "[{\"layer_idx\": 0, \"bits\": 8, \"group_size\": 64},"
+                                " {\"layer_idx\": 1, \"bits\": 8, \"group_size\": 64},"
+                                " {\"layer_idx\": 2, \"bits\": 8, \"group_size\": 64}]");
+    const char *all16 = kvc_file("all16.json", "[{\"layer_idx\": 2, \"bits\": 16}, {\"layer_idx\": 0, "
+                                               "\"bits\": 16}, {\"layer_idx\": 1, \"bits\": 16}]");
+    const char *mixed = kvc_file("mixed.json", "[{\"layer_idx\": 1, \"bits\": 4, \"group_size\": 64}]");
+    size_t n = 0, n2 = 0;
+    float *ref = kvc_logits(&f, LOOM_KV_F32, NULL, &n);
+    float *q8 = kvc_logits(&f, LOOM_KV_Q8, NULL, &n2);
+    float *q4 = kvc_logits(&f, LOOM_KV_Q4, NULL, &n2);
+    float *f16 = kvc_logits(&f, LOOM_KV_F16, NULL, &n2);
+    float *c8 = kvc_logits(&f, LOOM_KV_F32, all8, &n2);
+    float *c16 = kvc_logits(&f, LOOM_KV_Q4, all16, &n2);
+    float *cm = kvc_logits(&f, LOOM_KV_Q8, mixed, &n2);
+    if (ref && q8 && q4 && f16 && c8 && c16 && cm) {
+        CHECKF(!memcmp(c8, q8, sizeof(float) * n), "all-8 config differs from kv type q8");
+        CHECKF(!memcmp(c16, f16, sizeof(float) * n), "all-16 config differs from kv type f16");
+        double e8 = mean_sq_err(q8, ref, n), e4 = mean_sq_err(q4, ref, n), em = mean_sq_err(cm, ref, n);
+        fprintf(stderr, "kv_config: mean squared logit error q8 %.3g, one layer of three q4 %.3g, q4 %.3g\n",
+                e8, em, e4);
+        CHECKF(e8 < em && em < e4, "mixed config error %g is not between q8 %g and q4 %g", em, e8, e4);
+    }
+    free(ref), free(q8), free(q4), free(f16), free(c8), free(c16), free(cm);
+
+    /* the disk tier keeps layouts apart: a q8 run's blocks do not serve
+     * the mixed layout, but serve the all-8 config (the same layout) */
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/disk", kvc_dir);
+    int full = (f.len[3] - 1) / 16 * 16;
+    CHECK_EQ_INT(kvc_disk_run(&f, LOOM_KV_Q8, NULL, dir), 0);
+    CHECK_EQ_INT(kvc_disk_run(&f, LOOM_KV_Q8, mixed, dir), 0);
+    CHECK_EQ_INT(kvc_disk_run(&f, LOOM_KV_Q8, mixed, dir), full);
+    CHECK_EQ_INT(kvc_disk_run(&f, LOOM_KV_F32, all8, dir), full);
+
+    /* bad files: the error names the file, the entry and expected vs found */
+    static const struct { const char *text, *want; loom_status st; } bad[] = {
+        {"[{\"layer_idx\": 0, \"bits\": 8,}]", "not valid JSON", LOOM_ERR_FORMAT},
+        {"{\"layer_idx\": 0}", "expected a JSON array", LOOM_ERR_FORMAT},
+        {"[{\"layer_idx\": 3, \"bits\": 8}]", "layer_idx 3 is out of range (the model has 3 layers: 0..2)",
+         LOOM_ERR_INVALID_ARG},
+        {"[{\"layer_idx\": -1, \"bits\": 8}]", "layer_idx -1 is out of range", LOOM_ERR_INVALID_ARG},
+        {"[{\"layer_idx\": 0, \"bits\": 3}]", "bits 3 is not supported (expected 4, 8, 16 or 32)",
+         LOOM_ERR_INVALID_ARG},
+        {"[{\"layer_idx\": 0, \"bits\": 4, \"group_size\": 48}]",
+         "group_size 48 is not supported (expected 32, 64 or 128, dividing the KV row of 64 values)",
+         LOOM_ERR_INVALID_ARG},
+        {"[{\"layer_idx\": 0, \"bits\": 4, \"group_size\": 128}]", "group_size 128 is not supported",
+         LOOM_ERR_INVALID_ARG},
+        {"[{\"layer_idx\": 1, \"bits\": 8}, {\"layer_idx\": 1, \"bits\": 4}]",
+         "entry 1: layer 1 is listed twice (first in entry 0)", LOOM_ERR_INVALID_ARG},
+        {"[{\"layer\": 1, \"bits\": 8}]", "unknown key \"layer\"", LOOM_ERR_FORMAT},
+        {"[{\"layer_idx\": 1}]", "found no \"bits\"", LOOM_ERR_FORMAT},
+        {"[{\"layer_idx\": \"1\", \"bits\": 8}]", "layer_idx: expected an integer, found a string",
+         LOOM_ERR_FORMAT},
+        {"[{\"layer_idx\": 1, \"bits\": 8.5}]", "bits: expected an integer, found 8.5", LOOM_ERR_FORMAT},
+        {"[7]", "entry 0: expected an object, found a number", LOOM_ERR_FORMAT},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        const char *path = kvc_file("bad.json", bad[i].text);
+        loom_context_params cp = loom_context_default_params();
+        cp.n_ctx = 64;
+        cp.kv_config = path;
+        loom_context *c = NULL;
+        loom_status s = loom_context_create(f.m, &cp, &c);
+        CHECKF(s == bad[i].st && c == NULL && strstr(loom_last_error(), bad[i].want) &&
+                   strstr(loom_last_error(), path),
+               "%s: status %d, \"%s\"", bad[i].text, (int)s, loom_last_error());
+        loom_context_free(c);
+        loom_engine_params ep = loom_engine_default_params();
+        ep.kv_config = path;
+        loom_engine *e = NULL;
+        CHECK(loom_engine_create(f.m, &ep, &e) == bad[i].st && e == NULL);
+    }
+    loom_context_params cp = loom_context_default_params();
+    cp.kv_config = "/nonexistent/kv_config.json";
+    loom_context *c = NULL;
+    CHECK(loom_context_create(f.m, &cp, &c) == LOOM_ERR_IO && strstr(loom_last_error(), "/nonexistent"));
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", kvc_dir);
+    CHECK(system(cmd) == 0);
+    free_fixture(&f);
+}
+
 int main(void) {
+    kv_config();
     sessions("tests/fixtures/models/qwen3-tiny");
     sessions("tests/fixtures/models/qwen3.5-tiny-hybrid");
     sessions("tests/fixtures/models/mistral-tiny-swa");

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 int cli_device = -1;
 int cli_fast;
@@ -100,6 +101,13 @@ int cli_kv_type(const char *cmd, const char *text, loom_kv_type *out) {
         }
     cli_usage_error(cmd, "--kv-type: expected f32, f16, bf16, q8 or q4, found \"%s\"", text);
     return 1;
+}
+
+const char *cli_kv_config(const char *given, const char *model_dir, char *buf, size_t cap) {
+    if (given) return given;
+    if (!model_dir) return NULL;
+    snprintf(buf, cap, "%s/kv_config.json", model_dir);
+    return access(buf, F_OK) == 0 ? buf : NULL;
 }
 
 loom_status cli_render_user_turn(const char *model_dir, const char *text, char **out) {

@@ -4,6 +4,7 @@
 #ifndef LOOM_CLI_H
 #define LOOM_CLI_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "loom.h"
@@ -42,6 +43,10 @@ int cli_ids(const char *cmd, const char *opt, const char *text, int32_t **out, i
 
 /* Parses a KV type name (f32, f16, bf16, q8, q4). */
 int cli_kv_type(const char *cmd, const char *text, loom_kv_type *out);
+
+/* The per-layer KV config to use: the --kv-config path when given, else
+ * model_dir/kv_config.json when that exists (joined into buf), else NULL. */
+const char *cli_kv_config(const char *given, const char *model_dir, char *buf, size_t cap);
 
 /* Renders one user message through the model directory's chat template
  * (with the generation prompt) into a heap string. */

@@ -51,6 +51,8 @@ static const char usage[] =
     "                     engine (aggregate tokens/s), for each B in the list\n"
     "  --tg-prompt N      prompt tokens before tg and the batched decode (default 4)\n"
     "  --kv-type T        KV cache type: f32 (default), f16, bf16, q8, q4\n"
+    "  --kv-config FILE   per-layer KV bits (see loom serve --help; default: each\n"
+    "                     model directory's kv_config.json, if any)\n"
     "  --json             print JSON instead of the table\n";
 
 #define CHECK_LEN 8
@@ -298,6 +300,8 @@ int cmd_bench(int argc, char **argv) {
     int nm = 0;
     int p = 512, n = 128, threads = 0, reps = 5, json = 0;
     loom_kv_type kv_type = LOOM_KV_F32;
+    const char *kv_config = NULL;
+    char kvc[4096];
     memset(bm, 0, sizeof bm);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -308,7 +312,7 @@ int cmd_bench(int argc, char **argv) {
         if (!strcmp(a, "--json")) { json = 1; continue; }
         static const char *valued[] = {"--model", "-p", "--prompt", "-n", "--gen",
                                        "--threads", "--reps", "--batch", "--tg-prompt",
-                                       "--kv-type"};
+                                       "--kv-type", "--kv-config"};
         int known = 0;
         for (size_t k = 0; k < LOOM_ARRAY_LEN(valued); k++) known |= !strcmp(a, valued[k]);
         if (!known) return cli_usage_error("bench", "unknown option \"%s\"", a);
@@ -323,6 +327,7 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--threads")) bad = cli_int("bench", a, v, 0, 4096, &threads);
         else if (!strcmp(a, "--tg-prompt")) bad = cli_int("bench", a, v, 1, 1 << 20, &tg_prompt);
         else if (!strcmp(a, "--kv-type")) bad = cli_kv_type("bench", v, &kv_type);
+        else if (!strcmp(a, "--kv-config")) kv_config = v;
         else if (!strcmp(a, "--batch")) {
             int32_t *ids = NULL;
             int cnt = 0;
@@ -370,6 +375,7 @@ int cmd_bench(int argc, char **argv) {
         cp.n_ctx = n_tok;
         cp.n_batch = LOOM_MAX(LOOM_MAX(p, CHECK_LEN), tg_prompt);
         cp.kv_type = kv_type;
+        cp.kv_config = cli_kv_config(kv_config, b->dir, kvc, sizeof kvc);
         if ((s = loom_context_create(b->m, &cp, &b->c))) {
             rc = cli_fail("creating context", s);
             goto done;
@@ -455,6 +461,7 @@ int cmd_bench(int argc, char **argv) {
         ep.max_batch_tokens = LOOM_MAX(2048, bmax);
         ep.n_ctx = tg_prompt + n + 1;
         ep.kv_type = kv_type;
+        ep.kv_config = cli_kv_config(kv_config, b->dir, kvc, sizeof kvc);
         ep.prefix_cache = 0;
         loom_engine *e = NULL;
         if (ok && (s = loom_engine_create(b->m, &ep, &e))) {

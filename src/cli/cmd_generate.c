@@ -33,6 +33,9 @@ static const char usage[] =
     "  --ignore-eos       do not stop at end-of-sequence ids\n"
     "  --ids              print the generated ids as a JSON array\n"
     "  --ctx-size N       context length (default: prompt + max tokens)\n"
+    "  --kv-type T        KV cache type: f32 (default), f16, bf16, q8, q4\n"
+    "  --kv-config FILE   per-layer KV bits (see loom serve --help; default: the\n"
+    "                     model directory's kv_config.json, if any)\n"
     "  --threads N        worker threads (default: all cores)\n";
 
 int cmd_generate(int argc, char **argv) {
@@ -40,6 +43,9 @@ int cmd_generate(int argc, char **argv) {
     const char *stops[16];
     int n_stops = 0;
     int threads = 0, max_tokens = 64, ignore_eos = 0, json_ids = 0, n_ctx = 0, seed = 1, chat = 0;
+    loom_kv_type kv_type = LOOM_KV_F32;
+    const char *kv_config = NULL;
+    char kvc[4096];
     loom_sampling sp = loom_sampling_default();
     sp.temperature = 0.8f;
     sp.top_k = 40;
@@ -55,7 +61,8 @@ int cmd_generate(int argc, char **argv) {
         if (!strcmp(a, "--chat")) { chat = 1; continue; }
         static const char *valued[] = {"--model", "--tokens", "--max-tokens", "--temperature",
                                        "--top-k", "--top-p", "--min-p", "--seed", "--ctx-size",
-                                       "--threads", "--prompt", "--stop", "--repeat-penalty"};
+                                       "--threads", "--prompt", "--stop", "--repeat-penalty",
+                                       "--kv-type", "--kv-config"};
         int known = 0;
         for (size_t k = 0; k < LOOM_ARRAY_LEN(valued); k++) known |= !strcmp(a, valued[k]);
         if (!known) return cli_usage_error("generate", "unknown option \"%s\"", a);
@@ -76,6 +83,8 @@ int cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "--repeat-penalty")) bad = cli_float("generate", a, v, &sp.repetition_penalty);
         else if (!strcmp(a, "--seed")) bad = cli_int("generate", a, v, 0, 1 << 30, &seed);
         else if (!strcmp(a, "--ctx-size")) bad = cli_int("generate", a, v, 1, 1 << 24, &n_ctx);
+        else if (!strcmp(a, "--kv-type")) bad = cli_kv_type("generate", v, &kv_type);
+        else if (!strcmp(a, "--kv-config")) kv_config = v;
         else bad = cli_int("generate", a, v, 0, 4096, &threads);
         if (bad) return 2;
     }
@@ -129,6 +138,8 @@ int cmd_generate(int argc, char **argv) {
     }
     loom_context_params cp = loom_context_default_params();
     cp.n_ctx = n_ctx ? n_ctx : n_prompt + max_tokens;
+    cp.kv_type = kv_type;
+    cp.kv_config = cli_kv_config(kv_config, model, kvc, sizeof kvc);
     if ((s = loom_context_create(m, &cp, &c))) { rc = cli_fail("creating context", s); goto done; }
     int V = loom_model_vocab_size(m);
     int32_t eos[16];

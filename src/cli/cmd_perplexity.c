@@ -8,6 +8,7 @@
 #include "base/base.h"
 #include "cli/cli.h"
 #include "engine/kv.h"
+#include "engine/kvconfig.h"
 #include "model/model.h"
 #include "tokenize/tokenizer.h"
 
@@ -23,12 +24,16 @@ static const char usage[] =
     "  --ctx N           window length in tokens (default 512)\n"
     "  --windows N       number of windows (default 64; fewer if the text is short)\n"
     "  --kv-type T       KV cache type: f32 (default), f16, bf16, q8, q4\n"
+    "  --kv-config FILE  per-layer KV bits (see loom serve --help; default: the\n"
+    "                    model directory's kv_config.json, if any)\n"
     "  --threads N       worker threads (default: all cores)\n";
 
 int cmd_perplexity(int argc, char **argv) {
     const char *model = NULL, *file = NULL;
     int ctx = 512, windows = 64, threads = 0;
     loom_kv_type kv_type = LOOM_KV_F32;
+    const char *kv_config = NULL;
+    char kvc[4096];
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -36,7 +41,8 @@ int cmd_perplexity(int argc, char **argv) {
             return 0;
         }
         if (strcmp(a, "--model") && strcmp(a, "--text-file") && strcmp(a, "--ctx") &&
-            strcmp(a, "--windows") && strcmp(a, "--threads") && strcmp(a, "--kv-type"))
+            strcmp(a, "--windows") && strcmp(a, "--threads") && strcmp(a, "--kv-type") &&
+            strcmp(a, "--kv-config"))
             return cli_usage_error("perplexity", "unknown option \"%s\"", a);
         if (!(v = cli_value("perplexity", argc, argv, &i))) return 2;
         int bad = 0;
@@ -45,10 +51,12 @@ int cmd_perplexity(int argc, char **argv) {
         else if (!strcmp(a, "--ctx")) bad = cli_int("perplexity", a, v, 2, 1 << 20, &ctx);
         else if (!strcmp(a, "--windows")) bad = cli_int("perplexity", a, v, 1, 1 << 20, &windows);
         else if (!strcmp(a, "--kv-type")) bad = cli_kv_type("perplexity", v, &kv_type);
+        else if (!strcmp(a, "--kv-config")) kv_config = v;
         else bad = cli_int("perplexity", a, v, 0, 4096, &threads);
         if (bad) return 2;
     }
     if (!model || !file) return cli_usage_error("perplexity", "--model and --text-file are required");
+    kv_config = cli_kv_config(kv_config, model, kvc, sizeof kvc);
     int rc = 1;
     char *text = NULL;
     int32_t *ids = NULL;
@@ -80,6 +88,7 @@ int cmd_perplexity(int argc, char **argv) {
     cp.n_ctx = ctx;
     cp.n_batch = ctx;
     cp.kv_type = kv_type;
+    cp.kv_config = kv_config;
     if ((s = loom_context_create(m, &cp, &c))) { rc = cli_fail("context", s); goto done; }
     int V = loom_model_vocab_size(m);
     logits = malloc(sizeof(float) * (size_t)ctx * (size_t)V);
@@ -100,9 +109,14 @@ int cmd_perplexity(int argc, char **argv) {
         }
     }
     double t2 = loom_now();
-    printf("perplexity %.4f over %ld tokens (%d windows of %d), KV %s: %zu bytes per token\n",
+    size_t per_token = loom_kv_block_bytes(m->cfg.n_layers, loom_model_kv_dim(m), 1, kv_type);
+    loom_kv_spec *spec = kv_config ? calloc((size_t)m->cfg.n_layers, sizeof *spec) : NULL;
+    if (spec && loom_kv_config_load(kv_config, m->cfg.n_layers, loom_model_kv_dim(m), kv_type, spec) == LOOM_OK)
+        per_token = loom_kv_spec_block_bytes(spec, m->cfg.n_layers, loom_model_kv_dim(m), 1);
+    free(spec);
+    printf("perplexity %.4f over %ld tokens (%d windows of %d), KV %s%s%s: %zu bytes per token\n",
            exp(nll / count), count, windows, ctx, loom_kv_type_name(kv_type),
-           loom_kv_block_bytes(m->cfg.n_layers, loom_model_kv_dim(m), 1, kv_type));
+           kv_config ? " with per-layer " : "", kv_config ? kv_config : "", per_token);
     fprintf(stderr, "tokenized %zu tokens in %.2f s; scored in %.2f s (%.0f tok/s)\n", n, t1 - t0,
             t2 - t1, (double)windows * ctx / (t2 - t1));
     rc = 0;

@@ -28,6 +28,9 @@ static const char usage[] =
     "  --block-size N          tokens per KV block (default 16)\n"
     "  --kv-type T             KV type: f32 (exact, default), f16, bf16, q8 or q4\n"
     "  --kv-bits 8|4           the same as --kv-type q8 / q4\n"
+    "  --kv-config FILE        per-layer KV bits, JSON [{\"layer_idx\": i, \"bits\": 4|8|16|32,\n"
+    "                          \"group_size\": 32|64|128}, ...]; other layers use --kv-type\n"
+    "                          (default: the model directory's kv_config.json, if any)\n"
     "  --prefill-chunk N       planned prefill chunk (default policy: 2048)\n"
     "  --max-tokens N          default max tokens of a request (default 512)\n"
     "  --max-body SIZE         largest request body (default 8M)\n"
@@ -78,7 +81,8 @@ int cmd_serve(int argc, char **argv) {
                                        "--prefill-chunk", "--max-tokens", "--max-body", "--timeout",
                                        "--grace", "--trace-file", "--port-file", "--threads",
                                        "--prefix-cache-bytes", "--prefix-cache-dir",
-                                       "--prefix-cache-disk-bytes", "--kv-type", "--kv-bits"};
+                                       "--prefix-cache-disk-bytes", "--kv-type", "--kv-bits",
+                                       "--kv-config"};
         int known = 0;
         for (size_t k = 0; k < LOOM_ARRAY_LEN(valued); k++) known |= !strcmp(a, valued[k]);
         if (!known) return cli_usage_error("serve", "unknown option \"%s\"", a);
@@ -103,6 +107,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--trace-file")) p.engine.trace_file = v;
         else if (!strcmp(a, "--port-file")) p.port_file = v;
         else if (!strcmp(a, "--kv-type")) bad = cli_kv_type("serve", v, &p.engine.kv_type);
+        else if (!strcmp(a, "--kv-config")) p.engine.kv_config = v;
         else if (!strcmp(a, "--kv-bits")) {
             if (!strcmp(v, "8")) p.engine.kv_type = LOOM_KV_Q8;
             else if (!strcmp(v, "4")) p.engine.kv_type = LOOM_KV_Q4;
@@ -115,5 +120,7 @@ int cmd_serve(int argc, char **argv) {
         if (bad) return 2;
     }
     if (!p.model_dir) return cli_usage_error("serve", "--model is required");
+    char kvc[4096];
+    p.engine.kv_config = cli_kv_config(p.engine.kv_config, p.model_dir, kvc, sizeof kvc);
     return loom_serve_run(&p);
 }

@@ -6,6 +6,7 @@
 
 #include "base/base.h"
 #include "engine/kv.h"
+#include "engine/kvconfig.h"
 #include "engine/exec.h"
 #include "model/forward.h"
 
@@ -41,9 +42,15 @@ loom_status loom_context_create(loom_model *m, const loom_context_params *params
     c->n_ctx = n_ctx;
     c->n_batch = n_batch;
     const loom_config *cfg = &m->cfg;
-    loom_status s = loom_kv_pool_create(cfg->n_layers, loom_model_kv_dim(m), CTX_BLOCK,
-                                        (n_ctx + CTX_BLOCK - 1) / CTX_BLOCK,
-                                        p.kv_type, &c->kv);
+    loom_kv_spec *spec = calloc((size_t)cfg->n_layers, sizeof *spec);
+    loom_status s = spec ? LOOM_OK : loom_err(LOOM_ERR_NOMEM, "out of memory");
+    for (int l = 0; spec && l < cfg->n_layers; l++) spec[l].type = p.kv_type;
+    if (!s && p.kv_config)
+        s = loom_kv_config_load(p.kv_config, cfg->n_layers, loom_model_kv_dim(m), p.kv_type, spec);
+    if (!s)
+        s = loom_kv_pool_create_spec(cfg->n_layers, loom_model_kv_dim(m), CTX_BLOCK,
+                                     (n_ctx + CTX_BLOCK - 1) / CTX_BLOCK, spec, &c->kv);
+    free(spec);
     if (s == LOOM_OK) s = loom_exec_create(m, c->kv, n_batch, n_ctx, &c->fwd);
     if (s == LOOM_OK) s = loom_seq_state_create(m, &c->state);
     if (s != LOOM_OK) {

@@ -46,6 +46,7 @@
 
 #include "base/base.h"
 #include "engine/exec.h"
+#include "engine/kvconfig.h"
 #include "engine/kvdisk.h"
 #include "engine/request.h"
 #include "engine/session.h"
@@ -593,12 +594,21 @@ loom_status loom_engine_create(loom_model *m, const loom_engine_params *params,
     e->max_seqs = LOOM_MIN(p.max_seqs, p.max_batch_tokens);
     e->n_eos = loom_model_eos_ids(m, e->eos, LOOM_MAX_EOS);
     if (e->n_eos > LOOM_MAX_EOS) e->n_eos = LOOM_MAX_EOS;
-    loom_kv_type kvt = p.kv_type;
-    size_t block = loom_kv_block_bytes(c->n_layers, loom_model_kv_dim(m), p.block_size, kvt);
-    if (!block) {
+    loom_kv_spec *spec = calloc((size_t)c->n_layers, sizeof *spec);
+    if (!spec) {
         free(e);
-        return loom_err(LOOM_ERR_INVALID_ARG, "engine: kv_type %d cannot store rows of %d values",
-                        (int)p.kv_type, loom_model_kv_dim(m));
+        return loom_err(LOOM_ERR_NOMEM, "out of memory");
+    }
+    for (int l = 0; l < c->n_layers; l++) spec[l].type = p.kv_type;
+    loom_status s = p.kv_config ? loom_kv_config_load(p.kv_config, c->n_layers, loom_model_kv_dim(m),
+                                                      p.kv_type, spec)
+                                : LOOM_OK;
+    size_t block = s ? 0 : loom_kv_spec_block_bytes(spec, c->n_layers, loom_model_kv_dim(m), p.block_size);
+    if (!block) {
+        free(spec);
+        free(e);
+        return s ? s : loom_err(LOOM_ERR_INVALID_ARG, "engine: kv_type %d cannot store rows of %d values",
+                                (int)p.kv_type, loom_model_kv_dim(m));
     }
     size_t want = p.kv_memory;
     if (!want) {
@@ -609,11 +619,12 @@ loom_status loom_engine_create(loom_model *m, const loom_engine_params *params,
         want = LOOM_MIN(ram_bytes() / 4, full);
     }
     int n_blocks = (int)LOOM_MIN(want / block, (size_t)1 << 30);
-    loom_status s = LOOM_OK;
     if (n_blocks < 1)
         s = loom_err(LOOM_ERR_INVALID_ARG, "engine: kv_memory %zu bytes is less than one block (%zu bytes)",
                      want, block);
-    if (!s) s = loom_kv_pool_create(c->n_layers, loom_model_kv_dim(m), p.block_size, n_blocks, kvt, &e->kv);
+    if (!s) s = loom_kv_pool_create_spec(c->n_layers, loom_model_kv_dim(m), p.block_size, n_blocks, spec, &e->kv);
+    free(spec);
+    e->p.kv_config = NULL;
     e->has_state = loom_seq_state_bytes(m) > 0;
     e->window = INT32_MAX;
     for (int l = 0; l < c->n_layers; l++)
@@ -637,8 +648,10 @@ loom_status loom_engine_create(loom_model *m, const loom_engine_params *params,
     }
     if (e->disk && e->snaps) loom_snapshots_set_spill(e->snaps, spill_state, e);
     e->p.prefix_cache_dir = NULL;
+    char layout[64] = "";
+    if (e->kv) loom_kv_layout_name(e->kv, layout, sizeof layout);
     snprintf(e->ns_base, sizeof e->ns_base, "loom1|%s|L%d|H%d|V%d|kv=%s|bs=%d|", c->arch, c->n_layers,
-             c->hidden_size, c->vocab_size, loom_kv_type_name(kvt), p.block_size);
+             c->hidden_size, c->vocab_size, layout, p.block_size);
     if (!s) s = loom_exec_create(m, e->kv, p.max_batch_tokens, e->n_ctx, &e->fwd);
     if (!s) {
         e->logits = loom_alloc(sizeof(float) * (size_t)e->max_seqs * (size_t)c->vocab_size);

@@ -28,7 +28,13 @@ loom_status loom_exec_create(loom_model *m, loom_kv_pool *kv, int max_tokens, in
         s = loom_fwd_state_create(m, max_tokens, max_ctx, &x->fwd);
     } else {
 #ifdef LOOM_CUDA
-        s = loom_cuda_create(m->device, &x->cuda);
+        /* the device twin of the pool is one row layout for every layer */
+        if (kv->mixed)
+            s = loom_err(LOOM_ERR_UNSUPPORTED,
+                         "device cuda:%d: per-layer KV types (kv_config.json) are not supported on "
+                         "CUDA; expected one KV type for every layer", m->device);
+        else
+            s = loom_cuda_create(m->device, &x->cuda);
         if (!s) s = loom_cuda_model_create(x->cuda, m, kv, max_tokens, max_ctx, &x->gpu);
 #else
         (void)kv;

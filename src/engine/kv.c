@@ -11,22 +11,27 @@
 #include "ops/ops.h"
 
 /* Quantized rows: groups of 64 values, or 32 when the row is not a
- * multiple of 64 (narrow heads). */
+ * multiple of 64 (narrow heads), unless a layer asks for its own. */
 static int kv_group(int kv_dim) { return kv_dim % 64 == 0 ? 64 : 32; }
 static int kv_bits(loom_kv_type t) { return t == LOOM_KV_Q8 ? 8 : t == LOOM_KV_Q4 ? 4 : 0; }
 
-size_t loom_kv_row_bytes(loom_kv_type type, int kv_dim) {
+static size_t row_bytes_g(loom_kv_type type, int kv_dim, int group) {
     switch (type) {
     case LOOM_KV_F32: return 4 * (size_t)kv_dim;
     case LOOM_KV_F16:
     case LOOM_KV_BF16: return 2 * (size_t)kv_dim;
     case LOOM_KV_Q8:
     case LOOM_KV_Q4:
-        if (kv_dim % 32) return 0;
+        if (group != 32 && group != 64 && group != 128) return 0;
+        if (kv_dim % group) return 0;
         /* packed values, then an f16 scale and bias per group */
-        return (size_t)kv_dim * (size_t)kv_bits(type) / 8 + (size_t)(kv_dim / kv_group(kv_dim)) * 4;
+        return (size_t)kv_dim * (size_t)kv_bits(type) / 8 + (size_t)(kv_dim / group) * 4;
     }
     return 0;
+}
+
+size_t loom_kv_row_bytes(loom_kv_type type, int kv_dim) {
+    return row_bytes_g(type, kv_dim, kv_group(kv_dim));
 }
 
 const char *loom_kv_type_name(loom_kv_type type) {
@@ -38,8 +43,20 @@ size_t loom_kv_block_bytes(int n_layers, int kv_dim, int block_size, loom_kv_typ
     return 2 * loom_kv_row_bytes(type, kv_dim) * (size_t)n_layers * (size_t)block_size;
 }
 
-void loom_kv_store_row(const loom_kv_pool *p, void *row, const float *x, int n) {
-    switch (p->type) {
+static int spec_group(const loom_kv_spec *s, int kv_dim) { return s->group ? s->group : kv_group(kv_dim); }
+
+size_t loom_kv_spec_block_bytes(const loom_kv_spec *spec, int n_layers, int kv_dim, int block_size) {
+    size_t sum = 0;
+    for (int l = 0; l < n_layers; l++) {
+        size_t r = row_bytes_g(spec[l].type, kv_dim, spec_group(&spec[l], kv_dim));
+        if (!r) return 0;
+        sum += r;
+    }
+    return 2 * sum * (size_t)block_size;
+}
+
+static void store_row(const loom_kv_pool *p, const loom_kv_layer *L, void *row, const float *x, int n) {
+    switch (L->type) {
     case LOOM_KV_F32:
         memcpy(row, x, sizeof(float) * (size_t)n);
         return;
@@ -53,11 +70,11 @@ void loom_kv_store_row(const loom_kv_pool *p, void *row, const float *x, int n) 
     case LOOM_KV_Q4:
         break;
     }
-    int G = p->group, bits = p->bits, levels = (1 << bits) - 1, full = n / G;
+    int G = L->group, bits = L->bits, levels = (1 << bits) - 1, full = n / G;
     uint8_t *q = row;
     uint16_t *sb = (uint16_t *)(q + (size_t)p->kv_dim * bits / 8);
     memset(q, 0, (size_t)p->kv_dim * bits / 8);
-    float pad[64];
+    float pad[128];
     for (int g = 0; g < p->kv_dim / G; g++) {
         const float *xs = x + (size_t)g * G;
         if (g >= full) { /* past n the row reads as zero */
@@ -84,8 +101,9 @@ void loom_kv_store_row(const loom_kv_pool *p, void *row, const float *x, int n) 
     }
 }
 
-const float *loom_kv_load(const loom_kv_pool *p, const void *row, int off, int n, float *tmp) {
-    switch (p->type) {
+static const float *load_row(const loom_kv_pool *p, const loom_kv_layer *L, const void *row, int off,
+                             int n, float *tmp) {
+    switch (L->type) {
     case LOOM_KV_F32: return (const float *)row + off;
     case LOOM_KV_F16: p->kern->f16_to_f32(tmp, (const uint16_t *)row + off, n); return tmp;
     case LOOM_KV_BF16: p->kern->bf16_to_f32(tmp, (const uint16_t *)row + off, n); return tmp;
@@ -93,36 +111,81 @@ const float *loom_kv_load(const loom_kv_pool *p, const void *row, int off, int n
     case LOOM_KV_Q4: break;
     }
     const uint8_t *q = row;
-    const uint16_t *sb = (const uint16_t *)(q + (size_t)p->kv_dim * p->bits / 8);
+    const uint16_t *sb = (const uint16_t *)(q + (size_t)p->kv_dim * L->bits / 8);
     for (int i = 0; i < n; i++) {
-        int at = off + i, g = at / p->group;
-        int v = p->bits == 8 ? q[at] : (q[at / 2] >> (4 * (at & 1))) & 15;
+        int at = off + i, g = at / L->group;
+        int v = L->bits == 8 ? q[at] : (q[at / 2] >> (4 * (at & 1))) & 15;
         tmp[i] = loom_f16_to_f32(sb[2 * g]) * (float)v + loom_f16_to_f32(sb[2 * g + 1]);
     }
     return tmp;
 }
 
+void loom_kv_store_row(const loom_kv_pool *p, void *row, const float *x, int n) {
+    assert(!p->mixed);
+    store_row(p, &p->layer[0], row, x, n);
+}
+
+const float *loom_kv_load(const loom_kv_pool *p, const void *row, int off, int n, float *tmp) {
+    assert(!p->mixed);
+    return load_row(p, &p->layer[0], row, off, n, tmp);
+}
+
+void loom_kv_layer_store(const loom_kv_pool *p, int l, void *row, const float *x, int n) {
+    store_row(p, &p->layer[l], row, x, n);
+}
+
+const float *loom_kv_layer_load(const loom_kv_pool *p, int l, const void *row, int off, int n,
+                                float *tmp) {
+    return load_row(p, &p->layer[l], row, off, n, tmp);
+}
+
 loom_status loom_kv_pool_create(int n_layers, int kv_dim, int block_size,
                                 int n_blocks, loom_kv_type type, loom_kv_pool **out) {
     *out = NULL;
+    if (n_layers <= 0) return loom_err(LOOM_ERR_INVALID_ARG, "kv pool: sizes must be positive");
+    loom_kv_spec *spec = calloc((size_t)n_layers, sizeof *spec);
+    if (!spec) return loom_err(LOOM_ERR_NOMEM, "out of memory");
+    for (int l = 0; l < n_layers; l++) spec[l].type = type;
+    loom_status s = loom_kv_pool_create_spec(n_layers, kv_dim, block_size, n_blocks, spec, out);
+    free(spec);
+    return s;
+}
+
+loom_status loom_kv_pool_create_spec(int n_layers, int kv_dim, int block_size, int n_blocks,
+                                     const loom_kv_spec *spec, loom_kv_pool **out) {
+    *out = NULL;
     if (n_layers <= 0 || kv_dim <= 0 || block_size <= 0 || n_blocks <= 0)
         return loom_err(LOOM_ERR_INVALID_ARG, "kv pool: sizes must be positive");
-    if (!loom_kv_row_bytes(type, kv_dim))
-        return loom_err(LOOM_ERR_INVALID_ARG,
-                        "kv pool: type %d with rows of %d values (expected f32, f16, bf16, or q8/q4 "
-                        "with rows a multiple of 32)", (int)type, kv_dim);
+    for (int l = 0; l < n_layers; l++)
+        if (!row_bytes_g(spec[l].type, kv_dim, spec_group(&spec[l], kv_dim)))
+            return loom_err(LOOM_ERR_INVALID_ARG,
+                            "kv pool: layer %d: type %d, group %d with rows of %d values (expected "
+                            "f32, f16, bf16, or q8/q4 in groups of 32, 64 or 128 dividing the row)",
+                            l, (int)spec[l].type, spec_group(&spec[l], kv_dim), kv_dim);
     loom_kv_pool *p = calloc(1, sizeof *p);
     if (!p) return loom_err(LOOM_ERR_NOMEM, "out of memory");
     p->n_layers = n_layers;
     p->kv_dim = kv_dim;
     p->block_size = block_size;
     p->n_blocks = n_blocks;
-    p->type = type;
-    p->bits = kv_bits(type);
-    p->group = kv_group(kv_dim);
-    p->row_bytes = loom_kv_row_bytes(type, kv_dim);
     p->kern = loom_kernels_get();
-    size_t half = loom_kv_block_bytes(n_layers, kv_dim, block_size, type) / 2 * (size_t)n_blocks;
+    p->layer = calloc((size_t)n_layers, sizeof *p->layer);
+    size_t half = 0;
+    for (int l = 0; p->layer && l < n_layers; l++) {
+        loom_kv_layer *L = &p->layer[l];
+        L->type = spec[l].type;
+        L->bits = kv_bits(L->type);
+        L->group = spec_group(&spec[l], kv_dim);
+        L->row_bytes = row_bytes_g(L->type, kv_dim, L->group);
+        L->off = half;
+        half += L->row_bytes * (size_t)block_size * (size_t)n_blocks;
+        if (L->type != spec[0].type || L->group != p->layer[0].group) p->mixed = 1;
+    }
+    /* A uniform pool keeps the plain description (what the CUDA twin reads). */
+    p->type = spec[0].type;
+    p->bits = kv_bits(p->type);
+    p->group = p->layer ? p->layer[0].group : 0;
+    p->row_bytes = p->mixed ? 0 : p->layer ? p->layer[0].row_bytes : 0;
     /* Not zeroed: every row is written before it is read, and untouched
      * pages of a large pool then cost no memory. */
     if (posix_memalign((void **)&p->k, 64, half) != 0) p->k = NULL;
@@ -130,7 +193,7 @@ loom_status loom_kv_pool_create(int n_layers, int kv_dim, int block_size,
     p->refcount = calloc((size_t)n_blocks, sizeof *p->refcount);
     p->parked = calloc((size_t)n_blocks, sizeof *p->parked);
     p->free_list = malloc(sizeof *p->free_list * (size_t)n_blocks);
-    if (!p->k || !p->v || !p->refcount || !p->parked || !p->free_list) {
+    if (!p->layer || !p->k || !p->v || !p->refcount || !p->parked || !p->free_list) {
         loom_kv_pool_free(p);
         return loom_err(LOOM_ERR_NOMEM, "kv pool: cannot allocate %zu bytes", 2 * half);
     }
@@ -152,6 +215,7 @@ void loom_kv_pool_free(loom_kv_pool *p) {
     free(p->k);
     free(p->v);
     free(p->refcount);
+    free(p->layer);
     free(p->parked);
     free(p->free_list);
     free(p);
@@ -390,8 +454,8 @@ loom_status loom_kv_seq_reserve(loom_kv_pool *p, loom_kv_seq *seq, int n_tokens)
 /* A fresh block holding a copy of b's rows (a block must be available). */
 static int block_copy(loom_kv_pool *p, int b) {
     int nb = block_take(p);
-    size_t row = (size_t)p->block_size * p->row_bytes;
     for (int l = 0; l < p->n_layers; l++) {
+        size_t row = (size_t)p->block_size * p->layer[l].row_bytes;
         memcpy(loom_kv_block_k(p, l, nb), loom_kv_block_k(p, l, b), row);
         memcpy(loom_kv_block_v(p, l, nb), loom_kv_block_v(p, l, b), row);
     }

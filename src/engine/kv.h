@@ -3,8 +3,9 @@
  * Design notes
  * - One pool of fixed-size blocks (block_size tokens) shared by every
  *   sequence. A block holds K and V for all layers at block_size positions:
- *   layer l's K rows of block b live at k + ((l * n_blocks + b) * block_size
- *   + slot) * kv_dim.
+ *   layer l's K rows of block b live at k + layer[l].off + (b * block_size
+ *   + slot) * layer[l].row_bytes. Layers may store rows differently
+ *   (kv_config.json: per-layer bits), each with its own row codec.
  * - A sequence owns a block table: position p lives in block
  *   table[p / block_size], slot p % block_size.
  * - Blocks carry reference counts so a block can be shared.
@@ -52,16 +53,33 @@ typedef struct loom_kv_tier {
                  const int32_t *tokens, int block);
 } loom_kv_tier;
 
+/* How one layer's rows are stored (a kv_config.json entry, or the pool's
+ * type). group 0 = the default for the row width. */
+typedef struct loom_kv_spec {
+    loom_kv_type type;
+    int group;
+} loom_kv_spec;
+
+typedef struct loom_kv_layer {
+    loom_kv_type type;
+    int bits, group;     /* quantized types: bits per value, values per group */
+    size_t row_bytes;    /* bytes of one stored row of kv_dim values */
+    size_t off;          /* bytes before this layer's rows in k (and in v) */
+} loom_kv_layer;
+
 typedef struct loom_kv_pool {
     int n_layers;
     int kv_dim;          /* n_kv_heads * head_dim */
     int block_size;      /* tokens per block */
     int n_blocks;
-    loom_kv_type type;   /* how a row is stored (see loom_kv_store_row) */
-    int bits, group;     /* quantized types: bits per value, values per group */
-    size_t row_bytes;    /* bytes of one stored row of kv_dim values */
+    loom_kv_layer *layer;/* owned [n_layers]: each layer's row codec */
+    int mixed;           /* layers are stored differently (then row_bytes is 0) */
+    loom_kv_type type;   /* uniform pools: how a row is stored (layer 0's for mixed) */
+    int bits, group;     /* uniform pools: quantized types: bits per value, values per group */
+    size_t row_bytes;    /* uniform pools: bytes of one stored row of kv_dim values */
     const struct loom_kernels *kern; /* borrowed: widening kernels */
-    uint8_t *k, *v;      /* owned (n_layers, n_blocks, block_size) rows of row_bytes */
+    uint8_t *k, *v;      /* owned: layer l's (n_blocks, block_size) rows of
+                            layer[l].row_bytes start at k + layer[l].off */
     int *refcount;       /* owned [n_blocks] */
     int *parked;         /* owned [n_blocks]: references held by parked sequences */
     int n_reclaim;       /* blocks only parked sequences hold */
@@ -97,16 +115,28 @@ size_t loom_kv_block_bytes(int n_layers, int kv_dim, int block_size, loom_kv_typ
 /* "f32", "f16", "bf16", "q8", "q4" (NULL for an unknown type). */
 const char *loom_kv_type_name(loom_kv_type type);
 
+/* Bytes one block takes when layer l is stored as spec[l]; 0 when a
+ * layer's type and group cannot store rows of kv_dim values. */
+size_t loom_kv_spec_block_bytes(const loom_kv_spec *spec, int n_layers, int kv_dim, int block_size);
+
+/* A pool storing every layer as type. */
 loom_status loom_kv_pool_create(int n_layers, int kv_dim, int block_size,
                                 int n_blocks, loom_kv_type type, loom_kv_pool **out);
+/* A pool storing layer l as spec[l] (spec: [n_layers]). */
+loom_status loom_kv_pool_create_spec(int n_layers, int kv_dim, int block_size, int n_blocks,
+                                     const loom_kv_spec *spec, loom_kv_pool **out);
 
-/* Row codec. Stores n <= kv_dim f32 values into a row of the pool's type
- * (rounded to 16 bits, or quantized per group: scale and bias in f16 from
- * the group's min and max, values rounded to the nearest level); the rest
- * of the row reads as zero. */
+/* Row codec of layer l. Stores n <= kv_dim f32 values into a row of the
+ * layer's type (rounded to 16 bits, or quantized per group: scale and bias
+ * in f16 from the group's min and max, values rounded to the nearest
+ * level); the rest of the row reads as zero. */
+void loom_kv_layer_store(const loom_kv_pool *p, int l, void *row, const float *x, int n);
+/* Values [off, off + n) of a stored row of layer l as f32: a pointer into
+ * the row for f32 layers, else widened into tmp (n floats). */
+const float *loom_kv_layer_load(const loom_kv_pool *p, int l, const void *row, int off, int n,
+                                float *tmp);
+/* The same for pools whose layers are all stored alike (!p->mixed). */
 void loom_kv_store_row(const loom_kv_pool *p, void *row, const float *x, int n);
-/* Values [off, off + n) of a stored row as f32: a pointer into the row for
- * f32 pools, else widened into tmp (n floats). */
 const float *loom_kv_load(const loom_kv_pool *p, const void *row, int off, int n, float *tmp);
 void loom_kv_pool_free(loom_kv_pool *p);
 
@@ -154,12 +184,12 @@ void loom_kv_cache_commit(loom_kv_pool *p, loom_kv_seq *seq, const int32_t *toke
 void loom_kv_cache_clear(loom_kv_pool *p);
 /* Offers every cached block to the tier (e.g. before shutdown). */
 void loom_kv_cache_spill_all(loom_kv_pool *p);
-/* K (or V) rows of a block for layer l: block_size rows of row_bytes. */
+/* K (or V) rows of a block for layer l: block_size rows of layer[l].row_bytes. */
 static inline void *loom_kv_block_k(const loom_kv_pool *p, int l, int b) {
-    return p->k + ((size_t)l * p->n_blocks + (size_t)b) * p->block_size * p->row_bytes;
+    return p->k + p->layer[l].off + (size_t)b * p->block_size * p->layer[l].row_bytes;
 }
 static inline void *loom_kv_block_v(const loom_kv_pool *p, int l, int b) {
-    return p->v + ((size_t)l * p->n_blocks + (size_t)b) * p->block_size * p->row_bytes;
+    return p->v + p->layer[l].off + (size_t)b * p->block_size * p->layer[l].row_bytes;
 }
 
 /* Row of K (or V) for layer l at a sequence position (block must exist);
@@ -167,14 +197,14 @@ static inline void *loom_kv_block_v(const loom_kv_pool *p, int l, int b) {
 static inline void *loom_kv_k_row(const loom_kv_pool *p, const loom_kv_seq *s,
                                   int l, int pos) {
     size_t b = (size_t)s->blocks[pos / p->block_size];
-    return p->k + (((size_t)l * p->n_blocks + b) * p->block_size +
-                   (size_t)(pos % p->block_size)) * p->row_bytes;
+    return p->k + p->layer[l].off +
+           (b * p->block_size + (size_t)(pos % p->block_size)) * p->layer[l].row_bytes;
 }
 static inline void *loom_kv_v_row(const loom_kv_pool *p, const loom_kv_seq *s,
                                   int l, int pos) {
     size_t b = (size_t)s->blocks[pos / p->block_size];
-    return p->v + (((size_t)l * p->n_blocks + b) * p->block_size +
-                   (size_t)(pos % p->block_size)) * p->row_bytes;
+    return p->v + p->layer[l].off +
+           (b * p->block_size + (size_t)(pos % p->block_size)) * p->layer[l].row_bytes;
 }
 
 #endif

@@ -17,6 +17,7 @@
 #define KVD_VERSION 1u
 #define KVD_HEADER 64u
 #define KVD_EXT ".lkv"
+#define KVD_MIXED 5u /* KV type code of a pool with per-layer types */
 #define KVS_MAGIC "LOOMKVS1"
 #define KVS_EXT ".lks"
 
@@ -138,11 +139,13 @@ static void spill(void *ctx, const loom_kv_pool *p, int b) {
     uint8_t *body = h + KVD_HEADER;
     size_t tok_bytes = sizeof(int32_t) * (size_t)p->block_size;
     memcpy(body, p->btok + (size_t)b * p->block_size, tok_bytes);
-    size_t rows = p->row_bytes * (size_t)p->block_size;
-    uint8_t *kv = body + tok_bytes;
+    uint8_t *k = body + tok_bytes, *v = k + d->payload / 2;
     for (int l = 0; l < p->n_layers; l++) {
-        memcpy(kv + (size_t)l * rows, loom_kv_block_k(p, l, b), rows);
-        memcpy(kv + ((size_t)p->n_layers + l) * rows, loom_kv_block_v(p, l, b), rows);
+        size_t rows = p->layer[l].row_bytes * (size_t)p->block_size;
+        memcpy(k, loom_kv_block_k(p, l, b), rows);
+        memcpy(v, loom_kv_block_v(p, l, b), rows);
+        k += rows;
+        v += rows;
     }
     put64(h + 56, XXH64(body, d->file_size - KVD_HEADER, 0));
     char path[4096], tmp[4200];
@@ -220,11 +223,13 @@ static int fetch(void *ctx, loom_kv_pool *p, uint64_t hash, uint64_t parent, con
     size_t tok_bytes = sizeof(int32_t) * (size_t)p->block_size;
     /* A hash collision or another prefix: not ours, but not corrupt either. */
     if (get64(h + 40) != parent || memcmp(h + KVD_HEADER, tokens, tok_bytes) != 0) return -1;
-    size_t rows = p->row_bytes * (size_t)p->block_size;
-    const uint8_t *kv = h + KVD_HEADER + tok_bytes;
+    const uint8_t *k = h + KVD_HEADER + tok_bytes, *v = k + d->payload / 2;
     for (int l = 0; l < p->n_layers; l++) {
-        memcpy(loom_kv_block_k(p, l, b), kv + (size_t)l * rows, rows);
-        memcpy(loom_kv_block_v(p, l, b), kv + ((size_t)p->n_layers + l) * rows, rows);
+        size_t rows = p->layer[l].row_bytes * (size_t)p->block_size;
+        memcpy(loom_kv_block_k(p, l, b), k, rows);
+        memcpy(loom_kv_block_v(p, l, b), v, rows);
+        k += rows;
+        v += rows;
     }
     d->st.reads++;
     d->st.read_bytes += d->file_size;
@@ -278,8 +283,9 @@ loom_status loom_kvdisk_open(const char *dir, size_t cap, loom_kv_pool *p, loom_
     d->block_size = p->block_size;
     d->n_layers = p->n_layers;
     d->kv_dim = p->kv_dim;
-    d->dtype_code = (int)p->type;
-    d->payload = 2 * p->row_bytes * (size_t)p->n_layers * p->block_size;
+    d->dtype_code = p->mixed ? (int)KVD_MIXED : (int)p->type;
+    d->payload = 0;
+    for (int l = 0; l < p->n_layers; l++) d->payload += 2 * p->layer[l].row_bytes * (size_t)p->block_size;
     d->file_size = KVD_HEADER + sizeof(int32_t) * (size_t)p->block_size + d->payload;
     d->buf = malloc(d->file_size + 1);
     if (!d->dir || !d->buf) {

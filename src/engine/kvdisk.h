@@ -10,13 +10,16 @@
  *       16     4  block_size (tokens)
  *       20     4  n_layers
  *       24     4  kv_dim
- *       28     4  KV type (loom_kv_type: 0 f32, 1 f16, 2 bf16, 3 q8, 4 q4)
+ *       28     4  KV type (loom_kv_type: 0 f32, 1 f16, 2 bf16, 3 q8, 4 q4;
+ *                  5 per layer from kv_config.json, whose contents are in
+ *                  the namespace and so in every chain hash)
  *       32     8  chain hash of the block (the namespace is folded into it)
  *       40     8  chain hash before the block
  *       48     8  payload bytes
  *       56     8  XXH64 of everything after the header
  *       64   4*B  the block's token ids
- *  64+4*B      P  K then V, each (n_layers, block_size) stored rows
+ *  64+4*B      P  K then V, each layer after layer: block_size stored rows
+ *                  of that layer's row bytes
  * Recurrent-state snapshots live beside them, one file each
  * ("<hash>.lks"): the same 64-byte header with magic "LOOMKVS1", the
  * boundary's token count at offset 16, the state's bytes at 48 and the

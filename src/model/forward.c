@@ -242,7 +242,8 @@ static void attn_task(void *ctx, int task, int thread) {
     float cap = (float)c->attn_softcap;
     float *wide = j->s->kvrow + (size_t)thread * 2 * j->kv->kv_dim;
     for (int p = lo0; p <= pos1; p++) {
-        const float *kr = loom_kv_load(j->kv, loom_kv_k_row(j->kv, seq, A->kv_layer, p), kh * hd, hd, wide);
+        const float *kr = loom_kv_layer_load(j->kv, A->kv_layer, loom_kv_k_row(j->kv, seq, A->kv_layer, p),
+                                              kh * hd, hd, wide);
         for (int t = ta; t < tb; t++) {
             int pos = j->s->tok_pos[t];
             if (p > pos || (win > 0 && p < pos - win + 1)) continue;
@@ -261,8 +262,8 @@ static void attn_task(void *ctx, int task, int thread) {
         }
     }
     for (int p = lo0; p <= pos1; p++) {
-        const float *vr = loom_kv_load(j->kv, loom_kv_v_row(j->kv, seq, A->kv_layer, p), kh * hd, hd,
-                                       wide + j->kv->kv_dim);
+        const float *vr = loom_kv_layer_load(j->kv, A->kv_layer, loom_kv_v_row(j->kv, seq, A->kv_layer, p),
+                                             kh * hd, hd, wide + j->kv->kv_dim);
         for (int t = ta; t < tb; t++) {
             int pos = j->s->tok_pos[t];
             if (p > pos || (win > 0 && p < pos - win + 1)) continue;
@@ -357,8 +358,8 @@ static void attention(loom_model *m, loom_fwd_state *s, loom_kv_pool *kv,
             if (fl & LOOM_ARCH_V_NORM) rms_plain(s->vx + ((size_t)t * nkv + h) * hd, hd, eps);
         }
         const loom_kv_seq *seq = rows[s->tok_row[t]].seq;
-        loom_kv_store_row(kv, loom_kv_k_row(kv, seq, l, s->tok_pos[t]), s->kx + (size_t)t * kvd, kvd);
-        loom_kv_store_row(kv, loom_kv_v_row(kv, seq, l, s->tok_pos[t]), s->vx + (size_t)t * kvd, kvd);
+        loom_kv_layer_store(kv, l, loom_kv_k_row(kv, seq, l, s->tok_pos[t]), s->kx + (size_t)t * kvd, kvd);
+        loom_kv_layer_store(kv, l, loom_kv_v_row(kv, seq, l, s->tok_pos[t]), s->vx + (size_t)t * kvd, kvd);
     }
     /* Tiles of consecutive tokens of the same row; a tile's scores must
      * fit ATT_SLOTS query rows of max_ctx scores. */
