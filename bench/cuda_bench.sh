@@ -44,7 +44,8 @@ mkdir -p "$DIR" "$OUTD"
 
 echo "== environment"
 date -u '+%Y-%m-%d %H:%M:%S UTC'
-commit=$(git rev-parse --short HEAD 2>/dev/null || cat COMMIT 2>/dev/null || echo unknown)
+# COMMIT: written beside a source snapshot taken out of git (git archive)
+commit=$(cat COMMIT 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown)
 echo "commit: $commit"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader || true
 

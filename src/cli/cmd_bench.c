@@ -122,8 +122,11 @@ static int validate(loom_context *c, const int32_t *toks, int V, float *a, float
     for (int i = 0; i < CHECK_LEN; i++)
         argmax_diff += argmax(a + (size_t)i * V, V) != argmax(b + (size_t)i * V, V);
     /* Batched and decode kernels sum in different orders (and may round
-     * activations differently): agree to 1% of the logit range. */
-    double tol = 1e-2 * fmax(1.0, max_abs);
+     * activations differently): agree to 1% of the logit range. On a GPU
+     * the activations enter each bf16/f16 GEMM rounded to 8 (11) bits; a
+     * rounding that flips in one path and not the other grows through the
+     * layers (1.8% seen on a 32-layer random model): 5% there. */
+    double tol = (cli_device >= 0 ? 5e-2 : 1e-2) * fmax(1.0, max_abs);
     if (max_diff > tol) {
         fprintf(stderr, "loom: error: bench validation: the batched and decode paths disagree: "
                 "max |diff| %.3g over %d positions, expected <= %.3g (max |logit| %.3g; "
