@@ -79,9 +79,21 @@ loom_status loom_cuda_rope(loom_cuda *c, float *d_x, int T, int n_heads, int hea
 void loom_cuda_rope_table(float *cos_out, float *sin_out, int ld, const int *pos, int T,
                           const double *inv_freq, int rot_dim, double scale);
 
+/* The same table made on the device: positions d_pos[T] and inv_freq
+ * d_inv_freq[rot_dim/2] (double) in device memory, angles in double. */
+loom_status loom_cuda_rope_table_dev(loom_cuda *c, float *d_cos, float *d_sin, int ld,
+                                     const int32_t *d_pos, int T, const double *d_inv_freq,
+                                     int rot_dim, double scale);
+
 /* g = silu(g) * u, and g = gelu_tanh(g) * u, over n values. */
 loom_status loom_cuda_silu_mul(loom_cuda *c, float *d_g, const float *d_u, size_t n);
 loom_status loom_cuda_gelu_tanh_mul(loom_cuda *c, float *d_g, const float *d_u, size_t n);
+
+/* The same after a fused gate/up GEMM: d_gu (T, 2n) holds gate in columns
+ * [0, n) and up in [n, 2n); d_out (T, n) = act(gate) * up (gelu: gelu_tanh,
+ * else silu). */
+loom_status loom_cuda_act_mul_split(loom_cuda *c, float *d_out, const float *d_gu, int T, int n,
+                                    int gelu);
 
 /* d_out (T, cols) = table[ids[t]] * scale, table (vocab, cols) of dtype.
  * Ids are trusted (the caller checked them against the vocabulary). */
@@ -182,9 +194,13 @@ void loom_cuda_model_free(loom_cuda_model *g);
  * pool kv supplies block tables only (its k/v bytes are neither read nor
  * written; the device twin holds the rows). Logits land in each row's out;
  * seq->n_tokens advances. Synchronous: returns when the logits are on the
- * host. Rows must carry no recurrent state. */
+ * host. Rows must carry no recurrent state.
+ * picks: NULL, or [n_rows]: a row with picks[r] == -1 and logits LAST gets
+ * the index of its largest logit (first on ties) in picks[r], computed on
+ * the device, and its out is left unwritten (greedy decoding without the
+ * vocabulary-sized copy); other entries are left alone. */
 loom_status loom_cuda_forward(loom_cuda_model *g, struct loom_kv_pool *kv,
-                              struct loom_fwd_row *rows, int n_rows);
+                              struct loom_fwd_row *rows, int n_rows, int32_t *picks);
 
 #ifdef __cplusplus
 }

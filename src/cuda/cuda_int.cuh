@@ -8,10 +8,13 @@
 
 #include "cuda/cuda.h"
 
-/* base.h is C11 (designated initializers in its inline helpers); the two
- * error functions it exports are all the CUDA side needs. */
+/* base.h is C11 (designated initializers in its inline helpers); the error and
+ * log functions declared here are all the CUDA side needs. */
 extern "C" loom_status loom_err(loom_status s, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+extern "C" void loom_err_clear(void);
+extern "C" void loom_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#define LOOM_CUDA_LOG_WARN 1 /* LOOM_LOG_WARN of base.h */
 
 struct loom_cuda {
     int device;
@@ -23,6 +26,9 @@ struct loom_cuda {
     cublasHandle_t blas;        /* owned, bound to stream */
     void *scratch;              /* owned device scratch, scratch_cap bytes */
     size_t scratch_cap;
+    unsigned scratch_gen;       /* bumped when scratch moves (captured graphs hold it) */
+    int capturing;              /* a graph capture is open on stream: nothing may grow */
+    void *blas_ws;              /* owned cuBLAS workspace (fixed: graphs capture it) */
 };
 
 const char *loom_cublas_str(cublasStatus_t s);

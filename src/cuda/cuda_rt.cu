@@ -6,6 +6,8 @@
 
 #include "cuda/cuda_int.cuh"
 
+#define BLAS_WS_BYTES ((size_t)32 << 20)
+
 const char *loom_cublas_str(cublasStatus_t s) { return cublasGetStatusString(s); }
 
 extern "C" loom_status loom_cuda_create(int device, loom_cuda **out) {
@@ -34,6 +36,17 @@ extern "C" loom_status loom_cuda_create(int device, loom_cuda **out) {
         if (bs == CUBLAS_STATUS_SUCCESS) bs = cublasSetStream(c->blas, c->stream);
         /* f32 GEMMs stay true f32 (no TF32) so they match the reference. */
         if (bs == CUBLAS_STATUS_SUCCESS) bs = cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH);
+        /* Our own workspace: cuBLAS then allocates nothing while a decode
+         * step is being captured into a graph. */
+        if (bs == CUBLAS_STATUS_SUCCESS) {
+            e = cudaMalloc(&c->blas_ws, BLAS_WS_BYTES);
+            if (e != cudaSuccess) {
+                st = loom_err(LOOM_ERR_NOMEM, "%s:%d: cuda: cuBLAS workspace: %s", __FILE__,
+                              __LINE__, cudaGetErrorString(e));
+                break;
+            }
+            bs = cublasSetWorkspace(c->blas, c->blas_ws, BLAS_WS_BYTES);
+        }
         if (bs != CUBLAS_STATUS_SUCCESS) {
             st = loom_err(LOOM_ERR_INTERNAL, "%s:%d: cublas: %s", __FILE__, __LINE__,
                           loom_cublas_str(bs));
@@ -58,6 +71,7 @@ extern "C" void loom_cuda_free(loom_cuda *c) {
     if (c->stream) cudaStreamSynchronize(c->stream);
     if (c->scratch) cudaFree(c->scratch);
     if (c->blas) cublasDestroy(c->blas);
+    if (c->blas_ws) cudaFree(c->blas_ws);
     if (c->stream) cudaStreamDestroy(c->stream);
     free(c);
 }
@@ -111,6 +125,10 @@ extern "C" loom_status loom_cuda_memset0(loom_cuda *c, void *d_dst, size_t n) {
 
 loom_status loom_cuda_scratch(loom_cuda *c, size_t n, void **out) {
     if (n > c->scratch_cap) {
+        if (c->capturing)
+            return loom_err(LOOM_ERR_INTERNAL, "cuda: scratch would grow to %zu bytes while a "
+                            "graph is captured", n);
+        c->scratch_gen++;
         /* Work already enqueued may still read the old area. */
         CUDA_CHECK(cudaStreamSynchronize(c->stream));
         if (c->scratch) CUDA_CHECK(cudaFree(c->scratch));

@@ -14,10 +14,23 @@
  * reference counts, prefix cache) and only its k/v bytes go unused.
  * Activations are carved once for max_tokens; the logits buffer grows on
  * demand. Unsupported model features are refused at create time, naming
- * the feature. */
+ * the feature.
+ *
+ * One step = one host-to-device copy of the step's integers (token ids, KV
+ * slots, positions, block tables; pinned staging), the device work (rope
+ * tables are made on the device from the positions), the copies of the
+ * results back, and one synchronisation. Decode steps (one token per row)
+ * are captured into CUDA graphs keyed by (rows, block-table width rounded
+ * up to 16 blocks) and replayed: every per-step value they read lives in
+ * the integer buffer, every pointer they hold is fixed. The first step of a
+ * key runs eagerly (growing scratch and logits to size), the second
+ * captures. A graph is dropped when scratch or logits move. Rows marked in
+ * `picks` get the argmax computed on the device and copied back alone.
+ * LOOM_CUDA_GRAPHS=0 in the environment turns graphs off. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -107,6 +120,8 @@ typedef struct dweight {
 
 typedef struct dlayer {
     dweight wq, wk, wv, wo, gate, up, down;
+    dweight gate_up;           /* (2 * inter, hidden): gate rows then up rows, when fused */
+    int fused_gu;              /* 1: gate_up is used instead of gate and up */
     const float *attn_norm, *ffn_norm, *q_norm, *k_norm;  /* device or NULL */
     const float *bq, *bk, *bv, *bo;
 } dlayer;
@@ -129,17 +144,30 @@ struct loom_cuda_model {
     float *x, *xb;             /* (max_tokens, hidden) */
     float *q, *att;            /* (max_tokens, n_heads * head_dim) */
     float *k, *v;              /* (max_tokens, kv_dim) */
-    float *hb, *hb2;           /* (max_tokens, inter) */
+    float *hb, *hb2;           /* (max_tokens, 2 * inter), (max_tokens, inter) */
     float *cs, *sn;            /* (n_ropes, max_tokens, max_half) */
     int max_half;
+    const double *inv_freq[LOOM_MAX_ROPES]; /* device [rot_dim / 2] per rope */
     float *logits;             /* (logits_rows, vocab), grown */
     int logits_rows;
+    unsigned logits_gen;       /* bumped when logits moves */
     int32_t *ints;             /* device twin of h_ints */
     size_t ints_cap;
-    /* host staging */
+    int32_t *ids;              /* device argmax per logits row [max(max_tokens, logits_rows)] */
+    int ids_cap;
+    /* host staging (pinned: the copies are asynchronous) */
     int32_t *h_ints;           /* owned, ints_cap */
-    float *h_cs, *h_sn;        /* owned, like cs / sn */
-    int *h_pos;                /* owned [max_tokens] */
+    int32_t *h_ids;            /* owned, ids_cap */
+    /* decode graphs */
+    int use_graphs;
+    struct fw_graph {
+        int n_rows, tstride;   /* the key */
+        int state;             /* 0 free, 1 seen once (eager), 2 captured, -1 refused */
+        unsigned sgen, lgen;   /* scratch_gen / logits_gen at capture */
+        cudaGraphExec_t exec;  /* owned when state == 2 */
+        unsigned long long used;
+    } graphs[16];
+    unsigned long long clock;
 };
 
 static loom_status g_alloc(loom_cuda_model *g, void **d, size_t n) {
@@ -218,10 +246,10 @@ extern "C" void loom_cuda_model_free(loom_cuda_model *g) {
     for (int i = 0; i < g->n_allocs; i++) loom_cuda_release(g->c, g->allocs[i]);
     free(g->allocs);
     free(g->layers);
-    free(g->h_ints);
-    free(g->h_cs);
-    free(g->h_sn);
-    free(g->h_pos);
+    for (int i = 0; i < 16; i++)
+        if (g->graphs[i].state == 2) cudaGraphExecDestroy(g->graphs[i].exec);
+    if (g->h_ints) cudaFreeHost(g->h_ints);
+    if (g->h_ids) cudaFreeHost(g->h_ids);
     free(g);
 }
 
@@ -285,8 +313,30 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
         if (st == LOOM_OK) st = up_weight(g, &D->wk, &A->wk, "k_proj");
         if (st == LOOM_OK) st = up_weight(g, &D->wv, &A->wv, "v_proj");
         if (st == LOOM_OK) st = up_weight(g, &D->wo, &A->wo, "o_proj");
-        if (st == LOOM_OK) st = up_weight(g, &D->gate, &S->mlp.gate, "gate_proj");
-        if (st == LOOM_OK) st = up_weight(g, &D->up, &S->mlp.up, "up_proj");
+        const loom_weight *wg = &S->mlp.gate, *wu = &S->mlp.up;
+        D->fused_gu = wg->dtype == wu->dtype && wg->cols == wu->cols && wg->rows == wu->rows &&
+                      (wg->dtype == LOOM_DT_BF16 || wg->dtype == LOOM_DT_F16 ||
+                       wg->dtype == LOOM_DT_F32);
+        if (D->fused_gu) {
+            /* one GEMM for both: gate rows, then up rows */
+            size_t es = wg->dtype == LOOM_DT_F32 ? 4 : 2, n = (size_t)wg->rows * wg->cols * es;
+            dweight *F = &D->gate_up;
+            memset(F, 0, sizeof *F);
+            F->rows = 2 * wg->rows;
+            F->cols = wg->cols;
+            F->dt = wg->dtype == LOOM_DT_F32 ? LOOM_CUDA_F32 : wg->dtype == LOOM_DT_F16
+                                                                  ? LOOM_CUDA_F16 : LOOM_CUDA_BF16;
+            void *p = NULL;
+            if (st == LOOM_OK) st = g_alloc(g, &p, 2 * n);
+            if (st == LOOM_OK) st = loom_cuda_upload(c, p, wg->data, n);
+            if (st == LOOM_OK) st = loom_cuda_upload(c, (char *)p + n, wu->data, n);
+            F->d = p;
+            D->gate.rows = wg->rows;
+            D->gate.cols = wg->cols;
+        } else {
+            if (st == LOOM_OK) st = up_weight(g, &D->gate, wg, "gate_proj");
+            if (st == LOOM_OK) st = up_weight(g, &D->up, wu, "up_proj");
+        }
         if (st == LOOM_OK) st = up_weight(g, &D->down, &S->mlp.down, "down_proj");
         if (st == LOOM_OK) st = up_vec(g, &D->attn_norm, S->attn_norm, H);
         if (st == LOOM_OK) st = up_vec(g, &D->ffn_norm, S->ffn_norm, H);
@@ -318,23 +368,32 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->att, T * qd * 4);
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->k, T * kvd * 4);
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->v, T * kvd * 4);
-    if (st == LOOM_OK) st = g_alloc(g, (void **)&g->hb, T * I * 4);
+    if (st == LOOM_OK) st = g_alloc(g, (void **)&g->hb, 2 * T * I * 4);
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->hb2, T * I * 4);
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->cs, rope_n * 4);
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->sn, rope_n * 4);
-    /* ints: tokens, slots, sel [T each], row_tok [T + 1], row_pos, lens [T
-     * each], then block tables (rows, stride) with stride <= ceil(max_ctx / bs) */
+    if (st == LOOM_OK) st = loom_cuda_memset0(c, g->cs, rope_n * 4);
+    if (st == LOOM_OK) st = loom_cuda_memset0(c, g->sn, rope_n * 4);
+    for (int i = 0; i < m->n_ropes && st == LOOM_OK; i++)
+        st = g_upload(g, (const void **)&g->inv_freq[i], m->ropes[i].inv_freq,
+                      (size_t)LOOM_MAX_I(m->ropes[i].rot_dim / 2, 1) * sizeof(double));
+    /* ints: tokens, slots, sel [T each], row_tok [T + 1], row_pos, lens,
+     * pos [T each], then block tables (rows, stride) with stride <=
+     * ceil(max_ctx / bs) */
     size_t tstride_max = (size_t)(max_ctx + kv->block_size - 1) / kv->block_size;
-    g->ints_cap = 6 * T + 1 + T * tstride_max;
+    g->ints_cap = 7 * T + 1 + T * tstride_max;
+    g->ids_cap = max_tokens;
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->ints, g->ints_cap * 4);
+    if (st == LOOM_OK) st = g_alloc(g, (void **)&g->ids, (size_t)g->ids_cap * 4);
     if (st == LOOM_OK) {
-        g->h_ints = (int32_t *)malloc(g->ints_cap * 4);
-        g->h_cs = (float *)calloc(rope_n, 4);
-        g->h_sn = (float *)calloc(rope_n, 4);
-        g->h_pos = (int *)malloc(T * sizeof(int));
-        if (!g->h_ints || !g->h_cs || !g->h_sn || !g->h_pos)
-            st = loom_err(LOOM_ERR_NOMEM, "cuda forward: out of host memory");
+        cudaError_t e = cudaMallocHost((void **)&g->h_ints, g->ints_cap * 4);
+        if (e == cudaSuccess) e = cudaMallocHost((void **)&g->h_ids, (size_t)g->ids_cap * 4);
+        if (e != cudaSuccess)
+            st = loom_err(LOOM_ERR_NOMEM, "cuda forward: %zu bytes of pinned host memory: %s",
+                          g->ints_cap * 4, cudaGetErrorString(e));
     }
+    const char *env = getenv("LOOM_CUDA_GRAPHS");
+    g->use_graphs = !(env && !strcmp(env, "0"));
     if (st != LOOM_OK) {
         loom_cuda_model_free(g);
         return st;
@@ -382,64 +441,11 @@ static loom_status check_rows(const loom_cuda_model *g, const loom_kv_pool *kv,
     return LOOM_OK;
 }
 
-extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_pool *kv,
-                                         loom_fwd_row *rows, int n_rows) {
-    const loom_model *m = g->m;
-    const loom_config *cf = &m->cfg;
-    loom_cuda *c = g->c;
-    int T = 0;
-    if (n_rows <= 0) return LOOM_OK;
-    loom_status st = check_rows(g, kv, rows, n_rows, &T);
-    if (st != LOOM_OK) return st;
-    int H = cf->hidden_size, V = cf->vocab_size, nh = cf->n_heads, bs = kv->block_size;
-
-    /* Host side of the step: ids, KV slots, rows, tables, rope tables. */
-    int tstride = 1, max_new = 0, max_len = 0, n_sel = 0, decode = 1;
-    for (int r = 0; r < n_rows; r++) {
-        int end = rows[r].seq->n_tokens + rows[r].n;
-        tstride = LOOM_MAX_I(tstride, (end + bs - 1) / bs);
-        max_new = LOOM_MAX_I(max_new, rows[r].n);
-        max_len = LOOM_MAX_I(max_len, end);
-        n_sel += rows[r].logits == LOOM_LOGITS_ALL ? rows[r].n : rows[r].logits ? 1 : 0;
-        decode &= rows[r].n == 1;
-    }
-    int32_t *h_tok = g->h_ints, *h_slot = h_tok + T, *h_sel = h_slot + T;
-    int32_t *h_rtok = h_sel + T, *h_rpos = h_rtok + n_rows + 1, *h_lens = h_rpos + n_rows;
-    int32_t *h_tab = h_lens + n_rows;
-    size_t n_ints = (size_t)(h_tab - g->h_ints) + (size_t)n_rows * tstride;
-    for (int r = 0, t = 0, j = 0; r < n_rows; r++) {
-        const loom_kv_seq *seq = rows[r].seq;
-        h_rtok[r] = t;
-        h_rpos[r] = seq->n_tokens;
-        h_lens[r] = seq->n_tokens + rows[r].n;
-        for (int b = 0; b < tstride; b++)
-            h_tab[(size_t)r * tstride + b] = b < seq->n_blocks ? seq->blocks[b] : -1;
-        for (int i = 0; i < rows[r].n; i++, t++) {
-            int pos = seq->n_tokens + i;
-            h_tok[t] = rows[r].tokens[i];
-            h_slot[t] = seq->blocks[pos / bs] * bs + pos % bs;
-            g->h_pos[t] = pos;
-            if (rows[r].logits == LOOM_LOGITS_ALL || (rows[r].logits == LOOM_LOGITS_LAST && i == rows[r].n - 1))
-                h_sel[j++] = t;
-        }
-        h_rtok[r + 1] = t;
-    }
-    for (int i = 0; i < m->n_ropes; i++)
-        loom_cuda_rope_table(g->h_cs + (size_t)i * g->max_tokens * g->max_half,
-                             g->h_sn + (size_t)i * g->max_tokens * g->max_half, g->max_half,
-                             g->h_pos, T, m->ropes[i].inv_freq, m->ropes[i].rot_dim,
-                             m->ropes[i].scale);
-    int32_t *d_tok = g->ints, *d_slot = d_tok + T, *d_sel = d_slot + T, *d_rtok = d_sel + T;
-    int32_t *d_rpos = d_rtok + n_rows + 1, *d_lens = d_rpos + n_rows, *d_tab = d_lens + n_rows;
-    CUDA_CHECK(cudaMemcpyAsync(g->ints, g->h_ints, n_ints * 4, cudaMemcpyHostToDevice, c->stream));
-    for (int i = 0; i < m->n_ropes; i++) {
-        size_t off = (size_t)i * g->max_tokens * g->max_half, n = (size_t)T * g->max_half * 4;
-        CUDA_CHECK(cudaMemcpyAsync(g->cs + off, g->h_cs + off, n, cudaMemcpyHostToDevice, c->stream));
-        CUDA_CHECK(cudaMemcpyAsync(g->sn + off, g->h_sn + off, n, cudaMemcpyHostToDevice, c->stream));
-    }
-    /* The host buffers are rewritten next step: wait for the copies
-     * (pageable memory; pinned staging would let this overlap). */
-    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+/* One step's shape and its device integers (views into g->ints). */
+typedef struct fw_step {
+    int T, n_rows, tstride, max_new, max_len, n_sel, decode;
+    const int32_t *tok, *slot, *sel, *rtok, *rpos, *lens, *pos, *tab;
+} fw_step;
 
 #define TRY(call)                                  \
     do {                                           \
@@ -447,22 +453,35 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_pool *kv,
         if (s_ != LOOM_OK) return s_;              \
     } while (0)
 
+/* Everything on the device between the integer upload and the copies back:
+ * what a decode graph captures. Reads per-step values only from S's
+ * device arrays. */
+static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
+    const loom_model *m = g->m;
+    const loom_config *cf = &m->cfg;
+    loom_cuda *c = g->c;
+    int T = S->T, H = cf->hidden_size, nh = cf->n_heads, bs = g->kv_bs;
+    for (int i = 0; i < m->n_ropes; i++) {
+        size_t off = (size_t)i * g->max_tokens * g->max_half;
+        TRY(loom_cuda_rope_table_dev(c, g->cs + off, g->sn + off, g->max_half, S->pos, T,
+                                     g->inv_freq[i], m->ropes[i].rot_dim, m->ropes[i].scale));
+    }
     /* embed */
     if (g->embed.quant) {
         const loom_cuda_qmat *q = &g->embed.qm;
         dim3 grid(LOOM_MIN_U(loom_cuda_blocks((size_t)H, 256), 64u), (unsigned)T);
         fw_embed_q<<<grid, 256, 0, c->stream>>>(g->x, q->d_w, q->d_scales, q->d_biases, q->cols,
-                                                q->bits, q->group, q->f16, d_tok, m->embed_scale);
+                                                q->bits, q->group, q->f16, S->tok, m->embed_scale);
         LAUNCH_CHECK();
     } else {
-        TRY(loom_cuda_embed(c, g->x, g->embed.d, g->embed.dt, H, d_tok, T, m->embed_scale));
+        TRY(loom_cuda_embed(c, g->x, g->embed.d, g->embed.dt, H, S->tok, T, m->embed_scale));
     }
 
     float eps = (float)cf->rms_eps;
     size_t TH = (size_t)T * H;
     for (int l = 0; l < cf->n_layers; l++) {
-        const loom_layer *S = &m->layers[l];
-        const loom_attn *A = &S->attn;
+        const loom_layer *L = &m->layers[l];
+        const loom_attn *A = &L->attn;
         const dlayer *D = &g->layers[l];
         int hd = A->head_dim, nkv = A->n_kv_heads, kvd = nkv * hd;
         const loom_rope *R = &m->ropes[A->rope];
@@ -481,46 +500,44 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_pool *kv,
         {
             dim3 grid(LOOM_MIN_U(loom_cuda_blocks((size_t)kvd, 256), 16u), (unsigned)T);
             fw_kv_store<<<grid, 256, 0, c->stream>>>(pk, pv, (int)g->kv_dt, g->kv_row_bytes / esz,
-                                                     g->k, g->v, d_slot, kvd);
+                                                     g->k, g->v, S->slot, kvd);
             LAUNCH_CHECK();
         }
         loom_cuda_kv dkv = {pk, pv, g->kv_dt, bs, g->kv_row_bytes / esz};
         loom_cuda_attn at = {nh, nkv, hd, A->scale, (float)cf->attn_softcap, A->window};
-        if (decode)
-            TRY(loom_cuda_attn_decode(c, g->att, g->q, &dkv, &at, d_tab, tstride, d_lens, n_rows,
-                                      max_len));
+        if (S->decode)
+            TRY(loom_cuda_attn_decode(c, g->att, g->q, &dkv, &at, S->tab, S->tstride, S->lens,
+                                      S->n_rows, S->max_len));
         else
-            TRY(loom_cuda_attn_prefill(c, g->att, g->q, &dkv, &at, d_tab, tstride, d_rtok, d_rpos,
-                                       n_rows, max_new));
+            TRY(loom_cuda_attn_prefill(c, g->att, g->q, &dkv, &at, S->tab, S->tstride, S->rtok,
+                                       S->rpos, S->n_rows, S->max_new));
         TRY(linear(g, g->xb, g->att, &D->wo, D->bo, T));
         fw_add<<<loom_cuda_blocks(TH, 256), 256, 0, c->stream>>>(g->x, g->xb, TH);
         LAUNCH_CHECK();
         TRY(loom_cuda_rmsnorm(c, g->xb, g->x, D->ffn_norm, T, H, eps, 0));
-        TRY(linear(g, g->hb, g->xb, &D->gate, NULL, T));
-        TRY(linear(g, g->hb2, g->xb, &D->up, NULL, T));
-        size_t TI = (size_t)T * D->gate.rows;
-        if (m->act == LOOM_ACT_GELU_TANH) TRY(loom_cuda_gelu_tanh_mul(c, g->hb, g->hb2, TI));
-        else TRY(loom_cuda_silu_mul(c, g->hb, g->hb2, TI));
-        TRY(linear(g, g->xb, g->hb, &D->down, NULL, T));
+        int gelu = m->act == LOOM_ACT_GELU_TANH, I = D->gate.rows;
+        const float *hin;
+        if (D->fused_gu) {
+            TRY(linear(g, g->hb, g->xb, &D->gate_up, NULL, T));
+            TRY(loom_cuda_act_mul_split(c, g->hb2, g->hb, T, I, gelu));
+            hin = g->hb2;
+        } else {
+            TRY(linear(g, g->hb, g->xb, &D->gate, NULL, T));
+            TRY(linear(g, g->hb2, g->xb, &D->up, NULL, T));
+            size_t TI = (size_t)T * I;
+            if (gelu) TRY(loom_cuda_gelu_tanh_mul(c, g->hb, g->hb2, TI));
+            else TRY(loom_cuda_silu_mul(c, g->hb, g->hb2, TI));
+            hin = g->hb;
+        }
+        TRY(linear(g, g->xb, hin, &D->down, NULL, T));
         fw_add<<<loom_cuda_blocks(TH, 256), 256, 0, c->stream>>>(g->x, g->xb, TH);
         LAUNCH_CHECK();
     }
 
+    int n_sel = S->n_sel, V = cf->vocab_size;
     if (n_sel > 0) {
-        if (n_sel > g->logits_rows) {
-            CUDA_CHECK(cudaStreamSynchronize(c->stream));
-            if (g->logits) {
-                for (int i = 0; i < g->n_allocs; i++)
-                    if (g->allocs[i] == g->logits) g->allocs[i] = g->allocs[--g->n_allocs];
-                loom_cuda_release(c, g->logits);
-                g->logits = NULL;
-                g->logits_rows = 0;
-            }
-            TRY(g_alloc(g, (void **)&g->logits, (size_t)n_sel * V * 4));
-            g->logits_rows = n_sel;
-        }
         dim3 grid(LOOM_MIN_U(loom_cuda_blocks((size_t)H, 256), 64u), (unsigned)n_sel);
-        fw_gather<<<grid, 256, 0, c->stream>>>(g->xb, g->x, d_sel, H);
+        fw_gather<<<grid, 256, 0, c->stream>>>(g->xb, g->x, S->sel, H);
         LAUNCH_CHECK();
         TRY(loom_cuda_rmsnorm(c, g->xb, g->xb, g->final_norm, n_sel, H, eps, 0));
         TRY(linear(g, g->logits, g->xb, &g->lm_head, NULL, n_sel));
@@ -530,16 +547,180 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_pool *kv,
                                                                         (float)cf->final_softcap);
             LAUNCH_CHECK();
         }
+        /* greedy picks for the rows that take them (cheap next to the head) */
+        TRY(loom_cuda_argmax(c, g->ids, g->logits, n_sel, V));
+    }
+    return LOOM_OK;
+}
+
+/* The graph slot of a decode key: the existing one, else a free or the
+ * least recently used one (reset). */
+static struct loom_cuda_model::fw_graph *graph_slot(loom_cuda_model *g, int n_rows, int tstride) {
+    struct loom_cuda_model::fw_graph *best = NULL;
+    for (int i = 0; i < 16; i++) {
+        struct loom_cuda_model::fw_graph *x = &g->graphs[i];
+        if (x->state != 0 && x->n_rows == n_rows && x->tstride == tstride) return x;
+        if (!best || x->state == 0 || (best->state != 0 && x->used < best->used)) best = x;
+    }
+    if (best->state == 2) cudaGraphExecDestroy(best->exec);
+    memset(best, 0, sizeof *best);
+    best->n_rows = n_rows;
+    best->tstride = tstride;
+    return best;
+}
+
+/* Runs the body of a decode step through its graph (capturing it on the
+ * second step of its key), or eagerly. */
+static loom_status fw_run(loom_cuda_model *g, const fw_step *S, int graphable) {
+    loom_cuda *c = g->c;
+    if (!graphable || !g->use_graphs) return fw_body(g, S);
+    struct loom_cuda_model::fw_graph *x = graph_slot(g, S->n_rows, S->tstride);
+    x->used = ++g->clock;
+    if (x->state == 2 && (x->sgen != c->scratch_gen || x->lgen != g->logits_gen)) {
+        cudaGraphExecDestroy(x->exec);  /* scratch or logits moved: capture again */
+        x->state = 1;
+    }
+    if (x->state == 2) {
+        CUDA_CHECK(cudaGraphLaunch(x->exec, c->stream));
+        return LOOM_OK;
+    }
+    if (x->state != 1) {  /* first sight (sizes scratch and logits) or refused */
+        if (x->state == 0) x->state = 1;
+        return fw_body(g, S);
+    }
+    cudaGraph_t graph = NULL;
+    CUDA_CHECK(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
+    c->capturing = 1;
+    loom_status st = fw_body(g, S);
+    c->capturing = 0;
+    cudaError_t e = cudaStreamEndCapture(c->stream, &graph);
+    cudaGraphExec_t exec = NULL;
+    if (st == LOOM_OK && e == cudaSuccess) e = cudaGraphInstantiate(&exec, graph, 0);
+    if (graph) cudaGraphDestroy(graph);
+    if (st != LOOM_OK || e != cudaSuccess) {
+        /* Something in the body cannot be captured: this key runs eagerly. */
+        loom_log(LOOM_CUDA_LOG_WARN, "cuda forward: decode graph for %d rows not captured (%s); "
+                 "running without", S->n_rows, st != LOOM_OK ? loom_last_error()
+                                                             : cudaGetErrorString(e));
+        cudaGetLastError();
+        loom_err_clear();
+        x->state = -1;
+        return fw_body(g, S);
+    }
+    x->exec = exec;
+    x->state = 2;
+    x->sgen = c->scratch_gen;
+    x->lgen = g->logits_gen;
+    CUDA_CHECK(cudaGraphLaunch(x->exec, c->stream));
+    return LOOM_OK;
+}
+
+extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_pool *kv,
+                                         loom_fwd_row *rows, int n_rows, int32_t *picks_in) {
+    const loom_model *m = g->m;
+    const loom_config *cf = &m->cfg;
+    loom_cuda *c = g->c;
+    int T = 0;
+    if (n_rows <= 0) return LOOM_OK;
+    loom_status st = check_rows(g, kv, rows, n_rows, &T);
+    if (st != LOOM_OK) return st;
+    int V = cf->vocab_size, bs = kv->block_size;
+
+    /* Host side of the step: ids, KV slots, positions, rows, tables. */
+    fw_step S;
+    memset(&S, 0, sizeof S);
+    S.T = T;
+    S.n_rows = n_rows;
+    S.tstride = 1;
+    S.decode = 1;
+    for (int r = 0; r < n_rows; r++) {
+        int end = rows[r].seq->n_tokens + rows[r].n;
+        S.tstride = LOOM_MAX_I(S.tstride, (end + bs - 1) / bs);
+        S.max_new = LOOM_MAX_I(S.max_new, rows[r].n);
+        S.max_len = LOOM_MAX_I(S.max_len, end);
+        S.n_sel += rows[r].logits == LOOM_LOGITS_ALL ? rows[r].n : rows[r].logits ? 1 : 0;
+        S.decode &= rows[r].n == 1;
+    }
+    int graphable = S.decode && S.n_sel == n_rows;
+    if (S.decode) {
+        /* Round the table width up to 16 blocks (and size the attention grid
+         * by it) so that a decode graph serves many steps. */
+        int tmax = (g->max_ctx + bs - 1) / bs;
+        S.tstride = LOOM_MIN_U((unsigned)((S.tstride + 15) / 16 * 16), (unsigned)tmax);
+        S.max_len = S.tstride * bs;
+    }
+    int32_t *h_tok = g->h_ints, *h_slot = h_tok + T, *h_sel = h_slot + T;
+    int32_t *h_rtok = h_sel + T, *h_rpos = h_rtok + n_rows + 1, *h_lens = h_rpos + n_rows;
+    int32_t *h_pos = h_lens + n_rows, *h_tab = h_pos + T;
+    size_t n_ints = (size_t)(h_tab - g->h_ints) + (size_t)n_rows * S.tstride;
+    for (int r = 0, t = 0, j = 0; r < n_rows; r++) {
+        const loom_kv_seq *seq = rows[r].seq;
+        h_rtok[r] = t;
+        h_rpos[r] = seq->n_tokens;
+        h_lens[r] = seq->n_tokens + rows[r].n;
+        for (int b = 0; b < S.tstride; b++)
+            h_tab[(size_t)r * S.tstride + b] = b < seq->n_blocks ? seq->blocks[b] : -1;
+        for (int i = 0; i < rows[r].n; i++, t++) {
+            int pos = seq->n_tokens + i;
+            h_tok[t] = rows[r].tokens[i];
+            h_slot[t] = seq->blocks[pos / bs] * bs + pos % bs;
+            h_pos[t] = pos;
+            if (rows[r].logits == LOOM_LOGITS_ALL || (rows[r].logits == LOOM_LOGITS_LAST && i == rows[r].n - 1))
+                h_sel[j++] = t;
+        }
+        h_rtok[r + 1] = t;
+    }
+    S.tok = g->ints;
+    S.slot = S.tok + T;
+    S.sel = S.slot + T;
+    S.rtok = S.sel + T;
+    S.rpos = S.rtok + n_rows + 1;
+    S.lens = S.rpos + n_rows;
+    S.pos = S.lens + n_rows;
+    S.tab = S.pos + T;
+    /* Pinned source: the copy runs in stream order; h_ints is rewritten
+     * only by the next step, after this one's final synchronisation. */
+    CUDA_CHECK(cudaMemcpyAsync(g->ints, g->h_ints, n_ints * 4, cudaMemcpyHostToDevice, c->stream));
+
+    if (S.n_sel > g->logits_rows) {
+        CUDA_CHECK(cudaStreamSynchronize(c->stream));
+        if (g->logits) {
+            for (int i = 0; i < g->n_allocs; i++)
+                if (g->allocs[i] == g->logits) g->allocs[i] = g->allocs[--g->n_allocs];
+            loom_cuda_release(c, g->logits);
+            g->logits = NULL;
+            g->logits_rows = 0;
+        }
+        TRY(g_alloc(g, (void **)&g->logits, (size_t)S.n_sel * V * 4));
+        g->logits_rows = S.n_sel;
+        g->logits_gen++;
+    }
+    TRY(fw_run(g, &S, graphable));
+
+    if (S.n_sel > 0) {
+        int any = 0;
+        for (int r = 0; r < n_rows && picks_in; r++)
+            any |= picks_in[r] == -1 && rows[r].logits == LOOM_LOGITS_LAST;
+        if (any)
+            CUDA_CHECK(cudaMemcpyAsync(g->h_ids, g->ids, (size_t)S.n_sel * 4,
+                                       cudaMemcpyDeviceToHost, c->stream));
         for (int r = 0, j = 0; r < n_rows; r++) {
             int cnt = rows[r].logits == LOOM_LOGITS_ALL ? rows[r].n : rows[r].logits ? 1 : 0;
-            if (cnt)
+            int pick = picks_in && picks_in[r] == -1 && rows[r].logits == LOOM_LOGITS_LAST;
+            if (cnt && !pick)
                 CUDA_CHECK(cudaMemcpyAsync(rows[r].out, g->logits + (size_t)j * V,
                                            (size_t)cnt * V * 4, cudaMemcpyDeviceToHost, c->stream));
             j += cnt;
         }
     }
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
-#undef TRY
+    for (int r = 0, j = 0; r < n_rows; r++) {
+        int cnt = rows[r].logits == LOOM_LOGITS_ALL ? rows[r].n : rows[r].logits ? 1 : 0;
+        if (cnt && picks_in && picks_in[r] == -1 && rows[r].logits == LOOM_LOGITS_LAST)
+            picks_in[r] = g->h_ids[j];
+        j += cnt;
+    }
     for (int r = 0; r < n_rows; r++) rows[r].seq->n_tokens += rows[r].n;
     return LOOM_OK;
 }
+#undef TRY

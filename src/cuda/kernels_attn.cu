@@ -122,6 +122,142 @@ __global__ void attn_decode_kernel(float *part_acc, float *part_ml, const float 
     }
 }
 
+/* Decode for head_dim = 32 * EPL (64, 128, 256) and groups of at most
+ * DEC_GMAX q heads, the shapes of the common models. The kernel above
+ * walks positions one after another in each thread (a dependent table and
+ * row load per position): latency-bound. Here a lane owns EPL consecutive
+ * dims of the head, so a warp reads one K or V row in one coalesced pass;
+ * the 4 warps take interleaved positions, the queries and the running sums
+ * stay in registers, and the warps' partial outputs meet in shared memory.
+ * Same partials (m, l, unnormalised acc) as attn_decode_kernel. */
+#define DEC_GMAX 8
+
+template <int EPL>
+__device__ __forceinline__ void kv_load(const void *p, size_t i, int dt, float *o) {
+    if (dt == LOOM_CUDA_BF16) {
+        const unsigned short *b = (const unsigned short *)p + i;
+        if constexpr (EPL == 4) {  /* one 8-byte load */
+            uint2 u = *(const uint2 *)b;
+            o[0] = __uint_as_float(u.x << 16);
+            o[1] = __uint_as_float(u.x & 0xffff0000u);
+            o[2] = __uint_as_float(u.y << 16);
+            o[3] = __uint_as_float(u.y & 0xffff0000u);
+        } else {
+#pragma unroll
+            for (int e = 0; e < EPL; e++) o[e] = __uint_as_float((unsigned)b[e] << 16);
+        }
+    } else if (dt == LOOM_CUDA_F16) {
+#pragma unroll
+        for (int e = 0; e < EPL; e++) o[e] = __half2float(((const __half *)p)[i + e]);
+    } else {
+#pragma unroll
+        for (int e = 0; e < EPL; e++) o[e] = ((const float *)p)[i + e];
+    }
+}
+
+template <int EPL>
+__global__ void __launch_bounds__(DEC_THREADS)
+attn_decode_vec_kernel(float *part_acc, float *part_ml, const float *q, const void *kb,
+                       const void *vb, int dt, size_t stride, int bs, const int32_t *tables,
+                       int tstride, const int32_t *lens, int nh, int nkv, float scale,
+                       float softcap, int window, int split, int n_splits) {
+    constexpr int HD = 32 * EPL, NW = DEC_THREADS / 32;
+    extern __shared__ float smem[];
+    int sp = blockIdx.x, kh = blockIdx.y, s = blockIdx.z;
+    int group = nh / nkv;
+    float *sc = smem;                       /* (group, split) scores, then weights */
+    float *red = sc + group * split;        /* (NW, group, HD) partial outputs */
+    float *ml = red + NW * group * HD;      /* (group, 2) */
+    int len = lens[s], pos = len - 1;
+    int lo = window > 0 ? max(0, pos - window + 1) : 0;
+    int p0 = lo + sp * split, p1 = min(len, p0 + split), n = p1 - p0;
+    size_t pbase = ((size_t)s * nh + (size_t)kh * group) * n_splits + sp;
+    if (n <= 0) {
+        for (int g = threadIdx.x; g < group; g += blockDim.x) {
+            part_ml[(pbase + (size_t)g * n_splits) * 2] = -INFINITY;
+            part_ml[(pbase + (size_t)g * n_splits) * 2 + 1] = 0;
+        }
+        return;
+    }
+    const int32_t *table = tables + (size_t)s * tstride;
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    float qr[DEC_GMAX][EPL];
+#pragma unroll
+    for (int g = 0; g < DEC_GMAX; g++)
+#pragma unroll
+        for (int e = 0; e < EPL; e++)
+            qr[g][e] = g < group ? q[((size_t)s * nh + (size_t)kh * group + g) * HD + lane * EPL + e] * scale
+                                 : 0.0f;
+    size_t hoff = (size_t)kh * HD + (size_t)lane * EPL;
+    for (int j = w; j < n; j += NW) {
+        int p = p0 + j;
+        float k[EPL];
+        kv_load<EPL>(kb, ((size_t)table[p / bs] * bs + (size_t)(p % bs)) * stride + hoff, dt, k);
+#pragma unroll
+        for (int g = 0; g < DEC_GMAX; g++) {
+            if (g >= group) break;
+            float d = 0;
+#pragma unroll
+            for (int e = 0; e < EPL; e++) d += qr[g][e] * k[e];
+            d = a_warp_sum(d);
+            if (lane == 0) sc[g * split + j] = cap_score(d, softcap);
+        }
+    }
+    __syncthreads();
+    for (int g = w; g < group; g += NW) {
+        float m = -INFINITY;
+        for (int j = lane; j < n; j += 32) m = fmaxf(m, sc[g * split + j]);
+        m = a_warp_max(m);
+        float l = 0;
+        for (int j = lane; j < n; j += 32) {
+            float e = expf(sc[g * split + j] - m);
+            sc[g * split + j] = e;
+            l += e;
+        }
+        l = a_warp_sum(l);
+        if (lane == 0) {
+            ml[2 * g] = m;
+            ml[2 * g + 1] = l;
+        }
+    }
+    __syncthreads();
+    float acc[DEC_GMAX][EPL];
+#pragma unroll
+    for (int g = 0; g < DEC_GMAX; g++)
+#pragma unroll
+        for (int e = 0; e < EPL; e++) acc[g][e] = 0;
+    for (int j = w; j < n; j += NW) {
+        int p = p0 + j;
+        float v[EPL];
+        kv_load<EPL>(vb, ((size_t)table[p / bs] * bs + (size_t)(p % bs)) * stride + hoff, dt, v);
+#pragma unroll
+        for (int g = 0; g < DEC_GMAX; g++) {
+            if (g >= group) break;
+            float pw = sc[g * split + j];
+#pragma unroll
+            for (int e = 0; e < EPL; e++) acc[g][e] += pw * v[e];
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < DEC_GMAX; g++) {
+        if (g >= group) break;
+#pragma unroll
+        for (int e = 0; e < EPL; e++) red[((size_t)w * group + g) * HD + lane * EPL + e] = acc[g][e];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < group * HD; i += blockDim.x) {
+        int g = i / HD, d = i % HD;
+        float a = 0;
+#pragma unroll
+        for (int ww = 0; ww < NW; ww++) a += red[((size_t)ww * group + g) * HD + d];
+        part_acc[(pbase + (size_t)g * n_splits) * HD + d] = a;
+    }
+    for (int g = threadIdx.x; g < group; g += blockDim.x) {
+        part_ml[(pbase + (size_t)g * n_splits) * 2] = ml[2 * g];
+        part_ml[(pbase + (size_t)g * n_splits) * 2 + 1] = ml[2 * g + 1];
+    }
+}
+
 /* out[s, h] = sum_sp acc_sp * e^(m_sp - M) / sum_sp l_sp * e^(m_sp - M). */
 __global__ void attn_combine_kernel(float *out, const float *part_acc, const float *part_ml,
                                     int nh, int hd, int n_splits) {
@@ -169,28 +305,56 @@ extern "C" loom_status loom_cuda_attn_decode(loom_cuda *c, float *d_out, const f
     int group = a->n_heads / a->n_kv_heads, hd = a->head_dim;
     int span = a->window > 0 ? LOOM_MIN_U((unsigned)a->window, (unsigned)LOOM_MAX_I(max_len, 1))
                              : LOOM_MAX_I(max_len, 1);
-    /* Scores of one split stay in shared memory: at most 8192 per block. */
+    int epl = hd % 32 == 0 ? hd / 32 : 0;
+    int vec = (epl == 2 || epl == 4 || epl == 8) && group <= DEC_GMAX &&
+              (kv->row_stride % 4 == 0 || kv->dt != LOOM_CUDA_BF16);
+    /* Scores of one split stay in shared memory: at most 8192 per block.
+     * The vectorised kernel splits finer while the grid would leave SMs
+     * idle: a split is one block's serial walk. */
     int split = 256;
     while (split > 32 && group * split > 8192) split /= 2;
+    while (vec && split > 32 &&
+           (size_t)n_seqs * a->n_kv_heads * ((span + split - 1) / split) < 2 * (size_t)c->n_sm)
+        split /= 2;
     int n_splits = (span + split - 1) / split;
-    size_t smem = ((size_t)group * hd + (size_t)group * split + 2 * (size_t)group) * sizeof(float);
+    size_t smem = vec ? ((size_t)group * split + (size_t)(DEC_THREADS / 32) * group * hd +
+                         2 * (size_t)group) * sizeof(float)
+                      : ((size_t)group * hd + (size_t)group * split + 2 * (size_t)group) *
+                            sizeof(float);
     if (smem > c->smem_optin)
         return loom_err(LOOM_ERR_UNSUPPORTED, "cuda attn_decode: %zu bytes of shared memory "
                         "needed (group %d, head_dim %d), device allows %zu", smem, group, hd,
                         c->smem_optin);
-    if (smem > 48 * 1024)
-        CUDA_CHECK(cudaFuncSetAttribute(attn_decode_kernel,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     size_t parts = (size_t)n_seqs * a->n_heads * n_splits;
     void *scr;
     st = loom_cuda_scratch(c, parts * ((size_t)hd + 2) * sizeof(float), &scr);
     if (st != LOOM_OK) return st;
     float *part_acc = (float *)scr, *part_ml = part_acc + parts * hd;
     dim3 grid((unsigned)n_splits, (unsigned)a->n_kv_heads, (unsigned)n_seqs);
-    attn_decode_kernel<<<grid, DEC_THREADS, smem, c->stream>>>(
-        part_acc, part_ml, d_q, kv->d_k, kv->d_v, (int)kv->dt, kv->row_stride, kv->block_size,
-        d_tables, table_stride, d_lens, a->n_heads, a->n_kv_heads, hd, a->scale, a->softcap,
-        a->window, split, n_splits);
+#define DEC_VEC(E)                                                                              \
+    do {                                                                                        \
+        if (smem > 48 * 1024)                                                                   \
+            CUDA_CHECK(cudaFuncSetAttribute(attn_decode_vec_kernel<E>,                          \
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,        \
+                                            (int)smem));                                        \
+        attn_decode_vec_kernel<E><<<grid, DEC_THREADS, smem, c->stream>>>(                      \
+            part_acc, part_ml, d_q, kv->d_k, kv->d_v, (int)kv->dt, kv->row_stride,              \
+            kv->block_size, d_tables, table_stride, d_lens, a->n_heads, a->n_kv_heads,          \
+            a->scale, a->softcap, a->window, split, n_splits);                                  \
+    } while (0)
+    if (vec && epl == 2) DEC_VEC(2);
+    else if (vec && epl == 4) DEC_VEC(4);
+    else if (vec) DEC_VEC(8);
+#undef DEC_VEC
+    else {
+        if (smem > 48 * 1024)
+            CUDA_CHECK(cudaFuncSetAttribute(attn_decode_kernel,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        attn_decode_kernel<<<grid, DEC_THREADS, smem, c->stream>>>(
+            part_acc, part_ml, d_q, kv->d_k, kv->d_v, (int)kv->dt, kv->row_stride, kv->block_size,
+            d_tables, table_stride, d_lens, a->n_heads, a->n_kv_heads, hd, a->scale, a->softcap,
+            a->window, split, n_splits);
+    }
     LAUNCH_CHECK();
     dim3 g2((unsigned)a->n_heads, (unsigned)n_seqs);
     attn_combine_kernel<<<g2, 128, 0, c->stream>>>(d_out, part_acc, part_ml, a->n_heads, hd,

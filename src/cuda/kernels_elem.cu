@@ -117,6 +117,34 @@ extern "C" void loom_cuda_rope_table(float *cos_out, float *sin_out, int ld, con
         }
 }
 
+/* The same table on the device from positions there (decode steps replay
+ * a captured graph; only the positions change). Double angles, as above. */
+__global__ void rope_table_kernel(float *cs, float *sn, int ld, const int32_t *pos, int T,
+                                  const double *inv_freq, int half, double scale) {
+    int t = blockIdx.y;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < half; i += gridDim.x * blockDim.x) {
+        double a = (double)pos[t] * inv_freq[i];
+        cs[(size_t)t * ld + i] = (float)(cos(a) * scale);
+        sn[(size_t)t * ld + i] = (float)(sin(a) * scale);
+    }
+}
+
+extern "C" loom_status loom_cuda_rope_table_dev(loom_cuda *c, float *d_cos, float *d_sin, int ld,
+                                                const int32_t *d_pos, int T,
+                                                const double *d_inv_freq, int rot_dim,
+                                                double scale) {
+    int half = rot_dim / 2;
+    if (T <= 0 || half <= 0) return LOOM_OK;
+    if (T > 65535 || ld < half)
+        return loom_err(LOOM_ERR_INVALID_ARG, "cuda rope_table: %d tokens (at most 65535), ld %d "
+                        "< %d", T, ld, half);
+    dim3 grid(loom_cuda_blocks((size_t)half, 128), (unsigned)T);
+    rope_table_kernel<<<grid, 128, 0, c->stream>>>(d_cos, d_sin, ld, d_pos, T, d_inv_freq, half,
+                                                   scale);
+    LAUNCH_CHECK();
+    return LOOM_OK;
+}
+
 /* ---- gated activations -------------------------------------------------- */
 
 __global__ void silu_mul_kernel(float *g, const float *u, size_t n) {
@@ -147,6 +175,32 @@ extern "C" loom_status loom_cuda_gelu_tanh_mul(loom_cuda *c, float *d_g, const f
                                                size_t n) {
     if (!n) return LOOM_OK;
     gelu_tanh_mul_kernel<<<loom_cuda_blocks(n, 256), 256, 0, c->stream>>>(d_g, d_u, n);
+    LAUNCH_CHECK();
+    return LOOM_OK;
+}
+
+/* The gate and up projections of one fused GEMM: gu (T, 2n), gate in
+ * columns [0, n), up in [n, 2n). out (T, n) = act(gate) * up, each value
+ * computed as silu_mul_kernel / gelu_tanh_mul_kernel compute it. */
+__global__ void act_mul_split_kernel(float *out, const float *gu, int n, size_t total, int gelu) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total) return;
+    size_t t = i / (size_t)n, k = i % (size_t)n;
+    float x = gu[t * 2 * n + k], u = gu[t * 2 * n + n + k];
+    if (gelu) {
+        float in = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+        out[i] = 0.5f * x * (1.0f + tanhf(in)) * u;
+    } else {
+        out[i] = x / (1.0f + expf(-x)) * u;
+    }
+}
+
+extern "C" loom_status loom_cuda_act_mul_split(loom_cuda *c, float *d_out, const float *d_gu,
+                                               int T, int n, int gelu) {
+    size_t total = (size_t)T * n;
+    if (!total) return LOOM_OK;
+    act_mul_split_kernel<<<loom_cuda_blocks(total, 256), 256, 0, c->stream>>>(d_out, d_gu, n,
+                                                                             total, gelu);
     LAUNCH_CHECK();
     return LOOM_OK;
 }

@@ -61,9 +61,15 @@ void loom_exec_free(loom_exec *x) {
 }
 
 loom_status loom_exec_forward(loom_exec *x, loom_kv_pool *kv, loom_fwd_row *rows, int n_rows) {
+    return loom_exec_forward_picks(x, kv, rows, n_rows, NULL);
+}
+
+loom_status loom_exec_forward_picks(loom_exec *x, loom_kv_pool *kv, loom_fwd_row *rows,
+                                    int n_rows, int32_t *picks) {
 #ifdef LOOM_CUDA
-    if (x->gpu) return loom_cuda_forward(x->gpu, kv, rows, n_rows);
+    if (x->gpu) return loom_cuda_forward(x->gpu, kv, rows, n_rows, picks);
 #endif
+    (void)picks;  /* the CPU forward always writes logits */
     return loom_forward(x->m, x->fwd, kv, rows, n_rows);
 }
 

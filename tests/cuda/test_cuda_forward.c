@@ -97,20 +97,35 @@ static void run_fixture(const char *fixture, loom_kv_type kvt) {
         float *out = s ? lg : lc;
         loom_fwd_row rows[2] = {{ta, na, &sides[s]->a, LOOM_LOGITS_ALL, out, NULL},
                                 {tb, nb, &sides[s]->b, LOOM_LOGITS_ALL, out + (size_t)na * V, NULL}};
-        st = s ? loom_cuda_forward(g, gpu.kv, rows, 2) : loom_forward(m, fs, cpu.kv, rows, 2);
+        st = s ? loom_cuda_forward(g, gpu.kv, rows, 2, NULL) : loom_forward(m, fs, cpu.kv, rows, 2);
         if (st != LOOM_OK) goto fail;
     }
     compare(fixture, kvn, "prefill 45+20", lg, lc, na + nb, V, tol);
-    /* steps 2-4: decode both rows (the CPU's greedy tokens) */
+    /* steps 2-4: decode both rows (the CPU's greedy tokens). The GPU runs
+     * step 2 eagerly, captures step 3 into a graph and replays it at step
+     * 4, where row 0 also takes its greedy pick on the device. */
     for (int k = 0; k < 3; k++) {
         char what[64];
         snprintf(what, sizeof what, "decode %d (pos %d, %d)", k + 1, na, nb);
+        int32_t picks[2] = {-1, -2};
         for (int s = 0; s < 2; s++) {
             float *out = s ? lg : lc;
             loom_fwd_row rows[2] = {{ta + na, 1, &sides[s]->a, LOOM_LOGITS_LAST, out, NULL},
                                     {tb + nb, 1, &sides[s]->b, LOOM_LOGITS_LAST, out + V, NULL}};
-            st = s ? loom_cuda_forward(g, gpu.kv, rows, 2) : loom_forward(m, fs, cpu.kv, rows, 2);
+            st = s ? loom_cuda_forward(g, gpu.kv, rows, 2, k == 2 ? picks : NULL)
+                   : loom_forward(m, fs, cpu.kv, rows, 2);
             if (st != LOOM_OK) goto fail;
+        }
+        if (k == 2) {
+            /* row 0's logits were not copied: check its pick instead */
+            int best = 0;
+            for (int i = 1; i < V; i++)
+                if (lc[i] > lc[best]) best = i;
+            int ok = picks[0] == best && picks[1] == -2;
+            printf("%s  forward %-18s kv=%-3s %-28s pick %d, CPU argmax %d\n", ok ? "PASS" : "FAIL",
+                   fixture, kvn, "device greedy pick", picks[0], best);
+            ok ? n_pass++ : n_fail++;
+            memcpy(lg, lc, sizeof *lg * (size_t)V);
         }
         compare(fixture, kvn, what, lg, lc, 2, V, tol);
         na++, nb++;
@@ -120,7 +135,7 @@ static void run_fixture(const char *fixture, loom_kv_type kvt) {
         float *out = s ? lg : lc;
         loom_fwd_row rows[2] = {{ta + na, 1, &sides[s]->a, LOOM_LOGITS_LAST, out, NULL},
                                 {tb + nb, 9, &sides[s]->b, LOOM_LOGITS_ALL, out + V, NULL}};
-        st = s ? loom_cuda_forward(g, gpu.kv, rows, 2) : loom_forward(m, fs, cpu.kv, rows, 2);
+        st = s ? loom_cuda_forward(g, gpu.kv, rows, 2, NULL) : loom_forward(m, fs, cpu.kv, rows, 2);
         if (st != LOOM_OK) goto fail;
     }
     compare(fixture, kvn, "mixed 1 + chunk 9", lg, lc, 10, V, tol);

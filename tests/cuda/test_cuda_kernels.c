@@ -176,6 +176,47 @@ static int test_rope(int T, int nh, int hd, int rot, double theta) {
     return ok;
 }
 
+/* The device-made rope table against the host one (double angles on both
+ * sides: equal up to the last bit of cos/sin). */
+static int test_rope_table(int T, int rot, double theta, double scale) {
+    char what[96];
+    snprintf(what, sizeof what, "T=%d rot=%d theta=%g scale=%g", T, rot, theta, scale);
+    int half = rot / 2, ld = half + 5;
+    size_t N = (size_t)T * ld;
+    float *cs = xmalloc(N * 4), *sn = xmalloc(N * 4), *got = xmalloc(2 * N * 4);
+    float *ref = xmalloc(2 * N * 4);
+    double *inv = xmalloc((size_t)half * sizeof(double));
+    int *pos = xmalloc((size_t)T * sizeof(int));
+    int32_t *pos32 = xmalloc((size_t)T * sizeof(int32_t));
+    for (int i = 0; i < half; i++) inv[i] = pow(theta, -2.0 * i / rot);
+    for (int t = 0; t < T; t++) pos32[t] = pos[t] = (int)(test_rand_u32(&rng) % 200000);
+    memset(cs, 0, N * 4);
+    memset(sn, 0, N * 4);
+    loom_cuda_rope_table(cs, sn, ld, pos, T, inv, rot, scale);
+    memcpy(ref, cs, N * 4);
+    memcpy(ref + N, sn, N * 4);
+    float *dc = up(cs, N * 4), *ds = up(sn, N * 4);  /* pad columns stay as on the host */
+    int32_t *dp = up(pos32, (size_t)T * 4);
+    double *di = up(inv, (size_t)half * sizeof(double));
+    int ok = 0;
+    if (!dc || !ds || !dp || !di) {
+        api_fail("rope_table_dev", what, LOOM_ERR_NOMEM);
+    } else {
+        loom_status st = loom_cuda_memset0(C, dc, (size_t)half * 4);  /* row 0 must be rewritten */
+        if (st == LOOM_OK) st = loom_cuda_rope_table_dev(C, dc, ds, ld, dp, T, di, rot, scale);
+        if (st == LOOM_OK) st = loom_cuda_download(C, got, dc, N * 4);
+        if (st == LOOM_OK) st = loom_cuda_download(C, got + N, ds, N * 4);
+        if (st != LOOM_OK) api_fail("rope_table_dev", what, st);
+        else ok = report("rope_table_dev", what, got, ref, NULL, 2 * N, 1e-7f, 1e-6f);
+    }
+    loom_cuda_release(C, dc);
+    loom_cuda_release(C, ds);
+    loom_cuda_release(C, dp);
+    loom_cuda_release(C, di);
+    free(cs), free(sn), free(got), free(ref), free(inv), free(pos), free(pos32);
+    return ok;
+}
+
 /* ---- gated activations -------------------------------------------------- */
 
 static int test_act(int n, int gelu) {
@@ -203,6 +244,38 @@ static int test_act(int n, int gelu) {
     loom_cuda_release(C, dg);
     loom_cuda_release(C, du);
     free(g), free(u), free(ref), free(got);
+    return ok;
+}
+
+/* act_mul_split: the fused gate/up layout (T, 2n) against the reference
+ * applied to the two halves. */
+static int test_act_split(int T, int n, int gelu) {
+    const char *k = gelu ? "act_split_gelu" : "act_split_silu";
+    char what[96];
+    snprintf(what, sizeof what, "T=%d n=%d", T, n);
+    size_t N = (size_t)T * n;
+    float *gu = xmalloc(2 * N * 4), *ref = xmalloc(N * 4), *got = xmalloc(N * 4);
+    float *u = xmalloc((size_t)n * 4);
+    fill(gu, 2 * N, 8.0f);
+    for (int t = 0; t < T; t++) {
+        memcpy(ref + (size_t)t * n, gu + (size_t)t * 2 * n, (size_t)n * 4);
+        memcpy(u, gu + (size_t)t * 2 * n + n, (size_t)n * 4);
+        if (gelu) loom_kernels_ref.gelu_tanh_mul(ref + (size_t)t * n, u, n);
+        else loom_kernels_ref.silu_mul(ref + (size_t)t * n, u, n);
+    }
+    float *dgu = up(gu, 2 * N * 4), *dout = NULL;
+    int ok = 0;
+    if (!dgu || loom_cuda_alloc(C, (void **)&dout, N * 4) != LOOM_OK) {
+        api_fail(k, what, LOOM_ERR_NOMEM);
+    } else {
+        loom_status st = loom_cuda_act_mul_split(C, dout, dgu, T, n, gelu);
+        if (st == LOOM_OK) st = loom_cuda_download(C, got, dout, N * 4);
+        if (st != LOOM_OK) api_fail(k, what, st);
+        else ok = report(k, what, got, ref, NULL, N, 1e-6f, 1e-5f);
+    }
+    loom_cuda_release(C, dgu);
+    loom_cuda_release(C, dout);
+    free(gu), free(ref), free(got), free(u);
     return ok;
 }
 
@@ -667,11 +740,18 @@ int main(void) {
     test_rope(5, 4, 128, 32, 1000000.0);  /* partial rotary */
     test_rope(33, 2, 10, 6, 500.0);
     test_rope(3, 8, 256, 64, 10000.0);
+    test_rope_table(1, 128, 1000000.0, 1.0);
+    test_rope_table(37, 64, 10000.0, 1.0);
+    test_rope_table(300, 6, 500.0, 0.5);
 
     for (int i = 0; i < N_SIZES; i++) {
         test_act(SIZES[i], 0);
         test_act(SIZES[i], 1);
     }
+    test_act_split(1, 3072, 0);
+    test_act_split(7, 33, 1);
+    test_act_split(33, 1000, 0);
+    test_act_split(5, 4097, 1);
 
     for (int i = 0; i < N_SIZES; i++)
         for (int dt = 0; dt < 3; dt++) test_embed(SIZES[i], (loom_cuda_dtype)dt);
@@ -713,6 +793,17 @@ int main(void) {
         attn_case a5 = {32, 8, 128, 32, LOOM_KV_F16, 4096, 0};
         int l5[] = {5000, 1, 64};
         test_attn_decode(&a5, l5, 3);
+        /* the vectorised decode kernel on bf16 rows: Qwen3-0.6B and
+         * Llama-3-8B head layouts, short and long sequences */
+        attn_case a7 = {16, 8, 128, 16, LOOM_KV_BF16, 0, 0};
+        int l7[] = {1, 129, 700, 17, 4097};
+        test_attn_decode(&a7, l7, 5);
+        attn_case a8 = {32, 8, 128, 16, LOOM_KV_BF16, 0, 0};
+        int l8[] = {200, 3};
+        test_attn_decode(&a8, l8, 2);
+        attn_case a9 = {6, 1, 64, 7, LOOM_KV_BF16, 33, 0};  /* group 6, window, odd block */
+        int l9[] = {1, 50, 999};
+        test_attn_decode(&a9, l9, 3);
 
         int s1[] = {0, 100, 7, 0, 33}, n1[] = {37, 5, 1, 300, 64};
         test_attn_prefill(&a1, s1, n1, 5);
