@@ -15,6 +15,12 @@ endif
 
 override CFLAGS += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -pthread -Iinclude -Isrc -MMD -MP
 LDLIBS  += -lmicrohttpd -lxxhash -lpcre2-8 -lutf8proc -lcjson -lm -pthread
+# zstd (libzstd-dev), when installed, lets the prefix cache's disk tier
+# compress its files (--prefix-cache-zstd).
+ifneq ($(shell pkg-config --exists libzstd 2>/dev/null && echo yes),)
+override CFLAGS += -DLOOM_ZSTD
+LDLIBS  += -lzstd
+endif
 
 # Files named *_avx2.c and *_avx512.c hold the x86 SIMD kernels; they are
 # only called after a runtime CPU check, so only they get the ISA flags.

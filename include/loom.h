@@ -189,6 +189,8 @@ typedef struct loom_engine_params {
     const char *prefix_cache_dir; /* disk tier: evicted blocks spill here and
                                      survive restarts; NULL = memory only */
     size_t prefix_cache_disk_bytes; /* cap of the disk tier; 0 = unlimited */
+    int prefix_cache_disk_zstd; /* zstd level for the disk tier's block files
+                                   (1..19; 0 = off); needs a build with zstd */
     size_t snapshot_bytes;  /* cap on saved recurrent states (linear-attention
                                models); 0 = 1 GiB */
 } loom_engine_params;

@@ -401,9 +401,12 @@ static void disk_tier_hybrid(void) {
     free_fixture(&f);
 }
 
+static int disk_zstd; /* zstd level of run_disk's engines */
+
 static int run_disk(fixture *f, const char *dir, const float *solo, loom_engine_stats *st) {
     loom_engine_params ep = loom_engine_default_params();
     ep.n_ctx = 400;
+    ep.prefix_cache_disk_zstd = disk_zstd;
     ep.prefix_cache_dir = dir;
     loom_engine *e = NULL;
     CHECK(loom_engine_create(f->m, &ep, &e) == LOOM_OK);
@@ -976,7 +979,54 @@ static void kv_config(void) {
     free_fixture(&f);
 }
 
+/* Compressed disk-tier files: smaller, restored exactly, damage detected;
+ * files of either form are read whatever the level. */
+static void disk_tier_zstd(void) {
+    fixture f;
+    if (!load_fixture("tests/fixtures/models/qwen3-tiny", &f)) { CHECK(0); return; }
+    float solo[NG];
+    solo_logprobs(&f, 3, solo);
+    char dir[] = "/tmp/loom-test-kvdisk-zstd-XXXXXX";
+    if (!mkdtemp(dir)) { CHECK(0); return; }
+    loom_engine_stats st;
+    int full = (f.len[3] - 1) / 16 * 16;
+#ifdef LOOM_ZSTD
+    disk_zstd = 3;
+    CHECK_EQ_INT(run_disk(&f, dir, solo, &st), 0);
+    CHECK_EQ_INT(run_disk(&f, dir, solo, &st), full);
+    /* qwen3-tiny: a raw file is 64 + 64 + 24576 bytes; f32 rows of random
+     * weights still lose a few high bytes to zstd */
+    size_t raw = 64 + 16 * 4 + 24576;
+    CHECKF(st.disk_bytes < (uint64_t)(st.disk_reads * raw), "%llu bytes on disk for %llu files",
+           (unsigned long long)st.disk_bytes, (unsigned long long)st.disk_reads);
+    disk_zstd = 0; /* compressed files are read without a level too */
+    CHECK_EQ_INT(run_disk(&f, dir, solo, &st), full);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "cd %s && set -- $(ls *.lkv | sort) && "
+             "printf '\\377' | dd of=$2 bs=1 seek=300 conv=notrunc 2>/dev/null", dir);
+    CHECK(system(cmd) == 0);
+    disk_zstd = 5;
+    int cached = run_disk(&f, dir, solo, &st);
+    CHECKF(cached >= 0 && cached < full && st.disk_bad_files == 1, "damaged file: %d cached, %llu bad",
+           cached, (unsigned long long)st.disk_bad_files);
+    disk_zstd = 0;
+#else
+    /* a level without zstd is refused */
+    loom_engine_params ep = loom_engine_default_params();
+    ep.prefix_cache_dir = dir;
+    ep.prefix_cache_disk_zstd = 3;
+    loom_engine *e = NULL;
+    CHECK(loom_engine_create(f.m, &ep, &e) == LOOM_ERR_UNSUPPORTED && strstr(loom_last_error(), "zstd"));
+    (void)st, (void)full;
+#endif
+    char rm[400];
+    snprintf(rm, sizeof rm, "rm -rf %s", dir);
+    CHECK(system(rm) == 0);
+    free_fixture(&f);
+}
+
 int main(void) {
+    disk_tier_zstd();
     kv_config();
     sessions("tests/fixtures/models/qwen3-tiny");
     sessions("tests/fixtures/models/qwen3.5-tiny-hybrid");

@@ -40,6 +40,8 @@ static const char usage[] =
     "  --prefix-cache-bytes SIZE  cap on KV kept only for reuse (default: the pool)\n"
     "  --prefix-cache-dir DIR  spill cached KV blocks to DIR; reused after restarts\n"
     "  --prefix-cache-disk-bytes SIZE  cap of the disk tier (default: unlimited)\n"
+    "  --prefix-cache-zstd N   compress the disk tier's block files at zstd level N\n"
+    "                          (1..19; default 0 = off)\n"
     "  --trace-file FILE       append request traces as JSON lines\n"
     "  --port-file FILE        write the bound port to FILE when ready\n"
     "  --threads N             model threads (default: all cores)\n";
@@ -82,7 +84,7 @@ int cmd_serve(int argc, char **argv) {
                                        "--grace", "--trace-file", "--port-file", "--threads",
                                        "--prefix-cache-bytes", "--prefix-cache-dir",
                                        "--prefix-cache-disk-bytes", "--kv-type", "--kv-bits",
-                                       "--kv-config"};
+                                       "--kv-config", "--prefix-cache-zstd"};
         int known = 0;
         for (size_t k = 0; k < LOOM_ARRAY_LEN(valued); k++) known |= !strcmp(a, valued[k]);
         if (!known) return cli_usage_error("serve", "unknown option \"%s\"", a);
@@ -115,6 +117,7 @@ int cmd_serve(int argc, char **argv) {
         }
         else if (!strcmp(a, "--prefix-cache-bytes")) bad = parse_size(a, v, &p.engine.prefix_cache_bytes);
         else if (!strcmp(a, "--prefix-cache-dir")) p.engine.prefix_cache_dir = v;
+        else if (!strcmp(a, "--prefix-cache-zstd")) bad = cli_int("serve", a, v, 0, 19, &p.engine.prefix_cache_disk_zstd);
         else if (!strcmp(a, "--prefix-cache-disk-bytes")) bad = parse_size(a, v, &p.engine.prefix_cache_disk_bytes);
         else bad = cli_int("serve", a, v, 0, 4096, &p.n_threads);
         if (bad) return 2;

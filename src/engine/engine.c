@@ -68,6 +68,9 @@ struct loom_engine {
     loom_exec *fwd;                /* owned: CPU or device forwards */
     float *logits;                 /* owned (max_seqs, vocab) */
     loom_fwd_row *rows;            /* owned [max_seqs] */
+    int32_t *picks;                /* owned [max_seqs]: -1 asks the forward for the
+                                      greedy token (a device forward answers it),
+                                      -2 = sample from the logits */
     loom_request **row_req;        /* owned [max_seqs] request of each row */
     int *row_kind;                 /* owned [max_seqs] 0 decode, 1 prefill */
     loom_request **running;        /* owned [max_seqs] */
@@ -241,6 +244,15 @@ static int blocks_for(const loom_engine *e, int tokens) {
     return (tokens + e->kv->block_size - 1) / e->kv->block_size;
 }
 
+/* A request whose next token is the plain argmax of the logits: greedy,
+ * no bias, no penalty window, no log-probabilities. Its row can take the
+ * device's pick (no vocabulary-sized copy back). */
+static int greedy_pick_ok(const loom_request *r) {
+    const loom_sampling *p = &r->sampler.p;
+    return (p->temperature <= 0 || p->top_k == 1) && p->n_logit_bias == 0 && !r->sampler.window &&
+           r->logprobs < 0;
+}
+
 static void add_prefill_row(loom_engine *e, loom_request *r, int *n_rows, int *budget) {
     if (r->plan_end == 0) {
         int pos = r->seq.n_tokens, end = LOOM_MIN(pos + chunk_for(e, r), r->prefill_len);
@@ -263,6 +275,7 @@ static void add_prefill_row(loom_engine *e, loom_request *r, int *n_rows, int *b
     };
     e->row_req[i] = r;
     e->row_kind[i] = 1;
+    e->picks[i] = final && greedy_pick_ok(r) ? -1 : -2;
     *budget -= count;
 }
 
@@ -351,15 +364,18 @@ static void maybe_snapshot(loom_engine *e, loom_request *r) {
     if (buf) loom_seq_state_save(r->rstate, buf);
 }
 
-/* Samples from a row's logits; emits the token or finishes the request. */
-static void complete_row(loom_engine *e, loom_request *r, float *logits, int *still_running) {
+/* Samples from a row's logits (or takes pick >= 0, the forward's greedy
+ * token); emits the token or finishes the request. */
+static void complete_row(loom_engine *e, loom_request *r, float *logits, int32_t pick,
+                         int *still_running) {
     if (atomic_load(&r->abort)) {
         *still_running = 0;
         finish(e, r, LOOM_FINISH_CANCELLED, LOOM_ERR_ABORTED, "cancelled");
         return;
     }
     loom_sample_result res;
-    loom_sampler_pick(&r->sampler, logits, r->logprobs, &res);
+    if (pick >= 0) res = (loom_sample_result){.id = pick};
+    else loom_sampler_pick(&r->sampler, logits, r->logprobs, &res);
     loom_sampler_accept(&r->sampler, res.id, 1);
     r->tokens[r->n_tokens++] = res.id;
     r->n_generated++;
@@ -402,6 +418,7 @@ static int step(loom_engine *e) {
                                     .state = r->rstate};
         e->row_req[k] = r;
         e->row_kind[k] = 0;
+        e->picks[k] = greedy_pick_ok(r) ? -1 : -2;
         budget--;
         i++;
     }
@@ -439,7 +456,7 @@ static int step(loom_engine *e) {
 
     uint64_t work = ++e->next_work;
     double t1 = loom_now();
-    loom_status st = loom_exec_forward(e->fwd, e->kv, e->rows, n_rows);
+    loom_status st = loom_exec_forward_picks(e->fwd, e->kv, e->rows, n_rows, e->picks);
     double t2 = loom_now();
     e->counters.steps++;
     if (st != LOOM_OK) {
@@ -475,7 +492,7 @@ static int step(loom_engine *e) {
         if (e->rows[i].logits == LOOM_LOGITS_NONE) continue;
         double t3 = loom_now();
         int keep;
-        complete_row(e, r, e->rows[i].out, &keep);
+        complete_row(e, r, e->rows[i].out, e->picks[i], &keep);
         if (keep) {
             if (e->row_kind[i]) {
                 loom_rq_span(r, "prefill.complete", t3, loom_now(), work, n_rows, e->rows[i].n, 0);
@@ -646,6 +663,8 @@ loom_status loom_engine_create(loom_model *m, const loom_engine_params *params,
         loom_log(LOOM_LOG_WARN, "%s; the prefix cache stays in memory", loom_last_error());
         e->disk = NULL;
     }
+    if (!s && e->disk && p.prefix_cache_disk_zstd)
+        s = loom_kvdisk_set_zstd(e->disk, p.prefix_cache_disk_zstd);
     if (e->disk && e->snaps) loom_snapshots_set_spill(e->snaps, spill_state, e);
     e->p.prefix_cache_dir = NULL;
     char layout[64] = "";
@@ -656,10 +675,11 @@ loom_status loom_engine_create(loom_model *m, const loom_engine_params *params,
     if (!s) {
         e->logits = loom_alloc(sizeof(float) * (size_t)e->max_seqs * (size_t)c->vocab_size);
         e->rows = calloc((size_t)e->max_seqs, sizeof *e->rows);
+        e->picks = calloc((size_t)e->max_seqs, sizeof *e->picks);
         e->row_req = calloc((size_t)e->max_seqs, sizeof *e->row_req);
         e->row_kind = calloc((size_t)e->max_seqs, sizeof *e->row_kind);
         e->running = calloc((size_t)e->max_seqs, sizeof *e->running);
-        if (!e->logits || !e->rows || !e->row_req || !e->row_kind || !e->running)
+        if (!e->logits || !e->rows || !e->picks || !e->row_req || !e->row_kind || !e->running)
             s = loom_err(LOOM_ERR_NOMEM, "engine: out of memory");
     }
     if (!s) s = waiting_reserve(e, 16);
@@ -715,6 +735,7 @@ void loom_engine_free(loom_engine *e) {
     loom_exec_free(e->fwd);
     loom_free(e->logits);
     free(e->rows);
+    free(e->picks);
     free(e->row_req);
     free(e->row_kind);
     free(e->running);

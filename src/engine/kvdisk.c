@@ -10,11 +10,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
+#ifdef LOOM_ZSTD
+#include <zstd.h>
+#endif
 
 #include "base/base.h"
 
 #define KVD_MAGIC "LOOMKVB1"
 #define KVD_VERSION 1u
+#define KVD_VERSION_ZSTD 2u /* the K/V payload is one zstd frame */
 #define KVD_HEADER 64u
 #define KVD_EXT ".lkv"
 #define KVD_MIXED 5u /* KV type code of a pool with per-layer types */
@@ -35,7 +39,10 @@ struct loom_kvdisk {
     int n, n_cap;
     uint64_t clock;
     uint8_t *buf;          /* owned: one file's bytes */
-    size_t file_size, payload;
+    size_t file_size, payload; /* of an uncompressed block file */
+    int zstd_level;        /* compress written block files; 0 = off */
+    uint8_t *zbuf;         /* owned [zbuf_cap]: a compressed or decompressed payload */
+    size_t zbuf_cap;
     int block_size, n_layers, kv_dim, dtype_code;
     loom_kvdisk_stats st;
 };
@@ -147,7 +154,18 @@ static void spill(void *ctx, const loom_kv_pool *p, int b) {
         k += rows;
         v += rows;
     }
-    put64(h + 56, XXH64(body, d->file_size - KVD_HEADER, 0));
+    size_t size = d->file_size;
+#ifdef LOOM_ZSTD
+    if (d->zstd_level > 0) { /* kept only when it saves space */
+        size_t z = ZSTD_compress(d->zbuf, d->zbuf_cap, body + tok_bytes, d->payload, d->zstd_level);
+        if (!ZSTD_isError(z) && z < d->payload) {
+            memcpy(body + tok_bytes, d->zbuf, z);
+            size = KVD_HEADER + tok_bytes + z;
+            put32(h + 8, KVD_VERSION_ZSTD);
+        }
+    }
+#endif
+    put64(h + 56, XXH64(body, size - KVD_HEADER, 0));
     char path[4096], tmp[4200];
     file_name(d, hash, path, sizeof path);
     snprintf(tmp, sizeof tmp, "%s.tmp%d", path, (int)getpid());
@@ -157,12 +175,12 @@ static void spill(void *ctx, const loom_kv_pool *p, int b) {
         return;
     }
     size_t off = 0;
-    while (off < d->file_size) {
-        ssize_t w = write(fd, d->buf + off, d->file_size - off);
+    while (off < size) {
+        ssize_t w = write(fd, d->buf + off, size - off);
         if (w <= 0) break;
         off += (size_t)w;
     }
-    int ok = off == d->file_size;
+    int ok = off == size;
     int err = errno;
     ok = (close(fd) == 0) && ok;
     if (!ok || rename(tmp, path) != 0) {
@@ -171,8 +189,8 @@ static void spill(void *ctx, const loom_kv_pool *p, int b) {
         return;
     }
     d->st.writes++;
-    d->st.write_bytes += d->file_size;
-    add_entry(d, hash, d->file_size);
+    d->st.write_bytes += size;
+    add_entry(d, hash, size);
     enforce_cap(d);
 }
 
@@ -209,21 +227,40 @@ static int fetch(void *ctx, loom_kv_pool *p, uint64_t hash, uint64_t parent, con
         }
     }
     close(fd);
-    if (off != d->file_size) return bad_file(d, hash, "wrong size (truncated or foreign)");
     const uint8_t *h = d->buf;
+    size_t tok_bytes = sizeof(int32_t) * (size_t)p->block_size;
+    /* a compressed file is shorter, never longer */
+    int zstd = off >= KVD_HEADER && get32(h + 8) == KVD_VERSION_ZSTD;
+    if (zstd ? off <= KVD_HEADER + tok_bytes || off >= d->file_size : off != d->file_size)
+        return bad_file(d, hash, "wrong size (truncated or foreign)");
     if (memcmp(h, KVD_MAGIC, 8) != 0) return bad_file(d, hash, "bad magic");
-    if (get32(h + 8) != KVD_VERSION) return bad_file(d, hash, "unsupported version");
+#ifndef LOOM_ZSTD
+    if (zstd) { /* written by a loom with zstd: not corrupt, just unreadable here */
+        loom_log(LOOM_LOG_DEBUG, "prefix cache file %016llx is zstd-compressed; this loom was built "
+                 "without zstd", (unsigned long long)hash);
+        return -1;
+    }
+#endif
+    if (get32(h + 8) != KVD_VERSION && !zstd) return bad_file(d, hash, "unsupported version");
     if (get32(h + 12) != KVD_HEADER || get32(h + 16) != (uint32_t)p->block_size ||
         get32(h + 20) != (uint32_t)p->n_layers || get32(h + 24) != (uint32_t)p->kv_dim ||
         get32(h + 28) != (uint32_t)d->dtype_code || get64(h + 48) != d->payload)
         return bad_file(d, hash, "KV geometry differs from this model's");
     if (get64(h + 32) != hash) return bad_file(d, hash, "hash does not match the file name");
-    if (XXH64(h + KVD_HEADER, d->file_size - KVD_HEADER, 0) != get64(h + 56))
+    if (XXH64(h + KVD_HEADER, off - KVD_HEADER, 0) != get64(h + 56))
         return bad_file(d, hash, "checksum mismatch");
-    size_t tok_bytes = sizeof(int32_t) * (size_t)p->block_size;
     /* A hash collision or another prefix: not ours, but not corrupt either. */
     if (get64(h + 40) != parent || memcmp(h + KVD_HEADER, tokens, tok_bytes) != 0) return -1;
-    const uint8_t *k = h + KVD_HEADER + tok_bytes, *v = k + d->payload / 2;
+    const uint8_t *k = h + KVD_HEADER + tok_bytes;
+#ifdef LOOM_ZSTD
+    if (zstd) {
+        size_t z = ZSTD_decompress(d->zbuf, d->zbuf_cap, k, off - KVD_HEADER - tok_bytes);
+        if (ZSTD_isError(z) || z != d->payload)
+            return bad_file(d, hash, "the zstd payload does not decompress to the block");
+        k = d->zbuf;
+    }
+#endif
+    const uint8_t *v = k + d->payload / 2;
     for (int l = 0; l < p->n_layers; l++) {
         size_t rows = p->layer[l].row_bytes * (size_t)p->block_size;
         memcpy(loom_kv_block_k(p, l, b), k, rows);
@@ -232,8 +269,8 @@ static int fetch(void *ctx, loom_kv_pool *p, uint64_t hash, uint64_t parent, con
         v += rows;
     }
     d->st.reads++;
-    d->st.read_bytes += d->file_size;
-    add_entry(d, hash, d->file_size);
+    d->st.read_bytes += off;
+    add_entry(d, hash, off);
     return 0;
 }
 
@@ -288,6 +325,12 @@ loom_status loom_kvdisk_open(const char *dir, size_t cap, loom_kv_pool *p, loom_
     for (int l = 0; l < p->n_layers; l++) d->payload += 2 * p->layer[l].row_bytes * (size_t)p->block_size;
     d->file_size = KVD_HEADER + sizeof(int32_t) * (size_t)p->block_size + d->payload;
     d->buf = malloc(d->file_size + 1);
+#ifdef LOOM_ZSTD
+    /* compressed files can be read whatever this run's level */
+    d->zbuf_cap = LOOM_MAX(ZSTD_compressBound(d->payload), d->payload);
+    d->zbuf = malloc(d->zbuf_cap);
+    if (!d->zbuf) d->buf = (free(d->buf), NULL);
+#endif
     if (!d->dir || !d->buf) {
         loom_kvdisk_close(d, NULL);
         return loom_err(LOOM_ERR_NOMEM, "out of memory");
@@ -306,7 +349,23 @@ void loom_kvdisk_close(loom_kvdisk *d, loom_kv_pool *p) {
     free(d->dir);
     free(d->entries);
     free(d->buf);
+    free(d->zbuf);
     free(d);
+}
+
+loom_status loom_kvdisk_set_zstd(loom_kvdisk *d, int level) {
+#ifdef LOOM_ZSTD
+    if (level < 0 || level > ZSTD_maxCLevel())
+        return loom_err(LOOM_ERR_INVALID_ARG, "prefix cache disk tier: zstd level %d (expected 0..%d)",
+                        level, ZSTD_maxCLevel());
+    d->zstd_level = level;
+    return LOOM_OK;
+#else
+    (void)d;
+    if (level == 0) return LOOM_OK;
+    return loom_err(LOOM_ERR_UNSUPPORTED, "prefix cache disk tier: zstd level %d asked, but this loom "
+                    "was built without zstd (install libzstd-dev and rebuild)", level);
+#endif
 }
 
 void loom_kvdisk_get_stats(const loom_kvdisk *d, loom_kvdisk_stats *s) { *s = d->st; }

@@ -20,6 +20,12 @@
  *       64   4*B  the block's token ids
  *  64+4*B      P  K then V, each layer after layer: block_size stored rows
  *                  of that layer's row bytes
+ * Version 2 (written with a zstd level set, when it saves space): the same
+ * header with version 2, the tokens, then the K/V payload as one zstd
+ * frame that decompresses to exactly the payload bytes at offset 48; the
+ * file is shorter than a version 1 file and the checksum covers what is
+ * on disk after the header. Both versions are read whatever the level;
+ * a loom built without zstd skips (keeps) version 2 files.
  * Recurrent-state snapshots live beside them, one file each
  * ("<hash>.lks"): the same 64-byte header with magic "LOOMKVS1", the
  * boundary's token count at offset 16, the state's bytes at 48 and the
@@ -51,6 +57,9 @@ loom_status loom_kvdisk_open(const char *dir, size_t cap, loom_kv_pool *p, loom_
 /* Detaches from the pool; call after loom_kv_cache_spill_all if wanted. */
 void loom_kvdisk_close(loom_kvdisk *d, loom_kv_pool *p);
 void loom_kvdisk_get_stats(const loom_kvdisk *d, loom_kvdisk_stats *s);
+/* Compresses block files written from now on at this zstd level (1..19;
+ * 0 = off). LOOM_ERR_UNSUPPORTED when built without zstd. */
+loom_status loom_kvdisk_set_zstd(loom_kvdisk *d, int level);
 
 /* Writes a state snapshot saved at a boundary of n_tokens (0 on success). */
 int loom_kvdisk_put_state(loom_kvdisk *d, uint64_t hash, int n_tokens, const void *state,
