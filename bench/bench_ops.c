@@ -99,12 +99,15 @@ static double time_mm(const loom_kernels *k, int dt, float *y, const float *x,
     return best;
 }
 
+/* The reference validate() compares with (the --fast tables have their own). */
+static const loom_kernels *g_ref = &loom_kernels_ref;
+
 /* Largest |fast - ref| relative to the sum of |terms| of that output. */
 static int validate(const loom_kernels *k, int dt, const void *w, const float *x,
                     int rows, int n, int T) {
     float *y = malloc((size_t)T * rows * sizeof *y), *yr = malloc((size_t)T * rows * sizeof *yr);
     mm(k, dt, y, x, w, rows, n, T);
-    mm(&loom_kernels_ref, dt, yr, x, w, rows, n, T);
+    mm(g_ref, dt, yr, x, w, rows, n, T);
     int ok = 1;
     for (int t = 0; t < T && ok; t++)
         for (int r = 0; r < rows; r++) {
@@ -269,6 +272,64 @@ int main(int argc, char **argv) {
             free(y);
         }
         loom_pool_free(g_pool);
+        g_pool = NULL;
+    }
+    /* Prompt-sized prefill (T = 512, x 2 MiB: past L2, as in the model)
+     * on the pool, exact and --fast tables against the AVX2 one, and the
+     * FMA peak of this machine measured in the same run. */
+    if (!fail && loom_pool_create(nt, &g_pool) == LOOM_OK) {
+        const int TP = 512;
+        const loom_kernels *fast = loom_kernels_get_fast();
+        static loom_kernels avx2;
+        int have_avx2 = 0;
+#if defined(__x86_64__)
+        __builtin_cpu_init();
+        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+            avx2 = loom_kernels_over(loom_kernels_ref, &loom_kernels_avx2);
+            have_avx2 = 1;
+        }
+#endif
+        g_tasks = 4 * nt;
+        loom_pool *pool = g_pool;
+        for (int pass = 0; pass < 2; pass++) {
+        g_pool = pass ? pool : NULL;
+        printf("prefill T=%d, %d thread(s); %s and %s against avx2:\n", TP, pass ? nt : 1,
+               k->name, fast->name);
+        for (int s = 0; s < 2; s++) {
+            int rows = shapes[s][0], n = shapes[s][1];
+            float *x = malloc((size_t)TP * n * sizeof *x);
+            float *y = malloc((size_t)TP * rows * sizeof *y);
+            for (size_t i = 0; i < (size_t)TP * n; i++) x[i] = frand();
+            for (int dt = 0; dt < 3; dt++) {
+                size_t wbytes = (size_t)rows * n * DT_SIZE[dt];
+                char *w = malloc(wbytes);
+                fill_w(w, dt, (size_t)rows * n);
+                static loom_kernels ref_fast;
+                ref_fast = loom_kernels_over(loom_kernels_ref, &loom_kernels_ref_dense_fast);
+                int ok = validate(k, dt, w, x, rows, n, 37);
+                g_ref = &ref_fast;
+                ok &= validate(fast, dt, w, x, rows, n, 37);
+                g_ref = &loom_kernels_ref;
+                if (!ok) {
+                    fail = 1;
+                    free(w);
+                    continue;
+                }
+                double flop = 2.0 * rows * n * TP;
+                double te = time_mm(k, dt, y, x, w, wbytes, 1, rows, n, TP, budget);
+                double tf = time_mm(fast, dt, y, x, w, wbytes, 1, rows, n, TP, budget);
+                double ta = have_avx2 ? time_mm(&avx2, dt, y, x, w, wbytes, 1, rows, n, TP, budget) : 0;
+                printf("%-4s [%4d x %4d]  exact %6.1f GFLOP/s  fast %6.1f GFLOP/s  avx2 %6.1f GFLOP/s\n",
+                       DT_NAME[dt], rows, n, flop / te / 1e9, flop / tf / 1e9,
+                       have_avx2 ? flop / ta / 1e9 : 0.0);
+                fflush(stdout);
+                free(w);
+            }
+            free(x);
+            free(y);
+        }
+        }
+        loom_pool_free(pool);
         g_pool = NULL;
     }
     if (fail) printf("validation FAILED; timings skipped for the failing cases\n");

@@ -219,6 +219,63 @@ static void check_batched(const char *dir, double tol) {
     loom_st_close(ref);
 }
 
+/* --fast (loom_model_params.fast_matmul) on a bf16 model: the prompt
+ * whole and token by token, against the exact reference. Activations are
+ * rounded to bf16 before each bf16 matmul (a relative error of at most
+ * 2^-8 per product), so logits move by far more than TOL; the bound here
+ * is FAST_TOL of the largest logit (pycoder-16m measured 2.4e-3), and the
+ * greedy continuation must stay the reference's. */
+#define FAST_TOL 1e-2
+
+static void check_fast(const char *dir, int n_prompts) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/reference.safetensors", dir);
+    loom_safetensors *ref = NULL;
+    loom_model *m = NULL;
+    CHECKF(loom_st_open(path, &ref) == LOOM_OK, "%s: %s", path, loom_last_error());
+    loom_model_params mp = loom_model_default_params();
+    mp.fast_matmul = 1;
+    CHECKF(loom_model_load(dir, &mp, &m) == LOOM_OK, "%s: %s", dir, loom_last_error());
+    if (!ref || !m) goto out;
+    int V = loom_model_vocab_size(m);
+    double worst = 0;
+    for (int i = 0; i < n_prompts; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "prompt.%d.ids", i);
+        const loom_st_tensor *ids = loom_st_find(ref, name);
+        snprintf(name, sizeof name, "prompt.%d.logits", i);
+        const loom_st_tensor *lg = loom_st_find(ref, name);
+        snprintf(name, sizeof name, "prompt.%d.greedy", i);
+        const loom_st_tensor *gr = loom_st_find(ref, name);
+        CHECK(ids && lg && gr);
+        if (!ids || !lg || !gr) continue;
+        int L = (int)ids->shape[0], ng = (int)gr->shape[0];
+        float *got = malloc(sizeof(float) * (size_t)L * V);
+        loom_context *c = NULL;
+        loom_context_params cp = loom_context_default_params();
+        cp.n_ctx = L + ng + 8;
+        CHECK(loom_context_create(m, &cp, &c) == LOOM_OK);
+        for (int chunk = L; c && chunk >= 1; chunk = chunk == 1 ? 0 : 1) {
+            int32_t out[64];
+            loom_status s = run_chunked(c, ids->data, L, chunk, got, V, out, ng);
+            CHECKF(s == LOOM_OK, "%s --fast prompt %d: %s", dir, i, loom_last_error());
+            double e = rel_err(got, lg->data, (size_t)L * V);
+            worst = e > worst ? e : worst;
+            CHECKF(e <= FAST_TOL, "%s --fast prompt %d chunks of %d: rel err %.3g", dir, i, chunk, e);
+            int same = 0;
+            while (same < ng && out[same] == ((const int32_t *)gr->data)[same]) same++;
+            CHECKF(same == ng, "%s --fast prompt %d chunks of %d: greedy differs at token %d of %d",
+                   dir, i, chunk, same, ng);
+        }
+        loom_context_free(c);
+        free(got);
+    }
+    fprintf(stderr, "%-45s --fast max rel err %.2g (bound %g)\n", dir, worst, FAST_TOL);
+out:
+    loom_model_free(m);
+    loom_st_close(ref);
+}
+
 static void check_model(const char *dir, int n_prompts, int n_greedy) {
     check_model_tol(dir, n_prompts, n_greedy, TOL);
 }
@@ -253,5 +310,6 @@ int main(void) {
     check_batched("tests/fixtures/models/gemma4-tiny", TOL);
     check_model("tests/fixtures/models/gemma4-tiny", 4, 20);
     check_model("tests/fixtures/trained/pycoder-16m", 3, 32);
+    check_fast("tests/fixtures/trained/pycoder-16m", 3);
     return test_report("test_model");
 }

@@ -136,6 +136,90 @@ static void test_matmul(void) {
         check_matmul(dt, 1024, 64, 67, 0, 67, 1024, 67);
         check_matmul(dt, 600, 7, 130, 13, 121, 611, 140);
     }
+    /* Token counts past the small-batch paths, split into uneven register
+     * tiles; rows over several 32-row panels and 128-row packed blocks,
+     * ranges that start and end inside a panel; columns over several packed
+     * blocks (256 / 512) with odd tails. */
+    static const int bigT[] = {14, 15, 16, 17, 25, 31, 40, 97};
+    static const int big[][5] = {/* n, rows, r0, r1, ldx pad */
+                                 {1031, 40, 0, 40, 0}, {529, 150, 3, 147, 2}, {33, 70, 5, 69, 7},
+                                 {2049, 33, 1, 33, 1}, {17, 300, 0, 300, 0}};
+    for (int dt = 0; dt < 3; dt++)
+        for (size_t ti = 0; ti < LOOM_ARRAY_LEN(bigT); ti++)
+            for (size_t si = 0; si < LOOM_ARRAY_LEN(big); si++) {
+                const int *b = big[si];
+                if (bigT[ti] > 40 && b[0] > 1000) continue; /* the reference is slow */
+                check_matmul(dt, b[0], bigT[ti], b[1], b[2], b[3], b[0] + b[4], b[1] + (int)ti % 3);
+            }
+    check_matmul(W_BF16, 4099, 3, 9, 0, 9, 4099, 9); /* past the --fast matvec's column chunk */
+    check_matmul(W_BF16, 8300, 1, 5, 0, 5, 8300, 5);
+}
+
+/* One-hot weights (w[r][k] = 1 for k == r): y[t][r] is the product of one
+ * activation and 1 whatever the summation order, so every table must
+ * match its reference bit for bit. The activations sit on and next to the
+ * bf16 rounding ties (even and odd below), and include values too small for
+ * bf16's normal range: this pins down the rounding of the --fast kernels. */
+static void test_matmul_rounding(void) {
+    enum { N = 45, TT = 20 };
+    float *x = malloc(sizeof(float) * N * TT);
+    for (int i = 0; i < N * TT; i++) {
+        uint32_t u = 0x3f800000u + ((uint32_t)(i % 37) << 16) + ((i % 5) == 0 ? 0x8000u : 0);
+        u += (uint32_t)(i % 3) - 1; /* tie - 1, tie, tie + 1 */
+        u |= (uint32_t)(i & 64) << 25; /* some negative */
+        float f;
+        memcpy(&f, &u, 4);
+        x[i] = i % 41 == 7 ? f * 1e-39f : f;
+    }
+    for (int dt = 0; dt < 3; dt++) {
+        void *w = dt == W_F32 ? malloc(sizeof(float) * N * N) : malloc(sizeof(uint16_t) * N * N);
+        for (int r = 0; r < N; r++)
+            for (int k = 0; k < N; k++) {
+                float v = k == r ? 1.0f : 0.0f;
+                if (dt == W_F32) ((float *)w)[r * N + k] = v;
+                else ((uint16_t *)w)[r * N + k] = dt == W_F16 ? loom_f32_to_f16(v) : loom_f32_to_bf16(v);
+            }
+        for (int T = 1; T <= TT; T += 19) {
+            float y[N * TT], yr[N * TT];
+            call_mm(K, dt, y, N, x, N, w, N, T, 0, N);
+            call_mm(R, dt, yr, N, x, N, w, N, T, 0, N);
+            int bad = 0;
+            for (int i = 0; i < N * T && bad < 3; i++) {
+                int ok = memcmp(&y[i], &yr[i], 4) == 0 || (y[i] == 0 && yr[i] == 0);
+                bad += !ok;
+                CHECKF(ok, "rounding dt %d T %d i %d (x %a): %a vs %a", dt, T, i, x[i], y[i], yr[i]);
+            }
+        }
+        free(w);
+    }
+    free(x);
+}
+
+/* The --fast references against the exact ones: with bf16 weights the
+ * only change is x rounded to bf16 (relative error <= 2^-8 per product),
+ * so |fast - exact| <= 2^-8 sum |x w| (+ the usual f32 summation bound). */
+static void test_fast_vs_exact(void) {
+    static loom_kernels fast;
+    fast = loom_kernels_over(loom_kernels_ref, &loom_kernels_ref_dense_fast);
+    for (size_t ni = 0; ni < LOOM_ARRAY_LEN(SIZES); ni++) {
+        int n = SIZES[ni], rows = 7, T = 3;
+        uint16_t *w = rand_h16((size_t)rows * n, 1);
+        float *x = rand_f32((size_t)T * n, 3.0f);
+        float y[3 * 7], ye[3 * 7];
+        fast.matmul_bf16(y, rows, x, n, w, n, T, 0, rows);
+        loom_kernels_ref.matmul_bf16(ye, rows, x, n, w, n, T, 0, rows);
+        for (int t = 0; t < T; t++)
+            for (int r = 0; r < rows; r++) {
+                double sa = 0;
+                for (int k = 0; k < n; k++)
+                    sa += fabs((double)x[t * n + k] * loom_bf16_to_f32(w[(size_t)r * n + k]));
+                double d = fabs((double)y[t * rows + r] - ye[t * rows + r]);
+                CHECKF(d <= (0x1p-8 + 1e-5) * sa + 1e-6, "fast vs exact n %d t %d r %d: %.9g vs %.9g",
+                       n, t, r, y[t * rows + r], ye[t * rows + r]);
+            }
+        free(w);
+        free(x);
+    }
 }
 
 /* Weights with a large dynamic range and special (non-NaN) values: each
@@ -623,6 +707,7 @@ static void run_all(const char *label, const loom_kernels *k, const loom_kernels
     R = r;
     test_matmul();
     test_matmul_specials();
+    test_matmul_rounding();
     test_matmul_q();
     test_dot_axpy();
     test_rmsnorm();
@@ -642,6 +727,7 @@ int main(void) {
     ref_fast = loom_kernels_over(loom_kernels_over(loom_kernels_ref, &loom_kernels_ref_dense_fast),
                                  &loom_kernels_ref_q_fast);
     ref_fast.name = "ref-fast";
+    test_fast_vs_exact();
     int ran = 0;
 #if defined(__x86_64__)
     /* Each SIMD table is tested whatever LOOM_KERNELS picks, on any CPU
