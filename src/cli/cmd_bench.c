@@ -125,8 +125,10 @@ static int validate(loom_context *c, const int32_t *toks, int V, float *a, float
      * activations differently): agree to 1% of the logit range. On a GPU
      * the activations enter each bf16/f16 GEMM rounded to 8 (11) bits; a
      * rounding that flips in one path and not the other grows through the
-     * layers (1.8% seen on a 32-layer random model): 5% there. */
-    double tol = (cli_device >= 0 ? 5e-2 : 1e-2) * fmax(1.0, max_abs);
+     * layers (1.8% seen on a 32-layer random model): 5% there, and with
+     * --fast on the CPU (int8 activations: 2.6% seen on a 28-layer random
+     * model). */
+    double tol = (cli_device >= 0 || cli_fast ? 5e-2 : 1e-2) * fmax(1.0, max_abs);
     if (max_diff > tol) {
         fprintf(stderr, "loom: error: bench validation: the batched and decode paths disagree: "
                 "max |diff| %.3g over %d positions, expected <= %.3g (max |logit| %.3g; "

@@ -45,6 +45,9 @@
 #define KC_EXACT 128     /* panel columns (f32: 8 KiB) */
 #define KC_FAST 256      /* panel columns (u8: 4 KiB) */
 #define XQ_BYTES (128 * 1024) /* rounded activations of one token block */
+#ifndef PF_DIST
+#define PF_DIST 1024     /* decode: bytes ahead in each row to prefetch */
+#endif
 
 static int shape_ok(const loom_qmat *w) {
     int m = w->group / XBLK;
@@ -167,7 +170,10 @@ INLINE void ex_rows(float *y, const float *xp, const float *xsg, const loom_qmat
     for (int j = 0; j < nb; j++) {
         const float *xj = xp + (size_t)j * XBLK;
 #pragma GCC unroll 4
-        for (int r = 0; r < R; r++) p[r] = _mm512_setzero_ps();
+        for (int r = 0; r < R; r++) {
+            p[r] = _mm512_setzero_ps();
+            if (PF_DIST) _mm_prefetch((const char *)row[r] + (size_t)j * 8 * bits + PF_DIST, _MM_HINT_T0);
+        }
         if (bits == 8) {
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) {
@@ -374,6 +380,7 @@ INLINE void fq_rows(float *y, const int8_t *xq, const float *sx, const float *xs
         __m512i xv = _mm512_loadu_si512(xq + (size_t)j * XBLK);
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
+            if (PF_DIST) _mm_prefetch((const char *)row[r] + (size_t)j * 8 * bits + PF_DIST, _MM_HINT_T0);
             __m512i wv = bits == 8 ? _mm512_loadu_si512(row[r] + (size_t)j * 64)
                                    : unpack4_split(row[r] + (size_t)j * 32);
             __m512i acc = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv);
