@@ -226,8 +226,21 @@ static void check_batched(const char *dir, double tol) {
  * is FAST_TOL of the largest logit (pycoder-16m measured 2.4e-3), and the
  * greedy continuation must stay the reference's. */
 #define FAST_TOL 1e-2
+/* MLX 4- and 8-bit weights: --fast rounds the activations to int8 per 64
+ * columns (a relative error up to 1/254 per element), ~10x bf16's; the
+ * random tiny fixtures measured 3.2e-2. Their logits have near-ties, so
+ * only the first FAST_Q_GREEDY greedy tokens must be the reference's (the
+ * fixtures measured the first difference at token 5). */
+#define FAST_Q_TOL 5e-2
+#define FAST_Q_GREEDY 4
+
+static void check_fast_tol(const char *dir, int n_prompts, double tol, int n_same);
 
 static void check_fast(const char *dir, int n_prompts) {
+    check_fast_tol(dir, n_prompts, FAST_TOL, 1 << 30);
+}
+
+static void check_fast_tol(const char *dir, int n_prompts, double tol, int n_same) {
     char path[512];
     snprintf(path, sizeof path, "%s/reference.safetensors", dir);
     loom_safetensors *ref = NULL;
@@ -261,16 +274,17 @@ static void check_fast(const char *dir, int n_prompts) {
             CHECKF(s == LOOM_OK, "%s --fast prompt %d: %s", dir, i, loom_last_error());
             double e = rel_err(got, lg->data, (size_t)L * V);
             worst = e > worst ? e : worst;
-            CHECKF(e <= FAST_TOL, "%s --fast prompt %d chunks of %d: rel err %.3g", dir, i, chunk, e);
+            CHECKF(e <= tol, "%s --fast prompt %d chunks of %d: rel err %.3g", dir, i, chunk, e);
             int same = 0;
             while (same < ng && out[same] == ((const int32_t *)gr->data)[same]) same++;
-            CHECKF(same == ng, "%s --fast prompt %d chunks of %d: greedy differs at token %d of %d",
-                   dir, i, chunk, same, ng);
+            CHECKF(same >= LOOM_MIN(ng, n_same),
+                   "%s --fast prompt %d chunks of %d: greedy differs at token %d of %d", dir, i,
+                   chunk, same, ng);
         }
         loom_context_free(c);
         free(got);
     }
-    fprintf(stderr, "%-45s --fast max rel err %.2g (bound %g)\n", dir, worst, FAST_TOL);
+    fprintf(stderr, "%-45s --fast max rel err %.2g (bound %g)\n", dir, worst, tol);
 out:
     loom_model_free(m);
     loom_st_close(ref);
@@ -311,5 +325,7 @@ int main(void) {
     check_model("tests/fixtures/models/gemma4-tiny", 4, 20);
     check_model("tests/fixtures/trained/pycoder-16m", 3, 32);
     check_fast("tests/fixtures/trained/pycoder-16m", 3);
+    check_fast_tol("tests/fixtures/models/qwen3-tiny-mlx8", 4, FAST_Q_TOL, FAST_Q_GREEDY);
+    check_fast_tol("tests/fixtures/models/qwen3-tiny-mlx4", 4, FAST_Q_TOL, FAST_Q_GREEDY);
     return test_report("test_model");
 }
