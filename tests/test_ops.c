@@ -340,6 +340,73 @@ static void test_matmul_q(void) {
     /* Groups that are not a multiple of 8 (the reference path). */
     check_matmul_q(8, 4, 12, 3, 0, 5, 0, 5, 12, 5);
     check_matmul_q(4, 24, 48, 2, 1, 5, 1, 4, 50, 6);
+    /* The 4- and 8-bit AVX-512 kernels: every token count through the
+     * decode kernel and the 12-token tiles, rows over 16-row panels and
+     * four-row passes, columns over the 128- and 256-column panels. */
+    static const int q48[][2] = {{64, 320}, {128, 384}, {64, 1088}};
+    static const int rr[][2] = {{0, 37}, {5, 33}, {16, 17}, {3, 20}};
+    for (int bits = 4; bits <= 8; bits += 4)
+        for (size_t si = 0; si < LOOM_ARRAY_LEN(q48); si++)
+            for (int T = 1; T <= 13; T++) {
+                int ri = (T + (int)si) % 4, group = q48[si][0], n = q48[si][1];
+                check_matmul_q(bits, group, n, T, T % 2, 37, rr[ri][0], rr[ri][1], n + T % 3, 40);
+            }
+}
+
+/* The --fast reference against the exact one on 4- and 8-bit weights: the
+ * only change is x rounded per 64 columns to sx * qx with |x - sx qx| <=
+ * sx / 2 = max|x| / 254 over the block, so |fast - exact| <= sum over the
+ * blocks of sx / 2 * sum |w| (+ the usual f32 summation bound). */
+static void test_fast_q_vs_exact(void) {
+    static loom_kernels fast;
+    fast = loom_kernels_over(loom_kernels_ref, &loom_kernels_ref_q_fast);
+    static const int shapes[][2] = {{64, 64}, {64, 192}, {128, 1024}};
+    for (int bits = 4; bits <= 8; bits += 4)
+        for (size_t si = 0; si < LOOM_ARRAY_LEN(shapes); si++) {
+            int group = shapes[si][0], n = shapes[si][1], rows = 7, T = 3, ng = n / group;
+            int words = n * bits / 32;
+            uint32_t *wq = malloc((size_t)rows * words * sizeof *wq);
+            for (int i = 0; i < rows * words; i++) wq[i] = test_rand_u32(&rng);
+            uint16_t sc[7 * 16], bi[7 * 16];
+            for (int i = 0; i < rows * ng; i++) {
+                float sv = (0.02f + 0.05f * fabsf(test_rand_f(&rng))) / (float)(1 << bits);
+                sc[i] = loom_f32_to_bf16(sv);
+                bi[i] = loom_f32_to_bf16(-sv * (float)(1 << (bits - 1)) * (1.0f + 0.2f * test_rand_f(&rng)));
+            }
+            loom_qmat w = {.w = wq, .scales = sc, .biases = bi, .n = n, .bits = bits,
+                           .group = group, .f16 = 0};
+            float *x = rand_f32((size_t)T * n, 3.0f);
+            float y[3 * 7], ye[3 * 7];
+            fast.matmul_q(y, rows, x, n, &w, T, 0, rows);
+            loom_kernels_ref.matmul_q(ye, rows, x, n, &w, T, 0, rows);
+            double worst = 0;
+            for (int t = 0; t < T; t++)
+                for (int r = 0; r < rows; r++) {
+                    double sa = 0, bound = 0;
+                    for (int j = 0; j < n / 64; j++) {
+                        double amax = 0, sw = 0;
+                        for (int k = j * 64; k < j * 64 + 64; k++) {
+                            size_t gi = (size_t)r * ng + k / group;
+                            double wv = loom_bf16_to_f32(sc[gi]) *
+                                            q_field_indep(wq + (size_t)r * words, k, bits) +
+                                        loom_bf16_to_f32(bi[gi]);
+                            amax = fmax(amax, fabs((double)x[t * n + k]));
+                            sw += fabs(wv);
+                            sa += fabs(wv * x[t * n + k]);
+                        }
+                        bound += amax / 254 * sw;
+                    }
+                    double d = fabs((double)y[t * rows + r] - ye[t * rows + r]);
+                    worst = fmax(worst, d / sa);
+                    CHECKF(d <= bound * (1 + 1e-5) + 1e-5 * sa + 1e-6,
+                           "fast q%d vs exact n %d t %d r %d: %.9g vs %.9g (bound %.3g)", bits, n, t,
+                           r, y[t * rows + r], ye[t * rows + r], bound);
+                }
+            /* And the error is well inside 1% of sum |x w| on random data. */
+            CHECKF(worst < 1e-2, "fast q%d vs exact n %d: error %.3g of sum |x w|", bits, n, worst);
+            free(wq);
+            free(x);
+        }
 }
 
 /* ---- vector kernels -------------------------------------------------------- */
@@ -728,6 +795,7 @@ int main(void) {
                                  &loom_kernels_ref_q_fast);
     ref_fast.name = "ref-fast";
     test_fast_vs_exact();
+    test_fast_q_vs_exact();
     int ran = 0;
 #if defined(__x86_64__)
     /* Each SIMD table is tested whatever LOOM_KERNELS picks, on any CPU
