@@ -259,41 +259,59 @@ static void ex_panel(float *pan, const loom_qmat *w, int p0, int R, int k0, int 
     }
 }
 
-/* y[t][p0 + i] (+)= sum_k x[t][k0 + k] * pan[k][i] for TT tokens. */
-INLINE void ex_tile(float *y, size_t ldy, const float *x, size_t ldx, const float *pan, int len,
-                    int first, __mmask16 rm, const int TT) {
+/* y[t][p0 + i] (+)= sum_k xp[k][t] * pan[k][i] for TT tokens; xp is the
+ * tile's activations packed [column][TT_MAX], so every broadcast comes
+ * from one pointer. */
+INLINE void ex_tile(float *y, size_t ldy, const float *xp, const float *pan, int len, int first,
+                    __mmask16 rm, const int TT) {
     __m512 acc[TT_MAX];
 #pragma GCC unroll 12
     for (int t = 0; t < TT; t++)
         acc[t] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(rm, y + t * ldy);
     for (int k = 0; k < len; k++) {
         __m512 wv = _mm512_load_ps(pan + (size_t)k * PR);
+        const float *xk = xp + (size_t)k * TT_MAX;
 #pragma GCC unroll 12
-        for (int t = 0; t < TT; t++) acc[t] = _mm512_fmadd_ps(wv, _mm512_set1_ps(x[t * ldx + k]), acc[t]);
+        for (int t = 0; t < TT; t++) acc[t] = _mm512_fmadd_ps(wv, _mm512_set1_ps(xk[t]), acc[t]);
     }
 #pragma GCC unroll 12
     for (int t = 0; t < TT; t++) _mm512_mask_storeu_ps(y + t * ldy, rm, acc[t]);
 }
 
+/* Loop order: token blocks of EX_TB (their activations, packed per
+ * KC_EXACT columns, stay in L2), then column panels, then 16-row panels
+ * dequantized once per token block and swept by every tile from L1. */
+#define EX_TB 240
+
 static void ex_gemm(float *y, int ldy, const float *x, int ldx, const loom_qmat *w, int T, int r0,
                     int r1) {
     float pan[KC_EXACT * PR] __attribute__((aligned(64)));
+    float xp[EX_TB * KC_EXACT] __attribute__((aligned(64)));
     const size_t ly = (size_t)ldy, lx = (size_t)ldx;
-    for (int p0 = r0; p0 < r1; p0 += PR) {
-        int R = LOOM_MIN(PR, r1 - p0);
-        __mmask16 rm = mask16(R);
+    for (int t0 = 0; t0 < T; t0 += EX_TB) {
+        int tn = LOOM_MIN(EX_TB, T - t0);
         for (int k0 = 0; k0 < w->n; k0 += KC_EXACT) {
             int len = LOOM_MIN(KC_EXACT, w->n - k0), first = k0 == 0;
-            ex_panel(pan, w, p0, R, k0, len);
-            for (int t = 0; t < T; t += TT_MAX) {
-                float *yt = y + (size_t)t * ly + p0;
-                const float *xt = x + (size_t)t * lx + k0;
-                switch (LOOM_MIN(TT_MAX, T - t)) {
-#define EX_CASE(n) case n: ex_tile(yt, ly, xt, lx, pan, len, first, rm, n); break;
-                EX_CASE(12) EX_CASE(11) EX_CASE(10) EX_CASE(9) EX_CASE(8) EX_CASE(7)
-                EX_CASE(6) EX_CASE(5) EX_CASE(4) EX_CASE(3) EX_CASE(2) EX_CASE(1)
+            /* xp[tile][k][t]: tile t / TT_MAX, lane t % TT_MAX. */
+            for (int t = 0; t < tn; t++) {
+                const float *xt = x + (size_t)(t0 + t) * lx + k0;
+                float *d = xp + (size_t)(t / TT_MAX) * TT_MAX * KC_EXACT + t % TT_MAX;
+                for (int k = 0; k < len; k++) d[(size_t)k * TT_MAX] = xt[k];
+            }
+            for (int p0 = r0; p0 < r1; p0 += PR) {
+                int R = LOOM_MIN(PR, r1 - p0);
+                __mmask16 rm = mask16(R);
+                ex_panel(pan, w, p0, R, k0, len);
+                for (int t = 0; t < tn; t += TT_MAX) {
+                    float *yt = y + (size_t)(t0 + t) * ly + p0;
+                    const float *xt = xp + (size_t)t * KC_EXACT;
+                    switch (LOOM_MIN(TT_MAX, tn - t)) {
+#define EX_CASE(n) case n: ex_tile(yt, ly, xt, pan, len, first, rm, n); break;
+                    EX_CASE(12) EX_CASE(11) EX_CASE(10) EX_CASE(9) EX_CASE(8) EX_CASE(7)
+                    EX_CASE(6) EX_CASE(5) EX_CASE(4) EX_CASE(3) EX_CASE(2) EX_CASE(1)
 #undef EX_CASE
-                default: break;
+                    default: break;
+                    }
                 }
             }
         }
