@@ -448,6 +448,32 @@ static void disk_tier(void) {
     CHECK_EQ_INT(run_disk(&f, dir, solo, &st), 0);     /* cold; spills at shutdown */
     CHECK_EQ_INT(run_disk(&f, dir, solo, &st), full);  /* after a restart: from disk */
     CHECK(st.disk_hit_tokens == (uint64_t)full && st.disk_reads > 0);
+    /* a request cancelled while its blocks are read from disk leaves the
+     * pool idle, and the next one still restores them */
+    {
+        loom_engine_params ep = loom_engine_default_params();
+        ep.n_ctx = 400;
+        ep.prefix_cache_dir = dir;
+        loom_engine *e = NULL;
+        CHECK(loom_engine_create(f.m, &ep, &e) == LOOM_OK);
+        for (int k = 0; e && k < 3; k++) {
+            loom_request *x = submit(e, f.ids[3], f.len[3], NG, 0);
+            if (k < 2) usleep(k * 200);
+            if (k < 2) loom_request_cancel(x);
+            int32_t toks[NG + 1];
+            float lps[NG + 1];
+            int n = 0;
+            loom_finish fin = drain(x, toks, lps, &n);
+            if (k < 2) CHECK(fin == LOOM_FINISH_CANCELLED);
+            else CHECKF(fin == LOOM_FINISH_LENGTH && same_tokens(toks, f.greedy[3], NG),
+                        "run after cancelled restores differs");
+            loom_request_free(x);
+            check_idle(e);
+        }
+        loom_engine_get_stats(e, &st);
+        CHECK(st.disk_hit_tokens >= (uint64_t)full);
+        loom_engine_free(e);
+    }
     /* damage three files: a flipped byte, a truncation, a foreign version */
     char cmd[512];
     snprintf(cmd, sizeof cmd,

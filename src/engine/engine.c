@@ -21,6 +21,14 @@
  *   end of the prefill asks for logits, and only for its last position.
  * - Decodes never wait for a prefill: decode rows are placed first, so a
  *   joining prefill can delay a step by at most one budget's worth of work.
+ * - Disk restores never hold up a step. At admission the blocks past the
+ *   memory hit that the disk tier's index holds are planned (no I/O); the
+ *   request takes all its blocks, enters RQ_RESTORING and waits in the
+ *   running set without rows while the restore thread reads the files into
+ *   its blocks. When the job is done, the step's start puts the blocks in
+ *   the cache and the request prefills the rest (cut short at the first
+ *   file that failed). A restoring request is never preempted, and a
+ *   cancelled one waits for its job before releasing its blocks.
  * - Sessions. A request with a save id parks its whole sequence (and
  *   recurrent state) in the session store when it finishes; a request
  *   naming it resumes at admission: dense models from the longest common
@@ -49,6 +57,7 @@
 #include "engine/kvconfig.h"
 #include "engine/kvdisk.h"
 #include "engine/request.h"
+#include "engine/restore.h"
 #include "engine/session.h"
 #include "engine/snapshot.h"
 #include "model/forward.h"
@@ -82,6 +91,9 @@ struct loom_engine {
     loom_kvdisk *disk;             /* owned disk tier, or NULL */
     loom_snapshots *snaps;         /* owned saved states (linear-attention models) */
     loom_sessions *sessions;       /* owned parked sequences, or NULL (no prefix cache) */
+    loom_restorer *restorer;       /* owned disk reader thread, with disk */
+    int n_restoring;               /* running requests in RQ_RESTORING */
+    atomic_int restores_ready;     /* finished jobs not yet taken up */
     void *state_buf;               /* owned scratch for a state read from disk */
     int has_state;                 /* the model keeps recurrent state per sequence */
     int window;                    /* every layer slides over this many tokens; 0 = no */
@@ -157,6 +169,8 @@ static void park(loom_engine *e, loom_request *r) {
 
 static void finish(loom_engine *e, loom_request *r, loom_finish why, loom_status st,
                    const char *msg) {
+    loom_restore_job_free(r->restore); /* only ever a finished job */
+    r->restore = NULL;
     if (e->sessions && r->save_key && r->seq.n_tokens > 0 &&
         (why == LOOM_FINISH_STOP || why == LOOM_FINISH_LENGTH))
         park(e, r);
@@ -215,7 +229,7 @@ static void preempt(loom_engine *e, int i) {
 static int newest_running(const loom_engine *e) {
     int best = -1;
     for (int i = 0; i < e->n_running; i++)
-        if (best < 0 || e->running[i]->order > e->running[best]->order) best = i;
+        if (e->running[i]->state != RQ_RESTORING && (best < 0 || e->running[i]->order > e->running[best]->order)) best = i;
     return best;
 }
 
@@ -224,7 +238,8 @@ static int newest_running(const loom_engine *e) {
 static void reap_cancelled(loom_engine *e) {
     for (int i = 0; i < e->n_running;) {
         loom_request *r = e->running[i];
-        if (atomic_load(&r->abort)) {
+        /* a restoring request's blocks are being written: it waits for its job */
+        if (atomic_load(&r->abort) && r->state != RQ_RESTORING) {
             remove_running(e, i);
             finish(e, r, LOOM_FINISH_CANCELLED, LOOM_ERR_ABORTED, "cancelled");
         } else {
@@ -356,6 +371,74 @@ static int resume_session(loom_engine *e, loom_request *r) {
     return use;
 }
 
+/* The worker finished a job: wake the engine thread. */
+static void restore_done(void *ctx) {
+    loom_engine *e = ctx;
+    pthread_mutex_lock(&e->mu);
+    atomic_fetch_add(&e->restores_ready, 1);
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* The blocks after the memory hit that the disk tier holds, in chain
+ * order, from its index (no I/O); NULL when there are none. */
+static loom_restore_job *plan_restore(loom_engine *e, loom_request *r) {
+    int bs = e->kv->block_size, first = r->seq.n_blocks, max = (r->prefill_len - 1) / bs, n = 0;
+    uint64_t chain = r->seq.chain;
+    while (first + n < max) {
+        uint64_t h = loom_kv_chain_hash(chain, r->tokens + (size_t)(first + n) * bs, bs);
+        if (!loom_kvdisk_has(e->disk, h)) break;
+        chain = h;
+        n++;
+    }
+    loom_restore_job *j = n ? loom_restore_job_new(n) : NULL;
+    if (!j) return NULL;
+    chain = r->seq.chain;
+    for (int i = 0; i < n; i++) {
+        j->parent[i] = chain;
+        j->hash[i] = chain = loom_kv_chain_hash(chain, r->tokens + (size_t)(first + i) * bs, bs);
+    }
+    j->tokens = r->tokens + (size_t)first * bs;
+    return j;
+}
+
+/* Takes up finished restores: accounts the reads, caches the blocks read
+ * and moves the requests on to prefill the rest. */
+static void finish_restores(loom_engine *e) {
+    int bs = e->kv->block_size;
+    for (int i = 0; i < e->n_running && atomic_load(&e->restores_ready) > 0; i++) {
+        loom_request *r = e->running[i];
+        loom_restore_job *j = r->restore;
+        if (r->state != RQ_RESTORING || !atomic_load(&j->done)) continue;
+        atomic_fetch_sub(&e->restores_ready, 1);
+        e->n_restoring--;
+        for (int k = 0; k < j->n_ok; k++) loom_kvdisk_account(e->disk, j->hash[k], LOOM_KVDISK_OK, NULL, j->bytes[k]);
+        if (j->n_ok < j->n) loom_kvdisk_account(e->disk, j->hash[j->n_ok], j->result, j->why, j->bytes[j->n_ok]);
+        e->kv->tier_hits += (uint64_t)j->n_ok;
+        e->kv->hits += (uint64_t)j->n_ok;
+        e->kv->misses -= (uint64_t)j->n_ok;
+        int first = (int)(j->tokens - r->tokens) / bs;
+        r->seq.n_tokens = (first + j->n_ok) * bs;
+        loom_kv_cache_commit(e->kv, &r->seq, r->tokens, r->ns);
+        int hit = r->seq.n_tokens;
+        if (e->snaps) hit = resume_from_snapshot(e, r);
+        loom_rq_span(r, "cache.disk_restore", j->t_submit, loom_now(), 0, 0, j->n_ok * bs, first * bs);
+        loom_restore_job_free(j);
+        r->restore = NULL;
+        r->plan_end = 0;
+        /* a snapshot resume cut blocks the prefill needs: take them again */
+        if (reserve(e, &r->seq, r->prefill_len) != LOOM_OK) {
+            remove_running(e, i--);
+            loom_kv_seq_release(e->kv, &r->seq);
+            r->state = RQ_WAITING;
+            waiting_push_front(e, r);
+            continue;
+        }
+        if (r->n_generated == 0) r->n_cached = hit;
+        r->state = RQ_PREFILL;
+    }
+}
+
 /* Saves the state of a stateful request that just reached a boundary. */
 static void maybe_snapshot(loom_engine *e, loom_request *r) {
     int n = r->seq.n_tokens, bs = e->kv->block_size;
@@ -397,6 +480,7 @@ static void complete_row(loom_engine *e, loom_request *r, float *logits, int32_t
 
 /* Plans and runs one step. Returns 0 when there was nothing to do. */
 static int step(loom_engine *e) {
+    if (e->n_restoring) finish_restores(e);
     reap_cancelled(e);
     int n_rows = 0, budget = e->p.max_batch_tokens;
     double t0 = loom_now();
@@ -432,14 +516,17 @@ static int step(loom_engine *e) {
         r->prefill_len = r->n_tokens;
         double tl = loom_now();
         int hit = e->sessions && r->resume_key ? resume_session(e, r) : -1;
+        loom_restore_job *job = NULL;
         if (hit < 0) {
             hit = e->cache ? loom_kv_cache_lookup(e->kv, &r->seq, r->tokens, r->prefill_len, r->ns) : 0;
-            if (e->snaps) hit = resume_from_snapshot(e, r);
+            if (e->restorer) job = plan_restore(e, r);
+            if (e->snaps && !job) hit = resume_from_snapshot(e, r); /* after a restore, else */
         }
         make_room(e, blocks_for(e, r->prefill_len + 1) - r->seq.n_blocks);
         if (blocks_for(e, r->prefill_len + 1) - r->seq.n_blocks > loom_kv_available(e->kv) ||
             loom_kv_seq_reserve(e->kv, &r->seq, r->prefill_len) != LOOM_OK) {
             loom_kv_seq_release(e->kv, &r->seq);
+            loom_restore_job_free(job);
             break;
         }
         if (r->n_generated == 0) r->n_cached = hit; /* recomputes keep the first figure */
@@ -450,6 +537,15 @@ static int step(loom_engine *e) {
         r->t_admit = loom_now();
         loom_rq_span(r, "cache.lookup_restore", tl, r->t_admit, 0, 0, 0, 0);
         e->running[e->n_running++] = r;
+        if (job) { /* its blocks come from disk first; others go on meanwhile */
+            for (int k = 0; k < job->n; k++) job->block[k] = r->seq.blocks[hit / e->kv->block_size + k];
+            job->t_submit = loom_now();
+            r->restore = job;
+            r->state = RQ_RESTORING;
+            e->n_restoring++;
+            loom_restorer_submit(e->restorer, job);
+            continue;
+        }
         add_prefill_row(e, r, &n_rows, &budget);
     }
     if (n_rows == 0) return 0;
@@ -511,7 +607,10 @@ static void *engine_main(void *arg) {
     loom_engine *e = arg;
     for (;;) {
         pthread_mutex_lock(&e->mu);
-        while (!e->stop && e->n_inbox == 0 && e->n_running == 0 && e->wait_len == 0)
+        /* asleep when there is nothing to do but wait for disk restores */
+        while (!e->stop && e->n_inbox == 0 && e->wait_len == 0 &&
+               (e->n_running == 0 ||
+                (e->n_running == e->n_restoring && atomic_load(&e->restores_ready) == 0)))
             pthread_cond_wait(&e->cv, &e->mu);
         if (e->stop) {
             pthread_mutex_unlock(&e->mu);
@@ -565,7 +664,9 @@ static void *engine_main(void *arg) {
             usleep(100); /* wait for running requests to free blocks */
         }
     }
-    /* Shutdown: everything still queued or running is cancelled. */
+    /* Shutdown: everything still queued or running is cancelled, once no
+     * restore writes into a running request's blocks. */
+    if (e->restorer) loom_restorer_drain(e->restorer);
     pthread_mutex_lock(&e->mu);
     for (int i = 0; i < e->n_inbox; i++)
         e->waiting[(e->wait_head + e->wait_len++) % e->wait_cap] = e->inbox[i];
@@ -602,6 +703,7 @@ loom_status loom_engine_create(loom_model *m, const loom_engine_params *params,
                         "n_ctx, prefill_chunk and max_queue >= 0");
     loom_engine *e = calloc(1, sizeof *e);
     if (!e) return loom_err(LOOM_ERR_NOMEM, "out of memory");
+    atomic_init(&e->restores_ready, 0);
     e->m = m;
     e->p = p;
     e->p.trace_file = NULL;
@@ -665,6 +767,10 @@ loom_status loom_engine_create(loom_model *m, const loom_engine_params *params,
     }
     if (!s && e->disk && p.prefix_cache_disk_zstd)
         s = loom_kvdisk_set_zstd(e->disk, p.prefix_cache_disk_zstd);
+    if (!s && e->disk) {
+        s = loom_restorer_create(e->disk, e->kv, restore_done, e, &e->restorer);
+        e->kv->tier.fetch = NULL; /* restores go through the restore thread */
+    }
     if (e->disk && e->snaps) loom_snapshots_set_spill(e->snaps, spill_state, e);
     e->p.prefix_cache_dir = NULL;
     char layout[64] = "";
@@ -721,6 +827,8 @@ void loom_engine_free(loom_engine *e) {
         pthread_cond_destroy(&e->cv);
     }
     if (e->trace) fclose(e->trace);
+    loom_restorer_free(e->restorer);
+    e->restorer = NULL;
     loom_sessions_free(e->sessions); /* parked blocks go back to the pool (and cache) */
     e->sessions = NULL;
     if (e->disk) {

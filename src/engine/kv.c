@@ -366,6 +366,10 @@ static uint64_t chain_hash(uint64_t parent, const int32_t *tok, int bs) {
     return h ? h : 1;
 }
 
+uint64_t loom_kv_chain_hash(uint64_t parent, const int32_t *tokens, int block_size) {
+    return chain_hash(parent, tokens, block_size);
+}
+
 int loom_kv_cache_lookup(loom_kv_pool *p, loom_kv_seq *seq, const int32_t *tokens, int n,
                          uint64_t ns) {
     assert(seq->n_blocks == 0);

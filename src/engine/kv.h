@@ -171,6 +171,8 @@ static inline int loom_kv_available(const loom_kv_pool *p) { return p->n_free + 
 loom_status loom_kv_cache_enable(loom_kv_pool *p, int cap_blocks);
 /* A namespace seed for chain hashes from a string (model, layout, session). */
 uint64_t loom_kv_namespace(const char *s, size_t n);
+/* The chain hash of a full block of tokens after the chain hash parent. */
+uint64_t loom_kv_chain_hash(uint64_t parent, const int32_t *tokens, int block_size);
 /* Maps the longest cached run of full blocks of tokens[0, n) into the empty
  * sequence seq (which must hold no blocks), chaining from ns, never the
  * whole prompt: at least one token is left to compute. Returns the number

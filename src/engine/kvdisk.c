@@ -41,8 +41,9 @@ struct loom_kvdisk {
     uint8_t *buf;          /* owned: one file's bytes */
     size_t file_size, payload; /* of an uncompressed block file */
     int zstd_level;        /* compress written block files; 0 = off */
-    uint8_t *zbuf;         /* owned [zbuf_cap]: a compressed or decompressed payload */
+    uint8_t *zbuf;         /* owned [zbuf_cap]: a compressed payload */
     size_t zbuf_cap;
+    struct loom_kvdisk_reader *rd; /* owned: the synchronous fetch's buffers */
     int block_size, n_layers, kv_dim, dtype_code;
     loom_kvdisk_stats st;
 };
@@ -203,21 +204,50 @@ static int bad_file(loom_kvdisk *d, uint64_t hash, const char *why) {
     return -1;
 }
 
-static int fetch(void *ctx, loom_kv_pool *p, uint64_t hash, uint64_t parent, const int32_t *tokens,
-                 int b) {
-    loom_kvdisk *d = ctx;
-    if (find_entry(d, hash) < 0) return -1;
+struct loom_kvdisk_reader {
+    uint8_t *buf;          /* owned [file_size + 1]: one file's bytes */
+    uint8_t *zbuf;         /* owned [zcap]: a decompressed payload, or NULL */
+    size_t zcap;
+};
+
+loom_status loom_kvdisk_reader_create(const loom_kvdisk *d, loom_kvdisk_reader **out) {
+    *out = NULL;
+    loom_kvdisk_reader *rd = calloc(1, sizeof *rd);
+    if (!rd) return loom_err(LOOM_ERR_NOMEM, "out of memory");
+    rd->buf = malloc(d->file_size + 1);
+#ifdef LOOM_ZSTD
+    rd->zcap = d->payload;
+    rd->zbuf = malloc(rd->zcap);
+    if (!rd->zbuf) rd->buf = (free(rd->buf), NULL);
+#endif
+    if (!rd->buf) {
+        free(rd);
+        return loom_err(LOOM_ERR_NOMEM, "out of memory");
+    }
+    *out = rd;
+    return LOOM_OK;
+}
+
+void loom_kvdisk_reader_free(loom_kvdisk_reader *rd) {
+    if (!rd) return;
+    free(rd->buf);
+    free(rd->zbuf);
+    free(rd);
+}
+
+int loom_kvdisk_has(const loom_kvdisk *d, uint64_t hash) { return find_entry(d, hash) >= 0; }
+
+int loom_kvdisk_read(const loom_kvdisk *d, loom_kvdisk_reader *rd, loom_kv_pool *p, uint64_t hash,
+                     uint64_t parent, const int32_t *tokens, int b, const char **why, size_t *bytes) {
+    *why = NULL;
+    *bytes = 0;
     char path[4096];
     file_name(d, hash, path, sizeof path);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        int i = find_entry(d, hash);
-        if (i >= 0) drop_entry(d, i);
-        return -1;
-    }
+    if (fd < 0) return LOOM_KVDISK_GONE;
     size_t off = 0;
     for (;;) {
-        ssize_t r = read(fd, d->buf + off, d->file_size - off);
+        ssize_t r = read(fd, rd->buf + off, d->file_size - off);
         if (r <= 0) break;
         off += (size_t)r;
         if (off == d->file_size) {
@@ -227,39 +257,36 @@ static int fetch(void *ctx, loom_kv_pool *p, uint64_t hash, uint64_t parent, con
         }
     }
     close(fd);
-    const uint8_t *h = d->buf;
+    *bytes = off;
+    const uint8_t *h = rd->buf;
     size_t tok_bytes = sizeof(int32_t) * (size_t)p->block_size;
     /* a compressed file is shorter, never longer */
     int zstd = off >= KVD_HEADER && get32(h + 8) == KVD_VERSION_ZSTD;
+#define BAD(text) return (*why = (text), LOOM_KVDISK_BAD)
     if (zstd ? off <= KVD_HEADER + tok_bytes || off >= d->file_size : off != d->file_size)
-        return bad_file(d, hash, "wrong size (truncated or foreign)");
-    if (memcmp(h, KVD_MAGIC, 8) != 0) return bad_file(d, hash, "bad magic");
+        BAD("wrong size (truncated or foreign)");
+    if (memcmp(h, KVD_MAGIC, 8) != 0) BAD("bad magic");
 #ifndef LOOM_ZSTD
-    if (zstd) { /* written by a loom with zstd: not corrupt, just unreadable here */
-        loom_log(LOOM_LOG_DEBUG, "prefix cache file %016llx is zstd-compressed; this loom was built "
-                 "without zstd", (unsigned long long)hash);
-        return -1;
-    }
+    if (zstd) return LOOM_KVDISK_MISS; /* written by a loom with zstd: not corrupt, unreadable here */
 #endif
-    if (get32(h + 8) != KVD_VERSION && !zstd) return bad_file(d, hash, "unsupported version");
+    if (get32(h + 8) != KVD_VERSION && !zstd) BAD("unsupported version");
     if (get32(h + 12) != KVD_HEADER || get32(h + 16) != (uint32_t)p->block_size ||
         get32(h + 20) != (uint32_t)p->n_layers || get32(h + 24) != (uint32_t)p->kv_dim ||
         get32(h + 28) != (uint32_t)d->dtype_code || get64(h + 48) != d->payload)
-        return bad_file(d, hash, "KV geometry differs from this model's");
-    if (get64(h + 32) != hash) return bad_file(d, hash, "hash does not match the file name");
-    if (XXH64(h + KVD_HEADER, off - KVD_HEADER, 0) != get64(h + 56))
-        return bad_file(d, hash, "checksum mismatch");
+        BAD("KV geometry differs from this model's");
+    if (get64(h + 32) != hash) BAD("hash does not match the file name");
+    if (XXH64(h + KVD_HEADER, off - KVD_HEADER, 0) != get64(h + 56)) BAD("checksum mismatch");
     /* A hash collision or another prefix: not ours, but not corrupt either. */
-    if (get64(h + 40) != parent || memcmp(h + KVD_HEADER, tokens, tok_bytes) != 0) return -1;
+    if (get64(h + 40) != parent || memcmp(h + KVD_HEADER, tokens, tok_bytes) != 0) return LOOM_KVDISK_MISS;
     const uint8_t *k = h + KVD_HEADER + tok_bytes;
 #ifdef LOOM_ZSTD
     if (zstd) {
-        size_t z = ZSTD_decompress(d->zbuf, d->zbuf_cap, k, off - KVD_HEADER - tok_bytes);
-        if (ZSTD_isError(z) || z != d->payload)
-            return bad_file(d, hash, "the zstd payload does not decompress to the block");
-        k = d->zbuf;
+        size_t z = ZSTD_decompress(rd->zbuf, rd->zcap, k, off - KVD_HEADER - tok_bytes);
+        if (ZSTD_isError(z) || z != d->payload) BAD("the zstd payload does not decompress to the block");
+        k = rd->zbuf;
     }
 #endif
+#undef BAD
     const uint8_t *v = k + d->payload / 2;
     for (int l = 0; l < p->n_layers; l++) {
         size_t rows = p->layer[l].row_bytes * (size_t)p->block_size;
@@ -268,10 +295,38 @@ static int fetch(void *ctx, loom_kv_pool *p, uint64_t hash, uint64_t parent, con
         k += rows;
         v += rows;
     }
-    d->st.reads++;
-    d->st.read_bytes += off;
-    add_entry(d, hash, off);
-    return 0;
+    return LOOM_KVDISK_OK;
+}
+
+void loom_kvdisk_account(loom_kvdisk *d, uint64_t hash, int result, const char *why, size_t bytes) {
+    int i;
+    switch (result) {
+    case LOOM_KVDISK_OK:
+        d->st.reads++;
+        d->st.read_bytes += bytes;
+        add_entry(d, hash, bytes);
+        break;
+    case LOOM_KVDISK_GONE: /* deleted under us (the byte cap) */
+        if ((i = find_entry(d, hash)) >= 0) drop_entry(d, i);
+        break;
+    case LOOM_KVDISK_BAD:
+        bad_file(d, hash, why);
+        break;
+    default:
+        break;
+    }
+}
+
+/* The tier's synchronous fetch (loom_kv_tier): read and account at once. */
+static int fetch(void *ctx, loom_kv_pool *p, uint64_t hash, uint64_t parent, const int32_t *tokens,
+                 int b) {
+    loom_kvdisk *d = ctx;
+    if (find_entry(d, hash) < 0 || !d->rd) return -1;
+    const char *why;
+    size_t bytes;
+    int r = loom_kvdisk_read(d, d->rd, p, hash, parent, tokens, b, &why, &bytes);
+    loom_kvdisk_account(d, hash, r, why, bytes);
+    return r == LOOM_KVDISK_OK ? 0 : -1;
 }
 
 /* Indexes existing block files; temporary leftovers are removed. */
@@ -325,12 +380,7 @@ loom_status loom_kvdisk_open(const char *dir, size_t cap, loom_kv_pool *p, loom_
     for (int l = 0; l < p->n_layers; l++) d->payload += 2 * p->layer[l].row_bytes * (size_t)p->block_size;
     d->file_size = KVD_HEADER + sizeof(int32_t) * (size_t)p->block_size + d->payload;
     d->buf = malloc(d->file_size + 1);
-#ifdef LOOM_ZSTD
-    /* compressed files can be read whatever this run's level */
-    d->zbuf_cap = LOOM_MAX(ZSTD_compressBound(d->payload), d->payload);
-    d->zbuf = malloc(d->zbuf_cap);
-    if (!d->zbuf) d->buf = (free(d->buf), NULL);
-#endif
+    if (d->buf && loom_kvdisk_reader_create(d, &d->rd) != LOOM_OK) d->buf = (free(d->buf), NULL);
     if (!d->dir || !d->buf) {
         loom_kvdisk_close(d, NULL);
         return loom_err(LOOM_ERR_NOMEM, "out of memory");
@@ -350,6 +400,7 @@ void loom_kvdisk_close(loom_kvdisk *d, loom_kv_pool *p) {
     free(d->entries);
     free(d->buf);
     free(d->zbuf);
+    loom_kvdisk_reader_free(d->rd);
     free(d);
 }
 
@@ -358,6 +409,11 @@ loom_status loom_kvdisk_set_zstd(loom_kvdisk *d, int level) {
     if (level < 0 || level > ZSTD_maxCLevel())
         return loom_err(LOOM_ERR_INVALID_ARG, "prefix cache disk tier: zstd level %d (expected 0..%d)",
                         level, ZSTD_maxCLevel());
+    if (level > 0 && !d->zbuf) {
+        d->zbuf_cap = ZSTD_compressBound(d->payload);
+        d->zbuf = malloc(d->zbuf_cap);
+        if (!d->zbuf) return loom_err(LOOM_ERR_NOMEM, "out of memory");
+    }
     d->zstd_level = level;
     return LOOM_OK;
 #else

@@ -57,6 +57,26 @@ loom_status loom_kvdisk_open(const char *dir, size_t cap, loom_kv_pool *p, loom_
 /* Detaches from the pool; call after loom_kv_cache_spill_all if wanted. */
 void loom_kvdisk_close(loom_kvdisk *d, loom_kv_pool *p);
 void loom_kvdisk_get_stats(const loom_kvdisk *d, loom_kvdisk_stats *s);
+/* Reading block files off the engine thread. A reader owns the buffers
+ * of one read at a time; loom_kvdisk_read touches only the reader, the
+ * file and block b of p (which the caller must own alone), and the tier's
+ * fixed geometry, so it may run on another thread while the engine thread
+ * spills. Its result goes back through loom_kvdisk_account on the engine
+ * thread (counts, index, reporting and deleting a damaged file). */
+typedef struct loom_kvdisk_reader loom_kvdisk_reader;
+enum { LOOM_KVDISK_OK, LOOM_KVDISK_MISS, LOOM_KVDISK_GONE, LOOM_KVDISK_BAD };
+loom_status loom_kvdisk_reader_create(const loom_kvdisk *d, loom_kvdisk_reader **out);
+void loom_kvdisk_reader_free(loom_kvdisk_reader *rd);
+/* Whether a block file with this chain hash is indexed (no I/O). */
+int loom_kvdisk_has(const loom_kvdisk *d, uint64_t hash);
+/* Reads the block file hash into block b, checked against the chain hash
+ * before it (parent) and the block's tokens. LOOM_KVDISK_OK, _MISS (not
+ * this prefix's block, or unreadable by this build), _GONE (no file), or
+ * _BAD with *why. *bytes: the file's size. */
+int loom_kvdisk_read(const loom_kvdisk *d, loom_kvdisk_reader *rd, loom_kv_pool *p, uint64_t hash,
+                     uint64_t parent, const int32_t *tokens, int b, const char **why, size_t *bytes);
+void loom_kvdisk_account(loom_kvdisk *d, uint64_t hash, int result, const char *why, size_t bytes);
+
 /* Compresses block files written from now on at this zstd level (1..19;
  * 0 = off). LOOM_ERR_UNSUPPORTED when built without zstd. */
 loom_status loom_kvdisk_set_zstd(loom_kvdisk *d, int level);

@@ -17,6 +17,7 @@
 
 typedef enum rq_state {
     RQ_WAITING,   /* queued, holds no KV */
+    RQ_RESTORING, /* admitted, holds its blocks; waiting for blocks read from disk */
     RQ_PREFILL,   /* admitted, prompt (or recompute) being prefilled */
     RQ_DECODE,    /* generating one token per step */
     RQ_DONE,      /* final event sent; awaiting release */
@@ -51,6 +52,7 @@ struct loom_request {
     uint64_t ns;               /* prefix-cache namespace of this request */
     uint64_t save_key, save_alias; /* session keys to park the sequence under (0 = none) */
     uint64_t resume_key;       /* session to continue (0 = none) */
+    struct loom_restore_job *restore; /* owned while RQ_RESTORING */
     struct loom_seq_state *rstate; /* owned recurrent state, or NULL */
     int prefill_len;           /* tokens to prefill before sampling */
     uint64_t order;            /* admission order, for preemption */

@@ -1,0 +1,51 @@
+/* restore: reads prefix-cache blocks from the disk tier on a thread of its
+ * own, so a request waiting for its blocks never holds up the engine step.
+ *
+ * The engine thread fills a job (which block files go into which of the
+ * request's blocks), submits it and goes on stepping; the request sits in
+ * the running set holding its blocks but takes no rows. The worker reads
+ * the files in order, stopping at the first that fails, sets `done` and
+ * calls notify. The engine thread then accounts the reads, puts the blocks
+ * in the cache and lets the request prefill the rest. A job's blocks and
+ * tokens must stay put until done: a cancelled request waits for its job
+ * before it releases them. */
+#ifndef LOOM_RESTORE_H
+#define LOOM_RESTORE_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "engine/kvdisk.h"
+
+typedef struct loom_restore_job {
+    /* set by the engine thread before submit */
+    int n;                   /* block files to read, in chain order */
+    uint64_t *hash, *parent; /* owned [n]: each block's chain hash and the one before */
+    int *block;              /* owned [n]: pool blocks the request owns alone */
+    const int32_t *tokens;   /* borrowed (n, block_size): each block's tokens */
+    double t_submit;
+    /* set by the worker, valid once done */
+    int n_ok;                /* leading blocks read */
+    int result;              /* LOOM_KVDISK_* of block n_ok when n_ok < n */
+    const char *why;         /* static, for a damaged file */
+    size_t *bytes;           /* owned [n]: file sizes read */
+    atomic_int done;
+    struct loom_restore_job *next; /* queue link, worker side */
+} loom_restore_job;
+
+typedef struct loom_restorer loom_restorer;
+
+/* Starts the worker over disk tier d and pool p (both borrowed). notify
+ * runs on the worker after each job. */
+loom_status loom_restorer_create(loom_kvdisk *d, loom_kv_pool *p, void (*notify)(void *ctx), void *ctx,
+                                 loom_restorer **out);
+/* Waits for every submitted job, then stops the worker. */
+void loom_restorer_free(loom_restorer *w);
+/* A job for n blocks (arrays allocated), or NULL when out of memory. */
+loom_restore_job *loom_restore_job_new(int n);
+void loom_restore_job_free(loom_restore_job *j);
+void loom_restorer_submit(loom_restorer *w, loom_restore_job *j);
+/* Blocks until every submitted job is done. */
+void loom_restorer_drain(loom_restorer *w);
+
+#endif
