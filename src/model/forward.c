@@ -23,6 +23,12 @@
  * are read once per task and reused by all of them while they sit in L1,
  * instead of once per query. */
 #define ATT_SLOTS 32
+/* Prefill tiles of at least ATT_GEMM_MIN query rows run as two matmuls
+ * (scores = Q K^T, out = P V) over chunks of ATT_CHUNK keys gathered as
+ * f32, instead of one dot and one axpy per query and key: the kernels'
+ * register tiles then reuse every loaded key for many queries. */
+#define ATT_GEMM_MIN 16
+#define ATT_CHUNK 256
 
 loom_status loom_fwd_state_create(const loom_model *m, int max_tokens, int max_ctx,
                                   loom_fwd_state **out) {
@@ -62,6 +68,11 @@ loom_status loom_fwd_state_create(const loom_model *m, int max_tokens, int max_c
     ALLOC(s->scores, (size_t)s->n_threads * (size_t)LOOM_MAX(ATT_SLOTS, c->n_heads) * (size_t)max_ctx);
     ALLOC(s->tiles, 2 * T);
     ALLOC(s->kvrow, (size_t)s->n_threads * 2 * kvd);
+    /* q rows, output and a chunk's partial output (slots, head_dim each);
+     * K chunk (ATT_CHUNK, head_dim) and V^T chunk (head_dim, ATT_CHUNK) */
+    s->att_tmp_per = (3 * (size_t)LOOM_MAX(ATT_SLOTS, c->n_heads) + 2 * ATT_CHUNK) *
+                     (size_t)LOOM_MAX(m->max_head_dim, 1);
+    ALLOC(s->att_tmp, (size_t)s->n_threads * s->att_tmp_per);
     ALLOC(s->tok_row, T);
     ALLOC(s->tok_pos, T);
     ALLOC(s->row_first, T);
@@ -111,7 +122,7 @@ loom_status loom_fwd_state_create(const loom_model *m, int max_tokens, int max_c
 void loom_fwd_state_free(loom_fwd_state *s) {
     if (!s) return;
     void *bufs[] = {s->x, s->xb, s->xb2, s->qraw, s->q, s->gate, s->kx, s->vx, s->att,
-                    s->hb, s->hb2, s->cos, s->sin, s->scores, s->tiles, s->kvrow, s->tok_row, s->tok_pos, s->row_first,
+                    s->hb, s->hb2, s->cos, s->sin, s->scores, s->tiles, s->kvrow, s->att_tmp, s->tok_row, s->tok_pos, s->row_first,
                     s->logits, s->router, s->sel, s->sel_w, s->gather, s->xg, s->yg,
                     s->moe_in, s->moe_r,
                     s->lin_qkv, s->lin_conv, s->lin_z, s->lin_b, s->lin_a, s->lin_raw,
@@ -223,6 +234,81 @@ typedef struct attn_job {
     const int *tiles;        /* [2 * n_tiles] token ranges [ta, tb) of one row */
 } attn_job;
 
+/* attn_task for a tile of `slots` >= ATT_GEMM_MIN query rows: scores for
+ * every (query, key) of the tile's span through matmul_f32, then the usual
+ * scale, softcap and softmax over each query's own keys, zeros outside
+ * them, and the weighted sum of values through matmul_f32 again. Each
+ * query gets the same sums as alone, up to their order. */
+static void attn_tile_gemm(const attn_job *j, int kh, int ta, int tb, int thread) {
+    const loom_config *c = &j->m->cfg;
+    const loom_kernels *k = j->m->k;
+    const loom_attn *A = j->A;
+    loom_fwd_state *s = j->s;
+    int hd = A->head_dim, nh = c->n_heads, group = nh / A->n_kv_heads, slots = (tb - ta) * group;
+    const loom_kv_seq *seq = j->rows[s->tok_row[ta]].seq;
+    int pos0 = s->tok_pos[ta], pos1 = s->tok_pos[tb - 1], win = A->window;
+    int lo0 = win > 0 ? LOOM_MAX(0, pos0 - win + 1) : 0;
+    int span = pos1 - lo0 + 1;
+    float *sc = s->scores + (size_t)thread * ATT_SLOTS * s->max_ctx;
+    float cap = (float)c->attn_softcap;
+    size_t smax = (size_t)LOOM_MAX(ATT_SLOTS, nh);
+    float *qs = s->att_tmp + (size_t)thread * s->att_tmp_per; /* (slots, hd) */
+    float *acc = qs + smax * hd;                               /* (slots, hd) */
+    float *part = acc + smax * hd;                             /* (slots, hd) */
+    float *kc = part + smax * hd;                              /* (ATT_CHUNK, hd) */
+    float *vt = kc + (size_t)ATT_CHUNK * hd;                   /* (hd, ATT_CHUNK) */
+    for (int t = ta; t < tb; t++)
+        memcpy(qs + (size_t)(t - ta) * group * hd, s->q + ((size_t)t * nh + kh * group) * hd,
+               sizeof(float) * (size_t)group * hd);
+    for (int p0 = lo0; p0 <= pos1; p0 += ATT_CHUNK) {
+        int cn = LOOM_MIN(ATT_CHUNK, pos1 - p0 + 1);
+        for (int i = 0; i < cn; i++) {
+            float *dst = kc + (size_t)i * hd;
+            const float *kr = loom_kv_layer_load(j->kv, A->kv_layer,
+                                                 loom_kv_k_row(j->kv, seq, A->kv_layer, p0 + i),
+                                                 kh * hd, hd, dst);
+            if (kr != dst) memcpy(dst, kr, sizeof(float) * (size_t)hd);
+        }
+        k->matmul_f32(sc + (p0 - lo0), span, qs, hd, kc, hd, slots, 0, cn);
+    }
+    for (int t = ta; t < tb; t++) {
+        int pos = s->tok_pos[t], lo = win > 0 ? LOOM_MAX(0, pos - win + 1) : 0;
+        for (int g = 0; g < group; g++) {
+            float *row = sc + (size_t)((t - ta) * group + g) * span;
+            for (int i = lo - lo0; i <= pos - lo0; i++) {
+                float v = row[i] * A->scale;
+                row[i] = cap > 0 ? tanhf(v / cap) * cap : v;
+            }
+            k->softmax(row + (lo - lo0), pos - lo + 1);
+            memset(row, 0, sizeof(float) * (size_t)(lo - lo0));
+            memset(row + (pos - lo0 + 1), 0, sizeof(float) * (size_t)(pos1 - pos));
+        }
+    }
+    for (int p0 = lo0; p0 <= pos1; p0 += ATT_CHUNK) {
+        int cn = LOOM_MIN(ATT_CHUNK, pos1 - p0 + 1);
+        for (int i = 0; i < cn; i++) {
+            float *dst = kc + (size_t)i * hd;
+            const float *vr = loom_kv_layer_load(j->kv, A->kv_layer,
+                                                 loom_kv_v_row(j->kv, seq, A->kv_layer, p0 + i),
+                                                 kh * hd, hd, dst);
+            if (vr != dst) memcpy(dst, vr, sizeof(float) * (size_t)hd);
+        }
+        /* V^T in 8 x 8 blocks, so that the writes stay within a few lines */
+        for (int i0 = 0; i0 < cn; i0 += 8)
+            for (int d0 = 0; d0 < hd; d0 += 8)
+                for (int i = i0; i < LOOM_MIN(i0 + 8, cn); i++)
+                    for (int d = d0; d < LOOM_MIN(d0 + 8, hd); d++)
+                        vt[(size_t)d * cn + i] = kc[(size_t)i * hd + d];
+        float *y = p0 == lo0 ? acc : part;
+        k->matmul_f32(y, hd, sc + (p0 - lo0), span, vt, cn, slots, 0, hd);
+        if (y == part)
+            for (size_t i = 0; i < (size_t)slots * hd; i++) acc[i] += part[i];
+    }
+    for (int t = ta; t < tb; t++)
+        memcpy(s->att + ((size_t)t * nh + kh * group) * hd, acc + (size_t)(t - ta) * group * hd,
+               sizeof(float) * (size_t)group * hd);
+}
+
 /* One task = a tile of consecutive tokens of one row and one KV head, with
  * the q heads of its group. Every query computes exactly what it would
  * alone (same dots, softmax and accumulation order). */
@@ -233,6 +319,10 @@ static void attn_task(void *ctx, int task, int thread) {
     const loom_attn *A = j->A;
     int hd = A->head_dim, n_kv = A->n_kv_heads, group = c->n_heads / n_kv;
     int kh = task % n_kv, ta = j->tiles[2 * (task / n_kv)], tb = j->tiles[2 * (task / n_kv) + 1];
+    if ((tb - ta) * group >= ATT_GEMM_MIN) {
+        attn_tile_gemm(j, kh, ta, tb, thread);
+        return;
+    }
     const loom_kv_seq *seq = j->rows[j->s->tok_row[ta]].seq;
     int pos0 = j->s->tok_pos[ta], pos1 = j->s->tok_pos[tb - 1];
     int win = A->window;
