@@ -121,6 +121,32 @@ static void check_errors(void) {
     CHECK_EQ_INT(run(cmd, a, sizeof a), 0);
     CHECK_EQ_INT(run(cmd, b, sizeof b), 0);
     CHECK(!strcmp(a, b) && a[0] == '[');
+    /* --kv-config: a file naming every layer 8-bit equals --kv-type q8; a
+     * bad one exits 1 naming the file and the problem */
+    char cfg[512];
+    snprintf(cfg, sizeof cfg, "%s/kv8.json", tmpdir);
+    FILE *f = fopen(cfg, "w");
+    CHECK(f != NULL);
+    if (f) {
+        fputs("[{\"layer_idx\": 0, \"bits\": 8}, {\"layer_idx\": 1, \"bits\": 8}, "
+              "{\"layer_idx\": 2, \"bits\": 8}]", f);
+        fclose(f);
+    }
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --tokens 1,2,3 --max-tokens 8 --temperature 0 "
+             "--kv-config %s --ids 2>/dev/null | tail -n 1", loom, model, cfg);
+    CHECK_EQ_INT(run(cmd, a, sizeof a), 0);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --tokens 1,2,3 --max-tokens 8 --temperature 0 "
+             "--kv-type q8 --ids 2>/dev/null | tail -n 1", loom, model);
+    CHECK_EQ_INT(run(cmd, b, sizeof b), 0);
+    CHECKF(!strcmp(a, b) && a[0] == '[', "--kv-config all-8 gave %s, --kv-type q8 %s", a, b);
+    f = fopen(cfg, "w");
+    if (f) {
+        fputs("[{\"layer_idx\": 7, \"bits\": 8}]", f);
+        fclose(f);
+    }
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --tokens 1 --kv-config %s 2>&1", loom, model, cfg);
+    CHECK_EQ_INT(run(cmd, out, sizeof out), 1);
+    CHECK(strstr(out, cfg) && strstr(out, "layer_idx 7 is out of range (the model has 3 layers: 0..2)"));
 }
 
 int main(void) {

@@ -30,6 +30,8 @@ static const char usage[] =
     "  --max-tokens N         default max tokens of a request (default 512)\n"
     "  --ctx-size N           max tokens per sequence\n"
     "  --kv-type T            f32 (default), f16, bf16, q8, q4\n"
+    "  --kv-config FILE       per-layer KV bits (see loom serve --help; default: the\n"
+    "                         model directory's kv_config.json, if any)\n"
     "  --threads N            model threads (default: all cores)\n";
 
 typedef struct batch {
@@ -165,7 +167,7 @@ int cmd_batch(int argc, char **argv) {
         }
         static const char *valued[] = {"--model", "--input", "--output", "--errors", "--max-seqs",
                                        "--max-batch-tokens", "--max-tokens", "--ctx-size",
-                                       "--kv-type", "--threads"};
+                                       "--kv-type", "--threads", "--kv-config"};
         int known = 0;
         for (size_t k = 0; k < LOOM_ARRAY_LEN(valued); k++) known |= !strcmp(a, valued[k]);
         if (!known) return cli_usage_error("batch", "unknown option \"%s\"", a);
@@ -180,11 +182,14 @@ int cmd_batch(int argc, char **argv) {
         else if (!strcmp(a, "--max-tokens")) bad = cli_int("batch", a, v, 1, 1 << 22, &p.default_max_tokens);
         else if (!strcmp(a, "--ctx-size")) bad = cli_int("batch", a, v, 2, 1 << 22, &p.engine.n_ctx);
         else if (!strcmp(a, "--kv-type")) bad = cli_kv_type("batch", v, &p.engine.kv_type);
+        else if (!strcmp(a, "--kv-config")) p.engine.kv_config = v;
         else bad = cli_int("batch", a, v, 0, 4096, &p.n_threads);
         if (bad) return 2;
     }
     if (!p.model_dir || !input || !output)
         return cli_usage_error("batch", "--model, --input and --output are required");
+    char kvc[4096];
+    p.engine.kv_config = cli_kv_config(p.engine.kv_config, p.model_dir, kvc, sizeof kvc);
     char *text = NULL;
     loom_status st = loom_read_file(input, &text, NULL);
     if (st) return cli_fail("reading the input", st);
