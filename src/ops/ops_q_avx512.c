@@ -455,11 +455,20 @@ static void fq_panel(uint8_t *pan, float *swv, float *bwv, const loom_qmat *w, i
     }
 }
 
-/* y[t][p0 + i] (+)= the panel's blocks over TT tokens' rounded activations. */
-INLINE void fq_tile(float *y, size_t ldy, const int8_t *xq, size_t ldq, const float *sx,
-                    const float *xsg, size_t nb, size_t ng, const uint8_t *pan, const float *swv,
-                    const float *bwv, int j0, int nblk, int per, int first, __mmask16 rm,
-                    const int TT) {
+/* *acc += wv (u8) . {*x x 16} (s8), the broadcast folded into the
+ * instruction (GCC otherwise emits a separate broadcast and register
+ * copies around each VPDPBUSD). */
+INLINE void dpbusd_bcast(__m512i *acc, __m512i wv, const int32_t *x) {
+    __asm__("vpdpbusd %[x]%{1to16%}, %[w], %[a]" : [a] "+v"(*acc) : [w] "v"(wv), [x] "m"(*x));
+}
+
+/* y[t][p0 + i] (+)= the panel's blocks over TT tokens' rounded
+ * activations. The tile's activations are packed [column / 4][TT_MAX]
+ * dwords, its sx [block][TT_MAX] and xsg [group][TT_MAX], so each
+ * broadcast comes from one pointer. */
+INLINE void fq_tile(float *y, size_t ldy, const int32_t *xq, const float *sx, const float *xsg,
+                    const uint8_t *pan, const float *swv, const float *bwv, int j0, int nblk, int per,
+                    int first, __mmask16 rm, const int TT) {
     __m512 facc[TT_MAX];
     __m512i acc[TT_MAX];
 #pragma GCC unroll 12
@@ -469,46 +478,55 @@ INLINE void fq_tile(float *y, size_t ldy, const int8_t *xq, size_t ldq, const fl
         int j = j0 + b;
 #pragma GCC unroll 12
         for (int t = 0; t < TT; t++) acc[t] = _mm512_setzero_si512();
+        const int32_t *xb = xq + (size_t)b * (XBLK / 4) * TT_MAX;
         for (int s = 0; s < XBLK / 4; s++) {
             __m512i wv = _mm512_load_si512((const __m512i *)(pan + (size_t)(b * 16 + s) * 64));
 #pragma GCC unroll 12
-            for (int t = 0; t < TT; t++) {
-                int32_t xb;
-                memcpy(&xb, xq + t * ldq + (size_t)b * XBLK + 4 * s, 4);
-                acc[t] = _mm512_dpbusd_epi32(acc[t], wv, _mm512_set1_epi32(xb));
-            }
+            for (int t = 0; t < TT; t++) dpbusd_bcast(&acc[t], wv, &xb[s * TT_MAX + t]);
         }
         __m512 sw = _mm512_load_ps(swv + b * PR);
 #pragma GCC unroll 12
         for (int t = 0; t < TT; t++)
             facc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[t]),
-                                      _mm512_mul_ps(sw, _mm512_set1_ps(sx[t * nb + j])), facc[t]);
-        if (j % per == 0) {
+                                      _mm512_mul_ps(sw, _mm512_set1_ps(sx[j * TT_MAX + t])), facc[t]);
+        if ((j & (per - 1)) == 0) { /* per is a power of two */
             __m512 bw = _mm512_load_ps(bwv + b * PR);
+            const float *xg = xsg + (size_t)(j / per) * TT_MAX;
 #pragma GCC unroll 12
             for (int t = 0; t < TT; t++)
-                facc[t] = _mm512_fmadd_ps(bw, _mm512_set1_ps(xsg[t * ng + j / per]), facc[t]);
+                facc[t] = _mm512_fmadd_ps(bw, _mm512_set1_ps(xg[t]), facc[t]);
         }
     }
 #pragma GCC unroll 12
     for (int t = 0; t < TT; t++) _mm512_mask_storeu_ps(y + t * ldy, rm, facc[t]);
 }
 
+/* Loop order: token blocks (rounded and packed once, at most XQ_BYTES or
+ * one tile), then 16-row panels, then column panels re-packed once per
+ * token block and swept by every tile. */
 static void fq_gemm(float *y, int ldy, const float *x, int ldx, const loom_qmat *w, int T, int r0,
                     int r1) {
     const int n = w->n, nb = n / XBLK, ng = n / w->group, per = w->group / XBLK;
-    const int TB = LOOM_MAX(1, LOOM_MIN(T, XQ_BYTES / n));
-    int8_t xq[XQ_BYTES > MAXN ? XQ_BYTES : MAXN] __attribute__((aligned(64)));
-    float sx[(XQ_BYTES > MAXN ? XQ_BYTES : MAXN) / XBLK], xsg[(XQ_BYTES > MAXN ? XQ_BYTES : MAXN) / XBLK];
+    const int TB = LOOM_MIN(T, LOOM_MAX(TT_MAX, XQ_BYTES / n / TT_MAX * TT_MAX));
+    int32_t xq[TT_MAX * MAXN / 4] __attribute__((aligned(64)));
+    float sx[TT_MAX * MAXB], xsg[TT_MAX * MAXB];
+    int8_t q1[MAXN] __attribute__((aligned(64)));
+    float s1[MAXB], g1[MAXB];
     uint8_t pan[KC_FAST * PR] __attribute__((aligned(64)));
     float swv[KC_FAST / XBLK * PR] __attribute__((aligned(64)));
     float bwv[KC_FAST / XBLK * PR] __attribute__((aligned(64)));
-    const size_t ly = (size_t)ldy;
+    const size_t ly = (size_t)ldy, tile_q = (size_t)n / 4 * TT_MAX;
     for (int t0 = 0; t0 < T; t0 += TB) {
         int tn = LOOM_MIN(TB, T - t0);
-        for (int t = 0; t < tn; t++)
-            fq_prep(xq + (size_t)t * n, sx + (size_t)t * nb, xsg + (size_t)t * ng,
-                    x + (size_t)(t0 + t) * ldx, w, 0);
+        for (int t = 0; t < tn; t++) {
+            fq_prep(q1, s1, g1, x + (size_t)(t0 + t) * ldx, w, 0);
+            int32_t *dq = xq + (size_t)(t / TT_MAX) * tile_q + t % TT_MAX;
+            float *ds = sx + (size_t)(t / TT_MAX) * nb * TT_MAX + t % TT_MAX;
+            float *dg = xsg + (size_t)(t / TT_MAX) * ng * TT_MAX + t % TT_MAX;
+            for (int m = 0; m < n / 4; m++) memcpy(dq + (size_t)m * TT_MAX, q1 + 4 * m, 4);
+            for (int j = 0; j < nb; j++) ds[j * TT_MAX] = s1[j];
+            for (int g = 0; g < ng; g++) dg[g * TT_MAX] = g1[g];
+        }
         for (int p0 = r0; p0 < r1; p0 += PR) {
             int R = LOOM_MIN(PR, r1 - p0);
             __mmask16 rm = mask16(R);
@@ -517,11 +535,12 @@ static void fq_gemm(float *y, int ldy, const float *x, int ldx, const loom_qmat 
                 fq_panel(pan, swv, bwv, w, p0, R, k0, len);
                 for (int t = 0; t < tn; t += TT_MAX) {
                     float *yt = y + (size_t)(t0 + t) * ly + p0;
-                    const int8_t *q = xq + (size_t)t * n + k0;
-                    const float *s = sx + (size_t)t * nb, *g = xsg + (size_t)t * ng;
+                    size_t tile = (size_t)(t / TT_MAX);
+                    const int32_t *q = xq + tile * tile_q + (size_t)k0 / 4 * TT_MAX;
+                    const float *s = sx + tile * nb * TT_MAX, *g = xsg + tile * ng * TT_MAX;
                     switch (LOOM_MIN(TT_MAX, tn - t)) {
-#define FQ_CASE(c) case c: fq_tile(yt, ly, q, (size_t)n, s, g, (size_t)nb, (size_t)ng, pan, swv, bwv, \
-                                   k0 / XBLK, len / XBLK, per, first, rm, c); break;
+#define FQ_CASE(c) case c: fq_tile(yt, ly, q, s, g, pan, swv, bwv, k0 / XBLK, len / XBLK, per, \
+                                   first, rm, c); break;
                     FQ_CASE(12) FQ_CASE(11) FQ_CASE(10) FQ_CASE(9) FQ_CASE(8) FQ_CASE(7)
                     FQ_CASE(6) FQ_CASE(5) FQ_CASE(4) FQ_CASE(3) FQ_CASE(2) FQ_CASE(1)
 #undef FQ_CASE
