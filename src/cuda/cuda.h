@@ -147,6 +147,9 @@ typedef struct loom_cuda_attn {
     float scale;                /* multiplies q.k */
     float softcap;              /* 0 = off, else cap * tanh(s / cap) */
     int window;                 /* sliding window in tokens, 0 = full */
+    int tc;                     /* prefill may use the tensor-core kernel (bf16 KV,
+                                   head_dim % 16 == 0 and <= 128): queries and
+                                   weights rounded to bf16, ~1e-3 relative error */
 } loom_cuda_attn;
 
 /* Decode: one query per sequence. d_q (n_seqs, n_heads, head_dim); sequence

@@ -504,7 +504,9 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
             LAUNCH_CHECK();
         }
         loom_cuda_kv dkv = {pk, pv, g->kv_dt, bs, g->kv_row_bytes / esz};
-        loom_cuda_attn at = {nh, nkv, hd, A->scale, (float)cf->attn_softcap, A->window};
+        /* tc: bf16 KV already rounds K and V; prefill may round q and the
+         * weights too and run on the tensor cores */
+        loom_cuda_attn at = {nh, nkv, hd, A->scale, (float)cf->attn_softcap, A->window, 1};
         if (S->decode)
             TRY(loom_cuda_attn_decode(c, g->att, g->q, &dkv, &at, S->tab, S->tstride, S->lens,
                                       S->n_rows, S->max_len));

@@ -19,8 +19,10 @@
  * keeping a running max, sum and output per query row (online softmax).
  * Masked scores are -inf; a row whose scores are all masked so far keeps
  * m = -inf, l = 0 and contributes nothing. */
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <math.h>
+#include <mma.h>
 
 #include "cuda/cuda_int.cuh"
 
@@ -459,6 +461,148 @@ __global__ void attn_prefill_kernel(float *out, const float *q, const void *kb, 
     }
 }
 
+/* Prefill on the tensor cores (bf16 KV, head_dim a multiple of 16 up to
+ * 128; asked for with loom_cuda_attn.tc). Flash attention: a block takes
+ * TC_ROWS = 64 query rows (whole tokens of one row times the q heads of one
+ * KV head, as above), 4 warps of 16 rows; it walks the keys in tiles of
+ * TC_KT = 64 positions copied from the paged pool into shared memory, and
+ * per tile each warp computes its scores S = Q K^T with bf16 wmma (f32
+ * accumulation), updates the running max and sum of its rows, rounds the
+ * weights P to bf16 and accumulates P V into its f32 output rows in shared
+ * memory. Queries enter scaled and rounded to bf16, like K and V already
+ * are: errors of bf16 operands (1e-3 relative), which is why the plain
+ * kernel stays the default. */
+#define TC_ROWS 64
+#define TC_KT 64
+#define TC_WARPS 4
+
+__global__ void __launch_bounds__(TC_WARPS * 32)
+attn_prefill_tc_kernel(float *out, const float *q, const __nv_bfloat16 *kb,
+                       const __nv_bfloat16 *vb, size_t stride, int bs, const int32_t *tables,
+                       int tstride, const int32_t *row_tok, const int32_t *row_pos, int nh,
+                       int nkv, int hd, float scale, float softcap, int window, int QT) {
+    using namespace nvcuda;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    int tile = blockIdx.x, kh = blockIdx.y, r = blockIdx.z;
+    int group = nh / nkv;
+    int tok0 = row_tok[r], ntok = row_tok[r + 1] - tok0, pos0 = row_pos[r];
+    int qa = tile * QT;
+    if (qa >= ntok) return;
+    int nq = min(ntok - qa, QT);
+    int ldh = hd + 8, ldo = hd + 4, lds = TC_KT + 4, ldp = TC_KT + 8;
+    __nv_bfloat16 *Qs = (__nv_bfloat16 *)smem_raw;           /* (TC_ROWS, ldh) */
+    __nv_bfloat16 *Ks = Qs + TC_ROWS * ldh;                   /* (TC_KT, ldh) */
+    __nv_bfloat16 *Vs = Ks + TC_KT * ldh;                     /* (TC_KT, ldh) */
+    __nv_bfloat16 *Ps = Vs + TC_KT * ldh;                     /* (TC_ROWS, ldp) */
+    float *Ss = (float *)(Ps + TC_ROWS * ldp);                /* (TC_ROWS, lds) */
+    float *Os = Ss + TC_ROWS * lds;                           /* (TC_ROWS, ldo) */
+    float *Mx = Os + TC_ROWS * ldo, *Ls = Mx + TC_ROWS, *Al = Ls + TC_ROWS;
+    const int32_t *table = tables + (size_t)r * tstride;
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    for (int i = threadIdx.x; i < TC_ROWS * hd; i += blockDim.x) {
+        int rr = i / hd, d = i % hd, qt = rr / group, g = rr % group;
+        float v = qt < nq ? q[((size_t)(tok0 + qa + qt) * nh + (size_t)kh * group + g) * hd + d] * scale
+                          : 0.0f;
+        Qs[rr * ldh + d] = __float2bfloat16_rn(v);
+        Os[rr * ldo + d] = 0;
+    }
+    for (int i = threadIdx.x; i < TC_ROWS; i += blockDim.x) {
+        Mx[i] = -INFINITY;
+        Ls[i] = 0;
+    }
+    int posA = pos0 + qa, posB = pos0 + qa + nq - 1;
+    int lo = window > 0 ? max(0, posA - window + 1) : 0;
+    int k_lo = lo / TC_KT * TC_KT;  /* aligned tiles */
+    int chunks = hd / 8;            /* 16-byte pieces per row */
+    int wr = w * 16;                /* this warp's first row */
+    for (int k0 = k_lo; k0 <= posB; k0 += TC_KT) {
+        __syncthreads();  /* the previous tile's K/V are no longer read */
+        for (int i = threadIdx.x; i < TC_KT * chunks; i += blockDim.x) {
+            int j = i / chunks, c8 = (i % chunks) * 8, p = k0 + j;
+            uint4 kv_k = make_uint4(0, 0, 0, 0), kv_v = kv_k;
+            if (p <= posB && p >= lo) {
+                size_t e = kv_row(table, p, bs, stride) + (size_t)kh * hd + c8;
+                kv_k = *(const uint4 *)(kb + e);
+                kv_v = *(const uint4 *)(vb + e);
+            }
+            *(uint4 *)(Ks + j * ldh + c8) = kv_k;
+            *(uint4 *)(Vs + j * ldh + c8) = kv_v;
+        }
+        __syncthreads();
+        /* S (16 x TC_KT) of this warp = Q_w K^T */
+        for (int n = 0; n < TC_KT / 16; n++) {
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+            wmma::fill_fragment(acc, 0.0f);
+            for (int k = 0; k < hd / 16; k++) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb;
+                wmma::load_matrix_sync(fa, Qs + wr * ldh + k * 16, ldh);
+                wmma::load_matrix_sync(fb, Ks + n * 16 * ldh + k * 16, ldh);
+                wmma::mma_sync(acc, fa, fb, acc);
+            }
+            wmma::store_matrix_sync(Ss + wr * lds + n * 16, acc, lds, wmma::mem_row_major);
+        }
+        __syncwarp();
+        /* online softmax: two lanes per row, 32 keys each */
+        {
+            int rr = wr + (lane >> 1), half = (lane & 1) * (TC_KT / 2);
+            int qt = rr / group, qpos = pos0 + qa + qt;
+            float mx = -INFINITY;
+            for (int c = 0; c < TC_KT / 2; c++) {
+                int j = half + c, p = k0 + j;
+                float sv = -INFINITY;
+                if (qt < nq && p <= qpos && (window <= 0 || p > qpos - window))
+                    sv = cap_score(Ss[rr * lds + j], softcap);
+                Ss[rr * lds + j] = sv;
+                mx = fmaxf(mx, sv);
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            float mo = Mx[rr], mn = fmaxf(mo, mx), alpha = 1, sum = 0;
+            if (mn != -INFINITY) alpha = expf(mo - mn);
+            for (int c = 0; c < TC_KT / 2; c++) {
+                int j = half + c;
+                float sv = Ss[rr * lds + j];
+                float pe = sv == -INFINITY ? 0.0f : expf(sv - mn);
+                sum += pe;
+                Ps[rr * ldp + j] = __float2bfloat16_rn(pe);
+            }
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            __syncwarp();
+            if ((lane & 1) == 0) {
+                Mx[rr] = mn;
+                Ls[rr] = Ls[rr] * alpha + sum;
+                Al[rr] = alpha;
+            }
+        }
+        __syncwarp();
+        /* O_w = O_w * alpha + P_w V */
+        for (int i = lane; i < 16 * hd; i += 32) {
+            int rr = wr + i / hd, d = i % hd;
+            Os[rr * ldo + d] *= Al[rr];
+        }
+        __syncwarp();
+        for (int n = 0; n < hd / 16; n++) {
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+            wmma::load_matrix_sync(acc, Os + wr * ldo + n * 16, ldo, wmma::mem_row_major);
+            for (int k = 0; k < TC_KT / 16; k++) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> fb;
+                wmma::load_matrix_sync(fa, Ps + wr * ldp + k * 16, ldp);
+                wmma::load_matrix_sync(fb, Vs + k * 16 * ldh + n * 16, ldh);
+                wmma::mma_sync(acc, fa, fb, acc);
+            }
+            wmma::store_matrix_sync(Os + wr * ldo + n * 16, acc, ldo, wmma::mem_row_major);
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < nq * group * hd; i += blockDim.x) {
+        int rr = i / hd, d = i % hd, qt = rr / group, g = rr % group;
+        float l = Ls[rr];
+        out[((size_t)(tok0 + qa + qt) * nh + (size_t)kh * group + g) * hd + d] =
+            l > 0 ? Os[rr * ldo + d] / l : 0.0f;
+    }
+}
+
 extern "C" loom_status loom_cuda_attn_prefill(loom_cuda *c, float *d_out, const float *d_q,
                                               const loom_cuda_kv *kv, const loom_cuda_attn *a,
                                               const int32_t *d_tables, int table_stride,
@@ -470,6 +614,28 @@ extern "C" loom_status loom_cuda_attn_prefill(loom_cuda *c, float *d_out, const 
     if (n_rows > 65535 || a->n_kv_heads > 65535)
         return loom_err(LOOM_ERR_INVALID_ARG, "cuda attn_prefill: %d rows, at most 65535", n_rows);
     int group = a->n_heads / a->n_kv_heads, hd = a->head_dim;
+    if (a->tc && kv->dt == LOOM_CUDA_BF16 && hd % 16 == 0 && hd <= 128 && group <= TC_ROWS &&
+        TC_ROWS % group == 0 && kv->row_stride % 8 == 0) {
+        int QT = TC_ROWS / group;
+        int ldh = hd + 8, ldo = hd + 4;
+        size_t smem = (size_t)(TC_ROWS + 2 * TC_KT) * ldh * 2 + (size_t)TC_ROWS * (TC_KT + 8) * 2 +
+                      (size_t)TC_ROWS * (TC_KT + 4) * 4 + (size_t)TC_ROWS * ldo * 4 +
+                      3 * TC_ROWS * 4;
+        if (smem <= c->smem_optin) {
+            if (smem > 48 * 1024)
+                CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_tc_kernel,
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                (int)smem));
+            dim3 grid((unsigned)((max_row_tokens + QT - 1) / QT), (unsigned)a->n_kv_heads,
+                      (unsigned)n_rows);
+            attn_prefill_tc_kernel<<<grid, TC_WARPS * 32, smem, c->stream>>>(
+                d_out, d_q, (const __nv_bfloat16 *)kv->d_k, (const __nv_bfloat16 *)kv->d_v,
+                kv->row_stride, kv->block_size, d_tables, table_stride, d_row_tok, d_row_pos,
+                a->n_heads, a->n_kv_heads, hd, a->scale, a->softcap, a->window, QT);
+            LAUNCH_CHECK();
+            return LOOM_OK;
+        }
+    }
     /* Query rows per block: about 8192 / head_dim (64 rows at head_dim 128),
      * whole tokens, at least one token. */
     int QT = LOOM_MAX_I(1, (8192 / hd) / group);
