@@ -185,7 +185,9 @@ typedef struct loom_engine_params {
     const char *trace_file; /* traced requests' spans as JSON lines, or NULL */
     int prefix_cache;       /* reuse KV of earlier prompts' full blocks (default 1;
                                models with linear-attention layers never do) */
-    size_t prefix_cache_bytes; /* cap on KV kept only for reuse; 0 = whole pool */
+    size_t prefix_cache_bytes; /* cap on KV kept only for reuse (unreferenced cached
+                                  blocks and finished requests kept for
+                                  continuation); 0 = whole pool */
     const char *prefix_cache_dir; /* disk tier: evicted blocks spill here and
                                      survive restarts; NULL = memory only */
     size_t prefix_cache_disk_bytes; /* cap of the disk tier; 0 = unlimited */
