@@ -67,11 +67,11 @@ bin="$BUILD/cuda-tests/test_cuda_kernels"
 if [ -z "$missing" ]; then
   echo "== build: make BUILD=$BUILD CUDA=1 CUDA_HOME=$CUDA_HOME CUDA_ARCH=$CUDA_ARCH cuda-tests"
   if ! make -j"$JOBS" BUILD="$BUILD" CUDA=1 CUDA_HOME="$CUDA_HOME" NVCC="$NVCC" \
-       CUDA_ARCH="$CUDA_ARCH" cuda-tests >"$log" 2>&1; then
+       CUDA_ARCH="$CUDA_ARCH" cuda-tests "$BUILD/tools/gen_model" >"$log" 2>&1; then
     grep -E "error|warning" "$log" | head -n 30
     echo "build failed; retrying with CUDA_WERROR= (nvcc warnings not fatal)"
     if ! make -j"$JOBS" BUILD="$BUILD" CUDA=1 CUDA_HOME="$CUDA_HOME" NVCC="$NVCC" \
-         CUDA_ARCH="$CUDA_ARCH" CUDA_WERROR= cuda-tests >"$log" 2>&1; then
+         CUDA_ARCH="$CUDA_ARCH" CUDA_WERROR= cuda-tests "$BUILD/tools/gen_model" >"$log" 2>&1; then
       tail -n 60 "$log"
       echo "cuda_check: BUILD FAILED (full log: $log)"
       exit 2
@@ -132,6 +132,18 @@ rc=$?
 # The forward test loads the tiny fixture models; the minimal build makes
 # it only where cJSON is installed.
 fwd="$BUILD/cuda-tests/test_cuda_forward"
+# Random bf16 models (qwen3 and llama layouts, head_dim 64) for the paths
+# the f32 fixtures never take; where gen_model was built.
+gm="$BUILD/tools/gen_model"
+if [ -x "$gm" ] && [ -z "${LOOM_CUDA_TEST_MODELS:-}" ]; then
+  shape="--hidden 256 --heads 4 --kv-heads 2 --head-dim 64 --intermediate 512 --vocab 512 --layers 3"
+  # shellcheck disable=SC2086
+  if "$gm" --preset qwen3-0.6b $shape --dtype bf16 --seed 7 --out "$BUILD/rand-qwen3-bf16" 2>/dev/null &&
+     "$gm" --preset llama3-8b $shape --dtype bf16 --seed 8 --out "$BUILD/rand-llama-bf16" 2>/dev/null; then
+    LOOM_CUDA_TEST_MODELS="$BUILD/rand-qwen3-bf16 $BUILD/rand-llama-bf16"
+    export LOOM_CUDA_TEST_MODELS
+  fi
+fi
 if [ -x "$fwd" ]; then
   echo "== forward tests (GPU vs CPU logits on tests/fixtures/models)"
   "$fwd" || rc=1

@@ -95,6 +95,17 @@ loom_status loom_cuda_gelu_tanh_mul(loom_cuda *c, float *d_g, const float *d_u, 
 loom_status loom_cuda_act_mul_split(loom_cuda *c, float *d_out, const float *d_gu, int T, int n,
                                     int gelu);
 
+/* The same writing d_out16 (T, n) in f16 or bf16 (dt), for a 16-bit GEMM. */
+loom_status loom_cuda_act_mul_split16(loom_cuda *c, void *d_out16, const float *d_gu, int T,
+                                      int n, int gelu, loom_cuda_dtype dt);
+
+/* Residual add and RMSNorm in one pass, for a 16-bit GEMM next: each of the
+ * T rows of n values: x += r (r may be NULL: no add), then d_y16 =
+ * x / sqrt(mean(x^2) + eps) * w (w NULL = unweighted) rounded to dt (f16 or
+ * bf16). */
+loom_status loom_cuda_add_rmsnorm16(loom_cuda *c, void *d_y16, float *d_x, const float *d_r,
+                                    const float *d_w, int T, int n, float eps, loom_cuda_dtype dt);
+
 /* d_out (T, cols) = table[ids[t]] * scale, table (vocab, cols) of dtype.
  * Ids are trusted (the caller checked them against the vocabulary). */
 loom_status loom_cuda_embed(loom_cuda *c, float *d_out, const void *d_table, loom_cuda_dtype dt,
@@ -113,6 +124,10 @@ loom_status loom_cuda_argmax(loom_cuda *c, int32_t *d_out, const float *d_x, int
  * precision (no TF32). */
 loom_status loom_cuda_gemm(loom_cuda *c, float *d_y, const float *d_x, const void *d_w,
                            loom_cuda_dtype dt, int T, int rows, int cols);
+
+/* loom_cuda_gemm with x already in the weight's type (f16 or bf16). */
+loom_status loom_cuda_gemm16(loom_cuda *c, float *d_y, const void *d_x16, const void *d_w,
+                             loom_cuda_dtype dt, int T, int rows, int cols);
 
 /* An MLX affine-quantized matrix on the device, laid out as in ops.h's
  * loom_qmat: row r, element k = scale[r][k/group] * q + bias[r][k/group]. */
@@ -148,7 +163,7 @@ typedef struct loom_cuda_attn {
     float softcap;              /* 0 = off, else cap * tanh(s / cap) */
     int window;                 /* sliding window in tokens, 0 = full */
     int tc;                     /* prefill may use the tensor-core kernel (bf16 KV,
-                                   head_dim % 16 == 0 and <= 128): queries and
+                                   head_dim 64, 80, 96 or 128): queries and
                                    weights rounded to bf16, ~1e-3 relative error */
 } loom_cuda_attn;
 

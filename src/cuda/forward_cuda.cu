@@ -145,6 +145,9 @@ struct loom_cuda_model {
     float *q, *att;            /* (max_tokens, n_heads * head_dim) */
     float *k, *v;              /* (max_tokens, kv_dim) */
     float *hb, *hb2;           /* (max_tokens, 2 * inter), (max_tokens, inter) */
+    loom_cuda_dtype act16;     /* F16/BF16: GEMM inputs made in that type by the kernel
+                                  before (all q/k/v, gate_up, down weights of it); F32: off */
+    void *a16;                 /* (max_tokens, max(hidden, inter)) of act16 */
     float *cs, *sn;            /* (n_ropes, max_tokens, max_half) */
     int max_half;
     const double *inv_freq[LOOM_MAX_ROPES]; /* device [rot_dim / 2] per rope */
@@ -226,6 +229,18 @@ static loom_status up_weight(loom_cuda_model *g, dweight *dw, const loom_weight 
         return loom_err(LOOM_ERR_UNSUPPORTED, "cuda forward: weight %s has dtype %d (expected "
                         "F32, F16, BF16 or MLX-quantized U32)", what, (int)w->dtype);
     }
+}
+
+/* y (T, w->rows) = a16 (T, w->cols) @ w^T (+ bias): the input already in
+ * the weight's 16-bit type. */
+static loom_status linear16(loom_cuda_model *g, float *y, const dweight *w, const float *bias,
+                            int T) {
+    loom_status st = loom_cuda_gemm16(g->c, y, g->a16, w->d, w->dt, T, w->rows, w->cols);
+    if (st != LOOM_OK || !bias) return st;
+    size_t total = (size_t)T * w->rows;
+    fw_add_bias<<<loom_cuda_blocks(total, 256), 256, 0, g->c->stream>>>(y, bias, total, w->rows);
+    LAUNCH_CHECK();
+    return LOOM_OK;
 }
 
 /* y (T, w->rows) = x (T, w->cols) @ w^T (+ bias). */
@@ -369,6 +384,22 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->k, T * kvd * 4);
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->v, T * kvd * 4);
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->hb, 2 * T * I * 4);
+    /* 16-bit GEMM inputs when every projection that takes a normed or
+     * activated row is one 16-bit dense type */
+    g->act16 = LOOM_CUDA_F32;
+    if (st == LOOM_OK && L > 0 && !g->layers[0].wq.quant && g->layers[0].wq.dt != LOOM_CUDA_F32) {
+        loom_cuda_dtype t = g->layers[0].wq.dt;
+        int ok = 1;
+        for (int l = 0; l < L; l++) {
+            const dlayer *D = &g->layers[l];
+            const dweight *ws[] = {&D->wq, &D->wk, &D->wv, &D->gate_up, &D->down};
+            ok &= D->fused_gu;
+            for (int k = 0; k < 5; k++) ok &= !ws[k]->quant && ws[k]->dt == t;
+        }
+        if (ok) g->act16 = t;
+    }
+    if (st == LOOM_OK && g->act16 != LOOM_CUDA_F32)
+        st = g_alloc(g, &g->a16, T * (size_t)LOOM_MAX_I(H, (int)I) * 2);
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->hb2, T * I * 4);
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->cs, rope_n * 4);
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->sn, rope_n * 4);
@@ -485,10 +516,20 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
         const dlayer *D = &g->layers[l];
         int hd = A->head_dim, nkv = A->n_kv_heads, kvd = nkv * hd;
         const loom_rope *R = &m->ropes[A->rope];
-        TRY(loom_cuda_rmsnorm(c, g->xb, g->x, D->attn_norm, T, H, eps, 0));
-        TRY(linear(g, g->q, g->xb, &D->wq, D->bq, T));
-        TRY(linear(g, g->k, g->xb, &D->wk, D->bk, T));
-        TRY(linear(g, g->v, g->xb, &D->wv, D->bv, T));
+        int a16 = g->act16 != LOOM_CUDA_F32;
+        if (a16) {
+            /* the previous layer's MLP residual joins here */
+            TRY(loom_cuda_add_rmsnorm16(c, g->a16, g->x, l ? g->xb : NULL, D->attn_norm, T, H,
+                                        eps, g->act16));
+            TRY(linear16(g, g->q, &D->wq, D->bq, T));
+            TRY(linear16(g, g->k, &D->wk, D->bk, T));
+            TRY(linear16(g, g->v, &D->wv, D->bv, T));
+        } else {
+            TRY(loom_cuda_rmsnorm(c, g->xb, g->x, D->attn_norm, T, H, eps, 0));
+            TRY(linear(g, g->q, g->xb, &D->wq, D->bq, T));
+            TRY(linear(g, g->k, g->xb, &D->wk, D->bk, T));
+            TRY(linear(g, g->v, g->xb, &D->wv, D->bv, T));
+        }
         if (D->q_norm) TRY(loom_cuda_rmsnorm(c, g->q, g->q, D->q_norm, T * nh, hd, eps, 0));
         if (D->k_norm) TRY(loom_cuda_rmsnorm(c, g->k, g->k, D->k_norm, T * nkv, hd, eps, 0));
         size_t roff = (size_t)A->rope * g->max_tokens * g->max_half;
@@ -514,10 +555,21 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
             TRY(loom_cuda_attn_prefill(c, g->att, g->q, &dkv, &at, S->tab, S->tstride, S->rtok,
                                        S->rpos, S->n_rows, S->max_new));
         TRY(linear(g, g->xb, g->att, &D->wo, D->bo, T));
+        int gelu = m->act == LOOM_ACT_GELU_TANH, I = D->gate.rows;
+        if (a16) {
+            TRY(loom_cuda_add_rmsnorm16(c, g->a16, g->x, g->xb, D->ffn_norm, T, H, eps, g->act16));
+            TRY(linear16(g, g->hb, &D->gate_up, NULL, T));
+            TRY(loom_cuda_act_mul_split16(c, g->a16, g->hb, T, I, gelu, g->act16));
+            TRY(linear16(g, g->xb, &D->down, NULL, T));
+            if (l == cf->n_layers - 1) {  /* the last residual: nothing norms it next */
+                fw_add<<<loom_cuda_blocks(TH, 256), 256, 0, c->stream>>>(g->x, g->xb, TH);
+                LAUNCH_CHECK();
+            }
+            continue;
+        }
         fw_add<<<loom_cuda_blocks(TH, 256), 256, 0, c->stream>>>(g->x, g->xb, TH);
         LAUNCH_CHECK();
         TRY(loom_cuda_rmsnorm(c, g->xb, g->x, D->ffn_norm, T, H, eps, 0));
-        int gelu = m->act == LOOM_ACT_GELU_TANH, I = D->gate.rows;
         const float *hin;
         if (D->fused_gu) {
             TRY(linear(g, g->hb, g->xb, &D->gate_up, NULL, T));

@@ -461,8 +461,8 @@ __global__ void attn_prefill_kernel(float *out, const float *q, const void *kb, 
     }
 }
 
-/* Prefill on the tensor cores (bf16 KV, head_dim a multiple of 16 up to
- * 128; asked for with loom_cuda_attn.tc). Flash attention: a block takes
+/* Prefill on the tensor cores (bf16 KV, head_dim 64, 80, 96 or 128; asked
+ * for with loom_cuda_attn.tc). Flash attention: a block takes
  * TC_ROWS = 64 query rows (whole tokens of one row times the q heads of one
  * KV head, as above), 4 warps of 16 rows; it walks the keys in tiles of
  * TC_KT = 64 positions copied from the paged pool into shared memory, and
@@ -476,12 +476,14 @@ __global__ void attn_prefill_kernel(float *out, const float *q, const void *kb, 
 #define TC_KT 64
 #define TC_WARPS 4
 
+template <int HD>
 __global__ void __launch_bounds__(TC_WARPS * 32)
 attn_prefill_tc_kernel(float *out, const float *q, const __nv_bfloat16 *kb,
                        const __nv_bfloat16 *vb, size_t stride, int bs, const int32_t *tables,
                        int tstride, const int32_t *row_tok, const int32_t *row_pos, int nh,
-                       int nkv, int hd, float scale, float softcap, int window, int QT) {
+                       int nkv, float scale, float softcap, int window, int QT) {
     using namespace nvcuda;
+    constexpr int hd = HD;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     int tile = blockIdx.x, kh = blockIdx.y, r = blockIdx.z;
     int group = nh / nkv;
@@ -515,6 +517,11 @@ attn_prefill_tc_kernel(float *out, const float *q, const __nv_bfloat16 *kb,
     int k_lo = lo / TC_KT * TC_KT;  /* aligned tiles */
     int chunks = hd / 8;            /* 16-byte pieces per row */
     int wr = w * 16;                /* this warp's first row */
+    __syncthreads();
+    /* this warp's queries stay in registers for the whole walk */
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fq[HD / 16];
+#pragma unroll
+    for (int k = 0; k < HD / 16; k++) wmma::load_matrix_sync(fq[k], Qs + wr * ldh + k * 16, ldh);
     for (int k0 = k_lo; k0 <= posB; k0 += TC_KT) {
         __syncthreads();  /* the previous tile's K/V are no longer read */
         for (int i = threadIdx.x; i < TC_KT * chunks; i += blockDim.x) {
@@ -533,12 +540,11 @@ attn_prefill_tc_kernel(float *out, const float *q, const __nv_bfloat16 *kb,
         for (int n = 0; n < TC_KT / 16; n++) {
             wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
             wmma::fill_fragment(acc, 0.0f);
-            for (int k = 0; k < hd / 16; k++) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
+#pragma unroll
+            for (int k = 0; k < HD / 16; k++) {
                 wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb;
-                wmma::load_matrix_sync(fa, Qs + wr * ldh + k * 16, ldh);
                 wmma::load_matrix_sync(fb, Ks + n * 16 * ldh + k * 16, ldh);
-                wmma::mma_sync(acc, fa, fb, acc);
+                wmma::mma_sync(acc, fq[k], fb, acc);
             }
             wmma::store_matrix_sync(Ss + wr * lds + n * 16, acc, lds, wmma::mem_row_major);
         }
@@ -562,7 +568,7 @@ attn_prefill_tc_kernel(float *out, const float *q, const __nv_bfloat16 *kb,
             for (int c = 0; c < TC_KT / 2; c++) {
                 int j = half + c;
                 float sv = Ss[rr * lds + j];
-                float pe = sv == -INFINITY ? 0.0f : expf(sv - mn);
+                float pe = sv == -INFINITY ? 0.0f : __expf(sv - mn);
                 sum += pe;
                 Ps[rr * ldp + j] = __float2bfloat16_rn(pe);
             }
@@ -581,15 +587,18 @@ attn_prefill_tc_kernel(float *out, const float *q, const __nv_bfloat16 *kb,
             Os[rr * ldo + d] *= Al[rr];
         }
         __syncwarp();
-        for (int n = 0; n < hd / 16; n++) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fp[TC_KT / 16];
+#pragma unroll
+        for (int k = 0; k < TC_KT / 16; k++) wmma::load_matrix_sync(fp[k], Ps + wr * ldp + k * 16, ldp);
+#pragma unroll
+        for (int n = 0; n < HD / 16; n++) {
             wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
             wmma::load_matrix_sync(acc, Os + wr * ldo + n * 16, ldo, wmma::mem_row_major);
+#pragma unroll
             for (int k = 0; k < TC_KT / 16; k++) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
                 wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> fb;
-                wmma::load_matrix_sync(fa, Ps + wr * ldp + k * 16, ldp);
                 wmma::load_matrix_sync(fb, Vs + k * 16 * ldh + n * 16, ldh);
-                wmma::mma_sync(acc, fa, fb, acc);
+                wmma::mma_sync(acc, fp[k], fb, acc);
             }
             wmma::store_matrix_sync(Os + wr * ldo + n * 16, acc, ldo, wmma::mem_row_major);
         }
@@ -614,24 +623,32 @@ extern "C" loom_status loom_cuda_attn_prefill(loom_cuda *c, float *d_out, const 
     if (n_rows > 65535 || a->n_kv_heads > 65535)
         return loom_err(LOOM_ERR_INVALID_ARG, "cuda attn_prefill: %d rows, at most 65535", n_rows);
     int group = a->n_heads / a->n_kv_heads, hd = a->head_dim;
-    if (a->tc && kv->dt == LOOM_CUDA_BF16 && hd % 16 == 0 && hd <= 128 && group <= TC_ROWS &&
-        TC_ROWS % group == 0 && kv->row_stride % 8 == 0) {
+    if (a->tc && kv->dt == LOOM_CUDA_BF16 && (hd == 64 || hd == 80 || hd == 96 || hd == 128) &&
+        group <= TC_ROWS && TC_ROWS % group == 0 && kv->row_stride % 8 == 0) {
         int QT = TC_ROWS / group;
         int ldh = hd + 8, ldo = hd + 4;
         size_t smem = (size_t)(TC_ROWS + 2 * TC_KT) * ldh * 2 + (size_t)TC_ROWS * (TC_KT + 8) * 2 +
                       (size_t)TC_ROWS * (TC_KT + 4) * 4 + (size_t)TC_ROWS * ldo * 4 +
                       3 * TC_ROWS * 4;
         if (smem <= c->smem_optin) {
-            if (smem > 48 * 1024)
-                CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_tc_kernel,
-                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                (int)smem));
             dim3 grid((unsigned)((max_row_tokens + QT - 1) / QT), (unsigned)a->n_kv_heads,
                       (unsigned)n_rows);
-            attn_prefill_tc_kernel<<<grid, TC_WARPS * 32, smem, c->stream>>>(
-                d_out, d_q, (const __nv_bfloat16 *)kv->d_k, (const __nv_bfloat16 *)kv->d_v,
-                kv->row_stride, kv->block_size, d_tables, table_stride, d_row_tok, d_row_pos,
-                a->n_heads, a->n_kv_heads, hd, a->scale, a->softcap, a->window, QT);
+#define TC_LAUNCH(D)                                                                            \
+    do {                                                                                        \
+        if (smem > 48 * 1024)                                                                   \
+            CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_tc_kernel<D>,                          \
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,        \
+                                            (int)smem));                                        \
+        attn_prefill_tc_kernel<D><<<grid, TC_WARPS * 32, smem, c->stream>>>(                    \
+            d_out, d_q, (const __nv_bfloat16 *)kv->d_k, (const __nv_bfloat16 *)kv->d_v,         \
+            kv->row_stride, kv->block_size, d_tables, table_stride, d_row_tok, d_row_pos,       \
+            a->n_heads, a->n_kv_heads, a->scale, a->softcap, a->window, QT);                    \
+    } while (0)
+            if (hd == 64) TC_LAUNCH(64);
+            else if (hd == 80) TC_LAUNCH(80);
+            else if (hd == 96) TC_LAUNCH(96);
+            else TC_LAUNCH(128);
+#undef TC_LAUNCH
             LAUNCH_CHECK();
             return LOOM_OK;
         }

@@ -117,6 +117,44 @@ extern "C" void loom_cuda_rope_table(float *cos_out, float *sin_out, int ld, con
         }
 }
 
+/* The residual add and the next RMSNorm in one pass, the normed row
+ * written in the GEMM's 16-bit input type: x += r (when r), then y16 =
+ * round(x / sqrt(mean(x^2) + eps) * w). Same arithmetic and order as
+ * fw_add + rmsnorm_kernel + the GEMM's input conversion. */
+__global__ void add_rmsnorm16_kernel(void *y16, float *x, const float *r, const float *w, int n,
+                                     float eps, int f16) {
+    __shared__ float sh[32];
+    float *xr = x + (size_t)blockIdx.x * n;
+    const float *rr = r ? r + (size_t)blockIdx.x * n : NULL;
+    float ss = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = xr[i];
+        if (rr) xr[i] = v = v + rr[i];
+        ss += v * v;
+    }
+    ss = block_sum(ss, sh);
+    float inv = 1.0f / sqrtf(ss / (float)n + eps);
+    size_t o = (size_t)blockIdx.x * n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = xr[i] * inv * (w ? w[i] : 1.0f);
+        if (f16) ((__half *)y16)[o + i] = __float2half_rn(v);
+        else ((__nv_bfloat16 *)y16)[o + i] = __float2bfloat16_rn(v);
+    }
+}
+
+extern "C" loom_status loom_cuda_add_rmsnorm16(loom_cuda *c, void *d_y16, float *d_x,
+                                               const float *d_r, const float *d_w, int T, int n,
+                                               float eps, loom_cuda_dtype dt) {
+    if (T <= 0 || n <= 0) return LOOM_OK;
+    if (dt != LOOM_CUDA_F16 && dt != LOOM_CUDA_BF16)
+        return loom_err(LOOM_ERR_INVALID_ARG, "cuda add_rmsnorm16: output type %d (expected "
+                        "f16 or bf16)", (int)dt);
+    add_rmsnorm16_kernel<<<T, n <= 256 ? 64 : ROW_THREADS, 0, c->stream>>>(
+        d_y16, d_x, d_r, d_w, n, eps, dt == LOOM_CUDA_F16);
+    LAUNCH_CHECK();
+    return LOOM_OK;
+}
+
 /* The same table on the device from positions there (decode steps replay
  * a captured graph; only the positions change). Double angles, as above. */
 __global__ void rope_table_kernel(float *cs, float *sn, int ld, const int32_t *pos, int T,
@@ -182,17 +220,22 @@ extern "C" loom_status loom_cuda_gelu_tanh_mul(loom_cuda *c, float *d_g, const f
 /* The gate and up projections of one fused GEMM: gu (T, 2n), gate in
  * columns [0, n), up in [n, 2n). out (T, n) = act(gate) * up, each value
  * computed as silu_mul_kernel / gelu_tanh_mul_kernel compute it. */
-__global__ void act_mul_split_kernel(float *out, const float *gu, int n, size_t total, int gelu) {
+/* out_ty: 0 f32, 1 f16, 2 bf16 (loom_cuda_dtype) */
+__global__ void act_mul_split_kernel(void *out, const float *gu, int n, size_t total, int gelu,
+                                     int out_ty) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= total) return;
     size_t t = i / (size_t)n, k = i % (size_t)n;
-    float x = gu[t * 2 * n + k], u = gu[t * 2 * n + n + k];
+    float x = gu[t * 2 * n + k], u = gu[t * 2 * n + n + k], v;
     if (gelu) {
         float in = 0.7978845608028654f * (x + 0.044715f * x * x * x);
-        out[i] = 0.5f * x * (1.0f + tanhf(in)) * u;
+        v = 0.5f * x * (1.0f + tanhf(in)) * u;
     } else {
-        out[i] = x / (1.0f + expf(-x)) * u;
+        v = x / (1.0f + expf(-x)) * u;
     }
+    if (out_ty == LOOM_CUDA_F16) ((__half *)out)[i] = __float2half_rn(v);
+    else if (out_ty == LOOM_CUDA_BF16) ((__nv_bfloat16 *)out)[i] = __float2bfloat16_rn(v);
+    else ((float *)out)[i] = v;
 }
 
 extern "C" loom_status loom_cuda_act_mul_split(loom_cuda *c, float *d_out, const float *d_gu,
@@ -200,7 +243,19 @@ extern "C" loom_status loom_cuda_act_mul_split(loom_cuda *c, float *d_out, const
     size_t total = (size_t)T * n;
     if (!total) return LOOM_OK;
     act_mul_split_kernel<<<loom_cuda_blocks(total, 256), 256, 0, c->stream>>>(d_out, d_gu, n,
-                                                                             total, gelu);
+                                                                             total, gelu, 0);
+    LAUNCH_CHECK();
+    return LOOM_OK;
+}
+
+extern "C" loom_status loom_cuda_act_mul_split16(loom_cuda *c, void *d_out16, const float *d_gu,
+                                                 int T, int n, int gelu, loom_cuda_dtype dt) {
+    size_t total = (size_t)T * n;
+    if (!total) return LOOM_OK;
+    if (dt != LOOM_CUDA_F16 && dt != LOOM_CUDA_BF16)
+        return loom_err(LOOM_ERR_INVALID_ARG, "cuda act_mul_split16: output type %d", (int)dt);
+    act_mul_split_kernel<<<loom_cuda_blocks(total, 256), 256, 0, c->stream>>>(
+        d_out16, d_gu, n, total, gelu, (int)dt);
     LAUNCH_CHECK();
     return LOOM_OK;
 }

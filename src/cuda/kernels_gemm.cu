@@ -49,6 +49,23 @@ extern "C" loom_status loom_cuda_gemm(loom_cuda *c, float *d_y, const float *d_x
     return LOOM_OK;
 }
 
+/* The same with x already in the weight's 16-bit type (made so by the
+ * kernel before: add_rmsnorm16, act_mul_split16): no conversion pass. */
+extern "C" loom_status loom_cuda_gemm16(loom_cuda *c, float *d_y, const void *d_x16,
+                                        const void *d_w, loom_cuda_dtype dt, int T, int rows,
+                                        int cols) {
+    if (T <= 0 || rows <= 0) return LOOM_OK;
+    if (cols <= 0 || (dt != LOOM_CUDA_F16 && dt != LOOM_CUDA_BF16))
+        return loom_err(LOOM_ERR_INVALID_ARG, "cuda gemm16: %d columns, type %d (expected f16 "
+                        "or bf16)", cols, (int)dt);
+    const float one = 1.0f, zero = 0.0f;
+    cudaDataType_t ty = dt == LOOM_CUDA_F16 ? CUDA_R_16F : CUDA_R_16BF;
+    CUBLAS_CHECK(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, T, cols, &one, d_w, ty,
+                              cols, d_x16, ty, cols, &zero, d_y, CUDA_R_32F, rows,
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return LOOM_OK;
+}
+
 /* ---- MLX affine-quantized GEMV ----------------------------------------- */
 
 #define Q_TOK 4    /* tokens one warp carries at once */

@@ -52,9 +52,11 @@ typedef struct side {
     loom_kv_seq a, b;
 } side;
 
+/* fixture: a name under tests/fixtures/models, or a directory path. */
 static void run_fixture(const char *fixture, loom_kv_type kvt) {
-    char dir[256];
-    snprintf(dir, sizeof dir, "tests/fixtures/models/%s", fixture);
+    char dir[1024];
+    if (strchr(fixture, '/')) snprintf(dir, sizeof dir, "%s", fixture);
+    else snprintf(dir, sizeof dir, "tests/fixtures/models/%s", fixture);
     const char *kvn = loom_kv_type_name(kvt);
     loom_model *m = NULL;
     if (loom_model_load(dir, NULL, &m) != LOOM_OK) {
@@ -173,6 +175,17 @@ int main(void) {
     for (size_t i = 0; i < sizeof fixtures / sizeof fixtures[0]; i++) {
         run_fixture(fixtures[i], LOOM_KV_F32);
         run_fixture(fixtures[i], LOOM_KV_F16);
+    }
+    /* LOOM_CUDA_TEST_MODELS: extra model directories (tools/cuda_check.sh
+     * writes random bf16 ones with gen_model), run with bf16 and f32 KV:
+     * the paths the fixtures' f32 weights never take (16-bit activations,
+     * tensor-core prefill attention, the vectorised decode kernel). */
+    const char *extra = getenv("LOOM_CUDA_TEST_MODELS");
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", extra ? extra : "");
+    for (char *sv = NULL, *d = strtok_r(buf, " ", &sv); d; d = strtok_r(NULL, " ", &sv)) {
+        run_fixture(d, LOOM_KV_BF16);
+        run_fixture(d, LOOM_KV_F32);
     }
     loom_cuda_free(C);
     printf("cuda forward: %d passed, %d failed\n", n_pass, n_fail);

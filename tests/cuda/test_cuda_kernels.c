@@ -279,9 +279,112 @@ static int test_act_split(int T, int n, int gelu) {
     return ok;
 }
 
-/* ---- embedding ---------------------------------------------------------- */
+/* ---- 16-bit activations ------------------------------------------------ */
 
 static const char *DT_NAME[] = {"f32", "f16", "bf16"};
+
+/* Host copies of n 16-bit values as f32. */
+static void from16(float *out, const uint16_t *h, size_t n, loom_cuda_dtype dt) {
+    for (size_t i = 0; i < n; i++)
+        out[i] = dt == LOOM_CUDA_F16 ? loom_f16_to_f32(h[i]) : loom_bf16_to_f32(h[i]);
+}
+
+static float round16(float v, loom_cuda_dtype dt) {
+    return dt == LOOM_CUDA_F16 ? loom_f16_to_f32(loom_f32_to_f16(v))
+                               : loom_bf16_to_f32(loom_f32_to_bf16(v));
+}
+
+/* add_rmsnorm16: x + r (exact), then the reference RMSNorm rounded to dt;
+ * the GPU's sum order may move a value across a rounding boundary: one
+ * unit in the last place allowed. */
+static int test_add_rmsnorm16(int T, int n, int with_r, loom_cuda_dtype dt) {
+    char what[96];
+    snprintf(what, sizeof what, "%s T=%d n=%d add=%d", DT_NAME[dt], T, n, with_r);
+    size_t N = (size_t)T * n;
+    float *x = xmalloc(N * 4), *r = xmalloc(N * 4), *w = xmalloc((size_t)n * 4);
+    float *ref = xmalloc(2 * N * 4), *got = xmalloc(2 * N * 4);
+    uint16_t *h16 = xmalloc(N * 2);
+    fill(x, N, 3.0f);
+    fill(r, N, 2.0f);
+    fill(w, (size_t)n, 1.0f);
+    for (size_t i = 0; i < N; i++) ref[N + i] = with_r ? x[i] + r[i] : x[i];  /* new x */
+    for (int t = 0; t < T; t++)
+        loom_kernels_ref.rmsnorm(ref + (size_t)t * n, ref + N + (size_t)t * n, w, n, 1e-6f);
+    for (size_t i = 0; i < N; i++) ref[i] = round16(ref[i], dt);
+    float *dx = up(x, N * 4), *dr = up(r, N * 4), *dw = up(w, (size_t)n * 4);
+    void *dy = NULL;
+    int ok = 0;
+    if (!dx || !dr || !dw || loom_cuda_alloc(C, &dy, N * 2) != LOOM_OK) {
+        api_fail("add_rmsnorm16", what, LOOM_ERR_NOMEM);
+    } else {
+        loom_status st = loom_cuda_add_rmsnorm16(C, dy, dx, with_r ? dr : NULL, dw, T, n, 1e-6f, dt);
+        if (st == LOOM_OK) st = loom_cuda_download(C, h16, dy, N * 2);
+        if (st == LOOM_OK) st = loom_cuda_download(C, got + N, dx, N * 4);
+        if (st != LOOM_OK) {
+            api_fail("add_rmsnorm16", what, st);
+        } else {
+            from16(got, h16, N, dt);
+            float *bound = xmalloc(2 * N * 4);
+            float ulp = dt == LOOM_CUDA_F16 ? 1.0f / 1024 : 1.0f / 128;
+            for (size_t i = 0; i < N; i++) {
+                bound[i] = ulp * fabsf(ref[i]) + 1e-6f;
+                bound[N + i] = 0;  /* the sum x + r is one f32 add on both sides */
+            }
+            ok = report("add_rmsnorm16", what, got, ref, bound, 2 * N, 0, 0);
+            free(bound);
+        }
+    }
+    loom_cuda_release(C, dx);
+    loom_cuda_release(C, dr);
+    loom_cuda_release(C, dw);
+    loom_cuda_release(C, dy);
+    free(x), free(r), free(w), free(ref), free(got), free(h16);
+    return ok;
+}
+
+/* act_mul_split16: the f32 reference rounded to dt, one ulp allowed. */
+static int test_act_split16(int T, int n, int gelu, loom_cuda_dtype dt) {
+    char what[96];
+    snprintf(what, sizeof what, "%s T=%d n=%d %s", DT_NAME[dt], T, n, gelu ? "gelu" : "silu");
+    size_t N = (size_t)T * n;
+    float *gu = xmalloc(2 * N * 4), *ref = xmalloc(N * 4), *got = xmalloc(N * 4);
+    float *u = xmalloc((size_t)n * 4), *bound = xmalloc(N * 4);
+    uint16_t *h16 = xmalloc(N * 2);
+    fill(gu, 2 * N, 8.0f);
+    for (int t = 0; t < T; t++) {
+        memcpy(ref + (size_t)t * n, gu + (size_t)t * 2 * n, (size_t)n * 4);
+        memcpy(u, gu + (size_t)t * 2 * n + n, (size_t)n * 4);
+        if (gelu) loom_kernels_ref.gelu_tanh_mul(ref + (size_t)t * n, u, n);
+        else loom_kernels_ref.silu_mul(ref + (size_t)t * n, u, n);
+    }
+    float ulp = dt == LOOM_CUDA_F16 ? 1.0f / 1024 : 1.0f / 128;
+    for (size_t i = 0; i < N; i++) {
+        bound[i] = ulp * fabsf(ref[i]) + 1e-5f * (1 + fabsf(ref[i]));
+        ref[i] = round16(ref[i], dt);
+    }
+    float *dgu = up(gu, 2 * N * 4);
+    void *dout = NULL;
+    int ok = 0;
+    if (!dgu || loom_cuda_alloc(C, &dout, N * 2) != LOOM_OK) {
+        api_fail("act_split16", what, LOOM_ERR_NOMEM);
+    } else {
+        loom_status st = loom_cuda_act_mul_split16(C, dout, dgu, T, n, gelu, dt);
+        if (st == LOOM_OK) st = loom_cuda_download(C, h16, dout, N * 2);
+        if (st != LOOM_OK) {
+            api_fail("act_split16", what, st);
+        } else {
+            from16(got, h16, N, dt);
+            ok = report("act_split16", what, got, ref, bound, N, 0, 0);
+        }
+    }
+    loom_cuda_release(C, dgu);
+    loom_cuda_release(C, dout);
+    free(gu), free(ref), free(got), free(u), free(bound), free(h16);
+    return ok;
+}
+
+/* ---- embedding ---------------------------------------------------------- */
+
 
 /* Random table of dtype dt (vocab, cols) and its f32 values. */
 static void *rand_table(loom_cuda_dtype dt, size_t n, float scale, float *as_f32) {
@@ -436,6 +539,50 @@ static int test_gemm(loom_cuda_dtype dt, int T, int rows, int cols) {
 }
 
 /* ---- MLX affine-quantized GEMV ------------------------------------------ */
+
+/* gemm16: x made 16-bit beforehand; the reference takes the same rounded
+ * values, so only the summation order differs. */
+static int test_gemm16(loom_cuda_dtype dt, int T, int rows, int cols) {
+    char what[96];
+    snprintf(what, sizeof what, "%s T=%d rows=%d cols=%d", DT_NAME[dt], T, rows, cols);
+    size_t NW = (size_t)rows * cols, NX = (size_t)T * cols, NY = (size_t)T * rows;
+    float *wf = xmalloc(NW * 4), *x = xmalloc(NX * 4), *ref = xmalloc(NY * 4);
+    float *got = xmalloc(NY * 4), *bound = xmalloc(NY * 4);
+    uint16_t *x16 = xmalloc(NX * 2);
+    void *w = rand_table(dt, NW, 0.5f, wf);
+    fill(x, NX, 2.0f);
+    for (size_t i = 0; i < NX; i++) {
+        x16[i] = dt == LOOM_CUDA_F16 ? loom_f32_to_f16(x[i]) : loom_f32_to_bf16(x[i]);
+        x[i] = dt == LOOM_CUDA_F16 ? loom_f16_to_f32(x16[i]) : loom_bf16_to_f32(x16[i]);
+    }
+    for (int t = 0; t < T; t++)
+        for (int r = 0; r < rows; r++) {
+            double acc = 0, sa = 0;
+            for (int k = 0; k < cols; k++) {
+                double p = (double)x[(size_t)t * cols + k] * wf[(size_t)r * cols + k];
+                acc += p;
+                sa += fabs(p);
+            }
+            ref[(size_t)t * rows + r] = (float)acc;
+            bound[(size_t)t * rows + r] = (float)(2e-5 * sa + 1e-6);
+        }
+    void *dw = up(w, NW * 2), *dx = up(x16, NX * 2);
+    float *dy = NULL;
+    int ok = 0;
+    if (!dw || !dx || loom_cuda_alloc(C, (void **)&dy, NY * 4) != LOOM_OK) {
+        api_fail("gemm16", what, LOOM_ERR_NOMEM);
+    } else {
+        loom_status st = loom_cuda_gemm16(C, dy, dx, dw, dt, T, rows, cols);
+        if (st == LOOM_OK) st = loom_cuda_download(C, got, dy, NY * 4);
+        if (st != LOOM_OK) api_fail("gemm16", what, st);
+        else ok = report("gemm16", what, got, ref, bound, NY, 0, 0);
+    }
+    loom_cuda_release(C, dw);
+    loom_cuda_release(C, dx);
+    loom_cuda_release(C, dy);
+    free(wf), free(x), free(ref), free(got), free(bound), free(w), free(x16);
+    return ok;
+}
 
 static int test_matmul_q(int bits, int group, int f16, int T, int rows, int cols) {
     char what[96];
@@ -757,6 +904,15 @@ int main(void) {
     test_act_split(7, 33, 1);
     test_act_split(33, 1000, 0);
     test_act_split(5, 4097, 1);
+    for (int dt = 1; dt < 3; dt++) {
+        test_act_split16(1, 3072, 0, (loom_cuda_dtype)dt);
+        test_act_split16(7, 33, 1, (loom_cuda_dtype)dt);
+        test_act_split16(33, 1000, 0, (loom_cuda_dtype)dt);
+        test_add_rmsnorm16(1, 1024, 0, (loom_cuda_dtype)dt);
+        test_add_rmsnorm16(7, 4096, 1, (loom_cuda_dtype)dt);
+        test_add_rmsnorm16(33, 1000, 1, (loom_cuda_dtype)dt);
+        test_add_rmsnorm16(3, 7, 1, (loom_cuda_dtype)dt);
+    }
 
     for (int i = 0; i < N_SIZES; i++)
         for (int dt = 0; dt < 3; dt++) test_embed(SIZES[i], (loom_cuda_dtype)dt);
@@ -772,6 +928,9 @@ int main(void) {
     for (int dt = 0; dt < 3; dt++)
         for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
             test_gemm((loom_cuda_dtype)dt, shapes[i][0], shapes[i][1], shapes[i][2]);
+    for (int dt = 1; dt < 3; dt++)
+        for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+            test_gemm16((loom_cuda_dtype)dt, shapes[i][0], shapes[i][1], shapes[i][2]);
 
     static const int qbits[] = {4, 8, 2, 3, 5, 6};
     for (size_t b = 0; b < sizeof qbits / sizeof qbits[0]; b++) {
