@@ -29,6 +29,9 @@
  *   the cache and the request prefills the rest (cut short at the first
  *   file that failed). A restoring request is never preempted, and a
  *   cancelled one waits for its job before releasing its blocks.
+ *   Recurrent-state snapshots on disk (linear-attention models) go the
+ *   same way: the job also reads the highest snapshot above the best one
+ *   in memory that lies within the blocks it restored.
  * - Sessions. A request with a save id parks its whole sequence (and
  *   recurrent state) in the session store when it finishes; a request
  *   naming it resumes at admission: dense models from the longest common
@@ -94,7 +97,6 @@ struct loom_engine {
     loom_restorer *restorer;       /* owned disk reader thread, with disk */
     int n_restoring;               /* running requests in RQ_RESTORING */
     atomic_int restores_ready;     /* finished jobs not yet taken up */
-    void *state_buf;               /* owned scratch for a state read from disk */
     int has_state;                 /* the model keeps recurrent state per sequence */
     int window;                    /* every layer slides over this many tokens; 0 = no */
     char ns_base[256];             /* namespace text: model and KV layout */
@@ -302,21 +304,20 @@ static void spill_state(void *ctx, uint64_t hash, int n_tokens, const void *stat
 /* Linear-attention models: the KV hit is usable only up to the longest
  * boundary with a saved state. Cuts the sequence back to it and restores
  * the state there (or to nothing). Returns the tokens resumed. */
-static int resume_from_snapshot(loom_engine *e, loom_request *r) {
+static int resume_from_snapshot(loom_engine *e, loom_request *r, const loom_restore_job *j) {
     loom_kv_seq *seq = &r->seq;
     int bs = e->kv->block_size;
     for (int i = seq->n_blocks - 1; i >= 0; i--) {
-        uint64_t h = e->kv->hash[seq->blocks[i]];
+        uint64_t h = seq->blocks[i] >= 0 ? e->kv->hash[seq->blocks[i]] : 0;
         int n = 0;
         const void *st = h ? loom_snapshots_find(e->snaps, h, &n) : NULL;
-        if (!st && h && e->disk) { /* a snapshot from an earlier run */
-            size_t bytes = loom_seq_state_bytes(e->m);
-            if (!e->state_buf) e->state_buf = malloc(bytes);
-            if (e->state_buf && loom_kvdisk_get_state(e->disk, h, &n, e->state_buf, bytes) == 0) {
-                void *buf = loom_snapshots_put(e->snaps, h, n);
-                if (buf) memcpy(buf, e->state_buf, bytes);
-                st = buf ? buf : e->state_buf;
-            }
+        if (!st && j && j->state_found >= 0 && j->state_block[j->state_found] == i) {
+            /* a snapshot of an earlier run, read by the restore thread */
+            h = j->state_hash[j->state_found];
+            n = j->state_tokens;
+            void *buf = loom_snapshots_put(e->snaps, h, n);
+            if (buf) memcpy(buf, j->state, j->state_bytes);
+            st = j->state;
         }
         if (!st || n != (i + 1) * bs) continue;
         loom_kv_seq_truncate(e->kv, seq, n);
@@ -383,8 +384,10 @@ static void restore_done(void *ctx) {
     pthread_mutex_unlock(&e->mu);
 }
 
-/* The blocks after the memory hit that the disk tier holds, in chain
- * order, from its index (no I/O); NULL when there are none. */
+/* What the disk tier can add to a memory hit, from its index (no I/O):
+ * the blocks after the hit, in chain order, and for models with recurrent
+ * state the snapshots at boundaries above the highest one in memory.
+ * NULL when there is nothing. */
 static loom_restore_job *plan_restore(loom_engine *e, loom_request *r) {
     int bs = e->kv->block_size, first = r->seq.n_blocks, max = (r->prefill_len - 1) / bs, n = 0;
     uint64_t chain = r->seq.chain;
@@ -394,14 +397,35 @@ static loom_restore_job *plan_restore(loom_engine *e, loom_request *r) {
         chain = h;
         n++;
     }
-    loom_restore_job *j = n ? loom_restore_job_new(n) : NULL;
-    if (!j) return NULL;
+    uint64_t *bh = malloc(sizeof *bh * (size_t)(first + n + 1)); /* each block's chain hash */
+    if (!bh) return NULL;
     chain = r->seq.chain;
-    for (int i = 0; i < n; i++) {
-        j->parent[i] = chain;
-        j->hash[i] = chain = loom_kv_chain_hash(chain, r->tokens + (size_t)(first + i) * bs, bs);
+    for (int i = 0; i < first + n; i++)
+        bh[i] = i < first ? e->kv->hash[r->seq.blocks[i]]
+                          : (chain = loom_kv_chain_hash(chain, r->tokens + (size_t)i * bs, bs));
+    int n_states = 0, *at = NULL;
+    if (e->snaps && first + n > 0 && (at = malloc(sizeof *at * (size_t)(first + n)))) {
+        for (int i = first + n - 1; i >= 0; i--) {
+            int bn = 0;
+            if (bh[i] && loom_snapshots_find(e->snaps, bh[i], &bn) && bn == (i + 1) * bs) break;
+            if (bh[i] && loom_kvdisk_has_state(e->disk, bh[i])) at[n_states++] = i;
+        }
     }
-    j->tokens = r->tokens + (size_t)first * bs;
+    loom_restore_job *j = n || n_states ? loom_restore_job_new(n, n_states, loom_seq_state_bytes(e->m)) : NULL;
+    if (j) {
+        j->first = first;
+        for (int i = 0; i < n; i++) {
+            j->parent[i] = first + i ? bh[first + i - 1] : r->seq.chain;
+            j->hash[i] = bh[first + i];
+        }
+        for (int c = 0; c < n_states; c++) {
+            j->state_block[c] = at[c];
+            j->state_hash[c] = bh[at[c]];
+        }
+        j->tokens = r->tokens + (size_t)first * bs;
+    }
+    free(at);
+    free(bh);
     return j;
 }
 
@@ -417,14 +441,18 @@ static void finish_restores(loom_engine *e) {
         e->n_restoring--;
         for (int k = 0; k < j->n_ok; k++) loom_kvdisk_account(e->disk, j->hash[k], LOOM_KVDISK_OK, NULL, j->bytes[k]);
         if (j->n_ok < j->n) loom_kvdisk_account(e->disk, j->hash[j->n_ok], j->result, j->why, j->bytes[j->n_ok]);
+        for (int c = 0; c < j->n_states; c++)
+            if (j->state_result[c] >= 0)
+                loom_kvdisk_account_state(e->disk, j->state_hash[c], j->state_result[c], j->state_why[c],
+                                          j->state_bytes);
         e->kv->tier_hits += (uint64_t)j->n_ok;
         e->kv->hits += (uint64_t)j->n_ok;
         e->kv->misses -= (uint64_t)j->n_ok;
-        int first = (int)(j->tokens - r->tokens) / bs;
+        int first = j->first;
         r->seq.n_tokens = (first + j->n_ok) * bs;
         loom_kv_cache_commit(e->kv, &r->seq, r->tokens, r->ns);
         int hit = r->seq.n_tokens;
-        if (e->snaps) hit = resume_from_snapshot(e, r);
+        if (e->snaps) hit = resume_from_snapshot(e, r, j);
         loom_rq_span(r, "cache.disk_restore", j->t_submit, loom_now(), 0, 0, j->n_ok * bs, first * bs);
         loom_restore_job_free(j);
         r->restore = NULL;
@@ -523,7 +551,7 @@ static int step(loom_engine *e) {
         if (hit < 0) {
             hit = e->cache ? loom_kv_cache_lookup(e->kv, &r->seq, r->tokens, r->prefill_len, r->ns) : 0;
             if (e->restorer) job = plan_restore(e, r);
-            if (e->snaps && !job) hit = resume_from_snapshot(e, r); /* after a restore, else */
+            if (e->snaps && !job) hit = resume_from_snapshot(e, r, NULL); /* after a restore, else */
         }
         make_room(e, blocks_for(e, r->prefill_len + 1) - r->seq.n_blocks);
         if (blocks_for(e, r->prefill_len + 1) - r->seq.n_blocks > loom_kv_available(e->kv) ||
@@ -541,7 +569,7 @@ static int step(loom_engine *e) {
         loom_rq_span(r, "cache.lookup_restore", tl, r->t_admit, 0, 0, 0, 0);
         e->running[e->n_running++] = r;
         if (job) { /* its blocks come from disk first; others go on meanwhile */
-            for (int k = 0; k < job->n; k++) job->block[k] = r->seq.blocks[hit / e->kv->block_size + k];
+            for (int k = 0; k < job->n; k++) job->block[k] = r->seq.blocks[job->first + k];
             job->t_submit = loom_now();
             r->restore = job;
             r->state = RQ_RESTORING;
@@ -842,7 +870,6 @@ void loom_engine_free(loom_engine *e) {
     }
     loom_kv_pool_free(e->kv);
     loom_snapshots_free(e->snaps);
-    free(e->state_buf);
     loom_exec_free(e->fwd);
     loom_free(e->logits);
     free(e->rows);

@@ -473,31 +473,55 @@ static int bad_state(loom_kvdisk *d, uint64_t hash, const char *why) {
     return -1;
 }
 
-int loom_kvdisk_get_state(loom_kvdisk *d, uint64_t hash, int *n_tokens, void *state, size_t bytes) {
-    if (find_entry_kind(d, hash, 1) < 0) return -1;
+int loom_kvdisk_has_state(const loom_kvdisk *d, uint64_t hash) { return find_entry_kind(d, hash, 1) >= 0; }
+
+int loom_kvdisk_read_state(const loom_kvdisk *d, uint64_t hash, int *n_tokens, void *state, size_t bytes,
+                           const char **why) {
+    *why = NULL;
     char path[4096];
     file_name_kind(d, hash, 1, path, sizeof path);
     FILE *f = fopen(path, "rb");
-    if (!f) {
-        int i = find_entry_kind(d, hash, 1);
-        if (i >= 0) drop_entry(d, i);
-        return -1;
-    }
+    if (!f) return LOOM_KVDISK_GONE;
     uint8_t h[KVD_HEADER];
     char extra;
     int ok = fread(h, 1, sizeof h, f) == sizeof h && fread(state, 1, bytes, f) == bytes &&
              fread(&extra, 1, 1, f) == 0;
     fclose(f);
-    if (!ok) return bad_state(d, hash, "wrong size (truncated or foreign)");
-    if (memcmp(h, KVS_MAGIC, 8) != 0) return bad_state(d, hash, "bad magic");
-    if (get32(h + 8) != KVD_VERSION || get32(h + 12) != KVD_HEADER)
-        return bad_state(d, hash, "unsupported version");
-    if (get64(h + 48) != bytes) return bad_state(d, hash, "state size differs from this model's");
-    if (get64(h + 32) != hash) return bad_state(d, hash, "hash does not match the file name");
-    if (XXH64(state, bytes, 0) != get64(h + 56)) return bad_state(d, hash, "checksum mismatch");
+#define BAD(text) return (*why = (text), LOOM_KVDISK_BAD)
+    if (!ok) BAD("wrong size (truncated or foreign)");
+    if (memcmp(h, KVS_MAGIC, 8) != 0) BAD("bad magic");
+    if (get32(h + 8) != KVD_VERSION || get32(h + 12) != KVD_HEADER) BAD("unsupported version");
+    if (get64(h + 48) != bytes) BAD("state size differs from this model's");
+    if (get64(h + 32) != hash) BAD("hash does not match the file name");
+    if (XXH64(state, bytes, 0) != get64(h + 56)) BAD("checksum mismatch");
+#undef BAD
     *n_tokens = (int)get32(h + 16);
-    d->st.reads++;
-    d->st.read_bytes += KVD_HEADER + bytes;
-    add_entry_kind(d, hash, KVD_HEADER + bytes, 1);
-    return 0;
+    return LOOM_KVDISK_OK;
+}
+
+void loom_kvdisk_account_state(loom_kvdisk *d, uint64_t hash, int result, const char *why, size_t bytes) {
+    int i;
+    switch (result) {
+    case LOOM_KVDISK_OK:
+        d->st.reads++;
+        d->st.read_bytes += KVD_HEADER + bytes;
+        add_entry_kind(d, hash, KVD_HEADER + bytes, 1);
+        break;
+    case LOOM_KVDISK_GONE:
+        if ((i = find_entry_kind(d, hash, 1)) >= 0) drop_entry(d, i);
+        break;
+    case LOOM_KVDISK_BAD:
+        bad_state(d, hash, why);
+        break;
+    default:
+        break;
+    }
+}
+
+int loom_kvdisk_get_state(loom_kvdisk *d, uint64_t hash, int *n_tokens, void *state, size_t bytes) {
+    if (find_entry_kind(d, hash, 1) < 0) return -1;
+    const char *why;
+    int r = loom_kvdisk_read_state(d, hash, n_tokens, state, bytes, &why);
+    loom_kvdisk_account_state(d, hash, r, why, bytes);
+    return r == LOOM_KVDISK_OK ? 0 : -1;
 }

@@ -87,5 +87,12 @@ int loom_kvdisk_put_state(loom_kvdisk *d, uint64_t hash, int n_tokens, const voi
 /* Reads the snapshot with this hash into state (bytes long); 0 on success,
  * with *n_tokens set. Damaged files are reported and deleted. */
 int loom_kvdisk_get_state(loom_kvdisk *d, uint64_t hash, int *n_tokens, void *state, size_t bytes);
+/* The same in two halves, like loom_kvdisk_read and _account: whether a
+ * state file is indexed (no I/O); reading it on any thread (no index or
+ * counters touched); accounting the result on the engine thread. */
+int loom_kvdisk_has_state(const loom_kvdisk *d, uint64_t hash);
+int loom_kvdisk_read_state(const loom_kvdisk *d, uint64_t hash, int *n_tokens, void *state, size_t bytes,
+                           const char **why);
+void loom_kvdisk_account_state(loom_kvdisk *d, uint64_t hash, int result, const char *why, size_t bytes);
 
 #endif

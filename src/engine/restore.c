@@ -32,6 +32,21 @@ static void run(loom_restorer *w, loom_restore_job *j) {
         }
         j->n_ok++;
     }
+    /* a state only counts at a boundary whose blocks are all there */
+    j->state_found = -1;
+    for (int c = 0; c < j->n_states; c++) j->state_result[c] = -1;
+    for (int c = 0; c < j->n_states; c++) {
+        if (j->state_block[c] >= j->first + j->n_ok) continue;
+        int n = 0;
+        j->state_result[c] = loom_kvdisk_read_state(w->d, j->state_hash[c], &n, j->state, j->state_bytes,
+                                                    &j->state_why[c]);
+        if (j->state_result[c] == LOOM_KVDISK_OK && n == (j->state_block[c] + 1) * bs) {
+            j->state_found = c;
+            j->state_tokens = n;
+            break;
+        }
+        if (j->state_result[c] == LOOM_KVDISK_OK) j->state_result[c] = LOOM_KVDISK_MISS;
+    }
 }
 
 static void *worker(void *arg) {
@@ -93,16 +108,25 @@ void loom_restorer_free(loom_restorer *w) {
     free(w);
 }
 
-loom_restore_job *loom_restore_job_new(int n) {
+loom_restore_job *loom_restore_job_new(int n, int n_states, size_t state_bytes) {
     loom_restore_job *j = calloc(1, sizeof *j);
     if (!j) return NULL;
     j->n = n;
-    j->hash = malloc(sizeof *j->hash * (size_t)n);
-    j->parent = malloc(sizeof *j->parent * (size_t)n);
-    j->block = malloc(sizeof *j->block * (size_t)n);
-    j->bytes = calloc((size_t)n, sizeof *j->bytes);
+    j->hash = malloc(sizeof *j->hash * (size_t)(n + 1));
+    j->parent = malloc(sizeof *j->parent * (size_t)(n + 1));
+    j->block = malloc(sizeof *j->block * (size_t)(n + 1));
+    j->bytes = calloc((size_t)n + 1, sizeof *j->bytes);
+    j->n_states = n_states;
+    j->state_hash = malloc(sizeof *j->state_hash * (size_t)(n_states + 1));
+    j->state_block = malloc(sizeof *j->state_block * (size_t)(n_states + 1));
+    j->state_result = malloc(sizeof *j->state_result * (size_t)(n_states + 1));
+    j->state_why = calloc((size_t)n_states + 1, sizeof *j->state_why);
+    j->state_bytes = n_states ? state_bytes : 0;
+    j->state = n_states ? malloc(state_bytes) : NULL;
+    j->state_found = -1;
     atomic_init(&j->done, 0);
-    if (!j->hash || !j->parent || !j->block || !j->bytes) {
+    if (!j->hash || !j->parent || !j->block || !j->bytes || !j->state_hash || !j->state_block ||
+        !j->state_result || !j->state_why || (n_states && !j->state)) {
         loom_restore_job_free(j);
         return NULL;
     }
@@ -115,6 +139,11 @@ void loom_restore_job_free(loom_restore_job *j) {
     free(j->parent);
     free(j->block);
     free(j->bytes);
+    free(j->state_hash);
+    free(j->state_block);
+    free(j->state_result);
+    free(j->state_why);
+    free(j->state);
     free(j);
 }
 

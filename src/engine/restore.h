@@ -19,16 +19,28 @@
 
 typedef struct loom_restore_job {
     /* set by the engine thread before submit */
-    int n;                   /* block files to read, in chain order */
+    int first;               /* sequence index of the first block to read */
+    int n;                   /* block files to read, in chain order (may be 0) */
     uint64_t *hash, *parent; /* owned [n]: each block's chain hash and the one before */
     int *block;              /* owned [n]: pool blocks the request owns alone */
     const int32_t *tokens;   /* borrowed (n, block_size): each block's tokens */
+    /* models with recurrent state: snapshot files worth reading, highest
+     * boundary first; the first one read whole wins */
+    int n_states;
+    uint64_t *state_hash;    /* owned [n_states] */
+    int *state_block;        /* owned [n_states]: sequence index of the block it ends */
+    void *state;             /* owned [state_bytes]: the state read */
+    size_t state_bytes;
     double t_submit;
     /* set by the worker, valid once done */
     int n_ok;                /* leading blocks read */
     int result;              /* LOOM_KVDISK_* of block n_ok when n_ok < n */
     const char *why;         /* static, for a damaged file */
     size_t *bytes;           /* owned [n]: file sizes read */
+    int state_found;         /* index of the state read, or -1 */
+    int state_tokens;        /* its boundary */
+    int *state_result;       /* owned [n_states]: LOOM_KVDISK_* per state, -1 = not tried */
+    const char **state_why;  /* owned [n_states] */
     atomic_int done;
     struct loom_restore_job *next; /* queue link, worker side */
 } loom_restore_job;
@@ -41,8 +53,9 @@ loom_status loom_restorer_create(loom_kvdisk *d, loom_kv_pool *p, void (*notify)
                                  loom_restorer **out);
 /* Waits for every submitted job, then stops the worker. */
 void loom_restorer_free(loom_restorer *w);
-/* A job for n blocks (arrays allocated), or NULL when out of memory. */
-loom_restore_job *loom_restore_job_new(int n);
+/* A job for n blocks and n_states snapshot candidates of state_bytes
+ * each (arrays allocated), or NULL when out of memory. */
+loom_restore_job *loom_restore_job_new(int n, int n_states, size_t state_bytes);
 void loom_restore_job_free(loom_restore_job *j);
 void loom_restorer_submit(loom_restorer *w, loom_restore_job *j);
 /* Blocks until every submitted job is done. */
