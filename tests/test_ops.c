@@ -155,6 +155,37 @@ static void test_matmul(void) {
     check_matmul(W_BF16, 8300, 1, 5, 0, 5, 8300, 5);
 }
 
+/* Batch invariance: each output the same bits whether its token comes
+ * alone, among others, or its row in another row range (the engine's
+ * prefix cache and chunked prefill rely on it). Checked on the tables that
+ * promise it: the reference and the exact AVX-512 entries. */
+static void test_matmul_batch_invariant(void) {
+    static const int ns[] = {1, 17, 1029, 3000};
+    enum { T = 50, ROWS = 11 };
+    for (int dt = 0; dt < 3; dt++)
+        for (size_t ni = 0; ni < LOOM_ARRAY_LEN(ns); ni++) {
+            int n = ns[ni];
+            void *w = dt == W_F32 ? (void *)rand_f32((size_t)ROWS * n, 1.0f)
+                                  : (void *)rand_h16((size_t)ROWS * n, dt == W_BF16);
+            float *x = rand_f32((size_t)T * n, 1.0f);
+            float *all = malloc(sizeof(float) * T * ROWS), *part = malloc(sizeof(float) * T * ROWS);
+            call_mm(K, dt, all, ROWS, x, n, w, n, T, 0, ROWS);
+            /* one token at a time; then uneven token chunks over two row ranges */
+            for (int t = 0; t < T; t++) call_mm(K, dt, part + t * ROWS, ROWS, x + (size_t)t * n, n, w, n, 1, 0, ROWS);
+            CHECKF(!memcmp(all, part, sizeof(float) * T * ROWS), "batch invariance dt %d n %d: T=%d vs 1", dt, n, T);
+            for (int t0 = 0, c = 2; t0 < T; t0 += c, c = c * 2 + 1) {
+                int tt = LOOM_MIN(c, T - t0);
+                call_mm(K, dt, part + t0 * ROWS, ROWS, x + (size_t)t0 * n, n, w, n, tt, 0, 3);
+                call_mm(K, dt, part + t0 * ROWS, ROWS, x + (size_t)t0 * n, n, w, n, tt, 3, ROWS);
+            }
+            CHECKF(!memcmp(all, part, sizeof(float) * T * ROWS), "batch invariance dt %d n %d: chunks", dt, n);
+            free(w);
+            free(x);
+            free(all);
+            free(part);
+        }
+}
+
 /* One-hot weights (w[r][k] = 1 for k == r): y[t][r] is the product of one
  * activation and 1 whatever the summation order, so every table must
  * match its reference bit for bit. The activations sit on and next to the
@@ -767,13 +798,16 @@ static void test_argmax(void) {
     }
 }
 
-/* Every test over table k, against reference table r. */
-static void run_all(const char *label, const loom_kernels *k, const loom_kernels *r) {
+/* Every test over table k, against reference table r; batch_invariant:
+ * k's dense matmuls promise bit-identical outputs for any batch. */
+static void run_all(const char *label, const loom_kernels *k, const loom_kernels *r,
+                    int batch_invariant) {
     fprintf(stderr, "test_ops: %s kernels against %s\n", label, r->name);
     K = k;
     R = r;
     test_matmul();
     test_matmul_specials();
+    if (batch_invariant) test_matmul_batch_invariant();
     test_matmul_rounding();
     test_matmul_q();
     test_dot_axpy();
@@ -805,7 +839,7 @@ int main(void) {
         __builtin_cpu_supports("f16c")) {
         static loom_kernels avx2;
         avx2 = loom_kernels_over(loom_kernels_ref, &loom_kernels_avx2);
-        run_all("avx2", &avx2, &loom_kernels_ref);
+        run_all("avx2", &avx2, &loom_kernels_ref, 0);
         ran = 1;
         if (loom_cpu_has_avx512()) {
             static loom_kernels avx512, avx512_fast;
@@ -813,8 +847,8 @@ int main(void) {
                                        &loom_kernels_avx512_q);
             avx512_fast = loom_kernels_over(
                 loom_kernels_over(avx512, &loom_kernels_avx512_dense_fast), &loom_kernels_avx512_q_fast);
-            run_all("avx512", &avx512, &loom_kernels_ref);
-            run_all("avx512-fast", &avx512_fast, &ref_fast);
+            run_all("avx512", &avx512, &loom_kernels_ref, 1);
+            run_all("avx512-fast", &avx512_fast, &ref_fast, 0);
         } else {
             fprintf(stderr, "test_ops: no AVX-512 (F/BW/DQ/VL/VNNI/BF16); those kernels not tested\n");
         }
@@ -824,7 +858,7 @@ int main(void) {
 #endif
     if (!ran) {
         fprintf(stderr, "test_ops: no SIMD table for this CPU; checking the reference against itself\n");
-        run_all("ref", best, &loom_kernels_ref);
+        run_all("ref", best, &loom_kernels_ref, 1);
     }
     return test_report("test_ops");
 }

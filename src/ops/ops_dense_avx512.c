@@ -3,29 +3,34 @@
  * loom_kernels_get() checked the CPU. Same contract as the AVX2 entries
  * (ops.h): y[t*ldy + r] = x_t . w_r for rows [r0, r1).
  *
- * Two shapes:
- *   - T == 1 (decode): a matvec bound by memory bandwidth. Four rows are
- *     streamed together, 64 bytes of each per step, with software prefetch
- *     into L2 (the hardware prefetchers ramp up too slowly on 2 KiB rows).
- *     (Widening bf16 pairs in place, word << 16 and word & 0xffff0000
- *     against x split into even and odd lanes, ran at 34 GB/s hot against
- *     60 for zero-extend and shift.)
- *   - T > 1 (prefill, decode batches): a packed GEMM. A block of MC rows x
- *     KC columns of w is converted to f32 and transposed once into panels of
- *     32 rows laid out [k][32] (L2), each token block's KC columns of x are
- *     copied beside it (L1), and a 32-row x 12-token register tile (24 of
- *     the 32 zmm accumulators) runs FMAs with x broadcast from memory. Each
- *     weight is converted once per call instead of once per token tile, and
- *     there are no horizontal sums.
+ * Exact entries: one register tile of 4 rows x up to 6 tokens (24 zmm
+ * accumulators), vectorized along the columns: lane l of acc[r][t] sums
+ * x[t][k] w[r][k] over k = l (mod 16) in order, then a fixed reduction
+ * tree. Every output is that same sum whatever T and whatever tile it
+ * falls in, so a prompt computed in one forward, in chunks, or a token
+ * among a batch of decodes (or an expert's share of tokens) gets bit for
+ * bit the same logits; the engine's prefix cache relies on it. (A packed
+ * broadcast GEMM, 32 rows x 12 tokens, ran 5% faster at T = 512 but
+ * differs from any matvec and is 2-3x slower for small batches; it is what
+ * --fast uses below.)
+ *   - The rows a tile reads come from memory once (decode, and the first
+ *     token block of a prefill), with software prefetch into L2; the
+ *     hardware prefetchers ramp up too slowly on 2 KiB rows.
+ *   - Prefill runs token blocks of at most 192 KiB of x (L2), and within
+ *     one block every 4-row tile sweeps the block's tokens 6 at a time
+ *     with its rows in L1, each weight widened once per 6 tokens.
  *
- * The --fast variant (bf16 weights only): x is rounded to bf16 (nearest
- * even, VCVTNE2PS2BF16) and VDPBF16PS multiplies pairs of bf16 values into
- * f32 sums, twice the FMA rate. The panels then hold 32-bit pairs of
- * consecutive columns, [k/2][32]. ops_dense_fast_ref.c is its reference.
+ * --fast (bf16 weights only): x is rounded to bf16 (nearest even,
+ * VCVTNE2PS2BF16) and VDPBF16PS multiplies pairs of bf16 values into f32
+ * sums, twice the FMA rate. For T >= T_SMALL a block of up to 384 rows x
+ * 512 columns of w is transposed once into panels of 32 rows of 32-bit
+ * column pairs, [k/2][32] (L2), each token block's x is rounded beside it
+ * (L1), and a 32-row x 12-token register tile (24 accumulators) runs with
+ * x broadcast; smaller T streams rows four at a time. ops_dense_fast_ref.c
+ * is its reference; its sums are in another order for T < T_SMALL.
  *
  * Measured peaks on this machine class (Zen 4, one core): 118 GFLOP/s with
- * zmm FMA, 233 GFLOP/s with VDPBF16PS (/tmp microbenchmark, 12
- * independent chains). */
+ * zmm FMA, 233 GFLOP/s with VDPBF16PS (12 independent chains). */
 #include <immintrin.h>
 #include <string.h>
 
@@ -35,8 +40,6 @@
 #define INLINE static inline __attribute__((always_inline))
 
 enum { DT_F32, DT_F16, DT_BF16 };
-
-/* ---- decode: T == 1 ------------------------------------------------------- */
 
 /* Prefetch distance per row into L2; see ops_avx2.c for the measurements
  * behind it (short rows need their next row's start in flight early). */
@@ -55,95 +58,131 @@ INLINE __mmask16 mask16(size_t rem) {
     return rem >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << rem) - 1);
 }
 
-/* Products of 32 weights from element i of w with x (xe: the first 16,
- * xo: the next 16) into a and b. m masks the elements that exist. */
-INLINE void mv_step(__m512 *a, __m512 *b, const void *w, size_t i, __m512 xe, __m512 xo,
-                    __mmask32 m, int dt) {
-    if (dt == DT_BF16) {
-        const uint16_t *p = (const uint16_t *)w + i;
-        __m512i lo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16((__mmask16)m, p));
-        __m512i hi = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16((__mmask16)(m >> 16), p + 16));
-        *a = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(lo, 16)), xe, *a);
-        *b = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(hi, 16)), xo, *b);
-    } else if (dt == DT_F16) {
-        const uint16_t *p = (const uint16_t *)w + i;
-        __m512 lo = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16((__mmask16)m, p));
-        __m512 hi = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16((__mmask16)(m >> 16), p + 16));
-        *a = _mm512_fmadd_ps(lo, xe, *a);
-        *b = _mm512_fmadd_ps(hi, xo, *b);
-    } else {
-        const float *p = (const float *)w + i;
-        *a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps((__mmask16)m, p), xe, *a);
-        *b = _mm512_fmadd_ps(_mm512_maskz_loadu_ps((__mmask16)(m >> 16), p + 16), xo, *b);
-    }
+/* ---- exact: f32 / f16 / bf16 weights, f32 activations ------------------------------ */
+
+#define TR 4 /* rows per register tile */
+#define TT_MAX 6 /* tokens per register tile */
+
+/* 16 weights from element i of w as f32; m masks those that exist. */
+INLINE __m512 wload16(const void *w, size_t i, __mmask16 m, int full, int dt) {
+    if (dt == DT_F32)
+        return full ? _mm512_loadu_ps((const float *)w + i) : _mm512_maskz_loadu_ps(m, (const float *)w + i);
+    const uint16_t *p = (const uint16_t *)w + i;
+    __m256i h = full ? _mm256_loadu_si256((const __m256i *)p) : _mm256_maskz_loadu_epi16(m, p);
+    if (dt == DT_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-/* x[k .. k+32) as two halves (masked past n). */
-INLINE void mv_x(__m512 *xe, __m512 *xo, const float *x, size_t k, __mmask32 m) {
-    *xe = _mm512_maskz_loadu_ps((__mmask16)m, x + k);
-    *xo = _mm512_maskz_loadu_ps((__mmask16)(m >> 16), x + k + 16);
+/* {sum(a), sum(b), sum(c), sum(d)}, each over its 16 lanes by the same
+ * tree: quarters (q0 + q2) + (q1 + q3), then lanes (l0 + l2) + (l1 + l3).
+ * A vector's sum does not depend on its position or its neighbours. */
+INLINE __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
+    __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xee));
+    __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xee));
+    __m512 s = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xdd));
+    s = _mm512_add_ps(s, _mm512_permute_ps(s, 0x4e));
+    s = _mm512_add_ps(s, _mm512_permute_ps(s, 0xb1));
+    return _mm512_castps512_ps128(_mm512_maskz_compress_ps(0x1111, s));
 }
 
-/* y[r0 .. r0+R) = w rows . x, R in 1..4. */
-INLINE void matvec_rows(float *y, const float *x, const void *w, size_t n, int r0, int R,
-                        int dt) {
+/* Register tile: rows [0, R) of w (R <= TR; w at the tile's first row,
+ * rows n apart) x TT tokens of x (ldx apart) into y[t*ldy + r]. Missing
+ * rows repeat the last one and are not stored. With pf, the rows are
+ * prefetched PF_BYTES ahead, running on into the next TR rows. */
+INLINE void ktile(float *y, size_t ldy, const float *x, size_t ldx, const void *w, size_t n,
+                  int R, int TT, int pf, int dt) {
     const size_t sz = dt == DT_F32 ? 4 : 2;
-    __m512 a[4], b[4];
-    size_t base[4];
+    __m512 acc[TR][TT_MAX];
+    size_t base[TR];
 #pragma GCC unroll 4
-    for (int r = 0; r < R; r++) {
-        a[r] = b[r] = _mm512_setzero_ps();
-        base[r] = (size_t)(r0 + r) * n;
+    for (int r = 0; r < TR; r++) {
+        base[r] = (size_t)(r < R ? r : R - 1) * n;
+#pragma GCC unroll 6
+        for (int t = 0; t < TT; t++) acc[r][t] = _mm512_setzero_ps();
     }
     size_t k = 0;
-    for (; k + 32 <= n; k += 32) {
-        __m512 xe, xo;
-        mv_x(&xe, &xo, x, k, 0xffffffffu);
-        prefetch_rows(w, base, R, n, k, sz);
-        if (dt == DT_F32) prefetch_rows(w, base, R, n, k + 16, sz);
+    for (; k + 16 <= n; k += 16) {
+        if (pf && ((k * sz) & 63) == 0) prefetch_rows(w, base, R, n, k, sz);
+        __m512 wv[TR];
 #pragma GCC unroll 4
-        for (int r = 0; r < R; r++) mv_step(&a[r], &b[r], w, base[r] + k, xe, xo, 0xffffffffu, dt);
+        for (int r = 0; r < TR; r++) wv[r] = wload16(w, base[r] + k, 0xffff, 1, dt);
+#pragma GCC unroll 6
+        for (int t = 0; t < TT; t++) {
+            __m512 xv = _mm512_loadu_ps(x + t * ldx + k);
+#pragma GCC unroll 4
+            for (int r = 0; r < TR; r++) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
+        }
     }
     if (k < n) {
-        __mmask32 m = mask32(n - k);
-        __m512 xe, xo;
-        mv_x(&xe, &xo, x, k, m);
+        __mmask16 m = mask16(n - k);
+        __m512 wv[TR];
 #pragma GCC unroll 4
-        for (int r = 0; r < R; r++) mv_step(&a[r], &b[r], w, base[r] + k, xe, xo, m, dt);
+        for (int r = 0; r < TR; r++) wv[r] = wload16(w, base[r] + k, m, 0, dt);
+#pragma GCC unroll 6
+        for (int t = 0; t < TT; t++) {
+            __m512 xv = _mm512_maskz_loadu_ps(m, x + t * ldx + k);
+#pragma GCC unroll 4
+            for (int r = 0; r < TR; r++) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
+        }
     }
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++) y[r0 + r] = _mm512_reduce_add_ps(_mm512_add_ps(a[r], b[r]));
+#pragma GCC unroll 6
+    for (int t = 0; t < TT; t++) {
+        __m128 v = reduce4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]);
+        if (R == TR) _mm_storeu_ps(y + t * ldy, v);
+        else _mm_mask_storeu_ps(y + t * ldy, (__mmask8)((1u << R) - 1), v);
+    }
 }
 
-INLINE void matvec(float *y, const float *x, const void *w, size_t n, int r0, int r1, int dt) {
+static void ktile_any(float *y, size_t ldy, const float *x, size_t ldx, const void *w, size_t n,
+                      int R, int TT, int pf, int dt) {
+#define C(tt)                                                                       \
+    case tt:                                                                        \
+        if (dt == DT_F32) ktile(y, ldy, x, ldx, w, n, R, tt, pf, DT_F32);           \
+        else if (dt == DT_F16) ktile(y, ldy, x, ldx, w, n, R, tt, pf, DT_F16);      \
+        else ktile(y, ldy, x, ldx, w, n, R, tt, pf, DT_BF16);                       \
+        break;
+    switch (TT) { C(1) C(2) C(3) C(4) C(5) C(6) default: break; }
+#undef C
+}
+
+/* Tokens per block: at most 192 KiB of x, so a block stays in L2 while
+ * every row tile sweeps it. */
+INLINE int kblock(size_t n) {
+    size_t tb = ((size_t)48 << 10) / (n ? n : 1) / TT_MAX * TT_MAX;
+    return (int)LOOM_MAX((size_t)TT_MAX, LOOM_MIN(tb, (size_t)1 << 20));
+}
+
+static void matmul_exact(float *y, int ldy, const float *x, int ldx, const void *w, int n_, int T,
+                         int r0, int r1, int dt) {
+    const size_t n = (size_t)n_, ly = (size_t)ldy, lx = (size_t)ldx, sz = dt == DT_F32 ? 4 : 2;
+    const int TB = kblock(n);
     /* The loop prefetches PF_BYTES ahead; the head of the first rows would
      * otherwise arrive one demand miss at a time (a task of the model's row
      * split is only 256-768 KiB at decode). */
-    const size_t sz = dt == DT_F32 ? 4 : 2;
-    for (int i = 0; i < 4 && r0 + i < r1; i++)
+    for (int i = 0; i < TR && r0 + i < r1; i++)
         for (size_t b = 0; b < LOOM_MIN((size_t)PF_BYTES, n * sz); b += 64)
             _mm_prefetch((const char *)w + (size_t)(r0 + i) * n * sz + b, _MM_HINT_T2);
-    int r = r0;
-    for (; r + 4 <= r1; r += 4) matvec_rows(y, x, w, n, r, 4, dt);
-    switch (r1 - r) {
-    case 3: matvec_rows(y, x, w, n, r, 3, dt); break;
-    case 2: matvec_rows(y, x, w, n, r, 2, dt); break;
-    case 1: matvec_rows(y, x, w, n, r, 1, dt); break;
-    default: break;
+    for (int t0 = 0; t0 < T; t0 += TB) {
+        int t1 = LOOM_MIN(T, t0 + TB);
+        for (int r = r0; r < r1; r += TR) {
+            const char *wr = (const char *)w + (size_t)r * n * sz;
+            int R = LOOM_MIN(TR, r1 - r);
+            for (int t = t0; t < t1; t += TT_MAX)
+                ktile_any(y + (size_t)t * ly + r, ly, x + (size_t)t * lx, lx, wr, n, R,
+                          LOOM_MIN(TT_MAX, t1 - t), t0 == 0 && t == t0, dt);
+        }
     }
 }
 
-/* ---- prefill: packed GEMM ----------------------------------------------------- */
+/* ---- --fast: bf16 weights, activations rounded to bf16 ----------------------------- */
 
 #define MR 32  /* rows per panel: two zmm */
 #define NT 12  /* tokens per register tile: 24 accumulators */
-#define KC 256 /* columns per packed block (exact: a panel is 32 KiB of f32) */
-/* Rows per packed block: 384 KiB of f32, in L2. x is read again (from L3:
- * 2-6 MiB at T = 512) for every block, so the block covers a whole task of
- * the model's row split where it can (128-384 rows for Qwen3-0.6B on 2
- * threads); at 128 rows the --fast GEMM spent 8% of its time rounding x. */
-#define MC 384
-/* --fast: the panels hold bf16 pairs, so twice the columns fit. */
+/* Rows per packed block: 384 KiB, in L2. x is read again (from L3: 2-6 MiB
+ * at T = 512) for every block, so the block covers a whole task of the
+ * model's row split where it can (128-384 rows for Qwen3-0.6B on 2
+ * threads); at 128 rows the GEMM spent 8% of its time rounding x. The
+ * panels hold bf16 pairs: 512 columns are a 32 KiB panel. */
 #define KCF 512
 #define MCF 384
 
@@ -177,38 +216,6 @@ INLINE void transpose16(__m512i r[16]) {
     }
 #pragma GCC unroll 16
     for (int i = 0; i < 16; i++) r[i] = t[i];
-}
-
-/* 16 weights of row p from element k as f32 (zero where m is clear). */
-INLINE __m512i load16_f32(const void *p, size_t k, __mmask16 m, int dt) {
-    if (dt == DT_F32) return _mm512_castps_si512(_mm512_maskz_loadu_ps(m, (const float *)p + k));
-    __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)p + k);
-    if (dt == DT_F16) return _mm512_castps_si512(_mm512_cvtph_ps(h));
-    return _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16);
-}
-
-/* Packs rows [0, mr) (mr <= MR; the rest of the panel is zero) of w from
- * column k0, kc columns, as f32 into dst[k * MR + i] for k < kc rounded up
- * to 16 (zero past kc). w points at the panel's first row. */
-INLINE void pack_panel(float *dst, const void *w, size_t n, int mr, size_t k0, int kc, int dt) {
-    const size_t sz = dt == DT_F32 ? 4 : 2;
-    for (int kb = 0; kb < kc; kb += 16) {
-        __mmask16 m = mask16((size_t)(kc - kb));
-#pragma GCC unroll 2
-        for (int h = 0; h < 2; h++) {
-            __m512i r[16];
-#pragma GCC unroll 16
-            for (int i = 0; i < 16; i++) {
-                int row = h * 16 + i;
-                r[i] = row < mr ? load16_f32((const char *)w + (size_t)row * n * sz, k0 + (size_t)kb, m, dt)
-                                : _mm512_setzero_si512();
-            }
-            transpose16(r);
-#pragma GCC unroll 16
-            for (int j = 0; j < 16; j++)
-                _mm512_store_si512((__m512i *)(dst + (size_t)(kb + j) * MR + h * 16), r[j]);
-        }
-    }
 }
 
 /* The same for --fast: bf16 rows packed as 32-bit pairs of columns
@@ -249,26 +256,6 @@ INLINE void store_tile(float *y, size_t ldy, __m512 acc[][2], int TT, int mr, in
     }
 }
 
-/* Register tile, exact: TT tokens of xp ([t][KC] f32) x one panel
- * ([k][MR] f32) over kc columns. */
-INLINE void tile_f32(float *y, size_t ldy, const float *xp, const float *wp, int kc, int TT,
-                     int mr, int add) {
-    __m512 acc[NT][2];
-#pragma GCC unroll 12
-    for (int t = 0; t < TT; t++) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
-#pragma GCC unroll 2
-    for (int k = 0; k < kc; k++) {
-        __m512 w0 = _mm512_load_ps(wp + (size_t)k * MR), w1 = _mm512_load_ps(wp + (size_t)k * MR + 16);
-#pragma GCC unroll 12
-        for (int t = 0; t < TT; t++) {
-            __m512 xb = _mm512_set1_ps(xp[t * KC + k]);
-            acc[t][0] = _mm512_fmadd_ps(w0, xb, acc[t][0]);
-            acc[t][1] = _mm512_fmadd_ps(w1, xb, acc[t][1]);
-        }
-    }
-    store_tile(y, ldy, acc, TT, mr, add);
-}
-
 /* Register tile, --fast: xp holds bf16 pairs [t][KCF/2], wp pairs
  * [kp][MR], kp < kcp. */
 INLINE void tile_bf16(float *y, size_t ldy, const uint32_t *xp, const uint32_t *wp, int kcp,
@@ -288,18 +275,6 @@ INLINE void tile_bf16(float *y, size_t ldy, const uint32_t *xp, const uint32_t *
         }
     }
     store_tile(y, ldy, acc, TT, mr, add);
-}
-
-/* The tile for TT tokens (1..NT), with TT a compile-time constant in each
- * case so the accumulators stay in registers. */
-static void tile_f32_any(float *y, size_t ldy, const float *xp, const float *wp, int kc, int TT,
-                         int mr, int add) {
-    switch (TT) {
-#define C(n) case n: tile_f32(y, ldy, xp, wp, kc, n, mr, add); break;
-    C(1) C(2) C(3) C(4) C(5) C(6) C(7) C(8) C(9) C(10) C(11) C(12)
-#undef C
-    default: break;
-    }
 }
 
 static void tile_bf16_any(float *y, size_t ldy, const uint32_t *xp, const uint32_t *wp, int kcp,
@@ -323,35 +298,9 @@ static void zero_rows(float *y, size_t ldy, int T, int r0, int r1) {
     for (int t = 0; t < T; t++) memset(y + (size_t)t * ldy + r0, 0, sizeof(float) * (size_t)(r1 - r0));
 }
 
-/* Exact GEMM, T > 1. */
-INLINE void gemm(float *y, int ldy, const float *x, int ldx, const void *w, int n_, int T,
-                 int r0, int r1, int dt) {
-    float wp[MC * KC] __attribute__((aligned(64)));
-    float xp[NT * KC] __attribute__((aligned(64)));
-    const size_t n = (size_t)n_, ly = (size_t)ldy, sz = dt == DT_F32 ? 4 : 2;
-    if (n == 0) {
-        zero_rows(y, ly, T, r0, r1);
-        return;
-    }
-    for (int rb = r0; rb < r1; rb += MC) {
-        int mc = LOOM_MIN(MC, r1 - rb);
-        for (size_t k0 = 0; k0 < n; k0 += KC) {
-            int kc = (int)LOOM_MIN((size_t)KC, n - k0);
-            for (int p = 0; p * MR < mc; p++)
-                pack_panel(wp + (size_t)p * MR * KC, (const char *)w + (size_t)(rb + p * MR) * n * sz,
-                           n, LOOM_MIN(MR, mc - p * MR), k0, kc, dt);
-            for (int t0 = 0; t0 < T;) {
-                int tt = token_block(T, t0);
-                for (int t = 0; t < tt; t++)
-                    memcpy(xp + t * KC, x + (size_t)(t0 + t) * ldx + k0, sizeof(float) * (size_t)kc);
-                for (int p = 0; p * MR < mc; p++)
-                    tile_f32_any(y + (size_t)t0 * ly + rb + p * MR, ly, xp, wp + (size_t)p * MR * KC,
-                                 kc, tt, LOOM_MIN(MR, mc - p * MR), k0 > 0);
-                t0 += tt;
-            }
-        }
-    }
-}
+/* Below this many tokens the packing costs more than it saves: --fast
+ * streams rows instead. */
+#define T_SMALL 16
 
 /* x[0 .. kc) rounded to bf16 pairs, zero-padded to an even count. */
 static void round_x_pairs(uint32_t *dst, const float *x, int kc) {
@@ -402,10 +351,6 @@ INLINE void matvec_bf16_rows(float *y, const uint32_t *xp, const uint16_t *w, si
     }
 }
 
-/* Below this many tokens the GEMM's packing costs more than it saves:
- * the weights are streamed from memory (measured T = 4 on [3072 x 1024]:
- * 6.6 GB/s packed against ~18 for the row-streaming kernels). */
-#define T_SMALL 16
 /* Columns of x rounded per pass of the --fast matvec: T_SMALL tokens of
  * bf16 pairs are 64 KiB. */
 #define XCH 2048
@@ -475,34 +420,19 @@ static void gemm_bf16_fast(float *y, int ldy, const float *x, int ldx, const uin
 
 /* ---- entries -------------------------------------------------------------------- */
 
-INLINE void matmul(float *y, int ldy, const float *x, int ldx, const void *w, int n, int T,
-                   int r0, int r1, int dt) {
-    if (T == 1) {
-        matvec(y, x, w, (size_t)n, r0, r1, dt);
-    } else if (T < T_SMALL) {
-        /* The AVX2 tiles convert each weight once per 3 tokens but stream
-         * the rows with prefetch. */
-        if (dt == DT_F32) loom_kernels_avx2.matmul_f32(y, ldy, x, ldx, w, n, T, r0, r1);
-        else if (dt == DT_F16) loom_kernels_avx2.matmul_f16(y, ldy, x, ldx, w, n, T, r0, r1);
-        else loom_kernels_avx2.matmul_bf16(y, ldy, x, ldx, w, n, T, r0, r1);
-    } else {
-        gemm(y, ldy, x, ldx, w, n, T, r0, r1, dt);
-    }
-}
-
 static void matmul_f32(float *y, int ldy, const float *x, int ldx, const float *w, int n, int T,
                        int r0, int r1) {
-    matmul(y, ldy, x, ldx, w, n, T, r0, r1, DT_F32);
+    matmul_exact(y, ldy, x, ldx, w, n, T, r0, r1, DT_F32);
 }
 
 static void matmul_f16(float *y, int ldy, const float *x, int ldx, const uint16_t *w, int n,
                        int T, int r0, int r1) {
-    matmul(y, ldy, x, ldx, w, n, T, r0, r1, DT_F16);
+    matmul_exact(y, ldy, x, ldx, w, n, T, r0, r1, DT_F16);
 }
 
 static void matmul_bf16(float *y, int ldy, const float *x, int ldx, const uint16_t *w, int n,
                         int T, int r0, int r1) {
-    matmul(y, ldy, x, ldx, w, n, T, r0, r1, DT_BF16);
+    matmul_exact(y, ldy, x, ldx, w, n, T, r0, r1, DT_BF16);
 }
 
 const loom_kernels loom_kernels_avx512_dense = {
