@@ -116,6 +116,21 @@ loom_status loom_cuda_softmax(loom_cuda *c, float *d_x, int T, int n);
 /* d_out[t] = index of the largest of row t (first on ties; NaN never wins). */
 loom_status loom_cuda_argmax(loom_cuda *c, int32_t *d_out, const float *d_x, int T, int n);
 
+/* After one GEMM for q, k and v: d_qkv (T, (nh + 2 * nkv) * head_dim), the
+ * q heads, then the k heads, then the v heads of each token. Adds d_bias
+ * (the same width; NULL = none), RMSNorms each q and k head (d_qnorm,
+ * d_knorm [head_dim]; NULL = none), applies rope (the first rot_dim dims,
+ * tables as for loom_cuda_rope), writes q to d_q (T, nh, head_dim) and the
+ * k and v rows of token t to row d_slot[t] of kv (the pool layout of
+ * loom_cuda_kv, rows addressed directly by slot = block * block_size +
+ * position % block_size). */
+struct loom_cuda_kv;
+loom_status loom_cuda_qkv_post(loom_cuda *c, float *d_q, const struct loom_cuda_kv *kv,
+                               const float *d_qkv, const float *d_bias, const float *d_qnorm,
+                               const float *d_knorm, float eps, const int32_t *d_slot, int T,
+                               int nh, int nkv, int head_dim, int rot_dim, const float *d_cos,
+                               const float *d_sin, int ld);
+
 /* ---- matrix products --------------------------------------------------- */
 
 /* d_y (T, rows) = d_x (T, cols) @ W^T, W (rows, cols) of dtype, through

@@ -120,6 +120,9 @@ typedef struct dweight {
 
 typedef struct dlayer {
     dweight wq, wk, wv, wo, gate, up, down;
+    dweight wqkv;              /* (q_dim + 2 * kv_dim, hidden): wq, wk, wv rows, when fused */
+    int fused_qkv;             /* 1: wqkv and qkv_post replace the three GEMMs and the rest */
+    const float *bqkv;         /* device [q_dim + 2 * kv_dim] bias (zeros where absent), or NULL */
     dweight gate_up;           /* (2 * inter, hidden): gate rows then up rows, when fused */
     int fused_gu;              /* 1: gate_up is used instead of gate and up */
     const float *attn_norm, *ffn_norm, *q_norm, *k_norm;  /* device or NULL */
@@ -143,6 +146,7 @@ struct loom_cuda_model {
     /* activations (device) */
     float *x, *xb;             /* (max_tokens, hidden) */
     float *q, *att;            /* (max_tokens, n_heads * head_dim) */
+    float *qkv;                /* (max_tokens, q_dim + 2 * kv_dim) fused projection output */
     float *k, *v;              /* (max_tokens, kv_dim) */
     float *hb, *hb2;           /* (max_tokens, 2 * inter), (max_tokens, inter) */
     loom_cuda_dtype act16;     /* F16/BF16: GEMM inputs made in that type by the kernel
@@ -184,6 +188,21 @@ static loom_status g_alloc(loom_cuda_model *g, void **d, size_t n) {
     loom_status st = loom_cuda_alloc(g->c, d, n ? n : 16);
     if (st == LOOM_OK) g->allocs[g->n_allocs++] = *d;
     return st;
+}
+
+/* Frees one of g's allocations early (a weight copied into a fused one). */
+static void g_release(loom_cuda_model *g, const void *d) {
+    for (int i = 0; i < g->n_allocs; i++)
+        if (g->allocs[i] == d) {
+            loom_cuda_release(g->c, g->allocs[i]);
+            g->allocs[i] = g->allocs[--g->n_allocs];
+            return;
+        }
+}
+
+static loom_status d2d(void *dst, const void *src, size_t n) {
+    CUDA_CHECK(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToDevice));
+    return LOOM_OK;
 }
 
 static loom_status g_upload(loom_cuda_model *g, const void **d, const void *src, size_t n) {
@@ -323,10 +342,44 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
         const loom_layer *S = &m->layers[l];
         const loom_attn *A = &S->attn;
         dlayer *D = &g->layers[l];
-        int qd = A->wq.rows, kvd = A->wk.rows, hd = A->head_dim;
+        int qd = A->wq.rows, kvd = A->wk.rows, hd = A->head_dim, nh_ = cf->n_heads;
         if (st == LOOM_OK) st = up_weight(g, &D->wq, &A->wq, "q_proj");
         if (st == LOOM_OK) st = up_weight(g, &D->wk, &A->wk, "k_proj");
         if (st == LOOM_OK) st = up_weight(g, &D->wv, &A->wv, "v_proj");
+        /* q, k and v of one dense type side by side: one GEMM for all three */
+        D->fused_qkv = st == LOOM_OK && !D->wq.quant && !D->wk.quant && !D->wv.quant &&
+                       D->wq.dt == D->wk.dt && D->wq.dt == D->wv.dt && D->wq.cols == D->wk.cols &&
+                       D->wq.cols == D->wv.cols && qd == nh_ * hd && kvd == A->n_kv_heads * hd;
+        if (D->fused_qkv) {
+            size_t es = D->wq.dt == LOOM_CUDA_F32 ? 4 : 2, cols = (size_t)D->wq.cols;
+            size_t nq = (size_t)qd * cols * es, nk = (size_t)kvd * cols * es;
+            dweight *F = &D->wqkv;
+            memset(F, 0, sizeof *F);
+            F->rows = qd + 2 * kvd;
+            F->cols = (int)cols;
+            F->dt = D->wq.dt;
+            void *p = NULL;
+            if (st == LOOM_OK) st = g_alloc(g, &p, nq + 2 * nk);
+            if (st == LOOM_OK) st = d2d(p, D->wq.d, nq);
+            if (st == LOOM_OK) st = d2d((char *)p + nq, D->wk.d, nk);
+            if (st == LOOM_OK) st = d2d((char *)p + nq + nk, D->wv.d, nk);
+            F->d = p;
+            if (st == LOOM_OK) {  /* only the fused copy is read from now on */
+                g_release(g, D->wq.d);
+                g_release(g, D->wk.d);
+                g_release(g, D->wv.d);
+                D->wq.d = D->wk.d = D->wv.d = NULL;
+            }
+            if (st == LOOM_OK && (A->bq || A->bk || A->bv)) {
+                float *b = (float *)calloc((size_t)qd + 2 * kvd, sizeof(float));
+                if (!b) st = loom_err(LOOM_ERR_NOMEM, "out of memory");
+                if (b && A->bq) memcpy(b, A->bq, (size_t)qd * 4);
+                if (b && A->bk) memcpy(b + qd, A->bk, (size_t)kvd * 4);
+                if (b && A->bv) memcpy(b + qd + kvd, A->bv, (size_t)kvd * 4);
+                if (st == LOOM_OK) st = up_vec(g, &D->bqkv, b, qd + 2 * kvd);
+                free(b);
+            }
+        }
         if (st == LOOM_OK) st = up_weight(g, &D->wo, &A->wo, "o_proj");
         const loom_weight *wg = &S->mlp.gate, *wu = &S->mlp.up;
         D->fused_gu = wg->dtype == wu->dtype && wg->cols == wu->cols && wg->rows == wu->rows &&
@@ -381,6 +434,7 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->xb, T * H * 4);
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->q, T * qd * 4);
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->att, T * qd * 4);
+    if (st == LOOM_OK) st = g_alloc(g, (void **)&g->qkv, T * (qd + 2 * kvd) * 4);
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->k, T * kvd * 4);
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->v, T * kvd * 4);
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->hb, 2 * T * I * 4);
@@ -517,34 +571,44 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
         int hd = A->head_dim, nkv = A->n_kv_heads, kvd = nkv * hd;
         const loom_rope *R = &m->ropes[A->rope];
         int a16 = g->act16 != LOOM_CUDA_F32;
-        if (a16) {
-            /* the previous layer's MLP residual joins here */
-            TRY(loom_cuda_add_rmsnorm16(c, g->a16, g->x, l ? g->xb : NULL, D->attn_norm, T, H,
-                                        eps, g->act16));
-            TRY(linear16(g, g->q, &D->wq, D->bq, T));
-            TRY(linear16(g, g->k, &D->wk, D->bk, T));
-            TRY(linear16(g, g->v, &D->wv, D->bv, T));
-        } else {
-            TRY(loom_cuda_rmsnorm(c, g->xb, g->x, D->attn_norm, T, H, eps, 0));
-            TRY(linear(g, g->q, g->xb, &D->wq, D->bq, T));
-            TRY(linear(g, g->k, g->xb, &D->wk, D->bk, T));
-            TRY(linear(g, g->v, g->xb, &D->wv, D->bv, T));
-        }
-        if (D->q_norm) TRY(loom_cuda_rmsnorm(c, g->q, g->q, D->q_norm, T * nh, hd, eps, 0));
-        if (D->k_norm) TRY(loom_cuda_rmsnorm(c, g->k, g->k, D->k_norm, T * nkv, hd, eps, 0));
-        size_t roff = (size_t)A->rope * g->max_tokens * g->max_half;
-        TRY(loom_cuda_rope(c, g->q, T, nh, hd, R->rot_dim, g->cs + roff, g->sn + roff, g->max_half));
-        TRY(loom_cuda_rope(c, g->k, T, nkv, hd, R->rot_dim, g->cs + roff, g->sn + roff, g->max_half));
         size_t layer_off = (size_t)l * g->kv_blocks * g->kv_bs * g->kv_row_bytes;
         size_t esz = g->kv_dt == LOOM_CUDA_F32 ? 4 : 2;
         char *pk = (char *)g->kv_k + layer_off, *pv = (char *)g->kv_v + layer_off;
-        {
+        loom_cuda_kv dkv = {pk, pv, g->kv_dt, bs, g->kv_row_bytes / esz};
+        size_t roff = (size_t)A->rope * g->max_tokens * g->max_half;
+        if (a16)  /* the previous layer's MLP residual joins here */
+            TRY(loom_cuda_add_rmsnorm16(c, g->a16, g->x, l ? g->xb : NULL, D->attn_norm, T, H,
+                                        eps, g->act16));
+        else
+            TRY(loom_cuda_rmsnorm(c, g->xb, g->x, D->attn_norm, T, H, eps, 0));
+        if (D->fused_qkv) {
+            /* one GEMM, then bias, q/k norms, rope and the K/V store in one pass */
+            if (a16) TRY(linear16(g, g->qkv, &D->wqkv, NULL, T));
+            else TRY(linear(g, g->qkv, g->xb, &D->wqkv, NULL, T));
+            TRY(loom_cuda_qkv_post(c, g->q, &dkv, g->qkv, D->bqkv, D->q_norm, D->k_norm, eps,
+                                   S->slot, T, nh, nkv, hd, R->rot_dim, g->cs + roff,
+                                   g->sn + roff, g->max_half));
+        } else {
+            if (a16) {
+                TRY(linear16(g, g->q, &D->wq, D->bq, T));
+                TRY(linear16(g, g->k, &D->wk, D->bk, T));
+                TRY(linear16(g, g->v, &D->wv, D->bv, T));
+            } else {
+                TRY(linear(g, g->q, g->xb, &D->wq, D->bq, T));
+                TRY(linear(g, g->k, g->xb, &D->wk, D->bk, T));
+                TRY(linear(g, g->v, g->xb, &D->wv, D->bv, T));
+            }
+            if (D->q_norm) TRY(loom_cuda_rmsnorm(c, g->q, g->q, D->q_norm, T * nh, hd, eps, 0));
+            if (D->k_norm) TRY(loom_cuda_rmsnorm(c, g->k, g->k, D->k_norm, T * nkv, hd, eps, 0));
+            TRY(loom_cuda_rope(c, g->q, T, nh, hd, R->rot_dim, g->cs + roff, g->sn + roff,
+                               g->max_half));
+            TRY(loom_cuda_rope(c, g->k, T, nkv, hd, R->rot_dim, g->cs + roff, g->sn + roff,
+                               g->max_half));
             dim3 grid(LOOM_MIN_U(loom_cuda_blocks((size_t)kvd, 256), 16u), (unsigned)T);
             fw_kv_store<<<grid, 256, 0, c->stream>>>(pk, pv, (int)g->kv_dt, g->kv_row_bytes / esz,
                                                      g->k, g->v, S->slot, kvd);
             LAUNCH_CHECK();
         }
-        loom_cuda_kv dkv = {pk, pv, g->kv_dt, bs, g->kv_row_bytes / esz};
         /* tc: bf16 KV already rounds K and V; prefill may round q and the
          * weights too and run on the tensor cores */
         loom_cuda_attn at = {nh, nkv, hd, A->scale, (float)cf->attn_softcap, A->window, 1};

@@ -183,6 +183,82 @@ extern "C" loom_status loom_cuda_rope_table_dev(loom_cuda *c, float *d_cos, floa
     return LOOM_OK;
 }
 
+/* ---- after a fused q/k/v GEMM ------------------------------------------- */
+
+/* One block per (token, head) of qkv (T, (nh + 2 * nkv) * hd): q heads,
+ * then k heads, then v heads. Adds the bias, applies the per-head RMSNorm
+ * of q and k (weights qn, kn; NULL = none), rotates q and k by the token's
+ * rope row, then writes q to q_out (T, nh, hd) and k, v to row slot[t] of
+ * the pool (kv_dt). Same arithmetic as fw_add_bias, rmsnorm_kernel,
+ * rope_kernel and fw_kv_store one after the other. */
+__global__ void qkv_post_kernel(float *q_out, void *pk, void *pv, int kv_dt, size_t stride,
+                                const float *qkv, const float *bias, const float *qn,
+                                const float *kn, float eps, const int32_t *slot, int nh, int nkv,
+                                int hd, int half, const float *cs, const float *sn, int ld) {
+    __shared__ float sh[32];
+    extern __shared__ float row[];   /* (hd) */
+    int t = blockIdx.x, h = blockIdx.y, nall = nh + 2 * nkv;
+    int kind = h < nh ? 0 : h < nh + nkv ? 1 : 2;   /* q, k, v */
+    size_t off = (size_t)h * hd;
+    const float *src = qkv + (size_t)t * nall * hd + off;
+    float ss = 0;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float v = src[i];
+        if (bias) v += bias[off + i];
+        row[i] = v;
+        ss += v * v;
+    }
+    const float *nw = kind == 0 ? qn : kind == 1 ? kn : NULL;
+    if (nw) {  /* uniform per block: every thread takes the same branch */
+        ss = block_sum(ss, sh);
+        float inv = 1.0f / sqrtf(ss / (float)hd + eps);
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) row[i] = row[i] * inv * nw[i];
+    }
+    __syncthreads();
+    if (kind < 2) {
+        for (int k = threadIdx.x; k < half; k += blockDim.x) {
+            float c = cs[(size_t)t * ld + k], s = sn[(size_t)t * ld + k];
+            float a = row[k], b = row[k + half];
+            row[k] = a * c - b * s;
+            row[k + half] = b * c + a * s;
+        }
+        __syncthreads();
+    }
+    if (kind == 0) {
+        for (int i = threadIdx.x; i < hd; i += blockDim.x)
+            q_out[((size_t)t * nh + h) * hd + i] = row[i];
+        return;
+    }
+    size_t e = (size_t)slot[t] * stride + (size_t)(h - (kind == 1 ? nh : nh + nkv)) * hd;
+    void *dst = kind == 1 ? pk : pv;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        if (kv_dt == LOOM_CUDA_F32) ((float *)dst)[e + i] = row[i];
+        else if (kv_dt == LOOM_CUDA_F16) ((__half *)dst)[e + i] = __float2half_rn(row[i]);
+        else ((__nv_bfloat16 *)dst)[e + i] = __float2bfloat16_rn(row[i]);
+    }
+}
+
+extern "C" loom_status loom_cuda_qkv_post(loom_cuda *c, float *d_q, const loom_cuda_kv *kv,
+                                          const float *d_qkv, const float *d_bias,
+                                          const float *d_qnorm, const float *d_knorm, float eps,
+                                          const int32_t *d_slot, int T, int nh, int nkv, int hd,
+                                          int rot_dim, const float *d_cos, const float *d_sin,
+                                          int ld) {
+    if (T <= 0) return LOOM_OK;
+    if (T > 2147483647 / 2 || nh + 2 * nkv > 65535 || hd <= 0 || rot_dim > hd || rot_dim % 2 ||
+        (int)kv->dt < 0 || (int)kv->dt > 2 || kv->row_stride < (size_t)nkv * hd)
+        return loom_err(LOOM_ERR_INVALID_ARG, "cuda qkv_post: %d heads + 2 x %d, head_dim %d, "
+                        "rot_dim %d, KV type %d, row stride %zu", nh, nkv, hd, rot_dim,
+                        (int)kv->dt, kv->row_stride);
+    unsigned th = hd >= 128 ? 128 : hd >= 64 ? 64 : 32;
+    dim3 grid((unsigned)T, (unsigned)(nh + 2 * nkv));
+    qkv_post_kernel<<<grid, th, (size_t)hd * sizeof(float), c->stream>>>(
+        d_q, (void *)kv->d_k, (void *)kv->d_v, (int)kv->dt, kv->row_stride, d_qkv, d_bias,
+        d_qnorm, d_knorm, eps, d_slot, nh, nkv, hd, rot_dim / 2, d_cos, d_sin, ld);
+    LAUNCH_CHECK();
+    return LOOM_OK;
+}
+
 /* ---- gated activations -------------------------------------------------- */
 
 __global__ void silu_mul_kernel(float *g, const float *u, size_t n) {

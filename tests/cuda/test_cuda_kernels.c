@@ -873,6 +873,106 @@ static int test_attn_prefill(const attn_case *a, const int *start, const int *n_
     return ok;
 }
 
+/* ---- fused q/k/v post-processing --------------------------------------- */
+
+/* qkv_post against bias + the reference RMSNorm per head + the rope
+ * formula + rows stored in the KV type, token by token. */
+static int test_qkv_post(int T, int nh, int nkv, int hd, int rot, int norms, int bias,
+                         loom_kv_type kvt) {
+    char what[128];
+    snprintf(what, sizeof what, "%s T=%d heads=%d/%d d=%d rot=%d norms=%d bias=%d", kv_name(kvt),
+             T, nh, nkv, hd, rot, norms, bias);
+    int nall = nh + 2 * nkv, half = rot / 2, ld = half + 2, n_slots = 2 * T + 5;
+    size_t W = (size_t)nall * hd, stride = (size_t)nkv * hd + 8;  /* padded rows */
+    loom_cuda_dtype dt = kv_dt(kvt);
+    size_t es = dt == LOOM_CUDA_F32 ? 4 : 2;
+    float *qkv = xmalloc((size_t)T * W * 4), *b = xmalloc(W * 4), *qn = xmalloc((size_t)hd * 4);
+    float *kn = xmalloc((size_t)hd * 4), *cs = xmalloc((size_t)T * ld * 4);
+    float *sn = xmalloc((size_t)T * ld * 4), *row = xmalloc((size_t)hd * 4);
+    float *qref = xmalloc((size_t)T * nh * hd * 4), *qgot = xmalloc((size_t)T * nh * hd * 4);
+    size_t kvn = (size_t)T * 2 * nkv * hd;
+    float *kvref = xmalloc(kvn * 4), *kvgot = xmalloc(kvn * 4);
+    unsigned char *hk = xmalloc((size_t)n_slots * stride * es), *hv = xmalloc((size_t)n_slots * stride * es);
+    double *inv = xmalloc((size_t)(half ? half : 1) * sizeof(double));
+    int *pos = xmalloc((size_t)T * sizeof(int));
+    int32_t *slot = xmalloc((size_t)T * 4);
+    fill(qkv, (size_t)T * W, 2.0f);
+    fill(b, W, 0.5f);
+    fill(qn, (size_t)hd, 1.0f);
+    fill(kn, (size_t)hd, 1.0f);
+    for (int i = 0; i < half; i++) inv[i] = pow(10000.0, -2.0 * i / rot);
+    for (int t = 0; t < T; t++) {
+        pos[t] = (int)(test_rand_u32(&rng) % 5000);
+        slot[t] = 2 * t + 1 + (int)(test_rand_u32(&rng) % 2);  /* distinct, scattered */
+    }
+    memset(cs, 0, (size_t)T * ld * 4);
+    memset(sn, 0, (size_t)T * ld * 4);
+    loom_cuda_rope_table(cs, sn, ld, pos, T, inv, rot, 1.0);
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < nall; h++) {
+            const float *src = qkv + (size_t)t * W + (size_t)h * hd;
+            int kind = h < nh ? 0 : h < nh + nkv ? 1 : 2;
+            for (int i = 0; i < hd; i++) row[i] = src[i] + (bias ? b[(size_t)h * hd + i] : 0.0f);
+            if (norms && kind < 2) loom_kernels_ref.rmsnorm(row, row, kind ? kn : qn, hd, 1e-6f);
+            if (kind < 2)
+                for (int k = 0; k < half; k++) {
+                    float c = cs[(size_t)t * ld + k], s_ = sn[(size_t)t * ld + k];
+                    float a = row[k], bb = row[k + half];
+                    row[k] = a * c - bb * s_;
+                    row[k + half] = bb * c + a * s_;
+                }
+            if (kind == 0) {
+                memcpy(qref + ((size_t)t * nh + h) * hd, row, (size_t)hd * 4);
+            } else {
+                int kh = h - (kind == 1 ? nh : nh + nkv);
+                float *dst = kvref + ((size_t)t * 2 + (kind - 1)) * nkv * hd + (size_t)kh * hd;
+                for (int i = 0; i < hd; i++)
+                    dst[i] = dt == LOOM_CUDA_F32 ? row[i] : round16(row[i], dt);
+            }
+        }
+    float *dqkv = up(qkv, (size_t)T * W * 4), *db = up(b, W * 4), *dqn = up(qn, (size_t)hd * 4);
+    float *dkn = up(kn, (size_t)hd * 4), *dcs = up(cs, (size_t)T * ld * 4);
+    float *dsn = up(sn, (size_t)T * ld * 4);
+    int32_t *dslot = up(slot, (size_t)T * 4);
+    float *dq = NULL;
+    void *dk = NULL, *dv = NULL;
+    int ok = 0;
+    if (!dqkv || !db || !dqn || !dkn || !dcs || !dsn || !dslot ||
+        loom_cuda_alloc(C, (void **)&dq, (size_t)T * nh * hd * 4) != LOOM_OK ||
+        loom_cuda_alloc(C, &dk, (size_t)n_slots * stride * es) != LOOM_OK ||
+        loom_cuda_alloc(C, &dv, (size_t)n_slots * stride * es) != LOOM_OK) {
+        api_fail("qkv_post", what, LOOM_ERR_NOMEM);
+    } else {
+        loom_cuda_kv kv = {dk, dv, dt, 16, stride};
+        loom_status st = loom_cuda_qkv_post(C, dq, &kv, dqkv, bias ? db : NULL, norms ? dqn : NULL,
+                                            norms ? dkn : NULL, 1e-6f, dslot, T, nh, nkv, hd, rot,
+                                            dcs, dsn, ld);
+        if (st == LOOM_OK) st = loom_cuda_download(C, qgot, dq, (size_t)T * nh * hd * 4);
+        if (st == LOOM_OK) st = loom_cuda_download(C, hk, dk, (size_t)n_slots * stride * es);
+        if (st == LOOM_OK) st = loom_cuda_download(C, hv, dv, (size_t)n_slots * stride * es);
+        if (st != LOOM_OK) {
+            api_fail("qkv_post", what, st);
+        } else {
+            for (int t = 0; t < T; t++)
+                for (int side = 0; side < 2; side++) {
+                    const unsigned char *base = (side ? hv : hk) + (size_t)slot[t] * stride * es;
+                    float *dst = kvgot + ((size_t)t * 2 + side) * nkv * hd;
+                    if (dt == LOOM_CUDA_F32) memcpy(dst, base, (size_t)nkv * hd * 4);
+                    else from16(dst, (const uint16_t *)base, (size_t)nkv * hd, dt);
+                }
+            /* f32: summation order only; 16-bit rows: one ulp */
+            float rel = dt == LOOM_CUDA_F32 ? 2e-5f : dt == LOOM_CUDA_F16 ? 1.5e-3f : 8e-3f;
+            ok = report("qkv_post", what, qgot, qref, NULL, (size_t)T * nh * hd, 1e-5f, 2e-5f) &&
+                 report("qkv_post_kv", what, kvgot, kvref, NULL, kvn, 1e-5f, rel);
+        }
+    }
+    void *dev[] = {dqkv, db, dqn, dkn, dcs, dsn, dslot, dq, dk, dv};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) loom_cuda_release(C, dev[i]);
+    free(qkv), free(b), free(qn), free(kn), free(cs), free(sn), free(row), free(qref);
+    free(qgot), free(kvref), free(kvgot), free(hk), free(hv), free(inv), free(pos), free(slot);
+    return ok;
+}
+
 int main(void) {
     loom_status st = loom_cuda_create(0, &C);
     if (st != LOOM_OK) {
@@ -895,6 +995,11 @@ int main(void) {
     test_rope_table(1, 128, 1000000.0, 1.0);
     test_rope_table(37, 64, 10000.0, 1.0);
     test_rope_table(300, 6, 500.0, 0.5);
+    test_qkv_post(1, 16, 8, 128, 128, 1, 0, LOOM_KV_BF16);   /* Qwen3-0.6B decode */
+    test_qkv_post(7, 32, 8, 128, 128, 0, 0, LOOM_KV_BF16);   /* Llama-3-8B */
+    test_qkv_post(33, 12, 4, 64, 32, 1, 1, LOOM_KV_F16);     /* partial rotary, biases */
+    test_qkv_post(5, 4, 4, 80, 80, 0, 1, LOOM_KV_F32);
+    test_qkv_post(300, 8, 2, 256, 64, 1, 0, LOOM_KV_F32);
 
     for (int i = 0; i < N_SIZES; i++) {
         test_act(SIZES[i], 0);
