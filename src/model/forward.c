@@ -26,7 +26,11 @@
 /* Prefill tiles of at least ATT_GEMM_MIN query rows run as two matmuls
  * (scores = Q K^T, out = P V) over chunks of ATT_CHUNK keys gathered as
  * f32, instead of one dot and one axpy per query and key: the kernels'
- * register tiles then reuse every loaded key for many queries. */
+ * register tiles then reuse every loaded key for many queries. Their sums
+ * run in another order than the dot/axpy path's, so a query's output can
+ * differ in the last bits between a tile of this kind and a smaller one,
+ * i.e. between a prompt split at one token count and at another (equal for
+ * splits at multiples of the tile's tokens without a sliding window). */
 #define ATT_GEMM_MIN 16
 #define ATT_CHUNK 256
 
@@ -168,7 +172,12 @@ void loom_fwd_matmul(loom_model *m, float *y, const float *x, const loom_weight 
     int n = loom_pool_size(m->pool);
     /* Below ~256K multiply-adds waking the workers costs more than it saves. */
     if ((size_t)w->rows * (size_t)w->cols * (size_t)T < ((size_t)1 << 18)) n = 1;
-    int chunk = (w->rows + 4 * n - 1) / (4 * n);
+    /* Slices per thread: 4 let a thread whose core went to another
+     * process hand its share over. Each slice repeats the kernel's work on
+     * x (packing; rounding to int8 under --fast), which a prompt (T >= 16)
+     * makes large: 2 there, and one slice on one thread. */
+    int per = n == 1 ? 1 : T >= 16 ? 2 : 4;
+    int chunk = (w->rows + per * n - 1) / (per * n);
     chunk = (chunk + 15) & ~15;
     mm_job j = {m->k, y, w->rows, x, w->cols, w, T, chunk};
     if (n == 1) {
@@ -310,8 +319,9 @@ static void attn_tile_gemm(const attn_job *j, int kh, int ta, int tb, int thread
 }
 
 /* One task = a tile of consecutive tokens of one row and one KV head, with
- * the q heads of its group. Every query computes exactly what it would
- * alone (same dots, softmax and accumulation order). */
+ * the q heads of its group. Below ATT_GEMM_MIN query rows every query
+ * computes exactly what it would alone (same dots, softmax and
+ * accumulation order). */
 static void attn_task(void *ctx, int task, int thread) {
     const attn_job *j = ctx;
     const loom_config *c = &j->m->cfg;
