@@ -498,7 +498,7 @@ attn_prefill_tc_kernel(float *out, const float *q, const __nv_bfloat16 *kb,
     __nv_bfloat16 *Ps = Vs + TC_KT * ldh;                     /* (TC_ROWS, ldp) */
     float *Ss = (float *)(Ps + TC_ROWS * ldp);                /* (TC_ROWS, lds) */
     float *Os = Ss + TC_ROWS * lds;                           /* (TC_ROWS, ldo) */
-    float *Mx = Os + TC_ROWS * ldo, *Ls = Mx + TC_ROWS, *Al = Ls + TC_ROWS;
+    float *Mx = Os + TC_ROWS * ldo, *Ls = Mx + TC_ROWS;
     const int32_t *table = tables + (size_t)r * tstride;
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     for (int i = threadIdx.x; i < TC_ROWS * hd; i += blockDim.x) {
@@ -522,6 +522,9 @@ attn_prefill_tc_kernel(float *out, const float *q, const __nv_bfloat16 *kb,
     wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fq[HD / 16];
 #pragma unroll
     for (int k = 0; k < HD / 16; k++) wmma::load_matrix_sync(fq[k], Qs + wr * ldh + k * 16, ldh);
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> oacc[HD / 16];
+#pragma unroll
+    for (int n = 0; n < HD / 16; n++) wmma::fill_fragment(oacc[n], 0.0f);
     for (int k0 = k_lo; k0 <= posB; k0 += TC_KT) {
         __syncthreads();  /* the previous tile's K/V are no longer read */
         for (int i = threadIdx.x; i < TC_KT * chunks; i += blockDim.x) {
@@ -536,73 +539,93 @@ attn_prefill_tc_kernel(float *out, const float *q, const __nv_bfloat16 *kb,
             *(uint4 *)(Vs + j * ldh + c8) = kv_v;
         }
         __syncthreads();
-        /* S (16 x TC_KT) of this warp = Q_w K^T */
+        /* S (16 x TC_KT) of this warp = Q_w K^T, kept in registers. An
+         * m16n16k16 f32 accumulator is two m16n8k16 ones side by side (the
+         * mma.sync layout): element i of lane sits at row lane / 4 + 8 *
+         * ((i / 2) % 2), column 8 * (i / 4) + 2 * (lane % 4) + i % 2. The
+         * kernel test checks this against the reference. */
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> sacc[TC_KT / 16];
+#pragma unroll
         for (int n = 0; n < TC_KT / 16; n++) {
-            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-            wmma::fill_fragment(acc, 0.0f);
+            wmma::fill_fragment(sacc[n], 0.0f);
 #pragma unroll
             for (int k = 0; k < HD / 16; k++) {
                 wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb;
                 wmma::load_matrix_sync(fb, Ks + n * 16 * ldh + k * 16, ldh);
-                wmma::mma_sync(acc, fq[k], fb, acc);
+                wmma::mma_sync(sacc[n], fq[k], fb, sacc[n]);
             }
-            wmma::store_matrix_sync(Ss + wr * lds + n * 16, acc, lds, wmma::mem_row_major);
         }
-        __syncwarp();
-        /* online softmax: two lanes per row, 32 keys each */
-        {
-            int rr = wr + (lane >> 1), half = (lane & 1) * (TC_KT / 2);
-            int qt = rr / group, qpos = pos0 + qa + qt;
-            float mx = -INFINITY;
-            for (int c = 0; c < TC_KT / 2; c++) {
-                int j = half + c, p = k0 + j;
+        /* online softmax on the fragments: the 4 lanes of a row group
+         * (lane / 4) hold its 64 scores, 16 each, for two rows (r, r + 8) */
+        int r0 = lane >> 2, c0 = (lane & 3) * 2;
+        float mrow[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int n = 0; n < TC_KT / 16; n++)
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                int hi = (i >> 1) & 1, rr = wr + r0 + 8 * hi;
+                int j = n * 16 + 8 * (i >> 2) + c0 + (i & 1), p = k0 + j;
+                int qt = rr / group, qpos = pos0 + qa + qt;
                 float sv = -INFINITY;
                 if (qt < nq && p <= qpos && (window <= 0 || p > qpos - window))
-                    sv = cap_score(Ss[rr * lds + j], softcap);
-                Ss[rr * lds + j] = sv;
-                mx = fmaxf(mx, sv);
+                    sv = cap_score(sacc[n].x[i], softcap);
+                sacc[n].x[i] = sv;
+                mrow[hi] = fmaxf(mrow[hi], sv);
             }
+        float alpha[2], mnew[2], sum[2] = {0, 0};
+#pragma unroll
+        for (int h2 = 0; h2 < 2; h2++) {
+            float mx = mrow[h2];
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            float mo = Mx[rr], mn = fmaxf(mo, mx), alpha = 1, sum = 0;
-            if (mn != -INFINITY) alpha = expf(mo - mn);
-            for (int c = 0; c < TC_KT / 2; c++) {
-                int j = half + c;
-                float sv = Ss[rr * lds + j];
-                float pe = sv == -INFINITY ? 0.0f : __expf(sv - mn);
-                sum += pe;
-                Ps[rr * ldp + j] = __float2bfloat16_rn(pe);
-            }
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            __syncwarp();
-            if ((lane & 1) == 0) {
-                Mx[rr] = mn;
-                Ls[rr] = Ls[rr] * alpha + sum;
-                Al[rr] = alpha;
-            }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            float mo = Mx[wr + r0 + 8 * h2];
+            mnew[h2] = fmaxf(mo, mx);
+            alpha[h2] = mnew[h2] == -INFINITY ? 1.0f : __expf(mo - mnew[h2]);
         }
-        __syncwarp();
-        /* O_w = O_w * alpha + P_w V */
-        for (int i = lane; i < 16 * hd; i += 32) {
-            int rr = wr + i / hd, d = i % hd;
-            Os[rr * ldo + d] *= Al[rr];
+#pragma unroll
+        for (int n = 0; n < TC_KT / 16; n++)
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                int hi = (i >> 1) & 1;
+                float sv = sacc[n].x[i];
+                float pe = sv == -INFINITY ? 0.0f : __expf(sv - mnew[hi]);
+                sum[hi] += pe;
+                int j = n * 16 + 8 * (i >> 2) + c0 + (i & 1);
+                Ps[(wr + r0 + 8 * hi) * ldp + j] = __float2bfloat16_rn(pe);
+            }
+#pragma unroll
+        for (int h2 = 0; h2 < 2; h2++) {
+            sum[h2] += __shfl_xor_sync(0xffffffffu, sum[h2], 1);
+            sum[h2] += __shfl_xor_sync(0xffffffffu, sum[h2], 2);
         }
-        __syncwarp();
+        __syncwarp();  /* every lane has read Mx before it changes */
+        if ((lane & 3) == 0)
+#pragma unroll
+            for (int h2 = 0; h2 < 2; h2++) {
+                int rr = wr + r0 + 8 * h2;
+                Mx[rr] = mnew[h2];
+                Ls[rr] = Ls[rr] * alpha[h2] + sum[h2];
+            }
+        __syncwarp();  /* P is in shared memory */
+        /* O_w = O_w * alpha + P_w V, O_w in registers (same layout) */
         wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fp[TC_KT / 16];
 #pragma unroll
         for (int k = 0; k < TC_KT / 16; k++) wmma::load_matrix_sync(fp[k], Ps + wr * ldp + k * 16, ldp);
 #pragma unroll
         for (int n = 0; n < HD / 16; n++) {
-            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-            wmma::load_matrix_sync(acc, Os + wr * ldo + n * 16, ldo, wmma::mem_row_major);
+#pragma unroll
+            for (int i = 0; i < 8; i++) oacc[n].x[i] *= alpha[(i >> 1) & 1];
 #pragma unroll
             for (int k = 0; k < TC_KT / 16; k++) {
                 wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> fb;
                 wmma::load_matrix_sync(fb, Vs + k * 16 * ldh + n * 16, ldh);
-                wmma::mma_sync(acc, fp[k], fb, acc);
+                wmma::mma_sync(oacc[n], fp[k], fb, oacc[n]);
             }
-            wmma::store_matrix_sync(Os + wr * ldo + n * 16, acc, ldo, wmma::mem_row_major);
         }
     }
+#pragma unroll
+    for (int n = 0; n < HD / 16; n++)
+        wmma::store_matrix_sync(Os + wr * ldo + n * 16, oacc[n], ldo, wmma::mem_row_major);
     __syncthreads();
     for (int i = threadIdx.x; i < nq * group * hd; i += blockDim.x) {
         int rr = i / hd, d = i % hd, qt = rr / group, g = rr % group;
