@@ -333,10 +333,13 @@ static void matmul_q(float *y, int ldy, const float *x, int ldx, const loom_qmat
 
 /* ---- fast: activations rounded to int8 ----------------------------------- */
 
-/* One token: xq (n bytes), sx[j] per 64-block, xsg[g] = sum over the
- * group's blocks of sx * sum(qx). split: 4-bit decode order (each block
- * as even | odd columns) instead of column order. */
-static void fq_prep(int8_t *xq, float *sx, float *xsg, const float *x, const loom_qmat *w, int split) {
+/* One token: block j's 64 bytes at xq + j * st * 64, sx[j * st] per
+ * 64-block, xsg[g * st] = sum over the group's blocks of sx * sum(qx)
+ * (st = 1 for one token, TT_MAX to write straight into a tile). split:
+ * 4-bit decode order (each block as even | odd columns) instead of column
+ * order. */
+static void fq_prep(int8_t *xq, float *sx, float *xsg, size_t st, const float *x,
+                    const loom_qmat *w, int split) {
     const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     const __m512i od = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
     const int nb = w->n / XBLK, per = w->group / XBLK;
@@ -350,7 +353,8 @@ static void fq_prep(int8_t *xq, float *sx, float *xsg, const float *x, const loo
         }
         float amax = _mm512_reduce_max_ps(m);
         float inv = amax > 0 ? 127.0f / amax : 0.0f;
-        sx[j] = amax / 127.0f;
+        float sxj = amax / 127.0f;
+        sx[j * st] = sxj;
         __m512 iv = _mm512_set1_ps(inv);
         __m512i q[4], s = _mm512_setzero_si512();
         for (int i = 0; i < 4; i++) {
@@ -365,10 +369,11 @@ static void fq_prep(int8_t *xq, float *sx, float *xsg, const float *x, const loo
             q[0] = e0, q[1] = e1, q[2] = o0, q[3] = o1;
         }
         for (int i = 0; i < 4; i++)
-            _mm_storeu_si128((__m128i *)(xq + (size_t)j * XBLK + 16 * i), _mm512_cvtepi32_epi8(q[i]));
-        float bs = sx[j] * (float)_mm512_reduce_add_epi32(s);
-        if (j % per == 0) xsg[j / per] = bs;
-        else xsg[j / per] += bs;
+            _mm_storeu_si128((__m128i *)(xq + (size_t)j * st * XBLK + 16 * i),
+                             _mm512_cvtepi32_epi8(q[i]));
+        float bs = sxj * (float)_mm512_reduce_add_epi32(s);
+        if ((j & (per - 1)) == 0) xsg[j / per * st] = bs; /* per is a power of two */
+        else xsg[j / per * st] += bs;
     }
 }
 
@@ -424,7 +429,7 @@ INLINE void fq_matvec_bits(float *y, const int8_t *xq, const float *sx, const fl
 static void fq_matvec(float *y, const float *x, const loom_qmat *w, int r0, int r1) {
     int8_t xq[w->n] __attribute__((aligned(64)));
     float sx[MAXB], xsg[MAXB];
-    fq_prep(xq, sx, xsg, x, w, w->bits == 4);
+    fq_prep(xq, sx, xsg, 1, x, w, w->bits == 4);
     if (w->bits == 8) fq_matvec_bits(y, xq, sx, xsg, w, r0, r1, 8);
     else fq_matvec_bits(y, xq, sx, xsg, w, r0, r1, 4);
 }
@@ -463,8 +468,8 @@ INLINE void dpbusd_bcast(__m512i *acc, __m512i wv, const int32_t *x) {
 }
 
 /* y[t][p0 + i] (+)= the panel's blocks over TT tokens' rounded
- * activations. The tile's activations are packed [column / 4][TT_MAX]
- * dwords, its sx [block][TT_MAX] and xsg [group][TT_MAX], so each
+ * activations. The tile's activations are packed [block][TT_MAX][64
+ * bytes], its sx [block][TT_MAX] and xsg [group][TT_MAX], so each
  * broadcast comes from one pointer. */
 INLINE void fq_tile(float *y, size_t ldy, const int32_t *xq, const float *sx, const float *xsg,
                     const uint8_t *pan, const float *swv, const float *bwv, int j0, int nblk, int per,
@@ -478,11 +483,11 @@ INLINE void fq_tile(float *y, size_t ldy, const int32_t *xq, const float *sx, co
         int j = j0 + b;
 #pragma GCC unroll 12
         for (int t = 0; t < TT; t++) acc[t] = _mm512_setzero_si512();
-        const int32_t *xb = xq + (size_t)b * (XBLK / 4) * TT_MAX;
+        const int32_t *xb = xq + (size_t)b * TT_MAX * (XBLK / 4);
         for (int s = 0; s < XBLK / 4; s++) {
             __m512i wv = _mm512_load_si512((const __m512i *)(pan + (size_t)(b * 16 + s) * 64));
 #pragma GCC unroll 12
-            for (int t = 0; t < TT; t++) dpbusd_bcast(&acc[t], wv, &xb[s * TT_MAX + t]);
+            for (int t = 0; t < TT; t++) dpbusd_bcast(&acc[t], wv, &xb[t * (XBLK / 4) + s]);
         }
         __m512 sw = _mm512_load_ps(swv + b * PR);
 #pragma GCC unroll 12
@@ -510,8 +515,6 @@ static void fq_gemm(float *y, int ldy, const float *x, int ldx, const loom_qmat 
     const int TB = LOOM_MIN(T, LOOM_MAX(TT_MAX, XQ_BYTES / n / TT_MAX * TT_MAX));
     int32_t xq[TT_MAX * MAXN / 4] __attribute__((aligned(64)));
     float sx[TT_MAX * MAXB], xsg[TT_MAX * MAXB];
-    int8_t q1[MAXN] __attribute__((aligned(64)));
-    float s1[MAXB], g1[MAXB];
     uint8_t pan[KC_FAST * PR] __attribute__((aligned(64)));
     float swv[KC_FAST / XBLK * PR] __attribute__((aligned(64)));
     float bwv[KC_FAST / XBLK * PR] __attribute__((aligned(64)));
@@ -519,13 +522,10 @@ static void fq_gemm(float *y, int ldy, const float *x, int ldx, const loom_qmat 
     for (int t0 = 0; t0 < T; t0 += TB) {
         int tn = LOOM_MIN(TB, T - t0);
         for (int t = 0; t < tn; t++) {
-            fq_prep(q1, s1, g1, x + (size_t)(t0 + t) * ldx, w, 0);
-            int32_t *dq = xq + (size_t)(t / TT_MAX) * tile_q + t % TT_MAX;
-            float *ds = sx + (size_t)(t / TT_MAX) * nb * TT_MAX + t % TT_MAX;
-            float *dg = xsg + (size_t)(t / TT_MAX) * ng * TT_MAX + t % TT_MAX;
-            for (int m = 0; m < n / 4; m++) memcpy(dq + (size_t)m * TT_MAX, q1 + 4 * m, 4);
-            for (int j = 0; j < nb; j++) ds[j * TT_MAX] = s1[j];
-            for (int g = 0; g < ng; g++) dg[g * TT_MAX] = g1[g];
+            size_t tile = (size_t)(t / TT_MAX), lane = (size_t)(t % TT_MAX);
+            fq_prep((int8_t *)(xq + tile * tile_q + lane * (XBLK / 4)),
+                    sx + tile * nb * TT_MAX + lane, xsg + tile * ng * TT_MAX + lane, TT_MAX,
+                    x + (size_t)(t0 + t) * ldx, w, 0);
         }
         for (int p0 = r0; p0 < r1; p0 += PR) {
             int R = LOOM_MIN(PR, r1 - p0);
