@@ -194,7 +194,8 @@ typedef struct loom_engine_params {
     int prefix_cache_disk_zstd; /* zstd level for the disk tier's block files
                                    (1..19; 0 = off); needs a build with zstd */
     size_t snapshot_bytes;  /* cap on saved recurrent states (linear-attention
-                               models); 0 = 1 GiB */
+                               models); 0 = 1 GiB. The states kept with finished
+                               requests (save_id) have a cap of the same size */
 } loom_engine_params;
 
 typedef struct loom_request_params {
