@@ -82,19 +82,35 @@ else
   echo "== build (minimal: the library's packages are missing; nvcc warnings not fatal here)"
   obj="$BUILD/cuda-min"
   mkdir -p "$obj" "$BUILD/cuda-tests"
-  CF="-O2 -g -std=c11 -D_GNU_SOURCE -DLOOM_CUDA -Wall -Wextra -Werror -pthread -Iinclude -Isrc -Itests/cuda/shim"
+  CF="-O2 -g -std=c11 -D_GNU_SOURCE -DLOOM_CUDA -Wall -Wextra -Werror -pthread -Iinclude -Isrc"
+  # xxhash and utf8proc: the real libraries where $CC finds them (then their
+  # headers must win over the stand-ins), else tests/cuda/shim
+  LIBS=""
+  for l in xxhash:xxhash.h utf8proc:utf8proc.h; do
+    if printf '#include <%s>\nint main(void){return 0;}\n' "${l#*:}" |
+       $CC -x c - -l"${l%%:*}" -o "$obj/probe" >/dev/null 2>&1; then
+      LIBS="$LIBS -l${l%%:*}"
+    fi
+  done
+  case "$LIBS" in *xxhash*utf8proc*) ;; *) CF="$CF -Itests/cuda/shim"; LIBS="" ;; esac
+  AVX512="-mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx512vnni -mavx512bf16"
   ok=1
   {
-    for f in src/base/base.c src/engine/kv.c src/ops/ops.c src/ops/ops_ref.c src/ops/threadpool.c; do
-      $CC $CF -c "$f" -o "$obj/$(basename "$f" .c).o" || ok=0
+    for f in src/base/base.c src/engine/kv.c src/ops/*.c; do
+      case "$f" in
+        *_avx2.c) fl="-mavx2 -mfma -mf16c" ;;
+        *_avx512.c) fl="$AVX512" ;;
+        *) fl="" ;;
+      esac
+      # shellcheck disable=SC2086
+      $CC $CF $fl -c "$f" -o "$obj/$(basename "$f" .c).o" || ok=0
     done
-    $CC $CF -mavx2 -mfma -mf16c -c src/ops/ops_avx2.c -o "$obj/ops_avx2.o" || ok=0
     for f in src/cuda/*.cu; do
       "$NVCC" -O3 -lineinfo $CUDA_ARCH -std=c++17 -Iinclude -Isrc -Xcompiler -Wall,-Wextra \
         -c "$f" -o "$obj/$(basename "$f" .cu).cu.o" || ok=0
     done
     [ $ok = 1 ] && $CC $CF tests/cuda/test_cuda_kernels.c "$obj"/*.o -L"$CUDA_HOME/lib64" \
-      -Wl,-rpath,"$CUDA_HOME/lib64" -lcublas -lcudart -lstdc++ -lm -o "$bin" || ok=0
+      -Wl,-rpath,"$CUDA_HOME/lib64" -lcublas -lcudart -lstdc++ $LIBS -lm -o "$bin" || ok=0
     # The forward test also loads models: that needs cJSON, nothing else.
     rm -f "$BUILD/cuda-tests/test_cuda_forward"
     if [ $ok = 1 ] && printf '#include <cjson/cJSON.h>\n' | $CC -E -x c - >/dev/null 2>&1; then
@@ -104,7 +120,7 @@ else
         $CC $CF -c "$f" -o "$obj/model/$(basename "$f" .c).o" || fok=0
       done
       [ $fok = 1 ] && $CC $CF tests/cuda/test_cuda_forward.c "$obj"/*.o "$obj"/model/*.o \
-        -L"$CUDA_HOME/lib64" -Wl,-rpath,"$CUDA_HOME/lib64" -lcublas -lcudart -lstdc++ -lcjson -lm \
+        -L"$CUDA_HOME/lib64" -Wl,-rpath,"$CUDA_HOME/lib64" -lcublas -lcudart -lstdc++ -lcjson $LIBS -lm \
         -o "$BUILD/cuda-tests/test_cuda_forward" || echo "forward test: build failed"
       # the engine test adds the scheduler, sampling and the exec seam
       mkdir -p "$obj/engine"
@@ -115,7 +131,7 @@ else
       done
       [ $eok = 1 ] && $CC $CF tests/cuda/test_cuda_engine.c "$obj"/*.o "$obj"/model/*.o \
         "$obj"/engine/*.o -L"$CUDA_HOME/lib64" -Wl,-rpath,"$CUDA_HOME/lib64" -lcublas -lcudart \
-        -lstdc++ -lcjson -lm -o "$BUILD/cuda-tests/test_cuda_engine" || echo "engine test: build failed"
+        -lstdc++ -lcjson $LIBS -lm -o "$BUILD/cuda-tests/test_cuda_engine" || echo "engine test: build failed"
     fi
   } >"$log" 2>&1
   if [ $ok != 1 ]; then
