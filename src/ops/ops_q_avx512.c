@@ -8,7 +8,7 @@
  *     y += sw_g * sum(q * x) + bw_g * sum(x)
  * (the bias term once per group, as a dot of the row's biases with the
  * group sums of x), so the inner loop is convert + FMA per weight.
- *   - T < GEMM_T (decode): four rows per pass share each x load; the f32
+ *   - T < GEMM_T (decode): row by row (DEC_R), prefetching ahead; the f32
  *     sum of a block is scaled once. 4-bit fields: the 16 bytes of 32
  *     nibbles are widened to dwords and VPERMPS maps each nibble (it only
  *     reads an index's low four bits) straight to its float, with x
@@ -45,9 +45,12 @@
 #define KC_EXACT 128     /* panel columns (f32: 8 KiB) */
 #define KC_FAST 256      /* panel columns (u8: 4 KiB) */
 #define XQ_BYTES (128 * 1024) /* rounded activations of one token block */
-#ifndef PF_DIST
-#define PF_DIST 1024     /* decode: bytes ahead in each row to prefetch */
-#endif
+/* Decode: rows per pass, and bytes ahead of the read position to
+ * prefetch. One row at a time (one sequential stream) measured twice the
+ * cold bandwidth of two or four interleaved rows on Zen 4 (20-26 vs 10-13
+ * GB/s a core), more than the x loads shared by several rows save. */
+#define DEC_R 1
+#define PF_DIST 1024
 
 static int shape_ok(const loom_qmat *w) {
     int m = w->group / XBLK;
@@ -159,7 +162,7 @@ INLINE void ex_rows(float *y, const float *xp, const float *xsg, const loom_qmat
     const int n = w->n, ng = n / w->group, nb = n / XBLK, gs = __builtin_ctz(w->group / XBLK);
     const uint8_t *row[4];
     float sc[4][MAXB];
-    __m512 facc[4], p[4];
+    __m512 facc[4], p[4], p2[4]; /* two partial sums per block: shorter chains */
     const __m512 tbl = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) {
@@ -167,12 +170,13 @@ INLINE void ex_rows(float *y, const float *xp, const float *xsg, const loom_qmat
         row_params(sc[r], w->scales + (size_t)(r0 + r) * ng, ng, w->f16);
         facc[r] = bias_dot(w->biases + (size_t)(r0 + r) * ng, xsg, ng, w->f16);
     }
+    const size_t pf = PF_DIST;
     for (int j = 0; j < nb; j++) {
         const float *xj = xp + (size_t)j * XBLK;
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
-            p[r] = _mm512_setzero_ps();
-            if (PF_DIST) _mm_prefetch((const char *)row[r] + (size_t)j * 8 * bits + PF_DIST, _MM_HINT_T0);
+            p[r] = p2[r] = _mm512_setzero_ps();
+            _mm_prefetch((const char *)row[r] + (size_t)j * 8 * bits + pf, _MM_HINT_T0);
         }
         if (bits == 8) {
 #pragma GCC unroll 4
@@ -181,7 +185,9 @@ INLINE void ex_rows(float *y, const float *xp, const float *xsg, const loom_qmat
 #pragma GCC unroll 4
                 for (int r = 0; r < R; r++) {
                     __m128i b = _mm_loadu_si128((const __m128i *)(row[r] + (size_t)j * 64 + 16 * c));
-                    p[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)), xv, p[r]);
+                    __m512 wv = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b));
+                    if (c % 2) p2[r] = _mm512_fmadd_ps(wv, xv, p2[r]);
+                    else p[r] = _mm512_fmadd_ps(wv, xv, p[r]);
                 }
             }
         } else {
@@ -193,13 +199,13 @@ INLINE void ex_rows(float *y, const float *xp, const float *xsg, const loom_qmat
                     __m128i b = _mm_loadu_si128((const __m128i *)(row[r] + (size_t)j * 32 + 16 * c));
                     __m512i d = _mm512_cvtepu8_epi32(b);
                     p[r] = _mm512_fmadd_ps(_mm512_permutexvar_ps(d, tbl), xe, p[r]);
-                    p[r] = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), tbl), xo, p[r]);
+                    p2[r] = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), tbl), xo, p2[r]);
                 }
             }
         }
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++)
-            facc[r] = _mm512_fmadd_ps(p[r], _mm512_set1_ps(sc[r][j >> gs]), facc[r]);
+            facc[r] = _mm512_fmadd_ps(_mm512_add_ps(p[r], p2[r]), _mm512_set1_ps(sc[r][j >> gs]), facc[r]);
     }
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) y[r0 + r] = _mm512_reduce_add_ps(facc[r]);
@@ -208,13 +214,8 @@ INLINE void ex_rows(float *y, const float *xp, const float *xsg, const loom_qmat
 INLINE void ex_matvec_bits(float *y, const float *xp, const float *xsg, const loom_qmat *w, int r0,
                            int r1, const int bits) {
     int r = r0;
-    for (; r + 4 <= r1; r += 4) ex_rows(y, xp, xsg, w, r, 4, bits);
-    switch (r1 - r) {
-    case 3: ex_rows(y, xp, xsg, w, r, 3, bits); break;
-    case 2: ex_rows(y, xp, xsg, w, r, 2, bits); break;
-    case 1: ex_rows(y, xp, xsg, w, r, 1, bits); break;
-    default: break;
-    }
+    for (; r + DEC_R <= r1; r += DEC_R) ex_rows(y, xp, xsg, w, r, DEC_R, bits);
+    for (; r < r1; r++) ex_rows(y, xp, xsg, w, r, 1, bits);
 }
 
 static void ex_matvec(float *y, const float *x, const loom_qmat *w, int r0, int r1) {
@@ -380,10 +381,10 @@ static void fq_prep(int8_t *xq, float *sx, float *xsg, size_t st, const float *x
 INLINE void fq_rows(float *y, const int8_t *xq, const float *sx, const float *xsg,
                     const loom_qmat *w, int r0, const int R, const int bits) {
     const int n = w->n, ng = n / w->group, nb = n / XBLK, gs = __builtin_ctz(w->group / XBLK);
-    const uint8_t *row[4];
-    float cs[4][MAXB];
-    __m512 facc[4];
-#pragma GCC unroll 4
+    const uint8_t *row[8];
+    float cs[8][MAXB];
+    __m512 facc[8], facc2[8]; /* even / odd blocks: shorter chains */
+#pragma GCC unroll 8
     for (int r = 0; r < R; r++) {
         row[r] = qrow(w, r0 + r);
         row_params(cs[r], w->scales + (size_t)(r0 + r) * ng, ng, w->f16);
@@ -398,32 +399,31 @@ INLINE void fq_rows(float *y, const int8_t *xq, const float *sx, const float *xs
             for (int j = nb - 1; j >= 0; j--) cs[r][j] = cs[r][j >> gs] * sx[j];
         }
         facc[r] = bias_dot(w->biases + (size_t)(r0 + r) * ng, xsg, ng, w->f16);
+        facc2[r] = _mm512_setzero_ps();
     }
+    const size_t pf = PF_DIST;
     for (int j = 0; j < nb; j++) {
         __m512i xv = _mm512_loadu_si512(xq + (size_t)j * XBLK);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
-            if (PF_DIST) _mm_prefetch((const char *)row[r] + (size_t)j * 8 * bits + PF_DIST, _MM_HINT_T0);
+            _mm_prefetch((const char *)row[r] + (size_t)j * 8 * bits + pf, _MM_HINT_T0);
             __m512i wv = bits == 8 ? _mm512_loadu_si512(row[r] + (size_t)j * 64)
                                    : unpack4_split(row[r] + (size_t)j * 32);
             __m512i acc = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv);
-            facc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_set1_ps(cs[r][j]), facc[r]);
+            __m512 v = _mm512_cvtepi32_ps(acc);
+            if (j % 2) facc2[r] = _mm512_fmadd_ps(v, _mm512_set1_ps(cs[r][j]), facc2[r]);
+            else facc[r] = _mm512_fmadd_ps(v, _mm512_set1_ps(cs[r][j]), facc[r]);
         }
     }
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++) y[r0 + r] = _mm512_reduce_add_ps(facc[r]);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) y[r0 + r] = _mm512_reduce_add_ps(_mm512_add_ps(facc[r], facc2[r]));
 }
 
 INLINE void fq_matvec_bits(float *y, const int8_t *xq, const float *sx, const float *xsg,
                            const loom_qmat *w, int r0, int r1, const int bits) {
     int r = r0;
-    for (; r + 4 <= r1; r += 4) fq_rows(y, xq, sx, xsg, w, r, 4, bits);
-    switch (r1 - r) {
-    case 3: fq_rows(y, xq, sx, xsg, w, r, 3, bits); break;
-    case 2: fq_rows(y, xq, sx, xsg, w, r, 2, bits); break;
-    case 1: fq_rows(y, xq, sx, xsg, w, r, 1, bits); break;
-    default: break;
-    }
+    for (; r + DEC_R <= r1; r += DEC_R) fq_rows(y, xq, sx, xsg, w, r, DEC_R, bits);
+    for (; r < r1; r++) fq_rows(y, xq, sx, xsg, w, r, 1, bits);
 }
 
 static void fq_matvec(float *y, const float *x, const loom_qmat *w, int r0, int r1) {
