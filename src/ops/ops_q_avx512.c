@@ -369,9 +369,22 @@ static void fq_prep(int8_t *xq, float *sx, float *xsg, size_t st, const float *x
             __m512i o1 = _mm512_permutex2var_epi32(q[2], od, q[3]);
             q[0] = e0, q[1] = e1, q[2] = o0, q[3] = o1;
         }
-        for (int i = 0; i < 4; i++)
-            _mm_storeu_si128((__m128i *)(xq + (size_t)j * st * XBLK + 16 * i),
-                             _mm512_cvtepi32_epi8(q[i]));
+        if (split) {
+            /* Pairs of blocks as [evens of j, evens of j + 1, odds of j,
+             * odds of j + 1] (a last unpaired block: [evens, odds]) to
+             * match two blocks of nibbles split low | high. */
+            int h = j % 2, lone = j == nb - 1 && !h;
+            int8_t *ev8 = xq + (size_t)(j - h) * XBLK + 32 * h;
+            int8_t *od8 = lone ? ev8 + 32 : ev8 + 64;
+            _mm_storeu_si128((__m128i *)ev8, _mm512_cvtepi32_epi8(q[0]));
+            _mm_storeu_si128((__m128i *)(ev8 + 16), _mm512_cvtepi32_epi8(q[1]));
+            _mm_storeu_si128((__m128i *)od8, _mm512_cvtepi32_epi8(q[2]));
+            _mm_storeu_si128((__m128i *)(od8 + 16), _mm512_cvtepi32_epi8(q[3]));
+        } else {
+            for (int i = 0; i < 4; i++)
+                _mm_storeu_si128((__m128i *)(xq + (size_t)j * st * XBLK + 16 * i),
+                                 _mm512_cvtepi32_epi8(q[i]));
+        }
         float bs = sxj * (float)_mm512_reduce_add_epi32(s);
         if ((j & (per - 1)) == 0) xsg[j / per * st] = bs; /* per is a power of two */
         else xsg[j / per * st] += bs;
@@ -402,7 +415,31 @@ INLINE void fq_rows(float *y, const int8_t *xq, const float *sx, const float *xs
         facc2[r] = _mm512_setzero_ps();
     }
     const size_t pf = PF_DIST;
-    for (int j = 0; j < nb; j++) {
+    int j = 0;
+    if (bits == 4) {
+        /* Two blocks per step: the 64 bytes' low nibbles against the two
+         * blocks' even columns, the high ones against the odd columns;
+         * lanes 0-7 sum block j, lanes 8-15 block j + 1. */
+        const __m512i m4 = _mm512_set1_epi8(15);
+        const __m512i pick = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+        for (; j + 2 <= nb; j += 2) {
+            __m512i xa = _mm512_loadu_si512(xq + (size_t)j * XBLK);
+            __m512i xb = _mm512_loadu_si512(xq + (size_t)j * XBLK + 64);
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) {
+                _mm_prefetch((const char *)row[r] + (size_t)j * 32 + pf, _MM_HINT_T0);
+                __m512i v = _mm512_loadu_si512(row[r] + (size_t)j * 32);
+                __m512i lo = _mm512_and_si512(v, m4);
+                __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                __m512i acc = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xa);
+                acc = _mm512_dpbusd_epi32(acc, hi, xb);
+                __m512 sc2 = _mm512_permutexvar_ps(pick, _mm512_maskz_loadu_ps(3, cs[r] + j));
+                if (j % 4) facc2[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), sc2, facc2[r]);
+                else facc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), sc2, facc[r]);
+            }
+        }
+    }
+    for (; j < nb; j++) {
         __m512i xv = _mm512_loadu_si512(xq + (size_t)j * XBLK);
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
