@@ -131,6 +131,24 @@ loom_status loom_cuda_qkv_post(loom_cuda *c, float *d_q, const struct loom_cuda_
                                int nh, int nkv, int head_dim, int rot_dim, const float *d_cos,
                                const float *d_sin, int ld);
 
+/* ---- sampling ------------------------------------------------------------ */
+
+#define LOOM_CUDA_TOPK_MAX 64
+
+/* One row's sampling: what src/sample/sample.c does for temperature > 0,
+ * 1 <= top_k <= LOOM_CUDA_TOPK_MAX, top_p, min_p (no XTC, bias or
+ * penalties), with u the request generator's uniform draw in [0, 1). */
+typedef struct loom_cuda_sampling {
+    float temperature, top_p, min_p;
+    int top_k;
+    double u;
+} loom_cuda_sampling;
+
+/* d_out[t] = the token drawn from row t of d_logits (T, V) with
+ * d_params[t] (device memory). */
+loom_status loom_cuda_sample(loom_cuda *c, int32_t *d_out, const float *d_logits, int T, int V,
+                             const loom_cuda_sampling *d_params);
+
 /* ---- matrix products --------------------------------------------------- */
 
 /* d_y (T, rows) = d_x (T, cols) @ W^T, W (rows, cols) of dtype, through
@@ -231,9 +249,12 @@ void loom_cuda_model_free(loom_cuda_model *g);
  * picks: NULL, or [n_rows]: a row with picks[r] == -1 and logits LAST gets
  * the index of its largest logit (first on ties) in picks[r], computed on
  * the device, and its out is left unwritten (greedy decoding without the
- * vocabulary-sized copy); other entries are left alone. */
+ * vocabulary-sized copy); other entries are left alone. samp: NULL, or
+ * [n_rows]: such a row with samp[r].temperature > 0 gets the token drawn
+ * with samp[r] (loom_cuda_sample) instead of the argmax. */
 loom_status loom_cuda_forward(loom_cuda_model *g, struct loom_kv_pool *kv,
-                              struct loom_fwd_row *rows, int n_rows, int32_t *picks);
+                              struct loom_fwd_row *rows, int n_rows, int32_t *picks,
+                              const loom_cuda_sampling *samp);
 
 #ifdef __cplusplus
 }

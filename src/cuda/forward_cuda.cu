@@ -160,11 +160,15 @@ struct loom_cuda_model {
     unsigned logits_gen;       /* bumped when logits moves */
     int32_t *ints;             /* device twin of h_ints */
     size_t ints_cap;
-    int32_t *ids;              /* device argmax per logits row [max(max_tokens, logits_rows)] */
+    int32_t *ids;              /* device argmax per logits row [ids_cap] */
+    int32_t *sids;             /* device sampled token per logits row [ids_cap] */
+    loom_cuda_sampling *samp;  /* device sampling parameters per logits row [ids_cap] */
     int ids_cap;
     /* host staging (pinned: the copies are asynchronous) */
     int32_t *h_ints;           /* owned, ints_cap */
     int32_t *h_ids;            /* owned, ids_cap */
+    int32_t *h_sids;           /* owned, ids_cap */
+    loom_cuda_sampling *h_samp; /* owned, ids_cap */
     /* decode graphs */
     int use_graphs;
     struct fw_graph {
@@ -284,6 +288,8 @@ extern "C" void loom_cuda_model_free(loom_cuda_model *g) {
         if (g->graphs[i].state == 2) cudaGraphExecDestroy(g->graphs[i].exec);
     if (g->h_ints) cudaFreeHost(g->h_ints);
     if (g->h_ids) cudaFreeHost(g->h_ids);
+    if (g->h_sids) cudaFreeHost(g->h_sids);
+    if (g->h_samp) cudaFreeHost(g->h_samp);
     free(g);
 }
 
@@ -470,9 +476,15 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
     g->ids_cap = max_tokens;
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->ints, g->ints_cap * 4);
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->ids, (size_t)g->ids_cap * 4);
+    if (st == LOOM_OK) st = g_alloc(g, (void **)&g->sids, (size_t)g->ids_cap * 4);
+    if (st == LOOM_OK)
+        st = g_alloc(g, (void **)&g->samp, (size_t)g->ids_cap * sizeof(loom_cuda_sampling));
     if (st == LOOM_OK) {
         cudaError_t e = cudaMallocHost((void **)&g->h_ints, g->ints_cap * 4);
         if (e == cudaSuccess) e = cudaMallocHost((void **)&g->h_ids, (size_t)g->ids_cap * 4);
+        if (e == cudaSuccess) e = cudaMallocHost((void **)&g->h_sids, (size_t)g->ids_cap * 4);
+        if (e == cudaSuccess)
+            e = cudaMallocHost((void **)&g->h_samp, (size_t)g->ids_cap * sizeof(loom_cuda_sampling));
         if (e != cudaSuccess)
             st = loom_err(LOOM_ERR_NOMEM, "cuda forward: %zu bytes of pinned host memory: %s",
                           g->ints_cap * 4, cudaGetErrorString(e));
@@ -734,7 +746,8 @@ static loom_status fw_run(loom_cuda_model *g, const fw_step *S, int graphable) {
 }
 
 extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_pool *kv,
-                                         loom_fwd_row *rows, int n_rows, int32_t *picks_in) {
+                                         loom_fwd_row *rows, int n_rows, int32_t *picks_in,
+                                         const loom_cuda_sampling *samp_in) {
     const loom_model *m = g->m;
     const loom_config *cf = &m->cfg;
     loom_cuda *c = g->c;
@@ -815,27 +828,45 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_pool *kv,
     }
     TRY(fw_run(g, &S, graphable));
 
-    if (S.n_sel > 0) {
-        int any = 0;
-        for (int r = 0; r < n_rows && picks_in; r++)
-            any |= picks_in[r] == -1 && rows[r].logits == LOOM_LOGITS_LAST;
-        if (any)
-            CUDA_CHECK(cudaMemcpyAsync(g->h_ids, g->ids, (size_t)S.n_sel * 4,
-                                       cudaMemcpyDeviceToHost, c->stream));
-        for (int r = 0, j = 0; r < n_rows; r++) {
-            int cnt = rows[r].logits == LOOM_LOGITS_ALL ? rows[r].n : rows[r].logits ? 1 : 0;
-            int pick = picks_in && picks_in[r] == -1 && rows[r].logits == LOOM_LOGITS_LAST;
-            if (cnt && !pick)
-                CUDA_CHECK(cudaMemcpyAsync(rows[r].out, g->logits + (size_t)j * V,
-                                           (size_t)cnt * V * 4, cudaMemcpyDeviceToHost, c->stream));
-            j += cnt;
+    /* rows that take a device pick: greedy (argmax, computed in the body)
+     * or sampled here from their logits row */
+    int any = 0, n_samp = 0;
+    for (int r = 0, j = 0; r < n_rows; r++) {
+        int cnt = rows[r].logits == LOOM_LOGITS_ALL ? rows[r].n : rows[r].logits ? 1 : 0;
+        int pick = picks_in && picks_in[r] == -1 && rows[r].logits == LOOM_LOGITS_LAST;
+        any |= pick;
+        for (int k = 0; k < cnt; k++, j++) {
+            int sampled = pick && samp_in && samp_in[r].temperature > 0;
+            /* other rows: a cheap, valid setting (one round); their result is unused */
+            loom_cuda_sampling one = {1.0f, 1.0f, 0.0f, 1, 0.0};
+            g->h_samp[j] = sampled ? samp_in[r] : one;
+            n_samp += sampled;
         }
+    }
+    if (any) {
+        if (n_samp) {
+            CUDA_CHECK(cudaMemcpyAsync(g->samp, g->h_samp, (size_t)S.n_sel * sizeof *g->samp,
+                                       cudaMemcpyHostToDevice, c->stream));
+            TRY(loom_cuda_sample(c, g->sids, g->logits, S.n_sel, V, g->samp));
+            CUDA_CHECK(cudaMemcpyAsync(g->h_sids, g->sids, (size_t)S.n_sel * 4,
+                                       cudaMemcpyDeviceToHost, c->stream));
+        }
+        CUDA_CHECK(cudaMemcpyAsync(g->h_ids, g->ids, (size_t)S.n_sel * 4, cudaMemcpyDeviceToHost,
+                                   c->stream));
+    }
+    for (int r = 0, j = 0; r < n_rows; r++) {
+        int cnt = rows[r].logits == LOOM_LOGITS_ALL ? rows[r].n : rows[r].logits ? 1 : 0;
+        int pick = picks_in && picks_in[r] == -1 && rows[r].logits == LOOM_LOGITS_LAST;
+        if (cnt && !pick)
+            CUDA_CHECK(cudaMemcpyAsync(rows[r].out, g->logits + (size_t)j * V, (size_t)cnt * V * 4,
+                                       cudaMemcpyDeviceToHost, c->stream));
+        j += cnt;
     }
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
     for (int r = 0, j = 0; r < n_rows; r++) {
         int cnt = rows[r].logits == LOOM_LOGITS_ALL ? rows[r].n : rows[r].logits ? 1 : 0;
         if (cnt && picks_in && picks_in[r] == -1 && rows[r].logits == LOOM_LOGITS_LAST)
-            picks_in[r] = g->h_ids[j];
+            picks_in[r] = samp_in && samp_in[r].temperature > 0 ? g->h_sids[j] : g->h_ids[j];
         j += cnt;
     }
     for (int r = 0; r < n_rows; r++) rows[r].seq->n_tokens += rows[r].n;

@@ -81,8 +81,10 @@ struct loom_engine {
     float *logits;                 /* owned (max_seqs, vocab) */
     loom_fwd_row *rows;            /* owned [max_seqs] */
     int32_t *picks;                /* owned [max_seqs]: -1 asks the forward for the
-                                      greedy token (a device forward answers it),
-                                      -2 = sample from the logits */
+                                      token (a device forward answers it), -2 =
+                                      sample from the logits */
+    loom_exec_sampling *samp;      /* owned [max_seqs]: how a -1 row is sampled
+                                      (temperature 0: greedy) */
     loom_request **row_req;        /* owned [max_seqs] request of each row */
     int *row_kind;                 /* owned [max_seqs] 0 decode, 1 prefill */
     loom_request **running;        /* owned [max_seqs] */
@@ -261,13 +263,28 @@ static int blocks_for(const loom_engine *e, int tokens) {
     return (tokens + e->kv->block_size - 1) / e->kv->block_size;
 }
 
-/* A request whose next token is the plain argmax of the logits: greedy,
- * no bias, no penalty window, no log-probabilities. Its row can take the
- * device's pick (no vocabulary-sized copy back). */
-static int greedy_pick_ok(const loom_request *r) {
+/* Marks row i (whose logits are wanted when `wants`) for a pick by the
+ * forward when its request needs nothing but the token: greedy, or
+ * temperature with top-k 2..64, top-p and min-p but no XTC; never with a
+ * logit bias, a penalty window or log-probabilities. A device forward then
+ * returns the token instead of a vocabulary-sized logits row. A sampled
+ * row takes its uniform draw from the request's generator here, only when
+ * the forward runs on a device (on the CPU the sampler draws it). */
+static void mark_pick(loom_engine *e, loom_request *r, int i, int wants) {
     const loom_sampling *p = &r->sampler.p;
-    return (p->temperature <= 0 || p->top_k == 1) && p->n_logit_bias == 0 && !r->sampler.window &&
-           r->logprobs < 0;
+    e->picks[i] = -2;
+    e->samp[i] = (loom_exec_sampling){0};
+    if (!wants || p->n_logit_bias || r->sampler.window || r->logprobs >= 0) return;
+    if (p->temperature <= 0 || p->top_k == 1) {
+        e->picks[i] = -1;
+        return;
+    }
+    if (p->top_k < 2 || p->top_k > 64 || p->xtc_probability > 0 || !loom_exec_on_device(e->fwd))
+        return;
+    e->picks[i] = -1;
+    e->samp[i] = (loom_exec_sampling){.temperature = p->temperature, .top_p = p->top_p,
+                                      .min_p = p->min_p, .top_k = p->top_k,
+                                      .u = loom_sampler_uniform(&r->sampler)};
 }
 
 static void add_prefill_row(loom_engine *e, loom_request *r, int *n_rows, int *budget) {
@@ -292,7 +309,7 @@ static void add_prefill_row(loom_engine *e, loom_request *r, int *n_rows, int *b
     };
     e->row_req[i] = r;
     e->row_kind[i] = 1;
-    e->picks[i] = final && greedy_pick_ok(r) ? -1 : -2;
+    mark_pick(e, r, i, final);
     *budget -= count;
 }
 
@@ -533,7 +550,7 @@ static int step(loom_engine *e) {
                                     .state = r->rstate};
         e->row_req[k] = r;
         e->row_kind[k] = 0;
-        e->picks[k] = greedy_pick_ok(r) ? -1 : -2;
+        mark_pick(e, r, k, 1);
         budget--;
         i++;
     }
@@ -583,7 +600,7 @@ static int step(loom_engine *e) {
 
     uint64_t work = ++e->next_work;
     double t1 = loom_now();
-    loom_status st = loom_exec_forward_picks(e->fwd, e->kv, e->rows, n_rows, e->picks);
+    loom_status st = loom_exec_forward_picks(e->fwd, e->kv, e->rows, n_rows, e->picks, e->samp);
     double t2 = loom_now();
     e->counters.steps++;
     if (st != LOOM_OK) {
@@ -813,10 +830,12 @@ loom_status loom_engine_create(loom_model *m, const loom_engine_params *params,
         e->logits = loom_alloc(sizeof(float) * (size_t)e->max_seqs * (size_t)c->vocab_size);
         e->rows = calloc((size_t)e->max_seqs, sizeof *e->rows);
         e->picks = calloc((size_t)e->max_seqs, sizeof *e->picks);
+        e->samp = calloc((size_t)e->max_seqs, sizeof *e->samp);
         e->row_req = calloc((size_t)e->max_seqs, sizeof *e->row_req);
         e->row_kind = calloc((size_t)e->max_seqs, sizeof *e->row_kind);
         e->running = calloc((size_t)e->max_seqs, sizeof *e->running);
-        if (!e->logits || !e->rows || !e->picks || !e->row_req || !e->row_kind || !e->running)
+        if (!e->logits || !e->rows || !e->picks || !e->samp || !e->row_req || !e->row_kind ||
+            !e->running)
             s = loom_err(LOOM_ERR_NOMEM, "engine: out of memory");
     }
     if (!s) s = waiting_reserve(e, 16);
@@ -874,6 +893,7 @@ void loom_engine_free(loom_engine *e) {
     loom_free(e->logits);
     free(e->rows);
     free(e->picks);
+    free(e->samp);
     free(e->row_req);
     free(e->row_kind);
     free(e->running);

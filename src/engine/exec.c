@@ -1,6 +1,7 @@
 /* exec: CPU forward, or the CUDA forward when the model asks for a device. */
 #include "engine/exec.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 
 #include "base/base.h"
@@ -61,15 +62,27 @@ void loom_exec_free(loom_exec *x) {
 }
 
 loom_status loom_exec_forward(loom_exec *x, loom_kv_pool *kv, loom_fwd_row *rows, int n_rows) {
-    return loom_exec_forward_picks(x, kv, rows, n_rows, NULL);
+    return loom_exec_forward_picks(x, kv, rows, n_rows, NULL, NULL);
 }
 
-loom_status loom_exec_forward_picks(loom_exec *x, loom_kv_pool *kv, loom_fwd_row *rows,
-                                    int n_rows, int32_t *picks) {
 #ifdef LOOM_CUDA
-    if (x->gpu) return loom_cuda_forward(x->gpu, kv, rows, n_rows, picks);
+/* The two structs are one layout: the engine fills this one, the device
+ * reads it as loom_cuda_sampling. */
+_Static_assert(sizeof(loom_exec_sampling) == sizeof(loom_cuda_sampling) &&
+                   offsetof(loom_exec_sampling, top_k) == offsetof(loom_cuda_sampling, top_k) &&
+                   offsetof(loom_exec_sampling, u) == offsetof(loom_cuda_sampling, u),
+               "loom_exec_sampling and loom_cuda_sampling differ");
+#endif
+
+loom_status loom_exec_forward_picks(loom_exec *x, loom_kv_pool *kv, loom_fwd_row *rows,
+                                    int n_rows, int32_t *picks, const loom_exec_sampling *samp) {
+#ifdef LOOM_CUDA
+    if (x->gpu)
+        return loom_cuda_forward(x->gpu, kv, rows, n_rows, picks,
+                                 (const loom_cuda_sampling *)(const void *)samp);
 #endif
     (void)picks;  /* the CPU forward always writes logits */
+    (void)samp;
     return loom_forward(x->m, x->fwd, kv, rows, n_rows);
 }
 

@@ -16,12 +16,22 @@ loom_status loom_exec_create(loom_model *m, loom_kv_pool *kv, int max_tokens, in
                              loom_exec **out);
 void loom_exec_free(loom_exec *x);
 loom_status loom_exec_forward(loom_exec *x, loom_kv_pool *kv, loom_fwd_row *rows, int n_rows);
+/* One row's sampling for a device pick (the CUDA backend's
+ * loom_cuda_sampling, same layout): temperature > 0, 2 <= top_k <= 64,
+ * top_p, min_p, and u, the request generator's next uniform draw. */
+typedef struct loom_exec_sampling {
+    float temperature, top_p, min_p;
+    int top_k;
+    double u;
+} loom_exec_sampling;
+
 /* The same; picks NULL or [n_rows]: a row with picks[r] == -1 and logits
- * LAST may come back with its greedy token there instead of logits in out
- * (the device forward does it; the CPU forward leaves picks alone, so -1
- * afterwards means "sample from out"). */
+ * LAST may come back with its token there instead of logits in out: the
+ * greedy one, or, when samp is given and samp[r].temperature > 0, one drawn
+ * with samp[r] (the device forward does it; the CPU forward leaves picks
+ * alone, so -1 afterwards means "sample from out"). */
 loom_status loom_exec_forward_picks(loom_exec *x, loom_kv_pool *kv, loom_fwd_row *rows,
-                                    int n_rows, int32_t *picks);
+                                    int n_rows, int32_t *picks, const loom_exec_sampling *samp);
 /* 1 when the KV rows live on a device (the host pool holds no K/V data). */
 int loom_exec_on_device(const loom_exec *x);
 

@@ -137,6 +137,8 @@ static double next_uniform(loom_sampler *s) {
     return (double)(next_u64(s) >> 11) * (1.0 / 9007199254740992.0);
 }
 
+double loom_sampler_uniform(loom_sampler *s) { return next_uniform(s); }
+
 /* Max-heap of indices keyed by v; ties put the lower index first so
  * selection order is deterministic. */
 static int heap_less(const float *v, int32_t a, int32_t b) {

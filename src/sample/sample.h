@@ -43,5 +43,9 @@ void loom_sampler_accept(loom_sampler *s, int32_t id, int is_output);
 /* Picks a token. logits [vocab] are used as scratch (modified). With
  * n_top >= 0, fills logprob and the n_top most likely tokens. */
 void loom_sampler_pick(loom_sampler *s, float *logits, int n_top, loom_sample_result *r);
+/* The next draw of the request's generator in [0, 1): the one
+ * loom_sampler_pick would take, for a pick made elsewhere (on the device)
+ * from the same settings. */
+double loom_sampler_uniform(loom_sampler *s);
 
 #endif

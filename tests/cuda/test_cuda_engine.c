@@ -95,6 +95,52 @@ static void check(const char *name) {
     printf("%s  %-18s logits rel err %.2g (reference, device 0); greedy %d/4 context, %d/4 engine\n",
            ok ? "PASS" : "FAIL", name, worst, same, batched);
     CHECK(ok);
+    /* Sampled requests (temperature, top-k, top-p, min-p, a seed): drawn on
+     * the device from the request's own generator, they must give the
+     * tokens the CPU engine's sampler gives (the logits agree to ~1e-6; a
+     * draw on a boundary could still part them, not seen on these). */
+    loom_model *mc = NULL;
+    loom_model_params cpu = loom_model_default_params();
+    int agree = 0;
+    if (loom_model_load(dir, &cpu, &mc) == LOOM_OK) {
+        int32_t toks[2][4][20];
+        for (int side = 0; side < 2; side++) {
+            loom_engine *es = NULL;
+            CHECK(loom_engine_create(side ? m : mc, &ep, &es) == LOOM_OK);
+            if (!es) break;
+            loom_request *r[4];
+            for (int i = 0; i < 4; i++) {
+                loom_request_params rp = loom_request_default_params();
+                rp.prompt = ids[i];
+                rp.n_prompt = len[i];
+                rp.max_tokens = 20;
+                rp.ignore_eos = 1;
+                rp.sampling.temperature = 0.9f;
+                rp.sampling.top_k = 20 + 10 * i;
+                rp.sampling.top_p = i % 2 ? 0.9f : 1.0f;
+                rp.sampling.min_p = i == 3 ? 0.05f : 0.0f;
+                rp.sampling.seed = 42 + (uint64_t)i;
+                CHECK(loom_engine_submit(es, &rp, &r[i]) == LOOM_OK);
+            }
+            for (int i = 0; i < 4; i++) {
+                int n = 0;
+                memset(toks[side][i], 0xff, sizeof toks[side][i]);
+                for (;;) {
+                    loom_event ev;
+                    if (loom_request_next(r[i], &ev, 60000) != LOOM_OK || ev.finish) break;
+                    if (n < 20) toks[side][i][n] = ev.token;
+                    n++;
+                }
+                loom_request_free(r[i]);
+            }
+            loom_engine_free(es);
+        }
+        for (int i = 0; i < 4; i++) agree += !memcmp(toks[0][i], toks[1][i], sizeof toks[0][i]);
+        loom_model_free(mc);
+    }
+    printf("%s  %-18s sampled on the device: %d/4 requests give the CPU sampler's tokens\n",
+           agree == 4 ? "PASS" : "FAIL", name, agree);
+    CHECK(agree == 4);
     loom_model_free(m);
     loom_st_close(ref);
 }

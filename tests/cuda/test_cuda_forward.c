@@ -99,7 +99,7 @@ static void run_fixture(const char *fixture, loom_kv_type kvt) {
         float *out = s ? lg : lc;
         loom_fwd_row rows[2] = {{ta, na, &sides[s]->a, LOOM_LOGITS_ALL, out, NULL},
                                 {tb, nb, &sides[s]->b, LOOM_LOGITS_ALL, out + (size_t)na * V, NULL}};
-        st = s ? loom_cuda_forward(g, gpu.kv, rows, 2, NULL) : loom_forward(m, fs, cpu.kv, rows, 2);
+        st = s ? loom_cuda_forward(g, gpu.kv, rows, 2, NULL, NULL) : loom_forward(m, fs, cpu.kv, rows, 2);
         if (st != LOOM_OK) goto fail;
     }
     compare(fixture, kvn, "prefill 45+20", lg, lc, na + nb, V, tol);
@@ -114,7 +114,7 @@ static void run_fixture(const char *fixture, loom_kv_type kvt) {
             float *out = s ? lg : lc;
             loom_fwd_row rows[2] = {{ta + na, 1, &sides[s]->a, LOOM_LOGITS_LAST, out, NULL},
                                     {tb + nb, 1, &sides[s]->b, LOOM_LOGITS_LAST, out + V, NULL}};
-            st = s ? loom_cuda_forward(g, gpu.kv, rows, 2, k == 2 ? picks : NULL)
+            st = s ? loom_cuda_forward(g, gpu.kv, rows, 2, k == 2 ? picks : NULL, NULL)
                    : loom_forward(m, fs, cpu.kv, rows, 2);
             if (st != LOOM_OK) goto fail;
         }
@@ -137,7 +137,7 @@ static void run_fixture(const char *fixture, loom_kv_type kvt) {
         float *out = s ? lg : lc;
         loom_fwd_row rows[2] = {{ta + na, 1, &sides[s]->a, LOOM_LOGITS_LAST, out, NULL},
                                 {tb + nb, 9, &sides[s]->b, LOOM_LOGITS_ALL, out + V, NULL}};
-        st = s ? loom_cuda_forward(g, gpu.kv, rows, 2, NULL) : loom_forward(m, fs, cpu.kv, rows, 2);
+        st = s ? loom_cuda_forward(g, gpu.kv, rows, 2, NULL, NULL) : loom_forward(m, fs, cpu.kv, rows, 2);
         if (st != LOOM_OK) goto fail;
     }
     compare(fixture, kvn, "mixed 1 + chunk 9", lg, lc, 10, V, tol);

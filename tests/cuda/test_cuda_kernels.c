@@ -973,6 +973,110 @@ static int test_qkv_post(int T, int nh, int nkv, int hd, int rot, int norms, int
     return ok;
 }
 
+/* ---- sampling ------------------------------------------------------------ */
+
+/* The CPU sampler's steps for one row (src/sample/sample.c, no bias,
+ * penalties or XTC), spelled out: the id drawn, and how far the draw fell
+ * from the nearest boundary between candidates (relative to the mass). */
+static int sample_ref(const float *l, int V, const loom_cuda_sampling *P, double *margin) {
+    int32_t *idx = xmalloc((size_t)V * 4);
+    float *p = xmalloc((size_t)V * 4);
+    float mx = l[0];
+    for (int i = 1; i < V; i++) mx = fmaxf(mx, l[i]);
+    double sum = 0;
+    for (int i = 0; i < V; i++) sum += (p[i] = expf((l[i] - mx) / P->temperature));
+    float inv = (float)(1.0 / sum);
+    for (int i = 0; i < V; i++) p[i] *= inv;
+    int K = P->top_k < V ? P->top_k : V, m = 0;
+    for (int k = 0; k < K; k++) {  /* selection: (p desc, index asc) */
+        int b = -1;
+        for (int i = 0; i < V; i++) {
+            int taken = 0;
+            for (int j = 0; j < k && !taken; j++) taken = idx[j] == i;
+            if (!taken && (b < 0 || p[i] > p[b])) b = i;
+        }
+        idx[k] = b;
+    }
+    double mass = 0;
+    while (m < K) {
+        mass += p[idx[m++]];
+        if (P->top_p < 1 && mass >= P->top_p) break;
+    }
+    if (P->min_p > 0) {
+        float top = p[idx[0]];
+        int k = 0;
+        for (int i = 0; i < m; i++)
+            if (p[idx[i]] >= P->min_p * top) idx[k++] = idx[i];
+        m = k;
+    }
+    double tot = 0, acc = 0;
+    for (int i = 0; i < m; i++) tot += p[idx[i]];
+    double u = P->u * tot;
+    int id = idx[m - 1];
+    *margin = 1;
+    for (int i = 0; i < m; i++) {
+        acc += p[idx[i]];
+        *margin = fmin(*margin, fabs(u - acc) / tot);
+        if (u < acc) {
+            id = idx[i];
+            break;
+        }
+    }
+    free(idx), free(p);
+    return id;
+}
+
+/* loom_cuda_sample against sample_ref, row by row; a draw within 1e-5 of
+ * a boundary may go either way (the device's expf is not glibc's). */
+static int test_sample(int T, int V, float temp, int top_k, float top_p, float min_p) {
+    char what[128];
+    snprintf(what, sizeof what, "T=%d V=%d temp=%g top_k=%d top_p=%g min_p=%g", T, V, temp, top_k,
+             top_p, min_p);
+    float *l = xmalloc((size_t)T * V * 4);
+    fill(l, (size_t)T * V, 4.0f);
+    loom_cuda_sampling *P = xmalloc((size_t)T * sizeof *P);
+    int32_t *got = xmalloc((size_t)T * 4);
+    for (int t = 0; t < T; t++) {
+        P[t] = (loom_cuda_sampling){.temperature = temp, .top_p = top_p, .min_p = min_p,
+                                    .top_k = top_k,
+                                    .u = (double)(test_rand_u32(&rng) >> 8) / 16777216.0};
+        if (t == 0) l[(size_t)1 * V / 3] = l[(size_t)2 * V / 3] = 9.0f;  /* a tie at the top */
+    }
+    float *dl = up(l, (size_t)T * V * 4);
+    loom_cuda_sampling *dp = up(P, (size_t)T * sizeof *P);
+    int32_t *dout = NULL;
+    int ok = 0;
+    if (!dl || !dp || loom_cuda_alloc(C, (void **)&dout, (size_t)T * 4) != LOOM_OK) {
+        api_fail("sample", what, LOOM_ERR_NOMEM);
+    } else {
+        loom_status st = loom_cuda_sample(C, dout, dl, T, V, dp);
+        if (st == LOOM_OK) st = loom_cuda_download(C, got, dout, (size_t)T * 4);
+        if (st != LOOM_OK) {
+            api_fail("sample", what, st);
+        } else {
+            int bad = 0, near = 0;
+            for (int t = 0; t < T; t++) {
+                double margin;
+                int want = sample_ref(l + (size_t)t * V, V, &P[t], &margin);
+                if (got[t] != want) {
+                    if (margin < 1e-5) near++;
+                    else bad++;
+                }
+            }
+            ok = !bad;
+            printf("%s  %-14s %s  differ=%d (at a boundary %d) of %d\n", ok ? "PASS" : "FAIL",
+                   "sample", what, bad, near, T);
+            fflush(stdout);
+            ok ? n_pass++ : n_fail++;
+        }
+    }
+    loom_cuda_release(C, dl);
+    loom_cuda_release(C, dp);
+    loom_cuda_release(C, dout);
+    free(l), free(P), free(got);
+    return ok;
+}
+
 int main(void) {
     loom_status st = loom_cuda_create(0, &C);
     if (st != LOOM_OK) {
@@ -1026,6 +1130,11 @@ int main(void) {
     test_softmax(151936, 2);  /* a vocabulary row */
     for (int i = 0; i < N_SIZES; i++) test_argmax(SIZES[i], 4);
     test_argmax(151936, 5);
+    test_sample(33, 1000, 0.7f, 40, 0.9f, 0.0f);
+    test_sample(5, 151936, 1.0f, 64, 1.0f, 0.05f);
+    test_sample(17, 4097, 1.3f, 5, 0.5f, 0.0f);
+    test_sample(9, 777, 0.5f, 1, 1.0f, 0.0f);
+    test_sample(8, 128256, 0.8f, 20, 0.95f, 0.02f);
 
     static const int shapes[][3] = {{1, 1, 1},    {1, 7, 33},    {7, 33, 1000},
                                     {5, 1000, 4097}, {33, 4097, 7}, {1, 4096, 1024},
