@@ -8,7 +8,8 @@
  * calls notify. The engine thread then accounts the reads, puts the blocks
  * in the cache and lets the request prefill the rest. A job's blocks and
  * tokens must stay put until done: a cancelled request waits for its job
- * before it releases them. */
+ * before it releases them. One worker runs the jobs in submission order,
+ * so a slow file delays the restores queued behind it (never the step). */
 #ifndef LOOM_RESTORE_H
 #define LOOM_RESTORE_H
 
