@@ -9,10 +9,10 @@
  * tree. Every output is that same sum whatever T and whatever tile it
  * falls in, so a prompt computed in one forward, in chunks, or a token
  * among a batch of decodes (or an expert's share of tokens) gets bit for
- * bit the same logits; the engine's prefix cache relies on it. (A packed
- * broadcast GEMM, 32 rows x 12 tokens, ran 5% faster at T = 512 but
- * differs from any matvec and is 2-3x slower for small batches; it is what
- * --fast uses below.)
+ * bit the same matmul outputs; the engine's prefix cache relies on it. (A
+ * packed broadcast GEMM, 32 rows x 12 tokens, was no faster at T = 512,
+ * both at 93-95% of the FMA peak, but sums in another order than any
+ * matvec and ran 2-3x slower for 4-token batches; --fast uses one below.)
  *   - The rows a tile reads come from memory once (decode, and the first
  *     token block of a prefill), with software prefetch into L2; the
  *     hardware prefetchers ramp up too slowly on 2 KiB rows.
