@@ -8,7 +8,7 @@
  *     y += sw_g * sum(q * x) + bw_g * sum(x)
  * (the bias term once per group, as a dot of the row's biases with the
  * group sums of x), so the inner loop is convert + FMA per weight.
- *   - T < GEMM_T (decode): row by row (DEC_R), prefetching ahead; the f32
+ *   - T < GEMM_T (decode): row by row, prefetching ahead; the f32
  *     sum of a block is scaled once. 4-bit fields: the 16 bytes of 32
  *     nibbles are widened to dwords and VPERMPS maps each nibble (it only
  *     reads an index's low four bits) straight to its float, with x
@@ -45,11 +45,10 @@
 #define KC_EXACT 128     /* panel columns (f32: 8 KiB) */
 #define KC_FAST 256      /* panel columns (u8: 4 KiB) */
 #define XQ_BYTES (128 * 1024) /* rounded activations of one token block */
-/* Decode: rows per pass, and bytes ahead of the read position to
- * prefetch. One row at a time (one sequential stream) measured twice the
- * cold bandwidth of two or four interleaved rows on Zen 4 (20-26 vs 10-13
- * GB/s a core), more than the x loads shared by several rows save. */
-#define DEC_R 1
+/* Decode: bytes ahead of the read position to prefetch. Rows go one at
+ * a time (one sequential stream): that measured twice the cold bandwidth
+ * of two or four interleaved rows on Zen 4 (20-26 vs 10-13 GB/s a core),
+ * more than the x loads shared by several rows save. */
 #define PF_DIST 1024
 
 static int shape_ok(const loom_qmat *w) {
@@ -65,13 +64,6 @@ INLINE __m512 params16(const uint16_t *p, int c, int f16) {
     __m256i h = _mm256_maskz_loadu_epi16(mask16(c), p);
     if (f16) return _mm512_cvtph_ps(h);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
-static void row_params(float *out, const uint16_t *p, int ng, int f16) {
-    for (int g = 0; g < ng; g += 16) {
-        int c = LOOM_MIN(16, ng - g);
-        _mm512_mask_storeu_ps(out + g, mask16(c), params16(p + g, c, f16));
-    }
 }
 
 /* Lanes summing to sum_g b[g] * xs[g]. */
@@ -157,65 +149,63 @@ static void ex_prep(float *xp, float *xsg, const float *x, const loom_qmat *w) {
     }
 }
 
-INLINE void ex_rows(float *y, const float *xp, const float *xsg, const loom_qmat *w, int r0,
-                    const int R, const int bits) {
+/* The scales of blocks c0 .. c0 + 15 of a row (block j in lane j - c0):
+ * the groups' scales widened to blocks in registers. A copy through
+ * memory (masked stores, then loads) cannot be store-forwarded and
+ * stalled each row. c0 % 16 == 0 and a group spans at most 16 blocks. */
+INLINE __m512 block_scales(const uint16_t *sc_row, int c0, int cnt, int gs, int f16) {
+    int g0 = c0 >> gs, gc = ((c0 + cnt - 1) >> gs) - g0 + 1;
+    __m512i gi = _mm512_srl_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
+                                                    14, 15),
+                                  _mm_cvtsi32_si128(gs));
+    return _mm512_permutexvar_ps(gi, params16(sc_row + g0, gc, f16));
+}
+
+/* One row: xp as ex_prep leaves it. Two partial sums per block and
+ * per-chunk scales in registers keep the chains short. */
+INLINE void ex_row(float *y, const float *xp, const float *xsg, const loom_qmat *w, int r,
+                   const int bits) {
     const int n = w->n, ng = n / w->group, nb = n / XBLK, gs = __builtin_ctz(w->group / XBLK);
-    const uint8_t *row[4];
-    float sc[4][MAXB];
-    __m512 facc[4], p[4], p2[4]; /* two partial sums per block: shorter chains */
+    const uint8_t *row = qrow(w, r);
+    const uint16_t *scr = w->scales + (size_t)r * ng;
     const __m512 tbl = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512 facc = bias_dot(w->biases + (size_t)r * ng, xsg, ng, w->f16);
+    for (int c0 = 0; c0 < nb; c0 += 16) {
+        int cnt = LOOM_MIN(16, nb - c0);
+        __m512 scv = block_scales(scr, c0, cnt, gs, w->f16);
+        for (int jj = 0; jj < cnt; jj++) {
+            int j = c0 + jj;
+            const float *xj = xp + (size_t)j * XBLK;
+            __m512 p = _mm512_setzero_ps(), p2 = _mm512_setzero_ps();
+            _mm_prefetch((const char *)row + (size_t)j * 8 * bits + PF_DIST, _MM_HINT_T0);
+            if (bits == 8) {
 #pragma GCC unroll 4
-    for (int r = 0; r < R; r++) {
-        row[r] = qrow(w, r0 + r);
-        row_params(sc[r], w->scales + (size_t)(r0 + r) * ng, ng, w->f16);
-        facc[r] = bias_dot(w->biases + (size_t)(r0 + r) * ng, xsg, ng, w->f16);
-    }
-    const size_t pf = PF_DIST;
-    for (int j = 0; j < nb; j++) {
-        const float *xj = xp + (size_t)j * XBLK;
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            p[r] = p2[r] = _mm512_setzero_ps();
-            _mm_prefetch((const char *)row[r] + (size_t)j * 8 * bits + pf, _MM_HINT_T0);
-        }
-        if (bits == 8) {
-#pragma GCC unroll 4
-            for (int c = 0; c < 4; c++) {
-                __m512 xv = _mm512_loadu_ps(xj + 16 * c);
-#pragma GCC unroll 4
-                for (int r = 0; r < R; r++) {
-                    __m128i b = _mm_loadu_si128((const __m128i *)(row[r] + (size_t)j * 64 + 16 * c));
+                for (int c = 0; c < 4; c++) {
+                    __m128i b = _mm_loadu_si128((const __m128i *)(row + (size_t)j * 64 + 16 * c));
                     __m512 wv = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b));
-                    if (c % 2) p2[r] = _mm512_fmadd_ps(wv, xv, p2[r]);
-                    else p[r] = _mm512_fmadd_ps(wv, xv, p[r]);
+                    if (c % 2) p2 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(xj + 16 * c), p2);
+                    else p = _mm512_fmadd_ps(wv, _mm512_loadu_ps(xj + 16 * c), p);
                 }
-            }
-        } else {
+            } else {
 #pragma GCC unroll 2
-            for (int c = 0; c < 2; c++) {
-                __m512 xe = _mm512_loadu_ps(xj + 32 * c), xo = _mm512_loadu_ps(xj + 32 * c + 16);
-#pragma GCC unroll 4
-                for (int r = 0; r < R; r++) {
-                    __m128i b = _mm_loadu_si128((const __m128i *)(row[r] + (size_t)j * 32 + 16 * c));
+                for (int c = 0; c < 2; c++) {
+                    __m128i b = _mm_loadu_si128((const __m128i *)(row + (size_t)j * 32 + 16 * c));
                     __m512i d = _mm512_cvtepu8_epi32(b);
-                    p[r] = _mm512_fmadd_ps(_mm512_permutexvar_ps(d, tbl), xe, p[r]);
-                    p2[r] = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), tbl), xo, p2[r]);
+                    p = _mm512_fmadd_ps(_mm512_permutexvar_ps(d, tbl), _mm512_loadu_ps(xj + 32 * c), p);
+                    p2 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), tbl),
+                                         _mm512_loadu_ps(xj + 32 * c + 16), p2);
                 }
             }
+            __m512 sj = _mm512_permutexvar_ps(_mm512_set1_epi32(jj), scv);
+            facc = _mm512_fmadd_ps(_mm512_add_ps(p, p2), sj, facc);
         }
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++)
-            facc[r] = _mm512_fmadd_ps(_mm512_add_ps(p[r], p2[r]), _mm512_set1_ps(sc[r][j >> gs]), facc[r]);
     }
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++) y[r0 + r] = _mm512_reduce_add_ps(facc[r]);
+    y[r] = _mm512_reduce_add_ps(facc);
 }
 
 INLINE void ex_matvec_bits(float *y, const float *xp, const float *xsg, const loom_qmat *w, int r0,
                            int r1, const int bits) {
-    int r = r0;
-    for (; r + DEC_R <= r1; r += DEC_R) ex_rows(y, xp, xsg, w, r, DEC_R, bits);
-    for (; r < r1; r++) ex_rows(y, xp, xsg, w, r, 1, bits);
+    for (int r = r0; r < r1; r++) ex_row(y, xp, xsg, w, r, bits);
 }
 
 static void ex_matvec(float *y, const float *x, const loom_qmat *w, int r0, int r1) {
@@ -391,76 +381,59 @@ static void fq_prep(int8_t *xq, float *sx, float *xsg, size_t st, const float *x
     }
 }
 
-INLINE void fq_rows(float *y, const int8_t *xq, const float *sx, const float *xsg,
-                    const loom_qmat *w, int r0, const int R, const int bits) {
+/* One row against one token's rounded activations (fq_prep, split for
+ * 4-bit); scales sw * sx per chunk of 16 blocks in registers. */
+INLINE void fq_row(float *y, const int8_t *xq, const float *sx, const float *xsg,
+                   const loom_qmat *w, int r, const int bits) {
     const int n = w->n, ng = n / w->group, nb = n / XBLK, gs = __builtin_ctz(w->group / XBLK);
-    const uint8_t *row[8];
-    float cs[8][MAXB];
-    __m512 facc[8], facc2[8]; /* even / odd blocks: shorter chains */
-#pragma GCC unroll 8
-    for (int r = 0; r < R; r++) {
-        row[r] = qrow(w, r0 + r);
-        row_params(cs[r], w->scales + (size_t)(r0 + r) * ng, ng, w->f16);
-        if (gs == 0) {
-            for (int j = 0; j < nb; j += 16) {
-                __mmask16 m = mask16(nb - j);
-                _mm512_mask_storeu_ps(cs[r] + j, m,
-                                      _mm512_mul_ps(_mm512_maskz_loadu_ps(m, cs[r] + j),
-                                                    _mm512_maskz_loadu_ps(m, sx + j)));
-            }
-        } else {
-            for (int j = nb - 1; j >= 0; j--) cs[r][j] = cs[r][j >> gs] * sx[j];
-        }
-        facc[r] = bias_dot(w->biases + (size_t)(r0 + r) * ng, xsg, ng, w->f16);
-        facc2[r] = _mm512_setzero_ps();
-    }
-    const size_t pf = PF_DIST;
-    int j = 0;
-    if (bits == 4) {
-        /* Two blocks per step: the 64 bytes' low nibbles against the two
-         * blocks' even columns, the high ones against the odd columns;
-         * lanes 0-7 sum block j, lanes 8-15 block j + 1. */
-        const __m512i m4 = _mm512_set1_epi8(15);
-        const __m512i pick = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-        for (; j + 2 <= nb; j += 2) {
-            __m512i xa = _mm512_loadu_si512(xq + (size_t)j * XBLK);
-            __m512i xb = _mm512_loadu_si512(xq + (size_t)j * XBLK + 64);
-#pragma GCC unroll 8
-            for (int r = 0; r < R; r++) {
-                _mm_prefetch((const char *)row[r] + (size_t)j * 32 + pf, _MM_HINT_T0);
-                __m512i v = _mm512_loadu_si512(row[r] + (size_t)j * 32);
+    const uint8_t *row = qrow(w, r);
+    const uint16_t *scr = w->scales + (size_t)r * ng;
+    const __m512i m4 = _mm512_set1_epi8(15);
+    const __m512i pick = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    __m512 facc = bias_dot(w->biases + (size_t)r * ng, xsg, ng, w->f16);
+    __m512 facc2 = _mm512_setzero_ps(); /* odd steps: shorter chains */
+    for (int c0 = 0; c0 < nb; c0 += 16) {
+        int cnt = LOOM_MIN(16, nb - c0);
+        __m512 csv = _mm512_mul_ps(block_scales(scr, c0, cnt, gs, w->f16),
+                                   _mm512_maskz_loadu_ps(mask16(cnt), sx + c0));
+        int jj = 0;
+        if (bits == 4) {
+            /* Two blocks per step: the 64 bytes' low nibbles against the
+             * two blocks' even columns, the high ones against the odd
+             * columns; lanes 0-7 sum block j, lanes 8-15 block j + 1. */
+            for (; jj + 2 <= cnt; jj += 2) {
+                int j = c0 + jj;
+                _mm_prefetch((const char *)row + (size_t)j * 32 + PF_DIST, _MM_HINT_T0);
+                __m512i v = _mm512_loadu_si512(row + (size_t)j * 32);
                 __m512i lo = _mm512_and_si512(v, m4);
                 __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-                __m512i acc = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xa);
-                acc = _mm512_dpbusd_epi32(acc, hi, xb);
-                __m512 sc2 = _mm512_permutexvar_ps(pick, _mm512_maskz_loadu_ps(3, cs[r] + j));
-                if (j % 4) facc2[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), sc2, facc2[r]);
-                else facc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), sc2, facc[r]);
+                __m512i acc = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo,
+                                                  _mm512_loadu_si512(xq + (size_t)j * XBLK));
+                acc = _mm512_dpbusd_epi32(acc, hi, _mm512_loadu_si512(xq + (size_t)j * XBLK + 64));
+                __m512 sc2 = _mm512_permutexvar_ps(_mm512_add_epi32(pick, _mm512_set1_epi32(jj)), csv);
+                if (jj % 4) facc2 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), sc2, facc2);
+                else facc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), sc2, facc);
             }
         }
-    }
-    for (; j < nb; j++) {
-        __m512i xv = _mm512_loadu_si512(xq + (size_t)j * XBLK);
-#pragma GCC unroll 8
-        for (int r = 0; r < R; r++) {
-            _mm_prefetch((const char *)row[r] + (size_t)j * 8 * bits + pf, _MM_HINT_T0);
-            __m512i wv = bits == 8 ? _mm512_loadu_si512(row[r] + (size_t)j * 64)
-                                   : unpack4_split(row[r] + (size_t)j * 32);
-            __m512i acc = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv);
+        for (; jj < cnt; jj++) {
+            int j = c0 + jj;
+            _mm_prefetch((const char *)row + (size_t)j * 8 * bits + PF_DIST, _MM_HINT_T0);
+            __m512i wv = bits == 8 ? _mm512_loadu_si512(row + (size_t)j * 64)
+                                   : unpack4_split(row + (size_t)j * 32);
+            __m512i acc = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv,
+                                              _mm512_loadu_si512(xq + (size_t)j * XBLK));
             __m512 v = _mm512_cvtepi32_ps(acc);
-            if (j % 2) facc2[r] = _mm512_fmadd_ps(v, _mm512_set1_ps(cs[r][j]), facc2[r]);
-            else facc[r] = _mm512_fmadd_ps(v, _mm512_set1_ps(cs[r][j]), facc[r]);
+            __m512 sj = _mm512_permutexvar_ps(_mm512_set1_epi32(jj), csv);
+            if (jj % 2) facc2 = _mm512_fmadd_ps(v, sj, facc2);
+            else facc = _mm512_fmadd_ps(v, sj, facc);
         }
     }
-#pragma GCC unroll 8
-    for (int r = 0; r < R; r++) y[r0 + r] = _mm512_reduce_add_ps(_mm512_add_ps(facc[r], facc2[r]));
+    y[r] = _mm512_reduce_add_ps(_mm512_add_ps(facc, facc2));
 }
 
 INLINE void fq_matvec_bits(float *y, const int8_t *xq, const float *sx, const float *xsg,
                            const loom_qmat *w, int r0, int r1, const int bits) {
-    int r = r0;
-    for (; r + DEC_R <= r1; r += DEC_R) fq_rows(y, xq, sx, xsg, w, r, DEC_R, bits);
-    for (; r < r1; r++) fq_rows(y, xq, sx, xsg, w, r, 1, bits);
+    for (int r = r0; r < r1; r++) fq_row(y, xq, sx, xsg, w, r, bits);
 }
 
 static void fq_matvec(float *y, const float *x, const loom_qmat *w, int r0, int r1) {
