@@ -10,11 +10,14 @@
  *      the largest inter-token gap the decoders saw meanwhile (bounded by
  *      one step's prefill chunk, --max-batch-tokens);
  *   3. TTFT of a 4096-token prompt cold, then again with all but its last
- *      token block cached (the prefix cache), and the ratio.
+ *      token block cached (the prefix cache), and the ratio;
+ *   4. KV capacity: in the same --kv-memory (default 24M), how many
+ *      2048-token sequences the engine runs at once with f16, q8 and q4 KV
+ *      (it admits a request only with blocks for its whole prompt).
  * Prints one table per model. --decode-only runs part 1 alone, each count
  * --reps times (the median is printed), with prompts of --prompt tokens:
  * llama-batched-bench's protocol (-npp P -ntg G -npl LIST). --json prints
- * that part as one JSON object per model. */
+ * that part as one JSON object per model. --capacity runs part 4 alone. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -150,9 +153,75 @@ static int parse_seqs(const char *text, int *out, int max) {
     return n;
 }
 
+/* Part 4: submits more 2048-token requests than can fit, with a step
+ * budget that takes every prompt at once, so the first step admits all
+ * that the blocks allow; returns that count. */
+static int kv_capacity(loom_model *m, loom_kv_type kvt, size_t kv_memory, int vocab,
+                       int *blocks, double *bytes_per_token) {
+    enum { P = 2048, N = 40 };
+    loom_engine_params ep = loom_engine_default_params();
+    ep.n_ctx = P + 64;
+    ep.max_seqs = 64;
+    ep.kv_type = kvt;
+    ep.kv_memory = kv_memory;
+    ep.prefix_cache = 0;
+    ep.max_batch_tokens = N * P;
+    loom_engine *e = NULL;
+    if (loom_engine_create(m, &ep, &e) != LOOM_OK) return -1;
+    int32_t *ids = malloc(sizeof *ids * P);
+    loom_request *r[N];
+    int n = 0;
+    for (; n < N; n++) {
+        fill_prompt(ids, P, vocab, 5000 + (unsigned)n);
+        if (!(r[n] = submit(e, ids, P, 2))) break; /* still running after its prefill step */
+    }
+    free(ids);
+    loom_engine_stats st;
+    int admitted = 0;
+    for (int polls = 0; polls < 6000 && !admitted; polls++) { /* up to 5 min */
+        struct timespec ts = {0, 50000000};
+        nanosleep(&ts, NULL);
+        loom_engine_get_stats(e, &st);
+        if (st.steps > 0) admitted = st.running; /* published after each step */
+    }
+    loom_engine_get_stats(e, &st);
+    *blocks = st.kv_blocks_total;
+    *bytes_per_token = (double)kv_memory / ((double)st.kv_blocks_total * ep.block_size);
+    for (int i = 0; i < n; i++) loom_request_cancel(r[i]);
+    for (int i = 0; i < n; i++) {
+        drain(r[i], NULL, NULL);
+        loom_request_free(r[i]);
+    }
+    loom_engine_free(e);
+    return admitted;
+}
+
+static void capacity_table(loom_model *m, size_t kv_memory, int vocab) {
+    static const loom_kv_type types[] = {LOOM_KV_F16, LOOM_KV_Q8, LOOM_KV_Q4};
+    static const char *names[] = {"f16", "q8", "q4"};
+    printf("\nKV capacity in %.0f MiB: concurrent 2048-token sequences admitted\n", kv_memory / 1048576.0);
+    printf("| KV | blocks | bytes per token (pool / tokens) | sequences | vs f16 |\n|---|---:|---:|---:|---:|\n");
+    int base = 0;
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        int blocks = 0;
+        double bpt = 0;
+        int n = kv_capacity(m, types[i], kv_memory, vocab, &blocks, &bpt);
+        if (n < 0) {
+            fprintf(stderr, "bench_engine: capacity (%s): %s\n", names[i], loom_last_error());
+            return;
+        }
+        if (i == 0) base = n;
+        printf("| %s | %d | %.0f | %d | %.2fx |\n", names[i], blocks, bpt, n,
+               base ? (double)n / base : 0.0);
+        fflush(stdout);
+    }
+}
+
 int main(int argc, char **argv) {
     const char *models[8];
     int n_models = 0, threads = 0, gen = 64, n_prompt = 32, reps = 1, decode_only = 0, json = 0;
+    int capacity_only = 0;
+    size_t kv_memory = 24u << 20;
     int counts[16] = {1, 2, 4, 8, 16}, n_counts = 5;
     loom_model_params mp = loom_model_default_params();
     for (int i = 1; i < argc; i++) {
@@ -164,11 +233,13 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--seqs") && i + 1 < argc && (n_counts = parse_seqs(argv[++i], counts, 16))) {
         } else if (!strcmp(argv[i], "--decode-only")) decode_only = 1;
         else if (!strcmp(argv[i], "--json")) json = 1;
+        else if (!strcmp(argv[i], "--capacity")) capacity_only = 1;
+        else if (!strcmp(argv[i], "--kv-memory") && i + 1 < argc) kv_memory = (size_t)atof(argv[++i]) << 20;
         else if (!strcmp(argv[i], "--fast")) mp.fast_matmul = 1;
         else {
             fprintf(stderr, "usage: bench_engine --model DIR [--model DIR ...] [--threads N] [--gen N]\n"
                             "                    [--prompt N] [--seqs 1,4,8] [--reps N] [--decode-only]\n"
-                            "                    [--json] [--fast]\n");
+                            "                    [--json] [--fast] [--capacity] [--kv-memory MiB]\n");
             return 2;
         }
     }
@@ -182,6 +253,11 @@ int main(int argc, char **argv) {
         mp.n_threads = threads;
         if (loom_model_load(models[mi], &mp, &m) != LOOM_OK) return die(models[mi]);
         int vocab = loom_model_vocab_size(m);
+        if (capacity_only) {
+            capacity_table(m, kv_memory, vocab);
+            loom_model_free(m);
+            continue;
+        }
         loom_engine_params ep = loom_engine_default_params();
         ep.n_ctx = 4608;
         ep.max_seqs = 32;
@@ -284,6 +360,7 @@ int main(int argc, char **argv) {
             free(p);
             loom_engine_free(e);
         }
+        capacity_table(m, kv_memory, vocab);
         loom_model_free(m);
     }
     return 0;
