@@ -35,7 +35,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 }
 
 /* Streams ids through a textstream; returns what was sent. */
-static void run(const int32_t *ids, size_t n, const char *const *stops, int n_stops, sbuf *out,
+static void run(const int32_t *ids, size_t n, const char *const *stops, int n_stops, loom_buf *out,
                 int *stopped) {
     loom_textstream *ts = NULL;
     assert(loom_ts_create(tok, stops, n_stops, 1, &ts) == LOOM_OK);
@@ -44,11 +44,11 @@ static void run(const int32_t *ids, size_t n, const char *const *stops, int n_st
     size_t len;
     for (size_t i = 0; i < n && !*stopped; i++) {
         assert(loom_ts_push(ts, ids[i], &t, &len, stopped) == LOOM_OK);
-        sb_put(out, t, len);
+        loom_buf_put(out, t, len);
     }
     if (!*stopped) {
         assert(loom_ts_finish(ts, &t, &len, stopped) == LOOM_OK);
-        sb_put(out, t, len);
+        loom_buf_put(out, t, len);
     }
     loom_ts_free(ts);
 }
@@ -74,7 +74,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!ids) return 0;
     for (size_t i = 0; i < n; i++) ids[i] = (int32_t)((sep[1 + 2 * i] | sep[2 + 2 * i] << 8) % vocab);
 
-    sbuf plain = {0}, cut = {0};
+    loom_buf plain = {0}, cut = {0};
     int stopped;
     run(ids, n, NULL, 0, &plain, &stopped);
     assert(!stopped);
@@ -90,8 +90,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     assert(cut.len == first && (first == 0 || !memcmp(cut.p, text, first)));
     for (int k = 0; k < n_stops; k++)
         if (stops[k][0] && cut.p) assert(!memmem(cut.p, cut.len, stops[k], strlen(stops[k])));
-    sb_free(&plain);
-    sb_free(&cut);
+    loom_buf_free(&plain);
+    loom_buf_free(&cut);
     free(ids);
     return 0;
 }

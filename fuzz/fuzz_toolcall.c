@@ -16,7 +16,7 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 typedef struct result {
-    sbuf content, reasoning;
+    loom_buf content, reasoning;
     loom_toolscan t;
 } result;
 
@@ -32,25 +32,25 @@ static void run(result *o, int tools, int think, const char *prompt, const char 
 }
 
 static void clear(result *o) {
-    sb_free(&o->content);
-    sb_free(&o->reasoning);
+    loom_buf_free(&o->content);
+    loom_buf_free(&o->reasoning);
     loom_toolscan_free(&o->t);
 }
 
-static int same(const sbuf *a, const sbuf *b) {
+static int same(const loom_buf *a, const loom_buf *b) {
     return a->len == b->len && (a->len == 0 || !memcmp(a->p, b->p, a->len));
 }
 
 /* A chat chunk as the server writes it; parses it back. */
-static void check_chunk(const sbuf *content, const loom_toolscan *t) {
-    sbuf b = {0};
-    sb_puts(&b, "{\"choices\":[{\"index\":0,\"delta\":{\"content\":");
-    sb_json_str(&b, content->p ? content->p : "", content->len);
+static void check_chunk(const loom_buf *content, const loom_toolscan *t) {
+    loom_buf b = {0};
+    loom_buf_puts(&b, "{\"choices\":[{\"index\":0,\"delta\":{\"content\":");
+    api_put_json_str(&b, content->p ? content->p : "", content->len);
     if (t->n_calls) {
-        sb_puts(&b, ",\"tool_calls\":");
+        loom_buf_puts(&b, ",\"tool_calls\":");
         loom_toolscan_put_calls(t, &b, 1);
     }
-    sb_puts(&b, "}}]}");
+    loom_buf_puts(&b, "}}]}");
     assert(!b.oom);
     cJSON *j = cJSON_Parse(b.p);
     assert(j);
@@ -70,7 +70,7 @@ static void check_chunk(const sbuf *content, const loom_toolscan *t) {
         assert(!strcmp(cJSON_GetObjectItem(f, "arguments")->valuestring, t->calls[i].arguments));
     }
     cJSON_Delete(j);
-    sb_free(&b);
+    loom_buf_free(&b);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

@@ -151,25 +151,25 @@ static void test_parse_ok(void) {
 
 static void test_json_str(void) {
     const char raw[] = "a\"b\\c\n\r\t\x01\x1f\x7f \xc3\xa9 </script>";
-    sbuf b = {0};
-    sb_json_str(&b, raw, sizeof raw - 1);
+    loom_buf b = {0};
+    api_put_json_str(&b, raw, sizeof raw - 1);
     cJSON *j = cJSON_Parse(b.p);
     CHECKF(cJSON_IsString(j) && !strcmp(j->valuestring, raw), "%s", b.p);
     cJSON_Delete(j);
-    sb_free(&b);
+    loom_buf_free(&b);
     /* embedded NUL */
-    sb_json_str(&b, "x\0y", 3);
+    api_put_json_str(&b, "x\0y", 3);
     CHECK_STR(b.p, "\"x\\u0000y\"");
-    sb_free(&b);
-    sb_printf(&b, "%s-%0600d", "long", 1);
+    loom_buf_free(&b);
+    loom_buf_printf(&b, "%s-%0600d", "long", 1);
     CHECK_EQ_INT(b.len, 605);
-    sb_free(&b);
+    loom_buf_free(&b);
 }
 
 /* ---- tool calls ---------------------------------------------------------------- */
 
 typedef struct scan_out {
-    sbuf content, reasoning;
+    loom_buf content, reasoning;
     loom_toolscan t;
 } scan_out;
 
@@ -189,12 +189,12 @@ static void scan(scan_out *o, int tools, int think, const char *prompt, const ch
 }
 
 static void scan_free(scan_out *o) {
-    sb_free(&o->content);
-    sb_free(&o->reasoning);
+    loom_buf_free(&o->content);
+    loom_buf_free(&o->reasoning);
     loom_toolscan_free(&o->t);
 }
 
-static const char *str(const sbuf *b) { return b->p ? b->p : ""; }
+static const char *str(const loom_buf *b) { return b->p ? b->p : ""; }
 
 /* The call's arguments, reparsed: compares JSON values, not spacing. */
 static int args_equal(const char *got, const char *want) {
@@ -246,7 +246,7 @@ static void test_toolcalls(void) {
             if (cases[c].name1 && o.t.n_calls > 1) CHECK_STR(o.t.calls[1].name, cases[c].name1);
             if (piece == 0 && o.t.n_calls > 0) {
                 /* the OpenAI shape, with indexes when streamed */
-                sbuf b = {0};
+                loom_buf b = {0};
                 loom_toolscan_put_calls(&o.t, &b, 1);
                 cJSON *j = cJSON_Parse(b.p);
                 CHECKF(cJSON_GetArraySize(j) == o.t.n_calls, "%s", b.p);
@@ -255,7 +255,7 @@ static void test_toolcalls(void) {
                 CHECK(cJSON_IsString(cJSON_GetObjectItem(f, "arguments")));
                 CHECK(!strncmp(cJSON_GetObjectItem(cJSON_GetArrayItem(j, 0), "id")->valuestring, "call_", 5));
                 cJSON_Delete(j);
-                sb_free(&b);
+                loom_buf_free(&b);
             }
             scan_free(&o);
         }
@@ -296,7 +296,7 @@ static void test_reasoning(void) {
 /* ---- stop strings over a real tokenizer ----------------------------------------- */
 
 static void run_stream(const loom_tok *tok, const int32_t *ids, size_t n, const char *const *stops, int n_stops,
-                       sbuf *out, int *stopped) {
+                       loom_buf *out, int *stopped) {
     loom_textstream *ts = NULL;
     CHECK(loom_ts_create(tok, stops, n_stops, 1, &ts) == LOOM_OK);
     if (!ts) return;
@@ -305,7 +305,7 @@ static void run_stream(const loom_tok *tok, const int32_t *ids, size_t n, const 
         const char *t;
         size_t len;
         CHECK(loom_ts_push(ts, ids[i], &t, &len, stopped) == LOOM_OK);
-        sb_put(out, t, len);
+        loom_buf_put(out, t, len);
         /* no emitted text ever holds a stop string */
         for (int k = 0; k < n_stops; k++)
             if (out->p && stops[k][0]) CHECKF(!strstr(out->p, stops[k]), "stop \"%s\" leaked", stops[k]);
@@ -314,7 +314,7 @@ static void run_stream(const loom_tok *tok, const int32_t *ids, size_t n, const 
         const char *t;
         size_t len;
         CHECK(loom_ts_finish(ts, &t, &len, stopped) == LOOM_OK);
-        sb_put(out, t, len);
+        loom_buf_put(out, t, len);
     }
     size_t all;
     const char *a = loom_ts_text(ts, &all);
@@ -333,12 +333,12 @@ static void test_textstream(void) {
     int32_t *ids = NULL;
     size_t n = 0;
     CHECK(loom_tok_encode(tok, text, strlen(text), 0, &ids, &n) == LOOM_OK);
-    sbuf out = {0};
+    loom_buf out = {0};
     int stopped = 0;
     run_stream(tok, ids, n, NULL, 0, &out, &stopped);
     CHECK_STR(out.p ? out.p : "", text);
     CHECK(!stopped);
-    sb_free(&out);
+    loom_buf_free(&out);
     /* every substring start, a few lengths: the output is the text up to
      * the first occurrence of the stop */
     size_t L = strlen(text);
@@ -354,13 +354,13 @@ static void test_textstream(void) {
         size_t want = (size_t)(strstr(text, stop) - text);
         CHECKF(stopped && out.len == want && !memcmp(out.p ? out.p : "", text, want),
                "stop \"%s\": got %zu bytes, want %zu", stop, out.len, want);
-        sb_free(&out);
+        loom_buf_free(&out);
     }
     /* a stop that only completes at the very end */
     const char *tail[] = {"\")\n"};
     run_stream(tok, ids, n, tail, 1, &out, &stopped);
     CHECK(stopped && out.len == L - 3);
-    sb_free(&out);
+    loom_buf_free(&out);
     free(ids);
     loom_tok_free(tok);
 }

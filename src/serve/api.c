@@ -25,52 +25,10 @@ int api_fail(api_error *err, int status, const char *param, const char *fmt, ...
     return -1;
 }
 
-/* ---- sbuf --------------------------------------------------------------- */
+/* ---- JSON text ----------------------------------------------------------- */
 
-void sb_put(sbuf *b, const char *s, size_t n) {
-    if (b->oom) return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = LOOM_MAX(b->cap * 2, b->len + n + 256);
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = 1;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-}
-
-void sb_puts(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
-
-void sb_printf(sbuf *b, const char *fmt, ...) {
-    char tmp[512];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (n < 0) return;
-    if ((size_t)n < sizeof tmp) {
-        sb_put(b, tmp, (size_t)n);
-        return;
-    }
-    char *big = malloc((size_t)n + 1);
-    if (!big) {
-        b->oom = 1;
-        return;
-    }
-    va_start(ap, fmt);
-    vsnprintf(big, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    sb_put(b, big, (size_t)n);
-    free(big);
-}
-
-void sb_json_str(sbuf *b, const char *s, size_t n) {
-    sb_put(b, "\"", 1);
+void api_put_json_str(loom_buf *b, const char *s, size_t n) {
+    loom_buf_put(b, "\"", 1);
     size_t run = 0;
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
@@ -86,32 +44,27 @@ void sb_json_str(sbuf *b, const char *s, size_t n) {
             esc = u;
         }
         if (!esc) continue;
-        sb_put(b, s + run, i - run);
-        sb_puts(b, esc);
+        loom_buf_put(b, s + run, i - run);
+        loom_buf_puts(b, esc);
         run = i + 1;
     }
-    sb_put(b, s + run, n - run);
-    sb_put(b, "\"", 1);
-}
-
-void sb_free(sbuf *b) {
-    free(b->p);
-    memset(b, 0, sizeof *b);
+    loom_buf_put(b, s + run, n - run);
+    loom_buf_put(b, "\"", 1);
 }
 
 char *api_error_json(const api_error *err) {
-    sbuf b = {0};
-    sb_puts(&b, "{\"error\":{\"message\":");
-    sb_json_str(&b, err->message, strlen(err->message));
-    sb_printf(&b, ",\"type\":\"%s\",\"param\":", err->type ? err->type : "invalid_request_error");
-    if (err->param[0]) sb_json_str(&b, err->param, strlen(err->param));
-    else sb_puts(&b, "null");
-    sb_puts(&b, ",\"code\":");
-    if (err->code) sb_json_str(&b, err->code, strlen(err->code));
-    else sb_puts(&b, "null");
-    sb_puts(&b, "}}");
+    loom_buf b = {0};
+    loom_buf_puts(&b, "{\"error\":{\"message\":");
+    api_put_json_str(&b, err->message, strlen(err->message));
+    loom_buf_printf(&b, ",\"type\":\"%s\",\"param\":", err->type ? err->type : "invalid_request_error");
+    if (err->param[0]) api_put_json_str(&b, err->param, strlen(err->param));
+    else loom_buf_puts(&b, "null");
+    loom_buf_puts(&b, ",\"code\":");
+    if (err->code) api_put_json_str(&b, err->code, strlen(err->code));
+    else loom_buf_puts(&b, "null");
+    loom_buf_puts(&b, "}}");
     if (b.oom) {
-        sb_free(&b);
+        loom_buf_free(&b);
         return NULL;
     }
     return b.p;
@@ -187,7 +140,7 @@ static int normalise_content(cJSON *msg, int idx, api_error *err) {
     if (!c || cJSON_IsNull(c) || cJSON_IsString(c)) return 0;
     if (!cJSON_IsArray(c))
         return api_fail(err, 400, param, "'%s' must be a string or an array of content parts", param);
-    sbuf b = {0};
+    loom_buf b = {0};
     int first = 1;
     for (const cJSON *part = c->child; part; part = part->next) {
         const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
@@ -195,17 +148,17 @@ static int normalise_content(cJSON *msg, int idx, api_error *err) {
         if (cJSON_IsString(part)) text = part;
         else if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") != 0 ||
                  !cJSON_IsString(text)) {
-            sb_free(&b);
+            loom_buf_free(&b);
             return api_fail(err, 400, param,
                             "'%s': only text content parts are supported (found type %s)", param,
                             cJSON_IsString(type) ? type->valuestring : "?");
         }
-        if (!first) sb_put(&b, "\n", 1);
-        sb_puts(&b, text->valuestring);
+        if (!first) loom_buf_put(&b, "\n", 1);
+        loom_buf_puts(&b, text->valuestring);
         first = 0;
     }
     cJSON *s = cJSON_CreateString(b.p ? b.p : "");
-    sb_free(&b);
+    loom_buf_free(&b);
     if (!s) return api_fail(err, 500, NULL, "out of memory");
     cJSON_ReplaceItemInObjectCaseSensitive(msg, "content", s);
     return 0;

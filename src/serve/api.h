@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/buf.h"
 #include "loom.h"
 
 /* An error destined for the client, in OpenAI's shape. */
@@ -69,18 +70,7 @@ int api_fail(api_error *err, int status, const char *param, const char *fmt, ...
 /* {"error": {...}} as a heap string. */
 char *api_error_json(const api_error *err);
 
-/* A growable string. */
-typedef struct sbuf {
-    char *p;
-    size_t len, cap;
-    int oom;
-} sbuf;
-
-void sb_put(sbuf *b, const char *s, size_t n);
-void sb_puts(sbuf *b, const char *s);
-void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* s as a JSON string literal (quotes included), n bytes of UTF-8. */
-void sb_json_str(sbuf *b, const char *s, size_t n);
-void sb_free(sbuf *b);
+void api_put_json_str(loom_buf *b, const char *s, size_t n);
 
 #endif

@@ -42,30 +42,30 @@ static void observe(metrics_hist *h, double s) {
 void metrics_observe_ttft(loom_metrics *m, double s) { observe(&m->ttft, s); }
 void metrics_observe_itl(loom_metrics *m, double s) { observe(&m->itl, s); }
 
-static void put_hist(sbuf *b, const char *name, const char *help, metrics_hist *h) {
-    sb_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+static void put_hist(loom_buf *b, const char *name, const char *help, metrics_hist *h) {
+    loom_buf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
     unsigned long long cum = 0;
     for (int i = 0; i < METRICS_BUCKETS; i++) {
         cum += atomic_load(&h->count[i]);
-        sb_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, bounds[i], cum);
+        loom_buf_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, bounds[i], cum);
     }
     cum += atomic_load(&h->count[METRICS_BUCKETS]);
-    sb_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name, cum, name,
+    loom_buf_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name, cum, name,
               (double)atomic_load(&h->sum_us) * 1e-6, name, cum);
 }
 
 char *metrics_render(loom_metrics *m, const loom_engine_stats *st, int inflight) {
-    sbuf b = {0};
-    sb_puts(&b, "# HELP loom_requests_total HTTP requests by endpoint and status.\n"
+    loom_buf b = {0};
+    loom_buf_puts(&b, "# HELP loom_requests_total HTTP requests by endpoint and status.\n"
                 "# TYPE loom_requests_total counter\n");
     for (int e = 0; e < 3; e++)
         for (int k = 0; k < 9; k++) {
             unsigned long long v = atomic_load(&m->requests[e][k]);
             if (v || k == 0)
-                sb_printf(&b, "loom_requests_total{endpoint=\"%s\",status=\"%d\"} %llu\n",
+                loom_buf_printf(&b, "loom_requests_total{endpoint=\"%s\",status=\"%d\"} %llu\n",
                           endpoints[e], statuses[k], v);
         }
-    sb_printf(&b,
+    loom_buf_printf(&b,
               "# TYPE loom_prompt_tokens_total counter\nloom_prompt_tokens_total %llu\n"
               "# TYPE loom_generated_tokens_total counter\nloom_generated_tokens_total %llu\n"
               "# TYPE loom_client_disconnects_total counter\nloom_client_disconnects_total %llu\n"
@@ -93,7 +93,7 @@ char *metrics_render(loom_metrics *m, const loom_engine_stats *st, int inflight)
               (unsigned long long)st->cache_evicted_blocks, st->kv_blocks_cached,
               (unsigned long long)st->disk_hit_tokens, (unsigned long long)st->disk_reads,
               (unsigned long long)st->disk_writes, (unsigned long long)st->disk_bytes);
-    sb_printf(&b,
+    loom_buf_printf(&b,
               "# TYPE loom_sessions gauge\nloom_sessions %d\n"
               "# TYPE loom_session_hits_total counter\nloom_session_hits_total %llu\n"
               "# TYPE loom_session_misses_total counter\nloom_session_misses_total %llu\n"
@@ -105,7 +105,7 @@ char *metrics_render(loom_metrics *m, const loom_engine_stats *st, int inflight)
     put_hist(&b, "loom_time_to_first_token_seconds", "Time from request to first token.", &m->ttft);
     put_hist(&b, "loom_inter_token_latency_seconds", "Time between tokens of a request.", &m->itl);
     if (b.oom) {
-        sb_free(&b);
+        loom_buf_free(&b);
         return NULL;
     }
     return b.p;

@@ -57,8 +57,8 @@ typedef struct server {
 typedef struct choice {
     loom_request *rq;
     loom_textstream *ts;
-    sbuf text;                  /* content so far (non-streaming, tools) */
-    sbuf lp;                    /* logprobs entries as JSON, comma-separated */
+    loom_buf text;                  /* content so far (non-streaming, tools) */
+    loom_buf lp;                    /* logprobs entries as JSON, comma-separated */
     int32_t *ids;               /* generated ids */
     int n_ids, cap_ids;
     int done;
@@ -84,7 +84,7 @@ typedef struct job {
     double t_checked;           /* last client_gone() poll */
     int first_token_seen;
     /* streaming */
-    sbuf out;
+    loom_buf out;
     size_t out_pos;
     int phase;                  /* 0 tokens, 1 final chunks queued, 2 done */
     int failed;                 /* error status already decided */
@@ -103,12 +103,12 @@ static void job_free(job *j) {
         choice *c = &j->ch[i];
         loom_request_free(c->rq);
         loom_ts_free(c->ts);
-        sb_free(&c->text);
-        sb_free(&c->lp);
+        loom_buf_free(&c->text);
+        loom_buf_free(&c->lp);
         free(c->ids);
         loom_toolscan_free(&c->scan);
     }
-    sb_free(&j->out);
+    loom_buf_free(&j->out);
     free(j->prompt);
     free(j->prompt_text);
     api_req_free(&j->req);
@@ -267,124 +267,124 @@ static int start_job(job *j, api_error *err) {
 
 /* ---- formatting ------------------------------------------------------------ */
 
-static void put_token_text(server *s, sbuf *b, int32_t id) {
+static void put_token_text(server *s, loom_buf *b, int32_t id) {
     char *t = NULL;
     size_t n = 0;
     if (loom_tok_decode(s->tok, &id, 1, 0, &t, &n) != LOOM_OK) {
-        sb_puts(b, "\"\"");
+        loom_buf_puts(b, "\"\"");
         return;
     }
-    sb_json_str(b, t, n);
+    api_put_json_str(b, t, n);
     free(t);
 }
 
-static void put_token_bytes(server *s, sbuf *b, int32_t id) {
+static void put_token_bytes(server *s, loom_buf *b, int32_t id) {
     char *t = NULL;
     size_t n = 0;
-    sb_puts(b, "[");
+    loom_buf_puts(b, "[");
     if (loom_tok_decode(s->tok, &id, 1, 0, &t, &n) == LOOM_OK)
-        for (size_t i = 0; i < n; i++) sb_printf(b, "%s%u", i ? "," : "", (unsigned char)t[i]);
+        for (size_t i = 0; i < n; i++) loom_buf_printf(b, "%s%u", i ? "," : "", (unsigned char)t[i]);
     free(t);
-    sb_puts(b, "]");
+    loom_buf_puts(b, "]");
 }
 
 /* One logprobs entry for a generated token, appended to c->lp. */
 static void add_logprob(job *j, choice *c, const loom_event *ev, size_t piece_len) {
     server *s = j->srv;
-    sbuf *b = &c->lp;
-    if (b->len) sb_puts(b, ",");
+    loom_buf *b = &c->lp;
+    if (b->len) loom_buf_puts(b, ",");
     if (j->req.kind == API_CHAT) {
-        sb_puts(b, "{\"token\":");
+        loom_buf_puts(b, "{\"token\":");
         put_token_text(s, b, ev->token);
-        sb_printf(b, ",\"logprob\":%.6g,\"bytes\":", ev->logprob);
+        loom_buf_printf(b, ",\"logprob\":%.6g,\"bytes\":", ev->logprob);
         put_token_bytes(s, b, ev->token);
-        sb_puts(b, ",\"top_logprobs\":[");
+        loom_buf_puts(b, ",\"top_logprobs\":[");
         for (int k = 0; k < ev->n_top; k++) {
-            sb_puts(b, k ? ",{\"token\":" : "{\"token\":");
+            loom_buf_puts(b, k ? ",{\"token\":" : "{\"token\":");
             put_token_text(s, b, ev->top_ids[k]);
-            sb_printf(b, ",\"logprob\":%.6g,\"bytes\":", ev->top_logprobs[k]);
+            loom_buf_printf(b, ",\"logprob\":%.6g,\"bytes\":", ev->top_logprobs[k]);
             put_token_bytes(s, b, ev->top_ids[k]);
-            sb_puts(b, "}");
+            loom_buf_puts(b, "}");
         }
-        sb_puts(b, "]}");
+        loom_buf_puts(b, "]}");
     } else {
         /* completions: parallel arrays, assembled at the end */
-        sb_printf(b, "{\"t\":%d,\"lp\":%.6g,\"off\":%zu,\"top\":{", ev->token, ev->logprob,
+        loom_buf_printf(b, "{\"t\":%d,\"lp\":%.6g,\"off\":%zu,\"top\":{", ev->token, ev->logprob,
                   c->text_offset);
         for (int k = 0; k < ev->n_top; k++) {
-            if (k) sb_puts(b, ",");
+            if (k) loom_buf_puts(b, ",");
             put_token_text(s, b, ev->top_ids[k]);
-            sb_printf(b, ":%.6g", ev->top_logprobs[k]);
+            loom_buf_printf(b, ":%.6g", ev->top_logprobs[k]);
         }
-        sb_puts(b, "}}");
+        loom_buf_puts(b, "}}");
     }
     c->text_offset += piece_len;
 }
 
 /* Completions logprobs object from the entries in c->lp. */
-static void put_completion_logprobs(job *j, choice *c, sbuf *b) {
+static void put_completion_logprobs(job *j, choice *c, loom_buf *b) {
     cJSON *arr = NULL;
-    sbuf tmp = {0};
-    sb_puts(&tmp, "[");
-    if (c->lp.p) sb_put(&tmp, c->lp.p, c->lp.len);
-    sb_puts(&tmp, "]");
+    loom_buf tmp = {0};
+    loom_buf_puts(&tmp, "[");
+    if (c->lp.p) loom_buf_put(&tmp, c->lp.p, c->lp.len);
+    loom_buf_puts(&tmp, "]");
     arr = tmp.p ? cJSON_Parse(tmp.p) : NULL;
-    sb_free(&tmp);
-    sb_puts(b, "{\"tokens\":[");
+    loom_buf_free(&tmp);
+    loom_buf_puts(b, "{\"tokens\":[");
     int i = 0;
     for (cJSON *e = arr ? arr->child : NULL; e; e = e->next, i++) {
-        if (i) sb_puts(b, ",");
+        if (i) loom_buf_puts(b, ",");
         put_token_text(j->srv, b, (int32_t)cJSON_GetObjectItem(e, "t")->valueint);
     }
-    sb_puts(b, "],\"token_logprobs\":[");
+    loom_buf_puts(b, "],\"token_logprobs\":[");
     i = 0;
     for (cJSON *e = arr ? arr->child : NULL; e; e = e->next, i++)
-        sb_printf(b, "%s%.6g", i ? "," : "", cJSON_GetObjectItem(e, "lp")->valuedouble);
-    sb_puts(b, "],\"top_logprobs\":[");
+        loom_buf_printf(b, "%s%.6g", i ? "," : "", cJSON_GetObjectItem(e, "lp")->valuedouble);
+    loom_buf_puts(b, "],\"top_logprobs\":[");
     i = 0;
     for (cJSON *e = arr ? arr->child : NULL; e; e = e->next, i++) {
         char *t = cJSON_PrintUnformatted(cJSON_GetObjectItem(e, "top"));
-        sb_printf(b, "%s%s", i ? "," : "", t ? t : "{}");
+        loom_buf_printf(b, "%s%s", i ? "," : "", t ? t : "{}");
         free(t);
     }
-    sb_puts(b, "],\"text_offset\":[");
+    loom_buf_puts(b, "],\"text_offset\":[");
     i = 0;
     for (cJSON *e = arr ? arr->child : NULL; e; e = e->next, i++)
-        sb_printf(b, "%s%.0f", i ? "," : "", cJSON_GetObjectItem(e, "off")->valuedouble);
-    sb_puts(b, "]}");
+        loom_buf_printf(b, "%s%.0f", i ? "," : "", cJSON_GetObjectItem(e, "off")->valuedouble);
+    loom_buf_puts(b, "]}");
     cJSON_Delete(arr);
 }
 
-static void put_usage(job *j, sbuf *b) {
+static void put_usage(job *j, loom_buf *b) {
     int gen = 0, cached = 0;
     for (int i = 0; i < j->n; i++) {
         gen += j->ch[i].n_ids;
         cached = LOOM_MAX(cached, j->ch[i].n_cached);
     }
-    sb_printf(b, "\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d,"
+    loom_buf_printf(b, "\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d,"
               "\"prompt_tokens_details\":{\"cached_tokens\":%d}}",
               j->n_prompt, gen, j->n_prompt + gen, cached);
 }
 
-static void put_head(job *j, sbuf *b, int chunk) {
+static void put_head(job *j, loom_buf *b, int chunk) {
     const char *obj = j->req.kind == API_CHAT ? (chunk ? "chat.completion.chunk" : "chat.completion")
                                                : "text_completion";
-    sb_printf(b, "{\"id\":\"%s\",\"object\":\"%s\",\"created\":%ld,\"model\":", j->id, obj,
+    loom_buf_printf(b, "{\"id\":\"%s\",\"object\":\"%s\",\"created\":%ld,\"model\":", j->id, obj,
               j->created);
-    sb_json_str(b, j->srv->model_id, strlen(j->srv->model_id));
-    sb_puts(b, ",");
+    api_put_json_str(b, j->srv->model_id, strlen(j->srv->model_id));
+    loom_buf_puts(b, ",");
 }
 
 /* ---- event processing -------------------------------------------------------- */
 
 /* Text a choice produced in one step, split by the tool scanner. */
 typedef struct emitted {
-    sbuf content, reasoning;
+    loom_buf content, reasoning;
 } emitted;
 
 static void take_text(job *j, choice *c, const char *text, size_t len, int final, emitted *em) {
     loom_toolscan_feed(&c->scan, text, len, final, &em->content, &em->reasoning);
-    if (!j->req.stream || c->scan.tools) sb_put(&c->text, text, len);
+    if (!j->req.stream || c->scan.tools) loom_buf_put(&c->text, text, len);
 }
 
 static void finish_choice(job *j, choice *c, loom_finish why, emitted *em) {
@@ -526,68 +526,68 @@ static char *run_blocking(job *j) {
         emitted em = {0};
         int which = 0;
         int r = pump(j, &which, &em);
-        sb_free(&em.content);
-        sb_free(&em.reasoning);
+        loom_buf_free(&em.content);
+        loom_buf_free(&em.reasoning);
         if (r < 0) return NULL;
     }
-    sbuf b = {0};
+    loom_buf b = {0};
     put_head(j, &b, 0);
-    sb_puts(&b, "\"choices\":[");
+    loom_buf_puts(&b, "\"choices\":[");
     for (int i = 0; i < j->n; i++) {
         choice *c = &j->ch[i];
-        sb_printf(&b, "%s{\"index\":%d,", i ? "," : "", i);
+        loom_buf_printf(&b, "%s{\"index\":%d,", i ? "," : "", i);
         if (j->req.kind == API_CHAT) {
-            sb_puts(&b, "\"message\":{\"role\":\"assistant\",\"content\":");
-            const sbuf *content = &c->scan.content;
-            if (c->scan.n_calls > 0 && content->len == 0) sb_puts(&b, "null");
-            else sb_json_str(&b, content->p ? content->p : "", content->len);
+            loom_buf_puts(&b, "\"message\":{\"role\":\"assistant\",\"content\":");
+            const loom_buf *content = &c->scan.content;
+            if (c->scan.n_calls > 0 && content->len == 0) loom_buf_puts(&b, "null");
+            else api_put_json_str(&b, content->p ? content->p : "", content->len);
             if (c->scan.reasoning.len) {
-                sb_puts(&b, ",\"reasoning_content\":");
-                sb_json_str(&b, c->scan.reasoning.p, c->scan.reasoning.len);
+                loom_buf_puts(&b, ",\"reasoning_content\":");
+                api_put_json_str(&b, c->scan.reasoning.p, c->scan.reasoning.len);
             }
             if (c->scan.n_calls > 0) {
-                sb_puts(&b, ",\"tool_calls\":");
+                loom_buf_puts(&b, ",\"tool_calls\":");
                 loom_toolscan_put_calls(&c->scan, &b, 0);
             }
-            sb_puts(&b, "},\"logprobs\":");
+            loom_buf_puts(&b, "},\"logprobs\":");
             if (j->req.logprobs >= 0) {
-                sb_puts(&b, "{\"content\":[");
-                if (c->lp.p) sb_put(&b, c->lp.p, c->lp.len);
-                sb_puts(&b, "]}");
+                loom_buf_puts(&b, "{\"content\":[");
+                if (c->lp.p) loom_buf_put(&b, c->lp.p, c->lp.len);
+                loom_buf_puts(&b, "]}");
             } else {
-                sb_puts(&b, "null");
+                loom_buf_puts(&b, "null");
             }
         } else {
-            sb_puts(&b, "\"text\":");
+            loom_buf_puts(&b, "\"text\":");
             size_t tl;
             const char *t = loom_ts_text(c->ts, &tl);
             if (j->req.echo) {
-                sbuf e = {0};
-                sb_puts(&e, j->prompt_text ? j->prompt_text : "");
-                sb_put(&e, t, tl);
-                sb_json_str(&b, e.p ? e.p : "", e.len);
-                sb_free(&e);
+                loom_buf e = {0};
+                loom_buf_puts(&e, j->prompt_text ? j->prompt_text : "");
+                loom_buf_put(&e, t, tl);
+                api_put_json_str(&b, e.p ? e.p : "", e.len);
+                loom_buf_free(&e);
             } else {
-                sb_json_str(&b, t, tl);
+                api_put_json_str(&b, t, tl);
             }
-            sb_puts(&b, ",\"logprobs\":");
+            loom_buf_puts(&b, ",\"logprobs\":");
             if (j->req.logprobs >= 0) put_completion_logprobs(j, c, &b);
-            else sb_puts(&b, "null");
+            else loom_buf_puts(&b, "null");
             if (j->req.return_token_ids) {
-                sb_puts(&b, ",\"prompt_token_ids\":[");
-                for (int k = 0; k < j->n_prompt; k++) sb_printf(&b, "%s%d", k ? "," : "", j->prompt[k]);
-                sb_puts(&b, "],\"token_ids\":[");
-                for (int k = 0; k < c->n_ids; k++) sb_printf(&b, "%s%d", k ? "," : "", c->ids[k]);
-                sb_puts(&b, "]");
+                loom_buf_puts(&b, ",\"prompt_token_ids\":[");
+                for (int k = 0; k < j->n_prompt; k++) loom_buf_printf(&b, "%s%d", k ? "," : "", j->prompt[k]);
+                loom_buf_puts(&b, "],\"token_ids\":[");
+                for (int k = 0; k < c->n_ids; k++) loom_buf_printf(&b, "%s%d", k ? "," : "", c->ids[k]);
+                loom_buf_puts(&b, "]");
             }
         }
-        sb_printf(&b, ",\"finish_reason\":\"%s\"}", c->finish ? c->finish : "stop");
+        loom_buf_printf(&b, ",\"finish_reason\":\"%s\"}", c->finish ? c->finish : "stop");
     }
-    sb_puts(&b, "],");
+    loom_buf_puts(&b, "],");
     put_usage(j, &b);
-    sb_puts(&b, "}");
+    loom_buf_puts(&b, "}");
     if (b.oom) {
-        sb_free(&b);
+        loom_buf_free(&b);
         return NULL;
     }
     return b.p;
@@ -596,50 +596,50 @@ static char *run_blocking(job *j) {
 /* ---- streaming ------------------------------------------------------------------ */
 
 static void sse_chunk_begin(job *j, int index) {
-    sb_puts(&j->out, "data: ");
+    loom_buf_puts(&j->out, "data: ");
     put_head(j, &j->out, 1);
-    sb_printf(&j->out, "\"choices\":[{\"index\":%d,", index);
+    loom_buf_printf(&j->out, "\"choices\":[{\"index\":%d,", index);
 }
 
-static void sse_delta(job *j, int index, const emitted *em, const sbuf *lp_new) {
+static void sse_delta(job *j, int index, const emitted *em, const loom_buf *lp_new) {
     choice *c = &j->ch[index];
     if (j->req.kind == API_CHAT) {
         if (!em->content.len && !em->reasoning.len && !lp_new) return;
         sse_chunk_begin(j, index);
-        sb_puts(&j->out, "\"delta\":{");
+        loom_buf_puts(&j->out, "\"delta\":{");
         int comma = 0;
         if (em->reasoning.len) {
-            sb_puts(&j->out, "\"reasoning_content\":");
-            sb_json_str(&j->out, em->reasoning.p, em->reasoning.len);
+            loom_buf_puts(&j->out, "\"reasoning_content\":");
+            api_put_json_str(&j->out, em->reasoning.p, em->reasoning.len);
             comma = 1;
         }
         if (em->content.len || !em->reasoning.len) {
-            sb_puts(&j->out, comma ? ",\"content\":" : "\"content\":");
-            sb_json_str(&j->out, em->content.p ? em->content.p : "", em->content.len);
+            loom_buf_puts(&j->out, comma ? ",\"content\":" : "\"content\":");
+            api_put_json_str(&j->out, em->content.p ? em->content.p : "", em->content.len);
         }
-        sb_puts(&j->out, "},\"logprobs\":");
+        loom_buf_puts(&j->out, "},\"logprobs\":");
         if (lp_new && lp_new->len) {
-            sb_puts(&j->out, "{\"content\":[");
-            sb_put(&j->out, lp_new->p, lp_new->len);
-            sb_puts(&j->out, "]}");
+            loom_buf_puts(&j->out, "{\"content\":[");
+            loom_buf_put(&j->out, lp_new->p, lp_new->len);
+            loom_buf_puts(&j->out, "]}");
         } else {
-            sb_puts(&j->out, "null");
+            loom_buf_puts(&j->out, "null");
         }
-        sb_puts(&j->out, ",\"finish_reason\":null}]}\n\n");
+        loom_buf_puts(&j->out, ",\"finish_reason\":null}]}\n\n");
     } else {
         if (!em->content.len && !lp_new) return;
         sse_chunk_begin(j, index);
-        sb_puts(&j->out, "\"text\":");
-        sb_json_str(&j->out, em->content.p ? em->content.p : "", em->content.len);
-        sb_puts(&j->out, ",\"logprobs\":");
+        loom_buf_puts(&j->out, "\"text\":");
+        api_put_json_str(&j->out, em->content.p ? em->content.p : "", em->content.len);
+        loom_buf_puts(&j->out, ",\"logprobs\":");
         if (lp_new && lp_new->len) {
             choice tmp = *c;
             tmp.lp = *lp_new;
             put_completion_logprobs(j, &tmp, &j->out);
         } else {
-            sb_puts(&j->out, "null");
+            loom_buf_puts(&j->out, "null");
         }
-        sb_puts(&j->out, ",\"finish_reason\":null}]}\n\n");
+        loom_buf_puts(&j->out, ",\"finish_reason\":null}]}\n\n");
     }
 }
 
@@ -648,31 +648,31 @@ static void sse_finish(job *j) {
         choice *c = &j->ch[i];
         if (j->req.kind == API_CHAT && c->scan.n_calls > 0) {
             sse_chunk_begin(j, i);
-            sb_puts(&j->out, "\"delta\":{\"tool_calls\":");
+            loom_buf_puts(&j->out, "\"delta\":{\"tool_calls\":");
             loom_toolscan_put_calls(&c->scan, &j->out, 1);
-            sb_puts(&j->out, "},\"logprobs\":null,\"finish_reason\":null}]}\n\n");
+            loom_buf_puts(&j->out, "},\"logprobs\":null,\"finish_reason\":null}]}\n\n");
         }
         sse_chunk_begin(j, i);
-        if (j->req.kind == API_CHAT) sb_puts(&j->out, "\"delta\":{},");
-        else sb_puts(&j->out, "\"text\":\"\",");
-        sb_printf(&j->out, "\"logprobs\":null,\"finish_reason\":\"%s\"}]}\n\n",
+        if (j->req.kind == API_CHAT) loom_buf_puts(&j->out, "\"delta\":{},");
+        else loom_buf_puts(&j->out, "\"text\":\"\",");
+        loom_buf_printf(&j->out, "\"logprobs\":null,\"finish_reason\":\"%s\"}]}\n\n",
                   c->finish ? c->finish : "stop");
     }
     if (j->req.include_usage) {
-        sb_puts(&j->out, "data: ");
+        loom_buf_puts(&j->out, "data: ");
         put_head(j, &j->out, 1);
-        sb_puts(&j->out, "\"choices\":[],");
+        loom_buf_puts(&j->out, "\"choices\":[],");
         put_usage(j, &j->out);
-        sb_puts(&j->out, "}\n\n");
+        loom_buf_puts(&j->out, "}\n\n");
     }
-    sb_puts(&j->out, "data: [DONE]\n\n");
+    loom_buf_puts(&j->out, "data: [DONE]\n\n");
 }
 
 static void sse_error(job *j) {
     char *e = api_error_json(&j->err);
-    sb_puts(&j->out, "data: ");
-    sb_puts(&j->out, e ? e : "{\"error\":{\"message\":\"error\"}}");
-    sb_puts(&j->out, "\n\ndata: [DONE]\n\n");
+    loom_buf_puts(&j->out, "data: ");
+    loom_buf_puts(&j->out, e ? e : "{\"error\":{\"message\":\"error\"}}");
+    loom_buf_puts(&j->out, "\n\ndata: [DONE]\n\n");
     free(e);
 }
 
@@ -694,8 +694,8 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
         (void)lp_before;
         int r = pump(j, &which, &em);
         if (r < 0) {
-            sb_free(&em.content);
-            sb_free(&em.reasoning);
+            loom_buf_free(&em.content);
+            loom_buf_free(&em.reasoning);
             if (!j->failed) return MHD_CONTENT_READER_END_WITH_ERROR; /* client gone */
             sse_error(j);
             j->phase = 2;
@@ -705,8 +705,8 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
             choice *c = &j->ch[which];
             sse_delta(j, which, &em, c->lp.len ? &c->lp : NULL);
         }
-        sb_free(&em.content);
-        sb_free(&em.reasoning);
+        loom_buf_free(&em.content);
+        loom_buf_free(&em.reasoning);
         if (j->out.oom) return MHD_CONTENT_READER_END_WITH_ERROR;
     }
     size_t n = LOOM_MIN(max, j->out.len - j->out_pos);
@@ -727,7 +727,7 @@ static void stream_free(void *cls) {
 /* ---- HTTP plumbing -------------------------------------------------------------- */
 
 typedef struct conn_ctx {
-    sbuf body;
+    loom_buf body;
     int too_big;
     int is_post;
 } conn_ctx;
@@ -824,17 +824,17 @@ static enum MHD_Result handle_generate(server *s, struct MHD_Connection *conn, a
     if (kind == API_CHAT)
         for (int i = 0; i < j->n; i++) {
             sse_chunk_begin(j, i);
-            sb_puts(&j->out, "\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"logprobs\":null,"
+            loom_buf_puts(&j->out, "\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"logprobs\":null,"
                              "\"finish_reason\":null}]}\n\n");
         }
     /* echo: the prompt opens each choice's text, as in a blocking answer */
     if (kind == API_COMPLETION && j->req.echo)
         for (int i = 0; i < j->n; i++) {
             sse_chunk_begin(j, i);
-            sb_puts(&j->out, "\"text\":");
-            sb_json_str(&j->out, j->prompt_text ? j->prompt_text : "",
+            loom_buf_puts(&j->out, "\"text\":");
+            api_put_json_str(&j->out, j->prompt_text ? j->prompt_text : "",
                         j->prompt_text ? strlen(j->prompt_text) : 0);
-            sb_puts(&j->out, ",\"logprobs\":null,\"finish_reason\":null}]}\n\n");
+            loom_buf_puts(&j->out, ",\"logprobs\":null,\"finish_reason\":null}]}\n\n");
         }
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader,
                                                                j, stream_free);
@@ -852,12 +852,12 @@ static enum MHD_Result handle_generate(server *s, struct MHD_Connection *conn, a
 }
 
 static char *models_json(server *s) {
-    sbuf b = {0};
-    sb_puts(&b, "{\"object\":\"list\",\"data\":[{\"id\":");
-    sb_json_str(&b, s->model_id, strlen(s->model_id));
-    sb_printf(&b, ",\"object\":\"model\",\"created\":%ld,\"owned_by\":\"loom\",\"max_model_len\":%d}]}",
+    loom_buf b = {0};
+    loom_buf_puts(&b, "{\"object\":\"list\",\"data\":[{\"id\":");
+    api_put_json_str(&b, s->model_id, strlen(s->model_id));
+    loom_buf_printf(&b, ",\"object\":\"model\",\"created\":%ld,\"owned_by\":\"loom\",\"max_model_len\":%d}]}",
               (long)time(NULL), loom_model_max_positions(s->model));
-    return b.oom ? (sb_free(&b), NULL) : b.p;
+    return b.oom ? (loom_buf_free(&b), NULL) : b.p;
 }
 
 static int authorized(server *s, struct MHD_Connection *conn) {
@@ -899,9 +899,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         if (!cc->too_big) {
             if (cc->body.len + *upload_size > s->p.max_body) {
                 cc->too_big = 1;
-                sb_free(&cc->body);
+                loom_buf_free(&cc->body);
             } else {
-                sb_put(&cc->body, upload, *upload_size);
+                loom_buf_put(&cc->body, upload, *upload_size);
             }
         }
         *upload_size = 0;
@@ -960,7 +960,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     conn_ctx *cc = *con_cls;
     if (!cc) return;
     atomic_fetch_sub(&s->active, 1);
-    sb_free(&cc->body);
+    loom_buf_free(&cc->body);
     free(cc);
     *con_cls = NULL;
 }

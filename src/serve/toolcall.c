@@ -24,10 +24,10 @@ void loom_toolscan_init(loom_toolscan *t, int tools, int think, const char *prom
 }
 
 void loom_toolscan_free(loom_toolscan *t) {
-    sb_free(&t->pending);
-    sb_free(&t->region);
-    sb_free(&t->content);
-    sb_free(&t->reasoning);
+    loom_buf_free(&t->pending);
+    loom_buf_free(&t->region);
+    loom_buf_free(&t->content);
+    loom_buf_free(&t->reasoning);
     for (int i = 0; i < t->n_calls; i++) {
         free(t->calls[i].name);
         free(t->calls[i].arguments);
@@ -35,7 +35,7 @@ void loom_toolscan_free(loom_toolscan *t) {
     t->n_calls = 0;
 }
 
-static void out_content(loom_toolscan *t, sbuf *dst, const char *s, size_t n) {
+static void out_content(loom_toolscan *t, loom_buf *dst, const char *s, size_t n) {
     if (!t->started) {
         /* Leading whitespace before the answer (after </think>) is dropped. */
         if (t->think)
@@ -43,15 +43,15 @@ static void out_content(loom_toolscan *t, sbuf *dst, const char *s, size_t n) {
         if (!n) return;
         t->started = 1;
     }
-    sb_put(dst, s, n);
-    sb_put(&t->content, s, n);
+    loom_buf_put(dst, s, n);
+    loom_buf_put(&t->content, s, n);
 }
 
-static void out_reasoning(loom_toolscan *t, sbuf *dst, const char *s, size_t n) {
+static void out_reasoning(loom_toolscan *t, loom_buf *dst, const char *s, size_t n) {
     if (!t->reasoning.len)
         while (n && (*s == '\n' || *s == ' ')) s++, n--;
-    sb_put(dst, s, n);
-    sb_put(&t->reasoning, s, n);
+    loom_buf_put(dst, s, n);
+    loom_buf_put(&t->reasoning, s, n);
 }
 
 /* Longest suffix of s[0..n) that is a proper prefix of marker. */
@@ -170,14 +170,14 @@ static void parse_region(loom_toolscan *t) {
     }
 }
 
-void loom_toolscan_feed(loom_toolscan *t, const char *text, size_t len, int final, sbuf *content,
-                        sbuf *reasoning) {
-    sb_put(&t->pending, text, len);
+void loom_toolscan_feed(loom_toolscan *t, const char *text, size_t len, int final, loom_buf *content,
+                        loom_buf *reasoning) {
+    loom_buf_put(&t->pending, text, len);
     for (;;) {
         char *s = t->pending.p ? t->pending.p : "";
         size_t n = t->pending.len;
         if (t->state == 2) {
-            sb_put(&t->region, s, n);
+            loom_buf_put(&t->region, s, n);
             t->pending.len = 0;
             break;
         }
@@ -227,17 +227,17 @@ void loom_toolscan_feed(loom_toolscan *t, const char *text, size_t len, int fina
     }
 }
 
-void loom_toolscan_put_calls(const loom_toolscan *t, sbuf *b, int stream) {
-    sb_puts(b, "[");
+void loom_toolscan_put_calls(const loom_toolscan *t, loom_buf *b, int stream) {
+    loom_buf_puts(b, "[");
     for (int i = 0; i < t->n_calls; i++) {
         const loom_tool_call *c = &t->calls[i];
-        sb_puts(b, i ? ",{" : "{");
-        if (stream) sb_printf(b, "\"index\":%d,", i);
-        sb_printf(b, "\"id\":\"%s\",\"type\":\"function\",\"function\":{\"name\":", c->id);
-        sb_json_str(b, c->name, strlen(c->name));
-        sb_puts(b, ",\"arguments\":");
-        sb_json_str(b, c->arguments, strlen(c->arguments));
-        sb_puts(b, "}}");
+        loom_buf_puts(b, i ? ",{" : "{");
+        if (stream) loom_buf_printf(b, "\"index\":%d,", i);
+        loom_buf_printf(b, "\"id\":\"%s\",\"type\":\"function\",\"function\":{\"name\":", c->id);
+        api_put_json_str(b, c->name, strlen(c->name));
+        loom_buf_puts(b, ",\"arguments\":");
+        api_put_json_str(b, c->arguments, strlen(c->arguments));
+        loom_buf_puts(b, "}}");
     }
-    sb_puts(b, "]");
+    loom_buf_puts(b, "]");
 }

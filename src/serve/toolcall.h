@@ -25,10 +25,10 @@ typedef struct loom_toolscan {
     int think;         /* reasoning split enabled */
     int state;         /* 0 content, 1 reasoning, 2 tool region */
     int started;       /* some non-space content went out */
-    sbuf pending;      /* held back: a possible marker prefix */
-    sbuf region;       /* the tool-call region */
-    sbuf content;      /* all content emitted */
-    sbuf reasoning;    /* all reasoning emitted */
+    loom_buf pending;      /* held back: a possible marker prefix */
+    loom_buf region;       /* the tool-call region */
+    loom_buf content;      /* all content emitted */
+    loom_buf reasoning;    /* all reasoning emitted */
     loom_tool_call calls[LOOM_MAX_TOOL_CALLS];
     int n_calls;
 } loom_toolscan;
@@ -40,8 +40,8 @@ void loom_toolscan_free(loom_toolscan *t);
 /* Feeds generated text; appends what became final to content / reasoning.
  * final: the end of the output (flushes, parses tool calls). */
 void loom_toolscan_feed(loom_toolscan *t, const char *text, size_t len, int final,
-                        sbuf *content, sbuf *reasoning);
+                        loom_buf *content, loom_buf *reasoning);
 /* The calls as an OpenAI tool_calls JSON array (stream: with "index"). */
-void loom_toolscan_put_calls(const loom_toolscan *t, sbuf *b, int stream);
+void loom_toolscan_put_calls(const loom_toolscan *t, loom_buf *b, int stream);
 
 #endif

@@ -254,13 +254,13 @@ static char first_char(const char *s) {
     return *s;
 }
 
-typedef struct sbuf {
+typedef struct loom_buf {
     char *p;
     size_t n, cap;
     int failed;
-} sbuf;
+} loom_buf;
 
-static void sb_put(sbuf *b, const char *s) {
+static void loom_buf_put(loom_buf *b, const char *s) {
     size_t l = strlen(s);
     if (b->failed) return;
     if (b->n + l + 1 > b->cap) {
@@ -358,16 +358,16 @@ loom_status loom_chat_apply(const loom_chat_template *t, const loom_chat_params 
         return loom_err(LOOM_ERR_INVALID_ARG, "chat: the model has named chat templates but "
                         "none called 'default'");
     }
-    sbuf vars = {0};
-    sb_put(&vars, "{\"messages\": ");
-    sb_put(&vars, p->messages_json);
-    sb_put(&vars, ", \"tools\": ");
-    sb_put(&vars, has_tools ? p->tools_json : "null");
-    sb_put(&vars, ", \"documents\": ");
-    sb_put(&vars, p->documents_json ? p->documents_json : "null");
-    sb_put(&vars, ", \"add_generation_prompt\": ");
-    sb_put(&vars, p->add_generation_prompt ? "true, " : "false, ");
-    sb_put(&vars, t->special_json);
+    loom_buf vars = {0};
+    loom_buf_put(&vars, "{\"messages\": ");
+    loom_buf_put(&vars, p->messages_json);
+    loom_buf_put(&vars, ", \"tools\": ");
+    loom_buf_put(&vars, has_tools ? p->tools_json : "null");
+    loom_buf_put(&vars, ", \"documents\": ");
+    loom_buf_put(&vars, p->documents_json ? p->documents_json : "null");
+    loom_buf_put(&vars, ", \"add_generation_prompt\": ");
+    loom_buf_put(&vars, p->add_generation_prompt ? "true, " : "false, ");
+    loom_buf_put(&vars, t->special_json);
     if (p->kwargs_json) {
         /* splice the object's members in last: later keys override */
         const char *s = p->kwargs_json;
@@ -385,8 +385,8 @@ loom_status loom_chat_apply(const loom_chat_template *t, const loom_chat_params 
         size_t k = 0;
         while (k < inner && is_space(copy[k])) k++;
         if (k < inner) {
-            sb_put(&vars, copy);
-            sb_put(&vars, ", ");
+            loom_buf_put(&vars, copy);
+            loom_buf_put(&vars, ", ");
         }
         free(copy);
     }
@@ -394,7 +394,7 @@ loom_status loom_chat_apply(const loom_chat_template *t, const loom_chat_params 
         vars.n -= 2;
         vars.p[vars.n] = 0;
     }
-    sb_put(&vars, "}");
+    loom_buf_put(&vars, "}");
     if (vars.failed) {
         free(vars.p);
         return loom_err(LOOM_ERR_NOMEM, "chat: out of memory");

@@ -41,7 +41,7 @@ struct jframe {
 
 typedef struct ctx {
     jarena *a;
-    jbuf *out;              /* where output goes now (swapped for captures) */
+    loom_buf *out;              /* where output goes now (swapped for captures) */
     jframe *root;           /* render variables */
     loom_status st;
     int raised;
@@ -134,19 +134,19 @@ static int64_t numi(const jv *v) {
 
 static jv *str_of(ctx *c, const jv *v) {
     if (v->type == JV_STR) return (jv *)v;
-    jbuf b = {0};
+    loom_buf b = {0};
     jv_to_str(&b, v);
-    jv *r = jv_str(c->a, b.p ? b.p : "", b.n);
+    jv *r = jv_str(c->a, b.p ? b.p : "", b.len);
     free(b.p);
     return r;
 }
 
-static jv *strbuf_take(ctx *c, jbuf *b) {
-    if (b->failed) {
+static jv *strbuf_take(ctx *c, loom_buf *b) {
+    if (b->oom) {
         free(b->p);
         return rerr(c, 0, "out of memory");
     }
-    jv *r = jv_str(c->a, b->p ? b->p : "", b->n);
+    jv *r = jv_str(c->a, b->p ? b->p : "", b->len);
     free(b->p);
     return r;
 }
@@ -231,7 +231,7 @@ static jv *do_strip(ctx *c, const jv *s, const jv *chars, int which) {
 
 /* mode: 0 lower, 1 upper */
 static jv *do_case(ctx *c, const jv *s, int mode) {
-    jbuf b = {0};
+    loom_buf b = {0};
     for (size_t i = 0; i < s->u.s.n;) {
         int32_t cp;
         i += ju_decode(s->u.s.p, s->u.s.n, i, &cp);
@@ -246,7 +246,7 @@ static int is_cased(int32_t cp) {
 
 /* Python's str.title(). */
 static jv *py_title(ctx *c, const jv *s) {
-    jbuf b = {0};
+    loom_buf b = {0};
     int prev_cased = 0;
     for (size_t i = 0; i < s->u.s.n;) {
         int32_t cp;
@@ -259,7 +259,7 @@ static jv *py_title(ctx *c, const jv *s) {
 
 /* Jinja's title filter: words start after runs of [-\s({\[<]. */
 static jv *jinja_title(ctx *c, const jv *s) {
-    jbuf b = {0};
+    loom_buf b = {0};
     int start = 1;
     for (size_t i = 0; i < s->u.s.n;) {
         int32_t cp;
@@ -277,7 +277,7 @@ static jv *jinja_title(ctx *c, const jv *s) {
 }
 
 static jv *capitalize(ctx *c, const jv *s) {
-    jbuf b = {0};
+    loom_buf b = {0};
     int first = 1;
     for (size_t i = 0; i < s->u.s.n;) {
         int32_t cp;
@@ -295,20 +295,20 @@ static const char *memfind(const char *h, size_t hn, const char *n, size_t nn) {
 }
 
 static jv *do_replace(ctx *c, const jv *s, const jv *old, const jv *new, int64_t count) {
-    jbuf b = {0};
+    loom_buf b = {0};
     const char *p = s->u.s.p, *end = p + s->u.s.n;
     if (old->u.s.n == 0) {
         /* Python inserts `new` around every code point */
         int64_t done = 0;
         for (size_t i = 0; i <= s->u.s.n;) {
             if (count < 0 || done < count) {
-                jb_put(&b, new->u.s.p, new->u.s.n);
+                loom_buf_put(&b, new->u.s.p, new->u.s.n);
                 done++;
             }
             if (i == s->u.s.n) break;
             int32_t cp;
             size_t k = ju_decode(s->u.s.p, s->u.s.n, i, &cp);
-            jb_put(&b, s->u.s.p + i, k);
+            loom_buf_put(&b, s->u.s.p + i, k);
             i += k;
         }
         return strbuf_take(c, &b);
@@ -318,12 +318,12 @@ static jv *do_replace(ctx *c, const jv *s, const jv *old, const jv *new, int64_t
         const char *f = (count < 0 || done < count)
                             ? memfind(p, (size_t)(end - p), old->u.s.p, old->u.s.n) : NULL;
         if (!f) break;
-        jb_put(&b, p, (size_t)(f - p));
-        jb_put(&b, new->u.s.p, new->u.s.n);
+        loom_buf_put(&b, p, (size_t)(f - p));
+        loom_buf_put(&b, new->u.s.p, new->u.s.n);
         p = f + old->u.s.n;
         done++;
     }
-    jb_put(&b, p, (size_t)(end - p));
+    loom_buf_put(&b, p, (size_t)(end - p));
     return strbuf_take(c, &b);
 }
 
@@ -617,13 +617,13 @@ static jv *do_slice(ctx *c, int line, jv *obj, jv *lo, jv *hi, jv *st) {
                                              off[stop] - off[start])
                              : jv_str_borrow(c->a, "", 0);
         } else {
-            jbuf b = {0};
+            loom_buf b = {0};
             if (step > 0)
                 for (int64_t i = start; i < stop; i += step)
-                    jb_put(&b, obj->u.s.p + off[i], off[i + 1] - off[i]);
+                    loom_buf_put(&b, obj->u.s.p + off[i], off[i + 1] - off[i]);
             else
                 for (int64_t i = start; i > stop; i += step)
-                    jb_put(&b, obj->u.s.p + off[i], off[i + 1] - off[i]);
+                    loom_buf_put(&b, obj->u.s.p + off[i], off[i + 1] - off[i]);
             r = strbuf_take(c, &b);
         }
         free(off);
@@ -693,7 +693,7 @@ static jv *do_tojson(ctx *c, int line, jv *v, const args *a) {
     }
     o.sort_keys = arg_bool(a, -1, "sort_keys", 0);
     o.ensure_ascii = arg_bool(a, -1, "ensure_ascii", 0);
-    jbuf b = {0};
+    loom_buf b = {0};
     if (!jv_to_json(&b, v, &o, 0)) {
         free(b.p);
         return rerr(c, line, "tojson: object of type '%s' is not JSON serializable",
@@ -706,17 +706,17 @@ static jv *do_tojson(ctx *c, int line, jv *v, const args *a) {
 
 static jv *printf_format(ctx *c, int line, const jv *fmt, jv **vals, int nvals,
                          int mapping_like) {
-    jbuf b = {0};
+    loom_buf b = {0};
     int k = 0;
     const char *p = fmt->u.s.p, *end = p + fmt->u.s.n;
     while (p < end) {
         if (*p != '%') {
-            jb_putc(&b, *p++);
+            loom_buf_putc(&b, *p++);
             continue;
         }
         p++;
         if (p < end && *p == '%') {
-            jb_putc(&b, '%');
+            loom_buf_putc(&b, '%');
             p++;
             continue;
         }
@@ -735,12 +735,12 @@ static jv *printf_format(ctx *c, int line, const jv *fmt, jv **vals, int nvals,
         }
         jv *v = vals[k++];
         if (conv == 's' || conv == 'r') {
-            jbuf t = {0};
+            loom_buf t = {0};
             if (conv == 's') jv_to_str(&t, v);
             else jv_repr(&t, v);
             spec[sl++] = 's';
             spec[sl] = 0;
-            jb_printf(&b, spec, t.p ? t.p : "");
+            loom_buf_printf(&b, spec, t.p ? t.p : "");
             free(t.p);
         } else if (conv == 'd' || conv == 'i' || conv == 'x' || conv == 'X' || conv == 'o') {
             if (!is_num(v)) {
@@ -751,7 +751,7 @@ static jv *printf_format(ctx *c, int line, const jv *fmt, jv **vals, int nvals,
             spec[sl++] = 'l';
             spec[sl++] = conv == 'i' ? 'd' : conv;
             spec[sl] = 0;
-            jb_printf(&b, spec, (long long)numi(v));
+            loom_buf_printf(&b, spec, (long long)numi(v));
         } else if (strchr("eEfFgG", conv)) {
             if (!is_num(v)) {
                 free(b.p);
@@ -759,7 +759,7 @@ static jv *printf_format(ctx *c, int line, const jv *fmt, jv **vals, int nvals,
             }
             spec[sl++] = conv;
             spec[sl] = 0;
-            jb_printf(&b, spec, numf(v));
+            loom_buf_printf(&b, spec, numf(v));
         } else {
             free(b.p);
             return rerr(c, line, "format: unsupported format character '%c'", conv);
@@ -776,13 +776,13 @@ static jv *printf_format(ctx *c, int line, const jv *fmt, jv **vals, int nvals,
 /* Python str.format with {} / {0} / {name} fields (format specs ignored
  * except that they are skipped). */
 static jv *py_format(ctx *c, int line, const jv *fmt, const args *a) {
-    jbuf b = {0};
+    loom_buf b = {0};
     int auto_i = 0;
     const char *p = fmt->u.s.p, *end = p + fmt->u.s.n;
     while (p < end) {
-        if (*p == '{' && p + 1 < end && p[1] == '{') { jb_putc(&b, '{'); p += 2; continue; }
-        if (*p == '}' && p + 1 < end && p[1] == '}') { jb_putc(&b, '}'); p += 2; continue; }
-        if (*p != '{') { jb_putc(&b, *p++); continue; }
+        if (*p == '{' && p + 1 < end && p[1] == '{') { loom_buf_putc(&b, '{'); p += 2; continue; }
+        if (*p == '}' && p + 1 < end && p[1] == '}') { loom_buf_putc(&b, '}'); p += 2; continue; }
+        if (*p != '{') { loom_buf_putc(&b, *p++); continue; }
         const char *q = memchr(p, '}', (size_t)(end - p));
         if (!q) {
             free(b.p);
@@ -891,16 +891,16 @@ static int sort_items(ctx *c, int line, sort_item *items, size_t n, int reverse)
 /* ---- filters ---------------------------------------------------------------------------------- */
 
 static jv *html_escape(ctx *c, const jv *s) {
-    jbuf b = {0};
+    loom_buf b = {0};
     for (size_t i = 0; i < s->u.s.n; i++) {
         char ch = s->u.s.p[i];
         switch (ch) {
-        case '&': jb_puts(&b, "&amp;"); break;
-        case '<': jb_puts(&b, "&lt;"); break;
-        case '>': jb_puts(&b, "&gt;"); break;
-        case '"': jb_puts(&b, "&#34;"); break;
-        case '\'': jb_puts(&b, "&#39;"); break;
-        default: jb_putc(&b, ch);
+        case '&': loom_buf_puts(&b, "&amp;"); break;
+        case '<': loom_buf_puts(&b, "&lt;"); break;
+        case '>': loom_buf_puts(&b, "&gt;"); break;
+        case '"': loom_buf_puts(&b, "&#34;"); break;
+        case '\'': loom_buf_puts(&b, "&#39;"); break;
+        default: loom_buf_putc(&b, ch);
         }
     }
     return with_safe(c, strbuf_take(c, &b), 1);
@@ -910,28 +910,28 @@ static jv *do_indent(ctx *c, jv *s, const args *a) {
     jv *w = arg(a, 0, "width");
     int first = arg_bool(a, 1, "first", 0);
     int blank = arg_bool(a, 2, "blank", 0);
-    jbuf ind = {0};
-    if (w && w->type == JV_STR) jb_put(&ind, w->u.s.p, w->u.s.n);
+    loom_buf ind = {0};
+    if (w && w->type == JV_STR) loom_buf_put(&ind, w->u.s.p, w->u.s.n);
     else {
         int64_t k = w && is_num(w) ? numi(w) : 4;
-        for (int64_t i = 0; i < k && i < 1024; i++) jb_putc(&ind, ' ');
+        for (int64_t i = 0; i < k && i < 1024; i++) loom_buf_putc(&ind, ' ');
     }
     const char *in = ind.p ? ind.p : "";
     /* Jinja splits (s + "\n").splitlines(): every terminator ends a line and
      * the text after the last one is a line too, even when empty */
-    jbuf b = {0};
+    loom_buf b = {0};
     const char *p = s->u.s.p, *end = p + s->u.s.n;
     for (int lineno = 0;; lineno++) {
         const char *e = p;
         while (e < end && *e != '\n' && *e != '\r') e++;
         size_t len = (size_t)(e - p);
         if (lineno == 0) {
-            if (first) jb_puts(&b, in);
+            if (first) loom_buf_puts(&b, in);
         } else {
-            jb_putc(&b, '\n');
-            if (blank || len) jb_puts(&b, in);
+            loom_buf_putc(&b, '\n');
+            if (blank || len) loom_buf_puts(&b, in);
         }
-        jb_put(&b, p, len);
+        loom_buf_put(&b, p, len);
         if (e == end) break;
         if (*e == '\r' && e + 1 < end && e[1] == '\n') e++;
         p = e + 1;
@@ -1116,7 +1116,7 @@ static jv *apply_filter(ctx *c, int line, const char *name, jv *v, const args *a
         if (!l) return NULL;
         jv *sep = arg(a, 0, "d");
         jv *attr = arg(a, 1, "attribute");
-        jbuf b = {0};
+        loom_buf b = {0};
         for (size_t i = 0; i < l->u.l.n; i++) {
             if (i && sep) jv_to_str(&b, sep);
             jv *x = attr ? attr_path(c, line, l->u.l.v[i], attr) : l->u.l.v[i];
@@ -1334,10 +1334,10 @@ static jv *apply_filter(ctx *c, int line, const char *name, jv *v, const args *a
         int64_t len = (int64_t)ju_count(s->u.s.p, s->u.s.n);
         if (len >= width) return s;
         int64_t total = width - len, left = total / 2 + (total & width & 1);
-        jbuf b = {0};
-        for (int64_t i = 0; i < left; i++) jb_putc(&b, ' ');
-        jb_put(&b, s->u.s.p, s->u.s.n);
-        for (int64_t i = 0; i < total - left; i++) jb_putc(&b, ' ');
+        loom_buf b = {0};
+        for (int64_t i = 0; i < left; i++) loom_buf_putc(&b, ' ');
+        loom_buf_put(&b, s->u.s.p, s->u.s.n);
+        for (int64_t i = 0; i < total - left; i++) loom_buf_putc(&b, ' ');
         return strbuf_take(c, &b);
     }
     if (IS("truncate")) {
@@ -1367,7 +1367,7 @@ static jv *apply_filter(ctx *c, int line, const char *name, jv *v, const args *a
         return num_add(c, line, head, end);
     }
     if (IS("pprint")) {
-        jbuf b = {0};
+        loom_buf b = {0};
         jv_repr(&b, v);
         return strbuf_take(c, &b);
     }
@@ -1546,8 +1546,8 @@ static jv *repeat(ctx *c, int line, jv *seq, int64_t k) {
     if (seq->type == JV_STR) {
         if (seq->u.s.n && (uint64_t)k > MAX_OUTPUT / seq->u.s.n)
             return rerr(c, line, "string repetition too large");
-        jbuf b = {0};
-        for (int64_t i = 0; i < k; i++) jb_put(&b, seq->u.s.p, seq->u.s.n);
+        loom_buf b = {0};
+        for (int64_t i = 0; i < k; i++) loom_buf_put(&b, seq->u.s.p, seq->u.s.n);
         return with_safe(c, strbuf_take(c, &b), is_safe(seq));
     }
     if (seq->u.l.n && (uint64_t)k > 10000000 / seq->u.l.n)
@@ -1561,7 +1561,7 @@ static jv *repeat(ctx *c, int line, jv *seq, int64_t k) {
 
 static jv *binop(ctx *c, int line, int op, jv *x, jv *y) {
     if (op == OP_CAT) {
-        jbuf b = {0};
+        loom_buf b = {0};
         jv_to_str(&b, x);
         jv_to_str(&b, y);
         return strbuf_take(c, &b);
@@ -1717,10 +1717,10 @@ static jv *call_method(ctx *c, int line, jfunc *fn, const args *a) {
                 if (!sep || sep->type != JV_STR)
                     return rerr(c, line, "rsplit with maxsplit needs a separator");
                 size_t head = all->u.l.n - (size_t)maxsplit;
-                jbuf b = {0};
+                loom_buf b = {0};
                 for (size_t i = 0; i < head; i++) {
-                    if (i) jb_put(&b, sep->u.s.p, sep->u.s.n);
-                    jb_put(&b, all->u.l.v[i]->u.s.p, all->u.l.v[i]->u.s.n);
+                    if (i) loom_buf_put(&b, sep->u.s.p, sep->u.s.n);
+                    loom_buf_put(&b, all->u.l.v[i]->u.s.p, all->u.l.v[i]->u.s.n);
                 }
                 jv *out = jv_list(c->a, 0);
                 jv_list_push(c->a, out, strbuf_take(c, &b));
@@ -1777,15 +1777,15 @@ static jv *call_method(ctx *c, int line, jfunc *fn, const args *a) {
             if (!x) return rerr(c, line, "join: expected an iterable");
             jv *l = to_list(c, line, x);
             if (!l) return NULL;
-            jbuf b = {0};
+            loom_buf b = {0};
             for (size_t i = 0; i < l->u.l.n; i++) {
-                if (i) jb_put(&b, self->u.s.p, self->u.s.n);
+                if (i) loom_buf_put(&b, self->u.s.p, self->u.s.n);
                 if (l->u.l.v[i]->type != JV_STR) {
                     free(b.p);
                     return rerr(c, line, "join: sequence item %zu: expected str instance, %s found",
                                 i, jv_type_name(l->u.l.v[i]));
                 }
-                jb_put(&b, l->u.l.v[i]->u.s.p, l->u.l.v[i]->u.s.n);
+                loom_buf_put(&b, l->u.l.v[i]->u.s.p, l->u.l.v[i]->u.s.n);
             }
             return strbuf_take(c, &b);
         }
@@ -1878,7 +1878,7 @@ static jv *call_builtin(ctx *c, int line, jfunc *fn, const args *a) {
 #define IS(s) (!strcmp(m, s))
     if (IS("raise_exception")) {
         jv *msg = arg(a, 0, NULL);
-        jbuf b = {0};
+        loom_buf b = {0};
         if (msg) jv_to_str(&b, msg);
         if (c->st == LOOM_OK) {
             c->st = loom_err(LOOM_ERR_INVALID_ARG, "%s", b.p ? b.p : "");
@@ -2127,8 +2127,8 @@ static jv *eval(ctx *c, const jnode *n, jframe *f) {
 enum { FLOW_OK = 0, FLOW_BREAK = 1, FLOW_CONTINUE = 2, FLOW_ERR = -1 };
 
 static jv *render_capture(ctx *c, const jnode *body, jframe *f, int *flow) {
-    jbuf b = {0};
-    jbuf *saved = c->out;
+    loom_buf b = {0};
+    loom_buf *saved = c->out;
     c->out = &b;
     *flow = exec(c, body, f);
     c->out = saved;
@@ -2230,7 +2230,7 @@ static int exec(ctx *c, const jnode *n, jframe *f) {
         rerr(c, n->line, "template exceeded its step limit");
         return FLOW_ERR;
     }
-    if (c->out->n > MAX_OUTPUT) {
+    if (c->out->len > MAX_OUTPUT) {
         rerr(c, n->line, "template output exceeds %u bytes", MAX_OUTPUT);
         return FLOW_ERR;
     }
@@ -2247,7 +2247,7 @@ static int exec(ctx *c, const jnode *n, jframe *f) {
         }
         return FLOW_OK;
     case N_TEXT:
-        jb_put(c->out, n->val->u.s.p, n->val->u.s.n);
+        loom_buf_put(c->out, n->val->u.s.p, n->val->u.s.n);
         return FLOW_OK;
     case N_OUTPUT: {
         jv *v = eval(c, n->a, f);
@@ -2362,7 +2362,7 @@ loom_status loom_jinja_render(const loom_jinja_template *t, const char *vars_jso
     last_raised = 0;
     if (!t) return loom_err(LOOM_ERR_INVALID_ARG, "template: NULL template");
     jarena arena = {.limit = MAX_MEMORY};
-    jbuf buf = {0};
+    loom_buf buf = {0};
     ctx c = {.a = &arena, .out = &buf};
     c.root = frame_new(&c, NULL);
     jframe *top = frame_new(&c, c.root);
@@ -2387,7 +2387,7 @@ loom_status loom_jinja_render(const loom_jinja_template *t, const char *vars_jso
             frame_set(&c, c.root, vars->u.d.k[i]->u.s.p, vars->u.d.v[i]);
     }
     exec(&c, t->root, top);
-    if (c.st == LOOM_OK && (arena.failed || buf.failed))
+    if (c.st == LOOM_OK && (arena.failed || buf.oom))
         c.st = loom_err(LOOM_ERR_NOMEM, "template: out of memory while rendering");
     st = c.st;
     last_raised = c.raised;
@@ -2403,6 +2403,6 @@ done:
         buf.p[0] = 0;
     }
     *out = buf.p;
-    if (out_len) *out_len = buf.n;
+    if (out_len) *out_len = buf.len;
     return LOOM_OK;
 }

@@ -24,16 +24,13 @@
 #include <stdint.h>
 
 #include "base/base.h"
+#include "base/buf.h"
 
 /* Internal helpers shared between the engine's files; the macros give them
  * loom_jinja_ link names so the library exports nothing unprefixed. */
 #define jar_alloc loom_jinja_jar_alloc
 #define jar_strdup loom_jinja_jar_strdup
 #define jar_free loom_jinja_jar_free
-#define jb_put loom_jinja_jb_put
-#define jb_puts loom_jinja_jb_puts
-#define jb_putc loom_jinja_jb_putc
-#define jb_printf loom_jinja_jb_printf
 #define jv_undef_static loom_jinja_jv_undef_static
 #define jv_none_static loom_jinja_jv_none_static
 #define jv_true_static loom_jinja_jv_true_static
@@ -84,17 +81,8 @@ void *jar_alloc(jarena *a, size_t n);            /* zeroed; NULL on OOM */
 char *jar_strdup(jarena *a, const char *s, size_t n); /* NUL-terminated */
 void jar_free(jarena *a);
 
-/* Growable byte buffer (heap, not arena: the render output outlives it). */
-typedef struct jbuf {
-    char *p;
-    size_t n, cap;
-    int failed;
-} jbuf;
-
-void jb_put(jbuf *b, const char *s, size_t n);
-void jb_puts(jbuf *b, const char *s);
-void jb_putc(jbuf *b, char c);
-void jb_printf(jbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Output and scratch strings are loom_bufs (heap, not arena: the render
+ * output outlives the arena). */
 
 /* ---- values -------------------------------------------------------------- */
 
@@ -166,9 +154,9 @@ int jv_compare(const jv *a, const jv *b, int *ok);
 const char *jv_type_name(const jv *v);
 
 /* str(v) and repr(v) as Python prints them. */
-void jv_to_str(jbuf *b, const jv *v);
-void jv_repr(jbuf *b, const jv *v);
-void jv_fmt_float(jbuf *b, double f);
+void jv_to_str(loom_buf *b, const jv *v);
+void jv_repr(loom_buf *b, const jv *v);
+void jv_fmt_float(loom_buf *b, double f);
 /* json.dumps; returns 0 if a value is not serialisable (undefined, func). */
 typedef struct jjson_opts {
     const char *indent;      /* NULL: single line */
@@ -177,14 +165,14 @@ typedef struct jjson_opts {
     int sort_keys;
     int ensure_ascii;
 } jjson_opts;
-int jv_to_json(jbuf *b, const jv *v, const jjson_opts *o, int depth);
+int jv_to_json(loom_buf *b, const jv *v, const jjson_opts *o, int depth);
 
 /* Parses JSON text into values; NULL with *err set on bad input. */
 jv *jv_parse_json(jarena *a, const char *s, size_t n, const char **err);
 
 /* UTF-8 helpers. */
 size_t ju_decode(const char *s, size_t n, size_t i, int32_t *cp);
-void ju_encode(jbuf *b, int32_t cp);
+void ju_encode(loom_buf *b, int32_t cp);
 size_t ju_count(const char *s, size_t n);
 
 /* ---- AST ----------------------------------------------------------------- */

@@ -106,26 +106,26 @@ static void emit_text(parser *p, const char *s, size_t n, int line) {
  * over the raw text): \n \t \r \\ \' \" \xNN \uNNNN \UNNNNNNNN, octal, and
  * unknown escapes keep their backslash. */
 static const char *decode_string(parser *p, const char *s, size_t n, size_t *outn) {
-    jbuf b = {0};
+    loom_buf b = {0};
     for (size_t i = 0; i < n; i++) {
         char c = s[i];
         if (c != '\\' || i + 1 >= n) {
-            jb_putc(&b, c);
+            loom_buf_putc(&b, c);
             continue;
         }
         char e = s[++i];
         int hexlen = 0;
         switch (e) {
-        case 'n': jb_putc(&b, '\n'); break;
-        case 't': jb_putc(&b, '\t'); break;
-        case 'r': jb_putc(&b, '\r'); break;
-        case 'a': jb_putc(&b, '\a'); break;
-        case 'b': jb_putc(&b, '\b'); break;
-        case 'f': jb_putc(&b, '\f'); break;
-        case 'v': jb_putc(&b, '\v'); break;
-        case '\\': jb_putc(&b, '\\'); break;
-        case '\'': jb_putc(&b, '\''); break;
-        case '"': jb_putc(&b, '"'); break;
+        case 'n': loom_buf_putc(&b, '\n'); break;
+        case 't': loom_buf_putc(&b, '\t'); break;
+        case 'r': loom_buf_putc(&b, '\r'); break;
+        case 'a': loom_buf_putc(&b, '\a'); break;
+        case 'b': loom_buf_putc(&b, '\b'); break;
+        case 'f': loom_buf_putc(&b, '\f'); break;
+        case 'v': loom_buf_putc(&b, '\v'); break;
+        case '\\': loom_buf_putc(&b, '\\'); break;
+        case '\'': loom_buf_putc(&b, '\''); break;
+        case '"': loom_buf_putc(&b, '"'); break;
         case '\n': break; /* line continuation */
         case 'N': /* \N{NAME}: no name table here; a template never needs one */
             free(b.p);
@@ -144,8 +144,8 @@ static const char *decode_string(parser *p, const char *s, size_t n, size_t *out
                 i--;
                 ju_encode(&b, v);
             } else {
-                jb_putc(&b, '\\');
-                jb_putc(&b, e);
+                loom_buf_putc(&b, '\\');
+                loom_buf_putc(&b, e);
             }
         }
         if (hexlen) {
@@ -169,8 +169,8 @@ static const char *decode_string(parser *p, const char *s, size_t n, size_t *out
             }
         }
     }
-    const char *r = jar_strdup(p->a, b.p ? b.p : "", b.n);
-    *outn = b.n;
+    const char *r = jar_strdup(p->a, b.p ? b.p : "", b.len);
+    *outn = b.len;
     free(b.p);
     return r;
 }
@@ -618,16 +618,16 @@ static const char *parse_dotted(parser *p) {
         perr(p, cur(p)->line, "expected a name, found %s", tok_desc(p, cur(p)));
         return NULL;
     }
-    jbuf b = {0};
-    jb_put(&b, cur(p)->s, cur(p)->n);
+    loom_buf b = {0};
+    loom_buf_put(&b, cur(p)->s, cur(p)->n);
     adv(p);
     while (tok_is_op(cur(p), ".") && peek_at(p, 1)->type == T_NAME) {
         adv(p);
-        jb_putc(&b, '.');
-        jb_put(&b, cur(p)->s, cur(p)->n);
+        loom_buf_putc(&b, '.');
+        loom_buf_put(&b, cur(p)->s, cur(p)->n);
         adv(p);
     }
-    const char *r = jar_strdup(p->a, b.p ? b.p : "", b.n);
+    const char *r = jar_strdup(p->a, b.p ? b.p : "", b.len);
     free(b.p);
     return r;
 }
@@ -691,14 +691,14 @@ static jnode *parse_primary(parser *p) {
         adv(p);
         return n;
     case T_STRING: {
-        jbuf b = {0};
+        loom_buf b = {0};
         int line = t->line;
         while (cur(p)->type == T_STRING) {
-            jb_put(&b, cur(p)->s, cur(p)->n);
+            loom_buf_put(&b, cur(p)->s, cur(p)->n);
             adv(p);
         }
         n = mk(p, E_CONST, line);
-        if (n) n->val = jv_str(p->a, b.p ? b.p : "", b.n);
+        if (n) n->val = jv_str(p->a, b.p ? b.p : "", b.len);
         free(b.p);
         return n;
     }

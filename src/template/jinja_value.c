@@ -61,51 +61,6 @@ void jar_free(jarena *a) {
     a->head = NULL;
 }
 
-/* ---- byte buffer ----------------------------------------------------------- */
-
-static int jb_grow(jbuf *b, size_t extra) {
-    if (b->failed) return 0;
-    if (b->n + extra + 1 <= b->cap) return 1;
-    size_t cap = b->cap ? b->cap : 256;
-    while (cap < b->n + extra + 1) cap *= 2;
-    char *p = realloc(b->p, cap);
-    if (!p) {
-        b->failed = 1;
-        return 0;
-    }
-    b->p = p;
-    b->cap = cap;
-    return 1;
-}
-
-void jb_put(jbuf *b, const char *s, size_t n) {
-    if (!n || !jb_grow(b, n)) return;
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-
-void jb_puts(jbuf *b, const char *s) { jb_put(b, s, strlen(s)); }
-void jb_putc(jbuf *b, char c) { jb_put(b, &c, 1); }
-
-void jb_printf(jbuf *b, const char *fmt, ...) {
-    char tmp[512];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (n < 0) return;
-    if ((size_t)n < sizeof tmp) {
-        jb_put(b, tmp, (size_t)n);
-        return;
-    }
-    if (!jb_grow(b, (size_t)n)) return;
-    va_start(ap, fmt);
-    vsnprintf(b->p + b->n, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    b->n += (size_t)n;
-}
-
 /* ---- UTF-8 ------------------------------------------------------------------ */
 
 /* Decodes one code point at s[i]; invalid bytes decode as themselves (U+FFFD
@@ -122,10 +77,10 @@ size_t ju_decode(const char *s, size_t n, size_t i, int32_t *cp) {
     return (size_t)k;
 }
 
-void ju_encode(jbuf *b, int32_t cp) {
+void ju_encode(loom_buf *b, int32_t cp) {
     utf8proc_uint8_t tmp[4];
     utf8proc_ssize_t k = utf8proc_encode_char(cp, tmp);
-    jb_put(b, (const char *)tmp, (size_t)k);
+    loom_buf_put(b, (const char *)tmp, (size_t)k);
 }
 
 /* Code points as ju_decode steps through them (a stray byte counts as
@@ -388,10 +343,10 @@ const char *jv_type_name(const jv *v) {
 
 /* CPython's float repr: the shortest digits that round-trip, fixed notation
  * for exponents in [-4, 16), scientific otherwise. */
-void jv_fmt_float(jbuf *b, double f) {
-    if (isnan(f)) { jb_puts(b, "nan"); return; }
-    if (isinf(f)) { jb_puts(b, f < 0 ? "-inf" : "inf"); return; }
-    if (f == 0) { jb_puts(b, signbit(f) ? "-0.0" : "0.0"); return; }
+void jv_fmt_float(loom_buf *b, double f) {
+    if (isnan(f)) { loom_buf_puts(b, "nan"); return; }
+    if (isinf(f)) { loom_buf_puts(b, f < 0 ? "-inf" : "inf"); return; }
+    if (f == 0) { loom_buf_puts(b, signbit(f) ? "-0.0" : "0.0"); return; }
     char tmp[64];
     int prec;
     for (prec = 1; prec <= 17; prec++) {
@@ -407,25 +362,25 @@ void jv_fmt_float(jbuf *b, double f) {
         if (*p >= '0' && *p <= '9') digits[nd++] = *p;
     int exp = atoi(p + 1);
     while (nd > 1 && digits[nd - 1] == '0') nd--;
-    if (neg) jb_putc(b, '-');
+    if (neg) loom_buf_putc(b, '-');
     if (exp >= -4 && exp < 16) {
         if (exp < 0) {
-            jb_puts(b, "0.");
-            for (int i = -1; i > exp; i--) jb_putc(b, '0');
-            jb_put(b, digits, (size_t)nd);
+            loom_buf_puts(b, "0.");
+            for (int i = -1; i > exp; i--) loom_buf_putc(b, '0');
+            loom_buf_put(b, digits, (size_t)nd);
         } else {
-            for (int i = 0; i <= exp; i++) jb_putc(b, i < nd ? digits[i] : '0');
-            jb_putc(b, '.');
-            if (nd > exp + 1) jb_put(b, digits + exp + 1, (size_t)(nd - exp - 1));
-            else jb_putc(b, '0');
+            for (int i = 0; i <= exp; i++) loom_buf_putc(b, i < nd ? digits[i] : '0');
+            loom_buf_putc(b, '.');
+            if (nd > exp + 1) loom_buf_put(b, digits + exp + 1, (size_t)(nd - exp - 1));
+            else loom_buf_putc(b, '0');
         }
     } else {
-        jb_putc(b, digits[0]);
+        loom_buf_putc(b, digits[0]);
         if (nd > 1) {
-            jb_putc(b, '.');
-            jb_put(b, digits + 1, (size_t)(nd - 1));
+            loom_buf_putc(b, '.');
+            loom_buf_put(b, digits + 1, (size_t)(nd - 1));
         }
-        jb_printf(b, "e%c%02d", exp < 0 ? '-' : '+', exp < 0 ? -exp : exp);
+        loom_buf_printf(b, "e%c%02d", exp < 0 ? '-' : '+', exp < 0 ? -exp : exp);
     }
 }
 
@@ -442,79 +397,79 @@ static int py_printable(int32_t c) {
     }
 }
 
-static void repr_str(jbuf *b, const char *s, size_t n) {
+static void repr_str(loom_buf *b, const char *s, size_t n) {
     char q = '\'';
     if (memchr(s, '\'', n) && !memchr(s, '"', n)) q = '"';
-    jb_putc(b, q);
+    loom_buf_putc(b, q);
     for (size_t i = 0; i < n;) {
         int32_t c;
         size_t k = ju_decode(s, n, i, &c);
-        if (c == q || c == '\\') { jb_putc(b, '\\'); jb_putc(b, (char)c); }
-        else if (c == '\n') jb_puts(b, "\\n");
-        else if (c == '\r') jb_puts(b, "\\r");
-        else if (c == '\t') jb_puts(b, "\\t");
-        else if (py_printable(c)) jb_put(b, s + i, k);
-        else if (c < 0x100) jb_printf(b, "\\x%02x", (unsigned)c);
-        else if (c < 0x10000) jb_printf(b, "\\u%04x", (unsigned)c);
-        else jb_printf(b, "\\U%08x", (unsigned)c);
+        if (c == q || c == '\\') { loom_buf_putc(b, '\\'); loom_buf_putc(b, (char)c); }
+        else if (c == '\n') loom_buf_puts(b, "\\n");
+        else if (c == '\r') loom_buf_puts(b, "\\r");
+        else if (c == '\t') loom_buf_puts(b, "\\t");
+        else if (py_printable(c)) loom_buf_put(b, s + i, k);
+        else if (c < 0x100) loom_buf_printf(b, "\\x%02x", (unsigned)c);
+        else if (c < 0x10000) loom_buf_printf(b, "\\u%04x", (unsigned)c);
+        else loom_buf_printf(b, "\\U%08x", (unsigned)c);
         i += k;
     }
-    jb_putc(b, q);
+    loom_buf_putc(b, q);
 }
 
-static void repr_at(jbuf *b, const jv *v, int depth);
+static void repr_at(loom_buf *b, const jv *v, int depth);
 
-void jv_repr(jbuf *b, const jv *v) { repr_at(b, v, 0); }
+void jv_repr(loom_buf *b, const jv *v) { repr_at(b, v, 0); }
 
-static void repr_at(jbuf *b, const jv *v, int depth) {
+static void repr_at(loom_buf *b, const jv *v, int depth) {
     if (depth > MAX_VALUE_DEPTH && (v->type == JV_LIST || v->type == JV_DICT)) {
-        jb_puts(b, "...");
+        loom_buf_puts(b, "...");
         return;
     }
     switch (v->type) {
     case JV_STR: repr_str(b, v->u.s.p, v->u.s.n); return;
     case JV_LIST: {
         if (v->flags & JVF_ITER) {
-            jb_puts(b, "<generator object>");
+            loom_buf_puts(b, "<generator object>");
             return;
         }
         int tup = v->flags & JVF_TUPLE;
-        jb_putc(b, tup ? '(' : '[');
+        loom_buf_putc(b, tup ? '(' : '[');
         for (size_t i = 0; i < v->u.l.n; i++) {
-            if (i) jb_puts(b, ", ");
+            if (i) loom_buf_puts(b, ", ");
             repr_at(b, v->u.l.v[i], depth + 1);
         }
-        if (tup && v->u.l.n == 1) jb_putc(b, ',');
-        jb_putc(b, tup ? ')' : ']');
+        if (tup && v->u.l.n == 1) loom_buf_putc(b, ',');
+        loom_buf_putc(b, tup ? ')' : ']');
         return;
     }
     case JV_DICT:
-        if (v->flags & JVF_NS) jb_puts(b, "<Namespace ");
-        jb_putc(b, '{');
+        if (v->flags & JVF_NS) loom_buf_puts(b, "<Namespace ");
+        loom_buf_putc(b, '{');
         for (size_t i = 0; i < v->u.d.n; i++) {
-            if (i) jb_puts(b, ", ");
+            if (i) loom_buf_puts(b, ", ");
             repr_at(b, v->u.d.k[i], depth + 1);
-            jb_puts(b, ": ");
+            loom_buf_puts(b, ": ");
             repr_at(b, v->u.d.v[i], depth + 1);
         }
-        jb_putc(b, '}');
-        if (v->flags & JVF_NS) jb_putc(b, '>');
+        loom_buf_putc(b, '}');
+        if (v->flags & JVF_NS) loom_buf_putc(b, '>');
         return;
-    case JV_UNDEF: jb_puts(b, "Undefined"); return;
+    case JV_UNDEF: loom_buf_puts(b, "Undefined"); return;
     default: jv_to_str(b, v); return;
     }
 }
 
-void jv_to_str(jbuf *b, const jv *v) {
+void jv_to_str(loom_buf *b, const jv *v) {
     switch (v->type) {
     case JV_UNDEF: return;
-    case JV_NONE: jb_puts(b, "None"); return;
-    case JV_BOOL: jb_puts(b, v->u.b ? "True" : "False"); return;
-    case JV_INT: jb_printf(b, "%lld", (long long)v->u.i); return;
+    case JV_NONE: loom_buf_puts(b, "None"); return;
+    case JV_BOOL: loom_buf_puts(b, v->u.b ? "True" : "False"); return;
+    case JV_INT: loom_buf_printf(b, "%lld", (long long)v->u.i); return;
     case JV_FLOAT: jv_fmt_float(b, v->u.f); return;
-    case JV_STR: jb_put(b, v->u.s.p, v->u.s.n); return;
+    case JV_STR: loom_buf_put(b, v->u.s.p, v->u.s.n); return;
     case JV_FUNC:
-        jb_printf(b, "<function %s>", v->u.fn->name ? v->u.fn->name : "macro");
+        loom_buf_printf(b, "<function %s>", v->u.fn->name ? v->u.fn->name : "macro");
         return;
     default: jv_repr(b, v); return;
     }
@@ -522,77 +477,77 @@ void jv_to_str(jbuf *b, const jv *v) {
 
 /* ---- JSON out ----------------------------------------------------------------------- */
 
-static void json_str(jbuf *b, const char *s, size_t n, int ensure_ascii) {
-    jb_putc(b, '"');
+static void json_str(loom_buf *b, const char *s, size_t n, int ensure_ascii) {
+    loom_buf_putc(b, '"');
     for (size_t i = 0; i < n;) {
         int32_t c;
         size_t k = ju_decode(s, n, i, &c);
         switch (c) {
-        case '"': jb_puts(b, "\\\""); break;
-        case '\\': jb_puts(b, "\\\\"); break;
-        case '\n': jb_puts(b, "\\n"); break;
-        case '\r': jb_puts(b, "\\r"); break;
-        case '\t': jb_puts(b, "\\t"); break;
-        case '\b': jb_puts(b, "\\b"); break;
-        case '\f': jb_puts(b, "\\f"); break;
+        case '"': loom_buf_puts(b, "\\\""); break;
+        case '\\': loom_buf_puts(b, "\\\\"); break;
+        case '\n': loom_buf_puts(b, "\\n"); break;
+        case '\r': loom_buf_puts(b, "\\r"); break;
+        case '\t': loom_buf_puts(b, "\\t"); break;
+        case '\b': loom_buf_puts(b, "\\b"); break;
+        case '\f': loom_buf_puts(b, "\\f"); break;
         default:
-            if (c < 0x20) jb_printf(b, "\\u%04x", (unsigned)c);
+            if (c < 0x20) loom_buf_printf(b, "\\u%04x", (unsigned)c);
             else if (ensure_ascii && c > 0x7e) {
                 if (c >= 0x10000) {
                     int32_t v = c - 0x10000;
-                    jb_printf(b, "\\u%04x\\u%04x", (unsigned)(0xd800 + (v >> 10)),
+                    loom_buf_printf(b, "\\u%04x\\u%04x", (unsigned)(0xd800 + (v >> 10)),
                               (unsigned)(0xdc00 + (v & 0x3ff)));
-                } else jb_printf(b, "\\u%04x", (unsigned)c);
-            } else jb_put(b, s + i, k);
+                } else loom_buf_printf(b, "\\u%04x", (unsigned)c);
+            } else loom_buf_put(b, s + i, k);
         }
         i += k;
     }
-    jb_putc(b, '"');
+    loom_buf_putc(b, '"');
 }
 
-static void json_indent(jbuf *b, const jjson_opts *o, int depth) {
-    jb_putc(b, '\n');
-    for (int i = 0; i < depth; i++) jb_puts(b, o->indent);
+static void json_indent(loom_buf *b, const jjson_opts *o, int depth) {
+    loom_buf_putc(b, '\n');
+    for (int i = 0; i < depth; i++) loom_buf_puts(b, o->indent);
 }
 
-static int json_key(jbuf *b, const jv *k, const jjson_opts *o) {
+static int json_key(loom_buf *b, const jv *k, const jjson_opts *o) {
     switch (k->type) {
     case JV_STR: json_str(b, k->u.s.p, k->u.s.n, o->ensure_ascii); return 1;
-    case JV_INT: jb_printf(b, "\"%lld\"", (long long)k->u.i); return 1;
-    case JV_BOOL: jb_puts(b, k->u.b ? "\"true\"" : "\"false\""); return 1;
-    case JV_NONE: jb_puts(b, "\"null\""); return 1;
-    case JV_FLOAT: jb_putc(b, '"'); jv_fmt_float(b, k->u.f); jb_putc(b, '"'); return 1;
+    case JV_INT: loom_buf_printf(b, "\"%lld\"", (long long)k->u.i); return 1;
+    case JV_BOOL: loom_buf_puts(b, k->u.b ? "\"true\"" : "\"false\""); return 1;
+    case JV_NONE: loom_buf_puts(b, "\"null\""); return 1;
+    case JV_FLOAT: loom_buf_putc(b, '"'); jv_fmt_float(b, k->u.f); loom_buf_putc(b, '"'); return 1;
     default: return 0;
     }
 }
 
-int jv_to_json(jbuf *b, const jv *v, const jjson_opts *o, int depth) {
+int jv_to_json(loom_buf *b, const jv *v, const jjson_opts *o, int depth) {
     if (depth > 200) return 0;
     switch (v->type) {
-    case JV_NONE: jb_puts(b, "null"); return 1;
-    case JV_BOOL: jb_puts(b, v->u.b ? "true" : "false"); return 1;
-    case JV_INT: jb_printf(b, "%lld", (long long)v->u.i); return 1;
+    case JV_NONE: loom_buf_puts(b, "null"); return 1;
+    case JV_BOOL: loom_buf_puts(b, v->u.b ? "true" : "false"); return 1;
+    case JV_INT: loom_buf_printf(b, "%lld", (long long)v->u.i); return 1;
     case JV_FLOAT:
-        if (isnan(v->u.f)) jb_puts(b, "NaN");
-        else if (isinf(v->u.f)) jb_puts(b, v->u.f < 0 ? "-Infinity" : "Infinity");
+        if (isnan(v->u.f)) loom_buf_puts(b, "NaN");
+        else if (isinf(v->u.f)) loom_buf_puts(b, v->u.f < 0 ? "-Infinity" : "Infinity");
         else jv_fmt_float(b, v->u.f);
         return 1;
     case JV_STR: json_str(b, v->u.s.p, v->u.s.n, o->ensure_ascii); return 1;
     case JV_LIST:
         if (v->flags & JVF_ITER) return 0;
-        if (!v->u.l.n) { jb_puts(b, "[]"); return 1; }
-        jb_putc(b, '[');
+        if (!v->u.l.n) { loom_buf_puts(b, "[]"); return 1; }
+        loom_buf_putc(b, '[');
         for (size_t i = 0; i < v->u.l.n; i++) {
-            if (i) jb_puts(b, o->item_sep);
+            if (i) loom_buf_puts(b, o->item_sep);
             if (o->indent) json_indent(b, o, depth + 1);
             if (!jv_to_json(b, v->u.l.v[i], o, depth + 1)) return 0;
         }
         if (o->indent) json_indent(b, o, depth);
-        jb_putc(b, ']');
+        loom_buf_putc(b, ']');
         return 1;
     case JV_DICT: {
         if (v->flags & JVF_NS) return 0;
-        if (!v->u.d.n) { jb_puts(b, "{}"); return 1; }
+        if (!v->u.d.n) { loom_buf_puts(b, "{}"); return 1; }
         size_t n = v->u.d.n;
         size_t order_buf[64];
         size_t *order = n <= 64 ? order_buf : malloc(n * sizeof *order);
@@ -606,20 +561,20 @@ int jv_to_json(jbuf *b, const jv *v, const jjson_opts *o, int depth) {
                         break;
                     size_t t = order[j]; order[j] = order[j - 1]; order[j - 1] = t;
                 }
-        jb_putc(b, '{');
+        loom_buf_putc(b, '{');
         int good = 1;
         for (size_t i = 0; i < n && good; i++) {
-            if (i) jb_puts(b, o->item_sep);
+            if (i) loom_buf_puts(b, o->item_sep);
             if (o->indent) json_indent(b, o, depth + 1);
             good = json_key(b, v->u.d.k[order[i]], o);
             if (!good) break;
-            jb_puts(b, o->key_sep);
+            loom_buf_puts(b, o->key_sep);
             good = jv_to_json(b, v->u.d.v[order[i]], o, depth + 1);
         }
         if (order != order_buf) free(order);
         if (!good) return 0;
         if (o->indent) json_indent(b, o, depth);
-        jb_putc(b, '}');
+        loom_buf_putc(b, '}');
         return 1;
     }
     default: return 0;
@@ -657,7 +612,7 @@ static int hex4(const char *s, int32_t *out) {
 }
 
 static jv *jp_string(jp *p) {
-    jbuf b = {0};
+    loom_buf b = {0};
     p->i++; /* opening quote */
     while (p->i < p->n && p->s[p->i] != '"') {
         char c = p->s[p->i];
@@ -667,7 +622,7 @@ static jv *jp_string(jp *p) {
             while (j < p->n && p->s[j] != '"' && p->s[j] != '\\' &&
                    (unsigned char)p->s[j] >= 0x20)
                 j++;
-            jb_put(&b, p->s + p->i, j - p->i);
+            loom_buf_put(&b, p->s + p->i, j - p->i);
             p->i = j;
             continue;
         }
@@ -675,14 +630,14 @@ static jv *jp_string(jp *p) {
         char e = p->s[p->i + 1];
         p->i += 2;
         switch (e) {
-        case '"': jb_putc(&b, '"'); break;
-        case '\\': jb_putc(&b, '\\'); break;
-        case '/': jb_putc(&b, '/'); break;
-        case 'b': jb_putc(&b, '\b'); break;
-        case 'f': jb_putc(&b, '\f'); break;
-        case 'n': jb_putc(&b, '\n'); break;
-        case 'r': jb_putc(&b, '\r'); break;
-        case 't': jb_putc(&b, '\t'); break;
+        case '"': loom_buf_putc(&b, '"'); break;
+        case '\\': loom_buf_putc(&b, '\\'); break;
+        case '/': loom_buf_putc(&b, '/'); break;
+        case 'b': loom_buf_putc(&b, '\b'); break;
+        case 'f': loom_buf_putc(&b, '\f'); break;
+        case 'n': loom_buf_putc(&b, '\n'); break;
+        case 'r': loom_buf_putc(&b, '\r'); break;
+        case 't': loom_buf_putc(&b, '\t'); break;
         case 'u': {
             int32_t cp;
             if (p->i + 4 > p->n || !hex4(p->s + p->i, &cp)) { p->err = "bad \\u escape"; break; }
@@ -707,7 +662,7 @@ static jv *jp_string(jp *p) {
     jv *v = NULL;
     if (!p->err) {
         p->i++;
-        v = jv_str(p->a, b.p ? b.p : "", b.n);
+        v = jv_str(p->a, b.p ? b.p : "", b.len);
     }
     free(b.p);
     return v;
