@@ -507,68 +507,71 @@ static void disk_tier(void) {
 static void tracing(void) {
     fixture f;
     if (!load_fixture("tests/fixtures/models/qwen3-tiny", &f)) { CHECK(0); return; }
-    char path[] = "/tmp/loom-test-trace-XXXXXX";
-    int fd = mkstemp(path);
-    CHECK(fd >= 0);
-    close(fd);
-    loom_engine_params ep = loom_engine_default_params();
-    ep.n_ctx = 400;
-    ep.max_batch_tokens = 64;
-    ep.prefill_chunk = 32;
-    ep.trace_file = path;
-    loom_engine *e = NULL;
-    CHECK(loom_engine_create(f.m, &ep, &e) == LOOM_OK);
-    loom_request *r[2];
-    for (int i = 0; i < 2; i++) {
-        loom_request_params rp = loom_request_default_params();
-        rp.prompt = f.ids[2 + i];
-        rp.n_prompt = f.len[2 + i];
-        rp.max_tokens = 5;
-        rp.trace = 1;
-        CHECK(loom_engine_submit(e, &rp, &r[i]) == LOOM_OK);
-    }
-    for (int i = 0; i < 2; i++) {
-        int32_t toks[8];
-        int n;
-        CHECK(drain(r[i], toks, NULL, &n) == LOOM_FINISH_LENGTH);
-        loom_request_free(r[i]);
-    }
-    loom_engine_free(e);
-    char *text = NULL;
-    CHECK(loom_read_file(path, &text, NULL) == LOOM_OK);
-    int lines = 0, chunks = 0, decodes = 0, totals = 0, lookups = 0;
-    uint64_t works[2][64];
-    int n_works[2] = {0, 0};
-    for (char *line = text, *next; line && *line; line = next) {
-        next = strchr(line, '\n');
-        if (next) *next++ = 0;
-        cJSON *j = cJSON_Parse(line);
-        CHECKF(j != NULL, "trace line is not JSON: %.80s", line);
-        if (!j) continue;
-        const cJSON *spans = cJSON_GetObjectItem(j, "spans");
-        CHECK(cJSON_IsArray(spans));
-        for (const cJSON *sp = spans ? spans->child : NULL; sp; sp = sp->next) {
-            const char *name = cJSON_GetObjectItem(sp, "name")->valuestring;
-            chunks += !strcmp(name, "prefill.chunk");
-            decodes += !strcmp(name, "decode.step");
-            totals += !strcmp(name, "prefill.total");
-            lookups += !strcmp(name, "cache.lookup_restore");
-            CHECK(cJSON_GetObjectItem(sp, "dur_ms")->valuedouble >= 0);
-            if (!strcmp(name, "prefill.forward") && lines < 2 && n_works[lines] < 64)
-                works[lines][n_works[lines]++] = (uint64_t)cJSON_GetObjectItem(sp, "work_id")->valuedouble;
-        }
-        cJSON_Delete(j);
-        lines++;
-    }
-    CHECK_EQ_INT(lines, 2);
-    CHECK(chunks >= 2 + 10 && decodes == 2 * 4 && totals == 2 && lookups == 2);
-    /* the two prefills shared at least one forward */
+    /* Whether the second request arrives while the first still prefills is
+     * up to the scheduler of a busy machine: a few tries. */
     int shared = 0;
-    for (int a = 0; a < n_works[0]; a++)
-        for (int b = 0; b < n_works[1]; b++) shared |= works[0][a] == works[1][b];
-    CHECK(shared);
-    free(text);
-    unlink(path);
+    for (int attempt = 0; attempt < 8 && !shared; attempt++) {
+        char path[] = "/tmp/loom-test-trace-XXXXXX";
+        int fd = mkstemp(path);
+        CHECK(fd >= 0);
+        close(fd);
+        loom_engine_params ep = loom_engine_default_params();
+        ep.n_ctx = 400;
+        ep.max_batch_tokens = 64;
+        ep.prefill_chunk = 32;
+        ep.trace_file = path;
+        loom_engine *e = NULL;
+        CHECK(loom_engine_create(f.m, &ep, &e) == LOOM_OK);
+        loom_request *r[2];
+        for (int i = 0; i < 2; i++) {
+            loom_request_params rp = loom_request_default_params();
+            rp.prompt = f.ids[2 + i];
+            rp.n_prompt = f.len[2 + i];
+            rp.max_tokens = 5;
+            rp.trace = 1;
+            CHECK(loom_engine_submit(e, &rp, &r[i]) == LOOM_OK);
+        }
+        for (int i = 0; i < 2; i++) {
+            int32_t toks[8];
+            int n;
+            CHECK(drain(r[i], toks, NULL, &n) == LOOM_FINISH_LENGTH);
+            loom_request_free(r[i]);
+        }
+        loom_engine_free(e);
+        char *text = NULL;
+        CHECK(loom_read_file(path, &text, NULL) == LOOM_OK);
+        int lines = 0, chunks = 0, decodes = 0, totals = 0, lookups = 0;
+        uint64_t works[2][64];
+        int n_works[2] = {0, 0};
+        for (char *line = text, *next; line && *line; line = next) {
+            next = strchr(line, '\n');
+            if (next) *next++ = 0;
+            cJSON *j = cJSON_Parse(line);
+            CHECKF(j != NULL, "trace line is not JSON: %.80s", line);
+            if (!j) continue;
+            const cJSON *spans = cJSON_GetObjectItem(j, "spans");
+            CHECK(cJSON_IsArray(spans));
+            for (const cJSON *sp = spans ? spans->child : NULL; sp; sp = sp->next) {
+                const char *name = cJSON_GetObjectItem(sp, "name")->valuestring;
+                chunks += !strcmp(name, "prefill.chunk");
+                decodes += !strcmp(name, "decode.step");
+                totals += !strcmp(name, "prefill.total");
+                lookups += !strcmp(name, "cache.lookup_restore");
+                CHECK(cJSON_GetObjectItem(sp, "dur_ms")->valuedouble >= 0);
+                if (!strcmp(name, "prefill.forward") && lines < 2 && n_works[lines] < 64)
+                    works[lines][n_works[lines]++] = (uint64_t)cJSON_GetObjectItem(sp, "work_id")->valuedouble;
+            }
+            cJSON_Delete(j);
+            lines++;
+        }
+        CHECK_EQ_INT(lines, 2);
+        CHECK(chunks >= 2 + 10 && decodes == 2 * 4 && totals == 2 && lookups == 2);
+        for (int a = 0; a < n_works[0]; a++)
+            for (int b = 0; b < n_works[1]; b++) shared |= works[0][a] == works[1][b];
+        free(text);
+        unlink(path);
+    }
+    CHECKF(shared, "the two prefills never shared a forward in 8 tries");
     free_fixture(&f);
 }
 
