@@ -36,6 +36,7 @@
 
 #include "base/base.h"
 #include "ops/ops.h"
+#include "ops/ops_avx512.h"
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -186,38 +187,6 @@ static void matmul_exact(float *y, int ldy, const float *x, int ldx, const void 
 #define KCF 512
 #define MCF 384
 
-/* In-register transpose of a 16 x 16 block of 32-bit elements. */
-INLINE void transpose16(__m512i r[16]) {
-    __m512i t[16];
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; i++) {
-        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-    }
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; i++) {
-        r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-        r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-        r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-        r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-    }
-    /* r[4q + j] holds column j (+4, +8, +12 in the 128-bit lanes) of rows
-     * 4q .. 4q+3. */
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; j++) {
-        __m512i a = _mm512_shuffle_i32x4(r[j], r[4 + j], 0x88);      /* cols j, j+8 */
-        __m512i b = _mm512_shuffle_i32x4(r[j], r[4 + j], 0xdd);      /* cols j+4, j+12 */
-        __m512i c = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0x88);
-        __m512i d = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0xdd);
-        t[j] = _mm512_shuffle_i32x4(a, c, 0x88);
-        t[j + 8] = _mm512_shuffle_i32x4(a, c, 0xdd);
-        t[j + 4] = _mm512_shuffle_i32x4(b, d, 0x88);
-        t[j + 12] = _mm512_shuffle_i32x4(b, d, 0xdd);
-    }
-#pragma GCC unroll 16
-    for (int i = 0; i < 16; i++) r[i] = t[i];
-}
-
 /* The same for --fast: bf16 rows packed as 32-bit pairs of columns
  * (2k, 2k + 1) into dst[kp * MR + i], kp < kc/2 rounded up to 16. */
 static void pack_panel_pairs(uint32_t *dst, const uint16_t *w, size_t n, int mr, size_t k0, int kc) {
@@ -231,7 +200,7 @@ static void pack_panel_pairs(uint32_t *dst, const uint16_t *w, size_t n, int mr,
                 r[i] = row < mr ? _mm512_maskz_loadu_epi16(m, w + (size_t)row * n + k0 + (size_t)kb)
                                 : _mm512_setzero_si512();
             }
-            transpose16(r);
+            loom_tr16(r);
 #pragma GCC unroll 16
             for (int j = 0; j < 16; j++)
                 _mm512_store_si512((__m512i *)(dst + (size_t)(kb / 2 + j) * MR + h * 16), r[j]);

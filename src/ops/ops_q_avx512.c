@@ -33,6 +33,7 @@
 
 #include "base/base.h"
 #include "ops/ops.h"
+#include "ops/ops_avx512.h"
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -93,37 +94,6 @@ INLINE __m512i unpack4_split(const uint8_t *p) {
     __m256i v = _mm256_loadu_si256((const __m256i *)p);
     __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1);
     return _mm512_and_si512(z, _mm512_set1_epi8(15));
-}
-
-/* In place 16 x 16 transpose of dwords: r[m] becomes lane m of every r[i]. */
-INLINE void tr16(__m512i r[16]) {
-    __m512i t[16];
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; i++) {
-        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-    }
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; i++) {
-        r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-        r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-        r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-        r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-    }
-    /* r[4i + e], 128-bit lane L: element 4L + e of rows 4i .. 4i + 3. */
-#pragma GCC unroll 4
-    for (int e = 0; e < 4; e++) {
-        __m512i u0 = _mm512_shuffle_i32x4(r[e], r[4 + e], 0x44);
-        __m512i u1 = _mm512_shuffle_i32x4(r[e], r[4 + e], 0xEE);
-        __m512i v0 = _mm512_shuffle_i32x4(r[8 + e], r[12 + e], 0x44);
-        __m512i v1 = _mm512_shuffle_i32x4(r[8 + e], r[12 + e], 0xEE);
-        t[e] = _mm512_shuffle_i32x4(u0, v0, 0x88);
-        t[4 + e] = _mm512_shuffle_i32x4(u0, v0, 0xDD);
-        t[8 + e] = _mm512_shuffle_i32x4(u1, v1, 0x88);
-        t[12 + e] = _mm512_shuffle_i32x4(u1, v1, 0xDD);
-    }
-#pragma GCC unroll 16
-    for (int i = 0; i < 16; i++) r[i] = t[i];
 }
 
 INLINE const uint8_t *qrow(const loom_qmat *w, int r) {
@@ -246,7 +216,7 @@ static void ex_panel(float *pan, const loom_qmat *w, int p0, int R, int k0, int 
                     _mm512_add_ps(_mm512_mul_ps(sc, _mm512_cvtepi32_ps(d[q])), bi));
         }
         for (int q = 0; q < 4; q++) {
-            tr16(rows[q]);
+            loom_tr16(rows[q]);
             for (int m = 0; m < 16; m++)
                 _mm512_store_si512((__m512i *)(pan + (size_t)(c + 16 * q + m) * PR), rows[q][m]);
         }
@@ -467,7 +437,7 @@ static void fq_panel(uint8_t *pan, float *swv, float *bwv, const loom_qmat *w, i
             const uint8_t *row = qrow(w, p0 + i);
             rows[i] = w->bits == 8 ? _mm512_loadu_si512(row + k) : unpack4_natural(row + k / 2);
         }
-        tr16(rows);
+        loom_tr16(rows);
         for (int m = 0; m < 16; m++)
             _mm512_store_si512((__m512i *)(pan + (size_t)(c / 4 + m) * 64), rows[m]);
     }
