@@ -15,7 +15,8 @@
  *    (the Hugging Face reference: prompt.i.ids / .logits / .greedy) the
  *    logits of each prompt must be within 1e-5 (max |diff| / max |ref|) and
  *    the greedy continuation must match exactly. Without one, the logits of
- *    a short prompt evaluated in one batch must equal (within 1e-4, same
+ *    a short prompt evaluated in one batch must equal (within 1e-4, or 5e-2
+ *    with --fast, whose batched and one-token paths round differently; same
  *    measure) those from evaluating it one token at a time, and be finite
  *    and not all zero. A model that fails is not timed; the exit code is 1.
  * 3. Prefill (llama-bench "pp"): a p-token prompt in one forward from an
@@ -55,6 +56,11 @@
 #define CHECK_TOKENS 16      /* prompt length of the batched-vs-stepwise check */
 #define REF_TOL 1e-5
 #define SELF_TOL 1e-4
+/* --fast rounds activations per call: the batched GEMM and the one-token
+ * matvec round differently, and on random weights one flipped rounding
+ * moves the logits by about 2.6% of the largest (as loom bench allows). */
+#define SELF_TOL_FAST 5e-2
+static double self_tol = SELF_TOL;
 #define MAX_MODELS 16
 
 /* Bytes per element of the KV cache, whatever type the pool stores. */
@@ -405,10 +411,10 @@ static int validate_self(loom_model *m, const int32_t *tok, char *why, size_t wn
             goto out;
         }
     double e = rel_err(a, b, (size_t)L * V);
-    if (!(e <= SELF_TOL)) {
+    if (!(e <= self_tol)) {
         snprintf(why, wn, "%d-token prompt: batched logits differ from token-by-token by %.3g "
                  "(max |diff| / max |logit|; inf = non-finite or all zero), expected <= %g",
-                 L, e, SELF_TOL);
+                 L, e, self_tol);
         goto out;
     }
     snprintf(why, wn, "self-consistency: batched vs token-by-token within %.2g, finite", e);
@@ -529,6 +535,7 @@ int main(int argc, char **argv) {
         }
         if (!strcmp(a, "--fast")) {
             fast = 1;
+            self_tol = SELF_TOL_FAST;
             continue;
         }
         if (i + 1 >= argc) {
