@@ -302,6 +302,10 @@ static float q_param_f(const uint16_t *p, size_t i, int f16) {
     return f16 ? loom_f16_to_f32(p[i]) : loom_bf16_to_f32(p[i]);
 }
 
+/* Set by run_all for the exact AVX-512 table: its 4- and 8-bit matmuls give
+ * each of up to 8 tokens the bits it gets alone. */
+static int q_invariant;
+
 static void check_matmul_q(int bits, int group, int n, int T, int f16, int rows, int r0, int r1,
                            int ldx, int ldy) {
     int words = n * bits / 32, ng = n / group;
@@ -344,6 +348,18 @@ static void check_matmul_q(int bits, int group, int n, int T, int f16, int rows,
             CHECKF(ok, "matmul_q bits %d group %d n %d T %d f16 %d [%d,%d) t %d r %d: %.9g vs %.9g",
                    bits, group, n, T, f16, r0, r1, t, r, y[i], yr[i]);
         }
+    /* Batched decode (2..8 tokens, groups of 64 << s) on the exact table that promises batch
+     * invariance: every token's outputs the bits it gets alone. */
+    if (q_invariant && T > 1 && T <= 8 && (bits == 4 || bits == 8) && group % 64 == 0 &&
+        !(group & (group - 1))) {
+        float *y1 = malloc(ny * sizeof *y1);
+        for (size_t i = 0; i < ny; i++) y1[i] = y[i];
+        for (int t = 0; t < T; t++)
+            K->matmul_q(y1 + (size_t)t * ldy, ldy, x + (size_t)t * ldx, ldx, &w, 1, r0, r1);
+        CHECKF(!memcmp(y, y1, ny * sizeof *y), "matmul_q bits %d group %d n %d: T=%d vs 1 at a time",
+               bits, group, n, T);
+        free(y1);
+    }
     free(wq);
     free(sc);
     free(bi);
@@ -808,6 +824,7 @@ static void run_all(const char *label, const loom_kernels *k, const loom_kernels
     test_matmul();
     test_matmul_specials();
     if (batch_invariant) test_matmul_batch_invariant();
+    q_invariant = !strcmp(label, "avx512");
     test_matmul_rounding();
     test_matmul_q();
     test_dot_axpy();

@@ -40,7 +40,9 @@
 #define XBLK 64          /* columns per activation block (and per VPDPBUSD) */
 #define MAXN 32768       /* longest row kept on the stack (x copies, params) */
 #define MAXB (MAXN / XBLK)
-#define GEMM_T 4         /* tokens from which the panel kernels win */
+#define GEMM_T 4         /* tokens from which the panel kernels win (--fast) */
+#define SMALL_T 8        /* exact: up to this many tokens convert each row once */
+#define SMALL_T_MAXN 8192 /* ... for rows this long (their x copies live on the stack) */
 #define PR 16            /* rows per panel */
 #define TT_MAX 12        /* tokens per register tile */
 #define KC_EXACT 128     /* panel columns (f32: 8 KiB) */
@@ -188,6 +190,80 @@ static void ex_matvec(float *y, const float *x, const loom_qmat *w, int r0, int 
     else ex_matvec_bits(y, xp, xsg, w, r0, r1, 4);
 }
 
+/* A few tokens (batched decode): each row's weights are converted once per
+ * block and used for all T tokens, in ex_row's order of operations, so
+ * every output is the one-token result bit for bit. Converting once per
+ * token instead (ex_matvec per token) or dequantizing panels (ex_gemm) made
+ * 4 sequences slower than 1. */
+INLINE void ex_rows_multi(float *y, size_t ldy, const float *const *xp, const float *xsg,
+                          const loom_qmat *w, int r0, int r1, const int T, const int bits) {
+    const int n = w->n, ng = n / w->group, nb = n / XBLK, gs = __builtin_ctz(w->group / XBLK);
+    const __m512 tbl = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *row = qrow(w, r);
+        const uint16_t *scr = w->scales + (size_t)r * ng;
+        __m512 facc[SMALL_T];
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++)
+            facc[t] = bias_dot(w->biases + (size_t)r * ng, xsg + (size_t)t * MAXB, ng, w->f16);
+        for (int c0 = 0; c0 < nb; c0 += 16) {
+            int cnt = LOOM_MIN(16, nb - c0);
+            __m512 scv = block_scales(scr, c0, cnt, gs, w->f16);
+            for (int jj = 0; jj < cnt; jj++) {
+                int j = c0 + jj;
+                __m512 wv[4];
+                _mm_prefetch((const char *)row + (size_t)j * 8 * bits + PF_DIST, _MM_HINT_T0);
+                if (bits == 8) {
+#pragma GCC unroll 4
+                    for (int c = 0; c < 4; c++)
+                        wv[c] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                            _mm_loadu_si128((const __m128i *)(row + (size_t)j * 64 + 16 * c))));
+                } else {
+#pragma GCC unroll 2
+                    for (int c = 0; c < 2; c++) {
+                        __m512i d = _mm512_cvtepu8_epi32(
+                            _mm_loadu_si128((const __m128i *)(row + (size_t)j * 32 + 16 * c)));
+                        wv[2 * c] = _mm512_permutexvar_ps(d, tbl);
+                        wv[2 * c + 1] = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), tbl);
+                    }
+                }
+                __m512 sj = _mm512_permutexvar_ps(_mm512_set1_epi32(jj), scv);
+#pragma GCC unroll 8
+                for (int t = 0; t < T; t++) {
+                    const float *xj = xp[t] + (size_t)j * XBLK;
+                    __m512 p = _mm512_fmadd_ps(wv[0], _mm512_loadu_ps(xj), _mm512_setzero_ps());
+                    __m512 p2 = _mm512_fmadd_ps(wv[1], _mm512_loadu_ps(xj + 16), _mm512_setzero_ps());
+                    p = _mm512_fmadd_ps(wv[2], _mm512_loadu_ps(xj + 32), p);
+                    p2 = _mm512_fmadd_ps(wv[3], _mm512_loadu_ps(xj + 48), p2);
+                    facc[t] = _mm512_fmadd_ps(_mm512_add_ps(p, p2), sj, facc[t]);
+                }
+            }
+        }
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) y[(size_t)t * ldy + r] = _mm512_reduce_add_ps(facc[t]);
+    }
+}
+
+static void ex_matvec_multi(float *y, int ldy, const float *x, int ldx, const loom_qmat *w, int T,
+                            int r0, int r1) {
+    float xs[SMALL_T][w->bits == 4 ? w->n : 1], xsg[SMALL_T * MAXB];
+    const float *xp[SMALL_T];
+    for (int t = 0; t < T; t++) {
+        const float *xt = x + (size_t)t * (size_t)ldx;
+        ex_prep(xs[t], xsg + (size_t)t * MAXB, xt, w);
+        xp[t] = w->bits == 4 ? xs[t] : xt;
+    }
+    const size_t ly = (size_t)ldy;
+    switch (T * 16 + w->bits) {
+#define EX_MULTI(n)                                                              \
+    case n * 16 + 8: ex_rows_multi(y, ly, xp, xsg, w, r0, r1, n, 8); break;     \
+    case n * 16 + 4: ex_rows_multi(y, ly, xp, xsg, w, r0, r1, n, 4); break;
+    EX_MULTI(2) EX_MULTI(3) EX_MULTI(4) EX_MULTI(5) EX_MULTI(6) EX_MULTI(7) EX_MULTI(8)
+#undef EX_MULTI
+    default: break;
+    }
+}
+
 /* ---- exact, prefill ------------------------------------------------------ */
 
 /* pan[k][i] = row p0 + i, column k0 + k dequantized (sc * q + bi, rounded
@@ -288,8 +364,12 @@ static void matmul_q(float *y, int ldy, const float *x, int ldx, const loom_qmat
         loom_kernels_avx2.matmul_q(y, ldy, x, ldx, w, T, r0, r1);
         return;
     }
-    if (T >= GEMM_T) {
+    if (T > SMALL_T) {
         ex_gemm(y, ldy, x, ldx, w, T, r0, r1);
+        return;
+    }
+    if (T > 1 && w->n <= SMALL_T_MAXN) {
+        ex_matvec_multi(y, ldy, x, ldx, w, T, r0, r1);
         return;
     }
     for (int t = 0; t < T; t++) ex_matvec(y + (size_t)t * ldy, x + (size_t)t * ldx, w, r0, r1);
