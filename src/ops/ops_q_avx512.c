@@ -40,8 +40,7 @@
 #define XBLK 64          /* columns per activation block (and per VPDPBUSD) */
 #define MAXN 32768       /* longest row kept on the stack (x copies, params) */
 #define MAXB (MAXN / XBLK)
-#define GEMM_T 4         /* tokens from which the panel kernels win (--fast) */
-#define SMALL_T 8        /* exact: up to this many tokens convert each row once */
+#define SMALL_T 8        /* up to this many tokens: each row unpacked once for all */
 #define SMALL_T_MAXN 8192 /* ... for rows this long (their x copies live on the stack) */
 #define PR 16            /* rows per panel */
 #define TT_MAX 12        /* tokens per register tile */
@@ -497,6 +496,91 @@ static void fq_matvec(float *y, const float *x, const loom_qmat *w, int r0, int 
     else fq_matvec_bits(y, xq, sx, xsg, w, r0, r1, 4);
 }
 
+/* A few tokens (batched decode): each row's bytes are loaded and unpacked
+ * once per block and fed to every token's VPDPBUSD, in fq_row's order of
+ * operations (both chains), so each token gets the one-token result bit
+ * for bit: int8 rounding makes --fast chaotic, and a batched sequence
+ * should not drift from the same request alone. */
+INLINE void fq_rows_multi(float *y, size_t ldy, const int8_t *xq, const float *sx, const float *xsg,
+                          const loom_qmat *w, int r0, int r1, const int T, const int bits) {
+    const int n = w->n, ng = n / w->group, nb = n / XBLK, gs = __builtin_ctz(w->group / XBLK);
+    const __m512i m4 = _mm512_set1_epi8(15);
+    const __m512i pick = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *row = qrow(w, r);
+        const uint16_t *scr = w->scales + (size_t)r * ng;
+        __m512 facc[SMALL_T], facc2[SMALL_T], csv[SMALL_T];
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            facc[t] = bias_dot(w->biases + (size_t)r * ng, xsg + (size_t)t * MAXB, ng, w->f16);
+            facc2[t] = _mm512_setzero_ps();
+        }
+        for (int c0 = 0; c0 < nb; c0 += 16) {
+            int cnt = LOOM_MIN(16, nb - c0);
+            __m512 scv = block_scales(scr, c0, cnt, gs, w->f16);
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++)
+                csv[t] = _mm512_mul_ps(scv, _mm512_maskz_loadu_ps(mask16(cnt), sx + (size_t)t * MAXB + c0));
+            int jj = 0;
+            if (bits == 4) {
+                for (; jj + 2 <= cnt; jj += 2) {
+                    int j = c0 + jj;
+                    _mm_prefetch((const char *)row + (size_t)j * 32 + PF_FAST4, _MM_HINT_T0);
+                    __m512i v = _mm512_loadu_si512(row + (size_t)j * 32);
+                    __m512i lo = _mm512_and_si512(v, m4);
+                    __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                    __m512i sel = _mm512_add_epi32(pick, _mm512_set1_epi32(jj));
+#pragma GCC unroll 8
+                    for (int t = 0; t < T; t++) {
+                        const int8_t *xt = xq + (size_t)t * n + (size_t)j * XBLK;
+                        __m512i acc = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xt));
+                        acc = _mm512_dpbusd_epi32(acc, hi, _mm512_loadu_si512(xt + 64));
+                        __m512 sc2 = _mm512_permutexvar_ps(sel, csv[t]);
+                        if (jj % 4) facc2[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), sc2, facc2[t]);
+                        else facc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), sc2, facc[t]);
+                    }
+                }
+            }
+            for (; jj < cnt; jj++) {
+                int j = c0 + jj;
+                _mm_prefetch((const char *)row + (size_t)j * 8 * bits + PF_DIST, _MM_HINT_T0);
+                __m512i wv = bits == 8 ? _mm512_loadu_si512(row + (size_t)j * 64)
+                                       : unpack4_split(row + (size_t)j * 32);
+                __m512i sel = _mm512_set1_epi32(jj);
+#pragma GCC unroll 8
+                for (int t = 0; t < T; t++) {
+                    __m512i acc = _mm512_dpbusd_epi32(
+                        _mm512_setzero_si512(), wv, _mm512_loadu_si512(xq + (size_t)t * n + (size_t)j * XBLK));
+                    __m512 v = _mm512_cvtepi32_ps(acc), sj = _mm512_permutexvar_ps(sel, csv[t]);
+                    if (jj % 2) facc2[t] = _mm512_fmadd_ps(v, sj, facc2[t]);
+                    else facc[t] = _mm512_fmadd_ps(v, sj, facc[t]);
+                }
+            }
+        }
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++)
+            y[(size_t)t * ldy + r] = _mm512_reduce_add_ps(_mm512_add_ps(facc[t], facc2[t]));
+    }
+}
+
+static void fq_matvec_multi(float *y, int ldy, const float *x, int ldx, const loom_qmat *w, int T,
+                            int r0, int r1) {
+    int8_t xq[SMALL_T * w->n] __attribute__((aligned(64)));
+    float sx[SMALL_T * MAXB], xsg[SMALL_T * MAXB];
+    for (int t = 0; t < T; t++)
+        fq_prep(xq + (size_t)t * w->n, sx + (size_t)t * MAXB, xsg + (size_t)t * MAXB, 1,
+                x + (size_t)t * (size_t)ldx, w, w->bits == 4);
+    const size_t ly = (size_t)ldy;
+    switch (T * 16 + w->bits) {
+#define FQ_MULTI(n)                                                                 \
+    case n * 16 + 8: fq_rows_multi(y, ly, xq, sx, xsg, w, r0, r1, n, 8); break;     \
+    case n * 16 + 4: fq_rows_multi(y, ly, xq, sx, xsg, w, r0, r1, n, 4); break;
+    FQ_MULTI(2) FQ_MULTI(3) FQ_MULTI(4) FQ_MULTI(5) FQ_MULTI(6) FQ_MULTI(7) FQ_MULTI(8)
+#undef FQ_MULTI
+    default: break;
+    }
+}
+
 /* pan[(k / 4) * 64 + i * 4 + k % 4] = u8 field of row p0 + i, column k0 + k
  * (zero past R); swv/bwv[b][i]: that row's scale / bias for block b. */
 static void fq_panel(uint8_t *pan, float *swv, float *bwv, const loom_qmat *w, int p0, int R,
@@ -621,8 +705,12 @@ static void matmul_q_fast(float *y, int ldy, const float *x, int ldx, const loom
         loom_kernels_avx2.matmul_q(y, ldy, x, ldx, w, T, r0, r1);
         return;
     }
-    if (T >= GEMM_T) {
+    if (T > SMALL_T) {
         fq_gemm(y, ldy, x, ldx, w, T, r0, r1);
+        return;
+    }
+    if (T > 1 && w->n <= SMALL_T_MAXN) {
+        fq_matvec_multi(y, ldy, x, ldx, w, T, r0, r1);
         return;
     }
     for (int t = 0; t < T; t++) fq_matvec(y + (size_t)t * ldy, x + (size_t)t * ldx, w, r0, r1);
