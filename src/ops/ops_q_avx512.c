@@ -8,12 +8,13 @@
  *     y += sw_g * sum(q * x) + bw_g * sum(x)
  * (the bias term once per group, as a dot of the row's biases with the
  * group sums of x), so the inner loop is convert + FMA per weight.
- *   - T < GEMM_T (decode): row by row, prefetching ahead; the f32
+ *   - T <= SMALL_T (decode, batched decode): row by row, prefetching
+ *     ahead, each row converted once for all T tokens; the f32
  *     sum of a block is scaled once. 4-bit fields: the 16 bytes of 32
  *     nibbles are widened to dwords and VPERMPS maps each nibble (it only
  *     reads an index's low four bits) straight to its float, with x
  *     reordered per 32 columns into even | odd columns to match.
- *   - T >= GEMM_T (prefill): a panel of 16 rows x KC columns is
+ *   - T > SMALL_T (prefill): a panel of 16 rows x KC columns is
  *     dequantized once, transposed to [column][row], and every token tile
  *     (12 tokens x 16 rows of accumulators) sweeps over it from L1 with
  *     one weight load and 12 broadcast FMAs per column.
