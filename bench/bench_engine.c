@@ -161,13 +161,15 @@ static int parse_seqs(const char *text, int *out, int max) {
 }
 
 /* Part 4: submits more 2048-token requests than can fit, with a step
- * budget that takes every prompt at once, so the first step admits all
- * that the blocks allow; returns that count. */
+ * budget that takes every waiting prompt at once; each then decodes for a
+ * while, so the running count climbs to what the blocks allow and stays
+ * there. Returns the most seen running at once, once three steps in a row
+ * admitted nobody while requests still waited. */
 static int kv_capacity(loom_model *m, loom_kv_type kvt, size_t kv_memory, int vocab,
                        int *blocks, double *bytes_per_token) {
     enum { P = 2048, N = 40 };
     loom_engine_params ep = loom_engine_default_params();
-    ep.n_ctx = P + 64;
+    ep.n_ctx = P + 128;
     ep.max_seqs = 64;
     ep.kv_type = kvt;
     ep.kv_memory = kv_memory;
@@ -180,16 +182,18 @@ static int kv_capacity(loom_model *m, loom_kv_type kvt, size_t kv_memory, int vo
     int n = 0;
     for (; n < N; n++) {
         fill_prompt(ids, P, vocab, 5000 + (unsigned)n);
-        if (!(r[n] = submit(e, ids, P, 2))) break; /* still running after its prefill step */
+        if (!(r[n] = submit(e, ids, P, 64))) break;
     }
     free(ids);
     loom_engine_stats st;
     int admitted = 0;
-    for (int polls = 0; polls < 6000 && !admitted; polls++) { /* up to 5 min */
-        struct timespec ts = {0, 50000000};
+    uint64_t since = 0; /* step count when `admitted` last grew */
+    for (int polls = 0; polls < 6000; polls++) { /* up to 5 min */
+        struct timespec ts = {0, 20000000};
         nanosleep(&ts, NULL);
-        loom_engine_get_stats(e, &st);
-        if (st.steps > 0) admitted = st.running; /* published after each step */
+        loom_engine_get_stats(e, &st); /* published after each step */
+        if (st.running > admitted) admitted = st.running, since = st.steps;
+        else if (admitted > 0 && st.waiting > 0 && st.steps >= since + 3) break;
     }
     loom_engine_get_stats(e, &st);
     *blocks = st.kv_blocks_total;
