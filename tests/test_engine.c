@@ -64,16 +64,24 @@ static loom_request *submit(loom_engine *e, const int32_t *ids, int n, int max_t
     return r;
 }
 
-/* Reads every event; returns the finish reason. */
-static loom_finish drain(loom_request *r, int32_t *toks, float *lps, int *n) {
+/* Reads every event; returns the finish reason. lps and cached (the final
+ * event's cached prompt tokens, left alone on a timeout) may be NULL. */
+static loom_finish drain_cached(loom_request *r, int32_t *toks, float *lps, int *n, int *cached) {
     *n = 0;
     for (;;) {
         loom_event ev;
         if (loom_request_next(r, &ev, 60000) != LOOM_OK) return LOOM_FINISH_ERROR;
-        if (ev.finish != LOOM_FINISH_NONE) return ev.finish;
+        if (ev.finish != LOOM_FINISH_NONE) {
+            if (cached) *cached = ev.n_cached;
+            return ev.finish;
+        }
         if (lps) lps[*n] = ev.logprob;
         toks[(*n)++] = ev.token;
     }
+}
+
+static loom_finish drain(loom_request *r, int32_t *toks, float *lps, int *n) {
+    return drain_cached(r, toks, lps, n, NULL);
 }
 
 /* Waits until the engine is idle and checks every block is back. */
@@ -347,16 +355,7 @@ static void prefix_cache_expect(const char *dir, const int want_cached[3]) {
         int32_t toks[NG + 1];
         float lps[NG + 1];
         int n = 0, cached = -1;
-        for (;;) {
-            loom_event ev;
-            if (loom_request_next(r, &ev, 60000) != LOOM_OK) break;
-            if (ev.finish) {
-                cached = ev.n_cached;
-                break;
-            }
-            lps[n] = ev.logprob;
-            toks[n++] = ev.token;
-        }
+        drain_cached(r, toks, lps, &n, &cached);
         int want = want_cached[round];
         CHECKF(cached == want, "%s round %d: %d cached tokens, want %d", dir, round, cached, want);
         if (round > 0) {
@@ -417,16 +416,7 @@ static int run_disk(fixture *f, const char *dir, const float *solo, loom_engine_
     int32_t toks[NG + 1];
     float lps[NG + 1];
     int n = 0, cached = -1;
-    for (;;) {
-        loom_event ev;
-        if (loom_request_next(r, &ev, 60000) != LOOM_OK) break;
-        if (ev.finish) {
-            cached = ev.n_cached;
-            break;
-        }
-        lps[n] = ev.logprob;
-        toks[n++] = ev.token;
-    }
+    drain_cached(r, toks, lps, &n, &cached);
     double worst = 0;
     for (int t = 0; t < n && t < NG; t++) worst = fmax(worst, fabs(lps[t] - solo[t]));
     CHECKF(n == NG && same_tokens(toks, f->greedy[3], NG) && worst < 1e-5,
