@@ -358,21 +358,28 @@ static void ex_gemm(float *y, int ldy, const float *x, int ldx, const loom_qmat 
     }
 }
 
+/* The kernels of one arithmetic (exact or --fast) by token count. */
+typedef void q_many_fn(float *y, int ldy, const float *x, int ldx, const loom_qmat *w, int T, int r0,
+                       int r1);
+typedef struct q_path {
+    q_many_fn *gemm;   /* more than SMALL_T tokens: panels */
+    q_many_fn *multi;  /* 2 .. SMALL_T tokens: each row once for all */
+    void (*vec)(float *y, const float *x, const loom_qmat *w, int r0, int r1); /* one token */
+} q_path;
+
+static void q_dispatch(const q_path *p, float *y, int ldy, const float *x, int ldx,
+                       const loom_qmat *w, int T, int r0, int r1) {
+    if (!shape_ok(w)) loom_kernels_avx2.matmul_q(y, ldy, x, ldx, w, T, r0, r1);
+    else if (T > SMALL_T) p->gemm(y, ldy, x, ldx, w, T, r0, r1);
+    else if (T > 1 && w->n <= SMALL_T_MAXN) p->multi(y, ldy, x, ldx, w, T, r0, r1);
+    else
+        for (int t = 0; t < T; t++) p->vec(y + (size_t)t * ldy, x + (size_t)t * ldx, w, r0, r1);
+}
+
 static void matmul_q(float *y, int ldy, const float *x, int ldx, const loom_qmat *w, int T, int r0,
                      int r1) {
-    if (!shape_ok(w)) {
-        loom_kernels_avx2.matmul_q(y, ldy, x, ldx, w, T, r0, r1);
-        return;
-    }
-    if (T > SMALL_T) {
-        ex_gemm(y, ldy, x, ldx, w, T, r0, r1);
-        return;
-    }
-    if (T > 1 && w->n <= SMALL_T_MAXN) {
-        ex_matvec_multi(y, ldy, x, ldx, w, T, r0, r1);
-        return;
-    }
-    for (int t = 0; t < T; t++) ex_matvec(y + (size_t)t * ldy, x + (size_t)t * ldx, w, r0, r1);
+    static const q_path exact = {ex_gemm, ex_matvec_multi, ex_matvec};
+    q_dispatch(&exact, y, ldy, x, ldx, w, T, r0, r1);
 }
 
 /* ---- fast: activations rounded to int8 ----------------------------------- */
@@ -702,19 +709,8 @@ static void fq_gemm(float *y, int ldy, const float *x, int ldx, const loom_qmat 
 
 static void matmul_q_fast(float *y, int ldy, const float *x, int ldx, const loom_qmat *w, int T,
                           int r0, int r1) {
-    if (!shape_ok(w)) {
-        loom_kernels_avx2.matmul_q(y, ldy, x, ldx, w, T, r0, r1);
-        return;
-    }
-    if (T > SMALL_T) {
-        fq_gemm(y, ldy, x, ldx, w, T, r0, r1);
-        return;
-    }
-    if (T > 1 && w->n <= SMALL_T_MAXN) {
-        fq_matvec_multi(y, ldy, x, ldx, w, T, r0, r1);
-        return;
-    }
-    for (int t = 0; t < T; t++) fq_matvec(y + (size_t)t * ldy, x + (size_t)t * ldx, w, r0, r1);
+    static const q_path fast = {fq_gemm, fq_matvec_multi, fq_matvec};
+    q_dispatch(&fast, y, ldy, x, ldx, w, T, r0, r1);
 }
 
 const loom_kernels loom_kernels_avx512_q = {.name = "avx512-q", .matmul_q = matmul_q};
