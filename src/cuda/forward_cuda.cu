@@ -501,41 +501,13 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
 
 static loom_status check_rows(const loom_cuda_model *g, const loom_kv_pool *kv,
                               const loom_fwd_row *rows, int n_rows, int *total) {
-    const loom_model *m = g->m;
     if (kv->n_blocks != g->kv_blocks || kv->block_size != g->kv_bs || kv->row_bytes != g->kv_row_bytes)
         return loom_err(LOOM_ERR_INVALID_ARG, "cuda forward: KV pool differs from the one the "
                         "model was created with");
-    int T = 0;
-    for (int r = 0; r < n_rows; r++) {
-        const loom_fwd_row *row = &rows[r];
-        if (row->n <= 0 || !row->tokens || !row->seq)
-            return loom_err(LOOM_ERR_INVALID_ARG, "forward: row %d has no tokens", r);
-        for (int i = 0; i < row->n; i++)
-            if (row->tokens[i] < 0 || row->tokens[i] >= m->cfg.vocab_size)
-                return loom_err(LOOM_ERR_RANGE, "token id %d at index %d is out of range "
-                                "(vocabulary has %d tokens: 0..%d)", row->tokens[i], i,
-                                m->cfg.vocab_size, m->cfg.vocab_size - 1);
-        int end = row->seq->n_tokens + row->n;
-        if (end > g->max_ctx)
-            return loom_err(LOOM_ERR_RANGE, "forward: sequence would hold %d tokens, limit %d",
-                            end, g->max_ctx);
-        if ((end + kv->block_size - 1) / kv->block_size > row->seq->n_blocks)
-            return loom_err(LOOM_ERR_INTERNAL, "forward: row %d has no KV blocks reserved", r);
-        if (row->logits != LOOM_LOGITS_NONE && !row->out)
-            return loom_err(LOOM_ERR_INVALID_ARG, "forward: row %d wants logits but has no buffer", r);
-        if (row->state)
+    for (int r = 0; r < n_rows; r++)
+        if (rows[r].state)
             return loom_err(LOOM_ERR_INVALID_ARG, "forward: row %d carries a recurrent state", r);
-        for (int j = 0; j < r; j++)
-            if (rows[j].seq == row->seq)
-                return loom_err(LOOM_ERR_INVALID_ARG, "forward: rows %d and %d extend the same "
-                                "sequence", j, r);
-        T += row->n;
-    }
-    if (T > g->max_tokens)
-        return loom_err(LOOM_ERR_INVALID_ARG, "forward: %d tokens in one batch, limit %d", T,
-                        g->max_tokens);
-    *total = T;
-    return LOOM_OK;
+    return loom_fwd_check_rows(g->m, rows, n_rows, kv->block_size, g->max_ctx, g->max_tokens, total);
 }
 
 /* One step's shape and its device integers (views into g->ints). */

@@ -608,14 +608,9 @@ static void ple_block(loom_model *m, loom_fwd_state *s, const loom_layer *L, int
 
 /* ---- the pass ------------------------------------------------------------ */
 
-static loom_status check_rows(const loom_model *m, const loom_fwd_state *s,
-                              const loom_kv_pool *kv, const loom_fwd_row *rows,
-                              int n_rows, int *total) {
+loom_status loom_fwd_check_rows(const loom_model *m, const loom_fwd_row *rows, int n_rows,
+                                int block_size, int max_ctx, int max_tokens, int *total) {
     int T = 0;
-    if (kv->kv_dim < m->kv_dim || kv->n_layers < m->cfg.n_layers)
-        return loom_err(LOOM_ERR_INVALID_ARG, "forward: KV pool has %d layers of width %d, model "
-                        "needs %d of width %d", kv->n_layers, kv->kv_dim, m->cfg.n_layers,
-                        m->kv_dim);
     for (int r = 0; r < n_rows; r++) {
         const loom_fwd_row *row = &rows[r];
         if (row->n <= 0 || !row->tokens || !row->seq)
@@ -627,10 +622,10 @@ static loom_status check_rows(const loom_model *m, const loom_fwd_state *s,
                                 "tokens: 0..%d)",
                                 row->tokens[i], i, m->cfg.vocab_size, m->cfg.vocab_size - 1);
         int end = row->seq->n_tokens + row->n;
-        if (end > s->max_ctx)
+        if (end > max_ctx)
             return loom_err(LOOM_ERR_RANGE, "forward: sequence would hold %d tokens, limit %d",
-                            end, s->max_ctx);
-        if ((end + kv->block_size - 1) / kv->block_size > row->seq->n_blocks)
+                            end, max_ctx);
+        if ((end + block_size - 1) / block_size > row->seq->n_blocks)
             return loom_err(LOOM_ERR_INTERNAL, "forward: row %d has no KV blocks reserved", r);
         if (row->logits != LOOM_LOGITS_NONE && !row->out)
             return loom_err(LOOM_ERR_INVALID_ARG, "forward: row %d wants logits but has no buffer", r);
@@ -640,11 +635,21 @@ static loom_status check_rows(const loom_model *m, const loom_fwd_state *s,
                                 "sequence", j, r);
         T += row->n;
     }
-    if (T > s->max_tokens)
+    if (T > max_tokens)
         return loom_err(LOOM_ERR_INVALID_ARG, "forward: %d tokens in one batch, limit %d",
-                        T, s->max_tokens);
+                        T, max_tokens);
     *total = T;
     return LOOM_OK;
+}
+
+static loom_status check_rows(const loom_model *m, const loom_fwd_state *s,
+                              const loom_kv_pool *kv, const loom_fwd_row *rows,
+                              int n_rows, int *total) {
+    if (kv->kv_dim < m->kv_dim || kv->n_layers < m->cfg.n_layers)
+        return loom_err(LOOM_ERR_INVALID_ARG, "forward: KV pool has %d layers of width %d, model "
+                        "needs %d of width %d", kv->n_layers, kv->kv_dim, m->cfg.n_layers,
+                        m->kv_dim);
+    return loom_fwd_check_rows(m, rows, n_rows, kv->block_size, s->max_ctx, s->max_tokens, total);
 }
 
 loom_status loom_forward(loom_model *m, loom_fwd_state *s, loom_kv_pool *kv,

@@ -63,6 +63,13 @@ loom_status loom_fwd_state_create(const loom_model *m, int max_tokens, int max_c
 void loom_fwd_state_free(loom_fwd_state *s);
 int loom_fwd_state_max_tokens(const loom_fwd_state *s);
 
+/* The checks every backend makes before a pass: each row has tokens in
+ * the vocabulary, a sequence no longer than max_ctx with its KV blocks
+ * reserved, a logits buffer if it wants logits, and its own sequence; at
+ * most max_tokens tokens in all (stored in *total). */
+loom_status loom_fwd_check_rows(const loom_model *m, const loom_fwd_row *rows, int n_rows,
+                                int block_size, int max_ctx, int max_tokens, int *total);
+
 /* Runs the model. Checks token ids, sizes and recurrent states first; on an
  * error nothing is written to any sequence. The KV pool's rows must be at
  * least loom_model_kv_dim(m) wide. */
