@@ -60,6 +60,21 @@ static int rows_over_tol(const float *a, const float *ref, int L, int V) {
     return n;
 }
 
+/* Prompt i of a reference file: its ids, logits and greedy continuation;
+ * 0 (after a failed check) if any is missing. */
+static int ref_prompt(const loom_safetensors *ref, int i, const loom_st_tensor **ids,
+                      const loom_st_tensor **lg, const loom_st_tensor **gr) {
+    char name[64];
+    snprintf(name, sizeof name, "prompt.%d.ids", i);
+    *ids = loom_st_find(ref, name);
+    snprintf(name, sizeof name, "prompt.%d.logits", i);
+    *lg = loom_st_find(ref, name);
+    snprintf(name, sizeof name, "prompt.%d.greedy", i);
+    *gr = loom_st_find(ref, name);
+    CHECK(*ids && *lg && *gr);
+    return *ids && *lg && *gr;
+}
+
 static void check_model_tol(const char *dir, int n_prompts, int n_greedy, double tol) {
     char path[512];
     snprintf(path, sizeof path, "%s/reference.safetensors", dir);
@@ -79,15 +94,8 @@ static void check_model_tol(const char *dir, int n_prompts, int n_greedy, double
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (int i = 0; i < n_prompts; i++) {
-        char name[64];
-        snprintf(name, sizeof name, "prompt.%d.ids", i);
-        const loom_st_tensor *ids = loom_st_find(ref, name);
-        snprintf(name, sizeof name, "prompt.%d.logits", i);
-        const loom_st_tensor *lg = loom_st_find(ref, name);
-        snprintf(name, sizeof name, "prompt.%d.greedy", i);
-        const loom_st_tensor *gr = loom_st_find(ref, name);
-        CHECK(ids && lg && gr);
-        if (!ids || !lg || !gr) continue;
+        const loom_st_tensor *ids, *lg, *gr;
+        if (!ref_prompt(ref, i, &ids, &lg, &gr)) continue;
         int L = (int)ids->shape[0];
         const int32_t *tok = ids->data;
         const float *want = lg->data;
@@ -253,15 +261,8 @@ static void check_fast_tol(const char *dir, int n_prompts, double tol, int n_sam
     int V = loom_model_vocab_size(m);
     double worst = 0;
     for (int i = 0; i < n_prompts; i++) {
-        char name[64];
-        snprintf(name, sizeof name, "prompt.%d.ids", i);
-        const loom_st_tensor *ids = loom_st_find(ref, name);
-        snprintf(name, sizeof name, "prompt.%d.logits", i);
-        const loom_st_tensor *lg = loom_st_find(ref, name);
-        snprintf(name, sizeof name, "prompt.%d.greedy", i);
-        const loom_st_tensor *gr = loom_st_find(ref, name);
-        CHECK(ids && lg && gr);
-        if (!ids || !lg || !gr) continue;
+        const loom_st_tensor *ids, *lg, *gr;
+        if (!ref_prompt(ref, i, &ids, &lg, &gr)) continue;
         int L = (int)ids->shape[0], ng = (int)gr->shape[0];
         float *got = malloc(sizeof(float) * (size_t)L * V);
         loom_context *c = NULL;
