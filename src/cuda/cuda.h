@@ -162,6 +162,40 @@ loom_status loom_cuda_gemm(loom_cuda *c, float *d_y, const float *d_x, const voi
 loom_status loom_cuda_gemm16(loom_cuda *c, float *d_y, const void *d_x16, const void *d_w,
                              loom_cuda_dtype dt, int T, int rows, int cols);
 
+/* How loom_cuda_gemv makes its 16-bit input rows from d_x. */
+typedef enum loom_cuda_gemv_mode {
+    LOOM_CUDA_GEMV_X16 = 0,     /* d_x (T, cols) already of the weight's type */
+    LOOM_CUDA_GEMV_F32 = 1,     /* d_x (T, cols) f32, rounded to the weight's type */
+    LOOM_CUDA_GEMV_RMSNORM = 2, /* d_x (T, cols) f32: x / sqrt(mean(x^2) + eps) * d_norm
+                                   (NULL = 1), rounded: loom_cuda_add_rmsnorm16 without r */
+    LOOM_CUDA_GEMV_SILU = 3,    /* d_x (T, 2 cols) f32, gate | up: silu(gate) * up, rounded:
+                                   loom_cuda_act_mul_split16 */
+    LOOM_CUDA_GEMV_GELU = 4,    /* the same with gelu_tanh */
+} loom_cuda_gemv_mode;
+
+typedef struct loom_cuda_gemv_in {
+    loom_cuda_gemv_mode mode;
+    const void *d_x;            /* 16-byte aligned */
+    const float *d_norm;        /* RMSNORM: weight [cols] or NULL */
+    float eps;                  /* RMSNORM */
+} loom_cuda_gemv_in;
+
+/* The most tokens loom_cuda_gemv takes for weights of dt with cols columns
+ * (the input rows live in shared memory): 0 when it takes none (f32,
+ * columns not a multiple of 8), at most 8. */
+int loom_cuda_gemv_max_tokens(const loom_cuda *c, loom_cuda_dtype dt, int cols);
+
+/* For decode: d_y (T, rows) = x (T, cols) @ W^T (+ d_bias [rows], NULL =
+ * none), or d_y += that when accumulate (a residual add). W (rows, cols)
+ * f16 or bf16, 16-byte aligned; x made by in->mode in W's type, f32
+ * accumulation (the result of gemm16 on that x up to summation order).
+ * Reads each weight once for all T tokens, 1 <= T <=
+ * loom_cuda_gemv_max_tokens (else LOOM_ERR_UNSUPPORTED). d_y must not
+ * overlap d_x. */
+loom_status loom_cuda_gemv(loom_cuda *c, float *d_y, const loom_cuda_gemv_in *in,
+                           const void *d_w, loom_cuda_dtype dt, int T, int rows, int cols,
+                           const float *d_bias, int accumulate);
+
 /* An MLX affine-quantized matrix on the device, laid out as in ops.h's
  * loom_qmat: row r, element k = scale[r][k/group] * q + bias[r][k/group]. */
 typedef struct loom_cuda_qmat {
@@ -204,8 +238,8 @@ typedef struct loom_cuda_attn {
  * s attends to positions [lo, len[s]) with len = d_lens[s] (its query sits
  * at len - 1; lo from the window). Block tables d_tables (n_seqs,
  * table_stride). max_len >= every len (sizes the split grid). Splits of
- * the KV range run in parallel and a second kernel combines them
- * (flash-decoding). d_out (n_seqs, n_heads, head_dim). */
+ * the KV range run in parallel and the last of them to finish combines
+ * them (flash-decoding). d_out (n_seqs, n_heads, head_dim). */
 loom_status loom_cuda_attn_decode(loom_cuda *c, float *d_out, const float *d_q,
                                   const loom_cuda_kv *kv, const loom_cuda_attn *a,
                                   const int32_t *d_tables, int table_stride,

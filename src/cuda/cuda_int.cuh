@@ -29,7 +29,15 @@ struct loom_cuda {
     unsigned scratch_gen;       /* bumped when scratch moves (captured graphs hold it) */
     int capturing;              /* a graph capture is open on stream: nothing may grow */
     void *blas_ws;              /* owned cuBLAS workspace (fixed: graphs capture it) */
+    int *counters;              /* owned [LOOM_CUDA_COUNTERS], zero between kernels: the
+                                   last-block-done tallies (each kernel resets its own) */
+    int pdl;                    /* 1: kernels launched through loom_cuda_launch may start
+                                   while the one before drains (sm_90; LOOM_CUDA_PDL=0 off) */
 };
+
+/* Counters: [0, half) for attention decode (sequence x KV head), [half,
+ * 2 * half) for argmax rows. */
+#define LOOM_CUDA_COUNTERS 65536
 
 const char *loom_cublas_str(cublasStatus_t s);
 
@@ -60,6 +68,41 @@ const char *loom_cublas_str(cublasStatus_t s);
 
 /* A device scratch area of at least n bytes (grows, synchronizing). */
 loom_status loom_cuda_scratch(loom_cuda *c, size_t n, void **out);
+
+/* Programmatic dependent launch. A kernel launched by loom_cuda_launch may
+ * start before the kernel ahead of it has finished: it calls pdl_wait()
+ * before it reads anything another kernel writes or writes anything at all
+ * (only immutable data, the weights, may be touched before), and
+ * pdl_trigger() to let the kernel after it be scheduled early. Both are
+ * no-ops for a normal launch. Every block must reach pdl_wait(): a kernel
+ * counts as finished for the next one only through its own wait. */
+__device__ __forceinline__ void pdl_trigger(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_wait(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+template <typename... P, typename... A>
+static inline cudaError_t loom_cuda_launch(const loom_cuda *c, void (*k)(P...), dim3 grid,
+                                           dim3 block, size_t smem, A... args) {
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = c->stream;
+    cfg.attrs = at;
+    cfg.numAttrs = c->pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, k, args...);
+}
 
 static inline unsigned LOOM_MIN_U(unsigned a, unsigned b) { return a < b ? a : b; }
 

@@ -47,6 +47,18 @@ extern "C" loom_status loom_cuda_create(int device, loom_cuda **out) {
             }
             bs = cublasSetWorkspace(c->blas, c->blas_ws, BLAS_WS_BYTES);
         }
+        if (bs == CUBLAS_STATUS_SUCCESS) {
+            e = cudaMalloc((void **)&c->counters, LOOM_CUDA_COUNTERS * sizeof(int));
+            if (e == cudaSuccess)
+                e = cudaMemset(c->counters, 0, LOOM_CUDA_COUNTERS * sizeof(int));
+            /* the legacy stream's memset, done before our non-blocking stream runs */
+            if (e == cudaSuccess) e = cudaDeviceSynchronize();
+            if (e != cudaSuccess) {
+                st = loom_err(LOOM_ERR_NOMEM, "%s:%d: cuda: counters: %s", __FILE__, __LINE__,
+                              cudaGetErrorString(e));
+                break;
+            }
+        }
         if (bs != CUBLAS_STATUS_SUCCESS) {
             st = loom_err(LOOM_ERR_INTERNAL, "%s:%d: cublas: %s", __FILE__, __LINE__,
                           loom_cublas_str(bs));
@@ -61,6 +73,8 @@ extern "C" loom_status loom_cuda_create(int device, loom_cuda **out) {
     c->cc = prop.major * 10 + prop.minor;
     c->n_sm = prop.multiProcessorCount;
     c->smem_optin = prop.sharedMemPerBlockOptin;
+    const char *pdl = getenv("LOOM_CUDA_PDL");
+    c->pdl = c->cc >= 90 && !(pdl && !strcmp(pdl, "0"));
     snprintf(c->name, sizeof c->name, "%s", prop.name);
     *out = c;
     return LOOM_OK;
@@ -72,6 +86,7 @@ extern "C" void loom_cuda_free(loom_cuda *c) {
     if (c->scratch) cudaFree(c->scratch);
     if (c->blas) cublasDestroy(c->blas);
     if (c->blas_ws) cudaFree(c->blas_ws);
+    if (c->counters) cudaFree(c->counters);
     if (c->stream) cudaStreamDestroy(c->stream);
     free(c);
 }

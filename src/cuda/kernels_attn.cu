@@ -10,8 +10,9 @@
  *
  * Decode (one query per sequence): flash-decoding. The KV range of each
  * sequence is cut into splits of `split` positions; block (split, kv head,
- * sequence) writes its partial max m, sum l and unnormalised output; a
- * second kernel rescales and combines the splits.
+ * sequence) writes its partial max m, sum l and unnormalised output; the
+ * last split block of each (sequence, kv head) to finish rescales and
+ * combines them (a second kernel does it after the scalar kernel).
  *
  * Prefill (causal, many queries per sequence): a block takes a tile of QT
  * consecutive query tokens of one row (QT * group query rows) and walks
@@ -157,14 +158,54 @@ __device__ __forceinline__ void kv_load(const void *p, size_t i, int dt, float *
     }
 }
 
+/* The combine of attn_combine_kernel for the q heads of one (sequence, KV
+ * head), done by the last of its split blocks to finish: counter cnt
+ * (zero before) tallies them and is left zero again. Partials written by
+ * other blocks are read through L2 (__ldcg): L1 is not coherent. */
+__device__ void attn_combine_last(float *out, const float *part_acc, const float *part_ml,
+                                  int *cnt, int nh, int hd, int group, int kh, int s,
+                                  int n_splits) {
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(cnt, 1) == n_splits - 1;
+        if (last) *cnt = 0;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int i = threadIdx.x; i < group * hd; i += blockDim.x) {
+        int h = kh * group + i / hd, d = i % hd;
+        size_t base = ((size_t)s * nh + h) * n_splits;
+        float M = -INFINITY, L = 0, a = 0;
+        for (int sp = 0; sp < n_splits; sp++)
+            if (__ldcg(part_ml + (base + sp) * 2 + 1) > 0)
+                M = fmaxf(M, __ldcg(part_ml + (base + sp) * 2));
+        for (int sp = 0; sp < n_splits; sp++) {
+            float l = __ldcg(part_ml + (base + sp) * 2 + 1);
+            if (l > 0) {
+                float e = expf(__ldcg(part_ml + (base + sp) * 2) - M);
+                L += l * e;
+                a += __ldcg(part_acc + (base + sp) * hd + d) * e;
+            }
+        }
+        out[((size_t)s * nh + h) * hd + d] = L > 0 ? a / L : 0.0f;
+    }
+}
+
+/* cnt NULL: partials only (attn_combine_kernel follows); else the last
+ * split block of each (sequence, KV head) also writes out. */
 template <int EPL>
 __global__ void __launch_bounds__(DEC_THREADS)
-attn_decode_vec_kernel(float *part_acc, float *part_ml, const float *q, const void *kb,
-                       const void *vb, int dt, size_t stride, int bs, const int32_t *tables,
-                       int tstride, const int32_t *lens, int nh, int nkv, float scale,
-                       float softcap, int window, int split, int n_splits) {
+attn_decode_vec_kernel(float *part_acc, float *part_ml, float *out, int *cnts, const float *q,
+                       const void *kb, const void *vb, int dt, size_t stride, int bs,
+                       const int32_t *tables, int tstride, const int32_t *lens, int nh, int nkv,
+                       float scale, float softcap, int window, int split, int n_splits) {
     constexpr int HD = 32 * EPL, NW = DEC_THREADS / 32;
     extern __shared__ float smem[];
+    pdl_trigger();
+    pdl_wait();
     int sp = blockIdx.x, kh = blockIdx.y, s = blockIdx.z;
     int group = nh / nkv;
     float *sc = smem;                       /* (group, split) scores, then weights */
@@ -179,6 +220,9 @@ attn_decode_vec_kernel(float *part_acc, float *part_ml, const float *q, const vo
             part_ml[(pbase + (size_t)g * n_splits) * 2] = -INFINITY;
             part_ml[(pbase + (size_t)g * n_splits) * 2 + 1] = 0;
         }
+        if (cnts)
+            attn_combine_last(out, part_acc, part_ml, cnts + (size_t)s * nkv + kh, nh, HD, group,
+                              kh, s, n_splits);
         return;
     }
     const int32_t *table = tables + (size_t)s * tstride;
@@ -258,6 +302,9 @@ attn_decode_vec_kernel(float *part_acc, float *part_ml, const float *q, const vo
         part_ml[(pbase + (size_t)g * n_splits) * 2] = ml[2 * g];
         part_ml[(pbase + (size_t)g * n_splits) * 2 + 1] = ml[2 * g + 1];
     }
+    if (cnts)
+        attn_combine_last(out, part_acc, part_ml, cnts + (size_t)s * nkv + kh, nh, HD, group, kh,
+                          s, n_splits);
 }
 
 /* out[s, h] = sum_sp acc_sp * e^(m_sp - M) / sum_sp l_sp * e^(m_sp - M). */
@@ -333,22 +380,26 @@ extern "C" loom_status loom_cuda_attn_decode(loom_cuda *c, float *d_out, const f
     if (st != LOOM_OK) return st;
     float *part_acc = (float *)scr, *part_ml = part_acc + parts * hd;
     dim3 grid((unsigned)n_splits, (unsigned)a->n_kv_heads, (unsigned)n_seqs);
+    /* the vectorised kernel combines in its last split block where the
+     * counters reach: one launch instead of two */
+    int *cnts = (size_t)n_seqs * a->n_kv_heads <= LOOM_CUDA_COUNTERS / 2 ? c->counters : NULL;
 #define DEC_VEC(E)                                                                              \
     do {                                                                                        \
         if (smem > 48 * 1024)                                                                   \
             CUDA_CHECK(cudaFuncSetAttribute(attn_decode_vec_kernel<E>,                          \
                                             cudaFuncAttributeMaxDynamicSharedMemorySize,        \
                                             (int)smem));                                        \
-        attn_decode_vec_kernel<E><<<grid, DEC_THREADS, smem, c->stream>>>(                      \
-            part_acc, part_ml, d_q, kv->d_k, kv->d_v, (int)kv->dt, kv->row_stride,              \
+        CUDA_CHECK(loom_cuda_launch(c, attn_decode_vec_kernel<E>, grid, dim3(DEC_THREADS), smem, \
+            part_acc, part_ml, d_out, cnts, d_q, kv->d_k, kv->d_v, (int)kv->dt, kv->row_stride, \
             kv->block_size, d_tables, table_stride, d_lens, a->n_heads, a->n_kv_heads,          \
-            a->scale, a->softcap, a->window, split, n_splits);                                  \
+            a->scale, a->softcap, a->window, split, n_splits));                                 \
     } while (0)
     if (vec && epl == 2) DEC_VEC(2);
     else if (vec && epl == 4) DEC_VEC(4);
     else if (vec) DEC_VEC(8);
 #undef DEC_VEC
-    else {
+    if (vec && cnts) return LOOM_OK;
+    if (!vec) {
         if (smem > 48 * 1024)
             CUDA_CHECK(cudaFuncSetAttribute(attn_decode_kernel,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));

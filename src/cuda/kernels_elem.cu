@@ -197,6 +197,8 @@ __global__ void qkv_post_kernel(float *q_out, void *pk, void *pv, int kv_dt, siz
                                 int hd, int half, const float *cs, const float *sn, int ld) {
     __shared__ float sh[32];
     extern __shared__ float row[];   /* (hd) */
+    pdl_trigger();
+    pdl_wait();
     int t = blockIdx.x, h = blockIdx.y, nall = nh + 2 * nkv;
     int kind = h < nh ? 0 : h < nh + nkv ? 1 : 2;   /* q, k, v */
     size_t off = (size_t)h * hd;
@@ -252,10 +254,10 @@ extern "C" loom_status loom_cuda_qkv_post(loom_cuda *c, float *d_q, const loom_c
                         (int)kv->dt, kv->row_stride);
     unsigned th = hd >= 128 ? 128 : hd >= 64 ? 64 : 32;
     dim3 grid((unsigned)T, (unsigned)(nh + 2 * nkv));
-    qkv_post_kernel<<<grid, th, (size_t)hd * sizeof(float), c->stream>>>(
-        d_q, (void *)kv->d_k, (void *)kv->d_v, (int)kv->dt, kv->row_stride, d_qkv, d_bias,
-        d_qnorm, d_knorm, eps, d_slot, nh, nkv, hd, rot_dim / 2, d_cos, d_sin, ld);
-    LAUNCH_CHECK();
+    CUDA_CHECK(loom_cuda_launch(c, qkv_post_kernel, grid, dim3(th), (size_t)hd * sizeof(float),
+                                d_q, (void *)kv->d_k, (void *)kv->d_v, (int)kv->dt,
+                                kv->row_stride, d_qkv, d_bias, d_qnorm, d_knorm, eps, d_slot, nh,
+                                nkv, hd, rot_dim / 2, d_cos, d_sin, ld));
     return LOOM_OK;
 }
 
@@ -340,6 +342,8 @@ extern "C" loom_status loom_cuda_act_mul_split16(loom_cuda *c, void *d_out16, co
 
 __global__ void embed_kernel(float *out, const void *table, int dt, int cols, const int32_t *ids,
                              float scale) {
+    pdl_trigger();
+    pdl_wait();
     int t = blockIdx.y;
     size_t base = (size_t)ids[t] * cols;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < cols; i += gridDim.x * blockDim.x)
@@ -352,8 +356,8 @@ extern "C" loom_status loom_cuda_embed(loom_cuda *c, float *d_out, const void *d
     if (T <= 0 || cols <= 0) return LOOM_OK;
     if (T > 65535) return loom_err(LOOM_ERR_INVALID_ARG, "cuda embed: %d tokens, at most 65535", T);
     dim3 grid(LOOM_MIN_U(loom_cuda_blocks((size_t)cols, 256), 64u), (unsigned)T);
-    embed_kernel<<<grid, 256, 0, c->stream>>>(d_out, d_table, (int)dt, cols, d_ids, scale);
-    LAUNCH_CHECK();
+    CUDA_CHECK(loom_cuda_launch(c, embed_kernel, grid, dim3(256), 0, d_out, d_table, (int)dt, cols,
+                                d_ids, scale));
     return LOOM_OK;
 }
 
@@ -392,52 +396,121 @@ __device__ __forceinline__ bool am_better(float v, int i, float w, int j) {
     return v > w || (v == w && i < j);
 }
 
-__global__ void argmax_kernel(int32_t *out, const float *x, int n) {
-    __shared__ float sv[32];
-    __shared__ int si[32];
-    const float *r = x + (size_t)blockIdx.x * n;
-    float bv = -INFINITY;
-    int bi = -1;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        float v = r[i];
-        if (v == v && am_better(v, i, bv, bi)) {  /* NaN never wins */
-            bv = v;
-            bi = i;
-        }
-    }
+/* Warp, then block (ROW_THREADS) arg-max; thread 0 gets the result. */
+__device__ void am_block(float *bv, int *bi, float *sv, int *si) {
     for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (am_better(ov, oi, bv, bi)) {
-            bv = ov;
-            bi = oi;
+        float ov = __shfl_xor_sync(0xffffffffu, *bv, o);
+        int oi = __shfl_xor_sync(0xffffffffu, *bi, o);
+        if (am_better(ov, oi, *bv, *bi)) {
+            *bv = ov;
+            *bi = oi;
         }
     }
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     if (lane == 0) {
-        sv[w] = bv;
-        si[w] = bi;
+        sv[w] = *bv;
+        si[w] = *bi;
     }
     __syncthreads();
     if (w == 0) {
-        bv = lane < (int)(blockDim.x >> 5) ? sv[lane] : -INFINITY;
-        bi = lane < (int)(blockDim.x >> 5) ? si[lane] : -1;
+        *bv = lane < (int)(blockDim.x >> 5) ? sv[lane] : -INFINITY;
+        *bi = lane < (int)(blockDim.x >> 5) ? si[lane] : -1;
         for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (am_better(ov, oi, bv, bi)) {
-                bv = ov;
-                bi = oi;
+            float ov = __shfl_xor_sync(0xffffffffu, *bv, o);
+            int oi = __shfl_xor_sync(0xffffffffu, *bi, o);
+            if (am_better(ov, oi, *bv, *bi)) {
+                *bv = ov;
+                *bi = oi;
             }
         }
-        if (lane == 0) out[blockIdx.x] = bi < 0 ? 0 : bi;
     }
+}
+
+/* Row t is cut into nb slices of per values (per a multiple of 4), block
+ * (b, t) takes slice b. With nb > 1 the slices' winners go to pv/pi
+ * (T, nb) and the last block of the row to finish (counter cnts[t], left
+ * zero) picks among them: one launch, and a vocabulary row is read by
+ * many SMs instead of one. */
+__global__ void argmax_kernel(int32_t *out, const float *x, int n, int per, int nb, float *pv,
+                              int *pi, int *cnts, int vec) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    __shared__ int last;
+    pdl_trigger();
+    pdl_wait();
+    int t = blockIdx.y, lo = blockIdx.x * per, hi = min(n, lo + per);
+    const float *r = x + (size_t)t * n;
+    float bv = -INFINITY;
+    int bi = -1;
+    if (vec) {  /* rows and slices 16-byte aligned */
+        for (int i = lo + 4 * threadIdx.x; i < hi; i += 4 * blockDim.x) {
+            float4 q = *(const float4 *)(r + i);
+            float v[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                if (v[e] == v[e] && am_better(v[e], i + e, bv, bi)) {  /* NaN never wins */
+                    bv = v[e];
+                    bi = i + e;
+                }
+        }
+    } else {
+        for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+            float v = r[i];
+            if (v == v && am_better(v, i, bv, bi)) {
+                bv = v;
+                bi = i;
+            }
+        }
+    }
+    am_block(&bv, &bi, sv, si);
+    if (nb == 1) {
+        if (threadIdx.x == 0) out[t] = bi < 0 ? 0 : bi;
+        return;
+    }
+    if (threadIdx.x == 0) {
+        pv[(size_t)t * nb + blockIdx.x] = bv;
+        pi[(size_t)t * nb + blockIdx.x] = bi;
+        __threadfence();
+        last = atomicAdd(cnts + t, 1) == nb - 1;
+        if (last) cnts[t] = 0;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    bv = -INFINITY;
+    bi = -1;
+    for (int b = threadIdx.x; b < nb; b += blockDim.x) {
+        float v = __ldcg(pv + (size_t)t * nb + b);
+        int i = __ldcg(pi + (size_t)t * nb + b);
+        if (am_better(v, i, bv, bi)) {
+            bv = v;
+            bi = i;
+        }
+    }
+    __syncthreads();  /* sv, si are reused */
+    am_block(&bv, &bi, sv, si);
+    if (threadIdx.x == 0) out[t] = bi < 0 ? 0 : bi;
 }
 
 extern "C" loom_status loom_cuda_argmax(loom_cuda *c, int32_t *d_out, const float *d_x, int T,
                                         int n) {
     if (T <= 0 || n <= 0) return LOOM_OK;
-    argmax_kernel<<<T, ROW_THREADS, 0, c->stream>>>(d_out, d_x, n);
-    LAUNCH_CHECK();
+    if (T > 65535) return loom_err(LOOM_ERR_INVALID_ARG, "cuda argmax: %d rows, at most 65535", T);
+    int nb = T <= LOOM_CUDA_COUNTERS / 2 ? LOOM_MIN_U((unsigned)((n + 4095) / 4096), 256u) : 1;
+    int per = n, vec = n % 4 == 0 && ((uintptr_t)d_x & 15) == 0;
+    float *pv = NULL;
+    int *pi = NULL;
+    if (nb > 1) {
+        void *scr;
+        loom_status st = loom_cuda_scratch(c, (size_t)T * nb * 8, &scr);
+        if (st != LOOM_OK) return st;
+        per = ((n + nb - 1) / nb + 3) / 4 * 4;
+        nb = (n + per - 1) / per;
+        pv = (float *)scr;
+        pi = (int *)(pv + (size_t)T * nb);
+    }
+    CUDA_CHECK(loom_cuda_launch(c, argmax_kernel, dim3((unsigned)nb, (unsigned)T),
+                                dim3(ROW_THREADS), 0, d_out, d_x, n, per, nb, pv, pi,
+                                c->counters + LOOM_CUDA_COUNTERS / 2, vec));
     return LOOM_OK;
 }

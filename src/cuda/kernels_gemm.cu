@@ -1,6 +1,9 @@
 /* kernels_gemm: y = x W^T. Dense weights go through cuBLAS (f32
- * accumulation); MLX affine-quantized weights through a dequantizing GEMV.
- * References: matmul_f32/f16/bf16 and matmul_q in src/ops/ops_ref.c. */
+ * accumulation), or for a few tokens of 16-bit weights through our own
+ * skinny GEMM (loom_cuda_gemv), which can also make its input (RMSNorm,
+ * gated activation) and add into the residual; MLX affine-quantized
+ * weights through a dequantizing GEMV. References: matmul_f32/f16/bf16 and
+ * matmul_q in src/ops/ops_ref.c. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -63,6 +66,282 @@ extern "C" loom_status loom_cuda_gemm16(loom_cuda *c, float *d_y, const void *d_
     CUBLAS_CHECK(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, T, cols, &one, d_w, ty,
                               cols, d_x16, ty, cols, &zero, d_y, CUDA_R_32F, rows,
                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return LOOM_OK;
+}
+
+/* ---- skinny GEMM for a few tokens (decode) ------------------------------ */
+
+/* At decode a projection is one pass over the weights: cuBLAS with N = 1..8
+ * leaves bandwidth unused on the large matrices and costs several
+ * microseconds of fixed latency on the small ones. Here each warp owns R
+ * consecutive rows at a time and its lanes stride the columns in 16-byte
+ * vectors (8 weights), so a weight row is read once for all T tokens.
+ * The block first makes the T input rows in the weight's 16-bit type in
+ * shared memory (copied, rounded from f32, RMSNormed, or act(gate) * up:
+ * the same arithmetic and rounding as add_rmsnorm16 / act_mul_split16
+ * followed by gemm16), so those kernels drop out of the decode step. The
+ * grid is one wave of resident warps, each taking per_warp row groups, so
+ * that input is made once per block, not once per row group. */
+#define GV_WARPS 8
+#define GV_MAXT 8
+#define GV_SMEM_MAX (112 * 1024)        /* x rows per block: 2 blocks an SM at most */
+#define GV_PREFETCH ((size_t)16 << 20)  /* matrices up to this are pulled into L2 early */
+
+struct gv_args {
+    float *y;               /* (T, rows) */
+    const void *x;          /* by mode: (T, cols) 16-bit or f32, or (T, 2 cols) f32 */
+    const float *norm;      /* [cols] RMSNorm weight or NULL */
+    const float *bias;      /* [rows] or NULL */
+    const uint4 *w;         /* (rows, cols / 8) */
+    int rows, cols, mode, acc, per_warp;
+    float eps;
+    unsigned pf;            /* bytes of its rows each warp prefetches into L2 */
+};
+
+/* A weight vector, read once: kept out of L1. */
+__device__ __forceinline__ uint4 gv_ld(const uint4 *p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ void gv_prefetch(const void *p, unsigned n) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(n) : "memory");
+#endif
+}
+
+template <int F16>
+__device__ __forceinline__ void gv_cvt(uint4 v, float *f) {
+    unsigned u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        if (F16) {
+            float2 h = __half22float2(*(const __half2 *)&u[i]);
+            f[2 * i] = h.x;
+            f[2 * i + 1] = h.y;
+        } else {
+            f[2 * i] = __uint_as_float(u[i] << 16);
+            f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+        }
+    }
+}
+
+template <int F16>
+__device__ __forceinline__ unsigned gv_pack(float a, float b) {
+    if (F16) {
+        __half2 h = __floats2half2_rn(a, b);
+        return *(const unsigned *)&h;
+    }
+    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    return *(const unsigned *)&h;
+}
+
+/* The T input rows, 16-bit, into xs (T, cols / 8). */
+template <int NT, int F16>
+__device__ void gv_fill(uint4 *xs, const gv_args &a, float *red, float *inv) {
+    int nch = a.cols >> 3, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    const float *xf = (const float *)a.x;
+    if (a.mode == LOOM_CUDA_GEMV_X16) {
+        for (int i = threadIdx.x; i < NT * nch; i += blockDim.x) xs[i] = ((const uint4 *)a.x)[i];
+        return;
+    }
+    if (a.mode == LOOM_CUDA_GEMV_RMSNORM) {
+        float ss[NT];
+#pragma unroll
+        for (int t = 0; t < NT; t++) ss[t] = 0;
+        for (int i = threadIdx.x; i < nch; i += blockDim.x)
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                const float4 *p = (const float4 *)(xf + (size_t)t * a.cols) + 2 * i;
+                float4 u = p[0], v = p[1];
+                ss[t] += u.x * u.x + u.y * u.y + u.z * u.z + u.w * u.w + v.x * v.x + v.y * v.y +
+                         v.z * v.z + v.w * v.w;
+            }
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float v = ss[t];
+            for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+            if (lane == 0) red[wid * NT + t] = v;
+        }
+        __syncthreads();
+        if (threadIdx.x < NT) {
+            float v = 0;
+            for (int k = 0; k < GV_WARPS; k++) v += red[k * NT + threadIdx.x];
+            inv[threadIdx.x] = 1.0f / sqrtf(v / (float)a.cols + a.eps);
+        }
+        __syncthreads();
+    }
+    for (int i = threadIdx.x; i < NT * nch; i += blockDim.x) {
+        int t = i / nch, k = (i - t * nch) * 8;
+        float v[8];
+        if (a.mode == LOOM_CUDA_GEMV_SILU || a.mode == LOOM_CUDA_GEMV_GELU) {
+            const float *gr = xf + (size_t)t * 2 * a.cols + k, *ur = gr + a.cols;
+            float4 g0 = ((const float4 *)gr)[0], g1 = ((const float4 *)gr)[1];
+            float4 u0 = ((const float4 *)ur)[0], u1 = ((const float4 *)ur)[1];
+            float g[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+            float u[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+#pragma unroll
+            for (int e = 0; e < 8; e++) {  /* as act_mul_split_kernel */
+                float x = g[e];
+                if (a.mode == LOOM_CUDA_GEMV_GELU) {
+                    float in = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+                    v[e] = 0.5f * x * (1.0f + tanhf(in)) * u[e];
+                } else {
+                    v[e] = x / (1.0f + expf(-x)) * u[e];
+                }
+            }
+        } else {
+            const float4 *p = (const float4 *)(xf + (size_t)t * a.cols + k);
+            float4 p0 = p[0], p1 = p[1];
+            v[0] = p0.x, v[1] = p0.y, v[2] = p0.z, v[3] = p0.w;
+            v[4] = p1.x, v[5] = p1.y, v[6] = p1.z, v[7] = p1.w;
+            if (a.mode == LOOM_CUDA_GEMV_RMSNORM) {  /* as add_rmsnorm16_kernel */
+                float s = inv[t];
+#pragma unroll
+                for (int e = 0; e < 8; e++) v[e] = v[e] * s * (a.norm ? a.norm[k + e] : 1.0f);
+            }
+        }
+        xs[i] = make_uint4(gv_pack<F16>(v[0], v[1]), gv_pack<F16>(v[2], v[3]),
+                           gv_pack<F16>(v[4], v[5]), gv_pack<F16>(v[6], v[7]));
+    }
+}
+
+template <int NT, int R, int U, int F16>
+__global__ void __launch_bounds__(GV_WARPS * 32) gemv_kernel(const gv_args a) {
+    extern __shared__ uint4 xs[];
+    __shared__ float red[GV_WARPS * NT];
+    __shared__ float inv[NT];
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    int nch = a.cols >> 3, ng = (a.rows + R - 1) / R;
+    int g0 = (blockIdx.x * GV_WARPS + wid) * a.per_warp, g1 = min(ng, g0 + a.per_warp);
+    if (a.pf && g0 < g1) {  /* weights do not change: fetch them while the kernel before runs */
+        const char *p = (const char *)(a.w + (size_t)g0 * R * nch);
+        size_t n = (size_t)(min(a.rows, g1 * R) - g0 * R) * a.cols * 2;
+        n = min(n, (size_t)a.pf);
+        for (size_t o = (size_t)lane * 4096; o < n; o += 32 * 4096)
+            gv_prefetch(p + o, (unsigned)min((size_t)4096, n - o));
+    }
+    pdl_trigger();
+    pdl_wait();
+    gv_fill<NT, F16>(xs, a, red, inv);
+    __syncthreads();
+    for (int g = g0; g < g1; g++) {
+        const uint4 *wr[R];
+#pragma unroll
+        for (int r = 0; r < R; r++)  /* rows past the end re-read the last; dropped below */
+            wr[r] = a.w + (size_t)min(g * R + r, a.rows - 1) * nch;
+        float acc[NT][R];
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+#pragma unroll
+            for (int r = 0; r < R; r++) acc[t][r] = 0;
+        for (int c = lane; c < nch; c += 32 * U) {
+            uint4 wv[U][R];
+#pragma unroll
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int r = 0; r < R; r++)
+                    wv[u][r] = c + 32 * u < nch ? gv_ld(wr[r] + c + 32 * u) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                if (c + 32 * u >= nch) break;
+                float wf[R][8];
+#pragma unroll
+                for (int r = 0; r < R; r++) gv_cvt<F16>(wv[u][r], wf[r]);
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    float xv[8];
+                    gv_cvt<F16>(xs[t * nch + c + 32 * u], xv);
+#pragma unroll
+                    for (int r = 0; r < R; r++)
+#pragma unroll
+                        for (int e = 0; e < 8; e++) acc[t][r] = fmaf(wf[r][e], xv[e], acc[t][r]);
+                }
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                float v = acc[t][r];
+                for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+                int row = g * R + r;
+                if (lane == ((t * R + r) & 31) && row < a.rows) {  /* one lane per output */
+                    if (a.bias) v += a.bias[row];
+                    float *yp = a.y + (size_t)t * a.rows + row;
+                    *yp = a.acc ? *yp + v : v;
+                }
+            }
+    }
+}
+
+typedef void (*gv_fn)(gv_args);
+
+/* The kernel for T tokens and its rows per warp: 2 rows for one or two
+ * tokens (x reuse is cheap there), 4 beyond, so the shared-memory reads of
+ * x stay under the weight bytes. */
+template <int F16>
+static gv_fn gv_pick(int T, int *R) {
+    *R = T <= 2 ? 2 : 4;
+    switch (T) {
+    case 1: return gemv_kernel<1, 2, 4, F16>;
+    case 2: return gemv_kernel<2, 2, 4, F16>;
+    case 3: return gemv_kernel<3, 4, 2, F16>;
+    case 4: return gemv_kernel<4, 4, 2, F16>;
+    case 5: return gemv_kernel<5, 4, 2, F16>;
+    case 6: return gemv_kernel<6, 4, 2, F16>;
+    case 7: return gemv_kernel<7, 4, 2, F16>;
+    default: return gemv_kernel<8, 4, 2, F16>;
+    }
+}
+
+extern "C" int loom_cuda_gemv_max_tokens(const loom_cuda *c, loom_cuda_dtype dt, int cols) {
+    if ((dt != LOOM_CUDA_F16 && dt != LOOM_CUDA_BF16) || cols < 8 || cols % 8) return 0;
+    size_t cap = LOOM_MIN_U((unsigned)GV_SMEM_MAX, (unsigned)c->smem_optin);
+    size_t t = cap / ((size_t)cols * 2);
+    return t > GV_MAXT ? GV_MAXT : (int)t;
+}
+
+extern "C" loom_status loom_cuda_gemv(loom_cuda *c, float *d_y, const loom_cuda_gemv_in *in,
+                                      const void *d_w, loom_cuda_dtype dt, int T, int rows,
+                                      int cols, const float *d_bias, int accumulate) {
+    if (T <= 0 || rows <= 0) return LOOM_OK;
+    int maxt = loom_cuda_gemv_max_tokens(c, dt, cols);
+    if (T > maxt || ((uintptr_t)d_w & 15) || ((uintptr_t)in->d_x & 15) ||
+        (int)in->mode < 0 || (int)in->mode > LOOM_CUDA_GEMV_GELU)
+        return loom_err(LOOM_ERR_UNSUPPORTED, "cuda gemv: %d tokens of %d columns, type %d, "
+                        "mode %d (expected f16/bf16, columns a multiple of 8, at most %d tokens "
+                        "here, 16-byte aligned data)", T, cols, (int)dt, (int)in->mode, maxt);
+    int R;
+    gv_fn k = dt == LOOM_CUDA_F16 ? gv_pick<1>(T, &R) : gv_pick<0>(T, &R);
+    size_t smem = (size_t)T * cols * 2;
+    if (smem > 48 * 1024)
+        CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)smem));
+    int bps = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, k, GV_WARPS * 32, smem));
+    long ng = (rows + R - 1) / R, maxw = (long)c->n_sm * LOOM_MAX_I(bps, 1) * GV_WARPS;
+    long per = (ng + maxw - 1) / maxw;
+    unsigned blocks = (unsigned)((ng + per * GV_WARPS - 1) / (per * GV_WARPS));
+    gv_args a;
+    a.y = d_y;
+    a.x = in->d_x;
+    a.norm = in->d_norm;
+    a.bias = d_bias;
+    a.w = (const uint4 *)d_w;
+    a.rows = rows;
+    a.cols = cols;
+    a.mode = (int)in->mode;
+    a.acc = accumulate;
+    a.per_warp = (int)per;
+    a.eps = in->eps;
+    /* Only small matrices: a large one would push the prefetched lines of
+     * the next out of L2 before they are read. */
+    a.pf = c->pdl && (size_t)rows * cols * 2 <= GV_PREFETCH ? (unsigned)(per * R * cols * 2) : 0;
+    CUDA_CHECK(loom_cuda_launch(c, k, dim3(blocks), dim3(GV_WARPS * 32), smem, a));
     return LOOM_OK;
 }
 

@@ -538,6 +538,114 @@ static int test_gemm(loom_cuda_dtype dt, int T, int rows, int cols) {
     return ok;
 }
 
+/* ---- skinny GEMM (GEMV) for a few tokens -------------------------------- */
+
+static const char *GV_MODE[] = {"x16", "f32", "rmsnorm", "silu", "gelu"};
+
+/* loom_cuda_gemv: the input rows made on the host as the mode says (the
+ * reference RMSNorm / gated activation, rounded to dt), then the reference
+ * matmul over them, + bias, + the old y when accumulating. The GPU sums in
+ * another order (2e-5 of sum |x w|), and a computed input may land on the
+ * other side of a 16-bit rounding boundary (its own norm sum, expf): two
+ * such elements allowed. The output is poisoned (NaN) first so that every
+ * element must be written. */
+static int test_gemv(loom_cuda_dtype dt, int T, int rows, int cols, loom_cuda_gemv_mode mode,
+                     int bias, int acc) {
+    char what[96];
+    snprintf(what, sizeof what, "%s %s T=%d rows=%d cols=%d%s%s", DT_NAME[dt], GV_MODE[mode], T,
+             rows, cols, bias ? " +bias" : "", acc ? " +=" : "");
+    size_t NW = (size_t)rows * cols, NX = (size_t)T * cols, NY = (size_t)T * rows;
+    size_t nin = mode >= LOOM_CUDA_GEMV_SILU ? 2 * NX : NX;
+    float *wf = xmalloc(NW * 4), *xin = xmalloc(nin * 4), *xr = xmalloc(NX * 4);
+    float *nw = xmalloc((size_t)cols * 4), *b = xmalloc((size_t)rows * 4), *y0 = xmalloc(NY * 4);
+    float *ref = xmalloc(NY * 4), *got = xmalloc(NY * 4), *bound = xmalloc(NY * 4);
+    uint16_t *x16 = xmalloc(NX * 2);
+    void *w = rand_table(dt, NW, 0.5f, wf);
+    fill(xin, nin, mode >= LOOM_CUDA_GEMV_SILU ? 8.0f : 2.0f);
+    fill(nw, (size_t)cols, 1.0f);
+    fill(b, (size_t)rows, 1.0f);
+    fill(y0, NY, 3.0f);
+    for (int t = 0; t < T; t++) {
+        float *r = xr + (size_t)t * cols;
+        if (mode == LOOM_CUDA_GEMV_RMSNORM) {
+            loom_kernels_ref.rmsnorm(r, xin + (size_t)t * cols, nw, cols, 1e-6f);
+        } else if (mode >= LOOM_CUDA_GEMV_SILU) {
+            memcpy(r, xin + (size_t)t * 2 * cols, (size_t)cols * 4);
+            if (mode == LOOM_CUDA_GEMV_GELU)
+                loom_kernels_ref.gelu_tanh_mul(r, xin + (size_t)t * 2 * cols + cols, cols);
+            else
+                loom_kernels_ref.silu_mul(r, xin + (size_t)t * 2 * cols + cols, cols);
+        } else {
+            memcpy(r, xin + (size_t)t * cols, (size_t)cols * 4);
+        }
+    }
+    for (size_t i = 0; i < NX; i++) {
+        x16[i] = dt == LOOM_CUDA_F16 ? loom_f32_to_f16(xr[i]) : loom_f32_to_bf16(xr[i]);
+        xr[i] = dt == LOOM_CUDA_F16 ? loom_f16_to_f32(x16[i]) : loom_bf16_to_f32(x16[i]);
+    }
+    if (dt == LOOM_CUDA_F16) loom_kernels_ref.matmul_f16(ref, rows, xr, cols, w, cols, T, 0, rows);
+    else loom_kernels_ref.matmul_bf16(ref, rows, xr, cols, w, cols, T, 0, rows);
+    float ulp = dt == LOOM_CUDA_F16 ? 1.0f / 1024 : 1.0f / 128;
+    int computed = mode == LOOM_CUDA_GEMV_RMSNORM || mode >= LOOM_CUDA_GEMV_SILU;
+    for (int t = 0; t < T; t++)
+        for (int r = 0; r < rows; r++) {
+            double sa = 0, mx = 0;
+            for (int k = 0; k < cols; k++) {
+                double p = fabs((double)xr[(size_t)t * cols + k] * wf[(size_t)r * cols + k]);
+                sa += p;
+                mx = p > mx ? p : mx;
+            }
+            size_t i = (size_t)t * rows + r;
+            if (bias) ref[i] += b[r];
+            if (acc) ref[i] += y0[i];
+            bound[i] = (float)(2e-5 * sa + (computed ? 2 * ulp * mx : 0) + 1e-6 +
+                               (acc ? 1e-7 * fabs(ref[i]) : 0));
+        }
+    if (!acc)
+        for (size_t i = 0; i < NY; i++) y0[i] = NAN;
+    void *dw = up(w, NW * 2);
+    float *dx = mode == LOOM_CUDA_GEMV_X16 ? NULL : up(xin, nin * 4);
+    void *dx16 = mode == LOOM_CUDA_GEMV_X16 ? up(x16, NX * 2) : NULL;
+    float *dn = up(nw, (size_t)cols * 4), *db = up(b, (size_t)rows * 4), *dy = up(y0, NY * 4);
+    int ok = 0;
+    if (!dw || (!dx && !dx16) || !dn || !db || !dy) {
+        api_fail("gemv", what, LOOM_ERR_NOMEM);
+    } else {
+        loom_cuda_gemv_in in = {mode, dx16 ? dx16 : (const void *)dx, dn, 1e-6f};
+        loom_status st = loom_cuda_gemv(C, dy, &in, dw, dt, T, rows, cols, bias ? db : NULL, acc);
+        if (st == LOOM_OK) st = loom_cuda_download(C, got, dy, NY * 4);
+        if (st != LOOM_OK) api_fail("gemv", what, st);
+        else ok = report("gemv", what, got, ref, bound, NY, 0, 0);
+    }
+    loom_cuda_release(C, dw);
+    loom_cuda_release(C, dx);
+    loom_cuda_release(C, dx16);
+    loom_cuda_release(C, dn);
+    loom_cuda_release(C, db);
+    loom_cuda_release(C, dy);
+    free(wf), free(xin), free(xr), free(nw), free(b), free(y0), free(ref), free(got), free(bound);
+    free(x16), free(w);
+    return ok;
+}
+
+/* What loom_cuda_gemv refuses: widths not a multiple of 8, f32 weights,
+ * more tokens than its shared memory holds. */
+static int test_gemv_limits(void) {
+    int ok = loom_cuda_gemv_max_tokens(C, LOOM_CUDA_BF16, 13) == 0 &&
+             loom_cuda_gemv_max_tokens(C, LOOM_CUDA_F32, 1024) == 0 &&
+             loom_cuda_gemv_max_tokens(C, LOOM_CUDA_F16, 4096) == 8 &&
+             loom_cuda_gemv_max_tokens(C, LOOM_CUDA_BF16, 14336) >= 1;
+    loom_cuda_gemv_in in = {LOOM_CUDA_GEMV_F32, NULL, NULL, 0};
+    ok &= loom_cuda_gemv(C, NULL, &in, NULL, LOOM_CUDA_BF16, 1, 5, 13, NULL, 0) ==
+          LOOM_ERR_UNSUPPORTED;
+    ok &= loom_cuda_gemv(C, NULL, &in, NULL, LOOM_CUDA_BF16, 9, 5, 16, NULL, 0) ==
+          LOOM_ERR_UNSUPPORTED;
+    printf("%s  %-14s %s\n", ok ? "PASS" : "FAIL", "gemv", "limits (odd width, f32, 9 tokens)");
+    if (ok) n_pass++;
+    else n_fail++;
+    return ok;
+}
+
 /* ---- MLX affine-quantized GEMV ------------------------------------------ */
 
 /* gemm16: x made 16-bit beforehand; the reference takes the same rounded
@@ -1145,6 +1253,22 @@ int main(void) {
     for (int dt = 1; dt < 3; dt++)
         for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
             test_gemm16((loom_cuda_dtype)dt, shapes[i][0], shapes[i][1], shapes[i][2]);
+
+    /* the decode GEMV: odd row counts, every token count, each input mode,
+     * the benchmark models' shapes and several row groups per warp */
+    static const int gv_shapes[][3] = {{1, 1, 8},      {2, 7, 24},      {3, 33, 1000},
+                                       {5, 1001, 256}, {8, 4097, 1024}, {4, 37, 14336},
+                                       {6, 30001, 64}, {7, 129, 4096},  {1, 40001, 1024},
+                                       {1, 1024, 3072}};
+    for (int dt = 1; dt < 3; dt++)
+        for (size_t i = 0; i < sizeof gv_shapes / sizeof gv_shapes[0]; i++)
+            for (int mode = 0; mode < 5; mode++)
+                test_gemv((loom_cuda_dtype)dt, gv_shapes[i][0], gv_shapes[i][1], gv_shapes[i][2],
+                          (loom_cuda_gemv_mode)mode, (int)(i + mode) % 3 == 1,
+                          (int)(i + mode) % 2);
+    test_gemv(LOOM_CUDA_BF16, 1, 1024, 14336, LOOM_CUDA_GEMV_SILU, 0, 1);  /* Llama-3-8B down */
+    test_gemv(LOOM_CUDA_BF16, 8, 3000, 4096, LOOM_CUDA_GEMV_RMSNORM, 0, 0);
+    test_gemv_limits();
 
     static const int qbits[] = {4, 8, 2, 3, 5, 6};
     for (size_t b = 0; b < sizeof qbits / sizeof qbits[0]; b++) {
