@@ -26,7 +26,18 @@
  * key runs eagerly (growing scratch and logits to size), the second
  * captures. A graph is dropped when scratch or logits move. Rows marked in
  * `picks` get the argmax computed on the device and copied back alone.
- * LOOM_CUDA_GRAPHS=0 in the environment turns graphs off. */
+ * LOOM_CUDA_GRAPHS=0 in the environment turns graphs off.
+ *
+ * Steps of a few tokens (decode at small batch) are bound by the weight
+ * reads and by the count of kernels: with 16-bit weights a layer is then
+ * six kernels, qkv GEMV -> qkv_post -> attention -> o GEMV -> gate/up
+ * GEMV -> down GEMV, where each GEMV (loom_cuda_gemv) makes its own input
+ * (RMSNorm of x, the f32 attention output rounded, act(gate) * up) and o
+ * and down add straight into the residual x. Kernels launched with
+ * programmatic dependent launch (sm_90) start while the one before drains
+ * and pull small weight matrices into L2 before waiting for it.
+ * LOOM_CUDA_GEMV_T=n moves the token count up to which the GEMV replaces
+ * cuBLAS (default 8, 0 = never); LOOM_CUDA_PDL=0 turns that launch off. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <math.h>
@@ -151,6 +162,10 @@ struct loom_cuda_model {
     float *hb, *hb2;           /* (max_tokens, 2 * inter), (max_tokens, inter) */
     loom_cuda_dtype act16;     /* F16/BF16: GEMM inputs made in that type by the kernel
                                   before (all q/k/v, gate_up, down weights of it); F32: off */
+    int gemv_t;                /* steps of up to this many tokens take loom_cuda_gemv for
+                                  16-bit weights (LOOM_CUDA_GEMV_T, default 8; 0: cuBLAS only) */
+    int small_t;               /* up to this many tokens (and gemv_t) a layer is 4 GEMVs that
+                                  make their own inputs + qkv_post + attention; 0: never */
     void *a16;                 /* (max_tokens, max(hidden, inter)) of act16 */
     float *cs, *sn;            /* (n_ropes, max_tokens, max_half) */
     int max_half;
@@ -254,10 +269,23 @@ static loom_status up_weight(loom_cuda_model *g, dweight *dw, const loom_weight 
     }
 }
 
+/* Whether w takes loom_cuda_gemv for T tokens. */
+static int use_gemv(const loom_cuda_model *g, const dweight *w, int T) {
+    return !w->quant && T <= g->gemv_t && T <= loom_cuda_gemv_max_tokens(g->c, w->dt, w->cols);
+}
+
+/* y (T, w->rows) = x made by mode @ w^T (+ bias), or y += that when acc. */
+static loom_status gemv(loom_cuda_model *g, float *y, loom_cuda_gemv_mode mode, const void *x,
+                        const float *norm, const dweight *w, const float *bias, int T, int acc) {
+    loom_cuda_gemv_in in = {mode, x, norm, (float)g->m->cfg.rms_eps};
+    return loom_cuda_gemv(g->c, y, &in, w->d, w->dt, T, w->rows, w->cols, bias, acc);
+}
+
 /* y (T, w->rows) = a16 (T, w->cols) @ w^T (+ bias): the input already in
  * the weight's 16-bit type. */
 static loom_status linear16(loom_cuda_model *g, float *y, const dweight *w, const float *bias,
                             int T) {
+    if (use_gemv(g, w, T)) return gemv(g, y, LOOM_CUDA_GEMV_X16, g->a16, NULL, w, bias, T, 0);
     loom_status st = loom_cuda_gemm16(g->c, y, g->a16, w->d, w->dt, T, w->rows, w->cols);
     if (st != LOOM_OK || !bias) return st;
     size_t total = (size_t)T * w->rows;
@@ -269,6 +297,7 @@ static loom_status linear16(loom_cuda_model *g, float *y, const dweight *w, cons
 /* y (T, w->rows) = x (T, w->cols) @ w^T (+ bias). */
 static loom_status linear(loom_cuda_model *g, float *y, const float *x, const dweight *w,
                           const float *bias, int T) {
+    if (use_gemv(g, w, T)) return gemv(g, y, LOOM_CUDA_GEMV_F32, x, NULL, w, bias, T, 0);
     loom_status st = w->quant ? loom_cuda_matmul_q(g->c, y, x, &w->qm, T)
                               : loom_cuda_gemm(g->c, y, x, w->d, w->dt, T, w->rows, w->cols);
     if (st != LOOM_OK || !bias) return st;
@@ -460,6 +489,21 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
     }
     if (st == LOOM_OK && g->act16 != LOOM_CUDA_F32)
         st = g_alloc(g, &g->a16, T * (size_t)LOOM_MAX_I(H, (int)I) * 2);
+    /* Few tokens: our GEMV instead of cuBLAS. */
+    const char *gv = getenv("LOOM_CUDA_GEMV_T");
+    g->gemv_t = gv ? atoi(gv) : 8;
+    g->small_t = g->act16 != LOOM_CUDA_F32 ? 8 : 0;
+    for (int l = 0; l < L && g->small_t; l++) {
+        const dlayer *D = &g->layers[l];
+        if (!D->fused_qkv || D->wo.quant) {
+            g->small_t = 0;
+            break;
+        }
+        const dweight *ws[] = {&D->wqkv, &D->wo, &D->gate_up, &D->down};
+        for (int k = 0; k < 4; k++)
+            g->small_t = LOOM_MIN_U((unsigned)g->small_t,
+                                    (unsigned)loom_cuda_gemv_max_tokens(c, ws[k]->dt, ws[k]->cols));
+    }
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->hb2, T * I * 4);
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->cs, rope_n * 4);
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->sn, rope_n * 4);
@@ -548,6 +592,7 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
 
     float eps = (float)cf->rms_eps;
     size_t TH = (size_t)T * H;
+    int small = g->act16 != LOOM_CUDA_F32 && T <= g->small_t && T <= g->gemv_t;
     for (int l = 0; l < cf->n_layers; l++) {
         const loom_layer *L = &m->layers[l];
         const loom_attn *A = &L->attn;
@@ -560,6 +605,27 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
         char *pk = (char *)g->kv_k + layer_off, *pv = (char *)g->kv_v + layer_off;
         loom_cuda_kv dkv = {pk, pv, g->kv_dt, bs, g->kv_row_bytes / esz};
         size_t roff = (size_t)A->rope * g->max_tokens * g->max_half;
+        loom_cuda_attn at = {nh, nkv, hd, A->scale, (float)cf->attn_softcap, A->window, 1};
+        if (small) {
+            /* x holds the whole residual: each GEMV makes its own input (norm,
+             * activation) and wo and down add into x */
+            int gelu = m->act == LOOM_ACT_GELU_TANH;
+            TRY(gemv(g, g->qkv, LOOM_CUDA_GEMV_RMSNORM, g->x, D->attn_norm, &D->wqkv, NULL, T, 0));
+            TRY(loom_cuda_qkv_post(c, g->q, &dkv, g->qkv, D->bqkv, D->q_norm, D->k_norm, eps,
+                                   S->slot, T, nh, nkv, hd, R->rot_dim, g->cs + roff,
+                                   g->sn + roff, g->max_half));
+            if (S->decode)
+                TRY(loom_cuda_attn_decode(c, g->att, g->q, &dkv, &at, S->tab, S->tstride, S->lens,
+                                          S->n_rows, S->max_len));
+            else
+                TRY(loom_cuda_attn_prefill(c, g->att, g->q, &dkv, &at, S->tab, S->tstride,
+                                           S->rtok, S->rpos, S->n_rows, S->max_new));
+            TRY(gemv(g, g->x, LOOM_CUDA_GEMV_F32, g->att, NULL, &D->wo, D->bo, T, 1));
+            TRY(gemv(g, g->hb, LOOM_CUDA_GEMV_RMSNORM, g->x, D->ffn_norm, &D->gate_up, NULL, T, 0));
+            TRY(gemv(g, g->x, gelu ? LOOM_CUDA_GEMV_GELU : LOOM_CUDA_GEMV_SILU, g->hb, NULL,
+                     &D->down, NULL, T, 1));
+            continue;
+        }
         if (a16)  /* the previous layer's MLP residual joins here */
             TRY(loom_cuda_add_rmsnorm16(c, g->a16, g->x, l ? g->xb : NULL, D->attn_norm, T, H,
                                         eps, g->act16));
@@ -593,9 +659,8 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
                                                      g->k, g->v, S->slot, kvd);
             LAUNCH_CHECK();
         }
-        /* tc: bf16 KV already rounds K and V; prefill may round q and the
-         * weights too and run on the tensor cores */
-        loom_cuda_attn at = {nh, nkv, hd, A->scale, (float)cf->attn_softcap, A->window, 1};
+        /* tc (at's last field): bf16 KV already rounds K and V; prefill may
+         * round q and the weights too and run on the tensor cores */
         if (S->decode)
             TRY(loom_cuda_attn_decode(c, g->att, g->q, &dkv, &at, S->tab, S->tstride, S->lens,
                                       S->n_rows, S->max_len));
@@ -638,11 +703,21 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
 
     int n_sel = S->n_sel, V = cf->vocab_size;
     if (n_sel > 0) {
-        dim3 grid(LOOM_MIN_U(loom_cuda_blocks((size_t)H, 256), 64u), (unsigned)n_sel);
-        fw_gather<<<grid, 256, 0, c->stream>>>(g->xb, g->x, S->sel, H);
-        LAUNCH_CHECK();
-        TRY(loom_cuda_rmsnorm(c, g->xb, g->xb, g->final_norm, n_sel, H, eps, 0));
-        TRY(linear(g, g->logits, g->xb, &g->lm_head, NULL, n_sel));
+        /* every token selected: sel is the identity, x is read in place */
+        const float *hx = g->x;
+        if (n_sel < T) {
+            dim3 grid(LOOM_MIN_U(loom_cuda_blocks((size_t)H, 256), 64u), (unsigned)n_sel);
+            fw_gather<<<grid, 256, 0, c->stream>>>(g->xb, g->x, S->sel, H);
+            LAUNCH_CHECK();
+            hx = g->xb;
+        }
+        if (use_gemv(g, &g->lm_head, n_sel)) {  /* the final norm made inside the GEMV */
+            TRY(gemv(g, g->logits, LOOM_CUDA_GEMV_RMSNORM, hx, g->final_norm, &g->lm_head, NULL,
+                     n_sel, 0));
+        } else {
+            TRY(loom_cuda_rmsnorm(c, g->xb, hx, g->final_norm, n_sel, H, eps, 0));
+            TRY(linear(g, g->logits, g->xb, &g->lm_head, NULL, n_sel));
+        }
         size_t NV = (size_t)n_sel * V;
         if (cf->final_softcap > 0) {
             fw_softcap<<<loom_cuda_blocks(NV, 256), 256, 0, c->stream>>>(g->logits, NV,
