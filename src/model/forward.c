@@ -13,6 +13,7 @@
  * across layers. */
 #include "model/fwd_internal.h"
 
+#include <assert.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -139,52 +140,78 @@ int loom_fwd_state_max_tokens(const loom_fwd_state *s) { return s->max_tokens; }
 
 /* ---- matmul over the pool ---------------------------------------------- */
 
+/* Up to MM_MAX weights that read the same x (q/k/v, gate/up) go out as
+ * one parallel-for: a decode step is ~8 dispatches per layer, and each
+ * costs a wake-up and a wait for the slowest thread. */
+#define MM_MAX 4
+
 typedef struct mm_job {
     const loom_kernels *k;
-    float *y; int ldy;
     const float *x; int ldx;
-    const loom_weight *w;
-    int T, chunk;
+    int T, n;
+    float *y[MM_MAX];
+    const loom_weight *w[MM_MAX];
+    int chunk[MM_MAX], first[MM_MAX + 1]; /* rows per task; first task of each weight */
 } mm_job;
 
 static void mm_task(void *ctx, int task, int thread) {
     (void)thread;
     const mm_job *j = ctx;
-    int r0 = task * j->chunk, r1 = LOOM_MIN(r0 + j->chunk, j->w->rows);
-    switch (j->w->dtype) {
+    int i = 0;
+    while (task >= j->first[i + 1]) i++;
+    const loom_weight *w = j->w[i];
+    float *y = j->y[i];
+    int r0 = (task - j->first[i]) * j->chunk[i], r1 = LOOM_MIN(r0 + j->chunk[i], w->rows);
+    switch (w->dtype) {
     case LOOM_DT_F32:
-        j->k->matmul_f32(j->y, j->ldy, j->x, j->ldx, j->w->data, j->w->cols, j->T, r0, r1);
+        j->k->matmul_f32(y, w->rows, j->x, j->ldx, w->data, w->cols, j->T, r0, r1);
         break;
     case LOOM_DT_F16:
-        j->k->matmul_f16(j->y, j->ldy, j->x, j->ldx, j->w->data, j->w->cols, j->T, r0, r1);
+        j->k->matmul_f16(y, w->rows, j->x, j->ldx, w->data, w->cols, j->T, r0, r1);
         break;
     case LOOM_DT_U32:
-        j->k->matmul_q(j->y, j->ldy, j->x, j->ldx, &j->w->q, j->T, r0, r1);
+        j->k->matmul_q(y, w->rows, j->x, j->ldx, &w->q, j->T, r0, r1);
         break;
     default:
-        j->k->matmul_bf16(j->y, j->ldy, j->x, j->ldx, j->w->data, j->w->cols, j->T, r0, r1);
+        j->k->matmul_bf16(y, w->rows, j->x, j->ldx, w->data, w->cols, j->T, r0, r1);
         break;
     }
 }
 
-void loom_fwd_matmul(loom_model *m, float *y, const float *x, const loom_weight *w, int T) {
-    if (T <= 0) return;
-    int n = loom_pool_size(m->pool);
+void loom_fwd_matmul_n(loom_model *m, int n_w, float *const *y, const float *x,
+                       const loom_weight *const *w, int T) {
+    if (T <= 0 || n_w <= 0) return;
+    assert(n_w <= MM_MAX);
+    int n = loom_pool_size(m->pool), cols = w[0]->cols;
+    size_t macs = 0;
+    for (int i = 0; i < n_w; i++) {
+        assert(w[i]->cols == cols);
+        macs += (size_t)w[i]->rows * (size_t)cols * (size_t)T;
+    }
     /* Below ~256K multiply-adds waking the workers costs more than it saves. */
-    if ((size_t)w->rows * (size_t)w->cols * (size_t)T < ((size_t)1 << 18)) n = 1;
-    /* Slices per thread: 4 let a thread whose core went to another
-     * process hand its share over. Each slice repeats the kernel's work on
-     * x (packing; rounding to int8 under --fast), which a prompt (T >= 16)
-     * makes large: 2 there, and one slice on one thread. */
+    if (macs < ((size_t)1 << 18)) n = 1;
+    /* Slices per thread and weight: 4 let a thread whose core went to
+     * another process hand its share over. Each slice repeats the kernel's
+     * work on x (packing; rounding to int8 under --fast), which a prompt
+     * (T >= 16) makes large: 2 there, and one slice on one thread. */
     int per = n == 1 ? 1 : T >= 16 ? 2 : 4;
-    int chunk = (w->rows + per * n - 1) / (per * n);
-    chunk = (chunk + 15) & ~15;
-    mm_job j = {m->k, y, w->rows, x, w->cols, w, T, chunk};
+    mm_job j = {.k = m->k, .x = x, .ldx = cols, .T = T, .n = n_w};
+    for (int i = 0; i < n_w; i++) {
+        int chunk = (w[i]->rows + per * n - 1) / (per * n);
+        j.y[i] = y[i];
+        j.w[i] = w[i];
+        j.chunk[i] = (chunk + 15) & ~15;
+        j.first[i + 1] = j.first[i] + (w[i]->rows + j.chunk[i] - 1) / j.chunk[i];
+    }
     if (n == 1) {
-        for (int t = 0; t * chunk < w->rows; t++) mm_task(&j, t, 0);
+        for (int t = 0; t < j.first[n_w]; t++) mm_task(&j, t, 0);
         return;
     }
-    loom_pool_run(m->pool, (w->rows + chunk - 1) / chunk, mm_task, &j);
+    loom_pool_run(m->pool, j.first[n_w], mm_task, &j);
+}
+
+void loom_fwd_matmul(loom_model *m, float *y, const float *x, const loom_weight *w, int T) {
+    loom_fwd_matmul_n(m, 1, &y, x, &w, T);
 }
 
 /* ---- small helpers ------------------------------------------------------ */
@@ -420,7 +447,10 @@ static void attention(loom_model *m, loom_fwd_state *s, loom_kv_pool *kv,
     float eps = (float)c->rms_eps;
     int shared = A->kv_layer != l;
 
-    loom_fwd_matmul(m, gated ? s->qraw : s->q, s->xb, &A->wq, T);
+    /* q, and k and v unless an earlier layer's are shared, in one dispatch */
+    float *ys[] = {gated ? s->qraw : s->q, s->kx, s->vx};
+    const loom_weight *ws[] = {&A->wq, &A->wk, &A->wv};
+    loom_fwd_matmul_n(m, shared ? 1 : A->k_eq_v ? 2 : 3, ys, s->xb, ws, T);
     add_bias(gated ? s->qraw : s->q, A->bq, T, A->wq.rows);
     if (gated)  /* per head: [query (hd) | gate (hd)] */
         for (int t = 0; t < T; t++)
@@ -430,14 +460,9 @@ static void attention(loom_model *m, loom_fwd_state *s, loom_kv_pool *kv,
                 memcpy(s->gate + (size_t)t * qd + (size_t)h * hd, src + hd, sizeof(float) * (size_t)hd);
             }
     if (!shared) {
-        loom_fwd_matmul(m, s->kx, s->xb, &A->wk, T);
         add_bias(s->kx, A->bk, T, kvd);
-        if (A->k_eq_v) {
-            memcpy(s->vx, s->kx, sizeof(float) * (size_t)T * kvd);
-        } else {
-            loom_fwd_matmul(m, s->vx, s->xb, &A->wv, T);
-            add_bias(s->vx, A->bv, T, kvd);
-        }
+        if (A->k_eq_v) memcpy(s->vx, s->kx, sizeof(float) * (size_t)T * kvd);
+        else add_bias(s->vx, A->bv, T, kvd);
     }
     const loom_rope *R = &m->ropes[A->rope];
     int half_max = s->max_rot / 2;
@@ -486,8 +511,9 @@ static void attention(loom_model *m, loom_fwd_state *s, loom_kv_pool *kv,
 static void mlp(loom_model *m, loom_fwd_state *s, const loom_mlp *p, float *out, const float *in,
                 int T) {
     int I = p->gate.rows;
-    loom_fwd_matmul(m, s->hb, in, &p->gate, T);
-    loom_fwd_matmul(m, s->hb2, in, &p->up, T);
+    float *ys[] = {s->hb, s->hb2};
+    const loom_weight *ws[] = {&p->gate, &p->up};
+    loom_fwd_matmul_n(m, 2, ys, in, ws, T);
     for (int t = 0; t < T; t++) act_mul(m, s->hb + (size_t)t * I, s->hb2 + (size_t)t * I, I);
     loom_fwd_matmul(m, out, s->hb, &p->down, T);
 }

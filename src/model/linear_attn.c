@@ -302,10 +302,9 @@ void loom_fwd_linear(loom_model *m, loom_fwd_state *s, const loom_fwd_row *rows,
                     s->lin_a[(size_t)t * nv + g * rep + i] = src[rep + i];
                 }
     } else {
-        loom_fwd_matmul(m, s->lin_qkv, s->xb, &A->in_qkv, T);
-        loom_fwd_matmul(m, s->lin_z, s->xb, &A->in_z, T);
-        loom_fwd_matmul(m, s->lin_b, s->xb, &A->in_b, T);
-        loom_fwd_matmul(m, s->lin_a, s->xb, &A->in_a, T);
+        float *ys[] = {s->lin_qkv, s->lin_z, s->lin_b, s->lin_a};
+        const loom_weight *ws[] = {&A->in_qkv, &A->in_z, &A->in_b, &A->in_a};
+        loom_fwd_matmul_n(m, 4, ys, s->xb, ws, T);
     }
 
     /* Conv per row (sequential in time), then q/k norms, beta and decay. */
