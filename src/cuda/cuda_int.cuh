@@ -33,6 +33,8 @@ struct loom_cuda {
                                    last-block-done tallies (each kernel resets its own) */
     int pdl;                    /* 1: kernels launched through loom_cuda_launch may start
                                    while the one before drains (sm_90; LOOM_CUDA_PDL=0 off) */
+    int gemv_mma;               /* loom_cuda_gemv takes the tensor-core kernel from this many
+                                   tokens (default 3; LOOM_CUDA_GEMV_MMA=n) */
 };
 
 /* Counters: [0, half) for attention decode (sequence x KV head), [half,

@@ -75,6 +75,8 @@ extern "C" loom_status loom_cuda_create(int device, loom_cuda **out) {
     c->smem_optin = prop.sharedMemPerBlockOptin;
     const char *pdl = getenv("LOOM_CUDA_PDL");
     c->pdl = c->cc >= 90 && !(pdl && !strcmp(pdl, "0"));
+    const char *mma = getenv("LOOM_CUDA_GEMV_MMA");
+    c->gemv_mma = mma ? atoi(mma) : 3;
     snprintf(c->name, sizeof c->name, "%s", prop.name);
     *out = c;
     return LOOM_OK;

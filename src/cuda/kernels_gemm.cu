@@ -139,13 +139,17 @@ __device__ __forceinline__ unsigned gv_pack(float a, float b) {
     return *(const unsigned *)&h;
 }
 
-/* The T input rows, 16-bit, into xs (T, cols / 8). */
+/* The T input rows, 16-bit, into xs (T, cols / 8 vectors), rows xst
+ * vectors apart. */
 template <int NT, int F16>
-__device__ void gv_fill(uint4 *xs, const gv_args &a, float *red, float *inv) {
+__device__ void gv_fill(uint4 *xs, int xst, const gv_args &a, float *red, float *inv) {
     int nch = a.cols >> 3, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     const float *xf = (const float *)a.x;
     if (a.mode == LOOM_CUDA_GEMV_X16) {
-        for (int i = threadIdx.x; i < NT * nch; i += blockDim.x) xs[i] = ((const uint4 *)a.x)[i];
+        for (int i = threadIdx.x; i < NT * nch; i += blockDim.x) {
+            int t = i / nch;
+            xs[i + t * (xst - nch)] = ((const uint4 *)a.x)[i];
+        }
         return;
     }
     if (a.mode == LOOM_CUDA_GEMV_RMSNORM) {
@@ -204,8 +208,22 @@ __device__ void gv_fill(uint4 *xs, const gv_args &a, float *red, float *inv) {
                 for (int e = 0; e < 8; e++) v[e] = v[e] * s * (a.norm ? a.norm[k + e] : 1.0f);
             }
         }
-        xs[i] = make_uint4(gv_pack<F16>(v[0], v[1]), gv_pack<F16>(v[2], v[3]),
+        xs[i + t * (xst - nch)] = make_uint4(gv_pack<F16>(v[0], v[1]), gv_pack<F16>(v[2], v[3]),
                            gv_pack<F16>(v[4], v[5]), gv_pack<F16>(v[6], v[7]));
+    }
+}
+
+/* One batch of U column vectors of the R rows of group g (rows past the
+ * end re-read the last; their results are dropped). */
+template <int R, int U>
+__device__ __forceinline__ void gv_load(uint4 (&wv)[U][R], const gv_args &a, int g, int c,
+                                        int nch) {
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const uint4 *wr = a.w + (size_t)min(g * R + r, a.rows - 1) * nch;
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            wv[u][r] = c + 32 * u < nch ? gv_ld(wr + c + 32 * u) : make_uint4(0, 0, 0, 0);
     }
 }
 
@@ -217,7 +235,12 @@ __global__ void __launch_bounds__(GV_WARPS * 32) gemv_kernel(const gv_args a) {
     int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     int nch = a.cols >> 3, ng = (a.rows + R - 1) / R;
     int g0 = (blockIdx.x * GV_WARPS + wid) * a.per_warp, g1 = min(ng, g0 + a.per_warp);
-    if (a.pf && g0 < g1) {  /* weights do not change: fetch them while the kernel before runs */
+    /* Weights do not change: the first batch is loaded (and a small matrix
+     * pulled into L2) while the kernel before still runs and the inputs
+     * are made. */
+    uint4 wv[U][R];
+    if (g0 < g1) gv_load<R, U>(wv, a, g0, lane, nch);
+    if (a.pf && g0 < g1) {
         const char *p = (const char *)(a.w + (size_t)g0 * R * nch);
         size_t n = (size_t)(min(a.rows, g1 * R) - g0 * R) * a.cols * 2;
         n = min(n, (size_t)a.pf);
@@ -226,25 +249,16 @@ __global__ void __launch_bounds__(GV_WARPS * 32) gemv_kernel(const gv_args a) {
     }
     pdl_trigger();
     pdl_wait();
-    gv_fill<NT, F16>(xs, a, red, inv);
+    gv_fill<NT, F16>(xs, nch, a, red, inv);
     __syncthreads();
     for (int g = g0; g < g1; g++) {
-        const uint4 *wr[R];
-#pragma unroll
-        for (int r = 0; r < R; r++)  /* rows past the end re-read the last; dropped below */
-            wr[r] = a.w + (size_t)min(g * R + r, a.rows - 1) * nch;
         float acc[NT][R];
 #pragma unroll
         for (int t = 0; t < NT; t++)
 #pragma unroll
             for (int r = 0; r < R; r++) acc[t][r] = 0;
         for (int c = lane; c < nch; c += 32 * U) {
-            uint4 wv[U][R];
-#pragma unroll
-            for (int u = 0; u < U; u++)
-#pragma unroll
-                for (int r = 0; r < R; r++)
-                    wv[u][r] = c + 32 * u < nch ? gv_ld(wr[r] + c + 32 * u) : make_uint4(0, 0, 0, 0);
+            if (g != g0 || c != lane) gv_load<R, U>(wv, a, g, c, nch);
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 if (c + 32 * u >= nch) break;
@@ -278,17 +292,110 @@ __global__ void __launch_bounds__(GV_WARPS * 32) gemv_kernel(const gv_args a) {
     }
 }
 
+/* Tensor-core variant for 3..8 tokens, where the f32 FMAs of the kernel
+ * above (8 per weight at 8 tokens) cost as much as the weight reads. A
+ * block takes 16 rows at a time and its 8 warps split the columns; a warp
+ * feeds mma.m16n8k16 (tokens padded to n = 8) straight from 16-byte
+ * weight loads: lane (g, c) = (lane / 4, lane % 4) loads columns [8c, 8c +
+ * 8) of each 32-column block for rows g and g + 8 and reads the same
+ * columns of token g's input. Those 8 columns stand for the k positions
+ * {2c, 2c+1, 2c+8, 2c+9} of two k16 steps, the fragment layout of the
+ * instruction; A and B use the same mapping, so the dot products are
+ * unchanged (f32 accumulation). The warps' partial tiles meet in shared
+ * memory. Input rows are GM_PAD vectors apart so the 8 tokens' reads fall
+ * in different banks. */
+#define GM_U 4
+#define GM_PAD 4
+
+template <int F16>
+__device__ __forceinline__ void gm_mma(float (&d)[4], unsigned a0, unsigned a1, unsigned a2,
+                                       unsigned a3, unsigned b0, unsigned b1) {
+    if (F16)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+                     "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+                     "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* GM_U 32-column blocks j0, j0 + 8, ... of rows g and g + 8 of a tile. */
+__device__ __forceinline__ void gm_load(uint4 (&wv)[GM_U][2], const gv_args &a, int tile, int j0,
+                                        int nkb, int nch, int lane) {
+    int g = lane >> 2, c = lane & 3;
+    const uint4 *r0 = a.w + (size_t)min(tile * 16 + g, a.rows - 1) * nch;
+    const uint4 *r1 = a.w + (size_t)min(tile * 16 + g + 8, a.rows - 1) * nch;
+#pragma unroll
+    for (int u = 0; u < GM_U; u++) {
+        int j = j0 + GV_WARPS * u, ch = j * 4 + c;
+        bool ok = j < nkb && ch < nch;
+        wv[u][0] = ok ? gv_ld(r0 + ch) : make_uint4(0, 0, 0, 0);
+        wv[u][1] = ok ? gv_ld(r1 + ch) : make_uint4(0, 0, 0, 0);
+    }
+}
+
+template <int NT, int F16>
+__global__ void __launch_bounds__(GV_WARPS * 32) gemv_mma_kernel(const gv_args a) {
+    extern __shared__ uint4 xs[];
+    __shared__ float4 part[GV_WARPS * 32];
+    __shared__ float red[GV_WARPS * NT];
+    __shared__ float inv[NT];
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+    int nch = a.cols >> 3, xst = nch + GM_PAD, nkb = (nch + 3) / 4, ntiles = (a.rows + 15) / 16;
+    int tile0 = blockIdx.x;
+    uint4 wv[GM_U][2];
+    if (tile0 < ntiles) gm_load(wv, a, tile0, wid, nkb, nch, lane);
+    pdl_trigger();
+    pdl_wait();
+    gv_fill<NT, F16>(xs, xst, a, red, inv);
+    __syncthreads();
+    for (int tile = tile0; tile < ntiles; tile += gridDim.x) {
+        float d[4] = {0, 0, 0, 0};
+        for (int j0 = wid; j0 < nkb; j0 += GV_WARPS * GM_U) {
+            if (tile != tile0 || j0 != wid) gm_load(wv, a, tile, j0, nkb, nch, lane);
+#pragma unroll
+            for (int u = 0; u < GM_U; u++) {
+                int ch = (j0 + GV_WARPS * u) * 4 + c;
+                if (j0 + GV_WARPS * u >= nkb) break;
+                uint4 xv = g < NT && ch < nch ? xs[g * xst + ch] : make_uint4(0, 0, 0, 0);
+                gm_mma<F16>(d, wv[u][0].x, wv[u][1].x, wv[u][0].y, wv[u][1].y, xv.x, xv.y);
+                gm_mma<F16>(d, wv[u][0].z, wv[u][1].z, wv[u][0].w, wv[u][1].w, xv.z, xv.w);
+            }
+        }
+        part[wid * 32 + lane] = make_float4(d[0], d[1], d[2], d[3]);
+        __syncthreads();
+        if (threadIdx.x < 128) {  /* output (row, token) of fragment slot q of lane l */
+            int l = threadIdx.x >> 2, q = threadIdx.x & 3;
+            float v = 0;
+#pragma unroll
+            for (int w = 0; w < GV_WARPS; w++) v += ((const float *)&part[w * 32 + l])[q];
+            int row = tile * 16 + (l >> 2) + (q >= 2 ? 8 : 0), t = 2 * (l & 3) + (q & 1);
+            if (t < NT && row < a.rows) {
+                if (a.bias) v += a.bias[row];
+                float *yp = a.y + (size_t)t * a.rows + row;
+                *yp = a.acc ? *yp + v : v;
+            }
+        }
+        __syncthreads();  /* part is rewritten by the next tile */
+    }
+}
+
 typedef void (*gv_fn)(gv_args);
 
-/* The kernel for T tokens and its rows per warp: 2 rows for one or two
- * tokens (x reuse is cheap there), 4 beyond, so the shared-memory reads of
- * x stay under the weight bytes. */
+/* The kernel for T tokens and its rows per warp. One or two tokens: a row
+ * per warp and 8 vectors in flight per lane (H200: more warps and bytes in
+ * flight on the matrices of few rows; 2 rows x 4 vectors reached 0.9-1.3
+ * TB/s on the Qwen3-0.6B o and down shapes). Beyond, 4 rows, so that the
+ * shared-memory reads of x stay under the weight bytes. */
 template <int F16>
 static gv_fn gv_pick(int T, int *R) {
-    *R = T <= 2 ? 2 : 4;
+    *R = T <= 2 ? 1 : 4;
     switch (T) {
-    case 1: return gemv_kernel<1, 2, 4, F16>;
-    case 2: return gemv_kernel<2, 2, 4, F16>;
+    case 1: return gemv_kernel<1, 1, 8, F16>;
+    case 2: return gemv_kernel<2, 1, 8, F16>;
     case 3: return gemv_kernel<3, 4, 2, F16>;
     case 4: return gemv_kernel<4, 4, 2, F16>;
     case 5: return gemv_kernel<5, 4, 2, F16>;
@@ -298,10 +405,24 @@ static gv_fn gv_pick(int T, int *R) {
     }
 }
 
+template <int F16>
+static gv_fn gm_pick(int T) {
+    switch (T) {
+    case 1: return gemv_mma_kernel<1, F16>;
+    case 2: return gemv_mma_kernel<2, F16>;
+    case 3: return gemv_mma_kernel<3, F16>;
+    case 4: return gemv_mma_kernel<4, F16>;
+    case 5: return gemv_mma_kernel<5, F16>;
+    case 6: return gemv_mma_kernel<6, F16>;
+    case 7: return gemv_mma_kernel<7, F16>;
+    default: return gemv_mma_kernel<8, F16>;
+    }
+}
+
 extern "C" int loom_cuda_gemv_max_tokens(const loom_cuda *c, loom_cuda_dtype dt, int cols) {
     if ((dt != LOOM_CUDA_F16 && dt != LOOM_CUDA_BF16) || cols < 8 || cols % 8) return 0;
     size_t cap = LOOM_MIN_U((unsigned)GV_SMEM_MAX, (unsigned)c->smem_optin);
-    size_t t = cap / ((size_t)cols * 2);
+    size_t t = cap / (((size_t)cols / 8 + GM_PAD) * 16);  /* either kernel's rows */
     return t > GV_MAXT ? GV_MAXT : (int)t;
 }
 
@@ -315,10 +436,11 @@ extern "C" loom_status loom_cuda_gemv(loom_cuda *c, float *d_y, const loom_cuda_
         return loom_err(LOOM_ERR_UNSUPPORTED, "cuda gemv: %d tokens of %d columns, type %d, "
                         "mode %d (expected f16/bf16, columns a multiple of 8, at most %d tokens "
                         "here, 16-byte aligned data)", T, cols, (int)dt, (int)in->mode, maxt);
-    int R;
-    gv_fn k = dt == LOOM_CUDA_F16 ? gv_pick<1>(T, &R) : gv_pick<0>(T, &R);
-    size_t smem = (size_t)T * cols * 2;
-    if (smem > 48 * 1024)
+    int R = 1, mma = T >= c->gemv_mma;
+    gv_fn k = mma ? (dt == LOOM_CUDA_F16 ? gm_pick<1>(T) : gm_pick<0>(T))
+                  : (dt == LOOM_CUDA_F16 ? gv_pick<1>(T, &R) : gv_pick<0>(T, &R));
+    size_t smem = mma ? (size_t)T * (cols / 8 + GM_PAD) * 16 : (size_t)T * cols * 2;
+    if (smem + 8192 > 48 * 1024)  /* the default limit counts the static arrays too */
         CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)smem));
     int bps = 0;
@@ -326,6 +448,9 @@ extern "C" loom_status loom_cuda_gemv(loom_cuda *c, float *d_y, const loom_cuda_
     long ng = (rows + R - 1) / R, maxw = (long)c->n_sm * LOOM_MAX_I(bps, 1) * GV_WARPS;
     long per = (ng + maxw - 1) / maxw;
     unsigned blocks = (unsigned)((ng + per * GV_WARPS - 1) / (per * GV_WARPS));
+    if (mma)  /* 16-row tiles, one wave of blocks */
+        blocks = (unsigned)LOOM_MIN_U((unsigned)((rows + 15) / 16),
+                                      (unsigned)(c->n_sm * LOOM_MAX_I(bps, 1)));
     gv_args a;
     a.y = d_y;
     a.x = in->d_x;
@@ -340,7 +465,8 @@ extern "C" loom_status loom_cuda_gemv(loom_cuda *c, float *d_y, const loom_cuda_
     a.eps = in->eps;
     /* Only small matrices: a large one would push the prefetched lines of
      * the next out of L2 before they are read. */
-    a.pf = c->pdl && (size_t)rows * cols * 2 <= GV_PREFETCH ? (unsigned)(per * R * cols * 2) : 0;
+    a.pf = !mma && c->pdl && (size_t)rows * cols * 2 <= GV_PREFETCH
+               ? (unsigned)(per * R * cols * 2) : 0;
     CUDA_CHECK(loom_cuda_launch(c, k, dim3(blocks), dim3(GV_WARPS * 32), smem, a));
     return LOOM_OK;
 }
