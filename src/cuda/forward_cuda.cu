@@ -37,7 +37,7 @@
  * programmatic dependent launch (sm_90) start while the one before drains
  * and pull small weight matrices into L2 before waiting for it.
  * LOOM_CUDA_GEMV_T=n moves the token count up to which the GEMV replaces
- * cuBLAS (default 8, 0 = never); LOOM_CUDA_PDL=0 turns that launch off. */
+ * cuBLAS (default 2, 0 = never); LOOM_CUDA_PDL=0 turns that launch off. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <math.h>
@@ -163,7 +163,7 @@ struct loom_cuda_model {
     loom_cuda_dtype act16;     /* F16/BF16: GEMM inputs made in that type by the kernel
                                   before (all q/k/v, gate_up, down weights of it); F32: off */
     int gemv_t;                /* steps of up to this many tokens take loom_cuda_gemv for
-                                  16-bit weights (LOOM_CUDA_GEMV_T, default 8; 0: cuBLAS only) */
+                                  16-bit weights (LOOM_CUDA_GEMV_T, default 2; 0: cuBLAS only) */
     int small_t;               /* up to this many tokens (and gemv_t) a layer is 4 GEMVs that
                                   make their own inputs + qkv_post + attention; 0: never */
     void *a16;                 /* (max_tokens, max(hidden, inter)) of act16 */
@@ -489,9 +489,14 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
     }
     if (st == LOOM_OK && g->act16 != LOOM_CUDA_F32)
         st = g_alloc(g, &g->a16, T * (size_t)LOOM_MAX_I(H, (int)I) * 2);
-    /* Few tokens: our GEMV instead of cuBLAS. */
+    /* Few tokens: our GEMV instead of cuBLAS. Up to 2 by measurement (H200,
+     * bench/cuda_gemv and whole decode steps): at 1-2 tokens it reads the
+     * weights at 3.1-4.2 TB/s on the Llama-3-8B shapes and takes 4-6 us on
+     * the Qwen3-0.6B ones against cuBLAS's 12-16; at 8 tokens cuBLAS's
+     * tensor-core GEMMs win (batch 8: 1,295 against 1,012 tok/s on
+     * Llama-3-8B, 4,500 against 4,112 on Qwen3-0.6B). */
     const char *gv = getenv("LOOM_CUDA_GEMV_T");
-    g->gemv_t = gv ? atoi(gv) : 8;
+    g->gemv_t = gv ? atoi(gv) : 2;
     g->small_t = g->act16 != LOOM_CUDA_F32 ? 8 : 0;
     for (int l = 0; l < L && g->small_t; l++) {
         const dlayer *D = &g->layers[l];

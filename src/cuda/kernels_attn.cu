@@ -130,10 +130,12 @@ __global__ void attn_decode_kernel(float *part_acc, float *part_ml, const float 
  * walks positions one after another in each thread (a dependent table and
  * row load per position): latency-bound. Here a lane owns EPL consecutive
  * dims of the head, so a warp reads one K or V row in one coalesced pass;
- * the 4 warps take interleaved positions, the queries and the running sums
- * stay in registers, and the warps' partial outputs meet in shared memory.
+ * the 4 warps take interleaved runs of DEC_PB positions, the queries and
+ * the running sums stay in registers, and the warps' partial outputs meet
+ * in shared memory.
  * Same partials (m, l, unnormalised acc) as attn_decode_kernel. */
 #define DEC_GMAX 8
+#define DEC_PB 4   /* positions a warp loads at once */
 
 template <int EPL>
 __device__ __forceinline__ void kv_load(const void *p, size_t i, int dt, float *o) {
@@ -162,7 +164,7 @@ __device__ __forceinline__ void kv_load(const void *p, size_t i, int dt, float *
  * head), done by the last of its split blocks to finish: counter cnt
  * (zero before) tallies them and is left zero again. Partials written by
  * other blocks are read through L2 (__ldcg): L1 is not coherent. */
-__device__ void attn_combine_last(float *out, const float *part_acc, const float *part_ml,
+__device__ __forceinline__ void attn_combine_last(float *out, const float *part_acc, const float *part_ml,
                                   int *cnt, int nh, int hd, int group, int kh, int s,
                                   int n_splits) {
     __shared__ int last;
@@ -235,18 +237,29 @@ attn_decode_vec_kernel(float *part_acc, float *part_ml, float *out, int *cnts, c
             qr[g][e] = g < group ? q[((size_t)s * nh + (size_t)kh * group + g) * HD + lane * EPL + e] * scale
                                  : 0.0f;
     size_t hoff = (size_t)kh * HD + (size_t)lane * EPL;
-    for (int j = w; j < n; j += NW) {
-        int p = p0 + j;
-        float k[EPL];
-        kv_load<EPL>(kb, ((size_t)table[p / bs] * bs + (size_t)(p % bs)) * stride + hoff, dt, k);
+    /* A warp takes DEC_PB positions at a time and issues all their table
+     * and row loads before using any: one memory latency per run, not per
+     * position (decode at small batch waits on these chains). */
+    for (int j0 = w * DEC_PB; j0 < n; j0 += NW * DEC_PB) {
+        float k[DEC_PB][EPL];
 #pragma unroll
-        for (int g = 0; g < DEC_GMAX; g++) {
-            if (g >= group) break;
-            float d = 0;
+        for (int b = 0; b < DEC_PB; b++) {
+            int p = p0 + min(j0 + b, n - 1);
+            kv_load<EPL>(kb, ((size_t)table[p / bs] * bs + (size_t)(p % bs)) * stride + hoff, dt,
+                         k[b]);
+        }
 #pragma unroll
-            for (int e = 0; e < EPL; e++) d += qr[g][e] * k[e];
-            d = a_warp_sum(d);
-            if (lane == 0) sc[g * split + j] = cap_score(d, softcap);
+        for (int b = 0; b < DEC_PB; b++) {
+            if (j0 + b >= n) break;
+#pragma unroll
+            for (int g = 0; g < DEC_GMAX; g++) {
+                if (g >= group) break;
+                float d = 0;
+#pragma unroll
+                for (int e = 0; e < EPL; e++) d += qr[g][e] * k[b][e];
+                d = a_warp_sum(d);
+                if (lane == 0) sc[g * split + j0 + b] = cap_score(d, softcap);
+            }
         }
     }
     __syncthreads();
@@ -272,16 +285,24 @@ attn_decode_vec_kernel(float *part_acc, float *part_ml, float *out, int *cnts, c
     for (int g = 0; g < DEC_GMAX; g++)
 #pragma unroll
         for (int e = 0; e < EPL; e++) acc[g][e] = 0;
-    for (int j = w; j < n; j += NW) {
-        int p = p0 + j;
-        float v[EPL];
-        kv_load<EPL>(vb, ((size_t)table[p / bs] * bs + (size_t)(p % bs)) * stride + hoff, dt, v);
+    for (int j0 = w * DEC_PB; j0 < n; j0 += NW * DEC_PB) {
+        float v[DEC_PB][EPL];
 #pragma unroll
-        for (int g = 0; g < DEC_GMAX; g++) {
-            if (g >= group) break;
-            float pw = sc[g * split + j];
+        for (int b = 0; b < DEC_PB; b++) {
+            int p = p0 + min(j0 + b, n - 1);
+            kv_load<EPL>(vb, ((size_t)table[p / bs] * bs + (size_t)(p % bs)) * stride + hoff, dt,
+                         v[b]);
+        }
 #pragma unroll
-            for (int e = 0; e < EPL; e++) acc[g][e] += pw * v[e];
+        for (int b = 0; b < DEC_PB; b++) {
+            if (j0 + b >= n) break;
+#pragma unroll
+            for (int g = 0; g < DEC_GMAX; g++) {
+                if (g >= group) break;
+                float pw = sc[g * split + j0 + b];
+#pragma unroll
+                for (int e = 0; e < EPL; e++) acc[g][e] += pw * v[b][e];
+            }
         }
     }
 #pragma unroll
@@ -362,7 +383,7 @@ extern "C" loom_status loom_cuda_attn_decode(loom_cuda *c, float *d_out, const f
      * idle: a split is one block's serial walk. */
     int split = 256;
     while (split > 32 && group * split > 8192) split /= 2;
-    while (vec && split > 32 &&
+    while (vec && split > DEC_PB * DEC_THREADS / 32 &&
            (size_t)n_seqs * a->n_kv_heads * ((span + split - 1) / split) < 2 * (size_t)c->n_sm)
         split /= 2;
     int n_splits = (span + split - 1) / split;
