@@ -135,7 +135,7 @@ __global__ void attn_decode_kernel(float *part_acc, float *part_ml, const float 
  * in shared memory.
  * Same partials (m, l, unnormalised acc) as attn_decode_kernel. */
 #define DEC_GMAX 8
-#define DEC_PB 4   /* positions a warp loads at once */
+#define DEC_PB 2   /* positions a warp loads at once */
 
 template <int EPL>
 __device__ __forceinline__ void kv_load(const void *p, size_t i, int dt, float *o) {
@@ -164,7 +164,7 @@ __device__ __forceinline__ void kv_load(const void *p, size_t i, int dt, float *
  * head), done by the last of its split blocks to finish: counter cnt
  * (zero before) tallies them and is left zero again. Partials written by
  * other blocks are read through L2 (__ldcg): L1 is not coherent. */
-__device__ __forceinline__ void attn_combine_last(float *out, const float *part_acc, const float *part_ml,
+__device__ __noinline__ void attn_combine_last(float *out, const float *part_acc, const float *part_ml,
                                   int *cnt, int nh, int hd, int group, int kh, int s,
                                   int n_splits) {
     __shared__ int last;
@@ -199,7 +199,9 @@ __device__ __forceinline__ void attn_combine_last(float *out, const float *part_
 /* cnt NULL: partials only (attn_combine_kernel follows); else the last
  * split block of each (sequence, KV head) also writes out. */
 template <int EPL>
-__global__ void __launch_bounds__(DEC_THREADS)
+/* 8 blocks an SM (64 registers) up to head_dim 128: a batch of 128
+ * sequences x 8 KV heads is then one wave. */
+__global__ void __launch_bounds__(DEC_THREADS, EPL >= 8 ? 4 : 8)
 attn_decode_vec_kernel(float *part_acc, float *part_ml, float *out, int *cnts, const float *q,
                        const void *kb, const void *vb, int dt, size_t stride, int bs,
                        const int32_t *tables, int tstride, const int32_t *lens, int nh, int nkv,
@@ -218,6 +220,11 @@ attn_decode_vec_kernel(float *part_acc, float *part_ml, float *out, int *cnts, c
     int p0 = lo + sp * split, p1 = min(len, p0 + split), n = p1 - p0;
     size_t pbase = ((size_t)s * nh + (size_t)kh * group) * n_splits + sp;
     if (n <= 0) {
+        if (cnts && n_splits == 1) {  /* nothing to attend to: zeros, as the combine */
+            for (int i = threadIdx.x; i < group * HD; i += blockDim.x)
+                out[((size_t)s * nh + (size_t)kh * group) * HD + i] = 0.0f;
+            return;
+        }
         for (int g = threadIdx.x; g < group; g += blockDim.x) {
             part_ml[(pbase + (size_t)g * n_splits) * 2] = -INFINITY;
             part_ml[(pbase + (size_t)g * n_splits) * 2 + 1] = 0;
@@ -312,13 +319,21 @@ attn_decode_vec_kernel(float *part_acc, float *part_ml, float *out, int *cnts, c
         for (int e = 0; e < EPL; e++) red[((size_t)w * group + g) * HD + lane * EPL + e] = acc[g][e];
     }
     __syncthreads();
+    /* one split (large batches): the combine is acc / l, written at once */
+    int direct = cnts && n_splits == 1;
     for (int i = threadIdx.x; i < group * HD; i += blockDim.x) {
         int g = i / HD, d = i % HD;
         float a = 0;
 #pragma unroll
         for (int ww = 0; ww < NW; ww++) a += red[((size_t)ww * group + g) * HD + d];
-        part_acc[(pbase + (size_t)g * n_splits) * HD + d] = a;
+        if (direct) {
+            float l = ml[2 * g + 1];
+            out[((size_t)s * nh + (size_t)kh * group + g) * HD + d] = l > 0 ? a / l : 0.0f;
+        } else {
+            part_acc[(pbase + (size_t)g * n_splits) * HD + d] = a;
+        }
     }
+    if (direct) return;
     for (int g = threadIdx.x; g < group; g += blockDim.x) {
         part_ml[(pbase + (size_t)g * n_splits) * 2] = ml[2 * g];
         part_ml[(pbase + (size_t)g * n_splits) * 2 + 1] = ml[2 * g + 1];
