@@ -163,11 +163,17 @@ __device__ __forceinline__ void kv_load(const void *p, size_t i, int dt, float *
 /* The combine of attn_combine_kernel for the q heads of one (sequence, KV
  * head), done by the last of its split blocks to finish: counter cnt
  * (zero before) tallies them and is left zero again. Partials written by
- * other blocks are read through L2 (__ldcg): L1 is not coherent. */
-__device__ __noinline__ void attn_combine_last(float *out, const float *part_acc, const float *part_ml,
-                                  int *cnt, int nh, int hd, int group, int kh, int s,
-                                  int n_splits) {
+ * other blocks are read through L2 (__ldcg): L1 is not coherent. All (m,
+ * l) pairs are loaded at once into sm (2 * group * n_splits floats of the
+ * block's shared memory, free by then) and the weights e^(m - M) made
+ * there, so the sums over the splits are plain independent loads: at
+ * batch 1 a split-by-split walk of dependent loads cost more than the
+ * attention itself. */
+__device__ __noinline__ void attn_combine_last(float *out, const float *part_acc,
+                                               const float *part_ml, int *cnt, int nh, int hd,
+                                               int group, int kh, int s, int n_splits, float *sm) {
     __shared__ int last;
+    __shared__ float sL[DEC_GMAX];
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -177,22 +183,39 @@ __device__ __noinline__ void attn_combine_last(float *out, const float *part_acc
     __syncthreads();
     if (!last) return;
     __threadfence();
-    for (int i = threadIdx.x; i < group * hd; i += blockDim.x) {
-        int h = kh * group + i / hd, d = i % hd;
-        size_t base = ((size_t)s * nh + h) * n_splits;
-        float M = -INFINITY, L = 0, a = 0;
-        for (int sp = 0; sp < n_splits; sp++)
-            if (__ldcg(part_ml + (base + sp) * 2 + 1) > 0)
-                M = fmaxf(M, __ldcg(part_ml + (base + sp) * 2));
-        for (int sp = 0; sp < n_splits; sp++) {
-            float l = __ldcg(part_ml + (base + sp) * 2 + 1);
-            if (l > 0) {
-                float e = expf(__ldcg(part_ml + (base + sp) * 2) - M);
-                L += l * e;
-                a += __ldcg(part_acc + (base + sp) * hd + d) * e;
-            }
+    size_t base = ((size_t)s * nh + (size_t)kh * group) * n_splits;  /* + g * n_splits + sp */
+    float *me = sm, *le = sm + group * n_splits;  /* m, then the weight e; l */
+    for (int i = threadIdx.x; i < group * n_splits; i += blockDim.x) {
+        me[i] = __ldcg(part_ml + (base + i) * 2);
+        le[i] = __ldcg(part_ml + (base + i) * 2 + 1);
+    }
+    __syncthreads();
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int g = w; g < group; g += nw) {
+        float M = -INFINITY, L = 0;
+        for (int sp = lane; sp < n_splits; sp += 32)
+            if (le[g * n_splits + sp] > 0) M = fmaxf(M, me[g * n_splits + sp]);
+        M = a_warp_max(M);
+        for (int sp = lane; sp < n_splits; sp += 32) {
+            float l = le[g * n_splits + sp], e = l > 0 ? expf(me[g * n_splits + sp] - M) : 0.0f;
+            me[g * n_splits + sp] = e;
+            L += l * e;
         }
-        out[((size_t)s * nh + h) * hd + d] = L > 0 ? a / L : 0.0f;
+        L = a_warp_sum(L);
+        if (lane == 0) sL[g] = L;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < group * hd; i += blockDim.x) {
+        int g = i / hd, d = i % hd;
+        const float *pa = part_acc + (base + (size_t)g * n_splits) * hd + d, *e = me + g * n_splits;
+        float a = 0;
+#pragma unroll 8
+        for (int sp = 0; sp < n_splits; sp++) {
+            float v = __ldcg(pa + (size_t)sp * hd);  /* an empty split's is never written */
+            a += e[sp] > 0 ? v * e[sp] : 0.0f;
+        }
+        float L = sL[g];
+        out[((size_t)s * nh + (size_t)kh * group + g) * hd + d] = L > 0 ? a / L : 0.0f;
     }
 }
 
@@ -231,7 +254,7 @@ attn_decode_vec_kernel(float *part_acc, float *part_ml, float *out, int *cnts, c
         }
         if (cnts)
             attn_combine_last(out, part_acc, part_ml, cnts + (size_t)s * nkv + kh, nh, HD, group,
-                              kh, s, n_splits);
+                              kh, s, n_splits, red);
         return;
     }
     const int32_t *table = tables + (size_t)s * tstride;
@@ -340,7 +363,7 @@ attn_decode_vec_kernel(float *part_acc, float *part_ml, float *out, int *cnts, c
     }
     if (cnts)
         attn_combine_last(out, part_acc, part_ml, cnts + (size_t)s * nkv + kh, nh, HD, group, kh,
-                          s, n_splits);
+                          s, n_splits, red);
 }
 
 /* out[s, h] = sum_sp acc_sp * e^(m_sp - M) / sum_sp l_sp * e^(m_sp - M). */
@@ -398,7 +421,7 @@ extern "C" loom_status loom_cuda_attn_decode(loom_cuda *c, float *d_out, const f
      * idle: a split is one block's serial walk. */
     int split = 256;
     while (split > 32 && group * split > 8192) split /= 2;
-    while (vec && split > DEC_PB * DEC_THREADS / 32 &&
+    while (vec && split > 16 &&
            (size_t)n_seqs * a->n_kv_heads * ((span + split - 1) / split) < 2 * (size_t)c->n_sm)
         split /= 2;
     int n_splits = (span + split - 1) / split;
@@ -418,7 +441,9 @@ extern "C" loom_status loom_cuda_attn_decode(loom_cuda *c, float *d_out, const f
     dim3 grid((unsigned)n_splits, (unsigned)a->n_kv_heads, (unsigned)n_seqs);
     /* the vectorised kernel combines in its last split block where the
      * counters reach: one launch instead of two */
-    int *cnts = (size_t)n_seqs * a->n_kv_heads <= LOOM_CUDA_COUNTERS / 2 ? c->counters : NULL;
+    int *cnts = (size_t)n_seqs * a->n_kv_heads <= LOOM_CUDA_COUNTERS / 2 &&
+                        2 * n_splits <= (DEC_THREADS / 32) * hd  /* the (m, l) pairs fit */
+                    ? c->counters : NULL;
 #define DEC_VEC(E)                                                                              \
     do {                                                                                        \
         if (smem > 48 * 1024)                                                                   \
