@@ -306,8 +306,9 @@ static float q_param_f(const uint16_t *p, size_t i, int f16) {
  * each of up to 8 tokens the bits it gets alone. */
 static int q_invariant;
 
-static void check_matmul_q(int bits, int group, int n, int T, int f16, int rows, int r0, int r1,
-                           int ldx, int ldy) {
+/* il: K runs on the matrix in the 16-row interleaved layout (rows % 16 == 0). */
+static void check_matmul_q_il(int bits, int group, int n, int T, int f16, int rows, int r0,
+                              int r1, int ldx, int ldy, int il) {
     int words = n * bits / 32, ng = n / group;
     uint32_t *wq = malloc((size_t)rows * words * sizeof *wq);
     for (int i = 0; i < rows * words; i++) wq[i] = test_rand_u32(&rng);
@@ -320,11 +321,14 @@ static void check_matmul_q(int bits, int group, int n, int T, int f16, int rows,
     }
     loom_qmat w = {.w = wq, .scales = sc, .biases = bi, .n = n, .bits = bits, .group = group,
                    .f16 = f16};
+    loom_qmat wk = w;
+    void *il_mem = NULL;
+    if (il) CHECK(loom_q_interleave(&w, rows, &wk, &il_mem) == LOOM_OK);
     float *x = rand_f32((size_t)(T - 1) * ldx + n, 1.0f);
     size_t ny = (size_t)(T - 1) * ldy + rows;
     float *y = malloc(ny * sizeof *y), *yr = malloc(ny * sizeof *yr);
     for (size_t i = 0; i < ny; i++) y[i] = yr[i] = SENTINEL;
-    K->matmul_q(y, ldy, x, ldx, &w, T, r0, r1);
+    K->matmul_q(y, ldy, x, ldx, &wk, T, r0, r1);
     R->matmul_q(yr, ldy, x, ldx, &w, T, r0, r1);
     int bad = 0;
     for (int t = 0; t < T && bad < 3; t++)
@@ -345,27 +349,56 @@ static void check_matmul_q(int bits, int group, int n, int T, int f16, int rows,
             }
             int ok = close_sum(y[i], yr[i], sa);
             bad += !ok;
-            CHECKF(ok, "matmul_q bits %d group %d n %d T %d f16 %d [%d,%d) t %d r %d: %.9g vs %.9g",
-                   bits, group, n, T, f16, r0, r1, t, r, y[i], yr[i]);
+            CHECKF(ok, "matmul_q bits %d group %d n %d T %d f16 %d il %d [%d,%d) t %d r %d: %.9g "
+                   "vs %.9g", bits, group, n, T, f16, il, r0, r1, t, r, y[i], yr[i]);
         }
     /* Batched decode (2..8 tokens, groups of 64 << s) on the tables that promise batch
      * invariance: every token's outputs the bits it gets alone. */
-    if (q_invariant && T > 1 && T <= 8 && (bits == 4 || bits == 8) && group % 64 == 0 &&
+    if (q_invariant && T > 1 && (T <= 8 || il) && (bits == 4 || bits == 8) && group % 64 == 0 &&
         !(group & (group - 1))) {
         float *y1 = malloc(ny * sizeof *y1);
         for (size_t i = 0; i < ny; i++) y1[i] = y[i];
         for (int t = 0; t < T; t++)
-            K->matmul_q(y1 + (size_t)t * ldy, ldy, x + (size_t)t * ldx, ldx, &w, 1, r0, r1);
-        CHECKF(!memcmp(y, y1, ny * sizeof *y), "matmul_q bits %d group %d n %d: T=%d vs 1 at a time",
-               bits, group, n, T);
+            K->matmul_q(y1 + (size_t)t * ldy, ldy, x + (size_t)t * ldx, ldx, &wk, 1, r0, r1);
+        CHECKF(!memcmp(y, y1, ny * sizeof *y), "matmul_q bits %d group %d n %d il %d: T=%d vs 1 "
+               "at a time", bits, group, n, il, T);
         free(y1);
     }
+    loom_free(il_mem);
     free(wq);
     free(sc);
     free(bi);
     free(x);
     free(y);
     free(yr);
+}
+
+static void check_matmul_q(int bits, int group, int n, int T, int f16, int rows, int r0, int r1,
+                           int ldx, int ldy) {
+    check_matmul_q_il(bits, group, n, T, f16, rows, r0, r1, ldx, ldy, 0);
+}
+
+/* Tables that read the 16-row interleaved layout: every token count of a
+ * decode, a batch and a prompt, ranges inside and across row blocks, the
+ * layout's checks. */
+static void test_matmul_q_il(void) {
+    static const int shapes[][2] = {{64, 64}, {128, 384}, {64, 1088}, {1024, 2048}};
+    static const int rr[][2] = {{0, 48}, {16, 32}, {5, 37}, {47, 48}};
+    for (int bits = 4; bits <= 8; bits += 4)
+        for (size_t si = 0; si < LOOM_ARRAY_LEN(shapes); si++)
+            for (int T = 1; T <= 19; T += (T < 9 ? 1 : 5)) {
+                int ri = (T + (int)si) % 4;
+                check_matmul_q_il(bits, shapes[si][0], shapes[si][1], T, T % 2, 48, rr[ri][0],
+                                  rr[ri][1], shapes[si][1] + T % 3, 50, 1);
+            }
+    loom_qmat w = {.n = 128, .bits = 4, .group = 64}, o;
+    void *mem;
+    CHECK(loom_q_il16_ok(&w, 32) && !loom_q_il16_ok(&w, 40));
+    w.bits = 3;
+    CHECK(!loom_q_il16_ok(&w, 32));
+    CHECK(loom_q_interleave(&w, 32, &o, &mem) == LOOM_ERR_INVALID_ARG && !mem);
+    w.bits = 8, w.n = 16384;
+    CHECK(!loom_q_il16_ok(&w, 32));
 }
 
 static void test_matmul_q(void) {
@@ -827,6 +860,7 @@ static void run_all(const char *label, const loom_kernels *k, const loom_kernels
     q_invariant = !strcmp(label, "avx512") || !strcmp(label, "avx512-fast");
     test_matmul_rounding();
     test_matmul_q();
+    if (K->q_il16) test_matmul_q_il();
     test_dot_axpy();
     test_rmsnorm();
     test_softmax();

@@ -4,9 +4,12 @@
 #include "model/model.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "base/base.h"
 
@@ -101,6 +104,8 @@ static int dims_are(const loom_st_tensor *t, int stack, int rows, int cols) {
     if (stack) return t->ndim == 3 && t->shape[0] == stack && t->shape[1] == rows && t->shape[2] == cols;
     return t->ndim == 2 && t->shape[0] == rows && t->shape[1] == cols;
 }
+
+static loom_status interleave_all(loom_model *m);
 
 /* Binds an MLX affine-quantized weight: name is "<module>.weight" (U32
  * packed), with "<module>.scales" and "<module>.biases". Bits and group
@@ -740,7 +745,62 @@ static loom_status load(loom_model *m, const char *dir, const loom_model_params 
         if ((s = bind_layer(m, l))) return s;
     if (m->kv_dim == 0) m->kv_dim = c->n_kv_heads * c->head_dim;  /* no attention layer */
     m->k = p->fast_matmul ? loom_kernels_get_fast() : loom_kernels_get();
+    if (m->device < 0 && m->k->q_il16 && (s = interleave_all(m))) return s;
     return loom_pool_create(p->n_threads, &m->pool);
+}
+
+/* One matrix into the kernels' 16-row layout when it has the shape for
+ * it. The file's pages of it are dropped unless another weight (a tied
+ * embedding, which gathers rows) still reads them. */
+static loom_status interleave(loom_model *m, loom_weight *w) {
+    if (w->dtype != LOOM_DT_U32 || !loom_q_il16_ok(&w->q, w->rows)) return LOOM_OK;
+    void *mem;
+    loom_qmat q;
+    loom_status s = loom_q_interleave(&w->q, w->rows, &q, &mem);
+    if (s != LOOM_OK) return s;
+    void **nm = realloc(m->il_mem, (size_t)(m->n_il_mem + 1) * sizeof *nm);
+    if (!nm) {
+        loom_free(mem);
+        return loom_err(LOOM_ERR_NOMEM, "out of memory");
+    }
+    m->il_mem = nm;
+    m->il_mem[m->n_il_mem++] = mem;
+    if (!(m->embed.dtype == LOOM_DT_U32 && m->embed.q.w == w->q.w)) {
+        long pg = sysconf(_SC_PAGESIZE);
+        size_t bytes = (size_t)w->rows * w->cols * w->q.bits / 8;
+        uintptr_t a = ((uintptr_t)w->q.w + (uintptr_t)pg - 1) & ~(uintptr_t)(pg - 1);
+        uintptr_t b = ((uintptr_t)w->q.w + bytes) & ~(uintptr_t)(pg - 1);
+        if (pg > 0 && b > a) madvise((void *)a, b - a, MADV_DONTNEED);
+    }
+    w->q = q;
+    w->data = q.w;
+    return LOOM_OK;
+}
+
+static loom_status interleave_mlp(loom_model *m, loom_mlp *p) {
+    loom_status s;
+    if ((s = interleave(m, &p->gate)) || (s = interleave(m, &p->up))) return s;
+    return interleave(m, &p->down);
+}
+
+/* Every matrix the forward multiplies by (not the embeddings it gathers). */
+static loom_status interleave_all(loom_model *m) {
+    loom_status s;
+    if ((s = interleave(m, &m->lm_head)) || (s = interleave(m, &m->ple_model_proj))) return s;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        loom_layer *L = &m->layers[l];
+        loom_weight *ws[] = {&L->attn.wq, &L->attn.wk, &L->attn.wv, &L->attn.wo,
+                             &L->lin.in_qkv, &L->lin.in_z, &L->lin.in_b, &L->lin.in_a,
+                             &L->lin.in_qkvz, &L->lin.in_ba, &L->lin.out, &L->moe.router,
+                             &L->moe.shared_gate, &L->ple_gate, &L->ple_proj};
+        for (size_t i = 0; i < LOOM_ARRAY_LEN(ws); i++)
+            if ((s = interleave(m, ws[i]))) return s;
+        if ((s = interleave_mlp(m, &L->mlp)) || (s = interleave_mlp(m, &L->moe.shared))) return s;
+        if (L->moe.experts)
+            for (int e = 0; e < m->cfg.n_experts; e++)
+                if ((s = interleave_mlp(m, &L->moe.experts[e]))) return s;
+    }
+    return LOOM_OK;
 }
 
 loom_model_params loom_model_default_params(void) {
@@ -773,6 +833,8 @@ void loom_model_free(loom_model *m) {
     free(m->layers);
     loom_free(m->arena);
     for (int i = 0; i < LOOM_MAX_ROPES; i++) free(m->ropes[i].inv_freq);
+    for (int i = 0; i < m->n_il_mem; i++) loom_free(m->il_mem[i]);
+    free(m->il_mem);
     free(m);
 }
 

@@ -6,12 +6,14 @@
 
 #include "ops/ops.h"
 
+#include "base/base.h"
+
 loom_kernels loom_kernels_over(loom_kernels base, const loom_kernels *t) {
 #define OVER(f) if (t->f) base.f = t->f
     OVER(matmul_f32); OVER(matmul_f16); OVER(matmul_bf16); OVER(dot);
     OVER(axpy); OVER(rmsnorm); OVER(softmax); OVER(silu_mul);
     OVER(matmul_q); OVER(gelu_tanh_mul);
-    OVER(f16_to_f32); OVER(bf16_to_f32);
+    OVER(f16_to_f32); OVER(bf16_to_f32); OVER(q_il16);
 #undef OVER
     return base;
 }
@@ -65,4 +67,57 @@ const loom_kernels *loom_kernels_get(void) {
 const loom_kernels *loom_kernels_get_fast(void) {
     pthread_once(&once, pick);
     return &best_fast;
+}
+
+/* ---- 16-row interleaved quantized matrices ------------------------------- */
+
+#define IL_MAXN 8192
+
+int loom_q_il16_ok(const loom_qmat *w, int rows) {
+    int m = w->group / 64;
+    return (w->bits == 4 || w->bits == 8) && w->group % 64 == 0 && (m & (m - 1)) == 0 &&
+           m <= 16 && w->n > 0 && w->n % w->group == 0 && w->n <= IL_MAXN && rows > 0 &&
+           rows % 16 == 0 && !w->il16;
+}
+
+static unsigned q_value(const loom_qmat *w, int r, int k) {
+    const uint8_t *row = (const uint8_t *)w->w + (size_t)r * ((size_t)w->n * w->bits / 8);
+    return w->bits == 8 ? row[k] : (row[k / 2] >> (4 * (k & 1))) & 15u;
+}
+
+loom_status loom_q_interleave(const loom_qmat *w, int rows, loom_qmat *dst, void **mem) {
+    *mem = NULL;
+    if (!loom_q_il16_ok(w, rows))
+        return loom_err(LOOM_ERR_INVALID_ARG, "interleave: %d-bit, group %d, %d x %d (expected "
+                        "4 or 8 bits, group 64 << s, rows a multiple of 16, at most %d columns)",
+                        w->bits, w->group, rows, w->n, IL_MAXN);
+    size_t wbytes = (size_t)rows * w->n * w->bits / 8, np = (size_t)rows * (w->n / w->group);
+    uint8_t *buf = loom_alloc(wbytes + 2 * np * sizeof(uint16_t));
+    if (!buf) return loom_err(LOOM_ERR_NOMEM, "interleave: out of memory for %zu bytes", wbytes);
+    uint16_t *sc = (uint16_t *)(buf + wbytes), *bi = sc + np;
+    int n = w->n, ng = n / w->group, per = w->bits == 8 ? 4 : 8;
+    uint8_t *o = buf;
+    for (int rb = 0; rb < rows / 16; rb++) {
+        for (int j = 0; j < n / 64; j++)
+            for (int c = 0; c < 64 / per; c++)   /* one vector: 16 rows x per columns */
+                for (int i = 0; i < 16; i++)
+                    for (int b = 0; b < 4; b++) {
+                        int r = rb * 16 + i, k = j * 64 + c * per + b;
+                        *o++ = (uint8_t)(w->bits == 8 ? q_value(w, r, k)
+                                                      : q_value(w, r, k) | q_value(w, r, k + 4) << 4);
+                    }
+        for (int g = 0; g < ng; g++)
+            for (int i = 0; i < 16; i++) {
+                size_t s = (size_t)(rb * 16 + i) * ng + g, d = ((size_t)rb * ng + g) * 16 + i;
+                sc[d] = w->scales[s];
+                bi[d] = w->biases[s];
+            }
+    }
+    *dst = *w;
+    dst->w = (const uint32_t *)buf;
+    dst->scales = sc;
+    dst->biases = bi;
+    dst->il16 = 1;
+    *mem = buf;
+    return LOOM_OK;
 }

@@ -26,7 +26,20 @@ typedef struct loom_qmat {
     int bits;                  /* 2, 3, 4, 5, 6 or 8 */
     int group;                 /* columns per scale/bias, at most LOOM_QGROUP_MAX */
     int f16;
+    int il16;                  /* rows interleaved by 16 (loom_q_interleave) */
 } loom_qmat;
+
+/* The 16-row interleaved layout, for 4- and 8-bit matrices whose rows
+ * are a multiple of 16 and group 64 << s (s <= 4) columns, n <= 8192:
+ * per block of 16 rows and per 64 columns, a run of 64-byte vectors
+ * whose dword i holds row i's next 4 (8-bit) or 8 (4-bit: low nibbles 4
+ * columns, high nibbles the 4 after) columns; then scales and biases as
+ * [row block][group][16]. One vector feeds one VPDPBUSD with a column
+ * group broadcast, 16 rows to 16 lanes, with no reduction across lanes.
+ * Only kernel tables with q_il16 set read it. */
+int loom_q_il16_ok(const loom_qmat *w, int rows);
+/* dst: w's values in that layout, in one buffer (*mem, loom_free it). */
+loom_status loom_q_interleave(const loom_qmat *w, int rows, loom_qmat *dst, void **mem);
 
 typedef struct loom_kernels {
     const char *name;
@@ -57,6 +70,8 @@ typedef struct loom_kernels {
     /* Row conversions to f32. */
     void (*f16_to_f32)(float *y, const uint16_t *x, int n);
     void (*bf16_to_f32)(float *y, const uint16_t *x, int n);
+    /* matmul_q also takes loom_q_interleave'd matrices. */
+    int q_il16;
 } loom_kernels;
 
 extern const loom_kernels loom_kernels_ref;

@@ -707,11 +707,130 @@ static void fq_gemm(float *y, int ldy, const float *x, int ldx, const loom_qmat 
     }
 }
 
+/* ---- fast, 16-row interleaved matrices (loom_q_interleave) ------------- */
+
+/* In this layout each VPDPBUSD multiplies 16 rows by one broadcast run of
+ * 4 activations, so lane i sums row i: the block's integer sums are scaled
+ * once per 16 rows instead of once per row (MLX's row-major layout needs a
+ * cvt, a permute and an FMA per row and block), and no lanes are reduced.
+ * Decode becomes a read of one sequential stream at memory speed. The
+ * integer sums are exact in any order, and each token's float steps do not
+ * depend on the others', so a token gets the same bits alone or batched. */
+#define IL_T 8          /* tokens per pass over a row block */
+#define IL_RB 4         /* row blocks per chunk when several token passes reuse them */
+#define IL_MAXN 8192
+
+/* Rows 16 rb + [l0, l1) for T tokens: xq (T rows of n int8, column order),
+ * sx[t * nb + j] and xsg[t * ng + g] as fq_prep leaves them. Below 4
+ * tokens two integer chains per token hide VPDPBUSD's latency. */
+INLINE void il_block(float *y, size_t ldy, const int8_t *xq, const float *sx, const float *xsg,
+                     const loom_qmat *w, int rb, int l0, int l1, const int T, const int bits) {
+    const int n = w->n, ng = n / w->group, per = w->group / XBLK, nb = n / XBLK, two = T < 4;
+    const size_t vbytes = (size_t)16 * XBLK * bits / 8; /* one block of 16 rows */
+    const uint8_t *blk = (const uint8_t *)w->w + (size_t)rb * nb * vbytes;
+    const uint16_t *scb = w->scales + (size_t)rb * ng * 16, *bib = w->biases + (size_t)rb * ng * 16;
+    const __m512i m4 = _mm512_set1_epi8(15);
+    __m512 acc[IL_T];
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
+    for (int g = 0; g < ng; g++) {
+        __m512 sc = params16(scb + (size_t)g * 16, 16, w->f16);
+        __m512 bi = params16(bib + (size_t)g * 16, 16, w->f16);
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++)
+            acc[t] = _mm512_fmadd_ps(bi, _mm512_set1_ps(xsg[t * ng + g]), acc[t]);
+        for (int j = g * per; j < (g + 1) * per; j++) {
+            const uint8_t *v = blk + (size_t)j * vbytes;
+            __m512i ia[IL_T], ib[IL_T];
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++) ia[t] = ib[t] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; c++) {
+                __m512i wa, wb;
+                if (bits == 8) {
+                    wa = _mm512_loadu_si512(v + 128 * c);
+                    wb = _mm512_loadu_si512(v + 128 * c + 64);
+                } else {
+                    __m512i wv = _mm512_loadu_si512(v + 64 * c);
+                    wa = _mm512_and_si512(wv, m4);
+                    wb = _mm512_and_si512(_mm512_srli_epi16(wv, 4), m4);
+                }
+#pragma GCC unroll 8
+                for (int t = 0; t < T; t++) {
+                    const int8_t *xt = xq + (size_t)t * n + (size_t)j * XBLK + 8 * c;
+                    int32_t xa, xb;
+                    memcpy(&xa, xt, 4);
+                    memcpy(&xb, xt + 4, 4);
+                    ia[t] = _mm512_dpbusd_epi32(ia[t], wa, _mm512_set1_epi32(xa));
+                    if (two) ib[t] = _mm512_dpbusd_epi32(ib[t], wb, _mm512_set1_epi32(xb));
+                    else ia[t] = _mm512_dpbusd_epi32(ia[t], wb, _mm512_set1_epi32(xb));
+                }
+            }
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++) {
+                __m512i is = two ? _mm512_add_epi32(ia[t], ib[t]) : ia[t];
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is),
+                                         _mm512_mul_ps(sc, _mm512_set1_ps(sx[t * nb + j])), acc[t]);
+            }
+        }
+    }
+    __mmask16 m = (__mmask16)(mask16(l1) & ~mask16(l0));
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) _mm512_mask_storeu_ps(y + t * ldy + (size_t)rb * 16, m, acc[t]);
+}
+
+static void il_block_any(float *y, size_t ldy, const int8_t *xq, const float *sx,
+                         const float *xsg, const loom_qmat *w, int rb, int l0, int l1, int T) {
+    switch (T * 16 + w->bits) {
+#define IL_CASE(t)                                                                         \
+    case t * 16 + 8: il_block(y, ldy, xq, sx, xsg, w, rb, l0, l1, t, 8); break;          \
+    case t * 16 + 4: il_block(y, ldy, xq, sx, xsg, w, rb, l0, l1, t, 4); break;
+    IL_CASE(1) IL_CASE(2) IL_CASE(3) IL_CASE(4) IL_CASE(5) IL_CASE(6) IL_CASE(7) IL_CASE(8)
+#undef IL_CASE
+    default: break;
+    }
+}
+
+/* Rows [r0, r1) of an interleaved matrix: tokens rounded once per call,
+ * then chunks of IL_RB row blocks (L1) swept by every IL_T-token pass. */
+static void il_matmul(float *y, int ldy, const float *x, int ldx, const loom_qmat *w, int T,
+                      int r0, int r1) {
+    const int n = w->n, nb = n / XBLK, ng = n / w->group;
+    int8_t xq_s[IL_T * IL_MAXN] __attribute__((aligned(64)));
+    float sx_s[IL_T * (IL_MAXN / XBLK)], xsg_s[IL_T * (IL_MAXN / XBLK)];
+    int8_t *xq = xq_s;
+    float *sx = sx_s, *xsg = xsg_s;
+    void *heap = NULL;
+    if (T > IL_T) { /* a prompt: all its tokens at once */
+        heap = loom_alloc((size_t)T * n + (size_t)T * (nb + ng) * sizeof(float));
+        if (!heap) { /* no memory for the copy: the row-major path cannot run either */
+            for (int t = 0; t < T; t++) memset(y + (size_t)t * ldy + r0, 0, sizeof(float) * (size_t)(r1 - r0));
+            return;
+        }
+        sx = heap;
+        xsg = sx + (size_t)T * nb;
+        xq = (int8_t *)(xsg + (size_t)T * ng);
+    }
+    for (int t = 0; t < T; t++)
+        fq_prep(xq + (size_t)t * n, sx + (size_t)t * nb, xsg + (size_t)t * ng, 1,
+                x + (size_t)t * (size_t)ldx, w, 0);
+    for (int c0 = r0 / 16; c0 * 16 < r1; c0 += IL_RB)
+        for (int t0 = 0; t0 < T; t0 += IL_T)
+            for (int rb = c0; rb < c0 + IL_RB && rb * 16 < r1; rb++)
+                il_block_any(y + (size_t)t0 * ldy, (size_t)ldy, xq + (size_t)t0 * n,
+                             sx + (size_t)t0 * nb, xsg + (size_t)t0 * ng, w, rb,
+                             LOOM_MAX(r0 - rb * 16, 0), LOOM_MIN(r1 - rb * 16, 16),
+                             LOOM_MIN(IL_T, T - t0));
+    loom_free(heap);
+}
+
 static void matmul_q_fast(float *y, int ldy, const float *x, int ldx, const loom_qmat *w, int T,
                           int r0, int r1) {
     static const q_path fast = {fq_gemm, fq_matvec_multi, fq_matvec};
-    q_dispatch(&fast, y, ldy, x, ldx, w, T, r0, r1);
+    if (w->il16) il_matmul(y, ldy, x, ldx, w, T, r0, r1);
+    else q_dispatch(&fast, y, ldy, x, ldx, w, T, r0, r1);
 }
 
 const loom_kernels loom_kernels_avx512_q = {.name = "avx512-q", .matmul_q = matmul_q};
-const loom_kernels loom_kernels_avx512_q_fast = {.name = "avx512-q-fast", .matmul_q = matmul_q_fast};
+const loom_kernels loom_kernels_avx512_q_fast = {.name = "avx512-q-fast", .matmul_q = matmul_q_fast,
+                                                 .q_il16 = 1};
