@@ -518,6 +518,91 @@ static void test_dot_axpy(void) {
     CHECK(K->dot(NULL, NULL, 0) == 0);
 }
 
+/* attn_pv: slots with their own key ranges (empty, shared, partial, all),
+ * padded strides. Weights outside a slot's range are NaN, so reading one
+ * shows; the output's padding must stay untouched. On every table a slot
+ * gets the same bits alone, among the others, and with its keys split
+ * over two calls. */
+static void check_attn_pv(int slots, int hd, int n_keys) {
+    int ldo = hd + slots % 3, ldp = n_keys + 1 + hd % 2, ldv = hd + (n_keys % 2) * 5;
+    int keys[2 * 9];
+    for (int s = 0; s < slots; s++) {
+        int a = (int)(test_rand_u32(&rng) % (unsigned)(n_keys + 1));
+        int b = a + (int)(test_rand_u32(&rng) % (unsigned)(n_keys - a + 1));
+        switch (s % 4) {
+        case 0: a = 0, b = n_keys; break;             /* all keys */
+        case 1: a = keys[2 * s - 2], b = keys[2 * s - 1]; break; /* as the slot before */
+        case 2: if (s == 6) b = a; break;              /* some empty */
+        default: break;
+        }
+        keys[2 * s] = a;
+        keys[2 * s + 1] = b;
+    }
+    size_t no = (size_t)(slots - 1) * ldo + hd, np = (size_t)(slots - 1) * ldp + n_keys;
+    size_t nv = (size_t)(n_keys - 1) * ldv + hd;
+    float *p = rand_f32(np, 1.0f), *v = rand_f32(nv, 2.0f), *o0 = rand_f32(no, 1.0f);
+    for (int s = 0; s < slots; s++)
+        for (int i = 0; i < n_keys; i++) {
+            float *w = p + (size_t)s * ldp + i;
+            if (i < keys[2 * s] || i >= keys[2 * s + 1]) *w = NAN;
+            else *w = fabsf(*w);
+        }
+    for (int s = 0; s + 1 < slots; s++)
+        for (int d = hd; d < ldo; d++) o0[(size_t)s * ldo + d] = SENTINEL;
+    float *o = malloc(no * sizeof *o), *orf = malloc(no * sizeof *orf), *alt = malloc(no * sizeof *alt);
+    memcpy(o, o0, no * sizeof *o);
+    memcpy(orf, o0, no * sizeof *o);
+    K->attn_pv(o, ldo, p, ldp, keys, slots, v, ldv, n_keys, hd);
+    R->attn_pv(orf, ldo, p, ldp, keys, slots, v, ldv, n_keys, hd);
+    int bad = 0;
+    for (int s = 0; s < slots && bad < 3; s++) {
+        for (int d = 0; d < hd && bad < 3; d++) {
+            size_t at = (size_t)s * ldo + d;
+            double sa = fabs((double)o0[at]);
+            for (int i = keys[2 * s]; i < keys[2 * s + 1]; i++)
+                sa += fabs((double)p[(size_t)s * ldp + i] * v[(size_t)i * ldv + d]);
+            int ok = close_sum(o[at], orf[at], sa);
+            bad += !ok;
+            CHECKF(ok, "attn_pv slots %d hd %d keys %d: s %d [%d,%d) d %d: %.9g vs %.9g", slots, hd,
+                   n_keys, s, keys[2 * s], keys[2 * s + 1], d, o[at], orf[at]);
+        }
+        for (int d = hd; s + 1 < slots && d < ldo; d++)
+            if (o[(size_t)s * ldo + d] != SENTINEL) {
+                CHECKF(0, "attn_pv slots %d hd %d keys %d: wrote into ldo padding", slots, hd, n_keys);
+                bad++;
+                break;
+            }
+    }
+    /* each slot alone, its keys split at a random point over two calls */
+    memcpy(alt, o0, no * sizeof *o);
+    for (int s = 0; s < slots; s++) {
+        int a = keys[2 * s], b = keys[2 * s + 1];
+        int cut = a + (int)(test_rand_u32(&rng) % (unsigned)(b - a + 1));
+        int k1[2] = {a, cut}, k2[2] = {0, b - cut};
+        const float *ps = p + (size_t)s * ldp;
+        K->attn_pv(alt + (size_t)s * ldo, ldo, ps, ldp, k1, 1, v, ldv, cut, hd);
+        if (b > cut)
+            K->attn_pv(alt + (size_t)s * ldo, ldo, ps + cut, ldp, k2, 1, v + (size_t)cut * ldv, ldv,
+                       n_keys - cut, hd);
+    }
+    CHECKF(!memcmp(alt, o, no * sizeof *o), "attn_pv slots %d hd %d keys %d: alone or split differs",
+           slots, hd, n_keys);
+    free(p);
+    free(v);
+    free(o0);
+    free(o);
+    free(orf);
+    free(alt);
+}
+
+static void test_attn_pv(void) {
+    static const int hds[] = {64, 80, 128, 256, 1, 7, 17, 37, 100, 129};
+    static const int nks[] = {1, 2, 5, 16, 17, 63, 100, 300};
+    for (int slots = 1; slots <= 9; slots++)
+        for (size_t hi = 0; hi < LOOM_ARRAY_LEN(hds); hi++)
+            for (size_t ki = 0; ki < LOOM_ARRAY_LEN(nks); ki++) check_attn_pv(slots, hds[hi], nks[ki]);
+}
+
 static void test_rmsnorm(void) {
     for (size_t ni = 0; ni < LOOM_ARRAY_LEN(SIZES); ni++) {
         int n = SIZES[ni];
@@ -862,6 +947,7 @@ static void run_all(const char *label, const loom_kernels *k, const loom_kernels
     test_matmul_q();
     if (K->q_il16) test_matmul_q_il();
     test_dot_axpy();
+    test_attn_pv();
     test_rmsnorm();
     test_softmax();
     test_silu_mul();

@@ -345,61 +345,114 @@ static void attn_tile_gemm(const attn_job *j, int kh, int ta, int tb, int thread
                sizeof(float) * (size_t)group * hd);
 }
 
+/* Keys per chunk of a small tile: the chunk's K rows as f32 (32 KiB at
+ * head_dim 128) stay in L1 while the scores are taken. */
+#define ATT_SMALL_CHUNK 64
+
+/* Rows [p0, p0 + n) of KV head kh's keys (vals: values) as f32, *ld apart:
+ * in place where the layer stores f32, in_place allows it and the rows lie
+ * in one block; else widened or copied into buf (n rows of head_dim). */
+static const float *kv_rows(const attn_job *j, const loom_kv_seq *seq, int kh, int vals, int p0,
+                            int n, float *buf, int in_place, int *ld) {
+    const loom_kv_pool *kv = j->kv;
+    int l = j->A->kv_layer, hd = j->A->head_dim, f32 = kv->layer[l].type == LOOM_KV_F32;
+    if (in_place && f32 && p0 / kv->block_size == (p0 + n - 1) / kv->block_size) {
+        *ld = kv->kv_dim;
+        return (const float *)(vals ? loom_kv_v_row(kv, seq, l, p0) : loom_kv_k_row(kv, seq, l, p0)) +
+               (size_t)kh * hd;
+    }
+    for (int i = 0; i < n; i++) {
+        float *dst = buf + (size_t)i * hd;
+        const void *row = vals ? loom_kv_v_row(kv, seq, l, p0 + i) : loom_kv_k_row(kv, seq, l, p0 + i);
+        if (f32) memcpy(dst, (const float *)row + (size_t)kh * hd, sizeof(float) * (size_t)hd);
+        else loom_kv_layer_load(kv, l, row, kh * hd, hd, dst);
+    }
+    *ld = hd;
+    return buf;
+}
+
 /* One task = a tile of consecutive tokens of one row and one KV head, with
- * the q heads of its group. Below ATT_GEMM_MIN query rows every query
- * computes exactly what it would alone (same dots, softmax and
- * accumulation order). */
+ * the q heads of its group. Below ATT_GEMM_MIN query rows, chunks of keys
+ * are gathered as f32 and every query row of the tile is scored against
+ * them in one matmul_f32 (whose sums do not depend on the rows beside
+ * them), then attn_pv adds the weighted values for all rows while each V
+ * row is loaded once, one FMA per key in order. Every query computes
+ * exactly what it would alone (a decode row among a batch, or a prompt
+ * token in a chunk of another size). */
 static void attn_task(void *ctx, int task, int thread) {
     const attn_job *j = ctx;
     const loom_config *c = &j->m->cfg;
     const loom_kernels *k = j->m->k;
     const loom_attn *A = j->A;
-    int hd = A->head_dim, n_kv = A->n_kv_heads, group = c->n_heads / n_kv;
+    loom_fwd_state *s = j->s;
+    int hd = A->head_dim, nh = c->n_heads, n_kv = A->n_kv_heads, group = nh / n_kv;
     int kh = task % n_kv, ta = j->tiles[2 * (task / n_kv)], tb = j->tiles[2 * (task / n_kv) + 1];
-    if ((tb - ta) * group >= ATT_GEMM_MIN) {
+    int slots = (tb - ta) * group;
+    if (slots >= ATT_GEMM_MIN) {
         attn_tile_gemm(j, kh, ta, tb, thread);
         return;
     }
-    const loom_kv_seq *seq = j->rows[j->s->tok_row[ta]].seq;
-    int pos0 = j->s->tok_pos[ta], pos1 = j->s->tok_pos[tb - 1];
+    const loom_kv_seq *seq = j->rows[s->tok_row[ta]].seq;
+    int pos0 = s->tok_pos[ta], pos1 = s->tok_pos[tb - 1];
     int win = A->window;
     int lo0 = win > 0 ? LOOM_MAX(0, pos0 - win + 1) : 0;
     int span = pos1 - lo0 + 1;
-    float *sc = j->s->scores + (size_t)thread * ATT_SLOTS * j->s->max_ctx;
+    float *sc = s->scores + (size_t)thread * ATT_SLOTS * s->max_ctx;
     float cap = (float)c->attn_softcap;
-    float *wide = j->s->kvrow + (size_t)thread * 2 * j->kv->kv_dim;
-    for (int p = lo0; p <= pos1; p++) {
-        const float *kr = loom_kv_layer_load(j->kv, A->kv_layer, loom_kv_k_row(j->kv, seq, A->kv_layer, p),
-                                              kh * hd, hd, wide);
-        for (int t = ta; t < tb; t++) {
-            int pos = j->s->tok_pos[t];
-            if (p > pos || (win > 0 && p < pos - win + 1)) continue;
-            for (int g = 0; g < group; g++) {
-                const float *q = j->s->q + ((size_t)t * c->n_heads + kh * group + g) * hd;
-                float v = k->dot(q, kr, hd) * A->scale;
-                sc[(size_t)((t - ta) * group + g) * span + (p - lo0)] = cap > 0 ? tanhf(v / cap) * cap : v;
-            }
-        }
+    size_t smax = (size_t)LOOM_MAX(ATT_SLOTS, nh);
+    float *tmp = s->att_tmp + (size_t)thread * s->att_tmp_per;
+    float *kc = tmp + 3 * smax * hd; /* (ATT_SMALL_CHUNK, hd): a chunk of K or V */
+    /* One token's group rows are adjacent in s->q and s->att; a tile of
+     * several tokens goes through (slots, hd) copies. */
+    const float *qs = s->q + ((size_t)ta * nh + kh * group) * hd;
+    float *out = s->att + ((size_t)ta * nh + kh * group) * hd;
+    if (tb - ta > 1) {
+        float *qc = tmp;
+        out = tmp + smax * hd;
+        for (int t = ta; t < tb; t++)
+            memcpy(qc + (size_t)(t - ta) * group * hd, s->q + ((size_t)t * nh + kh * group) * hd,
+                   sizeof(float) * (size_t)group * hd);
+        qs = qc;
+    }
+    for (int p0 = lo0; p0 <= pos1; p0 += ATT_SMALL_CHUNK) {
+        int cn = LOOM_MIN(ATT_SMALL_CHUNK, pos1 - p0 + 1), ld;
+        const float *kr = kv_rows(j, seq, kh, 0, p0, cn, kc, 0, &ld);
+        k->matmul_f32(sc + (p0 - lo0), span, qs, hd, kr, hd, slots, 0, cn);
     }
     for (int t = ta; t < tb; t++) {
-        int pos = j->s->tok_pos[t], lo = win > 0 ? LOOM_MAX(0, pos - win + 1) : 0;
+        int pos = s->tok_pos[t], lo = win > 0 ? LOOM_MAX(0, pos - win + 1) : 0;
         for (int g = 0; g < group; g++) {
-            k->softmax(sc + (size_t)((t - ta) * group + g) * span + (lo - lo0), pos - lo + 1);
-            memset(j->s->att + ((size_t)t * c->n_heads + kh * group + g) * hd, 0, sizeof(float) * (size_t)hd);
+            float *row = sc + (size_t)((t - ta) * group + g) * span;
+            for (int i = lo - lo0; i <= pos - lo0; i++) {
+                float v = row[i] * A->scale;
+                row[i] = cap > 0 ? tanhf(v / cap) * cap : v;
+            }
+            k->softmax(row + (lo - lo0), pos - lo + 1);
         }
     }
-    for (int p = lo0; p <= pos1; p++) {
-        const float *vr = loom_kv_layer_load(j->kv, A->kv_layer, loom_kv_v_row(j->kv, seq, A->kv_layer, p),
-                                             kh * hd, hd, wide + j->kv->kv_dim);
+    memset(out, 0, sizeof(float) * (size_t)slots * hd);
+    int keys[2 * ATT_GEMM_MIN];
+    for (int p0 = lo0, p1; p0 <= pos1; p0 = p1) {
+        /* f32 values are read in place, one block at a time */
+        p1 = LOOM_MIN(p0 + ATT_SMALL_CHUNK, pos1 + 1);
+        if (j->kv->layer[A->kv_layer].type == LOOM_KV_F32)
+            p1 = LOOM_MIN(p1, (p0 / j->kv->block_size + 1) * j->kv->block_size);
+        int ld;
+        const float *vr = kv_rows(j, seq, kh, 1, p0, p1 - p0, kc, 1, &ld);
         for (int t = ta; t < tb; t++) {
-            int pos = j->s->tok_pos[t];
-            if (p > pos || (win > 0 && p < pos - win + 1)) continue;
+            int pos = s->tok_pos[t], lo = win > 0 ? LOOM_MAX(0, pos - win + 1) : 0;
+            int a = LOOM_MIN(LOOM_MAX(lo, p0), p1) - p0, b = LOOM_MAX(LOOM_MIN(pos + 1, p1) - p0, a);
             for (int g = 0; g < group; g++) {
-                float *o = j->s->att + ((size_t)t * c->n_heads + kh * group + g) * hd;
-                k->axpy(o, sc[(size_t)((t - ta) * group + g) * span + (p - lo0)], vr, hd);
+                keys[2 * ((t - ta) * group + g)] = a;
+                keys[2 * ((t - ta) * group + g) + 1] = b;
             }
         }
+        k->attn_pv(out, hd, sc + (p0 - lo0), span, keys, slots, vr, ld, p1 - p0, hd);
     }
+    if (tb - ta > 1)
+        for (int t = ta; t < tb; t++)
+            memcpy(s->att + ((size_t)t * nh + kh * group) * hd, out + (size_t)(t - ta) * group * hd,
+                   sizeof(float) * (size_t)group * hd);
 }
 
 static void rope_tables(loom_model *m, loom_fwd_state *s, int T) {

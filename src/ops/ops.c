@@ -11,7 +11,7 @@
 loom_kernels loom_kernels_over(loom_kernels base, const loom_kernels *t) {
 #define OVER(f) if (t->f) base.f = t->f
     OVER(matmul_f32); OVER(matmul_f16); OVER(matmul_bf16); OVER(dot);
-    OVER(axpy); OVER(rmsnorm); OVER(softmax); OVER(silu_mul);
+    OVER(axpy); OVER(attn_pv); OVER(rmsnorm); OVER(softmax); OVER(silu_mul);
     OVER(matmul_q); OVER(gelu_tanh_mul);
     OVER(f16_to_f32); OVER(bf16_to_f32); OVER(q_il16);
 #undef OVER

@@ -59,6 +59,16 @@ typedef struct loom_kernels {
     float (*dot)(const float *a, const float *b, int n);
     /* y += a * x */
     void (*axpy)(float *y, float a, const float *x, int n);
+    /* Attention's weighted sum of values for several queries (slots) over
+     * one run of keys: for slot s and each key i in [keys[2s], keys[2s+1])
+     * (within [0, n_keys)), in increasing order,
+     *   out[s*ldo + d] += p[s*ldp + i] * v[i*ldv + d],  d < hd,
+     * one add per key as a run of axpy calls would do it (accumulating from
+     * out's value, never a separate partial sum), so a slot's result does not
+     * depend on the other slots nor on how its keys are split over calls.
+     * p is read only inside a slot's range. */
+    void (*attn_pv)(float *out, int ldo, const float *p, int ldp, const int *keys, int slots,
+                    const float *v, int ldv, int n_keys, int hd);
     /* y = x / sqrt(mean(x^2) + eps) * w  (y may alias x) */
     void (*rmsnorm)(float *y, const float *x, const float *w, int n, float eps);
     /* x = softmax(x) in place */

@@ -469,6 +469,73 @@ static void axpy(float *y, float a, const float *x, int n) {
     }
 }
 
+/* attn_pv on NS (<= 2) slots x NV (<= 4) vectors of 8 from column 0 of
+ * out: the block sits in registers while the keys run, and each V vector
+ * loaded feeds every slot. Each accumulator starts from out and takes one
+ * FMA per key in order, as axpy does, so neither the grouping of slots nor
+ * the split of keys over calls changes a bit. The last vector holds rem
+ * (1..8) columns. */
+INLINE void pv_block(float *out, size_t ldo, const float *p, size_t ldp, const int *keys,
+                     const float *v, size_t ldv, int NS, int NV, int rem) {
+    __m256i tm = tail_mask(rem);
+    __m256 acc[2][4];
+    int lo = keys[0], hi = keys[1], same = 1;
+#pragma GCC unroll 2
+    for (int s = 0; s < NS; s++) {
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; j++)
+            acc[s][j] = j == NV - 1 && rem < 8 ? _mm256_maskload_ps(out + s * ldo + 8 * j, tm)
+                                               : _mm256_loadu_ps(out + s * ldo + 8 * j);
+        lo = LOOM_MIN(lo, keys[2 * s]);
+        hi = LOOM_MAX(hi, keys[2 * s + 1]);
+        same &= keys[2 * s] == keys[0] && keys[2 * s + 1] == keys[1];
+    }
+    for (int i = lo; i < hi; i++) {
+        const float *vr = v + (size_t)i * ldv;
+        __m256 vv[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; j++)
+            vv[j] = j == NV - 1 && rem < 8 ? _mm256_maskload_ps(vr + 8 * j, tm) : _mm256_loadu_ps(vr + 8 * j);
+#pragma GCC unroll 2
+        for (int s = 0; s < NS; s++) {
+            /* slots of one query token share their keys: no test then */
+            if (!same && (i < keys[2 * s] || i >= keys[2 * s + 1])) continue;
+            __m256 pb = _mm256_broadcast_ss(p + s * ldp + i);
+#pragma GCC unroll 4
+            for (int j = 0; j < NV; j++) acc[s][j] = _mm256_fmadd_ps(pb, vv[j], acc[s][j]);
+        }
+    }
+#pragma GCC unroll 2
+    for (int s = 0; s < NS; s++)
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; j++) {
+            if (j == NV - 1 && rem < 8) _mm256_maskstore_ps(out + s * ldo + 8 * j, tm, acc[s][j]);
+            else _mm256_storeu_ps(out + s * ldo + 8 * j, acc[s][j]);
+        }
+}
+
+static void pv_any(float *out, size_t ldo, const float *p, size_t ldp, const int *keys,
+                   const float *v, size_t ldv, int NS, int NV, int rem) {
+#define C(nv)                                                                       \
+    case nv:                                                                        \
+        if (NS == 2) pv_block(out, ldo, p, ldp, keys, v, ldv, 2, nv, rem);          \
+        else pv_block(out, ldo, p, ldp, keys, v, ldv, 1, nv, rem);                  \
+        break;
+    switch (NV) { C(1) C(2) C(3) C(4) default: break; }
+#undef C
+}
+
+static void attn_pv(float *out, int ldo, const float *p, int ldp, const int *keys, int slots,
+                    const float *v, int ldv, int n_keys, int hd) {
+    (void)n_keys;
+    for (int s = 0; s < slots; s += 2)
+        for (int d = 0; d < hd; d += 32) {
+            int w = LOOM_MIN(32, hd - d), nv = (w + 7) / 8;
+            pv_any(out + (size_t)s * ldo + d, (size_t)ldo, p + (size_t)s * ldp, (size_t)ldp,
+                   keys + 2 * s, v + d, (size_t)ldv, LOOM_MIN(2, slots - s), nv, w - 8 * (nv - 1));
+        }
+}
+
 static void rmsnorm(float *y, const float *x, const float *w, int n, float eps) {
     __m256 s0 = _mm256_setzero_ps(), s1 = s0;
     int i = 0;
@@ -627,6 +694,7 @@ const loom_kernels loom_kernels_avx2 = {
     .matmul_q = matmul_q,
     .dot = dot,
     .axpy = axpy,
+    .attn_pv = attn_pv,
     .rmsnorm = rmsnorm,
     .softmax = softmax,
     .silu_mul = silu_mul,

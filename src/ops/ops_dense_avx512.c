@@ -1,4 +1,5 @@
-/* ops_dense_avx512: matmuls over f32/f16/bf16 weights with AVX-512.
+/* ops_dense_avx512: matmuls over f32/f16/bf16 weights with AVX-512, and
+ * attention's weighted sum of values (attn_pv, at the end).
  * Compiled with the AVX-512 flags (Makefile); only reached after
  * loom_kernels_get() checked the CPU. Same contract as the AVX2 entries
  * (ops.h): y[t*ldy + r] = x_t . w_r for rows [r0, r1).
@@ -387,6 +388,71 @@ static void gemm_bf16_fast(float *y, int ldy, const float *x, int ldx, const uin
     }
 }
 
+/* ---- attention: weighted sum of values ------------------------------------------ */
+
+/* attn_pv on NS (<= 2) slots x NV (<= 8) vectors of 16 from column 0 of
+ * out: 16 accumulators stay in registers while the keys run, and each V
+ * vector loaded feeds every slot (a decode step of a 2-query group reads
+ * a 128-wide row once). Each accumulator starts from out and takes one FMA
+ * per key in order, as axpy does, so neither the grouping of slots nor the
+ * split of keys over calls changes a bit. tail masks the last vector. */
+INLINE void pv_block(float *out, size_t ldo, const float *p, size_t ldp, const int *keys,
+                     const float *v, size_t ldv, int NS, int NV, __mmask16 tail) {
+    __m512 acc[2][8];
+    int lo = keys[0], hi = keys[1], same = 1;
+#pragma GCC unroll 2
+    for (int s = 0; s < NS; s++) {
+#pragma GCC unroll 8
+        for (int j = 0; j < NV; j++)
+            acc[s][j] = _mm512_maskz_loadu_ps(j == NV - 1 ? tail : 0xffff, out + s * ldo + 16 * j);
+        lo = LOOM_MIN(lo, keys[2 * s]);
+        hi = LOOM_MAX(hi, keys[2 * s + 1]);
+        same &= keys[2 * s] == keys[0] && keys[2 * s + 1] == keys[1];
+    }
+    for (int i = lo; i < hi; i++) {
+        const float *vr = v + (size_t)i * ldv;
+        __m512 vv[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < NV; j++) vv[j] = _mm512_maskz_loadu_ps(j == NV - 1 ? tail : 0xffff, vr + 16 * j);
+#pragma GCC unroll 2
+        for (int s = 0; s < NS; s++) {
+            /* slots of one query token share their keys: no test then */
+            if (!same && (i < keys[2 * s] || i >= keys[2 * s + 1])) continue;
+            __m512 pb = _mm512_set1_ps(p[s * ldp + i]);
+#pragma GCC unroll 8
+            for (int j = 0; j < NV; j++) acc[s][j] = _mm512_fmadd_ps(pb, vv[j], acc[s][j]);
+        }
+    }
+#pragma GCC unroll 2
+    for (int s = 0; s < NS; s++)
+#pragma GCC unroll 8
+        for (int j = 0; j < NV; j++)
+            _mm512_mask_storeu_ps(out + s * ldo + 16 * j, j == NV - 1 ? tail : 0xffff, acc[s][j]);
+}
+
+static void pv_any(float *out, size_t ldo, const float *p, size_t ldp, const int *keys,
+                   const float *v, size_t ldv, int NS, int NV, __mmask16 tail) {
+#define C(nv)                                                                       \
+    case nv:                                                                        \
+        if (NS == 2) pv_block(out, ldo, p, ldp, keys, v, ldv, 2, nv, tail);         \
+        else pv_block(out, ldo, p, ldp, keys, v, ldv, 1, nv, tail);                 \
+        break;
+    switch (NV) { C(1) C(2) C(3) C(4) C(5) C(6) C(7) C(8) default: break; }
+#undef C
+}
+
+static void attn_pv(float *out, int ldo, const float *p, int ldp, const int *keys, int slots,
+                    const float *v, int ldv, int n_keys, int hd) {
+    (void)n_keys;
+    for (int s = 0; s < slots; s += 2)
+        for (int d = 0; d < hd; d += 128) {
+            int w = LOOM_MIN(128, hd - d), nv = (w + 15) / 16;
+            pv_any(out + (size_t)s * ldo + d, (size_t)ldo, p + (size_t)s * ldp, (size_t)ldp,
+                   keys + 2 * s, v + d, (size_t)ldv, LOOM_MIN(2, slots - s), nv,
+                   mask16((size_t)(w - 16 * (nv - 1))));
+        }
+}
+
 /* ---- entries -------------------------------------------------------------------- */
 
 static void matmul_f32(float *y, int ldy, const float *x, int ldx, const float *w, int n, int T,
@@ -409,6 +475,7 @@ const loom_kernels loom_kernels_avx512_dense = {
     .matmul_f32 = matmul_f32,
     .matmul_f16 = matmul_f16,
     .matmul_bf16 = matmul_bf16,
+    .attn_pv = attn_pv,
 };
 
 const loom_kernels loom_kernels_avx512_dense_fast = {

@@ -95,6 +95,14 @@ static void axpy(float *y, float a, const float *x, int n) {
     for (int i = 0; i < n; i++) y[i] += a * x[i];
 }
 
+static void attn_pv(float *out, int ldo, const float *p, int ldp, const int *keys, int slots,
+                    const float *v, int ldv, int n_keys, int hd) {
+    (void)n_keys;
+    for (int s = 0; s < slots; s++)
+        for (int i = keys[2 * s]; i < keys[2 * s + 1]; i++)
+            axpy(out + (size_t)s * ldo, p[(size_t)s * ldp + i], v + (size_t)i * ldv, hd);
+}
+
 static void rmsnorm(float *y, const float *x, const float *w, int n, float eps) {
     float ss = 0;
     for (int i = 0; i < n; i++) ss += x[i] * x[i];
@@ -142,6 +150,7 @@ const loom_kernels loom_kernels_ref = {
     .matmul_q = matmul_q,
     .dot = dot,
     .axpy = axpy,
+    .attn_pv = attn_pv,
     .rmsnorm = rmsnorm,
     .softmax = softmax,
     .silu_mul = silu_mul,
