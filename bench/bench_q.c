@@ -7,6 +7,8 @@
  *   - decode on the pool (all cores), weights cycling through copies past
  *     the last-level cache (cold): what a decode step sees;
  *   - prefill T = 512 on the pool, in GOP/s (2 per multiply-add).
+ * "fast-il" is the --fast table on the matrices as a --fast model loads
+ * them (loom_q_interleave: 16 rows interleaved).
  * With one thread (second argument 1) every figure is single-threaded and
  * timed in thread CPU time.
  * Each figure is the fastest of repeated calls over the budget.
@@ -133,6 +135,12 @@ int main(int argc, char **argv) {
             for (int c = 0; c < copies; c++)
                 q[c] = (loom_qmat){.w = wq + c * words, .scales = sc, .biases = bi, .n = n,
                                    .bits = bits, .group = group, .f16 = 0};
+            /* the interleaved copies (or the row-major ones where the table has none) */
+            loom_qmat *qi = malloc(sizeof *qi * copies);
+            void **qmem = calloc((size_t)copies, sizeof *qmem);
+            for (int c = 0; c < copies; c++)
+                if (!fa->q_il16 || loom_q_interleave(&q[c], rows, &qi[c], &qmem[c]) != LOOM_OK)
+                    qi[c] = q[c];
             char what[64];
             for (int tt = 0; tt < 2; tt++) {
                 int TT = tt ? 64 : 1; /* the reference is slow: validate T = 64 */
@@ -144,24 +152,32 @@ int main(int argc, char **argv) {
                 run(pool, &ref_fast, yr, x, q, rows, TT);
                 snprintf(what, sizeof what, "q%d [%d x %d] T=%d fast", bits, rows, n, TT);
                 fail |= !check(what, y, yr, (size_t)TT * rows);
+                run(pool, fa, y, x, qi, rows, TT);
+                snprintf(what, sizeof what, "q%d [%d x %d] T=%d fast-il", bits, rows, n, TT);
+                fail |= !check(what, y, yr, (size_t)TT * rows);
             }
             if (!fail) {
-                const loom_kernels *tabs[3] = {ex, fa, &avx2};
-                double hot[3], cold[3], pf[3];
-                for (int i = 0; i < 3; i++) {
-                    hot[i] = time_q(NULL, tabs[i], y, x, q, 1, rows, 1, budget);
-                    cold[i] = time_q(pool, tabs[i], y, x, q, copies, rows, 1, budget);
-                    pf[i] = time_q(pool, tabs[i], y, x, q, 1, rows, T, budget);
+                const loom_kernels *tabs[4] = {ex, fa, &avx2, fa};
+                const loom_qmat *qs[4] = {q, q, q, qi};
+                double hot[4], cold[4], pf[4];
+                for (int i = 0; i < 4; i++) {
+                    hot[i] = time_q(NULL, tabs[i], y, x, qs[i], 1, rows, 1, budget);
+                    cold[i] = time_q(pool, tabs[i], y, x, qs[i], copies, rows, 1, budget);
+                    pf[i] = time_q(pool, tabs[i], y, x, qs[i], 1, rows, T, budget);
                 }
                 double op = 2.0 * rows * n * T;
-                printf("q%d [%4d x %4d] decode hot 1 thread GB/s: exact %5.1f fast %5.1f avx2 %5.1f | "
-                       "cold pool GB/s: exact %5.1f fast %5.1f avx2 %5.1f | prefill T=%d GOP/s: "
-                       "exact %5.1f fast %5.1f avx2 %5.1f\n",
+                printf("q%d [%4d x %4d] decode hot 1 thread GB/s: exact %5.1f fast %5.1f avx2 %5.1f "
+                       "fast-il %5.1f | cold pool GB/s: exact %5.1f fast %5.1f avx2 %5.1f fast-il "
+                       "%5.1f | prefill T=%d GOP/s: exact %5.1f fast %5.1f avx2 %5.1f fast-il %5.1f\n",
                        bits, rows, n, bytes / hot[0] / 1e9, bytes / hot[1] / 1e9, bytes / hot[2] / 1e9,
-                       bytes / cold[0] / 1e9, bytes / cold[1] / 1e9, bytes / cold[2] / 1e9, T,
-                       op / pf[0] / 1e9, op / pf[1] / 1e9, op / pf[2] / 1e9);
+                       bytes / hot[3] / 1e9, bytes / cold[0] / 1e9, bytes / cold[1] / 1e9,
+                       bytes / cold[2] / 1e9, bytes / cold[3] / 1e9, T, op / pf[0] / 1e9,
+                       op / pf[1] / 1e9, op / pf[2] / 1e9, op / pf[3] / 1e9);
                 fflush(stdout);
             }
+            for (int c = 0; c < copies; c++) loom_free(qmem[c]);
+            free(qmem);
+            free(qi);
             free(q);
             free(wq);
             free(sc);
