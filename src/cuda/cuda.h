@@ -48,6 +48,12 @@ const char *loom_cuda_device_name(const loom_cuda *c);
 int loom_cuda_device_cc(const loom_cuda *c);  /* major * 10 + minor */
 /* Waits for everything enqueued so far; reports asynchronous errors. */
 loom_status loom_cuda_sync(loom_cuda *c);
+/* For benchmarks: captures what fn(c, arg) enqueues into a graph, replays
+ * it once to warm up, then reps times between two CUDA events; *us is the
+ * microseconds of one replay. fn must only enqueue (no sync, no growth of
+ * the scratch area). */
+loom_status loom_cuda_time_graph(loom_cuda *c, loom_status (*fn)(loom_cuda *c, void *arg),
+                                 void *arg, int reps, double *us);
 
 /* Device allocations (cudaMalloc, 256-byte aligned). *d is NULL on failure
  * (LOOM_ERR_NOMEM, naming the size). n == 0 gives NULL and LOOM_OK. */

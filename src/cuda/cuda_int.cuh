@@ -35,6 +35,15 @@ struct loom_cuda {
                                    while the one before drains (sm_90; LOOM_CUDA_PDL=0 off) */
     int gemv_mma;               /* loom_cuda_gemv takes the tensor-core kernel from this many
                                    tokens (default 3; LOOM_CUDA_GEMV_MMA=n) */
+    int gemv_ks;                /* 1-2 tokens: column slices a row in gemv_split_kernel (1, 2
+                                   or 4; LOOM_CUDA_GEMV_KS, 1; 0: the row-group kernel) */
+    int gemv_u;                 /* its 16-byte vectors a lane loads per batch (4 or 8;
+                                   LOOM_CUDA_GEMV_U; 0: 8 from 4096 columns, else 4) */
+    int gemv_bps;               /* its blocks an SM (LOOM_CUDA_GEMV_BPS; 0: all that fit) */
+    size_t gemv_pf;             /* matrices up to this many bytes are pulled into L2 before the
+                                   wait for the kernel ahead (LOOM_CUDA_GEMV_PF_MB, 16) */
+    int attn_split_min;         /* decode attention splits a sequence down to this many
+                                   positions while SMs would idle (LOOM_CUDA_ATTN_SPLIT, 8) */
 };
 
 /* Counters: [0, half) for attention decode (sequence x KV head), [half,

@@ -77,6 +77,16 @@ extern "C" loom_status loom_cuda_create(int device, loom_cuda **out) {
     c->pdl = c->cc >= 90 && !(pdl && !strcmp(pdl, "0"));
     const char *mma = getenv("LOOM_CUDA_GEMV_MMA");
     c->gemv_mma = mma ? atoi(mma) : 3;
+    const char *ks = getenv("LOOM_CUDA_GEMV_KS"), *u = getenv("LOOM_CUDA_GEMV_U");
+    const char *bps = getenv("LOOM_CUDA_GEMV_BPS");
+    const char *pf = getenv("LOOM_CUDA_GEMV_PF_MB"), *sp = getenv("LOOM_CUDA_ATTN_SPLIT");
+    /* defaults: the fastest settings measured on an H200 (bench/RESULTS.md) */
+    c->gemv_ks = ks ? atoi(ks) : 1;
+    c->gemv_ks = c->gemv_ks <= 0 ? 0 : c->gemv_ks < 2 ? 1 : c->gemv_ks < 4 ? 2 : 4;
+    c->gemv_u = u && (atoi(u) == 4 || atoi(u) == 8) ? atoi(u) : 0;
+    c->gemv_bps = bps ? atoi(bps) : 0;
+    c->gemv_pf = (size_t)(pf && atoi(pf) >= 0 ? atoi(pf) : 16) << 20;
+    c->attn_split_min = sp && atoi(sp) >= 1 ? atoi(sp) : 8;
     snprintf(c->name, sizeof c->name, "%s", prop.name);
     *out = c;
     return LOOM_OK;
@@ -98,6 +108,41 @@ extern "C" int loom_cuda_device_cc(const loom_cuda *c) { return c->cc; }
 
 extern "C" loom_status loom_cuda_sync(loom_cuda *c) {
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    return LOOM_OK;
+}
+
+extern "C" loom_status loom_cuda_time_graph(loom_cuda *c,
+                                            loom_status (*fn)(loom_cuda *c, void *arg),
+                                            void *arg, int reps, double *us) {
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    cudaEvent_t ev[2] = {NULL, NULL};
+    *us = 0;
+    CUDA_CHECK(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
+    c->capturing = 1;
+    loom_status st = fn(c, arg);
+    c->capturing = 0;
+    cudaError_t e = cudaStreamEndCapture(c->stream, &graph);
+    if (st != LOOM_OK) {
+        if (graph) cudaGraphDestroy(graph);
+        return st;
+    }
+    if (e == cudaSuccess) e = cudaGraphInstantiate(&exec, graph, 0);
+    if (e == cudaSuccess) e = cudaEventCreate(&ev[0]);
+    if (e == cudaSuccess) e = cudaEventCreate(&ev[1]);
+    if (e == cudaSuccess) e = cudaGraphLaunch(exec, c->stream);
+    if (e == cudaSuccess) e = cudaEventRecord(ev[0], c->stream);
+    for (int r = 0; r < reps && e == cudaSuccess; r++) e = cudaGraphLaunch(exec, c->stream);
+    if (e == cudaSuccess) e = cudaEventRecord(ev[1], c->stream);
+    if (e == cudaSuccess) e = cudaEventSynchronize(ev[1]);
+    float ms = 0;
+    if (e == cudaSuccess) e = cudaEventElapsedTime(&ms, ev[0], ev[1]);
+    if (ev[0]) cudaEventDestroy(ev[0]);
+    if (ev[1]) cudaEventDestroy(ev[1]);
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+    CUDA_CHECK(e);
+    *us = reps > 0 ? 1e3 * ms / reps : 0;
     return LOOM_OK;
 }
 

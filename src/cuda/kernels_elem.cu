@@ -198,11 +198,48 @@ __global__ void qkv_post_kernel(float *q_out, void *pk, void *pv, int kv_dt, siz
     __shared__ float sh[32];
     extern __shared__ float row[];   /* (hd) */
     pdl_trigger();
-    pdl_wait();
     int t = blockIdx.x, h = blockIdx.y, nall = nh + 2 * nkv;
     int kind = h < nh ? 0 : h < nh + nkv ? 1 : 2;   /* q, k, v */
     size_t off = (size_t)h * hd;
     const float *src = qkv + (size_t)t * nall * hd + off;
+    const float *nw = kind == 0 ? qn : kind == 1 ? kn : NULL;
+    size_t e0 = kind ? (size_t)(h - (kind == 1 ? nh : nh + nkv)) * hd : 0;
+    if (hd <= (int)blockDim.x) {
+        /* One element a thread (the usual head sizes): its bias, norm
+         * weight and rope entries load together with it, not each after
+         * the step before (decode at batch 1 waits on such chains). */
+        int i = threadIdx.x, k = i < half ? i : i - half, rot = kind < 2 && i < 2 * half;
+        float wn = nw && i < hd ? nw[i] : 1.0f, bi = bias && i < hd ? bias[off + i] : 0.0f;
+        pdl_wait();
+        float v = 0, c = 1, sv = 0;
+        if (i < hd) {
+            v = src[i];
+            if (bias) v += bi;
+        }
+        if (rot) c = cs[(size_t)t * ld + k], sv = sn[(size_t)t * ld + k];
+        if (nw) {  /* uniform per block */
+            float ss = block_sum(v * v, sh);
+            float inv = 1.0f / sqrtf(ss / (float)hd + eps);
+            v = v * inv * wn;
+        }
+        if (kind < 2) {
+            if (i < hd) row[i] = v;
+            __syncthreads();
+            if (rot) v = i < half ? v * c - row[i + half] * sv : v * c + row[k] * sv;
+        }
+        if (i >= hd) return;
+        if (kind == 0) {
+            q_out[((size_t)t * nh + h) * hd + i] = v;
+            return;
+        }
+        size_t e = (size_t)slot[t] * stride + e0 + i;
+        void *dst = kind == 1 ? pk : pv;
+        if (kv_dt == LOOM_CUDA_F32) ((float *)dst)[e] = v;
+        else if (kv_dt == LOOM_CUDA_F16) ((__half *)dst)[e] = __float2half_rn(v);
+        else ((__nv_bfloat16 *)dst)[e] = __float2bfloat16_rn(v);
+        return;
+    }
+    pdl_wait();
     float ss = 0;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
         float v = src[i];
@@ -210,7 +247,6 @@ __global__ void qkv_post_kernel(float *q_out, void *pk, void *pv, int kv_dt, siz
         row[i] = v;
         ss += v * v;
     }
-    const float *nw = kind == 0 ? qn : kind == 1 ? kn : NULL;
     if (nw) {  /* uniform per block: every thread takes the same branch */
         ss = block_sum(ss, sh);
         float inv = 1.0f / sqrtf(ss / (float)hd + eps);
@@ -231,7 +267,7 @@ __global__ void qkv_post_kernel(float *q_out, void *pk, void *pv, int kv_dt, siz
             q_out[((size_t)t * nh + h) * hd + i] = row[i];
         return;
     }
-    size_t e = (size_t)slot[t] * stride + (size_t)(h - (kind == 1 ? nh : nh + nkv)) * hd;
+    size_t e = (size_t)slot[t] * stride + e0;
     void *dst = kind == 1 ? pk : pv;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
         if (kv_dt == LOOM_CUDA_F32) ((float *)dst)[e + i] = row[i];

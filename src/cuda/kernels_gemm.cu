@@ -85,7 +85,6 @@ extern "C" loom_status loom_cuda_gemm16(loom_cuda *c, float *d_y, const void *d_
 #define GV_WARPS 8
 #define GV_MAXT 8
 #define GV_SMEM_MAX (112 * 1024)        /* x rows per block: 2 blocks an SM at most */
-#define GV_PREFETCH ((size_t)16 << 20)  /* matrices up to this are pulled into L2 early */
 
 struct gv_args {
     float *y;               /* (T, rows) */
@@ -94,8 +93,9 @@ struct gv_args {
     const float *bias;      /* [rows] or NULL */
     const uint4 *w;         /* (rows, cols / 8) */
     int rows, cols, mode, acc, per_warp;
+    int ks;                 /* gemv_split_kernel: column slices a row */
     float eps;
-    unsigned pf;            /* bytes of its rows each warp prefetches into L2 */
+    unsigned pf;            /* bytes of its rows each warp prefetches into L2 (split: any) */
 };
 
 /* A weight vector, read once: kept out of L1. */
@@ -140,12 +140,15 @@ __device__ __forceinline__ unsigned gv_pack(float a, float b) {
 }
 
 /* The T input rows, 16-bit, into xs (T, cols / 8 vectors), rows xst
- * vectors apart. */
-template <int NT, int F16>
+ * vectors apart. UNR > 1 unrolls the loops over the row so that a thread
+ * has several loads in flight (the 14336-wide activation input of
+ * Llama-3-8B's down projection is 7 vectors a thread). */
+template <int NT, int F16, int UNR = 1>
 __device__ void gv_fill(uint4 *xs, int xst, const gv_args &a, float *red, float *inv) {
     int nch = a.cols >> 3, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     const float *xf = (const float *)a.x;
     if (a.mode == LOOM_CUDA_GEMV_X16) {
+#pragma unroll UNR
         for (int i = threadIdx.x; i < NT * nch; i += blockDim.x) {
             int t = i / nch;
             xs[i + t * (xst - nch)] = ((const uint4 *)a.x)[i];
@@ -156,6 +159,7 @@ __device__ void gv_fill(uint4 *xs, int xst, const gv_args &a, float *red, float 
         float ss[NT];
 #pragma unroll
         for (int t = 0; t < NT; t++) ss[t] = 0;
+#pragma unroll UNR
         for (int i = threadIdx.x; i < nch; i += blockDim.x)
 #pragma unroll
             for (int t = 0; t < NT; t++) {
@@ -178,6 +182,7 @@ __device__ void gv_fill(uint4 *xs, int xst, const gv_args &a, float *red, float 
         }
         __syncthreads();
     }
+#pragma unroll UNR
     for (int i = threadIdx.x; i < NT * nch; i += blockDim.x) {
         int t = i / nch, k = (i - t * nch) * 8;
         float v[8];
@@ -292,6 +297,128 @@ __global__ void __launch_bounds__(GV_WARPS * 32) gemv_kernel(const gv_args a) {
     }
 }
 
+/* One or two tokens (decode at batch 1-2), the default: the kernel above
+ * leaves the memory idle while a warp reduces a row and waits for its next
+ * one, and its whole-row groups leave some warps with one more row than
+ * others (Llama-3-8B's 6144-row qkv: a third more than the average). Here
+ * block b owns rows [b * rows / grid, (b + 1) * rows / grid); its warps
+ * take ks column slices of a row each (ks in 1, 2, 4), so the rows of a
+ * block spread over its warps to within one slice. A warp walks its
+ * (row, batch of U vectors) items with two buffers: the next batch is in
+ * flight while the current one is summed and a finished row reduced. With
+ * ks > 1 the slices' sums meet in shared memory and are added in slice
+ * order. Same input fill and epilogue as gemv_kernel.
+ * H200, 1 token: Llama-3-8B's qkv 14.0 us against 16.4, its head 234
+ * against 243; a layer's four GEMVs in one graph 117.5 us against 119.5
+ * (U = 8); Qwen3-0.6B's 18.8 against 19.3 (U = 4; 18.0 with 8, but its
+ * 1024-column head then loses more). Slices (ks 2, 4) and fewer blocks an
+ * SM were no faster; they stay selectable (LOOM_CUDA_GEMV_KS, _BPS). */
+#define GS_RPB 256  /* most rows a block owns (its slice sums live in shared memory) */
+#define GS_FILL_UNROLL 2
+
+template <int U>
+__device__ __forceinline__ void gs_load(uint4 (&wv)[U], const uint4 *wr, int c, int c1) {
+#pragma unroll
+    for (int u = 0; u < U; u++) wv[u] = c + 32 * u < c1 ? gv_ld(wr + c + 32 * u) : make_uint4(0, 0, 0, 0);
+}
+
+template <int NT, int U, int F16>
+__device__ __forceinline__ void gs_fma(float (&acc)[NT], const uint4 (&wv)[U], const uint4 *xs,
+                                       int nch, int c, int c1) {
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        if (c + 32 * u >= c1) break;
+        float wf[8];
+        gv_cvt<F16>(wv[u], wf);
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float xv[8];
+            gv_cvt<F16>(xs[t * nch + c + 32 * u], xv);
+#pragma unroll
+            for (int e = 0; e < 8; e++) acc[t] = fmaf(wf[e], xv[e], acc[t]);
+        }
+    }
+}
+
+/* Row r's sums of this warp's slice: the output itself (ks == 1) or the
+ * slice's part of it. */
+template <int NT>
+__device__ __forceinline__ void gs_row_done(float (&acc)[NT], const gv_args &a, float *part,
+                                            int r, int rb0, int s, int lane) {
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        float v = acc[t];
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        acc[t] = 0;
+        if (lane != t) continue;
+        if (a.ks > 1) {
+            part[((r - rb0) * a.ks + s) * NT + t] = v;
+        } else {
+            if (a.bias) v += a.bias[r];
+            float *yp = a.y + (size_t)t * a.rows + r;
+            *yp = a.acc ? *yp + v : v;
+        }
+    }
+}
+
+template <int NT, int U, int F16>
+__global__ void __launch_bounds__(GV_WARPS * 32, U == 4 ? 4 : 2) gemv_split_kernel(const gv_args a) {
+    extern __shared__ uint4 xs[];  /* (NT, nch) inputs, then (rows of the block, ks, NT) sums */
+    __shared__ float red[GV_WARPS * NT];
+    __shared__ float inv[NT];
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, ks = a.ks, rw = GV_WARPS / ks;
+    int s = wid % ks, q = wid / ks, nch = a.cols >> 3;
+    int rb0 = (int)((long long)blockIdx.x * a.rows / gridDim.x);
+    int rb1 = (int)((long long)(blockIdx.x + 1) * a.rows / gridDim.x);
+    int c0 = s * nch / ks, c1 = (s + 1) * nch / ks;  /* this warp's slice of vectors */
+    int nb = (c1 - c0 + 32 * U - 1) / (32 * U);      /* batches a row; 0: empty slice */
+    int nr = rb0 + q < rb1 ? (rb1 - rb0 - q + rw - 1) / rw : 0;
+    int n = nr * nb;
+    float *part = (float *)(xs + NT * nch);
+    /* Weights do not change: the first batch is loaded (and a small matrix
+     * pulled into L2) while the kernel before still runs. */
+    uint4 wa[U], wb[U];
+    int r = rb0 + q, b = 0;  /* the next item to load */
+    if (n > 0) gs_load<U>(wa, a.w + (size_t)r * nch, c0 + lane, c1);
+    if (a.pf) {
+        const char *p = (const char *)(a.w + (size_t)rb0 * nch);
+        size_t bytes = (size_t)(rb1 - rb0) * a.cols * 2;
+        for (size_t o = (size_t)threadIdx.x * 4096; o < bytes; o += GV_WARPS * 32 * 4096)
+            gv_prefetch(p + o, (unsigned)min((size_t)4096, bytes - o));
+    }
+    pdl_trigger();
+    pdl_wait();
+    gv_fill<NT, F16, GS_FILL_UNROLL>(xs, nch, a, red, inv);
+    __syncthreads();
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0;
+    for (int i = 0; i < n; i += 2) {
+        int ra = r, ca = c0 + b * 32 * U + lane, enda = b == nb - 1;
+        if (++b == nb) b = 0, r += rw;
+        if (i + 1 < n) gs_load<U>(wb, a.w + (size_t)r * nch, c0 + b * 32 * U + lane, c1);
+        gs_fma<NT, U, F16>(acc, wa, xs, nch, ca, c1);
+        if (enda) gs_row_done<NT>(acc, a, part, ra, rb0, s, lane);
+        if (i + 1 >= n) break;
+        int rbb = r, cb = c0 + b * 32 * U + lane, endb = b == nb - 1;
+        if (++b == nb) b = 0, r += rw;
+        if (i + 2 < n) gs_load<U>(wa, a.w + (size_t)r * nch, c0 + b * 32 * U + lane, c1);
+        gs_fma<NT, U, F16>(acc, wb, xs, nch, cb, c1);
+        if (endb) gs_row_done<NT>(acc, a, part, rbb, rb0, s, lane);
+    }
+    if (ks == 1) return;
+    __syncthreads();
+    for (int i = threadIdx.x; i < (rb1 - rb0) * NT; i += blockDim.x) {
+        int lr = i / NT, t = i - lr * NT, row = rb0 + lr;
+        float v = 0;
+        for (int k = 0; k < ks; k++)  /* an empty slice (fewer vectors than slices) wrote nothing */
+            if ((k + 1) * nch / ks > k * nch / ks) v += part[(lr * ks + k) * NT + t];
+        if (a.bias) v += a.bias[row];
+        float *yp = a.y + (size_t)t * a.rows + row;
+        *yp = a.acc ? *yp + v : v;
+    }
+}
+
 /* Tensor-core variant for 3..8 tokens, where the f32 FMAs of the kernel
  * above (8 per weight at 8 tokens) cost as much as the weight reads. A
  * block takes 16 rows at a time and its 8 warps split the columns; a warp
@@ -385,11 +512,12 @@ __global__ void __launch_bounds__(GV_WARPS * 32) gemv_mma_kernel(const gv_args a
 
 typedef void (*gv_fn)(gv_args);
 
-/* The kernel for T tokens and its rows per warp. One or two tokens: a row
- * per warp and 8 vectors in flight per lane (H200: more warps and bytes in
- * flight on the matrices of few rows; 2 rows x 4 vectors reached 0.9-1.3
- * TB/s on the Qwen3-0.6B o and down shapes). Beyond, 4 rows, so that the
- * shared-memory reads of x stay under the weight bytes. */
+/* The row-group kernel for T tokens and its rows per warp. One or two
+ * tokens (LOOM_CUDA_GEMV_KS=0): a row per warp and 8 vectors in flight per
+ * lane (H200: more warps and bytes in flight on the matrices of few rows;
+ * 2 rows x 4 vectors reached 0.9-1.3 TB/s on the Qwen3-0.6B o and down
+ * shapes). Beyond, 4 rows, so that the shared-memory reads of x stay under
+ * the weight bytes. */
 template <int F16>
 static gv_fn gv_pick(int T, int *R) {
     *R = T <= 2 ? 1 : 4;
@@ -403,6 +531,12 @@ static gv_fn gv_pick(int T, int *R) {
     case 7: return gemv_kernel<7, 4, 2, F16>;
     default: return gemv_kernel<8, 4, 2, F16>;
     }
+}
+
+template <int F16>
+static gv_fn gs_pick(int T, int U) {
+    if (U == 8) return T == 1 ? gemv_split_kernel<1, 8, F16> : gemv_split_kernel<2, 8, F16>;
+    return T == 1 ? gemv_split_kernel<1, 4, F16> : gemv_split_kernel<2, 4, F16>;
 }
 
 template <int F16>
@@ -436,13 +570,21 @@ extern "C" loom_status loom_cuda_gemv(loom_cuda *c, float *d_y, const loom_cuda_
         return loom_err(LOOM_ERR_UNSUPPORTED, "cuda gemv: %d tokens of %d columns, type %d, "
                         "mode %d (expected f16/bf16, columns a multiple of 8, at most %d tokens "
                         "here, 16-byte aligned data)", T, cols, (int)dt, (int)in->mode, maxt);
-    int R = 1, mma = T >= c->gemv_mma;
-    gv_fn k = mma ? (dt == LOOM_CUDA_F16 ? gm_pick<1>(T) : gm_pick<0>(T))
-                  : (dt == LOOM_CUDA_F16 ? gv_pick<1>(T, &R) : gv_pick<0>(T, &R));
+    int R = 1, mma = T >= c->gemv_mma, split = !mma && T <= 2 && c->gemv_ks > 0;
+    /* 8 vectors a batch (96 registers, 2 blocks an SM) pay only when a row
+     * fills its batches: a 1024-column row (128 vectors) leaves half of
+     * each 256-vector batch empty and halves the bytes in flight (H200,
+     * Qwen3-0.6B's head: 85 us against 73 with 4). */
+    int U = c->gemv_u ? c->gemv_u : cols >= 4096 ? 8 : 4, ks = split ? c->gemv_ks : 1;
+    while (ks > 1 && cols / 8 / ks < 32 * U) ks /= 2;  /* a slice holds a batch at least */
+    gv_fn k = mma     ? (dt == LOOM_CUDA_F16 ? gm_pick<1>(T) : gm_pick<0>(T))
+              : split ? (dt == LOOM_CUDA_F16 ? gs_pick<1>(T, U) : gs_pick<0>(T, U))
+                      : (dt == LOOM_CUDA_F16 ? gv_pick<1>(T, &R) : gv_pick<0>(T, &R));
     size_t smem = mma ? (size_t)T * (cols / 8 + GM_PAD) * 16 : (size_t)T * cols * 2;
-    if (smem + 8192 > 48 * 1024)  /* the default limit counts the static arrays too */
+    size_t part = split && ks > 1 ? (size_t)GS_RPB * ks * T * 4 : 0;  /* the most it needs */
+    if (smem + part + 8192 > 48 * 1024)  /* the default limit counts the static arrays too */
         CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)smem));
+                                        (int)(smem + part)));
     int bps = 0;
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, k, GV_WARPS * 32, smem));
     long ng = (rows + R - 1) / R, maxw = (long)c->n_sm * LOOM_MAX_I(bps, 1) * GV_WARPS;
@@ -451,6 +593,27 @@ extern "C" loom_status loom_cuda_gemv(loom_cuda *c, float *d_y, const loom_cuda_
     if (mma)  /* 16-row tiles, one wave of blocks */
         blocks = (unsigned)LOOM_MIN_U((unsigned)((rows + 15) / 16),
                                       (unsigned)(c->n_sm * LOOM_MAX_I(bps, 1)));
+    if (split) {
+        /* One wave (or the blocks an SM asked for), no more blocks than
+         * give each warp a slice and, with slices, none owning more than
+         * GS_RPB rows (a second wave for those few blocks would double the
+         * time). The room for the slice sums depends on the rows a block
+         * owns, and the blocks that fit on that room: settle both. */
+        size_t sm = smem;
+        for (int it = 0; it < 3; it++) {
+            CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, k, GV_WARPS * 32, sm));
+            int use = LOOM_MAX_I(c->gemv_bps > 0 && c->gemv_bps < bps ? c->gemv_bps : bps, 1);
+            long b = (long)c->n_sm * use, most = ((long)rows * ks + GV_WARPS - 1) / GV_WARPS;
+            long least = ks > 1 ? (rows + GS_RPB - 1) / GS_RPB : 1;
+            b = b < most ? b : most;
+            blocks = (unsigned)(b > least ? b : least);
+            long rpb = (rows + (long)blocks - 1) / blocks;
+            size_t need = smem + (ks > 1 ? (size_t)rpb * ks * T * 4 : 0);
+            if (need == sm) break;
+            sm = need;
+        }
+        smem = sm;
+    }
     gv_args a;
     a.y = d_y;
     a.x = in->d_x;
@@ -462,10 +625,13 @@ extern "C" loom_status loom_cuda_gemv(loom_cuda *c, float *d_y, const loom_cuda_
     a.mode = (int)in->mode;
     a.acc = accumulate;
     a.per_warp = (int)per;
+    a.ks = ks;
     a.eps = in->eps;
-    /* Only small matrices: a large one would push the prefetched lines of
-     * the next out of L2 before they are read. */
-    a.pf = !mma && c->pdl && (size_t)rows * cols * 2 <= GV_PREFETCH
+    /* Matrices up to c->gemv_pf bytes are pulled into L2 before the wait
+     * for the kernel ahead. Larger ones lose: Llama-3-8B's o projection
+     * (32 MiB, loaded while the attention runs) at 40 MiB cost 1% of a
+     * batch-1 step, its qkv too (48 MiB) at 64 MiB 4% (H200). */
+    a.pf = !mma && c->pdl && (size_t)rows * cols * 2 <= c->gemv_pf
                ? (unsigned)(per * R * cols * 2) : 0;
     CUDA_CHECK(loom_cuda_launch(c, k, dim3(blocks), dim3(GV_WARPS * 32), smem, a));
     return LOOM_OK;

@@ -17,6 +17,13 @@
 
 static loom_cuda *C;
 static loom_cuda *C_fma, *C_mma;  /* the decode GEMV forced to one kernel (LOOM_CUDA_GEMV_MMA) */
+/* the f32-FMA kernel's 1-2 token variants (LOOM_CUDA_GEMV_KS, _U, _BPS) besides the default */
+#define GV_VARIANTS 5
+static loom_cuda *C_gv[GV_VARIANTS];
+static const char *GV_VAR[GV_VARIANTS][4] = {
+    {"rows", "0", "4", "0"}, {"ks1 u4", "1", "4", "0"}, {"ks1 u8", "1", "8", "0"},
+    {"ks4 u4 1bps", "4", "4", "1"}, {"ks2 u8", "2", "8", "0"}};
+static loom_cuda *C_att16;  /* decode attention split down to 16 positions, not 8 */
 static unsigned long long rng = 0x9e3779b97f4a7c15ull;
 static int n_pass, n_fail;
 
@@ -612,11 +619,13 @@ static int test_gemv(loom_cuda_dtype dt, int T, int rows, int cols, loom_cuda_ge
     if (!dw || (!dx && !dx16) || !dn || !db || !dy) {
         ok = api_fail("gemv", what, LOOM_ERR_NOMEM);
     } else {
-        /* both kernels: f32 FMAs and tensor cores */
-        for (int v = 0; v < 2; v++) {
-            loom_cuda *cx = v ? C_mma : C_fma;
-            char w2[112];
-            snprintf(w2, sizeof w2, "%s %s", v ? "mma" : "fma", what);
+        /* both kernels: f32 FMAs and tensor cores; for 1-2 tokens also the
+         * other variants of the first */
+        for (int v = 0; v < 2 + (T <= 2 ? GV_VARIANTS : 0); v++) {
+            loom_cuda *cx = v == 0 ? C_fma : v == 1 ? C_mma : C_gv[v - 2];
+            char w2[128];
+            snprintf(w2, sizeof w2, "%s %s", v == 0 ? "fma" : v == 1 ? "mma" : GV_VAR[v - 2][0],
+                     what);
             loom_cuda_gemv_in in = {mode, dx16 ? dx16 : (const void *)dx, dn, 1e-6f};
             loom_status st = loom_cuda_upload(cx, dy, y0, NY * 4);  /* poisoned or old y */
             if (st == LOOM_OK)
@@ -717,7 +726,7 @@ static int test_matmul_q(int bits, int group, int f16, int T, int rows, int cols
         bi[i] = f16 ? loom_f32_to_f16(b) : loom_f32_to_bf16(b);
     }
     fill(x, (size_t)T * cols, 2.0f);
-    loom_qmat q = {w, sc, bi, cols, bits, group, f16};
+    loom_qmat q = {w, sc, bi, cols, bits, group, f16, 0};  /* plain row layout */
     loom_kernels_ref.matmul_q(ref, rows, x, cols, &q, T, 0, rows);
     float qmax = (float)((1u << bits) - 1);
     for (int t = 0; t < T; t++)
@@ -913,11 +922,20 @@ static int test_attn_decode(const attn_case *a, const int *lens, int n_seqs) {
         api_fail("attn_decode", what, LOOM_ERR_NOMEM);
     } else {
         loom_cuda_attn at = {a->nh, a->nkv, a->hd, scale, a->softcap, a->window, 0};
-        loom_status st = loom_cuda_attn_decode(C, dout, dq, &kv, &at, dtab, P.tstride, dlens,
-                                               n_seqs, len_max);
-        if (st == LOOM_OK) st = loom_cuda_download(C, got, dout, qn * 4);
-        if (st != LOOM_OK) api_fail("attn_decode", what, st);
-        else ok = report("attn_decode", what, got, ref, NULL, qn, 2e-5f, 1e-4f);
+        /* the default splits, and splits only down to 16 positions (LOOM_CUDA_ATTN_SPLIT) */
+        ok = 1;
+        for (int v = 0; v < 2; v++) {
+            loom_cuda *cx = v ? C_att16 : C;
+            char w2[160];
+            snprintf(w2, sizeof w2, "%s%s", what, v ? " split>=16" : "");
+            loom_status st = loom_cuda_memset0(cx, dout, qn * 4);
+            if (st == LOOM_OK)
+                st = loom_cuda_attn_decode(cx, dout, dq, &kv, &at, dtab, P.tstride, dlens,
+                                           n_seqs, len_max);
+            if (st == LOOM_OK) st = loom_cuda_download(cx, got, dout, qn * 4);
+            if (st != LOOM_OK) ok &= api_fail("attn_decode", w2, st);
+            else ok &= report("attn_decode", w2, got, ref, NULL, qn, 2e-5f, 1e-4f);
+        }
     }
     loom_cuda_release(C, dk);
     loom_cuda_release(C, dv);
@@ -1205,6 +1223,20 @@ int main(void) {
     setenv("LOOM_CUDA_GEMV_MMA", "1", 1);
     if (st2 == LOOM_OK) st2 = loom_cuda_create(0, &C_mma);
     unsetenv("LOOM_CUDA_GEMV_MMA");
+    for (int v = 0; v < GV_VARIANTS && st2 == LOOM_OK; v++) {
+        setenv("LOOM_CUDA_GEMV_MMA", "9", 1);
+        setenv("LOOM_CUDA_GEMV_KS", GV_VAR[v][1], 1);
+        setenv("LOOM_CUDA_GEMV_U", GV_VAR[v][2], 1);
+        setenv("LOOM_CUDA_GEMV_BPS", GV_VAR[v][3], 1);
+        st2 = loom_cuda_create(0, &C_gv[v]);
+    }
+    setenv("LOOM_CUDA_ATTN_SPLIT", "16", 1);
+    if (st2 == LOOM_OK) st2 = loom_cuda_create(0, &C_att16);
+    unsetenv("LOOM_CUDA_ATTN_SPLIT");
+    unsetenv("LOOM_CUDA_GEMV_MMA");
+    unsetenv("LOOM_CUDA_GEMV_KS");
+    unsetenv("LOOM_CUDA_GEMV_U");
+    unsetenv("LOOM_CUDA_GEMV_BPS");
     if (st2 != LOOM_OK) {
         printf("FAIL  cuda_create  %s: %s\n", loom_status_str(st2), loom_last_error());
         return 1;
@@ -1228,6 +1260,8 @@ int main(void) {
     test_qkv_post(1, 16, 8, 128, 128, 1, 0, LOOM_KV_BF16);   /* Qwen3-0.6B decode */
     test_qkv_post(7, 32, 8, 128, 128, 0, 0, LOOM_KV_BF16);   /* Llama-3-8B */
     test_qkv_post(33, 12, 4, 64, 32, 1, 1, LOOM_KV_F16);     /* partial rotary, biases */
+    test_qkv_post(3, 4, 2, 256, 128, 1, 1, LOOM_KV_BF16);    /* 2 elements a thread */
+    test_qkv_post(2, 6, 2, 80, 80, 1, 0, LOOM_KV_F32);       /* head_dim 80 over 64 threads */
     test_qkv_post(5, 4, 4, 80, 80, 0, 1, LOOM_KV_F32);
     test_qkv_post(300, 8, 2, 256, 64, 1, 0, LOOM_KV_F32);
 
@@ -1277,7 +1311,7 @@ int main(void) {
     static const int gv_shapes[][3] = {{1, 1, 8},      {2, 7, 24},      {3, 33, 1000},
                                        {5, 1001, 256}, {8, 4097, 1024}, {3, 37, 14336},
                                        {6, 30001, 64}, {7, 129, 4096},  {1, 40001, 1024},
-                                       {1, 1024, 3072}};
+                                       {1, 1024, 3072}, {2, 1111, 4096}, {1, 333, 4104}};
     for (int dt = 1; dt < 3; dt++)
         for (size_t i = 0; i < sizeof gv_shapes / sizeof gv_shapes[0]; i++)
             for (int mode = 0; mode < 5; mode++)
@@ -1321,6 +1355,9 @@ int main(void) {
         attn_case a8 = {32, 8, 128, 16, LOOM_KV_BF16, 0, 0};
         int l8[] = {200, 3};
         test_attn_decode(&a8, l8, 2);
+        int l8b[] = {191};  /* batch 1: the most splits */
+        test_attn_decode(&a8, l8b, 1);
+        test_attn_decode(&a7, l8b, 1);
         attn_case a9 = {6, 1, 64, 7, LOOM_KV_BF16, 33, 0};  /* group 6, window, odd block */
         int l9[] = {1, 50, 999};
         test_attn_decode(&a9, l9, 3);
@@ -1353,6 +1390,8 @@ int main(void) {
     loom_cuda_free(C);
     loom_cuda_free(C_fma);
     loom_cuda_free(C_mma);
+    for (int v = 0; v < GV_VARIANTS; v++) loom_cuda_free(C_gv[v]);
+    loom_cuda_free(C_att16);
     printf("cuda kernels: %d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
 }
