@@ -26,9 +26,10 @@
 #define ATT_SLOTS 32
 /* Prefill tiles of at least ATT_GEMM_MIN query rows run as two matmuls
  * (scores = Q K^T, out = P V) over chunks of ATT_CHUNK keys gathered as
- * f32, instead of one dot and one axpy per query and key: the kernels'
- * register tiles then reuse every loaded key for many queries. Their sums
- * run in another order than the dot/axpy path's, so a query's output can
+ * f32 (smaller ones score through matmul_f32 too, but sum the values key
+ * by key with attn_pv): the kernels' register tiles then reuse every
+ * loaded key for many queries. The value sums run in another order than
+ * attn_pv's, so a query's output can
  * differ in the last bits between a tile of this kind and a smaller one,
  * i.e. between a prompt split at one token count and at another (equal for
  * splits at multiples of the tile's tokens without a sliding window). */
@@ -72,7 +73,6 @@ loom_status loom_fwd_state_create(const loom_model *m, int max_tokens, int max_c
     /* ATT_SLOTS query rows per task, or a whole group when it is larger */
     ALLOC(s->scores, (size_t)s->n_threads * (size_t)LOOM_MAX(ATT_SLOTS, c->n_heads) * (size_t)max_ctx);
     ALLOC(s->tiles, 2 * T);
-    ALLOC(s->kvrow, (size_t)s->n_threads * 2 * kvd);
     /* q rows, output and a chunk's partial output (slots, head_dim each);
      * K chunk (ATT_CHUNK, head_dim) and V^T chunk (head_dim, ATT_CHUNK) */
     s->att_tmp_per = (3 * (size_t)LOOM_MAX(ATT_SLOTS, c->n_heads) + 2 * ATT_CHUNK) *
@@ -127,7 +127,7 @@ loom_status loom_fwd_state_create(const loom_model *m, int max_tokens, int max_c
 void loom_fwd_state_free(loom_fwd_state *s) {
     if (!s) return;
     void *bufs[] = {s->x, s->xb, s->xb2, s->qraw, s->q, s->gate, s->kx, s->vx, s->att,
-                    s->hb, s->hb2, s->cos, s->sin, s->scores, s->tiles, s->kvrow, s->att_tmp, s->tok_row, s->tok_pos, s->row_first,
+                    s->hb, s->hb2, s->cos, s->sin, s->scores, s->tiles, s->att_tmp, s->tok_row, s->tok_pos, s->row_first,
                     s->logits, s->router, s->sel, s->sel_w, s->gather, s->xg, s->yg,
                     s->moe_in, s->moe_r,
                     s->lin_qkv, s->lin_conv, s->lin_z, s->lin_b, s->lin_a, s->lin_raw,

@@ -23,7 +23,6 @@ struct loom_fwd_state {
     int max_rot;
     float *scores;     /* (n_threads, score_slots, max_ctx) attention scores */
     int *tiles;        /* [2 * max_tokens] attention tiles [ta, tb) */
-    float *kvrow;      /* (n_threads, 2, kv_dim) K and V rows widened from 16-bit KV */
     float *att_tmp;    /* (n_threads, att_tmp_per) prefill attention tiles (forward.c) */
     size_t att_tmp_per;
     int *tok_row;      /* [max_tokens] row of each token */
