@@ -12,7 +12,9 @@
  * sequence is cut into splits of `split` positions; block (split, kv head,
  * sequence) writes its partial max m, sum l and unnormalised output; the
  * last split block of each (sequence, kv head) to finish rescales and
- * combines them (a second kernel does it after the scalar kernel).
+ * combines them (a second kernel does it after the scalar kernel). At
+ * small batch a thread-block cluster per (sequence, KV head) does the same
+ * with its partials in distributed shared memory (attn_decode_cluster_kernel).
  *
  * Prefill (causal, many queries per sequence): a block takes a tile of QT
  * consecutive query tokens of one row (QT * group query rows) and walks
@@ -23,9 +25,12 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <math.h>
+#include <cooperative_groups.h>
 #include <mma.h>
 
 #include "cuda/cuda_int.cuh"
+
+namespace cg = cooperative_groups;
 
 #define DEC_THREADS 128
 #define PRE_THREADS 256
@@ -402,6 +407,206 @@ __global__ void attn_combine_kernel(float *out, const float *part_acc, const flo
     }
 }
 
+/* Decode at small batch through a thread-block cluster (sm_90): the
+ * cluster's CL CTAs share one (sequence, KV head) and the split partials
+ * meet in distributed shared memory, not through global scratch and a
+ * counter. At batch 1 the split kernel above is a chain of dependent
+ * steps (lengths, table, K, V, partials, fence, counter, combine loads),
+ * each a memory latency; here it is: lengths and table before the PDL
+ * wait (they are copied in before the step's first kernel, so they load
+ * while the kernel ahead drains), then q, K and V of a run in one go,
+ * then shared memory and the cluster barrier.
+ * A warp takes CL_PB consecutive positions a run and keeps a running max,
+ * sum and output per q head in registers (online softmax: no scores in
+ * shared memory, no barrier inside the walk); the 8 warps of a CTA, then
+ * the CTAs of the cluster, are combined as the split partials are. */
+#define CL_WARPS 8
+#define CL_PB 4      /* positions a warp loads at once, K and V together */
+#define CL_MAX 8     /* the portable cluster size */
+
+/* Element offsets of the K/V rows of positions j0 .. j0 + CL_PB - 1 (past
+ * n: the last one again; its scores are masked). */
+__device__ __forceinline__ void cl_rows(size_t (&r)[CL_PB], const int32_t *table, int bs,
+                                        size_t stride, size_t hoff, int lo, int j0, int n) {
+#pragma unroll
+    for (int b = 0; b < CL_PB; b++) {
+        int p = lo + min(j0 + b, n - 1);
+        r[b] = ((size_t)table[p / bs] * bs + (size_t)(p % bs)) * stride + hoff;
+    }
+}
+
+/* GM: q heads a KV head at most (group <= GM). Grid (CL, KV heads,
+ * sequences), clusters of (CL, 1, 1). 2 CTAs an SM at 128 registers up to
+ * 4 x 128 accumulators a lane's worth; 8 q heads of head_dim 128 would
+ * spill there. */
+template <int EPL, int GM>
+__global__ void __launch_bounds__(CL_WARPS * 32, GM * EPL >= 32 ? 1 : 2)
+attn_decode_cluster_kernel(float *out, const float *q, const void *kb, const void *vb, int dt,
+                           size_t stride, int bs, const int32_t *tables, int tstride,
+                           const int32_t *lens, int nh, int nkv, float scale, float softcap,
+                           int window) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    constexpr int HD = 32 * EPL, NW = CL_WARPS, RUN = NW * CL_PB;
+    __shared__ float red[NW * GM * HD];  /* (NW, group, HD) the warps' outputs */
+    __shared__ float wml[NW][GM][2];     /* the warps' (m, l) */
+    __shared__ float cacc[GM * HD];      /* (group, HD) the CTA's output, read by the cluster */
+    __shared__ float cml[GM][2];         /* the CTA's (m, l) */
+    cg::cluster_group cl = cg::this_cluster();
+    int rank = (int)cl.block_rank(), ncl = (int)cl.num_blocks();
+    int kh = blockIdx.y, s = blockIdx.z, group = nh / nkv;
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    pdl_trigger();
+    int len = lens[s], pos = len - 1;
+    int lo = window > 0 ? max(0, pos - window + 1) : 0, n = len - lo;
+    const int32_t *table = tables + (size_t)s * tstride;
+    size_t hoff = (size_t)kh * HD + (size_t)lane * EPL;
+    int j0 = rank * RUN + w * CL_PB, step = ncl * RUN;
+    size_t rr[CL_PB];
+    if (j0 < n) cl_rows(rr, table, bs, stride, hoff, lo, j0, n);
+    pdl_wait();
+    float qr[GM][EPL], acc[GM][EPL], m[GM], l[GM];
+#pragma unroll
+    for (int g = 0; g < GM; g++) {
+        m[g] = -INFINITY;
+        l[g] = 0;
+#pragma unroll
+        for (int e = 0; e < EPL; e++) {
+            qr[g][e] = g < group ? q[((size_t)s * nh + (size_t)kh * group + g) * HD + lane * EPL + e] * scale
+                                 : 0.0f;
+            acc[g][e] = 0;
+        }
+    }
+    for (; j0 < n; j0 += step) {
+        float k[CL_PB][EPL], v[CL_PB][EPL];
+#pragma unroll
+        for (int b = 0; b < CL_PB; b++) {
+            kv_load<EPL>(kb, rr[b], dt, k[b]);
+            kv_load<EPL>(vb, rr[b], dt, v[b]);
+        }
+        /* the next run's table entries load beside this run's rows */
+        if (j0 + step < n) cl_rows(rr, table, bs, stride, hoff, lo, j0 + step, n);
+        float sc[CL_PB][GM];
+#pragma unroll
+        for (int b = 0; b < CL_PB; b++)
+#pragma unroll
+            for (int g = 0; g < GM; g++) {
+                float d = 0;
+#pragma unroll
+                for (int e = 0; e < EPL; e++) d += qr[g][e] * k[b][e];
+                d = a_warp_sum(d);
+                sc[b][g] = j0 + b < n ? cap_score(d, softcap) : -INFINITY;
+            }
+        /* position j0 is in range: mx is finite, and a masked score weighs 0 */
+#pragma unroll
+        for (int g = 0; g < GM; g++) {
+            float mx = m[g];
+#pragma unroll
+            for (int b = 0; b < CL_PB; b++) mx = fmaxf(mx, sc[b][g]);
+            float al = expf(m[g] - mx);
+            l[g] *= al;
+#pragma unroll
+            for (int e = 0; e < EPL; e++) acc[g][e] *= al;
+#pragma unroll
+            for (int b = 0; b < CL_PB; b++) {
+                float pw = expf(sc[b][g] - mx);
+                l[g] += pw;
+#pragma unroll
+                for (int e = 0; e < EPL; e++) acc[g][e] += pw * v[b][e];
+            }
+            m[g] = mx;
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < GM; g++) {
+        if (g >= group) break;
+#pragma unroll
+        for (int e = 0; e < EPL; e++) red[(w * group + g) * HD + lane * EPL + e] = acc[g][e];
+        if (lane == 0) {
+            wml[w][g][0] = m[g];
+            wml[w][g][1] = l[g];
+        }
+    }
+    __syncthreads();
+    /* the CTA's partial; a warp (or CTA) without positions has l = 0 */
+    for (int i = threadIdx.x; i < group * HD; i += NW * 32) {
+        int g = i / HD, d = i % HD;
+        float M = -INFINITY, L = 0, a = 0;
+#pragma unroll
+        for (int ww = 0; ww < NW; ww++)
+            if (wml[ww][g][1] > 0) M = fmaxf(M, wml[ww][g][0]);
+#pragma unroll
+        for (int ww = 0; ww < NW; ww++) {
+            float lw = wml[ww][g][1];
+            if (lw > 0) {
+                float e = expf(wml[ww][g][0] - M);
+                L += lw * e;
+                a += red[(ww * group + g) * HD + d] * e;
+            }
+        }
+        cacc[i] = a;
+        if (d == 0) {
+            cml[g][0] = M;
+            cml[g][1] = L;
+        }
+    }
+    cl.sync();
+    /* each CTA writes its share of the outputs from all CTAs' partials */
+    for (int i = rank * NW * 32 + (int)threadIdx.x; i < group * HD; i += ncl * NW * 32) {
+        int g = i / HD;
+        float mr[CL_MAX], lr[CL_MAX], ar[CL_MAX];
+#pragma unroll
+        for (int r = 0; r < CL_MAX; r++) {
+            mr[r] = -INFINITY, lr[r] = 0, ar[r] = 0;
+            if (r < ncl) {
+                const float *pm = cl.map_shared_rank(&cml[g][0], (unsigned)r);
+                mr[r] = pm[0];
+                lr[r] = pm[1];
+                ar[r] = cl.map_shared_rank(cacc, (unsigned)r)[i];
+            }
+        }
+        float M = -INFINITY, L = 0, a = 0;
+#pragma unroll
+        for (int r = 0; r < CL_MAX; r++)
+            if (lr[r] > 0) M = fmaxf(M, mr[r]);
+#pragma unroll
+        for (int r = 0; r < CL_MAX; r++)
+            if (lr[r] > 0) {
+                float e = expf(mr[r] - M);
+                L += lr[r] * e;
+                a += ar[r] * e;
+            }
+        out[((size_t)s * nh + (size_t)kh * group) * HD + i] = L > 0 ? a / L : 0.0f;
+    }
+    cl.sync();  /* no CTA leaves while another reads its shared memory */
+#else
+    __trap();
+#endif
+}
+
+template <int EPL, int GM>
+static cudaError_t attn_cluster_launch(const loom_cuda *c, int ncl, float *out, const float *q,
+                                       const loom_cuda_kv *kv, const loom_cuda_attn *a,
+                                       const int32_t *tables, int tstride, const int32_t *lens,
+                                       int n_seqs) {
+    cudaLaunchAttribute at[2];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = (unsigned)ncl;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = 1;
+    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[1].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)ncl, (unsigned)a->n_kv_heads, (unsigned)n_seqs);
+    cfg.blockDim = dim3(CL_WARPS * 32);
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = c->stream;
+    cfg.attrs = at;
+    cfg.numAttrs = c->pdl ? 2 : 1;
+    return cudaLaunchKernelEx(&cfg, attn_decode_cluster_kernel<EPL, GM>, out, q, kv->d_k, kv->d_v,
+                              (int)kv->dt, kv->row_stride, kv->block_size, tables, tstride, lens,
+                              a->n_heads, a->n_kv_heads, a->scale, a->softcap, a->window);
+}
+
 static loom_status check_attn(const loom_cuda_kv *kv, const loom_cuda_attn *a, const char *what) {
     if (a->n_kv_heads <= 0 || a->n_heads <= 0 || a->n_heads % a->n_kv_heads || a->head_dim <= 0 ||
         kv->block_size <= 0 || (int)kv->dt < 0 || (int)kv->dt > 2 ||
@@ -429,6 +634,34 @@ extern "C" loom_status loom_cuda_attn_decode(loom_cuda *c, float *d_out, const f
     int epl = hd % 32 == 0 ? hd / 32 : 0;
     int vec = (epl == 2 || epl == 4 || epl == 8) && group <= DEC_GMAX &&
               (kv->row_stride % 4 == 0 || kv->dt != LOOM_CUDA_BF16);
+    /* Small batches: one thread-block cluster per (sequence, KV head), as
+     * many CTAs as keep the grid within 2 an SM (c->attn_cluster at most)
+     * and no more than one run of positions each needs. */
+    int ncl = 0;
+    if (vec && epl <= 4 && c->attn_cluster >= 2 && c->cc >= 90) {
+        ncl = c->attn_cluster;
+        while (ncl >= 2 && (size_t)n_seqs * a->n_kv_heads * ncl > 2 * (size_t)c->n_sm) ncl /= 2;
+        while (ncl > 2 && (ncl / 2) * CL_WARPS * CL_PB >= span) ncl /= 2;
+    }
+    if (ncl >= 2) {
+        int gm = group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : 8;
+        cudaError_t e;
+#define CL_LAUNCH(E, G) \
+    attn_cluster_launch<E, G>(c, ncl, d_out, d_q, kv, a, d_tables, table_stride, d_lens, n_seqs)
+        if (epl == 2)
+            e = gm == 1 ? CL_LAUNCH(2, 1) : gm == 2 ? CL_LAUNCH(2, 2) : gm == 4 ? CL_LAUNCH(2, 4)
+                                                                             : CL_LAUNCH(2, 8);
+        else
+            e = gm == 1 ? CL_LAUNCH(4, 1) : gm == 2 ? CL_LAUNCH(4, 2) : gm == 4 ? CL_LAUNCH(4, 4)
+                                                                             : CL_LAUNCH(4, 8);
+#undef CL_LAUNCH
+        if (e == cudaSuccess) return LOOM_OK;
+        /* a launch refused up front (no kernel ran): the split kernel does it */
+        (void)cudaGetLastError();
+        loom_log(LOOM_CUDA_LOG_WARN, "cuda attn_decode: cluster of %d not launched (%s); the "
+                 "split kernel from here on", ncl, cudaGetErrorString(e));
+        c->attn_cluster = 0;
+    }
     /* Scores of one split stay in shared memory: at most 8192 per block.
      * The vectorised kernel splits finer while the grid would leave SMs
      * idle: a split is one block's serial walk. Down to 8 positions (one

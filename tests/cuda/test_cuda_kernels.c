@@ -23,7 +23,13 @@ static loom_cuda *C_gv[GV_VARIANTS];
 static const char *GV_VAR[GV_VARIANTS][4] = {
     {"rows", "0", "4", "0"}, {"ks1 u4", "1", "4", "0"}, {"ks1 u8", "1", "8", "0"},
     {"ks4 u4 1bps", "4", "4", "1"}, {"ks2 u8", "2", "8", "0"}};
-static loom_cuda *C_att16;  /* decode attention split down to 16 positions, not 8 */
+/* decode attention besides the default (LOOM_CUDA_ATTN_SPLIT, _CLUSTER):
+ * the split kernel down to 16 and to 8 positions, clusters of up to 8 and 2 */
+#define ATT_VARIANTS 4
+static loom_cuda *C_att[ATT_VARIANTS];
+static const char *ATT_VAR[ATT_VARIANTS][3] = {
+    {" split>=16", "16", "0"}, {" split", "8", "0"}, {" cluster<=8", "8", "8"},
+    {" cluster<=2", "8", "2"}};
 static unsigned long long rng = 0x9e3779b97f4a7c15ull;
 static int n_pass, n_fail;
 
@@ -922,12 +928,12 @@ static int test_attn_decode(const attn_case *a, const int *lens, int n_seqs) {
         api_fail("attn_decode", what, LOOM_ERR_NOMEM);
     } else {
         loom_cuda_attn at = {a->nh, a->nkv, a->hd, scale, a->softcap, a->window, 0};
-        /* the default splits, and splits only down to 16 positions (LOOM_CUDA_ATTN_SPLIT) */
+        /* the default, then each variant of C_att */
         ok = 1;
-        for (int v = 0; v < 2; v++) {
-            loom_cuda *cx = v ? C_att16 : C;
+        for (int v = 0; v <= ATT_VARIANTS; v++) {
+            loom_cuda *cx = v ? C_att[v - 1] : C;
             char w2[160];
-            snprintf(w2, sizeof w2, "%s%s", what, v ? " split>=16" : "");
+            snprintf(w2, sizeof w2, "%s%s", what, v ? ATT_VAR[v - 1][0] : "");
             loom_status st = loom_cuda_memset0(cx, dout, qn * 4);
             if (st == LOOM_OK)
                 st = loom_cuda_attn_decode(cx, dout, dq, &kv, &at, dtab, P.tstride, dlens,
@@ -1230,9 +1236,13 @@ int main(void) {
         setenv("LOOM_CUDA_GEMV_BPS", GV_VAR[v][3], 1);
         st2 = loom_cuda_create(0, &C_gv[v]);
     }
-    setenv("LOOM_CUDA_ATTN_SPLIT", "16", 1);
-    if (st2 == LOOM_OK) st2 = loom_cuda_create(0, &C_att16);
+    for (int v = 0; v < ATT_VARIANTS && st2 == LOOM_OK; v++) {
+        setenv("LOOM_CUDA_ATTN_SPLIT", ATT_VAR[v][1], 1);
+        setenv("LOOM_CUDA_ATTN_CLUSTER", ATT_VAR[v][2], 1);
+        st2 = loom_cuda_create(0, &C_att[v]);
+    }
     unsetenv("LOOM_CUDA_ATTN_SPLIT");
+    unsetenv("LOOM_CUDA_ATTN_CLUSTER");
     unsetenv("LOOM_CUDA_GEMV_MMA");
     unsetenv("LOOM_CUDA_GEMV_KS");
     unsetenv("LOOM_CUDA_GEMV_U");
@@ -1358,6 +1368,11 @@ int main(void) {
         int l8b[] = {191};  /* batch 1: the most splits */
         test_attn_decode(&a8, l8b, 1);
         test_attn_decode(&a7, l8b, 1);
+        int l8c[] = {700};  /* batch 1: several runs of the cluster */
+        test_attn_decode(&a8, l8c, 1);
+        attn_case a10 = {8, 8, 64, 16, LOOM_KV_F32, 40, 0};  /* group 1, window */
+        int l10[] = {1, 41, 300};
+        test_attn_decode(&a10, l10, 3);
         attn_case a9 = {6, 1, 64, 7, LOOM_KV_BF16, 33, 0};  /* group 6, window, odd block */
         int l9[] = {1, 50, 999};
         test_attn_decode(&a9, l9, 3);
@@ -1391,7 +1406,7 @@ int main(void) {
     loom_cuda_free(C_fma);
     loom_cuda_free(C_mma);
     for (int v = 0; v < GV_VARIANTS; v++) loom_cuda_free(C_gv[v]);
-    loom_cuda_free(C_att16);
+    for (int v = 0; v < ATT_VARIANTS; v++) loom_cuda_free(C_att[v]);
     printf("cuda kernels: %d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
 }
