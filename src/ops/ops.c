@@ -94,29 +94,29 @@ loom_status loom_q_interleave(const loom_qmat *w, int rows, loom_qmat *dst, void
     size_t wbytes = (size_t)rows * w->n * w->bits / 8, np = (size_t)rows * (w->n / w->group);
     uint8_t *buf = loom_alloc(wbytes + 2 * np * sizeof(uint16_t));
     if (!buf) return loom_err(LOOM_ERR_NOMEM, "interleave: out of memory for %zu bytes", wbytes);
-    uint16_t *sc = (uint16_t *)(buf + wbytes), *bi = sc + np;
     int n = w->n, ng = n / w->group, per = w->bits == 8 ? 4 : 8;
     uint8_t *o = buf;
-    for (int rb = 0; rb < rows / 16; rb++) {
-        for (int j = 0; j < n / 64; j++)
-            for (int c = 0; c < 64 / per; c++)   /* one vector: 16 rows x per columns */
-                for (int i = 0; i < 16; i++)
-                    for (int b = 0; b < 4; b++) {
-                        int r = rb * 16 + i, k = j * 64 + c * per + b;
-                        *o++ = (uint8_t)(w->bits == 8 ? q_value(w, r, k)
-                                                      : q_value(w, r, k) | q_value(w, r, k + 4) << 4);
-                    }
-        for (int g = 0; g < ng; g++)
+    for (int rb = 0; rb < rows / 16; rb++)
+        for (int g = 0; g < ng; g++) {
+            uint16_t p[32]; /* the group's 16 scales, then its 16 biases, before its columns */
             for (int i = 0; i < 16; i++) {
-                size_t s = (size_t)(rb * 16 + i) * ng + g, d = ((size_t)rb * ng + g) * 16 + i;
-                sc[d] = w->scales[s];
-                bi[d] = w->biases[s];
+                p[i] = w->scales[(size_t)(rb * 16 + i) * ng + g];
+                p[16 + i] = w->biases[(size_t)(rb * 16 + i) * ng + g];
             }
-    }
+            memcpy(o, p, sizeof p);
+            o += sizeof p;
+            for (int j = g * (w->group / 64); j < (g + 1) * (w->group / 64); j++)
+                for (int c = 0; c < 64 / per; c++) /* one vector: 16 rows x per columns */
+                    for (int i = 0; i < 16; i++)
+                        for (int b = 0; b < 4; b++) {
+                            int r = rb * 16 + i, k = j * 64 + c * per + b;
+                            *o++ = (uint8_t)(w->bits == 8 ? q_value(w, r, k)
+                                                          : q_value(w, r, k) | q_value(w, r, k + 4) << 4);
+                        }
+        }
     *dst = *w;
     dst->w = (const uint32_t *)buf;
-    dst->scales = sc;
-    dst->biases = bi;
+    dst->scales = dst->biases = NULL; /* in the stream */
     dst->il16 = 1;
     *mem = buf;
     return LOOM_OK;

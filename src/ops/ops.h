@@ -31,11 +31,12 @@ typedef struct loom_qmat {
 
 /* The 16-row interleaved layout, for 4- and 8-bit matrices whose rows
  * are a multiple of 16 and group 64 << s (s <= 4) columns, n <= 8192:
- * per block of 16 rows and per 64 columns, a run of 64-byte vectors
- * whose dword i holds row i's next 4 (8-bit) or 8 (4-bit: low nibbles 4
- * columns, high nibbles the 4 after) columns; then scales and biases as
- * [row block][group][16]. One vector feeds one VPDPBUSD with a column
- * group broadcast, 16 rows to 16 lanes, with no reduction across lanes.
+ * per block of 16 rows and per group, the 16 rows' scales and their 16
+ * biases, then for each 64 columns a run of 64-byte vectors whose dword i
+ * holds row i's next 4 (8-bit) or 8 (4-bit: low nibbles 4 columns, high
+ * nibbles the 4 after) columns: one stream, read in order (scales and
+ * biases are NULL). One vector feeds one VPDPBUSD with a column group
+ * broadcast, 16 rows to 16 lanes, with no reduction across lanes.
  * Only kernel tables with q_il16 set read it. */
 int loom_q_il16_ok(const loom_qmat *w, int rows);
 /* dst: w's values in that layout, in one buffer (*mem, loom_free it). */

@@ -719,6 +719,9 @@ static void fq_gemm(float *y, int ldy, const float *x, int ldx, const loom_qmat 
 #define IL_T 8          /* tokens per pass over a row block */
 #define IL_RB 4         /* row blocks per chunk when several token passes reuse them */
 #define IL_MAXN 8192
+/* 4-bit: bytes ahead of the stream to prefetch (+13% decode; 8-bit saw no
+ * clear change) */
+#define IL_PF 4096
 
 /* Rows 16 rb + [l0, l1) for T tokens: xq (T rows of n int8, column order),
  * sx[t * nb + j] and xsg[t * ng + g] as fq_prep leaves them. Below 4
@@ -727,26 +730,29 @@ INLINE void il_block(float *y, size_t ldy, const int8_t *xq, const float *sx, co
                      const loom_qmat *w, int rb, int l0, int l1, const int T, const int bits) {
     const int n = w->n, ng = n / w->group, per = w->group / XBLK, nb = n / XBLK, two = T < 4;
     const size_t vbytes = (size_t)16 * XBLK * bits / 8; /* one block of 16 rows */
-    const uint8_t *blk = (const uint8_t *)w->w + (size_t)rb * nb * vbytes;
-    const uint16_t *scb = w->scales + (size_t)rb * ng * 16, *bib = w->biases + (size_t)rb * ng * 16;
+    const size_t gbytes = (size_t)per * vbytes + 64;   /* + 16 scales and 16 biases */
+    const uint8_t *blk = (const uint8_t *)w->w + (size_t)rb * ng * gbytes;
     const __m512i m4 = _mm512_set1_epi8(15);
     __m512 acc[IL_T];
 #pragma GCC unroll 8
     for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
     for (int g = 0; g < ng; g++) {
-        __m512 sc = params16(scb + (size_t)g * 16, 16, w->f16);
-        __m512 bi = params16(bib + (size_t)g * 16, 16, w->f16);
+        const uint8_t *gp = blk + (size_t)g * gbytes;
+        const uint16_t *par = (const uint16_t *)gp;
+        __m512 sc = params16(par, 16, w->f16), bi = params16(par + 16, 16, w->f16);
 #pragma GCC unroll 8
         for (int t = 0; t < T; t++)
             acc[t] = _mm512_fmadd_ps(bi, _mm512_set1_ps(xsg[t * ng + g]), acc[t]);
         for (int j = g * per; j < (g + 1) * per; j++) {
-            const uint8_t *v = blk + (size_t)j * vbytes;
+            const uint8_t *v = gp + 64 + (size_t)(j - g * per) * vbytes;
             __m512i ia[IL_T], ib[IL_T];
 #pragma GCC unroll 8
             for (int t = 0; t < T; t++) ia[t] = ib[t] = _mm512_setzero_si512();
 #pragma GCC unroll 8
             for (int c = 0; c < 8; c++) {
                 __m512i wa, wb;
+                if (IL_PF && bits == 4)
+                    _mm_prefetch((const char *)v + (size_t)c * 64 + IL_PF, _MM_HINT_T0);
                 if (bits == 8) {
                     wa = _mm512_loadu_si512(v + 128 * c);
                     wb = _mm512_loadu_si512(v + 128 * c + 64);
