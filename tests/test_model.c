@@ -227,6 +227,90 @@ static void check_batched(const char *dir, double tol) {
     loom_st_close(ref);
 }
 
+/* One sequence fed a token per forward, then again in tiles of 1-7 tokens
+ * beside two other sequences (one decoding, one in 2-token chunks): the
+ * logits must be the same bits. The engine relies on it (a request gives
+ * the same tokens alone or batched, and the prefix cache's cached equals
+ * cold). Tiles stay under the attention's matmul tiles (16 query rows);
+ * the AVX2 table is not batch-invariant, so the check runs on the AVX-512
+ * and plain-C tables only. fast: --fast (the interleaved 4-/8-bit path). */
+static void check_tiles_exact(const char *dir, loom_kv_type kt, int fast) {
+    const loom_kernels *k = fast ? loom_kernels_get_fast() : loom_kernels_get();
+    int invariant = k->matmul_f32 == loom_kernels_ref.matmul_f32;
+#if defined(__x86_64__)
+    invariant |= k->matmul_f32 == loom_kernels_avx512_dense.matmul_f32;
+#endif
+    if (!invariant) return;
+    char path[512];
+    snprintf(path, sizeof path, "%s/reference.safetensors", dir);
+    loom_safetensors *ref = NULL;
+    loom_model *m = NULL;
+    loom_model_params mp = loom_model_default_params();
+    mp.n_threads = 2;
+    mp.fast_matmul = fast;
+    CHECK(loom_st_open(path, &ref) == LOOM_OK);
+    CHECKF(loom_model_load(dir, &mp, &m) == LOOM_OK, "%s: %s", dir, loom_last_error());
+    if (!ref || !m) goto out;
+    enum { L = 48, LB = 20, LC = 24 };
+    int V = loom_model_vocab_size(m);
+    int32_t tok[3][L];
+    for (int i = 0; i < 3; i++) {
+        const loom_st_tensor *ids, *lg, *gr;
+        CHECK(ref_prompt(ref, i, &ids, &lg, &gr));
+        for (int k = 0; k < L; k++) tok[i][k] = ((const int32_t *)ids->data)[k % ids->shape[0]];
+    }
+    float *solo = malloc(sizeof(float) * L * V), *bat = malloc(sizeof(float) * L * V);
+    float *junk = malloc(sizeof(float) * 3 * V);
+    loom_kv_pool *kv = NULL;
+    loom_fwd_state *fs = NULL;
+    loom_kv_seq sq[3] = {{0}};
+    loom_seq_state *st[3] = {0};
+    CHECK(loom_kv_pool_create(m->cfg.n_layers, loom_model_kv_dim(m), 16, 32, kt, &kv) == LOOM_OK);
+    CHECK(loom_fwd_state_create(m, 16, 128, &fs) == LOOM_OK);
+    for (int i = 0; i < 3; i++) CHECK(loom_seq_state_create(m, &st[i]) == LOOM_OK);
+    CHECK(loom_kv_seq_reserve(kv, &sq[0], L) == LOOM_OK);
+    for (int t = 0; t < L; t++) {
+        loom_fwd_row r = {tok[0] + t, 1, &sq[0], LOOM_LOGITS_LAST, solo + (size_t)t * V, st[0]};
+        CHECKF(loom_forward(m, fs, kv, &r, 1) == LOOM_OK, "%s: %s", dir, loom_last_error());
+    }
+    loom_kv_seq_release(kv, &sq[0]);
+    loom_seq_state_reset(st[0]);
+    CHECK(loom_kv_seq_reserve(kv, &sq[0], L) == LOOM_OK);
+    CHECK(loom_kv_seq_reserve(kv, &sq[1], LB) == LOOM_OK);
+    CHECK(loom_kv_seq_reserve(kv, &sq[2], LC) == LOOM_OK);
+    static const int chunks[] = {1, 2, 3, 1, 5, 7, 4, 6, 1, 1, 2};
+    int maxc = LOOM_MAX(1, 15 / (m->cfg.n_heads / m->cfg.n_kv_heads));
+    for (int step = 0, oa = 0, ob = 0, oc = 0; oa < L; step++) {
+        loom_fwd_row rows[3];
+        int n = 0, ca = LOOM_MIN(LOOM_MIN(chunks[step % 11], maxc), L - oa);
+        int cc = LOOM_MIN(2, LC - oc);
+        if (ob < LB) rows[n++] = (loom_fwd_row){tok[1] + ob++, 1, &sq[1], LOOM_LOGITS_LAST, junk, st[1]};
+        rows[n++] = (loom_fwd_row){tok[0] + oa, ca, &sq[0], LOOM_LOGITS_ALL, bat + (size_t)oa * V, st[0]};
+        if (cc > 0)
+            rows[n++] = (loom_fwd_row){tok[2] + oc, cc, &sq[2], LOOM_LOGITS_ALL, junk + V, st[2]};
+        oa += ca;
+        oc += cc;
+        if (loom_forward(m, fs, kv, rows, n) != LOOM_OK) {
+            CHECKF(0, "%s tiles: %s", dir, loom_last_error());
+            break;
+        }
+    }
+    CHECKF(!memcmp(solo, bat, sizeof(float) * L * V),
+           "%s kv %d fast %d: a token per forward and batched tiles differ", dir, (int)kt, fast);
+    for (int i = 0; i < 3; i++) {
+        loom_kv_seq_release(kv, &sq[i]);
+        loom_seq_state_free(st[i]);
+    }
+    free(solo);
+    free(bat);
+    free(junk);
+    loom_fwd_state_free(fs);
+    loom_kv_pool_free(kv);
+out:
+    loom_model_free(m);
+    loom_st_close(ref);
+}
+
 /* --fast (loom_model_params.fast_matmul) on a bf16 model: the prompt
  * whole and token by token, against the exact reference. Activations are
  * rounded to bf16 before each bf16 matmul (a relative error of at most
@@ -328,5 +412,12 @@ int main(void) {
     check_fast("tests/fixtures/trained/pycoder-16m", 3);
     check_fast_tol("tests/fixtures/models/qwen3-tiny-mlx8", 4, FAST_Q_TOL, FAST_Q_GREEDY);
     check_fast_tol("tests/fixtures/models/qwen3-tiny-mlx4", 4, FAST_Q_TOL, FAST_Q_GREEDY);
+    check_tiles_exact("tests/fixtures/models/qwen3-tiny", LOOM_KV_F32, 0);
+    check_tiles_exact("tests/fixtures/models/qwen3-tiny", LOOM_KV_Q8, 0);
+    check_tiles_exact("tests/fixtures/models/gemma2-tiny", LOOM_KV_F16, 0);
+    check_tiles_exact("tests/fixtures/models/mistral-tiny-swa", LOOM_KV_BF16, 0);
+    check_tiles_exact("tests/fixtures/models/qwen3moe-tiny", LOOM_KV_Q4, 0);
+    check_tiles_exact("tests/fixtures/models/qwen3-tiny-mlx4", LOOM_KV_F32, 1);
+    check_tiles_exact("tests/fixtures/models/qwen3-tiny-mlx8", LOOM_KV_F16, 1);
     return test_report("test_model");
 }
