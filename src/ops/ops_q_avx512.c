@@ -797,37 +797,53 @@ static void il_block_any(float *y, size_t ldy, const int8_t *xq, const float *sx
     }
 }
 
-/* Rows [r0, r1) of an interleaved matrix: tokens rounded once per call,
- * then chunks of IL_RB row blocks (L1) swept by every IL_T-token pass. */
-static void il_matmul(float *y, int ldy, const float *x, int ldx, const loom_qmat *w, int T,
-                      int r0, int r1) {
+/* T tokens (rounded: xq, sx, xsg as il_block reads them) x rows [r0, r1):
+ * chunks of IL_RB row blocks (L1) swept by every IL_T-token pass. */
+static void il_rows(float *y, size_t ldy, const int8_t *xq, const float *sx, const float *xsg,
+                    const loom_qmat *w, int T, int r0, int r1) {
     const int n = w->n, nb = n / XBLK, ng = n / w->group;
-    int8_t xq_s[IL_T * IL_MAXN] __attribute__((aligned(64)));
-    float sx_s[IL_T * (IL_MAXN / XBLK)], xsg_s[IL_T * (IL_MAXN / XBLK)];
-    int8_t *xq = xq_s;
-    float *sx = sx_s, *xsg = xsg_s;
-    void *heap = NULL;
-    if (T > IL_T) { /* a prompt: all its tokens at once */
-        heap = loom_alloc((size_t)T * n + (size_t)T * (nb + ng) * sizeof(float));
-        if (!heap) { /* no memory for the copy: the row-major path cannot run either */
-            for (int t = 0; t < T; t++) memset(y + (size_t)t * ldy + r0, 0, sizeof(float) * (size_t)(r1 - r0));
-            return;
-        }
-        sx = heap;
-        xsg = sx + (size_t)T * nb;
-        xq = (int8_t *)(xsg + (size_t)T * ng);
-    }
-    for (int t = 0; t < T; t++)
-        fq_prep(xq + (size_t)t * n, sx + (size_t)t * nb, xsg + (size_t)t * ng, 1,
-                x + (size_t)t * (size_t)ldx, w, 0);
     for (int c0 = r0 / 16; c0 * 16 < r1; c0 += IL_RB)
         for (int t0 = 0; t0 < T; t0 += IL_T)
             for (int rb = c0; rb < c0 + IL_RB && rb * 16 < r1; rb++)
-                il_block_any(y + (size_t)t0 * ldy, (size_t)ldy, xq + (size_t)t0 * n,
+                il_block_any(y + (size_t)t0 * ldy, ldy, xq + (size_t)t0 * n,
                              sx + (size_t)t0 * nb, xsg + (size_t)t0 * ng, w, rb,
                              LOOM_MAX(r0 - rb * 16, 0), LOOM_MIN(r1 - rb * 16, 16),
                              LOOM_MIN(IL_T, T - t0));
-    loom_free(heap);
+}
+
+static void il_prep(int8_t *xq, float *sx, float *xsg, const float *x, size_t ldx,
+                    const loom_qmat *w, int T) {
+    const int n = w->n, nb = n / XBLK, ng = n / w->group;
+    for (int t = 0; t < T; t++)
+        fq_prep(xq + (size_t)t * n, sx + (size_t)t * nb, xsg + (size_t)t * ng, 1,
+                x + (size_t)t * ldx, w, 0);
+}
+
+/* Rows [r0, r1) of an interleaved matrix. A prompt rounds all its tokens
+ * once (heap) so each row chunk serves them all from L1; without the
+ * memory for that, and for decode, IL_T tokens at a time on the stack. */
+static void il_matmul(float *y, int ldy, const float *x, int ldx, const loom_qmat *w, int T,
+                      int r0, int r1) {
+    const int n = w->n, nb = n / XBLK, ng = n / w->group;
+    const size_t ly = (size_t)ldy, lx = (size_t)ldx;
+    if (T > IL_T) {
+        float *sx = loom_alloc((size_t)T * n + (size_t)T * (nb + ng) * sizeof(float));
+        if (sx) {
+            float *xsg = sx + (size_t)T * nb;
+            int8_t *xq = (int8_t *)(xsg + (size_t)T * ng);
+            il_prep(xq, sx, xsg, x, lx, w, T);
+            il_rows(y, ly, xq, sx, xsg, w, T, r0, r1);
+            loom_free(sx);
+            return;
+        }
+    }
+    int8_t xq[IL_T * IL_MAXN] __attribute__((aligned(64)));
+    float sx[IL_T * (IL_MAXN / XBLK)], xsg[IL_T * (IL_MAXN / XBLK)];
+    for (int t0 = 0; t0 < T; t0 += IL_T) {
+        int tt = LOOM_MIN(IL_T, T - t0);
+        il_prep(xq, sx, xsg, x + (size_t)t0 * lx, lx, w, tt);
+        il_rows(y + (size_t)t0 * ly, ly, xq, sx, xsg, w, tt, r0, r1);
+    }
 }
 
 static void matmul_q_fast(float *y, int ldy, const float *x, int ldx, const loom_qmat *w, int T,
