@@ -75,20 +75,28 @@ static int ref_prompt(const loom_safetensors *ref, int i, const loom_st_tensor *
     return *ids && *lg && *gr;
 }
 
-static void check_model_tol(const char *dir, int n_prompts, int n_greedy, double tol) {
+/* dir's model (threads: 0 = all cores) and its reference; 0 (checked and
+ * reported) when either does not load. */
+static int load_fixture(const char *dir, int threads, int fast, loom_safetensors **ref,
+                        loom_model **m) {
     char path[512];
     snprintf(path, sizeof path, "%s/reference.safetensors", dir);
-    loom_safetensors *ref = NULL;
-    loom_status s = loom_st_open(path, &ref);
-    CHECKF(s == LOOM_OK, "%s: %s", path, loom_last_error());
-    loom_model *m = NULL;
+    *ref = NULL;
+    *m = NULL;
+    loom_model_params mp = loom_model_default_params();
+    mp.n_threads = threads;
+    mp.fast_matmul = fast;
+    CHECKF(loom_st_open(path, ref) == LOOM_OK, "%s: %s", path, loom_last_error());
+    CHECKF(loom_model_load(dir, &mp, m) == LOOM_OK, "%s: %s", dir, loom_last_error());
+    return *ref && *m;
+}
+
+static void check_model_tol(const char *dir, int n_prompts, int n_greedy, double tol) {
+    loom_safetensors *ref;
+    loom_model *m;
     /* One thread: these models are tiny and pool hand-offs would dominate
      * (pycoder below runs threaded). */
-    loom_model_params mp = loom_model_default_params();
-    mp.n_threads = strstr(dir, "trained") ? 0 : 1;
-    s = loom_model_load(dir, &mp, &m);
-    CHECKF(s == LOOM_OK, "%s: %s", dir, loom_last_error());
-    if (!ref || !m) goto out;
+    if (!load_fixture(dir, strstr(dir, "trained") ? 0 : 1, 0, &ref, &m)) goto out;
     int V = loom_model_vocab_size(m);
     double worst = 0;
     struct timespec t0, t1;
@@ -119,7 +127,7 @@ static void check_model_tol(const char *dir, int n_prompts, int n_greedy, double
             /* chunked variants on the long prompt (short ones: whole and 1) */
             if (k > 0 && (chunks[k] >= L || (L < 100 && chunks[k] != 1))) continue;
             int32_t out[64];
-            s = run_chunked(c, tok, L, chunks[k], got, V, out, ng);
+            loom_status s = run_chunked(c, tok, L, chunks[k], got, V, out, ng);
             CHECKF(s == LOOM_OK, "%s prompt %d chunk %d: %s", dir, i, chunks[k], loom_last_error());
             double e = rel_err(got, want, (size_t)L * V);
             worst = e > worst ? e : worst;
@@ -149,15 +157,9 @@ out:
  * prompt 3 with one decode token for each of the others. Every row must
  * match the reference as if run alone. */
 static void check_batched(const char *dir, double tol) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/reference.safetensors", dir);
-    loom_safetensors *ref = NULL;
-    loom_model *m = NULL;
-    loom_model_params mp = loom_model_default_params();
-    mp.n_threads = 2;
-    CHECK(loom_st_open(path, &ref) == LOOM_OK);
-    CHECKF(loom_model_load(dir, &mp, &m) == LOOM_OK, "%s: %s", dir, loom_last_error());
-    if (!ref || !m) {
+    loom_safetensors *ref;
+    loom_model *m;
+    if (!load_fixture(dir, 2, 0, &ref, &m)) {
         loom_model_free(m);
         loom_st_close(ref);
         return;
@@ -241,16 +243,9 @@ static void check_tiles_exact(const char *dir, loom_kv_type kt, int fast) {
     invariant |= k->matmul_f32 == loom_kernels_avx512_dense.matmul_f32;
 #endif
     if (!invariant) return;
-    char path[512];
-    snprintf(path, sizeof path, "%s/reference.safetensors", dir);
-    loom_safetensors *ref = NULL;
-    loom_model *m = NULL;
-    loom_model_params mp = loom_model_default_params();
-    mp.n_threads = 2;
-    mp.fast_matmul = fast;
-    CHECK(loom_st_open(path, &ref) == LOOM_OK);
-    CHECKF(loom_model_load(dir, &mp, &m) == LOOM_OK, "%s: %s", dir, loom_last_error());
-    if (!ref || !m) goto out;
+    loom_safetensors *ref;
+    loom_model *m;
+    if (!load_fixture(dir, 2, fast, &ref, &m)) goto out;
     enum { L = 48, LB = 20, LC = 24 };
     int V = loom_model_vocab_size(m);
     int32_t tok[3][L];
@@ -333,15 +328,9 @@ static void check_fast(const char *dir, int n_prompts) {
 }
 
 static void check_fast_tol(const char *dir, int n_prompts, double tol, int n_same) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/reference.safetensors", dir);
-    loom_safetensors *ref = NULL;
-    loom_model *m = NULL;
-    CHECKF(loom_st_open(path, &ref) == LOOM_OK, "%s: %s", path, loom_last_error());
-    loom_model_params mp = loom_model_default_params();
-    mp.fast_matmul = 1;
-    CHECKF(loom_model_load(dir, &mp, &m) == LOOM_OK, "%s: %s", dir, loom_last_error());
-    if (!ref || !m) goto out;
+    loom_safetensors *ref;
+    loom_model *m;
+    if (!load_fixture(dir, 0, 1, &ref, &m)) goto out;
     int V = loom_model_vocab_size(m);
     double worst = 0;
     for (int i = 0; i < n_prompts; i++) {
