@@ -27,7 +27,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -291,17 +290,6 @@ static size_t n_elems(const loom_st_tensor *t) {
 
 #define CHUNK_ELEMS ((size_t)1 << 20)
 
-/* Drops converted source bytes from this process, so the resident set
- * stays near one chunk however large the checkpoint (the mapping is
- * read-only and file-backed: a later touch reads the pages back). */
-static void release_pages(const void *data, size_t nbytes) {
-    long pg = sysconf(_SC_PAGESIZE);
-    if (pg <= 0 || !nbytes) return;
-    uintptr_t a = (uintptr_t)data & ~(uintptr_t)(pg - 1);
-    uintptr_t b = (uintptr_t)data + nbytes;
-    madvise((void *)a, b - a, MADV_DONTNEED);
-}
-
 /* Writes a packed weight (row blocks, as produced), then its scales and
  * biases. */
 static loom_status write_quantized(loom_st_stream *w, const loom_st_tensor *t, int bits,
@@ -332,7 +320,7 @@ static loom_status write_quantized(loom_st_stream *w, const loom_st_tensor *t, i
         }
         s = loom_st_stream_write(w, q, nr * words * sizeof *q);
         size_t esz = loom_dtype_size(t->dtype);
-        release_pages((const char *)t->data + r0 * cols * esz, nr * cols * esz);
+        loom_st_release((const char *)t->data + r0 * cols * esz, nr * cols * esz);
     }
     if (!s) s = loom_st_stream_write(w, sc, rows * ng * sizeof *sc);
     if (!s) s = loom_st_stream_write(w, bi, rows * ng * sizeof *bi);
@@ -363,7 +351,7 @@ static loom_status write_copy(loom_st_stream *w, const loom_st_tensor *t, loom_d
         for (size_t k = 0; k < c; k++) h[k] = to_half(x[k], hd);
         s = loom_st_stream_write(w, h, c * sizeof *h);
         size_t esz = loom_dtype_size(t->dtype);
-        release_pages((const char *)t->data + i * esz, c * esz);
+        loom_st_release((const char *)t->data + i * esz, c * esz);
     }
     st->bytes_out += n * 2;
     free(x);
@@ -546,7 +534,7 @@ loom_status loom_convert_model(const char *src, const char *dst, const loom_conv
             s = write_copy(w, t, hd, st);
             st->n_copied++;
         }
-        release_pages(t->data, t->nbytes);
+        loom_st_release(t->data, t->nbytes);
     }
     free(names);
     if (s) goto done;

@@ -408,6 +408,13 @@ loom_status loom_st_write(const char *path, const loom_st_write_entry *e, int n)
     return LOOM_OK;
 }
 
+void loom_st_release(const void *data, size_t n) {
+    long pg = sysconf(_SC_PAGESIZE);
+    if (pg <= 0 || !n) return;
+    uintptr_t a = (uintptr_t)data & ~(uintptr_t)(pg - 1);
+    madvise((void *)a, (uintptr_t)data + n - a, MADV_DONTNEED);
+}
+
 void loom_st_warm(const loom_safetensors *st, void (*progress)(void *ctx, double done), void *ctx) {
     size_t total = 0, seen = 0, step = 64u << 20;
     for (int i = 0; i < st->n_maps; i++) total += st->maps[i].size;

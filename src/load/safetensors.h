@@ -53,6 +53,10 @@ const char *loom_st_metadata(const loom_safetensors *st, const char *key);
 /* Reads every page of the mapped files so the first forward does not stall
  * on disk; progress (may be NULL) gets the fraction done now and then. */
 void loom_st_warm(const loom_safetensors *st, void (*progress)(void *ctx, double done), void *ctx);
+/* Drops the pages under [data, data + n) of a mapping from this process
+ * (the mappings are read-only and file-backed: a later touch reads them
+ * back), so bytes already converted elsewhere stop counting as resident. */
+void loom_st_release(const void *data, size_t n);
 
 /* Formats "F32 [3, 4]" into buf. */
 void loom_st_describe(const loom_st_tensor *t, char *buf, size_t n);

@@ -4,12 +4,9 @@
 #include "model/model.h"
 
 #include <math.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include "base/base.h"
 
@@ -765,13 +762,8 @@ static loom_status interleave(loom_model *m, loom_weight *w) {
     }
     m->il_mem = nm;
     m->il_mem[m->n_il_mem++] = mem;
-    if (!(m->embed.dtype == LOOM_DT_U32 && m->embed.q.w == w->q.w)) {
-        long pg = sysconf(_SC_PAGESIZE);
-        size_t bytes = (size_t)w->rows * w->cols * w->q.bits / 8;
-        uintptr_t a = ((uintptr_t)w->q.w + (uintptr_t)pg - 1) & ~(uintptr_t)(pg - 1);
-        uintptr_t b = ((uintptr_t)w->q.w + bytes) & ~(uintptr_t)(pg - 1);
-        if (pg > 0 && b > a) madvise((void *)a, b - a, MADV_DONTNEED);
-    }
+    if (!(m->embed.dtype == LOOM_DT_U32 && m->embed.q.w == w->q.w))
+        loom_st_release(w->q.w, (size_t)w->rows * w->cols * w->q.bits / 8);
     w->q = q;
     w->data = q.w;
     return LOOM_OK;
