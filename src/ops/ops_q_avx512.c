@@ -136,65 +136,12 @@ INLINE __m512 block_scales(const uint16_t *sc_row, int c0, int cnt, int gs, int 
     return _mm512_permutexvar_ps(gi, params16(sc_row + g0, gc, f16));
 }
 
-/* One row: xp as ex_prep leaves it. Two partial sums per block and
- * per-chunk scales in registers keep the chains short. */
-INLINE void ex_row(float *y, const float *xp, const float *xsg, const loom_qmat *w, int r,
-                   const int bits) {
-    const int n = w->n, ng = n / w->group, nb = n / XBLK, gs = __builtin_ctz(w->group / XBLK);
-    const uint8_t *row = qrow(w, r);
-    const uint16_t *scr = w->scales + (size_t)r * ng;
-    const __m512 tbl = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    __m512 facc = bias_dot(w->biases + (size_t)r * ng, xsg, ng, w->f16);
-    for (int c0 = 0; c0 < nb; c0 += 16) {
-        int cnt = LOOM_MIN(16, nb - c0);
-        __m512 scv = block_scales(scr, c0, cnt, gs, w->f16);
-        for (int jj = 0; jj < cnt; jj++) {
-            int j = c0 + jj;
-            const float *xj = xp + (size_t)j * XBLK;
-            __m512 p = _mm512_setzero_ps(), p2 = _mm512_setzero_ps();
-            _mm_prefetch((const char *)row + (size_t)j * 8 * bits + PF_DIST, _MM_HINT_T0);
-            if (bits == 8) {
-#pragma GCC unroll 4
-                for (int c = 0; c < 4; c++) {
-                    __m128i b = _mm_loadu_si128((const __m128i *)(row + (size_t)j * 64 + 16 * c));
-                    __m512 wv = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b));
-                    if (c % 2) p2 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(xj + 16 * c), p2);
-                    else p = _mm512_fmadd_ps(wv, _mm512_loadu_ps(xj + 16 * c), p);
-                }
-            } else {
-#pragma GCC unroll 2
-                for (int c = 0; c < 2; c++) {
-                    __m128i b = _mm_loadu_si128((const __m128i *)(row + (size_t)j * 32 + 16 * c));
-                    __m512i d = _mm512_cvtepu8_epi32(b);
-                    p = _mm512_fmadd_ps(_mm512_permutexvar_ps(d, tbl), _mm512_loadu_ps(xj + 32 * c), p);
-                    p2 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), tbl),
-                                         _mm512_loadu_ps(xj + 32 * c + 16), p2);
-                }
-            }
-            __m512 sj = _mm512_permutexvar_ps(_mm512_set1_epi32(jj), scv);
-            facc = _mm512_fmadd_ps(_mm512_add_ps(p, p2), sj, facc);
-        }
-    }
-    y[r] = _mm512_reduce_add_ps(facc);
-}
-
-INLINE void ex_matvec_bits(float *y, const float *xp, const float *xsg, const loom_qmat *w, int r0,
-                           int r1, const int bits) {
-    for (int r = r0; r < r1; r++) ex_row(y, xp, xsg, w, r, bits);
-}
-
-static void ex_matvec(float *y, const float *x, const loom_qmat *w, int r0, int r1) {
-    float xp[w->bits == 4 ? w->n : 1], xsg[MAXB];
-    ex_prep(xp, xsg, x, w);
-    if (w->bits == 8) ex_matvec_bits(y, x, xsg, w, r0, r1, 8);
-    else ex_matvec_bits(y, xp, xsg, w, r0, r1, 4);
-}
-
-/* A few tokens (batched decode): each row's weights are converted once per
- * block and used for all T tokens, in ex_row's order of operations, so
- * every output is the one-token result bit for bit. Converting once per
- * token instead (ex_matvec per token) or dequantizing panels (ex_gemm) made
- * 4 sequences slower than 1. */
+/* Rows [r0, r1) for T (1 .. SMALL_T) tokens (xp[t] as ex_prep leaves it):
+ * each row's weights are converted once per block and used for all T
+ * tokens, each with two partial sums per block and per-chunk scales in
+ * registers, so a token's outputs do not depend on T. Converting once per
+ * token instead or dequantizing panels (ex_gemm) made 4 sequences slower
+ * than 1. */
 INLINE void ex_rows_multi(float *y, size_t ldy, const float *const *xp, const float *xsg,
                           const loom_qmat *w, int r0, int r1, const int T, const int bits) {
     const int n = w->n, ng = n / w->group, nb = n / XBLK, gs = __builtin_ctz(w->group / XBLK);
@@ -246,7 +193,7 @@ INLINE void ex_rows_multi(float *y, size_t ldy, const float *const *xp, const fl
 
 static void ex_matvec_multi(float *y, int ldy, const float *x, int ldx, const loom_qmat *w, int T,
                             int r0, int r1) {
-    float xs[SMALL_T][w->bits == 4 ? w->n : 1], xsg[SMALL_T * MAXB];
+    float xs[T][w->bits == 4 ? w->n : 1], xsg[T * MAXB];
     const float *xp[SMALL_T];
     for (int t = 0; t < T; t++) {
         const float *xt = x + (size_t)t * (size_t)ldx;
@@ -258,7 +205,7 @@ static void ex_matvec_multi(float *y, int ldy, const float *x, int ldx, const lo
 #define EX_MULTI(n)                                                              \
     case n * 16 + 8: ex_rows_multi(y, ly, xp, xsg, w, r0, r1, n, 8); break;     \
     case n * 16 + 4: ex_rows_multi(y, ly, xp, xsg, w, r0, r1, n, 4); break;
-    EX_MULTI(2) EX_MULTI(3) EX_MULTI(4) EX_MULTI(5) EX_MULTI(6) EX_MULTI(7) EX_MULTI(8)
+    EX_MULTI(1) EX_MULTI(2) EX_MULTI(3) EX_MULTI(4) EX_MULTI(5) EX_MULTI(6) EX_MULTI(7) EX_MULTI(8)
 #undef EX_MULTI
     default: break;
     }
@@ -363,22 +310,22 @@ typedef void q_many_fn(float *y, int ldy, const float *x, int ldx, const loom_qm
                        int r1);
 typedef struct q_path {
     q_many_fn *gemm;   /* more than SMALL_T tokens: panels */
-    q_many_fn *multi;  /* 2 .. SMALL_T tokens: each row once for all */
-    void (*vec)(float *y, const float *x, const loom_qmat *w, int r0, int r1); /* one token */
+    q_many_fn *multi;  /* 1 .. SMALL_T tokens: each row once for all */
 } q_path;
 
 static void q_dispatch(const q_path *p, float *y, int ldy, const float *x, int ldx,
                        const loom_qmat *w, int T, int r0, int r1) {
     if (!shape_ok(w)) loom_kernels_avx2.matmul_q(y, ldy, x, ldx, w, T, r0, r1);
     else if (T > SMALL_T) p->gemm(y, ldy, x, ldx, w, T, r0, r1);
-    else if (T > 1 && w->n <= SMALL_T_MAXN) p->multi(y, ldy, x, ldx, w, T, r0, r1);
-    else
-        for (int t = 0; t < T; t++) p->vec(y + (size_t)t * ldy, x + (size_t)t * ldx, w, r0, r1);
+    else if (w->n <= SMALL_T_MAXN) p->multi(y, ldy, x, ldx, w, T, r0, r1);
+    else /* long rows: the copies of x for T tokens would not fit the stack */
+        for (int t = 0; t < T; t++)
+            p->multi(y + (size_t)t * ldy, ldy, x + (size_t)t * ldx, ldx, w, 1, r0, r1);
 }
 
 static void matmul_q(float *y, int ldy, const float *x, int ldx, const loom_qmat *w, int T, int r0,
                      int r1) {
-    static const q_path exact = {ex_gemm, ex_matvec_multi, ex_matvec};
+    static const q_path exact = {ex_gemm, ex_matvec_multi};
     q_dispatch(&exact, y, ldy, x, ldx, w, T, r0, r1);
 }
 
@@ -441,74 +388,12 @@ static void fq_prep(int8_t *xq, float *sx, float *xsg, size_t st, const float *x
     }
 }
 
-/* One row against one token's rounded activations (fq_prep, split for
- * 4-bit); scales sw * sx per chunk of 16 blocks in registers. */
-INLINE void fq_row(float *y, const int8_t *xq, const float *sx, const float *xsg,
-                   const loom_qmat *w, int r, const int bits) {
-    const int n = w->n, ng = n / w->group, nb = n / XBLK, gs = __builtin_ctz(w->group / XBLK);
-    const uint8_t *row = qrow(w, r);
-    const uint16_t *scr = w->scales + (size_t)r * ng;
-    const __m512i m4 = _mm512_set1_epi8(15);
-    const __m512i pick = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    __m512 facc = bias_dot(w->biases + (size_t)r * ng, xsg, ng, w->f16);
-    __m512 facc2 = _mm512_setzero_ps(); /* odd steps: shorter chains */
-    for (int c0 = 0; c0 < nb; c0 += 16) {
-        int cnt = LOOM_MIN(16, nb - c0);
-        __m512 csv = _mm512_mul_ps(block_scales(scr, c0, cnt, gs, w->f16),
-                                   _mm512_maskz_loadu_ps(mask16(cnt), sx + c0));
-        int jj = 0;
-        if (bits == 4) {
-            /* Two blocks per step: the 64 bytes' low nibbles against the
-             * two blocks' even columns, the high ones against the odd
-             * columns; lanes 0-7 sum block j, lanes 8-15 block j + 1. */
-            for (; jj + 2 <= cnt; jj += 2) {
-                int j = c0 + jj;
-                _mm_prefetch((const char *)row + (size_t)j * 32 + PF_FAST4, _MM_HINT_T0);
-                __m512i v = _mm512_loadu_si512(row + (size_t)j * 32);
-                __m512i lo = _mm512_and_si512(v, m4);
-                __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-                __m512i acc = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo,
-                                                  _mm512_loadu_si512(xq + (size_t)j * XBLK));
-                acc = _mm512_dpbusd_epi32(acc, hi, _mm512_loadu_si512(xq + (size_t)j * XBLK + 64));
-                __m512 sc2 = _mm512_permutexvar_ps(_mm512_add_epi32(pick, _mm512_set1_epi32(jj)), csv);
-                if (jj % 4) facc2 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), sc2, facc2);
-                else facc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), sc2, facc);
-            }
-        }
-        for (; jj < cnt; jj++) {
-            int j = c0 + jj;
-            _mm_prefetch((const char *)row + (size_t)j * 8 * bits + PF_DIST, _MM_HINT_T0);
-            __m512i wv = bits == 8 ? _mm512_loadu_si512(row + (size_t)j * 64)
-                                   : unpack4_split(row + (size_t)j * 32);
-            __m512i acc = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv,
-                                              _mm512_loadu_si512(xq + (size_t)j * XBLK));
-            __m512 v = _mm512_cvtepi32_ps(acc);
-            __m512 sj = _mm512_permutexvar_ps(_mm512_set1_epi32(jj), csv);
-            if (jj % 2) facc2 = _mm512_fmadd_ps(v, sj, facc2);
-            else facc = _mm512_fmadd_ps(v, sj, facc);
-        }
-    }
-    y[r] = _mm512_reduce_add_ps(_mm512_add_ps(facc, facc2));
-}
-
-INLINE void fq_matvec_bits(float *y, const int8_t *xq, const float *sx, const float *xsg,
-                           const loom_qmat *w, int r0, int r1, const int bits) {
-    for (int r = r0; r < r1; r++) fq_row(y, xq, sx, xsg, w, r, bits);
-}
-
-static void fq_matvec(float *y, const float *x, const loom_qmat *w, int r0, int r1) {
-    int8_t xq[w->n] __attribute__((aligned(64)));
-    float sx[MAXB], xsg[MAXB];
-    fq_prep(xq, sx, xsg, 1, x, w, w->bits == 4);
-    if (w->bits == 8) fq_matvec_bits(y, xq, sx, xsg, w, r0, r1, 8);
-    else fq_matvec_bits(y, xq, sx, xsg, w, r0, r1, 4);
-}
-
-/* A few tokens (batched decode): each row's bytes are loaded and unpacked
- * once per block and fed to every token's VPDPBUSD, in fq_row's order of
- * operations (both chains), so each token gets the one-token result bit
- * for bit: int8 rounding makes --fast chaotic, and a batched sequence
- * should not drift from the same request alone. */
+/* Rows [r0, r1) for T (1 .. SMALL_T) tokens' rounded activations (fq_prep,
+ * split for 4-bit): each row's bytes are loaded and unpacked once per
+ * block and fed to every token's VPDPBUSD; scales sw * sx per chunk of 16
+ * blocks in registers and two float chains per token. A token's outputs
+ * do not depend on T: int8 rounding makes --fast chaotic, and a batched
+ * sequence should not drift from the same request alone. */
 INLINE void fq_rows_multi(float *y, size_t ldy, const int8_t *xq, const float *sx, const float *xsg,
                           const loom_qmat *w, int r0, int r1, const int T, const int bits) {
     const int n = w->n, ng = n / w->group, nb = n / XBLK, gs = __builtin_ctz(w->group / XBLK);
@@ -573,8 +458,8 @@ INLINE void fq_rows_multi(float *y, size_t ldy, const int8_t *xq, const float *s
 
 static void fq_matvec_multi(float *y, int ldy, const float *x, int ldx, const loom_qmat *w, int T,
                             int r0, int r1) {
-    int8_t xq[SMALL_T * w->n] __attribute__((aligned(64)));
-    float sx[SMALL_T * MAXB], xsg[SMALL_T * MAXB];
+    int8_t xq[T * w->n] __attribute__((aligned(64)));
+    float sx[T * MAXB], xsg[T * MAXB];
     for (int t = 0; t < T; t++)
         fq_prep(xq + (size_t)t * w->n, sx + (size_t)t * MAXB, xsg + (size_t)t * MAXB, 1,
                 x + (size_t)t * (size_t)ldx, w, w->bits == 4);
@@ -583,7 +468,7 @@ static void fq_matvec_multi(float *y, int ldy, const float *x, int ldx, const lo
 #define FQ_MULTI(n)                                                                 \
     case n * 16 + 8: fq_rows_multi(y, ly, xq, sx, xsg, w, r0, r1, n, 8); break;     \
     case n * 16 + 4: fq_rows_multi(y, ly, xq, sx, xsg, w, r0, r1, n, 4); break;
-    FQ_MULTI(2) FQ_MULTI(3) FQ_MULTI(4) FQ_MULTI(5) FQ_MULTI(6) FQ_MULTI(7) FQ_MULTI(8)
+    FQ_MULTI(1) FQ_MULTI(2) FQ_MULTI(3) FQ_MULTI(4) FQ_MULTI(5) FQ_MULTI(6) FQ_MULTI(7) FQ_MULTI(8)
 #undef FQ_MULTI
     default: break;
     }
@@ -848,7 +733,7 @@ static void il_matmul(float *y, int ldy, const float *x, int ldx, const loom_qma
 
 static void matmul_q_fast(float *y, int ldy, const float *x, int ldx, const loom_qmat *w, int T,
                           int r0, int r1) {
-    static const q_path fast = {fq_gemm, fq_matvec_multi, fq_matvec};
+    static const q_path fast = {fq_gemm, fq_matvec_multi};
     if (w->il16) il_matmul(y, ldy, x, ldx, w, T, r0, r1);
     else q_dispatch(&fast, y, ldy, x, ldx, w, T, r0, r1);
 }
