@@ -148,7 +148,7 @@ int loom_fwd_state_max_tokens(const loom_fwd_state *s) { return s->max_tokens; }
 typedef struct mm_job {
     const loom_kernels *k;
     const float *x; int ldx;
-    int T, n;
+    int T;
     float *y[MM_MAX];
     const loom_weight *w[MM_MAX];
     int chunk[MM_MAX], first[MM_MAX + 1]; /* rows per task; first task of each weight */
@@ -195,7 +195,7 @@ void loom_fwd_matmul_n(loom_model *m, int n_w, float *const *y, const float *x,
      * work on x (packing; rounding to int8 under --fast), which a prompt
      * (T >= 16) makes large: 2 there, and one slice on one thread. */
     int per = n == 1 ? 1 : T >= 16 ? 2 : 4;
-    mm_job j = {.k = m->k, .x = x, .ldx = cols, .T = T, .n = n_w};
+    mm_job j = {.k = m->k, .x = x, .ldx = cols, .T = T};
     for (int i = 0; i < n_w; i++) {
         int chunk = (w[i]->rows + per * n - 1) / (per * n);
         j.y[i] = y[i];

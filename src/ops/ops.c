@@ -71,12 +71,10 @@ const loom_kernels *loom_kernels_get_fast(void) {
 
 /* ---- 16-row interleaved quantized matrices ------------------------------- */
 
-#define IL_MAXN 8192
-
 int loom_q_il16_ok(const loom_qmat *w, int rows) {
     int m = w->group / 64;
     return (w->bits == 4 || w->bits == 8) && w->group % 64 == 0 && (m & (m - 1)) == 0 &&
-           m <= 16 && w->n > 0 && w->n % w->group == 0 && w->n <= IL_MAXN && rows > 0 &&
+           m <= 16 && w->n > 0 && w->n % w->group == 0 && w->n <= LOOM_Q_IL_MAXN && rows > 0 &&
            rows % 16 == 0 && !w->il16;
 }
 
@@ -90,7 +88,7 @@ loom_status loom_q_interleave(const loom_qmat *w, int rows, loom_qmat *dst, void
     if (!loom_q_il16_ok(w, rows))
         return loom_err(LOOM_ERR_INVALID_ARG, "interleave: %d-bit, group %d, %d x %d (expected "
                         "4 or 8 bits, group 64 << s, rows a multiple of 16, at most %d columns)",
-                        w->bits, w->group, rows, w->n, IL_MAXN);
+                        w->bits, w->group, rows, w->n, LOOM_Q_IL_MAXN);
     size_t wbytes = (size_t)rows * w->n * w->bits / 8, np = (size_t)rows * (w->n / w->group);
     uint8_t *buf = loom_alloc(wbytes + 2 * np * sizeof(uint16_t));
     if (!buf) return loom_err(LOOM_ERR_NOMEM, "interleave: out of memory for %zu bytes", wbytes);

@@ -603,7 +603,6 @@ static void fq_gemm(float *y, int ldy, const float *x, int ldx, const loom_qmat 
  * depend on the others', so a token gets the same bits alone or batched. */
 #define IL_T 8          /* tokens per pass over a row block */
 #define IL_RB 4         /* row blocks per chunk when several token passes reuse them */
-#define IL_MAXN 8192
 /* 4-bit: bytes ahead of the stream to prefetch (+13% decode; 8-bit saw no
  * clear change) */
 #define IL_PF 4096
@@ -722,8 +721,8 @@ static void il_matmul(float *y, int ldy, const float *x, int ldx, const loom_qma
             return;
         }
     }
-    int8_t xq[IL_T * IL_MAXN] __attribute__((aligned(64)));
-    float sx[IL_T * (IL_MAXN / XBLK)], xsg[IL_T * (IL_MAXN / XBLK)];
+    int8_t xq[IL_T * LOOM_Q_IL_MAXN] __attribute__((aligned(64)));
+    float sx[IL_T * (LOOM_Q_IL_MAXN / XBLK)], xsg[IL_T * (LOOM_Q_IL_MAXN / XBLK)];
     for (int t0 = 0; t0 < T; t0 += IL_T) {
         int tt = LOOM_MIN(IL_T, T - t0);
         il_prep(xq, sx, xsg, x + (size_t)t0 * lx, lx, w, tt);
