@@ -1,0 +1,76 @@
+#!/bin/sh
+# bench/cuda_prefill_round.sh: one device call's worth of prefill work, in
+# order of need, each step under its own time limit:
+#   0. builds everything, then writes the random models in the background;
+#   1. tools/cuda_check.sh (parity; its log in $OUT/check.txt);
+#   2. bench/cuda_bench.sh (loom only, LOOM_BENCH_BATCH default 1,32;
+#      $OUT/bench.txt);
+#   3. a 4096-token prefill (`loom bench -p 4096 -n 0 --reps 3`) under the
+#      settings in AB (space-separated VAR=value groups, '|' between them);
+#   4. bench/cuda_prefill_times.sh on each model in PT_MODELS (prefill) and
+#      PT_DECODE (a batch-32 decode step).
+# Steps 3 and 4 are skipped once ROUND_BUDGET seconds (default 400) would
+# be overrun. Environment: OUT (default /tmp/loom-round), BUILD (build/cc),
+# CC, LOOM_BENCH_* as bench/cuda_bench.sh.
+set -u
+cd "$(dirname "$0")/.." || exit 2
+OUT=${OUT:-/tmp/loom-round}
+B=${BUILD:-build/cc}
+BUDGET=${ROUND_BUDGET:-400}
+DIR=${LOOM_BENCH_DIR:-/tmp/loom-cuda}
+mkdir -p "$OUT"
+t0=$(date +%s)
+el() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+left() { echo $(( BUDGET - ($(date +%s) - t0) )); }
+
+el "build"
+make -s -j"$(nproc)" BUILD="$B" CUDA=1 cuda-tests "$B/loom" "$B/tools/gen_model" \
+  >"$OUT/make.txt" 2>&1 || tail -n 30 "$OUT/make.txt"
+(
+  for m in qwen3-0.6b llama3-8b; do
+    [ -f "$DIR/$m/model.safetensors" ] ||
+      "$B/tools/gen_model" --preset "$m" --dtype bf16 --seed 1 --out "$DIR/$m"
+  done
+) >"$OUT/gen.txt" 2>&1 &
+gen=$!
+
+el "check"
+BUILD=$B timeout 240 sh tools/cuda_check.sh >"$OUT/check.txt" 2>&1
+grep -E "^FAIL" "$OUT/check.txt" | head -n 20
+grep -E "cuda kernels:|passed|cuda_check:" "$OUT/check.txt" | tail -n 6
+
+wait $gen
+el "bench"
+BUILD=$B LOOM_BENCH_PEER=0 LOOM_BENCH_REPS=${LOOM_BENCH_REPS:-3} \
+  LOOM_BENCH_BATCH=${LOOM_BENCH_BATCH:-1,32} timeout 260 sh bench/cuda_bench.sh \
+  >"$OUT/bench.txt" 2>&1
+sed -n '/== table/,$p' "$OUT/bench.txt" | grep -E "^\||copy"
+
+el "prefill under other settings"
+echo "${AB:-}" | tr '|' '\n' | while read -r cfg; do
+  [ -n "$cfg" ] || continue
+  for m in qwen3-0.6b llama3-8b; do
+    [ "$(left)" -gt 40 ] || { echo "skipped: $m [$cfg] (time)"; continue; }
+    r=$(env $cfg timeout 90 "$B/loom" bench --device cuda --model "$DIR/$m" -p 4096 -n 0 \
+        --reps 3 --kv-type bf16 --json 2>&1 | tail -n 1)
+    echo "$m [$cfg] $r" >>"$OUT/ab.txt"
+    echo "$m [$cfg] pp $(echo "$r" | sed -n 's/.*"pp_tok_s": \([0-9.]*\).*/\1/p')"
+  done
+done
+
+el "kernel times"
+for m in ${PT_MODELS:-}; do
+  [ "$(left)" -gt 60 ] || { echo "skipped: prefill times $m (time)"; continue; }
+  timeout $(( $(left) - 5 )) sh bench/cuda_prefill_times.sh "$B/loom" "$DIR/$m" prefill \
+    >"$OUT/pf-$m.txt" 2>&1
+  echo "$m prefill:"
+  sed -n '/kernels in the last step/,/^$/p' "$OUT/pf-$m.txt"
+done
+for m in ${PT_DECODE:-}; do
+  [ "$(left)" -gt 60 ] || { echo "skipped: decode times $m (time)"; continue; }
+  timeout $(( $(left) - 5 )) sh bench/cuda_prefill_times.sh "$B/loom" "$DIR/$m" decode 32 \
+    >"$OUT/dec-$m.txt" 2>&1
+  echo "$m decode:"
+  sed -n '/kernels in the last step/,/^$/p' "$OUT/dec-$m.txt"
+done
+el "done"
