@@ -168,6 +168,12 @@ loom_status loom_cuda_gemm(loom_cuda *c, float *d_y, const float *d_x, const voi
 loom_status loom_cuda_gemm16(loom_cuda *c, float *d_y, const void *d_x16, const void *d_w,
                              loom_cuda_dtype dt, int T, int rows, int cols);
 
+/* d_y += x @ W^T (a residual add inside the GEMM: cuBLAS's beta = 1), x
+ * f32 (rounded as loom_cuda_gemm rounds it) or, when x16, already of the
+ * weight's 16-bit type. */
+loom_status loom_cuda_gemm_acc(loom_cuda *c, float *d_y, const void *d_x, int x16,
+                               const void *d_w, loom_cuda_dtype dt, int T, int rows, int cols);
+
 /* How loom_cuda_gemv makes its 16-bit input rows from d_x. */
 typedef enum loom_cuda_gemv_mode {
     LOOM_CUDA_GEMV_X16 = 0,     /* d_x (T, cols) already of the weight's type */
@@ -261,6 +267,17 @@ loom_status loom_cuda_attn_prefill(loom_cuda *c, float *d_out, const float *d_q,
                                    const int32_t *d_tables, int table_stride,
                                    const int32_t *d_row_tok, const int32_t *d_row_pos,
                                    int n_rows, int max_row_tokens);
+
+/* The same with the output in out_dt (f32, f16 or bf16: the input of a
+ * 16-bit GEMM, rounded as that GEMM's conversion would round it). The
+ * tensor-core kernel writes it directly; the others through scratch.
+ * n_tokens: the rows of d_q and d_out (T). */
+loom_status loom_cuda_attn_prefill_to(loom_cuda *c, void *d_out, loom_cuda_dtype out_dt,
+                                      const float *d_q, const loom_cuda_kv *kv,
+                                      const loom_cuda_attn *a, const int32_t *d_tables,
+                                      int table_stride, const int32_t *d_row_tok,
+                                      const int32_t *d_row_pos, int n_rows, int max_row_tokens,
+                                      int n_tokens);
 
 
 /* ---- dense decoder forward ---------------------------------------------- */

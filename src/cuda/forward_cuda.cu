@@ -487,8 +487,9 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
         }
         if (ok) g->act16 = t;
     }
+    /* a16 also takes the attention output (prefill, 16-bit o projection) */
     if (st == LOOM_OK && g->act16 != LOOM_CUDA_F32)
-        st = g_alloc(g, &g->a16, T * (size_t)LOOM_MAX_I(H, (int)I) * 2);
+        st = g_alloc(g, &g->a16, T * (size_t)LOOM_MAX_I((int)qd, LOOM_MAX_I(H, (int)I)) * 2);
     /* Few tokens: our GEMV instead of cuBLAS. Up to 2 by measurement (H200,
      * bench/cuda_gemv and whole decode steps): at 1-2 tokens it reads the
      * weights at 3.1-4.2 TB/s on the Llama-3-8B shapes and takes 4-6 us on
@@ -631,9 +632,10 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
                      &D->down, NULL, T, 1));
             continue;
         }
-        if (a16)  /* the previous layer's MLP residual joins here */
-            TRY(loom_cuda_add_rmsnorm16(c, g->a16, g->x, l ? g->xb : NULL, D->attn_norm, T, H,
-                                        eps, g->act16));
+        /* 16-bit inputs: the o and down projections add into x themselves */
+        int oacc = a16 && !D->wo.quant;
+        if (a16)
+            TRY(loom_cuda_add_rmsnorm16(c, g->a16, g->x, NULL, D->attn_norm, T, H, eps, g->act16));
         else
             TRY(loom_cuda_rmsnorm(c, g->xb, g->x, D->attn_norm, T, H, eps, 0));
         if (D->fused_qkv) {
@@ -666,25 +668,45 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
         }
         /* tc (at's last field): bf16 KV already rounds K and V; prefill may
          * round q and the weights too and run on the tensor cores */
+        /* prefill with a 16-bit o projection: the attention writes its
+         * input (a16) directly */
+        int o16 = oacc && !S->decode && D->wo.dt == g->act16 && !use_gemv(g, &D->wo, T);
         if (S->decode)
             TRY(loom_cuda_attn_decode(c, g->att, g->q, &dkv, &at, S->tab, S->tstride, S->lens,
                                       S->n_rows, S->max_len));
+        else if (o16)
+            TRY(loom_cuda_attn_prefill_to(c, g->a16, g->act16, g->q, &dkv, &at, S->tab,
+                                          S->tstride, S->rtok, S->rpos, S->n_rows, S->max_new, T));
         else
             TRY(loom_cuda_attn_prefill(c, g->att, g->q, &dkv, &at, S->tab, S->tstride, S->rtok,
                                        S->rpos, S->n_rows, S->max_new));
-        TRY(linear(g, g->xb, g->att, &D->wo, D->bo, T));
         int gelu = m->act == LOOM_ACT_GELU_TANH, I = D->gate.rows;
         if (a16) {
-            TRY(loom_cuda_add_rmsnorm16(c, g->a16, g->x, g->xb, D->ffn_norm, T, H, eps, g->act16));
+            if (!oacc) {
+                TRY(linear(g, g->xb, g->att, &D->wo, D->bo, T));
+            } else if (use_gemv(g, &D->wo, T)) {
+                TRY(gemv(g, g->x, LOOM_CUDA_GEMV_F32, g->att, NULL, &D->wo, D->bo, T, 1));
+            } else {
+                TRY(loom_cuda_gemm_acc(c, g->x, o16 ? g->a16 : (const void *)g->att, o16,
+                                       D->wo.d, D->wo.dt, T, D->wo.rows, D->wo.cols));
+                if (D->bo) {
+                    fw_add_bias<<<loom_cuda_blocks(TH, 256), 256, 0, c->stream>>>(g->x, D->bo,
+                                                                                TH, H);
+                    LAUNCH_CHECK();
+                }
+            }
+            TRY(loom_cuda_add_rmsnorm16(c, g->a16, g->x, oacc ? NULL : g->xb, D->ffn_norm, T, H,
+                                        eps, g->act16));
             TRY(linear16(g, g->hb, &D->gate_up, NULL, T));
             TRY(loom_cuda_act_mul_split16(c, g->a16, g->hb, T, I, gelu, g->act16));
-            TRY(linear16(g, g->xb, &D->down, NULL, T));
-            if (l == cf->n_layers - 1) {  /* the last residual: nothing norms it next */
-                fw_add<<<loom_cuda_blocks(TH, 256), 256, 0, c->stream>>>(g->x, g->xb, TH);
-                LAUNCH_CHECK();
-            }
+            if (use_gemv(g, &D->down, T))
+                TRY(gemv(g, g->x, LOOM_CUDA_GEMV_X16, g->a16, NULL, &D->down, NULL, T, 1));
+            else
+                TRY(loom_cuda_gemm_acc(c, g->x, g->a16, 1, D->down.d, D->down.dt, T,
+                                       D->down.rows, D->down.cols));
             continue;
         }
+        TRY(linear(g, g->xb, g->att, &D->wo, D->bo, T));
         fw_add<<<loom_cuda_blocks(TH, 256), 256, 0, c->stream>>>(g->x, g->xb, TH);
         LAUNCH_CHECK();
         TRY(loom_cuda_rmsnorm(c, g->xb, g->x, D->ffn_norm, T, H, eps, 0));

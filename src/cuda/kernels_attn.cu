@@ -25,8 +25,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <math.h>
+#include <stdlib.h>
 #include <cooperative_groups.h>
-#include <mma.h>
 
 #include "cuda/cuda_int.cuh"
 
@@ -823,177 +823,342 @@ __global__ void attn_prefill_kernel(float *out, const float *q, const void *kb, 
 }
 
 /* Prefill on the tensor cores (bf16 KV, head_dim 64, 80, 96 or 128; asked
- * for with loom_cuda_attn.tc). Flash attention: a block takes
- * TC_ROWS = 64 query rows (whole tokens of one row times the q heads of one
- * KV head, as above), 4 warps of 16 rows; it walks the keys in tiles of
- * TC_KT = 64 positions copied from the paged pool into shared memory, and
- * per tile each warp computes its scores S = Q K^T with bf16 wmma (f32
- * accumulation), updates the running max and sum of its rows, rounds the
- * weights P to bf16 and accumulates P V into its f32 output rows in shared
- * memory. Queries enter scaled and rounded to bf16, like K and V already
- * are: errors of bf16 operands (1e-3 relative), which is why the plain
- * kernel stays the default. */
-#define TC_ROWS 64
-#define TC_KT 64
-#define TC_WARPS 4
+ * for with loom_cuda_attn.tc). Flash attention in the FlashAttention-2
+ * arrangement: a block takes FA_ROWS = 64 query rows (whole tokens of one
+ * row times the q heads of one KV head, so GQA reads each K/V tile once for
+ * the group), 4 warps of 16 rows. Keys come in tiles of FA_KT = 64
+ * positions copied from the paged pool with cp.async into a second
+ * shared-memory stage while the tile before is computed. Per tile a warp
+ * computes S = Q K^T with mma.m16n8k16 (bf16 operands from ldmatrix, f32
+ * accumulation), updates its rows' running max and sum in registers (the 4
+ * lanes of a quad share a row), and feeds P, rounded to bf16, straight
+ * from the S accumulators into P V as the A operand (the accumulator
+ * layout of two n-tiles is the A layout of one k-step). Only tiles that
+ * cross the diagonal or the window's edge are masked; blocks are launched
+ * longest first (the last query tiles) so that the causal tail is short.
+ * Queries enter scaled and rounded to bf16, like K and V already are:
+ * errors of bf16 operands (1e-3 relative). The output is f32 or, for the
+ * next GEMM's input, bf16 / f16 (the rounding that GEMM's conversion would
+ * do). */
+#define FA_ROWS 64
+#define FA_KT 64
+#define FA_WARPS 4
 
-template <int HD>
-__global__ void __launch_bounds__(TC_WARPS * 32)
-attn_prefill_tc_kernel(float *out, const float *q, const __nv_bfloat16 *kb,
+__device__ __forceinline__ void fa_cp16(void *dst, const void *src, int n) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(n)
+                 : "memory");
+}
+
+__device__ __forceinline__ void fa_commit(void) {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void fa_wait(void) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void fa_ldsm(unsigned *r, const void *p) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+
+__device__ __forceinline__ void fa_ldsm_t(unsigned *r, const void *p) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+
+__device__ __forceinline__ void fa_mma(float *d, const unsigned *a, unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+                 "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ unsigned fa_pack(float a, float b) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    return *(const unsigned *)&h;
+}
+
+__device__ __forceinline__ void fa_store2(float *p, float a, float b) {
+    *(float2 *)p = make_float2(a, b);
+}
+
+__device__ __forceinline__ void fa_store2(__nv_bfloat16 *p, float a, float b) {
+    *(__nv_bfloat162 *)p = __floats2bfloat162_rn(a, b);
+}
+
+__device__ __forceinline__ void fa_store2(__half *p, float a, float b) {
+    *(__half2 *)p = __floats2half2_rn(a, b);
+}
+
+/* Shared memory: two stages of (K tile, V tile), FA_KT rows of HD + 8
+ * bf16 each (16 bytes of padding: ldmatrix's 8 row addresses fall in
+ * distinct banks). The queries pass through stage 1's K tile first. */
+template <int HD, typename OT, int MINB>
+__global__ void __launch_bounds__(FA_WARPS * 32, MINB)
+attn_prefill_fa_kernel(OT *out, const float *q, const __nv_bfloat16 *kb,
                        const __nv_bfloat16 *vb, size_t stride, int bs, const int32_t *tables,
                        int tstride, const int32_t *row_tok, const int32_t *row_pos, int nh,
                        int nkv, float scale, float softcap, int window, int QT) {
-    using namespace nvcuda;
-    constexpr int hd = HD;
+    constexpr int LD = HD + 8, CH = HD / 8, NT = FA_WARPS * 32;
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    int tile = blockIdx.x, kh = blockIdx.y, r = blockIdx.z;
+    __nv_bfloat16 *sm = (__nv_bfloat16 *)smem_raw;
+    int kh = blockIdx.x, tile = gridDim.y - 1 - blockIdx.y, r = blockIdx.z;
     int group = nh / nkv;
     int tok0 = row_tok[r], ntok = row_tok[r + 1] - tok0, pos0 = row_pos[r];
     int qa = tile * QT;
     if (qa >= ntok) return;
-    int nq = min(ntok - qa, QT);
-    int ldh = hd + 8, ldo = hd + 4, lds = TC_KT + 4, ldp = TC_KT + 8;
-    __nv_bfloat16 *Qs = (__nv_bfloat16 *)smem_raw;           /* (TC_ROWS, ldh) */
-    __nv_bfloat16 *Ks = Qs + TC_ROWS * ldh;                   /* (TC_KT, ldh) */
-    __nv_bfloat16 *Vs = Ks + TC_KT * ldh;                     /* (TC_KT, ldh) */
-    __nv_bfloat16 *Ps = Vs + TC_KT * ldh;                     /* (TC_ROWS, ldp) */
-    float *Ss = (float *)(Ps + TC_ROWS * ldp);                /* (TC_ROWS, lds) */
-    float *Os = Ss + TC_ROWS * lds;                           /* (TC_ROWS, ldo) */
-    float *Mx = Os + TC_ROWS * ldo, *Ls = Mx + TC_ROWS;
-    const int32_t *table = tables + (size_t)r * tstride;
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    for (int i = threadIdx.x; i < TC_ROWS * hd; i += blockDim.x) {
-        int rr = i / hd, d = i % hd, qt = rr / group, g = rr % group;
-        float v = qt < nq ? q[((size_t)(tok0 + qa + qt) * nh + (size_t)kh * group + g) * hd + d] * scale
-                          : 0.0f;
-        Qs[rr * ldh + d] = __float2bfloat16_rn(v);
-        Os[rr * ldo + d] = 0;
-    }
-    for (int i = threadIdx.x; i < TC_ROWS; i += blockDim.x) {
-        Mx[i] = -INFINITY;
-        Ls[i] = 0;
-    }
+    int nq = min(ntok - qa, QT), nrows = nq * group;
     int posA = pos0 + qa, posB = pos0 + qa + nq - 1;
     int lo = window > 0 ? max(0, posA - window + 1) : 0;
-    int k_lo = lo / TC_KT * TC_KT;  /* aligned tiles */
-    int chunks = hd / 8;            /* 16-byte pieces per row */
-    int wr = w * 16;                /* this warp's first row */
+    int k_lo = lo / FA_KT * FA_KT, n_tiles = (posB - k_lo) / FA_KT + 1;
+    const int32_t *table = tables + (size_t)r * tstride;
+    int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+
+    /* K and V rows [k0, k0 + FA_KT) into stage s; positions outside
+     * [lo, posB] are zero-filled (their blocks may be unmapped) and masked */
+    auto load_tile = [&](int k0, int s) {
+        __nv_bfloat16 *Ks = sm + (size_t)s * 2 * FA_KT * LD, *Vs = Ks + FA_KT * LD;
+#pragma unroll
+        for (int i = tid; i < FA_KT * CH; i += NT) {
+            int j = i / CH, c8 = (i % CH) * 8, p = k0 + j;
+            int ok = p <= posB && p >= lo;
+            size_t e = ok ? kv_row(table, p, bs, stride) + (size_t)kh * HD + c8 : 0;
+            fa_cp16(Ks + j * LD + c8, kb + e, ok ? 16 : 0);
+            fa_cp16(Vs + j * LD + c8, vb + e, ok ? 16 : 0);
+        }
+    };
+    load_tile(k_lo, 0);
+    fa_commit();
+
+    /* queries, scaled and rounded, through stage 1's K area into registers
+     * (A fragments of m16n8k16: rows w * 16 .. + 15, HD / 16 k-steps) */
+    __nv_bfloat16 *Qs = sm + 2 * FA_KT * LD;
+    for (int i = tid; i < FA_ROWS * (HD / 4); i += NT) {
+        int rr = i / (HD / 4), d = (i % (HD / 4)) * 4;
+        float4 v = make_float4(0, 0, 0, 0);
+        if (rr < nrows) {
+            int qt = rr / group, g = rr - qt * group;
+            v = *(const float4 *)(q + ((size_t)(tok0 + qa + qt) * nh + (size_t)kh * group + g) * HD + d);
+        }
+        __nv_bfloat162 *dst = (__nv_bfloat162 *)(Qs + rr * LD + d);
+        dst[0] = __floats2bfloat162_rn(v.x * scale, v.y * scale);
+        dst[1] = __floats2bfloat162_rn(v.z * scale, v.w * scale);
+    }
     __syncthreads();
-    /* this warp's queries stay in registers for the whole walk */
-    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fq[HD / 16];
+    unsigned qf[HD / 16][4];
 #pragma unroll
-    for (int k = 0; k < HD / 16; k++) wmma::load_matrix_sync(fq[k], Qs + wr * ldh + k * 16, ldh);
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> oacc[HD / 16];
+    for (int k = 0; k < HD / 16; k++)
+        fa_ldsm(qf[k], Qs + (w * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + k * 16 +
+                           (lane >> 4) * 8);
+    __syncthreads();  /* stage 1 is free for the next tile */
+
+    /* this lane's two rows: w * 16 + lane / 4 and 8 below */
+    int qpos[2];
 #pragma unroll
-    for (int n = 0; n < HD / 16; n++) wmma::fill_fragment(oacc[n], 0.0f);
-    for (int k0 = k_lo; k0 <= posB; k0 += TC_KT) {
-        __syncthreads();  /* the previous tile's K/V are no longer read */
-        for (int i = threadIdx.x; i < TC_KT * chunks; i += blockDim.x) {
-            int j = i / chunks, c8 = (i % chunks) * 8, p = k0 + j;
-            uint4 kv_k = make_uint4(0, 0, 0, 0), kv_v = kv_k;
-            if (p <= posB && p >= lo) {
-                size_t e = kv_row(table, p, bs, stride) + (size_t)kh * hd + c8;
-                kv_k = *(const uint4 *)(kb + e);
-                kv_v = *(const uint4 *)(vb + e);
-            }
-            *(uint4 *)(Ks + j * ldh + c8) = kv_k;
-            *(uint4 *)(Vs + j * ldh + c8) = kv_v;
+    for (int h = 0; h < 2; h++) {
+        int rr = w * 16 + (lane >> 2) + 8 * h;
+        qpos[h] = rr < nrows ? pos0 + qa + rr / group : -1;  /* -1: every key masked */
+    }
+    float o[HD / 8][4];
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0;
+    float mr[2] = {-INFINITY, -INFINITY}, lr[2] = {0, 0};
+    const float L2E = 1.4426950408889634f;
+    for (int it = 0; it < n_tiles; it++) {
+        int k0 = k_lo + it * FA_KT;
+        if (it + 1 < n_tiles) {
+            load_tile(k0 + FA_KT, (it + 1) & 1);
+            fa_commit();
+            fa_wait<1>();
+        } else {
+            fa_wait<0>();
         }
         __syncthreads();
-        /* S (16 x TC_KT) of this warp = Q_w K^T, kept in registers. An
-         * m16n16k16 f32 accumulator is two m16n8k16 ones side by side (the
-         * mma.sync layout): element i of lane sits at row lane / 4 + 8 *
-         * ((i / 2) % 2), column 8 * (i / 4) + 2 * (lane % 4) + i % 2. The
-         * kernel test checks this against the reference. */
-        wmma::fragment<wmma::accumulator, 16, 16, 16, float> sacc[TC_KT / 16];
+        const __nv_bfloat16 *Ks = sm + (size_t)(it & 1) * 2 * FA_KT * LD, *Vs = Ks + FA_KT * LD;
+        float s[FA_KT / 8][4];
 #pragma unroll
-        for (int n = 0; n < TC_KT / 16; n++) {
-            wmma::fill_fragment(sacc[n], 0.0f);
+        for (int n = 0; n < FA_KT / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0;
 #pragma unroll
-            for (int k = 0; k < HD / 16; k++) {
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb;
-                wmma::load_matrix_sync(fb, Ks + n * 16 * ldh + k * 16, ldh);
-                wmma::mma_sync(sacc[n], fq[k], fb, sacc[n]);
+        for (int k = 0; k < HD / 16; k++)
+#pragma unroll
+            for (int n = 0; n < FA_KT / 16; n++) {
+                unsigned b[4];
+                fa_ldsm(b, Ks + (n * 16 + (lane & 7) + (lane >> 4) * 8) * LD + k * 16 +
+                               ((lane >> 3) & 1) * 8);
+                fa_mma(s[2 * n], qf[k], b[0], b[1]);
+                fa_mma(s[2 * n + 1], qf[k], b[2], b[3]);
+            }
+        /* element e of n-tile n: row h = e / 2, key k0 + 8 n + 2 (lane % 4) + e % 2 */
+        /* rows past nrows hold zero queries: finite, never stored, unmasked */
+        int mask = k0 + FA_KT - 1 > posA || (window > 0 && k0 <= posB - window);
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int n = 0; n < FA_KT / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float v = s[n][e];
+                if (softcap > 0) v = tanhf(v / softcap) * softcap;
+                if (mask) {
+                    int p = k0 + n * 8 + (lane & 3) * 2 + (e & 1), qp = qpos[e >> 1];
+                    if (p > qp || (window > 0 && p <= qp - window)) v = -INFINITY;
+                }
+                s[n][e] = v;
+                mx[e >> 1] = fmaxf(mx[e >> 1], v);
+            }
+        float base[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+            float mn = fmaxf(mr[h], mx[h]);
+            base[h] = mn == -INFINITY ? 0.0f : mn * L2E;  /* rows masked so far stay 0 */
+            float alpha = exp2f(mr[h] * L2E - base[h]);
+            mr[h] = mn;
+            lr[h] *= alpha;
+#pragma unroll
+            for (int n = 0; n < HD / 8; n++) {
+                o[n][2 * h] *= alpha;
+                o[n][2 * h + 1] *= alpha;
             }
         }
-        /* online softmax on the fragments: the 4 lanes of a row group
-         * (lane / 4) hold its 64 scores, 16 each, for two rows (r, r + 8) */
-        int r0 = lane >> 2, c0 = (lane & 3) * 2;
-        float mrow[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-        for (int n = 0; n < TC_KT / 16; n++)
+        for (int n = 0; n < FA_KT / 8; n++)
 #pragma unroll
-            for (int i = 0; i < 8; i++) {
-                int hi = (i >> 1) & 1, rr = wr + r0 + 8 * hi;
-                int j = n * 16 + 8 * (i >> 2) + c0 + (i & 1), p = k0 + j;
-                int qt = rr / group, qpos = pos0 + qa + qt;
-                float sv = -INFINITY;
-                if (qt < nq && p <= qpos && (window <= 0 || p > qpos - window))
-                    sv = cap_score(sacc[n].x[i], softcap);
-                sacc[n].x[i] = sv;
-                mrow[hi] = fmaxf(mrow[hi], sv);
+            for (int e = 0; e < 4; e++) {
+                float pe = exp2f(s[n][e] * L2E - base[e >> 1]);
+                lr[e >> 1] += pe;
+                s[n][e] = pe;
             }
-        float alpha[2], mnew[2], sum[2] = {0, 0};
+        /* O += P V: k-step j of P is n-tiles 2j and 2j + 1 of S */
 #pragma unroll
-        for (int h2 = 0; h2 < 2; h2++) {
-            float mx = mrow[h2];
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            float mo = Mx[wr + r0 + 8 * h2];
-            mnew[h2] = fmaxf(mo, mx);
-            alpha[h2] = mnew[h2] == -INFINITY ? 1.0f : __expf(mo - mnew[h2]);
-        }
+        for (int j = 0; j < FA_KT / 16; j++) {
+            unsigned a[4] = {fa_pack(s[2 * j][0], s[2 * j][1]), fa_pack(s[2 * j][2], s[2 * j][3]),
+                             fa_pack(s[2 * j + 1][0], s[2 * j + 1][1]),
+                             fa_pack(s[2 * j + 1][2], s[2 * j + 1][3])};
 #pragma unroll
-        for (int n = 0; n < TC_KT / 16; n++)
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                int hi = (i >> 1) & 1;
-                float sv = sacc[n].x[i];
-                float pe = sv == -INFINITY ? 0.0f : __expf(sv - mnew[hi]);
-                sum[hi] += pe;
-                int j = n * 16 + 8 * (i >> 2) + c0 + (i & 1);
-                Ps[(wr + r0 + 8 * hi) * ldp + j] = __float2bfloat16_rn(pe);
-            }
-#pragma unroll
-        for (int h2 = 0; h2 < 2; h2++) {
-            sum[h2] += __shfl_xor_sync(0xffffffffu, sum[h2], 1);
-            sum[h2] += __shfl_xor_sync(0xffffffffu, sum[h2], 2);
-        }
-        __syncwarp();  /* every lane has read Mx before it changes */
-        if ((lane & 3) == 0)
-#pragma unroll
-            for (int h2 = 0; h2 < 2; h2++) {
-                int rr = wr + r0 + 8 * h2;
-                Mx[rr] = mnew[h2];
-                Ls[rr] = Ls[rr] * alpha[h2] + sum[h2];
-            }
-        __syncwarp();  /* P is in shared memory */
-        /* O_w = O_w * alpha + P_w V, O_w in registers (same layout) */
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fp[TC_KT / 16];
-#pragma unroll
-        for (int k = 0; k < TC_KT / 16; k++) wmma::load_matrix_sync(fp[k], Ps + wr * ldp + k * 16, ldp);
-#pragma unroll
-        for (int n = 0; n < HD / 16; n++) {
-#pragma unroll
-            for (int i = 0; i < 8; i++) oacc[n].x[i] *= alpha[(i >> 1) & 1];
-#pragma unroll
-            for (int k = 0; k < TC_KT / 16; k++) {
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> fb;
-                wmma::load_matrix_sync(fb, Vs + k * 16 * ldh + n * 16, ldh);
-                wmma::mma_sync(oacc[n], fp[k], fb, oacc[n]);
+            for (int n = 0; n < HD / 16; n++) {
+                unsigned b[4];
+                fa_ldsm_t(b, Vs + (j * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + n * 16 +
+                                 (lane >> 4) * 8);
+                fa_mma(o[2 * n], a, b[0], b[1]);
+                fa_mma(o[2 * n + 1], a, b[2], b[3]);
             }
         }
+        __syncthreads();  /* this stage is refilled two tiles on */
     }
 #pragma unroll
-    for (int n = 0; n < HD / 16; n++)
-        wmma::store_matrix_sync(Os + wr * ldo + n * 16, oacc[n], ldo, wmma::mem_row_major);
-    __syncthreads();
-    for (int i = threadIdx.x; i < nq * group * hd; i += blockDim.x) {
-        int rr = i / hd, d = i % hd, qt = rr / group, g = rr % group;
-        float l = Ls[rr];
-        out[((size_t)(tok0 + qa + qt) * nh + (size_t)kh * group + g) * hd + d] =
-            l > 0 ? Os[rr * ldo + d] / l : 0.0f;
+    for (int h = 0; h < 2; h++) {
+        float l = lr[h];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        int rr = w * 16 + (lane >> 2) + 8 * h;
+        if (rr >= nrows) continue;
+        float inv = l > 0 ? 1.0f / l : 0.0f;
+        int qt = rr / group, g = rr - qt * group;
+        OT *dst = out + ((size_t)(tok0 + qa + qt) * nh + (size_t)kh * group + g) * HD +
+                  (lane & 3) * 2;
+#pragma unroll
+        for (int n = 0; n < HD / 8; n++)
+            fa_store2(dst + n * 8, o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
     }
+}
+
+__global__ void fa_round_kernel(void *y, const float *x, size_t n, int f16) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    if (f16) ((__half *)y)[i] = __float2half_rn(x[i]);
+    else ((__nv_bfloat16 *)y)[i] = __float2bfloat16_rn(x[i]);
+}
+
+static loom_status attn_prefill_f32(loom_cuda *c, float *d_out, const float *d_q,
+                                    const loom_cuda_kv *kv, const loom_cuda_attn *a,
+                                    const int32_t *d_tables, int table_stride,
+                                    const int32_t *d_row_tok, const int32_t *d_row_pos,
+                                    int n_rows, int max_row_tokens);
+
+extern "C" loom_status loom_cuda_attn_prefill_to(loom_cuda *c, void *d_out, loom_cuda_dtype out_dt,
+                                                 const float *d_q, const loom_cuda_kv *kv,
+                                                 const loom_cuda_attn *a, const int32_t *d_tables,
+                                                 int table_stride, const int32_t *d_row_tok,
+                                                 const int32_t *d_row_pos, int n_rows,
+                                                 int max_row_tokens, int n_tokens) {
+    loom_status st = check_attn(kv, a, "attn_prefill");
+    if (st != LOOM_OK) return st;
+    if (n_rows <= 0 || max_row_tokens <= 0) return LOOM_OK;
+    if (n_rows > 65535 || a->n_kv_heads > 65535)
+        return loom_err(LOOM_ERR_INVALID_ARG, "cuda attn_prefill: %d rows, at most 65535", n_rows);
+    if ((int)out_dt < 0 || (int)out_dt > 2)
+        return loom_err(LOOM_ERR_INVALID_ARG, "cuda attn_prefill: output type %d", (int)out_dt);
+    int group = a->n_heads / a->n_kv_heads, hd = a->head_dim;
+    if (a->tc && kv->dt == LOOM_CUDA_BF16 && (hd == 64 || hd == 80 || hd == 96 || hd == 128) &&
+        group <= FA_ROWS && kv->row_stride % 8 == 0) {
+        int QT = FA_ROWS / group;
+        size_t smem = (size_t)2 * 2 * FA_KT * (hd + 8) * 2;
+        unsigned tiles = (unsigned)((max_row_tokens + QT - 1) / QT);
+        if (smem <= c->smem_optin && tiles <= 65535) {
+            dim3 grid((unsigned)a->n_kv_heads, tiles, (unsigned)n_rows);
+            /* blocks an SM the registers are capped for: 2 (205 registers
+             * at head_dim 128) or 3 (168, a few spilled); LOOM_CUDA_FA_OCC */
+            static int occ3 = -1;
+            if (occ3 < 0) {
+                const char *e = getenv("LOOM_CUDA_FA_OCC");
+                occ3 = e && atoi(e) == 3;
+            }
+#define FA_LAUNCH(D, OT)                                                                        \
+    do {                                                                                        \
+        if (occ3) FA_LAUNCH1(D, OT, 3);                                                         \
+        else FA_LAUNCH1(D, OT, 2);                                                              \
+    } while (0)
+#define FA_LAUNCH1(D, OT, M)                                                                    \
+    do {                                                                                        \
+        if (smem > 48 * 1024)                                                                   \
+            CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_fa_kernel<D, OT, M>,                   \
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,        \
+                                            (int)smem));                                        \
+        attn_prefill_fa_kernel<D, OT, M><<<grid, FA_WARPS * 32, smem, c->stream>>>(             \
+            (OT *)d_out, d_q, (const __nv_bfloat16 *)kv->d_k, (const __nv_bfloat16 *)kv->d_v,   \
+            kv->row_stride, kv->block_size, d_tables, table_stride, d_row_tok, d_row_pos,       \
+            a->n_heads, a->n_kv_heads, a->scale, a->softcap, a->window, QT);                    \
+    } while (0)
+#define FA_HD(OT)                          \
+    do {                                   \
+        if (hd == 64) FA_LAUNCH(64, OT);   \
+        else if (hd == 80) FA_LAUNCH(80, OT); \
+        else if (hd == 96) FA_LAUNCH(96, OT); \
+        else FA_LAUNCH(128, OT);           \
+    } while (0)
+            if (out_dt == LOOM_CUDA_F32) FA_HD(float);
+            else if (out_dt == LOOM_CUDA_BF16) FA_HD(__nv_bfloat16);
+            else FA_HD(__half);
+#undef FA_HD
+#undef FA_LAUNCH
+#undef FA_LAUNCH1
+            LAUNCH_CHECK();
+            return LOOM_OK;
+        }
+    }
+    if (out_dt == LOOM_CUDA_F32)
+        return attn_prefill_f32(c, (float *)d_out, d_q, kv, a, d_tables, table_stride, d_row_tok,
+                                d_row_pos, n_rows, max_row_tokens);
+    /* the scalar kernel writes f32: through scratch, then rounded */
+    size_t n = (size_t)n_tokens * a->n_heads * hd;
+    void *tmp;
+    st = loom_cuda_scratch(c, n * 4, &tmp);
+    if (st == LOOM_OK)
+        st = attn_prefill_f32(c, (float *)tmp, d_q, kv, a, d_tables, table_stride, d_row_tok,
+                              d_row_pos, n_rows, max_row_tokens);
+    if (st != LOOM_OK || !n) return st;
+    fa_round_kernel<<<loom_cuda_blocks(n, 256), 256, 0, c->stream>>>(d_out, (const float *)tmp, n,
+                                                                     out_dt == LOOM_CUDA_F16);
+    LAUNCH_CHECK();
+    return LOOM_OK;
 }
 
 extern "C" loom_status loom_cuda_attn_prefill(loom_cuda *c, float *d_out, const float *d_q,
@@ -1001,42 +1166,17 @@ extern "C" loom_status loom_cuda_attn_prefill(loom_cuda *c, float *d_out, const 
                                               const int32_t *d_tables, int table_stride,
                                               const int32_t *d_row_tok, const int32_t *d_row_pos,
                                               int n_rows, int max_row_tokens) {
-    loom_status st = check_attn(kv, a, "attn_prefill");
-    if (st != LOOM_OK) return st;
-    if (n_rows <= 0 || max_row_tokens <= 0) return LOOM_OK;
-    if (n_rows > 65535 || a->n_kv_heads > 65535)
-        return loom_err(LOOM_ERR_INVALID_ARG, "cuda attn_prefill: %d rows, at most 65535", n_rows);
+    return loom_cuda_attn_prefill_to(c, d_out, LOOM_CUDA_F32, d_q, kv, a, d_tables, table_stride,
+                                     d_row_tok, d_row_pos, n_rows, max_row_tokens, 0);
+}
+
+/* The scalar kernel (any KV type and head size), f32 out. */
+static loom_status attn_prefill_f32(loom_cuda *c, float *d_out, const float *d_q,
+                                    const loom_cuda_kv *kv, const loom_cuda_attn *a,
+                                    const int32_t *d_tables, int table_stride,
+                                    const int32_t *d_row_tok, const int32_t *d_row_pos,
+                                    int n_rows, int max_row_tokens) {
     int group = a->n_heads / a->n_kv_heads, hd = a->head_dim;
-    if (a->tc && kv->dt == LOOM_CUDA_BF16 && (hd == 64 || hd == 80 || hd == 96 || hd == 128) &&
-        group <= TC_ROWS && TC_ROWS % group == 0 && kv->row_stride % 8 == 0) {
-        int QT = TC_ROWS / group;
-        int ldh = hd + 8, ldo = hd + 4;
-        size_t smem = (size_t)(TC_ROWS + 2 * TC_KT) * ldh * 2 + (size_t)TC_ROWS * (TC_KT + 8) * 2 +
-                      (size_t)TC_ROWS * (TC_KT + 4) * 4 + (size_t)TC_ROWS * ldo * 4 +
-                      3 * TC_ROWS * 4;
-        if (smem <= c->smem_optin) {
-            dim3 grid((unsigned)((max_row_tokens + QT - 1) / QT), (unsigned)a->n_kv_heads,
-                      (unsigned)n_rows);
-#define TC_LAUNCH(D)                                                                            \
-    do {                                                                                        \
-        if (smem > 48 * 1024)                                                                   \
-            CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_tc_kernel<D>,                          \
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,        \
-                                            (int)smem));                                        \
-        attn_prefill_tc_kernel<D><<<grid, TC_WARPS * 32, smem, c->stream>>>(                    \
-            d_out, d_q, (const __nv_bfloat16 *)kv->d_k, (const __nv_bfloat16 *)kv->d_v,         \
-            kv->row_stride, kv->block_size, d_tables, table_stride, d_row_tok, d_row_pos,       \
-            a->n_heads, a->n_kv_heads, a->scale, a->softcap, a->window, QT);                    \
-    } while (0)
-            if (hd == 64) TC_LAUNCH(64);
-            else if (hd == 80) TC_LAUNCH(80);
-            else if (hd == 96) TC_LAUNCH(96);
-            else TC_LAUNCH(128);
-#undef TC_LAUNCH
-            LAUNCH_CHECK();
-            return LOOM_OK;
-        }
-    }
     /* Query rows per block: about 8192 / head_dim (64 rows at head_dim 128),
      * whole tokens, at least one token. */
     int QT = LOOM_MAX_I(1, (8192 / hd) / group);

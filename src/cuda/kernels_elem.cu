@@ -4,6 +4,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "cuda/cuda_int.cuh"
 
@@ -142,6 +144,60 @@ __global__ void add_rmsnorm16_kernel(void *y16, float *x, const float *r, const 
     }
 }
 
+/* The same with the row in registers, V float4 a thread, all loads issued
+ * before the first use (the loop above waits on one load at a time where
+ * x and r may alias: a few rows, as at decode, took 13 us on a 4096 row). */
+template <int V>
+__global__ void add_rmsnorm16_vec_kernel(void *y16, float *x, const float *r, const float *w,
+                                         int n, float eps, int f16) {
+    __shared__ float sh[32];
+    int n4 = n >> 2;
+    float4 *xr = (float4 *)(x + (size_t)blockIdx.x * n);
+    const float4 *rr = r ? (const float4 *)(r + (size_t)blockIdx.x * n) : NULL;
+    float4 v[V];
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+        int i = threadIdx.x + k * blockDim.x;
+        v[k] = i < n4 ? xr[i] : make_float4(0, 0, 0, 0);
+    }
+    if (rr) {
+        float4 b[V];
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            int i = threadIdx.x + k * blockDim.x;
+            b[k] = i < n4 ? rr[i] : make_float4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            int i = threadIdx.x + k * blockDim.x;
+            v[k].x += b[k].x, v[k].y += b[k].y, v[k].z += b[k].z, v[k].w += b[k].w;
+            if (i < n4) xr[i] = v[k];
+        }
+    }
+    float ss = 0;
+#pragma unroll
+    for (int k = 0; k < V; k++) ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+    ss = block_sum(ss, sh);
+    float inv = 1.0f / sqrtf(ss / (float)n + eps);
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+        int i = threadIdx.x + k * blockDim.x;
+        if (i >= n4) continue;
+        float4 g = w ? ((const float4 *)w)[i] : make_float4(1, 1, 1, 1);
+        float a = v[k].x * inv * g.x, b = v[k].y * inv * g.y, c = v[k].z * inv * g.z,
+              d = v[k].w * inv * g.w;
+        uint2 o;
+        if (f16) {
+            __half2 h0 = __floats2half2_rn(a, b), h1 = __floats2half2_rn(c, d);
+            o = make_uint2(*(unsigned *)&h0, *(unsigned *)&h1);
+        } else {
+            __nv_bfloat162 h0 = __floats2bfloat162_rn(a, b), h1 = __floats2bfloat162_rn(c, d);
+            o = make_uint2(*(unsigned *)&h0, *(unsigned *)&h1);
+        }
+        ((uint2 *)y16)[(size_t)blockIdx.x * n4 + i] = o;
+    }
+}
+
 extern "C" loom_status loom_cuda_add_rmsnorm16(loom_cuda *c, void *d_y16, float *d_x,
                                                const float *d_r, const float *d_w, int T, int n,
                                                float eps, loom_cuda_dtype dt) {
@@ -149,8 +205,18 @@ extern "C" loom_status loom_cuda_add_rmsnorm16(loom_cuda *c, void *d_y16, float 
     if (dt != LOOM_CUDA_F16 && dt != LOOM_CUDA_BF16)
         return loom_err(LOOM_ERR_INVALID_ARG, "cuda add_rmsnorm16: output type %d (expected "
                         "f16 or bf16)", (int)dt);
-    add_rmsnorm16_kernel<<<T, n <= 256 ? 64 : ROW_THREADS, 0, c->stream>>>(
-        d_y16, d_x, d_r, d_w, n, eps, dt == LOOM_CUDA_F16);
+    int th = n <= 256 ? 64 : ROW_THREADS, f16 = dt == LOOM_CUDA_F16;
+    int per = (n / 4 + th - 1) / th;  /* float4 a thread */
+    if (n % 4 == 0 && per <= 8) {
+#define ARN(V) add_rmsnorm16_vec_kernel<V><<<T, th, 0, c->stream>>>(d_y16, d_x, d_r, d_w, n, eps, f16)
+        if (per <= 1) ARN(1);
+        else if (per <= 2) ARN(2);
+        else if (per <= 4) ARN(4);
+        else ARN(8);
+#undef ARN
+    } else {
+        add_rmsnorm16_kernel<<<T, th, 0, c->stream>>>(d_y16, d_x, d_r, d_w, n, eps, f16);
+    }
     LAUNCH_CHECK();
     return LOOM_OK;
 }
@@ -276,6 +342,63 @@ __global__ void qkv_post_kernel(float *q_out, void *pk, void *pv, int kv_dt, siz
     }
 }
 
+/* The same for head_dim 128 rotated whole (or not at all), a warp a head,
+ * 4 elements a lane, 4 heads a block: no shared memory or block barriers
+ * (the block-per-head kernel spent most of a 4096-token prefill on them:
+ * 238 us a Llama-3-8B layer for 180 MB). Element i's rope partner i +- 64
+ * sits 16 lanes away. */
+__global__ void qkv_post_warp_kernel(float *q_out, void *pk, void *pv, int kv_dt, size_t stride,
+                                     const float *qkv, const float *bias, const float *qn,
+                                     const float *kn, float eps, const int32_t *slot, int nh,
+                                     int nkv, int rot, const float *cs, const float *sn, int ld) {
+    pdl_trigger();
+    int t = blockIdx.x, lane = threadIdx.x & 31, nall = nh + 2 * nkv;
+    int h = blockIdx.y * 4 + (threadIdx.x >> 5);
+    int kind = h < nh ? 0 : h < nh + nkv ? 1 : 2;   /* q, k, v */
+    int i0 = lane * 4;
+    const float *nw = kind == 0 ? qn : kind == 1 ? kn : NULL;
+    float4 wn = make_float4(1, 1, 1, 1), bi = make_float4(0, 0, 0, 0);
+    if (h < nall) {  /* weights: before the wait */
+        if (nw) wn = *(const float4 *)(nw + i0);
+        if (bias) bi = *(const float4 *)(bias + (size_t)h * 128 + i0);
+    }
+    pdl_wait();
+    if (h >= nall) return;
+    float4 v4 = *(const float4 *)(qkv + ((size_t)t * nall + h) * 128 + i0);
+    float v[4] = {v4.x + bi.x, v4.y + bi.y, v4.z + bi.z, v4.w + bi.w};
+    if (nw) {  /* uniform per warp */
+        float ss = v[0] * v[0] + v[1] * v[1] + v[2] * v[2] + v[3] * v[3];
+        ss = warp_sum(ss);
+        float inv = 1.0f / sqrtf(ss / 128.0f + eps);
+        v[0] = v[0] * inv * wn.x, v[1] = v[1] * inv * wn.y;
+        v[2] = v[2] * inv * wn.z, v[3] = v[3] * inv * wn.w;
+    }
+    if (kind < 2 && rot) {
+        int k = i0 & 63, lowh = i0 < 64;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float o = __shfl_xor_sync(0xffffffffu, v[e], 16);
+            float c = cs[(size_t)t * ld + k + e], sv = sn[(size_t)t * ld + k + e];
+            v[e] = lowh ? v[e] * c - o * sv : v[e] * c + o * sv;
+        }
+    }
+    if (kind == 0) {
+        *(float4 *)(q_out + ((size_t)t * nh + h) * 128 + i0) = make_float4(v[0], v[1], v[2], v[3]);
+        return;
+    }
+    size_t e = (size_t)slot[t] * stride + (size_t)(h - (kind == 1 ? nh : nh + nkv)) * 128 + i0;
+    void *dst = kind == 1 ? pk : pv;
+    if (kv_dt == LOOM_CUDA_F32) {
+        *(float4 *)((float *)dst + e) = make_float4(v[0], v[1], v[2], v[3]);
+    } else if (kv_dt == LOOM_CUDA_F16) {
+        __half2 a = __floats2half2_rn(v[0], v[1]), b = __floats2half2_rn(v[2], v[3]);
+        *(uint2 *)((__half *)dst + e) = make_uint2(*(unsigned *)&a, *(unsigned *)&b);
+    } else {
+        __nv_bfloat162 a = __floats2bfloat162_rn(v[0], v[1]), b = __floats2bfloat162_rn(v[2], v[3]);
+        *(uint2 *)((__nv_bfloat16 *)dst + e) = make_uint2(*(unsigned *)&a, *(unsigned *)&b);
+    }
+}
+
 extern "C" loom_status loom_cuda_qkv_post(loom_cuda *c, float *d_q, const loom_cuda_kv *kv,
                                           const float *d_qkv, const float *d_bias,
                                           const float *d_qnorm, const float *d_knorm, float eps,
@@ -288,6 +411,19 @@ extern "C" loom_status loom_cuda_qkv_post(loom_cuda *c, float *d_q, const loom_c
         return loom_err(LOOM_ERR_INVALID_ARG, "cuda qkv_post: %d heads + 2 x %d, head_dim %d, "
                         "rot_dim %d, KV type %d, row stride %zu", nh, nkv, hd, rot_dim,
                         (int)kv->dt, kv->row_stride);
+    static int warp_ok = -1;  /* LOOM_CUDA_QKV_WARP=0: the block-per-head kernel only */
+    if (warp_ok < 0) {
+        const char *e = getenv("LOOM_CUDA_QKV_WARP");
+        warp_ok = !(e && !strcmp(e, "0"));
+    }
+    if (warp_ok && hd == 128 && (rot_dim == 0 || rot_dim == 128) && kv->row_stride % 4 == 0) {
+        dim3 grid((unsigned)T, (unsigned)(nh + 2 * nkv + 3) / 4);
+        CUDA_CHECK(loom_cuda_launch(c, qkv_post_warp_kernel, grid, dim3(128), 0, d_q,
+                                    (void *)kv->d_k, (void *)kv->d_v, (int)kv->dt, kv->row_stride,
+                                    d_qkv, d_bias, d_qnorm, d_knorm, eps, d_slot, nh, nkv,
+                                    rot_dim, d_cos, d_sin, ld));
+        return LOOM_OK;
+    }
     unsigned th = hd >= 128 ? 128 : hd >= 64 ? 64 : 32;
     dim3 grid((unsigned)T, (unsigned)(nh + 2 * nkv));
     CUDA_CHECK(loom_cuda_launch(c, qkv_post_kernel, grid, dim3(th), (size_t)hd * sizeof(float),

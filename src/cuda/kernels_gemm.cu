@@ -69,6 +69,36 @@ extern "C" loom_status loom_cuda_gemm16(loom_cuda *c, float *d_y, const void *d_
     return LOOM_OK;
 }
 
+extern "C" loom_status loom_cuda_gemm_acc(loom_cuda *c, float *d_y, const void *d_x, int x16,
+                                          const void *d_w, loom_cuda_dtype dt, int T, int rows,
+                                          int cols) {
+    if (T <= 0 || rows <= 0) return LOOM_OK;
+    if (cols <= 0 || (x16 && dt != LOOM_CUDA_F16 && dt != LOOM_CUDA_BF16))
+        return loom_err(LOOM_ERR_INVALID_ARG, "cuda gemm_acc: %d columns, type %d", cols, (int)dt);
+    const float one = 1.0f;
+    const void *x = d_x;
+    cudaDataType_t ty = dt == LOOM_CUDA_F32 ? CUDA_R_32F : dt == LOOM_CUDA_F16 ? CUDA_R_16F
+                                                                                 : CUDA_R_16BF;
+    if (!x16 && dt != LOOM_CUDA_F32) {
+        size_t n = (size_t)T * cols;
+        void *tmp;
+        loom_status st = loom_cuda_scratch(c, n * 2, &tmp);
+        if (st != LOOM_OK) return st;
+        if (dt == LOOM_CUDA_F16)
+            f32_to_f16_kernel<<<loom_cuda_blocks(n, 256), 256, 0, c->stream>>>(
+                (__half *)tmp, (const float *)d_x, n);
+        else
+            f32_to_bf16_kernel<<<loom_cuda_blocks(n, 256), 256, 0, c->stream>>>(
+                (__nv_bfloat16 *)tmp, (const float *)d_x, n);
+        LAUNCH_CHECK();
+        x = tmp;
+    }
+    CUBLAS_CHECK(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, T, cols, &one, d_w, ty,
+                              cols, x, ty, cols, &one, d_y, CUDA_R_32F, rows,
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return LOOM_OK;
+}
+
 /* ---- skinny GEMM for a few tokens (decode) ------------------------------ */
 
 /* At decode a projection is one pass over the weights: cuBLAS with N = 1..8

@@ -956,9 +956,11 @@ static int test_attn_decode(const attn_case *a, const int *lens, int n_seqs) {
 
 /* Rows: row r appends n_new[r] tokens after start[r] cached ones. */
 /* tc = 1: the tensor-core kernel where it applies (bf16 KV), whose queries
- * and weights are rounded to bf16: checked to bf16 precision. */
-static int test_attn_prefill(const attn_case *a, const int *start, const int *n_new, int n_rows,
-                             int tc) {
+ * and weights are rounded to bf16: checked to bf16 precision. out_dt: the
+ * output type (loom_cuda_attn_prefill_to; 16-bit outputs are checked after
+ * widening, at bf16 precision). */
+static int test_attn_prefill_to(const attn_case *a, const int *start, const int *n_new,
+                                int n_rows, int tc, loom_cuda_dtype out_dt) {
     char what[128];
     int *lens = xmalloc((size_t)n_rows * sizeof(int));
     int32_t *row_tok = xmalloc((size_t)(n_rows + 1) * 4), *row_pos = xmalloc((size_t)n_rows * 4);
@@ -971,8 +973,9 @@ static int test_attn_prefill(const attn_case *a, const int *start, const int *n_
         max_new = LOOM_MAX(max_new, n_new[r]);
     }
     row_tok[n_rows] = T;
-    snprintf(what, sizeof what, "%s h=%d/%d d=%d bs=%d win=%d cap=%g rows=%d T=%d",
-             kv_name(a->kv_type), a->nh, a->nkv, a->hd, a->bs, a->window, a->softcap, n_rows, T);
+    snprintf(what, sizeof what, "%s h=%d/%d d=%d bs=%d win=%d cap=%g rows=%d T=%d out=%s",
+             kv_name(a->kv_type), a->nh, a->nkv, a->hd, a->bs, a->window, a->softcap, n_rows, T,
+             DT_NAME[out_dt]);
     const char *kname = tc ? "attn_prefill_tc" : "attn_prefill";
     paged P;
     if (!paged_make(&P, a, lens, n_rows)) return api_fail(kname, what, LOOM_ERR_NOMEM);
@@ -995,11 +998,26 @@ static int test_attn_prefill(const attn_case *a, const int *start, const int *n_
         api_fail(kname, what, LOOM_ERR_NOMEM);
     } else {
         loom_cuda_attn at = {a->nh, a->nkv, a->hd, scale, a->softcap, a->window, tc};
-        loom_status st = loom_cuda_attn_prefill(C, dout, dq, &kv, &at, dtab, P.tstride, drt, drp,
-                                                n_rows, max_new);
+        /* poisoned: every element must be written */
+        float *nan = xmalloc(qn * 4);
+        for (size_t i = 0; i < qn; i++) nan[i] = NAN;
+        loom_status st = loom_cuda_upload(C, dout, nan, qn * 4);
+        free(nan);
+        if (st == LOOM_OK)
+            st = out_dt == LOOM_CUDA_F32
+                     ? loom_cuda_attn_prefill(C, dout, dq, &kv, &at, dtab, P.tstride, drt, drp,
+                                              n_rows, max_new)
+                     : loom_cuda_attn_prefill_to(C, dout, out_dt, dq, &kv, &at, dtab, P.tstride,
+                                                 drt, drp, n_rows, max_new, T);
         if (st == LOOM_OK) st = loom_cuda_download(C, got, dout, qn * 4);
+        if (st == LOOM_OK && out_dt != LOOM_CUDA_F32) {
+            uint16_t *h = xmalloc(qn * 2);
+            memcpy(h, got, qn * 2);
+            from16(got, h, qn, out_dt);
+            free(h);
+        }
         if (st != LOOM_OK) api_fail(kname, what, st);
-        else if (tc) ok = report(kname, what, got, ref, NULL, qn, 1e-2f, 2e-2f);
+        else if (tc || out_dt != LOOM_CUDA_F32) ok = report(kname, what, got, ref, NULL, qn, 1e-2f, 2e-2f);
         else ok = report(kname, what, got, ref, NULL, qn, 2e-5f, 1e-4f);
     }
     loom_cuda_release(C, dk);
@@ -1012,6 +1030,11 @@ static int test_attn_prefill(const attn_case *a, const int *start, const int *n_
     paged_free(&P);
     free(q), free(ref), free(got), free(lens), free(row_tok), free(row_pos);
     return ok;
+}
+
+static int test_attn_prefill(const attn_case *a, const int *start, const int *n_new, int n_rows,
+                             int tc) {
+    return test_attn_prefill_to(a, start, n_new, n_rows, tc, LOOM_CUDA_F32);
 }
 
 /* ---- fused q/k/v post-processing --------------------------------------- */
@@ -1274,6 +1297,12 @@ int main(void) {
     test_qkv_post(2, 6, 2, 80, 80, 1, 0, LOOM_KV_F32);       /* head_dim 80 over 64 threads */
     test_qkv_post(5, 4, 4, 80, 80, 0, 1, LOOM_KV_F32);
     test_qkv_post(300, 8, 2, 256, 64, 1, 0, LOOM_KV_F32);
+    /* head_dim 128 a warp a head: head counts not a multiple of 4, biases
+     * with norms, f16 / f32 KV, no rope */
+    test_qkv_post(37, 14, 3, 128, 128, 1, 1, LOOM_KV_F16);
+    test_qkv_post(5, 6, 1, 128, 128, 1, 1, LOOM_KV_F32);
+    test_qkv_post(9, 4, 4, 128, 0, 1, 0, LOOM_KV_BF16);
+    test_qkv_post(600, 32, 8, 128, 128, 0, 0, LOOM_KV_BF16);
 
     for (int i = 0; i < N_SIZES; i++) {
         test_act(SIZES[i], 0);
@@ -1398,6 +1427,18 @@ int main(void) {
         test_attn_prefill(&a11, s10, n10, 6, 1);
         int s12[] = {0}, n12[] = {1000};
         test_attn_prefill(&a7, s12, n12, 1, 1);
+        /* 16-bit outputs (the o projection's input), group 6 (rows of a
+         * tile left over), head_dim 96, a window across the tiles, one
+         * long row with a prefix */
+        test_attn_prefill_to(&a8, s10, n10, 6, 1, LOOM_CUDA_BF16);
+        test_attn_prefill_to(&a7, s10, n10, 6, 1, LOOM_CUDA_F16);
+        test_attn_prefill_to(&a1, s1, n1, 5, 0, LOOM_CUDA_BF16);
+        test_attn_prefill(&a9, s10, n10, 6, 1);
+        attn_case a12 = {12, 4, 96, 16, LOOM_KV_BF16, 100, 0};
+        test_attn_prefill(&a12, s10, n10, 6, 1);
+        int s13[] = {300}, n13[] = {777};
+        test_attn_prefill(&a8, s13, n13, 1, 1);
+        test_attn_prefill(&a12, s13, n13, 1, 1);
     }
 
     st = loom_cuda_sync(C);
