@@ -746,52 +746,67 @@ static loom_status load(loom_model *m, const char *dir, const loom_model_params 
     return loom_pool_create(p->n_threads, &m->pool);
 }
 
+/* The --fast re-layout: one pass sizes it (il == NULL), a second writes
+ * every matrix into one buffer, so the weights stream from huge pages. */
+typedef struct {
+    loom_model *m;
+    uint8_t *il;
+    size_t used;
+} il_pass;
+
 /* One matrix into the kernels' 16-row layout when it has the shape for
  * it. The file's pages of it are dropped unless another weight (a tied
  * embedding, which gathers rows) still reads them. */
-static loom_status interleave(loom_model *m, loom_weight *w) {
-    if (w->dtype != LOOM_DT_U32 || !loom_q_il16_ok(&w->q, w->rows)) return LOOM_OK;
-    void *mem;
-    loom_qmat q;
-    loom_status s = loom_q_interleave(&w->q, w->rows, &q, &mem);
-    if (s != LOOM_OK) return s;
-    void **nm = realloc(m->il_mem, (size_t)(m->n_il_mem + 1) * sizeof *nm);
-    if (!nm) {
-        loom_free(mem);
-        return loom_err(LOOM_ERR_NOMEM, "out of memory");
+static void interleave(il_pass *ps, loom_weight *w) {
+    if (w->dtype != LOOM_DT_U32 || !loom_q_il16_ok(&w->q, w->rows)) return;
+    size_t n = (loom_q_il16_bytes(&w->q, w->rows) + 63) & ~(size_t)63;
+    if (ps->il) {
+        loom_qmat q;
+        loom_q_interleave_into(&w->q, w->rows, &q, ps->il + ps->used);
+        loom_model *m = ps->m;
+        if (!(m->embed.dtype == LOOM_DT_U32 && m->embed.q.w == w->q.w))
+            loom_st_release(w->q.w, (size_t)w->rows * w->cols * w->q.bits / 8);
+        w->q = q;
+        w->data = q.w;
     }
-    m->il_mem = nm;
-    m->il_mem[m->n_il_mem++] = mem;
-    if (!(m->embed.dtype == LOOM_DT_U32 && m->embed.q.w == w->q.w))
-        loom_st_release(w->q.w, (size_t)w->rows * w->cols * w->q.bits / 8);
-    w->q = q;
-    w->data = q.w;
-    return LOOM_OK;
+    ps->used += n;
 }
 
-static loom_status interleave_mlp(loom_model *m, loom_mlp *p) {
-    loom_status s;
-    if ((s = interleave(m, &p->gate)) || (s = interleave(m, &p->up))) return s;
-    return interleave(m, &p->down);
+static void interleave_mlp(il_pass *ps, loom_mlp *p) {
+    interleave(ps, &p->gate);
+    interleave(ps, &p->up);
+    interleave(ps, &p->down);
 }
 
 /* Every matrix the forward multiplies by (not the embeddings it gathers). */
-static loom_status interleave_all(loom_model *m) {
-    loom_status s;
-    if ((s = interleave(m, &m->lm_head)) || (s = interleave(m, &m->ple_model_proj))) return s;
+static void interleave_pass(il_pass *ps) {
+    loom_model *m = ps->m;
+    interleave(ps, &m->lm_head);
+    interleave(ps, &m->ple_model_proj);
     for (int l = 0; l < m->cfg.n_layers; l++) {
         loom_layer *L = &m->layers[l];
         loom_weight *ws[] = {&L->attn.wq, &L->attn.wk, &L->attn.wv, &L->attn.wo,
                              &L->lin.in_qkv, &L->lin.in_z, &L->lin.in_b, &L->lin.in_a,
                              &L->lin.in_qkvz, &L->lin.in_ba, &L->lin.out, &L->moe.router,
                              &L->moe.shared_gate, &L->ple_gate, &L->ple_proj};
-        for (size_t i = 0; i < LOOM_ARRAY_LEN(ws); i++)
-            if ((s = interleave(m, ws[i]))) return s;
-        if ((s = interleave_mlp(m, &L->mlp)) || (s = interleave_mlp(m, &L->moe.shared))) return s;
+        for (size_t i = 0; i < LOOM_ARRAY_LEN(ws); i++) interleave(ps, ws[i]);
+        interleave_mlp(ps, &L->mlp);
+        interleave_mlp(ps, &L->moe.shared);
         if (L->moe.experts)
-            for (int e = 0; e < m->cfg.n_experts; e++)
-                if ((s = interleave_mlp(m, &L->moe.experts[e]))) return s;
+            for (int e = 0; e < m->cfg.n_experts; e++) interleave_mlp(ps, &L->moe.experts[e]);
     }
+}
+
+static loom_status interleave_all(loom_model *m) {
+    il_pass ps = {.m = m};
+    interleave_pass(&ps);
+    if (!ps.used) return LOOM_OK;
+    size_t need = ps.used;
+    if (!(m->il_mem = loom_alloc(need)))
+        return loom_err(LOOM_ERR_NOMEM, "--fast: out of memory for %zu bytes of re-laid-out "
+                        "weights", need);
+    ps = (il_pass){.m = m, .il = m->il_mem};
+    interleave_pass(&ps);
     return LOOM_OK;
 }
 
@@ -825,8 +840,7 @@ void loom_model_free(loom_model *m) {
     free(m->layers);
     loom_free(m->arena);
     for (int i = 0; i < LOOM_MAX_ROPES; i++) free(m->ropes[i].inv_freq);
-    for (int i = 0; i < m->n_il_mem; i++) loom_free(m->il_mem[i]);
-    free(m->il_mem);
+    loom_free(m->il_mem);
     free(m);
 }
 

@@ -170,8 +170,7 @@ struct loom_model {
     int has_ple;
     loom_pool *pool;           /* owned */
     const loom_kernels *k;     /* borrowed, static */
-    void **il_mem;             /* owned: matrices re-laid out for k (loom_q_interleave) */
-    int n_il_mem;
+    uint8_t *il_mem;           /* owned: matrices re-laid out for k (loom_q_interleave) */
 };
 
 /* KV row width a pool for this model needs (max over attention layers). */

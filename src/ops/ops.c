@@ -83,15 +83,26 @@ static unsigned q_value(const loom_qmat *w, int r, int k) {
     return w->bits == 8 ? row[k] : (row[k / 2] >> (4 * (k & 1))) & 15u;
 }
 
+size_t loom_q_il16_bytes(const loom_qmat *w, int rows) {
+    return (size_t)rows * w->n * w->bits / 8 + (size_t)rows * (w->n / w->group) * 2 * sizeof(uint16_t);
+}
+
 loom_status loom_q_interleave(const loom_qmat *w, int rows, loom_qmat *dst, void **mem) {
     *mem = NULL;
+    if (!loom_q_il16_ok(w, rows)) return loom_q_interleave_into(w, rows, dst, NULL);
+    void *buf = loom_alloc(loom_q_il16_bytes(w, rows));
+    if (!buf) return loom_err(LOOM_ERR_NOMEM, "interleave: out of memory for %zu bytes",
+                              loom_q_il16_bytes(w, rows));
+    *mem = buf;
+    return loom_q_interleave_into(w, rows, dst, buf);
+}
+
+loom_status loom_q_interleave_into(const loom_qmat *w, int rows, loom_qmat *dst, void *out) {
     if (!loom_q_il16_ok(w, rows))
         return loom_err(LOOM_ERR_INVALID_ARG, "interleave: %d-bit, group %d, %d x %d (expected "
                         "4 or 8 bits, group 64 << s, rows a multiple of 16, at most %d columns)",
                         w->bits, w->group, rows, w->n, LOOM_Q_IL_MAXN);
-    size_t wbytes = (size_t)rows * w->n * w->bits / 8, np = (size_t)rows * (w->n / w->group);
-    uint8_t *buf = loom_alloc(wbytes + 2 * np * sizeof(uint16_t));
-    if (!buf) return loom_err(LOOM_ERR_NOMEM, "interleave: out of memory for %zu bytes", wbytes);
+    uint8_t *buf = out;
     int n = w->n, ng = n / w->group, per = w->bits == 8 ? 4 : 8;
     uint8_t *o = buf;
     for (int rb = 0; rb < rows / 16; rb++)
@@ -116,6 +127,5 @@ loom_status loom_q_interleave(const loom_qmat *w, int rows, loom_qmat *dst, void
     dst->w = (const uint32_t *)buf;
     dst->scales = dst->biases = NULL; /* in the stream */
     dst->il16 = 1;
-    *mem = buf;
     return LOOM_OK;
 }

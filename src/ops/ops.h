@@ -42,6 +42,9 @@ typedef struct loom_qmat {
 int loom_q_il16_ok(const loom_qmat *w, int rows);
 /* dst: w's values in that layout, in one buffer (*mem, loom_free it). */
 loom_status loom_q_interleave(const loom_qmat *w, int rows, loom_qmat *dst, void **mem);
+/* The same into out, which holds loom_q_il16_bytes(w, rows) bytes. */
+size_t loom_q_il16_bytes(const loom_qmat *w, int rows);
+loom_status loom_q_interleave_into(const loom_qmat *w, int rows, loom_qmat *dst, void *out);
 
 typedef struct loom_kernels {
     const char *name;
