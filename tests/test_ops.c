@@ -930,6 +930,24 @@ static void test_argmax(void) {
         CHECK_EQ_INT(loom_argmax(x, n), j);
         free(x);
     }
+    /* vocabulary-sized rows: ties across and inside blocks, NaNs, -inf */
+    unsigned long long rng = 77;
+    for (int rep = 0; rep < 200; rep++) {
+        int n = 1 + (int)(test_rand_u32(&rng) % 5000) + (rep % 4 == 0 ? 150000 : 0);
+        float *x = malloc(sizeof *x * (size_t)n);
+        int levels = 1 + (int)(test_rand_u32(&rng) % 50);
+        for (int i = 0; i < n; i++) {
+            unsigned r = test_rand_u32(&rng);
+            x[i] = r % 97 == 0 ? NAN : r % 89 == 0 ? -INFINITY : (float)(r % (unsigned)levels);
+        }
+        if (rep % 7 == 0) x[0] = NAN;
+        int want = 0;
+        for (int i = 1; i < n; i++)
+            if (x[i] > x[want]) want = i;
+        CHECKF(loom_argmax(x, n) == want, "argmax n=%d rep %d: %d, expected %d", n, rep,
+               loom_argmax(x, n), want);
+        free(x);
+    }
 }
 
 /* Every test over table k, against reference table r; batch_invariant:

@@ -159,9 +159,30 @@ const loom_kernels loom_kernels_ref = {
     .bf16_to_f32 = bf16_to_f32,
 };
 
+/* First index of the largest value (a NaN never wins; a NaN at 0 stays).
+ * Blocks of 256 are scanned for their max with branch-free lanes the
+ * compiler vectorises, and searched only when that max beats the best so
+ * far: one pass over a vocabulary's logits at vector speed. */
 int loom_argmax(const float *x, int n) {
+    enum { BLK = 256, LANES = 16 };
     int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
+    float bv = x[0];
+    int i = 0;
+    for (; i + BLK <= n; i += BLK) {
+        float m[LANES];
+        for (int l = 0; l < LANES; l++) m[l] = -INFINITY;
+        for (int j = 0; j < BLK; j += LANES)
+            for (int l = 0; l < LANES; l++) m[l] = x[i + j + l] > m[l] ? x[i + j + l] : m[l];
+        float bm = m[0];
+        for (int l = 1; l < LANES; l++) bm = m[l] > bm ? m[l] : bm;
+        if (bm > bv)
+            for (int j = i; j < i + BLK; j++)
+                if (x[j] == bm) {
+                    best = j, bv = bm;
+                    break;
+                }
+    }
+    for (; i < n; i++)
+        if (x[i] > bv) best = i, bv = x[i];
     return best;
 }
