@@ -47,6 +47,7 @@
 #include "engine/kv.h"
 #include "load/config.h"
 #include "load/safetensors.h"
+#include "ops/ops.h"
 
 #define BW_BYTES ((size_t)1 << 30)
 #define BW_PASSES 7
@@ -299,13 +300,6 @@ static double rel_err(const float *a, const float *ref, size_t n) {
     return m > 0 ? e / m : INFINITY;
 }
 
-static int32_t argmax(const float *v, int n) {
-    int32_t b = 0;
-    for (int i = 1; i < n; i++)
-        if (v[i] > v[b]) b = i;
-    return b;
-}
-
 /* Reads a 1-D I32 or I64 id tensor into a new int32 array. */
 static int32_t *ids_from(const loom_st_tensor *t, int *n) {
     if (t->ndim != 1 || (t->dtype != LOOM_DT_I32 && t->dtype != LOOM_DT_I64)) return NULL;
@@ -456,7 +450,7 @@ static loom_status time_tg(loom_context *c, const int32_t *tok, int n, int V, fl
     if (s == LOOM_OK) s = loom_context_eval(c, tok, TG_PROMPT, 0, logits);
     double t0 = loom_now();
     for (int i = 0; i < n && s == LOOM_OK; i++) {
-        int32_t id = argmax(logits, V);
+        int32_t id = loom_argmax(logits, V);
         s = loom_context_eval(c, &id, 1, 0, logits);
     }
     *tps = n / (loom_now() - t0);

@@ -24,6 +24,7 @@
 #include "base/base.h"
 #include "cli/cli.h"
 #include "load/safetensors.h"
+#include "ops/ops.h"
 
 static const char usage[] =
     "usage: loom bench --model DIR [--model DIR2 ...] [-p 512] [-n 128] [--threads N]\n"
@@ -92,12 +93,6 @@ static void fill_tokens(int32_t *t, int n, int vocab) {
     }
 }
 
-static int argmax(const float *x, int n) {
-    int b = 0;
-    for (int i = 1; i < n; i++) if (x[i] > x[b]) b = i;
-    return b;
-}
-
 /* Batched vs one-at-a-time logits on a short prompt; prints the failure
  * and returns nonzero when they are not finite or do not agree. */
 static int validate(loom_context *c, const int32_t *toks, int V, float *a, float *b) {
@@ -120,7 +115,7 @@ static int validate(loom_context *c, const int32_t *toks, int V, float *a, float
         max_diff = fmax(max_diff, fabs(a[i] - b[i]));
     }
     for (int i = 0; i < CHECK_LEN; i++)
-        argmax_diff += argmax(a + (size_t)i * V, V) != argmax(b + (size_t)i * V, V);
+        argmax_diff += loom_argmax(a + (size_t)i * V, V) != loom_argmax(b + (size_t)i * V, V);
     /* Batched and decode kernels sum in different orders (and may round
      * activations differently): agree to 1% of the logit range. On a GPU
      * the activations enter each bf16/f16 GEMM rounded to 8 (11) bits; a
@@ -169,7 +164,7 @@ static loom_status run_tg(loom_context *c, const int32_t *toks, int n, int V, fl
     if (s || (s = loom_context_eval(c, toks, tg_prompt, 0, logits))) return s;
     double t0 = loom_now(), c0 = cpu_now();
     for (int i = 0; i < n && !s; i++) {
-        int32_t id = argmax(logits, V);
+        int32_t id = loom_argmax(logits, V);
         s = loom_context_eval(c, &id, 1, 0, logits);
     }
     *cpu = cpu_now() - c0;
