@@ -352,6 +352,19 @@ static void check_matmul_q_il(int bits, int group, int n, int T, int f16, int ro
             CHECKF(ok, "matmul_q bits %d group %d n %d T %d f16 %d il %d [%d,%d) t %d r %d: %.9g "
                    "vs %.9g", bits, group, n, T, f16, il, r0, r1, t, r, y[i], yr[i]);
         }
+    /* x rounded once (the forward's path for several slices and matrices)
+     * gives the same bits. */
+    if (il && K->q_prep) {
+        void *buf = malloc(K->q_prep_bytes(&wk, T));
+        float *yp = malloc(ny * sizeof *yp);
+        for (size_t i = 0; i < ny; i++) yp[i] = SENTINEL;
+        K->q_prep(buf, x, ldx, &wk, T);
+        K->matmul_q_prep(yp, ldy, buf, &wk, T, r0, r1);
+        CHECKF(!memcmp(y, yp, ny * sizeof *y), "matmul_q_prep bits %d group %d n %d T %d [%d,%d): "
+               "not matmul_q's bits", bits, group, n, T, r0, r1);
+        free(yp);
+        free(buf);
+    }
     /* Batched decode (2..8 tokens, groups of 64 << s) on the tables that promise batch
      * invariance: every token's outputs the bits it gets alone. */
     if (q_invariant && T > 1 && (T <= 8 || il) && (bits == 4 || bits == 8) && group % 64 == 0 &&

@@ -152,6 +152,7 @@ typedef struct mm_job {
     float *y[MM_MAX];
     const loom_weight *w[MM_MAX];
     int chunk[MM_MAX], first[MM_MAX + 1]; /* rows per task; first task of each weight */
+    const void *prep;                     /* x rounded once for every slice (k->q_prep) */
 } mm_job;
 
 static void mm_task(void *ctx, int task, int thread) {
@@ -170,7 +171,8 @@ static void mm_task(void *ctx, int task, int thread) {
         j->k->matmul_f16(y, w->rows, j->x, j->ldx, w->data, w->cols, j->T, r0, r1);
         break;
     case LOOM_DT_U32:
-        j->k->matmul_q(y, w->rows, j->x, j->ldx, &w->q, j->T, r0, r1);
+        if (j->prep) j->k->matmul_q_prep(y, w->rows, j->prep, &w->q, j->T, r0, r1);
+        else j->k->matmul_q(y, w->rows, j->x, j->ldx, &w->q, j->T, r0, r1);
         break;
     default:
         j->k->matmul_bf16(y, w->rows, j->x, j->ldx, w->data, w->cols, j->T, r0, r1);
@@ -203,11 +205,26 @@ void loom_fwd_matmul_n(loom_model *m, int n_w, float *const *y, const float *x,
         j.chunk[i] = (chunk + 15) & ~15;
         j.first[i + 1] = j.first[i] + (w[i]->rows + j.chunk[i] - 1) / j.chunk[i];
     }
-    if (n == 1) {
-        for (int t = 0; t < j.first[n_w]; t++) mm_task(&j, t, 0);
-        return;
+    /* Interleaved quantized matrices over the same columns and group take
+     * x rounded once here rather than once per slice. */
+    _Alignas(64) uint8_t stack[32 << 10];
+    void *heap = NULL;
+    int prep = m->k->q_prep != NULL;
+    for (int i = 0; i < n_w && prep; i++)
+        prep = w[i]->dtype == LOOM_DT_U32 && w[i]->q.il16 && w[i]->q.group == w[0]->q.group;
+    if (prep) {
+        size_t bytes = m->k->q_prep_bytes(&w[0]->q, T);
+        void *buf = bytes <= sizeof stack ? stack : (heap = loom_alloc(bytes));
+        if (buf) {
+            m->k->q_prep(buf, x, cols, &w[0]->q, T);
+            j.prep = buf;
+        }
     }
-    loom_pool_run(m->pool, j.first[n_w], mm_task, &j);
+    if (n == 1)
+        for (int t = 0; t < j.first[n_w]; t++) mm_task(&j, t, 0);
+    else
+        loom_pool_run(m->pool, j.first[n_w], mm_task, &j);
+    loom_free(heap);
 }
 
 void loom_fwd_matmul(loom_model *m, float *y, const float *x, const loom_weight *w, int T) {

@@ -14,6 +14,7 @@ loom_kernels loom_kernels_over(loom_kernels base, const loom_kernels *t) {
     OVER(axpy); OVER(attn_pv); OVER(rmsnorm); OVER(softmax); OVER(silu_mul);
     OVER(matmul_q); OVER(gelu_tanh_mul);
     OVER(f16_to_f32); OVER(bf16_to_f32); OVER(q_il16);
+    OVER(q_prep_bytes); OVER(q_prep); OVER(matmul_q_prep);
 #undef OVER
     return base;
 }

@@ -87,6 +87,13 @@ typedef struct loom_kernels {
     void (*bf16_to_f32)(float *y, const uint16_t *x, int n);
     /* matmul_q also takes loom_q_interleave'd matrices. */
     int q_il16;
+    /* Optional, for those matrices: x rounded once into buf (q_prep_bytes
+     * of it) serves every row slice of every matrix with w's columns and
+     * group; matmul_q_prep gives matmul_q's bits from it. */
+    size_t (*q_prep_bytes)(const loom_qmat *w, int T);
+    void (*q_prep)(void *buf, const float *x, int ldx, const loom_qmat *w, int T);
+    void (*matmul_q_prep)(float *y, int ldy, const void *buf, const loom_qmat *w, int T, int r0,
+                          int r1);
 } loom_kernels;
 
 extern const loom_kernels loom_kernels_ref;

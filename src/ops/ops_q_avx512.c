@@ -703,21 +703,36 @@ static void il_prep(int8_t *xq, float *sx, float *xsg, const float *x, size_t ld
                 x + (size_t)t * ldx, w, 0);
 }
 
+/* T tokens of x rounded for an interleaved matrix once, for all its row
+ * slices: sx (T x nb), xsg (T x ng), then xq (T x n int8). */
+static size_t il_prep_bytes(const loom_qmat *w, int T) {
+    return (size_t)T * w->n + (size_t)T * (w->n / XBLK + w->n / w->group) * sizeof(float);
+}
+
+static void il_prep_buf(void *buf, const float *x, int ldx, const loom_qmat *w, int T) {
+    float *sx = buf, *xsg = sx + (size_t)T * (w->n / XBLK);
+    il_prep((int8_t *)(xsg + (size_t)T * (w->n / w->group)), sx, xsg, x, (size_t)ldx, w, T);
+}
+
+static void il_matmul_prep(float *y, int ldy, const void *buf, const loom_qmat *w, int T, int r0,
+                           int r1) {
+    const float *sx = buf, *xsg = sx + (size_t)T * (w->n / XBLK);
+    il_rows(y, (size_t)ldy, (const int8_t *)(xsg + (size_t)T * (w->n / w->group)), sx, xsg, w, T,
+            r0, r1);
+}
+
 /* Rows [r0, r1) of an interleaved matrix. A prompt rounds all its tokens
  * once (heap) so each row chunk serves them all from L1; without the
  * memory for that, and for decode, IL_T tokens at a time on the stack. */
 static void il_matmul(float *y, int ldy, const float *x, int ldx, const loom_qmat *w, int T,
                       int r0, int r1) {
-    const int n = w->n, nb = n / XBLK, ng = n / w->group;
     const size_t ly = (size_t)ldy, lx = (size_t)ldx;
     if (T > IL_T) {
-        float *sx = loom_alloc((size_t)T * n + (size_t)T * (nb + ng) * sizeof(float));
-        if (sx) {
-            float *xsg = sx + (size_t)T * nb;
-            int8_t *xq = (int8_t *)(xsg + (size_t)T * ng);
-            il_prep(xq, sx, xsg, x, lx, w, T);
-            il_rows(y, ly, xq, sx, xsg, w, T, r0, r1);
-            loom_free(sx);
+        void *buf = loom_alloc(il_prep_bytes(w, T));
+        if (buf) {
+            il_prep_buf(buf, x, ldx, w, T);
+            il_matmul_prep(y, ldy, buf, w, T, r0, r1);
+            loom_free(buf);
             return;
         }
     }
@@ -739,4 +754,6 @@ static void matmul_q_fast(float *y, int ldy, const float *x, int ldx, const loom
 
 const loom_kernels loom_kernels_avx512_q = {.name = "avx512-q", .matmul_q = matmul_q};
 const loom_kernels loom_kernels_avx512_q_fast = {.name = "avx512-q-fast", .matmul_q = matmul_q_fast,
-                                                 .q_il16 = 1};
+                                                 .q_il16 = 1, .q_prep_bytes = il_prep_bytes,
+                                                 .q_prep = il_prep_buf,
+                                                 .matmul_q_prep = il_matmul_prep};
