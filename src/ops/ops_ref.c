@@ -5,13 +5,16 @@
 #include "base/base.h"
 #include "ops/ops.h"
 
+/* The dense matmuls sum in double: one f32 chain over a long row drifts
+ * further from the float64 reference than the SIMD kernels' many short
+ * lanes do, and the reference must be the nearest of them. */
 static void matmul_f32(float *y, int ldy, const float *x, int ldx,
                        const float *w, int n, int T, int r0, int r1) {
     for (int t = 0; t < T; t++)
         for (int r = r0; r < r1; r++) {
-            float s = 0;
-            for (int k = 0; k < n; k++) s += x[(size_t)t * ldx + k] * w[(size_t)r * n + k];
-            y[(size_t)t * ldy + r] = s;
+            double s = 0;
+            for (int k = 0; k < n; k++) s += (double)x[(size_t)t * ldx + k] * w[(size_t)r * n + k];
+            y[(size_t)t * ldy + r] = (float)s;
         }
 }
 
@@ -19,10 +22,10 @@ static void matmul_f16(float *y, int ldy, const float *x, int ldx,
                        const uint16_t *w, int n, int T, int r0, int r1) {
     for (int t = 0; t < T; t++)
         for (int r = r0; r < r1; r++) {
-            float s = 0;
+            double s = 0;
             for (int k = 0; k < n; k++)
-                s += x[(size_t)t * ldx + k] * loom_f16_to_f32(w[(size_t)r * n + k]);
-            y[(size_t)t * ldy + r] = s;
+                s += (double)x[(size_t)t * ldx + k] * loom_f16_to_f32(w[(size_t)r * n + k]);
+            y[(size_t)t * ldy + r] = (float)s;
         }
 }
 
@@ -30,10 +33,10 @@ static void matmul_bf16(float *y, int ldy, const float *x, int ldx,
                         const uint16_t *w, int n, int T, int r0, int r1) {
     for (int t = 0; t < T; t++)
         for (int r = r0; r < r1; r++) {
-            float s = 0;
+            double s = 0;
             for (int k = 0; k < n; k++)
-                s += x[(size_t)t * ldx + k] * loom_bf16_to_f32(w[(size_t)r * n + k]);
-            y[(size_t)t * ldy + r] = s;
+                s += (double)x[(size_t)t * ldx + k] * loom_bf16_to_f32(w[(size_t)r * n + k]);
+            y[(size_t)t * ldy + r] = (float)s;
         }
 }
 
