@@ -105,6 +105,11 @@ loom_status loom_cuda_act_mul_split(loom_cuda *c, float *d_out, const float *d_g
 loom_status loom_cuda_act_mul_split16(loom_cuda *c, void *d_out16, const float *d_gu, int T,
                                       int n, int gelu, loom_cuda_dtype dt);
 
+/* The same with d_gu16 (T, 2n) already in bf16 (loom_cuda_gemm16_bf16out):
+ * half the bytes read. */
+loom_status loom_cuda_act_mul_split_bf16(loom_cuda *c, void *d_out16, const void *d_gu16, int T,
+                                         int n, int gelu);
+
 /* Residual add and RMSNorm in one pass, for a 16-bit GEMM next: each of the
  * T rows of n values: x += r (r may be NULL: no add), then d_y16 =
  * x / sqrt(mean(x^2) + eps) * w (w NULL = unweighted) rounded to dt (f16 or
@@ -167,6 +172,12 @@ loom_status loom_cuda_gemm(loom_cuda *c, float *d_y, const float *d_x, const voi
 /* loom_cuda_gemm with x already in the weight's type (f16 or bf16). */
 loom_status loom_cuda_gemm16(loom_cuda *c, float *d_y, const void *d_x16, const void *d_w,
                              loom_cuda_dtype dt, int T, int rows, int cols);
+
+/* loom_cuda_gemm16 for bf16 weights and x with the result rounded to bf16
+ * (f32 accumulation): half the bytes written and read next (prefill's
+ * gate/up projection, whose output only feeds the activation). */
+loom_status loom_cuda_gemm16_bf16out(loom_cuda *c, void *d_y16, const void *d_x16,
+                                     const void *d_w, int T, int rows, int cols);
 
 /* d_y += x @ W^T (a residual add inside the GEMM: cuBLAS's beta = 1), x
  * f32 (rounded as loom_cuda_gemm rounds it) or, when x16, already of the

@@ -47,6 +47,9 @@ struct loom_cuda {
     int attn_cluster;           /* small-batch decode attention in thread-block clusters of
                                    up to this many CTAs (2, 4 or 8; LOOM_CUDA_ATTN_CLUSTER;
                                    0: the split kernel) */
+    int fa_mt;                  /* tensor-core prefill attention: 16-row m-tiles a warp (1:
+                                   64 query rows a block, queries in registers; 2: 128 rows,
+                                   each K/V fragment used twice; LOOM_CUDA_FA_MT, 2) */
 };
 
 /* Counters: [0, half) for attention decode (sequence x KV head), [half,

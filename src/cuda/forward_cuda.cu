@@ -164,6 +164,8 @@ struct loom_cuda_model {
                                   before (all q/k/v, gate_up, down weights of it); F32: off */
     int gemv_t;                /* steps of up to this many tokens take loom_cuda_gemv for
                                   16-bit weights (LOOM_CUDA_GEMV_T, default 2; 0: cuBLAS only) */
+    int gu16;                  /* 1: the gate/up GEMM writes bf16 for the activation (bf16
+                                  weights; LOOM_CUDA_GU16=0: f32) */
     int small_t;               /* up to this many tokens (and gemv_t) a layer is 4 GEMVs that
                                   make their own inputs + qkv_post + attention; 0: never */
     void *a16;                 /* (max_tokens, max(hidden, inter)) of act16 */
@@ -496,6 +498,8 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
      * the Qwen3-0.6B ones against cuBLAS's 12-16; at 8 tokens cuBLAS's
      * tensor-core GEMMs win (batch 8: 1,295 against 1,012 tok/s on
      * Llama-3-8B, 4,500 against 4,112 on Qwen3-0.6B). */
+    const char *gu = getenv("LOOM_CUDA_GU16");
+    g->gu16 = g->act16 == LOOM_CUDA_BF16 && !(gu && !strcmp(gu, "0"));
     const char *gv = getenv("LOOM_CUDA_GEMV_T");
     g->gemv_t = gv ? atoi(gv) : 2;
     g->small_t = g->act16 != LOOM_CUDA_F32 ? 8 : 0;
@@ -697,8 +701,15 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
             }
             TRY(loom_cuda_add_rmsnorm16(c, g->a16, g->x, oacc ? NULL : g->xb, D->ffn_norm, T, H,
                                         eps, g->act16));
-            TRY(linear16(g, g->hb, &D->gate_up, NULL, T));
-            TRY(loom_cuda_act_mul_split16(c, g->a16, g->hb, T, I, gelu, g->act16));
+            if (g->gu16 && !use_gemv(g, &D->gate_up, T) && I % 4 == 0) {
+                /* bf16 gate/up: half the bytes between the GEMM and the activation */
+                TRY(loom_cuda_gemm16_bf16out(c, g->hb, g->a16, D->gate_up.d, T, D->gate_up.rows,
+                                             D->gate_up.cols));
+                TRY(loom_cuda_act_mul_split_bf16(c, g->a16, g->hb, T, I, gelu));
+            } else {
+                TRY(linear16(g, g->hb, &D->gate_up, NULL, T));
+                TRY(loom_cuda_act_mul_split16(c, g->a16, g->hb, T, I, gelu, g->act16));
+            }
             if (use_gemv(g, &D->down, T))
                 TRY(gemv(g, g->x, LOOM_CUDA_GEMV_X16, g->a16, NULL, &D->down, NULL, T, 1));
             else

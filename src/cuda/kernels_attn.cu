@@ -824,9 +824,11 @@ __global__ void attn_prefill_kernel(float *out, const float *q, const void *kb, 
 
 /* Prefill on the tensor cores (bf16 KV, head_dim 64, 80, 96 or 128; asked
  * for with loom_cuda_attn.tc). Flash attention in the FlashAttention-2
- * arrangement: a block takes FA_ROWS = 64 query rows (whole tokens of one
+ * arrangement: a block takes FA_ROWS * MT query rows (whole tokens of one
  * row times the q heads of one KV head, so GQA reads each K/V tile once for
- * the group), 4 warps of 16 rows. Keys come in tiles of FA_KT = 64
+ * the group), 4 warps of MT m-tiles of 16 rows (MT = 2 uses each K/V
+ * fragment loaded from shared memory twice: ldmatrix traffic, not the
+ * tensor cores, bounds MT = 1). Keys come in tiles of FA_KT = 64
  * positions copied from the paged pool with cp.async into a second
  * shared-memory stage while the tile before is computed. Per tile a warp
  * computes S = Q K^T with mma.m16n8k16 (bf16 operands from ldmatrix, f32
@@ -900,13 +902,13 @@ __device__ __forceinline__ void fa_store2(__half *p, float a, float b) {
 /* Shared memory: two stages of (K tile, V tile), FA_KT rows of HD + 8
  * bf16 each (16 bytes of padding: ldmatrix's 8 row addresses fall in
  * distinct banks). The queries pass through stage 1's K tile first. */
-template <int HD, typename OT, int MINB>
-__global__ void __launch_bounds__(FA_WARPS * 32, MINB)
+template <int HD, typename OT, int MT>
+__global__ void __launch_bounds__(FA_WARPS * 32, 2)
 attn_prefill_fa_kernel(OT *out, const float *q, const __nv_bfloat16 *kb,
                        const __nv_bfloat16 *vb, size_t stride, int bs, const int32_t *tables,
                        int tstride, const int32_t *row_tok, const int32_t *row_pos, int nh,
                        int nkv, float scale, float softcap, int window, int QT) {
-    constexpr int LD = HD + 8, CH = HD / 8, NT = FA_WARPS * 32;
+    constexpr int LD = HD + 8, CH = HD / 8, NT = FA_WARPS * 32, ROWS = FA_WARPS * 16 * MT;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     __nv_bfloat16 *sm = (__nv_bfloat16 *)smem_raw;
     int kh = blockIdx.x, tile = gridDim.y - 1 - blockIdx.y, r = blockIdx.z;
@@ -937,10 +939,11 @@ attn_prefill_fa_kernel(OT *out, const float *q, const __nv_bfloat16 *kb,
     load_tile(k_lo, 0);
     fa_commit();
 
-    /* queries, scaled and rounded, through stage 1's K area into registers
-     * (A fragments of m16n8k16: rows w * 16 .. + 15, HD / 16 k-steps) */
-    __nv_bfloat16 *Qs = sm + 2 * FA_KT * LD;
-    for (int i = tid; i < FA_ROWS * (HD / 4); i += NT) {
+    /* queries, scaled and rounded: with one m-tile a warp through stage 1's
+     * K area into registers for the whole walk; with two, a region of their
+     * own read again each tile (registers hold the second tile's S and O) */
+    __nv_bfloat16 *Qs = sm + (MT == 1 ? 2 : 4) * FA_KT * LD;
+    for (int i = tid; i < ROWS * (HD / 4); i += NT) {
         int rr = i / (HD / 4), d = (i % (HD / 4)) * 4;
         float4 v = make_float4(0, 0, 0, 0);
         if (rr < nrows) {
@@ -952,24 +955,35 @@ attn_prefill_fa_kernel(OT *out, const float *q, const __nv_bfloat16 *kb,
         dst[1] = __floats2bfloat162_rn(v.z * scale, v.w * scale);
     }
     __syncthreads();
-    unsigned qf[HD / 16][4];
+    /* A-fragment row address of this lane for m-tile m, k-step k */
+    auto q_at = [&](int m, int k) {
+        return Qs + (w * 16 * MT + m * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + k * 16 +
+               (lane >> 4) * 8;
+    };
+    unsigned qf[MT == 1 ? HD / 16 : 1][4];
+    if (MT == 1) {
 #pragma unroll
-    for (int k = 0; k < HD / 16; k++)
-        fa_ldsm(qf[k], Qs + (w * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + k * 16 +
-                           (lane >> 4) * 8);
-    __syncthreads();  /* stage 1 is free for the next tile */
-
-    /* this lane's two rows: w * 16 + lane / 4 and 8 below */
-    int qpos[2];
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        int rr = w * 16 + (lane >> 2) + 8 * h;
-        qpos[h] = rr < nrows ? pos0 + qa + rr / group : -1;  /* -1: every key masked */
+        for (int k = 0; k < HD / 16; k++) fa_ldsm(qf[MT == 1 ? k : 0], q_at(0, k));
+        __syncthreads();  /* stage 1 is free for the next tile */
     }
-    float o[HD / 8][4];
+
+    /* this lane's rows: w * 16 * MT + 16 m + lane / 4 (+ 8) */
+    int qpos[MT][2];
 #pragma unroll
-    for (int n = 0; n < HD / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0;
-    float mr[2] = {-INFINITY, -INFINITY}, lr[2] = {0, 0};
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int rr = w * 16 * MT + m * 16 + (lane >> 2) + 8 * h;
+            qpos[m][h] = rr < nrows ? pos0 + qa + rr / group : -1;  /* -1: every key masked */
+        }
+    float o[MT][HD / 8][4];
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int n = 0; n < HD / 8; n++) o[m][n][0] = o[m][n][1] = o[m][n][2] = o[m][n][3] = 0;
+    float mr[MT][2], lr[MT][2];
+#pragma unroll
+    for (int m = 0; m < MT; m++) mr[m][0] = mr[m][1] = -INFINITY, lr[m][0] = lr[m][1] = 0;
     const float L2E = 1.4426950408889634f;
     for (int it = 0; it < n_tiles; it++) {
         int k0 = k_lo + it * FA_KT;
@@ -982,92 +996,117 @@ attn_prefill_fa_kernel(OT *out, const float *q, const __nv_bfloat16 *kb,
         }
         __syncthreads();
         const __nv_bfloat16 *Ks = sm + (size_t)(it & 1) * 2 * FA_KT * LD, *Vs = Ks + FA_KT * LD;
-        float s[FA_KT / 8][4];
+        float s[MT][FA_KT / 8][4];
 #pragma unroll
-        for (int n = 0; n < FA_KT / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0;
+        for (int m = 0; m < MT; m++)
 #pragma unroll
-        for (int k = 0; k < HD / 16; k++)
+            for (int n = 0; n < FA_KT / 8; n++) s[m][n][0] = s[m][n][1] = s[m][n][2] = s[m][n][3] = 0;
+#pragma unroll
+        for (int k = 0; k < HD / 16; k++) {
+            unsigned a[MT][4];
+#pragma unroll
+            for (int m = 0; m < MT; m++) {
+                if (MT == 1) {
+#pragma unroll
+                    for (int x = 0; x < 4; x++) a[m][x] = qf[MT == 1 ? k : 0][x];
+                } else {
+                    fa_ldsm(a[m], q_at(m, k));
+                }
+            }
 #pragma unroll
             for (int n = 0; n < FA_KT / 16; n++) {
                 unsigned b[4];
                 fa_ldsm(b, Ks + (n * 16 + (lane & 7) + (lane >> 4) * 8) * LD + k * 16 +
                                ((lane >> 3) & 1) * 8);
-                fa_mma(s[2 * n], qf[k], b[0], b[1]);
-                fa_mma(s[2 * n + 1], qf[k], b[2], b[3]);
-            }
-        /* element e of n-tile n: row h = e / 2, key k0 + 8 n + 2 (lane % 4) + e % 2 */
-        /* rows past nrows hold zero queries: finite, never stored, unmasked */
-        int mask = k0 + FA_KT - 1 > posA || (window > 0 && k0 <= posB - window);
-        float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-        for (int n = 0; n < FA_KT / 8; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float v = s[n][e];
-                if (softcap > 0) v = tanhf(v / softcap) * softcap;
-                if (mask) {
-                    int p = k0 + n * 8 + (lane & 3) * 2 + (e & 1), qp = qpos[e >> 1];
-                    if (p > qp || (window > 0 && p <= qp - window)) v = -INFINITY;
+                for (int m = 0; m < MT; m++) {
+                    fa_mma(s[m][2 * n], a[m], b[0], b[1]);
+                    fa_mma(s[m][2 * n + 1], a[m], b[2], b[3]);
                 }
-                s[n][e] = v;
-                mx[e >> 1] = fmaxf(mx[e >> 1], v);
-            }
-        float base[2];
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-            float mn = fmaxf(mr[h], mx[h]);
-            base[h] = mn == -INFINITY ? 0.0f : mn * L2E;  /* rows masked so far stay 0 */
-            float alpha = exp2f(mr[h] * L2E - base[h]);
-            mr[h] = mn;
-            lr[h] *= alpha;
-#pragma unroll
-            for (int n = 0; n < HD / 8; n++) {
-                o[n][2 * h] *= alpha;
-                o[n][2 * h + 1] *= alpha;
             }
         }
+        /* element e of n-tile n: row h = e / 2, key k0 + 8 n + 2 (lane % 4) + e % 2;
+         * rows past nrows hold zero queries: finite, never stored, unmasked */
+        int mask = k0 + FA_KT - 1 > posA || (window > 0 && k0 <= posB - window);
+        /* P of m-tile m as A fragments (k-step j of P is n-tiles 2j and 2j + 1
+         * of S), packed as soon as its softmax is done: S's registers free */
+        unsigned pa[MT][FA_KT / 16][4];
 #pragma unroll
-        for (int n = 0; n < FA_KT / 8; n++)
+        for (int m = 0; m < MT; m++) {
+            float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float pe = exp2f(s[n][e] * L2E - base[e >> 1]);
-                lr[e >> 1] += pe;
-                s[n][e] = pe;
+            for (int n = 0; n < FA_KT / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float v = s[m][n][e];
+                    if (softcap > 0) v = tanhf(v / softcap) * softcap;
+                    if (mask) {
+                        int p = k0 + n * 8 + (lane & 3) * 2 + (e & 1), qp = qpos[m][e >> 1];
+                        if (p > qp || (window > 0 && p <= qp - window)) v = -INFINITY;
+                    }
+                    s[m][n][e] = v;
+                    mx[e >> 1] = fmaxf(mx[e >> 1], v);
+                }
+            float base[2];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+                mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+                float mn = fmaxf(mr[m][h], mx[h]);
+                base[h] = mn == -INFINITY ? 0.0f : mn * L2E;  /* rows masked so far stay 0 */
+                float alpha = exp2f(fmaf(mr[m][h], L2E, -base[h]));
+                mr[m][h] = mn;
+                lr[m][h] *= alpha;
+#pragma unroll
+                for (int n = 0; n < HD / 8; n++) {
+                    o[m][n][2 * h] *= alpha;
+                    o[m][n][2 * h + 1] *= alpha;
+                }
             }
-        /* O += P V: k-step j of P is n-tiles 2j and 2j + 1 of S */
+#pragma unroll
+            for (int n = 0; n < FA_KT / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e += 2) {
+                    float p0 = exp2f(fmaf(s[m][n][e], L2E, -base[e >> 1]));
+                    float p1 = exp2f(fmaf(s[m][n][e + 1], L2E, -base[e >> 1]));
+                    lr[m][e >> 1] += p0 + p1;
+                    pa[m][n >> 1][(n & 1) * 2 + (e >> 1)] = fa_pack(p0, p1);
+                }
+        }
+        /* O += P V */
 #pragma unroll
         for (int j = 0; j < FA_KT / 16; j++) {
-            unsigned a[4] = {fa_pack(s[2 * j][0], s[2 * j][1]), fa_pack(s[2 * j][2], s[2 * j][3]),
-                             fa_pack(s[2 * j + 1][0], s[2 * j + 1][1]),
-                             fa_pack(s[2 * j + 1][2], s[2 * j + 1][3])};
 #pragma unroll
             for (int n = 0; n < HD / 16; n++) {
                 unsigned b[4];
                 fa_ldsm_t(b, Vs + (j * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + n * 16 +
                                  (lane >> 4) * 8);
-                fa_mma(o[2 * n], a, b[0], b[1]);
-                fa_mma(o[2 * n + 1], a, b[2], b[3]);
+#pragma unroll
+                for (int m = 0; m < MT; m++) {
+                    fa_mma(o[m][2 * n], pa[m][j], b[0], b[1]);
+                    fa_mma(o[m][2 * n + 1], pa[m][j], b[2], b[3]);
+                }
             }
         }
         __syncthreads();  /* this stage is refilled two tiles on */
     }
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        float l = lr[h];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        int rr = w * 16 + (lane >> 2) + 8 * h;
-        if (rr >= nrows) continue;
-        float inv = l > 0 ? 1.0f / l : 0.0f;
-        int qt = rr / group, g = rr - qt * group;
-        OT *dst = out + ((size_t)(tok0 + qa + qt) * nh + (size_t)kh * group + g) * HD +
-                  (lane & 3) * 2;
+    for (int m = 0; m < MT; m++)
 #pragma unroll
-        for (int n = 0; n < HD / 8; n++)
-            fa_store2(dst + n * 8, o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
-    }
+        for (int h = 0; h < 2; h++) {
+            float l = lr[m][h];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            int rr = w * 16 * MT + m * 16 + (lane >> 2) + 8 * h;
+            if (rr >= nrows) continue;
+            float inv = l > 0 ? 1.0f / l : 0.0f;
+            int qt = rr / group, g = rr - qt * group;
+            OT *dst = out + ((size_t)(tok0 + qa + qt) * nh + (size_t)kh * group + g) * HD +
+                      (lane & 3) * 2;
+#pragma unroll
+            for (int n = 0; n < HD / 8; n++)
+                fa_store2(dst + n * 8, o[m][n][2 * h] * inv, o[m][n][2 * h + 1] * inv);
+        }
 }
 
 __global__ void fa_round_kernel(void *y, const float *x, size_t n, int f16) {
@@ -1099,22 +1138,16 @@ extern "C" loom_status loom_cuda_attn_prefill_to(loom_cuda *c, void *d_out, loom
     int group = a->n_heads / a->n_kv_heads, hd = a->head_dim;
     if (a->tc && kv->dt == LOOM_CUDA_BF16 && (hd == 64 || hd == 80 || hd == 96 || hd == 128) &&
         group <= FA_ROWS && kv->row_stride % 8 == 0) {
-        int QT = FA_ROWS / group;
-        size_t smem = (size_t)2 * 2 * FA_KT * (hd + 8) * 2;
+        int mt = c->fa_mt == 1 ? 1 : 2, QT = FA_ROWS * mt / group;
+        /* two K/V stages, and with two m-tiles the queries' own region */
+        size_t smem = (size_t)(2 * 2 * FA_KT + (mt == 2 ? 2 * FA_ROWS : 0)) * (hd + 8) * 2;
         unsigned tiles = (unsigned)((max_row_tokens + QT - 1) / QT);
         if (smem <= c->smem_optin && tiles <= 65535) {
             dim3 grid((unsigned)a->n_kv_heads, tiles, (unsigned)n_rows);
-            /* blocks an SM the registers are capped for: 2 (205 registers
-             * at head_dim 128) or 3 (168, a few spilled); LOOM_CUDA_FA_OCC */
-            static int occ3 = -1;
-            if (occ3 < 0) {
-                const char *e = getenv("LOOM_CUDA_FA_OCC");
-                occ3 = e && atoi(e) == 3;
-            }
 #define FA_LAUNCH(D, OT)                                                                        \
     do {                                                                                        \
-        if (occ3) FA_LAUNCH1(D, OT, 3);                                                         \
-        else FA_LAUNCH1(D, OT, 2);                                                              \
+        if (mt == 2) FA_LAUNCH1(D, OT, 2);                                                      \
+        else FA_LAUNCH1(D, OT, 1);                                                              \
     } while (0)
 #define FA_LAUNCH1(D, OT, M)                                                                    \
     do {                                                                                        \

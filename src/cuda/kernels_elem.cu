@@ -498,12 +498,87 @@ extern "C" loom_status loom_cuda_act_mul_split(loom_cuda *c, float *d_out, const
     return LOOM_OK;
 }
 
+/* The same, 16-bit out, 4 values a thread (16-byte loads, 8-byte stores):
+ * the scalar kernel moved a prefill's 0.6 GB a Llama-3-8B layer at 2.5
+ * TB/s. n % 4 == 0. */
+__global__ void act_mul_split16_vec_kernel(void *out, const float *gu, int n, size_t total4,
+                                           int gelu, int f16) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total4) return;
+    size_t n4 = (size_t)n / 4, t = i / n4, k = (i - t * n4) * 4;
+    float4 g4 = *(const float4 *)(gu + t * 2 * n + k), u4 = *(const float4 *)(gu + t * 2 * n + n + k);
+    float g[4] = {g4.x, g4.y, g4.z, g4.w}, u[4] = {u4.x, u4.y, u4.z, u4.w}, v[4];
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        float x = g[e];
+        if (gelu) {
+            float in = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+            v[e] = 0.5f * x * (1.0f + tanhf(in)) * u[e];
+        } else {
+            v[e] = x / (1.0f + expf(-x)) * u[e];
+        }
+    }
+    uint2 o;
+    if (f16) {
+        __half2 a = __floats2half2_rn(v[0], v[1]), b = __floats2half2_rn(v[2], v[3]);
+        o = make_uint2(*(unsigned *)&a, *(unsigned *)&b);
+    } else {
+        __nv_bfloat162 a = __floats2bfloat162_rn(v[0], v[1]), b = __floats2bfloat162_rn(v[2], v[3]);
+        o = make_uint2(*(unsigned *)&a, *(unsigned *)&b);
+    }
+    ((uint2 *)out)[i] = o;
+}
+
+/* The same from bf16 gate/up (4 values a thread: 8-byte loads). */
+__global__ void act_mul_split_bf16_kernel(void *out, const __nv_bfloat16 *gu, int n,
+                                          size_t total4, int gelu) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total4) return;
+    size_t n4 = (size_t)n / 4, t = i / n4, k = (i - t * n4) * 4;
+    uint2 g2 = *(const uint2 *)(gu + t * 2 * n + k), u2 = *(const uint2 *)(gu + t * 2 * n + n + k);
+    unsigned gw[2] = {g2.x, g2.y}, uw[2] = {u2.x, u2.y};
+    float v[4];
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        unsigned gb = e & 1 ? gw[e >> 1] & 0xffff0000u : gw[e >> 1] << 16;
+        unsigned ub = e & 1 ? uw[e >> 1] & 0xffff0000u : uw[e >> 1] << 16;
+        float x = __uint_as_float(gb), u = __uint_as_float(ub);
+        if (gelu) {
+            float in = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+            v[e] = 0.5f * x * (1.0f + tanhf(in)) * u;
+        } else {
+            v[e] = x / (1.0f + expf(-x)) * u;
+        }
+    }
+    __nv_bfloat162 a = __floats2bfloat162_rn(v[0], v[1]), b = __floats2bfloat162_rn(v[2], v[3]);
+    ((uint2 *)out)[i] = make_uint2(*(unsigned *)&a, *(unsigned *)&b);
+}
+
+extern "C" loom_status loom_cuda_act_mul_split_bf16(loom_cuda *c, void *d_out16,
+                                                    const void *d_gu16, int T, int n, int gelu) {
+    size_t total = (size_t)T * n;
+    if (!total) return LOOM_OK;
+    if (n % 4)
+        return loom_err(LOOM_ERR_INVALID_ARG, "cuda act_mul_split_bf16: %d columns (a multiple "
+                        "of 4 expected)", n);
+    act_mul_split_bf16_kernel<<<loom_cuda_blocks(total / 4, 256), 256, 0, c->stream>>>(
+        d_out16, (const __nv_bfloat16 *)d_gu16, n, total / 4, gelu);
+    LAUNCH_CHECK();
+    return LOOM_OK;
+}
+
 extern "C" loom_status loom_cuda_act_mul_split16(loom_cuda *c, void *d_out16, const float *d_gu,
                                                  int T, int n, int gelu, loom_cuda_dtype dt) {
     size_t total = (size_t)T * n;
     if (!total) return LOOM_OK;
     if (dt != LOOM_CUDA_F16 && dt != LOOM_CUDA_BF16)
         return loom_err(LOOM_ERR_INVALID_ARG, "cuda act_mul_split16: output type %d", (int)dt);
+    if (n % 4 == 0) {
+        act_mul_split16_vec_kernel<<<loom_cuda_blocks(total / 4, 256), 256, 0, c->stream>>>(
+            d_out16, d_gu, n, total / 4, gelu, dt == LOOM_CUDA_F16);
+        LAUNCH_CHECK();
+        return LOOM_OK;
+    }
     act_mul_split_kernel<<<loom_cuda_blocks(total, 256), 256, 0, c->stream>>>(
         d_out16, d_gu, n, total, gelu, (int)dt);
     LAUNCH_CHECK();

@@ -69,6 +69,17 @@ extern "C" loom_status loom_cuda_gemm16(loom_cuda *c, float *d_y, const void *d_
     return LOOM_OK;
 }
 
+extern "C" loom_status loom_cuda_gemm16_bf16out(loom_cuda *c, void *d_y16, const void *d_x16,
+                                                const void *d_w, int T, int rows, int cols) {
+    if (T <= 0 || rows <= 0) return LOOM_OK;
+    if (cols <= 0) return loom_err(LOOM_ERR_INVALID_ARG, "cuda gemm16_bf16out: %d columns", cols);
+    const float one = 1.0f, zero = 0.0f;
+    CUBLAS_CHECK(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, T, cols, &one, d_w,
+                              CUDA_R_16BF, cols, d_x16, CUDA_R_16BF, cols, &zero, d_y16,
+                              CUDA_R_16BF, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return LOOM_OK;
+}
+
 extern "C" loom_status loom_cuda_gemm_acc(loom_cuda *c, float *d_y, const void *d_x, int x16,
                                           const void *d_w, loom_cuda_dtype dt, int T, int rows,
                                           int cols) {

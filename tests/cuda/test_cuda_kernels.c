@@ -30,6 +30,8 @@ static loom_cuda *C_att[ATT_VARIANTS];
 static const char *ATT_VAR[ATT_VARIANTS][3] = {
     {" split>=16", "16", "0"}, {" split", "8", "0"}, {" cluster<=8", "8", "8"},
     {" cluster<=2", "8", "2"}};
+/* tensor-core prefill attention besides the default (LOOM_CUDA_FA_MT=1) */
+static loom_cuda *C_fa1;
 static unsigned long long rng = 0x9e3779b97f4a7c15ull;
 static int n_pass, n_fail;
 
@@ -356,15 +358,22 @@ static int test_add_rmsnorm16(int T, int n, int with_r, loom_cuda_dtype dt) {
     return ok;
 }
 
-/* act_mul_split16: the f32 reference rounded to dt, one ulp allowed. */
-static int test_act_split16(int T, int n, int gelu, loom_cuda_dtype dt) {
+/* act_mul_split16: the f32 reference rounded to dt, one ulp allowed.
+ * in16: gate/up given in bf16 (loom_cuda_act_mul_split_bf16; dt bf16), the
+ * reference on the same rounded values. */
+static int test_act_split16_in(int T, int n, int gelu, loom_cuda_dtype dt, int in16) {
     char what[96];
-    snprintf(what, sizeof what, "%s T=%d n=%d %s", DT_NAME[dt], T, n, gelu ? "gelu" : "silu");
+    snprintf(what, sizeof what, "%s T=%d n=%d %s%s", DT_NAME[dt], T, n, gelu ? "gelu" : "silu",
+             in16 ? " bf16 in" : "");
     size_t N = (size_t)T * n;
     float *gu = xmalloc(2 * N * 4), *ref = xmalloc(N * 4), *got = xmalloc(N * 4);
     float *u = xmalloc((size_t)n * 4), *bound = xmalloc(N * 4);
-    uint16_t *h16 = xmalloc(N * 2);
+    uint16_t *h16 = xmalloc(N * 2), *gu16 = xmalloc(2 * N * 2);
     fill(gu, 2 * N, 8.0f);
+    for (size_t i = 0; in16 && i < 2 * N; i++) {
+        gu16[i] = loom_f32_to_bf16(gu[i]);
+        gu[i] = loom_bf16_to_f32(gu16[i]);
+    }
     for (int t = 0; t < T; t++) {
         memcpy(ref + (size_t)t * n, gu + (size_t)t * 2 * n, (size_t)n * 4);
         memcpy(u, gu + (size_t)t * 2 * n + n, (size_t)n * 4);
@@ -376,13 +385,14 @@ static int test_act_split16(int T, int n, int gelu, loom_cuda_dtype dt) {
         bound[i] = ulp * fabsf(ref[i]) + 1e-5f * (1 + fabsf(ref[i]));
         ref[i] = round16(ref[i], dt);
     }
-    float *dgu = up(gu, 2 * N * 4);
+    float *dgu = in16 ? up(gu16, 2 * N * 2) : up(gu, 2 * N * 4);
     void *dout = NULL;
     int ok = 0;
     if (!dgu || loom_cuda_alloc(C, &dout, N * 2) != LOOM_OK) {
         api_fail("act_split16", what, LOOM_ERR_NOMEM);
     } else {
-        loom_status st = loom_cuda_act_mul_split16(C, dout, dgu, T, n, gelu, dt);
+        loom_status st = in16 ? loom_cuda_act_mul_split_bf16(C, dout, dgu, T, n, gelu)
+                              : loom_cuda_act_mul_split16(C, dout, dgu, T, n, gelu, dt);
         if (st == LOOM_OK) st = loom_cuda_download(C, h16, dout, N * 2);
         if (st != LOOM_OK) {
             api_fail("act_split16", what, st);
@@ -393,8 +403,12 @@ static int test_act_split16(int T, int n, int gelu, loom_cuda_dtype dt) {
     }
     loom_cuda_release(C, dgu);
     loom_cuda_release(C, dout);
-    free(gu), free(ref), free(got), free(u), free(bound), free(h16);
+    free(gu), free(ref), free(got), free(u), free(bound), free(h16), free(gu16);
     return ok;
+}
+
+static int test_act_split16(int T, int n, int gelu, loom_cuda_dtype dt) {
+    return test_act_split16_in(T, n, gelu, dt, 0);
 }
 
 /* ---- embedding ---------------------------------------------------------- */
@@ -674,9 +688,11 @@ static int test_gemv_limits(void) {
 
 /* gemm16: x made 16-bit beforehand; the reference takes the same rounded
  * values, so only the summation order differs. */
-static int test_gemm16(loom_cuda_dtype dt, int T, int rows, int cols) {
+/* out16: loom_cuda_gemm16_bf16out (bf16 only), the reference rounded. */
+static int test_gemm16_out(loom_cuda_dtype dt, int T, int rows, int cols, int out16) {
     char what[96];
-    snprintf(what, sizeof what, "%s T=%d rows=%d cols=%d", DT_NAME[dt], T, rows, cols);
+    snprintf(what, sizeof what, "%s T=%d rows=%d cols=%d%s", DT_NAME[dt], T, rows, cols,
+             out16 ? " bf16 out" : "");
     size_t NW = (size_t)rows * cols, NX = (size_t)T * cols, NY = (size_t)T * rows;
     float *wf = xmalloc(NW * 4), *x = xmalloc(NX * 4), *ref = xmalloc(NY * 4);
     float *got = xmalloc(NY * 4), *bound = xmalloc(NY * 4);
@@ -695,8 +711,11 @@ static int test_gemm16(loom_cuda_dtype dt, int T, int rows, int cols) {
                 acc += p;
                 sa += fabs(p);
             }
-            ref[(size_t)t * rows + r] = (float)acc;
-            bound[(size_t)t * rows + r] = (float)(2e-5 * sa + 1e-6);
+            ref[(size_t)t * rows + r] = out16 ? round16((float)acc, LOOM_CUDA_BF16) : (float)acc;
+            /* bf16 out: one ulp (the f32 sum may sit across a rounding
+             * boundary from the exact one) */
+            bound[(size_t)t * rows + r] =
+                (float)(2e-5 * sa + 1e-6 + (out16 ? fabs(acc) / 128 : 0));
         }
     void *dw = up(w, NW * 2), *dx = up(x16, NX * 2);
     float *dy = NULL;
@@ -704,8 +723,15 @@ static int test_gemm16(loom_cuda_dtype dt, int T, int rows, int cols) {
     if (!dw || !dx || loom_cuda_alloc(C, (void **)&dy, NY * 4) != LOOM_OK) {
         api_fail("gemm16", what, LOOM_ERR_NOMEM);
     } else {
-        loom_status st = loom_cuda_gemm16(C, dy, dx, dw, dt, T, rows, cols);
+        loom_status st = out16 ? loom_cuda_gemm16_bf16out(C, dy, dx, dw, T, rows, cols)
+                               : loom_cuda_gemm16(C, dy, dx, dw, dt, T, rows, cols);
         if (st == LOOM_OK) st = loom_cuda_download(C, got, dy, NY * 4);
+        if (st == LOOM_OK && out16) {
+            uint16_t *h = xmalloc(NY * 2);
+            memcpy(h, got, NY * 2);
+            from16(got, h, NY, LOOM_CUDA_BF16);
+            free(h);
+        }
         if (st != LOOM_OK) api_fail("gemm16", what, st);
         else ok = report("gemm16", what, got, ref, bound, NY, 0, 0);
     }
@@ -714,6 +740,10 @@ static int test_gemm16(loom_cuda_dtype dt, int T, int rows, int cols) {
     loom_cuda_release(C, dy);
     free(wf), free(x), free(ref), free(got), free(bound), free(w), free(x16);
     return ok;
+}
+
+static int test_gemm16(loom_cuda_dtype dt, int T, int rows, int cols) {
+    return test_gemm16_out(dt, T, rows, cols, 0);
 }
 
 static int test_matmul_q(int bits, int group, int f16, int T, int rows, int cols) {
@@ -998,27 +1028,35 @@ static int test_attn_prefill_to(const attn_case *a, const int *start, const int 
         api_fail(kname, what, LOOM_ERR_NOMEM);
     } else {
         loom_cuda_attn at = {a->nh, a->nkv, a->hd, scale, a->softcap, a->window, tc};
-        /* poisoned: every element must be written */
-        float *nan = xmalloc(qn * 4);
-        for (size_t i = 0; i < qn; i++) nan[i] = NAN;
-        loom_status st = loom_cuda_upload(C, dout, nan, qn * 4);
-        free(nan);
-        if (st == LOOM_OK)
-            st = out_dt == LOOM_CUDA_F32
-                     ? loom_cuda_attn_prefill(C, dout, dq, &kv, &at, dtab, P.tstride, drt, drp,
-                                              n_rows, max_new)
-                     : loom_cuda_attn_prefill_to(C, dout, out_dt, dq, &kv, &at, dtab, P.tstride,
-                                                 drt, drp, n_rows, max_new, T);
-        if (st == LOOM_OK) st = loom_cuda_download(C, got, dout, qn * 4);
-        if (st == LOOM_OK && out_dt != LOOM_CUDA_F32) {
-            uint16_t *h = xmalloc(qn * 2);
-            memcpy(h, got, qn * 2);
-            from16(got, h, qn, out_dt);
-            free(h);
+        /* the default, then (tensor cores) one m-tile a warp */
+        ok = 1;
+        for (int v = 0; v < (tc ? 2 : 1); v++) {
+            loom_cuda *cx = v ? C_fa1 : C;
+            char w2[160];
+            snprintf(w2, sizeof w2, "%s%s", what, v ? " mt=1" : "");
+            /* poisoned: every element must be written */
+            float *nan = xmalloc(qn * 4);
+            for (size_t i = 0; i < qn; i++) nan[i] = NAN;
+            loom_status st = loom_cuda_upload(C, dout, nan, qn * 4);
+            free(nan);
+            if (st == LOOM_OK)
+                st = out_dt == LOOM_CUDA_F32
+                         ? loom_cuda_attn_prefill(cx, dout, dq, &kv, &at, dtab, P.tstride, drt,
+                                                  drp, n_rows, max_new)
+                         : loom_cuda_attn_prefill_to(cx, dout, out_dt, dq, &kv, &at, dtab,
+                                                     P.tstride, drt, drp, n_rows, max_new, T);
+            if (st == LOOM_OK) st = loom_cuda_download(cx, got, dout, qn * 4);
+            if (st == LOOM_OK && out_dt != LOOM_CUDA_F32) {
+                uint16_t *h = xmalloc(qn * 2);
+                memcpy(h, got, qn * 2);
+                from16(got, h, qn, out_dt);
+                free(h);
+            }
+            if (st != LOOM_OK) ok &= api_fail(kname, w2, st);
+            else if (tc || out_dt != LOOM_CUDA_F32)
+                ok &= report(kname, w2, got, ref, NULL, qn, 1e-2f, 2e-2f);
+            else ok &= report(kname, w2, got, ref, NULL, qn, 2e-5f, 1e-4f);
         }
-        if (st != LOOM_OK) api_fail(kname, what, st);
-        else if (tc || out_dt != LOOM_CUDA_F32) ok = report(kname, what, got, ref, NULL, qn, 1e-2f, 2e-2f);
-        else ok = report(kname, what, got, ref, NULL, qn, 2e-5f, 1e-4f);
     }
     loom_cuda_release(C, dk);
     loom_cuda_release(C, dv);
@@ -1266,6 +1304,11 @@ int main(void) {
     }
     unsetenv("LOOM_CUDA_ATTN_SPLIT");
     unsetenv("LOOM_CUDA_ATTN_CLUSTER");
+    if (st2 == LOOM_OK) {
+        setenv("LOOM_CUDA_FA_MT", "1", 1);
+        st2 = loom_cuda_create(0, &C_fa1);
+        unsetenv("LOOM_CUDA_FA_MT");
+    }
     unsetenv("LOOM_CUDA_GEMV_MMA");
     unsetenv("LOOM_CUDA_GEMV_KS");
     unsetenv("LOOM_CUDA_GEMV_U");
@@ -1316,6 +1359,11 @@ int main(void) {
         test_act_split16(1, 3072, 0, (loom_cuda_dtype)dt);
         test_act_split16(7, 33, 1, (loom_cuda_dtype)dt);
         test_act_split16(33, 1000, 0, (loom_cuda_dtype)dt);
+        test_act_split16(5, 1024, 1, (loom_cuda_dtype)dt);  /* gelu, 4 a thread */
+        if (dt == LOOM_CUDA_BF16) {  /* bf16 gate/up in */
+            test_act_split16_in(33, 1000, 0, LOOM_CUDA_BF16, 1);
+            test_act_split16_in(3, 3072, 1, LOOM_CUDA_BF16, 1);
+        }
         test_add_rmsnorm16(1, 1024, 0, (loom_cuda_dtype)dt);
         test_add_rmsnorm16(7, 4096, 1, (loom_cuda_dtype)dt);
         test_add_rmsnorm16(33, 1000, 1, (loom_cuda_dtype)dt);
@@ -1344,6 +1392,8 @@ int main(void) {
     for (int dt = 1; dt < 3; dt++)
         for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
             test_gemm16((loom_cuda_dtype)dt, shapes[i][0], shapes[i][1], shapes[i][2]);
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        test_gemm16_out(LOOM_CUDA_BF16, shapes[i][0], shapes[i][1], shapes[i][2], 1);
 
     /* the decode GEMV: odd row counts, every token count, each input mode,
      * the benchmark models' shapes and several row groups per warp */
@@ -1448,6 +1498,7 @@ int main(void) {
     loom_cuda_free(C_mma);
     for (int v = 0; v < GV_VARIANTS; v++) loom_cuda_free(C_gv[v]);
     for (int v = 0; v < ATT_VARIANTS; v++) loom_cuda_free(C_att[v]);
+    loom_cuda_free(C_fa1);
     printf("cuda kernels: %d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
 }
