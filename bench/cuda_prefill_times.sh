@@ -22,10 +22,14 @@ if [ -z "$NCU" ] || [ ! -x "$NCU" ]; then
   exit 2
 fi
 if [ "$MODE" = decode ]; then
-  # two decode steps after the prompts' prefill: the last is a whole batch
-  set -- bench --device cuda --model "$MODEL" -p 0 -n 2 --tg-prompt 128 --batch "${4:-32}" \
+  # a few decode steps after the prompts' prefill (which may come in two
+  # parts, so that the steps after it are staggered): the last step of the
+  # whole batch is kept
+  ROWS=${4:-32}
+  set -- bench --device cuda --model "$MODEL" -p 0 -n 6 --tg-prompt 128 --batch "$ROWS" \
     --reps 1 --kv-type bf16
 else
+  ROWS=""
   # the warm-up prefill, then the timed one (the last step)
   set -- bench --device cuda --model "$MODEL" -p "${4:-4096}" -n 0 --reps 1 --kv-type bf16
 fi
@@ -34,7 +38,7 @@ tmp=${TMPDIR:-/tmp}/pt.$$
   --print-units base --log-file "$tmp.csv" "$LOOM" "$@" >"$tmp.out" 2>&1
 rc=$?
 tail -n 3 "$tmp.out"
-python3 - "$tmp.csv" <<'EOF'
+python3 - "$tmp.csv" "$ROWS" <<'EOF'
 import csv, sys
 rows = []
 with open(sys.argv[1], newline="") as f:
@@ -51,8 +55,15 @@ for r in csv.DictReader(lines):
 if not rows:
     print("cuda_prefill_times: no kernel rows in the ncu output")
     sys.exit(1)
-last = max((i for i, r in enumerate(rows) if "embed" in r[0]), default=0)
-rows = rows[last:]
+# a step starts at its embedding gather, whose grid is (x, tokens, 1)
+want = sys.argv[2] if len(sys.argv) > 2 else ""
+def tokens(grid):
+    parts = grid.strip("()").split(",")
+    return parts[1].strip() if len(parts) > 1 else ""
+last = max((i for i, r in enumerate(rows)
+            if "embed" in r[0] and (not want or tokens(r[1]) == want)), default=0)
+ends = [i for i, r in enumerate(rows) if "embed" in r[0] and i > last]
+rows = rows[last:ends[0]] if ends else rows[last:]
 tot = sum(r[3] for r in rows)
 print(f"{len(rows)} kernels in the last step, {tot / 1e3:.2f} ms of kernel time")
 by = {}
