@@ -142,6 +142,14 @@ loom_status loom_cuda_qkv_post(loom_cuda *c, float *d_q, const struct loom_cuda_
                                int nh, int nkv, int head_dim, int rot_dim, const float *d_cos,
                                const float *d_sin, int ld);
 
+/* The same with d_qkv16 in bf16 (loom_cuda_gemm16_bf16out): half the bytes
+ * written by the GEMM and read here. */
+loom_status loom_cuda_qkv_post_bf16(loom_cuda *c, float *d_q, const struct loom_cuda_kv *kv,
+                                    const void *d_qkv16, const float *d_bias,
+                                    const float *d_qnorm, const float *d_knorm, float eps,
+                                    const int32_t *d_slot, int T, int nh, int nkv, int hd,
+                                    int rot_dim, const float *d_cos, const float *d_sin, int ld);
+
 /* ---- sampling ------------------------------------------------------------ */
 
 #define LOOM_CUDA_TOPK_MAX 64
@@ -267,6 +275,27 @@ loom_status loom_cuda_attn_decode(loom_cuda *c, float *d_out, const float *d_q,
                                   const loom_cuda_kv *kv, const loom_cuda_attn *a,
                                   const int32_t *d_tables, int table_stride,
                                   const int32_t *d_lens, int n_seqs, int max_len);
+
+/* Decode with loom_cuda_qkv_post folded in (one kernel less a layer):
+ * d_qkv (n_seqs, (n_heads + 2 * n_kv_heads) * head_dim) is the fused q/k/v
+ * projection of each sequence's one new token (sequence s's token is row
+ * s; its KV slot d_slot[s], its rope row s of d_cos/d_sin), taken as
+ * loom_cuda_qkv_post takes it (bias, q/k norms, rope; rot_dim 0 or
+ * head_dim); the new K and V rows are stored into the pool and attention
+ * then runs as loom_cuda_attn_decode's over positions up to d_lens[s] - 1
+ * (the new one). Where the fused kernel does not apply
+ * (loom_cuda_attn_decode_qkv_ok is 0) it runs the two calls, with d_q
+ * (n_seqs, n_heads, head_dim) as their q. */
+int loom_cuda_attn_decode_qkv_ok(const loom_cuda *c, const loom_cuda_kv *kv,
+                                 const loom_cuda_attn *a, int rot_dim, int n_seqs, int max_len);
+loom_status loom_cuda_attn_decode_qkv(loom_cuda *c, float *d_out, float *d_q,
+                                      const loom_cuda_kv *kv, const loom_cuda_attn *a,
+                                      const float *d_qkv, const float *d_bias,
+                                      const float *d_qnorm, const float *d_knorm, float eps,
+                                      const int32_t *d_slot, int rot_dim, const float *d_cos,
+                                      const float *d_sin, int ld, const int32_t *d_tables,
+                                      int table_stride, const int32_t *d_lens, int n_seqs,
+                                      int max_len);
 
 /* Prefill (any number of new tokens per row, causal): row r owns query
  * tokens [d_row_tok[r], d_row_tok[r + 1]) of d_q (T, n_heads, head_dim)

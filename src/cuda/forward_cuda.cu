@@ -31,7 +31,9 @@
  * Steps of a few tokens (decode at small batch) are bound by the weight
  * reads and by the count of kernels: with 16-bit weights a layer is then
  * six kernels, qkv GEMV -> qkv_post -> attention -> o GEMV -> gate/up
- * GEMV -> down GEMV, where each GEMV (loom_cuda_gemv) makes its own input
+ * GEMV -> down GEMV (five in decode where the cluster attention takes
+ * qkv_post's work: loom_cuda_attn_decode_qkv; LOOM_CUDA_ATTN_QKV=0 keeps
+ * six), where each GEMV (loom_cuda_gemv) makes its own input
  * (RMSNorm of x, the f32 attention output rounded, act(gate) * up) and o
  * and down add straight into the residual x. Kernels launched with
  * programmatic dependent launch (sm_90) start while the one before drains
@@ -166,6 +168,10 @@ struct loom_cuda_model {
                                   16-bit weights (LOOM_CUDA_GEMV_T, default 2; 0: cuBLAS only) */
     int gu16;                  /* 1: the gate/up GEMM writes bf16 for the activation (bf16
                                   weights; LOOM_CUDA_GU16=0: f32) */
+    int qkv16;                 /* 1: the q/k/v GEMM writes bf16 for qkv_post (bf16 weights,
+                                  cuBLAS steps; LOOM_CUDA_QKV16=1, default 0) */
+    int attn_qkv;              /* 1: small decode steps fold qkv_post into the cluster
+                                  attention (LOOM_CUDA_ATTN_QKV=0: two kernels) */
     int small_t;               /* up to this many tokens (and gemv_t) a layer is 4 GEMVs that
                                   make their own inputs + qkv_post + attention; 0: never */
     void *a16;                 /* (max_tokens, max(hidden, inter)) of act16 */
@@ -500,6 +506,10 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
      * Llama-3-8B, 4,500 against 4,112 on Qwen3-0.6B). */
     const char *gu = getenv("LOOM_CUDA_GU16");
     g->gu16 = g->act16 == LOOM_CUDA_BF16 && !(gu && !strcmp(gu, "0"));
+    const char *q16 = getenv("LOOM_CUDA_QKV16");
+    g->qkv16 = g->act16 == LOOM_CUDA_BF16 && q16 && !strcmp(q16, "1");
+    const char *aq = getenv("LOOM_CUDA_ATTN_QKV");
+    g->attn_qkv = !(aq && !strcmp(aq, "0"));
     const char *gv = getenv("LOOM_CUDA_GEMV_T");
     g->gemv_t = gv ? atoi(gv) : 2;
     g->small_t = g->act16 != LOOM_CUDA_F32 ? 8 : 0;
@@ -621,15 +631,24 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
              * activation) and wo and down add into x */
             int gelu = m->act == LOOM_ACT_GELU_TANH;
             TRY(gemv(g, g->qkv, LOOM_CUDA_GEMV_RMSNORM, g->x, D->attn_norm, &D->wqkv, NULL, T, 0));
-            TRY(loom_cuda_qkv_post(c, g->q, &dkv, g->qkv, D->bqkv, D->q_norm, D->k_norm, eps,
-                                   S->slot, T, nh, nkv, hd, R->rot_dim, g->cs + roff,
-                                   g->sn + roff, g->max_half));
-            if (S->decode)
-                TRY(loom_cuda_attn_decode(c, g->att, g->q, &dkv, &at, S->tab, S->tstride, S->lens,
-                                          S->n_rows, S->max_len));
-            else
-                TRY(loom_cuda_attn_prefill(c, g->att, g->q, &dkv, &at, S->tab, S->tstride,
-                                           S->rtok, S->rpos, S->n_rows, S->max_new));
+            if (S->decode && g->attn_qkv &&
+                loom_cuda_attn_decode_qkv_ok(c, &dkv, &at, R->rot_dim, S->n_rows, S->max_len)) {
+                /* qkv_post inside the attention: five kernels a layer */
+                TRY(loom_cuda_attn_decode_qkv(c, g->att, g->q, &dkv, &at, g->qkv, D->bqkv,
+                                              D->q_norm, D->k_norm, eps, S->slot, R->rot_dim,
+                                              g->cs + roff, g->sn + roff, g->max_half, S->tab,
+                                              S->tstride, S->lens, S->n_rows, S->max_len));
+            } else {
+                TRY(loom_cuda_qkv_post(c, g->q, &dkv, g->qkv, D->bqkv, D->q_norm, D->k_norm, eps,
+                                       S->slot, T, nh, nkv, hd, R->rot_dim, g->cs + roff,
+                                       g->sn + roff, g->max_half));
+                if (S->decode)
+                    TRY(loom_cuda_attn_decode(c, g->att, g->q, &dkv, &at, S->tab, S->tstride,
+                                              S->lens, S->n_rows, S->max_len));
+                else
+                    TRY(loom_cuda_attn_prefill(c, g->att, g->q, &dkv, &at, S->tab, S->tstride,
+                                               S->rtok, S->rpos, S->n_rows, S->max_new));
+            }
             TRY(gemv(g, g->x, LOOM_CUDA_GEMV_F32, g->att, NULL, &D->wo, D->bo, T, 1));
             TRY(gemv(g, g->hb, LOOM_CUDA_GEMV_RMSNORM, g->x, D->ffn_norm, &D->gate_up, NULL, T, 0));
             TRY(gemv(g, g->x, gelu ? LOOM_CUDA_GEMV_GELU : LOOM_CUDA_GEMV_SILU, g->hb, NULL,
@@ -644,11 +663,20 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
             TRY(loom_cuda_rmsnorm(c, g->xb, g->x, D->attn_norm, T, H, eps, 0));
         if (D->fused_qkv) {
             /* one GEMM, then bias, q/k norms, rope and the K/V store in one pass */
-            if (a16) TRY(linear16(g, g->qkv, &D->wqkv, NULL, T));
-            else TRY(linear(g, g->qkv, g->xb, &D->wqkv, NULL, T));
-            TRY(loom_cuda_qkv_post(c, g->q, &dkv, g->qkv, D->bqkv, D->q_norm, D->k_norm, eps,
-                                   S->slot, T, nh, nkv, hd, R->rot_dim, g->cs + roff,
-                                   g->sn + roff, g->max_half));
+            if (a16 && g->qkv16 && D->wqkv.dt == LOOM_CUDA_BF16 && !use_gemv(g, &D->wqkv, T)) {
+                /* bf16 q/k/v: half the bytes between the GEMM and qkv_post */
+                TRY(loom_cuda_gemm16_bf16out(c, g->qkv, g->a16, D->wqkv.d, T, D->wqkv.rows,
+                                             D->wqkv.cols));
+                TRY(loom_cuda_qkv_post_bf16(c, g->q, &dkv, g->qkv, D->bqkv, D->q_norm, D->k_norm,
+                                            eps, S->slot, T, nh, nkv, hd, R->rot_dim,
+                                            g->cs + roff, g->sn + roff, g->max_half));
+            } else {
+                if (a16) TRY(linear16(g, g->qkv, &D->wqkv, NULL, T));
+                else TRY(linear(g, g->qkv, g->xb, &D->wqkv, NULL, T));
+                TRY(loom_cuda_qkv_post(c, g->q, &dkv, g->qkv, D->bqkv, D->q_norm, D->k_norm, eps,
+                                       S->slot, T, nh, nkv, hd, R->rot_dim, g->cs + roff,
+                                       g->sn + roff, g->max_half));
+            }
         } else {
             if (a16) {
                 TRY(linear16(g, g->q, &D->wq, D->bq, T));

@@ -435,16 +435,113 @@ __device__ __forceinline__ void cl_rows(size_t (&r)[CL_PB], const int32_t *table
     }
 }
 
+/* What the fused decode (loom_cuda_attn_decode_qkv) needs to make q, K
+ * and V of the step's token from the q/k/v GEMV's output itself. */
+typedef struct cl_qkv {
+    const float *qkv;            /* (n_seqs, (nh + 2 * nkv) * HD), sequence s's token is row s */
+    const float *bias, *qn, *kn; /* NULL = none */
+    float eps;
+    const int32_t *slot;         /* [n_seqs] pool row of the new position */
+    int rot;                     /* 0 or HD */
+    const float *cs, *sn;        /* rope rows (n_seqs, ld) */
+    int ld;
+    void *pk, *pv;               /* the pool (kb, vb) for the store */
+} cl_qkv;
+
+/* One head of the qkv row (bias added), a lane's EPL elements at lane *
+ * EPL: RMSNorm (has_nw), rope when rot (the partner of element i, i +- HD/2,
+ * sits 16 lanes away). The arithmetic of qkv_post_warp_kernel. */
+template <int EPL>
+__device__ __forceinline__ void cl_head(float (&v)[EPL], const float (&wn)[EPL], int has_nw,
+                                        float eps, int rot, const float (&c)[EPL],
+                                        const float (&sv)[EPL], int lane) {
+    constexpr int HD = 32 * EPL;
+    if (has_nw) {
+        float ss = 0;
+#pragma unroll
+        for (int e = 0; e < EPL; e++) ss += v[e] * v[e];
+        ss = a_warp_sum(ss);
+        float inv = 1.0f / sqrtf(ss / (float)HD + eps);
+#pragma unroll
+        for (int e = 0; e < EPL; e++) v[e] = v[e] * inv * wn[e];
+    }
+    if (rot) {
+        int lowh = lane < 16;
+#pragma unroll
+        for (int e = 0; e < EPL; e++) {
+            float o = __shfl_xor_sync(0xffffffffu, v[e], 16);
+            v[e] = lowh ? v[e] * c[e] - o * sv[e] : v[e] * c[e] + o * sv[e];
+        }
+    }
+}
+
+/* o = p[0 .. EPL) (+ b[0 .. EPL) when b) */
+template <int EPL>
+__device__ __forceinline__ void cl_vec(float (&o)[EPL], const float *p, const float *b) {
+    float t[EPL];
+    if constexpr (EPL == 4) {
+        float4 u = *(const float4 *)p;
+        o[0] = u.x, o[1] = u.y, o[2] = u.z, o[3] = u.w;
+        u = b ? *(const float4 *)b : make_float4(0, 0, 0, 0);
+        t[0] = u.x, t[1] = u.y, t[2] = u.z, t[3] = u.w;
+    } else {
+#pragma unroll
+        for (int e = 0; e < EPL; e++) o[e] = p[e], t[e] = b ? b[e] : 0.0f;
+    }
+#pragma unroll
+    for (int e = 0; e < EPL; e++) o[e] += t[e];
+}
+
+/* v rounded to the pool's type in place and stored at element i. */
+template <int EPL>
+__device__ __forceinline__ void cl_store(void *p, size_t i, int dt, float (&v)[EPL]) {
+#pragma unroll
+    for (int e = 0; e < EPL; e++) {
+        if (dt == LOOM_CUDA_F32) {
+            ((float *)p)[i + e] = v[e];
+        } else if (dt == LOOM_CUDA_F16) {
+            __half h = __float2half_rn(v[e]);
+            ((__half *)p)[i + e] = h;
+            v[e] = __half2float(h);
+        } else {
+            __nv_bfloat16 h = __float2bfloat16_rn(v[e]);
+            ((__nv_bfloat16 *)p)[i + e] = h;
+            v[e] = __bfloat162float(h);
+        }
+    }
+}
+
+/* K and V rows of a run (rr), and the next run's row offsets. */
+template <int EPL>
+__device__ __forceinline__ void cl_load_run(float (&k)[CL_PB][EPL], float (&v)[CL_PB][EPL],
+                                            size_t (&rr)[CL_PB], const void *kb, const void *vb,
+                                            int dt, const int32_t *table, int bs, size_t stride,
+                                            size_t hoff, int lo, int jn, int n) {
+#pragma unroll
+    for (int b = 0; b < CL_PB; b++) {
+        kv_load<EPL>(kb, rr[b], dt, k[b]);
+        kv_load<EPL>(vb, rr[b], dt, v[b]);
+    }
+    /* the next run's table entries load beside this run's rows */
+    if (jn < n) cl_rows(rr, table, bs, stride, hoff, lo, jn, n);
+}
+
 /* GM: q heads a KV head at most (group <= GM). Grid (CL, KV heads,
  * sequences), clusters of (CL, 1, 1). 2 CTAs an SM at 128 registers up to
  * 4 x 128 accumulators a lane's worth; 8 q heads of head_dim 128 would
- * spill there. */
-template <int EPL, int GM>
+ * spill there.
+ * QKV: q, the new K and V come from the q/k/v GEMV's output (x.qkv; what
+ * qkv_post does), one kernel less a layer. Every warp makes its group's q
+ * heads in registers; warp 0 of rank 0 makes K and V of the new position,
+ * stores them into the pool and folds that position in from registers, so
+ * no CTA reads the row being written, and the older rows (written by
+ * earlier steps) are loaded before the PDL wait. */
+template <int EPL, int GM, bool QKV>
 __global__ void __launch_bounds__(CL_WARPS * 32, GM * EPL >= 32 ? 1 : 2)
 attn_decode_cluster_kernel(float *out, const float *q, const void *kb, const void *vb, int dt,
                            size_t stride, int bs, const int32_t *tables, int tstride,
                            const int32_t *lens, int nh, int nkv, float scale, float softcap,
-                           int window) {
+                           int window, cl_qkv x) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     constexpr int HD = 32 * EPL, NW = CL_WARPS, RUN = NW * CL_PB;
     __shared__ float red[NW * GM * HD];  /* (NW, group, HD) the warps' outputs */
@@ -458,33 +555,89 @@ attn_decode_cluster_kernel(float *out, const float *q, const void *kb, const voi
     pdl_trigger();
     int len = lens[s], pos = len - 1;
     int lo = window > 0 ? max(0, pos - window + 1) : 0, n = len - lo;
+    /* QKV: the new position (the last) is not read from the pool */
+    int nw = QKV ? n - 1 : n;
+    int own = QKV && rank == 0 && w == 0;  /* the warp that makes K and V */
     const int32_t *table = tables + (size_t)s * tstride;
     size_t hoff = (size_t)kh * HD + (size_t)lane * EPL;
     int j0 = rank * RUN + w * CL_PB, step = ncl * RUN;
     size_t rr[CL_PB];
-    if (j0 < n) cl_rows(rr, table, bs, stride, hoff, lo, j0, n);
+    float k[CL_PB][EPL], v[CL_PB][EPL];
+    if (j0 < nw) cl_rows(rr, table, bs, stride, hoff, lo, j0, nw);
+    /* norm weights and the older rows: before the wait (no kernel of this
+     * step writes them) */
+    float wq[EPL], wk[EPL];
+    int loaded = 0;
+    int nall = nh + 2 * nkv;
+    if (QKV) {
+#pragma unroll
+        for (int e = 0; e < EPL; e++) {
+            wq[e] = x.qn ? x.qn[lane * EPL + e] : 1.0f;
+            wk[e] = x.kn ? x.kn[lane * EPL + e] : 1.0f;
+        }
+        if (j0 < nw) {
+            cl_load_run<EPL>(k, v, rr, kb, vb, dt, table, bs, stride, hoff, lo, j0 + step, nw);
+            loaded = 1;
+        }
+    }
     pdl_wait();
-    float qr[GM][EPL], acc[GM][EPL], m[GM], l[GM];
+    float qr[GM][EPL], acc[GM][EPL], m[GM], l[GM], kn_[EPL], vn_[EPL];
+    if (QKV) {
+        const float *row = x.qkv + (size_t)s * nall * HD + lane * EPL;
+        const float *bia = x.bias ? x.bias + lane * EPL : NULL;  /* (nall * HD) */
+        float c[EPL], sv[EPL];
+        int kk = (lane * EPL) & (HD / 2 - 1);
+#pragma unroll
+        for (int e = 0; e < EPL; e++) {
+            c[e] = x.rot ? x.cs[(size_t)s * x.ld + kk + e] : 1.0f;
+            sv[e] = x.rot ? x.sn[(size_t)s * x.ld + kk + e] : 0.0f;
+        }
+#pragma unroll
+        for (int g = 0; g < GM; g++) {
+            if (g < group)
+                cl_vec<EPL>(qr[g], row + ((size_t)kh * group + g) * HD,
+                            bia ? bia + ((size_t)kh * group + g) * HD : NULL);
+            else
+#pragma unroll
+                for (int e = 0; e < EPL; e++) qr[g][e] = 0;
+        }
+        if (own) {
+            cl_vec<EPL>(kn_, row + (size_t)(nh + kh) * HD, bia ? bia + (size_t)(nh + kh) * HD : NULL);
+            cl_vec<EPL>(vn_, row + (size_t)(nh + nkv + kh) * HD,
+                        bia ? bia + (size_t)(nh + nkv + kh) * HD : NULL);
+        }
+#pragma unroll
+        for (int g = 0; g < GM; g++) {
+            if (g < group) cl_head<EPL>(qr[g], wq, x.qn != NULL, x.eps, x.rot, c, sv, lane);
+#pragma unroll
+            for (int e = 0; e < EPL; e++) qr[g][e] *= scale;
+        }
+        if (own) {
+            cl_head<EPL>(kn_, wk, x.kn != NULL, x.eps, x.rot, c, sv, lane);
+            size_t e0 = (size_t)x.slot[s] * stride + hoff;
+            cl_store<EPL>(x.pk, e0, dt, kn_);
+            cl_store<EPL>(x.pv, e0, dt, vn_);
+        }
+    } else {
+#pragma unroll
+        for (int g = 0; g < GM; g++)
+#pragma unroll
+            for (int e = 0; e < EPL; e++)
+                qr[g][e] = g < group
+                               ? q[((size_t)s * nh + (size_t)kh * group + g) * HD + lane * EPL + e] * scale
+                               : 0.0f;
+    }
 #pragma unroll
     for (int g = 0; g < GM; g++) {
         m[g] = -INFINITY;
         l[g] = 0;
 #pragma unroll
-        for (int e = 0; e < EPL; e++) {
-            qr[g][e] = g < group ? q[((size_t)s * nh + (size_t)kh * group + g) * HD + lane * EPL + e] * scale
-                                 : 0.0f;
-            acc[g][e] = 0;
-        }
+        for (int e = 0; e < EPL; e++) acc[g][e] = 0;
     }
-    for (; j0 < n; j0 += step) {
-        float k[CL_PB][EPL], v[CL_PB][EPL];
-#pragma unroll
-        for (int b = 0; b < CL_PB; b++) {
-            kv_load<EPL>(kb, rr[b], dt, k[b]);
-            kv_load<EPL>(vb, rr[b], dt, v[b]);
-        }
-        /* the next run's table entries load beside this run's rows */
-        if (j0 + step < n) cl_rows(rr, table, bs, stride, hoff, lo, j0 + step, n);
+    for (; j0 < nw; j0 += step) {
+        if (!loaded)
+            cl_load_run<EPL>(k, v, rr, kb, vb, dt, table, bs, stride, hoff, lo, j0 + step, nw);
+        loaded = 0;
         float sc[CL_PB][GM];
 #pragma unroll
         for (int b = 0; b < CL_PB; b++)
@@ -494,7 +647,7 @@ attn_decode_cluster_kernel(float *out, const float *q, const void *kb, const voi
 #pragma unroll
                 for (int e = 0; e < EPL; e++) d += qr[g][e] * k[b][e];
                 d = a_warp_sum(d);
-                sc[b][g] = j0 + b < n ? cap_score(d, softcap) : -INFINITY;
+                sc[b][g] = j0 + b < nw ? cap_score(d, softcap) : -INFINITY;
             }
         /* position j0 is in range: mx is finite, and a masked score weighs 0 */
 #pragma unroll
@@ -513,6 +666,20 @@ attn_decode_cluster_kernel(float *out, const float *q, const void *kb, const voi
 #pragma unroll
                 for (int e = 0; e < EPL; e++) acc[g][e] += pw * v[b][e];
             }
+            m[g] = mx;
+        }
+    }
+    if (own) {  /* the new position, from registers (m may still be -inf: al = 0) */
+#pragma unroll
+        for (int g = 0; g < GM; g++) {
+            float d = 0;
+#pragma unroll
+            for (int e = 0; e < EPL; e++) d += qr[g][e] * kn_[e];
+            d = cap_score(a_warp_sum(d), softcap);
+            float mx = fmaxf(m[g], d), al = expf(m[g] - mx), pw = expf(d - mx);
+            l[g] = l[g] * al + pw;
+#pragma unroll
+            for (int e = 0; e < EPL; e++) acc[g][e] = acc[g][e] * al + pw * vn_[e];
             m[g] = mx;
         }
     }
@@ -583,11 +750,11 @@ attn_decode_cluster_kernel(float *out, const float *q, const void *kb, const voi
 #endif
 }
 
-template <int EPL, int GM>
+template <int EPL, int GM, bool QKV>
 static cudaError_t attn_cluster_launch(const loom_cuda *c, int ncl, float *out, const float *q,
                                        const loom_cuda_kv *kv, const loom_cuda_attn *a,
                                        const int32_t *tables, int tstride, const int32_t *lens,
-                                       int n_seqs) {
+                                       int n_seqs, const cl_qkv *x) {
     cudaLaunchAttribute at[2];
     at[0].id = cudaLaunchAttributeClusterDimension;
     at[0].val.clusterDim.x = (unsigned)ncl;
@@ -602,9 +769,47 @@ static cudaError_t attn_cluster_launch(const loom_cuda *c, int ncl, float *out, 
     cfg.stream = c->stream;
     cfg.attrs = at;
     cfg.numAttrs = c->pdl ? 2 : 1;
-    return cudaLaunchKernelEx(&cfg, attn_decode_cluster_kernel<EPL, GM>, out, q, kv->d_k, kv->d_v,
-                              (int)kv->dt, kv->row_stride, kv->block_size, tables, tstride, lens,
-                              a->n_heads, a->n_kv_heads, a->scale, a->softcap, a->window);
+    return cudaLaunchKernelEx(&cfg, attn_decode_cluster_kernel<EPL, GM, QKV>, out, q, kv->d_k,
+                              kv->d_v, (int)kv->dt, kv->row_stride, kv->block_size, tables,
+                              tstride, lens, a->n_heads, a->n_kv_heads, a->scale, a->softcap,
+                              a->window, *x);
+}
+
+/* The cluster size the small-batch decode takes (0: the split kernel):
+ * one thread-block cluster per (sequence, KV head), as many CTAs as keep
+ * the grid within 2 an SM (c->attn_cluster at most) and no more than one
+ * run of positions each needs. */
+static int cl_size(const loom_cuda *c, const loom_cuda_kv *kv, const loom_cuda_attn *a,
+                   int n_seqs, int max_len) {
+    int group = a->n_heads / a->n_kv_heads, hd = a->head_dim;
+    int span = a->window > 0 ? LOOM_MIN_U((unsigned)a->window, (unsigned)LOOM_MAX_I(max_len, 1))
+                             : LOOM_MAX_I(max_len, 1);
+    int epl = hd % 32 == 0 ? hd / 32 : 0;
+    int vec = (epl == 2 || epl == 4 || epl == 8) && group <= DEC_GMAX &&
+              (kv->row_stride % 4 == 0 || kv->dt != LOOM_CUDA_BF16);
+    if (!vec || epl > 4 || c->attn_cluster < 2 || c->cc < 90) return 0;
+    int ncl = c->attn_cluster;
+    while (ncl >= 2 && (size_t)n_seqs * a->n_kv_heads * ncl > 2 * (size_t)c->n_sm) ncl /= 2;
+    while (ncl > 2 && (ncl / 2) * CL_WARPS * CL_PB >= span) ncl /= 2;
+    return ncl >= 2 ? ncl : 0;
+}
+
+/* One launch of the cluster kernel for a cluster size and the shape. */
+template <bool QKV>
+static cudaError_t cl_launch(const loom_cuda *c, int ncl, float *out, const float *q,
+                             const loom_cuda_kv *kv, const loom_cuda_attn *a,
+                             const int32_t *tables, int tstride, const int32_t *lens, int n_seqs,
+                             const cl_qkv *x) {
+    int group = a->n_heads / a->n_kv_heads, epl = a->head_dim / 32;
+    int gm = group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : 8;
+#define CL_LAUNCH(E, G) \
+    attn_cluster_launch<E, G, QKV>(c, ncl, out, q, kv, a, tables, tstride, lens, n_seqs, x)
+    if (epl == 2)
+        return gm == 1 ? CL_LAUNCH(2, 1) : gm == 2 ? CL_LAUNCH(2, 2) : gm == 4 ? CL_LAUNCH(2, 4)
+                                                                          : CL_LAUNCH(2, 8);
+    return gm == 1 ? CL_LAUNCH(4, 1) : gm == 2 ? CL_LAUNCH(4, 2) : gm == 4 ? CL_LAUNCH(4, 4)
+                                                                      : CL_LAUNCH(4, 8);
+#undef CL_LAUNCH
 }
 
 static loom_status check_attn(const loom_cuda_kv *kv, const loom_cuda_attn *a, const char *what) {
@@ -634,27 +839,12 @@ extern "C" loom_status loom_cuda_attn_decode(loom_cuda *c, float *d_out, const f
     int epl = hd % 32 == 0 ? hd / 32 : 0;
     int vec = (epl == 2 || epl == 4 || epl == 8) && group <= DEC_GMAX &&
               (kv->row_stride % 4 == 0 || kv->dt != LOOM_CUDA_BF16);
-    /* Small batches: one thread-block cluster per (sequence, KV head), as
-     * many CTAs as keep the grid within 2 an SM (c->attn_cluster at most)
-     * and no more than one run of positions each needs. */
-    int ncl = 0;
-    if (vec && epl <= 4 && c->attn_cluster >= 2 && c->cc >= 90) {
-        ncl = c->attn_cluster;
-        while (ncl >= 2 && (size_t)n_seqs * a->n_kv_heads * ncl > 2 * (size_t)c->n_sm) ncl /= 2;
-        while (ncl > 2 && (ncl / 2) * CL_WARPS * CL_PB >= span) ncl /= 2;
-    }
+    /* Small batches: one thread-block cluster per (sequence, KV head) */
+    int ncl = cl_size(c, kv, a, n_seqs, max_len);
     if (ncl >= 2) {
-        int gm = group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : 8;
-        cudaError_t e;
-#define CL_LAUNCH(E, G) \
-    attn_cluster_launch<E, G>(c, ncl, d_out, d_q, kv, a, d_tables, table_stride, d_lens, n_seqs)
-        if (epl == 2)
-            e = gm == 1 ? CL_LAUNCH(2, 1) : gm == 2 ? CL_LAUNCH(2, 2) : gm == 4 ? CL_LAUNCH(2, 4)
-                                                                             : CL_LAUNCH(2, 8);
-        else
-            e = gm == 1 ? CL_LAUNCH(4, 1) : gm == 2 ? CL_LAUNCH(4, 2) : gm == 4 ? CL_LAUNCH(4, 4)
-                                                                             : CL_LAUNCH(4, 8);
-#undef CL_LAUNCH
+        cl_qkv none = {};
+        cudaError_t e = cl_launch<false>(c, ncl, d_out, d_q, kv, a, d_tables, table_stride, d_lens,
+                                         n_seqs, &none);
         if (e == cudaSuccess) return LOOM_OK;
         /* a launch refused up front (no kernel ran): the split kernel does it */
         (void)cudaGetLastError();
@@ -724,6 +914,45 @@ extern "C" loom_status loom_cuda_attn_decode(loom_cuda *c, float *d_out, const f
                                                    n_splits);
     LAUNCH_CHECK();
     return LOOM_OK;
+}
+
+extern "C" int loom_cuda_attn_decode_qkv_ok(const loom_cuda *c, const loom_cuda_kv *kv,
+                                            const loom_cuda_attn *a, int rot_dim, int n_seqs,
+                                            int max_len) {
+    if (n_seqs <= 0 || n_seqs > 65535 || a->n_kv_heads <= 0 || a->n_heads <= 0 ||
+        a->n_heads % a->n_kv_heads || (a->head_dim != 64 && a->head_dim != 128) ||
+        (rot_dim != 0 && rot_dim != a->head_dim) || kv->block_size <= 0 || (int)kv->dt < 0 ||
+        (int)kv->dt > 2 || kv->row_stride < (size_t)a->n_kv_heads * a->head_dim)
+        return 0;
+    return cl_size(c, kv, a, n_seqs, max_len) >= 2;
+}
+
+extern "C" loom_status loom_cuda_attn_decode_qkv(
+    loom_cuda *c, float *d_out, float *d_q, const loom_cuda_kv *kv, const loom_cuda_attn *a,
+    const float *d_qkv, const float *d_bias, const float *d_qnorm, const float *d_knorm,
+    float eps, const int32_t *d_slot, int rot_dim, const float *d_cos, const float *d_sin, int ld,
+    const int32_t *d_tables, int table_stride, const int32_t *d_lens, int n_seqs, int max_len) {
+    if (n_seqs <= 0) return LOOM_OK;
+    int ncl = loom_cuda_attn_decode_qkv_ok(c, kv, a, rot_dim, n_seqs, max_len)
+                  ? cl_size(c, kv, a, n_seqs, max_len) : 0;
+    if (ncl >= 2) {
+        cl_qkv x = {d_qkv, d_bias, d_qnorm, d_knorm, eps, d_slot, rot_dim, d_cos, d_sin, ld,
+                    (void *)kv->d_k, (void *)kv->d_v};
+        cudaError_t e = cl_launch<true>(c, ncl, d_out, NULL, kv, a, d_tables, table_stride,
+                                        d_lens, n_seqs, &x);
+        if (e == cudaSuccess) return LOOM_OK;
+        /* refused up front (no kernel ran): the two kernels below */
+        (void)cudaGetLastError();
+        loom_log(LOOM_CUDA_LOG_WARN, "cuda attn_decode_qkv: cluster of %d not launched (%s); "
+                 "the split kernel from here on", ncl, cudaGetErrorString(e));
+        c->attn_cluster = 0;
+    }
+    loom_status st = loom_cuda_qkv_post(c, d_q, kv, d_qkv, d_bias, d_qnorm, d_knorm, eps, d_slot,
+                                        n_seqs, a->n_heads, a->n_kv_heads, a->head_dim, rot_dim,
+                                        d_cos, d_sin, ld);
+    if (st != LOOM_OK) return st;
+    return loom_cuda_attn_decode(c, d_out, d_q, kv, a, d_tables, table_stride, d_lens, n_seqs,
+                                 max_len);
 }
 
 /* ---- prefill ------------------------------------------------------------ */

@@ -251,14 +251,27 @@ extern "C" loom_status loom_cuda_rope_table_dev(loom_cuda *c, float *d_cos, floa
 
 /* ---- after a fused q/k/v GEMM ------------------------------------------- */
 
+/* The q/k/v GEMM's output as f32 or (gemm16_bf16out) bf16. */
+__device__ __forceinline__ float qkv_in(const float *p, size_t i) { return p[i]; }
+__device__ __forceinline__ float qkv_in(const __nv_bfloat16 *p, size_t i) {
+    return __bfloat162float(p[i]);
+}
+__device__ __forceinline__ float4 qkv_in4(const float *p) { return *(const float4 *)p; }
+__device__ __forceinline__ float4 qkv_in4(const __nv_bfloat16 *p) {
+    uint2 u = *(const uint2 *)p;
+    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
+                       __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+}
+
 /* One block per (token, head) of qkv (T, (nh + 2 * nkv) * hd): q heads,
  * then k heads, then v heads. Adds the bias, applies the per-head RMSNorm
  * of q and k (weights qn, kn; NULL = none), rotates q and k by the token's
  * rope row, then writes q to q_out (T, nh, hd) and k, v to row slot[t] of
  * the pool (kv_dt). Same arithmetic as fw_add_bias, rmsnorm_kernel,
  * rope_kernel and fw_kv_store one after the other. */
+template <typename TI>
 __global__ void qkv_post_kernel(float *q_out, void *pk, void *pv, int kv_dt, size_t stride,
-                                const float *qkv, const float *bias, const float *qn,
+                                const TI *qkv, const float *bias, const float *qn,
                                 const float *kn, float eps, const int32_t *slot, int nh, int nkv,
                                 int hd, int half, const float *cs, const float *sn, int ld) {
     __shared__ float sh[32];
@@ -267,7 +280,7 @@ __global__ void qkv_post_kernel(float *q_out, void *pk, void *pv, int kv_dt, siz
     int t = blockIdx.x, h = blockIdx.y, nall = nh + 2 * nkv;
     int kind = h < nh ? 0 : h < nh + nkv ? 1 : 2;   /* q, k, v */
     size_t off = (size_t)h * hd;
-    const float *src = qkv + (size_t)t * nall * hd + off;
+    const TI *src = qkv + (size_t)t * nall * hd + off;
     const float *nw = kind == 0 ? qn : kind == 1 ? kn : NULL;
     size_t e0 = kind ? (size_t)(h - (kind == 1 ? nh : nh + nkv)) * hd : 0;
     if (hd <= (int)blockDim.x) {
@@ -279,7 +292,7 @@ __global__ void qkv_post_kernel(float *q_out, void *pk, void *pv, int kv_dt, siz
         pdl_wait();
         float v = 0, c = 1, sv = 0;
         if (i < hd) {
-            v = src[i];
+            v = qkv_in(src, (size_t)i);
             if (bias) v += bi;
         }
         if (rot) c = cs[(size_t)t * ld + k], sv = sn[(size_t)t * ld + k];
@@ -308,7 +321,7 @@ __global__ void qkv_post_kernel(float *q_out, void *pk, void *pv, int kv_dt, siz
     pdl_wait();
     float ss = 0;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-        float v = src[i];
+        float v = qkv_in(src, (size_t)i);
         if (bias) v += bias[off + i];
         row[i] = v;
         ss += v * v;
@@ -347,8 +360,9 @@ __global__ void qkv_post_kernel(float *q_out, void *pk, void *pv, int kv_dt, siz
  * (the block-per-head kernel spent most of a 4096-token prefill on them:
  * 238 us a Llama-3-8B layer for 180 MB). Element i's rope partner i +- 64
  * sits 16 lanes away. */
+template <typename TI>
 __global__ void qkv_post_warp_kernel(float *q_out, void *pk, void *pv, int kv_dt, size_t stride,
-                                     const float *qkv, const float *bias, const float *qn,
+                                     const TI *qkv, const float *bias, const float *qn,
                                      const float *kn, float eps, const int32_t *slot, int nh,
                                      int nkv, int rot, const float *cs, const float *sn, int ld) {
     pdl_trigger();
@@ -364,7 +378,7 @@ __global__ void qkv_post_warp_kernel(float *q_out, void *pk, void *pv, int kv_dt
     }
     pdl_wait();
     if (h >= nall) return;
-    float4 v4 = *(const float4 *)(qkv + ((size_t)t * nall + h) * 128 + i0);
+    float4 v4 = qkv_in4(qkv + ((size_t)t * nall + h) * 128 + i0);
     float v[4] = {v4.x + bi.x, v4.y + bi.y, v4.z + bi.z, v4.w + bi.w};
     if (nw) {  /* uniform per warp */
         float ss = v[0] * v[0] + v[1] * v[1] + v[2] * v[2] + v[3] * v[3];
@@ -399,12 +413,11 @@ __global__ void qkv_post_warp_kernel(float *q_out, void *pk, void *pv, int kv_dt
     }
 }
 
-extern "C" loom_status loom_cuda_qkv_post(loom_cuda *c, float *d_q, const loom_cuda_kv *kv,
-                                          const float *d_qkv, const float *d_bias,
-                                          const float *d_qnorm, const float *d_knorm, float eps,
-                                          const int32_t *d_slot, int T, int nh, int nkv, int hd,
-                                          int rot_dim, const float *d_cos, const float *d_sin,
-                                          int ld) {
+template <typename TI>
+static loom_status qkv_post_run(loom_cuda *c, float *d_q, const loom_cuda_kv *kv, const TI *d_qkv,
+                                const float *d_bias, const float *d_qnorm, const float *d_knorm,
+                                float eps, const int32_t *d_slot, int T, int nh, int nkv, int hd,
+                                int rot_dim, const float *d_cos, const float *d_sin, int ld) {
     if (T <= 0) return LOOM_OK;
     if (T > 2147483647 / 2 || nh + 2 * nkv > 65535 || hd <= 0 || rot_dim > hd || rot_dim % 2 ||
         (int)kv->dt < 0 || (int)kv->dt > 2 || kv->row_stride < (size_t)nkv * hd)
@@ -418,7 +431,7 @@ extern "C" loom_status loom_cuda_qkv_post(loom_cuda *c, float *d_q, const loom_c
     }
     if (warp_ok && hd == 128 && (rot_dim == 0 || rot_dim == 128) && kv->row_stride % 4 == 0) {
         dim3 grid((unsigned)T, (unsigned)(nh + 2 * nkv + 3) / 4);
-        CUDA_CHECK(loom_cuda_launch(c, qkv_post_warp_kernel, grid, dim3(128), 0, d_q,
+        CUDA_CHECK(loom_cuda_launch(c, qkv_post_warp_kernel<TI>, grid, dim3(128), 0, d_q,
                                     (void *)kv->d_k, (void *)kv->d_v, (int)kv->dt, kv->row_stride,
                                     d_qkv, d_bias, d_qnorm, d_knorm, eps, d_slot, nh, nkv,
                                     rot_dim, d_cos, d_sin, ld));
@@ -426,11 +439,32 @@ extern "C" loom_status loom_cuda_qkv_post(loom_cuda *c, float *d_q, const loom_c
     }
     unsigned th = hd >= 128 ? 128 : hd >= 64 ? 64 : 32;
     dim3 grid((unsigned)T, (unsigned)(nh + 2 * nkv));
-    CUDA_CHECK(loom_cuda_launch(c, qkv_post_kernel, grid, dim3(th), (size_t)hd * sizeof(float),
-                                d_q, (void *)kv->d_k, (void *)kv->d_v, (int)kv->dt,
-                                kv->row_stride, d_qkv, d_bias, d_qnorm, d_knorm, eps, d_slot, nh,
-                                nkv, hd, rot_dim / 2, d_cos, d_sin, ld));
+    CUDA_CHECK(loom_cuda_launch(c, qkv_post_kernel<TI>, grid, dim3(th),
+                                (size_t)hd * sizeof(float), d_q, (void *)kv->d_k,
+                                (void *)kv->d_v, (int)kv->dt, kv->row_stride, d_qkv, d_bias,
+                                d_qnorm, d_knorm, eps, d_slot, nh, nkv, hd, rot_dim / 2, d_cos,
+                                d_sin, ld));
     return LOOM_OK;
+}
+
+extern "C" loom_status loom_cuda_qkv_post(loom_cuda *c, float *d_q, const loom_cuda_kv *kv,
+                                          const float *d_qkv, const float *d_bias,
+                                          const float *d_qnorm, const float *d_knorm, float eps,
+                                          const int32_t *d_slot, int T, int nh, int nkv, int hd,
+                                          int rot_dim, const float *d_cos, const float *d_sin,
+                                          int ld) {
+    return qkv_post_run(c, d_q, kv, d_qkv, d_bias, d_qnorm, d_knorm, eps, d_slot, T, nh, nkv, hd,
+                        rot_dim, d_cos, d_sin, ld);
+}
+
+extern "C" loom_status loom_cuda_qkv_post_bf16(loom_cuda *c, float *d_q, const loom_cuda_kv *kv,
+                                               const void *d_qkv16, const float *d_bias,
+                                               const float *d_qnorm, const float *d_knorm,
+                                               float eps, const int32_t *d_slot, int T, int nh,
+                                               int nkv, int hd, int rot_dim, const float *d_cos,
+                                               const float *d_sin, int ld) {
+    return qkv_post_run(c, d_q, kv, (const __nv_bfloat16 *)d_qkv16, d_bias, d_qnorm, d_knorm, eps,
+                        d_slot, T, nh, nkv, hd, rot_dim, d_cos, d_sin, ld);
 }
 
 /* ---- gated activations -------------------------------------------------- */

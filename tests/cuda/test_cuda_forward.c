@@ -187,6 +187,14 @@ int main(void) {
         run_fixture(d, LOOM_KV_BF16);
         run_fixture(d, LOOM_KV_F32);
     }
+    /* the same models with the q/k/v GEMM writing bf16 (LOOM_CUDA_QKV16) */
+    snprintf(buf, sizeof buf, "%s", extra ? extra : "");
+    setenv("LOOM_CUDA_QKV16", "1", 1);
+    for (char *sv = NULL, *d = strtok_r(buf, " ", &sv); d; d = strtok_r(NULL, " ", &sv)) {
+        printf("== LOOM_CUDA_QKV16=1\n");
+        run_fixture(d, LOOM_KV_BF16);
+    }
+    unsetenv("LOOM_CUDA_QKV16");
     loom_cuda_free(C);
     printf("cuda forward: %d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;

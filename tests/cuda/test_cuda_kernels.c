@@ -984,6 +984,142 @@ static int test_attn_decode(const attn_case *a, const int *lens, int n_seqs) {
     return ok;
 }
 
+/* loom_cuda_attn_decode_qkv: each sequence's new token comes as a fused
+ * q/k/v row; q, K and V are made as test_qkv_post makes them, the K and V
+ * rows the device stored at position len - 1 (garbage there before) must
+ * be those within a rounding, and the attention output must match the
+ * reference over the pool holding the device's rows. Under the default
+ * and each attention variant (the split ones take the two-kernel path). */
+static int test_attn_decode_qkv(const attn_case *a, const int *lens, int n_seqs, int rot,
+                                int norms, int bias) {
+    char what[160];
+    int len_max = 0;
+    for (int s = 0; s < n_seqs; s++) len_max = LOOM_MAX(len_max, lens[s]);
+    snprintf(what, sizeof what, "%s h=%d/%d d=%d bs=%d win=%d cap=%g seqs=%d max_len=%d rot=%d "
+             "norms=%d bias=%d", kv_name(a->kv_type), a->nh, a->nkv, a->hd, a->bs, a->window,
+             a->softcap, n_seqs, len_max, rot, norms, bias);
+    paged P;
+    if (!paged_make(&P, a, lens, n_seqs)) return api_fail("attn_decode_qkv", what, LOOM_ERR_NOMEM);
+    int nh = a->nh, nkv = a->nkv, hd = a->hd, nall = nh + 2 * nkv, half = rot / 2, ld = half + 2;
+    size_t W = (size_t)nall * hd, qn_ = (size_t)n_seqs * nh * hd;
+    loom_cuda_dtype dt = kv_dt(a->kv_type);
+    const loom_kv_pool *pool = P.pool;
+    size_t bytes = (size_t)pool->n_layers * pool->n_blocks * pool->block_size * pool->row_bytes;
+    float *qkv = xmalloc((size_t)n_seqs * W * 4), *b = xmalloc(W * 4), *qnw = xmalloc((size_t)hd * 4);
+    float *knw = xmalloc((size_t)hd * 4), *cs = xmalloc((size_t)n_seqs * ld * 4);
+    float *sn = xmalloc((size_t)n_seqs * ld * 4), *row = xmalloc((size_t)hd * 4);
+    float *qref = xmalloc(qn_ * 4), *kvref = xmalloc((size_t)n_seqs * 2 * nkv * hd * 4);
+    float *kvgot = xmalloc((size_t)n_seqs * 2 * nkv * hd * 4), *tmp = xmalloc((size_t)hd * 4);
+    float *ref = xmalloc(qn_ * 4), *got = xmalloc(qn_ * 4);
+    unsigned char *k0 = xmalloc(bytes), *v0 = xmalloc(bytes);
+    double *inv = xmalloc((size_t)(half ? half : 1) * sizeof(double));
+    int *pos = xmalloc((size_t)n_seqs * sizeof(int));
+    int32_t *slot = xmalloc((size_t)n_seqs * 4);
+    memcpy(k0, pool->k, bytes);  /* position len - 1 holds random rows: the kernel must store */
+    memcpy(v0, pool->v, bytes);
+    fill(qkv, (size_t)n_seqs * W, 2.0f);
+    fill(b, W, 0.5f);
+    fill(qnw, (size_t)hd, 1.0f);
+    fill(knw, (size_t)hd, 1.0f);
+    for (int i = 0; i < half; i++) inv[i] = pow(1000000.0, -2.0 * i / rot);
+    for (int s = 0; s < n_seqs; s++) {
+        pos[s] = lens[s] - 1;
+        const loom_kv_seq *q = &P.seqs[s];
+        slot[s] = q->blocks[pos[s] / a->bs] * a->bs + pos[s] % a->bs;
+    }
+    memset(cs, 0, (size_t)n_seqs * ld * 4);
+    memset(sn, 0, (size_t)n_seqs * ld * 4);
+    if (half) loom_cuda_rope_table(cs, sn, ld, pos, n_seqs, inv, rot, 1.0);
+    for (int s = 0; s < n_seqs; s++)
+        for (int h = 0; h < nall; h++) {
+            const float *src = qkv + (size_t)s * W + (size_t)h * hd;
+            int kind = h < nh ? 0 : h < nh + nkv ? 1 : 2;
+            for (int i = 0; i < hd; i++) row[i] = src[i] + (bias ? b[(size_t)h * hd + i] : 0.0f);
+            if (norms && kind < 2) loom_kernels_ref.rmsnorm(row, row, kind ? knw : qnw, hd, 1e-6f);
+            if (kind < 2)
+                for (int k = 0; k < half; k++) {
+                    float c = cs[(size_t)s * ld + k], s_ = sn[(size_t)s * ld + k];
+                    float x0 = row[k], x1 = row[k + half];
+                    row[k] = x0 * c - x1 * s_;
+                    row[k + half] = x1 * c + x0 * s_;
+                }
+            if (kind == 0) {
+                memcpy(qref + ((size_t)s * nh + h) * hd, row, (size_t)hd * 4);
+            } else {
+                int kh = h - (kind == 1 ? nh : nh + nkv);
+                float *dst = kvref + ((size_t)s * 2 + (kind - 1)) * nkv * hd + (size_t)kh * hd;
+                for (int i = 0; i < hd; i++)
+                    dst[i] = dt == LOOM_CUDA_F32 ? row[i] : round16(row[i], dt);
+            }
+        }
+    loom_cuda_kv kv;
+    void *dk = NULL, *dv = NULL;
+    int32_t *dtab = NULL, *dlens = up(lens, (size_t)n_seqs * 4), *dslot = up(slot, (size_t)n_seqs * 4);
+    float *dqkv = up(qkv, (size_t)n_seqs * W * 4), *db = up(b, W * 4);
+    float *dqn = up(qnw, (size_t)hd * 4), *dkn = up(knw, (size_t)hd * 4);
+    float *dcs = up(cs, (size_t)n_seqs * ld * 4), *dsn = up(sn, (size_t)n_seqs * ld * 4);
+    float *dout = NULL, *dq = NULL;
+    int ok = 0;
+    if (!paged_upload(&P, &kv, &dk, &dv, &dtab) || !dlens || !dslot || !dqkv || !db || !dqn ||
+        !dkn || !dcs || !dsn || loom_cuda_alloc(C, (void **)&dout, qn_ * 4) != LOOM_OK ||
+        loom_cuda_alloc(C, (void **)&dq, qn_ * 4) != LOOM_OK) {
+        api_fail("attn_decode_qkv", what, LOOM_ERR_NOMEM);
+    } else {
+        float scale = 1.0f / sqrtf((float)hd);
+        loom_cuda_attn at = {nh, nkv, hd, scale, a->softcap, a->window, 0};
+        ok = 1;
+        for (int v = 0; v <= ATT_VARIANTS; v++) {
+            loom_cuda *cx = v ? C_att[v - 1] : C;
+            char w2[200];
+            snprintf(w2, sizeof w2, "%s%s%s", what, v ? ATT_VAR[v - 1][0] : "",
+                     loom_cuda_attn_decode_qkv_ok(cx, &kv, &at, rot, n_seqs, len_max) ? " fused"
+                                                                                      : "");
+            /* the pool as made (random rows at len - 1), a poisoned output */
+            loom_status st = loom_cuda_upload(cx, dk, k0, bytes);
+            if (st == LOOM_OK) st = loom_cuda_upload(cx, dv, v0, bytes);
+            if (st == LOOM_OK) st = loom_cuda_memset0(cx, dout, qn_ * 4);
+            if (st == LOOM_OK)
+                st = loom_cuda_attn_decode_qkv(cx, dout, dq, &kv, &at, dqkv, bias ? db : NULL,
+                                               norms ? dqn : NULL, norms ? dkn : NULL, 1e-6f,
+                                               dslot, rot, dcs, dsn, ld, dtab, P.tstride, dlens,
+                                               n_seqs, len_max);
+            if (st == LOOM_OK) st = loom_cuda_download(cx, got, dout, qn_ * 4);
+            /* the device's new rows into the host pool, for the reference */
+            for (int s = 0; s < n_seqs && st == LOOM_OK; s++) {
+                unsigned char *hk = loom_kv_k_row(pool, &P.seqs[s], 1, pos[s]);
+                unsigned char *hv = loom_kv_v_row(pool, &P.seqs[s], 1, pos[s]);
+                size_t rb = pool->layer[1].row_bytes;
+                st = loom_cuda_download(cx, hk, (const char *)dk + (hk - pool->k), rb);
+                if (st == LOOM_OK) st = loom_cuda_download(cx, hv, (const char *)dv + (hv - pool->v), rb);
+                for (int kh = 0; kh < nkv && st == LOOM_OK; kh++) {
+                    float *dk_ = kvgot + ((size_t)s * 2) * nkv * hd + (size_t)kh * hd;
+                    float *dv_ = kvgot + ((size_t)s * 2 + 1) * nkv * hd + (size_t)kh * hd;
+                    memcpy(dk_, loom_kv_load(pool, hk, kh * hd, hd, tmp), (size_t)hd * 4);
+                    memcpy(dv_, loom_kv_load(pool, hv, kh * hd, hd, tmp), (size_t)hd * 4);
+                }
+            }
+            if (st != LOOM_OK) {
+                ok &= api_fail("attn_decode_qkv", w2, st);
+                continue;
+            }
+            for (int s = 0; s < n_seqs; s++)
+                attn_ref(&P, a, s, qref + (size_t)s * nh * hd, pos[s], scale,
+                         ref + (size_t)s * nh * hd);
+            float rel = dt == LOOM_CUDA_F32 ? 2e-5f : dt == LOOM_CUDA_F16 ? 1.5e-3f : 8e-3f;
+            ok &= report("attn_decode_qkv", w2, got, ref, NULL, qn_, 2e-5f, 1e-4f);
+            ok &= report("attn_decode_qkv_kv", w2, kvgot, kvref, NULL, (size_t)n_seqs * 2 * nkv * hd,
+                         1e-5f, rel);
+        }
+    }
+    void *dev[] = {dk, dv, dtab, dlens, dslot, dqkv, db, dqn, dkn, dcs, dsn, dout, dq};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) loom_cuda_release(C, dev[i]);
+    paged_free(&P);
+    free(qkv), free(b), free(qnw), free(knw), free(cs), free(sn), free(row), free(qref);
+    free(kvref), free(kvgot), free(tmp), free(ref), free(got), free(k0), free(v0), free(inv);
+    free(pos), free(slot);
+    return ok;
+}
+
 /* Rows: row r appends n_new[r] tokens after start[r] cached ones. */
 /* tc = 1: the tensor-core kernel where it applies (bf16 KV), whose queries
  * and weights are rounded to bf16: checked to bf16 precision. out_dt: the
@@ -1079,11 +1215,12 @@ static int test_attn_prefill(const attn_case *a, const int *start, const int *n_
 
 /* qkv_post against bias + the reference RMSNorm per head + the rope
  * formula + rows stored in the KV type, token by token. */
-static int test_qkv_post(int T, int nh, int nkv, int hd, int rot, int norms, int bias,
-                         loom_kv_type kvt) {
+/* in16: the q/k/v rows come in bf16 (loom_cuda_qkv_post_bf16). */
+static int test_qkv_post_in(int T, int nh, int nkv, int hd, int rot, int norms, int bias,
+                            loom_kv_type kvt, int in16) {
     char what[128];
-    snprintf(what, sizeof what, "%s T=%d heads=%d/%d d=%d rot=%d norms=%d bias=%d", kv_name(kvt),
-             T, nh, nkv, hd, rot, norms, bias);
+    snprintf(what, sizeof what, "%s T=%d heads=%d/%d d=%d rot=%d norms=%d bias=%d%s", kv_name(kvt),
+             T, nh, nkv, hd, rot, norms, bias, in16 ? " bf16 in" : "");
     int nall = nh + 2 * nkv, half = rot / 2, ld = half + 2, n_slots = 2 * T + 5;
     size_t W = (size_t)nall * hd, stride = (size_t)nkv * hd + 8;  /* padded rows */
     loom_cuda_dtype dt = kv_dt(kvt);
@@ -1099,6 +1236,11 @@ static int test_qkv_post(int T, int nh, int nkv, int hd, int rot, int norms, int
     int *pos = xmalloc((size_t)T * sizeof(int));
     int32_t *slot = xmalloc((size_t)T * 4);
     fill(qkv, (size_t)T * W, 2.0f);
+    uint16_t *qkv16 = xmalloc((size_t)T * W * 2);
+    for (size_t i = 0; in16 && i < (size_t)T * W; i++) {
+        qkv16[i] = loom_f32_to_bf16(qkv[i]);
+        qkv[i] = loom_bf16_to_f32(qkv16[i]);  /* the reference takes the rounded rows */
+    }
     fill(b, W, 0.5f);
     fill(qn, (size_t)hd, 1.0f);
     fill(kn, (size_t)hd, 1.0f);
@@ -1132,7 +1274,8 @@ static int test_qkv_post(int T, int nh, int nkv, int hd, int rot, int norms, int
                     dst[i] = dt == LOOM_CUDA_F32 ? row[i] : round16(row[i], dt);
             }
         }
-    float *dqkv = up(qkv, (size_t)T * W * 4), *db = up(b, W * 4), *dqn = up(qn, (size_t)hd * 4);
+    float *dqkv = in16 ? up(qkv16, (size_t)T * W * 2) : up(qkv, (size_t)T * W * 4);
+    float *db = up(b, W * 4), *dqn = up(qn, (size_t)hd * 4);
     float *dkn = up(kn, (size_t)hd * 4), *dcs = up(cs, (size_t)T * ld * 4);
     float *dsn = up(sn, (size_t)T * ld * 4);
     int32_t *dslot = up(slot, (size_t)T * 4);
@@ -1146,9 +1289,13 @@ static int test_qkv_post(int T, int nh, int nkv, int hd, int rot, int norms, int
         api_fail("qkv_post", what, LOOM_ERR_NOMEM);
     } else {
         loom_cuda_kv kv = {dk, dv, dt, 16, stride};
-        loom_status st = loom_cuda_qkv_post(C, dq, &kv, dqkv, bias ? db : NULL, norms ? dqn : NULL,
-                                            norms ? dkn : NULL, 1e-6f, dslot, T, nh, nkv, hd, rot,
-                                            dcs, dsn, ld);
+        loom_status st =
+            in16 ? loom_cuda_qkv_post_bf16(C, dq, &kv, dqkv, bias ? db : NULL, norms ? dqn : NULL,
+                                           norms ? dkn : NULL, 1e-6f, dslot, T, nh, nkv, hd, rot,
+                                           dcs, dsn, ld)
+                 : loom_cuda_qkv_post(C, dq, &kv, dqkv, bias ? db : NULL, norms ? dqn : NULL,
+                                      norms ? dkn : NULL, 1e-6f, dslot, T, nh, nkv, hd, rot, dcs,
+                                      dsn, ld);
         if (st == LOOM_OK) st = loom_cuda_download(C, qgot, dq, (size_t)T * nh * hd * 4);
         if (st == LOOM_OK) st = loom_cuda_download(C, hk, dk, (size_t)n_slots * stride * es);
         if (st == LOOM_OK) st = loom_cuda_download(C, hv, dv, (size_t)n_slots * stride * es);
@@ -1172,7 +1319,13 @@ static int test_qkv_post(int T, int nh, int nkv, int hd, int rot, int norms, int
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) loom_cuda_release(C, dev[i]);
     free(qkv), free(b), free(qn), free(kn), free(cs), free(sn), free(row), free(qref);
     free(qgot), free(kvref), free(kvgot), free(hk), free(hv), free(inv), free(pos), free(slot);
+    free(qkv16);
     return ok;
+}
+
+static int test_qkv_post(int T, int nh, int nkv, int hd, int rot, int norms, int bias,
+                         loom_kv_type kvt) {
+    return test_qkv_post_in(T, nh, nkv, hd, rot, norms, bias, kvt, 0);
 }
 
 /* ---- sampling ------------------------------------------------------------ */
@@ -1346,6 +1499,12 @@ int main(void) {
     test_qkv_post(5, 6, 1, 128, 128, 1, 1, LOOM_KV_F32);
     test_qkv_post(9, 4, 4, 128, 0, 1, 0, LOOM_KV_BF16);
     test_qkv_post(600, 32, 8, 128, 128, 0, 0, LOOM_KV_BF16);
+    /* bf16 rows in (the q/k/v GEMM's bf16 output): warp and block kernels */
+    test_qkv_post_in(600, 32, 8, 128, 128, 0, 0, LOOM_KV_BF16, 1);
+    test_qkv_post_in(37, 14, 3, 128, 128, 1, 1, LOOM_KV_F16, 1);
+    test_qkv_post_in(33, 12, 4, 64, 32, 1, 1, LOOM_KV_BF16, 1);
+    test_qkv_post_in(3, 4, 2, 256, 128, 1, 0, LOOM_KV_F32, 1);
+    test_qkv_post_in(5, 6, 2, 80, 80, 1, 1, LOOM_KV_BF16, 1);
 
     for (int i = 0; i < N_SIZES; i++) {
         test_act(SIZES[i], 0);
@@ -1455,6 +1614,33 @@ int main(void) {
         attn_case a9 = {6, 1, 64, 7, LOOM_KV_BF16, 33, 0};  /* group 6, window, odd block */
         int l9[] = {1, 50, 999};
         test_attn_decode(&a9, l9, 3);
+
+        /* qkv_post folded into the cluster attention: the benchmark
+         * models' layouts at batch 1 and 2 (first token, one run, several
+         * runs), head_dim 64 with biases, a window and f16 rows, f32 rows
+         * without rope and softcap, group 6 and 8, odd block size */
+        int lq1[] = {130}, lq2[] = {1}, lq3[] = {300, 5}, lq4[] = {700}, lq5[] = {191};
+        test_attn_decode_qkv(&a7, lq1, 1, 128, 1, 0);
+        test_attn_decode_qkv(&a7, lq2, 1, 128, 1, 0);
+        test_attn_decode_qkv(&a7, lq3, 2, 128, 1, 0);
+        test_attn_decode_qkv(&a8, lq5, 1, 128, 0, 0);
+        test_attn_decode_qkv(&a8, lq4, 1, 128, 0, 0);
+        test_attn_decode_qkv(&a8, lq3, 2, 128, 0, 1);
+        attn_case aq1 = {8, 2, 64, 16, LOOM_KV_F16, 40, 0};
+        int lq6[] = {1, 41, 300};
+        test_attn_decode_qkv(&aq1, lq6, 3, 64, 1, 1);
+        attn_case aq2 = {8, 8, 64, 16, LOOM_KV_F32, 0, 30.0f};
+        int lq7[] = {5, 77};
+        test_attn_decode_qkv(&aq2, lq7, 2, 0, 1, 0);
+        attn_case aq3 = {6, 1, 128, 7, LOOM_KV_BF16, 33, 0};
+        int lq8[] = {1, 50, 999};
+        test_attn_decode_qkv(&aq3, lq8, 3, 128, 1, 1);
+        attn_case aq4 = {16, 2, 128, 16, LOOM_KV_BF16, 0, 0};
+        int lq9[] = {2000};
+        test_attn_decode_qkv(&aq4, lq9, 1, 128, 1, 0);
+        attn_case aq5 = {4, 2, 80, 16, LOOM_KV_BF16, 0, 0};  /* not fused: two kernels */
+        int lq10[] = {33};
+        test_attn_decode_qkv(&aq5, lq10, 1, 80, 1, 0);
 
         int s1[] = {0, 100, 7, 0, 33}, n1[] = {37, 5, 1, 300, 64};
         test_attn_prefill(&a1, s1, n1, 5, 0);
