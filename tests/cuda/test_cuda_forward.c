@@ -187,14 +187,18 @@ int main(void) {
         run_fixture(d, LOOM_KV_BF16);
         run_fixture(d, LOOM_KV_F32);
     }
-    /* the same models with the q/k/v GEMM writing bf16 (LOOM_CUDA_QKV16) */
+    /* the same models with the other settings: the q/k/v GEMM writing f32
+     * (LOOM_CUDA_QKV16=0), qkv_post inside the decode attention
+     * (LOOM_CUDA_ATTN_QKV=1) */
     snprintf(buf, sizeof buf, "%s", extra ? extra : "");
-    setenv("LOOM_CUDA_QKV16", "1", 1);
+    setenv("LOOM_CUDA_QKV16", "0", 1);
+    setenv("LOOM_CUDA_ATTN_QKV", "1", 1);
     for (char *sv = NULL, *d = strtok_r(buf, " ", &sv); d; d = strtok_r(NULL, " ", &sv)) {
-        printf("== LOOM_CUDA_QKV16=1\n");
+        printf("== LOOM_CUDA_QKV16=0 LOOM_CUDA_ATTN_QKV=1\n");
         run_fixture(d, LOOM_KV_BF16);
     }
     unsetenv("LOOM_CUDA_QKV16");
+    unsetenv("LOOM_CUDA_ATTN_QKV");
     loom_cuda_free(C);
     printf("cuda forward: %d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
