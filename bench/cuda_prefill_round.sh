@@ -8,8 +8,9 @@
 #   3. a 4096-token prefill (`loom bench -p 4096 -n 0 --reps 3`) under the
 #      settings in AB (space-separated VAR=value groups, '|' between them),
 #      on the models in AB_MODELS (default both); then batch-1 decode
-#      (`loom bench -p 0 -n 128 --tg-prompt 128 --batch 1 --reps 3`) under
-#      the settings in AB_TG on the models in AB_TG_MODELS (default both);
+#      (`loom bench -p 0 -n 128 --tg-prompt 128 --batch 1 --reps 3`; batch
+#      list AB_TG_BATCH) under the settings in AB_TG on the models in
+#      AB_TG_MODELS (default both);
 #   4. bench/cuda_prefill_times.sh on each model in PT_MODELS (prefill) and
 #      PT_DECODE (a batch-32 decode step).
 # Steps 3 and 4 are skipped once ROUND_BUDGET seconds (default 400) would
@@ -67,7 +68,7 @@ echo "${AB_TG:-}" | tr '|' '\n' | while read -r cfg; do
   for m in ${AB_TG_MODELS:-qwen3-0.6b llama3-8b}; do
     [ "$(left)" -gt 30 ] || { echo "skipped: tg $m [$cfg] (time)"; continue; }
     r=$(env $cfg timeout 60 "$B/loom" bench --device cuda --model "$DIR/$m" -p 0 -n 128 \
-        --tg-prompt 128 --batch 1 --reps 3 --kv-type bf16 --json 2>&1)
+        --tg-prompt 128 --batch "${AB_TG_BATCH:-1}" --reps 3 --kv-type bf16 --json 2>&1)
     echo "$m tg [$cfg] $r" >>"$OUT/ab.txt"
     echo "$m [$cfg] b1 $(echo "$r" | sed -n 's/.*{"b": 1, "tok_s": \([0-9.]*\).*/\1/p')" \
       "tg $(echo "$r" | sed -n 's/.*"tg_tok_s": \([0-9.]*\).*/\1/p')"
