@@ -149,6 +149,18 @@ static void check_errors(void) {
     CHECK(strstr(out, cfg) && strstr(out, "layer_idx 7 is out of range (the model has 3 layers: 0..2)"));
 }
 
+/* loom bench validates before it times: batched vs one-row logits, and
+ * the engine's greedy tokens at batch 1 and 3 against the context's. */
+static void check_bench(void) {
+    char cmd[1024], out[16384];
+    snprintf(cmd, sizeof cmd, "%s bench --model tests/fixtures/models/qwen3-tiny -p 8 -n 8 "
+             "--batch 1,3 --tg-prompt 4 --reps 1 --json 2>&1", loom);
+    CHECK_EQ_INT(run(cmd, out, sizeof out), 0);
+    CHECKF(strstr(out, "batch 3: 3 of 3 rows' first 8 greedy tokens equal the context's") &&
+           strstr(out, "\"greedy_match\": 3}") && strstr(out, "\"tg_tok_s\": "),
+           "loom bench: %s", out);
+}
+
 int main(void) {
     const char *b = getenv("LOOM_BUILD");
     snprintf(loom, sizeof loom, "%s/loom", b ? b : "build");
@@ -161,6 +173,7 @@ int main(void) {
     check_fixture("tests/fixtures/models/qwen2-tiny");
     check_fixture("tests/fixtures/models/qwen3-tiny");
     check_errors();
+    check_bench();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
