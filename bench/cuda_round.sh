@@ -1,13 +1,20 @@
 #!/bin/sh
-# bench/cuda_round.sh: one device call's worth of decode work, in order of
+# bench/cuda_round.sh: one device call's worth of GPU work, in order of
 # need, each step under its own time limit:
 #   0. builds everything, then writes the random models in the background;
 #   1. tools/cuda_check.sh (parity; its log in $OUT/check.txt);
-#   2. bench/cuda_gemv (the GEMV's variants alone and over whole layers);
-#   3. bench/cuda_bench.sh (loom only; $OUT/bench.txt);
-#   4. batch-1 decode (`loom bench -p 0 -n 128 --tg-prompt 128`) under the
-#      settings in AB_<model> ($OUT/ab.txt);
-#   5. bench/cuda_kernel_times.sh on each model ($OUT/kernels-<model>.txt).
+#   2. with GEMV=1, bench/cuda_gemv (the decode GEMV's variants alone and
+#      over whole layers; $OUT/gemv.txt);
+#   3. bench/cuda_bench.sh (loom only, LOOM_BENCH_BATCH default 1,32;
+#      $OUT/bench.txt);
+#   4. a 4096-token prefill (`loom bench -p 4096 -n 0 --reps 3`) under the
+#      settings in AB (space-separated VAR=value groups, '|' between them),
+#      on the models in AB_MODELS (default both); then decode (`loom bench
+#      -p 0 -n 128 --tg-prompt 128 --batch 1 --reps 3`; batch list
+#      AB_TG_BATCH) under the settings in AB_TG on the models in
+#      AB_TG_MODELS (default both);
+#   5. bench/cuda_kernel_times.sh on each model in KT_MODELS (batch-1
+#      decode), PT_MODELS (prefill) and PT_DECODE (a batch-32 decode step).
 # Steps 4 and 5 are skipped once ROUND_BUDGET seconds (default 400) would
 # be overrun. Environment: OUT (default /tmp/loom-round), BUILD (build/cc),
 # CC, LOOM_BENCH_* as bench/cuda_bench.sh.
@@ -23,9 +30,8 @@ el() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 left() { echo $(( BUDGET - ($(date +%s) - t0) )); }
 
 el "build"
-make -s -j"$(nproc)" BUILD="$B" CUDA=1 cuda-tests "$B/bench/cuda_gemv" "$B/loom" \
-  "$B/tools/gen_model" >"$OUT/make.txt" 2>&1 || tail -n 30 "$OUT/make.txt"
-# the benchmark's random models are written while the tests run
+make -s -j"$(nproc)" BUILD="$B" CUDA=1 cuda-tests "$B/loom" "$B/tools/gen_model" "$B/bench/cuda_gemv" \
+  >"$OUT/make.txt" 2>&1 || tail -n 30 "$OUT/make.txt"
 (
   for m in qwen3-0.6b llama3-8b; do
     [ -f "$DIR/$m/model.safetensors" ] ||
@@ -39,45 +45,62 @@ BUILD=$B timeout 240 sh tools/cuda_check.sh >"$OUT/check.txt" 2>&1
 grep -E "^FAIL" "$OUT/check.txt" | head -n 20
 grep -E "cuda kernels:|passed|cuda_check:" "$OUT/check.txt" | tail -n 6
 
-el "gemv"
-timeout 100 "$B/bench/cuda_gemv" 30 >"$OUT/gemv.txt" 2>&1
-grep -E "^best|cuda_gemv:" "$OUT/gemv.txt"
+if [ "${GEMV:-0}" = 1 ]; then
+  el "gemv"
+  timeout 100 "$B/bench/cuda_gemv" 30 >"$OUT/gemv.txt" 2>&1
+  grep -E "^best|cuda_gemv:" "$OUT/gemv.txt"
+fi
 
 wait $gen
 el "bench"
 BUILD=$B LOOM_BENCH_PEER=0 LOOM_BENCH_REPS=${LOOM_BENCH_REPS:-3} \
-  LOOM_BENCH_BATCH=${LOOM_BENCH_BATCH:-1,8,32} timeout 260 sh bench/cuda_bench.sh \
+  LOOM_BENCH_BATCH=${LOOM_BENCH_BATCH:-1,32} timeout 260 sh bench/cuda_bench.sh \
   >"$OUT/bench.txt" 2>&1
 sed -n '/== table/,$p' "$OUT/bench.txt" | grep -E "^\||copy"
 
-el "batch 1 under other settings"
-# settings a batch-1 decode is also run with, per model ('|' between them;
-# an empty one is the default)
-AB_qwen3_0_6b=${AB_qwen3_0_6b:-"|LOOM_CUDA_ATTN_SPLIT=16|LOOM_CUDA_GEMV_KS=0 LOOM_CUDA_ATTN_SPLIT=16"}
-AB_llama3_8b=${AB_llama3_8b:-"|LOOM_CUDA_GEMV_KS=0|LOOM_CUDA_GEMV_KS=0 LOOM_CUDA_ATTN_SPLIT=16"}
-for m in qwen3-0.6b llama3-8b; do
-  [ -f "$DIR/$m/model.safetensors" ] || continue
-  cfgs=$(eval echo "\"\${AB_$(echo "$m" | tr '.-' '__')}\"")
-  echo "$cfgs" | tr '|' '\n' | while read -r cfg; do
-    [ "$(left)" -gt 30 ] || { echo "skipped: $m [$cfg] (time)"; continue; }
+el "prefill under other settings"
+echo "${AB:-}" | tr '|' '\n' | while read -r cfg; do
+  [ -n "$cfg" ] || continue
+  for m in ${AB_MODELS:-qwen3-0.6b llama3-8b}; do
+    [ "$(left)" -gt 40 ] || { echo "skipped: $m [$cfg] (time)"; continue; }
+    r=$(env $cfg timeout 90 "$B/loom" bench --device cuda --model "$DIR/$m" -p 4096 -n 0 \
+        --reps 3 --kv-type bf16 --json 2>&1)
+    echo "$m [$cfg] $r" >>"$OUT/ab.txt"
+    echo "$m [$cfg] pp $(echo "$r" | sed -n 's/.*"pp_tok_s": \([0-9.]*\).*/\1/p')" \
+      "$(echo "$r" | grep -o 'max |diff| [0-9.e+-]*')"
+  done
+done
+
+echo "${AB_TG:-}" | tr '|' '\n' | while read -r cfg; do
+  [ -n "$cfg" ] || continue
+  for m in ${AB_TG_MODELS:-qwen3-0.6b llama3-8b}; do
+    [ "$(left)" -gt 30 ] || { echo "skipped: tg $m [$cfg] (time)"; continue; }
     r=$(env $cfg timeout 60 "$B/loom" bench --device cuda --model "$DIR/$m" -p 0 -n 128 \
-        --tg-prompt 128 --batch 1 --kv-type bf16 --reps 3 --json 2>&1 | tail -n 1)
-    echo "$m [${cfg:-default}] $r" | tee -a "$OUT/ab.txt" |
-      python3 -c 'import sys,json
-l=sys.stdin.read(); h,_,j=l.partition("] ")
-try:
-    d=json.loads(j); print(h+"]", "tg", round(d["tg_tok_s"]), "b1", round(d["batch"][0]["tok_s"], 1))
-except Exception: print(l[:300])'
+        --tg-prompt 128 --batch "${AB_TG_BATCH:-1}" --reps 3 --kv-type bf16 --json 2>&1)
+    echo "$m tg [$cfg] $r" >>"$OUT/ab.txt"
+    echo "$m [$cfg] b1 $(echo "$r" | sed -n 's/.*{"b": 1, "tok_s": \([0-9.]*\).*/\1/p')" \
+      "tg $(echo "$r" | sed -n 's/.*"tg_tok_s": \([0-9.]*\).*/\1/p')"
   done
 done
 
 el "kernel times"
-for m in ${KT_MODELS:-qwen3-0.6b llama3-8b}; do
-  if [ "$(left)" -gt 30 ] && [ -f "$DIR/$m/model.safetensors" ]; then
-    timeout $(( $(left) - 5 )) sh bench/cuda_kernel_times.sh "$B/loom" "$DIR/$m" 16 \
-      >"$OUT/kernels-$m.txt" 2>&1
-    echo "$m:"
-    sed -n '/profiled/,/^$/p' "$OUT/kernels-$m.txt"
-  fi
-done
+# kt MODE N NEED MODELS...: cuda_kernel_times.sh on each model while NEED
+# seconds are left; logs in $OUT/MODE-<model>.txt
+kt() {
+  mode=$1 n=$2 need=$3
+  shift 3
+  for m in "$@"; do
+    [ "$(left)" -gt "$need" ] || { echo "skipped: $mode times $m (time)"; continue; }
+    timeout $(( $(left) - 5 )) sh bench/cuda_kernel_times.sh "$B/loom" "$DIR/$m" "$mode" "$n" \
+      >"$OUT/$mode-$m.txt" 2>&1
+    echo "$m $mode:"
+    sed -n '/^[0-9]* kernels/,/^$/p' "$OUT/$mode-$m.txt"
+  done
+}
+# shellcheck disable=SC2086
+kt tg 16 30 ${KT_MODELS:-}
+# shellcheck disable=SC2086
+kt prefill 4096 60 ${PT_MODELS:-}
+# shellcheck disable=SC2086
+kt decode 32 60 ${PT_DECODE:-}
 el "done"
