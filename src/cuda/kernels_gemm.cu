@@ -21,71 +21,16 @@ __global__ void f32_to_bf16_kernel(__nv_bfloat16 *y, const float *x, size_t n) {
     if (i < n) y[i] = __float2bfloat16_rn(x[i]);
 }
 
-extern "C" loom_status loom_cuda_gemm(loom_cuda *c, float *d_y, const float *d_x,
-                                      const void *d_w, loom_cuda_dtype dt, int T, int rows,
-                                      int cols) {
-    if (T <= 0 || rows <= 0) return LOOM_OK;
-    if (cols <= 0) return loom_err(LOOM_ERR_INVALID_ARG, "cuda gemm: %d columns", cols);
-    const float one = 1.0f, zero = 0.0f;
-    const void *x = d_x;
-    cudaDataType_t ty = CUDA_R_32F;
-    if (dt != LOOM_CUDA_F32) {
-        size_t n = (size_t)T * cols;
-        void *tmp;
-        loom_status st = loom_cuda_scratch(c, n * 2, &tmp);
-        if (st != LOOM_OK) return st;
-        if (dt == LOOM_CUDA_F16) {
-            f32_to_f16_kernel<<<loom_cuda_blocks(n, 256), 256, 0, c->stream>>>((__half *)tmp, d_x, n);
-            ty = CUDA_R_16F;
-        } else {
-            f32_to_bf16_kernel<<<loom_cuda_blocks(n, 256), 256, 0, c->stream>>>(
-                (__nv_bfloat16 *)tmp, d_x, n);
-            ty = CUDA_R_16BF;
-        }
-        LAUNCH_CHECK();
-        x = tmp;
-    }
-    /* Column-major view: y^T (rows, T) = W (cols, rows)^T * x^T (cols, T). */
-    CUBLAS_CHECK(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, T, cols, &one, d_w, ty,
-                              cols, x, ty, cols, &zero, d_y, CUDA_R_32F, rows,
-                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    return LOOM_OK;
-}
-
-/* The same with x already in the weight's 16-bit type (made so by the
- * kernel before: add_rmsnorm16, act_mul_split16): no conversion pass. */
-extern "C" loom_status loom_cuda_gemm16(loom_cuda *c, float *d_y, const void *d_x16,
-                                        const void *d_w, loom_cuda_dtype dt, int T, int rows,
-                                        int cols) {
-    if (T <= 0 || rows <= 0) return LOOM_OK;
-    if (cols <= 0 || (dt != LOOM_CUDA_F16 && dt != LOOM_CUDA_BF16))
-        return loom_err(LOOM_ERR_INVALID_ARG, "cuda gemm16: %d columns, type %d (expected f16 "
-                        "or bf16)", cols, (int)dt);
-    const float one = 1.0f, zero = 0.0f;
-    cudaDataType_t ty = dt == LOOM_CUDA_F16 ? CUDA_R_16F : CUDA_R_16BF;
-    CUBLAS_CHECK(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, T, cols, &one, d_w, ty,
-                              cols, d_x16, ty, cols, &zero, d_y, CUDA_R_32F, rows,
-                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    return LOOM_OK;
-}
-
-extern "C" loom_status loom_cuda_gemm16_bf16out(loom_cuda *c, void *d_y16, const void *d_x16,
-                                                const void *d_w, int T, int rows, int cols) {
-    if (T <= 0 || rows <= 0) return LOOM_OK;
-    if (cols <= 0) return loom_err(LOOM_ERR_INVALID_ARG, "cuda gemm16_bf16out: %d columns", cols);
-    const float one = 1.0f, zero = 0.0f;
-    CUBLAS_CHECK(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, T, cols, &one, d_w,
-                              CUDA_R_16BF, cols, d_x16, CUDA_R_16BF, cols, &zero, d_y16,
-                              CUDA_R_16BF, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    return LOOM_OK;
-}
-
-extern "C" loom_status loom_cuda_gemm_acc(loom_cuda *c, float *d_y, const void *d_x, int x16,
-                                          const void *d_w, loom_cuda_dtype dt, int T, int rows,
-                                          int cols) {
+/* y = beta y + x W^T with f32 accumulation. x is f32 (converted to the
+ * weight's 16-bit type first where W is 16-bit) or, with x16, already in
+ * that type (made so by the kernel before: add_rmsnorm16, act_mul_split16). */
+static loom_status gemm_into(loom_cuda *c, float *d_y, const void *d_x, int x16, const void *d_w,
+                             loom_cuda_dtype dt, int T, int rows, int cols, float beta,
+                             const char *what) {
     if (T <= 0 || rows <= 0) return LOOM_OK;
     if (cols <= 0 || (x16 && dt != LOOM_CUDA_F16 && dt != LOOM_CUDA_BF16))
-        return loom_err(LOOM_ERR_INVALID_ARG, "cuda gemm_acc: %d columns, type %d", cols, (int)dt);
+        return loom_err(LOOM_ERR_INVALID_ARG, "cuda %s: %d columns, type %d (expected columns > 0, "
+                        "and f16 or bf16 weights for 16-bit x)", what, cols, (int)dt);
     const float one = 1.0f;
     const void *x = d_x;
     cudaDataType_t ty = dt == LOOM_CUDA_F32 ? CUDA_R_32F : dt == LOOM_CUDA_F16 ? CUDA_R_16F
@@ -104,10 +49,40 @@ extern "C" loom_status loom_cuda_gemm_acc(loom_cuda *c, float *d_y, const void *
         LAUNCH_CHECK();
         x = tmp;
     }
+    /* Column-major view: y^T (rows, T) = W (cols, rows)^T * x^T (cols, T). */
     CUBLAS_CHECK(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, T, cols, &one, d_w, ty,
-                              cols, x, ty, cols, &one, d_y, CUDA_R_32F, rows,
+                              cols, x, ty, cols, &beta, d_y, CUDA_R_32F, rows,
                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     return LOOM_OK;
+}
+
+extern "C" loom_status loom_cuda_gemm(loom_cuda *c, float *d_y, const float *d_x,
+                                      const void *d_w, loom_cuda_dtype dt, int T, int rows,
+                                      int cols) {
+    return gemm_into(c, d_y, d_x, 0, d_w, dt, T, rows, cols, 0.0f, "gemm");
+}
+
+extern "C" loom_status loom_cuda_gemm16(loom_cuda *c, float *d_y, const void *d_x16,
+                                        const void *d_w, loom_cuda_dtype dt, int T, int rows,
+                                        int cols) {
+    return gemm_into(c, d_y, d_x16, 1, d_w, dt, T, rows, cols, 0.0f, "gemm16");
+}
+
+extern "C" loom_status loom_cuda_gemm16_bf16out(loom_cuda *c, void *d_y16, const void *d_x16,
+                                                const void *d_w, int T, int rows, int cols) {
+    if (T <= 0 || rows <= 0) return LOOM_OK;
+    if (cols <= 0) return loom_err(LOOM_ERR_INVALID_ARG, "cuda gemm16_bf16out: %d columns", cols);
+    const float one = 1.0f, zero = 0.0f;
+    CUBLAS_CHECK(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, T, cols, &one, d_w,
+                              CUDA_R_16BF, cols, d_x16, CUDA_R_16BF, cols, &zero, d_y16,
+                              CUDA_R_16BF, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return LOOM_OK;
+}
+
+extern "C" loom_status loom_cuda_gemm_acc(loom_cuda *c, float *d_y, const void *d_x, int x16,
+                                          const void *d_w, loom_cuda_dtype dt, int T, int rows,
+                                          int cols) {
+    return gemm_into(c, d_y, d_x, x16, d_w, dt, T, rows, cols, 1.0f, "gemm_acc");
 }
 
 /* ---- skinny GEMM for a few tokens (decode) ------------------------------ */
