@@ -779,15 +779,29 @@ static cudaError_t attn_cluster_launch(const loom_cuda *c, int ncl, float *out, 
  * one thread-block cluster per (sequence, KV head), as many CTAs as keep
  * the grid within 2 an SM (c->attn_cluster at most) and no more than one
  * run of positions each needs. */
+/* The decode step's shape: the positions a query attends to (span, the
+ * window caps it), elements per lane of a head (epl, 0 when head_dim is
+ * not a multiple of 32), and whether the vectorised kernels take it. */
+struct dec_shape {
+    int span, epl, vec;
+};
+
+static dec_shape dec_shape_of(const loom_cuda_kv *kv, const loom_cuda_attn *a, int max_len) {
+    dec_shape d;
+    int group = a->n_heads / a->n_kv_heads, hd = a->head_dim;
+    d.span = a->window > 0 ? LOOM_MIN_U((unsigned)a->window, (unsigned)LOOM_MAX_I(max_len, 1))
+                           : LOOM_MAX_I(max_len, 1);
+    d.epl = hd % 32 == 0 ? hd / 32 : 0;
+    d.vec = (d.epl == 2 || d.epl == 4 || d.epl == 8) && group <= DEC_GMAX &&
+            (kv->row_stride % 4 == 0 || kv->dt != LOOM_CUDA_BF16);
+    return d;
+}
+
 static int cl_size(const loom_cuda *c, const loom_cuda_kv *kv, const loom_cuda_attn *a,
                    int n_seqs, int max_len) {
-    int group = a->n_heads / a->n_kv_heads, hd = a->head_dim;
-    int span = a->window > 0 ? LOOM_MIN_U((unsigned)a->window, (unsigned)LOOM_MAX_I(max_len, 1))
-                             : LOOM_MAX_I(max_len, 1);
-    int epl = hd % 32 == 0 ? hd / 32 : 0;
-    int vec = (epl == 2 || epl == 4 || epl == 8) && group <= DEC_GMAX &&
-              (kv->row_stride % 4 == 0 || kv->dt != LOOM_CUDA_BF16);
-    if (!vec || epl > 4 || c->attn_cluster < 2 || c->cc < 90) return 0;
+    dec_shape d = dec_shape_of(kv, a, max_len);
+    int span = d.span, epl = d.epl;
+    if (!d.vec || epl > 4 || c->attn_cluster < 2 || c->cc < 90) return 0;
     int ncl = c->attn_cluster;
     while (ncl >= 2 && (size_t)n_seqs * a->n_kv_heads * ncl > 2 * (size_t)c->n_sm) ncl /= 2;
     while (ncl > 2 && (ncl / 2) * CL_WARPS * CL_PB >= span) ncl /= 2;
@@ -834,11 +848,8 @@ extern "C" loom_status loom_cuda_attn_decode(loom_cuda *c, float *d_out, const f
     if (n_seqs > 65535 || a->n_kv_heads > 65535)
         return loom_err(LOOM_ERR_INVALID_ARG, "cuda attn_decode: %d sequences, at most 65535", n_seqs);
     int group = a->n_heads / a->n_kv_heads, hd = a->head_dim;
-    int span = a->window > 0 ? LOOM_MIN_U((unsigned)a->window, (unsigned)LOOM_MAX_I(max_len, 1))
-                             : LOOM_MAX_I(max_len, 1);
-    int epl = hd % 32 == 0 ? hd / 32 : 0;
-    int vec = (epl == 2 || epl == 4 || epl == 8) && group <= DEC_GMAX &&
-              (kv->row_stride % 4 == 0 || kv->dt != LOOM_CUDA_BF16);
+    dec_shape d = dec_shape_of(kv, a, max_len);
+    int span = d.span, epl = d.epl, vec = d.vec;
     /* Small batches: one thread-block cluster per (sequence, KV head) */
     int ncl = cl_size(c, kv, a, n_seqs, max_len);
     if (ncl >= 2) {
