@@ -287,6 +287,53 @@ typedef struct attn_job {
     const int *tiles;        /* [2 * n_tiles] token ranges [ta, tb) of one row */
 } attn_job;
 
+/* Rows [p0, p0 + n) of KV head kh's keys (vals: values) as f32, *ld apart:
+ * in place where the layer stores f32, in_place allows it and the rows lie
+ * in one block; else widened or copied into buf (n rows of head_dim). */
+static const float *kv_rows(const attn_job *j, const loom_kv_seq *seq, int kh, int vals, int p0,
+                            int n, float *buf, int in_place, int *ld) {
+    const loom_kv_pool *kv = j->kv;
+    int l = j->A->kv_layer, hd = j->A->head_dim, f32 = kv->layer[l].type == LOOM_KV_F32;
+    if (in_place && f32 && p0 / kv->block_size == (p0 + n - 1) / kv->block_size) {
+        *ld = kv->kv_dim;
+        return (const float *)(vals ? loom_kv_v_row(kv, seq, l, p0) : loom_kv_k_row(kv, seq, l, p0)) +
+               (size_t)kh * hd;
+    }
+    for (int i = 0; i < n; i++) {
+        float *dst = buf + (size_t)i * hd;
+        const void *row = vals ? loom_kv_v_row(kv, seq, l, p0 + i) : loom_kv_k_row(kv, seq, l, p0 + i);
+        if (f32) memcpy(dst, (const float *)row + (size_t)kh * hd, sizeof(float) * (size_t)hd);
+        else loom_kv_layer_load(kv, l, row, kh * hd, hd, dst);
+    }
+    *ld = hd;
+    return buf;
+}
+
+/* The q rows of tokens [ta, tb) for KV head kh's group into dst, (slots,
+ * hd); tile_att_put puts such rows back into s->att. */
+static void tile_q_get(const loom_fwd_state *s, int nh, int kh, int group, int hd, int ta, int tb,
+                       float *dst) {
+    for (int t = ta; t < tb; t++)
+        memcpy(dst + (size_t)(t - ta) * group * hd, s->q + ((size_t)t * nh + kh * group) * hd,
+               sizeof(float) * (size_t)group * hd);
+}
+
+static void tile_att_put(loom_fwd_state *s, int nh, int kh, int group, int hd, int ta, int tb,
+                         const float *src) {
+    for (int t = ta; t < tb; t++)
+        memcpy(s->att + ((size_t)t * nh + kh * group) * hd, src + (size_t)(t - ta) * group * hd,
+               sizeof(float) * (size_t)group * hd);
+}
+
+/* A query's raw scores over its own keys: scaled, softcapped, softmaxed. */
+static void score_softmax(const loom_kernels *k, float *row, int n, float scale, float cap) {
+    for (int i = 0; i < n; i++) {
+        float v = row[i] * scale;
+        row[i] = cap > 0 ? tanhf(v / cap) * cap : v;
+    }
+    k->softmax(row, n);
+}
+
 /* attn_task for a tile of `slots` >= ATT_GEMM_MIN query rows: scores for
  * every (query, key) of the tile's span through matmul_f32, then the usual
  * scale, softcap and softmax over each query's own keys, zeros outside
@@ -310,42 +357,24 @@ static void attn_tile_gemm(const attn_job *j, int kh, int ta, int tb, int thread
     float *part = acc + smax * hd;                             /* (slots, hd) */
     float *kc = part + smax * hd;                              /* (ATT_CHUNK, hd) */
     float *vt = kc + (size_t)ATT_CHUNK * hd;                   /* (hd, ATT_CHUNK) */
-    for (int t = ta; t < tb; t++)
-        memcpy(qs + (size_t)(t - ta) * group * hd, s->q + ((size_t)t * nh + kh * group) * hd,
-               sizeof(float) * (size_t)group * hd);
+    tile_q_get(s, nh, kh, group, hd, ta, tb, qs);
     for (int p0 = lo0; p0 <= pos1; p0 += ATT_CHUNK) {
-        int cn = LOOM_MIN(ATT_CHUNK, pos1 - p0 + 1);
-        for (int i = 0; i < cn; i++) {
-            float *dst = kc + (size_t)i * hd;
-            const float *kr = loom_kv_layer_load(j->kv, A->kv_layer,
-                                                 loom_kv_k_row(j->kv, seq, A->kv_layer, p0 + i),
-                                                 kh * hd, hd, dst);
-            if (kr != dst) memcpy(dst, kr, sizeof(float) * (size_t)hd);
-        }
+        int cn = LOOM_MIN(ATT_CHUNK, pos1 - p0 + 1), ld;
+        kv_rows(j, seq, kh, 0, p0, cn, kc, 0, &ld);
         k->matmul_f32(sc + (p0 - lo0), span, qs, hd, kc, hd, slots, 0, cn);
     }
     for (int t = ta; t < tb; t++) {
         int pos = s->tok_pos[t], lo = win > 0 ? LOOM_MAX(0, pos - win + 1) : 0;
         for (int g = 0; g < group; g++) {
             float *row = sc + (size_t)((t - ta) * group + g) * span;
-            for (int i = lo - lo0; i <= pos - lo0; i++) {
-                float v = row[i] * A->scale;
-                row[i] = cap > 0 ? tanhf(v / cap) * cap : v;
-            }
-            k->softmax(row + (lo - lo0), pos - lo + 1);
+            score_softmax(k, row + (lo - lo0), pos - lo + 1, A->scale, cap);
             memset(row, 0, sizeof(float) * (size_t)(lo - lo0));
             memset(row + (pos - lo0 + 1), 0, sizeof(float) * (size_t)(pos1 - pos));
         }
     }
     for (int p0 = lo0; p0 <= pos1; p0 += ATT_CHUNK) {
-        int cn = LOOM_MIN(ATT_CHUNK, pos1 - p0 + 1);
-        for (int i = 0; i < cn; i++) {
-            float *dst = kc + (size_t)i * hd;
-            const float *vr = loom_kv_layer_load(j->kv, A->kv_layer,
-                                                 loom_kv_v_row(j->kv, seq, A->kv_layer, p0 + i),
-                                                 kh * hd, hd, dst);
-            if (vr != dst) memcpy(dst, vr, sizeof(float) * (size_t)hd);
-        }
+        int cn = LOOM_MIN(ATT_CHUNK, pos1 - p0 + 1), ld;
+        kv_rows(j, seq, kh, 1, p0, cn, kc, 0, &ld);
         /* V^T in 8 x 8 blocks, so that the writes stay within a few lines */
         for (int i0 = 0; i0 < cn; i0 += 8)
             for (int d0 = 0; d0 < hd; d0 += 8)
@@ -357,36 +386,12 @@ static void attn_tile_gemm(const attn_job *j, int kh, int ta, int tb, int thread
         if (y == part)
             for (size_t i = 0; i < (size_t)slots * hd; i++) acc[i] += part[i];
     }
-    for (int t = ta; t < tb; t++)
-        memcpy(s->att + ((size_t)t * nh + kh * group) * hd, acc + (size_t)(t - ta) * group * hd,
-               sizeof(float) * (size_t)group * hd);
+    tile_att_put(s, nh, kh, group, hd, ta, tb, acc);
 }
 
 /* Keys per chunk of a small tile: the chunk's K rows as f32 (32 KiB at
  * head_dim 128) stay in L1 while the scores are taken. */
 #define ATT_SMALL_CHUNK 64
-
-/* Rows [p0, p0 + n) of KV head kh's keys (vals: values) as f32, *ld apart:
- * in place where the layer stores f32, in_place allows it and the rows lie
- * in one block; else widened or copied into buf (n rows of head_dim). */
-static const float *kv_rows(const attn_job *j, const loom_kv_seq *seq, int kh, int vals, int p0,
-                            int n, float *buf, int in_place, int *ld) {
-    const loom_kv_pool *kv = j->kv;
-    int l = j->A->kv_layer, hd = j->A->head_dim, f32 = kv->layer[l].type == LOOM_KV_F32;
-    if (in_place && f32 && p0 / kv->block_size == (p0 + n - 1) / kv->block_size) {
-        *ld = kv->kv_dim;
-        return (const float *)(vals ? loom_kv_v_row(kv, seq, l, p0) : loom_kv_k_row(kv, seq, l, p0)) +
-               (size_t)kh * hd;
-    }
-    for (int i = 0; i < n; i++) {
-        float *dst = buf + (size_t)i * hd;
-        const void *row = vals ? loom_kv_v_row(kv, seq, l, p0 + i) : loom_kv_k_row(kv, seq, l, p0 + i);
-        if (f32) memcpy(dst, (const float *)row + (size_t)kh * hd, sizeof(float) * (size_t)hd);
-        else loom_kv_layer_load(kv, l, row, kh * hd, hd, dst);
-    }
-    *ld = hd;
-    return buf;
-}
 
 /* One task = a tile of consecutive tokens of one row and one KV head, with
  * the q heads of its group. Below ATT_GEMM_MIN query rows, chunks of keys
@@ -424,12 +429,9 @@ static void attn_task(void *ctx, int task, int thread) {
     const float *qs = s->q + ((size_t)ta * nh + kh * group) * hd;
     float *out = s->att + ((size_t)ta * nh + kh * group) * hd;
     if (tb - ta > 1) {
-        float *qc = tmp;
+        tile_q_get(s, nh, kh, group, hd, ta, tb, tmp);
+        qs = tmp;
         out = tmp + smax * hd;
-        for (int t = ta; t < tb; t++)
-            memcpy(qc + (size_t)(t - ta) * group * hd, s->q + ((size_t)t * nh + kh * group) * hd,
-                   sizeof(float) * (size_t)group * hd);
-        qs = qc;
     }
     for (int p0 = lo0; p0 <= pos1; p0 += ATT_SMALL_CHUNK) {
         int cn = LOOM_MIN(ATT_SMALL_CHUNK, pos1 - p0 + 1), ld;
@@ -438,14 +440,9 @@ static void attn_task(void *ctx, int task, int thread) {
     }
     for (int t = ta; t < tb; t++) {
         int pos = s->tok_pos[t], lo = win > 0 ? LOOM_MAX(0, pos - win + 1) : 0;
-        for (int g = 0; g < group; g++) {
-            float *row = sc + (size_t)((t - ta) * group + g) * span;
-            for (int i = lo - lo0; i <= pos - lo0; i++) {
-                float v = row[i] * A->scale;
-                row[i] = cap > 0 ? tanhf(v / cap) * cap : v;
-            }
-            k->softmax(row + (lo - lo0), pos - lo + 1);
-        }
+        for (int g = 0; g < group; g++)
+            score_softmax(k, sc + (size_t)((t - ta) * group + g) * span + (lo - lo0), pos - lo + 1,
+                          A->scale, cap);
     }
     memset(out, 0, sizeof(float) * (size_t)slots * hd);
     int keys[2 * ATT_GEMM_MIN];
@@ -466,10 +463,7 @@ static void attn_task(void *ctx, int task, int thread) {
         }
         k->attn_pv(out, hd, sc + (p0 - lo0), span, keys, slots, vr, ld, p1 - p0, hd);
     }
-    if (tb - ta > 1)
-        for (int t = ta; t < tb; t++)
-            memcpy(s->att + ((size_t)t * nh + kh * group) * hd, out + (size_t)(t - ta) * group * hd,
-                   sizeof(float) * (size_t)group * hd);
+    if (tb - ta > 1) tile_att_put(s, nh, kh, group, hd, ta, tb, out);
 }
 
 static void rope_tables(loom_model *m, loom_fwd_state *s, int T) {
