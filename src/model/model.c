@@ -758,8 +758,7 @@ typedef struct {
  * it. The file's pages of it are dropped unless another weight (a tied
  * embedding, which gathers rows) still reads them. */
 static void interleave(il_pass *ps, loom_weight *w) {
-    /* (il16: a weight reached twice is converted once) */
-    if (w->dtype != LOOM_DT_U32 || w->q.il16 || !loom_q_il16_ok(&w->q, w->rows)) return;
+    if (w->dtype != LOOM_DT_U32 || !loom_q_il16_ok(&w->q, w->rows)) return;
     size_t n = (loom_q_il16_bytes(&w->q, w->rows) + 63) & ~(size_t)63;
     if (ps->il) {
         loom_qmat q;

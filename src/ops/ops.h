@@ -39,6 +39,7 @@ typedef struct loom_qmat {
  * broadcast, 16 rows to 16 lanes, with no reduction across lanes.
  * Only kernel tables with q_il16 set read it. */
 #define LOOM_Q_IL_MAXN 8192  /* longest row (columns) the layout takes */
+/* Whether w fits that layout and is not in it already. */
 int loom_q_il16_ok(const loom_qmat *w, int rows);
 /* dst: w's values in that layout, in one buffer (*mem, loom_free it). */
 loom_status loom_q_interleave(const loom_qmat *w, int rows, loom_qmat *dst, void **mem);
