@@ -194,8 +194,9 @@ void loom_fwd_matmul_n(loom_model *m, int n_w, float *const *y, const float *x,
     if (macs < ((size_t)1 << 18)) n = 1;
     /* Slices per thread and weight: 4 let a thread whose core went to
      * another process hand its share over. Each slice repeats the kernel's
-     * work on x (packing; rounding to int8 under --fast), which a prompt
-     * (T >= 16) makes large: 2 there, and one slice on one thread. */
+     * work on x (packing; rounding under --fast, but for the interleaved
+     * matrices, done once below), which a prompt (T >= 16) makes large: 2
+     * there, and one slice on one thread. */
     int per = n == 1 ? 1 : T >= 16 ? 2 : 4;
     mm_job j = {.k = m->k, .x = x, .ldx = cols, .T = T};
     for (int i = 0; i < n_w; i++) {
