@@ -215,7 +215,7 @@ void loom_fwd_matmul_n(loom_model *m, int n_w, float *const *y, const float *x,
         prep = w[i]->dtype == LOOM_DT_U32 && w[i]->q.il16 && w[i]->q.group == w[0]->q.group;
     if (prep) {
         size_t bytes = m->k->q_prep_bytes(&w[0]->q, T);
-        void *buf = bytes <= sizeof stack ? stack : (heap = loom_alloc(bytes));
+        void *buf = bytes <= sizeof stack ? stack : (heap = malloc(bytes));
         if (buf) {
             m->k->q_prep(buf, x, cols, &w[0]->q, T);
             j.prep = buf;
@@ -225,7 +225,7 @@ void loom_fwd_matmul_n(loom_model *m, int n_w, float *const *y, const float *x,
         for (int t = 0; t < j.first[n_w]; t++) mm_task(&j, t, 0);
     else
         loom_pool_run(m->pool, j.first[n_w], mm_task, &j);
-    loom_free(heap);
+    free(heap);
 }
 
 void loom_fwd_matmul(loom_model *m, float *y, const float *x, const loom_weight *w, int T) {
