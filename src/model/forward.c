@@ -24,17 +24,9 @@
  * are read once per task and reused by all of them while they sit in L1,
  * instead of once per query. */
 #define ATT_SLOTS 32
-/* Prefill tiles of at least ATT_GEMM_MIN query rows run as two matmuls
- * (scores = Q K^T, out = P V) over chunks of ATT_CHUNK keys gathered as
- * f32 (smaller ones score through matmul_f32 too, but sum the values key
- * by key with attn_pv): the kernels' register tiles then reuse every
- * loaded key for many queries. The value sums run in another order than
- * attn_pv's, so a query's output can
- * differ in the last bits between a tile of this kind and a smaller one,
- * i.e. between a prompt split at one token count and at another (equal for
- * splits at multiples of the tile's tokens without a sliding window). */
-#define ATT_GEMM_MIN 16
-#define ATT_CHUNK 256
+/* Keys per chunk: the chunk's K rows as f32 (32 KiB at head_dim 128) stay
+ * in L1 while every query row of the task is scored against them. */
+#define ATT_CHUNK 64
 
 loom_status loom_fwd_state_create(const loom_model *m, int max_tokens, int max_ctx,
                                   loom_fwd_state **out) {
@@ -71,12 +63,13 @@ loom_status loom_fwd_state_create(const loom_model *m, int max_tokens, int max_c
     ALLOC(s->cos, T * half);
     ALLOC(s->sin, T * half);
     /* ATT_SLOTS query rows per task, or a whole group when it is larger */
-    ALLOC(s->scores, (size_t)s->n_threads * (size_t)LOOM_MAX(ATT_SLOTS, c->n_heads) * (size_t)max_ctx);
+    s->att_slots = LOOM_MAX(ATT_SLOTS, c->n_heads);
+    ALLOC(s->scores, (size_t)s->n_threads * (size_t)s->att_slots * (size_t)max_ctx);
     ALLOC(s->tiles, 2 * T);
-    /* q rows, output and a chunk's partial output (slots, head_dim each);
-     * K chunk (ATT_CHUNK, head_dim) and V^T chunk (head_dim, ATT_CHUNK) */
-    s->att_tmp_per = (3 * (size_t)LOOM_MAX(ATT_SLOTS, c->n_heads) + 2 * ATT_CHUNK) *
-                     (size_t)LOOM_MAX(m->max_head_dim, 1);
+    /* q rows and output (slots, head_dim each), a K chunk (ATT_CHUNK,
+     * head_dim), then the slots' key ranges (2 ints each) */
+    s->att_tmp_per = (2 * (size_t)s->att_slots + ATT_CHUNK) * (size_t)LOOM_MAX(m->max_head_dim, 1) +
+                     2 * (size_t)s->att_slots;
     ALLOC(s->att_tmp, (size_t)s->n_threads * s->att_tmp_per);
     ALLOC(s->tok_row, T);
     ALLOC(s->tok_pos, T);
@@ -335,73 +328,13 @@ static void score_softmax(const loom_kernels *k, float *row, int n, float scale,
     k->softmax(row, n);
 }
 
-/* attn_task for a tile of `slots` >= ATT_GEMM_MIN query rows: scores for
- * every (query, key) of the tile's span through matmul_f32, then the usual
- * scale, softcap and softmax over each query's own keys, zeros outside
- * them, and the weighted sum of values through matmul_f32 again. Each
- * query gets the same sums as alone, up to their order. */
-static void attn_tile_gemm(const attn_job *j, int kh, int ta, int tb, int thread) {
-    const loom_config *c = &j->m->cfg;
-    const loom_kernels *k = j->m->k;
-    const loom_attn *A = j->A;
-    loom_fwd_state *s = j->s;
-    int hd = A->head_dim, nh = c->n_heads, group = nh / A->n_kv_heads, slots = (tb - ta) * group;
-    const loom_kv_seq *seq = j->rows[s->tok_row[ta]].seq;
-    int pos0 = s->tok_pos[ta], pos1 = s->tok_pos[tb - 1], win = A->window;
-    int lo0 = win > 0 ? LOOM_MAX(0, pos0 - win + 1) : 0;
-    int span = pos1 - lo0 + 1;
-    float *sc = s->scores + (size_t)thread * ATT_SLOTS * s->max_ctx;
-    float cap = (float)c->attn_softcap;
-    size_t smax = (size_t)LOOM_MAX(ATT_SLOTS, nh);
-    float *qs = s->att_tmp + (size_t)thread * s->att_tmp_per; /* (slots, hd) */
-    float *acc = qs + smax * hd;                               /* (slots, hd) */
-    float *part = acc + smax * hd;                             /* (slots, hd) */
-    float *kc = part + smax * hd;                              /* (ATT_CHUNK, hd) */
-    float *vt = kc + (size_t)ATT_CHUNK * hd;                   /* (hd, ATT_CHUNK) */
-    tile_q_get(s, nh, kh, group, hd, ta, tb, qs);
-    for (int p0 = lo0; p0 <= pos1; p0 += ATT_CHUNK) {
-        int cn = LOOM_MIN(ATT_CHUNK, pos1 - p0 + 1), ld;
-        kv_rows(j, seq, kh, 0, p0, cn, kc, 0, &ld);
-        k->matmul_f32(sc + (p0 - lo0), span, qs, hd, kc, hd, slots, 0, cn);
-    }
-    for (int t = ta; t < tb; t++) {
-        int pos = s->tok_pos[t], lo = win > 0 ? LOOM_MAX(0, pos - win + 1) : 0;
-        for (int g = 0; g < group; g++) {
-            float *row = sc + (size_t)((t - ta) * group + g) * span;
-            score_softmax(k, row + (lo - lo0), pos - lo + 1, A->scale, cap);
-            memset(row, 0, sizeof(float) * (size_t)(lo - lo0));
-            memset(row + (pos - lo0 + 1), 0, sizeof(float) * (size_t)(pos1 - pos));
-        }
-    }
-    for (int p0 = lo0; p0 <= pos1; p0 += ATT_CHUNK) {
-        int cn = LOOM_MIN(ATT_CHUNK, pos1 - p0 + 1), ld;
-        kv_rows(j, seq, kh, 1, p0, cn, kc, 0, &ld);
-        /* V^T in 8 x 8 blocks, so that the writes stay within a few lines */
-        for (int i0 = 0; i0 < cn; i0 += 8)
-            for (int d0 = 0; d0 < hd; d0 += 8)
-                for (int i = i0; i < LOOM_MIN(i0 + 8, cn); i++)
-                    for (int d = d0; d < LOOM_MIN(d0 + 8, hd); d++)
-                        vt[(size_t)d * cn + i] = kc[(size_t)i * hd + d];
-        float *y = p0 == lo0 ? acc : part;
-        k->matmul_f32(y, hd, sc + (p0 - lo0), span, vt, cn, slots, 0, hd);
-        if (y == part)
-            for (size_t i = 0; i < (size_t)slots * hd; i++) acc[i] += part[i];
-    }
-    tile_att_put(s, nh, kh, group, hd, ta, tb, acc);
-}
-
-/* Keys per chunk of a small tile: the chunk's K rows as f32 (32 KiB at
- * head_dim 128) stay in L1 while the scores are taken. */
-#define ATT_SMALL_CHUNK 64
-
 /* One task = a tile of consecutive tokens of one row and one KV head, with
- * the q heads of its group. Below ATT_GEMM_MIN query rows, chunks of keys
- * are gathered as f32 and every query row of the tile is scored against
- * them in one matmul_f32 (whose sums do not depend on the rows beside
- * them), then attn_pv adds the weighted values for all rows while each V
- * row is loaded once, one FMA per key in order. Every query computes
- * exactly what it would alone (a decode row among a batch, or a prompt
- * token in a chunk of another size). */
+ * the q heads of its group. Chunks of keys are gathered as f32 and every
+ * query row of the tile is scored against them in one matmul_f32 (whose
+ * sums do not depend on the rows beside them), then attn_pv adds the
+ * weighted values for all rows while each V row is loaded once, one FMA
+ * per key in order. Every query computes exactly what it would alone (a
+ * decode row among a batch, or a prompt token in a chunk of another size). */
 static void attn_task(void *ctx, int task, int thread) {
     const attn_job *j = ctx;
     const loom_config *c = &j->m->cfg;
@@ -411,20 +344,17 @@ static void attn_task(void *ctx, int task, int thread) {
     int hd = A->head_dim, nh = c->n_heads, n_kv = A->n_kv_heads, group = nh / n_kv;
     int kh = task % n_kv, ta = j->tiles[2 * (task / n_kv)], tb = j->tiles[2 * (task / n_kv) + 1];
     int slots = (tb - ta) * group;
-    if (slots >= ATT_GEMM_MIN) {
-        attn_tile_gemm(j, kh, ta, tb, thread);
-        return;
-    }
     const loom_kv_seq *seq = j->rows[s->tok_row[ta]].seq;
     int pos0 = s->tok_pos[ta], pos1 = s->tok_pos[tb - 1];
     int win = A->window;
     int lo0 = win > 0 ? LOOM_MAX(0, pos0 - win + 1) : 0;
     int span = pos1 - lo0 + 1;
-    float *sc = s->scores + (size_t)thread * ATT_SLOTS * s->max_ctx;
+    size_t smax = (size_t)s->att_slots;
+    float *sc = s->scores + (size_t)thread * smax * s->max_ctx;
     float cap = (float)c->attn_softcap;
-    size_t smax = (size_t)LOOM_MAX(ATT_SLOTS, nh);
     float *tmp = s->att_tmp + (size_t)thread * s->att_tmp_per;
-    float *kc = tmp + 3 * smax * hd; /* (ATT_SMALL_CHUNK, hd): a chunk of K or V */
+    float *kc = tmp + 2 * smax * hd; /* (ATT_CHUNK, hd): a chunk of K or V */
+    int *keys = (int *)(kc + (size_t)ATT_CHUNK * hd);
     /* One token's group rows are adjacent in s->q and s->att; a tile of
      * several tokens goes through (slots, hd) copies. */
     const float *qs = s->q + ((size_t)ta * nh + kh * group) * hd;
@@ -434,8 +364,8 @@ static void attn_task(void *ctx, int task, int thread) {
         qs = tmp;
         out = tmp + smax * hd;
     }
-    for (int p0 = lo0; p0 <= pos1; p0 += ATT_SMALL_CHUNK) {
-        int cn = LOOM_MIN(ATT_SMALL_CHUNK, pos1 - p0 + 1), ld;
+    for (int p0 = lo0; p0 <= pos1; p0 += ATT_CHUNK) {
+        int cn = LOOM_MIN(ATT_CHUNK, pos1 - p0 + 1), ld;
         const float *kr = kv_rows(j, seq, kh, 0, p0, cn, kc, 0, &ld);
         k->matmul_f32(sc + (p0 - lo0), span, qs, hd, kr, hd, slots, 0, cn);
     }
@@ -446,10 +376,9 @@ static void attn_task(void *ctx, int task, int thread) {
                           A->scale, cap);
     }
     memset(out, 0, sizeof(float) * (size_t)slots * hd);
-    int keys[2 * ATT_GEMM_MIN];
     for (int p0 = lo0, p1; p0 <= pos1; p0 = p1) {
         /* f32 values are read in place, one block at a time */
-        p1 = LOOM_MIN(p0 + ATT_SMALL_CHUNK, pos1 + 1);
+        p1 = LOOM_MIN(p0 + ATT_CHUNK, pos1 + 1);
         if (j->kv->layer[A->kv_layer].type == LOOM_KV_F32)
             p1 = LOOM_MIN(p1, (p0 / j->kv->block_size + 1) * j->kv->block_size);
         int ld;

@@ -21,9 +21,10 @@ struct loom_fwd_state {
     float *hb, *hb2;   /* (max_tokens, max_inter) */
     float *cos, *sin;  /* (n_ropes, max_tokens, max_rot / 2) */
     int max_rot;
-    float *scores;     /* (n_threads, score_slots, max_ctx) attention scores */
+    float *scores;     /* (n_threads, att_slots, max_ctx) attention scores */
+    int att_slots;     /* query rows an attention task may hold */
     int *tiles;        /* [2 * max_tokens] attention tiles [ta, tb) */
-    float *att_tmp;    /* (n_threads, att_tmp_per) prefill attention tiles (forward.c) */
+    float *att_tmp;    /* (n_threads, att_tmp_per) attention tiles' scratch (forward.c) */
     size_t att_tmp_per;
     int *tok_row;      /* [max_tokens] row of each token */
     int *tok_pos;      /* [max_tokens] position of each token */
