@@ -114,6 +114,20 @@ static void check_matmul(int dt, int n, int T, int rows, int r0, int r1, int ldx
                 t = T;
                 break;
             }
+    /* x rounded once (the forward's path for a prompt's slices) gives the
+     * same bits. */
+    size_t pb = dt == W_BF16 && K->bf16_prep ? K->bf16_prep_bytes(n, T) : 0;
+    if (pb) {
+        void *buf = malloc(pb);
+        float *yp = malloc(ny * sizeof *yp);
+        for (size_t i = 0; i < ny; i++) yp[i] = SENTINEL;
+        K->bf16_prep(buf, x, ldx, n, T);
+        K->matmul_bf16_prep(yp, ldy, buf, w, n, T, r0, r1);
+        CHECKF(!memcmp(y, yp, ny * sizeof *y), "matmul_bf16_prep n %d T %d [%d,%d): not "
+               "matmul_bf16's bits", n, T, r0, r1);
+        free(yp);
+        free(buf);
+    }
     free(w);
     free(x);
     free(y);

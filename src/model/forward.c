@@ -145,7 +145,7 @@ typedef struct mm_job {
     float *y[MM_MAX];
     const loom_weight *w[MM_MAX];
     int chunk[MM_MAX], first[MM_MAX + 1]; /* rows per task; first task of each weight */
-    const void *prep;                     /* x rounded once for every slice (k->q_prep) */
+    const void *prep;                     /* x rounded once for every slice (prep_bytes) */
 } mm_job;
 
 static void mm_task(void *ctx, int task, int thread) {
@@ -168,9 +168,22 @@ static void mm_task(void *ctx, int task, int thread) {
         else j->k->matmul_q(y, w->rows, j->x, j->ldx, &w->q, j->T, r0, r1);
         break;
     default:
-        j->k->matmul_bf16(y, w->rows, j->x, j->ldx, w->data, w->cols, j->T, r0, r1);
+        if (j->prep) j->k->matmul_bf16_prep(y, w->rows, j->prep, w->data, w->cols, j->T, r0, r1);
+        else j->k->matmul_bf16(y, w->rows, j->x, j->ldx, w->data, w->cols, j->T, r0, r1);
         break;
     }
+}
+
+/* Bytes of x rounded once for all of a dispatch's matrices (0: none): the
+ * kernels' q_prep for interleaved quantized ones over one group size, or
+ * bf16_prep for bf16 ones. */
+static size_t prep_bytes(const loom_kernels *k, const loom_weight *const *w, int n_w, int T) {
+    int q = k->q_prep != NULL, b = k->bf16_prep != NULL;
+    for (int i = 0; i < n_w; i++) {
+        q &= w[i]->dtype == LOOM_DT_U32 && w[i]->q.il16 && w[i]->q.group == w[0]->q.group;
+        b &= w[i]->dtype == LOOM_DT_BF16;
+    }
+    return q ? k->q_prep_bytes(&w[0]->q, T) : b ? k->bf16_prep_bytes(w[0]->cols, T) : 0;
 }
 
 void loom_fwd_matmul_n(loom_model *m, int n_w, float *const *y, const float *x,
@@ -187,9 +200,9 @@ void loom_fwd_matmul_n(loom_model *m, int n_w, float *const *y, const float *x,
     if (macs < ((size_t)1 << 18)) n = 1;
     /* Slices per thread and weight: 4 let a thread whose core went to
      * another process hand its share over. Each slice repeats the kernel's
-     * work on x (packing; rounding under --fast, but for the interleaved
-     * matrices, done once below), which a prompt (T >= 16) makes large: 2
-     * there, and one slice on one thread. */
+     * work on x (packing; rounding under --fast where no prep_bytes buffer
+     * does it once below), which a prompt (T >= 16) makes large: 2 there,
+     * and one slice on one thread. */
     int per = n == 1 ? 1 : T >= 16 ? 2 : 4;
     mm_job j = {.k = m->k, .x = x, .ldx = cols, .T = T};
     for (int i = 0; i < n_w; i++) {
@@ -199,20 +212,15 @@ void loom_fwd_matmul_n(loom_model *m, int n_w, float *const *y, const float *x,
         j.chunk[i] = (chunk + 15) & ~15;
         j.first[i + 1] = j.first[i] + (w[i]->rows + j.chunk[i] - 1) / j.chunk[i];
     }
-    /* Interleaved quantized matrices over the same columns and group take
-     * x rounded once here rather than once per slice. */
+    /* x rounded once here rather than once per slice */
     _Alignas(64) uint8_t stack[32 << 10];
     void *heap = NULL;
-    int prep = m->k->q_prep != NULL;
-    for (int i = 0; i < n_w && prep; i++)
-        prep = w[i]->dtype == LOOM_DT_U32 && w[i]->q.il16 && w[i]->q.group == w[0]->q.group;
-    if (prep) {
-        size_t bytes = m->k->q_prep_bytes(&w[0]->q, T);
+    size_t bytes = prep_bytes(m->k, w, n_w, T);
+    if (bytes) {
         void *buf = bytes <= sizeof stack ? stack : (heap = malloc(bytes));
-        if (buf) {
-            m->k->q_prep(buf, x, cols, &w[0]->q, T);
-            j.prep = buf;
-        }
+        if (buf && w[0]->dtype == LOOM_DT_U32) m->k->q_prep(buf, x, cols, &w[0]->q, T);
+        else if (buf) m->k->bf16_prep(buf, x, cols, cols, T);
+        j.prep = buf;
     }
     if (n == 1)
         for (int t = 0; t < j.first[n_w]; t++) mm_task(&j, t, 0);

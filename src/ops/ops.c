@@ -15,6 +15,7 @@ loom_kernels loom_kernels_over(loom_kernels base, const loom_kernels *t) {
     OVER(matmul_q); OVER(gelu_tanh_mul);
     OVER(f16_to_f32); OVER(bf16_to_f32); OVER(q_il16);
     OVER(q_prep_bytes); OVER(q_prep); OVER(matmul_q_prep);
+    OVER(bf16_prep_bytes); OVER(bf16_prep); OVER(matmul_bf16_prep);
 #undef OVER
     return base;
 }

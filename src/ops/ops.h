@@ -95,6 +95,12 @@ typedef struct loom_kernels {
     void (*q_prep)(void *buf, const float *x, int ldx, const loom_qmat *w, int T);
     void (*matmul_q_prep)(float *y, int ldy, const void *buf, const loom_qmat *w, int T, int r0,
                           int r1);
+    /* The same for bf16 matrices of n columns (bf16_prep_bytes 0: no
+     * buffer helps at that T); matmul_bf16_prep gives matmul_bf16's bits. */
+    size_t (*bf16_prep_bytes)(int n, int T);
+    void (*bf16_prep)(void *buf, const float *x, int ldx, int n, int T);
+    void (*matmul_bf16_prep)(float *y, int ldy, const void *buf, const uint16_t *w, int n, int T,
+                             int r0, int r1);
 } loom_kernels;
 
 extern const loom_kernels loom_kernels_ref;

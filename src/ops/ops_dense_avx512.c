@@ -226,10 +226,10 @@ INLINE void store_tile(float *y, size_t ldy, __m512 acc[][2], int TT, int mr, in
     }
 }
 
-/* Register tile, --fast: xp holds bf16 pairs [t][KCF/2], wp pairs
+/* Register tile, --fast: xp holds bf16 pairs [t][ldp], wp pairs
  * [kp][MR], kp < kcp. */
-INLINE void tile_bf16(float *y, size_t ldy, const uint32_t *xp, const uint32_t *wp, int kcp,
-                      int TT, int mr, int add) {
+INLINE void tile_bf16(float *y, size_t ldy, const uint32_t *xp, size_t ldp, const uint32_t *wp,
+                      int kcp, int TT, int mr, int add) {
     __m512 acc[NT][2];
 #pragma GCC unroll 12
     for (int t = 0; t < TT; t++) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
@@ -239,7 +239,7 @@ INLINE void tile_bf16(float *y, size_t ldy, const uint32_t *xp, const uint32_t *
         __m512bh w1 = (__m512bh)_mm512_load_si512(wp + (size_t)k * MR + 16);
 #pragma GCC unroll 12
         for (int t = 0; t < TT; t++) {
-            __m512bh xb = (__m512bh)_mm512_set1_epi32((int)xp[t * (KCF / 2) + k]);
+            __m512bh xb = (__m512bh)_mm512_set1_epi32((int)xp[t * ldp + k]);
             acc[t][0] = _mm512_dpbf16_ps(acc[t][0], w0, xb);
             acc[t][1] = _mm512_dpbf16_ps(acc[t][1], w1, xb);
         }
@@ -247,10 +247,10 @@ INLINE void tile_bf16(float *y, size_t ldy, const uint32_t *xp, const uint32_t *
     store_tile(y, ldy, acc, TT, mr, add);
 }
 
-static void tile_bf16_any(float *y, size_t ldy, const uint32_t *xp, const uint32_t *wp, int kcp,
-                          int TT, int mr, int add) {
+static void tile_bf16_any(float *y, size_t ldy, const uint32_t *xp, size_t ldp,
+                          const uint32_t *wp, int kcp, int TT, int mr, int add) {
     switch (TT) {
-#define C(n) case n: tile_bf16(y, ldy, xp, wp, kcp, n, mr, add); break;
+#define C(n) case n: tile_bf16(y, ldy, xp, ldp, wp, kcp, n, mr, add); break;
     C(1) C(2) C(3) C(4) C(5) C(6) C(7) C(8) C(9) C(10) C(11) C(12)
 #undef C
     default: break;
@@ -353,16 +353,17 @@ static void matvec_bf16_fast(float *y, size_t ldy, const float *x, size_t ldx, c
     }
 }
 
-/* --fast GEMM; small T goes to the matvec above. */
-static void gemm_bf16_fast(float *y, int ldy, const float *x, int ldx, const uint16_t *w, int n_,
-                           int T, int r0, int r1) {
+/* Words a token's bf16 pairs take in a bf16_prep buffer: whole 64-byte
+ * lines, so every token's row starts on one. */
+INLINE size_t prep_words(size_t n) { return ((n + 1) / 2 + 15) & ~(size_t)15; }
+
+/* --fast GEMM over rows [r0, r1). x's bf16 pairs come from xr (ldr words
+ * a token apart: x rounded once for every slice) or, without it, are
+ * rounded here per block of rows and columns. */
+static void gemm_bf16_blocks(float *y, size_t ly, const float *x, size_t lx, const uint32_t *xr,
+                             size_t ldr, const uint16_t *w, size_t n, int T, int r0, int r1) {
     uint32_t wp[MCF * KCF / 2] __attribute__((aligned(64)));
     uint32_t xp[NT * KCF / 2] __attribute__((aligned(64)));
-    const size_t n = (size_t)n_, ly = (size_t)ldy;
-    if (T < T_SMALL) {
-        matvec_bf16_fast(y, ly, x, (size_t)ldx, w, n, T, r0, r1);
-        return;
-    }
     if (n == 0) {
         zero_rows(y, ly, T, r0, r1);
         return;
@@ -376,16 +377,47 @@ static void gemm_bf16_fast(float *y, int ldy, const float *x, int ldx, const uin
                                  LOOM_MIN(MR, mc - p * MR), k0, kc);
             for (int t0 = 0; t0 < T;) {
                 int tt = token_block(T, t0);
-                for (int t = 0; t < tt; t++)
-                    round_x_pairs(xp + t * (KCF / 2), x + (size_t)(t0 + t) * ldx + k0, kc);
+                const uint32_t *xt = xp;
+                size_t ldp = KCF / 2;
+                if (xr) {
+                    xt = xr + (size_t)t0 * ldr + k0 / 2;
+                    ldp = ldr;
+                } else {
+                    for (int t = 0; t < tt; t++)
+                        round_x_pairs(xp + t * (KCF / 2), x + (size_t)(t0 + t) * lx + k0, kc);
+                }
                 for (int p = 0; p * MR < mc; p++)
-                    tile_bf16_any(y + (size_t)t0 * ly + rb + p * MR, ly, xp,
+                    tile_bf16_any(y + (size_t)t0 * ly + rb + p * MR, ly, xt, ldp,
                                   wp + (size_t)p * MR * (KCF / 2), kcp, tt,
                                   LOOM_MIN(MR, mc - p * MR), k0 > 0);
                 t0 += tt;
             }
         }
     }
+}
+
+/* --fast GEMM; small T goes to the matvec above. */
+static void gemm_bf16_fast(float *y, int ldy, const float *x, int ldx, const uint16_t *w, int n,
+                           int T, int r0, int r1) {
+    if (T < T_SMALL) matvec_bf16_fast(y, (size_t)ldy, x, (size_t)ldx, w, (size_t)n, T, r0, r1);
+    else gemm_bf16_blocks(y, (size_t)ldy, x, (size_t)ldx, NULL, 0, w, (size_t)n, T, r0, r1);
+}
+
+/* A prompt's x rounded once for all of a dispatch's slices (below T_SMALL
+ * the matvec rounds its own, and nothing is prepared). */
+static size_t bf16_prep_bytes(int n, int T) {
+    return T < T_SMALL ? 0 : (size_t)T * prep_words((size_t)n) * sizeof(uint32_t);
+}
+
+static void bf16_prep(void *buf, const float *x, int ldx, int n, int T) {
+    size_t ld = prep_words((size_t)n);
+    for (int t = 0; t < T; t++)
+        round_x_pairs((uint32_t *)buf + (size_t)t * ld, x + (size_t)t * ldx, n);
+}
+
+static void gemm_bf16_prep(float *y, int ldy, const void *buf, const uint16_t *w, int n, int T,
+                           int r0, int r1) {
+    gemm_bf16_blocks(y, (size_t)ldy, NULL, 0, buf, prep_words((size_t)n), w, (size_t)n, T, r0, r1);
 }
 
 /* ---- attention: weighted sum of values ------------------------------------------ */
@@ -481,4 +513,7 @@ const loom_kernels loom_kernels_avx512_dense = {
 const loom_kernels loom_kernels_avx512_dense_fast = {
     .name = "avx512-dense-fast",
     .matmul_bf16 = gemm_bf16_fast,
+    .bf16_prep_bytes = bf16_prep_bytes,
+    .bf16_prep = bf16_prep,
+    .matmul_bf16_prep = gemm_bf16_prep,
 };
