@@ -46,6 +46,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cuda/cuda_int.cuh"
 
@@ -202,6 +203,11 @@ struct loom_cuda_model {
         unsigned long long used;
     } graphs[16];
     unsigned long long clock;
+    /* LOOM_CUDA_STEP_TIMES=1: where a decode step's wall time goes (see st_*) */
+    int st_on, st_cur, st_rows, st_replayed;
+    cudaEvent_t st_ev[2][3];    /* ping-pong: before the upload, after the body, after the copies */
+    double st_prev_enter, st_sum[6];
+    long st_n;
 };
 
 static loom_status g_alloc(loom_cuda_model *g, void **d, size_t n) {
@@ -315,9 +321,14 @@ static loom_status linear(loom_cuda_model *g, float *y, const float *x, const dw
     return LOOM_OK;
 }
 
+static void st_flush(loom_cuda_model *g);
+
 extern "C" void loom_cuda_model_free(loom_cuda_model *g) {
     if (!g) return;
     if (g->c) loom_cuda_sync(g->c);
+    st_flush(g);
+    for (int i = 0; i < 2 && g->st_on; i++)
+        for (int k = 0; k < 3; k++) cudaEventDestroy(g->st_ev[i][k]);
     for (int i = 0; i < g->n_allocs; i++) loom_cuda_release(g->c, g->allocs[i]);
     free(g->allocs);
     free(g->layers);
@@ -563,6 +574,12 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
     }
     const char *env = getenv("LOOM_CUDA_GRAPHS");
     g->use_graphs = !(env && !strcmp(env, "0"));
+    const char *stv = getenv("LOOM_CUDA_STEP_TIMES");
+    if (st == LOOM_OK && stv && !strcmp(stv, "1")) {
+        g->st_on = 1;
+        for (int i = 0; i < 2; i++)
+            for (int k = 0; k < 3; k++) cudaEventCreate(&g->st_ev[i][k]);
+    }
     if (st != LOOM_OK) {
         loom_cuda_model_free(g);
         return st;
@@ -580,6 +597,28 @@ static loom_status check_rows(const loom_cuda_model *g, const loom_kv_pool *kv,
         if (rows[r].state)
             return loom_err(LOOM_ERR_INVALID_ARG, "forward: row %d carries a recurrent state", r);
     return loom_fwd_check_rows(g->m, rows, n_rows, kv->block_size, g->max_ctx, g->max_tokens, total);
+}
+
+/* Step times (LOOM_CUDA_STEP_TIMES=1), over runs of decode steps of one
+ * row count: the wall period between steps, the device time from the
+ * upload to the end of the body and to the end of the copies back, the
+ * device idle time between the last step's copies and this upload, and
+ * the host's time from entry to the body's launch and in the final sync. */
+static double st_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void st_flush(loom_cuda_model *g) {
+    if (!g->st_on || g->st_n == 0) return;
+    double n = (double)g->st_n, *a = g->st_sum;
+    fprintf(stderr, "cuda step times: %d rows, %ld steps: period %.1f us, device %.1f us "
+            "(body %.1f), device idle before the upload %.1f, host to launch %.1f, host in "
+            "sync %.1f\n", g->st_rows, g->st_n, 1e6 * a[0] / n, 1e3 * a[2] / n, 1e3 * a[1] / n,
+            1e3 * a[3] / n, 1e6 * a[4] / n, 1e6 * a[5] / n);
+    g->st_n = 0;
+    memset(g->st_sum, 0, sizeof g->st_sum);
 }
 
 /* One step's shape and its device integers (views into g->ints). */
@@ -833,6 +872,7 @@ static loom_status fw_run(loom_cuda_model *g, const fw_step *S, int graphable) {
     }
     if (x->state == 2) {
         CUDA_CHECK(cudaGraphLaunch(x->exec, c->stream));
+        g->st_replayed = 1;
         return LOOM_OK;
     }
     if (x->state != 1) {  /* first sight (sizes scratch and logits) or refused */
@@ -874,6 +914,7 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_pool *kv,
     loom_cuda *c = g->c;
     int T = 0;
     if (n_rows <= 0) return LOOM_OK;
+    double st_enter = g->st_on ? st_now() : 0, st_launch = 0, st_sync = 0;
     loom_status st = check_rows(g, kv, rows, n_rows, &T);
     if (st != LOOM_OK) return st;
     int V = cf->vocab_size, bs = kv->block_size;
@@ -930,6 +971,9 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_pool *kv,
     S.lens = S.rpos + n_rows;
     S.pos = S.lens + n_rows;
     S.tab = S.pos + T;
+    int st_step = g->st_on && graphable && g->use_graphs && S.n_sel <= g->logits_rows;
+    cudaEvent_t *ev = g->st_ev[g->st_cur];
+    if (st_step) CUDA_CHECK(cudaEventRecord(ev[0], c->stream));
     /* Pinned source: the copy runs in stream order; h_ints is rewritten
      * only by the next step, after this one's final synchronisation. */
     CUDA_CHECK(cudaMemcpyAsync(g->ints, g->h_ints, n_ints * 4, cudaMemcpyHostToDevice, c->stream));
@@ -947,7 +991,13 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_pool *kv,
         g->logits_rows = S.n_sel;
         g->logits_gen++;
     }
+    g->st_replayed = 0;
     TRY(fw_run(g, &S, graphable));
+    st_step &= g->st_replayed;
+    if (st_step) {
+        CUDA_CHECK(cudaEventRecord(ev[1], c->stream));
+        st_launch = st_now();
+    }
 
     /* rows that take a device pick: greedy (argmax, computed in the body)
      * or sampled here from their logits row */
@@ -983,7 +1033,36 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_pool *kv,
                                        cudaMemcpyDeviceToHost, c->stream));
         j += cnt;
     }
+    if (st_step) {
+        CUDA_CHECK(cudaEventRecord(ev[2], c->stream));
+        st_sync = st_now();
+    }
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    if (st_step) {
+        /* the previous step's events are complete and not yet re-recorded */
+        double now = st_now();
+        float body = 0, all = 0, idle = 0;
+        cudaEventElapsedTime(&body, ev[0], ev[1]);
+        cudaEventElapsedTime(&all, ev[0], ev[2]);
+        int prev = g->st_prev_enter > 0 && g->st_rows == n_rows;
+        if (prev) cudaEventElapsedTime(&idle, g->st_ev[g->st_cur ^ 1][2], ev[0]);
+        if (!prev || g->st_n == 128) st_flush(g);
+        if (prev) {
+            double *a = g->st_sum;
+            a[0] += st_enter - g->st_prev_enter;
+            a[1] += body;
+            a[2] += all;
+            a[3] += idle;
+            a[4] += st_launch - st_enter;
+            a[5] += now - st_sync;
+            g->st_n++;
+        }
+        g->st_rows = n_rows;
+        g->st_prev_enter = st_enter;
+        g->st_cur ^= 1;
+    } else if (g->st_on) {
+        g->st_prev_enter = 0;
+    }
     for (int r = 0, j = 0; r < n_rows; r++) {
         int cnt = rows[r].logits == LOOM_LOGITS_ALL ? rows[r].n : rows[r].logits ? 1 : 0;
         if (cnt && picks_in && picks_in[r] == -1 && rows[r].logits == LOOM_LOGITS_LAST)
