@@ -90,6 +90,8 @@ extern "C" loom_status loom_cuda_create(int device, loom_cuda **out) {
     const char *acl = getenv("LOOM_CUDA_ATTN_CLUSTER");
     int ncl = acl ? atoi(acl) : 8;
     c->attn_cluster = ncl >= 8 ? 8 : ncl >= 4 ? 4 : ncl >= 2 ? 2 : 0;
+    const char *pre2 = getenv("LOOM_CUDA_GEMV_PRE2");
+    c->gemv_pre2 = !(pre2 && !strcmp(pre2, "0"));
     const char *fmt = getenv("LOOM_CUDA_FA_MT");
     c->fa_mt = fmt && atoi(fmt) == 1 ? 1 : 2;
     snprintf(c->name, sizeof c->name, "%s", prop.name);

@@ -112,6 +112,7 @@ struct gv_args {
     int ks;                 /* gemv_split_kernel: column slices a row */
     float eps;
     unsigned pf;            /* bytes of its rows each warp prefetches into L2 (split: any) */
+    int pre2;               /* gemv_split_kernel: the second item loads before the wait too */
 };
 
 /* A weight vector, read once: kept out of L1. */
@@ -396,6 +397,11 @@ __global__ void __launch_bounds__(GV_WARPS * 32, U == 4 ? 4 : 2) gemv_split_kern
     uint4 wa[U], wb[U];
     int r = rb0 + q, b = 0;  /* the next item to load */
     if (n > 0) gs_load<U>(wa, a.w + (size_t)r * nch, c0 + lane, c1);
+    int pre2 = a.pre2 && n > 1;  /* and the second, in the other buffer */
+    if (pre2) {
+        int r1 = b + 1 == nb ? r + rw : r, b1 = b + 1 == nb ? 0 : b + 1;
+        gs_load<U>(wb, a.w + (size_t)r1 * nch, c0 + b1 * 32 * U + lane, c1);
+    }
     if (a.pf) {
         const char *p = (const char *)(a.w + (size_t)rb0 * nch);
         size_t bytes = (size_t)(rb1 - rb0) * a.cols * 2;
@@ -412,7 +418,8 @@ __global__ void __launch_bounds__(GV_WARPS * 32, U == 4 ? 4 : 2) gemv_split_kern
     for (int i = 0; i < n; i += 2) {
         int ra = r, ca = c0 + b * 32 * U + lane, enda = b == nb - 1;
         if (++b == nb) b = 0, r += rw;
-        if (i + 1 < n) gs_load<U>(wb, a.w + (size_t)r * nch, c0 + b * 32 * U + lane, c1);
+        if (i + 1 < n && (i > 0 || !pre2))
+            gs_load<U>(wb, a.w + (size_t)r * nch, c0 + b * 32 * U + lane, c1);
         gs_fma<NT, U, F16>(acc, wa, xs, nch, ca, c1);
         if (enda) gs_row_done<NT>(acc, a, part, ra, rb0, s, lane);
         if (i + 1 >= n) break;
@@ -649,6 +656,7 @@ extern "C" loom_status loom_cuda_gemv(loom_cuda *c, float *d_y, const loom_cuda_
      * batch-1 step, its qkv too (48 MiB) at 64 MiB 4% (H200). */
     a.pf = !mma && c->pdl && (size_t)rows * cols * 2 <= c->gemv_pf
                ? (unsigned)(per * R * cols * 2) : 0;
+    a.pre2 = c->gemv_pre2;
     CUDA_CHECK(loom_cuda_launch(c, k, dim3(blocks), dim3(GV_WARPS * 32), smem, a));
     return LOOM_OK;
 }

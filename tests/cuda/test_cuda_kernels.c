@@ -18,11 +18,13 @@
 static loom_cuda *C;
 static loom_cuda *C_fma, *C_mma;  /* the decode GEMV forced to one kernel (LOOM_CUDA_GEMV_MMA) */
 /* the f32-FMA kernel's 1-2 token variants (LOOM_CUDA_GEMV_KS, _U, _BPS) besides the default */
-#define GV_VARIANTS 5
+#define GV_VARIANTS 6
 static loom_cuda *C_gv[GV_VARIANTS];
-static const char *GV_VAR[GV_VARIANTS][4] = {
-    {"rows", "0", "4", "0"}, {"ks1 u4", "1", "4", "0"}, {"ks1 u8", "1", "8", "0"},
-    {"ks4 u4 1bps", "4", "4", "1"}, {"ks2 u8", "2", "8", "0"}};
+/* name, LOOM_CUDA_GEMV_KS, _U, _BPS, _PRE2 */
+static const char *GV_VAR[GV_VARIANTS][5] = {
+    {"rows", "0", "4", "0", "1"},   {"ks1 u4", "1", "4", "0", "1"}, {"ks1 u8", "1", "8", "0", "1"},
+    {"ks4 u4 1bps", "4", "4", "1", "1"}, {"ks2 u8", "2", "8", "0", "1"},
+    {"ks1 u4 first only", "1", "4", "0", "0"}};
 /* decode attention besides the default (LOOM_CUDA_ATTN_SPLIT, _CLUSTER):
  * the split kernel down to 16 and to 8 positions, clusters of up to 8 and 2 */
 #define ATT_VARIANTS 4
@@ -1068,21 +1070,33 @@ static int test_attn_decode_qkv(const attn_case *a, const int *lens, int n_seqs,
         float scale = 1.0f / sqrtf((float)hd);
         loom_cuda_attn at = {nh, nkv, hd, scale, a->softcap, a->window, 0};
         ok = 1;
-        for (int v = 0; v <= ATT_VARIANTS; v++) {
-            loom_cuda *cx = v ? C_att[v - 1] : C;
+        /* the last pass: qkv_post then loom_cuda_attn_decode, the forward's
+         * default (the pool row at len - 1 is garbage until qkv_post) */
+        for (int v = 0; v <= ATT_VARIANTS + 1; v++) {
+            int two = v == ATT_VARIANTS + 1;
+            loom_cuda *cx = v && !two ? C_att[v - 1] : C;
             char w2[200];
-            snprintf(w2, sizeof w2, "%s%s%s", what, v ? ATT_VAR[v - 1][0] : "",
-                     loom_cuda_attn_decode_qkv_ok(cx, &kv, &at, rot, n_seqs, len_max) ? " fused"
-                                                                                      : "");
+            const char *vn = two ? " two kernels" : v ? ATT_VAR[v - 1][0] : "";
+            snprintf(w2, sizeof w2, "%s%s%s", what, vn,
+                     !two && loom_cuda_attn_decode_qkv_ok(cx, &kv, &at, rot, n_seqs, len_max)
+                         ? " fused" : "");
             /* the pool as made (random rows at len - 1), a poisoned output */
             loom_status st = loom_cuda_upload(cx, dk, k0, bytes);
             if (st == LOOM_OK) st = loom_cuda_upload(cx, dv, v0, bytes);
             if (st == LOOM_OK) st = loom_cuda_memset0(cx, dout, qn_ * 4);
-            if (st == LOOM_OK)
+            if (st == LOOM_OK && two) {
+                st = loom_cuda_qkv_post(cx, dq, &kv, dqkv, bias ? db : NULL, norms ? dqn : NULL,
+                                        norms ? dkn : NULL, 1e-6f, dslot, n_seqs, nh, nkv, hd, rot,
+                                        dcs, dsn, ld);
+                if (st == LOOM_OK)
+                    st = loom_cuda_attn_decode(cx, dout, dq, &kv, &at, dtab, P.tstride, dlens,
+                                               n_seqs, len_max);
+            } else if (st == LOOM_OK) {
                 st = loom_cuda_attn_decode_qkv(cx, dout, dq, &kv, &at, dqkv, bias ? db : NULL,
                                                norms ? dqn : NULL, norms ? dkn : NULL, 1e-6f,
                                                dslot, rot, dcs, dsn, ld, dtab, P.tstride, dlens,
                                                n_seqs, len_max);
+            }
             if (st == LOOM_OK) st = loom_cuda_download(cx, got, dout, qn_ * 4);
             /* the device's new rows into the host pool, for the reference */
             for (int s = 0; s < n_seqs && st == LOOM_OK; s++) {
@@ -1448,8 +1462,10 @@ int main(void) {
         setenv("LOOM_CUDA_GEMV_KS", GV_VAR[v][1], 1);
         setenv("LOOM_CUDA_GEMV_U", GV_VAR[v][2], 1);
         setenv("LOOM_CUDA_GEMV_BPS", GV_VAR[v][3], 1);
+        setenv("LOOM_CUDA_GEMV_PRE2", GV_VAR[v][4], 1);
         st2 = loom_cuda_create(0, &C_gv[v]);
     }
+    unsetenv("LOOM_CUDA_GEMV_PRE2");
     for (int v = 0; v < ATT_VARIANTS && st2 == LOOM_OK; v++) {
         setenv("LOOM_CUDA_ATTN_SPLIT", ATT_VAR[v][1], 1);
         setenv("LOOM_CUDA_ATTN_CLUSTER", ATT_VAR[v][2], 1);
@@ -1567,6 +1583,15 @@ int main(void) {
                           (loom_cuda_gemv_mode)mode, (int)(i + mode) % 3 == 1,
                           (int)(i + mode) % 2);
     test_gemv(LOOM_CUDA_BF16, 1, 1024, 14336, LOOM_CUDA_GEMV_SILU, 0, 1);  /* Llama-3-8B down */
+    /* Qwen3-0.6B's layer at batch 1, shapes of one or two items a warp */
+    test_gemv(LOOM_CUDA_BF16, 1, 4096, 1024, LOOM_CUDA_GEMV_RMSNORM, 0, 0);
+    test_gemv(LOOM_CUDA_BF16, 1, 1024, 2048, LOOM_CUDA_GEMV_F32, 1, 1);
+    test_gemv(LOOM_CUDA_BF16, 1, 6144, 1024, LOOM_CUDA_GEMV_RMSNORM, 0, 0);
+    test_gemv(LOOM_CUDA_BF16, 2, 1024, 3072, LOOM_CUDA_GEMV_SILU, 0, 1);
+    test_gemv(LOOM_CUDA_F16, 1, 5000, 520, LOOM_CUDA_GEMV_RMSNORM, 1, 0);
+    test_gemv(LOOM_CUDA_BF16, 2, 777, 2056, LOOM_CUDA_GEMV_GELU, 1, 1);
+    test_gemv(LOOM_CUDA_BF16, 1, 8000, 1000, LOOM_CUDA_GEMV_X16, 0, 1);
+    test_gemv(LOOM_CUDA_F16, 2, 3, 8, LOOM_CUDA_GEMV_F32, 1, 0);
     test_gemv(LOOM_CUDA_BF16, 8, 3000, 4096, LOOM_CUDA_GEMV_RMSNORM, 0, 0);
     test_gemv_limits();
 
