@@ -39,6 +39,8 @@ struct loom_cuda {
                                    or 4; LOOM_CUDA_GEMV_KS, 1; 0: the row-group kernel) */
     int gemv_u;                 /* its 16-byte vectors a lane loads per batch (4 or 8;
                                    LOOM_CUDA_GEMV_U; 0: 8 from 4096 columns, else 4) */
+    int gemv_w;                 /* gemv_split_kernel's warps a block (8 or 16, LOOM_CUDA_GEMV_W;
+                                   0: 16 with 8 vectors a batch, else 8) */
     int gemv_pre2;              /* gemv_split_kernel loads a warp's second item before the PDL
                                    wait too (LOOM_CUDA_GEMV_PRE2, 1; 0: the first only) */
     int gemv_bps;               /* its blocks an SM (LOOM_CUDA_GEMV_BPS; 0: all that fit) */

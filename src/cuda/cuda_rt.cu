@@ -90,6 +90,8 @@ extern "C" loom_status loom_cuda_create(int device, loom_cuda **out) {
     const char *acl = getenv("LOOM_CUDA_ATTN_CLUSTER");
     int ncl = acl ? atoi(acl) : 8;
     c->attn_cluster = ncl >= 8 ? 8 : ncl >= 4 ? 4 : ncl >= 2 ? 2 : 0;
+    const char *gw = getenv("LOOM_CUDA_GEMV_W");
+    c->gemv_w = gw && (atoi(gw) == 8 || atoi(gw) == 16) ? atoi(gw) : 0;
     const char *pre2 = getenv("LOOM_CUDA_GEMV_PRE2");
     c->gemv_pre2 = !(pre2 && !strcmp(pre2, "0"));
     const char *fmt = getenv("LOOM_CUDA_FA_MT");

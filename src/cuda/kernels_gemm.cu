@@ -160,7 +160,7 @@ __device__ __forceinline__ unsigned gv_pack(float a, float b) {
  * vectors apart. UNR > 1 unrolls the loops over the row so that a thread
  * has several loads in flight (the 14336-wide activation input of
  * Llama-3-8B's down projection is 7 vectors a thread). */
-template <int NT, int F16, int UNR = 1>
+template <int NT, int F16, int UNR = 1, int W = GV_WARPS>
 __device__ void gv_fill(uint4 *xs, int xst, const gv_args &a, float *red, float *inv) {
     int nch = a.cols >> 3, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     const float *xf = (const float *)a.x;
@@ -194,7 +194,7 @@ __device__ void gv_fill(uint4 *xs, int xst, const gv_args &a, float *red, float 
         __syncthreads();
         if (threadIdx.x < NT) {
             float v = 0;
-            for (int k = 0; k < GV_WARPS; k++) v += red[k * NT + threadIdx.x];
+            for (int k = 0; k < W; k++) v += red[k * NT + threadIdx.x];
             inv[threadIdx.x] = 1.0f / sqrtf(v / (float)a.cols + a.eps);
         }
         __syncthreads();
@@ -378,12 +378,13 @@ __device__ __forceinline__ void gs_row_done(float (&acc)[NT], const gv_args &a, 
     }
 }
 
-template <int NT, int U, int F16>
-__global__ void __launch_bounds__(GV_WARPS * 32, U == 4 ? 4 : 2) gemv_split_kernel(const gv_args a) {
+template <int NT, int U, int F16, int W>
+__global__ void __launch_bounds__(W * 32, (U == 4 ? 32 : 16) / W)
+    gemv_split_kernel(const gv_args a) {
     extern __shared__ uint4 xs[];  /* (NT, nch) inputs, then (rows of the block, ks, NT) sums */
-    __shared__ float red[GV_WARPS * NT];
+    __shared__ float red[W * NT];
     __shared__ float inv[NT];
-    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, ks = a.ks, rw = GV_WARPS / ks;
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, ks = a.ks, rw = W / ks;
     int s = wid % ks, q = wid / ks, nch = a.cols >> 3;
     int rb0 = (int)((long long)blockIdx.x * a.rows / gridDim.x);
     int rb1 = (int)((long long)(blockIdx.x + 1) * a.rows / gridDim.x);
@@ -405,12 +406,12 @@ __global__ void __launch_bounds__(GV_WARPS * 32, U == 4 ? 4 : 2) gemv_split_kern
     if (a.pf) {
         const char *p = (const char *)(a.w + (size_t)rb0 * nch);
         size_t bytes = (size_t)(rb1 - rb0) * a.cols * 2;
-        for (size_t o = (size_t)threadIdx.x * 4096; o < bytes; o += GV_WARPS * 32 * 4096)
+        for (size_t o = (size_t)threadIdx.x * 4096; o < bytes; o += W * 32 * 4096)
             gv_prefetch(p + o, (unsigned)min((size_t)4096, bytes - o));
     }
     pdl_trigger();
     pdl_wait();
-    gv_fill<NT, F16, GS_FILL_UNROLL>(xs, nch, a, red, inv);
+    gv_fill<NT, F16, GS_FILL_UNROLL, W>(xs, nch, a, red, inv);
     __syncthreads();
     float acc[NT];
 #pragma unroll
@@ -440,6 +441,190 @@ __global__ void __launch_bounds__(GV_WARPS * 32, U == 4 ? 4 : 2) gemv_split_kern
         float *yp = a.y + (size_t)t * a.rows + row;
         *yp = a.acc ? *yp + v : v;
     }
+}
+
+/* ---- the MLP of a small model at 1-2 tokens, one kernel -------------------
+ *
+ * x += down(act(gate(n)) * up(n)), n = RMSNorm(x) rounded to the weights'
+ * type: the gate/up and down GEMVs of the decode step in one launch with a
+ * grid-wide barrier between them, so that the down rows are in registers
+ * (loaded before the PDL wait and during the first half) when their input
+ * is ready, instead of a second kernel whose blocks can only start once the
+ * first one's leave the SMs. Warp p of the grid makes h[p] = act(gate row p
+ * . n) * (up row p . n) (both rows loaded before the wait; the arithmetic
+ * of the GEMV's SILU/GELU input); then block b owns down rows [b * H /
+ * grid, (b + 1) * H / grid), its warps one (row, batch of 4 vectors) item
+ * each (two at most), the items' sums added in batch order. The grid is
+ * one block an SM slot at most (every block resident: the barrier would
+ * wait forever on one that is not); loom_cuda_mlp_small refuses other
+ * shapes. */
+#define ML_ITEMS 2   /* down items a warp */
+
+__device__ __forceinline__ unsigned ml_ld_acquire(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+/* All blocks of the grid (resident together) meet; bar[0] counts arrivals,
+ * bar[1] is the generation the last one moves on. */
+__device__ __forceinline__ void ml_grid_sync(unsigned *bar) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned gen = ml_ld_acquire(bar + 1);
+        __threadfence();
+        if (atomicAdd(bar, 1u) == gridDim.x - 1) {
+            atomicExch(bar, 0u);
+            __threadfence();
+            atomicAdd(bar + 1, 1u);
+        } else {
+            while (ml_ld_acquire(bar + 1) == gen) {
+            }
+        }
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+struct ml_args {
+    float *x;                   /* (T, H) residual, read for the norm, added to */
+    float *h;                   /* (T, I) scratch: act(gate) * up */
+    const float *norm;          /* [H] or NULL */
+    const uint4 *wgu;           /* (2 I, H): gate rows, then up rows */
+    const uint4 *wd;            /* (H, I) */
+    unsigned *bar;              /* [2], zero before the first launch */
+    int H, I, gelu;
+    float eps;
+};
+
+template <int NT, int F16>
+__global__ void __launch_bounds__(GV_WARPS * 32, 3) mlp_small_kernel(const ml_args m) {
+    extern __shared__ uint4 xs[];  /* (NT, H / 8) then (NT, I / 8) inputs */
+    __shared__ float red[GV_WARPS * NT];
+    __shared__ float inv[NT];
+    __shared__ float part[GV_WARPS * ML_ITEMS][NT];
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    int nh = m.H >> 3, ni = m.I >> 3, nbd = (ni + 127) / 128;
+    int p = blockIdx.x * GV_WARPS + wid;  /* this warp's gate/up pair */
+    int rb0 = (int)((long long)blockIdx.x * m.H / gridDim.x);
+    int rb1 = (int)((long long)(blockIdx.x + 1) * m.H / gridDim.x);
+    int nit = (rb1 - rb0) * nbd;          /* the block's down items */
+    uint4 wg[4], wu[4], wd0[4], wd1[4];
+    if (p < m.I) {
+        gs_load<4>(wg, m.wgu + (size_t)p * nh, lane, nh);
+        gs_load<4>(wu, m.wgu + (size_t)(p + m.I) * nh, lane, nh);
+    }
+    int k0 = wid, k1 = wid + GV_WARPS;
+    if (k0 < nit)
+        gs_load<4>(wd0, m.wd + (size_t)(rb0 + k0 / nbd) * ni, (k0 % nbd) * 128 + lane, ni);
+    pdl_trigger();
+    pdl_wait();
+    gv_args a = {};
+    a.x = m.x;
+    a.norm = m.norm;
+    a.cols = m.H;
+    a.mode = LOOM_CUDA_GEMV_RMSNORM;
+    a.eps = m.eps;
+    gv_fill<NT, F16, GS_FILL_UNROLL>(xs, nh, a, red, inv);
+    __syncthreads();
+    if (p < m.I) {
+        float g[NT], u[NT];
+#pragma unroll
+        for (int t = 0; t < NT; t++) g[t] = u[t] = 0;
+        gs_fma<NT, 4, F16>(g, wg, xs, nh, lane, nh);
+        gs_fma<NT, 4, F16>(u, wu, xs, nh, lane, nh);
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float gv = g[t], uv = u[t];
+            for (int o = 16; o > 0; o >>= 1) {
+                gv += __shfl_xor_sync(0xffffffffu, gv, o);
+                uv += __shfl_xor_sync(0xffffffffu, uv, o);
+            }
+            if (lane == t) {  /* as gv_fill's SILU / GELU input */
+                float v;
+                if (m.gelu) {
+                    float in = 0.7978845608028654f * (gv + 0.044715f * gv * gv * gv);
+                    v = 0.5f * gv * (1.0f + tanhf(in)) * uv;
+                } else {
+                    v = gv / (1.0f + expf(-gv)) * uv;
+                }
+                m.h[(size_t)t * m.I + p] = v;
+            }
+        }
+    }
+    if (k1 < nit)  /* the gate/up registers are free: the second down item */
+        gs_load<4>(wd1, m.wd + (size_t)(rb0 + k1 / nbd) * ni, (k1 % nbd) * 128 + lane, ni);
+    ml_grid_sync(m.bar);
+    /* h rounded as the GEMV's F32 input; through L2 (other SMs wrote it) */
+    for (int i = threadIdx.x; i < NT * ni; i += blockDim.x) {
+        int t = i / ni, k = (i - t * ni) * 8;
+        const float4 *q = (const float4 *)(m.h + (size_t)t * m.I + k);
+        float4 q0 = __ldcg(q), q1 = __ldcg(q + 1);
+        xs[i] = make_uint4(gv_pack<F16>(q0.x, q0.y), gv_pack<F16>(q0.z, q0.w),
+                           gv_pack<F16>(q1.x, q1.y), gv_pack<F16>(q1.z, q1.w));
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < ML_ITEMS; j++) {
+        int k = j ? k1 : k0;
+        if (k >= nit) break;
+        float acc[NT];
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[t] = 0;
+        gs_fma<NT, 4, F16>(acc, j ? wd1 : wd0, xs, ni, (k % nbd) * 128 + lane, ni);
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float v = acc[t];
+            for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+            if (lane == t) part[k][t] = v;
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < (rb1 - rb0) * NT; i += blockDim.x) {
+        int r = i / NT, t = i - r * NT;
+        float v = 0;
+        for (int b = 0; b < nbd; b++) v += part[r * nbd + b][t];
+        m.x[(size_t)t * m.H + rb0 + r] += v;
+    }
+}
+
+extern "C" loom_status loom_cuda_mlp_small(loom_cuda *c, float *d_x, float *d_h,
+                                           const float *d_norm, float eps, const void *d_wgu,
+                                           const void *d_wd, loom_cuda_dtype dt, int T, int H,
+                                           int I, int gelu, unsigned *d_bar) {
+    if ((dt != LOOM_CUDA_F16 && dt != LOOM_CUDA_BF16) || T < 1 || T > 2 || H % 8 || I % 8 ||
+        H < 8 || I < 8 || H > 1024 || ((uintptr_t)d_wgu & 15) || ((uintptr_t)d_wd & 15) ||
+        ((uintptr_t)d_x & 15) || ((uintptr_t)d_h & 15))
+        return loom_err(LOOM_ERR_UNSUPPORTED, "cuda mlp_small: %d tokens, hidden %d, "
+                        "intermediate %d, type %d", T, H, I, (int)dt);
+    void (*k)(ml_args) = dt == LOOM_CUDA_F16
+                             ? (T == 1 ? mlp_small_kernel<1, 1> : mlp_small_kernel<2, 1>)
+                             : (T == 1 ? mlp_small_kernel<1, 0> : mlp_small_kernel<2, 0>);
+    size_t smem = (size_t)T * (size_t)LOOM_MAX_I(H, I) * 2;
+    if (smem + 8192 > 48 * 1024)
+        CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    int bps = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, k, GV_WARPS * 32, smem));
+    /* blocks: one a pair-group of 8 warps, all resident, each block's down
+     * rows within its warps' items */
+    int blocks = (I + GV_WARPS - 1) / GV_WARPS, nbd = (I / 8 + 127) / 128;
+    long most = (long)c->n_sm * bps;
+    if (bps < 1 || blocks > most || (H + blocks - 1) / blocks * nbd > GV_WARPS * ML_ITEMS)
+        return loom_err(LOOM_ERR_UNSUPPORTED, "cuda mlp_small: %d blocks of %d resident, "
+                        "hidden %d, intermediate %d", blocks, (int)most, H, I);
+    ml_args m;
+    m.x = d_x;
+    m.h = d_h;
+    m.norm = d_norm;
+    m.wgu = (const uint4 *)d_wgu;
+    m.wd = (const uint4 *)d_wd;
+    m.bar = d_bar;
+    m.H = H;
+    m.I = I;
+    m.gelu = gelu;
+    m.eps = eps;
+    CUDA_CHECK(loom_cuda_launch(c, k, dim3((unsigned)blocks), dim3(GV_WARPS * 32), smem, m));
+    return LOOM_OK;
 }
 
 /* Tensor-core variant for 3..8 tokens, where the f32 FMAs of the kernel
@@ -556,10 +741,10 @@ static gv_fn gv_pick(int T, int *R) {
     }
 }
 
-template <int F16>
+template <int F16, int W>
 static gv_fn gs_pick(int T, int U) {
-    if (U == 8) return T == 1 ? gemv_split_kernel<1, 8, F16> : gemv_split_kernel<2, 8, F16>;
-    return T == 1 ? gemv_split_kernel<1, 4, F16> : gemv_split_kernel<2, 4, F16>;
+    if (U == 8) return T == 1 ? gemv_split_kernel<1, 8, F16, W> : gemv_split_kernel<2, 8, F16, W>;
+    return T == 1 ? gemv_split_kernel<1, 4, F16, W> : gemv_split_kernel<2, 4, F16, W>;
 }
 
 template <int F16>
@@ -600,16 +785,23 @@ extern "C" loom_status loom_cuda_gemv(loom_cuda *c, float *d_y, const loom_cuda_
      * Qwen3-0.6B's head: 85 us against 73 with 4). */
     int U = c->gemv_u ? c->gemv_u : cols >= 4096 ? 8 : 4, ks = split ? c->gemv_ks : 1;
     while (ks > 1 && cols / 8 / ks < 32 * U) ks /= 2;  /* a slice holds a batch at least */
-    gv_fn k = mma     ? (dt == LOOM_CUDA_F16 ? gm_pick<1>(T) : gm_pick<0>(T))
-              : split ? (dt == LOOM_CUDA_F16 ? gs_pick<1>(T, U) : gs_pick<0>(T, U))
-                      : (dt == LOOM_CUDA_F16 ? gv_pick<1>(T, &R) : gv_pick<0>(T, &R));
+    /* The split kernel's warps a block: 16 with 8 vectors a batch (H200,
+     * Llama-3-8B batch 1: 237 against 233 tok/s with 8; Qwen3-0.6B, whose
+     * matrices take 4 vectors, 1,325 against 1,330 with 16 everywhere) */
+    int W = !split ? GV_WARPS : c->gemv_w ? c->gemv_w : U == 8 ? 16 : 8;
+    int f16 = dt == LOOM_CUDA_F16;
+    gv_fn gs = W == 16 ? (f16 ? gs_pick<1, 16>(T, U) : gs_pick<0, 16>(T, U))
+                       : (f16 ? gs_pick<1, 8>(T, U) : gs_pick<0, 8>(T, U));
+    gv_fn k = mma     ? (f16 ? gm_pick<1>(T) : gm_pick<0>(T))
+              : split ? gs
+                      : (f16 ? gv_pick<1>(T, &R) : gv_pick<0>(T, &R));
     size_t smem = mma ? (size_t)T * (cols / 8 + GM_PAD) * 16 : (size_t)T * cols * 2;
     size_t part = split && ks > 1 ? (size_t)GS_RPB * ks * T * 4 : 0;  /* the most it needs */
     if (smem + part + 8192 > 48 * 1024)  /* the default limit counts the static arrays too */
         CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)(smem + part)));
     int bps = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, k, GV_WARPS * 32, smem));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, k, W * 32, smem));
     long ng = (rows + R - 1) / R, maxw = (long)c->n_sm * LOOM_MAX_I(bps, 1) * GV_WARPS;
     long per = (ng + maxw - 1) / maxw;
     unsigned blocks = (unsigned)((ng + per * GV_WARPS - 1) / (per * GV_WARPS));
@@ -624,9 +816,9 @@ extern "C" loom_status loom_cuda_gemv(loom_cuda *c, float *d_y, const loom_cuda_
          * owns, and the blocks that fit on that room: settle both. */
         size_t sm = smem;
         for (int it = 0; it < 3; it++) {
-            CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, k, GV_WARPS * 32, sm));
+            CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, k, W * 32, sm));
             int use = LOOM_MAX_I(c->gemv_bps > 0 && c->gemv_bps < bps ? c->gemv_bps : bps, 1);
-            long b = (long)c->n_sm * use, most = ((long)rows * ks + GV_WARPS - 1) / GV_WARPS;
+            long b = (long)c->n_sm * use, most = ((long)rows * ks + W - 1) / W;
             long least = ks > 1 ? (rows + GS_RPB - 1) / GS_RPB : 1;
             b = b < most ? b : most;
             blocks = (unsigned)(b > least ? b : least);
@@ -657,7 +849,7 @@ extern "C" loom_status loom_cuda_gemv(loom_cuda *c, float *d_y, const loom_cuda_
     a.pf = !mma && c->pdl && (size_t)rows * cols * 2 <= c->gemv_pf
                ? (unsigned)(per * R * cols * 2) : 0;
     a.pre2 = c->gemv_pre2;
-    CUDA_CHECK(loom_cuda_launch(c, k, dim3(blocks), dim3(GV_WARPS * 32), smem, a));
+    CUDA_CHECK(loom_cuda_launch(c, k, dim3(blocks), dim3(W * 32), smem, a));
     return LOOM_OK;
 }
 
