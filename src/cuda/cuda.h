@@ -227,21 +227,6 @@ loom_status loom_cuda_gemv(loom_cuda *c, float *d_y, const loom_cuda_gemv_in *in
                            const void *d_w, loom_cuda_dtype dt, int T, int rows, int cols,
                            const float *d_bias, int accumulate);
 
-/* The MLP of a decode step of 1-2 tokens in one launch: d_x (T, H) +=
- * down(act(gate(n)) * up(n)) with n = RMSNorm(d_x; d_norm, eps) rounded to
- * dt, gate/up rows in d_wgu (2 I, H: gate, then up), down in d_wd (H, I),
- * act SiLU or (gelu) tanh-GELU: what loom_cuda_gemv in RMSNORM mode into
- * d_h (T, 2 I) followed by SILU/GELU mode adding into d_x computes, up to
- * the down sums' order. d_h (T, I) is scratch; d_bar two zeroed words that
- * only this function uses (a grid barrier; zero again after each call).
- * LOOM_ERR_UNSUPPORTED (nothing launched) for shapes it does not take:
- * f16/bf16, H <= 1024, a multiple of 8, I a multiple of 8, and I / 8
- * blocks resident at once. */
-loom_status loom_cuda_mlp_small(loom_cuda *c, float *d_x, float *d_h, const float *d_norm,
-                                float eps, const void *d_wgu, const void *d_wd,
-                                loom_cuda_dtype dt, int T, int H, int I, int gelu,
-                                unsigned *d_bar);
-
 /* An MLX affine-quantized matrix on the device, laid out as in ops.h's
  * loom_qmat: row r, element k = scale[r][k/group] * q + bias[r][k/group]. */
 typedef struct loom_cuda_qmat {

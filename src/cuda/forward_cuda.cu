@@ -171,10 +171,6 @@ struct loom_cuda_model {
                                   weights; LOOM_CUDA_GU16=0: f32) */
     int qkv16;                 /* 1: the q/k/v GEMM writes bf16 for qkv_post (bf16 weights,
                                   cuBLAS steps; LOOM_CUDA_QKV16=0: f32) */
-    int mlp1;                  /* 1: small steps run gate/up and down as one kernel
-                                  (loom_cuda_mlp_small, LOOM_CUDA_MLP1=1; default 0: the
-                                  two GEMVs, faster on an H200) */
-    unsigned *mlp_bar;         /* its grid barrier's two words */
     int attn_qkv;              /* 1: small decode steps fold qkv_post into the cluster
                                   attention (LOOM_CUDA_ATTN_QKV=1; default 0: two kernels) */
     int small_t;               /* up to this many tokens (and gemv_t) a layer is 4 GEMVs that
@@ -533,13 +529,6 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
      * longer overlap a kernel ahead) */
     const char *aq = getenv("LOOM_CUDA_ATTN_QKV");
     g->attn_qkv = aq && !strcmp(aq, "1");
-    /* gate/up and down in one kernel with a grid barrier: off, as measured
-     * (H200, Qwen3-0.6B batch 1: 1,246 tok/s against 1,309-1,330 with the
-     * two GEMVs; the barrier costs more than the kernel boundary) */
-    const char *m1 = getenv("LOOM_CUDA_MLP1");
-    g->mlp1 = m1 && !strcmp(m1, "1");
-    if (st == LOOM_OK) st = g_alloc(g, (void **)&g->mlp_bar, 16);
-    if (st == LOOM_OK) st = loom_cuda_memset0(c, g->mlp_bar, 16);
     const char *gv = getenv("LOOM_CUDA_GEMV_T");
     g->gemv_t = gv ? atoi(gv) : 2;
     g->small_t = g->act16 != LOOM_CUDA_F32 ? 8 : 0;
@@ -708,15 +697,6 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
                                                S->rtok, S->rpos, S->n_rows, S->max_new));
             }
             TRY(gemv(g, g->x, LOOM_CUDA_GEMV_F32, g->att, NULL, &D->wo, D->bo, T, 1));
-            if (g->mlp1 && D->fused_gu && !D->down.quant && D->down.dt == D->gate_up.dt) {
-                loom_status ms = loom_cuda_mlp_small(c, g->x, g->hb2, D->ffn_norm, eps,
-                                                     D->gate_up.d, D->down.d, D->down.dt, T, H,
-                                                     D->down.cols, gelu, g->mlp_bar);
-                if (ms == LOOM_OK) continue;
-                if (ms != LOOM_ERR_UNSUPPORTED) return ms;
-                loom_err_clear();
-                g->mlp1 = 0;  /* the shape does not fit: two GEMVs from here on */
-            }
             TRY(gemv(g, g->hb, LOOM_CUDA_GEMV_RMSNORM, g->x, D->ffn_norm, &D->gate_up, NULL, T, 0));
             TRY(gemv(g, g->x, gelu ? LOOM_CUDA_GEMV_GELU : LOOM_CUDA_GEMV_SILU, g->hb, NULL,
                      &D->down, NULL, T, 1));
