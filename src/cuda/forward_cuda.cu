@@ -46,12 +46,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "cuda/cuda_int.cuh"
 
 /* The model headers are C without extern "C" guards of their own. */
 extern "C" {
+#include "base/base.h"
 #include "engine/kv.h"
 #include "model/forward.h"
 #include "model/model.h"
@@ -604,12 +604,6 @@ static loom_status check_rows(const loom_cuda_model *g, const loom_kv_pool *kv,
  * upload to the end of the body and to the end of the copies back, the
  * device idle time between the last step's copies and this upload, and
  * the host's time from entry to the body's launch and in the final sync. */
-static double st_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void st_flush(loom_cuda_model *g) {
     if (!g->st_on || g->st_n == 0) return;
     double n = (double)g->st_n, *a = g->st_sum;
@@ -914,7 +908,7 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_pool *kv,
     loom_cuda *c = g->c;
     int T = 0;
     if (n_rows <= 0) return LOOM_OK;
-    double st_enter = g->st_on ? st_now() : 0, st_launch = 0, st_sync = 0;
+    double st_enter = g->st_on ? loom_now() : 0, st_launch = 0, st_sync = 0;
     loom_status st = check_rows(g, kv, rows, n_rows, &T);
     if (st != LOOM_OK) return st;
     int V = cf->vocab_size, bs = kv->block_size;
@@ -996,7 +990,7 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_pool *kv,
     st_step &= g->st_replayed;
     if (st_step) {
         CUDA_CHECK(cudaEventRecord(ev[1], c->stream));
-        st_launch = st_now();
+        st_launch = loom_now();
     }
 
     /* rows that take a device pick: greedy (argmax, computed in the body)
@@ -1035,12 +1029,12 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_pool *kv,
     }
     if (st_step) {
         CUDA_CHECK(cudaEventRecord(ev[2], c->stream));
-        st_sync = st_now();
+        st_sync = loom_now();
     }
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
     if (st_step) {
         /* the previous step's events are complete and not yet re-recorded */
-        double now = st_now();
+        double now = loom_now();
         float body = 0, all = 0, idle = 0;
         cudaEventElapsedTime(&body, ev[0], ev[1]);
         cudaEventElapsedTime(&all, ev[0], ev[2]);
