@@ -27,6 +27,16 @@
 /* Keys per chunk: the chunk's K rows as f32 (32 KiB at head_dim 128) stay
  * in L1 while every query row of the task is scored against them. */
 #define ATT_CHUNK 64
+/* A decode token whose span holds at least ATT_SPLIT keys (times half the
+ * threads, so that there are chunks for every thread) attends by position
+ * chunks of ATT_SPLIT_CHUNK over all KV heads: a task reads whole KV rows
+ * in order, where a task per head reads a head_dim slice of every row (512
+ * B out of each 4 KB at Qwen3-0.6B), which the prefetchers serve badly.
+ * LOOM_ATTN_SPLIT=n sets the span (0: never). */
+#define ATT_SPLIT 256
+#define ATT_SPLIT_CHUNK 256
+/* Positions whose rows (all heads) a chunk task gathers per matmul. */
+#define ATT_SPLIT_SUB 32
 
 loom_status loom_fwd_state_create(const loom_model *m, int max_tokens, int max_ctx,
                                   loom_fwd_state **out) {
@@ -71,6 +81,18 @@ loom_status loom_fwd_state_create(const loom_model *m, int max_tokens, int max_c
     s->att_tmp_per = (2 * (size_t)s->att_slots + ATT_CHUNK) * (size_t)LOOM_MAX(m->max_head_dim, 1) +
                      2 * (size_t)s->att_slots;
     ALLOC(s->att_tmp, (size_t)s->n_threads * s->att_tmp_per);
+    s->att_split = ATT_SPLIT * LOOM_MAX(1, s->n_threads / 2);
+    const char *env = getenv("LOOM_ATTN_SPLIT");
+    if (env && *env) s->att_split = LOOM_MAX(0, atoi(env));
+    s->att_chunk = ATT_SPLIT_CHUNK;
+    /* every chunk of a max_ctx span, or more when they are few */
+    s->att_parts = LOOM_MAX(64, max_ctx / ATT_SPLIT_CHUNK + 2);
+    ALLOC(s->att_part, (size_t)s->att_parts * (size_t)c->n_heads *
+                           ((size_t)LOOM_MAX(m->max_head_dim, 1) + 2));
+    ALLOC(s->split_task, 3 * (size_t)s->att_parts);
+    ALLOC(s->split_tok, T);
+    s->split_tmp_per = (size_t)ATT_SPLIT_SUB * kvd + 2 * (size_t)c->n_heads;
+    ALLOC(s->split_tmp, (size_t)s->n_threads * s->split_tmp_per);
     ALLOC(s->tok_row, T);
     ALLOC(s->tok_pos, T);
     ALLOC(s->row_first, T);
@@ -121,6 +143,7 @@ void loom_fwd_state_free(loom_fwd_state *s) {
     if (!s) return;
     void *bufs[] = {s->x, s->xb, s->xb2, s->qraw, s->q, s->gate, s->kx, s->vx, s->att,
                     s->hb, s->hb2, s->cos, s->sin, s->scores, s->tiles, s->att_tmp, s->tok_row, s->tok_pos, s->row_first,
+                    s->att_part, s->split_task, s->split_tok, s->split_tmp,
                     s->logits, s->router, s->sel, s->sel_w, s->gather, s->xg, s->yg,
                     s->moe_in, s->moe_r,
                     s->lin_qkv, s->lin_conv, s->lin_z, s->lin_b, s->lin_a, s->lin_raw,
@@ -287,6 +310,7 @@ typedef struct attn_job {
     const loom_fwd_row *rows;
     const loom_attn *A;
     const int *tiles;        /* [2 * n_tiles] token ranges [ta, tb) of one row */
+    int n_plain;             /* tasks of attn_task first, then split_task's */
 } attn_job;
 
 /* Rows [p0, p0 + n) of KV head kh's keys (vals: values) as f32, *ld apart:
@@ -404,6 +428,119 @@ static void attn_task(void *ctx, int task, int thread) {
     if (tb - ta > 1) tile_att_put(s, nh, kh, group, hd, ta, tb, out);
 }
 
+/* Rows [a, b) of all KV heads as f32 into dst, head kh's at dst + kh *
+ * ATT_SPLIT_SUB * hd: each row is read once, in order. */
+static void split_rows(const attn_job *j, const loom_kv_seq *seq, int vals, int a, int b,
+                       float *dst) {
+    const loom_kv_pool *kv = j->kv;
+    int l = j->A->kv_layer, hd = j->A->head_dim, nkv = j->A->n_kv_heads;
+    int f32 = kv->layer[l].type == LOOM_KV_F32;
+    for (int p = a; p < b; p++) {
+        const void *row = vals ? loom_kv_v_row(kv, seq, l, p) : loom_kv_k_row(kv, seq, l, p);
+        for (int kh = 0; kh < nkv; kh++) {
+            float *d = dst + ((size_t)kh * ATT_SPLIT_SUB + (size_t)(p - a)) * hd;
+            if (f32) memcpy(d, (const float *)row + (size_t)kh * hd, sizeof(float) * (size_t)hd);
+            else loom_kv_layer_load(kv, l, row, kh * hd, hd, d);
+        }
+    }
+}
+
+/* One task = one decode token's keys [p0, p1) (a chunk on a grid of
+ * att_chunk positions) for all its heads: per query head, the softmax over
+ * the chunk alone, its max and sum, and the values weighted by it; the
+ * chunks are combined afterwards (split_combine). */
+static void split_task(const attn_job *j, int task, int thread) {
+    const loom_config *c = &j->m->cfg;
+    const loom_kernels *k = j->m->k;
+    const loom_attn *A = j->A;
+    const loom_kv_pool *kv = j->kv;
+    loom_fwd_state *s = j->s;
+    int hd = A->head_dim, nh = c->n_heads, nkv = A->n_kv_heads, group = nh / nkv;
+    int t = s->split_task[3 * task], p0 = s->split_task[3 * task + 1];
+    int p1 = s->split_task[3 * task + 2], n = p1 - p0;
+    const loom_kv_seq *seq = j->rows[s->tok_row[t]].seq;
+    float *sc = s->scores + (size_t)thread * s->att_slots * s->max_ctx; /* (nh, n) */
+    float *buf = s->split_tmp + (size_t)thread * s->split_tmp_per;
+    int *keys = (int *)(buf + (size_t)ATT_SPLIT_SUB * nkv * hd);
+    float *acc = s->att_part + (size_t)task * nh * (hd + 2), *mx = acc + (size_t)nh * hd;
+    float *sum = mx + nh, cap = (float)c->attn_softcap;
+    const float *q = s->q + (size_t)t * nh * hd;
+    for (int a = p0; a < p1; a += ATT_SPLIT_SUB) {
+        int b = LOOM_MIN(a + ATT_SPLIT_SUB, p1);
+        split_rows(j, seq, 0, a, b, buf);
+        for (int kh = 0; kh < nkv; kh++)
+            k->matmul_f32(sc + (size_t)kh * group * n + (a - p0), n, q + (size_t)kh * group * hd, hd,
+                          buf + (size_t)kh * ATT_SPLIT_SUB * hd, hd, group, 0, b - a);
+    }
+    for (int h = 0; h < nh; h++) {
+        float *row = sc + (size_t)h * n, m = -INFINITY;
+        int am = 0;
+        for (int i = 0; i < n; i++) {
+            float v = row[i] * A->scale;
+            row[i] = cap > 0 ? tanhf(v / cap) * cap : v;
+            if (row[i] > m) m = row[i], am = i;
+        }
+        k->softmax(row, n);
+        mx[h] = m;
+        sum[h] = 1.0f / row[am]; /* sum of e^(x - m): the max's weight is 1 / sum */
+    }
+    memset(acc, 0, sizeof(float) * (size_t)nh * hd);
+    int f32 = kv->layer[A->kv_layer].type == LOOM_KV_F32;
+    for (int a = p0, b; a < p1; a = b) {
+        /* f32 values are read in place, one block at a time */
+        const float *vr;
+        int ld;
+        if (f32) {
+            b = LOOM_MIN(p1, (a / kv->block_size + 1) * kv->block_size);
+            vr = loom_kv_v_row(kv, seq, A->kv_layer, a);
+            ld = kv->kv_dim;
+        } else {
+            b = LOOM_MIN(a + ATT_SPLIT_SUB, p1);
+            split_rows(j, seq, 1, a, b, buf);
+            vr = buf;
+            ld = hd;
+        }
+        for (int g = 0; g < group; g++) {
+            keys[2 * g] = 0;
+            keys[2 * g + 1] = b - a;
+        }
+        for (int kh = 0; kh < nkv; kh++)
+            k->attn_pv(acc + (size_t)kh * group * hd, hd, sc + (size_t)kh * group * n + (a - p0), n,
+                       keys, group, vr + (size_t)kh * (size_t)(f32 ? hd : ATT_SPLIT_SUB * hd), ld,
+                       b - a, hd);
+    }
+}
+
+static void attn_any(void *ctx, int task, int thread) {
+    const attn_job *j = ctx;
+    if (task < j->n_plain) attn_task(ctx, task, thread);
+    else split_task(j, task - j->n_plain, thread);
+}
+
+/* Token t's output from its chunks' partial results [first, first + n), in
+ * chunk order: out = sum_c e^(m_c - M) l_c o_c / sum_c e^(m_c - M) l_c. */
+static void split_combine(loom_fwd_state *s, int nh, int hd, int t, int first, int n) {
+    for (int h = 0; h < nh; h++) {
+        float M = -INFINITY, den = 0;
+        for (int ci = first; ci < first + n; ci++) {
+            const float *mx = s->att_part + (size_t)ci * nh * (hd + 2) + (size_t)nh * hd;
+            M = LOOM_MAX(M, mx[h]);
+        }
+        for (int ci = first; ci < first + n; ci++) {
+            const float *mx = s->att_part + (size_t)ci * nh * (hd + 2) + (size_t)nh * hd;
+            den += expf(mx[h] - M) * mx[nh + h];
+        }
+        float *out = s->att + ((size_t)t * nh + h) * hd;
+        memset(out, 0, sizeof(float) * (size_t)hd);
+        for (int ci = first; ci < first + n; ci++) {
+            const float *acc = s->att_part + (size_t)ci * nh * (hd + 2);
+            const float *mx = acc + (size_t)nh * hd;
+            float w = expf(mx[h] - M) * mx[nh + h] / den;
+            for (int d = 0; d < hd; d++) out[d] += w * acc[(size_t)h * hd + d];
+        }
+    }
+}
+
 static void rope_tables(loom_model *m, loom_fwd_state *s, int T) {
     int half_max = s->max_rot / 2;
     for (int r = 0; r < m->n_ropes; r++) {
@@ -489,18 +626,51 @@ static void attention(loom_model *m, loom_fwd_state *s, loom_kv_pool *kv,
         loom_kv_layer_store(kv, l, loom_kv_v_row(kv, seq, l, s->tok_pos[t]), s->vx + (size_t)t * kvd, kvd);
     }
     /* Tiles of consecutive tokens of the same row; a tile's scores must
-     * fit ATT_SLOTS query rows of max_ctx scores. */
-    int per_tile = LOOM_MAX(1, ATT_SLOTS / (nh / nkv)), n_tiles = 0;
+     * fit ATT_SLOTS query rows of max_ctx scores. A decode token (a tile of
+     * one) with a long span goes by chunks instead (split_task). */
+    int per_tile = LOOM_MAX(1, ATT_SLOTS / (nh / nkv)), n_tiles = 0, n_split = 0;
+    int ch = LOOM_MAX(1, s->att_chunk);
     for (int t = 0; t < T;) {
         int tb = t + 1;
         while (tb < T && tb - t < per_tile && s->tok_row[tb] == s->tok_row[t]) tb++;
-        s->tiles[2 * n_tiles] = t;
-        s->tiles[2 * n_tiles + 1] = tb;
-        n_tiles++;
+        int pos = s->tok_pos[t], lo = A->window > 0 ? LOOM_MAX(0, pos - A->window + 1) : 0;
+        if (tb - t == 1 && s->att_split > 0 && pos - lo + 1 >= s->att_split &&
+            pos / ch - lo / ch + 1 <= s->att_parts) {
+            s->split_tok[n_split++] = t;
+        } else {
+            s->tiles[2 * n_tiles] = t;
+            s->tiles[2 * n_tiles + 1] = tb;
+            n_tiles++;
+        }
         t = tb;
     }
-    attn_job aj = {m, s, kv, rows, A, s->tiles};
-    loom_pool_run(m->pool, n_tiles * nkv, attn_task, &aj);
+    attn_job aj = {m, s, kv, rows, A, s->tiles, n_tiles * nkv};
+    /* Dispatches of as many chunks as att_part holds, chunk bounds on a
+     * grid of positions: a token's bits do not depend on its batch. */
+    for (int i0 = 0; i0 == 0 || i0 < n_split;) {
+        int i1 = i0, n_parts = 0;
+        for (; i1 < n_split; i1++) {
+            int t = s->split_tok[i1], pos = s->tok_pos[t];
+            int lo = A->window > 0 ? LOOM_MAX(0, pos - A->window + 1) : 0;
+            if (n_parts + pos / ch - lo / ch + 1 > s->att_parts) break;
+            for (int c0 = lo / ch; c0 <= pos / ch; c0++) {
+                int *tk = s->split_task + 3 * n_parts++;
+                tk[0] = t;
+                tk[1] = LOOM_MAX(lo, c0 * ch);
+                tk[2] = LOOM_MIN(pos + 1, (c0 + 1) * ch);
+            }
+        }
+        loom_pool_run(m->pool, aj.n_plain + n_parts, attn_any, &aj);
+        for (int i = i0, first = 0; i < i1; i++) {
+            int t = s->split_tok[i], pos = s->tok_pos[t];
+            int lo = A->window > 0 ? LOOM_MAX(0, pos - A->window + 1) : 0;
+            split_combine(s, nh, hd, t, first, pos / ch - lo / ch + 1);
+            first += pos / ch - lo / ch + 1;
+        }
+        aj.n_plain = 0;
+        if (i1 == i0) break;
+        i0 = i1;
+    }
     if (gated)
         for (size_t i = 0; i < (size_t)T * qd; i++) s->att[i] *= 1.0f / (1.0f + expf(-s->gate[i]));
     loom_fwd_matmul(m, s->xb, s->att, &A->wo, T);

@@ -26,6 +26,15 @@ struct loom_fwd_state {
     int *tiles;        /* [2 * max_tokens] attention tiles [ta, tb) */
     float *att_tmp;    /* (n_threads, att_tmp_per) attention tiles' scratch (forward.c) */
     size_t att_tmp_per;
+    /* Decode tokens whose key span reaches att_split (0: never) attend by
+     * chunks of att_chunk positions over all KV heads (forward.c). */
+    int att_split, att_chunk;
+    int att_parts;     /* (token, chunk) partial results one dispatch may hold */
+    float *att_part;   /* (att_parts, n_heads, max_head_dim + 2) chunk outputs, max, sum */
+    int *split_task;   /* [3 * att_parts] a chunk task's token and positions [p0, p1) */
+    int *split_tok;    /* [max_tokens] tokens taking the chunked path */
+    float *split_tmp;  /* (n_threads, split_tmp_per) K or V rows of all heads */
+    size_t split_tmp_per;
     int *tok_row;      /* [max_tokens] row of each token */
     int *tok_pos;      /* [max_tokens] position of each token */
     int *row_first;    /* [max_tokens] first token of each row */
