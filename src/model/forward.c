@@ -27,12 +27,13 @@
 /* Keys per chunk: the chunk's K rows as f32 (32 KiB at head_dim 128) stay
  * in L1 while every query row of the task is scored against them. */
 #define ATT_CHUNK 64
-/* A decode token whose span holds at least ATT_SPLIT keys (times half the
- * threads, so that there are chunks for every thread) attends by position
- * chunks of ATT_SPLIT_CHUNK over all KV heads: a task reads whole KV rows
- * in order, where a task per head reads a head_dim slice of every row (512
- * B out of each 4 KB at Qwen3-0.6B), which the prefetchers serve badly.
- * LOOM_ATTN_SPLIT=n sets the span (0: never). */
+/* A decode token whose span holds at least ATT_SPLIT keys attends by
+ * position chunks of ATT_SPLIT_CHUNK over all KV heads: a task reads
+ * whole KV rows in order, where a task per head reads a head_dim slice of
+ * every row (512 B out of each 4 KB at Qwen3-0.6B), which the prefetchers
+ * serve badly. The span is fixed, not scaled by the threads, so that a
+ * token's bits do not depend on them. LOOM_ATTN_SPLIT=n sets it (0:
+ * never). */
 #define ATT_SPLIT 256
 #define ATT_SPLIT_CHUNK 256
 /* Positions whose rows (all heads) a chunk task gathers per matmul. */
@@ -81,7 +82,7 @@ loom_status loom_fwd_state_create(const loom_model *m, int max_tokens, int max_c
     s->att_tmp_per = (2 * (size_t)s->att_slots + ATT_CHUNK) * (size_t)LOOM_MAX(m->max_head_dim, 1) +
                      2 * (size_t)s->att_slots;
     ALLOC(s->att_tmp, (size_t)s->n_threads * s->att_tmp_per);
-    s->att_split = ATT_SPLIT * LOOM_MAX(1, s->n_threads / 2);
+    s->att_split = ATT_SPLIT;
     const char *env = getenv("LOOM_ATTN_SPLIT");
     if (env && *env) s->att_split = LOOM_MAX(0, atoi(env));
     s->att_chunk = ATT_SPLIT_CHUNK;
