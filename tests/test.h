@@ -38,6 +38,17 @@ static int test_checks;
                                   "%lld != %lld", (long long)(a), (long long)(b))
 #define CHECK_STR(a, b) CHECKF(strcmp((a), (b)) == 0, "\"%s\" != \"%s\"", (a), (b))
 
+/* max |a - ref| / max |ref|; a NaN in a counts as infinitely far. */
+static inline double test_rel_err(const float *a, const float *ref, size_t n) {
+    double e = 0, m = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - ref[i]);
+        if (d > e || d != d) e = d != d ? INFINITY : d;
+        if (fabs(ref[i]) > m) m = fabs(ref[i]);
+    }
+    return e / m;
+}
+
 static inline int test_report(const char *name) {
     fprintf(stderr, "%s: %d checks, %d failed\n", name, test_checks,
             test_failures);

@@ -16,16 +16,6 @@
 
 enum { L = 700, LB = 300, PRE = 128, N_DEC = 6, CTX = 1024 };
 
-static double rel_err(const float *a, const float *ref, size_t n) {
-    double e = 0, m = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - ref[i]);
-        if (d > e || d != d) e = d != d ? INFINITY : d;
-        if (fabs(ref[i]) > m) m = fabs(ref[i]);
-    }
-    return e / m;
-}
-
 typedef struct split_cfg {
     int split, chunk; /* state's att_split (0: per head) and att_chunk */
     int parts;        /* att_parts when > 0 */
@@ -106,7 +96,7 @@ static void check(const char *dir, loom_kv_type kt, int split, int chunk) {
     float *bat = malloc(sizeof(float) * N_DEC * V);
     if (run(m, kt, (split_cfg){0, chunk, 0, 0}, tok, ref, o_ref) &&
         run(m, kt, (split_cfg){split, chunk, 0, 0}, tok, got, o_split)) {
-        double e = rel_err(got, ref, (size_t)N_DEC * V);
+        double e = test_rel_err(got, ref, (size_t)N_DEC * V);
         CHECKF(e <= TOL, "%s kv %d split %d chunk %d: rel err %.3g", dir, (int)kt, split, chunk, e);
         CHECKF(!memcmp(o_ref, o_split, sizeof o_ref), "%s kv %d: greedy tokens differ", dir, (int)kt);
         /* beside a second sequence, with room for one sequence's chunks

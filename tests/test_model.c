@@ -14,17 +14,6 @@
 
 #define TOL 1e-5
 
-/* max |a - ref| / max |ref| */
-static double rel_err(const float *a, const float *ref, size_t n) {
-    double e = 0, m = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - ref[i]);
-        if (d > e || d != d) e = d != d ? INFINITY : d;
-        if (fabs(ref[i]) > m) m = fabs(ref[i]);
-    }
-    return e / m;
-}
-
 /* Prefills tok in chunks of `chunk` (all logits into got), then decodes
  * greedily n_greedy tokens into out. */
 static loom_status run_chunked(loom_context *c, const int32_t *tok, int L, int chunk, float *got,
@@ -129,7 +118,7 @@ static void check_model_tol(const char *dir, int n_prompts, int n_greedy, double
             int32_t out[64];
             loom_status s = run_chunked(c, tok, L, chunks[k], got, V, out, ng);
             CHECKF(s == LOOM_OK, "%s prompt %d chunk %d: %s", dir, i, chunks[k], loom_last_error());
-            double e = rel_err(got, want, (size_t)L * V);
+            double e = test_rel_err(got, want, (size_t)L * V);
             worst = e > worst ? e : worst;
             CHECKF(e <= tol, "%s prompt %d (L=%d) chunks of %d: rel err %.3g", dir, i, L,
                    chunks[k], e);
@@ -207,7 +196,7 @@ static void check_batched(const char *dir, double tol) {
     s = loom_forward(m, fs, kv, rows2, 3);
     CHECKF(s == LOOM_OK, "%s batched step 2: %s", dir, loom_last_error());
     for (int i = 0; i < 3; i++) {
-        double e = rel_err(out[i], want[i], (size_t)len[i] * V);
+        double e = test_rel_err(out[i], want[i], (size_t)len[i] * V);
         CHECKF(e <= tol, "%s batched prompt %d: rel err %.3g", dir, i + 1, e);
     }
     for (int i = 0; i < 2; i++)
@@ -346,7 +335,7 @@ static void check_fast_tol(const char *dir, int n_prompts, double tol, int n_sam
             int32_t out[64];
             loom_status s = run_chunked(c, ids->data, L, chunk, got, V, out, ng);
             CHECKF(s == LOOM_OK, "%s --fast prompt %d: %s", dir, i, loom_last_error());
-            double e = rel_err(got, lg->data, (size_t)L * V);
+            double e = test_rel_err(got, lg->data, (size_t)L * V);
             worst = e > worst ? e : worst;
             CHECKF(e <= tol, "%s --fast prompt %d chunks of %d: rel err %.3g", dir, i, chunk, e);
             int same = 0;
