@@ -16,8 +16,14 @@
 #   5. bench/cuda_kernel_times.sh on each model in KT_MODELS (batch-1
 #      decode), PT_MODELS (prefill) and PT_DECODE (a batch-32 decode step).
 # Steps 4 and 5 are skipped once ROUND_BUDGET seconds (default 400) would
-# be overrun. Environment: OUT (default /tmp/loom-round), BUILD (build/cc),
-# CC, LOOM_BENCH_* as bench/cuda_bench.sh.
+# be overrun. CHECK=0 skips step 1 and BENCH=0 step 3; an AB or AB_TG group
+# `default` runs without settings; STEP_TIMES=1 runs the AB_TG decodes with
+# LOOM_CUDA_STEP_TIMES=1 and prints where their steps' wall time goes
+# (forward_cuda.cu). Environment: OUT (default /tmp/loom-round), BUILD
+# (build/cc), CC, LOOM_BENCH_* as bench/cuda_bench.sh.
+#
+#   CHECK=0 BENCH=0 STEP_TIMES=1 AB_TG_MODELS=qwen3-0.6b \
+#     AB_TG="default|LOOM_CUDA_GEMV_PRE2=0" sh bench/cuda_round.sh
 set -u
 cd "$(dirname "$0")/.." || exit 2
 OUT=${OUT:-/tmp/loom-round}
@@ -40,10 +46,12 @@ make -s -j"$(nproc)" BUILD="$B" CUDA=1 cuda-tests "$B/loom" "$B/tools/gen_model"
 ) >"$OUT/gen.txt" 2>&1 &
 gen=$!
 
-el "check"
-BUILD=$B timeout 240 sh tools/cuda_check.sh >"$OUT/check.txt" 2>&1
-grep -E "^FAIL" "$OUT/check.txt" | head -n 20
-grep -E "cuda kernels:|passed|cuda_check:" "$OUT/check.txt" | tail -n 6
+if [ "${CHECK:-1}" = 1 ]; then
+  el "check"
+  BUILD=$B timeout 240 sh tools/cuda_check.sh >"$OUT/check.txt" 2>&1
+  grep -E "^FAIL" "$OUT/check.txt" | head -n 20
+  grep -E "cuda kernels:|passed|cuda_check:" "$OUT/check.txt" | tail -n 6
+fi
 
 if [ "${GEMV:-0}" = 1 ]; then
   el "gemv"
@@ -52,15 +60,18 @@ if [ "${GEMV:-0}" = 1 ]; then
 fi
 
 wait $gen
-el "bench"
-BUILD=$B LOOM_BENCH_PEER=0 LOOM_BENCH_REPS=${LOOM_BENCH_REPS:-3} \
-  LOOM_BENCH_BATCH=${LOOM_BENCH_BATCH:-1,32} timeout 260 sh bench/cuda_bench.sh \
-  >"$OUT/bench.txt" 2>&1
-sed -n '/== table/,$p' "$OUT/bench.txt" | grep -E "^\||copy"
+if [ "${BENCH:-1}" = 1 ]; then
+  el "bench"
+  BUILD=$B LOOM_BENCH_PEER=0 LOOM_BENCH_REPS=${LOOM_BENCH_REPS:-3} \
+    LOOM_BENCH_BATCH=${LOOM_BENCH_BATCH:-1,32} timeout 260 sh bench/cuda_bench.sh \
+    >"$OUT/bench.txt" 2>&1
+  sed -n '/== table/,$p' "$OUT/bench.txt" | grep -E "^\||copy"
+fi
 
 el "prefill under other settings"
 echo "${AB:-}" | tr '|' '\n' | while read -r cfg; do
   [ -n "$cfg" ] || continue
+  [ "$cfg" = default ] && cfg=
   for m in ${AB_MODELS:-qwen3-0.6b llama3-8b}; do
     [ "$(left)" -gt 40 ] || { echo "skipped: $m [$cfg] (time)"; continue; }
     r=$(env $cfg timeout 90 "$B/loom" bench --device cuda --model "$DIR/$m" -p 4096 -n 0 \
@@ -73,13 +84,18 @@ done
 
 echo "${AB_TG:-}" | tr '|' '\n' | while read -r cfg; do
   [ -n "$cfg" ] || continue
+  [ "$cfg" = default ] && cfg=
   for m in ${AB_TG_MODELS:-qwen3-0.6b llama3-8b}; do
     [ "$(left)" -gt 30 ] || { echo "skipped: tg $m [$cfg] (time)"; continue; }
-    r=$(env $cfg timeout 60 "$B/loom" bench --device cuda --model "$DIR/$m" -p 0 -n 128 \
-        --tg-prompt 128 --batch "${AB_TG_BATCH:-1}" --reps 3 --kv-type bf16 --json 2>&1)
+    r=$(env LOOM_CUDA_STEP_TIMES="${STEP_TIMES:-0}" $cfg timeout 60 "$B/loom" bench \
+        --device cuda --model "$DIR/$m" -p 0 -n 128 --tg-prompt 128 \
+        --batch "${AB_TG_BATCH:-1}" --reps 3 --kv-type bf16 --json 2>"$OUT/tg-err.txt")
     echo "$m tg [$cfg] $r" >>"$OUT/ab.txt"
+    cat "$OUT/tg-err.txt" >>"$OUT/ab.txt"
     echo "$m [$cfg] b1 $(echo "$r" | sed -n 's/.*{"b": 1, "tok_s": \([0-9.]*\).*/\1/p')" \
       "tg $(echo "$r" | sed -n 's/.*"tg_tok_s": \([0-9.]*\).*/\1/p')"
+    grep "step times" "$OUT/tg-err.txt" | tail -n 3
+    grep -iE "error|fail" "$OUT/tg-err.txt" | head -n 3
   done
 done
 
