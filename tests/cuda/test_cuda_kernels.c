@@ -987,8 +987,43 @@ static int test_attn_decode(const attn_case *a, const int *lens, int n_seqs) {
     return ok;
 }
 
+/* What qkv_post makes of n fused q/k/v rows (nh + 2 nkv heads of hd):
+ * + bias, the reference RMSNorm on q and k heads (qn NULL: none), rope
+ * over the first 2 half dims from token t's cos/sin (ld apart), q into
+ * qref (n, nh, hd) and K, V into kvref (n, 2, nkv, hd) in the KV type. */
+static void qkv_post_ref(const float *qkv, int n, int nh, int nkv, int hd, int half,
+                         const float *b, const float *qn, const float *kn, const float *cs,
+                         const float *sn, int ld, loom_cuda_dtype dt, float *qref, float *kvref) {
+    int nall = nh + 2 * nkv;
+    size_t W = (size_t)nall * hd;
+    float *row = xmalloc((size_t)hd * 4);
+    for (int t = 0; t < n; t++)
+        for (int h = 0; h < nall; h++) {
+            const float *src = qkv + (size_t)t * W + (size_t)h * hd;
+            int kind = h < nh ? 0 : h < nh + nkv ? 1 : 2;
+            for (int i = 0; i < hd; i++) row[i] = src[i] + (b ? b[(size_t)h * hd + i] : 0.0f);
+            if (qn && kind < 2) loom_kernels_ref.rmsnorm(row, row, kind ? kn : qn, hd, 1e-6f);
+            if (kind < 2)
+                for (int k = 0; k < half; k++) {
+                    float c = cs[(size_t)t * ld + k], s = sn[(size_t)t * ld + k];
+                    float x0 = row[k], x1 = row[k + half];
+                    row[k] = x0 * c - x1 * s;
+                    row[k + half] = x1 * c + x0 * s;
+                }
+            if (kind == 0) {
+                memcpy(qref + ((size_t)t * nh + h) * hd, row, (size_t)hd * 4);
+            } else {
+                int kh = h - (kind == 1 ? nh : nh + nkv);
+                float *dst = kvref + ((size_t)t * 2 + (kind - 1)) * nkv * hd + (size_t)kh * hd;
+                for (int i = 0; i < hd; i++)
+                    dst[i] = dt == LOOM_CUDA_F32 ? row[i] : round16(row[i], dt);
+            }
+        }
+    free(row);
+}
+
 /* loom_cuda_attn_decode_qkv: each sequence's new token comes as a fused
- * q/k/v row; q, K and V are made as test_qkv_post makes them, the K and V
+ * q/k/v row; q, K and V are made as qkv_post_ref makes them, the K and V
  * rows the device stored at position len - 1 (garbage there before) must
  * be those within a rounding, and the attention output must match the
  * reference over the pool holding the device's rows. Under the default
@@ -1010,7 +1045,7 @@ static int test_attn_decode_qkv(const attn_case *a, const int *lens, int n_seqs,
     size_t bytes = (size_t)pool->n_layers * pool->n_blocks * pool->block_size * pool->row_bytes;
     float *qkv = xmalloc((size_t)n_seqs * W * 4), *b = xmalloc(W * 4), *qnw = xmalloc((size_t)hd * 4);
     float *knw = xmalloc((size_t)hd * 4), *cs = xmalloc((size_t)n_seqs * ld * 4);
-    float *sn = xmalloc((size_t)n_seqs * ld * 4), *row = xmalloc((size_t)hd * 4);
+    float *sn = xmalloc((size_t)n_seqs * ld * 4);
     float *qref = xmalloc(qn_ * 4), *kvref = xmalloc((size_t)n_seqs * 2 * nkv * hd * 4);
     float *kvgot = xmalloc((size_t)n_seqs * 2 * nkv * hd * 4), *tmp = xmalloc((size_t)hd * 4);
     float *ref = xmalloc(qn_ * 4), *got = xmalloc(qn_ * 4);
@@ -1033,28 +1068,8 @@ static int test_attn_decode_qkv(const attn_case *a, const int *lens, int n_seqs,
     memset(cs, 0, (size_t)n_seqs * ld * 4);
     memset(sn, 0, (size_t)n_seqs * ld * 4);
     if (half) loom_cuda_rope_table(cs, sn, ld, pos, n_seqs, inv, rot, 1.0);
-    for (int s = 0; s < n_seqs; s++)
-        for (int h = 0; h < nall; h++) {
-            const float *src = qkv + (size_t)s * W + (size_t)h * hd;
-            int kind = h < nh ? 0 : h < nh + nkv ? 1 : 2;
-            for (int i = 0; i < hd; i++) row[i] = src[i] + (bias ? b[(size_t)h * hd + i] : 0.0f);
-            if (norms && kind < 2) loom_kernels_ref.rmsnorm(row, row, kind ? knw : qnw, hd, 1e-6f);
-            if (kind < 2)
-                for (int k = 0; k < half; k++) {
-                    float c = cs[(size_t)s * ld + k], s_ = sn[(size_t)s * ld + k];
-                    float x0 = row[k], x1 = row[k + half];
-                    row[k] = x0 * c - x1 * s_;
-                    row[k + half] = x1 * c + x0 * s_;
-                }
-            if (kind == 0) {
-                memcpy(qref + ((size_t)s * nh + h) * hd, row, (size_t)hd * 4);
-            } else {
-                int kh = h - (kind == 1 ? nh : nh + nkv);
-                float *dst = kvref + ((size_t)s * 2 + (kind - 1)) * nkv * hd + (size_t)kh * hd;
-                for (int i = 0; i < hd; i++)
-                    dst[i] = dt == LOOM_CUDA_F32 ? row[i] : round16(row[i], dt);
-            }
-        }
+    qkv_post_ref(qkv, n_seqs, nh, nkv, hd, half, bias ? b : NULL, norms ? qnw : NULL, knw, cs, sn,
+                 ld, dt, qref, kvref);
     loom_cuda_kv kv;
     void *dk = NULL, *dv = NULL;
     int32_t *dtab = NULL, *dlens = up(lens, (size_t)n_seqs * 4), *dslot = up(slot, (size_t)n_seqs * 4);
@@ -1129,7 +1144,7 @@ static int test_attn_decode_qkv(const attn_case *a, const int *lens, int n_seqs,
     void *dev[] = {dk, dv, dtab, dlens, dslot, dqkv, db, dqn, dkn, dcs, dsn, dout, dq};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) loom_cuda_release(C, dev[i]);
     paged_free(&P);
-    free(qkv), free(b), free(qnw), free(knw), free(cs), free(sn), free(row), free(qref);
+    free(qkv), free(b), free(qnw), free(knw), free(cs), free(sn), free(qref);
     free(kvref), free(kvgot), free(tmp), free(ref), free(got), free(k0), free(v0), free(inv);
     free(pos), free(slot);
     return ok;
@@ -1242,7 +1257,7 @@ static int test_qkv_post_in(int T, int nh, int nkv, int hd, int rot, int norms, 
     size_t es = dt == LOOM_CUDA_F32 ? 4 : 2;
     float *qkv = xmalloc((size_t)T * W * 4), *b = xmalloc(W * 4), *qn = xmalloc((size_t)hd * 4);
     float *kn = xmalloc((size_t)hd * 4), *cs = xmalloc((size_t)T * ld * 4);
-    float *sn = xmalloc((size_t)T * ld * 4), *row = xmalloc((size_t)hd * 4);
+    float *sn = xmalloc((size_t)T * ld * 4);
     float *qref = xmalloc((size_t)T * nh * hd * 4), *qgot = xmalloc((size_t)T * nh * hd * 4);
     size_t kvn = (size_t)T * 2 * nkv * hd;
     float *kvref = xmalloc(kvn * 4), *kvgot = xmalloc(kvn * 4);
@@ -1267,28 +1282,8 @@ static int test_qkv_post_in(int T, int nh, int nkv, int hd, int rot, int norms, 
     memset(cs, 0, (size_t)T * ld * 4);
     memset(sn, 0, (size_t)T * ld * 4);
     loom_cuda_rope_table(cs, sn, ld, pos, T, inv, rot, 1.0);
-    for (int t = 0; t < T; t++)
-        for (int h = 0; h < nall; h++) {
-            const float *src = qkv + (size_t)t * W + (size_t)h * hd;
-            int kind = h < nh ? 0 : h < nh + nkv ? 1 : 2;
-            for (int i = 0; i < hd; i++) row[i] = src[i] + (bias ? b[(size_t)h * hd + i] : 0.0f);
-            if (norms && kind < 2) loom_kernels_ref.rmsnorm(row, row, kind ? kn : qn, hd, 1e-6f);
-            if (kind < 2)
-                for (int k = 0; k < half; k++) {
-                    float c = cs[(size_t)t * ld + k], s_ = sn[(size_t)t * ld + k];
-                    float a = row[k], bb = row[k + half];
-                    row[k] = a * c - bb * s_;
-                    row[k + half] = bb * c + a * s_;
-                }
-            if (kind == 0) {
-                memcpy(qref + ((size_t)t * nh + h) * hd, row, (size_t)hd * 4);
-            } else {
-                int kh = h - (kind == 1 ? nh : nh + nkv);
-                float *dst = kvref + ((size_t)t * 2 + (kind - 1)) * nkv * hd + (size_t)kh * hd;
-                for (int i = 0; i < hd; i++)
-                    dst[i] = dt == LOOM_CUDA_F32 ? row[i] : round16(row[i], dt);
-            }
-        }
+    qkv_post_ref(qkv, T, nh, nkv, hd, half, bias ? b : NULL, norms ? qn : NULL, kn, cs, sn, ld, dt,
+                 qref, kvref);
     float *dqkv = in16 ? up(qkv16, (size_t)T * W * 2) : up(qkv, (size_t)T * W * 4);
     float *db = up(b, W * 4), *dqn = up(qn, (size_t)hd * 4);
     float *dkn = up(kn, (size_t)hd * 4), *dcs = up(cs, (size_t)T * ld * 4);
@@ -1332,7 +1327,7 @@ static int test_qkv_post_in(int T, int nh, int nkv, int hd, int rot, int norms, 
     }
     void *dev[] = {dqkv, db, dqn, dkn, dcs, dsn, dslot, dq, dk, dv};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) loom_cuda_release(C, dev[i]);
-    free(qkv), free(b), free(qn), free(kn), free(cs), free(sn), free(row), free(qref);
+    free(qkv), free(b), free(qn), free(kn), free(cs), free(sn), free(qref);
     free(qgot), free(kvref), free(kvgot), free(hk), free(hv), free(inv), free(pos), free(slot);
     free(qkv16);
     return ok;
