@@ -314,6 +314,14 @@ typedef struct attn_job {
     int n_plain;             /* tasks of attn_task first, then split_task's */
 } attn_job;
 
+/* Head kh's slice of a K or V row of layer l as f32 into dst. */
+static void kv_slice(const loom_kv_pool *kv, int l, const void *row, int kh, int hd, float *dst) {
+    if (kv->layer[l].type == LOOM_KV_F32)
+        memcpy(dst, (const float *)row + (size_t)kh * hd, sizeof(float) * (size_t)hd);
+    else
+        loom_kv_layer_load(kv, l, row, kh * hd, hd, dst);
+}
+
 /* Rows [p0, p0 + n) of KV head kh's keys (vals: values) as f32, *ld apart:
  * in place where the layer stores f32, in_place allows it and the rows lie
  * in one block; else widened or copied into buf (n rows of head_dim). */
@@ -326,12 +334,9 @@ static const float *kv_rows(const attn_job *j, const loom_kv_seq *seq, int kh, i
         return (const float *)(vals ? loom_kv_v_row(kv, seq, l, p0) : loom_kv_k_row(kv, seq, l, p0)) +
                (size_t)kh * hd;
     }
-    for (int i = 0; i < n; i++) {
-        float *dst = buf + (size_t)i * hd;
-        const void *row = vals ? loom_kv_v_row(kv, seq, l, p0 + i) : loom_kv_k_row(kv, seq, l, p0 + i);
-        if (f32) memcpy(dst, (const float *)row + (size_t)kh * hd, sizeof(float) * (size_t)hd);
-        else loom_kv_layer_load(kv, l, row, kh * hd, hd, dst);
-    }
+    for (int i = 0; i < n; i++)
+        kv_slice(kv, l, vals ? loom_kv_v_row(kv, seq, l, p0 + i) : loom_kv_k_row(kv, seq, l, p0 + i),
+                 kh, hd, buf + (size_t)i * hd);
     *ld = hd;
     return buf;
 }
@@ -352,12 +357,17 @@ static void tile_att_put(loom_fwd_state *s, int nh, int kh, int group, int hd, i
                sizeof(float) * (size_t)group * hd);
 }
 
-/* A query's raw scores over its own keys: scaled, softcapped, softmaxed. */
-static void score_softmax(const loom_kernels *k, float *row, int n, float scale, float cap) {
+/* Raw scores scaled and softcapped in place. */
+static void score_scale(float *row, int n, float scale, float cap) {
     for (int i = 0; i < n; i++) {
         float v = row[i] * scale;
         row[i] = cap > 0 ? tanhf(v / cap) * cap : v;
     }
+}
+
+/* A query's raw scores over its own keys: scaled, softcapped, softmaxed. */
+static void score_softmax(const loom_kernels *k, float *row, int n, float scale, float cap) {
+    score_scale(row, n, scale, cap);
     k->softmax(row, n);
 }
 
@@ -435,14 +445,10 @@ static void split_rows(const attn_job *j, const loom_kv_seq *seq, int vals, int 
                        float *dst) {
     const loom_kv_pool *kv = j->kv;
     int l = j->A->kv_layer, hd = j->A->head_dim, nkv = j->A->n_kv_heads;
-    int f32 = kv->layer[l].type == LOOM_KV_F32;
     for (int p = a; p < b; p++) {
         const void *row = vals ? loom_kv_v_row(kv, seq, l, p) : loom_kv_k_row(kv, seq, l, p);
-        for (int kh = 0; kh < nkv; kh++) {
-            float *d = dst + ((size_t)kh * ATT_SPLIT_SUB + (size_t)(p - a)) * hd;
-            if (f32) memcpy(d, (const float *)row + (size_t)kh * hd, sizeof(float) * (size_t)hd);
-            else loom_kv_layer_load(kv, l, row, kh * hd, hd, d);
-        }
+        for (int kh = 0; kh < nkv; kh++)
+            kv_slice(kv, l, row, kh, hd, dst + ((size_t)kh * ATT_SPLIT_SUB + (size_t)(p - a)) * hd);
     }
 }
 
@@ -474,15 +480,11 @@ static void split_task(const attn_job *j, int task, int thread) {
                           buf + (size_t)kh * ATT_SPLIT_SUB * hd, hd, group, 0, b - a);
     }
     for (int h = 0; h < nh; h++) {
-        float *row = sc + (size_t)h * n, m = -INFINITY;
-        int am = 0;
-        for (int i = 0; i < n; i++) {
-            float v = row[i] * A->scale;
-            row[i] = cap > 0 ? tanhf(v / cap) * cap : v;
-            if (row[i] > m) m = row[i], am = i;
-        }
+        float *row = sc + (size_t)h * n;
+        score_scale(row, n, A->scale, cap);
+        int am = loom_argmax(row, n);
+        mx[h] = row[am];
         k->softmax(row, n);
-        mx[h] = m;
         sum[h] = 1.0f / row[am]; /* sum of e^(x - m): the max's weight is 1 / sum */
     }
     memset(acc, 0, sizeof(float) * (size_t)nh * hd);
