@@ -162,12 +162,20 @@ run_llama_batched() {
         k=$((k + 1))
     done
 }
+# The read bandwidth just before and after llama-bench, as bench_model
+# measures it around its own decode reps.
+probe_bw() {
+    "$BUILD/bench/bench_model" --bandwidth --threads "$THREADS" >>"$1" 2>>"$OUT/loom.log" ||
+        die "bench_model --bandwidth failed (see $OUT/loom.log)"
+}
 run_llama() {
     [ $HAVE_LLAMA = 1 ] || return 0
     say "round $2 $1: llama.cpp (gguf-$1), load $(load)"
+    probe_bw "$OUT/bw-llama-$1-$2.json"
     "$LLAMA/llama-bench" -m "$DIR/gguf-$1/model.gguf" -p "$P" -n "$N" -t "$THREADS" \
         -r "$REPS" -o jsonl >"$OUT/llama-$1-$2.jsonl" 2>>"$OUT/llama.log" ||
         die "llama-bench failed on gguf-$1 (see $OUT/llama.log)"
+    probe_bw "$OUT/bw-llama-$1-$2.json"
 }
 r=1
 while [ $r -le "$ROUNDS" ]; do
@@ -249,7 +257,41 @@ for f in $FORMATS; do
         "$(ratio "$lpp" "$gpp")" "$ltg" "$gtg" "$(ratio "$ltg" "$gtg")" "$mb" "$bound"
 done
 }
+# share loom|llama FORMAT MODE: decode as a share of the bound from the
+# bandwidth measured around each round's own decode runs (the mean of the
+# probes just before and after), median over rounds, in percent.
+share() {
+    r=1
+    while [ $r -le "$ROUNDS" ]; do
+        lf=$OUT/loom-$2-$3-$r.json
+        if [ -f "$lf" ]; then
+            if [ "$1" = loom ]; then
+                tg=$(field tg_reps "$lf" | median)
+                bw=$(field bandwidth_gbs_at_tg "$lf"; field bandwidth_gbs_after_tg "$lf")
+            else
+                tg=$(llama_samples tg "$OUT/llama-$2-$r.jsonl" | median)
+                bw=$(field bandwidth_gbs "$OUT/bw-llama-$2-$r.json")
+            fi
+            echo "$bw" | awk -v tg="$tg" -v w="$(field weight_bytes_per_token "$lf")" \
+                -v k="$(field kv_bytes_per_token "$lf")" '$1 > 0 { s += $1; n++ } END {
+                if (n && tg != "-") printf "%.1f\n", 100 * tg * (w + k) / (s / n * 1e9) }'
+        fi
+        r=$((r + 1))
+    done | median
+}
 for mode in $MODES; do table median "$mode"; echo; done
+echo "decode as % of the bound from the bandwidth measured just before and after each decode"
+echo "run (medians over rounds; the machine's bandwidth left over moves within minutes):"
+echo
+printf '| %-6s | %-5s | %7s | %8s |\n' format mode "loom %" "llama %"
+printf '| %-6s | %-5s | %7s | %8s |\n' ------ ----- ------: -------:
+for mode in $MODES; do
+    for f in $FORMATS; do
+        printf '| %-6s | %-5s | %7s | %8s |\n' "$f" "$mode" "$(share loom "$f" "$mode")" \
+            "$(share llama "$f" "$mode")"
+    done
+done
+echo
 echo "best repetition of each (what each program reaches when the machine leaves it alone):"
 echo
 for mode in $MODES; do table best "$mode"; echo; done
