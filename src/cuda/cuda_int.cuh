@@ -44,6 +44,8 @@ struct loom_cuda {
     int gemv_pre2;              /* gemv_split_kernel loads a warp's second item before the PDL
                                    wait too (LOOM_CUDA_GEMV_PRE2, 1; 0: the first only) */
     int gemv_bps;               /* its blocks an SM (LOOM_CUDA_GEMV_BPS; 0: all that fit) */
+    int gemv_np;                /* its RMSNORM input: norm weights loaded before the PDL wait,
+                                   x kept in registers (LOOM_CUDA_GEMV_NP, 1; 0: gv_fill) */
     size_t gemv_pf;             /* matrices up to this many bytes are pulled into L2 before the
                                    wait for the kernel ahead (LOOM_CUDA_GEMV_PF_MB, 16) */
     int attn_split_min;         /* decode attention splits a sequence down to this many

@@ -94,6 +94,8 @@ extern "C" loom_status loom_cuda_create(int device, loom_cuda **out) {
     c->gemv_w = gw && (atoi(gw) == 8 || atoi(gw) == 16) ? atoi(gw) : 0;
     const char *pre2 = getenv("LOOM_CUDA_GEMV_PRE2");
     c->gemv_pre2 = !(pre2 && !strcmp(pre2, "0"));
+    const char *np = getenv("LOOM_CUDA_GEMV_NP");
+    c->gemv_np = !(np && !strcmp(np, "0"));
     const char *fmt = getenv("LOOM_CUDA_FA_MT");
     c->fa_mt = fmt && atoi(fmt) == 1 ? 1 : 2;
     snprintf(c->name, sizeof c->name, "%s", prop.name);

@@ -113,6 +113,7 @@ struct gv_args {
     float eps;
     unsigned pf;            /* bytes of its rows each warp prefetches into L2 (split: any) */
     int pre2;               /* gemv_split_kernel: the second item loads before the wait too */
+    int np;                 /* gemv_split_kernel, RMSNORM: gs_fill_norm where it applies */
 };
 
 /* A weight vector, read once: kept out of L1. */
@@ -378,6 +379,50 @@ __device__ __forceinline__ void gs_row_done(float (&acc)[NT], const gv_args &a, 
     }
 }
 
+/* The RMSNORM fill where a thread makes at most one vector of a row (the
+ * split kernel's rows up to 8 * its threads columns): the thread's norm
+ * weights (nw) load before the PDL wait, x stays in registers from the
+ * sum of squares to the scaling, and every thread adds the warps' sums
+ * itself (one barrier), so that after the wait the fill is one round of
+ * loads. The arithmetic of gv_fill's RMSNORM mode, in the same order. */
+template <int NT, int F16, int W>
+__device__ __forceinline__ void gs_fill_norm(uint4 *xs, const gv_args &a, const float (&nw)[8],
+                                             float *red) {
+    int nch = a.cols >> 3, lane = threadIdx.x & 31, wid = threadIdx.x >> 5, i = threadIdx.x;
+    const float *xf = (const float *)a.x;
+    float4 u[NT], v[NT];
+    float ss[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        ss[t] = 0;
+        if (i < nch) {
+            const float4 *p = (const float4 *)(xf + (size_t)t * a.cols) + 2 * i;
+            u[t] = p[0], v[t] = p[1];
+            ss[t] += u[t].x * u[t].x + u[t].y * u[t].y + u[t].z * u[t].z + u[t].w * u[t].w +
+                     v[t].x * v[t].x + v[t].y * v[t].y + v[t].z * v[t].z + v[t].w * v[t].w;
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        float r = ss[t];
+        for (int o = 16; o > 0; o >>= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
+        if (lane == 0) red[wid * NT + t] = r;
+    }
+    __syncthreads();
+    if (i >= nch) return;
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        float r = 0;
+        for (int k = 0; k < W; k++) r += red[k * NT + t];
+        float s = 1.0f / sqrtf(r / (float)a.cols + a.eps);
+        float e[8] = {u[t].x, u[t].y, u[t].z, u[t].w, v[t].x, v[t].y, v[t].z, v[t].w};
+#pragma unroll
+        for (int k = 0; k < 8; k++) e[k] = e[k] * s * nw[k];
+        xs[t * nch + i] = make_uint4(gv_pack<F16>(e[0], e[1]), gv_pack<F16>(e[2], e[3]),
+                                     gv_pack<F16>(e[4], e[5]), gv_pack<F16>(e[6], e[7]));
+    }
+}
+
 template <int NT, int U, int F16, int W>
 __global__ void __launch_bounds__(W * 32, (U == 4 ? 32 : 16) / W)
     gemv_split_kernel(const gv_args a) {
@@ -409,9 +454,18 @@ __global__ void __launch_bounds__(W * 32, (U == 4 ? 32 : 16) / W)
         for (size_t o = (size_t)threadIdx.x * 4096; o < bytes; o += W * 32 * 4096)
             gv_prefetch(p + o, (unsigned)min((size_t)4096, bytes - o));
     }
+    /* RMSNORM, a vector a thread at most: the norm weights before the wait */
+    int np = a.np && a.mode == LOOM_CUDA_GEMV_RMSNORM && nch <= W * 32;
+    float nw[8];
+    if (np) {
+        int i = threadIdx.x < nch ? threadIdx.x : 0;
+#pragma unroll
+        for (int k = 0; k < 8; k++) nw[k] = a.norm ? a.norm[8 * i + k] : 1.0f;
+    }
     pdl_trigger();
     pdl_wait();
-    gv_fill<NT, F16, GS_FILL_UNROLL, W>(xs, nch, a, red, inv);
+    if (np) gs_fill_norm<NT, F16, W>(xs, a, nw, red);
+    else gv_fill<NT, F16, GS_FILL_UNROLL, W>(xs, nch, a, red, inv);
     __syncthreads();
     float acc[NT];
 #pragma unroll
@@ -665,6 +719,7 @@ extern "C" loom_status loom_cuda_gemv(loom_cuda *c, float *d_y, const loom_cuda_
     a.pf = !mma && c->pdl && (size_t)rows * cols * 2 <= c->gemv_pf
                ? (unsigned)(per * R * cols * 2) : 0;
     a.pre2 = c->gemv_pre2;
+    a.np = c->gemv_np;
     CUDA_CHECK(loom_cuda_launch(c, k, dim3(blocks), dim3(W * 32), smem, a));
     return LOOM_OK;
 }

@@ -18,14 +18,16 @@
 static loom_cuda *C;
 static loom_cuda *C_fma, *C_mma;  /* the decode GEMV forced to one kernel (LOOM_CUDA_GEMV_MMA) */
 /* the f32-FMA kernel's 1-2 token variants (LOOM_CUDA_GEMV_KS, _U, _BPS) besides the default */
-#define GV_VARIANTS 8
+#define GV_VARIANTS 10
 static loom_cuda *C_gv[GV_VARIANTS];
-/* name, LOOM_CUDA_GEMV_KS, _U, _BPS, _PRE2, _W */
-static const char *GV_VAR[GV_VARIANTS][6] = {
-    {"rows", "0", "4", "0", "1", "8"},        {"ks1 u4", "1", "4", "0", "1", "8"},
-    {"ks1 u8", "1", "8", "0", "1", "8"},      {"ks4 u4 1bps", "4", "4", "1", "1", "8"},
-    {"ks2 u8", "2", "8", "0", "1", "8"},      {"ks1 u4 first only", "1", "4", "0", "0", "8"},
-    {"ks1 u4 w16", "1", "4", "0", "1", "16"}, {"ks2 u8 w16", "2", "8", "0", "1", "16"}};
+/* name, LOOM_CUDA_GEMV_KS, _U, _BPS, _PRE2, _W, _NP */
+static const char *GV_VAR[GV_VARIANTS][7] = {
+    {"rows", "0", "4", "0", "1", "8", "1"},        {"ks1 u4", "1", "4", "0", "1", "8", "1"},
+    {"ks1 u8", "1", "8", "0", "1", "8", "1"},      {"ks4 u4 1bps", "4", "4", "1", "1", "8", "1"},
+    {"ks2 u8", "2", "8", "0", "1", "8", "1"},      {"ks1 u4 first only", "1", "4", "0", "0", "8", "1"},
+    {"ks1 u4 w16", "1", "4", "0", "1", "16", "1"}, {"ks2 u8 w16", "2", "8", "0", "1", "16", "1"},
+    {"ks1 u4 gv_fill", "1", "4", "0", "1", "8", "0"},
+    {"ks1 u8 w16 gv_fill", "1", "8", "0", "1", "16", "0"}};
 /* decode attention besides the default (LOOM_CUDA_ATTN_SPLIT, _CLUSTER):
  * the split kernel down to 16 and to 8 positions, clusters of up to 8 and 2 */
 #define ATT_VARIANTS 4
@@ -1460,10 +1462,12 @@ int main(void) {
         setenv("LOOM_CUDA_GEMV_BPS", GV_VAR[v][3], 1);
         setenv("LOOM_CUDA_GEMV_PRE2", GV_VAR[v][4], 1);
         setenv("LOOM_CUDA_GEMV_W", GV_VAR[v][5], 1);
+        setenv("LOOM_CUDA_GEMV_NP", GV_VAR[v][6], 1);
         st2 = loom_cuda_create(0, &C_gv[v]);
     }
     unsetenv("LOOM_CUDA_GEMV_PRE2");
     unsetenv("LOOM_CUDA_GEMV_W");
+    unsetenv("LOOM_CUDA_GEMV_NP");
     for (int v = 0; v < ATT_VARIANTS && st2 == LOOM_OK; v++) {
         setenv("LOOM_CUDA_ATTN_SPLIT", ATT_VAR[v][1], 1);
         setenv("LOOM_CUDA_ATTN_CLUSTER", ATT_VAR[v][2], 1);
