@@ -227,6 +227,14 @@ loom_status loom_cuda_gemv(loom_cuda *c, float *d_y, const loom_cuda_gemv_in *in
                            const void *d_w, loom_cuda_dtype dt, int T, int rows, int cols,
                            const float *d_bias, int accumulate);
 
+/* loom_cuda_gemv, then d_argmax[t] = the argmax of d_y's row t (as
+ * loom_cuda_argmax: NaN never wins, ties go to the lower row), inside the
+ * GEMV's kernel where it can (1-2 tokens, whole rows a warp), else by
+ * loom_cuda_argmax after it. */
+loom_status loom_cuda_gemv_argmax(loom_cuda *c, float *d_y, const loom_cuda_gemv_in *in,
+                                  const void *d_w, loom_cuda_dtype dt, int T, int rows, int cols,
+                                  const float *d_bias, int accumulate, int32_t *d_argmax);
+
 /* An MLX affine-quantized matrix on the device, laid out as in ops.h's
  * loom_qmat: row r, element k = scale[r][k/group] * q + bias[r][k/group]. */
 typedef struct loom_cuda_qmat {

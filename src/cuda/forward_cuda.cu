@@ -173,6 +173,8 @@ struct loom_cuda_model {
                                   cuBLAS steps; LOOM_CUDA_QKV16=0: f32) */
     int attn_qkv;              /* 1: small decode steps fold qkv_post into the cluster
                                   attention (LOOM_CUDA_ATTN_QKV=1; default 0: two kernels) */
+    int head_am;               /* 1: the greedy picks inside the head's GEMV where it takes
+                                  the step (LOOM_CUDA_HEAD_AM, 1; 0: the argmax kernel) */
     int small_t;               /* up to this many tokens (and gemv_t) a layer is 4 GEMVs that
                                   make their own inputs + qkv_post + attention; 0: never */
     void *a16;                 /* (max_tokens, max(hidden, inter)) of act16 */
@@ -543,6 +545,8 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
             g->small_t = LOOM_MIN_U((unsigned)g->small_t,
                                     (unsigned)loom_cuda_gemv_max_tokens(c, ws[k]->dt, ws[k]->cols));
     }
+    const char *ham = getenv("LOOM_CUDA_HEAD_AM");
+    g->head_am = !(ham && !strcmp(ham, "0"));
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->hb2, T * I * 4);
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->cs, rope_n * 4);
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->sn, rope_n * 4);
@@ -818,7 +822,15 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
             LAUNCH_CHECK();
             hx = g->xb;
         }
-        if (use_gemv(g, &g->lm_head, n_sel)) {  /* the final norm made inside the GEMV */
+        /* the greedy picks inside the head's GEMV (no softcap: it can tie
+         * values the raw logits order) */
+        int am_done = 0;
+        if (use_gemv(g, &g->lm_head, n_sel) && g->head_am && !(cf->final_softcap > 0)) {
+            loom_cuda_gemv_in in = {LOOM_CUDA_GEMV_RMSNORM, hx, g->final_norm, eps};
+            TRY(loom_cuda_gemv_argmax(c, g->logits, &in, g->lm_head.d, g->lm_head.dt, n_sel,
+                                      g->lm_head.rows, g->lm_head.cols, NULL, 0, g->ids));
+            am_done = 1;
+        } else if (use_gemv(g, &g->lm_head, n_sel)) {  /* the final norm made inside the GEMV */
             TRY(gemv(g, g->logits, LOOM_CUDA_GEMV_RMSNORM, hx, g->final_norm, &g->lm_head, NULL,
                      n_sel, 0));
         } else {
@@ -832,7 +844,7 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
             LAUNCH_CHECK();
         }
         /* greedy picks for the rows that take them (cheap next to the head) */
-        TRY(loom_cuda_argmax(c, g->ids, g->logits, n_sel, V));
+        if (!am_done) TRY(loom_cuda_argmax(c, g->ids, g->logits, n_sel, V));
     }
     return LOOM_OK;
 }

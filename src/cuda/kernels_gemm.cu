@@ -114,6 +114,10 @@ struct gv_args {
     unsigned pf;            /* bytes of its rows each warp prefetches into L2 (split: any) */
     int pre2;               /* gemv_split_kernel: the second item loads before the wait too */
     int np;                 /* gemv_split_kernel, RMSNORM: gs_fill_norm where it applies */
+    int32_t *amo;           /* gemv_split_kernel, ks 1: each token's argmax over the rows, or NULL */
+    float *amv;             /* (T, blocks) the blocks' best values */
+    int *ami;               /* (T, blocks) and their rows */
+    int *amc;               /* the blocks done (zero between launches) */
 };
 
 /* A weight vector, read once: kept out of L1. */
@@ -358,11 +362,29 @@ __device__ __forceinline__ void gs_fma(float (&acc)[NT], const uint4 (&wv)[U], c
     }
 }
 
+/* (v, i) beats (w, j) for the argmax: larger, or as large and a lower
+ * row; i < 0 is no candidate (as loom_cuda_argmax; NaN never enters) */
+__device__ __forceinline__ bool gs_am_better(float v, int i, float w, int j) {
+    if (i < 0) return false;
+    if (j < 0) return true;
+    return v > w || (v == w && i < j);
+}
+
+__device__ __forceinline__ void gs_am_warp(float &v, int &i) {
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, v, o);
+        int oi = __shfl_xor_sync(0xffffffffu, i, o);
+        if (gs_am_better(ov, oi, v, i)) v = ov, i = oi;
+    }
+}
+
 /* Row r's sums of this warp's slice: the output itself (ks == 1) or the
- * slice's part of it. */
+ * slice's part of it. With a.amo, the lane that writes token t's output
+ * keeps the best (value, row) of it in (bv, bi)[t]. */
 template <int NT>
 __device__ __forceinline__ void gs_row_done(float (&acc)[NT], const gv_args &a, float *part,
-                                            int r, int rb0, int s, int lane) {
+                                            int r, int rb0, int s, int lane, float (&bv)[NT],
+                                            int (&bi)[NT]) {
 #pragma unroll
     for (int t = 0; t < NT; t++) {
         float v = acc[t];
@@ -374,7 +396,63 @@ __device__ __forceinline__ void gs_row_done(float (&acc)[NT], const gv_args &a, 
         } else {
             if (a.bias) v += a.bias[r];
             float *yp = a.y + (size_t)t * a.rows + r;
-            *yp = a.acc ? *yp + v : v;
+            v = a.acc ? *yp + v : v;
+            *yp = v;
+            if (a.amo && v == v && gs_am_better(v, r, bv[t], bi[t])) bv[t] = v, bi[t] = r;
+        }
+    }
+}
+
+/* The argmax over all rows from each lane's best: the block's best per
+ * token into (amv, ami), and the last block to finish picks among the
+ * blocks' (any order gives the same pick: the order above is total). */
+template <int NT, int W>
+__device__ void gs_argmax(const gv_args &a, float (&bv)[NT], int (&bi)[NT]) {
+    __shared__ float sv[W * NT];
+    __shared__ int si[W * NT];
+    __shared__ int last;
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nb = gridDim.x;
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        gs_am_warp(bv[t], bi[t]);
+        if (lane == 0) sv[wid * NT + t] = bv[t], si[wid * NT + t] = bi[t];
+    }
+    __syncthreads();
+    if (threadIdx.x < NT) {
+        int t = threadIdx.x;
+        float v = -INFINITY;
+        int i = -1;
+        for (int k = 0; k < W; k++)
+            if (gs_am_better(sv[k * NT + t], si[k * NT + t], v, i)) v = sv[k * NT + t], i = si[k * NT + t];
+        a.amv[(size_t)t * nb + blockIdx.x] = v;
+        a.ami[(size_t)t * nb + blockIdx.x] = i;
+        __threadfence();
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(a.amc, 1) == nb - 1;
+        if (last) *a.amc = 0;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        float v = -INFINITY;
+        int i = -1;
+        for (int b = threadIdx.x; b < nb; b += blockDim.x) {
+            float ov = __ldcg(a.amv + (size_t)t * nb + b);
+            int oi = __ldcg(a.ami + (size_t)t * nb + b);
+            if (gs_am_better(ov, oi, v, i)) v = ov, i = oi;
+        }
+        gs_am_warp(v, i);
+        __syncthreads();  /* sv, si are reused */
+        if (lane == 0) sv[wid] = v, si[wid] = i;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (int k = 1; k < W; k++)
+                if (gs_am_better(sv[k], si[k], v, i)) v = sv[k], i = si[k];
+            a.amo[t] = i < 0 ? 0 : i;
         }
     }
 }
@@ -467,23 +545,25 @@ __global__ void __launch_bounds__(W * 32, (U == 4 ? 32 : 16) / W)
     if (np) gs_fill_norm<NT, F16, W>(xs, a, nw, red);
     else gv_fill<NT, F16, GS_FILL_UNROLL, W>(xs, nch, a, red, inv);
     __syncthreads();
-    float acc[NT];
+    float acc[NT], bv[NT];
+    int bi[NT];
 #pragma unroll
-    for (int t = 0; t < NT; t++) acc[t] = 0;
+    for (int t = 0; t < NT; t++) acc[t] = 0, bv[t] = -INFINITY, bi[t] = -1;
     for (int i = 0; i < n; i += 2) {
         int ra = r, ca = c0 + b * 32 * U + lane, enda = b == nb - 1;
         if (++b == nb) b = 0, r += rw;
         if (i + 1 < n && (i > 0 || !pre2))
             gs_load<U>(wb, a.w + (size_t)r * nch, c0 + b * 32 * U + lane, c1);
         gs_fma<NT, U, F16>(acc, wa, xs, nch, ca, c1);
-        if (enda) gs_row_done<NT>(acc, a, part, ra, rb0, s, lane);
+        if (enda) gs_row_done<NT>(acc, a, part, ra, rb0, s, lane, bv, bi);
         if (i + 1 >= n) break;
         int rbb = r, cb = c0 + b * 32 * U + lane, endb = b == nb - 1;
         if (++b == nb) b = 0, r += rw;
         if (i + 2 < n) gs_load<U>(wa, a.w + (size_t)r * nch, c0 + b * 32 * U + lane, c1);
         gs_fma<NT, U, F16>(acc, wb, xs, nch, cb, c1);
-        if (endb) gs_row_done<NT>(acc, a, part, rbb, rb0, s, lane);
+        if (endb) gs_row_done<NT>(acc, a, part, rbb, rb0, s, lane, bv, bi);
     }
+    if (a.amo) gs_argmax<NT, W>(a, bv, bi);  /* ks == 1 */
     if (ks == 1) return;
     __syncthreads();
     for (int i = threadIdx.x; i < (rb1 - rb0) * NT; i += blockDim.x) {
@@ -641,6 +721,14 @@ extern "C" int loom_cuda_gemv_max_tokens(const loom_cuda *c, loom_cuda_dtype dt,
 extern "C" loom_status loom_cuda_gemv(loom_cuda *c, float *d_y, const loom_cuda_gemv_in *in,
                                       const void *d_w, loom_cuda_dtype dt, int T, int rows,
                                       int cols, const float *d_bias, int accumulate) {
+    return loom_cuda_gemv_argmax(c, d_y, in, d_w, dt, T, rows, cols, d_bias, accumulate, NULL);
+}
+
+extern "C" loom_status loom_cuda_gemv_argmax(loom_cuda *c, float *d_y,
+                                             const loom_cuda_gemv_in *in, const void *d_w,
+                                             loom_cuda_dtype dt, int T, int rows, int cols,
+                                             const float *d_bias, int accumulate,
+                                             int32_t *d_argmax) {
     if (T <= 0 || rows <= 0) return LOOM_OK;
     int maxt = loom_cuda_gemv_max_tokens(c, dt, cols);
     if (T > maxt || ((uintptr_t)d_w & 15) || ((uintptr_t)in->d_x & 15) ||
@@ -720,7 +808,24 @@ extern "C" loom_status loom_cuda_gemv(loom_cuda *c, float *d_y, const loom_cuda_
                ? (unsigned)(per * R * cols * 2) : 0;
     a.pre2 = c->gemv_pre2;
     a.np = c->gemv_np;
+    a.amo = NULL;
+    a.amv = NULL;
+    a.ami = NULL;
+    a.amc = NULL;
+    /* the argmax inside the split kernel (a warp owns whole rows): one
+     * kernel less; else loom_cuda_argmax after it */
+    int am_in = d_argmax && split && ks == 1 && T <= LOOM_CUDA_COUNTERS / 2;
+    if (am_in) {
+        void *scr;
+        loom_status st = loom_cuda_scratch(c, (size_t)T * blocks * 8, &scr);
+        if (st != LOOM_OK) return st;
+        a.amo = d_argmax;
+        a.amv = (float *)scr;
+        a.ami = (int *)(a.amv + (size_t)T * blocks);
+        a.amc = c->counters + LOOM_CUDA_COUNTERS / 2;
+    }
     CUDA_CHECK(loom_cuda_launch(c, k, dim3(blocks), dim3(W * 32), smem, a));
+    if (d_argmax && !am_in) return loom_cuda_argmax(c, d_argmax, d_y, T, rows);
     return LOOM_OK;
 }
 

@@ -199,6 +199,15 @@ int main(void) {
     }
     unsetenv("LOOM_CUDA_QKV16");
     unsetenv("LOOM_CUDA_ATTN_QKV");
+    /* the greedy picks by the argmax kernel after the head's GEMV
+     * (LOOM_CUDA_HEAD_AM=0) */
+    snprintf(buf, sizeof buf, "%s", extra ? extra : "");
+    setenv("LOOM_CUDA_HEAD_AM", "0", 1);
+    for (char *sv = NULL, *d = strtok_r(buf, " ", &sv); d; d = strtok_r(NULL, " ", &sv)) {
+        printf("== LOOM_CUDA_HEAD_AM=0\n");
+        run_fixture(d, LOOM_KV_BF16);
+    }
+    unsetenv("LOOM_CUDA_HEAD_AM");
     loom_cuda_free(C);
     printf("cuda forward: %d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;

@@ -671,6 +671,80 @@ static int test_gemv(loom_cuda_dtype dt, int T, int rows, int cols, loom_cuda_ge
     return ok;
 }
 
+/* loom_cuda_gemv_argmax: the picks must be the argmax (first of the
+ * largest) of the outputs the same call wrote, under the default and each
+ * GEMV variant (those with column slices take loom_cuda_argmax after the
+ * kernel). dup: the second half of the rows repeats the first, so the
+ * largest value comes twice and the lower row must win; nan: one output
+ * row is NaN (a NaN weight), which never wins. Each run starts from
+ * picks set to -1. */
+static int test_gemv_argmax(loom_cuda_dtype dt, int T, int rows, int cols,
+                            loom_cuda_gemv_mode mode, int dup, int nan) {
+    char what[128];
+    snprintf(what, sizeof what, "%s %s T=%d rows=%d cols=%d%s%s", DT_NAME[dt], GV_MODE[mode], T,
+             rows, cols, dup ? " dup" : "", nan ? " nan" : "");
+    size_t NW = (size_t)rows * cols, NX = (size_t)T * cols, NY = (size_t)T * rows;
+    float *wf = xmalloc(NW * 4), *xin = xmalloc(NX * 4), *nw = xmalloc((size_t)cols * 4);
+    float *got = xmalloc(NY * 4);
+    uint16_t *w = rand_table(dt, NW, 0.5f, wf);
+    if (dup)
+        memcpy(w + (size_t)(rows - rows / 2) * cols, w, (size_t)(rows / 2) * cols * 2);
+    if (nan) w[(size_t)(rows / 3) * cols] = dt == LOOM_CUDA_F16 ? 0x7e00 : 0x7fc0;
+    fill(xin, NX, 2.0f);
+    fill(nw, (size_t)cols, 1.0f);
+    uint16_t *x16 = xmalloc(NX * 2);
+    for (size_t i = 0; i < NX; i++)
+        x16[i] = dt == LOOM_CUDA_F16 ? loom_f32_to_f16(xin[i]) : loom_f32_to_bf16(xin[i]);
+    void *dw = up(w, NW * 2);
+    void *dx = mode == LOOM_CUDA_GEMV_X16 ? up(x16, NX * 2) : up(xin, NX * 4);
+    float *dn = up(nw, (size_t)cols * 4), *dy = NULL;
+    int32_t *dids = NULL, ids[8], init[8];
+    for (int t = 0; t < 8; t++) init[t] = -1;
+    int ok = 1;
+    if (!dw || !dx || !dn || loom_cuda_alloc(C, (void **)&dy, NY * 4) != LOOM_OK ||
+        loom_cuda_alloc(C, (void **)&dids, 8 * 4) != LOOM_OK) {
+        ok = api_fail("gemv_argmax", what, LOOM_ERR_NOMEM);
+    } else {
+        for (int v = 0; v <= GV_VARIANTS; v++) {
+            loom_cuda *cx = v == 0 ? C : C_gv[v - 1];
+            char w2[160];
+            snprintf(w2, sizeof w2, "%s %s", v == 0 ? "default" : GV_VAR[v - 1][0], what);
+            loom_cuda_gemv_in in = {mode, dx, dn, 1e-6f};
+            loom_status st = loom_cuda_upload(cx, dids, init, 8 * 4);
+            for (int rep = 0; rep < 2 && st == LOOM_OK; rep++)  /* the tally left at zero */
+                st = loom_cuda_gemv_argmax(cx, dy, &in, dw, dt, T, rows, cols, NULL, 0, dids);
+            if (st == LOOM_OK) st = loom_cuda_download(cx, got, dy, NY * 4);
+            if (st == LOOM_OK) st = loom_cuda_download(cx, ids, dids, (size_t)T * 4);
+            if (st != LOOM_OK) {
+                ok &= api_fail("gemv_argmax", w2, st);
+                continue;
+            }
+            int bad = 0, ties = 0;
+            for (int t = 0; t < T; t++) {
+                const float *y = got + (size_t)t * rows;
+                int want = -1;
+                for (int r = 0; r < rows; r++)
+                    if (y[r] == y[r] && (want < 0 || y[r] > y[want])) want = r;
+                if (want < 0) want = 0;
+                for (int r = want + 1; r < rows; r++) ties += y[r] == y[want];
+                if (ids[t] != want) {
+                    bad = 1;
+                    printf("  token %d: pick %d (%.9g), want %d (%.9g)\n", t, ids[t],
+                           ids[t] >= 0 && ids[t] < rows ? y[ids[t]] : 0.0, want, y[want]);
+                }
+            }
+            printf("%s  %-14s %-44s ties past the pick %d\n", bad ? "FAIL" : "PASS", "gemv_argmax",
+                   w2, ties);
+            if (bad) n_fail++, ok = 0;
+            else n_pass++;
+        }
+    }
+    void *dev[] = {dw, dx, dn, dy, dids};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) loom_cuda_release(C, dev[i]);
+    free(wf), free(xin), free(nw), free(got), free(w), free(x16);
+    return ok;
+}
+
 /* What loom_cuda_gemv refuses: widths not a multiple of 8, f32 weights,
  * more tokens than its shared memory holds. */
 static int test_gemv_limits(void) {
@@ -1596,6 +1670,13 @@ int main(void) {
     test_gemv(LOOM_CUDA_F16, 2, 3, 8, LOOM_CUDA_GEMV_F32, 1, 0);
     test_gemv(LOOM_CUDA_BF16, 8, 3000, 4096, LOOM_CUDA_GEMV_RMSNORM, 0, 0);
     test_gemv_limits();
+    /* the argmax inside the GEMV: Qwen3-0.6B's head, two tokens, ties,
+     * a NaN row, small and odd shapes */
+    test_gemv_argmax(LOOM_CUDA_BF16, 1, 151936, 1024, LOOM_CUDA_GEMV_RMSNORM, 0, 0);
+    test_gemv_argmax(LOOM_CUDA_BF16, 2, 5003, 1024, LOOM_CUDA_GEMV_RMSNORM, 1, 1);
+    test_gemv_argmax(LOOM_CUDA_F16, 1, 40001, 520, LOOM_CUDA_GEMV_X16, 1, 0);
+    test_gemv_argmax(LOOM_CUDA_BF16, 2, 7, 64, LOOM_CUDA_GEMV_F32, 0, 1);
+    test_gemv_argmax(LOOM_CUDA_BF16, 1, 1, 8, LOOM_CUDA_GEMV_RMSNORM, 0, 0);
 
     static const int qbits[] = {4, 8, 2, 3, 5, 6};
     for (size_t b = 0; b < sizeof qbits / sizeof qbits[0]; b++) {
