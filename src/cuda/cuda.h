@@ -305,26 +305,6 @@ loom_status loom_cuda_attn_decode_qkv(loom_cuda *c, float *d_out, float *d_q,
                                       int table_stride, const int32_t *d_lens, int n_seqs,
                                       int max_len);
 
-/* Decode with the o projection folded in: the attention of
- * loom_cuda_attn_decode (its output also into d_out), then d_x (n_seqs,
- * rows) += out @ W_o^T (+ d_bias [rows], NULL = none), W_o (rows, n_heads *
- * head_dim) f16 or bf16 (16-byte aligned), the output rounded to W_o's
- * type first as loom_cuda_gemv's F32 mode rounds it. Each KV head's
- * product goes to d_part (n_seqs, n_kv_heads, rows) and they are added
- * into x in KV-head order, so the result is the same on every run. Only
- * where loom_cuda_attn_decode_o_ok says the shape fits (small batch,
- * W_o's slice of a cluster CTA in shared memory); else
- * LOOM_ERR_UNSUPPORTED and nothing runs. */
-int loom_cuda_attn_decode_o_ok(const loom_cuda *c, const loom_cuda_kv *kv,
-                               const loom_cuda_attn *a, loom_cuda_dtype wdt, int rows,
-                               int n_seqs, int max_len);
-loom_status loom_cuda_attn_decode_o(loom_cuda *c, float *d_x, float *d_part, float *d_out,
-                                    const float *d_q, const loom_cuda_kv *kv,
-                                    const loom_cuda_attn *a, const void *d_wo,
-                                    loom_cuda_dtype wdt, int rows, const float *d_bias,
-                                    const int32_t *d_tables, int table_stride,
-                                    const int32_t *d_lens, int n_seqs, int max_len);
-
 /* Prefill (any number of new tokens per row, causal): row r owns query
  * tokens [d_row_tok[r], d_row_tok[r + 1]) of d_q (T, n_heads, head_dim)
  * at positions d_row_pos[r] + i, already written to the KV pool; token at

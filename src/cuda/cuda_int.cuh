@@ -46,10 +46,6 @@ struct loom_cuda {
     int gemv_bps;               /* its blocks an SM (LOOM_CUDA_GEMV_BPS; 0: all that fit) */
     int gemv_np;                /* its RMSNORM input: norm weights loaded before the PDL wait,
                                    x kept in registers (LOOM_CUDA_GEMV_NP, 1; 0: gv_fill) */
-    int carve;                  /* shared-memory carveout (percent) asked for the decode GEMV
-                                   and cluster attention kernels (LOOM_CUDA_CARVE; -1: none) */
-    int attn_o_early;           /* loom_cuda_attn_decode_o loads its W_o slice before the PDL
-                                   wait (LOOM_CUDA_ATTN_O_EARLY=1; 0: after) */
     size_t gemv_pf;             /* matrices up to this many bytes are pulled into L2 before the
                                    wait for the kernel ahead (LOOM_CUDA_GEMV_PF_MB, 16) */
     int attn_split_min;         /* decode attention splits a sequence down to this many

@@ -96,10 +96,6 @@ extern "C" loom_status loom_cuda_create(int device, loom_cuda **out) {
     c->gemv_pre2 = !(pre2 && !strcmp(pre2, "0"));
     const char *np = getenv("LOOM_CUDA_GEMV_NP");
     c->gemv_np = !(np && !strcmp(np, "0"));
-    const char *cv = getenv("LOOM_CUDA_CARVE");
-    c->carve = cv && atoi(cv) >= 0 && atoi(cv) <= 100 ? atoi(cv) : -1;
-    const char *aoe = getenv("LOOM_CUDA_ATTN_O_EARLY");
-    c->attn_o_early = aoe && !strcmp(aoe, "1");
     const char *fmt = getenv("LOOM_CUDA_FA_MT");
     c->fa_mt = fmt && atoi(fmt) == 1 ? 1 : 2;
     snprintf(c->name, sizeof c->name, "%s", prop.name);

@@ -173,10 +173,6 @@ struct loom_cuda_model {
                                   cuBLAS steps; LOOM_CUDA_QKV16=0: f32) */
     int attn_qkv;              /* 1: small decode steps fold qkv_post into the cluster
                                   attention (LOOM_CUDA_ATTN_QKV=1; default 0: two kernels) */
-    int attn_o;                /* 1: decode steps of up to opart_t tokens fold the o
-                                  projection into the cluster attention (LOOM_CUDA_ATTN_O=1) */
-    float *opart;              /* (opart_t, max KV heads, hidden) its per-KV-head products */
-    int opart_t;
     int head_am;               /* 1: the greedy picks inside the head's GEMV where it takes
                                   the step (LOOM_CUDA_HEAD_AM, 1; 0: the argmax kernel) */
     int small_t;               /* up to this many tokens (and gemv_t) a layer is 4 GEMVs that
@@ -551,15 +547,6 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
     }
     const char *ham = getenv("LOOM_CUDA_HEAD_AM");
     g->head_am = !(ham && !strcmp(ham, "0"));
-    const char *ao = getenv("LOOM_CUDA_ATTN_O");
-    g->attn_o = g->small_t > 0 && ao && !strcmp(ao, "1");
-    if (g->attn_o) {
-        int nkv_max = 1;
-        for (int l = 0; l < L; l++) nkv_max = LOOM_MAX_I(nkv_max, m->layers[l].attn.n_kv_heads);
-        g->opart_t = LOOM_MIN_U((unsigned)g->small_t, (unsigned)max_tokens);
-        if (st == LOOM_OK)
-            st = g_alloc(g, (void **)&g->opart, (size_t)g->opart_t * nkv_max * H * 4);
-    }
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->hb2, T * I * 4);
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->cs, rope_n * 4);
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->sn, rope_n * 4);
@@ -687,7 +674,7 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
         if (small) {
             /* x holds the whole residual: each GEMV makes its own input (norm,
              * activation) and wo and down add into x */
-            int gelu = m->act == LOOM_ACT_GELU_TANH, ofold = 0;
+            int gelu = m->act == LOOM_ACT_GELU_TANH;
             TRY(gemv(g, g->qkv, LOOM_CUDA_GEMV_RMSNORM, g->x, D->attn_norm, &D->wqkv, NULL, T, 0));
             if (S->decode && g->attn_qkv &&
                 loom_cuda_attn_decode_qkv_ok(c, &dkv, &at, R->rot_dim, S->n_rows, S->max_len)) {
@@ -700,24 +687,14 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
                 TRY(loom_cuda_qkv_post(c, g->q, &dkv, g->qkv, D->bqkv, D->q_norm, D->k_norm, eps,
                                        S->slot, T, nh, nkv, hd, R->rot_dim, g->cs + roff,
                                        g->sn + roff, g->max_half));
-                /* the o projection inside the attention: one kernel less a
-                 * layer (LOOM_CUDA_ATTN_O=1) */
-                ofold = S->decode && g->attn_o && T <= g->opart_t && !D->wo.quant &&
-                        D->wo.cols == nh * hd &&
-                        loom_cuda_attn_decode_o_ok(c, &dkv, &at, D->wo.dt, D->wo.rows, S->n_rows,
-                                                   S->max_len);
-                if (ofold)
-                    TRY(loom_cuda_attn_decode_o(c, g->x, g->opart, g->att, g->q, &dkv, &at,
-                                                D->wo.d, D->wo.dt, D->wo.rows, D->bo, S->tab,
-                                                S->tstride, S->lens, S->n_rows, S->max_len));
-                else if (S->decode)
+                if (S->decode)
                     TRY(loom_cuda_attn_decode(c, g->att, g->q, &dkv, &at, S->tab, S->tstride,
                                               S->lens, S->n_rows, S->max_len));
                 else
                     TRY(loom_cuda_attn_prefill(c, g->att, g->q, &dkv, &at, S->tab, S->tstride,
                                                S->rtok, S->rpos, S->n_rows, S->max_new));
             }
-            if (!ofold) TRY(gemv(g, g->x, LOOM_CUDA_GEMV_F32, g->att, NULL, &D->wo, D->bo, T, 1));
+            TRY(gemv(g, g->x, LOOM_CUDA_GEMV_F32, g->att, NULL, &D->wo, D->bo, T, 1));
             TRY(gemv(g, g->hb, LOOM_CUDA_GEMV_RMSNORM, g->x, D->ffn_norm, &D->gate_up, NULL, T, 0));
             TRY(gemv(g, g->x, gelu ? LOOM_CUDA_GEMV_GELU : LOOM_CUDA_GEMV_SILU, g->hb, NULL,
                      &D->down, NULL, T, 1));

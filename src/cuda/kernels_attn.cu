@@ -448,52 +448,6 @@ typedef struct cl_qkv {
     void *pk, *pv;               /* the pool (kb, vb) for the store */
 } cl_qkv;
 
-/* What the decode attention needs to add the o projection of its output
- * into the residual itself (loom_cuda_attn_decode_o). CTA rank r of a
- * cluster owns rows [r H / CL, (r + 1) H / CL) of W_o: it multiplies the
- * KV head's group * HD outputs by its slice of those rows' columns (the
- * slice copied into shared memory before the PDL wait) and writes a
- * partial row per KV head; the last of the KV heads' CTAs of that rank to
- * finish adds the partials in KV-head order (a fixed order: the bits do
- * not depend on which CTA finishes last) plus the bias into x. */
-typedef struct cl_o {
-    const uint4 *w;              /* W_o (H, nh * HD) 16-bit, 8 weights a vector */
-    int f16;                     /* 1: f16 weights, else bf16 */
-    int H;                       /* W_o's rows */
-    const float *bias;           /* [H] or NULL */
-    float *part;                 /* (n_seqs, nkv, H) the KV heads' products */
-    float *x;                    /* (n_seqs, H) residual */
-    int *cnt;                    /* [n_seqs * CL] zero between launches */
-    int early;                   /* 1: the slice loads before the PDL wait */
-} cl_o;
-
-#define CLO_SMEM_MAX (96 * 1024) /* W_o slice a CTA: 2 CTAs an SM with the static arrays */
-
-__device__ __forceinline__ void clo_cp16(void *dst, const void *src) {
-    unsigned s = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(src) : "memory");
-}
-
-/* f32 rounded to the weights' 16-bit type, as the o GEMV rounds its input */
-__device__ __forceinline__ float clo_round(float v, int f16) {
-    return f16 ? __half2float(__float2half_rn(v)) : __bfloat162float(__float2bfloat16_rn(v));
-}
-
-__device__ __forceinline__ void clo_cvt(uint4 v, int f16, float (&f)[8]) {
-    unsigned u[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        if (f16) {
-            float2 h = __half22float2(*(const __half2 *)&u[i]);
-            f[2 * i] = h.x;
-            f[2 * i + 1] = h.y;
-        } else {
-            f[2 * i] = __uint_as_float(u[i] << 16);
-            f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
-        }
-    }
-}
-
 /* One head of the qkv row (bias added), a lane's EPL elements at lane *
  * EPL: RMSNorm (has_nw), rope when rot (the partner of element i, i +- HD/2,
  * sits 16 lanes away). The arithmetic of qkv_post_warp_kernel. */
@@ -582,22 +536,18 @@ __device__ __forceinline__ void cl_load_run(float (&k)[CL_PB][EPL], float (&v)[C
  * stores them into the pool and folds that position in from registers, so
  * no CTA reads the row being written, and the older rows (written by
  * earlier steps) are loaded before the PDL wait. */
-template <int EPL, int GM, bool QKV, bool WO>
+template <int EPL, int GM, bool QKV>
 __global__ void __launch_bounds__(CL_WARPS * 32, GM * EPL >= 32 ? 1 : 2)
 attn_decode_cluster_kernel(float *out, const float *q, const void *kb, const void *vb, int dt,
                            size_t stride, int bs, const int32_t *tables, int tstride,
                            const int32_t *lens, int nh, int nkv, float scale, float softcap,
-                           int window, cl_qkv x, cl_o o) {
+                           int window, cl_qkv x) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     constexpr int HD = 32 * EPL, NW = CL_WARPS, RUN = NW * CL_PB;
     __shared__ float red[NW * GM * HD];  /* (NW, group, HD) the warps' outputs */
     __shared__ float wml[NW][GM][2];     /* the warps' (m, l) */
     __shared__ float cacc[GM * HD];      /* (group, HD) the CTA's output, read by the cluster */
     __shared__ float cml[GM][2];         /* the CTA's (m, l) */
-    __shared__ __align__(16) float ov[WO ? GM * HD : 4];  /* WO: the KV head's outputs, rounded */
-    __shared__ float osum[WO ? NW * 32 : 1];      /* WO: (column part, row) products */
-    __shared__ int olast;
-    extern __shared__ uint4 wsm[];       /* WO: rows (onr, ovec + 1) of W_o's slice */
     cg::cluster_group cl = cg::this_cluster();
     int rank = (int)cl.block_rank(), ncl = (int)cl.num_blocks();
     int kh = blockIdx.y, s = blockIdx.z, group = nh / nkv;
@@ -630,35 +580,7 @@ attn_decode_cluster_kernel(float *out, const float *q, const void *kb, const voi
             loaded = 1;
         }
     }
-    /* WO: this CTA's W_o slice into shared memory, a row padded by a
-     * vector so that threads on consecutive rows read different banks.
-     * After the wait (o.early: before): the kernel ahead of it may still
-     * be draining the q/k/v GEMV, whose reads it would slow. */
-    int ovec = group * HD / 8, orb0 = 0, onr = 0;
-    const uint4 *osrc = NULL;
-    size_t wst = (size_t)nh * HD / 8;
-    if constexpr (WO) {
-        orb0 = (int)((long long)rank * o.H / ncl);
-        onr = (int)((long long)(rank + 1) * o.H / ncl) - orb0;
-        osrc = o.w + (size_t)orb0 * wst + (size_t)kh * ovec;
-        if (o.early) {
-            for (int i = threadIdx.x; i < onr * ovec; i += NW * 32) {
-                int r = i / ovec, j = i - r * ovec;
-                clo_cp16(wsm + r * (ovec + 1) + j, osrc + (size_t)r * wst + j);
-            }
-            asm volatile("cp.async.commit_group;\n" ::: "memory");
-        }
-    }
     pdl_wait();
-    if constexpr (WO) {
-        if (!o.early) {
-            for (int i = threadIdx.x; i < onr * ovec; i += NW * 32) {
-                int r = i / ovec, j = i - r * ovec;
-                clo_cp16(wsm + r * (ovec + 1) + j, osrc + (size_t)r * wst + j);
-            }
-            asm volatile("cp.async.commit_group;\n" ::: "memory");
-        }
-    }
     float qr[GM][EPL], acc[GM][EPL], m[GM], l[GM], kn_[EPL], vn_[EPL];
     if (QKV) {
         const float *row = x.qkv + (size_t)s * nall * HD + lane * EPL;
@@ -795,94 +717,6 @@ attn_decode_cluster_kernel(float *out, const float *q, const void *kb, const voi
         }
     }
     cl.sync();
-    if constexpr (WO) {
-        /* every CTA combines all the group's outputs (it needs them all
-         * for its rows of W_o); rank 0 also writes them out */
-        for (int i = threadIdx.x; i < group * HD; i += NW * 32) {
-            int g = i / HD;
-            /* all ranks' values loaded at once, then combined as below */
-            float mr[CL_MAX], lr[CL_MAX], ar[CL_MAX];
-#pragma unroll
-            for (int r = 0; r < CL_MAX; r++) {
-                mr[r] = -INFINITY, lr[r] = 0, ar[r] = 0;
-                if (r < ncl) {
-                    const float *pm = cl.map_shared_rank(&cml[g][0], (unsigned)r);
-                    mr[r] = pm[0];
-                    lr[r] = pm[1];
-                    ar[r] = cl.map_shared_rank(cacc, (unsigned)r)[i];
-                }
-            }
-            float M = -INFINITY, L = 0, a = 0;
-#pragma unroll
-            for (int r = 0; r < CL_MAX; r++)
-                if (lr[r] > 0) M = fmaxf(M, mr[r]);
-#pragma unroll
-            for (int r = 0; r < CL_MAX; r++)
-                if (lr[r] > 0) {
-                    float e = expf(mr[r] - M);
-                    L += lr[r] * e;
-                    a += ar[r] * e;
-                }
-            float val = L > 0 ? a / L : 0.0f;
-            if (rank == 0) out[((size_t)s * nh + (size_t)kh * group) * HD + i] = val;
-            ov[i] = clo_round(val, o.f16);
-        }
-        asm volatile("cp.async.wait_all;\n" ::: "memory");
-        __syncthreads();
-        /* thread (p, r): row r's dot over column part p of P; the parts
-         * are then added in order */
-        int P = 1;
-        while (P * 2 * onr <= NW * 32 && ovec % (P * 2) == 0) P *= 2;
-        int per = ovec / P;
-        for (int i = threadIdx.x; i < onr * P; i += NW * 32) {
-            int r = i % onr, p = i / onr;
-            const uint4 *wr = wsm + r * (ovec + 1) + p * per;
-            const float4 *xv = (const float4 *)(ov + p * per * 8);
-            float acc = 0;
-#pragma unroll 4
-            for (int j = 0; j < per; j++) {
-                float wf[8];
-                clo_cvt(wr[j], o.f16, wf);
-                float4 x0 = xv[2 * j], x1 = xv[2 * j + 1];
-                acc = fmaf(wf[0], x0.x, acc);
-                acc = fmaf(wf[1], x0.y, acc);
-                acc = fmaf(wf[2], x0.z, acc);
-                acc = fmaf(wf[3], x0.w, acc);
-                acc = fmaf(wf[4], x1.x, acc);
-                acc = fmaf(wf[5], x1.y, acc);
-                acc = fmaf(wf[6], x1.z, acc);
-                acc = fmaf(wf[7], x1.w, acc);
-            }
-            osum[i] = acc;
-        }
-        __syncthreads();
-        float *pp = o.part + ((size_t)s * nkv + kh) * o.H + orb0;
-        for (int r = threadIdx.x; r < onr; r += NW * 32) {
-            float v = 0;
-            for (int p = 0; p < P; p++) v += osum[p * onr + r];
-            pp[r] = v;
-        }
-        __threadfence();
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            int *cn = o.cnt + (size_t)s * ncl + rank;
-            olast = atomicAdd(cn, 1) == nkv - 1;
-            if (olast) *cn = 0;
-        }
-        __syncthreads();
-        if (olast) {
-            __threadfence();
-            const float *p0 = o.part + (size_t)s * nkv * o.H + orb0;
-            float *xr = o.x + (size_t)s * o.H + orb0;
-            for (int r = threadIdx.x; r < onr; r += NW * 32) {
-                float v = 0;
-#pragma unroll 8
-                for (int k2 = 0; k2 < nkv; k2++) v += __ldcg(p0 + (size_t)k2 * o.H + r);
-                if (o.bias) v += o.bias[orb0 + r];
-                xr[r] += v;
-            }
-        }
-    } else {
     /* each CTA writes its share of the outputs from all CTAs' partials */
     for (int i = rank * NW * 32 + (int)threadIdx.x; i < group * HD; i += ncl * NW * 32) {
         int g = i / HD;
@@ -910,37 +744,17 @@ attn_decode_cluster_kernel(float *out, const float *q, const void *kb, const voi
             }
         out[((size_t)s * nh + (size_t)kh * group) * HD + i] = L > 0 ? a / L : 0.0f;
     }
-    }
     cl.sync();  /* no CTA leaves while another reads its shared memory */
 #else
     __trap();
 #endif
 }
 
-/* WO: the dynamic shared memory the W_o slices take (rows of the largest
- * rank's share, each padded by a vector) */
-static size_t clo_smem(int ncl, int H, int group, int hd) {
-    return (size_t)((H + ncl - 1) / ncl) * ((size_t)group * hd / 8 + 1) * 16;
-}
-
-template <int EPL, int GM, bool QKV, bool WO>
+template <int EPL, int GM, bool QKV>
 static cudaError_t attn_cluster_launch(const loom_cuda *c, int ncl, float *out, const float *q,
                                        const loom_cuda_kv *kv, const loom_cuda_attn *a,
                                        const int32_t *tables, int tstride, const int32_t *lens,
-                                       int n_seqs, const cl_qkv *x, const cl_o *o) {
-    size_t smem = WO ? clo_smem(ncl, o->H, a->n_heads / a->n_kv_heads, a->head_dim) : 0;
-    if (WO && smem > 48 * 1024) {
-        cudaError_t e = cudaFuncSetAttribute(attn_decode_cluster_kernel<EPL, GM, QKV, WO>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             (int)smem);
-        if (e != cudaSuccess) return e;
-    }
-    if (c->carve >= 0) {
-        cudaError_t e = cudaFuncSetAttribute(attn_decode_cluster_kernel<EPL, GM, QKV, WO>,
-                                             cudaFuncAttributePreferredSharedMemoryCarveout,
-                                             c->carve);
-        if (e != cudaSuccess) return e;
-    }
+                                       int n_seqs, const cl_qkv *x) {
     cudaLaunchAttribute at[2];
     at[0].id = cudaLaunchAttributeClusterDimension;
     at[0].val.clusterDim.x = (unsigned)ncl;
@@ -951,14 +765,14 @@ static cudaError_t attn_cluster_launch(const loom_cuda *c, int ncl, float *out, 
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)ncl, (unsigned)a->n_kv_heads, (unsigned)n_seqs);
     cfg.blockDim = dim3(CL_WARPS * 32);
-    cfg.dynamicSmemBytes = smem;
+    cfg.dynamicSmemBytes = 0;
     cfg.stream = c->stream;
     cfg.attrs = at;
     cfg.numAttrs = c->pdl ? 2 : 1;
-    return cudaLaunchKernelEx(&cfg, attn_decode_cluster_kernel<EPL, GM, QKV, WO>, out, q, kv->d_k,
+    return cudaLaunchKernelEx(&cfg, attn_decode_cluster_kernel<EPL, GM, QKV>, out, q, kv->d_k,
                               kv->d_v, (int)kv->dt, kv->row_stride, kv->block_size, tables,
                               tstride, lens, a->n_heads, a->n_kv_heads, a->scale, a->softcap,
-                              a->window, *x, *o);
+                              a->window, *x);
 }
 
 /* The cluster size the small-batch decode takes (0: the split kernel):
@@ -995,17 +809,15 @@ static int cl_size(const loom_cuda *c, const loom_cuda_kv *kv, const loom_cuda_a
 }
 
 /* One launch of the cluster kernel for a cluster size and the shape. */
-template <bool QKV, bool WO = false>
+template <bool QKV>
 static cudaError_t cl_launch(const loom_cuda *c, int ncl, float *out, const float *q,
                              const loom_cuda_kv *kv, const loom_cuda_attn *a,
                              const int32_t *tables, int tstride, const int32_t *lens, int n_seqs,
-                             const cl_qkv *x, const cl_o *o = NULL) {
-    static const cl_o no_o = {};
-    if (!o) o = &no_o;
+                             const cl_qkv *x) {
     int group = a->n_heads / a->n_kv_heads, epl = a->head_dim / 32;
     int gm = group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : 8;
 #define CL_LAUNCH(E, G) \
-    attn_cluster_launch<E, G, QKV, WO>(c, ncl, out, q, kv, a, tables, tstride, lens, n_seqs, x, o)
+    attn_cluster_launch<E, G, QKV>(c, ncl, out, q, kv, a, tables, tstride, lens, n_seqs, x)
     if (epl == 2)
         return gm == 1 ? CL_LAUNCH(2, 1) : gm == 2 ? CL_LAUNCH(2, 2) : gm == 4 ? CL_LAUNCH(2, 4)
                                                                           : CL_LAUNCH(2, 8);
@@ -1152,43 +964,6 @@ extern "C" loom_status loom_cuda_attn_decode_qkv(
     if (st != LOOM_OK) return st;
     return loom_cuda_attn_decode(c, d_out, d_q, kv, a, d_tables, table_stride, d_lens, n_seqs,
                                  max_len);
-}
-
-extern "C" int loom_cuda_attn_decode_o_ok(const loom_cuda *c, const loom_cuda_kv *kv,
-                                          const loom_cuda_attn *a, loom_cuda_dtype wdt, int rows,
-                                          int n_seqs, int max_len) {
-    if (n_seqs <= 0 || n_seqs > 65535 || rows <= 0 || a->n_kv_heads <= 0 || a->n_heads <= 0 ||
-        a->n_heads % a->n_kv_heads || (a->head_dim != 64 && a->head_dim != 128) ||
-        (wdt != LOOM_CUDA_F16 && wdt != LOOM_CUDA_BF16) || kv->block_size <= 0 ||
-        (int)kv->dt < 0 || (int)kv->dt > 2 || kv->row_stride < (size_t)a->n_kv_heads * a->head_dim)
-        return 0;
-    int ncl = cl_size(c, kv, a, n_seqs, max_len), group = a->n_heads / a->n_kv_heads;
-    if (ncl < 2 || (size_t)n_seqs * ncl > LOOM_CUDA_COUNTERS / 2) return 0;
-    /* a thread a row at least (osum), the slice within the shared memory */
-    return (rows + ncl - 1) / ncl <= CL_WARPS * 32 &&
-           clo_smem(ncl, rows, group, a->head_dim) <= LOOM_MIN_U(CLO_SMEM_MAX, c->smem_optin);
-}
-
-extern "C" loom_status loom_cuda_attn_decode_o(
-    loom_cuda *c, float *d_x, float *d_part, float *d_out, const float *d_q,
-    const loom_cuda_kv *kv, const loom_cuda_attn *a, const void *d_wo, loom_cuda_dtype wdt,
-    int rows, const float *d_bias, const int32_t *d_tables, int table_stride,
-    const int32_t *d_lens, int n_seqs, int max_len) {
-    if (n_seqs <= 0) return LOOM_OK;
-    if (!loom_cuda_attn_decode_o_ok(c, kv, a, wdt, rows, n_seqs, max_len) || ((uintptr_t)d_wo & 15))
-        return loom_err(LOOM_ERR_UNSUPPORTED, "cuda attn_decode_o: %d heads over %d KV heads of "
-                        "%d, %d rows of W_o, %d sequences: not this kernel's shape", a->n_heads,
-                        a->n_kv_heads, a->head_dim, rows, n_seqs);
-    int ncl = cl_size(c, kv, a, n_seqs, max_len);
-    cl_qkv none = {};
-    cl_o o = {(const uint4 *)d_wo, wdt == LOOM_CUDA_F16, rows, d_bias, d_part, d_x, c->counters,
-              c->attn_o_early};
-    cudaError_t e = cl_launch<false, true>(c, ncl, d_out, d_q, kv, a, d_tables, table_stride,
-                                           d_lens, n_seqs, &none, &o);
-    if (e == cudaSuccess) return LOOM_OK;
-    (void)cudaGetLastError();
-    return loom_err(LOOM_ERR_UNSUPPORTED, "cuda attn_decode_o: cluster of %d not launched (%s)",
-                    ncl, cudaGetErrorString(e));
 }
 
 /* ---- prefill ------------------------------------------------------------ */

@@ -758,9 +758,6 @@ extern "C" loom_status loom_cuda_gemv_argmax(loom_cuda *c, float *d_y,
     if (smem + part + 8192 > 48 * 1024)  /* the default limit counts the static arrays too */
         CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)(smem + part)));
-    if (c->carve >= 0)
-        CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                        c->carve));
     int bps = 0;
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, k, W * 32, smem));
     long ng = (rows + R - 1) / R, maxw = (long)c->n_sm * LOOM_MAX_I(bps, 1) * GV_WARPS;

@@ -1226,110 +1226,6 @@ static int test_attn_decode_qkv(const attn_case *a, const int *lens, int n_seqs,
     return ok;
 }
 
-/* loom_cuda_attn_decode_o: the attention output against attn_ref, and x
- * (random residual) + bias + W_o times that output (the device's own,
- * rounded to W_o's type as the o GEMV rounds it) against a double
- * product. Twice, from the same x: the two results must be the same bits
- * (fixed summation order; the tallies left at zero). expect: whether the
- * default context takes the shape (else only the refusal is checked). */
-static int test_attn_decode_o(const attn_case *a, const int *lens, int n_seqs, int H,
-                              loom_cuda_dtype wdt, int bias, int expect) {
-    char what[160];
-    int len_max = 0;
-    for (int s = 0; s < n_seqs; s++) len_max = LOOM_MAX(len_max, lens[s]);
-    snprintf(what, sizeof what, "%s h=%d/%d d=%d bs=%d seqs=%d max_len=%d H=%d %s bias=%d",
-             kv_name(a->kv_type), a->nh, a->nkv, a->hd, a->bs, n_seqs, len_max, H, DT_NAME[wdt],
-             bias);
-    paged P;
-    if (!paged_make(&P, a, lens, n_seqs)) return api_fail("attn_decode_o", what, LOOM_ERR_NOMEM);
-    int K = a->nh * a->hd;
-    size_t qn = (size_t)n_seqs * K, xn = (size_t)n_seqs * H, wn = (size_t)H * K;
-    float *q = xmalloc(qn * 4), *ref = xmalloc(qn * 4), *got = xmalloc(qn * 4);
-    float *x = xmalloc(xn * 4), *b = xmalloc((size_t)H * 4), *wf = xmalloc(wn * 4);
-    float *xref = xmalloc(xn * 4), *xgot = xmalloc(xn * 4), *xgot2 = xmalloc(xn * 4);
-    fill(q, qn, 1.0f);
-    fill(x, xn, 1.0f);
-    fill(b, (size_t)H, 0.5f);
-    void *w16 = rand_table(wdt, wn, 0.1f, wf);
-    float scale = 1.0f / sqrtf((float)a->hd);
-    for (int s = 0; s < n_seqs; s++)
-        attn_ref(&P, a, s, q + (size_t)s * K, lens[s] - 1, scale, ref + (size_t)s * K);
-    loom_cuda_kv kv;
-    void *dk = NULL, *dv = NULL, *dw = up(w16, wn * 2);
-    int32_t *dtab = NULL, *dlens = up(lens, (size_t)n_seqs * 4);
-    float *dq = up(q, qn * 4), *dx = up(x, xn * 4), *db = up(b, (size_t)H * 4);
-    float *dout = NULL, *dpart = NULL;
-    int ok = 0;
-    loom_cuda_attn at = {a->nh, a->nkv, a->hd, scale, a->softcap, a->window, 0};
-    if (!paged_upload(&P, &kv, &dk, &dv, &dtab) || !dlens || !dq || !dx || !db || !dw ||
-        loom_cuda_alloc(C, (void **)&dout, qn * 4) != LOOM_OK ||
-        loom_cuda_alloc(C, (void **)&dpart, (size_t)n_seqs * a->nkv * H * 4) != LOOM_OK) {
-        api_fail("attn_decode_o", what, LOOM_ERR_NOMEM);
-    } else if (!expect) {
-        int took = loom_cuda_attn_decode_o_ok(C, &kv, &at, wdt, H, n_seqs, len_max);
-        loom_status st = loom_cuda_attn_decode_o(C, dx, dpart, dout, dq, &kv, &at, dw, wdt, H,
-                                                 bias ? db : NULL, dtab, P.tstride, dlens, n_seqs,
-                                                 len_max);
-        loom_err_clear();
-        ok = !took && st == LOOM_ERR_UNSUPPORTED;
-        printf("%s  %-14s %-44s refused\n", ok ? "PASS" : "FAIL", "attn_decode_o", what);
-        if (ok) n_pass++;
-        else n_fail++;
-    } else {
-        ok = 1;
-        for (int run = 0; run < 2 && ok; run++) {
-            loom_status st = loom_cuda_upload(C, dx, x, xn * 4);
-            if (st == LOOM_OK) st = loom_cuda_memset0(C, dout, qn * 4);
-            if (st == LOOM_OK) {
-                st = loom_cuda_attn_decode_o_ok(C, &kv, &at, wdt, H, n_seqs, len_max)
-                         ? LOOM_OK : loom_err(LOOM_ERR_UNSUPPORTED, "shape refused");
-            }
-            if (st == LOOM_OK)
-                st = loom_cuda_attn_decode_o(C, dx, dpart, dout, dq, &kv, &at, dw, wdt, H,
-                                             bias ? db : NULL, dtab, P.tstride, dlens, n_seqs,
-                                             len_max);
-            if (st == LOOM_OK) st = loom_cuda_download(C, got, dout, qn * 4);
-            if (st == LOOM_OK) st = loom_cuda_download(C, run ? xgot2 : xgot, dx, xn * 4);
-            if (st != LOOM_OK) {
-                ok = api_fail("attn_decode_o", what, st);
-                break;
-            }
-        }
-        if (ok) {
-            ok &= report("attn_decode_o", what, got, ref, NULL, qn, 2e-5f, 1e-4f);
-            float *bound = xmalloc(xn * 4);
-            for (int s = 0; s < n_seqs; s++)
-                for (int r = 0; r < H; r++) {
-                    double acc = 0, mag = 0;
-                    for (int j = 0; j < K; j++) {
-                        double p = (double)wf[(size_t)r * K + j] * round16(got[(size_t)s * K + j], wdt);
-                        acc += p;
-                        mag += fabs(p);
-                    }
-                    size_t i = (size_t)s * H + r;
-                    xref[i] = (float)((double)x[i] + (bias ? b[r] : 0.0) + acc);
-                    bound[i] = (float)(1e-6 + 2e-5 * (mag + fabs((double)x[i])));
-                }
-            char w2[200];
-            snprintf(w2, sizeof w2, "%s x", what);
-            ok &= report("attn_decode_o", w2, xgot, xref, bound, xn, 0, 0);
-            int same = memcmp(xgot, xgot2, xn * 4) == 0;
-            printf("%s  %-14s %-44s two runs %s\n", same ? "PASS" : "FAIL", "attn_decode_o", what,
-                   same ? "bit-identical" : "differ");
-            if (same) n_pass++;
-            else n_fail++;
-            ok &= same;
-            free(bound);
-        }
-    }
-    void *dev[] = {dk, dv, dw, dtab, dlens, dq, dx, db, dout, dpart};
-    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) loom_cuda_release(C, dev[i]);
-    paged_free(&P);
-    free(q), free(ref), free(got), free(x), free(b), free(wf), free(w16), free(xref), free(xgot);
-    free(xgot2);
-    return ok;
-}
-
 /* Rows: row r appends n_new[r] tokens after start[r] cached ones. */
 /* tc = 1: the tensor-core kernel where it applies (bf16 KV), whose queries
  * and weights are rounded to bf16: checked to bf16 precision. out_dt: the
@@ -1853,26 +1749,6 @@ int main(void) {
         attn_case aq5 = {4, 2, 80, 16, LOOM_KV_BF16, 0, 0};  /* not fused: two kernels */
         int lq10[] = {33};
         test_attn_decode_qkv(&aq5, lq10, 1, 80, 1, 0);
-
-        /* the o projection inside the cluster attention: Qwen3-0.6B's layer
-         * at batch 1 and 2 (one run, several runs, max_len as the forward's
-         * decode graphs round it), f16 weights with a bias, group 1 and 6
-         * with odd row counts, and shapes it refuses (too many rows a CTA
-         * for a short span; head_dim 80) */
-        int lo1[] = {130}, lo2[] = {256}, lo3[] = {300, 5}, lo4[] = {700}, lo5[] = {1, 50, 999};
-        test_attn_decode_o(&a7, lo1, 1, 1024, LOOM_CUDA_BF16, 0, 1);
-        test_attn_decode_o(&a7, lo2, 1, 1024, LOOM_CUDA_BF16, 0, 1);
-        test_attn_decode_o(&a7, lo3, 2, 1024, LOOM_CUDA_BF16, 0, 1);
-        test_attn_decode_o(&a7, lo4, 1, 1000, LOOM_CUDA_F16, 1, 1);
-        test_attn_decode_o(&a10, lo5, 3, 500, LOOM_CUDA_BF16, 1, 1);
-        test_attn_decode_o(&a9, lo5, 3, 200, LOOM_CUDA_F16, 0, 1);
-        attn_case ao1 = {8, 2, 64, 16, LOOM_KV_F16, 40, 30.0f};
-        int lo6[] = {1, 41, 300};
-        test_attn_decode_o(&ao1, lo6, 3, 256, LOOM_CUDA_BF16, 1, 1);
-        int lo7[] = {20};
-        test_attn_decode_o(&a7, lo7, 1, 1024, LOOM_CUDA_BF16, 0, 0);
-        attn_case ao2 = {4, 2, 80, 16, LOOM_KV_BF16, 0, 0};
-        test_attn_decode_o(&ao2, lo1, 1, 256, LOOM_CUDA_BF16, 0, 0);
 
         int s1[] = {0, 100, 7, 0, 33}, n1[] = {37, 5, 1, 300, 64};
         test_attn_prefill(&a1, s1, n1, 5, 0);
