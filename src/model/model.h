@@ -170,7 +170,7 @@ struct loom_model {
     int has_ple;
     loom_pool *pool;           /* owned */
     const loom_kernels *k;     /* borrowed, static */
-    uint8_t *il_mem;           /* owned: matrices re-laid out for k (loom_q_interleave) */
+    uint8_t *il_mem;           /* owned: the matrices on 2 MiB pages, quantized ones re-laid out for k */
 };
 
 /* KV row width a pool for this model needs (max over attention layers). */
