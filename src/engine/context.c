@@ -106,6 +106,7 @@ loom_status loom_context_eval(loom_context *c, const int32_t *tokens, int n,
                       : last ? LOOM_LOGITS_LAST : LOOM_LOGITS_NONE,
             .out = logits && all_logits ? logits + (size_t)off * V : logits,
             .state = c->state,
+            .decode = n == 1,  /* one token at a time: what decoding does */
         };
         if ((s = loom_exec_forward(c->fwd, c->kv, &row, 1))) return s;
     }

@@ -547,7 +547,7 @@ static int step(loom_engine *e) {
         e->rows[k] = (loom_fwd_row){.tokens = r->tokens + r->seq.n_tokens, .n = 1, .seq = &r->seq,
                                     .logits = LOOM_LOGITS_LAST,
                                     .out = e->logits + (size_t)k * e->m->cfg.vocab_size,
-                                    .state = r->rstate};
+                                    .state = r->rstate, .decode = 1};
         e->row_req[k] = r;
         e->row_kind[k] = 0;
         mark_pick(e, r, k, 1);

@@ -629,16 +629,16 @@ static void attention(loom_model *m, loom_fwd_state *s, loom_kv_pool *kv,
         loom_kv_layer_store(kv, l, loom_kv_v_row(kv, seq, l, s->tok_pos[t]), s->vx + (size_t)t * kvd, kvd);
     }
     /* Tiles of consecutive tokens of the same row; a tile's scores must
-     * fit ATT_SLOTS query rows of max_ctx scores. A decode token (a tile of
-     * one) with a long span goes by chunks instead (split_task). */
+     * fit ATT_SLOTS query rows of max_ctx scores. A decode token with a
+     * long span goes by chunks instead (split_task). */
     int per_tile = LOOM_MAX(1, ATT_SLOTS / (nh / nkv)), n_tiles = 0, n_split = 0;
     int ch = LOOM_MAX(1, s->att_chunk);
     for (int t = 0; t < T;) {
         int tb = t + 1;
         while (tb < T && tb - t < per_tile && s->tok_row[tb] == s->tok_row[t]) tb++;
         int pos = s->tok_pos[t], lo = A->window > 0 ? LOOM_MAX(0, pos - A->window + 1) : 0;
-        if (tb - t == 1 && s->att_split > 0 && pos - lo + 1 >= s->att_split &&
-            pos / ch - lo / ch + 1 <= s->att_parts) {
+        if (tb - t == 1 && rows[s->tok_row[t]].decode && s->att_split > 0 &&
+            pos - lo + 1 >= s->att_split && pos / ch - lo / ch + 1 <= s->att_parts) {
             s->split_tok[n_split++] = t;
         } else {
             s->tiles[2 * n_tiles] = t;

@@ -52,6 +52,11 @@ typedef struct loom_fwd_row {
     int logits;              /* LOOM_LOGITS_* */
     float *out;              /* [1 or n, vocab] when logits != NONE */
     loom_seq_state *state;   /* borrowed; required iff the model has linear layers */
+    /* One sampled token (a decode step): its attention over a long span may
+     * go by chunks of keys. Prompt rows never do, so a prompt token gets
+     * the same bits however the prompt is chunked or how much of it a
+     * prefix cache supplied. */
+    int decode;
 } loom_fwd_row;
 
 /* Activations for up to max_tokens tokens per forward over sequences of up

@@ -97,8 +97,8 @@ static void run_fixture(const char *fixture, loom_kv_type kvt) {
     int na = 45, nb = 20;
     for (int s = 0; s < 2; s++) {
         float *out = s ? lg : lc;
-        loom_fwd_row rows[2] = {{ta, na, &sides[s]->a, LOOM_LOGITS_ALL, out, NULL},
-                                {tb, nb, &sides[s]->b, LOOM_LOGITS_ALL, out + (size_t)na * V, NULL}};
+        loom_fwd_row rows[2] = {{ta, na, &sides[s]->a, LOOM_LOGITS_ALL, out, NULL, 0},
+                                {tb, nb, &sides[s]->b, LOOM_LOGITS_ALL, out + (size_t)na * V, NULL, 0}};
         st = s ? loom_cuda_forward(g, gpu.kv, rows, 2, NULL, NULL) : loom_forward(m, fs, cpu.kv, rows, 2);
         if (st != LOOM_OK) goto fail;
     }
@@ -112,8 +112,8 @@ static void run_fixture(const char *fixture, loom_kv_type kvt) {
         int32_t picks[2] = {-1, -2};
         for (int s = 0; s < 2; s++) {
             float *out = s ? lg : lc;
-            loom_fwd_row rows[2] = {{ta + na, 1, &sides[s]->a, LOOM_LOGITS_LAST, out, NULL},
-                                    {tb + nb, 1, &sides[s]->b, LOOM_LOGITS_LAST, out + V, NULL}};
+            loom_fwd_row rows[2] = {{ta + na, 1, &sides[s]->a, LOOM_LOGITS_LAST, out, NULL, 1},
+                                    {tb + nb, 1, &sides[s]->b, LOOM_LOGITS_LAST, out + V, NULL, 1}};
             st = s ? loom_cuda_forward(g, gpu.kv, rows, 2, k == 2 ? picks : NULL, NULL)
                    : loom_forward(m, fs, cpu.kv, rows, 2);
             if (st != LOOM_OK) goto fail;
@@ -135,8 +135,8 @@ static void run_fixture(const char *fixture, loom_kv_type kvt) {
     /* step 5: a decode row beside a prefill chunk of 9 */
     for (int s = 0; s < 2; s++) {
         float *out = s ? lg : lc;
-        loom_fwd_row rows[2] = {{ta + na, 1, &sides[s]->a, LOOM_LOGITS_LAST, out, NULL},
-                                {tb + nb, 9, &sides[s]->b, LOOM_LOGITS_ALL, out + V, NULL}};
+        loom_fwd_row rows[2] = {{ta + na, 1, &sides[s]->a, LOOM_LOGITS_LAST, out, NULL, 1},
+                                {tb + nb, 9, &sides[s]->b, LOOM_LOGITS_ALL, out + V, NULL, 0}};
         st = s ? loom_cuda_forward(g, gpu.kv, rows, 2, NULL, NULL) : loom_forward(m, fs, cpu.kv, rows, 2);
         if (st != LOOM_OK) goto fail;
     }
