@@ -200,6 +200,28 @@ static void test_matmul_batch_invariant(void) {
         }
 }
 
+/* The --fast bf16 matvec (fewer than 16 tokens) gives each token the bits
+ * it gets alone, for rows shorter and longer than its buffer's pass (the
+ * engine's batched decode relies on it). */
+static void test_matvec_fast_small_t(void) {
+    static const int ns[] = {1029, 3000, 4999, 40000};
+    enum { T = 15, ROWS = 9 };
+    for (size_t ni = 0; ni < LOOM_ARRAY_LEN(ns); ni++) {
+        int n = ns[ni];
+        uint16_t *w = rand_h16((size_t)ROWS * n, 1);
+        float *x = rand_f32((size_t)T * n, 1.0f);
+        float *all = malloc(sizeof(float) * T * ROWS), *one = malloc(sizeof(float) * T * ROWS);
+        call_mm(K, W_BF16, all, ROWS, x, n, w, n, T, 0, ROWS);
+        for (int t = 0; t < T; t++)
+            call_mm(K, W_BF16, one + t * ROWS, ROWS, x + (size_t)t * n, n, w, n, 1, 0, ROWS);
+        CHECKF(!memcmp(all, one, sizeof(float) * T * ROWS), "fast matvec n %d: T=%d vs 1", n, T);
+        free(w);
+        free(x);
+        free(all);
+        free(one);
+    }
+}
+
 /* One-hot weights (w[r][k] = 1 for k == r): y[t][r] is the product of one
  * activation and 1 whatever the summation order, so every table must
  * match its reference bit for bit. The activations sit on and next to the
@@ -988,6 +1010,7 @@ static void run_all(const char *label, const loom_kernels *k, const loom_kernels
     test_matmul_specials();
     if (batch_invariant) test_matmul_batch_invariant();
     q_invariant = !strcmp(label, "avx512") || !strcmp(label, "avx512-fast");
+    if (!strcmp(label, "avx512-fast")) test_matvec_fast_small_t();
     test_matmul_rounding();
     test_matmul_q();
     if (K->q_il16) test_matmul_q_il();

@@ -326,7 +326,11 @@ INLINE void matvec_bf16_rows(float *y, const uint32_t *xp, const uint16_t *w, si
 #define XCH 2048
 
 /* --fast for T < T_SMALL: four rows at a time stay in L1 while every
- * token runs over them; only the first token prefetches. */
+ * token runs over them; only the first token prefetches. When every
+ * token's pairs of the whole row fit the buffer, a pass covers the whole
+ * row, so that each row tile reads its rows once, in order (passes of XCH
+ * columns read every row in pieces, a stride the prefetchers serve
+ * badly). Sums go by blocks of XCH columns either way: the same bits. */
 static void matvec_bf16_fast(float *y, size_t ldy, const float *x, size_t ldx, const uint16_t *w,
                              size_t n, int T, int r0, int r1) {
     uint32_t xp[T_SMALL * XCH / 2] __attribute__((aligned(64)));
@@ -334,19 +338,23 @@ static void matvec_bf16_fast(float *y, size_t ldy, const float *x, size_t ldx, c
         zero_rows(y, ldy, T, r0, r1);
         return;
     }
-    for (size_t k0 = 0; k0 < n; k0 += XCH) {
-        int kc = (int)LOOM_MIN((size_t)XCH, n - k0), add = k0 > 0;
-        for (int t = 0; t < T; t++) round_x_pairs(xp + t * (XCH / 2), x + t * ldx + k0, kc);
+    size_t pass = (size_t)T * ((n + 1) / 2) <= LOOM_ARRAY_LEN(xp) ? n : XCH;
+    for (size_t p0 = 0; p0 < n; p0 += pass) {
+        size_t pc = LOOM_MIN(pass, n - p0), words = (pc + 1) / 2;
+        for (int t = 0; t < T; t++) round_x_pairs(xp + t * words, x + t * ldx + p0, (int)pc);
         for (int r = r0; r < r1; r += 4) {
             int R = LOOM_MIN(4, r1 - r);
-            for (int t = 0; t < T; t++) {
-                float *yt = y + t * ldy;
-                const uint32_t *xt = xp + t * (XCH / 2);
-                switch (R) {
-                case 4: matvec_bf16_rows(yt, xt, w, n, k0, kc, r, 4, add, t == 0); break;
-                case 3: matvec_bf16_rows(yt, xt, w, n, k0, kc, r, 3, add, t == 0); break;
-                case 2: matvec_bf16_rows(yt, xt, w, n, k0, kc, r, 2, add, t == 0); break;
-                default: matvec_bf16_rows(yt, xt, w, n, k0, kc, r, 1, add, t == 0); break;
+            for (size_t k0 = p0; k0 < p0 + pc; k0 += XCH) {
+                int kc = (int)LOOM_MIN((size_t)XCH, p0 + pc - k0), add = k0 > 0;
+                for (int t = 0; t < T; t++) {
+                    float *yt = y + t * ldy;
+                    const uint32_t *xt = xp + t * words + (k0 - p0) / 2;
+                    switch (R) {
+                    case 4: matvec_bf16_rows(yt, xt, w, n, k0, kc, r, 4, add, t == 0); break;
+                    case 3: matvec_bf16_rows(yt, xt, w, n, k0, kc, r, 3, add, t == 0); break;
+                    case 2: matvec_bf16_rows(yt, xt, w, n, k0, kc, r, 2, add, t == 0); break;
+                    default: matvec_bf16_rows(yt, xt, w, n, k0, kc, r, 1, add, t == 0); break;
+                    }
                 }
             }
         }
