@@ -79,20 +79,33 @@ out:
     return ok;
 }
 
-static void check(const char *dir, loom_kv_type kt, int split, int chunk) {
+/* The model on 2 threads and the prompt tok[0, L); NULL on a failure. */
+static loom_model *load(const char *dir, int32_t *tok) {
     loom_model_params mp = loom_model_default_params();
     mp.n_threads = 2;
     loom_model *m = NULL;
     CHECKF(loom_model_load(dir, &mp, &m) == LOOM_OK, "%s: %s", dir, loom_last_error());
-    if (!m) return;
+    if (!m) return NULL;
+    int V = loom_model_vocab_size(m);
+    for (int i = 0; i < L; i++) tok[i] = (int32_t)((i * 37 + i / 11) % V);
+    return m;
+}
+
+/* Whether this table's matmuls give a token the same bits in any batch. */
+static int batch_invariant(void) {
     const loom_kernels *k = loom_kernels_get();
     int invariant = k->matmul_f32 == loom_kernels_ref.matmul_f32;
 #if defined(__x86_64__)
     invariant |= k->matmul_f32 == loom_kernels_avx512_dense.matmul_f32;
 #endif
-    int V = loom_model_vocab_size(m);
+    return invariant;
+}
+
+static void check(const char *dir, loom_kv_type kt, int split, int chunk) {
     int32_t tok[L], o_ref[N_DEC], o_split[N_DEC], o_bat[N_DEC];
-    for (int i = 0; i < L; i++) tok[i] = (int32_t)((i * 37 + i / 11) % V);
+    loom_model *m = load(dir, tok);
+    if (!m) return;
+    int invariant = batch_invariant(), V = loom_model_vocab_size(m);
     float *ref = malloc(sizeof(float) * N_DEC * V), *got = malloc(sizeof(float) * N_DEC * V);
     float *bat = malloc(sizeof(float) * N_DEC * V);
     if (run(m, kt, (split_cfg){0, chunk, 0, 0}, tok, ref, o_ref) &&
@@ -146,20 +159,12 @@ static int prefill(loom_model *m, const int32_t *tok, int last_alone, int decode
 }
 
 static void check_prompt(const char *dir) {
-    loom_model_params mp = loom_model_default_params();
-    mp.n_threads = 2;
-    loom_model *m = NULL;
-    CHECKF(loom_model_load(dir, &mp, &m) == LOOM_OK, "%s: %s", dir, loom_last_error());
-    if (!m) return;
-    const loom_kernels *k = loom_kernels_get();
-    /* the one-token matmuls give the many-token bits on these tables */
-    int invariant = k->matmul_f32 == loom_kernels_ref.matmul_f32;
-#if defined(__x86_64__)
-    invariant |= k->matmul_f32 == loom_kernels_avx512_dense.matmul_f32;
-#endif
-    size_t V = (size_t)loom_model_vocab_size(m);
     int32_t tok[L];
-    for (int i = 0; i < L; i++) tok[i] = (int32_t)((i * 37 + i / 11) % (int)V);
+    loom_model *m = load(dir, tok);
+    if (!m) return;
+    /* the one-token matmuls give the many-token bits on these tables */
+    int invariant = batch_invariant();
+    size_t V = (size_t)loom_model_vocab_size(m);
     float *whole = malloc(sizeof(float) * V), *alone = malloc(sizeof(float) * V);
     float *dec = malloc(sizeof(float) * V);
     if (prefill(m, tok, 0, 0, whole) && prefill(m, tok, 1, 0, alone) &&
