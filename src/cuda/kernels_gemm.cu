@@ -161,6 +161,23 @@ __device__ __forceinline__ unsigned gv_pack(float a, float b) {
     return *(const unsigned *)&h;
 }
 
+/* The sum of squares of 8 values, in one order for every RMSNORM fill. */
+__device__ __forceinline__ float gv_sumsq8(float4 u, float4 v) {
+    return u.x * u.x + u.y * u.y + u.z * u.z + u.w * u.w + v.x * v.x + v.y * v.y + v.z * v.z +
+           v.w * v.w;
+}
+
+/* Each warp's sums of its threads' ss into red[wid * NT + t]. */
+template <int NT>
+__device__ __forceinline__ void gv_warp_sums(const float (&ss)[NT], float *red, int wid, int lane) {
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        float v = ss[t];
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0) red[wid * NT + t] = v;
+    }
+}
+
 /* The T input rows, 16-bit, into xs (T, cols / 8 vectors), rows xst
  * vectors apart. UNR > 1 unrolls the loops over the row so that a thread
  * has several loads in flight (the 14336-wide activation input of
@@ -186,16 +203,9 @@ __device__ void gv_fill(uint4 *xs, int xst, const gv_args &a, float *red, float 
 #pragma unroll
             for (int t = 0; t < NT; t++) {
                 const float4 *p = (const float4 *)(xf + (size_t)t * a.cols) + 2 * i;
-                float4 u = p[0], v = p[1];
-                ss[t] += u.x * u.x + u.y * u.y + u.z * u.z + u.w * u.w + v.x * v.x + v.y * v.y +
-                         v.z * v.z + v.w * v.w;
+                ss[t] += gv_sumsq8(p[0], p[1]);
             }
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            float v = ss[t];
-            for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-            if (lane == 0) red[wid * NT + t] = v;
-        }
+        gv_warp_sums<NT>(ss, red, wid, lane);
         __syncthreads();
         if (threadIdx.x < NT) {
             float v = 0;
@@ -476,16 +486,10 @@ __device__ __forceinline__ void gs_fill_norm(uint4 *xs, const gv_args &a, const 
         if (i < nch) {
             const float4 *p = (const float4 *)(xf + (size_t)t * a.cols) + 2 * i;
             u[t] = p[0], v[t] = p[1];
-            ss[t] += u[t].x * u[t].x + u[t].y * u[t].y + u[t].z * u[t].z + u[t].w * u[t].w +
-                     v[t].x * v[t].x + v[t].y * v[t].y + v[t].z * v[t].z + v[t].w * v[t].w;
+            ss[t] += gv_sumsq8(u[t], v[t]);
         }
     }
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        float r = ss[t];
-        for (int o = 16; o > 0; o >>= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
-        if (lane == 0) red[wid * NT + t] = r;
-    }
+    gv_warp_sums<NT>(ss, red, wid, lane);
     __syncthreads();
     if (i >= nch) return;
 #pragma unroll
