@@ -757,38 +757,54 @@ typedef struct {
     size_t used;
 } il_pass;
 
+#define IL_ALIGN(n) (((n) + 63) & ~(size_t)63)
+
+/* Copies n bytes from *src to the buffer and points *src at the copy; the
+ * file's pages are dropped unless keep (a tied embedding, which gathers
+ * rows, still reads them). The sizing pass only counts. */
+static void il_copy(il_pass *ps, const void **src, size_t n, int keep) {
+    if (ps->il) {
+        uint8_t *dst = ps->il + ps->used;
+        memcpy(dst, *src, n);
+        if (!keep) loom_st_release(*src, n);
+        *src = dst;
+    }
+    ps->used += IL_ALIGN(n);
+}
+
 /* One matrix into the buffer: a quantized one in the kernels' 16-row
- * layout when the table has one and the shape fits it, a dense one as it
- * is. The file's pages of it are dropped unless another weight (a tied
- * embedding, which gathers rows) still reads them. */
+ * layout when the table has one and the shape fits it, else as it is. */
 static void interleave(il_pass *ps, loom_weight *w) {
     loom_model *m = ps->m;
-    size_t n;
-    if (w->dtype == LOOM_DT_U32) {
-        if (!m->k->q_il16 || !loom_q_il16_ok(&w->q, w->rows)) return;
-        n = loom_q_il16_bytes(&w->q, w->rows);
-    } else if (w->dtype == LOOM_DT_F32 || w->dtype == LOOM_DT_F16 || w->dtype == LOOM_DT_BF16) {
-        if (!w->data) return;
-        n = (size_t)w->rows * w->cols * loom_dtype_size(w->dtype);
-    } else {
+    if (w->dtype == LOOM_DT_F32 || w->dtype == LOOM_DT_F16 || w->dtype == LOOM_DT_BF16) {
+        if (w->data)
+            il_copy(ps, &w->data, (size_t)w->rows * w->cols * loom_dtype_size(w->dtype),
+                    m->embed.data == w->data);
+        return;
+    }
+    if (w->dtype != LOOM_DT_U32 || !w->q.w) return;
+    int keep = m->embed.dtype == LOOM_DT_U32 && m->embed.q.w == w->q.w;
+    size_t wb = (size_t)w->rows * w->cols * w->q.bits / 8;
+    if (!m->k->q_il16 || !loom_q_il16_ok(&w->q, w->rows)) {
+        size_t sb = (size_t)w->rows * (w->cols / w->q.group) * 2;
+        const void *p = w->q.w, *sc = w->q.scales, *bi = w->q.biases;
+        il_copy(ps, &p, wb, keep);
+        il_copy(ps, &sc, sb, keep);
+        il_copy(ps, &bi, sb, keep);
+        w->q.w = p;
+        w->q.scales = sc;
+        w->q.biases = bi;
+        w->data = p;
         return;
     }
     if (ps->il) {
-        uint8_t *dst = ps->il + ps->used;
-        if (w->dtype == LOOM_DT_U32) {
-            loom_qmat q;
-            loom_q_interleave_into(&w->q, w->rows, &q, dst);
-            if (!(m->embed.dtype == LOOM_DT_U32 && m->embed.q.w == w->q.w))
-                loom_st_release(w->q.w, (size_t)w->rows * w->cols * w->q.bits / 8);
-            w->q = q;
-            w->data = q.w;
-        } else {
-            memcpy(dst, w->data, n);
-            if (m->embed.data != w->data) loom_st_release(w->data, n);
-            w->data = dst;
-        }
+        loom_qmat q;
+        loom_q_interleave_into(&w->q, w->rows, &q, ps->il + ps->used);
+        if (!keep) loom_st_release(w->q.w, wb);
+        w->q = q;
+        w->data = q.w;
     }
-    ps->used += (n + 63) & ~(size_t)63;
+    ps->used += IL_ALIGN(loom_q_il16_bytes(&w->q, w->rows));
 }
 
 static void interleave_mlp(il_pass *ps, loom_mlp *p) {
