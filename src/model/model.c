@@ -102,7 +102,7 @@ static int dims_are(const loom_st_tensor *t, int stack, int rows, int cols) {
     return t->ndim == 2 && t->shape[0] == rows && t->shape[1] == cols;
 }
 
-static loom_status interleave_all(loom_model *m);
+static void interleave_all(loom_model *m);
 
 /* Binds an MLX affine-quantized weight: name is "<module>.weight" (U32
  * packed), with "<module>.scales" and "<module>.biases". Bits and group
@@ -742,7 +742,7 @@ static loom_status load(loom_model *m, const char *dir, const loom_model_params 
         if ((s = bind_layer(m, l))) return s;
     if (m->kv_dim == 0) m->kv_dim = c->n_kv_heads * c->head_dim;  /* no attention layer */
     m->k = p->fast_matmul ? loom_kernels_get_fast() : loom_kernels_get();
-    if (m->device < 0 && (s = interleave_all(m))) return s;
+    if (m->device < 0) interleave_all(m);
     return loom_pool_create(p->n_threads, &m->pool);
 }
 
@@ -832,17 +832,19 @@ static void interleave_pass(il_pass *ps) {
     }
 }
 
-static loom_status interleave_all(loom_model *m) {
+/* Without the memory for the copy the weights stay in the file mapping
+ * (the kernels read either), slower but loaded. */
+static void interleave_all(loom_model *m) {
     il_pass ps = {.m = m};
     interleave_pass(&ps);
-    if (!ps.used) return LOOM_OK;
-    size_t need = ps.used;
-    if (!(m->il_mem = loom_alloc(need)))
-        return loom_err(LOOM_ERR_NOMEM, "out of memory for %zu bytes of re-laid-out weights",
-                        need);
+    if (!ps.used) return;
+    if (!(m->il_mem = loom_alloc(ps.used))) {
+        loom_log(LOOM_LOG_WARN, "no memory for a %zu-byte copy of the weights on 2 MiB pages; "
+                 "reading them from the file mapping", ps.used);
+        return;
+    }
     ps = (il_pass){.m = m, .il = m->il_mem};
     interleave_pass(&ps);
-    return LOOM_OK;
 }
 
 loom_model_params loom_model_default_params(void) {
