@@ -51,17 +51,25 @@ typedef struct loom_model_params {
                              weights) where the CPU has instructions for it, as
                              llama.cpp does. Faster; logits then differ from the
                              exact path by about 1e-3 relative. Default 0. */
+    int no_copy;          /* CPU: leave the weights in the file mapping (for
+                             callers that only read metadata). Default 0: the
+                             matrices are copied onto 2 MiB pages at load. */
 } loom_model_params;
 
 loom_model_params loom_model_default_params(void);
 
-/* Loads a Hugging Face model directory (config.json + safetensors). Weights
- * are mapped, not copied. On failure *out is NULL. */
+/* Loads a Hugging Face model directory (config.json + safetensors). The
+ * files are mapped; on the CPU the matrices are then copied onto 2 MiB
+ * pages (decode streams them every token) and the file's pages dropped,
+ * unless no_copy or the memory available cannot hold them. On failure
+ * *out is NULL. */
 loom_status loom_model_load(const char *dir, const loom_model_params *params,
                             loom_model **out);
 void loom_model_free(loom_model *m);
-/* Reads every weight page now (they are mapped lazily) so the first request
- * does not wait on the disk; progress (may be NULL) gets fractions 0..1. */
+/* Reads every weight page still read from the mapping now (mapped pages
+ * come in lazily) so the first request does not wait on the disk; nothing
+ * when the load copied the weights. progress (may be NULL) gets fractions
+ * 0..1. */
 void loom_model_warm(loom_model *m, void (*progress)(void *ctx, double done), void *ctx);
 
 int loom_model_vocab_size(const loom_model *m);

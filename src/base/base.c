@@ -147,6 +147,17 @@ int loom_cpu_count(void) {
     return n > 0 ? (int)n : 1;
 }
 
+size_t loom_mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    fclose(f);
+    return (size_t)kb * 1024;
+}
+
 loom_status loom_path_join(char *buf, size_t n, const char *dir,
                            const char *name) {
     int w = snprintf(buf, n, "%s/%s", dir, name);

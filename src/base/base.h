@@ -44,6 +44,10 @@ double loom_now(void);
 /* Number of online CPUs (at least 1). */
 int loom_cpu_count(void);
 
+/* Bytes of memory available to allocate without swapping (MemAvailable of
+ * /proc/meminfo); 0 when unknown. */
+size_t loom_mem_available(void);
+
 /* Joins dir and name into buf (size n). Returns LOOM_ERR_INVALID_ARG if it
  * does not fit. */
 loom_status loom_path_join(char *buf, size_t n, const char *dir,

@@ -73,6 +73,7 @@ int cmd_info(int argc, char **argv) {
     }
     if (!dir) return cli_usage_error("info", "--model is required");
     loom_model_params mp = loom_model_default_params();
+    mp.no_copy = 1; /* metadata only */
     mp.n_threads = 1;
     loom_model *m = NULL;
     loom_status s = loom_model_load(dir, &mp, &m);

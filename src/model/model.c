@@ -742,7 +742,7 @@ static loom_status load(loom_model *m, const char *dir, const loom_model_params 
         if ((s = bind_layer(m, l))) return s;
     if (m->kv_dim == 0) m->kv_dim = c->n_kv_heads * c->head_dim;  /* no attention layer */
     m->k = p->fast_matmul ? loom_kernels_get_fast() : loom_kernels_get();
-    if (m->device < 0) interleave_all(m);
+    if (m->device < 0 && !p->no_copy) interleave_all(m);
     return loom_pool_create(p->n_threads, &m->pool);
 }
 
@@ -759,52 +759,56 @@ typedef struct {
 
 #define IL_ALIGN(n) (((n) + 63) & ~(size_t)63)
 
-/* Copies n bytes from *src to the buffer and points *src at the copy; the
- * file's pages are dropped unless keep (a tied embedding, which gathers
- * rows, still reads them). The sizing pass only counts. */
-static void il_copy(il_pass *ps, const void **src, size_t n, int keep) {
+/* Copies n bytes from *src to the buffer, points *src at the copy and
+ * drops the file's pages. The sizing pass only counts. */
+static void il_copy(il_pass *ps, const void **src, size_t n) {
     if (ps->il) {
         uint8_t *dst = ps->il + ps->used;
         memcpy(dst, *src, n);
-        if (!keep) loom_st_release(*src, n);
+        loom_st_release(*src, n);
         *src = dst;
     }
     ps->used += IL_ALIGN(n);
 }
 
 /* One matrix into the buffer: a quantized one in the kernels' 16-row
- * layout when the table has one and the shape fits it, else as it is. */
+ * layout when the table has one and the shape fits it, else as it is. A
+ * tied embedding follows a plain copy; the 16-row layout cannot serve its
+ * row gathers, so there it keeps the file's pages. */
 static void interleave(il_pass *ps, loom_weight *w) {
-    loom_model *m = ps->m;
+    loom_weight *e = &ps->m->embed;
     if (w->dtype == LOOM_DT_F32 || w->dtype == LOOM_DT_F16 || w->dtype == LOOM_DT_BF16) {
-        if (w->data)
-            il_copy(ps, &w->data, (size_t)w->rows * w->cols * loom_dtype_size(w->dtype),
-                    m->embed.data == w->data);
+        if (!w->data) return;
+        int tied = e->data == w->data;
+        il_copy(ps, &w->data, (size_t)w->rows * w->cols * loom_dtype_size(w->dtype));
+        if (tied) e->data = w->data;
         return;
     }
     if (w->dtype != LOOM_DT_U32 || !w->q.w) return;
-    int keep = m->embed.dtype == LOOM_DT_U32 && m->embed.q.w == w->q.w;
+    int tied = e->dtype == LOOM_DT_U32 && e->q.w == w->q.w;
     size_t wb = (size_t)w->rows * w->cols * w->q.bits / 8;
-    if (!m->k->q_il16 || !loom_q_il16_ok(&w->q, w->rows)) {
+    if (!ps->m->k->q_il16 || !loom_q_il16_ok(&w->q, w->rows)) {
         size_t sb = (size_t)w->rows * (w->cols / w->q.group) * 2;
         const void *p = w->q.w, *sc = w->q.scales, *bi = w->q.biases;
-        il_copy(ps, &p, wb, keep);
-        il_copy(ps, &sc, sb, keep);
-        il_copy(ps, &bi, sb, keep);
+        il_copy(ps, &p, wb);
+        il_copy(ps, &sc, sb);
+        il_copy(ps, &bi, sb);
         w->q.w = p;
         w->q.scales = sc;
         w->q.biases = bi;
         w->data = p;
+        if (tied) e->q = w->q, e->data = w->data;
         return;
     }
+    size_t n = loom_q_il16_bytes(&w->q, w->rows);
     if (ps->il) {
         loom_qmat q;
         loom_q_interleave_into(&w->q, w->rows, &q, ps->il + ps->used);
-        if (!keep) loom_st_release(w->q.w, wb);
+        if (!tied) loom_st_release(w->q.w, wb);
         w->q = q;
         w->data = q.w;
     }
-    ps->used += IL_ALIGN(loom_q_il16_bytes(&w->q, w->rows));
+    ps->used += IL_ALIGN(n);
 }
 
 static void interleave_mlp(il_pass *ps, loom_mlp *p) {
@@ -832,15 +836,17 @@ static void interleave_pass(il_pass *ps) {
     }
 }
 
-/* Without the memory for the copy the weights stay in the file mapping
- * (the kernels read either), slower but loaded. */
+/* Without room for the copy the weights stay in the file mapping (the
+ * kernels read either): slower, but a model larger than the free memory
+ * still loads, as the page cache can evict clean file pages. */
 static void interleave_all(loom_model *m) {
     il_pass ps = {.m = m};
     interleave_pass(&ps);
     if (!ps.used) return;
-    if (!(m->il_mem = loom_alloc(ps.used))) {
-        loom_log(LOOM_LOG_WARN, "no memory for a %zu-byte copy of the weights on 2 MiB pages; "
-                 "reading them from the file mapping", ps.used);
+    size_t avail = loom_mem_available();
+    if ((avail && ps.used > avail / 10 * 9) || !(m->il_mem = loom_alloc(ps.used))) {
+        loom_log(LOOM_LOG_WARN, "no room for a %zu-byte copy of the weights on 2 MiB pages "
+                 "(%zu bytes available); reading them from the file mapping", ps.used, avail);
         return;
     }
     ps = (il_pass){.m = m, .il = m->il_mem};
@@ -891,5 +897,8 @@ int loom_model_eos_ids(const loom_model *m, int32_t *out, int cap) {
 }
 
 void loom_model_warm(loom_model *m, void (*progress)(void *ctx, double done), void *ctx) {
+    /* Copied weights are resident already; reading the mapping would only
+     * bring the file's dropped pages back. */
+    if (m->il_mem) return;
     loom_st_warm(m->st, progress, ctx);
 }
