@@ -640,6 +640,7 @@ static void attention(loom_model *m, loom_fwd_state *s, loom_kv_pool *kv,
         if (tb - t == 1 && rows[s->tok_row[t]].decode && s->att_split > 0 &&
             pos - lo + 1 >= s->att_split && pos / ch - lo / ch + 1 <= s->att_parts) {
             s->split_tok[n_split++] = t;
+            s->att_split_tokens++;
         } else {
             s->tiles[2 * n_tiles] = t;
             s->tiles[2 * n_tiles + 1] = tb;
@@ -816,6 +817,9 @@ loom_status loom_fwd_check_rows(const loom_model *m, const loom_fwd_row *rows, i
         const loom_fwd_row *row = &rows[r];
         if (row->n <= 0 || !row->tokens || !row->seq)
             return loom_err(LOOM_ERR_INVALID_ARG, "forward: row %d has no tokens", r);
+        if (row->decode && row->n != 1)
+            return loom_err(LOOM_ERR_INVALID_ARG, "forward: row %d is a decode row of %d tokens "
+                            "(expected 1)", r, row->n);
         for (int i = 0; i < row->n; i++)
             if (row->tokens[i] < 0 || row->tokens[i] >= m->cfg.vocab_size)
                 return loom_err(LOOM_ERR_RANGE,

@@ -30,6 +30,7 @@ struct loom_fwd_state {
      * chunks of att_chunk positions over all KV heads (forward.c). */
     int att_split, att_chunk;
     int att_parts;     /* (token, chunk) partial results one dispatch may hold */
+    long att_split_tokens; /* decode tokens that went by chunks (tests read it) */
     float *att_part;   /* (att_parts, n_heads, max_head_dim + 2) chunk outputs, max, sum */
     int *split_task;   /* [3 * att_parts] a chunk task's token and positions [p0, p1) */
     int *split_tok;    /* [max_tokens] tokens taking the chunked path */
