@@ -438,8 +438,11 @@ typedef struct result {
  * two within minutes, so this says how close the kernels come to what the
  * memory gave them at the time. */
 static double pct_at_tg(const result *R) {
-    double bpt = R->cost.weight_bytes + R->cost.kv_bytes, bw = (R->bw + R->bw_after) / 2;
-    return bw > 0 ? 100.0 * R->tg_med * bpt / (bw * 1e9) : 0.0;
+    double bpt = R->cost.weight_bytes + R->cost.kv_bytes, s = 0;
+    int k = 0;
+    if (R->bw > 0) s += R->bw, k++;  /* a failed probe reads 0 */
+    if (R->bw_after > 0) s += R->bw_after, k++;
+    return k ? 100.0 * R->tg_med * bpt / (s / k * 1e9) : 0.0;
 }
 
 /* Prefill: the whole prompt from an empty context, last logits only. */
