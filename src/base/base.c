@@ -87,16 +87,21 @@ void loom_log(int level, const char *fmt, ...) {
     va_end(ap);
 }
 
-void *loom_alloc(size_t n) {
+void *loom_alloc_raw(size_t n) {
     void *p = NULL;
     if (n == 0) n = 64;
     n = (n + 63) & ~(size_t)63;
-    /* Large buffers (weights re-laid out at load) are streamed: 2 MiB
-     * pages spare the TLB misses of 4 KiB ones. */
+    /* Large buffers (weights copied at load) are streamed: 2 MiB pages
+     * spare the TLB misses of 4 KiB ones. */
     size_t huge = (size_t)2 << 20, align = n >= huge ? huge : 64;
     if (posix_memalign(&p, align, n) != 0) return NULL;
     if (align == huge) madvise(p, n & ~(huge - 1), MADV_HUGEPAGE);
-    memset(p, 0, n);
+    return p;
+}
+
+void *loom_alloc(size_t n) {
+    void *p = loom_alloc_raw(n);
+    if (p) memset(p, 0, n ? (n + 63) & ~(size_t)63 : 64);
     return p;
 }
 

@@ -30,6 +30,8 @@ void loom_log(int level, const char *fmt, ...)
 /* Zeroed, 64-byte aligned allocation; NULL on failure (or n == 0 gives a
  * valid minimal block). Free with loom_free. */
 void *loom_alloc(size_t n);
+/* The same, not zeroed: for buffers the caller writes before reading. */
+void *loom_alloc_raw(size_t n);
 void loom_free(void *p);
 
 /* Reads a whole file into a NUL-terminated heap buffer. */

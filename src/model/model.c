@@ -844,7 +844,8 @@ static void interleave_all(loom_model *m) {
     interleave_pass(&ps);
     if (!ps.used) return;
     size_t avail = loom_mem_available();
-    if ((avail && ps.used > avail / 10 * 9) || !(m->il_mem = loom_alloc(ps.used))) {
+    /* every byte a kernel reads is written below; the padding is not read */
+    if ((avail && ps.used > avail / 10 * 9) || !(m->il_mem = loom_alloc_raw(ps.used))) {
         loom_log(LOOM_LOG_WARN, "no room for a %zu-byte copy of the weights on 2 MiB pages "
                  "(%zu bytes available); reading them from the file mapping", ps.used, avail);
         return;
