@@ -357,6 +357,16 @@ static void tile_att_put(loom_fwd_state *s, int nh, int kh, int group, int hd, i
                sizeof(float) * (size_t)group * hd);
 }
 
+/* The first key a query at pos attends to (its sliding window). */
+static int key_lo(const loom_attn *A, int pos) {
+    return A->window > 0 ? LOOM_MAX(0, pos - A->window + 1) : 0;
+}
+
+/* Chunks of ch positions a split decode token at pos spans. */
+static int split_chunks(const loom_attn *A, int pos, int ch) {
+    return pos / ch - key_lo(A, pos) / ch + 1;
+}
+
 /* Raw scores scaled and softcapped in place. */
 static void score_scale(float *row, int n, float scale, float cap) {
     for (int i = 0; i < n; i++) {
@@ -389,8 +399,7 @@ static void attn_task(void *ctx, int task, int thread) {
     int slots = (tb - ta) * group;
     const loom_kv_seq *seq = j->rows[s->tok_row[ta]].seq;
     int pos0 = s->tok_pos[ta], pos1 = s->tok_pos[tb - 1];
-    int win = A->window;
-    int lo0 = win > 0 ? LOOM_MAX(0, pos0 - win + 1) : 0;
+    int lo0 = key_lo(A, pos0);
     int span = pos1 - lo0 + 1;
     size_t smax = (size_t)s->att_slots;
     float *sc = s->scores + (size_t)thread * smax * s->max_ctx;
@@ -413,7 +422,7 @@ static void attn_task(void *ctx, int task, int thread) {
         k->matmul_f32(sc + (p0 - lo0), span, qs, hd, kr, hd, slots, 0, cn);
     }
     for (int t = ta; t < tb; t++) {
-        int pos = s->tok_pos[t], lo = win > 0 ? LOOM_MAX(0, pos - win + 1) : 0;
+        int pos = s->tok_pos[t], lo = key_lo(A, pos);
         for (int g = 0; g < group; g++)
             score_softmax(k, sc + (size_t)((t - ta) * group + g) * span + (lo - lo0), pos - lo + 1,
                           A->scale, cap);
@@ -427,7 +436,7 @@ static void attn_task(void *ctx, int task, int thread) {
         int ld;
         const float *vr = kv_rows(j, seq, kh, 1, p0, p1 - p0, kc, 1, &ld);
         for (int t = ta; t < tb; t++) {
-            int pos = s->tok_pos[t], lo = win > 0 ? LOOM_MAX(0, pos - win + 1) : 0;
+            int pos = s->tok_pos[t], lo = key_lo(A, pos);
             int a = LOOM_MIN(LOOM_MAX(lo, p0), p1) - p0, b = LOOM_MAX(LOOM_MIN(pos + 1, p1) - p0, a);
             for (int g = 0; g < group; g++) {
                 keys[2 * ((t - ta) * group + g)] = a;
@@ -636,9 +645,9 @@ static void attention(loom_model *m, loom_fwd_state *s, loom_kv_pool *kv,
     for (int t = 0; t < T;) {
         int tb = t + 1;
         while (tb < T && tb - t < per_tile && s->tok_row[tb] == s->tok_row[t]) tb++;
-        int pos = s->tok_pos[t], lo = A->window > 0 ? LOOM_MAX(0, pos - A->window + 1) : 0;
+        int pos = s->tok_pos[t];
         if (tb - t == 1 && rows[s->tok_row[t]].decode && s->att_split > 0 &&
-            pos - lo + 1 >= s->att_split && pos / ch - lo / ch + 1 <= s->att_parts) {
+            pos - key_lo(A, pos) + 1 >= s->att_split && split_chunks(A, pos, ch) <= s->att_parts) {
             s->split_tok[n_split++] = t;
             s->att_split_tokens++;
         } else {
@@ -654,9 +663,8 @@ static void attention(loom_model *m, loom_fwd_state *s, loom_kv_pool *kv,
     for (int i0 = 0; i0 == 0 || i0 < n_split;) {
         int i1 = i0, n_parts = 0;
         for (; i1 < n_split; i1++) {
-            int t = s->split_tok[i1], pos = s->tok_pos[t];
-            int lo = A->window > 0 ? LOOM_MAX(0, pos - A->window + 1) : 0;
-            if (n_parts + pos / ch - lo / ch + 1 > s->att_parts) break;
+            int t = s->split_tok[i1], pos = s->tok_pos[t], lo = key_lo(A, pos);
+            if (n_parts + split_chunks(A, pos, ch) > s->att_parts) break;
             for (int c0 = lo / ch; c0 <= pos / ch; c0++) {
                 int *tk = s->split_task + 3 * n_parts++;
                 tk[0] = t;
@@ -666,10 +674,9 @@ static void attention(loom_model *m, loom_fwd_state *s, loom_kv_pool *kv,
         }
         loom_pool_run(m->pool, aj.n_plain + n_parts, attn_any, &aj);
         for (int i = i0, first = 0; i < i1; i++) {
-            int t = s->split_tok[i], pos = s->tok_pos[t];
-            int lo = A->window > 0 ? LOOM_MAX(0, pos - A->window + 1) : 0;
-            split_combine(s, nh, hd, t, first, pos / ch - lo / ch + 1);
-            first += pos / ch - lo / ch + 1;
+            int t = s->split_tok[i], n = split_chunks(A, s->tok_pos[t], ch);
+            split_combine(s, nh, hd, t, first, n);
+            first += n;
         }
         aj.n_plain = 0;
         if (i1 == i0) break;
