@@ -822,17 +822,15 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
             LAUNCH_CHECK();
             hx = g->xb;
         }
-        /* the greedy picks inside the head's GEMV (no softcap: it can tie
-         * values the raw logits order) */
+        /* The final norm made inside the GEMV, and there the greedy picks
+         * too (not after a softcap: it can tie values the raw logits order). */
         int am_done = 0;
-        if (use_gemv(g, &g->lm_head, n_sel) && g->head_am && !(cf->final_softcap > 0)) {
+        if (use_gemv(g, &g->lm_head, n_sel)) {
+            am_done = g->head_am && !(cf->final_softcap > 0);
             loom_cuda_gemv_in in = {LOOM_CUDA_GEMV_RMSNORM, hx, g->final_norm, eps};
             TRY(loom_cuda_gemv_argmax(c, g->logits, &in, g->lm_head.d, g->lm_head.dt, n_sel,
-                                      g->lm_head.rows, g->lm_head.cols, NULL, 0, g->ids));
-            am_done = 1;
-        } else if (use_gemv(g, &g->lm_head, n_sel)) {  /* the final norm made inside the GEMV */
-            TRY(gemv(g, g->logits, LOOM_CUDA_GEMV_RMSNORM, hx, g->final_norm, &g->lm_head, NULL,
-                     n_sel, 0));
+                                      g->lm_head.rows, g->lm_head.cols, NULL, 0,
+                                      am_done ? g->ids : NULL));
         } else {
             TRY(loom_cuda_rmsnorm(c, g->xb, hx, g->final_norm, n_sel, H, eps, 0));
             TRY(linear(g, g->logits, g->xb, &g->lm_head, NULL, n_sel));
