@@ -154,7 +154,7 @@ gm="$BUILD/tools/gen_model"
 if [ -x "$gm" ] && [ -z "${LOOM_CUDA_TEST_MODELS:-}" ]; then
   shape="--hidden 256 --heads 4 --kv-heads 2 --head-dim 64 --intermediate 512 --vocab 512 --layers 3"
   # shellcheck disable=SC2086
-  # and head_dim 128 with 1024-multiple widths: the one-kernel decode's shapes
+  # and head_dim 128 with the GEMV widths of the real models (groups of 4 and 2)
   wide="--hidden 1024 --heads 8 --head-dim 128 --intermediate 2048 --vocab 512 --layers 2"
   if "$gm" --preset qwen3-0.6b $shape --dtype bf16 --seed 7 --out "$BUILD/rand-qwen3-bf16" 2>/dev/null &&
      "$gm" --preset llama3-8b $shape --dtype bf16 --seed 8 --out "$BUILD/rand-llama-bf16" 2>/dev/null &&

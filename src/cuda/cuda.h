@@ -150,52 +150,6 @@ loom_status loom_cuda_qkv_post_bf16(loom_cuda *c, float *d_q, const struct loom_
                                     const int32_t *d_slot, int T, int nh, int nkv, int hd,
                                     int rot_dim, const float *d_cos, const float *d_sin, int ld);
 
-/* ---- one-token decode in one kernel (decode_persist.cu) ------------------ */
-
-/* A dense decoder's layers for one token (batch 1): one kernel with a block
- * an SM runs every layer; the weights stream into shared memory ahead of
- * the activations. bf16 weights and bf16 KV, head_dim 128, rope over all
- * of it or none; the shapes loom_cuda_persist_slots accepts. */
-typedef struct loom_cuda_pl_shape {
-    int n_layers, hidden, q_dim, inter, n_heads, n_kv_heads, head_dim, rot_dim;
-    int gelu;                   /* 1: gelu_tanh(gate) * up, else silu */
-    int block_size;             /* KV pool */
-    size_t kv_stride;           /* KV pool row elements */
-    float eps;                  /* RMSNorm */
-} loom_cuda_pl_shape;
-
-typedef struct loom_cuda_pl_layer {  /* device pointers */
-    const void *wqkv;           /* (q_dim + 2 kv_dim, hidden) bf16: q, k, v rows */
-    const void *wo;             /* (hidden, q_dim) */
-    const void *wgu;            /* (2 inter, hidden): gate rows, then up rows */
-    const void *wdown;          /* (hidden, inter) */
-    const float *attn_norm, *ffn_norm, *q_norm, *k_norm;  /* NULL: none (norms: unweighted) */
-    const float *bqkv, *bo;     /* NULL: none */
-    void *pk, *pv;              /* this layer's first pool row (bf16) */
-    const float *cs, *sn;       /* the token's rope row (rot_dim / 2 entries) */
-    float scale;                /* q.k scale (no softcap: such models take the other path) */
-    int window;                 /* 0: full */
-} loom_cuda_pl_layer;
-
-typedef struct loom_cuda_pl_bufs {  /* device */
-    float *x;                   /* [hidden] the residual: embedding in, last layer out */
-    float *qkv, *att, *hb;      /* [q_dim + 2 kv_dim], [q_dim], [2 inter] */
-    float *part;                /* loom_cuda_persist_part_floats */
-    int *counters;              /* loom_cuda_persist_counters, zero before the first call
-                                   (each call leaves them zero) */
-    const int32_t *slot, *tab, *lens;  /* the token's pool row, its block table, length
-                                          with the token */
-} loom_cuda_pl_bufs;
-
-/* Ring slots for s on this device, 0 when the kernel does not take s. */
-int loom_cuda_persist_slots(const loom_cuda *c, const loom_cuda_pl_shape *s);
-size_t loom_cuda_persist_part_floats(const loom_cuda *c, const loom_cuda_pl_shape *s);
-size_t loom_cuda_persist_counters(const loom_cuda_pl_shape *s);
-/* Every layer of one token: x in, x out (before the final norm). */
-loom_status loom_cuda_persist_decode(loom_cuda *c, const loom_cuda_pl_shape *s,
-                                     const loom_cuda_pl_layer *d_layers,
-                                     const loom_cuda_pl_bufs *b);
-
 /* ---- sampling ------------------------------------------------------------ */
 
 #define LOOM_CUDA_TOPK_MAX 64

@@ -175,13 +175,6 @@ struct loom_cuda_model {
                                   attention (LOOM_CUDA_ATTN_QKV=1; default 0: two kernels) */
     int head_am;               /* 1: the greedy picks inside the head's GEMV where it takes
                                   the step (LOOM_CUDA_HEAD_AM, 1; 0: the argmax kernel) */
-    int persist;               /* 1: a one-row decode step runs its layers as one kernel
-                                  (decode_persist.cu; LOOM_CUDA_PERSIST=1; off by default:
-                                  slower on an H200, bench/RESULTS.md) */
-    loom_cuda_pl_shape pl;
-    loom_cuda_pl_layer *d_pl;  /* device [n_layers] */
-    float *pl_part;
-    int *pl_cnt;
     int small_t;               /* up to this many tokens (and gemv_t) a layer is 4 GEMVs that
                                   make their own inputs + qkv_post + attention; 0: never */
     void *a16;                 /* (max_tokens, max(hidden, inter)) of act16 */
@@ -372,68 +365,6 @@ static loom_status check_model(const loom_model *m) {
     return LOOM_OK;
 }
 
-/* The one-kernel decode (decode_persist.cu), when asked for
- * (LOOM_CUDA_PERSIST=1) and every layer has its shapes: bf16 weights fused
- * as the small-step path has them, bf16 KV, one rope and head layout for
- * all layers, no softcap. Needs g's activations. */
-static loom_status persist_setup(loom_cuda_model *g) {
-    const loom_model *m = g->m;
-    const loom_config *cf = &m->cfg;
-    const char *env = getenv("LOOM_CUDA_PERSIST");
-    if (!env || strcmp(env, "1") || g->act16 != LOOM_CUDA_BF16 || !g->small_t ||
-        g->kv_dt != LOOM_CUDA_BF16 || cf->n_layers <= 0 || m->n_ropes <= 0 || cf->attn_softcap > 0)
-        return LOOM_OK;
-    const loom_attn *A0 = &m->layers[0].attn;
-    loom_cuda_pl_shape *s = &g->pl;
-    s->n_layers = cf->n_layers;
-    s->hidden = cf->hidden_size;
-    s->q_dim = A0->wq.rows;
-    s->inter = g->layers[0].gate.rows;
-    s->n_heads = cf->n_heads;
-    s->n_kv_heads = A0->n_kv_heads;
-    s->head_dim = A0->head_dim;
-    s->rot_dim = m->ropes[A0->rope].rot_dim;
-    s->gelu = m->act == LOOM_ACT_GELU_TANH;
-    s->block_size = g->kv_bs;
-    s->kv_stride = g->kv_row_bytes / 2;
-    s->eps = (float)cf->rms_eps;
-    if (m->act != LOOM_ACT_SILU && !s->gelu) return LOOM_OK;
-    for (int l = 0; l < cf->n_layers; l++) {
-        const loom_attn *A = &m->layers[l].attn;
-        const dlayer *D = &g->layers[l];
-        if (A->wq.rows != s->q_dim || A->n_kv_heads != s->n_kv_heads || A->head_dim != s->head_dim ||
-            m->ropes[A->rope].rot_dim != s->rot_dim || D->gate.rows != s->inter || !D->fused_gu ||
-            D->wo.quant || D->wo.dt != LOOM_CUDA_BF16)
-            return LOOM_OK;
-    }
-    if (!loom_cuda_persist_slots(g->c, s)) return LOOM_OK;
-    int L = cf->n_layers;
-    loom_cuda_pl_layer *h = (loom_cuda_pl_layer *)calloc((size_t)L, sizeof *h);
-    if (!h) return loom_err(LOOM_ERR_NOMEM, "out of memory");
-    for (int l = 0; l < L; l++) {
-        const loom_attn *A = &m->layers[l].attn;
-        const dlayer *D = &g->layers[l];
-        size_t layer_off = (size_t)l * g->kv_blocks * g->kv_bs * g->kv_row_bytes;
-        size_t roff = (size_t)A->rope * g->max_tokens * g->max_half;
-        loom_cuda_pl_layer *P = &h[l];
-        P->wqkv = D->wqkv.d, P->wo = D->wo.d, P->wgu = D->gate_up.d, P->wdown = D->down.d;
-        P->attn_norm = D->attn_norm, P->ffn_norm = D->ffn_norm;
-        P->q_norm = D->q_norm, P->k_norm = D->k_norm, P->bqkv = D->bqkv, P->bo = D->bo;
-        P->pk = (char *)g->kv_k + layer_off, P->pv = (char *)g->kv_v + layer_off;
-        P->cs = g->cs + roff, P->sn = g->sn + roff;
-        P->scale = A->scale, P->window = A->window;
-    }
-    size_t nc = loom_cuda_persist_counters(s);
-    loom_status st = g_upload(g, (const void **)&g->d_pl, h, sizeof *h * (size_t)L);
-    free(h);
-    if (st == LOOM_OK)
-        st = g_alloc(g, (void **)&g->pl_part, loom_cuda_persist_part_floats(g->c, s) * 4);
-    if (st == LOOM_OK) st = g_alloc(g, (void **)&g->pl_cnt, nc * 4);
-    if (st == LOOM_OK) st = loom_cuda_memset0(g->c, g->pl_cnt, nc * 4);
-    g->persist = st == LOOM_OK;
-    return st;
-}
-
 extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
                                               const struct loom_kv_pool *kv, int max_tokens,
                                               int max_ctx, loom_cuda_model **out) {
@@ -617,7 +548,6 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
     const char *ham = getenv("LOOM_CUDA_HEAD_AM");
     g->head_am = !(ham && !strcmp(ham, "0"));
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->hb2, T * I * 4);
-
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->cs, rope_n * 4);
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->sn, rope_n * 4);
     if (st == LOOM_OK) st = loom_cuda_memset0(c, g->cs, rope_n * 4);
@@ -646,7 +576,6 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
             st = loom_err(LOOM_ERR_NOMEM, "cuda forward: %zu bytes of pinned host memory: %s",
                           g->ints_cap * 4, cudaGetErrorString(e));
     }
-    if (st == LOOM_OK) st = persist_setup(g);  /* after every buffer it points into */
     const char *env = getenv("LOOM_CUDA_GRAPHS");
     g->use_graphs = !(env && !strcmp(env, "0"));
     const char *stv = getenv("LOOM_CUDA_STEP_TIMES");
@@ -710,6 +639,11 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
     const loom_config *cf = &m->cfg;
     loom_cuda *c = g->c;
     int T = S->T, H = cf->hidden_size, nh = cf->n_heads, bs = g->kv_bs;
+    for (int i = 0; i < m->n_ropes; i++) {
+        size_t off = (size_t)i * g->max_tokens * g->max_half;
+        TRY(loom_cuda_rope_table_dev(c, g->cs + off, g->sn + off, g->max_half, S->pos, T,
+                                     g->inv_freq[i], m->ropes[i].rot_dim, m->ropes[i].scale));
+    }
     /* embed */
     if (g->embed.quant) {
         const loom_cuda_qmat *q = &g->embed.qm;
@@ -720,24 +654,11 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
     } else {
         TRY(loom_cuda_embed(c, g->x, g->embed.d, g->embed.dt, H, S->tok, T, m->embed_scale));
     }
-    /* after the embedding: a plain launch, so that the kernel after it (which
-     * may start early) finds both done */
-    for (int i = 0; i < m->n_ropes; i++) {
-        size_t off = (size_t)i * g->max_tokens * g->max_half;
-        TRY(loom_cuda_rope_table_dev(c, g->cs + off, g->sn + off, g->max_half, S->pos, T,
-                                     g->inv_freq[i], m->ropes[i].rot_dim, m->ropes[i].scale));
-    }
 
     float eps = (float)cf->rms_eps;
     size_t TH = (size_t)T * H;
     int small = g->act16 != LOOM_CUDA_F32 && T <= g->small_t && T <= g->gemv_t;
-    int persist = g->persist && T == 1 && S->n_rows == 1 && S->decode;
-    if (persist) {
-        loom_cuda_pl_bufs b = {g->x, g->qkv, g->att, g->hb, g->pl_part, g->pl_cnt,
-                               S->slot, S->tab, S->lens};
-        TRY(loom_cuda_persist_decode(c, &g->pl, g->d_pl, &b));
-    }
-    for (int l = 0; l < cf->n_layers && !persist; l++) {
+    for (int l = 0; l < cf->n_layers; l++) {
         const loom_layer *L = &m->layers[l];
         const loom_attn *A = &L->attn;
         const dlayer *D = &g->layers[l];
