@@ -121,6 +121,26 @@ static void check_errors(void) {
     CHECK_EQ_INT(run(cmd, a, sizeof a), 0);
     CHECK_EQ_INT(run(cmd, b, sizeof b), 0);
     CHECK(!strcmp(a, b) && a[0] == '[');
+    /* --repeat-penalty: the window holds the prompt and every generated
+     * token, so a prohibitive penalty makes each greedy token new (the
+     * unpenalised run repeats itself on this model) */
+    int seen_rep[2] = {0, 0};
+    for (int k = 0; k < 2; k++) {
+        snprintf(cmd, sizeof cmd, "%s generate --model %s --tokens 1,2,3 --max-tokens 24 "
+                 "--temperature 0 %s --ids 2>/dev/null | tail -n 1", loom, model,
+                 k ? "--repeat-penalty 100" : "");
+        CHECK_EQ_INT(run(cmd, a, sizeof a), 0);
+        int ids[64], n = 0;
+        for (char *q = a; *q && n < 64; q++)
+            if (*q >= '0' && *q <= '9') ids[n++] = (int)strtol(q, &q, 10);
+        CHECKF(n == 24, "generate --ids gave %d ids: %s", n, a);
+        for (int i = 0; i < n; i++) {
+            seen_rep[k] |= ids[i] >= 1 && ids[i] <= 3;
+            for (int j = 0; j < i; j++) seen_rep[k] |= ids[i] == ids[j];
+        }
+    }
+    CHECKF(seen_rep[0] && !seen_rep[1], "repeats without / with --repeat-penalty 100: %d / %d",
+           seen_rep[0], seen_rep[1]);
     /* --kv-config: a file naming every layer 8-bit equals --kv-type q8; a
      * bad one exits 1 naming the file and the problem */
     char cfg[512];

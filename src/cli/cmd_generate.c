@@ -5,6 +5,7 @@
 
 #include "base/base.h"
 #include "cli/cli.h"
+#include "engine/context.h"
 #include "sample/sample.h"
 #include "stream/textstream.h"
 #include "template/chat.h"
@@ -150,14 +151,18 @@ int cmd_generate(int argc, char **argv) {
         goto done;
     }
     if ((s = loom_sampler_init(&smp, &sp, V))) { rc = cli_fail("sampling", s); goto done; }
+    /* the penalty window sees the prompt, then each token, as the server's */
+    for (int k = 0; k < n_prompt; k++) loom_sampler_accept(&smp, prompt[k], 0);
     double t0 = loom_now();
-    if ((s = loom_context_eval(c, prompt, n_prompt, 0, logits))) { rc = cli_fail("prompt", s); goto done; }
+    int32_t id = 0;
+    /* with no token to make, the prompt still runs (its timing is reported) */
+    s = max_tokens > 0 ? loom_context_eval_next(c, prompt, n_prompt, &smp, logits, &id)
+                       : loom_context_eval(c, prompt, n_prompt, 0, NULL);
+    if (s) { rc = cli_fail("prompt", s); goto done; }
     double t1 = loom_now();
     int n_out = 0;
     while (n_out < max_tokens) {
-        loom_sample_result res;
-        loom_sampler_pick(&smp, logits, -1, &res);
-        int32_t id = res.id;
+        loom_sampler_accept(&smp, id, 1);
         out[n_out++] = id;
         int stop = 0;
         if (ts) {
@@ -173,7 +178,7 @@ int cmd_generate(int argc, char **argv) {
         for (int k = 0; k < n_eos; k++) stop |= eos[k] == id;
         for (int k = 0; k < n_turn_end && !ignore_eos; k++) stop |= turn_end[k] == id;
         if (stop || n_out == max_tokens) break;
-        if ((s = loom_context_eval(c, &id, 1, 0, logits))) { rc = cli_fail("decode", s); goto done; }
+        if ((s = loom_context_eval_next(c, &id, 1, &smp, logits, &id))) { rc = cli_fail("decode", s); goto done; }
     }
     double t2 = loom_now();
     if (ts) {

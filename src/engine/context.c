@@ -5,10 +5,12 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "engine/context.h"
+#include "engine/exec.h"
 #include "engine/kv.h"
 #include "engine/kvconfig.h"
-#include "engine/exec.h"
 #include "model/forward.h"
+#include "sample/sample.h"
 
 #define CTX_DEFAULT_MAX 32768
 #define CTX_BLOCK 16
@@ -80,8 +82,10 @@ loom_status loom_context_truncate(loom_context *c, int pos) {
     return LOOM_OK;
 }
 
-loom_status loom_context_eval(loom_context *c, const int32_t *tokens, int n,
-                              int all_logits, float *logits) {
+/* loom_context_eval; picks/samp as loom_exec_forward_picks for the last
+ * token's row (NULL: logits). */
+static loom_status ctx_eval(loom_context *c, const int32_t *tokens, int n, int all_logits,
+                            float *logits, int32_t *pick, const loom_exec_sampling *samp) {
     int V = c->m->cfg.vocab_size;
     if (n <= 0 || !tokens) return loom_err(LOOM_ERR_INVALID_ARG, "eval: no tokens given");
     for (int i = 0; i < n; i++)
@@ -108,7 +112,34 @@ loom_status loom_context_eval(loom_context *c, const int32_t *tokens, int n,
             .state = c->state,
             .decode = n == 1,  /* one token at a time: what decoding does */
         };
-        if ((s = loom_exec_forward(c->fwd, c->kv, &row, 1))) return s;
+        s = last && pick ? loom_exec_forward_picks(c->fwd, c->kv, &row, 1, pick, samp)
+                         : loom_exec_forward(c->fwd, c->kv, &row, 1);
+        if (s) return s;
+    }
+    return LOOM_OK;
+}
+
+loom_status loom_context_eval(loom_context *c, const int32_t *tokens, int n,
+                              int all_logits, float *logits) {
+    return ctx_eval(c, tokens, n, all_logits, logits, NULL, NULL);
+}
+
+loom_status loom_context_eval_next(loom_context *c, const int32_t *tokens, int n,
+                                   loom_sampler *smp, float *logits, int32_t *id) {
+    loom_exec_sampling samp = {0};
+    int32_t pick = -2;  /* -2: not asked */
+    if (!smp || loom_exec_pick_for(c->fwd, smp, &samp)) pick = -1;
+    loom_status s = ctx_eval(c, tokens, n, 0, logits, pick == -1 ? &pick : NULL,
+                             samp.temperature > 0 ? &samp : NULL);
+    if (s != LOOM_OK) return s;
+    if (pick >= 0) {
+        *id = pick;
+    } else if (!smp) {
+        *id = loom_argmax(logits, c->m->cfg.vocab_size);
+    } else {
+        loom_sample_result r;
+        loom_sampler_pick(smp, logits, -1, &r);
+        *id = r.id;
     }
     return LOOM_OK;
 }
@@ -120,14 +151,15 @@ loom_status loom_generate_greedy(loom_context *c, const int32_t *prompt, int n_p
     int V = c->m->cfg.vocab_size;
     float *logits = malloc(sizeof(float) * (size_t)V);
     if (!logits) return loom_err(LOOM_ERR_NOMEM, "out of memory");
-    loom_status s = loom_context_eval(c, prompt, n_prompt, 0, logits);
+    int32_t id;
+    loom_status s = max_tokens > 0 ? loom_context_eval_next(c, prompt, n_prompt, NULL, logits, &id)
+                                   : loom_context_eval(c, prompt, n_prompt, 0, NULL);
     for (int i = 0; s == LOOM_OK && i < max_tokens; i++) {
-        int32_t id = loom_argmax(logits, V);
         out[(*n_out)++] = id;
         int stop = 0;
         for (int j = 0; j < n_stop; j++) stop |= stop_ids[j] == id;
         if (stop || i + 1 == max_tokens) break;
-        s = loom_context_eval(c, &id, 1, 0, logits);
+        s = loom_context_eval_next(c, &id, 1, NULL, logits, &id);
     }
     free(logits);
     return s;

@@ -264,27 +264,14 @@ static int blocks_for(const loom_engine *e, int tokens) {
 }
 
 /* Marks row i (whose logits are wanted when `wants`) for a pick by the
- * forward when its request needs nothing but the token: greedy, or
- * temperature with top-k 2..64, top-p and min-p but no XTC; never with a
- * logit bias, a penalty window or log-probabilities. A device forward then
- * returns the token instead of a vocabulary-sized logits row. A sampled
- * row takes its uniform draw from the request's generator here, only when
- * the forward runs on a device (on the CPU the sampler draws it). */
+ * forward when its request needs nothing but the token (loom_exec_pick_for;
+ * never with log-probabilities). A device forward then returns the token
+ * instead of a vocabulary-sized logits row. */
 static void mark_pick(loom_engine *e, loom_request *r, int i, int wants) {
-    const loom_sampling *p = &r->sampler.p;
     e->picks[i] = -2;
     e->samp[i] = (loom_exec_sampling){0};
-    if (!wants || p->n_logit_bias || r->sampler.window || r->logprobs >= 0) return;
-    if (p->temperature <= 0 || p->top_k == 1) {
+    if (wants && r->logprobs < 0 && loom_exec_pick_for(e->fwd, &r->sampler, &e->samp[i]))
         e->picks[i] = -1;
-        return;
-    }
-    if (p->top_k < 2 || p->top_k > 64 || p->xtc_probability > 0 || !loom_exec_on_device(e->fwd))
-        return;
-    e->picks[i] = -1;
-    e->samp[i] = (loom_exec_sampling){.temperature = p->temperature, .top_p = p->top_p,
-                                      .min_p = p->min_p, .top_k = p->top_k,
-                                      .u = loom_sampler_uniform(&r->sampler)};
 }
 
 static void add_prefill_row(loom_engine *e, loom_request *r, int *n_rows, int *budget) {

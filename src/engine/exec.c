@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "base/base.h"
+#include "sample/sample.h"
 #ifdef LOOM_CUDA
 #include "cuda/cuda.h"
 #endif
@@ -87,3 +88,16 @@ loom_status loom_exec_forward_picks(loom_exec *x, loom_kv_pool *kv, loom_fwd_row
 }
 
 int loom_exec_on_device(const loom_exec *x) { return x->fwd == NULL; }
+
+int loom_exec_pick_for(const loom_exec *x, loom_sampler *s, loom_exec_sampling *samp) {
+    const loom_sampling *p = &s->p;
+    *samp = (loom_exec_sampling){0};
+    if (p->n_logit_bias || s->window) return 0;
+    if (p->temperature <= 0 || p->top_k == 1) return 1;
+    if (p->top_k < 2 || p->top_k > 64 || p->xtc_probability > 0 || !loom_exec_on_device(x))
+        return 0;
+    *samp = (loom_exec_sampling){.temperature = p->temperature, .top_p = p->top_p,
+                                 .min_p = p->min_p, .top_k = p->top_k,
+                                 .u = loom_sampler_uniform(s)};
+    return 1;
+}

@@ -1,0 +1,18 @@
+/* context: what the CLI takes from a context beyond the public API
+ * (loom_context_* in loom.h). */
+#ifndef LOOM_CONTEXT_H
+#define LOOM_CONTEXT_H
+
+#include "loom.h"
+
+struct loom_sampler;
+
+/* loom_context_eval of n tokens, then the next token into *id: picked by
+ * sampler s (NULL: greedy) from the last logits, or, where the forward may
+ * pick it itself (loom_exec_pick_for: on a device the vocabulary-sized
+ * logits then stay there), by the forward. logits: [vocab] scratch. The
+ * token is not added to s's penalty window (loom_sampler_accept). */
+loom_status loom_context_eval_next(loom_context *c, const int32_t *tokens, int n,
+                                   struct loom_sampler *s, float *logits, int32_t *id);
+
+#endif
