@@ -12,98 +12,175 @@
  * same draws as on the CPU path; the device's expf may differ from the
  * host's in the last bit, which can move a draw that lands on a boundary.
  *
- * One block per row: a block-wide max, a block-wide double sum, then top_k
- * rounds of a block-wide arg-max over the probabilities below the previous
- * pick in (p desc, index asc) order. */
+ * A row is cut into slices of SP_SLICE logits, a block each, so that the
+ * work spreads over the SMs (one block a row made top_k passes over the
+ * whole vocabulary: about 3 ms a pick at 151,936 entries and top-k 40).
+ * A block keeps its logits in registers and writes its max, its sum of
+ * e^((l - its max) / T) in double, and its top_k logits in (logit desc,
+ * index asc) order; the last block of a row to finish merges: the row's
+ * max and sum (each block's rescaled by e^((its max - max) / T)), then
+ * p for every candidate by the CPU's formula and top_k rounds in (p desc,
+ * index asc) order. Ordering the slices by logit picks the same set as
+ * ordering by p, since p does not decrease with the logit (two logits whose
+ * p round to one float may trade places at the cut). */
 #include <math.h>
 
 #include "cuda/cuda_int.cuh"
 
-#define SAMPLE_THREADS 1024
+#define SAMPLE_THREADS 256
+#define SP_PER 16                              /* logits a thread holds */
+#define SP_SLICE (SAMPLE_THREADS * SP_PER)     /* a block's share of a row */
+#define SP_MERGE_MAX (48 * 1024 / 8)           /* candidates the merge holds in shared memory */
 
-/* (p, i) comes before (q, j): more probable, or as probable and lower. */
+/* (p, i) comes before (q, j): larger, or as large and lower; i < 0 is none. */
 __device__ __forceinline__ bool sm_before(float p, int i, float q, int j) {
     if (i < 0) return false;
     if (j < 0) return true;
     return p > q || (p == q && i < j);
 }
 
+/* The block's first (v, i) in that order, in every thread. */
+__device__ __forceinline__ void sm_block_best(float &v, int &i, float *sv, int *si) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    for (int o = 16; o > 0; o >>= 1) {
+        float q = __shfl_xor_sync(0xffffffffu, v, o);
+        int j = __shfl_xor_sync(0xffffffffu, i, o);
+        if (sm_before(q, j, v, i)) v = q, i = j;
+    }
+    __syncthreads();  /* sv/si of the previous call are read */
+    if (lane == 0) sv[w] = v, si[w] = i;
+    __syncthreads();
+    v = sv[0], i = si[0];
+    for (int k = 1; k < SAMPLE_THREADS / 32; k++)
+        if (sm_before(sv[k], si[k], v, i)) v = sv[k], i = si[k];
+}
+
+struct sp_blk {
+    double sum;   /* of e^((l - mx) / T) over the slice */
+    float mx;
+    int n;        /* candidates written */
+};
+
 __global__ void __launch_bounds__(SAMPLE_THREADS)
-sample_kernel(int32_t *out, const float *logits, int V, const loom_cuda_sampling *params) {
-    __shared__ float sv[32];
-    __shared__ int si[32];
-    __shared__ double sd[32];
+sample_kernel(int32_t *out, const float *logits, int V, const loom_cuda_sampling *params,
+              sp_blk *blk, float *cl, int *ci, int *cnt) {
+    __shared__ float sv[SAMPLE_THREADS / 32];
+    __shared__ int si[SAMPLE_THREADS / 32];
+    __shared__ double sd[SAMPLE_THREADS / 32];
     __shared__ float cand_p[LOOM_CUDA_TOPK_MAX];
     __shared__ int cand_i[LOOM_CUDA_TOPK_MAX];
-    const float *row = logits + (size_t)blockIdx.x * V;
-    loom_cuda_sampling P = params[blockIdx.x];
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    /* max */
-    float mx = -INFINITY;
-    for (int i = threadIdx.x; i < V; i += blockDim.x) mx = fmaxf(mx, row[i]);
+    __shared__ int last;
+    extern __shared__ float mp[];  /* the merge: (nb * K) p, then their ids */
+    int row = blockIdx.y, b = blockIdx.x, nb = gridDim.x;
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    loom_cuda_sampling P = params[row];
+    int K = min(P.top_k, min(V, LOOM_CUDA_TOPK_MAX));
+    int s0 = (int)((long long)b * V / nb), s1 = (int)((long long)(b + 1) * V / nb);
+    const float *lr = logits + (size_t)row * V;
+    /* the slice into registers; its max */
+    float v[SP_PER], mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < SP_PER; j++) {
+        int i = s0 + threadIdx.x + j * SAMPLE_THREADS;
+        v[j] = i < s1 ? lr[i] : NAN;
+        mx = fmaxf(mx, v[j]);  /* NaN never wins */
+    }
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     if (lane == 0) sv[w] = mx;
     __syncthreads();
     mx = sv[0];
-    for (int k = 1; k < nw; k++) mx = fmaxf(mx, sv[k]);
-    /* sum of exp in double */
+    for (int k = 1; k < SAMPLE_THREADS / 32; k++) mx = fmaxf(mx, sv[k]);
+    /* its sum, in double (a slice all -inf adds nothing) */
     double sum = 0;
-    for (int i = threadIdx.x; i < V; i += blockDim.x) sum += expf((row[i] - mx) / P.temperature);
+    if (mx > -INFINITY)
+#pragma unroll
+        for (int j = 0; j < SP_PER; j++)
+            if (s0 + (int)threadIdx.x + j * SAMPLE_THREADS < s1)
+                sum += expf((v[j] - mx) / P.temperature);
     for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     if (lane == 0) sd[w] = sum;
+    /* its top K by logit */
+    size_t cb = ((size_t)row * nb + b) * LOOM_CUDA_TOPK_MAX;
+    unsigned taken = 0;
+    int nk = 0;
+    for (int k = 0; k < K; k++) {
+        float bv = 0;
+        int bi = -1, bj = -1;
+#pragma unroll
+        for (int j = 0; j < SP_PER; j++) {
+            int i = s0 + threadIdx.x + j * SAMPLE_THREADS;
+            if (!(taken >> j & 1) && v[j] == v[j] && sm_before(v[j], i, bv, bi))
+                bv = v[j], bi = i, bj = j;
+        }
+        int mine = bi;
+        sm_block_best(bv, bi, sv, si);
+        if (bi < 0) break;  /* the slice has no more (NaN or short) */
+        if (mine == bi) taken |= 1u << bj;
+        if (threadIdx.x == 0) cl[cb + k] = bv, ci[cb + k] = bi;
+        nk = k + 1;
+    }
     __syncthreads();
-    sum = 0;
-    for (int k = 0; k < nw; k++) sum += sd[k];
-    float inv = (float)(1.0 / sum);
-    /* top_k rounds, each the best below the previous pick */
-    float lastp = INFINITY;
-    int lasti = -1;
-    int K = min(P.top_k, min(V, LOOM_CUDA_TOPK_MAX));
+    if (threadIdx.x == 0) {
+        double t = 0;
+        for (int k = 0; k < SAMPLE_THREADS / 32; k++) t += sd[k];
+        blk[(size_t)row * nb + b] = sp_blk{t, mx, nk};
+        __threadfence();
+        last = atomicAdd(cnt + row, 1) == nb - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    /* the merge: the row's max and sum */
+    const sp_blk *rb = blk + (size_t)row * nb;
+    float M = -INFINITY;
+    for (int k = threadIdx.x; k < nb; k += SAMPLE_THREADS) M = fmaxf(M, __ldcg(&rb[k].mx));
+    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    __syncthreads();
+    if (lane == 0) sv[w] = M;
+    __syncthreads();
+    M = sv[0];
+    for (int k = 1; k < SAMPLE_THREADS / 32; k++) M = fmaxf(M, sv[k]);
+    double S = 0;
+    for (int k = threadIdx.x; k < nb; k += SAMPLE_THREADS) {
+        float bm = __ldcg(&rb[k].mx);
+        if (bm > -INFINITY) S += __ldcg(&rb[k].sum) * exp((double)(bm - M) / P.temperature);
+    }
+    for (int o = 16; o > 0; o >>= 1) S += __shfl_xor_sync(0xffffffffu, S, o);
+    __syncthreads();
+    if (lane == 0) sd[w] = S;
+    __syncthreads();
+    S = 0;
+    for (int k = 0; k < SAMPLE_THREADS / 32; k++) S += sd[k];
+    float inv = (float)(1.0 / S);
+    /* every block's candidates with the CPU's p, then K rounds */
+    int nc = nb * K, *mi = (int *)(mp + nc);
+    for (int e = threadIdx.x; e < nc; e += SAMPLE_THREADS) {
+        int bb = e / K, k = e - bb * K;
+        size_t o = ((size_t)row * nb + bb) * LOOM_CUDA_TOPK_MAX + k;
+        int ok = k < __ldcg(&rb[bb].n);
+        mp[e] = ok ? expf((__ldcg(cl + o) - M) / P.temperature) * inv : 0.0f;
+        mi[e] = ok ? __ldcg(ci + o) : -1;
+    }
+    __syncthreads();
+    int m = 0;
     for (int k = 0; k < K; k++) {
         float bp = 0;
-        int bi = -1;
-        for (int i = threadIdx.x; i < V; i += blockDim.x) {
-            float p = expf((row[i] - mx) / P.temperature) * inv;
-            bool after = lasti < 0 || sm_before(lastp, lasti, p, i);
-            if (p == p && after && sm_before(p, i, bp, bi)) {
-                bp = p;
-                bi = i;
-            }
-        }
-        for (int o = 16; o > 0; o >>= 1) {
-            float q = __shfl_xor_sync(0xffffffffu, bp, o);
-            int j = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (sm_before(q, j, bp, bi)) {
-                bp = q;
-                bi = j;
-            }
-        }
-        __syncthreads();  /* sv/si of the previous round are read */
-        if (lane == 0) {
-            sv[w] = bp;
-            si[w] = bi;
-        }
-        __syncthreads();
-        bp = sv[0];
-        bi = si[0];
-        for (int q = 1; q < nw; q++)
-            if (sm_before(sv[q], si[q], bp, bi)) {
-                bp = sv[q];
-                bi = si[q];
-            }
-        if (bi < 0) {  /* fewer candidates than top_k (NaN rows) */
-            K = k;
-            break;
-        }
-        if (threadIdx.x == 0) {
-            cand_p[k] = bp;
-            cand_i[k] = bi;
-        }
-        lastp = bp;
-        lasti = bi;
+        int bi = -1, be = -1;
+        for (int e = threadIdx.x; e < nc; e += SAMPLE_THREADS)
+            if (mi[e] >= 0 && mp[e] == mp[e] && sm_before(mp[e], mi[e], bp, bi))
+                bp = mp[e], bi = mi[e], be = e;
+        int mine = bi;
+        sm_block_best(bp, bi, sv, si);
+        if (bi < 0) break;  /* fewer candidates than top_k (NaN rows) */
+        if (mine == bi) mi[be] = -1;
+        if (threadIdx.x == 0) cand_p[k] = bp, cand_i[k] = bi;
+        m = k + 1;
+        __syncthreads();  /* mi marked before the next round reads it */
     }
     if (threadIdx.x != 0) return;
-    int m = 0;
+    cnt[row] = 0;
+    K = m;
+    m = 0;
     double mass = 0;
     while (m < K) {
         mass += cand_p[m++];
@@ -130,15 +207,32 @@ sample_kernel(int32_t *out, const float *logits, int V, const loom_cuda_sampling
             break;
         }
     }
-    out[blockIdx.x] = id;
+    out[row] = id;
 }
 
+/* Counters: the argmax rows' half (LOOM_CUDA_COUNTERS / 2 on), free
+ * between kernels like every tally. */
 extern "C" loom_status loom_cuda_sample(loom_cuda *c, int32_t *d_out, const float *d_logits,
                                         int T, int V, const loom_cuda_sampling *d_params) {
     if (T <= 0) return LOOM_OK;
-    if (V <= 0 || T > 2147483647)
-        return loom_err(LOOM_ERR_INVALID_ARG, "cuda sample: %d rows of %d", T, V);
-    sample_kernel<<<T, SAMPLE_THREADS, 0, c->stream>>>(d_out, d_logits, V, d_params);
+    int nb = (int)(((size_t)V + SP_SLICE - 1) / SP_SLICE);
+    if (V <= 0 || T > LOOM_CUDA_COUNTERS / 2 || T > 65535 ||
+        (size_t)nb * LOOM_CUDA_TOPK_MAX > SP_MERGE_MAX)
+        return loom_err(LOOM_ERR_INVALID_ARG, "cuda sample: %d rows of %d (at most %d rows of "
+                        "%d)", T, V, LOOM_CUDA_COUNTERS / 2,
+                        SP_MERGE_MAX / LOOM_CUDA_TOPK_MAX * SP_SLICE);
+    size_t parts = (size_t)T * nb;
+    void *scr;
+    loom_status st = loom_cuda_scratch(
+        c, parts * (sizeof(sp_blk) + (size_t)LOOM_CUDA_TOPK_MAX * 8), &scr);
+    if (st != LOOM_OK) return st;
+    sp_blk *blk = (sp_blk *)scr;
+    float *cl = (float *)(blk + parts);
+    int *ci = (int *)(cl + parts * LOOM_CUDA_TOPK_MAX);
+    /* the merge's shared memory, sized for the largest top_k */
+    size_t smem = (size_t)nb * LOOM_CUDA_TOPK_MAX * 8;
+    sample_kernel<<<dim3((unsigned)nb, (unsigned)T), SAMPLE_THREADS, smem, c->stream>>>(
+        d_out, d_logits, V, d_params, blk, cl, ci, c->counters + LOOM_CUDA_COUNTERS / 2);
     LAUNCH_CHECK();
     return LOOM_OK;
 }

@@ -1638,6 +1638,9 @@ int main(void) {
     test_sample(17, 4097, 1.3f, 5, 0.5f, 0.0f);
     test_sample(9, 777, 0.5f, 1, 1.0f, 0.0f);
     test_sample(8, 128256, 0.8f, 20, 0.95f, 0.02f);
+    test_sample(1, 151936, 0.8f, 40, 0.95f, 0.0f);  /* one row: every slice a block */
+    test_sample(3, 8193, 1.0f, 64, 1.0f, 0.0f);     /* three uneven slices */
+    test_sample(2, 3, 1.0f, 64, 1.0f, 0.0f);        /* top_k past the vocabulary */
 
     static const int shapes[][3] = {{1, 1, 1},    {1, 7, 33},    {7, 33, 1000},
                                     {5, 1000, 4097}, {33, 4097, 7}, {1, 4096, 1024},
