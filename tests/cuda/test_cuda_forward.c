@@ -52,18 +52,43 @@ typedef struct side {
     loom_kv_seq a, b;
 } side;
 
+/* The model at dir, or NULL after a FAIL line naming the test. */
+static loom_model *load(const char *test, const char *name, const char *dir) {
+    loom_model *m = NULL;
+    if (loom_model_load(dir, NULL, &m) == LOOM_OK) return m;
+    printf("FAIL  %s %-18s load: %s\n", test, name, loom_last_error());
+    n_fail++;
+    return NULL;
+}
+
+/* The CPU and GPU sides of a test: a pool each (16-position blocks, 64 of
+ * them), the CPU forward's state and the device model. */
+static loom_status sides_create(loom_model *m, loom_kv_type kvt, int max_tokens, int max_ctx,
+                                loom_kv_pool **cpu, loom_kv_pool **gpu, loom_fwd_state **fs,
+                                loom_cuda_model **g) {
+    int L = m->cfg.n_layers, kvd = loom_model_kv_dim(m);
+    loom_status st = loom_kv_pool_create(L, kvd, 16, 64, kvt, cpu);
+    if (st == LOOM_OK) st = loom_kv_pool_create(L, kvd, 16, 64, kvt, gpu);
+    if (st == LOOM_OK) st = loom_fwd_state_create(m, max_tokens, max_ctx, fs);
+    if (st == LOOM_OK) st = loom_cuda_model_create(C, m, *gpu, max_tokens, max_ctx, g);
+    return st;
+}
+
+static void fail_status(const char *test, const char *name, const char *kvn, const char *what,
+                        loom_status st) {
+    printf("FAIL  %s %-18s kv=%-3s %s%s: %s\n", test, name, kvn, what, loom_status_str(st),
+           loom_last_error());
+    n_fail++;
+}
+
 /* fixture: a name under tests/fixtures/models, or a directory path. */
 static void run_fixture(const char *fixture, loom_kv_type kvt) {
     char dir[1024];
     if (strchr(fixture, '/')) snprintf(dir, sizeof dir, "%s", fixture);
     else snprintf(dir, sizeof dir, "tests/fixtures/models/%s", fixture);
     const char *kvn = loom_kv_type_name(kvt);
-    loom_model *m = NULL;
-    if (loom_model_load(dir, NULL, &m) != LOOM_OK) {
-        printf("FAIL  forward %-18s load: %s\n", fixture, loom_last_error());
-        n_fail++;
-        return;
-    }
+    loom_model *m = load("forward", fixture, dir);
+    if (!m) return;
     int V = loom_model_vocab_size(m), max_tokens = 128, max_ctx = 256;
     double tol = tolerance(m);
     side cpu = {0}, gpu = {0};
@@ -71,15 +96,9 @@ static void run_fixture(const char *fixture, loom_kv_type kvt) {
     loom_cuda_model *g = NULL;
     float *lc = malloc(sizeof(float) * (size_t)max_tokens * V);
     float *lg = malloc(sizeof(float) * (size_t)max_tokens * V);
-    loom_status st = loom_kv_pool_create(m->cfg.n_layers, loom_model_kv_dim(m), 16, 64, kvt, &cpu.kv);
-    if (st == LOOM_OK)
-        st = loom_kv_pool_create(m->cfg.n_layers, loom_model_kv_dim(m), 16, 64, kvt, &gpu.kv);
-    if (st == LOOM_OK) st = loom_fwd_state_create(m, max_tokens, max_ctx, &fs);
-    if (st == LOOM_OK) st = loom_cuda_model_create(C, m, gpu.kv, max_tokens, max_ctx, &g);
+    loom_status st = sides_create(m, kvt, max_tokens, max_ctx, &cpu.kv, &gpu.kv, &fs, &g);
     if (st != LOOM_OK) {
-        printf("FAIL  forward %-18s kv=%-3s setup %s: %s\n", fixture, kvn, loom_status_str(st),
-               loom_last_error());
-        n_fail++;
+        fail_status("forward", fixture, kvn, "setup ", st);
         goto out;
     }
     unsigned long long rng = 0x1234567ull;
@@ -143,9 +162,7 @@ static void run_fixture(const char *fixture, loom_kv_type kvt) {
     compare(fixture, kvn, "mixed 1 + chunk 9", lg, lc, 10, V, tol);
     goto out;
 fail:
-    printf("FAIL  forward %-18s kv=%-3s %s: %s\n", fixture, kvn, loom_status_str(st),
-           loom_last_error());
-    n_fail++;
+    fail_status("forward", fixture, kvn, "", st);
 out:
     if (cpu.kv) {
         loom_kv_seq_release(cpu.kv, &cpu.a);
@@ -170,12 +187,8 @@ out:
  * the last two steps take the greedy pick on the device. */
 static void run_single(const char *dir, loom_kv_type kvt) {
     const char *kvn = loom_kv_type_name(kvt);
-    loom_model *m = NULL;
-    if (loom_model_load(dir, NULL, &m) != LOOM_OK) {
-        printf("FAIL  single %-18s load: %s\n", dir, loom_last_error());
-        n_fail++;
-        return;
-    }
+    loom_model *m = load("single", dir, dir);
+    if (!m) return;
     int V = loom_model_vocab_size(m), max_tokens = 160, max_ctx = 256;
     double tol = tolerance(m);
     loom_kv_pool *kv[2] = {NULL, NULL};  /* CPU, GPU */
@@ -185,15 +198,9 @@ static void run_single(const char *dir, loom_kv_type kvt) {
     loom_cuda_model *g = NULL;
     float *out[2];
     for (int i = 0; i < 2; i++) out[i] = malloc(sizeof(float) * (size_t)max_tokens * V);
-    loom_status st = LOOM_OK;
-    for (int i = 0; i < 2 && st == LOOM_OK; i++)
-        st = loom_kv_pool_create(m->cfg.n_layers, loom_model_kv_dim(m), 16, 64, kvt, &kv[i]);
-    if (st == LOOM_OK) st = loom_fwd_state_create(m, max_tokens, max_ctx, &fs);
-    if (st == LOOM_OK) st = loom_cuda_model_create(C, m, kv[1], max_tokens, max_ctx, &g);
+    loom_status st = sides_create(m, kvt, max_tokens, max_ctx, &kv[0], &kv[1], &fs, &g);
     if (st != LOOM_OK) {
-        printf("FAIL  single %-18s kv=%-3s setup %s: %s\n", dir, kvn, loom_status_str(st),
-               loom_last_error());
-        n_fail++;
+        fail_status("single", dir, kvn, "setup ", st);
         goto out;
     }
     unsigned long long rng = 0x51ull;
@@ -231,11 +238,7 @@ static void run_single(const char *dir, loom_kv_type kvt) {
         }
         len[j]++;
     }
-    if (st != LOOM_OK) {
-        printf("FAIL  single %-18s kv=%-3s %s: %s\n", dir, kvn, loom_status_str(st),
-               loom_last_error());
-        n_fail++;
-    }
+    if (st != LOOM_OK) fail_status("single", dir, kvn, "", st);
 out:
     for (int i = 0; i < 2; i++) {
         for (int j = 0; j < 2 && kv[i]; j++) loom_kv_seq_release(kv[i], &sq[i][j]);
