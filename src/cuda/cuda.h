@@ -164,9 +164,11 @@ typedef struct loom_cuda_sampling {
 } loom_cuda_sampling;
 
 /* d_out[t] = the token drawn from row t of d_logits (T, V) with
- * d_params[t] (device memory). */
+ * d_params[t] (device memory), for vocabularies where
+ * loom_cuda_sample_fits (up to 385,024 entries). */
 loom_status loom_cuda_sample(loom_cuda *c, int32_t *d_out, const float *d_logits, int T, int V,
                              const loom_cuda_sampling *d_params);
+int loom_cuda_sample_fits(int V);
 
 /* ---- matrix products --------------------------------------------------- */
 
@@ -356,7 +358,9 @@ void loom_cuda_model_free(loom_cuda_model *g);
  * the device, and its out is left unwritten (greedy decoding without the
  * vocabulary-sized copy); other entries are left alone. samp: NULL, or
  * [n_rows]: such a row with samp[r].temperature > 0 gets the token drawn
- * with samp[r] (loom_cuda_sample) instead of the argmax. */
+ * with samp[r] (loom_cuda_sample) instead of the argmax, where the device
+ * sampler takes the vocabulary (loom_cuda_sample_fits; else its logits are
+ * written to out and picks[r] stays -1). */
 loom_status loom_cuda_forward(loom_cuda_model *g, struct loom_kv_pool *kv,
                               struct loom_fwd_row *rows, int n_rows, int32_t *picks,
                               const loom_cuda_sampling *samp);

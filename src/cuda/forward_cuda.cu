@@ -910,6 +910,15 @@ static loom_status fw_run(loom_cuda_model *g, const fw_step *S, int graphable) {
     return LOOM_OK;
 }
 
+/* Whether row r gets its token from the device: asked for (picks -1, last
+ * logits), and greedy or of a vocabulary the device sampler takes (else
+ * its logits are copied and the pick left to the host). */
+static int takes_pick(const loom_fwd_row *rows, int r, const int32_t *picks,
+                      const loom_cuda_sampling *samp, int V) {
+    if (!picks || picks[r] != -1 || rows[r].logits != LOOM_LOGITS_LAST) return 0;
+    return !(samp && samp[r].temperature > 0) || loom_cuda_sample_fits(V);
+}
+
 extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_pool *kv,
                                          loom_fwd_row *rows, int n_rows, int32_t *picks_in,
                                          const loom_cuda_sampling *samp_in) {
@@ -1008,7 +1017,7 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_pool *kv,
     int any = 0, n_samp = 0;
     for (int r = 0, j = 0; r < n_rows; r++) {
         int cnt = rows[r].logits == LOOM_LOGITS_ALL ? rows[r].n : rows[r].logits ? 1 : 0;
-        int pick = picks_in && picks_in[r] == -1 && rows[r].logits == LOOM_LOGITS_LAST;
+        int pick = takes_pick(rows, r, picks_in, samp_in, V);
         any |= pick;
         for (int k = 0; k < cnt; k++, j++) {
             int sampled = pick && samp_in && samp_in[r].temperature > 0;
@@ -1031,7 +1040,7 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_pool *kv,
     }
     for (int r = 0, j = 0; r < n_rows; r++) {
         int cnt = rows[r].logits == LOOM_LOGITS_ALL ? rows[r].n : rows[r].logits ? 1 : 0;
-        int pick = picks_in && picks_in[r] == -1 && rows[r].logits == LOOM_LOGITS_LAST;
+        int pick = takes_pick(rows, r, picks_in, samp_in, V);
         if (cnt && !pick)
             CUDA_CHECK(cudaMemcpyAsync(rows[r].out, g->logits + (size_t)j * V, (size_t)cnt * V * 4,
                                        cudaMemcpyDeviceToHost, c->stream));
@@ -1069,7 +1078,7 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_pool *kv,
     }
     for (int r = 0, j = 0; r < n_rows; r++) {
         int cnt = rows[r].logits == LOOM_LOGITS_ALL ? rows[r].n : rows[r].logits ? 1 : 0;
-        if (cnt && picks_in && picks_in[r] == -1 && rows[r].logits == LOOM_LOGITS_LAST)
+        if (cnt && takes_pick(rows, r, picks_in, samp_in, V))
             picks_in[r] = samp_in && samp_in[r].temperature > 0 ? g->h_sids[j] : g->h_ids[j];
         j += cnt;
     }

@@ -22,7 +22,13 @@
  * p for every candidate by the CPU's formula and top_k rounds in (p desc,
  * index asc) order. Ordering the slices by logit picks the same set as
  * ordering by p, since p does not decrease with the logit (two logits whose
- * p round to one float may trade places at the cut). */
+ * p round to one float may trade places at the cut). The rescaled sum can
+ * differ from the CPU's in its last bit, which, like expf, only moves a
+ * draw that lands on a boundary. NaN: a NaN beside finite logits in a
+ * slice makes the sum NaN and the row gives token 0, as before; a slice of
+ * nothing but NaN (and -inf) adds nothing and the rest is sampled. Rows
+ * are launched 32,768 at a time (the counters); vocabularies up to
+ * loom_cuda_sample_fits. */
 #include <math.h>
 
 #include "cuda/cuda_int.cuh"
@@ -30,7 +36,8 @@
 #define SAMPLE_THREADS 256
 #define SP_PER 16                              /* logits a thread holds */
 #define SP_SLICE (SAMPLE_THREADS * SP_PER)     /* a block's share of a row */
-#define SP_MERGE_MAX (48 * 1024 / 8)           /* candidates the merge holds in shared memory */
+/* candidates the merge holds in shared memory: 48 KB less the static part */
+#define SP_MERGE_MAX ((48 * 1024 - 1024) / 8)
 
 /* (p, i) comes before (q, j): larger, or as large and lower; i < 0 is none. */
 __device__ __forceinline__ bool sm_before(float p, int i, float q, int j) {
@@ -210,18 +217,21 @@ sample_kernel(int32_t *out, const float *logits, int V, const loom_cuda_sampling
     out[row] = id;
 }
 
+extern "C" int loom_cuda_sample_fits(int V) {
+    return V > 0 && ((size_t)V + SP_SLICE - 1) / SP_SLICE * LOOM_CUDA_TOPK_MAX <= SP_MERGE_MAX;
+}
+
 /* Counters: the argmax rows' half (LOOM_CUDA_COUNTERS / 2 on), free
- * between kernels like every tally. */
+ * between kernels like every tally; rows go 32,768 a launch. */
 extern "C" loom_status loom_cuda_sample(loom_cuda *c, int32_t *d_out, const float *d_logits,
                                         int T, int V, const loom_cuda_sampling *d_params) {
     if (T <= 0) return LOOM_OK;
-    int nb = (int)(((size_t)V + SP_SLICE - 1) / SP_SLICE);
-    if (V <= 0 || T > LOOM_CUDA_COUNTERS / 2 || T > 65535 ||
-        (size_t)nb * LOOM_CUDA_TOPK_MAX > SP_MERGE_MAX)
-        return loom_err(LOOM_ERR_INVALID_ARG, "cuda sample: %d rows of %d (at most %d rows of "
-                        "%d)", T, V, LOOM_CUDA_COUNTERS / 2,
+    if (!loom_cuda_sample_fits(V))
+        return loom_err(LOOM_ERR_INVALID_ARG, "cuda sample: a vocabulary of %d (at most %d)", V,
                         SP_MERGE_MAX / LOOM_CUDA_TOPK_MAX * SP_SLICE);
-    size_t parts = (size_t)T * nb;
+    int nb = (int)(((size_t)V + SP_SLICE - 1) / SP_SLICE);
+    int rows = T < LOOM_CUDA_COUNTERS / 2 ? T : LOOM_CUDA_COUNTERS / 2;
+    size_t parts = (size_t)rows * nb;
     void *scr;
     loom_status st = loom_cuda_scratch(
         c, parts * (sizeof(sp_blk) + (size_t)LOOM_CUDA_TOPK_MAX * 8), &scr);
@@ -231,8 +241,12 @@ extern "C" loom_status loom_cuda_sample(loom_cuda *c, int32_t *d_out, const floa
     int *ci = (int *)(cl + parts * LOOM_CUDA_TOPK_MAX);
     /* the merge's shared memory, sized for the largest top_k */
     size_t smem = (size_t)nb * LOOM_CUDA_TOPK_MAX * 8;
-    sample_kernel<<<dim3((unsigned)nb, (unsigned)T), SAMPLE_THREADS, smem, c->stream>>>(
-        d_out, d_logits, V, d_params, blk, cl, ci, c->counters + LOOM_CUDA_COUNTERS / 2);
-    LAUNCH_CHECK();
+    for (int t0 = 0; t0 < T; t0 += rows) {
+        int n = T - t0 < rows ? T - t0 : rows;
+        sample_kernel<<<dim3((unsigned)nb, (unsigned)n), SAMPLE_THREADS, smem, c->stream>>>(
+            d_out + t0, d_logits + (size_t)t0 * V, V, d_params + t0, blk, cl, ci,
+            c->counters + LOOM_CUDA_COUNTERS / 2);
+        LAUNCH_CHECK();
+    }
     return LOOM_OK;
 }
