@@ -50,8 +50,8 @@ struct loom_cuda {
                                    wait for the kernel ahead (LOOM_CUDA_GEMV_PF_MB, 16) */
     int attn_split_min;         /* decode attention splits a sequence down to this many
                                    positions while SMs would idle (LOOM_CUDA_ATTN_SPLIT, 8) */
-    int attn_waves;             /* the split decode attention splits finer while its grid is
-                                   under this many blocks an SM (LOOM_CUDA_ATTN_WAVES, 4) */
+    int attn_blocks;            /* the split decode attention splits finer while its grid is
+                                   under this many blocks an SM (LOOM_CUDA_ATTN_BLOCKS, 4) */
     int attn_cluster;           /* small-batch decode attention in thread-block clusters of
                                    up to this many CTAs (2, 4 or 8; LOOM_CUDA_ATTN_CLUSTER;
                                    0: the split kernel) */

@@ -87,8 +87,8 @@ extern "C" loom_status loom_cuda_create(int device, loom_cuda **out) {
     c->gemv_bps = bps ? atoi(bps) : 0;
     c->gemv_pf = (size_t)(pf && atoi(pf) >= 0 ? atoi(pf) : 16) << 20;
     c->attn_split_min = sp && atoi(sp) >= 1 ? atoi(sp) : 8;
-    const char *aw = getenv("LOOM_CUDA_ATTN_WAVES");
-    c->attn_waves = aw && atoi(aw) >= 1 ? atoi(aw) : 4;
+    const char *ab = getenv("LOOM_CUDA_ATTN_BLOCKS");
+    c->attn_blocks = ab && atoi(ab) >= 1 ? atoi(ab) : 4;
     const char *acl = getenv("LOOM_CUDA_ATTN_CLUSTER");
     int ncl = acl ? atoi(acl) : 8;
     c->attn_cluster = ncl >= 8 ? 8 : ncl >= 4 ? 4 : ncl >= 2 ? 2 : 0;

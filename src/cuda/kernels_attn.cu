@@ -868,7 +868,7 @@ extern "C" loom_status loom_cuda_attn_decode(loom_cuda *c, float *d_out, const f
      * idle: a split is one block's serial walk. Down to 8 positions (one
      * run of DEC_PB for each of the 4 warps; c->attn_split_min): Qwen3-0.6B
      * batch 1 on an H200 1,076 tok/s against 1,034 at 16, Llama-3-8B
-     * unchanged. Until 4 blocks an SM (c->attn_waves): a warp has only
+     * unchanged. Until 4 blocks an SM (c->attn_blocks): a warp has only
      * DEC_PB rows in flight, so the blocks make the memory parallelism;
      * Qwen3-0.6B batch 32 16,057 tok/s against 13,998 at 2 (4 splits of
      * 64 positions instead of 2 of 128), 16,077 at 8 but batch 128 then
@@ -877,7 +877,7 @@ extern "C" loom_status loom_cuda_attn_decode(loom_cuda *c, float *d_out, const f
     while (split > 32 && group * split > 8192) split /= 2;
     while (vec && split > c->attn_split_min &&
            (size_t)n_seqs * a->n_kv_heads * ((span + split - 1) / split) <
-               (size_t)c->attn_waves * c->n_sm)
+               (size_t)c->attn_blocks * c->n_sm)
         split /= 2;
     int n_splits = (span + split - 1) / split;
     size_t smem = vec ? ((size_t)group * split + (size_t)(DEC_THREADS / 32) * group * hd +
