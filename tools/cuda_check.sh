@@ -148,21 +148,28 @@ rc=$?
 # The forward test loads the tiny fixture models; the minimal build makes
 # it only where cJSON is installed.
 fwd="$BUILD/cuda-tests/test_cuda_forward"
-# Random bf16 models (qwen3 and llama layouts, head_dim 64) for the paths
-# the f32 fixtures never take; where gen_model was built.
+# Random bf16 models for the paths the f32 fixtures never take, where
+# gen_model was built: qwen3 and llama layouts at head_dim 64, and at head_dim
+# 128 with the GEMV widths of the real models (groups of 4 and 2). A model
+# that fails to generate is left out, not the others.
 gm="$BUILD/tools/gen_model"
 if [ -x "$gm" ] && [ -z "${LOOM_CUDA_TEST_MODELS:-}" ]; then
-  shape="--hidden 256 --heads 4 --kv-heads 2 --head-dim 64 --intermediate 512 --vocab 512 --layers 3"
-  # shellcheck disable=SC2086
-  # and head_dim 128 with the GEMV widths of the real models (groups of 4 and 2)
+  small="--hidden 256 --heads 4 --kv-heads 2 --head-dim 64 --intermediate 512 --vocab 512 --layers 3"
   wide="--hidden 1024 --heads 8 --head-dim 128 --intermediate 2048 --vocab 512 --layers 2"
-  if "$gm" --preset qwen3-0.6b $shape --dtype bf16 --seed 7 --out "$BUILD/rand-qwen3-bf16" 2>/dev/null &&
-     "$gm" --preset llama3-8b $shape --dtype bf16 --seed 8 --out "$BUILD/rand-llama-bf16" 2>/dev/null &&
-     "$gm" --preset qwen3-0.6b $wide --kv-heads 2 --dtype bf16 --seed 9 --out "$BUILD/rand-qwen3-wide" 2>/dev/null &&
-     "$gm" --preset llama3-8b $wide --kv-heads 4 --dtype bf16 --seed 10 --out "$BUILD/rand-llama-wide" 2>/dev/null; then
-    LOOM_CUDA_TEST_MODELS="$BUILD/rand-qwen3-bf16 $BUILD/rand-llama-bf16 $BUILD/rand-qwen3-wide $BUILD/rand-llama-wide"
-    export LOOM_CUDA_TEST_MODELS
-  fi
+  LOOM_CUDA_TEST_MODELS=""
+  for spec in "qwen3-bf16 qwen3-0.6b 7 $small" "llama-bf16 llama3-8b 8 $small" \
+              "qwen3-wide qwen3-0.6b 9 $wide --kv-heads 2" "llama-wide llama3-8b 10 $wide --kv-heads 4"; do
+    # shellcheck disable=SC2086
+    set -- $spec
+    name=$1 preset=$2 seed=$3
+    shift 3
+    if "$gm" --preset "$preset" "$@" --dtype bf16 --seed "$seed" --out "$BUILD/rand-$name" 2>/dev/null; then
+      LOOM_CUDA_TEST_MODELS="$LOOM_CUDA_TEST_MODELS $BUILD/rand-$name"
+    else
+      echo "gen_model $name failed: left out of the forward tests"
+    fi
+  done
+  export LOOM_CUDA_TEST_MODELS
 fi
 if [ -x "$fwd" ]; then
   echo "== forward tests (GPU vs CPU logits on tests/fixtures/models)"

@@ -182,9 +182,9 @@ out:
 }
 
 /* One row a step (batch 1), the steps a single sequence takes: a short and
- * a long sequence (one split of the positions, several) decode in turn
- * against the CPU; each key runs eagerly, is captured, then replayed, and
- * the last two steps take the greedy pick on the device. */
+ * a long sequence (20 and 150 positions) decode in turn against the CPU;
+ * each key runs eagerly, is captured, then replayed, and the last two
+ * steps take the greedy pick on the device. */
 static void run_single(const char *dir, loom_kv_type kvt) {
     const char *kvn = loom_kv_type_name(kvt);
     loom_model *m = load("single", dir, dir);
@@ -208,8 +208,8 @@ static void run_single(const char *dir, loom_kv_type kvt) {
     for (int j = 0; j < 2; j++)
         for (int i = 0; i < 200; i++) toks[j][i] = (int32_t)(test_rand_u32(&rng) % (unsigned)V);
     int len[2] = {20, 150};
-    for (int i = 0; i < 2; i++)
-        for (int j = 0; j < 2; j++) loom_kv_seq_reserve(kv[i], &sq[i][j], 200);
+    for (int i = 0; i < 2 && st == LOOM_OK; i++)
+        for (int j = 0; j < 2 && st == LOOM_OK; j++) st = loom_kv_seq_reserve(kv[i], &sq[i][j], 200);
     /* the prompts, one row each */
     for (int j = 0; j < 2; j++)
         for (int i = 0; i < 2 && st == LOOM_OK; i++) {
