@@ -944,7 +944,7 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_pool *kv,
         S.tstride = LOOM_MAX_I(S.tstride, (end + bs - 1) / bs);
         S.max_new = LOOM_MAX_I(S.max_new, rows[r].n);
         S.max_len = LOOM_MAX_I(S.max_len, end);
-        S.n_sel += rows[r].logits == LOOM_LOGITS_ALL ? rows[r].n : rows[r].logits ? 1 : 0;
+        S.n_sel += loom_fwd_row_logits(&rows[r]);
         S.decode &= rows[r].n == 1;
     }
     int graphable = S.decode && S.n_sel == n_rows;
@@ -1016,7 +1016,7 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_pool *kv,
      * or sampled here from their logits row */
     int any = 0, n_samp = 0;
     for (int r = 0, j = 0; r < n_rows; r++) {
-        int cnt = rows[r].logits == LOOM_LOGITS_ALL ? rows[r].n : rows[r].logits ? 1 : 0;
+        int cnt = loom_fwd_row_logits(&rows[r]);
         int pick = takes_pick(rows, r, picks_in, samp_in, V);
         any |= pick;
         for (int k = 0; k < cnt; k++, j++) {
@@ -1039,7 +1039,7 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_pool *kv,
                                    c->stream));
     }
     for (int r = 0, j = 0; r < n_rows; r++) {
-        int cnt = rows[r].logits == LOOM_LOGITS_ALL ? rows[r].n : rows[r].logits ? 1 : 0;
+        int cnt = loom_fwd_row_logits(&rows[r]);
         int pick = takes_pick(rows, r, picks_in, samp_in, V);
         if (cnt && !pick)
             CUDA_CHECK(cudaMemcpyAsync(rows[r].out, g->logits + (size_t)j * V, (size_t)cnt * V * 4,
@@ -1077,7 +1077,7 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_pool *kv,
         g->st_prev_enter = 0;
     }
     for (int r = 0, j = 0; r < n_rows; r++) {
-        int cnt = rows[r].logits == LOOM_LOGITS_ALL ? rows[r].n : rows[r].logits ? 1 : 0;
+        int cnt = loom_fwd_row_logits(&rows[r]);
         if (cnt && takes_pick(rows, r, picks_in, samp_in, V))
             picks_in[r] = samp_in && samp_in[r].temperature > 0 ? g->h_sids[j] : g->h_ids[j];
         j += cnt;

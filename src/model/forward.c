@@ -883,7 +883,7 @@ loom_status loom_forward(loom_model *m, loom_fwd_state *s, loom_kv_pool *kv,
             if (m->embed_scale != 1.0f)
                 for (int j = 0; j < H; j++) x[j] *= m->embed_scale;
         }
-        n_sel += rows[r].logits == LOOM_LOGITS_ALL ? rows[r].n : rows[r].logits ? 1 : 0;
+        n_sel += loom_fwd_row_logits(&rows[r]);
     }
     size_t need = (size_t)n_sel * (size_t)c->vocab_size;
     if (need > s->logits_cap) {
@@ -944,7 +944,7 @@ loom_status loom_forward(loom_model *m, loom_fwd_state *s, loom_kv_pool *kv,
         }
         j = 0;
         for (int r = 0; r < n_rows; r++) {
-            int cnt = rows[r].logits == LOOM_LOGITS_ALL ? rows[r].n : rows[r].logits ? 1 : 0;
+            int cnt = loom_fwd_row_logits(&rows[r]);
             if (cnt) memcpy(rows[r].out, s->logits + (size_t)j * V, (size_t)cnt * V * 4);
             j += cnt;
         }

@@ -59,6 +59,11 @@ typedef struct loom_fwd_row {
     int decode;
 } loom_fwd_row;
 
+/* The logits rows a row writes to out: n (ALL), 1 (LAST) or 0. */
+static inline int loom_fwd_row_logits(const loom_fwd_row *r) {
+    return r->logits == LOOM_LOGITS_ALL ? r->n : r->logits ? 1 : 0;
+}
+
 /* Activations for up to max_tokens tokens per forward over sequences of up
  * to max_ctx positions. Owned by one engine thread. */
 typedef struct loom_fwd_state loom_fwd_state;
