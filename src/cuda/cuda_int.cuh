@@ -113,6 +113,24 @@ __device__ __forceinline__ void pdl_wait(void) {
 #endif
 }
 
+/* (v, i) comes before (w, j) for an argmax or a top-k: larger, or as
+ * large and a lower index; i < 0 is no candidate (callers keep NaN out).
+ * The order is total, so any reduction order gives the same winner. */
+__device__ __forceinline__ bool loom_cuda_before(float v, int i, float w, int j) {
+    if (i < 0) return false;
+    if (j < 0) return true;
+    return v > w || (v == w && i < j);
+}
+
+/* The warp's first (v, i) in that order, in every lane. */
+__device__ __forceinline__ void loom_cuda_warp_best(float &v, int &i) {
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, v, o);
+        int oi = __shfl_xor_sync(0xffffffffu, i, o);
+        if (loom_cuda_before(ov, oi, v, i)) v = ov, i = oi;
+    }
+}
+
 template <typename... P, typename... A>
 static inline cudaError_t loom_cuda_launch(const loom_cuda *c, void (*k)(P...), dim3 grid,
                                            dim3 block, size_t smem, A... args) {

@@ -670,23 +670,10 @@ extern "C" loom_status loom_cuda_softmax(loom_cuda *c, float *d_x, int T, int n)
 
 /* ---- argmax ------------------------------------------------------------- */
 
-/* (v, i) beats (w, j): larger, or equal and earlier; index -1 = nothing. */
-__device__ __forceinline__ bool am_better(float v, int i, float w, int j) {
-    if (i < 0) return false;
-    if (j < 0) return true;
-    return v > w || (v == w && i < j);
-}
-
-/* Warp, then block (ROW_THREADS) arg-max; thread 0 gets the result. */
+/* Warp, then block (ROW_THREADS) arg-max in loom_cuda_before's order;
+ * thread 0 gets the result. */
 __device__ void am_block(float *bv, int *bi, float *sv, int *si) {
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, *bv, o);
-        int oi = __shfl_xor_sync(0xffffffffu, *bi, o);
-        if (am_better(ov, oi, *bv, *bi)) {
-            *bv = ov;
-            *bi = oi;
-        }
-    }
+    loom_cuda_warp_best(*bv, *bi);
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     if (lane == 0) {
         sv[w] = *bv;
@@ -696,14 +683,7 @@ __device__ void am_block(float *bv, int *bi, float *sv, int *si) {
     if (w == 0) {
         *bv = lane < (int)(blockDim.x >> 5) ? sv[lane] : -INFINITY;
         *bi = lane < (int)(blockDim.x >> 5) ? si[lane] : -1;
-        for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, *bv, o);
-            int oi = __shfl_xor_sync(0xffffffffu, *bi, o);
-            if (am_better(ov, oi, *bv, *bi)) {
-                *bv = ov;
-                *bi = oi;
-            }
-        }
+        loom_cuda_warp_best(*bv, *bi);
     }
 }
 
@@ -729,7 +709,7 @@ __global__ void argmax_kernel(int32_t *out, const float *x, int n, int per, int 
             float v[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
             for (int e = 0; e < 4; e++)
-                if (v[e] == v[e] && am_better(v[e], i + e, bv, bi)) {  /* NaN never wins */
+                if (v[e] == v[e] && loom_cuda_before(v[e], i + e, bv, bi)) {  /* NaN never wins */
                     bv = v[e];
                     bi = i + e;
                 }
@@ -737,7 +717,7 @@ __global__ void argmax_kernel(int32_t *out, const float *x, int n, int per, int 
     } else {
         for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
             float v = r[i];
-            if (v == v && am_better(v, i, bv, bi)) {
+            if (v == v && loom_cuda_before(v, i, bv, bi)) {
                 bv = v;
                 bi = i;
             }
@@ -763,7 +743,7 @@ __global__ void argmax_kernel(int32_t *out, const float *x, int n, int per, int 
     for (int b = threadIdx.x; b < nb; b += blockDim.x) {
         float v = __ldcg(pv + (size_t)t * nb + b);
         int i = __ldcg(pi + (size_t)t * nb + b);
-        if (am_better(v, i, bv, bi)) {
+        if (loom_cuda_before(v, i, bv, bi)) {
             bv = v;
             bi = i;
         }

@@ -372,22 +372,6 @@ __device__ __forceinline__ void gs_fma(float (&acc)[NT], const uint4 (&wv)[U], c
     }
 }
 
-/* (v, i) beats (w, j) for the argmax: larger, or as large and a lower
- * row; i < 0 is no candidate (as loom_cuda_argmax; NaN never enters) */
-__device__ __forceinline__ bool gs_am_better(float v, int i, float w, int j) {
-    if (i < 0) return false;
-    if (j < 0) return true;
-    return v > w || (v == w && i < j);
-}
-
-__device__ __forceinline__ void gs_am_warp(float &v, int &i) {
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, v, o);
-        int oi = __shfl_xor_sync(0xffffffffu, i, o);
-        if (gs_am_better(ov, oi, v, i)) v = ov, i = oi;
-    }
-}
-
 /* Row r's sums of this warp's slice: the output itself (ks == 1) or the
  * slice's part of it. With a.amo, the lane that writes token t's output
  * keeps the best (value, row) of it in (bv, bi)[t]. */
@@ -408,7 +392,7 @@ __device__ __forceinline__ void gs_row_done(float (&acc)[NT], const gv_args &a, 
             float *yp = a.y + (size_t)t * a.rows + r;
             v = a.acc ? *yp + v : v;
             *yp = v;
-            if (a.amo && v == v && gs_am_better(v, r, bv[t], bi[t])) bv[t] = v, bi[t] = r;
+            if (a.amo && v == v && loom_cuda_before(v, r, bv[t], bi[t])) bv[t] = v, bi[t] = r;
         }
     }
 }
@@ -424,7 +408,7 @@ __device__ void gs_argmax(const gv_args &a, float (&bv)[NT], int (&bi)[NT]) {
     int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nb = gridDim.x;
 #pragma unroll
     for (int t = 0; t < NT; t++) {
-        gs_am_warp(bv[t], bi[t]);
+        loom_cuda_warp_best(bv[t], bi[t]);
         if (lane == 0) sv[wid * NT + t] = bv[t], si[wid * NT + t] = bi[t];
     }
     __syncthreads();
@@ -433,7 +417,7 @@ __device__ void gs_argmax(const gv_args &a, float (&bv)[NT], int (&bi)[NT]) {
         float v = -INFINITY;
         int i = -1;
         for (int k = 0; k < W; k++)
-            if (gs_am_better(sv[k * NT + t], si[k * NT + t], v, i)) v = sv[k * NT + t], i = si[k * NT + t];
+            if (loom_cuda_before(sv[k * NT + t], si[k * NT + t], v, i)) v = sv[k * NT + t], i = si[k * NT + t];
         a.amv[(size_t)t * nb + blockIdx.x] = v;
         a.ami[(size_t)t * nb + blockIdx.x] = i;
         __threadfence();
@@ -453,15 +437,15 @@ __device__ void gs_argmax(const gv_args &a, float (&bv)[NT], int (&bi)[NT]) {
         for (int b = threadIdx.x; b < nb; b += blockDim.x) {
             float ov = __ldcg(a.amv + (size_t)t * nb + b);
             int oi = __ldcg(a.ami + (size_t)t * nb + b);
-            if (gs_am_better(ov, oi, v, i)) v = ov, i = oi;
+            if (loom_cuda_before(ov, oi, v, i)) v = ov, i = oi;
         }
-        gs_am_warp(v, i);
+        loom_cuda_warp_best(v, i);
         __syncthreads();  /* sv, si are reused */
         if (lane == 0) sv[wid] = v, si[wid] = i;
         __syncthreads();
         if (threadIdx.x == 0) {
             for (int k = 1; k < W; k++)
-                if (gs_am_better(sv[k], si[k], v, i)) v = sv[k], i = si[k];
+                if (loom_cuda_before(sv[k], si[k], v, i)) v = sv[k], i = si[k];
             a.amo[t] = i < 0 ? 0 : i;
         }
     }

@@ -39,27 +39,16 @@
 /* candidates the merge holds in shared memory: 48 KB less the static part */
 #define SP_MERGE_MAX ((48 * 1024 - 1024) / 8)
 
-/* (p, i) comes before (q, j): larger, or as large and lower; i < 0 is none. */
-__device__ __forceinline__ bool sm_before(float p, int i, float q, int j) {
-    if (i < 0) return false;
-    if (j < 0) return true;
-    return p > q || (p == q && i < j);
-}
-
-/* The block's first (v, i) in that order, in every thread. */
+/* The block's first (v, i) in loom_cuda_before's order, in every thread. */
 __device__ __forceinline__ void sm_block_best(float &v, int &i, float *sv, int *si) {
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    for (int o = 16; o > 0; o >>= 1) {
-        float q = __shfl_xor_sync(0xffffffffu, v, o);
-        int j = __shfl_xor_sync(0xffffffffu, i, o);
-        if (sm_before(q, j, v, i)) v = q, i = j;
-    }
+    loom_cuda_warp_best(v, i);
     __syncthreads();  /* sv/si of the previous call are read */
     if (lane == 0) sv[w] = v, si[w] = i;
     __syncthreads();
     v = sv[0], i = si[0];
     for (int k = 1; k < SAMPLE_THREADS / 32; k++)
-        if (sm_before(sv[k], si[k], v, i)) v = sv[k], i = si[k];
+        if (loom_cuda_before(sv[k], si[k], v, i)) v = sv[k], i = si[k];
 }
 
 struct sp_blk {
@@ -116,7 +105,7 @@ sample_kernel(int32_t *out, const float *logits, int V, const loom_cuda_sampling
 #pragma unroll
         for (int j = 0; j < SP_PER; j++) {
             int i = s0 + threadIdx.x + j * SAMPLE_THREADS;
-            if (!(taken >> j & 1) && v[j] == v[j] && sm_before(v[j], i, bv, bi))
+            if (!(taken >> j & 1) && v[j] == v[j] && loom_cuda_before(v[j], i, bv, bi))
                 bv = v[j], bi = i, bj = j;
         }
         int mine = bi;
@@ -174,7 +163,7 @@ sample_kernel(int32_t *out, const float *logits, int V, const loom_cuda_sampling
         float bp = 0;
         int bi = -1, be = -1;
         for (int e = threadIdx.x; e < nc; e += SAMPLE_THREADS)
-            if (mi[e] >= 0 && mp[e] == mp[e] && sm_before(mp[e], mi[e], bp, bi))
+            if (mi[e] >= 0 && mp[e] == mp[e] && loom_cuda_before(mp[e], mi[e], bp, bi))
                 bp = mp[e], bi = mi[e], be = e;
         int mine = bi;
         sm_block_best(bp, bi, sv, si);
