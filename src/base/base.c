@@ -87,10 +87,12 @@ void loom_log(int level, const char *fmt, ...) {
     va_end(ap);
 }
 
+/* What an allocation of n bytes takes: whole 64-byte lines, one at least. */
+static size_t alloc_size(size_t n) { return n ? (n + 63) & ~(size_t)63 : 64; }
+
 void *loom_alloc_raw(size_t n) {
     void *p = NULL;
-    if (n == 0) n = 64;
-    n = (n + 63) & ~(size_t)63;
+    n = alloc_size(n);
     /* Large buffers (weights copied at load) are streamed: 2 MiB pages
      * spare the TLB misses of 4 KiB ones. */
     size_t huge = (size_t)2 << 20, align = n >= huge ? huge : 64;
@@ -101,7 +103,7 @@ void *loom_alloc_raw(size_t n) {
 
 void *loom_alloc(size_t n) {
     void *p = loom_alloc_raw(n);
-    if (p) memset(p, 0, n ? (n + 63) & ~(size_t)63 : 64);
+    if (p) memset(p, 0, alloc_size(n));
     return p;
 }
 
