@@ -33,7 +33,10 @@
 
 typedef struct server {
     loom_serve_params p;
-    char model_id[256];
+    char model_id[256];            /* reported in responses: the first served name */
+    char name_list[1024];          /* the served names, NUL-separated */
+    const char *names[16];         /* into name_list, or model_id alone */
+    int n_names;
     loom_model *model;
     loom_tok *tok;
     loom_chat_template *chat;      /* NULL when the model has none */
@@ -726,10 +729,15 @@ static void stream_free(void *cls) {
 
 /* ---- HTTP plumbing -------------------------------------------------------------- */
 
+typedef struct route route;
+
 typedef struct conn_ctx {
     loom_buf body;
     int too_big;
     int is_post;
+    const route *rt;            /* the row answering, NULL when rejected */
+    const char *label;          /* metrics endpoint label */
+    api_error reject;           /* 401/404/405 decided on the headers (status 0: none) */
 } conn_ctx;
 
 static void add_common_headers(server *s, struct MHD_Response *resp, const char *type) {
@@ -786,6 +794,23 @@ static char *complete_job(job *j, int *status) {
     return body;
 }
 
+/* A request may name any served name, or none; any other is answered as
+ * OpenAI and vLLM do, 404 model_not_found, rather than served by a model
+ * the client did not ask for. */
+static int check_model(server *s, const char *model, api_error *err) {
+    if (!model) return 0;
+    for (int i = 0; i < s->n_names; i++)
+        if (!strcmp(model, s->names[i])) return 0;
+    loom_buf b = {0};
+    for (int i = 0; i < s->n_names; i++) loom_buf_printf(&b, "%s'%s'", i ? ", " : "", s->names[i]);
+    api_fail(err, 404, "model", "the model '%s' does not exist; this server serves %s", model,
+             b.p ? b.p : "");
+    loom_buf_free(&b);
+    err->type = "invalid_request_error";
+    err->code = "model_not_found";
+    return -1;
+}
+
 static enum MHD_Result handle_generate(server *s, struct MHD_Connection *conn, api_kind kind,
                                        conn_ctx *cc) {
     const char *endpoint = kind == API_CHAT ? "chat" : "completions";
@@ -798,7 +823,8 @@ static enum MHD_Result handle_generate(server *s, struct MHD_Connection *conn, a
     if (!j) return send_text(s, conn, 500, "application/json", NULL);
     j->srv = s;
     atomic_fetch_add(&s->inflight, 1);
-    if (api_parse(kind, cc->body.p ? cc->body.p : "", cc->body.len, s->vocab, &j->req, &err) < 0) {
+    if (api_parse(kind, cc->body.p ? cc->body.p : "", cc->body.len, s->vocab, &j->req, &err) < 0 ||
+        check_model(s, j->req.model, &err) < 0) {
         job_free(j);
         return send_error(s, conn, endpoint, &err);
     }
@@ -871,6 +897,93 @@ static int authorized(server *s, struct MHD_Connection *conn) {
     return diff == 0;
 }
 
+/* ---- routes ------------------------------------------------------------------ */
+
+typedef enum MHD_Result (*route_fn)(server *s, struct MHD_Connection *conn, conn_ctx *cc);
+
+/* One row per endpoint. A /v1/ path is also answered without the prefix
+ * (clients whose base URL is the bare host), through the same row, so
+ * both spellings share its method, metrics label and key check. Every
+ * row with auth set needs the --api-key bearer token when one is given:
+ * /metrics too (Prometheus sends one with a scrape config's
+ * authorization), only /health stays open for load-balancer probes. */
+struct route {
+    const char *method;
+    const char *path;
+    route_fn fn;
+    const char *label; /* endpoint label of loom_requests_total */
+    int auth;
+};
+
+static enum MHD_Result route_health(server *s, struct MHD_Connection *conn, conn_ctx *cc) {
+    metrics_count_request(&s->metrics, cc->label, 200);
+    return send_text(s, conn, 200, "application/json", strdup("{\"status\":\"ok\"}"));
+}
+
+static enum MHD_Result route_metrics(server *s, struct MHD_Connection *conn, conn_ctx *cc) {
+    loom_engine_stats st = {0};
+    pthread_rwlock_rdlock(&s->engine_lock);
+    if (s->engine) loom_engine_get_stats(s->engine, &st);
+    pthread_rwlock_unlock(&s->engine_lock);
+    metrics_count_request(&s->metrics, cc->label, 200);
+    return send_text(s, conn, 200, "text/plain; version=0.0.4",
+                     metrics_render(&s->metrics, &st, atomic_load(&s->inflight)));
+}
+
+static enum MHD_Result route_models(server *s, struct MHD_Connection *conn, conn_ctx *cc) {
+    metrics_count_request(&s->metrics, cc->label, 200);
+    return send_text(s, conn, 200, "application/json", models_json(s));
+}
+
+static enum MHD_Result route_chat(server *s, struct MHD_Connection *conn, conn_ctx *cc) {
+    return handle_generate(s, conn, API_CHAT, cc);
+}
+
+static enum MHD_Result route_completions(server *s, struct MHD_Connection *conn, conn_ctx *cc) {
+    return handle_generate(s, conn, API_COMPLETION, cc);
+}
+
+static const route routes[] = {
+    {"GET", "/health", route_health, "health", 0},
+    {"GET", "/metrics", route_metrics, "metrics", 1},
+    {"GET", "/v1/models", route_models, "models", 1},
+    {"POST", "/v1/chat/completions", route_chat, "chat", 1},
+    {"POST", "/v1/completions", route_completions, "completions", 1},
+};
+
+static int route_has_path(const route *rt, const char *url) {
+    return !strcmp(url, rt->path) || (!strncmp(rt->path, "/v1/", 4) && !strcmp(url, rt->path + 3));
+}
+
+/* Picks the row for the request from its headers, the one place that
+ * checks the key. A rejected request (404, 401, 405, in that order: an
+ * unknown path says nothing a client without the key may not know) keeps
+ * its answer in cc->reject, and its body is not kept. */
+static void route_request(server *s, struct MHD_Connection *conn, const char *method,
+                          const char *url, conn_ctx *cc) {
+    const route *path_row = NULL;
+    cc->label = "other";
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(routes); i++) {
+        if (!route_has_path(&routes[i], url)) continue;
+        if (!path_row) path_row = &routes[i];
+        if (!strcmp(method, routes[i].method)) {
+            cc->rt = &routes[i];
+            break;
+        }
+    }
+    if (!path_row) {
+        api_fail(&cc->reject, 404, NULL, "no route for %s %s", method, url);
+        return;
+    }
+    cc->label = path_row->label;
+    if (path_row->auth && !authorized(s, conn)) {
+        cc->rt = NULL;
+        api_fail(&cc->reject, 401, NULL, "missing or invalid API key (send 'Authorization: Bearer <key>')");
+    } else if (!cc->rt) {
+        api_fail(&cc->reject, 405, NULL, "%s needs %s, not %s", url, path_row->method, method);
+    }
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version, const char *upload,
                                   size_t *upload_size, void **con_cls) {
@@ -883,6 +996,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         cc->is_post = !strcmp(method, "POST");
         *con_cls = cc;
         atomic_fetch_add(&s->active, 1);
+        route_request(s, conn, method, url, cc);
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
         if (!cl || strtoull(cl, NULL, 10) <= s->p.max_body) return MHD_YES;
         cc->too_big = 1;
@@ -896,7 +1010,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         if (!expect && strtoull(cl, NULL, 10) <= drain) return MHD_YES;
     }
     if (*upload_size) {
-        if (!cc->too_big) {
+        if (!cc->too_big && !cc->reject.status) {
             if (cc->body.len + *upload_size > s->p.max_body) {
                 cc->too_big = 1;
                 loom_buf_free(&cc->body);
@@ -908,48 +1022,16 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         return MHD_YES;
     }
     api_error err;
-    const char *endpoint = "other";
-    int is_chat = !strcmp(url, "/v1/chat/completions") || !strcmp(url, "/chat/completions");
-    int is_comp = !strcmp(url, "/v1/completions") || !strcmp(url, "/completions");
-    if (is_chat) endpoint = "chat";
-    if (is_comp) endpoint = "completions";
     if (!strcmp(method, "OPTIONS") && s->p.cors) {
         char *empty = strdup("");
         return send_text(s, conn, 204, "text/plain", empty);
     }
+    if (cc->reject.status) return send_error(s, conn, cc->label, &cc->reject);
     if (cc->too_big) {
         api_fail(&err, 413, NULL, "the request body exceeds %zu bytes", s->p.max_body);
-        return send_error(s, conn, endpoint, &err);
+        return send_error(s, conn, cc->label, &err);
     }
-    if (!strcmp(url, "/health")) {
-        metrics_count_request(&s->metrics, endpoint, 200);
-        return send_text(s, conn, 200, "application/json", strdup("{\"status\":\"ok\"}"));
-    }
-    if (!strncmp(url, "/v1/", 4) && !authorized(s, conn)) {
-        api_fail(&err, 401, NULL, "missing or invalid API key (send 'Authorization: Bearer <key>')");
-        return send_error(s, conn, endpoint, &err);
-    }
-    if (!strcmp(url, "/metrics") && !strcmp(method, "GET")) {
-        loom_engine_stats st = {0};
-        pthread_rwlock_rdlock(&s->engine_lock);
-        if (s->engine) loom_engine_get_stats(s->engine, &st);
-        pthread_rwlock_unlock(&s->engine_lock);
-        return send_text(s, conn, 200, "text/plain; version=0.0.4",
-                         metrics_render(&s->metrics, &st, atomic_load(&s->inflight)));
-    }
-    if ((!strcmp(url, "/v1/models") || !strcmp(url, "/models")) && !strcmp(method, "GET")) {
-        metrics_count_request(&s->metrics, endpoint, 200);
-        return send_text(s, conn, 200, "application/json", models_json(s));
-    }
-    if (is_chat || is_comp) {
-        if (!cc->is_post) {
-            api_fail(&err, 405, NULL, "%s needs POST", url);
-            return send_error(s, conn, endpoint, &err);
-        }
-        return handle_generate(s, conn, is_chat ? API_CHAT : API_COMPLETION, cc);
-    }
-    api_fail(&err, 404, NULL, "no route for %s %s", method, url);
-    return send_error(s, conn, endpoint, &err);
+    return cc->rt->fn(s, conn, cc);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
@@ -1008,6 +1090,17 @@ static int server_open(server *s, const loom_serve_params *params) {
              s->p.model_name ? s->p.model_name : base && base[1] ? base + 1 : dir);
     char *slash = strchr(s->model_id, '/');
     if (slash && !s->p.model_name) *slash = 0;
+    s->names[s->n_names++] = s->model_id;
+    if (s->p.model_name) { /* "a,b,c": a is the id, all are accepted */
+        snprintf(s->name_list, sizeof s->name_list, "%s", s->p.model_name);
+        char *save = NULL;
+        s->n_names = 0;
+        for (char *t = strtok_r(s->name_list, ",", &save); t && s->n_names < (int)LOOM_ARRAY_LEN(s->names);
+             t = strtok_r(NULL, ",", &save))
+            s->names[s->n_names++] = t;
+        if (s->n_names) snprintf(s->model_id, sizeof s->model_id, "%s", s->names[0]);
+        else s->names[s->n_names++] = s->model_id;
+    }
 
     fprintf(stderr, "loom: loading %s ...\n", dir);
     loom_model_params mp = loom_model_default_params();
