@@ -38,6 +38,15 @@ static const char usage[] =
     "  --max-tokens N          default max tokens of a request (default 512)\n"
     "  --max-body SIZE         largest request body (default 8M)\n"
     "  --timeout S             idle connection timeout in seconds (default 60)\n"
+    "  --header-timeout S      a request's line and headers must arrive within S seconds\n"
+    "                          of the connection (or of its request line on a kept-alive\n"
+    "                          one), however the client trickles them (default 10)\n"
+    "  --body-timeout S        its body must arrive within S seconds of the headers\n"
+    "                          (default 60); late clients are disconnected\n"
+    "  --max-connections N     open connections at once, one thread each; more are\n"
+    "                          refused (default 512)\n"
+    "  --max-connections-per-ip N  of them from one client address (default 64;\n"
+    "                          0 = no limit)\n"
     "  --grace S               shutdown grace period in seconds (default 10)\n"
     "  --no-prefix-cache       do not reuse KV across requests\n"
     "  --prefix-cache-bytes SIZE  cap on KV kept only for reuse (default: the pool)\n"
@@ -95,7 +104,9 @@ int cmd_serve(int argc, char **argv) {
         if (!strcmp(a, "--cors")) { p.cors = 1; continue; }
         if (!strcmp(a, "--no-prefix-cache")) { p.engine.prefix_cache = 0; continue; }
         static const char *valued[] = {"--model", "--host", "--port", "--api-key", "--model-name",
-                                       "--served-model-name",
+                                       "--served-model-name", "--header-timeout",
+                                       "--body-timeout", "--max-connections",
+                                       "--max-connections-per-ip",
                                        "--max-batch-tokens", "--max-seqs", "--max-queue",
                                        "--ctx-size", "--kv-memory", "--block-size",
                                        "--prefill-chunk", "--max-tokens", "--max-body", "--timeout",
@@ -116,6 +127,10 @@ int cmd_serve(int argc, char **argv) {
             bad = check_names(a, v);
             p.model_name = v;
         }
+        else if (!strcmp(a, "--header-timeout")) bad = cli_int("serve", a, v, 1, 86400, &p.header_timeout_s);
+        else if (!strcmp(a, "--body-timeout")) bad = cli_int("serve", a, v, 1, 86400, &p.body_timeout_s);
+        else if (!strcmp(a, "--max-connections")) bad = cli_int("serve", a, v, 1, 65536, &p.max_connections);
+        else if (!strcmp(a, "--max-connections-per-ip")) bad = cli_int("serve", a, v, 0, 65536, &p.max_connections_per_ip);
         else if (!strcmp(a, "--max-batch-tokens")) bad = cli_int("serve", a, v, 1, 1 << 20, &p.engine.max_batch_tokens);
         else if (!strcmp(a, "--max-seqs")) bad = cli_int("serve", a, v, 1, 4096, &p.engine.max_seqs);
         else if (!strcmp(a, "--max-queue")) bad = cli_int("serve", a, v, 0, 1 << 20, &p.engine.max_queue);

@@ -53,6 +53,9 @@ typedef struct server {
     int32_t turn_end[8];           /* end-of-turn ids chat requests stop at */
     int n_turn_end;
     loom_metrics metrics;
+    pthread_mutex_t watch_lock;    /* guards watched and every entry's deadline */
+    struct conn_watch *watched;    /* open connections (HTTP only) */
+    atomic_int watch_stop;
 } server;
 
 /* ---- one generation job --------------------------------------------------- */
@@ -897,6 +900,100 @@ static int authorized(server *s, struct MHD_Connection *conn) {
     return diff == 0;
 }
 
+/* ---- slow clients ------------------------------------------------------------ */
+
+/* MHD's connection timeout restarts with every byte read, so a client that
+ * trickles its request holds a connection, and its thread, for as long as
+ * it likes; a few hundred of them starve everyone. So each connection has
+ * a deadline that trickling does not move: the request line and headers
+ * within --header-timeout of the connection, or of a kept-alive
+ * connection's next request line (the wait for which --timeout bounds),
+ * and the body within --body-timeout of the headers. A watchdog thread
+ * shuts down the socket of a request past its deadline. A request fully
+ * received has none, so a long answer or stream is never cut. */
+typedef struct conn_watch {
+    struct conn_watch *prev, *next;
+    int fd;
+    int idle;          /* between two requests of a kept-alive connection */
+    double deadline;   /* loom_now() seconds; 0: none */
+} conn_watch;
+
+static conn_watch *watch_of(struct MHD_Connection *conn) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+static void watch_set(server *s, conn_watch *w, int idle, double seconds) {
+    if (!w) return;
+    pthread_mutex_lock(&s->watch_lock);
+    w->idle = idle;
+    w->deadline = seconds > 0 ? loom_now() + seconds : 0;
+    pthread_mutex_unlock(&s->watch_lock);
+}
+
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe) {
+    server *s = cls;
+    conn_watch *w = *socket_context;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        if (!(w = calloc(1, sizeof *w))) return; /* unwatched, as MHD alone would */
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        w->fd = ci ? ci->connect_fd : -1;
+        w->deadline = loom_now() + s->p.header_timeout_s;
+        pthread_mutex_lock(&s->watch_lock);
+        w->next = s->watched;
+        if (w->next) w->next->prev = w;
+        s->watched = w;
+        pthread_mutex_unlock(&s->watch_lock);
+        *socket_context = w;
+        return;
+    }
+    if (!w) return;
+    /* MHD closes the socket after this, so the watchdog, which holds the
+     * lock while it shuts sockets down, never touches a reused fd */
+    pthread_mutex_lock(&s->watch_lock);
+    if (w->prev) w->prev->next = w->next;
+    else s->watched = w->next;
+    if (w->next) w->next->prev = w->prev;
+    pthread_mutex_unlock(&s->watch_lock);
+    free(w);
+    *socket_context = NULL;
+}
+
+/* The request line of a kept-alive connection's next request: the headers
+ * are due from now. */
+static void *on_request_line(void *cls, const char *uri, struct MHD_Connection *conn) {
+    (void)uri;
+    server *s = cls;
+    conn_watch *w = watch_of(conn);
+    if (w && w->idle) watch_set(s, w, 0, s->p.header_timeout_s);
+    return NULL;
+}
+
+static void watch_headers_done(server *s, struct MHD_Connection *conn) {
+    watch_set(s, watch_of(conn), 0, s->p.body_timeout_s);
+}
+
+static void watch_received(server *s, struct MHD_Connection *conn) {
+    watch_set(s, watch_of(conn), 0, 0);
+}
+
+static void *watchdog(void *arg) {
+    server *s = arg;
+    while (!atomic_load(&s->watch_stop)) {
+        double now = loom_now();
+        pthread_mutex_lock(&s->watch_lock);
+        for (conn_watch *w = s->watched; w; w = w->next)
+            if (w->deadline > 0 && now > w->deadline && w->fd >= 0) {
+                shutdown(w->fd, SHUT_RDWR); /* its thread sees the end and closes it */
+                w->deadline = 0;
+            }
+        pthread_mutex_unlock(&s->watch_lock);
+        usleep(100000);
+    }
+    return NULL;
+}
+
 /* ---- routes ------------------------------------------------------------------ */
 
 typedef enum MHD_Result (*route_fn)(server *s, struct MHD_Connection *conn, conn_ctx *cc);
@@ -996,6 +1093,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         cc->is_post = !strcmp(method, "POST");
         *con_cls = cc;
         atomic_fetch_add(&s->active, 1);
+        watch_headers_done(s, conn);
         route_request(s, conn, method, url, cc);
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
         if (!cl || strtoull(cl, NULL, 10) <= s->p.max_body) return MHD_YES;
@@ -1021,6 +1119,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         *upload_size = 0;
         return MHD_YES;
     }
+    watch_received(s, conn);
     api_error err;
     if (!strcmp(method, "OPTIONS") && s->p.cors) {
         char *empty = strdup("");
@@ -1037,8 +1136,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                          enum MHD_RequestTerminationCode toe) {
     server *s = cls;
-    (void)conn;
     (void)toe;
+    /* a kept-alive connection waits for its next request line */
+    watch_set(s, watch_of(conn), 1, s->p.timeout_s + s->p.header_timeout_s);
     conn_ctx *cc = *con_cls;
     if (!cc) return;
     atomic_fetch_sub(&s->active, 1);
@@ -1052,7 +1152,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 loom_serve_params loom_serve_default_params(void) {
     return (loom_serve_params){
         .host = "127.0.0.1", .port = 8080, .max_body = 8u << 20, .timeout_s = 60, .grace_s = 10,
-        .max_connections = 512, .default_max_tokens = 512, .engine = loom_engine_default_params(), .device = -1,
+        .header_timeout_s = 10, .body_timeout_s = 60, .max_connections = 512,
+        .max_connections_per_ip = 64, .default_max_tokens = 512, .engine = loom_engine_default_params(), .device = -1,
     };
 }
 
@@ -1196,16 +1297,26 @@ int loom_serve_run(const loom_serve_params *params) {
         free_server(s);
         return 2;
     }
+    pthread_mutex_init(&s->watch_lock, NULL);
+    pthread_t dog;
+    if (pthread_create(&dog, NULL, watchdog, s) != 0) {
+        fprintf(stderr, "loom: error: cannot start the connection watchdog: %s\n", strerror(errno));
+        free_server(s);
+        return 1;
+    }
     struct MHD_Daemon *d = MHD_start_daemon(
         MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC |
             MHD_USE_ERROR_LOG,
         (uint16_t)s->p.port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, &addr,
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_CONNECTION_TIMEOUT,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
+        MHD_OPTION_URI_LOG_CALLBACK, on_request_line, s, MHD_OPTION_CONNECTION_TIMEOUT,
         (unsigned)s->p.timeout_s, MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->p.max_connections,
-        MHD_OPTION_END);
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)s->p.max_connections_per_ip, MHD_OPTION_END);
     if (!d) {
         fprintf(stderr, "loom: error: cannot listen on %s:%d: %s\n", s->p.host, s->p.port,
                 strerror(errno));
+        atomic_store(&s->watch_stop, 1);
+        pthread_join(dog, NULL);
         free_server(s);
         return 1;
     }
@@ -1243,6 +1354,9 @@ int loom_serve_run(const loom_serve_params *params) {
     until = loom_now() + 2;
     while (atomic_load(&s->active) > 0 && loom_now() < until) usleep(10000);
     MHD_stop_daemon(d);
+    atomic_store(&s->watch_stop, 1);
+    pthread_join(dog, NULL);
+    pthread_mutex_destroy(&s->watch_lock);
     free_server(s);
     fprintf(stderr, "loom: stopped\n");
     return 0;

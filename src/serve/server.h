@@ -19,8 +19,11 @@ typedef struct loom_serve_params {
     int cors;                   /* add permissive CORS headers */
     size_t max_body;            /* bytes; larger bodies get 413 */
     int timeout_s;              /* idle connection timeout */
+    int header_timeout_s;       /* request line and headers must arrive within this */
+    int body_timeout_s;         /* the body must arrive within this of the headers */
     int grace_s;                /* shutdown grace period for in-flight requests */
-    int max_connections;
+    int max_connections;        /* open connections at once (one thread each) */
+    int max_connections_per_ip; /* of them from one client address; 0 = no limit */
     int n_threads;              /* model threads; 0 = all cores */
     int device;                 /* -1 CPU, n = CUDA device n */
     int fast_matmul;            /* loom_model_params.fast_matmul */
