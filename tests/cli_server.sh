@@ -226,7 +226,7 @@ ok "SIGTERM: a $n3-token request in flight finished, endless ones cut after the 
 
 # ---- API key, queue limit ----
 start_server gate --api-key sekrit --max-seqs 1 --max-queue 1 --cors
-GATE_PID=$PID GATE_LOG=$LOG
+GATE_PID=$PID GATE_LOG=$LOG API_KEY=sekrit
 s=$(req GET /health); expect_status 200 "$s" "/health needs no key"
 s=$(req GET /v1/models); expect_status 401 "$s" "no key"; body_has '"type":"authentication_error"' 401
 s=$(req GET /v1/models "" -H 'Authorization: Bearer wrong'); expect_status 401 "$s" "wrong key"

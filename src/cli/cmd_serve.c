@@ -17,9 +17,12 @@ static const char usage[] =
     "  --model DIR             Hugging Face model directory\n"
     "  --host ADDR             IPv4 address to bind (default 127.0.0.1)\n"
     "  --port N                port (default 8080; 0 picks a free one)\n"
-    "  --api-key KEY           require 'Authorization: Bearer KEY' on /v1/*\n"
+    "  --api-key KEY           require 'Authorization: Bearer KEY' on every route but\n"
+    "                          /health (the /v1 ones, their unprefixed aliases, /metrics)\n"
     "  --cors                  send permissive CORS headers\n"
-    "  --model-name NAME       model id reported to clients (default: dir name)\n"
+    "  --served-model-name NAME[,NAME...]  names a request's \"model\" may give (others\n"
+    "                          get 404 model_not_found); the first is the id reported\n"
+    "                          to clients (default: dir name; --model-name is the same)\n"
     "  --max-batch-tokens N    token budget of one engine step (default 2048)\n"
     "  --max-seqs N            sequences decoding at once (default 64)\n"
     "  --max-queue N           waiting requests before 429 (default 256)\n"
@@ -35,6 +38,15 @@ static const char usage[] =
     "  --max-tokens N          default max tokens of a request (default 512)\n"
     "  --max-body SIZE         largest request body (default 8M)\n"
     "  --timeout S             idle connection timeout in seconds (default 60)\n"
+    "  --header-timeout S      a request's line and headers must arrive within S seconds\n"
+    "                          of the connection (or of its request line on a kept-alive\n"
+    "                          one), however the client trickles them (default 10)\n"
+    "  --body-timeout S        its body must arrive within S seconds of the headers\n"
+    "                          (default 60); late clients are disconnected\n"
+    "  --max-connections N     open connections at once, one thread each; more are\n"
+    "                          refused (default 512)\n"
+    "  --max-connections-per-ip N  of them from one client address (default 64;\n"
+    "                          0 = no limit)\n"
     "  --grace S               shutdown grace period in seconds (default 10)\n"
     "  --no-prefix-cache       do not reuse KV across requests\n"
     "  --prefix-cache-bytes SIZE  cap on KV kept only for reuse (default: the pool)\n"
@@ -64,6 +76,20 @@ static int parse_size(const char *opt, const char *v, size_t *out) {
     return 0;
 }
 
+/* "a,b,c": up to 16 names, none empty, each under 256 bytes. */
+static int check_names(const char *opt, const char *v) {
+    int n = 0;
+    for (const char *t = v;; t++) {
+        const char *e = strchr(t, ',');
+        size_t len = e ? (size_t)(e - t) : strlen(t);
+        if (len == 0 || len > 255 || ++n > 16)
+            return cli_usage_error("serve", "%s: expected up to 16 comma-separated names of 1 to 255 "
+                                   "bytes, found \"%s\"", opt, v);
+        if (!e) return 0;
+        t = e;
+    }
+}
+
 int cmd_serve(int argc, char **argv) {
     loom_serve_params p = loom_serve_default_params();
     p.device = cli_device;
@@ -78,6 +104,9 @@ int cmd_serve(int argc, char **argv) {
         if (!strcmp(a, "--cors")) { p.cors = 1; continue; }
         if (!strcmp(a, "--no-prefix-cache")) { p.engine.prefix_cache = 0; continue; }
         static const char *valued[] = {"--model", "--host", "--port", "--api-key", "--model-name",
+                                       "--served-model-name", "--header-timeout",
+                                       "--body-timeout", "--max-connections",
+                                       "--max-connections-per-ip",
                                        "--max-batch-tokens", "--max-seqs", "--max-queue",
                                        "--ctx-size", "--kv-memory", "--block-size",
                                        "--prefill-chunk", "--max-tokens", "--max-body", "--timeout",
@@ -94,7 +123,14 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--host")) p.host = v;
         else if (!strcmp(a, "--port")) bad = cli_int("serve", a, v, 0, 65535, &p.port);
         else if (!strcmp(a, "--api-key")) p.api_key = v;
-        else if (!strcmp(a, "--model-name")) p.model_name = v;
+        else if (!strcmp(a, "--model-name") || !strcmp(a, "--served-model-name")) {
+            bad = check_names(a, v);
+            p.model_name = v;
+        }
+        else if (!strcmp(a, "--header-timeout")) bad = cli_int("serve", a, v, 1, 86400, &p.header_timeout_s);
+        else if (!strcmp(a, "--body-timeout")) bad = cli_int("serve", a, v, 1, 86400, &p.body_timeout_s);
+        else if (!strcmp(a, "--max-connections")) bad = cli_int("serve", a, v, 1, 65536, &p.max_connections);
+        else if (!strcmp(a, "--max-connections-per-ip")) bad = cli_int("serve", a, v, 0, 65536, &p.max_connections_per_ip);
         else if (!strcmp(a, "--max-batch-tokens")) bad = cli_int("serve", a, v, 1, 1 << 20, &p.engine.max_batch_tokens);
         else if (!strcmp(a, "--max-seqs")) bad = cli_int("serve", a, v, 1, 4096, &p.engine.max_seqs);
         else if (!strcmp(a, "--max-queue")) bad = cli_int("serve", a, v, 0, 1 << 20, &p.engine.max_queue);

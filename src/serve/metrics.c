@@ -8,13 +8,17 @@
 static const double bounds[METRICS_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                                                0.25,  0.5,    1,     2.5,  5,     10,   30};
 static const int statuses[9] = {200, 400, 401, 404, 405, 413, 429, 500, 503};
-static const char *endpoints[3] = {"chat", "completions", "other"};
+/* the route labels of the server's table; "other" counts unknown paths */
+static const char *endpoints[METRICS_ENDPOINTS] = {"chat", "completions", "models",
+                                                   "health", "metrics", "other"};
 
 void metrics_init(loom_metrics *m) { memset(m, 0, sizeof *m); }
 void metrics_free(loom_metrics *m) { (void)m; }
 
 void metrics_count_request(loom_metrics *m, const char *endpoint, int status) {
-    int e = !strcmp(endpoint, "chat") ? 0 : !strcmp(endpoint, "completions") ? 1 : 2;
+    int e = METRICS_ENDPOINTS - 1;
+    for (int i = 0; i < METRICS_ENDPOINTS - 1; i++)
+        if (!strcmp(endpoints[i], endpoint)) e = i;
     int k = 7; /* unknown statuses count as 500 */
     for (int i = 0; i < 9; i++)
         if (statuses[i] == status) k = i;
@@ -58,7 +62,7 @@ char *metrics_render(loom_metrics *m, const loom_engine_stats *st, int inflight)
     loom_buf b = {0};
     loom_buf_puts(&b, "# HELP loom_requests_total HTTP requests by endpoint and status.\n"
                 "# TYPE loom_requests_total counter\n");
-    for (int e = 0; e < 3; e++)
+    for (int e = 0; e < METRICS_ENDPOINTS; e++)
         for (int k = 0; k < 9; k++) {
             unsigned long long v = atomic_load(&m->requests[e][k]);
             if (v || k == 0)

@@ -9,6 +9,7 @@
 #include "loom.h"
 
 #define METRICS_BUCKETS 14
+#define METRICS_ENDPOINTS 6
 
 typedef struct metrics_hist {
     atomic_ullong count[METRICS_BUCKETS + 1]; /* last: +Inf */
@@ -16,14 +17,15 @@ typedef struct metrics_hist {
 } metrics_hist;
 
 typedef struct loom_metrics {
-    atomic_ullong requests[3][9];   /* endpoint x status class */
+    atomic_ullong requests[METRICS_ENDPOINTS][9]; /* endpoint x status class */
     atomic_ullong prompt_tokens, generated_tokens, disconnects;
     metrics_hist ttft, itl;
 } loom_metrics;
 
 void metrics_init(loom_metrics *m);
 void metrics_free(loom_metrics *m);
-/* endpoint: "chat", "completions" or anything else. */
+/* endpoint: "chat", "completions", "models", "health", "metrics" or
+ * anything else (counted as "other"). */
 void metrics_count_request(loom_metrics *m, const char *endpoint, int status);
 void metrics_count_disconnect(loom_metrics *m);
 void metrics_add_tokens(loom_metrics *m, uint64_t prompt, uint64_t generated);

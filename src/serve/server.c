@@ -33,7 +33,10 @@
 
 typedef struct server {
     loom_serve_params p;
-    char model_id[256];
+    char model_id[256];            /* reported in responses: the first served name */
+    char name_list[1024];          /* the served names, NUL-separated */
+    const char *names[16];         /* into name_list, or model_id alone */
+    int n_names;
     loom_model *model;
     loom_tok *tok;
     loom_chat_template *chat;      /* NULL when the model has none */
@@ -50,6 +53,9 @@ typedef struct server {
     int32_t turn_end[8];           /* end-of-turn ids chat requests stop at */
     int n_turn_end;
     loom_metrics metrics;
+    pthread_mutex_t watch_lock;    /* guards watched and every entry's deadline */
+    struct conn_watch *watched;    /* open connections (HTTP only) */
+    atomic_int watch_stop;
 } server;
 
 /* ---- one generation job --------------------------------------------------- */
@@ -726,10 +732,15 @@ static void stream_free(void *cls) {
 
 /* ---- HTTP plumbing -------------------------------------------------------------- */
 
+typedef struct route route;
+
 typedef struct conn_ctx {
     loom_buf body;
     int too_big;
     int is_post;
+    const route *rt;            /* the row answering, NULL when rejected */
+    const char *label;          /* metrics endpoint label */
+    api_error reject;           /* 401/404/405 decided on the headers (status 0: none) */
 } conn_ctx;
 
 static void add_common_headers(server *s, struct MHD_Response *resp, const char *type) {
@@ -786,6 +797,23 @@ static char *complete_job(job *j, int *status) {
     return body;
 }
 
+/* A request may name any served name, or none; any other is answered as
+ * OpenAI and vLLM do, 404 model_not_found, rather than served by a model
+ * the client did not ask for. */
+static int check_model(server *s, const char *model, api_error *err) {
+    if (!model) return 0;
+    for (int i = 0; i < s->n_names; i++)
+        if (!strcmp(model, s->names[i])) return 0;
+    loom_buf b = {0};
+    for (int i = 0; i < s->n_names; i++) loom_buf_printf(&b, "%s'%s'", i ? ", " : "", s->names[i]);
+    api_fail(err, 404, "model", "the model '%s' does not exist; this server serves %s", model,
+             b.p ? b.p : "");
+    loom_buf_free(&b);
+    err->type = "invalid_request_error";
+    err->code = "model_not_found";
+    return -1;
+}
+
 static enum MHD_Result handle_generate(server *s, struct MHD_Connection *conn, api_kind kind,
                                        conn_ctx *cc) {
     const char *endpoint = kind == API_CHAT ? "chat" : "completions";
@@ -798,7 +826,8 @@ static enum MHD_Result handle_generate(server *s, struct MHD_Connection *conn, a
     if (!j) return send_text(s, conn, 500, "application/json", NULL);
     j->srv = s;
     atomic_fetch_add(&s->inflight, 1);
-    if (api_parse(kind, cc->body.p ? cc->body.p : "", cc->body.len, s->vocab, &j->req, &err) < 0) {
+    if (api_parse(kind, cc->body.p ? cc->body.p : "", cc->body.len, s->vocab, &j->req, &err) < 0 ||
+        check_model(s, j->req.model, &err) < 0) {
         job_free(j);
         return send_error(s, conn, endpoint, &err);
     }
@@ -871,6 +900,187 @@ static int authorized(server *s, struct MHD_Connection *conn) {
     return diff == 0;
 }
 
+/* ---- slow clients ------------------------------------------------------------ */
+
+/* MHD's connection timeout restarts with every byte read, so a client that
+ * trickles its request holds a connection, and its thread, for as long as
+ * it likes; a few hundred of them starve everyone. So each connection has
+ * a deadline that trickling does not move: the request line and headers
+ * within --header-timeout of the connection, or of a kept-alive
+ * connection's next request line (the wait for which --timeout bounds),
+ * and the body within --body-timeout of the headers. A watchdog thread
+ * shuts down the socket of a request past its deadline. A request fully
+ * received has none, so a long answer or stream is never cut. */
+typedef struct conn_watch {
+    struct conn_watch *prev, *next;
+    int fd;
+    int idle;          /* between two requests of a kept-alive connection */
+    double deadline;   /* loom_now() seconds; 0: none */
+} conn_watch;
+
+static conn_watch *watch_of(struct MHD_Connection *conn) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+static void watch_set(server *s, conn_watch *w, int idle, double seconds) {
+    if (!w) return;
+    pthread_mutex_lock(&s->watch_lock);
+    w->idle = idle;
+    w->deadline = seconds > 0 ? loom_now() + seconds : 0;
+    pthread_mutex_unlock(&s->watch_lock);
+}
+
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe) {
+    server *s = cls;
+    conn_watch *w = *socket_context;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        if (!(w = calloc(1, sizeof *w))) return; /* unwatched, as MHD alone would */
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        w->fd = ci ? ci->connect_fd : -1;
+        w->deadline = loom_now() + s->p.header_timeout_s;
+        pthread_mutex_lock(&s->watch_lock);
+        w->next = s->watched;
+        if (w->next) w->next->prev = w;
+        s->watched = w;
+        pthread_mutex_unlock(&s->watch_lock);
+        *socket_context = w;
+        return;
+    }
+    if (!w) return;
+    /* MHD closes the socket after this, so the watchdog, which holds the
+     * lock while it shuts sockets down, never touches a reused fd */
+    pthread_mutex_lock(&s->watch_lock);
+    if (w->prev) w->prev->next = w->next;
+    else s->watched = w->next;
+    if (w->next) w->next->prev = w->prev;
+    pthread_mutex_unlock(&s->watch_lock);
+    free(w);
+    *socket_context = NULL;
+}
+
+/* The request line of a kept-alive connection's next request: the headers
+ * are due from now. */
+static void *on_request_line(void *cls, const char *uri, struct MHD_Connection *conn) {
+    (void)uri;
+    server *s = cls;
+    conn_watch *w = watch_of(conn);
+    if (w && w->idle) watch_set(s, w, 0, s->p.header_timeout_s);
+    return NULL;
+}
+
+static void watch_headers_done(server *s, struct MHD_Connection *conn) {
+    watch_set(s, watch_of(conn), 0, s->p.body_timeout_s);
+}
+
+static void watch_received(server *s, struct MHD_Connection *conn) {
+    watch_set(s, watch_of(conn), 0, 0);
+}
+
+static void *watchdog(void *arg) {
+    server *s = arg;
+    while (!atomic_load(&s->watch_stop)) {
+        double now = loom_now();
+        pthread_mutex_lock(&s->watch_lock);
+        for (conn_watch *w = s->watched; w; w = w->next)
+            if (w->deadline > 0 && now > w->deadline && w->fd >= 0) {
+                shutdown(w->fd, SHUT_RDWR); /* its thread sees the end and closes it */
+                w->deadline = 0;
+            }
+        pthread_mutex_unlock(&s->watch_lock);
+        usleep(100000);
+    }
+    return NULL;
+}
+
+/* ---- routes ------------------------------------------------------------------ */
+
+typedef enum MHD_Result (*route_fn)(server *s, struct MHD_Connection *conn, conn_ctx *cc);
+
+/* One row per endpoint. A /v1/ path is also answered without the prefix
+ * (clients whose base URL is the bare host), through the same row, so
+ * both spellings share its method, metrics label and key check. Every
+ * row with auth set needs the --api-key bearer token when one is given:
+ * /metrics too (Prometheus sends one with a scrape config's
+ * authorization), only /health stays open for load-balancer probes. */
+struct route {
+    const char *method;
+    const char *path;
+    route_fn fn;
+    const char *label; /* endpoint label of loom_requests_total */
+    int auth;
+};
+
+static enum MHD_Result route_health(server *s, struct MHD_Connection *conn, conn_ctx *cc) {
+    metrics_count_request(&s->metrics, cc->label, 200);
+    return send_text(s, conn, 200, "application/json", strdup("{\"status\":\"ok\"}"));
+}
+
+static enum MHD_Result route_metrics(server *s, struct MHD_Connection *conn, conn_ctx *cc) {
+    loom_engine_stats st = {0};
+    pthread_rwlock_rdlock(&s->engine_lock);
+    if (s->engine) loom_engine_get_stats(s->engine, &st);
+    pthread_rwlock_unlock(&s->engine_lock);
+    metrics_count_request(&s->metrics, cc->label, 200);
+    return send_text(s, conn, 200, "text/plain; version=0.0.4",
+                     metrics_render(&s->metrics, &st, atomic_load(&s->inflight)));
+}
+
+static enum MHD_Result route_models(server *s, struct MHD_Connection *conn, conn_ctx *cc) {
+    metrics_count_request(&s->metrics, cc->label, 200);
+    return send_text(s, conn, 200, "application/json", models_json(s));
+}
+
+static enum MHD_Result route_chat(server *s, struct MHD_Connection *conn, conn_ctx *cc) {
+    return handle_generate(s, conn, API_CHAT, cc);
+}
+
+static enum MHD_Result route_completions(server *s, struct MHD_Connection *conn, conn_ctx *cc) {
+    return handle_generate(s, conn, API_COMPLETION, cc);
+}
+
+static const route routes[] = {
+    {"GET", "/health", route_health, "health", 0},
+    {"GET", "/metrics", route_metrics, "metrics", 1},
+    {"GET", "/v1/models", route_models, "models", 1},
+    {"POST", "/v1/chat/completions", route_chat, "chat", 1},
+    {"POST", "/v1/completions", route_completions, "completions", 1},
+};
+
+static int route_has_path(const route *rt, const char *url) {
+    return !strcmp(url, rt->path) || (!strncmp(rt->path, "/v1/", 4) && !strcmp(url, rt->path + 3));
+}
+
+/* Picks the row for the request from its headers, the one place that
+ * checks the key. A rejected request (404, 401, 405, in that order: an
+ * unknown path says nothing a client without the key may not know) keeps
+ * its answer in cc->reject, and its body is not kept. */
+static void route_request(server *s, struct MHD_Connection *conn, const char *method,
+                          const char *url, conn_ctx *cc) {
+    const route *path_row = NULL;
+    cc->label = "other";
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(routes); i++) {
+        if (!route_has_path(&routes[i], url)) continue;
+        if (!path_row) path_row = &routes[i];
+        if (!strcmp(method, routes[i].method)) {
+            cc->rt = &routes[i];
+            break;
+        }
+    }
+    if (!path_row) {
+        api_fail(&cc->reject, 404, NULL, "no route for %s %s", method, url);
+        return;
+    }
+    cc->label = path_row->label;
+    if (path_row->auth && !authorized(s, conn)) {
+        cc->rt = NULL;
+        api_fail(&cc->reject, 401, NULL, "missing or invalid API key (send 'Authorization: Bearer <key>')");
+    } else if (!cc->rt) {
+        api_fail(&cc->reject, 405, NULL, "%s needs %s, not %s", url, path_row->method, method);
+    }
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version, const char *upload,
                                   size_t *upload_size, void **con_cls) {
@@ -883,6 +1093,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         cc->is_post = !strcmp(method, "POST");
         *con_cls = cc;
         atomic_fetch_add(&s->active, 1);
+        watch_headers_done(s, conn);
+        route_request(s, conn, method, url, cc);
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
         if (!cl || strtoull(cl, NULL, 10) <= s->p.max_body) return MHD_YES;
         cc->too_big = 1;
@@ -896,7 +1108,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         if (!expect && strtoull(cl, NULL, 10) <= drain) return MHD_YES;
     }
     if (*upload_size) {
-        if (!cc->too_big) {
+        if (!cc->too_big && !cc->reject.status) {
             if (cc->body.len + *upload_size > s->p.max_body) {
                 cc->too_big = 1;
                 loom_buf_free(&cc->body);
@@ -907,56 +1119,26 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         *upload_size = 0;
         return MHD_YES;
     }
+    watch_received(s, conn);
     api_error err;
-    const char *endpoint = "other";
-    int is_chat = !strcmp(url, "/v1/chat/completions") || !strcmp(url, "/chat/completions");
-    int is_comp = !strcmp(url, "/v1/completions") || !strcmp(url, "/completions");
-    if (is_chat) endpoint = "chat";
-    if (is_comp) endpoint = "completions";
     if (!strcmp(method, "OPTIONS") && s->p.cors) {
         char *empty = strdup("");
         return send_text(s, conn, 204, "text/plain", empty);
     }
+    if (cc->reject.status) return send_error(s, conn, cc->label, &cc->reject);
     if (cc->too_big) {
         api_fail(&err, 413, NULL, "the request body exceeds %zu bytes", s->p.max_body);
-        return send_error(s, conn, endpoint, &err);
+        return send_error(s, conn, cc->label, &err);
     }
-    if (!strcmp(url, "/health")) {
-        metrics_count_request(&s->metrics, endpoint, 200);
-        return send_text(s, conn, 200, "application/json", strdup("{\"status\":\"ok\"}"));
-    }
-    if (!strncmp(url, "/v1/", 4) && !authorized(s, conn)) {
-        api_fail(&err, 401, NULL, "missing or invalid API key (send 'Authorization: Bearer <key>')");
-        return send_error(s, conn, endpoint, &err);
-    }
-    if (!strcmp(url, "/metrics") && !strcmp(method, "GET")) {
-        loom_engine_stats st = {0};
-        pthread_rwlock_rdlock(&s->engine_lock);
-        if (s->engine) loom_engine_get_stats(s->engine, &st);
-        pthread_rwlock_unlock(&s->engine_lock);
-        return send_text(s, conn, 200, "text/plain; version=0.0.4",
-                         metrics_render(&s->metrics, &st, atomic_load(&s->inflight)));
-    }
-    if ((!strcmp(url, "/v1/models") || !strcmp(url, "/models")) && !strcmp(method, "GET")) {
-        metrics_count_request(&s->metrics, endpoint, 200);
-        return send_text(s, conn, 200, "application/json", models_json(s));
-    }
-    if (is_chat || is_comp) {
-        if (!cc->is_post) {
-            api_fail(&err, 405, NULL, "%s needs POST", url);
-            return send_error(s, conn, endpoint, &err);
-        }
-        return handle_generate(s, conn, is_chat ? API_CHAT : API_COMPLETION, cc);
-    }
-    api_fail(&err, 404, NULL, "no route for %s %s", method, url);
-    return send_error(s, conn, endpoint, &err);
+    return cc->rt->fn(s, conn, cc);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                          enum MHD_RequestTerminationCode toe) {
     server *s = cls;
-    (void)conn;
     (void)toe;
+    /* a kept-alive connection waits for its next request line */
+    watch_set(s, watch_of(conn), 1, s->p.timeout_s + s->p.header_timeout_s);
     conn_ctx *cc = *con_cls;
     if (!cc) return;
     atomic_fetch_sub(&s->active, 1);
@@ -970,7 +1152,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 loom_serve_params loom_serve_default_params(void) {
     return (loom_serve_params){
         .host = "127.0.0.1", .port = 8080, .max_body = 8u << 20, .timeout_s = 60, .grace_s = 10,
-        .max_connections = 512, .default_max_tokens = 512, .engine = loom_engine_default_params(), .device = -1,
+        .header_timeout_s = 10, .body_timeout_s = 60, .max_connections = 512,
+        .max_connections_per_ip = 64, .default_max_tokens = 512, .engine = loom_engine_default_params(), .device = -1,
     };
 }
 
@@ -1008,6 +1191,17 @@ static int server_open(server *s, const loom_serve_params *params) {
              s->p.model_name ? s->p.model_name : base && base[1] ? base + 1 : dir);
     char *slash = strchr(s->model_id, '/');
     if (slash && !s->p.model_name) *slash = 0;
+    s->names[s->n_names++] = s->model_id;
+    if (s->p.model_name) { /* "a,b,c": a is the id, all are accepted */
+        snprintf(s->name_list, sizeof s->name_list, "%s", s->p.model_name);
+        char *save = NULL;
+        s->n_names = 0;
+        for (char *t = strtok_r(s->name_list, ",", &save); t && s->n_names < (int)LOOM_ARRAY_LEN(s->names);
+             t = strtok_r(NULL, ",", &save))
+            s->names[s->n_names++] = t;
+        if (s->n_names) snprintf(s->model_id, sizeof s->model_id, "%s", s->names[0]);
+        else s->names[s->n_names++] = s->model_id;
+    }
 
     fprintf(stderr, "loom: loading %s ...\n", dir);
     loom_model_params mp = loom_model_default_params();
@@ -1103,16 +1297,26 @@ int loom_serve_run(const loom_serve_params *params) {
         free_server(s);
         return 2;
     }
+    pthread_mutex_init(&s->watch_lock, NULL);
+    pthread_t dog;
+    if (pthread_create(&dog, NULL, watchdog, s) != 0) {
+        fprintf(stderr, "loom: error: cannot start the connection watchdog: %s\n", strerror(errno));
+        free_server(s);
+        return 1;
+    }
     struct MHD_Daemon *d = MHD_start_daemon(
         MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC |
             MHD_USE_ERROR_LOG,
         (uint16_t)s->p.port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, &addr,
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_CONNECTION_TIMEOUT,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
+        MHD_OPTION_URI_LOG_CALLBACK, on_request_line, s, MHD_OPTION_CONNECTION_TIMEOUT,
         (unsigned)s->p.timeout_s, MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->p.max_connections,
-        MHD_OPTION_END);
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)s->p.max_connections_per_ip, MHD_OPTION_END);
     if (!d) {
         fprintf(stderr, "loom: error: cannot listen on %s:%d: %s\n", s->p.host, s->p.port,
                 strerror(errno));
+        atomic_store(&s->watch_stop, 1);
+        pthread_join(dog, NULL);
         free_server(s);
         return 1;
     }
@@ -1150,6 +1354,9 @@ int loom_serve_run(const loom_serve_params *params) {
     until = loom_now() + 2;
     while (atomic_load(&s->active) > 0 && loom_now() < until) usleep(10000);
     MHD_stop_daemon(d);
+    atomic_store(&s->watch_stop, 1);
+    pthread_join(dog, NULL);
+    pthread_mutex_destroy(&s->watch_lock);
     free_server(s);
     fprintf(stderr, "loom: stopped\n");
     return 0;

@@ -10,15 +10,20 @@
 
 typedef struct loom_serve_params {
     const char *model_dir;
-    const char *model_name;     /* id reported by /v1/models; NULL = dir name */
+    const char *model_name;     /* served names, comma-separated: the first is the id
+                                   reported by /v1/models, any of them may be asked
+                                   for in "model"; NULL = dir name */
     const char *host;           /* default 127.0.0.1 */
     int port;                   /* default 8080; 0 = any free port */
-    const char *api_key;        /* Bearer token required under /v1/, or NULL */
+    const char *api_key;        /* Bearer token required on every route but /health, or NULL */
     int cors;                   /* add permissive CORS headers */
     size_t max_body;            /* bytes; larger bodies get 413 */
     int timeout_s;              /* idle connection timeout */
+    int header_timeout_s;       /* request line and headers must arrive within this */
+    int body_timeout_s;         /* the body must arrive within this of the headers */
     int grace_s;                /* shutdown grace period for in-flight requests */
-    int max_connections;
+    int max_connections;        /* open connections at once (one thread each) */
+    int max_connections_per_ip; /* of them from one client address; 0 = no limit */
     int n_threads;              /* model threads; 0 = all cores */
     int device;                 /* -1 CPU, n = CUDA device n */
     int fast_matmul;            /* loom_model_params.fast_matmul */

@@ -271,7 +271,7 @@ test('429 when the queue is full', async () => {
   const ctl = new AbortController();
   const long = { model, prompt: 'def', max_tokens: 100000, ignore_eos: true };
   const metric = async (name) => {
-    const t = await (await fetch(`${busy}/metrics`)).text();
+    const t = await (await fetch(`${busy}/metrics`, { headers: { authorization: `Bearer ${key}` } })).text();
     return Number(t.split('\n').find((l) => l.startsWith(name + ' ')).split(' ')[1]);
   };
   const until = async (name, v) => {
@@ -303,7 +303,7 @@ test('an aborted stream is cancelled in the engine', async () => {
   }
   const t0 = Date.now();
   for (;;) {
-    const m = await (await fetch(`${base}/metrics`)).text();
+    const m = await (await fetch(`${base}/metrics`, { headers: { authorization: `Bearer ${key}` } })).text();
     if (/^loom_running_sequences 0$/m.test(m) && /^loom_kv_blocks_used 0$/m.test(m)) break;
     assert.ok(Date.now() - t0 < 2000, 'still running 2 s after the abort');
     await new Promise((r) => setTimeout(r, 20));

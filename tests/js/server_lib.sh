@@ -110,9 +110,11 @@ body_has() {
     grep -qF -- "$1" "$TMPD/body" || fail "$2: expected $1 in $(head -c 600 "$TMPD/body")"
 }
 
-# metric NAME: the value of an unlabelled metric from /metrics.
+# metric NAME: the value of an unlabelled metric from /metrics (which
+# needs the key of a server started with --api-key: set API_KEY).
 metric() {
-    curl -s --max-time 10 "$BASE/metrics" | awk -v n="$1" '$1 == n { print $2 }'
+    curl -s --max-time 10 ${API_KEY:+-H} ${API_KEY:+"Authorization: Bearer $API_KEY"} "$BASE/metrics" |
+        awk -v n="$1" '$1 == n { print $2 }'
 }
 
 # wait_metric NAME VALUE SECONDS: polls /metrics until NAME equals VALUE.
