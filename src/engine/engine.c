@@ -257,7 +257,8 @@ static int newest_running(const loom_engine *e) {
  *   prefill.forward        the step's batched forward (trace_step)
  *   prefill.kv_maintenance prefix-cache insertion and sliding-window block
  *                          release after the forward (trace_step)
- *   prefill.checkpoint     a recurrent-state snapshot at a boundary (row)
+ *   prefill.checkpoint     a recurrent-state snapshot at a boundary (with
+ *                          the row's index in the batch)
  *   prefill.evaluate       picking the first token from the final piece's
  *                          logits (complete_row)
  *   prefill.complete       emitting it; the request decodes on or ends
@@ -269,8 +270,9 @@ static int newest_running(const loom_engine *e) {
  *                          forward, as the seed does.
  *   decode.step            a decode row's share of the forward (trace_step)
  *   cache.disk_restore     the restore thread's reads (finish_restores)
- * The spans the seed tags carry mechanism "continuous" (loom's only one:
- * the batched engine). Shared work carries the step's workId, batchSize
+ * The four the seed tags (cache.lookup_restore, prefill.batch_setup,
+ * prefill.chunk, prefill.total) carry mechanism "continuous", the seed's
+ * name for the batched engine, loom's only one. Shared work carries the step's workId, batchSize
  * (rows), batchTokens and the row's tokensPerRow on every traced request
  * that took part; such spans are not additive across requests. */
 #define MECHANISM "continuous"
@@ -291,8 +293,8 @@ static void trace_step(loom_engine *e, int n_rows, const step_work *w, double t0
                        double t2, double t3) {
     for (int i = 0; i < n_rows; i++) {
         loom_request *r = e->row_req[i];
-        int n = e->rows[i].n, start = r->seq.n_tokens - n;
         if (!r->trace) continue;
+        int n = e->rows[i].n, start = r->seq.n_tokens - n;
         if (!e->row_kind[i]) {
             loom_rq_span(r, "decode.step", NULL, t1, t2, RQ_ATTRS(WORK_ATTRS(w, n), {"startToken", start}));
             continue;
