@@ -10,7 +10,7 @@ set -u
 command -v node >/dev/null || fail "node is required (scripts/install-deps.sh installs it)"
 
 TF="$TMPD/trace.jsonl"
-start_server trace --trace-file "$TF" --prefill-chunk 24
+start_server trace --trace-file "$TF" --prefill-chunk 24 --cors
 
 # check_spans FILE WHAT CHUNKS CACHED: FILE holds one JSON array of spans
 # (or a {"spans": [...]} line per request, all checked); each has the seed's
@@ -116,6 +116,12 @@ node -e 'const t = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"
 process.exit(t.find(s => s.name === "cache.lookup_restore").attrs.cachedTokens > 0 ? 0 : 1)' "$TMPD/spans" ||
     fail "traced chat: the repeated prompt did not hit the prefix cache"
 ok "streamed chat with usage and spans in the last chunk; a repeated chat hits the cache"
+
+# a browser may send the header (CORS preflight)
+h=$(curl -s --max-time 10 -D - -o /dev/null -X OPTIONS -H 'Origin: http://x' \
+    -H 'Access-Control-Request-Method: POST' -H 'Access-Control-Request-Headers: x-loom-trace' \
+    "$BASE/v1/completions")
+echo "$h" | grep -qi '^Access-Control-Allow-Headers:.*X-Loom-Trace' || fail "CORS preflight does not allow X-Loom-Trace: $h"
 
 # traced requests also go to the file; a trace that is not a boolean is refused
 wait_lines 6

@@ -770,7 +770,7 @@ static void add_common_headers(server *s, struct MHD_Response *resp, const char 
     MHD_add_response_header(resp, "Content-Type", type);
     if (s->p.cors) {
         MHD_add_response_header(resp, "Access-Control-Allow-Origin", "*");
-        MHD_add_response_header(resp, "Access-Control-Allow-Headers", "Authorization, Content-Type");
+        MHD_add_response_header(resp, "Access-Control-Allow-Headers", "Authorization, Content-Type, X-Loom-Trace");
         MHD_add_response_header(resp, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
     }
 }
