@@ -117,6 +117,20 @@ process.exit(t.find(s => s.name === "cache.lookup_restore").attrs.cachedTokens >
     fail "traced chat: the repeated prompt did not hit the prefix cache"
 ok "streamed chat with usage and spans in the last chunk; a repeated chat hits the cache"
 
+# n = 2: both choices' spans, each with its index; a stop string cancels the
+# request in the engine, and its spans still close
+s=$(req POST /v1/completions '{"prompt":"def fib(n):","max_tokens":3,"n":2,"loom_trace":true}')
+expect_status 200 "$s" "traced n=2"
+node -e 'const b = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"));
+for (const i of [0, 1]) if (!b.trace.some(s => s.index === i && s.name === "prefill.total")) process.exit(1);' \
+    "$TMPD/body" || fail "traced n=2: not both choices in $(head -c 600 "$TMPD/body")"
+s=$(req POST /v1/completions '{"prompt":"def fib(n):","max_tokens":30,"temperature":0,"stop":["return"],"loom_trace":true}')
+expect_status 200 "$s" "traced stop string"
+body_has '"finish_reason":"stop"' "traced stop string"
+body_trace "traced stop string"
+check_spans "$TMPD/spans" "stop string" 1 -1
+ok "n = 2 gives each choice's spans with its index; a stop string's request closes its spans"
+
 # a browser may send the header (CORS preflight)
 h=$(curl -s --max-time 10 -D - -o /dev/null -X OPTIONS -H 'Origin: http://x' \
     -H 'Access-Control-Request-Method: POST' -H 'Access-Control-Request-Headers: x-loom-trace' \
@@ -124,7 +138,7 @@ h=$(curl -s --max-time 10 -D - -o /dev/null -X OPTIONS -H 'Origin: http://x' \
 echo "$h" | grep -qi '^Access-Control-Allow-Headers:.*X-Loom-Trace' || fail "CORS preflight does not allow X-Loom-Trace: $h"
 
 # traced requests also go to the file; a trace that is not a boolean is refused
-wait_lines 6
+wait_lines 9
 check_spans "$TF" "trace file" 0 -1
 s=$(req POST /v1/completions '{"prompt":"x","max_tokens":1,"loom_trace":"yes"}')
 expect_status 400 "$s" "loom_trace not a boolean"
