@@ -190,7 +190,10 @@ typedef struct loom_engine_params {
                                kv_type. NULL = none (the library does not look in
                                the model directory; the loom commands do). The
                                CUDA backend takes one type for all layers. */
-    const char *trace_file; /* traced requests' spans as JSON lines, or NULL */
+    const char *trace_file; /* appends one JSON line per traced request when it
+                               ends: {"request", "prompt_tokens",
+                               "generated_tokens", "spans": [...]}, spans as
+                               loom_request_trace_json writes them; or NULL */
     int prefix_cache;       /* reuse KV of earlier prompts' full blocks (default 1;
                                models with linear-attention layers never do) */
     size_t prefix_cache_bytes; /* cap on KV kept only for reuse (unreferenced cached
@@ -216,7 +219,9 @@ typedef struct loom_request_params {
     int ignore_eos;         /* do not stop at the model's end-of-sequence ids */
     int logprobs;           /* -1 none; 0 the chosen token's; n > 0 also top n (max 20) */
     int prefill_chunk;      /* 0 = the engine's policy */
-    int trace;              /* record timed spans for this request */
+    int trace;              /* record timed spans for this request (read them
+                               with loom_request_trace_json; the engine's
+                               trace_file also gets them) */
     const char *cache_session_id; /* isolates this request's prefix-cache
                                      entries from other sessions; NULL = shared */
     int snapshot_at;        /* a prompt boundary worth resuming from later (e.g.
@@ -295,6 +300,12 @@ loom_status loom_request_next(loom_request *r, loom_event *ev, int timeout_ms);
 void loom_request_cancel(loom_request *r);
 /* Message for a LOOM_FINISH_ERROR request ("" otherwise). */
 const char *loom_request_error(const loom_request *r);
+/* The spans a traced request recorded, as a JSON array of
+ * {"name", "start_ms", "dur_ms", "attrs": {...}} (start_ms counts from the
+ * submit), in a malloc'd string the caller frees; "[]" for an untraced
+ * request, NULL when out of memory. Call only after the final event: the
+ * engine records spans until then. */
+char *loom_request_trace_json(const loom_request *r);
 /* Cancels the request if it still runs and drops the caller's handle. */
 void loom_request_free(loom_request *r);
 

@@ -549,7 +549,8 @@ static void tracing(void) {
                 lookups += !strcmp(name, "cache.lookup_restore");
                 CHECK(cJSON_GetObjectItem(sp, "dur_ms")->valuedouble >= 0);
                 if (!strcmp(name, "prefill.forward") && lines < 2 && n_works[lines] < 64)
-                    works[lines][n_works[lines]++] = (uint64_t)cJSON_GetObjectItem(sp, "work_id")->valuedouble;
+                    works[lines][n_works[lines]++] =
+                        (uint64_t)cJSON_GetObjectItem(cJSON_GetObjectItem(sp, "attrs"), "workId")->valuedouble;
             }
             cJSON_Delete(j);
             lines++;
@@ -562,6 +563,141 @@ static void tracing(void) {
         unlink(path);
     }
     CHECKF(shared, "the two prefills never shared a forward in 8 tries");
+    free_fixture(&f);
+}
+
+/* The spans of one request, from loom_request_trace_json after its final
+ * event (NULL when that is not a JSON array). */
+static cJSON *trace_of(loom_request *r) {
+    char *text = loom_request_trace_json(r);
+    cJSON *j = text ? cJSON_Parse(text) : NULL;
+    CHECKF(cJSON_IsArray(j), "trace is not a JSON array: %.80s", text ? text : "(null)");
+    free(text);
+    if (!cJSON_IsArray(j)) {
+        cJSON_Delete(j);
+        return NULL;
+    }
+    return j;
+}
+
+static int count_spans(const cJSON *spans, const char *name) {
+    int n = 0;
+    for (const cJSON *sp = spans ? spans->child : NULL; sp; sp = sp->next)
+        n += !strcmp(cJSON_GetObjectItem(sp, "name")->valuestring, name);
+    return n;
+}
+
+/* attrs[key] of the first span called name, or -1. */
+static double span_attr(const cJSON *spans, const char *name, const char *key) {
+    for (const cJSON *sp = spans ? spans->child : NULL; sp; sp = sp->next) {
+        if (strcmp(cJSON_GetObjectItem(sp, "name")->valuestring, name)) continue;
+        const cJSON *v = cJSON_GetObjectItem(cJSON_GetObjectItem(sp, "attrs"), key);
+        return cJSON_IsNumber(v) ? v->valuedouble : -1;
+    }
+    return -1;
+}
+
+/* A traced request records the seed's span names where their work happens,
+ * with the mechanism on the ones the seed tags, durations >= 0 and every
+ * chunk inside prefill.total; an untraced one records nothing; a second
+ * run of the prompt shows its cache hit; a request whose first token ends
+ * it still closes its prefill; a hybrid model's boundary snapshot is a
+ * checkpoint. */
+static void trace_spans(void) {
+    static const char *prefill_names[] = {
+        "cache.lookup_restore", "prefill.batch_setup", "prefill.row_sync", "prefill.chunk",
+        "prefill.forward", "prefill.kv_maintenance", "prefill.evaluate", "prefill.complete",
+        "prefill.total"};
+    static const char *tagged[] = {"cache.lookup_restore", "prefill.batch_setup", "prefill.chunk",
+                                   "prefill.total"};
+    fixture f;
+    if (!load_fixture("tests/fixtures/models/qwen3-tiny", &f)) { CHECK(0); return; }
+    loom_engine_params ep = loom_engine_default_params();
+    ep.n_ctx = 400;
+    ep.prefill_chunk = 32;
+    loom_engine *e = NULL;
+    CHECK(loom_engine_create(f.m, &ep, &e) == LOOM_OK);
+    int L = f.len[3], chunks = (L + 31) / 32;
+    for (int run = 0; run < 4; run++) {
+        loom_request_params rp = loom_request_default_params();
+        rp.prompt = f.ids[3];
+        rp.n_prompt = L;
+        rp.max_tokens = run == 3 ? 1 : 3;
+        rp.ignore_eos = 1;
+        rp.trace = run != 1; /* run 1 is untraced */
+        loom_request *r = NULL;
+        CHECK(loom_engine_submit(e, &rp, &r) == LOOM_OK);
+        int32_t toks[4];
+        int n = 0;
+        CHECK(drain(r, toks, NULL, &n) == LOOM_FINISH_LENGTH);
+        cJSON *spans = trace_of(r);
+        loom_request_free(r);
+        if (!spans) continue;
+        if (run == 1) {
+            CHECKF(cJSON_GetArraySize(spans) == 0, "an untraced request has %d spans",
+                   cJSON_GetArraySize(spans));
+            cJSON_Delete(spans);
+            continue;
+        }
+        for (size_t k = 0; k < sizeof prefill_names / sizeof *prefill_names; k++)
+            CHECKF(count_spans(spans, prefill_names[k]) > 0, "run %d: no %s span", run, prefill_names[k]);
+        /* run 0 is cold: every chunk; runs 2 and 3 compute only the last block's tokens */
+        int want_chunks = run == 0 ? chunks : 1;
+        CHECK_EQ_INT(count_spans(spans, "prefill.chunk"), want_chunks);
+        CHECK_EQ_INT(count_spans(spans, "prefill.forward"), want_chunks);
+        CHECK_EQ_INT(count_spans(spans, "prefill.total"), 1);
+        CHECK_EQ_INT(count_spans(spans, "decode.step"), rp.max_tokens - 1);
+        CHECK_EQ_INT(count_spans(spans, "prefill.project") + count_spans(spans, "prefill.companion"), 0);
+        int cached = (int)span_attr(spans, "cache.lookup_restore", "cachedTokens");
+        CHECKF(run == 0 ? cached == 0 : cached == (L - 1) / 16 * 16, "run %d: %d cached tokens", run, cached);
+        CHECK_EQ_INT((int)span_attr(spans, "prefill.total", "cachedTokens"), cached);
+        CHECK_EQ_INT((int)span_attr(spans, "prefill.total", "promptTokens"), L);
+        CHECK_EQ_INT((int)span_attr(spans, "prefill.chunk", "startToken"), cached);
+        double t0 = 0, t1 = 0;
+        for (const cJSON *sp = spans->child; sp; sp = sp->next) {
+            const char *name = cJSON_GetObjectItem(sp, "name")->valuestring;
+            const cJSON *mech = cJSON_GetObjectItem(cJSON_GetObjectItem(sp, "attrs"), "mechanism");
+            int want_mech = 0;
+            for (size_t k = 0; k < sizeof tagged / sizeof *tagged; k++) want_mech |= !strcmp(name, tagged[k]);
+            CHECKF(want_mech ? cJSON_IsString(mech) && !strcmp(mech->valuestring, "continuous") : !mech,
+                   "run %d: %s has mechanism %s", run, name, mech ? mech->valuestring : "(none)");
+            double start = cJSON_GetObjectItem(sp, "start_ms")->valuedouble;
+            double dur = cJSON_GetObjectItem(sp, "dur_ms")->valuedouble;
+            CHECKF(start >= 0 && dur >= 0, "run %d: %s starts at %g ms for %g ms", run, name, start, dur);
+            if (!strcmp(name, "prefill.total")) t0 = start, t1 = start + dur;
+        }
+        for (const cJSON *sp = spans->child; sp; sp = sp->next) {
+            if (strcmp(cJSON_GetObjectItem(sp, "name")->valuestring, "prefill.chunk")) continue;
+            double start = cJSON_GetObjectItem(sp, "start_ms")->valuedouble;
+            double end = start + cJSON_GetObjectItem(sp, "dur_ms")->valuedouble;
+            /* times are printed to 1 us */
+            CHECKF(start >= t0 - 1e-3 && end <= t1 + 1e-3,
+                   "run %d: chunk [%g, %g] ms outside prefill.total [%g, %g]", run, start, end, t0, t1);
+        }
+        cJSON_Delete(spans);
+    }
+    check_idle(e);
+    loom_engine_free(e);
+    free_fixture(&f);
+
+    /* a state snapshot at the prompt's last full block (>= 256 tokens in) */
+    if (!load_fixture("tests/fixtures/models/qwen3.5-tiny-hybrid", &f)) { CHECK(0); return; }
+    CHECK(loom_engine_create(f.m, &ep, &e) == LOOM_OK);
+    loom_request_params rp = loom_request_default_params();
+    rp.prompt = f.ids[3];
+    rp.n_prompt = f.len[3];
+    rp.max_tokens = 2;
+    rp.trace = 1;
+    loom_request *r = NULL;
+    CHECK(loom_engine_submit(e, &rp, &r) == LOOM_OK);
+    int32_t toks[4];
+    int n = 0;
+    drain(r, toks, NULL, &n);
+    cJSON *spans = trace_of(r);
+    CHECK_EQ_INT(count_spans(spans, "prefill.checkpoint"), 1);
+    cJSON_Delete(spans);
+    loom_request_free(r);
+    loom_engine_free(e);
     free_fixture(&f);
 }
 
@@ -1146,6 +1282,7 @@ int main(void) {
     kv_lossy("tests/fixtures/models/llama3-tiny");
     sliding_window_blocks();
     tracing();
+    trace_spans();
     disk_tier();
     prefix_cache("tests/fixtures/models/qwen3-tiny");
     prefix_cache_hybrid("tests/fixtures/models/qwen3.5-tiny-hybrid");

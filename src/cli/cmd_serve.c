@@ -54,7 +54,7 @@ static const char usage[] =
     "  --prefix-cache-disk-bytes SIZE  cap of the disk tier (default: unlimited)\n"
     "  --prefix-cache-zstd N   compress the disk tier's block files at zstd level N\n"
     "                          (1..19; default 0 = off)\n"
-    "  --trace-file FILE       append request traces as JSON lines\n"
+    "  --trace-file FILE       append every request's timed spans as JSON lines\n"
     "  --port-file FILE        write the bound port to FILE when ready\n"
     "  --threads N             model threads (default: all cores)\n";
 

@@ -92,6 +92,8 @@ struct loom_engine {
     loom_request **waiting;        /* owned ring [wait_cap] */
     int wait_head, wait_len, wait_cap;
     FILE *trace;                   /* owned, may be NULL */
+    int n_traced;                  /* traced requests waiting or running: the
+                                      clock is read for spans only then */
     int cache;                     /* prefix cache in use */
     loom_kvdisk *disk;             /* owned disk tier, or NULL */
     loom_snapshots *snaps;         /* owned saved states (linear-attention models) */
@@ -185,6 +187,7 @@ static void finish(loom_engine *e, loom_request *r, loom_finish why, loom_status
     loom_event ev = {.finish = why, .status = st, .n_prompt = r->n_prompt,
                      .n_generated = r->n_generated, .n_cached = r->n_cached};
     loom_rq_push(r, &ev);
+    e->n_traced -= r->trace;
     if (e->trace && r->trace) {
         loom_rq_write_trace(r, e->trace);
         fflush(e->trace);
@@ -235,6 +238,77 @@ static int newest_running(const loom_engine *e) {
     for (int i = 0; i < e->n_running; i++)
         if (e->running[i]->state != RQ_RESTORING && (best < 0 || e->running[i]->order > e->running[best]->order)) best = i;
     return best;
+}
+
+/* ---- tracing ----------------------------------------------------------- */
+
+/* The spans of a traced request, with the seed's names, and where each is
+ * recorded (step() unless said):
+ *   cache.lookup_restore   admission: session resume, prefix-cache lookup,
+ *                          disk-restore planning, snapshot resume (cachedTokens)
+ *   prefill.batch_setup    admission: reserving the prefill's KV blocks
+ *   prefill.total          from the end of the lookup to the first token
+ *                          (promptTokens, cachedTokens; complete_row)
+ *   prefill.row_sync       assembling the step's rows before the forward
+ *                          (trace_step)
+ *   prefill.chunk          this step's piece of the prefill, from the forward
+ *                          to its completion (startToken; complete_row for the
+ *                          final piece)
+ *   prefill.forward        the step's batched forward (trace_step)
+ *   prefill.kv_maintenance prefix-cache insertion and sliding-window block
+ *                          release after the forward (trace_step)
+ *   prefill.checkpoint     a recurrent-state snapshot at a boundary (with
+ *                          the row's index in the batch)
+ *   prefill.evaluate       picking the first token from the final piece's
+ *                          logits (complete_row)
+ *   prefill.complete       emitting it; the request decodes on or ends
+ *                          (complete_row)
+ *   prefill.project, prefill.companion: a speculative drafter's projection
+ *                          of the target's hidden states and its companion
+ *                          prefill. loom has no drafter yet; when it has,
+ *                          they are recorded in step() right after the
+ *                          forward, as the seed does.
+ *   decode.step            a decode row's share of the forward (trace_step)
+ *   cache.disk_restore     the restore thread's reads (finish_restores)
+ * The four the seed tags (cache.lookup_restore, prefill.batch_setup,
+ * prefill.chunk, prefill.total) carry mechanism "continuous", the seed's
+ * name for the batched engine, loom's only one. Shared work carries the step's workId, batchSize
+ * (rows), batchTokens and the row's tokensPerRow on every traced request
+ * that took part; such spans are not additive across requests. */
+#define MECHANISM "continuous"
+#define WORK_ATTRS(w, n)                                                        \
+    {"workId", (int64_t)(w)->id}, {"batchSize", (w)->rows}, {"batchTokens", (w)->tokens}, \
+        {"tokensPerRow", (n)}
+
+typedef struct step_work {
+    uint64_t id;
+    int rows, tokens;
+    double t_forward;              /* the forward's start: prefill.chunk's */
+} step_work;
+
+static double trace_now(const loom_engine *e) { return e->n_traced ? loom_now() : 0; }
+
+/* The step's shared spans on every traced request in it. */
+static void trace_step(loom_engine *e, int n_rows, const step_work *w, double t0, double t1,
+                       double t2, double t3) {
+    for (int i = 0; i < n_rows; i++) {
+        loom_request *r = e->row_req[i];
+        if (!r->trace) continue;
+        int n = e->rows[i].n, start = r->seq.n_tokens - n;
+        if (!e->row_kind[i]) {
+            loom_rq_span(r, "decode.step", NULL, t1, t2, RQ_ATTRS(WORK_ATTRS(w, n), {"startToken", start}));
+            continue;
+        }
+        loom_rq_span(r, "prefill.row_sync", NULL, t0, t1,
+                     RQ_ATTRS({"workId", (int64_t)w->id}, {"batchSize", w->rows}));
+        loom_rq_span(r, "prefill.forward", NULL, t1, t2, RQ_ATTRS(WORK_ATTRS(w, n)));
+        loom_rq_span(r, "prefill.kv_maintenance", NULL, t2, t3, RQ_ATTRS(WORK_ATTRS(w, n)));
+    }
+}
+
+static void trace_chunk(loom_request *r, const step_work *w, int n, double t1) {
+    loom_rq_span(r, "prefill.chunk", MECHANISM, w->t_forward, t1,
+                 RQ_ATTRS({"startToken", r->seq.n_tokens - n}, WORK_ATTRS(w, n)));
 }
 
 /* ---- one step ----------------------------------------------------------- */
@@ -457,7 +531,8 @@ static void finish_restores(loom_engine *e) {
         loom_kv_cache_commit(e->kv, &r->seq, r->tokens, r->ns);
         int hit = r->seq.n_tokens;
         if (e->snaps) hit = resume_from_snapshot(e, r, j);
-        loom_rq_span(r, "cache.disk_restore", j->t_submit, loom_now(), 0, 0, j->n_ok * bs, first * bs);
+        loom_rq_span(r, "cache.disk_restore", NULL, j->t_submit, trace_now(e),
+                     RQ_ATTRS({"startToken", first * bs}, {"cachedTokens", j->n_ok * bs}));
         loom_restore_job_free(j);
         r->restore = NULL;
         r->plan_end = 0;
@@ -474,26 +549,32 @@ static void finish_restores(loom_engine *e) {
     }
 }
 
-/* Saves the state of a stateful request that just reached a boundary. */
-static void maybe_snapshot(loom_engine *e, loom_request *r) {
+/* Saves the state of a stateful request that just reached a boundary.
+ * Returns whether it did. */
+static int maybe_snapshot(loom_engine *e, loom_request *r) {
     int n = r->seq.n_tokens, bs = e->kv->block_size;
-    if (n % bs || (n != r->snap[0] && n != r->snap[1]) || r->seq.n_hashed != n / bs) return;
+    if (n % bs || (n != r->snap[0] && n != r->snap[1]) || r->seq.n_hashed != n / bs) return 0;
     void *buf = loom_snapshots_put(e->snaps, r->seq.chain, n);
     if (buf) loom_seq_state_save(r->rstate, buf);
+    return buf != NULL;
 }
 
-/* Samples from a row's logits (or takes pick >= 0, the forward's greedy
- * token); emits the token or finishes the request. */
+/* Samples from row `row`'s logits (or takes pick >= 0, the forward's greedy
+ * token); emits the token or finishes the request. A traced prefill's last
+ * spans are recorded before finish() writes them out. */
 static void complete_row(loom_engine *e, loom_request *r, float *logits, int32_t pick,
-                         int *still_running) {
+                         int *still_running, const step_work *w, int row) {
     if (atomic_load(&r->abort)) {
         *still_running = 0;
         finish(e, r, LOOM_FINISH_CANCELLED, LOOM_ERR_ABORTED, "cancelled");
         return;
     }
+    int traced = r->trace && e->row_kind[row];
+    double te = traced ? loom_now() : 0;
     loom_sample_result res;
     if (pick >= 0) res = (loom_sample_result){.id = pick};
     else loom_sampler_pick(&r->sampler, logits, r->logprobs, &res);
+    double tc = traced ? loom_now() : 0;
     loom_sampler_accept(&r->sampler, res.id, 1);
     r->tokens[r->n_tokens++] = res.id;
     r->n_generated++;
@@ -506,6 +587,15 @@ static void complete_row(loom_engine *e, loom_request *r, float *logits, int32_t
     int stop = 0;
     for (int i = 0; i < r->n_stop && !stop; i++) stop = r->stop_ids[i] == res.id;
     for (int i = 0; i < e->n_eos && !stop && !r->ignore_eos; i++) stop = e->eos[i] == res.id;
+    if (traced) {
+        int n = e->rows[row].n;
+        double t = loom_now();
+        loom_rq_span(r, "prefill.evaluate", NULL, te, tc, RQ_ATTRS(WORK_ATTRS(w, n), {"row", row}));
+        loom_rq_span(r, "prefill.complete", NULL, tc, t, RQ_ATTRS(WORK_ATTRS(w, n), {"row", row}));
+        trace_chunk(r, w, n, t);
+        loom_rq_span(r, "prefill.total", MECHANISM, r->t_admit, t,
+                     RQ_ATTRS({"promptTokens", r->n_prompt}, {"cachedTokens", r->n_cached}));
+    }
     *still_running = 0;
     if (stop) finish(e, r, LOOM_FINISH_STOP, LOOM_OK, NULL);
     else if (r->n_generated >= r->max_tokens || r->n_tokens >= e->n_ctx)
@@ -518,7 +608,7 @@ static int step(loom_engine *e) {
     if (e->n_restoring) finish_restores(e);
     reap_cancelled(e);
     int n_rows = 0, budget = e->p.max_batch_tokens;
-    double t0 = loom_now();
+    double t0 = trace_now(e);
 
     /* decode rows first; make room by preempting the newest if needed */
     for (int i = 0; i < e->n_running;) {
@@ -549,7 +639,7 @@ static int step(loom_engine *e) {
     while (e->wait_len > 0 && budget > 0 && e->n_running < e->max_seqs) {
         loom_request *r = e->waiting[e->wait_head];
         r->prefill_len = r->n_tokens;
-        double tl = loom_now();
+        double tl = trace_now(e);
         int hit = e->sessions && r->resume_key ? resume_session(e, r) : -1;
         loom_restore_job *job = NULL;
         if (hit < 0) {
@@ -557,6 +647,7 @@ static int step(loom_engine *e) {
             if (e->restorer) job = plan_restore(e, r);
             if (e->snaps && !job) hit = resume_from_snapshot(e, r, NULL); /* after a restore, else */
         }
+        double ts = trace_now(e);
         make_room(e, blocks_for(e, r->prefill_len + 1) - r->seq.n_blocks);
         if (blocks_for(e, r->prefill_len + 1) - r->seq.n_blocks > loom_kv_available(e->kv) ||
             loom_kv_seq_reserve(e->kv, &r->seq, r->prefill_len) != LOOM_OK) {
@@ -569,12 +660,13 @@ static int step(loom_engine *e) {
         e->wait_len--;
         r->state = RQ_PREFILL;
         r->order = ++e->next_order;
-        r->t_admit = loom_now();
-        loom_rq_span(r, "cache.lookup_restore", tl, r->t_admit, 0, 0, 0, 0);
+        r->t_admit = ts; /* prefill.total starts after the lookup, as the seed's */
+        loom_rq_span(r, "cache.lookup_restore", MECHANISM, tl, ts, RQ_ATTRS({"cachedTokens", hit}));
+        loom_rq_span(r, "prefill.batch_setup", MECHANISM, ts, trace_now(e), NULL, 0);
         e->running[e->n_running++] = r;
         if (job) { /* its blocks come from disk first; others go on meanwhile */
             for (int k = 0; k < job->n; k++) job->block[k] = r->seq.blocks[job->first + k];
-            job->t_submit = loom_now();
+            job->t_submit = trace_now(e);
             r->restore = job;
             r->state = RQ_RESTORING;
             e->n_restoring++;
@@ -585,10 +677,11 @@ static int step(loom_engine *e) {
     }
     if (n_rows == 0) return 0;
 
-    uint64_t work = ++e->next_work;
-    double t1 = loom_now();
+    step_work w = {.id = ++e->next_work, .rows = n_rows};
+    for (int i = 0; i < n_rows && e->n_traced; i++) w.tokens += e->rows[i].n;
+    double t1 = w.t_forward = trace_now(e);
     loom_status st = loom_exec_forward_picks(e->fwd, e->kv, e->rows, n_rows, e->picks, e->samp);
-    double t2 = loom_now();
+    double t2 = trace_now(e);
     e->counters.steps++;
     if (st != LOOM_OK) {
         /* A failed forward fails its rows; the engine keeps serving. */
@@ -606,29 +699,32 @@ static int step(loom_engine *e) {
     for (int i = 0; i < n_rows; i++) {
         loom_request *r = e->row_req[i];
         if (e->cache) loom_kv_cache_commit(e->kv, &r->seq, r->tokens, r->ns);
-        if (e->snaps && e->row_kind[i]) maybe_snapshot(e, r);
         /* The next position attends to [n - window + 1, n]: older blocks go. */
         if (e->window) loom_kv_seq_drop_before(e->kv, &r->seq, r->seq.n_tokens - e->window + 1);
     }
+    if (e->n_traced) trace_step(e, n_rows, &w, t0, t1, t2, trace_now(e));
+    /* after the commits: a snapshot is keyed by the chain of the blocks cached */
+    for (int i = 0; i < n_rows && e->snaps; i++) {
+        loom_request *r = e->row_req[i];
+        if (!e->row_kind[i]) continue;
+        double tc = r->trace ? loom_now() : 0;
+        if (maybe_snapshot(e, r) && r->trace)
+            loom_rq_span(r, "prefill.checkpoint", NULL, tc, loom_now(),
+                         RQ_ATTRS(WORK_ATTRS(&w, e->rows[i].n), {"row", i}));
+    }
     for (int i = 0; i < n_rows; i++) {
         loom_request *r = e->row_req[i];
-        const char *name = e->row_kind[i] ? "prefill.forward" : "decode.step";
-        loom_rq_span(r, name, t1, t2, work, n_rows, e->rows[i].n, r->seq.n_tokens - e->rows[i].n);
         if (e->row_kind[i]) {
-            loom_rq_span(r, "prefill.chunk", t0, t2, work, n_rows, e->rows[i].n,
-                         r->seq.n_tokens - e->rows[i].n);
             e->counters.prefill_tokens += (uint64_t)e->rows[i].n;
             if (r->seq.n_tokens == r->plan_end) r->plan_end = 0;
         }
-        if (e->rows[i].logits == LOOM_LOGITS_NONE) continue;
-        double t3 = loom_now();
+        if (e->rows[i].logits == LOOM_LOGITS_NONE) {
+            if (e->row_kind[i] && r->trace) trace_chunk(r, &w, e->rows[i].n, loom_now());
+            continue;
+        }
         int keep;
-        complete_row(e, r, e->rows[i].out, e->picks[i], &keep);
+        complete_row(e, r, e->rows[i].out, e->picks[i], &keep, &w, i);
         if (keep) {
-            if (e->row_kind[i]) {
-                loom_rq_span(r, "prefill.complete", t3, loom_now(), work, n_rows, e->rows[i].n, 0);
-                loom_rq_span(r, "prefill.total", r->t_admit, loom_now(), work, 0, 0, 0);
-            }
             r->state = RQ_DECODE;
         } else {
             for (int j = 0; j < e->n_running; j++)
@@ -655,6 +751,7 @@ static void *engine_main(void *arg) {
             for (int i = 0; i < e->n_inbox; i++) {
                 e->waiting[(e->wait_head + e->wait_len) % e->wait_cap] = e->inbox[i];
                 e->wait_len++;
+                e->n_traced += e->inbox[i]->trace;
             }
             e->n_inbox = 0;
         }
@@ -703,8 +800,10 @@ static void *engine_main(void *arg) {
      * restore writes into a running request's blocks. */
     if (e->restorer) loom_restorer_drain(e->restorer);
     pthread_mutex_lock(&e->mu);
-    for (int i = 0; i < e->n_inbox; i++)
+    for (int i = 0; i < e->n_inbox; i++) {
         e->waiting[(e->wait_head + e->wait_len++) % e->wait_cap] = e->inbox[i];
+        e->n_traced += e->inbox[i]->trace;
+    }
     e->n_inbox = 0;
     pthread_mutex_unlock(&e->mu);
     while (e->n_running > 0) {
@@ -958,7 +1057,7 @@ loom_status loom_engine_submit(loom_engine *e, const loom_request_params *p, loo
     int bs = e->kv->block_size;
     int at[2] = {LOOM_MIN(p->snapshot_at, p->n_prompt - 1) / bs * bs, (p->n_prompt - 1) / bs * bs};
     for (int k = 0; k < 2; k++) r->snap[k] = e->snaps && at[k] >= 256 ? at[k] : 0;
-    r->t_submit = loom_now();
+    if (r->trace) r->t_submit = loom_now(); /* the origin of its spans */
 
     pthread_mutex_lock(&e->mu);
     if (e->p.max_queue > 0 && e->stats.waiting >= e->p.max_queue) {

@@ -5,6 +5,7 @@
 #include <time.h>
 
 #include "base/base.h"
+#include "base/buf.h"
 #include "engine/request.h"
 #include "model/forward.h"
 
@@ -79,8 +80,8 @@ void loom_request_cancel(loom_request *r) {
 
 const char *loom_request_error(const loom_request *r) { return r->error; }
 
-void loom_rq_span(loom_request *r, const char *name, double t0, double t1, uint64_t work_id,
-                  int batch_size, int tokens_per_row, int start_token) {
+void loom_rq_span(loom_request *r, const char *name, const char *mechanism, double t0, double t1,
+                  const rq_attr *attrs, int n) {
     if (!r->trace) return;
     if (r->n_spans == r->span_cap) {
         int cap = r->span_cap ? r->span_cap * 2 : 32;
@@ -89,24 +90,48 @@ void loom_rq_span(loom_request *r, const char *name, double t0, double t1, uint6
         r->spans = ns;
         r->span_cap = cap;
     }
-    r->spans[r->n_spans++] = (rq_span){name, t0, t1, work_id, batch_size, tokens_per_row,
-                                       start_token, r->n_cached};
+    rq_span *s = &r->spans[r->n_spans++];
+    *s = (rq_span){.name = name, .mechanism = mechanism, .t0 = t0, .t1 = t1,
+                   .n_attrs = LOOM_MIN(n, RQ_MAX_ATTRS)};
+    if (s->n_attrs > 0) memcpy(s->attrs, attrs, sizeof *attrs * (size_t)s->n_attrs);
+}
+
+/* The spans as a JSON array; times in ms from the request's submit. Names
+ * and keys are static identifiers: nothing to escape. */
+static void put_spans(const loom_request *r, loom_buf *b) {
+    loom_buf_putc(b, '[');
+    for (int i = 0; i < r->n_spans; i++) {
+        const rq_span *s = &r->spans[i];
+        loom_buf_printf(b, "%s{\"name\":\"%s\",\"start_ms\":%.3f,\"dur_ms\":%.3f,\"attrs\":{",
+                        i ? "," : "", s->name, (s->t0 - r->t_submit) * 1e3, (s->t1 - s->t0) * 1e3);
+        if (s->mechanism) loom_buf_printf(b, "\"mechanism\":\"%s\"", s->mechanism);
+        for (int k = 0; k < s->n_attrs; k++)
+            loom_buf_printf(b, "%s\"%s\":%lld", k || s->mechanism ? "," : "", s->attrs[k].key,
+                            (long long)s->attrs[k].value);
+        loom_buf_puts(b, "}}");
+    }
+    loom_buf_putc(b, ']');
+}
+
+char *loom_request_trace_json(const loom_request *r) {
+    loom_buf b = {0};
+    put_spans(r, &b);
+    if (b.oom) {
+        loom_buf_free(&b);
+        return NULL;
+    }
+    return b.p;
 }
 
 void loom_rq_write_trace(const loom_request *r, FILE *f) {
-    fprintf(f, "{\"request\":%llu,\"prompt_tokens\":%d,\"generated_tokens\":%d,\"spans\":[",
-            (unsigned long long)r->id, r->n_prompt, r->n_generated);
-    for (int i = 0; i < r->n_spans; i++) {
-        const rq_span *s = &r->spans[i];
-        fprintf(f,
-                "%s{\"name\":\"%s\",\"start_ms\":%.3f,\"dur_ms\":%.3f,\"work_id\":%llu,"
-                "\"batch_size\":%d,\"tokens_per_row\":%d,\"start_token\":%d,"
-                "\"cached_tokens\":%d}",
-                i ? "," : "", s->name, (s->t0 - r->t_submit) * 1e3, (s->t1 - s->t0) * 1e3,
-                (unsigned long long)s->work_id, s->batch_size, s->tokens_per_row,
-                s->start_token, s->cached_tokens);
-    }
-    fprintf(f, "]}\n");
+    loom_buf b = {0};
+    loom_buf_printf(&b, "{\"request\":%llu,\"prompt_tokens\":%d,\"generated_tokens\":%d,\"spans\":",
+                    (unsigned long long)r->id, r->n_prompt, r->n_generated);
+    put_spans(r, &b);
+    loom_buf_puts(&b, "}\n");
+    /* a line cut short by a failed allocation would not parse: drop it */
+    if (!b.oom) fwrite(b.p, 1, b.len, f);
+    loom_buf_free(&b);
 }
 
 void loom_rq_release(loom_request *r) {

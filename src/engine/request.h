@@ -11,6 +11,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "engine/kv.h"
 #include "sample/sample.h"
@@ -23,12 +24,25 @@ typedef enum rq_state {
     RQ_DONE,      /* final event sent; awaiting release */
 } rq_state;
 
+/* One attribute of a span: a static key and an integer value. */
+typedef struct rq_attr {
+    const char *key;
+    int64_t value;
+} rq_attr;
+
+#define RQ_MAX_ATTRS 8
+
 typedef struct rq_span {
     const char *name;          /* static */
+    const char *mechanism;     /* static, or NULL: the spans the seed tags */
     double t0, t1;             /* seconds, monotonic */
-    uint64_t work_id;
-    int batch_size, tokens_per_row, start_token, cached_tokens;
+    rq_attr attrs[RQ_MAX_ATTRS];
+    int n_attrs;
 } rq_span;
+
+/* The attribute list argument of loom_rq_span: RQ_ATTRS({"workId", w}, ...). */
+#define RQ_ATTRS(...) \
+    (const rq_attr[]){__VA_ARGS__}, (int)(sizeof((rq_attr[]){__VA_ARGS__}) / sizeof(rq_attr))
 
 struct loom_request {
     /* frozen at submit */
@@ -72,10 +86,14 @@ struct loom_request {
 
 /* Appends an event (copies it); wakes the reader. */
 void loom_rq_push(loom_request *r, const loom_event *ev);
-/* Records a span when the request is traced. */
-void loom_rq_span(loom_request *r, const char *name, double t0, double t1,
-                  uint64_t work_id, int batch_size, int tokens_per_row, int start_token);
-/* Writes the request's spans as one JSON line. */
+/* Records a span when the request is traced (engine thread; nothing else
+ * happens for an untraced one). mechanism may be NULL; n attributes at
+ * most RQ_MAX_ATTRS are kept. */
+void loom_rq_span(loom_request *r, const char *name, const char *mechanism, double t0, double t1,
+                  const rq_attr *attrs, int n);
+/* Writes the request's spans as one JSON line:
+ * {"request":id,"prompt_tokens":n,"generated_tokens":n,"spans":[...]}, each
+ * span as loom_request_trace_json writes it. */
 void loom_rq_write_trace(const loom_request *r, FILE *f);
 /* Drops one reference; frees on the last. */
 void loom_rq_release(loom_request *r);

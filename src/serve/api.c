@@ -358,6 +358,7 @@ int api_parse(api_kind kind, const char *body, size_t len, int vocab, api_req *r
     if (get_int(r, "max_tokens", 1, 1 << 24, &r->max_tokens, err) < 0) goto fail;
     if (get_int(r, "max_completion_tokens", 1, 1 << 24, &r->max_tokens, err) < 0) goto fail;
     if (get_bool(r, "ignore_eos", &r->ignore_eos, err) < 0) goto fail;
+    if (get_bool(r, "loom_trace", &r->trace, err) < 0) goto fail;
     const cJSON *sid = field(r, "cache_session_id");
     if (sid && (!cJSON_IsString(sid) || strlen(sid->valuestring) > 200)) {
         api_fail(err, 400, "cache_session_id", "'cache_session_id' must be a string of at most 200 bytes");

@@ -42,6 +42,7 @@ typedef struct api_req {
     int echo, return_token_ids;
     int json_object;            /* response_format json_object */
     int ignore_eos;
+    int trace;                  /* loom_trace: the engine's spans go in the response */
     /* chat */
     char *messages_json;        /* owned, normalised for the template */
     char *tools_json;           /* owned, NULL without tools */

@@ -228,6 +228,7 @@ static int start_job(job *j, api_error *err) {
     rp.sampling = r->sampling;
     rp.logprobs = r->logprobs;
     rp.ignore_eos = r->ignore_eos;
+    rp.trace = r->trace || s->p.engine.trace_file != NULL; /* --trace-file: every request */
     rp.snapshot_at = j->snapshot_at;
     rp.cache_session_id = r->cache_session_id;
     /* An unknown or evicted previous_response_id is not an error (OpenAI's
@@ -370,6 +371,34 @@ static void put_usage(job *j, loom_buf *b) {
     loom_buf_printf(b, "\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d,"
               "\"prompt_tokens_details\":{\"cached_tokens\":%d}}",
               j->n_prompt, gen, j->n_prompt + gen, cached);
+}
+
+/* ,"trace":[...]: every choice's spans (with its "index" when n > 1). A
+ * choice a stop string ended was cancelled in the engine: its spans are
+ * complete only once its final event is in, so wait for that (the cancel
+ * takes effect at the next step). */
+static void put_trace(job *j, loom_buf *b) {
+    cJSON *all = cJSON_CreateArray();
+    for (int i = 0; i < j->n && all; i++) {
+        loom_event ev = {0};
+        for (int k = 0; k < 100; k++)
+            if (loom_request_next(j->ch[i].rq, &ev, 100) == LOOM_OK && ev.finish != LOOM_FINISH_NONE) break;
+        if (ev.finish == LOOM_FINISH_NONE) continue; /* still running: spans are being written */
+        char *text = loom_request_trace_json(j->ch[i].rq);
+        cJSON *spans = text ? cJSON_Parse(text) : NULL;
+        free(text);
+        cJSON *sp;
+        while (spans && (sp = cJSON_DetachItemFromArray(spans, 0)) != NULL) {
+            if (j->n > 1) cJSON_AddNumberToObject(sp, "index", i);
+            cJSON_AddItemToArray(all, sp);
+        }
+        cJSON_Delete(spans);
+    }
+    char *text = all ? cJSON_PrintUnformatted(all) : NULL;
+    cJSON_Delete(all);
+    loom_buf_puts(b, ",\"trace\":");
+    loom_buf_puts(b, text ? text : "[]");
+    free(text);
 }
 
 static void put_head(job *j, loom_buf *b, int chunk) {
@@ -591,6 +620,7 @@ static char *run_blocking(job *j) {
     }
     loom_buf_puts(&b, "],");
     put_usage(j, &b);
+    if (j->req.trace) put_trace(j, &b);
     loom_buf_puts(&b, "}");
     if (b.oom) {
         loom_buf_free(&b);
@@ -664,11 +694,15 @@ static void sse_finish(job *j) {
         loom_buf_printf(&j->out, "\"logprobs\":null,\"finish_reason\":\"%s\"}]}\n\n",
                   c->finish ? c->finish : "stop");
     }
-    if (j->req.include_usage) {
+    if (j->req.include_usage || j->req.trace) { /* the last chunk: usage, spans */
         loom_buf_puts(&j->out, "data: ");
         put_head(j, &j->out, 1);
-        loom_buf_puts(&j->out, "\"choices\":[],");
-        put_usage(j, &j->out);
+        loom_buf_puts(&j->out, "\"choices\":[]");
+        if (j->req.include_usage) {
+            loom_buf_puts(&j->out, ",");
+            put_usage(j, &j->out);
+        }
+        if (j->req.trace) put_trace(j, &j->out);
         loom_buf_puts(&j->out, "}\n\n");
     }
     loom_buf_puts(&j->out, "data: [DONE]\n\n");
@@ -747,7 +781,7 @@ static void add_common_headers(server *s, struct MHD_Response *resp, const char 
     MHD_add_response_header(resp, "Content-Type", type);
     if (s->p.cors) {
         MHD_add_response_header(resp, "Access-Control-Allow-Origin", "*");
-        MHD_add_response_header(resp, "Access-Control-Allow-Headers", "Authorization, Content-Type");
+        MHD_add_response_header(resp, "Access-Control-Allow-Headers", "Authorization, Content-Type, X-Loom-Trace");
         MHD_add_response_header(resp, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
     }
 }
@@ -831,6 +865,8 @@ static enum MHD_Result handle_generate(server *s, struct MHD_Connection *conn, a
         job_free(j);
         return send_error(s, conn, endpoint, &err);
     }
+    const char *tr = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Loom-Trace");
+    if (tr && (!strcmp(tr, "1") || !strcmp(tr, "true"))) j->req.trace = 1;
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
     j->fd = ci ? ci->connect_fd : -1;
     j->t_start = loom_now();
