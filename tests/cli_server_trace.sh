@@ -40,8 +40,10 @@ for (const spans of lists) {
     }
     const total = spans.find(s => s.name === "prefill.total");
     const chunks = spans.filter(s => s.name === "prefill.chunk");
+    // each printed figure is rounded to 0.0005 ms: an end is a sum of two
+    const eps = 2.5e-3;
     for (const c of chunks)
-        if (c.start_ms < total.start_ms - 1e-3 || c.start_ms + c.dur_ms > total.start_ms + total.dur_ms + 1e-3)
+        if (c.start_ms < total.start_ms - eps || c.start_ms + c.dur_ms > total.start_ms + total.dur_ms + eps)
             die(`chunk at ${c.attrs.startToken} [${c.start_ms}, +${c.dur_ms}] is outside prefill.total`);
     if (+chunksWant && chunks.length < +chunksWant) die(`${chunks.length} prefill chunks, expected ${chunksWant}`);
     if (+chunksWant > 1 && (chunks[0].attrs.startToken !== 0 || chunks[1].attrs.startToken !== 24))
