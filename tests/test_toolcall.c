@@ -338,6 +338,7 @@ static void test_garbage(void) {
     CHECK_EQ_INT(o.t.n_calls, 0);
     CHECK_STR(str(&o.content), text.p);
     out_free(&o);
+    loom_buf_free(&text);
     static const char *const bad[] = {
         "<tool_call>", "<tool_call></tool_call>", "<tool_call>\n<function=>\n</function></tool_call>",
         "<tool_call><function=f><parameter=>x</parameter></function></tool_call>",
