@@ -52,6 +52,7 @@ typedef struct server {
     int stateful;                  /* the model keeps recurrent state (snapshots) */
     int32_t turn_end[8];           /* end-of-turn ids chat requests stop at */
     int n_turn_end;
+    loom_tc_syntax tc_syntax;      /* how the model writes tool calls */
     loom_metrics metrics;
     pthread_mutex_t watch_lock;    /* guards watched and every entry's deadline */
     struct conn_watch *watched;    /* open connections (HTTP only) */
@@ -252,6 +253,15 @@ static int start_job(job *j, api_error *err) {
         loom_ts_prime(c->ts, j->prompt + j->n_prompt - ctx, (size_t)ctx);
         loom_toolscan_init(&c->scan, r->kind == API_CHAT && r->tools_json != NULL,
                            r->kind == API_CHAT && s->think, j->prompt_text);
+        if (r->kind == API_CHAT) {
+            /* the markers the scanner reads may be special tokens */
+            int32_t keep[LOOM_DETOK_MAX_KEEP];
+            int n_keep = loom_toolcall_keep_ids(s->tc_syntax, s->tok, c->scan.tools, keep,
+                                                LOOM_DETOK_MAX_KEEP);
+            loom_toolscan_set_syntax(&c->scan, s->tc_syntax, r->tools_json, j->prompt_text);
+            if (loom_ts_keep_special(c->ts, keep, n_keep))
+                return api_fail(err, 500, NULL, "%s", loom_last_error());
+        }
         /* with echo the generated text starts after the prompt */
         if (r->echo && j->prompt_text) c->text_offset = strlen(j->prompt_text);
         pthread_rwlock_rdlock(&s->engine_lock);
@@ -679,15 +689,24 @@ static void sse_delta(job *j, int index, const emitted *em, const loom_buf *lp_n
     }
 }
 
+/* The tool calls choice index parsed since the last chunk: for each, a
+ * delta with its id and name, then one with its arguments. */
+static void sse_tool_deltas(job *j, int index) {
+    loom_buf d = {0};
+    while (j->req.kind == API_CHAT && loom_toolscan_next_delta(&j->ch[index].scan, &d)) {
+        sse_chunk_begin(j, index);
+        loom_buf_puts(&j->out, "\"delta\":{\"tool_calls\":");
+        loom_buf_put(&j->out, d.p, d.len);
+        loom_buf_puts(&j->out, "},\"logprobs\":null,\"finish_reason\":null}]}\n\n");
+        d.len = 0;
+    }
+    loom_buf_free(&d);
+}
+
 static void sse_finish(job *j) {
     for (int i = 0; i < j->n; i++) {
         choice *c = &j->ch[i];
-        if (j->req.kind == API_CHAT && c->scan.n_calls > 0) {
-            sse_chunk_begin(j, i);
-            loom_buf_puts(&j->out, "\"delta\":{\"tool_calls\":");
-            loom_toolscan_put_calls(&c->scan, &j->out, 1);
-            loom_buf_puts(&j->out, "},\"logprobs\":null,\"finish_reason\":null}]}\n\n");
-        }
+        sse_tool_deltas(j, i);
         sse_chunk_begin(j, i);
         if (j->req.kind == API_CHAT) loom_buf_puts(&j->out, "\"delta\":{},");
         else loom_buf_puts(&j->out, "\"text\":\"\",");
@@ -744,6 +763,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
         if (r > 0) {
             choice *c = &j->ch[which];
             sse_delta(j, which, &em, c->lp.len ? &c->lp : NULL);
+            sse_tool_deltas(j, which);
         }
         loom_buf_free(&em.content);
         loom_buf_free(&em.reasoning);
@@ -1262,7 +1282,8 @@ static int server_open(server *s, const loom_serve_params *params) {
     s->stateful = loom_seq_state_bytes(s->model) > 0;
     /* Chat turns end at the template's end-of-turn token, which is often
      * not the model's EOS (ChatML's <|im_end|> on a base model). */
-    s->n_turn_end = loom_tok_turn_end_ids(s->tok, s->turn_end, 8);
+    s->tc_syntax = loom_toolcall_detect(s->chat, s->tok);
+    s->n_turn_end = loom_toolcall_turn_end_ids(s->tc_syntax, s->tok, s->turn_end, 8);
     if ((st = loom_engine_create(s->model, &s->p.engine, &s->engine))) {
         fprintf(stderr, "loom: error: %s (%s)\n", loom_last_error(), loom_status_str(st));
         free_server(s);

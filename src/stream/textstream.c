@@ -52,6 +52,10 @@ loom_status loom_ts_create(const loom_tok *tok, const char *const *stops, int n_
     return LOOM_OK;
 }
 
+loom_status loom_ts_keep_special(loom_textstream *ts, const int32_t *ids, int n) {
+    return loom_detok_keep(ts->detok, ids, n);
+}
+
 void loom_ts_free(loom_textstream *ts) {
     if (!ts) return;
     loom_detok_free(ts->detok);

@@ -17,6 +17,9 @@ loom_status loom_ts_create(const loom_tok *tok, const char *const *stops, int n_
                            int skip_special, loom_textstream **out);
 void loom_ts_free(loom_textstream *ts);
 
+/* Special ids to emit even with skip_special (see loom_detok_keep). */
+loom_status loom_ts_keep_special(loom_textstream *ts, const int32_t *ids, int n);
+
 /* Decodes the stream as a continuation of context ids (e.g. the last few
  * prompt tokens) so the first generated token gets its leading space right;
  * nothing is emitted for them. Call before the first push. */

@@ -385,6 +385,8 @@ loom_status tk_decode_tokens(const loom_tok *t, const tk_pieces *toks,
 struct loom_detok {
     const loom_tok *t;    /* borrowed */
     int skip_special;
+    int32_t keep[LOOM_DETOK_MAX_KEEP]; /* special ids decoded all the same */
+    int n_keep;
     tk_ids window;        /* ids not yet emitted */
     size_t n_seen;        /* tokens in the stream so far (after skipping) */
     size_t win_start;     /* stream index of window[0] */
@@ -484,6 +486,21 @@ static loom_status detok_run(loom_detok *d, int final, const char **piece,
     return LOOM_OK;
 }
 
+loom_status loom_detok_keep(loom_detok *d, const int32_t *ids, int n) {
+    if (n < 0 || n > LOOM_DETOK_MAX_KEEP || (n && !ids))
+        return loom_err(LOOM_ERR_INVALID_ARG, "detok_keep: expected 0..%d ids, found %d",
+                        LOOM_DETOK_MAX_KEEP, n);
+    if (n) memcpy(d->keep, ids, sizeof *ids * (size_t)n);
+    d->n_keep = n;
+    return LOOM_OK;
+}
+
+static int kept(const loom_detok *d, int32_t id) {
+    for (int i = 0; i < d->n_keep; i++)
+        if (d->keep[i] == id) return 1;
+    return 0;
+}
+
 loom_status loom_detok_push(loom_detok *d, int32_t id, const char **piece,
                             size_t *len) {
     *piece = "";
@@ -493,7 +510,7 @@ loom_status loom_detok_push(loom_detok *d, int32_t id, const char **piece,
                         d->t->n_ids, (int)id);
     size_t n;
     if (!loom_tok_id_to_token(d->t, id, &n)) return LOOM_OK; /* a hole: skipped */
-    if (d->skip_special && loom_tok_is_special(d->t, id)) return LOOM_OK;
+    if (d->skip_special && loom_tok_is_special(d->t, id) && !kept(d, id)) return LOOM_OK;
     if (d->bytelevel) {
         const char *s = loom_tok_id_to_token(d->t, id, &n);
         if (bytelevel_bytes(s, n, &d->pend)) return tk_nomem();

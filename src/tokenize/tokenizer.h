@@ -122,5 +122,10 @@ loom_status loom_detok_prime(loom_detok *d, const int32_t *ids, size_t n);
 void loom_detok_reset(loom_detok *d);
 /* Number of pushed ids whose text is still held back. */
 size_t loom_detok_pending(const loom_detok *d);
+/* Special ids decoded even with skip_special: the markers a tool-call or
+ * channel parser reads (gpt-oss <|channel|>, Gemma 4 <|tool_call>). At most
+ * LOOM_DETOK_MAX_KEEP ids (copied); replaces the previous set. */
+#define LOOM_DETOK_MAX_KEEP 16
+loom_status loom_detok_keep(loom_detok *d, const int32_t *ids, int n);
 
 #endif
