@@ -505,8 +505,9 @@ static int on_event(job *j, choice *c, const loom_event *ev, emitted *em) {
     if (stopped) {
         loom_request_cancel(c->rq);
         c->done = 1;
-        c->finish = c->scan.n_calls > 0 ? "tool_calls" : "stop";
+        /* the flush may close a call, which decides the finish reason */
         loom_toolscan_feed(&c->scan, "", 0, 1, &em->content, &em->reasoning);
+        c->finish = c->scan.n_calls > 0 ? "tool_calls" : "stop";
     }
     return 0;
 }
