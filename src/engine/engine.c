@@ -149,8 +149,8 @@ static int chunk_for(const loom_engine *e, const loom_request *r) {
 /* Evicts parked sessions until need blocks can be handed out (or none is
  * left to evict). */
 static void make_room(loom_engine *e, int need) {
-    while (e->sessions && loom_kv_available(e->kv) < need && loom_sessions_evict_one(e->sessions))
-        e->counters.session_evictions++;
+    while (e->sessions && loom_kv_available(e->kv) < need)
+        if (!loom_sessions_evict_one(e->sessions)) break;
 }
 
 static loom_status reserve(loom_engine *e, loom_kv_seq *seq, int n_tokens) {
@@ -167,8 +167,8 @@ static void park(loom_engine *e, loom_request *r) {
     loom_session *x = loom_sessions_put(e->sessions, r->save_key, r->save_alias, r->ns, seq, r->tokens);
     if (x && x->state) loom_seq_state_save(r->rstate, x->state);
     /* parked blocks count against the cache's cap like unreferenced cached ones */
-    while (e->kv->n_lru + e->kv->n_reclaim > e->kv->cache_cap && loom_sessions_evict_one(e->sessions))
-        e->counters.session_evictions++;
+    while (e->kv->n_lru + e->kv->n_reclaim > e->kv->cache_cap)
+        if (!loom_sessions_evict_one(e->sessions)) break;
 }
 
 static void finish(loom_engine *e, loom_request *r, loom_finish why, loom_status st,
@@ -674,7 +674,8 @@ static void *engine_main(void *arg) {
         e->stats.session_hits = e->counters.session_hits;
         e->stats.session_misses = e->counters.session_misses;
         e->stats.session_hit_tokens = e->counters.session_hit_tokens;
-        e->stats.session_evictions = e->counters.session_evictions;
+        /* the store counts its own: it also evicts when full (loom_sessions_put) */
+        e->stats.session_evictions = e->sessions ? loom_sessions_evictions(e->sessions) : 0;
         e->stats.kv_blocks_cached = e->kv->n_cached;
         e->stats.cache_hit_tokens = e->kv->hits * (uint64_t)e->kv->block_size;
         e->stats.cache_miss_tokens = e->kv->misses * (uint64_t)e->kv->block_size;
