@@ -137,6 +137,13 @@ static int conversation_boundary(job *j);
 static int build_prompt(job *j, api_error *err) {
     server *s = j->srv;
     api_req *r = &j->req;
+    if (!s->tok && (r->kind == API_CHAT || !r->prompt_ids))
+        return api_fail(err, 400, r->kind == API_CHAT ? "messages" : "prompt",
+                        "this model directory has no tokenizer (tokenizer.json); send token ids%s",
+                        r->kind == API_CHAT ? " to /v1/completions" : "");
+    if (!s->tok && r->n_stops)
+        return api_fail(err, 400, "stop", "stop strings need a tokenizer (tokenizer.json), "
+                                          "and this model directory has none");
     if (r->kind == API_CHAT) {
         if (!s->chat)
             return api_fail(err, 400, "messages",
@@ -160,7 +167,9 @@ static int build_prompt(job *j, api_error *err) {
         j->n_prompt = r->n_prompt_ids;
         r->prompt_ids = NULL;
         size_t len;
-        if (loom_tok_decode(s->tok, j->prompt, (size_t)j->n_prompt, 0, &j->prompt_text, &len))
+        /* without a tokenizer the text is unknown: answers carry the ids */
+        if (!s->tok) r->return_token_ids = 1;
+        else if (loom_tok_decode(s->tok, j->prompt, (size_t)j->n_prompt, 0, &j->prompt_text, &len))
             return api_fail(err, 400, "prompt", "%s", loom_last_error());
     } else {
         size_t n = 0;
@@ -1015,7 +1024,13 @@ static int server_open(server *s, const loom_serve_params *params) {
     mp.device = s->p.device;
     mp.fast_matmul = s->p.fast_matmul;
     loom_status st = loom_model_load(dir, &mp, &s->model);
-    if (!st) st = loom_tok_load_dir(dir, &s->tok);
+    char tj[4096];
+    int no_tok = s->p.tokenizer_optional && loom_path_join(tj, sizeof tj, dir, "tokenizer.json") == LOOM_OK &&
+                 access(tj, F_OK) != 0;
+    if (no_tok)
+        fprintf(stderr, "loom: warning: %s has no tokenizer.json; only token-id prompts run, "
+                        "and answers carry token ids with empty text\n", dir);
+    if (!st && !no_tok) st = loom_tok_load_dir(dir, &s->tok);
     if (st) {
         fprintf(stderr, "loom: error: %s (%s)\n", loom_last_error(), loom_status_str(st));
         free_server(s);
@@ -1028,11 +1043,11 @@ static int server_open(server *s, const loom_serve_params *params) {
         s->chat = NULL;
     }
     s->vocab = loom_model_vocab_size(s->model);
-    s->think = loom_tok_token_to_id(s->tok, "</think>", 8) >= 0;
+    s->think = s->tok && loom_tok_token_to_id(s->tok, "</think>", 8) >= 0;
     s->stateful = loom_seq_state_bytes(s->model) > 0;
     /* Chat turns end at the template's end-of-turn token, which is often
      * not the model's EOS (ChatML's <|im_end|> on a base model). */
-    s->n_turn_end = loom_tok_turn_end_ids(s->tok, s->turn_end, 8);
+    s->n_turn_end = s->tok ? loom_tok_turn_end_ids(s->tok, s->turn_end, 8) : 0;
     if ((st = loom_engine_create(s->model, &s->p.engine, &s->engine))) {
         fprintf(stderr, "loom: error: %s (%s)\n", loom_last_error(), loom_status_str(st));
         free_server(s);
