@@ -1157,6 +1157,10 @@ static void session_cap_evictions(const char *dir) {
     settled_stats(e, &st);
     CHECKF(st.sessions == 1 && st.session_evictions == 2, "%s: %d sessions, %llu evicted (want 1, 2)",
            dir, st.sessions, (unsigned long long)st.session_evictions);
+    /* idle: the pool is free, cached or parked, and the parts add up */
+    CHECK_EQ_INT(st.kv_blocks_running, 0);
+    CHECK(st.kv_blocks_parked > 0 && st.kv_blocks_touched > 0);
+    CHECK_EQ_INT(st.kv_blocks_lru + st.kv_blocks_parked + st.kv_blocks_unused, st.kv_blocks_total);
     loom_engine_free(e);
     free_fixture(&f);
 }

@@ -1000,6 +1000,32 @@ static void load_progress(void *ctx, double done) {
     if (done >= 1) fputc('\n', stderr);
 }
 
+static const char *human_bytes(double n, char *buf, size_t cap) {
+    if (n >= 1 << 30) snprintf(buf, cap, "%.1f GiB", n / (1 << 30));
+    else if (n >= 1 << 20) snprintf(buf, cap, "%.1f MiB", n / (1 << 20));
+    else snprintf(buf, cap, "%.0f KiB", n / 1024);
+    return buf;
+}
+
+/* One line on the KV budget: the pool fills with cached blocks up to the
+ * reuse cap by design, so a large resident size should not surprise. */
+static void print_kv_budget(loom_engine *e) {
+    loom_engine_stats st;
+    loom_engine_get_stats(e, &st);
+    char a[32], b[32];
+    double bb = (double)st.kv_block_bytes;
+    fprintf(stderr, "loom: KV pool %s (--kv-memory): %d blocks of %d tokens, %s a block, "
+                    "%.1f KiB a token, %lld tokens of context in all; kept for reuse: ",
+            human_bytes(bb * st.kv_blocks_total, a, sizeof a), st.kv_blocks_total, st.kv_block_size,
+            human_bytes(bb, b, sizeof b), bb / 1024 / st.kv_block_size,
+            (long long)st.kv_blocks_total * st.kv_block_size);
+    if (st.kv_cache_cap_blocks)
+        fprintf(stderr, "up to %s (--prefix-cache-bytes); pages are taken as blocks are first used\n",
+                human_bytes(bb * st.kv_cache_cap_blocks, a, sizeof a));
+    else
+        fprintf(stderr, "nothing (no prefix cache)\n");
+}
+
 /* Loads the model, tokenizer and template and starts the engine. */
 static int server_open(server *s, const loom_serve_params *params) {
     memset(s, 0, sizeof *s);
@@ -1053,6 +1079,7 @@ static int server_open(server *s, const loom_serve_params *params) {
         free_server(s);
         return 1;
     }
+    print_kv_budget(s->engine);
     return 0;
 }
 
