@@ -270,7 +270,7 @@ typedef struct loom_engine_stats {
     uint64_t session_hits, session_misses; /* requests that named one: resumed or not */
     uint64_t session_hit_tokens, session_evictions;
     /* Where the KV pool's blocks are; the four holders sum to kv_blocks_total. */
-    int kv_blocks_running;               /* referenced by queued or running requests */
+    int kv_blocks_running;               /* referenced by running requests (waiting ones hold none) */
     int kv_blocks_lru;                   /* unreferenced prefix-cache blocks */
     int kv_blocks_parked;                /* held only by kept sessions / responses */
     int kv_blocks_unused;                /* on the free list */
