@@ -274,6 +274,15 @@ typedef struct loom_engine_stats {
     int sessions;                        /* finished sequences kept for continuation */
     uint64_t session_hits, session_misses; /* requests that named one: resumed or not */
     uint64_t session_hit_tokens, session_evictions;
+    /* Where the KV pool's blocks are; the four holders sum to kv_blocks_total. */
+    int kv_blocks_running;               /* referenced by running requests (waiting ones hold none) */
+    int kv_blocks_lru;                   /* unreferenced prefix-cache blocks */
+    int kv_blocks_parked;                /* held only by kept sessions / responses */
+    int kv_blocks_unused;                /* on the free list */
+    int kv_blocks_touched;               /* ever handed out: the pool's resident part */
+    int kv_cache_cap_blocks;             /* cap on lru + parked blocks; 0 = no cache */
+    int kv_block_size;                   /* tokens per block */
+    size_t kv_block_bytes;               /* bytes of one block (K and V, every layer) */
 } loom_engine_stats;
 
 loom_engine_params loom_engine_default_params(void);

@@ -30,6 +30,34 @@ grep -q "6 requests, 4 failed" "$dir/log"
 "$LOOM" batch --model "$MODEL" --input "$dir/in.jsonl" --output "$dir/ok.jsonl" --errors "$dir/err.jsonl" 2>/dev/null
 test "$(wc -l <"$dir/ok.jsonl")" -eq 2
 test "$(wc -l <"$dir/err.jsonl")" -eq 4
+# --prefill-chunk: a prompt prefilled 2 tokens at a time gives the same tokens
+"$LOOM" batch --model "$MODEL" --prefill-chunk 2 --input "$dir/in.jsonl" --output "$dir/chunk.jsonl" 2>/dev/null
+sed -n 1p "$dir/chunk.jsonl" | grep -q "\"token_ids\":\[$want\]"
+if "$LOOM" batch --model "$MODEL" --prefill-chunk 0 --input "$dir/in.jsonl" --output "$dir/x" 2>/dev/null; then exit 1; fi
+# a model directory without a tokenizer: token-id prompts run and answer
+# with token ids and empty text; text, chat and stop strings are errors
+mkdir "$dir/notok"
+cp "$MODEL/config.json" "$MODEL/generation_config.json" "$dir/notok/"
+ln -s "$(cd "$MODEL" && pwd -P)/model.safetensors" "$dir/notok/model.safetensors"
+cat >"$dir/notok.jsonl" <<'JSONL'
+{"custom_id": "ids", "method": "POST", "url": "/v1/completions", "body": {"prompt": [1, 2, 3], "max_tokens": 4, "temperature": 0}}
+{"custom_id": "text", "method": "POST", "url": "/v1/completions", "body": {"prompt": "def f():", "max_tokens": 4}}
+{"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", "content": "hi"}]}}
+{"custom_id": "stop", "method": "POST", "url": "/v1/completions", "body": {"prompt": [1, 2, 3], "stop": ["x"]}}
+{"custom_id": "lp", "method": "POST", "url": "/v1/completions", "body": {"prompt": [1, 2, 3], "max_tokens": 3, "logprobs": 2, "echo": true, "n": 2}}
+JSONL
+"$LOOM" batch --model "$dir/notok" --input "$dir/notok.jsonl" --output "$dir/notok.out" 2>"$dir/log"
+grep -q "has no tokenizer.json" "$dir/log"
+grep -q "5 requests, 3 failed" "$dir/log"
+sed -n 1p "$dir/notok.out" | grep -q '"custom_id":"ids","response":{"status_code":200'
+sed -n 1p "$dir/notok.out" | grep -q '"text":"",'
+sed -n 1p "$dir/notok.out" | grep -q '"prompt_token_ids":\[1,2,3\]'
+sed -n 1p "$dir/notok.out" | grep -q "\"token_ids\":\[$want\]"
+for i in 2 3; do
+  sed -n ${i}p "$dir/notok.out" | grep -q '"status_code":400.*no tokenizer (tokenizer.json); send token ids'
+done
+sed -n 4p "$dir/notok.out" | grep -q '"status_code":400.*"param":"stop"'
+sed -n 5p "$dir/notok.out" | grep -q '"custom_id":"lp","response":{"status_code":200.*"index":1'
 # usage errors
 if "$LOOM" batch --model "$MODEL" 2>/dev/null; then exit 1; fi
 if "$LOOM" batch --model "$MODEL" --input /nonexistent --output "$dir/x" 2>/dev/null; then exit 1; fi

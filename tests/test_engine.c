@@ -10,6 +10,7 @@
 
 #include "base/base.h"
 #include "engine/kv.h"
+#include "model/forward.h"
 #include "model/model.h"
 #include "load/safetensors.h"
 #include "test.h"
@@ -1270,6 +1271,36 @@ static void disk_restore_async(void) {
     free_fixture(&f);
 }
 
+/* A full session store evicts its oldest entry to keep a new one, and the
+ * eviction is counted like those made for room (the store of a model with
+ * recurrent state holds as many entries as states fit its cap: one here). */
+static void session_cap_evictions(const char *dir) {
+    fixture f;
+    if (!load_fixture(dir, &f)) { CHECK(0); return; }
+    loom_engine_params ep = loom_engine_default_params();
+    ep.n_ctx = 256;
+    ep.snapshot_bytes = loom_seq_state_bytes(f.m);
+    loom_engine *e = NULL;
+    CHECK(loom_engine_create(f.m, &ep, &e) == LOOM_OK);
+    if (!e) { free_fixture(&f); return; }
+    int32_t toks[NG];
+    float lp[NG][NTOP];
+    int cached = 0;
+    CHECK(run_session(e, f.ids[0], f.len[0], "a", NULL, toks, lp, &cached) == LOOM_FINISH_LENGTH);
+    CHECK(run_session(e, f.ids[1], f.len[1], "b", NULL, toks, lp, &cached) == LOOM_FINISH_LENGTH);
+    CHECK(run_session(e, f.ids[2], f.len[2], "c", NULL, toks, lp, &cached) == LOOM_FINISH_LENGTH);
+    loom_engine_stats st;
+    settled_stats(e, &st);
+    CHECKF(st.sessions == 1 && st.session_evictions == 2, "%s: %d sessions, %llu evicted (want 1, 2)",
+           dir, st.sessions, (unsigned long long)st.session_evictions);
+    /* idle: the pool is free, cached or parked, and the parts add up */
+    CHECK_EQ_INT(st.kv_blocks_running, 0);
+    CHECK(st.kv_blocks_parked > 0 && st.kv_blocks_touched > 0);
+    CHECK_EQ_INT(st.kv_blocks_lru + st.kv_blocks_parked + st.kv_blocks_unused, st.kv_blocks_total);
+    loom_engine_free(e);
+    free_fixture(&f);
+}
+
 int main(void) {
     disk_restore_async();
     disk_tier_zstd();
@@ -1277,6 +1308,7 @@ int main(void) {
     sessions("tests/fixtures/models/qwen3-tiny");
     sessions("tests/fixtures/models/qwen3.5-tiny-hybrid");
     sessions("tests/fixtures/models/mistral-tiny-swa");
+    session_cap_evictions("tests/fixtures/models/qwen3.5-tiny-hybrid");
     disk_tier_hybrid();
     kv_lossy("tests/fixtures/models/qwen3-tiny");
     kv_lossy("tests/fixtures/models/llama3-tiny");

@@ -20,6 +20,9 @@ static const char usage[] =
     "at once, and writes one result line per request, in input order:\n"
     "{\"id\", \"custom_id\", \"response\": {\"status_code\", \"request_id\", \"body\"}, \"error\"}.\n"
     "A bad line becomes an error line; the other requests go on.\n"
+    "A model directory without tokenizer.json runs completions whose prompt is\n"
+    "token ids: their results have text \"\" and the ids (prompt_token_ids,\n"
+    "token_ids); text prompts, chat and stop strings get an error line.\n"
     "\n"
     "  --model DIR            Hugging Face model directory\n"
     "  --input FILE           requests, one JSON object per line\n"
@@ -27,6 +30,7 @@ static const char usage[] =
     "  --errors FILE          write failed requests here instead of --output\n"
     "  --max-seqs N           sequences decoding at once (default 64)\n"
     "  --max-batch-tokens N   token budget of one engine step (default 2048)\n"
+    "  --prefill-chunk N      planned prefill chunk (default policy: 2048)\n"
     "  --max-tokens N         default max tokens of a request (default 512)\n"
     "  --ctx-size N           max tokens per sequence\n"
     "  --kv-type T            f32 (default), f16, bf16, q8, q4\n"
@@ -158,6 +162,7 @@ int cmd_batch(int argc, char **argv) {
     loom_serve_params p = loom_serve_default_params();
     p.device = cli_device;
     p.fast_matmul = cli_fast;
+    p.tokenizer_optional = 1; /* token-id requests need none */
     const char *input = NULL, *output = NULL, *errors = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -167,7 +172,7 @@ int cmd_batch(int argc, char **argv) {
         }
         static const char *valued[] = {"--model", "--input", "--output", "--errors", "--max-seqs",
                                        "--max-batch-tokens", "--max-tokens", "--ctx-size",
-                                       "--kv-type", "--threads", "--kv-config"};
+                                       "--kv-type", "--threads", "--kv-config", "--prefill-chunk"};
         int known = 0;
         for (size_t k = 0; k < LOOM_ARRAY_LEN(valued); k++) known |= !strcmp(a, valued[k]);
         if (!known) return cli_usage_error("batch", "unknown option \"%s\"", a);
@@ -179,6 +184,7 @@ int cmd_batch(int argc, char **argv) {
         else if (!strcmp(a, "--errors")) errors = v;
         else if (!strcmp(a, "--max-seqs")) bad = cli_int("batch", a, v, 1, 4096, &p.engine.max_seqs);
         else if (!strcmp(a, "--max-batch-tokens")) bad = cli_int("batch", a, v, 1, 1 << 20, &p.engine.max_batch_tokens);
+        else if (!strcmp(a, "--prefill-chunk")) bad = cli_int("batch", a, v, 1, 1 << 20, &p.engine.prefill_chunk);
         else if (!strcmp(a, "--max-tokens")) bad = cli_int("batch", a, v, 1, 1 << 22, &p.default_max_tokens);
         else if (!strcmp(a, "--ctx-size")) bad = cli_int("batch", a, v, 2, 1 << 22, &p.engine.n_ctx);
         else if (!strcmp(a, "--kv-type")) bad = cli_kv_type("batch", v, &p.engine.kv_type);

@@ -2,6 +2,8 @@
  * The conversation's KV stays in one context: each turn only prefills what
  * the template added since the previous one. */
 #include <cjson/cJSON.h>
+#include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,7 +19,8 @@ static const char usage[] =
     "usage: loom chat --model DIR [options]\n"
     "\n"
     "Chats in the terminal with the model's own chat template, streaming the\n"
-    "replies. Commands: /reset (forget the conversation), /exit.\n"
+    "replies. Commands: /reset (forget the conversation), /exit, /help. Ctrl-C\n"
+    "stops a reply; Ctrl-C at the prompt twice, or Ctrl-D, quits.\n"
     "\n"
     "  --model DIR        Hugging Face model directory\n"
     "  --system TEXT      system message\n"
@@ -40,7 +43,20 @@ typedef struct chat_state {
     int n_held;
     int32_t turn_end[16];
     int n_turn_end;
+    const loom_sampling *sp;   /* borrowed: the options' sampling */
+    int n_turns;
 } chat_state;
+
+static const char commands[] = "/reset, /exit, /quit, /help";
+
+/* Ctrl-C presses since the last line read: the first stops a reply (or
+ * warns at the prompt), the second quits. */
+static volatile sig_atomic_t interrupts;
+
+static void on_sigint(int sig) {
+    (void)sig;
+    interrupts++;
+}
 
 static void reset(chat_state *c) {
     cJSON_Delete(c->messages);
@@ -56,7 +72,7 @@ static void reset(chat_state *c) {
 }
 
 /* One turn: render, reuse the common prefix of the context, generate. */
-static int turn(chat_state *c, const char *user, int max_tokens, loom_sampler *smp, float *logits) {
+static int turn(chat_state *c, const char *user, int max_tokens, float *logits) {
     cJSON *m = cJSON_CreateObject();
     cJSON_AddStringToObject(m, "role", "user");
     cJSON_AddStringToObject(m, "content", user);
@@ -90,15 +106,30 @@ static int turn(chat_state *c, const char *user, int max_tokens, loom_sampler *s
     s = loom_context_eval(c->ctx, ids + keep, (int)n - keep, 0, logits);
     free(ids);
     if (s) return cli_fail("prompt", s);
+    /* As the server's requests: a sampler per reply whose penalty window
+     * holds the whole conversation, then what the reply adds. */
+    loom_sampling sp = *c->sp;
+    sp.seed += (uint64_t)c->n_turns++;
+    loom_sampler sampler = {0}, *smp = &sampler;
+    if ((s = loom_sampler_init(smp, &sp, loom_model_vocab_size(c->m)))) return cli_fail("sampling", s);
+    for (int i = 0; i < c->n_held; i++) loom_sampler_accept(smp, c->held[i], 0);
     loom_textstream *ts = NULL;
-    if ((s = loom_ts_create(c->tok, NULL, 0, 1, &ts))) return cli_fail("detokenizer", s);
+    if ((s = loom_ts_create(c->tok, NULL, 0, 1, &ts))) {
+        loom_sampler_free(smp);
+        return cli_fail("detokenizer", s);
+    }
     int ctx = LOOM_MIN(c->n_held, 4);
     loom_ts_prime(ts, c->held + c->n_held - ctx, (size_t)ctx);
 
     char *reply = NULL;
     size_t reply_len = 0, reply_cap = 0;
     int V = loom_model_vocab_size(c->m);
+    int stopped_by_user = 0;
     for (int i = 0; i < max_tokens; i++) {
+        if (interrupts) {
+            stopped_by_user = 1;
+            break;
+        }
         loom_sample_result r;
         loom_sampler_pick(smp, logits, -1, &r);
         loom_sampler_accept(smp, r.id, 1);
@@ -132,7 +163,10 @@ static int turn(chat_state *c, const char *user, int max_tokens, loom_sampler *s
     loom_ts_finish(ts, &piece, &pl, &stopped);
     fwrite(piece, 1, pl, stdout);
     printf("\n");
+    fflush(stdout);
+    if (stopped_by_user) fprintf(stderr, "(reply stopped)\n");
     loom_ts_free(ts);
+    loom_sampler_free(smp);
     cJSON *a = cJSON_CreateObject();
     cJSON_AddStringToObject(a, "role", "assistant");
     char *full = malloc(reply_len + pl + 1);
@@ -186,7 +220,7 @@ int cmd_chat(int argc, char **argv) {
     sp.seed = (uint64_t)seed;
     int rc = 1;
     float *logits = NULL;
-    loom_sampler smp = {0};
+    c.sp = &sp;
     loom_model_params mp = loom_model_default_params();
     mp.n_threads = threads;
     mp.device = cli_device;
@@ -198,7 +232,10 @@ int cmd_chat(int argc, char **argv) {
     loom_context_params cp = loom_context_default_params();
     cp.n_ctx = n_ctx;
     if ((s = loom_context_create(c.m, &cp, &c.ctx))) { rc = cli_fail("context", s); goto done; }
-    if ((s = loom_sampler_init(&smp, &sp, loom_model_vocab_size(c.m)))) { rc = cli_fail("sampling", s); goto done; }
+    loom_sampler check = {0};
+    s = loom_sampler_init(&check, &sp, loom_model_vocab_size(c.m));
+    loom_sampler_free(&check);
+    if (s) { rc = cli_fail("sampling", s); goto done; }
     logits = malloc(sizeof(float) * (size_t)loom_model_vocab_size(c.m));
     if (!logits) goto done;
     c.n_turn_end = loom_tok_turn_end_ids(c.tok, c.turn_end, 12);
@@ -208,10 +245,24 @@ int cmd_chat(int argc, char **argv) {
     reset(&c);
     fprintf(stderr, "loom chat: %s (%s). /reset clears the conversation, /exit quits.\n", model,
             loom_model_arch(c.m));
+    /* no SA_RESTART: Ctrl-C at the prompt ends the read with EINTR */
+    struct sigaction sa = {.sa_handler = on_sigint};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
     char line[8192];
     for (;;) {
+        if (interrupts >= 2) break;
         fprintf(stderr, "> ");
-        if (!fgets(line, sizeof line, stdin)) break;
+        if (!fgets(line, sizeof line, stdin)) {
+            if (ferror(stdin) && errno == EINTR && interrupts < 2) {
+                clearerr(stdin);
+                fprintf(stderr, "\n(Ctrl-C again or Ctrl-D to quit)\n");
+                continue;
+            }
+            fputc('\n', stderr); /* the shell's prompt starts on a line of its own */
+            break;
+        }
+        interrupts = 0;
         line[strcspn(line, "\n")] = 0;
         if (!line[0]) continue;
         if (!strcmp(line, "/exit") || !strcmp(line, "/quit")) break;
@@ -220,19 +271,29 @@ int cmd_chat(int argc, char **argv) {
             fprintf(stderr, "(conversation cleared)\n");
             continue;
         }
+        if (!strcmp(line, "/help")) {
+            fprintf(stderr, "commands: %s; Ctrl-C stops a reply, Ctrl-D quits\n", commands);
+            continue;
+        }
+        if (line[0] == '/' && line[1] && line[1] != ' ' && line[1] != '/') {
+            /* a typo must not reach the model as a message */
+            fprintf(stderr, "loom: error: unknown command %.*s; commands: %s (start a message "
+                            "with // to send a leading /)\n", (int)strcspn(line, " \t"), line, commands);
+            continue;
+        }
+        const char *msg = line[0] == '/' && line[1] == '/' ? line + 1 : line;
         if (loom_context_length(c.ctx) + 16 > n_ctx) {
             fprintf(stderr, "(context full: conversation cleared)\n");
             reset(&c);
         }
-        turn(&c, line, LOOM_MIN(max_tokens, n_ctx - loom_context_length(c.ctx) - 256 > 0
+        turn(&c, msg, LOOM_MIN(max_tokens, n_ctx - loom_context_length(c.ctx) - 256 > 0
                                                 ? n_ctx - loom_context_length(c.ctx) - 256
                                                 : 16),
-             &smp, logits);
+             logits);
     }
     rc = 0;
 done:
     free(logits);
-    loom_sampler_free(&smp);
     free(c.held);
     cJSON_Delete(c.messages);
     loom_context_free(c.ctx);

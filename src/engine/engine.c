@@ -151,8 +151,8 @@ static int chunk_for(const loom_engine *e, const loom_request *r) {
 /* Evicts parked sessions until need blocks can be handed out (or none is
  * left to evict). */
 static void make_room(loom_engine *e, int need) {
-    while (e->sessions && loom_kv_available(e->kv) < need && loom_sessions_evict_one(e->sessions))
-        e->counters.session_evictions++;
+    while (e->sessions && loom_kv_available(e->kv) < need)
+        if (!loom_sessions_evict_one(e->sessions)) break;
 }
 
 static loom_status reserve(loom_engine *e, loom_kv_seq *seq, int n_tokens) {
@@ -169,8 +169,8 @@ static void park(loom_engine *e, loom_request *r) {
     loom_session *x = loom_sessions_put(e->sessions, r->save_key, r->save_alias, r->ns, seq, r->tokens);
     if (x && x->state) loom_seq_state_save(r->rstate, x->state);
     /* parked blocks count against the cache's cap like unreferenced cached ones */
-    while (e->kv->n_lru + e->kv->n_reclaim > e->kv->cache_cap && loom_sessions_evict_one(e->sessions))
-        e->counters.session_evictions++;
+    while (e->kv->n_lru + e->kv->n_reclaim > e->kv->cache_cap)
+        if (!loom_sessions_evict_one(e->sessions)) break;
 }
 
 static void finish(loom_engine *e, loom_request *r, loom_finish why, loom_status st,
@@ -771,8 +771,14 @@ static void *engine_main(void *arg) {
         e->stats.session_hits = e->counters.session_hits;
         e->stats.session_misses = e->counters.session_misses;
         e->stats.session_hit_tokens = e->counters.session_hit_tokens;
-        e->stats.session_evictions = e->counters.session_evictions;
+        /* the store counts its own: it also evicts when full (loom_sessions_put) */
+        e->stats.session_evictions = e->sessions ? loom_sessions_evictions(e->sessions) : 0;
         e->stats.kv_blocks_cached = e->kv->n_cached;
+        e->stats.kv_blocks_lru = e->kv->n_lru;
+        e->stats.kv_blocks_parked = e->kv->n_reclaim;
+        e->stats.kv_blocks_unused = e->kv->n_free;
+        e->stats.kv_blocks_running = e->kv->n_blocks - e->kv->n_free - e->kv->n_lru - e->kv->n_reclaim;
+        e->stats.kv_blocks_touched = e->kv->n_touched;
         e->stats.cache_hit_tokens = e->kv->hits * (uint64_t)e->kv->block_size;
         e->stats.cache_miss_tokens = e->kv->misses * (uint64_t)e->kv->block_size;
         e->stats.cache_evicted_blocks = e->kv->evictions;
@@ -891,7 +897,8 @@ loom_status loom_engine_create(loom_model *m, const loom_engine_params *params,
         s = loom_sessions_create(e->kv, 4096, loom_seq_state_bytes(m),
                                  p.snapshot_bytes ? p.snapshot_bytes : (size_t)1 << 30, &e->sessions);
     if (!s && e->cache)
-        s = loom_kv_cache_enable(e->kv, p.prefix_cache_bytes ? (int)LOOM_MIN(p.prefix_cache_bytes / block, (size_t)n_blocks) : 0);
+        /* a cap under one block is one block, not (as 0 would be) the whole pool */
+        s = loom_kv_cache_enable(e->kv, p.prefix_cache_bytes ? (int)LOOM_MAX(LOOM_MIN(p.prefix_cache_bytes / block, (size_t)n_blocks), 1) : 0);
     if (p.prefix_cache_dir && m->device >= 0) /* the disk tier copies host KV rows */
         loom_log(LOOM_LOG_WARN, "the prefix cache disk tier is not available on a device yet");
     if (!s && e->cache && p.prefix_cache_dir && m->device < 0 &&
@@ -935,6 +942,10 @@ loom_status loom_engine_create(loom_model *m, const loom_engine_params *params,
     }
     e->stats.kv_blocks_total = n_blocks;
     e->stats.kv_blocks_free = n_blocks;
+    e->stats.kv_blocks_unused = n_blocks;
+    e->stats.kv_cache_cap_blocks = e->cache ? e->kv->cache_cap : 0;
+    e->stats.kv_block_size = p.block_size;
+    e->stats.kv_block_bytes = block;
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {

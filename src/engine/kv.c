@@ -323,6 +323,7 @@ static int block_take(loom_kv_pool *p) {
     int b = p->free_list[--p->n_free];
     assert(p->refcount[b] == 0);
     p->refcount[b] = 1;
+    if (b >= p->n_touched) p->n_touched = b + 1;
     return b;
 }
 

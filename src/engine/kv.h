@@ -85,6 +85,10 @@ typedef struct loom_kv_pool {
     int n_reclaim;       /* blocks only parked sequences hold */
     int *free_list;      /* owned [n_blocks], stack of free ids */
     int n_free;
+    int n_touched;       /* blocks [0, n_touched) have been handed out at least
+                            once (released ones go back on top of the stack, so
+                            the set stays contiguous); the pool's pages past
+                            them were never written and take no memory */
     /* prefix cache; all NULL / 0 when disabled */
     int cache_on;
     int cache_cap;       /* max unreferenced cached blocks kept */

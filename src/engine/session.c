@@ -16,6 +16,7 @@ struct loom_sessions {
     size_t state_bytes;
     int max_states;        /* entries with a state that fit the state cap */
     uint64_t clock;
+    uint64_t evictions;    /* entries dropped for room, by any caller */
 };
 
 loom_status loom_sessions_create(loom_kv_pool *kv, int max_entries, size_t state_bytes,
@@ -78,6 +79,7 @@ int loom_sessions_evict_one(loom_sessions *s) {
         if (s->e[i].key && !s->e[i].pinned && (at < 0 || s->e[i].age < s->e[at].age)) at = i;
     if (at < 0) return 0;
     drop(s, at);
+    s->evictions++;
     return 1;
 }
 
@@ -110,3 +112,4 @@ loom_session *loom_sessions_put(loom_sessions *s, uint64_t key, uint64_t alias, 
 }
 
 int loom_sessions_count(const loom_sessions *s) { return s->n; }
+uint64_t loom_sessions_evictions(const loom_sessions *s) { return s->evictions; }

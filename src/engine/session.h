@@ -52,6 +52,9 @@ loom_session *loom_sessions_put(loom_sessions *s, uint64_t key, uint64_t alias, 
 /* Drops the least recently used unpinned entry. Returns 0 when none. */
 int loom_sessions_evict_one(loom_sessions *s);
 int loom_sessions_count(const loom_sessions *s);
+/* Entries evicted so far: for the pool, the prefix-cache cap or the
+ * entry cap (a put into a full store). Replaced entries do not count. */
+uint64_t loom_sessions_evictions(const loom_sessions *s);
 /* Key of an id string (never 0). */
 uint64_t loom_sessions_key(const char *kind, const char *id);
 

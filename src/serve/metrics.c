@@ -106,6 +106,25 @@ char *metrics_render(loom_metrics *m, const loom_engine_stats *st, int inflight)
               st->sessions, (unsigned long long)st->session_hits,
               (unsigned long long)st->session_misses, (unsigned long long)st->session_hit_tokens,
               (unsigned long long)st->session_evictions);
+    /* Where the KV budget is: cached blocks are kept up to the cap by
+     * design, so a long-running server's pool fills; these say with what. */
+    double bb = (double)st->kv_block_bytes;
+    loom_buf_printf(&b,
+              "# HELP loom_kv_pool_bytes KV pool size (--kv-memory).\n"
+              "# TYPE loom_kv_pool_bytes gauge\nloom_kv_pool_bytes %.0f\n"
+              "# HELP loom_kv_bytes KV pool bytes by holder; they sum to loom_kv_pool_bytes.\n"
+              "# TYPE loom_kv_bytes gauge\n"
+              "loom_kv_bytes{holder=\"requests\"} %.0f\n"
+              "loom_kv_bytes{holder=\"prefix_cache\"} %.0f\n"
+              "loom_kv_bytes{holder=\"sessions\"} %.0f\n"
+              "loom_kv_bytes{holder=\"free\"} %.0f\n"
+              "# HELP loom_kv_touched_bytes KV pool bytes ever written (resident; the rest takes no memory yet).\n"
+              "# TYPE loom_kv_touched_bytes gauge\nloom_kv_touched_bytes %.0f\n"
+              "# HELP loom_kv_reuse_cap_bytes Cap on KV kept for reuse: prefix cache plus sessions (--prefix-cache-bytes).\n"
+              "# TYPE loom_kv_reuse_cap_bytes gauge\nloom_kv_reuse_cap_bytes %.0f\n",
+              bb * st->kv_blocks_total, bb * st->kv_blocks_running, bb * st->kv_blocks_lru,
+              bb * st->kv_blocks_parked, bb * st->kv_blocks_unused, bb * st->kv_blocks_touched,
+              bb * st->kv_cache_cap_blocks);
     put_hist(&b, "loom_time_to_first_token_seconds", "Time from request to first token.", &m->ttft);
     put_hist(&b, "loom_inter_token_latency_seconds", "Time between tokens of a request.", &m->itl);
     if (b.oom) {

@@ -144,6 +144,13 @@ static int conversation_boundary(job *j);
 static int build_prompt(job *j, api_error *err) {
     server *s = j->srv;
     api_req *r = &j->req;
+    if (!s->tok && (r->kind == API_CHAT || !r->prompt_ids))
+        return api_fail(err, 400, r->kind == API_CHAT ? "messages" : "prompt",
+                        "this model directory has no tokenizer (tokenizer.json); send token ids%s",
+                        r->kind == API_CHAT ? " to /v1/completions" : "");
+    if (!s->tok && r->n_stops)
+        return api_fail(err, 400, "stop", "stop strings need a tokenizer (tokenizer.json), "
+                                          "and this model directory has none");
     if (r->kind == API_CHAT) {
         if (!s->chat)
             return api_fail(err, 400, "messages",
@@ -167,7 +174,9 @@ static int build_prompt(job *j, api_error *err) {
         j->n_prompt = r->n_prompt_ids;
         r->prompt_ids = NULL;
         size_t len;
-        if (loom_tok_decode(s->tok, j->prompt, (size_t)j->n_prompt, 0, &j->prompt_text, &len))
+        /* without a tokenizer the text is unknown: answers carry the ids */
+        if (!s->tok) r->return_token_ids = 1;
+        else if (loom_tok_decode(s->tok, j->prompt, (size_t)j->n_prompt, 0, &j->prompt_text, &len))
             return api_fail(err, 400, "prompt", "%s", loom_last_error());
     } else {
         size_t n = 0;
@@ -1231,6 +1240,32 @@ static void load_progress(void *ctx, double done) {
     if (done >= 1) fputc('\n', stderr);
 }
 
+static const char *human_bytes(double n, char *buf, size_t cap) {
+    if (n >= 1 << 30) snprintf(buf, cap, "%.1f GiB", n / (1 << 30));
+    else if (n >= 1 << 20) snprintf(buf, cap, "%.1f MiB", n / (1 << 20));
+    else snprintf(buf, cap, "%.0f KiB", n / 1024);
+    return buf;
+}
+
+/* One line on the KV budget: the pool fills with cached blocks up to the
+ * reuse cap by design, so a large resident size should not surprise. */
+static void print_kv_budget(loom_engine *e) {
+    loom_engine_stats st;
+    loom_engine_get_stats(e, &st);
+    char a[32], b[32];
+    double bb = (double)st.kv_block_bytes;
+    fprintf(stderr, "loom: KV pool %s (--kv-memory): %d blocks of %d tokens, %s a block, "
+                    "%.1f KiB a token, %lld tokens of context in all; kept for reuse: ",
+            human_bytes(bb * st.kv_blocks_total, a, sizeof a), st.kv_blocks_total, st.kv_block_size,
+            human_bytes(bb, b, sizeof b), bb / 1024 / st.kv_block_size,
+            (long long)st.kv_blocks_total * st.kv_block_size);
+    if (st.kv_cache_cap_blocks)
+        fprintf(stderr, "up to %s (--prefix-cache-bytes); pages are taken as blocks are first used\n",
+                human_bytes(bb * st.kv_cache_cap_blocks, a, sizeof a));
+    else
+        fprintf(stderr, "nothing (no prefix cache)\n");
+}
+
 /* Loads the model, tokenizer and template and starts the engine. */
 static int server_open(server *s, const loom_serve_params *params) {
     memset(s, 0, sizeof *s);
@@ -1266,7 +1301,13 @@ static int server_open(server *s, const loom_serve_params *params) {
     mp.device = s->p.device;
     mp.fast_matmul = s->p.fast_matmul;
     loom_status st = loom_model_load(dir, &mp, &s->model);
-    if (!st) st = loom_tok_load_dir(dir, &s->tok);
+    char tj[4096];
+    int no_tok = s->p.tokenizer_optional && loom_path_join(tj, sizeof tj, dir, "tokenizer.json") == LOOM_OK &&
+                 access(tj, F_OK) != 0;
+    if (no_tok)
+        fprintf(stderr, "loom: warning: %s has no tokenizer.json; only token-id prompts run, "
+                        "and answers carry token ids with empty text\n", dir);
+    if (!st && !no_tok) st = loom_tok_load_dir(dir, &s->tok);
     if (st) {
         fprintf(stderr, "loom: error: %s (%s)\n", loom_last_error(), loom_status_str(st));
         free_server(s);
@@ -1279,17 +1320,18 @@ static int server_open(server *s, const loom_serve_params *params) {
         s->chat = NULL;
     }
     s->vocab = loom_model_vocab_size(s->model);
-    s->think = loom_tok_token_to_id(s->tok, "</think>", 8) >= 0;
+    s->think = s->tok && loom_tok_token_to_id(s->tok, "</think>", 8) >= 0;
     s->stateful = loom_seq_state_bytes(s->model) > 0;
     /* Chat turns end at the template's end-of-turn token, which is often
      * not the model's EOS (ChatML's <|im_end|> on a base model). */
     s->tc_syntax = loom_toolcall_detect(s->chat, s->tok);
-    s->n_turn_end = loom_toolcall_turn_end_ids(s->tc_syntax, s->tok, s->turn_end, 8);
+    s->n_turn_end = s->tok ? loom_toolcall_turn_end_ids(s->tc_syntax, s->tok, s->turn_end, 8) : 0;
     if ((st = loom_engine_create(s->model, &s->p.engine, &s->engine))) {
         fprintf(stderr, "loom: error: %s (%s)\n", loom_last_error(), loom_status_str(st));
         free_server(s);
         return 1;
     }
+    print_kv_budget(s->engine);
     return 0;
 }
 

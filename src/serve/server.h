@@ -28,6 +28,8 @@ typedef struct loom_serve_params {
     int device;                 /* -1 CPU, n = CUDA device n */
     int fast_matmul;            /* loom_model_params.fast_matmul */
     int default_max_tokens;     /* when a request gives none */
+    int tokenizer_optional;     /* a model directory without tokenizer.json loads;
+                                   only token-id completions run, their text is "" */
     loom_engine_params engine;
     const char *port_file;      /* write the bound port here when ready */
 } loom_serve_params;

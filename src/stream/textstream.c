@@ -31,7 +31,7 @@ loom_status loom_ts_create(const loom_tok *tok, const char *const *stops, int n_
     *out = NULL;
     loom_textstream *ts = calloc(1, sizeof *ts);
     if (!ts) return loom_err(LOOM_ERR_NOMEM, "out of memory");
-    loom_status s = loom_detok_create(tok, skip_special, &ts->detok);
+    loom_status s = tok ? loom_detok_create(tok, skip_special, &ts->detok) : LOOM_OK;
     if (!s && n_stops > 0) {
         ts->stops = calloc((size_t)n_stops, sizeof *ts->stops);
         ts->stop_len = calloc((size_t)n_stops, sizeof *ts->stop_len);
@@ -53,7 +53,7 @@ loom_status loom_ts_create(const loom_tok *tok, const char *const *stops, int n_
 }
 
 loom_status loom_ts_keep_special(loom_textstream *ts, const int32_t *ids, int n) {
-    return loom_detok_keep(ts->detok, ids, n);
+    return ts->detok ? loom_detok_keep(ts->detok, ids, n) : LOOM_OK; /* no tokenizer: no text */
 }
 
 void loom_ts_free(loom_textstream *ts) {
@@ -102,7 +102,7 @@ static void release(loom_textstream *ts, int final, const char **text, size_t *l
 }
 
 loom_status loom_ts_prime(loom_textstream *ts, const int32_t *ids, size_t n) {
-    return loom_detok_prime(ts->detok, ids, n);
+    return ts->detok ? loom_detok_prime(ts->detok, ids, n) : LOOM_OK;
 }
 
 loom_status loom_ts_push(loom_textstream *ts, int32_t id, const char **text, size_t *len,
@@ -110,7 +110,7 @@ loom_status loom_ts_push(loom_textstream *ts, int32_t id, const char **text, siz
     *text = "";
     *len = 0;
     *stopped = ts->stopped;
-    if (ts->stopped) return LOOM_OK;
+    if (ts->stopped || !ts->detok) return LOOM_OK;
     const char *piece;
     size_t n;
     loom_status s = loom_detok_push(ts->detok, id, &piece, &n);
@@ -126,7 +126,7 @@ loom_status loom_ts_finish(loom_textstream *ts, const char **text, size_t *len, 
     *text = "";
     *len = 0;
     *stopped = ts->stopped;
-    if (ts->stopped) return LOOM_OK;
+    if (ts->stopped || !ts->detok) return LOOM_OK;
     const char *piece;
     size_t n;
     loom_status s = loom_detok_flush(ts->detok, &piece, &n);

@@ -12,7 +12,8 @@
 
 typedef struct loom_textstream loom_textstream;
 
-/* stops: n_stops NUL-terminated UTF-8 strings (copied; empty ones ignored). */
+/* stops: n_stops NUL-terminated UTF-8 strings (copied; empty ones ignored).
+ * With no tokenizer (tok NULL) the stream takes ids and emits no text. */
 loom_status loom_ts_create(const loom_tok *tok, const char *const *stops, int n_stops,
                            int skip_special, loom_textstream **out);
 void loom_ts_free(loom_textstream *ts);
