@@ -126,6 +126,16 @@ bad "{\"messages\":[$U],\"logit_bias\":{\"99999\":1}}" logit_bias "logit_bias id
 bad '{"messages":[{"role":"robot","content":"x"}]}' 'messages[0].role' "unknown role"
 bad '{"messages":[{"role":"user","content":{"a":1}}]}' 'messages[0].content' "content type"
 bad "{\"messages\":[$U],\"tools\":[{\"type\":\"function\"}]}" 'tools[0].function.name' "tool without name"
+bad "{\"messages\":[$U]} junk" "" "text after the JSON object"
+bad "{\"messages\":[$U,{\"role\":\"user\",\"content\":\"a\\u0000b\"}]}" 'messages[1].content' "escaped NUL"
+body_has 'contains a NUL character (\\u0000)' "escaped NUL"
+bad "{\"messages\":[$U],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"g\"}}}" tool_choice "tool_choice not in tools"
+body_has "tool_choice names function 'g', which is not in tools" "tool_choice not in tools"
+bad "{\"messages\":[$U],\"tool_choice\":\"required\"}" tool_choice "tool_choice required without tools"
+printf '{"prompt":"a\000b","echo":true}' >"$TMPD/nul"
+s=$(curl -s --max-time 30 -o "$TMPD/body" -w '%{http_code}' -H 'Content-Type: application/json' \
+    --data-binary @"$TMPD/nul" "$BASE/v1/completions")
+expect_status 400 "$s" "raw NUL byte"; body_has 'contains a NUL byte' "raw NUL byte"
 s=$(req POST /v1/completions '{"prompt":[1,99999]}'); expect_status 400 "$s" "token id"; body_has '"param":"prompt"' "token id"
 s=$(req POST /v1/completions '{"max_tokens":3}'); expect_status 400 "$s" "no prompt"; body_has '"param":"prompt"' "no prompt"
 ok "400s name the field"
