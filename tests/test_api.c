@@ -277,6 +277,18 @@ static void test_parse_tool_choice(void) {
     }
 }
 
+/* max_tokens 0 (the prompt alone) is for completions with echo only. */
+static void test_parse_max_tokens_zero(void) {
+    api_req r;
+    api_error e;
+    const char *b = "{\"prompt\":\"x\",\"max_tokens\":0,\"echo\":true,\"logprobs\":1}";
+    CHECKF(api_parse(API_COMPLETION, b, strlen(b), 1000, &r, &e) == 0, "%s", e.message);
+    CHECK_EQ_INT(r.max_tokens, 0);
+    api_req_free(&r);
+    b = "{\"prompt\":\"x\",\"max_tokens\":0}";
+    check_rejects_msg(API_COMPLETION, b, strlen(b), "max_tokens", "needs 'echo': true");
+}
+
 /* ---- JSON strings ------------------------------------------------------------ */
 
 static void test_json_str(void) {
@@ -549,6 +561,7 @@ int main(void) {
     test_parse_nul();
     test_parse_trailing();
     test_parse_tool_choice();
+    test_parse_max_tokens_zero();
     test_json_str();
     test_toolcalls();
     test_reasoning();

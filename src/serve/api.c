@@ -462,7 +462,9 @@ int api_parse(api_kind kind, const char *body, size_t len, int vocab, api_req *r
         r->include_usage = cJSON_IsTrue(iu);
     }
     if (get_int(r, "n", 1, API_MAX_N, &r->n, err) < 0) goto fail;
-    if (get_int(r, "max_tokens", 1, 1 << 24, &r->max_tokens, err) < 0) goto fail;
+    /* completions: 0 with echo scores the prompt alone (checked below) */
+    if (get_int(r, "max_tokens", kind == API_COMPLETION ? 0 : 1, 1 << 24, &r->max_tokens, err) < 0)
+        goto fail;
     if (get_int(r, "max_completion_tokens", 1, 1 << 24, &r->max_tokens, err) < 0) goto fail;
     if (get_bool(r, "ignore_eos", &r->ignore_eos, err) < 0) goto fail;
     const cJSON *sid = field(r, "cache_session_id");
@@ -517,6 +519,11 @@ int api_parse(api_kind kind, const char *body, size_t len, int vocab, api_req *r
         if (k < 0) goto fail;
         if (k) r->logprobs = lp;
         if (get_bool(r, "echo", &r->echo, err) < 0) goto fail;
+        if (r->max_tokens == 0 && !r->echo) {
+            api_fail(err, 400, "max_tokens",
+                     "'max_tokens' must be at least 1 (0, the prompt alone, needs 'echo': true)");
+            goto fail;
+        }
         if (get_bool(r, "return_token_ids", &r->return_token_ids, err) < 0) goto fail;
         const cJSON *p = cJSON_GetObjectItemCaseSensitive(r->body, "prompt");
         if (!p) {
