@@ -121,6 +121,9 @@ expect_status 200 "$s" "echo logprobs streamed"
 l=$(grep -m1 '^data: ' "$TMPD/body" >"$TMPD/first"; lps "$TMPD/first")
 [ "$(echo "$l" | tr ',' '\n' | grep -c .)" -eq 40 ] && [ "${l%%,*}" = null ] ||
     fail "echo logprobs streamed: first chunk $(cat "$TMPD/first")"
+# text offsets count a special token the prompt spells, not one the tokenizer adds
+s=$(req POST /v1/completions '{"prompt":"<|im_start|>def fib(n):","max_tokens":1,"temperature":0,"echo":true,"logprobs":0}')
+expect_status 200 "$s" "echo offsets"; body_has '"text_offset":[0,12,15,17,19,21,23]' "echo offsets"
 s=$(req POST /v1/completions '{"prompt":"def","max_tokens":0}')
 expect_status 400 "$s" "max_tokens 0 without echo"; body_has '"param":"max_tokens"' "max_tokens 0 without echo"
 ok "echo with logprobs: the prompt tokens' logprobs (cache skipped, max_tokens 0, streamed first)"

@@ -218,11 +218,18 @@ static int conversation_boundary(job *j) {
 }
 
 /* Where each prompt token starts in the echoed text: the detokenized
- * length before it (a text prompt's text has no added special tokens). */
+ * length before it. Special tokens count when the echoed text holds them
+ * (token ids, or a text that spells them), not when the tokenizer added
+ * them to a text prompt (a BOS). */
 static int prompt_offsets(job *j, api_error *err) {
     loom_detok *d = NULL;
+    char *all = NULL;
+    size_t n_all = 0;
+    int skip = loom_tok_decode(j->srv->tok, j->prompt, (size_t)j->n_prompt, 0, &all, &n_all) != LOOM_OK ||
+               strcmp(all, j->prompt_text) != 0;
+    free(all);
     j->prompt_off = malloc(sizeof *j->prompt_off * (size_t)j->n_prompt);
-    if (!j->prompt_off || loom_detok_create(j->srv->tok, j->req.prompt_text != NULL, &d) != LOOM_OK) {
+    if (!j->prompt_off || loom_detok_create(j->srv->tok, skip, &d) != LOOM_OK) {
         loom_detok_free(d);
         return api_fail(err, 500, NULL, "out of memory");
     }
