@@ -34,13 +34,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     } else {
         assert(r.n >= 1 && r.n <= API_MAX_N);
         assert(r.n_stops >= 0 && r.n_stops <= API_MAX_STOPS);
-        assert(r.max_tokens == -1 || r.max_tokens >= 1);
+        assert(r.max_tokens == -1 || r.max_tokens >= 1 || (r.max_tokens == 0 && r.echo));
+        /* no NUL, raw or escaped, got through to be cut short */
+        assert(!memchr(body, 0, size - 1));
         assert(r.logprobs >= -1 && r.logprobs <= 20);
         assert(r.sampling.temperature >= 0 && r.sampling.temperature <= 2);
         for (int i = 0; i < r.sampling.n_logit_bias; i++)
             assert(r.sampling.logit_bias[i].token >= 0 && r.sampling.logit_bias[i].token < vocab);
         if (kind == API_CHAT) {
             assert(r.messages_json);
+            assert(r.tool_choice && (r.tools_json || strcmp(r.tool_choice, "required")));
             cJSON *m = cJSON_Parse(r.messages_json);
             assert(cJSON_IsArray(m) && cJSON_GetArraySize(m) > 0);
             cJSON_Delete(m);

@@ -218,6 +218,12 @@ typedef struct loom_request_params {
     int n_stop_ids;
     int ignore_eos;         /* do not stop at the model's end-of-sequence ids */
     int logprobs;           /* -1 none; 0 the chosen token's; n > 0 also top n (max 20) */
+    int prompt_logprobs;    /* -1 none; n >= 0: before the first generated token,
+                               one event (prompt = 1) for each prompt token after
+                               the first, with its log-probability given the
+                               tokens before it and the top n (max 20) there.
+                               Every prompt position is computed: such a request
+                               takes nothing from the prefix cache or a session */
     int prefill_chunk;      /* 0 = the engine's policy */
     int trace;              /* record timed spans for this request (read them
                                with loom_request_trace_json; the engine's
@@ -256,6 +262,8 @@ typedef struct loom_event {
     int n_top;
     int32_t top_ids[20];
     float top_logprobs[20];
+    int prompt;             /* 1: token is a prompt token (prompt_logprobs), not
+                               a generated one */
     loom_status status;     /* the failure, for LOOM_FINISH_ERROR */
     int n_prompt;           /* usage, filled on the final event */
     int n_generated;

@@ -94,6 +94,40 @@ expect_status 200 "$s" "chat session turn 2"
 body_has "\"cached_tokens\":$((p1 + 7))" "chat session turn 2 (turn 1's prompt and output reused)"
 ok "previous_response_id: only new tokens computed, same text as without, unknown ids fall back; cache_session_id"
 
+# ---- echo with logprobs: the prompt's tokens too (P's blocks are cached) ----
+lps() { sed -n 's/.*"token_logprobs":\[\([^]]*\)\].*/\1/p' "$1"; }
+near() { awk -v a="$1" -v b="$2" 'BEGIN { d = a - b; exit !(d < 1e-4 && d > -1e-4) }'; }
+s=$(req POST /v1/completions "{\"prompt\":[$P],\"max_tokens\":1,\"temperature\":0,\"logprobs\":2,\"return_token_ids\":true}")
+expect_status 200 "$s" "logprobs reference"
+g=$(sed -n 's/.*"token_ids":\[\([0-9]*\)\].*/\1/p' "$TMPD/body"); x=$(lps "$TMPD/body")
+[ -n "$g" ] && [ -n "$x" ] || fail "logprobs reference: no token or logprob in $(body)"
+s=$(req POST /v1/completions "{\"prompt\":[$P],\"max_tokens\":3,\"temperature\":0,\"echo\":true,\"logprobs\":2}")
+expect_status 200 "$s" "echo logprobs"
+body_has '"token_logprobs":[null,' "echo logprobs"; body_has '"top_logprobs":[null,{' "echo logprobs"
+body_has '"text_offset":[0,' "echo logprobs"; body_has '"cached_tokens":0' "echo logprobs (every position computed)"
+l=$(lps "$TMPD/body")
+[ "$(echo "$l" | tr ',' '\n' | grep -c .)" -eq 43 ] || fail "echo logprobs: $l is not 40 prompt + 3 generated entries"
+near "$(echo "$l" | cut -d, -f41)" "$x" || fail "echo logprobs: the first generated token's $(echo "$l" | cut -d, -f41) is not $x"
+# a prompt token's logprob is the one that token had when generated
+s=$(req POST /v1/completions "{\"prompt\":[$P,$g],\"max_tokens\":0,\"echo\":true,\"logprobs\":2}")
+expect_status 200 "$s" "echo max_tokens 0"
+body_has '"completion_tokens":0' "echo max_tokens 0"; body_has '"finish_reason":"length"' "echo max_tokens 0"
+l=$(lps "$TMPD/body")
+[ "$(echo "$l" | tr ',' '\n' | grep -c .)" -eq 41 ] || fail "echo max_tokens 0: $l is not 41 entries"
+near "${l##*,}" "$x" || fail "echo: prompt token $g has logprob ${l##*,}; generated, it had $x"
+# streamed: the prompt's logprobs come in the first chunk
+s=$(req POST /v1/completions "{\"prompt\":[$P],\"max_tokens\":2,\"temperature\":0,\"echo\":true,\"logprobs\":0,\"stream\":true}" -N)
+expect_status 200 "$s" "echo logprobs streamed"
+l=$(grep -m1 '^data: ' "$TMPD/body" >"$TMPD/first"; lps "$TMPD/first")
+[ "$(echo "$l" | tr ',' '\n' | grep -c .)" -eq 40 ] && [ "${l%%,*}" = null ] ||
+    fail "echo logprobs streamed: first chunk $(cat "$TMPD/first")"
+# text offsets count a special token the prompt spells, not one the tokenizer adds
+s=$(req POST /v1/completions '{"prompt":"<|im_start|>def fib(n):","max_tokens":1,"temperature":0,"echo":true,"logprobs":0}')
+expect_status 200 "$s" "echo offsets"; body_has '"text_offset":[0,12,15,17,19,21,23]' "echo offsets"
+s=$(req POST /v1/completions '{"prompt":"def","max_tokens":0}')
+expect_status 400 "$s" "max_tokens 0 without echo"; body_has '"param":"max_tokens"' "max_tokens 0 without echo"
+ok "echo with logprobs: the prompt tokens' logprobs (cache skipped, max_tokens 0, streamed first)"
+
 # ---- stop strings: held back, never sent ----
 s=$(req POST /v1/completions '{"prompt":"def fib(n):","max_tokens":20,"temperature":0}')
 body_has '"text":" return 1\n' "greedy reference text"
@@ -126,6 +160,16 @@ bad "{\"messages\":[$U],\"logit_bias\":{\"99999\":1}}" logit_bias "logit_bias id
 bad '{"messages":[{"role":"robot","content":"x"}]}' 'messages[0].role' "unknown role"
 bad '{"messages":[{"role":"user","content":{"a":1}}]}' 'messages[0].content' "content type"
 bad "{\"messages\":[$U],\"tools\":[{\"type\":\"function\"}]}" 'tools[0].function.name' "tool without name"
+bad "{\"messages\":[$U]} junk" "" "text after the JSON object"
+bad "{\"messages\":[$U,{\"role\":\"user\",\"content\":\"a\\u0000b\"}]}" 'messages[1].content' "escaped NUL"
+body_has 'contains a NUL character (\\u0000)' "escaped NUL"
+bad "{\"messages\":[$U],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"g\"}}}" tool_choice "tool_choice not in tools"
+body_has "tool_choice names function 'g', which is not in tools" "tool_choice not in tools"
+bad "{\"messages\":[$U],\"tool_choice\":\"required\"}" tool_choice "tool_choice required without tools"
+printf '{"prompt":"a\000b","echo":true}' >"$TMPD/nul"
+s=$(curl -s --max-time 30 -o "$TMPD/body" -w '%{http_code}' -H 'Content-Type: application/json' \
+    --data-binary @"$TMPD/nul" "$BASE/v1/completions")
+expect_status 400 "$s" "raw NUL byte"; body_has 'contains a NUL byte' "raw NUL byte"
 s=$(req POST /v1/completions '{"prompt":[1,99999]}'); expect_status 400 "$s" "token id"; body_has '"param":"prompt"' "token id"
 s=$(req POST /v1/completions '{"max_tokens":3}'); expect_status 400 "$s" "no prompt"; body_has '"param":"prompt"' "no prompt"
 ok "400s name the field"

@@ -3,7 +3,10 @@
  * and in small pieces, the stop-string hold-back (textstream.c) over a real
  * tokenizer, JSON string escaping and the Prometheus rendering. */
 #include <cjson/cJSON.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include "base/base.h"
 #include "serve/api.h"
 #include "serve/metrics.h"
 #include "serve/toolcall.h"
@@ -145,6 +148,145 @@ static void test_parse_ok(void) {
     char buf[] = "{\"prompt\":\"ab\"}GARBAGE";
     CHECK(api_parse(API_COMPLETION, buf, 15, 1000, &r, &e) == 0);
     api_req_free(&r);
+}
+
+/* Rejected with a message naming what is wrong (and the field, if any). */
+static void check_rejects_msg(api_kind kind, const char *body, size_t len, const char *param,
+                              const char *msg) {
+    api_req r;
+    api_error e;
+    int rc = api_parse(kind, body, len, 1000, &r, &e);
+    CHECKF(rc < 0, "accepted: %.*s", (int)len, body);
+    if (rc < 0) {
+        CHECKF(e.status == 400, "%s: status %d", body, e.status);
+        CHECKF(!strcmp(e.param, param), "%s: param \"%s\", want \"%s\" (%s)", body, e.param, param, e.message);
+        CHECKF(strstr(e.message, msg) != NULL, "%s: message \"%s\" lacks \"%s\"", body, e.message, msg);
+    } else {
+        api_req_free(&r);
+    }
+}
+
+/* cJSON strings end at a NUL: a \u0000 escape or a raw NUL byte would cut
+ * text short unseen, so both are refused, the escape naming its field. */
+static void test_parse_nul(void) {
+    const char *nul = "contains a NUL character (\\u0000)";
+    check_rejects_msg(API_COMPLETION, "{\"prompt\":\"a\\u0000b\",\"echo\":true}", 33, "prompt", nul);
+    const char *b = "{\"prompt\":\"x\",\"stop\":[\"ok\",\"a\\u0000\"]}";
+    check_rejects_msg(API_COMPLETION, b, strlen(b), "stop[1]", nul);
+    b = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"user\",\"content\":\"x\\u0000y\"}]}";
+    check_rejects_msg(API_CHAT, b, strlen(b), "messages[1].content", nul);
+    b = "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"\\\"\\u0000\"}]}]}";
+    check_rejects_msg(API_CHAT, b, strlen(b), "messages[0].content[0].text", nul);
+    b = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"tools\":[{\"type\":\"function\","
+        "\"function\":{\"name\":\"f\",\"parameters\":{\"a\":[1,{\"b\":\"\\u0000\"}]}}}]}";
+    check_rejects_msg(API_CHAT, b, strlen(b), "tools[0].function.parameters.a[1].b", nul);
+    b = "{\"prompt\":\"x\",\"a\\u0000b\":1}";
+    check_rejects_msg(API_COMPLETION, b, strlen(b), "a\\u0000b", nul);
+    /* an escaped backslash, then text: "\\u0000" is no NUL, "\\\u0000" is */
+    b = "{\"prompt\":\"a\\\\u0000b\"}";
+    api_req r;
+    api_error e;
+    CHECKF(api_parse(API_COMPLETION, b, strlen(b), 1000, &r, &e) == 0, "%s", e.message);
+    CHECK(r.prompt_text && !strcmp(r.prompt_text, "a\\u0000b"));
+    api_req_free(&r);
+    b = "{\"prompt\":\"a\\\\\\u0000b\"}";
+    check_rejects_msg(API_COMPLETION, b, strlen(b), "prompt", nul);
+    /* raw NUL bytes, inside a string and after the object */
+    static const char raw1[] = "{\"prompt\":\"a\0b\"}", raw2[] = "{\"prompt\":\"a\"}\0";
+    check_rejects_msg(API_COMPLETION, raw1, sizeof raw1 - 1, "", "NUL byte (at byte 12)");
+    check_rejects_msg(API_COMPLETION, raw2, sizeof raw2 - 1, "", "NUL byte (at byte 14)");
+}
+
+/* Only whitespace may follow the object, and nothing past len is read:
+ * bodies and all their prefixes end where an inaccessible page begins. */
+static void test_parse_trailing(void) {
+    const char *after = "text after the JSON value";
+    check_rejects_msg(API_COMPLETION, "{\"prompt\":\"a\"} junk", 19, "", after);
+    check_rejects_msg(API_COMPLETION, "{\"prompt\":\"a\"}{}", 16, "", after);
+    check_rejects_msg(API_COMPLETION, "{\"prompt\":\"a\"},", 15, "", after);
+    api_req r;
+    api_error e;
+    const char *ok = "{\"prompt\":\"a\"} \r\n\t ";
+    CHECKF(api_parse(API_COMPLETION, ok, strlen(ok), 1000, &r, &e) == 0, "%s", e.message);
+    api_req_free(&r);
+    long pg = sysconf(_SC_PAGESIZE);
+    char *map = mmap(NULL, (size_t)pg * 2, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(map != MAP_FAILED && mprotect(map + pg, (size_t)pg, PROT_NONE) == 0);
+    if (map == MAP_FAILED) return;
+    static const char *const bodies[] = {
+        "{\"prompt\":\"a\\u00e9\\ud83d\\ude00\",\"max_tokens\":12,\"temperature\":1e-3,\"echo\":true}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"\\\\\"}],\"stop\":[\"x\"],\"n\":1} ",
+    };
+    for (size_t k = 0; k < LOOM_ARRAY_LEN(bodies); k++) {
+        size_t n = strlen(bodies[k]), whole = n;
+        while (bodies[k][whole - 1] == ' ') whole--;
+        for (size_t len = 0; len <= n; len++) {
+            char *at = map + pg - len;
+            memcpy(at, bodies[k], len);
+            int rc = api_parse(k ? API_CHAT : API_COMPLETION, at, len, 1000, &r, &e);
+            CHECKF((rc == 0) == (len >= whole), "body %zu, %zu of %zu bytes: rc %d (%s)", k, len, n, rc,
+                   rc ? e.message : "");
+            if (rc == 0) api_req_free(&r);
+        }
+    }
+    munmap(map, (size_t)pg * 2);
+}
+
+/* tool_choice: its shape, and the function it names must be a tool. */
+static void test_parse_tool_choice(void) {
+    const char *M = "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]";
+    const char *T = "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}},"
+                    "{\"type\":\"function\",\"function\":{\"name\":\"g\"}}]";
+    static const struct { int tools; const char *choice, *msg; } bad[] = {
+        {1, "{\"type\":\"function\",\"function\":{\"name\":\"h\"}}",
+         "tool_choice names function 'h', which is not in tools"},
+        {0, "{\"type\":\"function\",\"function\":{\"name\":\"f\"}}",
+         "tool_choice names function 'f', which is not in tools"},
+        {0, "\"required\"", "'tool_choice' is required, but there are no tools"},
+        {1, "\"always\"", "must be none, auto, required or {\"type\": \"function\""},
+        {1, "5", "'tool_choice' must be a string or an object"},
+        {1, "[]", "'tool_choice' must be a string or an object"},
+        {1, "{\"type\":\"tool\",\"function\":{\"name\":\"f\"}}", "'tool_choice.type' must be \"function\""},
+        {1, "{\"function\":{\"name\":\"f\"}}", "'tool_choice.type' must be \"function\""},
+        {1, "{\"type\":\"function\"}", "'tool_choice.function.name' is required"},
+        {1, "{\"type\":\"function\",\"function\":{\"name\":3}}", "'tool_choice.function.name' is required"},
+    };
+    char b[512];
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(bad); i++) {
+        snprintf(b, sizeof b, "{%s%s%s,\"tool_choice\":%s}", M, bad[i].tools ? "," : "", bad[i].tools ? T : "",
+                 bad[i].choice);
+        check_rejects_msg(API_CHAT, b, strlen(b), "tool_choice", bad[i].msg);
+    }
+    static const struct { int tools; const char *choice, *want; int has_tools; } good[] = {
+        {1, "{\"type\":\"function\",\"function\":{\"name\":\"g\"}}", "g", 1},
+        {1, "\"required\"", "required", 1},
+        {1, "\"none\"", "none", 0},
+        {1, "null", "auto", 1},
+        {0, "\"auto\"", "auto", 0},
+        {0, "\"none\"", "none", 0},
+    };
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(good); i++) {
+        snprintf(b, sizeof b, "{%s%s%s,\"tool_choice\":%s}", M, good[i].tools ? "," : "",
+                 good[i].tools ? T : "", good[i].choice);
+        api_req r;
+        api_error e;
+        CHECKF(api_parse(API_CHAT, b, strlen(b), 1000, &r, &e) == 0, "%s: %s", b, e.message);
+        CHECKF(r.tool_choice && !strcmp(r.tool_choice, good[i].want), "%s: tool_choice %s", b, r.tool_choice);
+        CHECK_EQ_INT(r.tools_json != NULL, good[i].has_tools);
+        api_req_free(&r);
+    }
+}
+
+/* max_tokens 0 (the prompt alone) is for completions with echo only. */
+static void test_parse_max_tokens_zero(void) {
+    api_req r;
+    api_error e;
+    const char *b = "{\"prompt\":\"x\",\"max_tokens\":0,\"echo\":true,\"logprobs\":1}";
+    CHECKF(api_parse(API_COMPLETION, b, strlen(b), 1000, &r, &e) == 0, "%s", e.message);
+    CHECK_EQ_INT(r.max_tokens, 0);
+    api_req_free(&r);
+    b = "{\"prompt\":\"x\",\"max_tokens\":0}";
+    check_rejects_msg(API_COMPLETION, b, strlen(b), "max_tokens", "needs 'echo': true");
 }
 
 /* ---- JSON strings ------------------------------------------------------------ */
@@ -416,6 +558,10 @@ int main(void) {
     test_not_utf8();
     test_parse_errors();
     test_parse_ok();
+    test_parse_nul();
+    test_parse_trailing();
+    test_parse_tool_choice();
+    test_parse_max_tokens_zero();
     test_json_str();
     test_toolcalls();
     test_reasoning();

@@ -181,6 +181,195 @@ static void batched_equals_solo(const char *dir) {
     free_fixture(&f);
 }
 
+/* ---- prompt logprobs -------------------------------------------------------- */
+
+#define PLP_TOP 5
+
+/* What the prompt logprobs of one prompt must be: for each position p >= 1,
+ * log_softmax of a context's logits at p - 1, at the token at p, and the
+ * PLP_TOP best log-probabilities there. */
+typedef struct plp_ref {
+    int n, vocab;
+    float *lp;       /* [n] (lp[0] unused) */
+    float *all;      /* [n, vocab] log-probabilities at p - 1 (row 0 unused) */
+    float *top;      /* [n, PLP_TOP] */
+} plp_ref;
+
+static void plp_ref_make(fixture *f, int i, plp_ref *ref) {
+    int n = f->len[i], V = loom_model_vocab_size(f->m);
+    *ref = (plp_ref){n, V, calloc((size_t)n, sizeof(float)), calloc((size_t)n * V, sizeof(float)),
+                     calloc((size_t)n * PLP_TOP, sizeof(float))};
+    float *l = malloc(sizeof(float) * (size_t)n * V);
+    loom_context *c = NULL;
+    loom_context_params cp = loom_context_default_params();
+    cp.n_ctx = n + 1;
+    CHECK(loom_context_create(f->m, &cp, &c) == LOOM_OK);
+    CHECK(loom_context_eval(c, f->ids[i], n, 1, l) == LOOM_OK);
+    for (int p = 1; p < n; p++) {
+        const float *row = l + (size_t)(p - 1) * V;
+        double mx = row[0], sum = 0;
+        for (int k = 1; k < V; k++) mx = fmax(mx, row[k]);
+        for (int k = 0; k < V; k++) sum += exp(row[k] - mx);
+        float *a = ref->all + (size_t)p * V;
+        for (int k = 0; k < V; k++) a[k] = (float)(row[k] - mx - log(sum));
+        ref->lp[p] = a[f->ids[i][p]];
+        float *t = ref->top + (size_t)p * PLP_TOP; /* the best PLP_TOP, in order */
+        for (int k = 0; k < PLP_TOP; k++) t[k] = -INFINITY;
+        for (int k = 0; k < V; k++)
+            for (int j = 0; j < PLP_TOP; j++)
+                if (a[k] > t[j]) {
+                    memmove(t + j + 1, t + j, sizeof *t * (size_t)(PLP_TOP - 1 - j));
+                    t[j] = a[k];
+                    break;
+                }
+    }
+    free(l);
+    loom_context_free(c);
+}
+
+static void plp_ref_free(plp_ref *ref) {
+    free(ref->lp);
+    free(ref->all);
+    free(ref->top);
+}
+
+static loom_request *submit_plp(loom_engine *e, fixture *f, int i, int top) {
+    loom_request_params rp = loom_request_default_params();
+    rp.prompt = f->ids[i];
+    rp.n_prompt = f->len[i];
+    rp.max_tokens = NG;
+    rp.ignore_eos = 1;
+    rp.prompt_logprobs = top;
+    loom_request *r = NULL;
+    CHECKF(loom_engine_submit(e, &rp, &r) == LOOM_OK, "submit: %s", loom_last_error());
+    return r;
+}
+
+/* Drains a prompt-logprobs request of prompt i and checks every event
+ * against ref: the prompt's tokens 1.. in order, before any generated one,
+ * then the greedy tokens; nothing taken from the prefix cache. */
+static void check_plp(loom_request *r, fixture *f, int i, const plp_ref *ref, const char *what) {
+    int n_prompt = 0, n_gen = 0, order_ok = 1, tok_ok = 1, top_ok = 1, gen_ok = 1;
+    double worst = 0;
+    loom_event ev;
+    for (;;) {
+        if (loom_request_next(r, &ev, 60000) != LOOM_OK) {
+            CHECKF(0, "%s: no event within 60 s", what);
+            return;
+        }
+        if (ev.finish != LOOM_FINISH_NONE) break;
+        if (!ev.prompt) {
+            gen_ok &= n_gen < NG && ev.token == f->greedy[i][n_gen];
+            n_gen++;
+            continue;
+        }
+        int p = ++n_prompt;
+        order_ok &= n_gen == 0;
+        if (p >= ref->n) continue;
+        tok_ok &= ev.token == f->ids[i][p];
+        worst = fmax(worst, fabs(ev.logprob - ref->lp[p]));
+        top_ok &= ev.n_top == PLP_TOP;
+        for (int k = 0; k < ev.n_top && k < PLP_TOP; k++) {
+            /* the k-th best value, and that of the token named (ties may swap ids) */
+            worst = fmax(worst, fabs(ev.top_logprobs[k] - ref->top[(size_t)p * PLP_TOP + k]));
+            worst = fmax(worst, fabs(ev.top_logprobs[k] - ref->all[(size_t)p * ref->vocab + ev.top_ids[k]]));
+        }
+    }
+    CHECKF(ev.finish == LOOM_FINISH_LENGTH && ev.n_cached == 0, "%s: finish %d, %d cached", what,
+           (int)ev.finish, ev.n_cached);
+    CHECKF(n_prompt == ref->n - 1 && order_ok && tok_ok && top_ok && worst < 1e-4,
+           "%s: %d prompt events of %d, order %s, tokens %s, top %s, worst diff %g", what, n_prompt,
+           ref->n - 1, order_ok ? "ok" : "WRONG", tok_ok ? "ok" : "WRONG", top_ok ? "ok" : "WRONG", worst);
+    CHECKF(n_gen == NG && gen_ok, "%s: generated %d tokens, %s", what, n_gen, gen_ok ? "greedy" : "NOT greedy");
+}
+
+/* Prompt logprobs are the model's however the prompt is cut (chunks, the
+ * step budget, other such requests wanting the same buffer), though the
+ * prefix cache holds the prompt, and across preemptions. */
+static void prompt_logprobs(const char *dir, int preempt) {
+    fixture f;
+    if (!load_fixture(dir, &f)) { CHECK(0); return; }
+    plp_ref ref[NP];
+    for (int i = 0; i < NP; i++) plp_ref_make(&f, i, &ref[i]);
+    static const struct { int budget, chunk; } cfg[] = {{2048, 0}, {2048, 7}, {16, 64}, {64, 0}};
+    char what[160];
+    for (size_t c = 0; c < LOOM_ARRAY_LEN(cfg); c++) {
+        loom_engine_params ep = loom_engine_default_params();
+        ep.max_batch_tokens = cfg[c].budget;
+        ep.prefill_chunk = cfg[c].chunk;
+        ep.max_seqs = 8;
+        ep.n_ctx = 400;
+        loom_engine *e = NULL;
+        CHECK(loom_engine_create(f.m, &ep, &e) == LOOM_OK);
+        if (!e) continue;
+        /* the prefix cache gets prompt 3 first */
+        int32_t toks[NG + 1];
+        int n;
+        loom_request *warm = submit(e, f.ids[3], f.len[3], NG, 0);
+        CHECK(drain(warm, toks, NULL, &n) == LOOM_FINISH_LENGTH);
+        loom_request_free(warm);
+        loom_request *a = submit_plp(e, &f, 3, PLP_TOP), *b = submit_plp(e, &f, 1, PLP_TOP);
+        loom_request *plain = submit(e, f.ids[1], f.len[1], NG, 0);
+        snprintf(what, sizeof what, "%s budget %d chunk %d prompt 3", dir, cfg[c].budget, cfg[c].chunk);
+        check_plp(a, &f, 3, &ref[3], what);
+        snprintf(what, sizeof what, "%s budget %d chunk %d prompt 1", dir, cfg[c].budget, cfg[c].chunk);
+        check_plp(b, &f, 1, &ref[1], what);
+        CHECK(drain(plain, toks, NULL, &n) == LOOM_FINISH_LENGTH && n == NG && same_tokens(toks, f.greedy[1], NG));
+        loom_request_free(a);
+        loom_request_free(b);
+        loom_request_free(plain);
+        check_idle(e);
+        loom_engine_free(e);
+    }
+    /* Preempted while prefilling, then recomputed: a request decoding for
+     * long (admitted first, so never the newest) outgrows a pool that the
+     * 300-token prompt's prefill (one token a step) fills. If that prompt
+     * comes too late to be admitted before the pool is short, it waits
+     * instead: then try again. */
+    loom_engine_params ep = loom_engine_default_params();
+    ep.kv_memory = 22 * loom_kv_block_bytes(f.m->cfg.n_layers, loom_model_kv_dim(f.m), 16, LOOM_KV_F32);
+    ep.max_batch_tokens = 2;
+    ep.prefix_cache = 0;
+    ep.n_ctx = 400;
+    loom_engine *e = NULL;
+    int preempted = 0;
+    for (int attempt = 0; preempt && attempt < 5 && !preempted; attempt++) {
+        CHECK(loom_engine_create(f.m, &ep, &e) == LOOM_OK);
+        if (!e) break;
+        loom_request *d = submit(e, f.ids[1], f.len[1], 300, 0);
+        loom_event ev;
+        CHECK(loom_request_next(d, &ev, 60000) == LOOM_OK && !ev.finish);
+        loom_request *a = submit_plp(e, &f, 3, PLP_TOP);
+        snprintf(what, sizeof what, "%s preempted while prefilling (attempt %d)", dir, attempt);
+        check_plp(a, &f, 3, &ref[3], what);
+        int32_t toks[301];
+        int n;
+        CHECK(drain(d, toks, NULL, &n) == LOOM_FINISH_LENGTH && n == 299);
+        loom_request_free(a);
+        loom_request_free(d);
+        loom_engine_stats st;
+        loom_engine_get_stats(e, &st);
+        preempted = st.preemptions > 0;
+        check_idle(e);
+        if (!preempted) {
+            loom_engine_free(e);
+            e = NULL;
+        }
+    }
+    CHECKF(preempted || !preempt, "%s: the prompt-logprobs request was never preempted", dir);
+    if (!e) CHECK(loom_engine_create(f.m, &ep, &e) == LOOM_OK);
+    /* out of range */
+    loom_request_params rp = loom_request_default_params();
+    rp.prompt = f.ids[0];
+    rp.n_prompt = f.len[0];
+    rp.prompt_logprobs = 21;
+    loom_request *bad = NULL;
+    if (e) CHECK(loom_engine_submit(e, &rp, &bad) == LOOM_ERR_INVALID_ARG && !bad);
+    loom_engine_free(e);
+    for (int i = 0; i < NP; i++) plp_ref_free(&ref[i]);
+    free_fixture(&f);
+}
+
 static void cancellation(void) {
     fixture f;
     if (!load_fixture("tests/fixtures/models/qwen3-tiny", &f)) { CHECK(0); return; }
@@ -1302,6 +1491,9 @@ static void session_cap_evictions(const char *dir) {
 }
 
 int main(void) {
+    prompt_logprobs("tests/fixtures/models/qwen3-tiny", 1);
+    prompt_logprobs("tests/fixtures/models/qwen3.5-tiny-hybrid", 1);
+    prompt_logprobs("tests/fixtures/models/mistral-tiny-swa", 0); /* the window frees blocks */
     disk_restore_async();
     disk_tier_zstd();
     kv_config();

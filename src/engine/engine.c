@@ -19,6 +19,10 @@
  *   keeps it until reached: the budget may cut it into several pieces, and
  *   other requests joining never move it. Only the piece that reaches the
  *   end of the prefill asks for logits, and only for its last position.
+ * - Prompt logprobs. A request that wants them asks for the logits of every
+ *   position of each piece, into the one buffer kept for them (one such
+ *   row per step, at most plp_rows tokens), and reuses nothing at
+ *   admission (prefix cache, sessions), so every position is computed.
  * - Decodes never wait for a prefill: decode rows are placed first, so a
  *   joining prefill can delay a step by at most one budget's worth of work.
  * - Disk restores never hold up a step. At admission the blocks past the
@@ -69,6 +73,8 @@
 #define CHUNK_DEFAULT 2048
 /* Attention score workspace bound for the linear-attention chunk policy. */
 #define CHUNK_WORKSPACE_BYTES (1ull << 30)
+/* Bound of the all-positions logits buffer of prompt-logprob rows. */
+#define PLP_BYTES ((size_t)64 << 20)
 
 struct loom_engine {
     loom_model *m;                 /* borrowed */
@@ -79,6 +85,9 @@ struct loom_engine {
     loom_kv_pool *kv;              /* owned */
     loom_exec *fwd;                /* owned: CPU or device forwards */
     float *logits;                 /* owned (max_seqs, vocab) */
+    float *plp_logits;             /* owned (plp_rows, vocab): a prompt-logprob row's
+                                      logits; made at the first such submit (under mu) */
+    int plp_rows;
     loom_fwd_row *rows;            /* owned [max_seqs] */
     int32_t *picks;                /* owned [max_seqs]: -1 asks the forward for the
                                       token (a device forward answers it), -2 =
@@ -124,7 +133,7 @@ loom_engine_params loom_engine_default_params(void) {
 
 loom_request_params loom_request_default_params(void) {
     return (loom_request_params){.max_tokens = 256, .sampling = loom_sampling_default(),
-                                 .logprobs = -1};
+                                 .logprobs = -1, .prompt_logprobs = -1};
 }
 
 /* ---- chunk policy ------------------------------------------------------ */
@@ -357,6 +366,12 @@ static void add_prefill_row(loom_engine *e, loom_request *r, int *n_rows, int *b
         r->plan_end = end;
     }
     int count = LOOM_MIN(r->plan_end - r->seq.n_tokens, *budget);
+    int all = r->plp_next < r->n_prompt; /* prompt logprobs due: every position's logits */
+    if (all) {
+        for (int k = 0; k < *n_rows; k++)
+            if (e->rows[k].out == e->plp_logits) return; /* the buffer is taken this step */
+        count = LOOM_MIN(count, e->plp_rows);
+    }
     if (count <= 0) return;
     int final = r->seq.n_tokens + count == r->prefill_len;
     int i = (*n_rows)++;
@@ -364,13 +379,13 @@ static void add_prefill_row(loom_engine *e, loom_request *r, int *n_rows, int *b
         .tokens = r->tokens + r->seq.n_tokens,
         .n = count,
         .seq = &r->seq,
-        .logits = final ? LOOM_LOGITS_LAST : LOOM_LOGITS_NONE,
-        .out = final ? e->logits + (size_t)i * e->m->cfg.vocab_size : NULL,
+        .logits = all ? LOOM_LOGITS_ALL : final ? LOOM_LOGITS_LAST : LOOM_LOGITS_NONE,
+        .out = all ? e->plp_logits : final ? e->logits + (size_t)i * e->m->cfg.vocab_size : NULL,
         .state = r->rstate,
     };
     e->row_req[i] = r;
     e->row_kind[i] = 1;
-    mark_pick(e, r, i, final);
+    mark_pick(e, r, i, final && !all);
     *budget -= count;
 }
 
@@ -559,6 +574,25 @@ static int maybe_snapshot(loom_engine *e, loom_request *r) {
     return buf != NULL;
 }
 
+/* Prompt logprobs from a row's logits at every position: those at
+ * position p give the log-probability of the prompt token at p + 1. Emits
+ * the ones due, in order (a recompute after preemption emits none twice). */
+static void emit_prompt_logprobs(loom_engine *e, loom_request *r, const loom_fwd_row *row) {
+    int V = e->m->cfg.vocab_size, first = (int)(row->tokens - r->tokens);
+    for (int k = 0; k < row->n; k++) {
+        int p = first + k + 1;
+        if (p < r->plp_next || p >= r->n_prompt) continue;
+        loom_sample_result res;
+        loom_sampler_logprobs(&r->sampler, row->out + (size_t)k * V, r->tokens[p], r->prompt_logprobs, &res);
+        loom_event ev = {.finish = LOOM_FINISH_NONE, .token = res.id, .logprob = res.logprob,
+                         .n_top = res.n_top, .prompt = 1};
+        memcpy(ev.top_ids, res.top_ids, sizeof ev.top_ids);
+        memcpy(ev.top_logprobs, res.top_logprobs, sizeof ev.top_logprobs);
+        loom_rq_push(r, &ev);
+        r->plp_next = p + 1;
+    }
+}
+
 /* Samples from row `row`'s logits (or takes pick >= 0, the forward's greedy
  * token); emits the token or finishes the request. A traced prefill's last
  * spans are recorded before finish() writes them out. */
@@ -640,7 +674,9 @@ static int step(loom_engine *e) {
         loom_request *r = e->waiting[e->wait_head];
         r->prefill_len = r->n_tokens;
         double tl = trace_now(e);
-        int hit = e->sessions && r->resume_key ? resume_session(e, r) : -1;
+        /* prompt logprobs need every prompt position computed: no reuse */
+        int fresh = r->plp_next < r->n_prompt;
+        int hit = fresh ? 0 : e->sessions && r->resume_key ? resume_session(e, r) : -1;
         loom_restore_job *job = NULL;
         if (hit < 0) {
             hit = e->cache ? loom_kv_cache_lookup(e->kv, &r->seq, r->tokens, r->prefill_len, r->ns) : 0;
@@ -718,12 +754,21 @@ static int step(loom_engine *e) {
             e->counters.prefill_tokens += (uint64_t)e->rows[i].n;
             if (r->seq.n_tokens == r->plan_end) r->plan_end = 0;
         }
+        if (e->rows[i].logits == LOOM_LOGITS_ALL) {
+            emit_prompt_logprobs(e, r, &e->rows[i]);
+            if (r->seq.n_tokens < r->prefill_len) {
+                if (e->row_kind[i] && r->trace) trace_chunk(r, &w, e->rows[i].n, loom_now());
+                continue;
+            }
+        }
         if (e->rows[i].logits == LOOM_LOGITS_NONE) {
             if (e->row_kind[i] && r->trace) trace_chunk(r, &w, e->rows[i].n, loom_now());
             continue;
         }
         int keep;
-        complete_row(e, r, e->rows[i].out, e->picks[i], &keep, &w, i);
+        /* the last position's logits pick the next token */
+        float *last = e->rows[i].out + (size_t)(loom_fwd_row_logits(&e->rows[i]) - 1) * e->m->cfg.vocab_size;
+        complete_row(e, r, last, e->picks[i], &keep, &w, i);
         if (keep) {
             r->state = RQ_DECODE;
         } else {
@@ -851,6 +896,8 @@ loom_status loom_engine_create(loom_model *m, const loom_engine_params *params,
     e->n_ctx = p.n_ctx ? p.n_ctx : LOOM_MIN(c->max_positions > 0 ? c->max_positions : ENGINE_MAX_CTX,
                                             ENGINE_MAX_CTX);
     e->max_seqs = LOOM_MIN(p.max_seqs, p.max_batch_tokens);
+    e->plp_rows = (int)LOOM_MAX(1, LOOM_MIN(PLP_BYTES / (sizeof(float) * (size_t)c->vocab_size),
+                                            (size_t)p.max_batch_tokens));
     e->n_eos = loom_model_eos_ids(m, e->eos, LOOM_MAX_EOS);
     if (e->n_eos > LOOM_MAX_EOS) e->n_eos = LOOM_MAX_EOS;
     loom_kv_spec *spec = calloc((size_t)c->n_layers, sizeof *spec);
@@ -988,6 +1035,7 @@ void loom_engine_free(loom_engine *e) {
     loom_snapshots_free(e->snaps);
     loom_exec_free(e->fwd);
     loom_free(e->logits);
+    loom_free(e->plp_logits);
     free(e->rows);
     free(e->picks);
     free(e->samp);
@@ -1009,6 +1057,9 @@ loom_status loom_engine_submit(loom_engine *e, const loom_request_params *p, loo
     if (p->logprobs < -1 || p->logprobs > LOOM_MAX_TOP_LOGPROBS)
         return loom_err(LOOM_ERR_INVALID_ARG, "request: logprobs must be -1..%d, found %d",
                         LOOM_MAX_TOP_LOGPROBS, p->logprobs);
+    if (p->prompt_logprobs < -1 || p->prompt_logprobs > LOOM_MAX_TOP_LOGPROBS)
+        return loom_err(LOOM_ERR_INVALID_ARG, "request: prompt_logprobs must be -1..%d, found %d",
+                        LOOM_MAX_TOP_LOGPROBS, p->prompt_logprobs);
     if (p->n_stop_ids < 0 || (p->n_stop_ids && !p->stop_ids))
         return loom_err(LOOM_ERR_INVALID_ARG, "request: bad stop ids");
     for (int i = 0; i < p->n_prompt; i++)
@@ -1030,6 +1081,8 @@ loom_status loom_engine_submit(loom_engine *e, const loom_request_params *p, loo
     r->n_prompt = p->n_prompt;
     r->max_tokens = gen;
     r->logprobs = p->logprobs;
+    r->prompt_logprobs = p->prompt_logprobs;
+    r->plp_next = p->prompt_logprobs >= 0 ? 1 : p->n_prompt; /* the first token has none */
     r->chunk = p->prefill_chunk > 0 ? p->prefill_chunk : 0;
     r->trace = p->trace;
     r->ignore_eos = p->ignore_eos;
@@ -1075,6 +1128,12 @@ loom_status loom_engine_submit(loom_engine *e, const loom_request_params *p, loo
         pthread_mutex_unlock(&e->mu);
         loom_rq_release(r);
         return loom_err(LOOM_ERR_BUSY, "the queue is full (%d waiting requests)", e->p.max_queue);
+    }
+    if (p->prompt_logprobs >= 0 && !e->plp_logits &&
+        !(e->plp_logits = loom_alloc(sizeof(float) * (size_t)e->plp_rows * (size_t)V))) {
+        pthread_mutex_unlock(&e->mu);
+        loom_rq_release(r);
+        return loom_err(LOOM_ERR_NOMEM, "out of memory for prompt logprobs");
     }
     if (e->n_inbox == e->inbox_cap) {
         int cap = e->inbox_cap ? e->inbox_cap * 2 : 16;

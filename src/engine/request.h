@@ -48,6 +48,7 @@ struct loom_request {
     /* frozen at submit */
     uint64_t id;
     int n_prompt, max_tokens, logprobs, chunk, trace, ignore_eos;
+    int prompt_logprobs;       /* -1 none, else top n */
     int32_t *stop_ids;         /* owned [n_stop] */
     int n_stop;
     atomic_int abort;
@@ -62,6 +63,8 @@ struct loom_request {
     loom_kv_seq seq;           /* KV holds tokens [0, seq.n_tokens) */
     int plan_end;              /* planned prefill chunk end; 0 = none */
     int n_cached;              /* prompt tokens mapped from the prefix cache */
+    int plp_next;              /* next prompt position whose logprob is due;
+                                  n_prompt when none is (prompt_logprobs) */
     int snap[2];               /* boundaries to save recurrent state at (0 = none) */
     uint64_t ns;               /* prefix-cache namespace of this request */
     uint64_t save_key, save_alias; /* session keys to park the sequence under (0 = none) */

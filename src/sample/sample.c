@@ -186,6 +186,13 @@ static void logprobs(loom_sampler *s, const float *logits, int n_top, loom_sampl
     }
 }
 
+void loom_sampler_logprobs(loom_sampler *s, const float *logits, int32_t id, int n_top,
+                           loom_sample_result *r) {
+    memset(r, 0, sizeof *r);
+    r->id = id;
+    logprobs(s, logits, n_top, r);
+}
+
 void loom_sampler_pick(loom_sampler *s, float *logits, int n_top, loom_sample_result *r) {
     const loom_sampling *p = &s->p;
     int V = s->vocab;

@@ -43,6 +43,10 @@ void loom_sampler_accept(loom_sampler *s, int32_t id, int is_output);
 /* Picks a token. logits [vocab] are used as scratch (modified). With
  * n_top >= 0, fills logprob and the n_top most likely tokens. */
 void loom_sampler_pick(loom_sampler *s, float *logits, int n_top, loom_sample_result *r);
+/* Log-probability of token id under the raw logits [vocab] and the n_top
+ * most likely tokens, into r (r->id = id); no sampling step applies. */
+void loom_sampler_logprobs(loom_sampler *s, const float *logits, int32_t id, int n_top,
+                           loom_sample_result *r);
 /* The next draw of the request's generator in [0, 1): the one
  * loom_sampler_pick would take, for a pick made elsewhere (on the device)
  * from the same settings. */

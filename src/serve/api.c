@@ -205,16 +205,50 @@ static int parse_messages(api_req *r, api_error *err) {
     return 0;
 }
 
-static int parse_tools(api_req *r, api_error *err) {
-    const cJSON *tools = field(r, "tools");
-    r->tool_choice = "auto";
-    if (!tools) {
-        r->tool_choice = "none";
+/* tool_choice: "none", "auto", "required" or {"type": "function",
+ * "function": {"name": ...}} naming one of the tools. Without tools only
+ * "none" and "auto" mean anything. */
+static int parse_tool_choice(api_req *r, const cJSON *tools, api_error *err) {
+    int n_tools = cJSON_GetArraySize(tools);
+    const cJSON *tc = field(r, "tool_choice");
+    r->tool_choice = tools ? "auto" : "none";
+    if (!tc) return 0;
+    if (cJSON_IsString(tc)) {
+        if (strcmp(tc->valuestring, "none") && strcmp(tc->valuestring, "auto") &&
+            strcmp(tc->valuestring, "required"))
+            return api_fail(err, 400, "tool_choice",
+                            "'tool_choice' must be none, auto, required or {\"type\": \"function\", "
+                            "\"function\": {\"name\": ...}}, got '%s'", tc->valuestring);
+        if (!strcmp(tc->valuestring, "required") && !n_tools)
+            return api_fail(err, 400, "tool_choice", "'tool_choice' is required, but there are no tools");
+        r->tool_choice = tc->valuestring;
         return 0;
     }
-    if (!cJSON_IsArray(tools)) return api_fail(err, 400, "tools", "'tools' must be an array");
+    if (!cJSON_IsObject(tc))
+        return api_fail(err, 400, "tool_choice", "'tool_choice' must be a string or an object");
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(tc, "type");
+    if (!cJSON_IsString(type) || strcmp(type->valuestring, "function"))
+        return api_fail(err, 400, "tool_choice", "'tool_choice.type' must be \"function\"");
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetObjectItemCaseSensitive(tc, "function"), "name");
+    if (!cJSON_IsString(name))
+        return api_fail(err, 400, "tool_choice", "'tool_choice.function.name' is required");
+    for (const cJSON *t = n_tools ? tools->child : NULL; t; t = t->next) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+        if (!strcmp(cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring, name->valuestring)) {
+            r->tool_choice = name->valuestring;
+            return 0;
+        }
+    }
+    return api_fail(err, 400, "tool_choice", "tool_choice names function '%s', which is not in tools",
+                    name->valuestring);
+}
+
+static int parse_tools(api_req *r, api_error *err) {
+    const cJSON *tools = field(r, "tools");
+    if (tools && !cJSON_IsArray(tools)) return api_fail(err, 400, "tools", "'tools' must be an array");
     int i = 0;
-    for (const cJSON *t = tools->child; t; t = t->next, i++) {
+    for (const cJSON *t = tools ? tools->child : NULL; t; t = t->next, i++) {
         const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
         const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
         if (!cJSON_IsObject(t) || !cJSON_IsString(name)) {
@@ -223,21 +257,8 @@ static int parse_tools(api_req *r, api_error *err) {
             return api_fail(err, 400, param, "'%s' is required", param);
         }
     }
-    const cJSON *tc = field(r, "tool_choice");
-    if (cJSON_IsString(tc)) {
-        if (strcmp(tc->valuestring, "none") && strcmp(tc->valuestring, "auto") &&
-            strcmp(tc->valuestring, "required"))
-            return api_fail(err, 400, "tool_choice",
-                            "'tool_choice' must be none, auto, required or a function");
-        r->tool_choice = tc->valuestring;
-    } else if (tc) {
-        const cJSON *name = cJSON_GetObjectItemCaseSensitive(
-            cJSON_GetObjectItemCaseSensitive(tc, "function"), "name");
-        if (!cJSON_IsString(name))
-            return api_fail(err, 400, "tool_choice", "'tool_choice.function.name' is required");
-        r->tool_choice = name->valuestring;
-    }
-    if (!strcmp(r->tool_choice, "none")) return 0;
+    if (parse_tool_choice(r, tools, err) < 0) return -1;
+    if (!tools || !strcmp(r->tool_choice, "none")) return 0;
     r->tools_json = cJSON_PrintUnformatted(tools);
     if (!r->tools_json) return api_fail(err, 500, NULL, "out of memory");
     return 0;
@@ -315,6 +336,79 @@ static int parse_sampling(api_req *r, int vocab, api_error *err) {
     return 0;
 }
 
+/* ---- body checks ---------------------------------------------------------- */
+
+/* Offset of the first \u0000 escape in a JSON text, or -1. Backslashes
+ * occur only inside strings, each escaping the next character, so "\\"
+ * followed by "u0000" is a backslash and text, not a NUL. */
+static long nul_escape(const char *s, size_t n) {
+    for (size_t i = 0; i + 6 <= n; i++) {
+        if (s[i] != '\\') continue;
+        if (!memcmp(s + i + 1, "u0000", 5)) return (long)i;
+        i++; /* the escaped character */
+    }
+    return -1;
+}
+
+/* The field of a valid JSON text whose string holds byte `at`, as
+ * "messages[1].content" (a key's own string names that key). For error
+ * messages: nesting past 16 levels is left out. */
+static void json_path_at(const char *s, size_t n, size_t at, char *out, size_t cap) {
+    typedef struct { int arr, index, want_key; const char *key; size_t key_len; } level;
+    level st[16];
+    int depth = 0;
+    out[0] = 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (c == '{' || c == '[') {
+            if (depth < 16) st[depth] = (level){c == '[', 0, c == '{', NULL, 0};
+            depth++;
+        } else if (c == '}' || c == ']') {
+            depth--;
+        } else if (c == ',' && depth > 0 && depth <= 16) {
+            if (st[depth - 1].arr) st[depth - 1].index++;
+            else st[depth - 1].want_key = 1;
+        } else if (c == '"') {
+            size_t j = i + 1;
+            while (j < n && s[j] != '"') j += s[j] == '\\' ? 2 : 1;
+            j = LOOM_MIN(j, n);
+            if (depth > 0 && depth <= 16 && !st[depth - 1].arr && st[depth - 1].want_key) {
+                st[depth - 1].key = s + i + 1;
+                st[depth - 1].key_len = j - i - 1;
+                st[depth - 1].want_key = 0;
+            }
+            if (at > i && at < j) break;
+            i = j;
+        }
+    }
+    size_t w = 0;
+    for (int d = 0; d < depth && d < 16 && w + 1 < cap; d++) {
+        int k = st[d].arr ? snprintf(out + w, cap - w, "[%d]", st[d].index)
+                : st[d].key ? snprintf(out + w, cap - w, "%s%.*s", d ? "." : "",
+                                       (int)st[d].key_len, st[d].key)
+                            : 0;
+        w += (size_t)LOOM_MAX(k, 0);
+    }
+}
+
+/* cJSON ends its strings at a NUL, so text after a \u0000 escape would
+ * be dropped without a word: it is refused, naming the field. Runs on a
+ * body that parsed. */
+static int check_nul_escape(const char *body, size_t len, api_error *err) {
+    long at = nul_escape(body, len);
+    if (at < 0) return 0;
+    char path[64];
+    json_path_at(body, len, (size_t)at, path, sizeof path);
+    return api_fail(err, 400, path, "'%s' contains a NUL character (\\u0000), which is not accepted",
+                    path[0] ? path : "(a key)");
+}
+
+/* Only JSON whitespace may follow the value. */
+static int only_space(const char *p, const char *end) {
+    while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
+    return p == end;
+}
+
 int api_parse(api_kind kind, const char *body, size_t len, int vocab, api_req *r, api_error *err) {
     memset(r, 0, sizeof *r);
     memset(err, 0, sizeof *err);
@@ -328,16 +422,29 @@ int api_parse(api_kind kind, const char *body, size_t len, int vocab, api_req *r
         api_fail(err, 400, NULL, "the request body is not valid UTF-8");
         goto fail;
     }
+    /* cJSON takes a raw NUL for whitespace, or for the end of a string */
+    const char *nul = memchr(body, 0, len);
+    if (nul) {
+        api_fail(err, 400, NULL, "the request body contains a NUL byte (at byte %zu)",
+                 (size_t)(nul - body));
+        goto fail;
+    }
     r->body = cJSON_ParseWithLengthOpts(body, len, &end, 0);
     if (!r->body) {
         size_t at = end ? (size_t)(end - body) : 0;
         api_fail(err, 400, NULL, "the request body is not valid JSON (error near byte %zu)", at);
         goto fail;
     }
+    if (!end || !only_space(end, body + len)) {
+        api_fail(err, 400, NULL, "the request body has text after the JSON value (at byte %zu)",
+                 end ? (size_t)(end - body) : 0);
+        goto fail;
+    }
     if (!cJSON_IsObject(r->body)) {
         api_fail(err, 400, NULL, "the request body must be a JSON object");
         goto fail;
     }
+    if (check_nul_escape(body, len, err) < 0) goto fail;
     const cJSON *model = field(r, "model");
     if (model && !cJSON_IsString(model)) {
         api_fail(err, 400, "model", "'model' must be a string");
@@ -355,7 +462,9 @@ int api_parse(api_kind kind, const char *body, size_t len, int vocab, api_req *r
         r->include_usage = cJSON_IsTrue(iu);
     }
     if (get_int(r, "n", 1, API_MAX_N, &r->n, err) < 0) goto fail;
-    if (get_int(r, "max_tokens", 1, 1 << 24, &r->max_tokens, err) < 0) goto fail;
+    /* completions: 0 with echo scores the prompt alone (checked below) */
+    if (get_int(r, "max_tokens", kind == API_COMPLETION ? 0 : 1, 1 << 24, &r->max_tokens, err) < 0)
+        goto fail;
     if (get_int(r, "max_completion_tokens", 1, 1 << 24, &r->max_tokens, err) < 0) goto fail;
     if (get_bool(r, "ignore_eos", &r->ignore_eos, err) < 0) goto fail;
     if (get_bool(r, "loom_trace", &r->trace, err) < 0) goto fail;
@@ -411,6 +520,11 @@ int api_parse(api_kind kind, const char *body, size_t len, int vocab, api_req *r
         if (k < 0) goto fail;
         if (k) r->logprobs = lp;
         if (get_bool(r, "echo", &r->echo, err) < 0) goto fail;
+        if (r->max_tokens == 0 && !r->echo) {
+            api_fail(err, 400, "max_tokens",
+                     "'max_tokens' must be at least 1 (0, the prompt alone, needs 'echo': true)");
+            goto fail;
+        }
         if (get_bool(r, "return_token_ids", &r->return_token_ids, err) < 0) goto fail;
         const cJSON *p = cJSON_GetObjectItemCaseSensitive(r->body, "prompt");
         if (!p) {

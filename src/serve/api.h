@@ -32,7 +32,7 @@ typedef struct api_req {
     const char *model;          /* borrowed from body, may be NULL */
     int stream, include_usage;
     int n;
-    int max_tokens;             /* -1: not given */
+    int max_tokens;             /* -1: not given; 0: none (completions with echo) */
     loom_sampling sampling;     /* logit_bias points at bias */
     loom_logit_bias *bias;      /* owned */
     int seed_given;

@@ -66,6 +66,8 @@ typedef struct choice {
     loom_textstream *ts;
     loom_buf text;                  /* content so far (non-streaming, tools) */
     loom_buf lp;                    /* logprobs entries as JSON, comma-separated */
+    loom_buf plp;                   /* completions echo: the prompt's entries, likewise */
+    int n_plp;                      /* prompt tokens in plp */
     int32_t *ids;               /* generated ids */
     int n_ids, cap_ids;
     int done;
@@ -82,6 +84,8 @@ typedef struct job {
     int n_prompt;
     int snapshot_at;            /* conversation boundary, for recurrent-state snapshots */
     char *prompt_text;          /* owned, rendered chat or the completion prompt */
+    size_t *prompt_off;         /* owned [n_prompt]: each prompt token's offset in
+                                   prompt_text (completions echo with logprobs) */
     choice ch[API_MAX_N];
     int n;
     char id[48];
@@ -112,12 +116,14 @@ static void job_free(job *j) {
         loom_ts_free(c->ts);
         loom_buf_free(&c->text);
         loom_buf_free(&c->lp);
+        loom_buf_free(&c->plp);
         free(c->ids);
         loom_toolscan_free(&c->scan);
     }
     loom_buf_free(&j->out);
     free(j->prompt);
     free(j->prompt_text);
+    free(j->prompt_off);
     api_req_free(&j->req);
     atomic_fetch_sub(&j->srv->inflight, 1);
     free(j);
@@ -227,6 +233,33 @@ static int conversation_boundary(job *j) {
     return at;
 }
 
+/* Where each prompt token starts in the echoed text: the detokenized
+ * length before it. Special tokens count when the echoed text holds them
+ * (token ids, or a text that spells them), not when the tokenizer added
+ * them to a text prompt (a BOS). */
+static int prompt_offsets(job *j, api_error *err) {
+    loom_detok *d = NULL;
+    char *all = NULL;
+    size_t n_all = 0;
+    int skip = loom_tok_decode(j->srv->tok, j->prompt, (size_t)j->n_prompt, 0, &all, &n_all) != LOOM_OK ||
+               strcmp(all, j->prompt_text) != 0;
+    free(all);
+    j->prompt_off = malloc(sizeof *j->prompt_off * (size_t)j->n_prompt);
+    if (!j->prompt_off || loom_detok_create(j->srv->tok, skip, &d) != LOOM_OK) {
+        loom_detok_free(d);
+        return api_fail(err, 500, NULL, "out of memory");
+    }
+    size_t off = 0, max = strlen(j->prompt_text);
+    for (int i = 0; i < j->n_prompt; i++) {
+        const char *piece;
+        size_t len = 0;
+        j->prompt_off[i] = LOOM_MIN(off, max);
+        if (loom_detok_push(d, j->prompt[i], &piece, &len) == LOOM_OK) off += len;
+    }
+    loom_detok_free(d);
+    return 0;
+}
+
 /* Submits the n choices. */
 static int start_job(job *j, api_error *err) {
     server *s = j->srv;
@@ -235,6 +268,14 @@ static int start_job(job *j, api_error *err) {
     rp.prompt = j->prompt;
     rp.n_prompt = j->n_prompt;
     rp.max_tokens = r->max_tokens > 0 ? r->max_tokens : s->p.default_max_tokens;
+    /* max_tokens 0 (echo): the prompt alone; the one token made is dropped */
+    if (r->max_tokens == 0) rp.max_tokens = 1;
+    /* echo with logprobs: the prompt tokens' too (the first has none) */
+    int echo_lp = r->kind == API_COMPLETION && r->echo && r->logprobs >= 0;
+    if (echo_lp) {
+        rp.prompt_logprobs = r->logprobs;
+        if (prompt_offsets(j, err) < 0) return -1;
+    }
     rp.sampling = r->sampling;
     rp.logprobs = r->logprobs;
     rp.ignore_eos = r->ignore_eos;
@@ -273,6 +314,10 @@ static int start_job(job *j, api_error *err) {
         }
         /* with echo the generated text starts after the prompt */
         if (r->echo && j->prompt_text) c->text_offset = strlen(j->prompt_text);
+        if (echo_lp) {
+            loom_buf_printf(&c->plp, "{\"t\":%d,\"lp\":null,\"off\":0,\"top\":null}", j->prompt[0]);
+            c->n_plp = 1;
+        }
         pthread_rwlock_rdlock(&s->engine_lock);
         loom_status st = atomic_load(&s->shutting_down)
                              ? LOOM_ERR_BUSY
@@ -314,6 +359,17 @@ static void put_token_bytes(server *s, loom_buf *b, int32_t id) {
     loom_buf_puts(b, "]");
 }
 
+/* A completions logprobs entry: parallel arrays, assembled at the end. */
+static void put_completion_entry(server *s, loom_buf *b, const loom_event *ev, size_t off) {
+    loom_buf_printf(b, "{\"t\":%d,\"lp\":%.6g,\"off\":%zu,\"top\":{", ev->token, ev->logprob, off);
+    for (int k = 0; k < ev->n_top; k++) {
+        if (k) loom_buf_puts(b, ",");
+        put_token_text(s, b, ev->top_ids[k]);
+        loom_buf_printf(b, ":%.6g", ev->top_logprobs[k]);
+    }
+    loom_buf_puts(b, "}}");
+}
+
 /* One logprobs entry for a generated token, appended to c->lp. */
 static void add_logprob(job *j, choice *c, const loom_event *ev, size_t piece_len) {
     server *s = j->srv;
@@ -334,24 +390,19 @@ static void add_logprob(job *j, choice *c, const loom_event *ev, size_t piece_le
         }
         loom_buf_puts(b, "]}");
     } else {
-        /* completions: parallel arrays, assembled at the end */
-        loom_buf_printf(b, "{\"t\":%d,\"lp\":%.6g,\"off\":%zu,\"top\":{", ev->token, ev->logprob,
-                  c->text_offset);
-        for (int k = 0; k < ev->n_top; k++) {
-            if (k) loom_buf_puts(b, ",");
-            put_token_text(s, b, ev->top_ids[k]);
-            loom_buf_printf(b, ":%.6g", ev->top_logprobs[k]);
-        }
-        loom_buf_puts(b, "}}");
+        put_completion_entry(s, b, ev, c->text_offset);
     }
     c->text_offset += piece_len;
 }
 
-/* Completions logprobs object from the entries in c->lp. */
+/* Completions logprobs object from the entries in c->plp (the prompt's,
+ * with echo) and c->lp. */
 static void put_completion_logprobs(job *j, choice *c, loom_buf *b) {
     cJSON *arr = NULL;
     loom_buf tmp = {0};
     loom_buf_puts(&tmp, "[");
+    if (c->plp.len) loom_buf_put(&tmp, c->plp.p, c->plp.len);
+    if (c->plp.len && c->lp.len) loom_buf_puts(&tmp, ",");
     if (c->lp.p) loom_buf_put(&tmp, c->lp.p, c->lp.len);
     loom_buf_puts(&tmp, "]");
     arr = tmp.p ? cJSON_Parse(tmp.p) : NULL;
@@ -364,8 +415,11 @@ static void put_completion_logprobs(job *j, choice *c, loom_buf *b) {
     }
     loom_buf_puts(b, "],\"token_logprobs\":[");
     i = 0;
-    for (cJSON *e = arr ? arr->child : NULL; e; e = e->next, i++)
-        loom_buf_printf(b, "%s%.6g", i ? "," : "", cJSON_GetObjectItem(e, "lp")->valuedouble);
+    for (cJSON *e = arr ? arr->child : NULL; e; e = e->next, i++) {
+        const cJSON *lp = cJSON_GetObjectItem(e, "lp"); /* null: the first prompt token */
+        if (cJSON_IsNumber(lp)) loom_buf_printf(b, "%s%.6g", i ? "," : "", lp->valuedouble);
+        else loom_buf_puts(b, i ? ",null" : "null");
+    }
     loom_buf_puts(b, "],\"top_logprobs\":[");
     i = 0;
     for (cJSON *e = arr ? arr->child : NULL; e; e = e->next, i++) {
@@ -452,6 +506,8 @@ static void finish_choice(job *j, choice *c, loom_finish why, emitted *em) {
     if (c->scan.n_calls > 0) c->finish = "tool_calls";
 }
 
+static void sse_echo(job *j, int index);
+
 /* Handles one event of choice c. Returns -1 on a failure (j->err set). */
 static int on_event(job *j, choice *c, const loom_event *ev, emitted *em) {
     server *s = j->srv;
@@ -480,6 +536,19 @@ static int on_event(job *j, choice *c, const loom_event *ev, emitted *em) {
         return 0;
     }
     if (c->done) return 0;
+    if (ev->prompt) {
+        if (c->n_plp == 0 || c->n_plp >= j->n_prompt) return 0; /* not asked for */
+        loom_buf_puts(&c->plp, ",");
+        put_completion_entry(s, &c->plp, ev, j->prompt_off[c->n_plp]);
+        if (++c->n_plp == j->n_prompt && j->req.stream) sse_echo(j, (int)(c - j->ch));
+        return 0;
+    }
+    if (j->req.max_tokens == 0) { /* the prompt alone: drop the one token */
+        loom_request_cancel(c->rq);
+        c->done = 1;
+        c->finish = "length";
+        return 0;
+    }
     double now = loom_now();
     if (!j->first_token_seen) {
         j->first_token_seen = 1;
@@ -713,6 +782,26 @@ static void sse_tool_deltas(job *j, int index) {
     loom_buf_free(&d);
 }
 
+/* echo: the prompt opens the choice's text, as in a blocking answer, with
+ * the prompt's logprobs when asked for (then sent once they are all in). */
+static void sse_echo(job *j, int index) {
+    choice *c = &j->ch[index];
+    sse_chunk_begin(j, index);
+    loom_buf_puts(&j->out, "\"text\":");
+    api_put_json_str(&j->out, j->prompt_text ? j->prompt_text : "",
+                     j->prompt_text ? strlen(j->prompt_text) : 0);
+    loom_buf_puts(&j->out, ",\"logprobs\":");
+    if (c->plp.len) {
+        choice tmp = *c;
+        tmp.lp = (loom_buf){0};
+        put_completion_logprobs(j, &tmp, &j->out);
+    } else {
+        loom_buf_puts(&j->out, "null");
+    }
+    loom_buf_puts(&j->out, ",\"finish_reason\":null}]}\n\n");
+    loom_buf_free(&c->plp); /* later chunks carry only their own tokens */
+}
+
 static void sse_finish(job *j) {
     for (int i = 0; i < j->n; i++) {
         choice *c = &j->ch[i];
@@ -922,15 +1011,10 @@ static enum MHD_Result handle_generate(server *s, struct MHD_Connection *conn, a
             loom_buf_puts(&j->out, "\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"logprobs\":null,"
                              "\"finish_reason\":null}]}\n\n");
         }
-    /* echo: the prompt opens each choice's text, as in a blocking answer */
+    /* echo: at once, or once the prompt's logprobs are all in */
     if (kind == API_COMPLETION && j->req.echo)
-        for (int i = 0; i < j->n; i++) {
-            sse_chunk_begin(j, i);
-            loom_buf_puts(&j->out, "\"text\":");
-            api_put_json_str(&j->out, j->prompt_text ? j->prompt_text : "",
-                        j->prompt_text ? strlen(j->prompt_text) : 0);
-            loom_buf_puts(&j->out, ",\"logprobs\":null,\"finish_reason\":null}]}\n\n");
-        }
+        for (int i = 0; i < j->n; i++)
+            if (j->ch[i].n_plp == (j->req.logprobs >= 0 ? j->n_prompt : 0)) sse_echo(j, i);
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader,
                                                                j, stream_free);
     if (!r) {

@@ -103,10 +103,17 @@ test('completions with token ids, return_token_ids, echo', async () => {
   const se = await collect(await client.completions.create({
     model, prompt: [785, 1630, 25], max_tokens: 6, temperature: 0, echo: true, stream: true }));
   assert.equal(se.flatMap((x) => x.choices.map((y) => y.text)).join(''), e.choices[0].text);
-  // with echo, logprobs offsets count from the start of the echoed text
+  // with echo, logprobs cover the prompt's tokens too (the first has none),
+  // and offsets count from the start of the echoed text
   const el = await client.completions.create({
     model, prompt: [785, 1630, 25], max_tokens: 6, temperature: 0, echo: true, logprobs: 1 });
-  assert.equal(el.choices[0].logprobs.text_offset[0], Buffer.byteLength(prompt));
+  const lp = el.choices[0].logprobs;
+  assert.equal(lp.tokens.length, 3 + el.usage.completion_tokens);
+  assert.equal(lp.token_logprobs[0], null);
+  assert.equal(lp.top_logprobs[0], null);
+  assert.ok(lp.token_logprobs[1] <= 0 && lp.token_logprobs[2] <= 0);
+  assert.equal(lp.text_offset[0], 0);
+  assert.equal(lp.text_offset[3], Buffer.byteLength(prompt));
 });
 
 test('chat logprobs and top_logprobs', async () => {
