@@ -238,6 +238,10 @@ static int conversation_boundary(job *j) {
  * (token ids, or a text that spells them), not when the tokenizer added
  * them to a text prompt (a BOS). */
 static int prompt_offsets(job *j, api_error *err) {
+    if (!j->srv->tok) { /* no tokenizer, no text: every offset is 0 */
+        j->prompt_off = calloc((size_t)j->n_prompt, sizeof *j->prompt_off);
+        return j->prompt_off ? 0 : api_fail(err, 500, NULL, "out of memory");
+    }
     loom_detok *d = NULL;
     char *all = NULL;
     size_t n_all = 0;
