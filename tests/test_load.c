@@ -74,6 +74,29 @@ static void test_safetensors_errors(void) {
     expect_st_error("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,0]}}", 8,
                     LOOM_ERR_FORMAT, "data_offsets");
     expect_st_error("{\"a\":{\"dtype\":\"F32\"}}", 8, LOOM_ERR_FORMAT, "expected dtype");
+    /* 2^61 F64 elements are 2^64 bytes: wrapped, they matched offsets [0, 0] */
+    expect_st_error("{\"a\":{\"dtype\":\"F64\",\"shape\":[2147483648,1073741824],"
+                    "\"data_offsets\":[0,0]}}", 8, LOOM_ERR_FORMAT, "shape overflows");
+    expect_st_error("{\"a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0.5,4.5]}}", 8,
+                    LOOM_ERR_FORMAT, "bad data_offsets");
+    expect_st_error("{\"a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]},"
+                    "\"a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[4,8]}}", 8,
+                    LOOM_ERR_FORMAT, "appears twice");
+
+    /* an F32 tensor at an offset that is not a multiple of 4 reads from an
+     * aligned copy holding the same bytes */
+    snprintf(path, sizeof path, "%s/odd.safetensors", tmpdir);
+    write_st(path, "{\"a\":{\"dtype\":\"U8\",\"shape\":[3],\"data_offsets\":[0,3]},"
+             "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[3,11]}}", 11);
+    CHECKF(loom_st_open(path, &st) == LOOM_OK, "%s", loom_last_error());
+    if (st) {
+        const loom_st_tensor *b = loom_st_find(st, "b");
+        CHECK(b && (uintptr_t)b->data % 4 == 0);
+        for (int i = 0; b && i < 8; i++)
+            CHECK(((const unsigned char *)b->data)[i] == (unsigned char)((3 + i) * 7 + 1));
+        loom_st_close(st);
+        st = NULL;
+    }
 
     /* a valid file with metadata, every dtype the loader must accept */
     snprintf(path, sizeof path, "%s/ok.safetensors", tmpdir);
@@ -296,8 +319,85 @@ static void test_model_errors(void) {
     loom_model_free(m);
 }
 
+/* Logits of 16 fixed tokens (all positions), or NULL when the model fails
+ * to load; *V gets the vocabulary size. */
+static float *fixture_logits(const char *dir, int no_copy, int *V) {
+    loom_model_params mp = loom_model_default_params();
+    mp.n_threads = 1;
+    mp.no_copy = no_copy;
+    loom_model *m = NULL;
+    loom_context *c = NULL;
+    loom_context_params cp = loom_context_default_params();
+    cp.n_ctx = 32;
+    float *lg = NULL;
+    CHECKF(loom_model_load(dir, &mp, &m) == LOOM_OK, "%s: %s", dir, loom_last_error());
+    if (m && loom_context_create(m, &cp, &c) == LOOM_OK) {
+        *V = loom_model_vocab_size(m);
+        int32_t tok[16];
+        for (int i = 0; i < 16; i++) tok[i] = (int32_t)((i * 31 + 7) % *V);
+        lg = malloc(sizeof(float) * (size_t)*V * 16);
+        CHECKF(loom_context_eval(c, tok, 16, 1, lg) == LOOM_OK, "%s: %s", dir, loom_last_error());
+    }
+    loom_context_free(c);
+    loom_model_free(m);
+    return lg;
+}
+
+/* A copy of a fixture whose safetensors header is padded with 1..7 more
+ * spaces (the format allows it), so the data section starts at an odd or
+ * otherwise unaligned offset: the tensors load into aligned memory and
+ * the logits are the same bits, with the weights copied at load or read
+ * from the loader (no_copy). */
+static void test_padded_header(const char *fixture) {
+    char src[512], dir[256], path[512];
+    snprintf(src, sizeof src, "%s/model.safetensors", fixture);
+    char *file = NULL;
+    size_t size = 0;
+    if (loom_read_file(src, &file, &size) != LOOM_OK) {
+        CHECKF(0, "%s: %s", src, loom_last_error());
+        return;
+    }
+    uint64_t hl = 0;
+    for (int i = 7; i >= 0; i--) hl = (hl << 8) | (unsigned char)file[i];
+    for (int no_copy = 0; no_copy < 2; no_copy++) {
+        int V = 0;
+        float *want = fixture_logits(fixture, no_copy, &V);
+        for (int pad = 1; pad <= 7 && want; pad++) {
+            snprintf(dir, sizeof dir, "%s/padded%d", tmpdir, pad);
+            mkdir(dir, 0700);
+            const char *names[] = {"config.json", "generation_config.json"};
+            for (int k = 0; k < 2; k++) {
+                char *text = NULL;
+                size_t n = 0;
+                snprintf(path, sizeof path, "%s/%s", fixture, names[k]);
+                if (loom_read_file(path, &text, &n) != LOOM_OK) continue;
+                snprintf(path, sizeof path, "%s/%s", dir, names[k]);
+                write_bytes(path, text, n);
+                free(text);
+            }
+            unsigned char *out = malloc(size + (size_t)pad);
+            for (int i = 0; i < 8; i++) out[i] = (unsigned char)((hl + (uint64_t)pad) >> (8 * i));
+            memcpy(out + 8, file + 8, (size_t)hl);
+            memset(out + 8 + hl, ' ', (size_t)pad);
+            memcpy(out + 8 + hl + pad, file + 8 + hl, size - 8 - (size_t)hl);
+            snprintf(path, sizeof path, "%s/model.safetensors", dir);
+            write_bytes(path, out, size + (size_t)pad);
+            free(out);
+            int V2 = 0;
+            float *got = fixture_logits(dir, no_copy, &V2);
+            CHECKF(got && V2 == V && !memcmp(got, want, sizeof(float) * (size_t)V * 16),
+                   "%s, header padded by %d, no_copy %d: logits differ", fixture, pad, no_copy);
+            free(got);
+        }
+        free(want);
+    }
+    free(file);
+}
+
 int main(void) {
     if (!mkdtemp(tmpdir)) return 1;
+    test_padded_header("tests/fixtures/trained/pycoder-16m");
+    test_padded_header("tests/fixtures/models/qwen3-tiny-mlx4");
     test_safetensors_errors();
     test_writer_roundtrip();
     test_sharded();
