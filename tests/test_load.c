@@ -204,7 +204,7 @@ static void test_config(void) {
     CHECK(strstr(loom_last_error(), "vocab_size") != NULL);
     CHECK(loom_config_parse("{\"architectures\":[\"X\"],\"vocab_size\":\"ten\"}", "c", &c) ==
           LOOM_ERR_FORMAT);
-    CHECK(strstr(loom_last_error(), "expected an integer") != NULL);
+    CHECK(strstr(loom_last_error(), "vocab_size must be a positive integer, found a string") != NULL);
     CHECK(loom_config_parse("[1,2]", "c", &c) == LOOM_ERR_FORMAT);
     CHECK(loom_config_parse("{\"vocab_size\":3}", "c", &c) == LOOM_ERR_FORMAT);
     CHECK(strstr(loom_last_error(), "architectures") != NULL);
@@ -277,6 +277,62 @@ static void expect_model_error(const char *name, const char *from, const char *t
            loom_last_error(), needle);
 }
 
+/* config.json values that parse but make no model: each error names the
+ * field, what it must be and what the file has. */
+static void test_config_values(void) {
+    static const struct { const char *from, *to, *needle; } cases[] = {
+        {"\"max_position_embeddings\": 4096", "\"max_position_embeddings\": 0",
+         "config.json: max_position_embeddings must be a positive integer, found 0"},
+        {"\"max_position_embeddings\": 4096", "\"max_position_embeddings\": 4096.5",
+         "max_position_embeddings must be a positive integer, found 4096.5"},
+        {"\"rope_theta\": 1000000.0", "\"rope_theta\": -5",
+         "rope_parameters.rope_theta must be a positive number, found -5"},
+        {"\"vocab_size\": 512", "\"vocab_size\": 2147483647",
+         "config.json: vocab_size 2147483647 is larger than the embedding's 512 rows "
+         "(tensor model.embed_tokens.weight)"},
+        {"\"vocab_size\": 512", "\"vocab_size\": 500", "vocab_size 500 is smaller than"},
+        {"\"vocab_size\": 512", "\"vocab_size\": 1e10",
+         "vocab_size must be a positive integer, found 10000000000"},
+        {"\"hidden_size\": 64", "\"hidden_size\": -64",
+         "hidden_size must be a positive integer up to 1048576, found -64"},
+        {"\"hidden_size\": 64", "\"hidden_size\": 96",
+         "hidden_size 96 differs from the embedding's 64 columns"},
+        {"\"num_attention_heads\": 4", "\"num_attention_heads\": 0",
+         "num_attention_heads must be a positive integer up to 4096, found 0"},
+        {"\"num_attention_heads\": 4", "\"num_attention_heads\": 2000000000",
+         "num_attention_heads must be a positive integer up to 4096, found 2000000000"},
+        {"\"num_key_value_heads\": 2", "\"num_key_value_heads\": 8",
+         "num_key_value_heads must be a positive integer up to 4, found 8"},
+        {"\"num_key_value_heads\": 2", "\"num_key_value_heads\": 3",
+         "num_attention_heads 4 is not a multiple of num_key_value_heads 3"},
+        {"\"head_dim\": 32", "\"head_dim\": 31", "head_dim must be a positive even integer, found 31"},
+        {"\"head_dim\": 32", "\"head_dim\": -2", "head_dim must be a positive integer up to 4096, found -2"},
+        {"\"intermediate_size\": 192", "\"intermediate_size\": 0",
+         "intermediate_size must be a positive integer up to 16777216, found 0"},
+        {"\"num_hidden_layers\": 3", "\"num_hidden_layers\": 0",
+         "num_hidden_layers must be a positive integer, found 0"},
+        {"\"rms_norm_eps\": 1e-06", "\"rms_norm_eps\": 0", "rms_norm_eps must be a positive number, found 0"},
+        {"\"rms_norm_eps\": 1e-06", "\"rms_norm_eps\": \"small\"", "rms_norm_eps\": expected a number"},
+        {"\"sliding_window\": null", "\"sliding_window\": -1",
+         "sliding_window must be a non-negative integer, found -1"},
+        {"\"rope_type\": \"default\"", "\"rope_type\": \"linear\", \"factor\": 0",
+         "rope_parameters.factor must be a positive number, found 0"},
+        {"\"rope_type\": \"default\"", "\"rope_type\": \"linear\", \"factor\": 2, "
+         "\"partial_rotary_factor\": 1.5", "rope_parameters.partial_rotary_factor must be in (0, 1], found 1.5"},
+        {"\"rope_type\": \"default\"", "\"rope_type\": \"llama3\", \"factor\": 8, "
+         "\"low_freq_factor\": 4, \"high_freq_factor\": 4, \"original_max_position_embeddings\": 8192",
+         "rope_parameters.high_freq_factor must be larger than low_freq_factor, found 4"},
+        {"\"rope_type\": \"default\"", "\"rope_type\": \"yarn\", \"factor\": 4, \"beta_fast\": -1",
+         "rope_parameters.beta_fast must be a positive number, found -1"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "config%zu", i);
+        expect_model_error(name, cases[i].from, cases[i].to, NULL, 0, 1, 1, LOOM_ERR_FORMAT,
+                           cases[i].needle);
+    }
+}
+
 static void test_model_errors(void) {
     expect_model_error("transposed", NULL, NULL, "model.layers.1.self_attn.q_proj.weight",
                        LOOM_DT_F32, 64, 128, LOOM_ERR_FORMAT,
@@ -289,6 +345,8 @@ static void test_model_errors(void) {
     expect_model_error("missingtensor", NULL, NULL, "model.norm.weight", LOOM_DT_F32, 1, 1,
                        LOOM_ERR_FORMAT, "model.norm.weight: expected F32/F16/BF16 [64]");
     expect_model_error("act", "\"silu\"", "\"relu\"", NULL, 0, 1, 1, LOOM_ERR_UNSUPPORTED, "relu");
+    expect_model_error("layers", "\"num_hidden_layers\": 3", "\"num_hidden_layers\": 300", NULL, 0,
+                       1, 1, LOOM_ERR_UNSUPPORTED, "num_hidden_layers 300, at most 256 supported");
 
     /* a good copy loads; ids outside the vocabulary are refused */
     char dir[256];
@@ -403,6 +461,7 @@ int main(void) {
     test_sharded();
     test_config();
     test_model_errors();
+    test_config_values();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
