@@ -333,6 +333,53 @@ static void test_config_values(void) {
     }
 }
 
+/* generation_config.json's sampling defaults: the fields given, checked,
+ * and do_sample false as greedy without the sampling warpers. */
+static void test_gen_sampling(void) {
+    char dir[256], path[512];
+    snprintf(dir, sizeof dir, "%s/gen", tmpdir);
+    make_model_dir(dir, NULL, NULL, NULL, 0, 1, 1);
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    static const struct { const char *json, *needle; unsigned set; } cases[] = {
+        {"{\"eos_token_id\": 3}", NULL, 0},
+        {"{\"temperature\": 0.6, \"top_p\": 0.95, \"top_k\": 20, \"min_p\": 0.05, "
+         "\"repetition_penalty\": 1.1, \"do_sample\": true}", NULL, LOOM_SAMPLING_ALL},
+        {"{\"temperature\": null, \"top_k\": -1}", NULL, LOOM_SAMPLING_TOP_K},
+        {"{\"do_sample\": false, \"temperature\": 0.7, \"top_p\": 0.8, \"top_k\": 5, "
+         "\"repetition_penalty\": 1.2}", NULL, LOOM_SAMPLING_TEMPERATURE | LOOM_SAMPLING_REPETITION_PENALTY},
+        {"{\"top_p\": 0}", "generation_config.json: top_p must be a number in (0, 1], found 0", 0},
+        {"{\"temperature\": \"hot\"}", "temperature must be a number in [0, 100], found a string", 0},
+        {"{\"repetition_penalty\": -1}", "repetition_penalty must be a number in (0, 100], found -1", 0},
+        {"{\"top_k\": 2.5}", "top_k must be an integer, found 2.5", 0},
+        {"{\"top_k\": -3}", "top_k must be a non-negative integer (or -1, off), found -3", 0},
+    };
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(cases); i++) {
+        write_bytes(path, cases[i].json, strlen(cases[i].json));
+        loom_config c;
+        loom_status s = loom_config_load(dir, &c);
+        if (cases[i].needle) {
+            CHECKF(s == LOOM_ERR_FORMAT && strstr(loom_last_error(), cases[i].needle),
+                   "%s: %s (%s)", cases[i].json, loom_status_str(s), loom_last_error());
+            continue;
+        }
+        CHECKF(s == LOOM_OK, "%s: %s", cases[i].json, loom_last_error());
+        CHECKF(c.gen_sampling_set == cases[i].set, "%s: fields %#x, want %#x", cases[i].json,
+               c.gen_sampling_set, cases[i].set);
+    }
+    /* the last good case's values, through the model */
+    const char *qwen = "{\"temperature\": 0.6, \"top_p\": 0.95, \"top_k\": 20, \"do_sample\": false, "
+                       "\"repetition_penalty\": 1.1}";
+    write_bytes(path, qwen, strlen(qwen));
+    loom_model *m = NULL;
+    CHECKF(loom_model_load(dir, NULL, &m) == LOOM_OK, "%s", loom_last_error());
+    if (!m) return;
+    loom_sampling d;
+    CHECK(loom_model_sampling_defaults(m, &d) ==
+          (LOOM_SAMPLING_TEMPERATURE | LOOM_SAMPLING_REPETITION_PENALTY));
+    CHECK(d.temperature == 0 && d.top_p == 1 && d.top_k == 0 && d.repetition_penalty == 1.1f);
+    loom_model_free(m);
+}
+
 static void test_model_errors(void) {
     expect_model_error("transposed", NULL, NULL, "model.layers.1.self_attn.q_proj.weight",
                        LOOM_DT_F32, 64, 128, LOOM_ERR_FORMAT,
@@ -462,6 +509,7 @@ int main(void) {
     test_config();
     test_model_errors();
     test_config_values();
+    test_gen_sampling();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);

@@ -440,6 +440,57 @@ out:
     return s;
 }
 
+/* generation_config.json's sampling defaults, each checked as the sampler
+ * will check it. "do_sample": false is greedy in transformers, which then
+ * applies no temperature, top-p or top-k warper (nor min-p). */
+static loom_status parse_gen_sampling(const cJSON *g, const char *path, loom_config *cfg) {
+    loom_sampling *sp = &cfg->gen_sampling;
+    static const struct {
+        const char *key;
+        unsigned bit;
+        double lo, hi;
+        int lo_open;
+    } fields[] = {
+        {"temperature", LOOM_SAMPLING_TEMPERATURE, 0, 100, 0},
+        {"top_p", LOOM_SAMPLING_TOP_P, 0, 1, 1},
+        {"min_p", LOOM_SAMPLING_MIN_P, 0, 1, 0},
+        {"repetition_penalty", LOOM_SAMPLING_REPETITION_PENALTY, 0, 100, 1},
+    };
+    float *dst[] = {&sp->temperature, &sp->top_p, &sp->min_p, &sp->repetition_penalty};
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(fields); i++) {
+        const cJSON *v = get(g, fields[i].key);
+        if (!v || cJSON_IsNull(v)) continue;
+        double d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
+        if (!(fields[i].lo_open ? d > fields[i].lo : d >= fields[i].lo) || !(d <= fields[i].hi)) {
+            char found[64];
+            return loom_err(LOOM_ERR_FORMAT, "%s: %s must be a number in %c%g, %g], found %s", path,
+                            fields[i].key, fields[i].lo_open ? '(' : '[', fields[i].lo,
+                            fields[i].hi, found_str(v, found, sizeof found));
+        }
+        *dst[i] = (float)d;
+        cfg->gen_sampling_set |= fields[i].bit;
+    }
+    const cJSON *tk = get(g, "top_k");
+    if (tk && !cJSON_IsNull(tk)) {
+        int k;
+        loom_status s = get_int(g, "top_k", 1, 0, path, &k);
+        if (s) return s;
+        if (k < -1)
+            return loom_err(LOOM_ERR_FORMAT, "%s: top_k must be a non-negative integer (or -1, "
+                            "off), found %d", path, k);
+        sp->top_k = k < 0 ? 0 : k;  /* -1 is off, as 0 is */
+        cfg->gen_sampling_set |= LOOM_SAMPLING_TOP_K;
+    }
+    if (cJSON_IsFalse(get(g, "do_sample"))) {
+        loom_sampling d = loom_sampling_default();
+        unsigned warpers = LOOM_SAMPLING_TOP_P | LOOM_SAMPLING_TOP_K | LOOM_SAMPLING_MIN_P;
+        loom_sampling_apply(sp, &d, warpers);
+        sp->temperature = 0;
+        cfg->gen_sampling_set = (cfg->gen_sampling_set & ~warpers) | LOOM_SAMPLING_TEMPERATURE;
+    }
+    return LOOM_OK;
+}
+
 loom_status loom_config_load(const char *dir, loom_config *cfg) {
     char path[4096];
     loom_status s = loom_path_join(path, sizeof path, dir, "config.json");
@@ -449,6 +500,7 @@ loom_status loom_config_load(const char *dir, loom_config *cfg) {
     s = loom_config_parse(text, path, cfg);
     free(text);
     if (s != LOOM_OK) return s;
+    cfg->gen_sampling = loom_sampling_default();
     /* generation_config.json may list more stop ids than config.json. */
     if (loom_path_join(path, sizeof path, dir, "generation_config.json") != LOOM_OK ||
         loom_read_file(path, &text, NULL) != LOOM_OK) {
@@ -466,6 +518,7 @@ loom_status loom_config_load(const char *dir, loom_config *cfg) {
         if (cJSON_IsNumber(e) && !dup && cfg->n_eos < LOOM_MAX_EOS)
             cfg->eos_ids[cfg->n_eos++] = e->valueint;
     }
+    s = cJSON_IsObject(g) ? parse_gen_sampling(g, path, cfg) : LOOM_OK;
     cJSON_Delete(g);
-    return LOOM_OK;
+    return s;
 }

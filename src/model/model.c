@@ -916,6 +916,11 @@ int loom_model_eos_ids(const loom_model *m, int32_t *out, int cap) {
     return m->cfg.n_eos;
 }
 
+unsigned loom_model_sampling_defaults(const loom_model *m, loom_sampling *out) {
+    *out = m->cfg.gen_sampling;
+    return m->cfg.gen_sampling_set;
+}
+
 void loom_model_warm(loom_model *m, void (*progress)(void *ctx, double done), void *ctx) {
     /* Copied weights are resident already; reading the mapping would only
      * bring the file's dropped pages back. */

@@ -49,6 +49,7 @@ typedef struct server {
     int stateful;                  /* the model keeps recurrent state (snapshots) */
     int32_t turn_end[8];           /* end-of-turn ids chat requests stop at */
     int n_turn_end;
+    loom_sampling sampling;        /* what a request leaves out (resolve_sampling) */
     loom_metrics metrics;
 } server;
 
@@ -220,6 +221,7 @@ static int start_job(job *j, api_error *err) {
     rp.n_prompt = j->n_prompt;
     rp.max_tokens = r->max_tokens > 0 ? r->max_tokens : s->p.default_max_tokens;
     rp.sampling = r->sampling;
+    loom_sampling_apply(&rp.sampling, &s->sampling, LOOM_SAMPLING_ALL & ~r->sampling_given);
     rp.logprobs = r->logprobs;
     rp.ignore_eos = r->ignore_eos;
     rp.snapshot_at = j->snapshot_at;
@@ -991,6 +993,35 @@ static void load_progress(void *ctx, double done) {
     if (done >= 1) fputc('\n', stderr);
 }
 
+/* The sampling a request gets for each field it leaves out: the server's
+ * flag, else the model's generation_config.json, else the API's default.
+ * Says which on stderr. */
+static void resolve_sampling(server *s) {
+    static const struct { unsigned bit; const char *name; } f[] = {
+        {LOOM_SAMPLING_TEMPERATURE, "temperature"}, {LOOM_SAMPLING_TOP_P, "top_p"},
+        {LOOM_SAMPLING_TOP_K, "top_k"}, {LOOM_SAMPLING_MIN_P, "min_p"},
+        {LOOM_SAMPLING_REPETITION_PENALTY, "repetition_penalty"},
+    };
+    loom_sampling gen;
+    unsigned from_gen = loom_model_sampling_defaults(s->model, &gen) & ~s->p.sampling_set;
+    s->sampling = api_sampling_default();
+    loom_sampling_apply(&s->sampling, &gen, from_gen);
+    loom_sampling_apply(&s->sampling, &s->p.sampling, s->p.sampling_set);
+    char src[256] = "";
+    size_t w = 0;
+    for (int k = 0; k < 2; k++) {
+        unsigned set = k ? s->p.sampling_set : from_gen;
+        for (size_t i = 0, n = 0; i < LOOM_ARRAY_LEN(f) && w < sizeof src; i++)
+            if (set & f[i].bit)
+                w += (size_t)snprintf(src + w, sizeof src - w, "%s%s", n++ ? ", " : w ? "; flags: " :
+                                      k ? " (flags: " : " (generation_config.json: ", f[i].name);
+    }
+    const loom_sampling *d = &s->sampling;
+    fprintf(stderr, "loom: request sampling defaults: temperature %g, top_p %g, top_k %d, min_p %g, "
+            "repetition_penalty %g%s%s\n", d->temperature, d->top_p, d->top_k, d->min_p,
+            d->repetition_penalty, src, w ? ")" : "");
+}
+
 /* Loads the model, tokenizer and template and starts the engine. */
 static int server_open(server *s, const loom_serve_params *params) {
     memset(s, 0, sizeof *s);
@@ -1033,6 +1064,7 @@ static int server_open(server *s, const loom_serve_params *params) {
     /* Chat turns end at the template's end-of-turn token, which is often
      * not the model's EOS (ChatML's <|im_end|> on a base model). */
     s->n_turn_end = loom_tok_turn_end_ids(s->tok, s->turn_end, 8);
+    resolve_sampling(s);
     if ((st = loom_engine_create(s->model, &s->p.engine, &s->engine))) {
         fprintf(stderr, "loom: error: %s (%s)\n", loom_last_error(), loom_status_str(st));
         free_server(s);
