@@ -993,33 +993,35 @@ static void load_progress(void *ctx, double done) {
     if (done >= 1) fputc('\n', stderr);
 }
 
+/* Appends "<head>name, name" for the LOOM_SAMPLING_* bits in set (names in
+ * the order of the bits). */
+static void put_fields(char *buf, size_t cap, const char *head, unsigned set) {
+    static const char *names[] = {"temperature", "top_p", "top_k", "min_p",
+                                  "repetition_penalty"};
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(names); i++) {
+        if (!(set & (1u << i))) continue;
+        size_t w = strlen(buf);
+        snprintf(buf + w, cap - w, "%s%s", head, names[i]);
+        head = ", ";
+    }
+}
+
 /* The sampling a request gets for each field it leaves out: the server's
  * flag, else the model's generation_config.json, else the API's default.
  * Says which on stderr. */
 static void resolve_sampling(server *s) {
-    static const struct { unsigned bit; const char *name; } f[] = {
-        {LOOM_SAMPLING_TEMPERATURE, "temperature"}, {LOOM_SAMPLING_TOP_P, "top_p"},
-        {LOOM_SAMPLING_TOP_K, "top_k"}, {LOOM_SAMPLING_MIN_P, "min_p"},
-        {LOOM_SAMPLING_REPETITION_PENALTY, "repetition_penalty"},
-    };
     loom_sampling gen;
     unsigned from_gen = loom_model_sampling_defaults(s->model, &gen) & ~s->p.sampling_set;
     s->sampling = api_sampling_default();
     loom_sampling_apply(&s->sampling, &gen, from_gen);
     loom_sampling_apply(&s->sampling, &s->p.sampling, s->p.sampling_set);
     char src[256] = "";
-    size_t w = 0;
-    for (int k = 0; k < 2; k++) {
-        unsigned set = k ? s->p.sampling_set : from_gen;
-        for (size_t i = 0, n = 0; i < LOOM_ARRAY_LEN(f) && w < sizeof src; i++)
-            if (set & f[i].bit)
-                w += (size_t)snprintf(src + w, sizeof src - w, "%s%s", n++ ? ", " : w ? "; flags: " :
-                                      k ? " (flags: " : " (generation_config.json: ", f[i].name);
-    }
+    put_fields(src, sizeof src, " (generation_config.json: ", from_gen);
+    put_fields(src, sizeof src, src[0] ? "; flags: " : " (flags: ", s->p.sampling_set);
     const loom_sampling *d = &s->sampling;
     fprintf(stderr, "loom: request sampling defaults: temperature %g, top_p %g, top_k %d, min_p %g, "
             "repetition_penalty %g%s%s\n", d->temperature, d->top_p, d->top_k, d->min_p,
-            d->repetition_penalty, src, w ? ")" : "");
+            d->repetition_penalty, src, src[0] ? ")" : "");
 }
 
 /* Loads the model, tokenizer and template and starts the engine. */
