@@ -325,6 +325,30 @@ static void test_config_values(void) {
         {"\"rope_type\": \"default\"", "\"rope_type\": \"yarn\", \"factor\": 4, \"beta_fast\": -1",
          "rope_parameters.beta_fast must be a positive number, found -1"},
     };
+    /* fields of the other families, through the parser alone */
+    static const struct { const char *extra, *needle; } family[] = {
+        {"\"attn_logit_softcapping\": -50", "attn_logit_softcapping must be a non-negative number "
+         "(0 = off), found -50"},
+        {"\"final_logit_softcapping\": -1", "final_logit_softcapping must be a non-negative"},
+        {"\"query_pre_attn_scalar\": -256", "query_pre_attn_scalar must be a non-negative number"},
+        {"\"global_head_dim\": 33", "global_head_dim must be a non-negative even integer, found 33"},
+        {"\"num_experts\": -8", "num_experts must be a non-negative integer up to 65536, found -8"},
+        {"\"moe_intermediate_size\": 1e12", "moe_intermediate_size must be a non-negative integer"},
+        {"\"num_kv_shared_layers\": 5", "num_kv_shared_layers must be a non-negative integer up to 1, "
+         "found 5"},
+        {"\"partial_rotary_factor\": 0", "partial_rotary_factor must be in (0, 1], found 0"},
+        {"\"rope_theta\": 0", "rope_theta must be a positive number, found 0"},
+    };
+    for (size_t i = 0; i < sizeof family / sizeof family[0]; i++) {
+        char text[512];
+        snprintf(text, sizeof text, "{\"architectures\":[\"X\"],\"vocab_size\":10,\"hidden_size\":8,"
+                 "\"num_hidden_layers\":1,\"num_attention_heads\":2,\"intermediate_size\":16,%s}",
+                 family[i].extra);
+        loom_config c;
+        loom_status s = loom_config_parse(text, "config.json", &c);
+        CHECKF(s == LOOM_ERR_FORMAT && strstr(loom_last_error(), family[i].needle), "%s: %s (%s)",
+               family[i].extra, loom_status_str(s), loom_last_error());
+    }
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char name[32];
         snprintf(name, sizeof name, "config%zu", i);

@@ -290,8 +290,14 @@ static loom_status parse_family(const cJSON *c, const char *path, loom_config *c
     if ((s = get_num(c, "final_logit_softcapping", 0, path, &cfg->final_softcap))) return s;
     if ((s = get_num(c, "query_pre_attn_scalar", 0, path, &cfg->query_pre_attn_scalar))) return s;
     if (!(cfg->query_pre_attn_scalar >= 0 && cfg->query_pre_attn_scalar < INFINITY))
-        return bad_num(path, "", "query_pre_attn_scalar", "a positive number",
+        return bad_num(path, "", "query_pre_attn_scalar", "a non-negative number",
                        cfg->query_pre_attn_scalar);
+    if (!(cfg->attn_softcap >= 0 && cfg->attn_softcap < INFINITY))
+        return bad_num(path, "", "attn_logit_softcapping", "a non-negative number (0 = off)",
+                       cfg->attn_softcap);
+    if (!(cfg->final_softcap >= 0 && cfg->final_softcap < INFINITY))
+        return bad_num(path, "", "final_logit_softcapping", "a non-negative number (0 = off)",
+                       cfg->final_softcap);
 
     if ((s = get_int_in(c, "num_experts", 0, 0, 0, 1 << 16, path, &cfg->n_experts))) return s;
     if (!cfg->n_experts && (s = get_int_in(c, "num_local_experts", 0, 0, 0, 1 << 16, path, &cfg->n_experts)))
@@ -329,6 +335,9 @@ static loom_status parse_family(const cJSON *c, const char *path, loom_config *c
         return s;
     if ((s = get_int_in(c, "num_kv_shared_layers", 0, 0, 0, cfg->n_layers, path, &cfg->n_kv_shared_layers))) return s;
     if ((s = get_int_in(c, "global_head_dim", 0, 0, 0, 1 << 12, path, &cfg->global_head_dim))) return s;
+    if (cfg->global_head_dim % 2)
+        return loom_err(LOOM_ERR_FORMAT, "%s: global_head_dim must be a non-negative even integer, "
+                        "found %d", path, cfg->global_head_dim);
     cfg->attention_k_eq_v = get_bool(c, "attention_k_eq_v", 0);
     if ((s = get_int_in(c, "num_global_key_value_heads", 0, cfg->n_kv_heads, 1, cfg->n_heads, path,
                      &cfg->n_global_kv_heads)))

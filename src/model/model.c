@@ -662,8 +662,6 @@ static loom_status check_supported(const loom_model *m) {
     if (c->attention_bias && !(fl & (LOOM_ARCH_QKV_BIAS | LOOM_ARCH_CFG_BIAS)))
         return loom_err(LOOM_ERR_UNSUPPORTED, "%s: attention_bias is not supported for this "
                         "architecture", c->arch);
-    if (c->attn_softcap < 0 || c->final_softcap < 0)
-        return loom_err(LOOM_ERR_FORMAT, "%s: softcapping must be positive", c->arch);
     return LOOM_OK;
 }
 
