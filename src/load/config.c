@@ -56,8 +56,9 @@ static loom_status get_int(const cJSON *o, const char *k, int required, int def,
     return get_int_in(o, k, required, def, INT_MIN, INT_MAX, path, out);
 }
 
-/* A number field that must satisfy ok (checked by the caller's condition):
- * the message says what was expected. */
+/* The error for a number field outside its range: names the field (under
+ * where, the dict holding it, or "" at the top level), what it must be and
+ * what config.json has. */
 static loom_status bad_num(const char *path, const char *where, const char *k, const char *want,
                            double found) {
     return loom_err(LOOM_ERR_FORMAT, "%s: %s%s%s must be %s, found %g", path, where,
