@@ -107,7 +107,8 @@ test: tests
 # libFuzzer targets (fuzz/README.md): `make fuzz` builds $(BUILD)/fuzz/*
 # with clang; the code under test gets coverage, the rest links from $(LIB).
 FUZZ_CC  ?= clang
-FUZZ_SRC := src/base/base.c src/serve/api.c src/serve/toolcall.c src/stream/textstream.c \
+FUZZ_SRC := src/base/base.c src/load/safetensors.c src/serve/api.c src/serve/toolcall.c \
+            src/stream/textstream.c \
             $(sort $(wildcard src/tokenize/*.c)) $(sort $(wildcard src/template/*.c))
 .PHONY: fuzz
 fuzz: $(patsubst fuzz/%.c,$(BUILD)/fuzz/%,$(wildcard fuzz/fuzz_*.c))

@@ -162,6 +162,30 @@ typedef struct loom_sampling {
 
 loom_sampling loom_sampling_default(void);
 
+/* The fields of loom_sampling that model and server defaults set, as bits:
+ * defaults are layered field by field (a request's own value, else the
+ * server's flag, else the model's generation_config.json, else built in). */
+enum {
+    LOOM_SAMPLING_TEMPERATURE = 1 << 0,
+    LOOM_SAMPLING_TOP_P = 1 << 1,
+    LOOM_SAMPLING_TOP_K = 1 << 2,
+    LOOM_SAMPLING_MIN_P = 1 << 3,
+    LOOM_SAMPLING_REPETITION_PENALTY = 1 << 4,
+    LOOM_SAMPLING_ALL = (1 << 5) - 1,
+};
+
+/* Copies the fields named by the LOOM_SAMPLING_* bits of fields from src
+ * into dst; other fields of dst stay. */
+void loom_sampling_apply(loom_sampling *dst, const loom_sampling *src, unsigned fields);
+
+/* The sampling defaults of the model's generation_config.json (temperature,
+ * top_p, top_k, min_p, repetition_penalty): fills *out, loom_sampling_default()
+ * where the file is silent, and returns the LOOM_SAMPLING_* bits of the
+ * fields it gives (0 without the file). "do_sample": false there gives
+ * temperature 0 (greedy) and leaves top_p, top_k and min_p out, as
+ * transformers then applies none of them. */
+unsigned loom_model_sampling_defaults(const loom_model *m, loom_sampling *out);
+
 /* ---- engine: continuous batching over a shared paged KV pool ----------- */
 
 /* One engine thread owns the model, the KV pool and the scheduler. Callers

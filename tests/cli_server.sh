@@ -11,6 +11,8 @@ U='{"role":"user","content":"write a function"}'
 
 start_server main --max-body 64K --grace 4
 MAIN_PID=$PID MAIN_LOG=$LOG
+grep -qF 'loom: request sampling defaults: temperature 1, top_p 1, top_k 0, min_p 0, repetition_penalty 1' "$LOG" ||
+  fail "no sampling defaults in the start-up lines: $(cat "$LOG")"
 
 # ---- plain routes ----
 s=$(req GET /health); expect_status 200 "$s" /health; body_has '"status":"ok"' /health

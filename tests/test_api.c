@@ -4,11 +4,13 @@
  * tokenizer, JSON string escaping and the Prometheus rendering. */
 #include <cjson/cJSON.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/base.h"
 #include "serve/api.h"
 #include "serve/metrics.h"
+#include "serve/server.h"
 #include "serve/toolcall.h"
 #include "stream/textstream.h"
 #include "test.h"
@@ -554,7 +556,141 @@ static void test_not_utf8(void) {
     CHECK(e.status == 400 && strstr(e.message, "UTF-8") != NULL);
 }
 
+/* ---- sampling defaults ---------------------------------------------------------------- */
+
+/* A copy of the pycoder fixture (weights linked) with the given
+ * generation_config.json, or none when gen is NULL. */
+static void sampling_dir(const char *dir, const char *gen) {
+    static const char *files[] = {"config.json", "tokenizer.json", "tokenizer_config.json",
+                                  "model.safetensors"};
+    mkdir(dir, 0700);
+    char cwd[2048], from[4096], to[4096];
+    if (!getcwd(cwd, sizeof cwd)) return;
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(files); i++) {
+        snprintf(from, sizeof from, "%s/tests/fixtures/trained/pycoder-16m/%s", cwd, files[i]);
+        snprintf(to, sizeof to, "%s/%s", dir, files[i]);
+        CHECKF(symlink(from, to) == 0, "symlink %s", to);
+    }
+    if (!gen) return;
+    snprintf(to, sizeof to, "%s/generation_config.json", dir);
+    FILE *f = fopen(to, "w");
+    if (f) {
+        fputs(gen, f);
+        fclose(f);
+    }
+}
+
+static loom_service *sampling_service(const char *dir, const loom_sampling *flags, unsigned set) {
+    loom_serve_params p = loom_serve_default_params();
+    p.model_dir = dir;
+    p.n_threads = 1;
+    p.engine.n_ctx = 128;
+    p.engine.max_seqs = 2;
+    if (flags) p.sampling = *flags;
+    p.sampling_set = set;
+    loom_service *svc = NULL;
+    CHECKF(loom_service_open(&p, &svc) == LOOM_OK, "%s: %s", dir, loom_last_error());
+    return svc;
+}
+
+/* The text a completion request (fields added to a fixed prompt) gets. */
+static char *complete_text(loom_service *svc, const char *fields) {
+    char body[512];
+    snprintf(body, sizeof body, "{\"prompt\": \"def fib(n):\", \"max_tokens\": 16%s}", fields);
+    int status = 0;
+    char *resp = svc ? loom_service_complete(svc, 0, body, strlen(body), &status) : NULL;
+    cJSON *j = resp ? cJSON_Parse(resp) : NULL;
+    const cJSON *t = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), "text");
+    CHECKF(status == 200 && cJSON_IsString(t), "%s: %d %s", body, status, resp ? resp : "");
+    char *out = strdup(cJSON_IsString(t) ? t->valuestring : "");
+    cJSON_Delete(j);
+    free(resp);
+    return out;
+}
+
+/* Each sampling field a request leaves out comes from the server's flag,
+ * else generation_config.json, else the API default (temperature 1); the
+ * request's own value wins over all. Greedy answers the same whatever the
+ * seed; sampling at temperature 1 with a seed answers as any other
+ * temperature-1 request with that seed. */
+static void test_sampling_defaults(void) {
+    char tmp[] = "/tmp/loom-test-api-XXXXXX", dir[4][256];
+    if (!mkdtemp(tmp)) return;
+    const char *gens[4] = {NULL, "{\"eos_token_id\": 0, \"temperature\": 0.0}",
+                           "{\"do_sample\": false, \"temperature\": 0.9, \"top_k\": 1}",
+                           "{\"temperature\": 1.0, \"top_k\": 1}"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(dir[i], sizeof dir[i], "%s/m%d", tmp, i);
+        sampling_dir(dir[i], gens[i]);
+    }
+    /* the references: the API's defaults (no generation_config sampling) */
+    loom_service *plain = sampling_service(dir[0], NULL, 0);
+    char *greedy = complete_text(plain, ", \"temperature\": 0");
+    char *seed7 = complete_text(plain, ", \"seed\": 7");
+    char *seed8 = complete_text(plain, ", \"seed\": 8");
+    CHECKF(strcmp(greedy, seed7) && strcmp(seed7, seed8),
+           "temperature 1 should not answer greedily here: \"%s\" \"%s\" \"%s\"", greedy, seed7, seed8);
+    loom_service_close(plain);
+
+    /* generation_config temperature 0: greedy unless the request asks */
+    loom_service *g0 = sampling_service(dir[1], NULL, 0);
+    char *a = complete_text(g0, ", \"seed\": 7"), *b = complete_text(g0, ", \"seed\": 8");
+    CHECKF(!strcmp(a, greedy) && !strcmp(b, greedy), "generation_config temperature 0: \"%s\" \"%s\", "
+           "want \"%s\"", a, b, greedy);
+    free(a);
+    a = complete_text(g0, ", \"seed\": 7, \"temperature\": 1");
+    CHECKF(!strcmp(a, seed7), "the request's temperature: \"%s\", want \"%s\"", a, seed7);
+    free(a);
+    free(b);
+    loom_service_close(g0);
+
+    /* a server flag wins over generation_config.json */
+    loom_sampling flags = loom_sampling_default();
+    flags.temperature = 1;
+    loom_service *g0f = sampling_service(dir[1], &flags, LOOM_SAMPLING_TEMPERATURE);
+    a = complete_text(g0f, ", \"seed\": 7");
+    CHECKF(!strcmp(a, seed7), "the --temperature flag: \"%s\", want \"%s\"", a, seed7);
+    free(a);
+    loom_service_close(g0f);
+
+    /* do_sample false: greedy; a request's temperature samples without the
+     * file's top_k */
+    loom_service *ds = sampling_service(dir[2], NULL, 0);
+    a = complete_text(ds, ", \"seed\": 7");
+    CHECKF(!strcmp(a, greedy), "do_sample false: \"%s\", want \"%s\"", a, greedy);
+    free(a);
+    a = complete_text(ds, ", \"seed\": 7, \"temperature\": 1");
+    CHECKF(!strcmp(a, seed7), "do_sample false, temperature 1 asked: \"%s\", want \"%s\"", a, seed7);
+    free(a);
+    loom_service_close(ds);
+
+    /* top_k 1 from the file is greedy at any temperature; the request's
+     * top_k and a flag's each override it */
+    loom_service *k1 = sampling_service(dir[3], NULL, 0);
+    a = complete_text(k1, ", \"seed\": 7");
+    CHECKF(!strcmp(a, greedy), "generation_config top_k 1: \"%s\", want \"%s\"", a, greedy);
+    free(a);
+    a = complete_text(k1, ", \"seed\": 7, \"top_k\": 0");
+    CHECKF(!strcmp(a, seed7), "the request's top_k 0: \"%s\", want \"%s\"", a, seed7);
+    free(a);
+    loom_service_close(k1);
+    flags.top_k = 0;
+    k1 = sampling_service(dir[3], &flags, LOOM_SAMPLING_TOP_K);
+    a = complete_text(k1, ", \"seed\": 7");
+    CHECKF(!strcmp(a, seed7), "the --top-k 0 flag: \"%s\", want \"%s\"", a, seed7);
+    free(a);
+    loom_service_close(k1);
+
+    free(greedy);
+    free(seed7);
+    free(seed8);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp);
+}
+
 int main(void) {
+    test_sampling_defaults();
     test_not_utf8();
     test_parse_errors();
     test_parse_ok();

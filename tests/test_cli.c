@@ -2,6 +2,7 @@
  * reference fixtures, --help on every command, and error exits. Runs the
  * binary at $LOOM_BUILD/loom. */
 #include <stdint.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -169,6 +170,50 @@ static void check_errors(void) {
     CHECK(strstr(out, cfg) && strstr(out, "layer_idx 7 is out of range (the model has 3 layers: 0..2)"));
 }
 
+/* generate's sampling defaults come from generation_config.json where no
+ * flag gives them: a copy of pycoder-16m whose file says temperature 0
+ * generates greedily, unless --temperature says otherwise; loom info
+ * shows the file's defaults. */
+static void check_gen_defaults(void) {
+    const char *model = "tests/fixtures/trained/pycoder-16m";
+    char dir[512], path[1024], from[4096], cwd[2048], cmd[2048], out[16384];
+    snprintf(dir, sizeof dir, "%s/gen", tmpdir);
+    mkdir(dir, 0700);
+    CHECK(getcwd(cwd, sizeof cwd) != NULL);
+    const char *files[] = {"config.json", "model.safetensors"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(from, sizeof from, "%s/%s/%s", cwd, model, files[i]);
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        CHECK(symlink(from, path) == 0);
+    }
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    FILE *f = fopen(path, "w");
+    if (f) {
+        fputs("{\"temperature\": 0.0, \"top_k\": 3}", f);
+        fclose(f);
+    }
+    char want[4096], got[4096];
+    const char *gen = "--tokens 1,2 --max-tokens 16 --seed 7 --ids 2>/dev/null | tail -n 1";
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --temperature 0 %s", loom, model, gen);
+    CHECK_EQ_INT(run(cmd, want, sizeof want), 0);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s %s", loom, dir, gen);
+    CHECK_EQ_INT(run(cmd, got, sizeof got), 0);
+    CHECKF(!strcmp(got, want), "generation_config temperature 0 gave %s, greedy is %s", got, want);
+    /* the flags win, field by field */
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --temperature 1 --top-k 3 %s", loom, model, gen);
+    CHECK_EQ_INT(run(cmd, want, sizeof want), 0);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --temperature 1 %s", loom, dir, gen);
+    CHECK_EQ_INT(run(cmd, got, sizeof got), 0);
+    CHECKF(!strcmp(got, want) && got[0] == '[', "--temperature 1 over the file gave %s, want %s",
+           got, want);
+    snprintf(cmd, sizeof cmd, "%s info --model %s", loom, dir);
+    CHECK_EQ_INT(run(cmd, out, sizeof out), 0);
+    CHECKF(strstr(out, "sampling        temperature 0, top_k 3 (generation_config.json)"), "%s", out);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --tokens 1 --top-p 0 2>&1", loom, model);
+    CHECK_EQ_INT(run(cmd, out, sizeof out), 2);
+    CHECKF(strstr(out, "--top-p: expected a number in (0, 1], found \"0\""), "%s", out);
+}
+
 /* loom bench validates before it times: batched vs one-row logits, and
  * the engine's greedy tokens at batch 1 and 3 against the context's. */
 static void check_bench(void) {
@@ -193,6 +238,7 @@ int main(void) {
     check_fixture("tests/fixtures/models/qwen2-tiny");
     check_fixture("tests/fixtures/models/qwen3-tiny");
     check_errors();
+    check_gen_defaults();
     check_bench();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);

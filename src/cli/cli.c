@@ -56,6 +56,40 @@ int cli_float(const char *cmd, const char *opt, const char *text, float *out) {
     return 0;
 }
 
+int cli_sampling_flag(const char *cmd, const char *opt, const char *text, loom_sampling *sp,
+                      unsigned *set) {
+    static const struct {
+        const char *opt;
+        unsigned bit;
+        float lo, hi;
+        int lo_open;
+    } f[] = {
+        {"--temperature", LOOM_SAMPLING_TEMPERATURE, 0, 100, 0},
+        {"--top-p", LOOM_SAMPLING_TOP_P, 0, 1, 1},
+        {"--min-p", LOOM_SAMPLING_MIN_P, 0, 1, 0},
+        {"--repeat-penalty", LOOM_SAMPLING_REPETITION_PENALTY, 0, 100, 1},
+    };
+    if (!strcmp(opt, "--top-k")) {
+        *set |= LOOM_SAMPLING_TOP_K;
+        return cli_int(cmd, opt, text, 0, 1 << 30, &sp->top_k);
+    }
+    float *dst[] = {&sp->temperature, &sp->top_p, &sp->min_p, &sp->repetition_penalty};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+        if (strcmp(opt, f[i].opt)) continue;
+        float v;
+        if (cli_float(cmd, opt, text, &v)) return 1;
+        if (!(f[i].lo_open ? v > f[i].lo : v >= f[i].lo) || v > f[i].hi) {
+            cli_usage_error(cmd, "%s: expected a number in %c%g, %g], found \"%s\"", opt,
+                            f[i].lo_open ? '(' : '[', f[i].lo, f[i].hi, text);
+            return 1;
+        }
+        *dst[i] = v;
+        *set |= f[i].bit;
+        return 0;
+    }
+    return -1;
+}
+
 int cli_ids(const char *cmd, const char *opt, const char *text, int32_t **out, int *n) {
     *out = NULL;
     *n = 0;

@@ -38,6 +38,11 @@ int cli_usage_error(const char *cmd, const char *fmt, ...)
  * when the text is not a valid value. */
 int cli_int(const char *cmd, const char *opt, const char *text, int lo, int hi, int *out);
 int cli_float(const char *cmd, const char *opt, const char *text, float *out);
+/* --temperature, --top-p, --top-k, --min-p or --repeat-penalty: parses text
+ * into its field of sp, range-checked as the sampler checks it, and sets the
+ * field's LOOM_SAMPLING_* bit in *set. Returns -1 when opt is none of them. */
+int cli_sampling_flag(const char *cmd, const char *opt, const char *text, loom_sampling *sp,
+                      unsigned *set);
 /* Parses "1,2,3" into a malloc'd array. */
 int cli_ids(const char *cmd, const char *opt, const char *text, int32_t **out, int *n);
 

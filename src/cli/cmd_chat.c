@@ -27,7 +27,11 @@ static const char usage[] =
     "  --max-tokens N     reply length limit (default 512)\n"
     "  --temperature T    (default 0.7)\n"
     "  --top-p P          (default 0.95)\n"
+    "  --top-k K          (default 0 = off)\n"
+    "  --min-p P          (default 0 = off)\n"
     "  --repeat-penalty R (default 1.1)\n"
+    "                     (the five defaults: the model's generation_config.json\n"
+    "                     where it gives them, else the values above)\n"
     "  --seed S           (default 1)\n"
     "  --ctx-size N       context length (default 4096)\n"
     "  --threads N        worker threads (default: all cores)\n";
@@ -189,6 +193,7 @@ int cmd_chat(int argc, char **argv) {
     sp.temperature = 0.7f;
     sp.top_p = 0.95f;
     sp.repetition_penalty = 1.1f;
+    unsigned sp_set = 0;  /* LOOM_SAMPLING_* bits the flags give */
     chat_state c;
     memset(&c, 0, sizeof c);
     for (int i = 1; i < argc; i++) {
@@ -198,19 +203,21 @@ int cmd_chat(int argc, char **argv) {
             return 0;
         }
         static const char *valued[] = {"--model", "--system", "--max-tokens", "--temperature",
-                                       "--top-p", "--repeat-penalty", "--seed", "--ctx-size",
-                                       "--threads"};
+                                       "--top-p", "--top-k", "--min-p", "--repeat-penalty",
+                                       "--seed", "--ctx-size", "--threads"};
         int known = 0;
         for (size_t k = 0; k < LOOM_ARRAY_LEN(valued); k++) known |= !strcmp(a, valued[k]);
         if (!known) return cli_usage_error("chat", "unknown option \"%s\"", a);
         if (!(v = cli_value("chat", argc, argv, &i))) return 2;
-        int bad = 0;
+        int bad = cli_sampling_flag("chat", a, v, &sp, &sp_set);
+        if (bad >= 0) {
+            if (bad) return 2;
+            continue;
+        }
+        bad = 0;
         if (!strcmp(a, "--model")) model = v;
         else if (!strcmp(a, "--system")) c.system = v;
         else if (!strcmp(a, "--max-tokens")) bad = cli_int("chat", a, v, 1, 1 << 20, &max_tokens);
-        else if (!strcmp(a, "--temperature")) bad = cli_float("chat", a, v, &sp.temperature);
-        else if (!strcmp(a, "--top-p")) bad = cli_float("chat", a, v, &sp.top_p);
-        else if (!strcmp(a, "--repeat-penalty")) bad = cli_float("chat", a, v, &sp.repetition_penalty);
         else if (!strcmp(a, "--seed")) bad = cli_int("chat", a, v, 0, 1 << 30, &seed);
         else if (!strcmp(a, "--ctx-size")) bad = cli_int("chat", a, v, 16, 1 << 22, &n_ctx);
         else bad = cli_int("chat", a, v, 0, 4096, &threads);
@@ -229,6 +236,8 @@ int cmd_chat(int argc, char **argv) {
     if (!s) s = loom_tok_load_dir(model, &c.tok);
     if (!s) s = loom_chat_template_load(model, &c.tpl);
     if (s) { rc = cli_fail("loading", s); goto done; }
+    loom_sampling gen;
+    loom_sampling_apply(&sp, &gen, loom_model_sampling_defaults(c.m, &gen) & ~sp_set);
     loom_context_params cp = loom_context_default_params();
     cp.n_ctx = n_ctx;
     if ((s = loom_context_create(c.m, &cp, &c.ctx))) { rc = cli_fail("context", s); goto done; }

@@ -30,6 +30,8 @@ static const char usage[] =
     "  --top-p P          nucleus sampling mass (default 0.95)\n"
     "  --min-p P          drop tokens under P x the top probability (default 0)\n"
     "  --repeat-penalty R penalise tokens of the last 64 (default 1 = off)\n"
+    "                     (the five defaults: the model's generation_config.json\n"
+    "                     where it gives them, else the values above)\n"
     "  --seed S           random seed (default 1)\n"
     "  --ignore-eos       do not stop at end-of-sequence ids\n"
     "  --ids              print the generated ids as a JSON array\n"
@@ -51,6 +53,7 @@ int cmd_generate(int argc, char **argv) {
     sp.temperature = 0.8f;
     sp.top_k = 40;
     sp.top_p = 0.95f;
+    unsigned sp_set = 0;  /* LOOM_SAMPLING_* bits the flags give */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -68,7 +71,12 @@ int cmd_generate(int argc, char **argv) {
         for (size_t k = 0; k < LOOM_ARRAY_LEN(valued); k++) known |= !strcmp(a, valued[k]);
         if (!known) return cli_usage_error("generate", "unknown option \"%s\"", a);
         if (!(v = cli_value("generate", argc, argv, &i))) return 2;
-        int bad = 0;
+        int bad = cli_sampling_flag("generate", a, v, &sp, &sp_set);
+        if (bad >= 0) {
+            if (bad) return 2;
+            continue;
+        }
+        bad = 0;
         if (!strcmp(a, "--model")) model = v;
         else if (!strcmp(a, "--tokens")) tokens = v;
         else if (!strcmp(a, "--prompt")) prompt_text = v;
@@ -77,11 +85,6 @@ int cmd_generate(int argc, char **argv) {
             stops[n_stops++] = v;
         }
         else if (!strcmp(a, "--max-tokens")) bad = cli_int("generate", a, v, 0, 1 << 24, &max_tokens);
-        else if (!strcmp(a, "--temperature")) bad = cli_float("generate", a, v, &sp.temperature);
-        else if (!strcmp(a, "--top-k")) bad = cli_int("generate", a, v, 0, 1 << 30, &sp.top_k);
-        else if (!strcmp(a, "--top-p")) bad = cli_float("generate", a, v, &sp.top_p);
-        else if (!strcmp(a, "--min-p")) bad = cli_float("generate", a, v, &sp.min_p);
-        else if (!strcmp(a, "--repeat-penalty")) bad = cli_float("generate", a, v, &sp.repetition_penalty);
         else if (!strcmp(a, "--seed")) bad = cli_int("generate", a, v, 0, 1 << 30, &seed);
         else if (!strcmp(a, "--ctx-size")) bad = cli_int("generate", a, v, 1, 1 << 24, &n_ctx);
         else if (!strcmp(a, "--kv-type")) bad = cli_kv_type("generate", v, &kv_type);
@@ -91,7 +94,6 @@ int cmd_generate(int argc, char **argv) {
     }
     if (!model || !tokens == !prompt_text)
         return cli_usage_error("generate", "--model and one of --prompt or --tokens are required");
-    if (sp.temperature < 0) return cli_usage_error("generate", "--temperature must be >= 0");
     sp.seed = (uint64_t)seed;
     int32_t *prompt = NULL;
     int n_prompt = 0;
@@ -111,6 +113,8 @@ int cmd_generate(int argc, char **argv) {
     mp.fast_matmul = cli_fast;
     loom_status s = loom_model_load(model, &mp, &m);
     if (s != LOOM_OK) { rc = cli_fail("loading model", s); goto done; }
+    loom_sampling gen;
+    loom_sampling_apply(&sp, &gen, loom_model_sampling_defaults(m, &gen) & ~sp_set);
     if (prompt_text || n_stops) {
         if ((s = loom_tok_load_dir(model, &tok))) { rc = cli_fail("loading tokenizer", s); goto done; }
         if ((s = loom_ts_create(tok, stops, n_stops, 1, &ts))) { rc = cli_fail("stop strings", s); goto done; }

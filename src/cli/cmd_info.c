@@ -59,6 +59,26 @@ static void layer_line(const loom_model *m, int l) {
     printf("  layer %3d  %-18s %s\n", l, mixer, mlp);
 }
 
+/* The sampling defaults generation_config.json gives (generate, chat and
+ * serve use them where no flag or request field does). */
+static void sampling_line(const loom_model *m) {
+    loom_sampling d;
+    unsigned set = loom_model_sampling_defaults(m, &d);
+    printf("sampling        ");
+    if (!set) {
+        printf("no defaults in generation_config.json\n");
+        return;
+    }
+    const char *sep = "";
+    if (set & LOOM_SAMPLING_TEMPERATURE) printf("%stemperature %g", sep, d.temperature), sep = ", ";
+    if (set & LOOM_SAMPLING_TOP_P) printf("%stop_p %g", sep, d.top_p), sep = ", ";
+    if (set & LOOM_SAMPLING_TOP_K) printf("%stop_k %d", sep, d.top_k), sep = ", ";
+    if (set & LOOM_SAMPLING_MIN_P) printf("%smin_p %g", sep, d.min_p), sep = ", ";
+    if (set & LOOM_SAMPLING_REPETITION_PENALTY)
+        printf("%srepetition_penalty %g", sep, d.repetition_penalty);
+    printf(" (generation_config.json)\n");
+}
+
 int cmd_info(int argc, char **argv) {
     const char *dir = NULL;
     for (int i = 1; i < argc; i++) {
@@ -98,6 +118,7 @@ int cmd_info(int argc, char **argv) {
         printf("quantization    MLX affine, %d-bit, group %d (%d module overrides)\n", c->quant_bits,
                c->quant_group, c->n_quant_overrides);
     printf("context length  %d\n", c->max_positions);
+    sampling_line(m);
     printf("hidden          %d, %d layers, %d heads / %d kv heads, head dim %d, vocab %d\n",
            c->hidden_size, c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim, c->vocab_size);
     if (m->n_linear)

@@ -37,6 +37,11 @@ static const char usage[] =
     "                          (default: the model directory's kv_config.json, if any)\n"
     "  --prefill-chunk N       planned prefill chunk (default policy: 2048)\n"
     "  --max-tokens N          default max tokens of a request (default 512)\n"
+    "  --temperature T         request defaults, each where the request gives none:\n"
+    "  --top-p P               these flags, else the model's generation_config.json,\n"
+    "  --top-k K               else temperature 1, top-p 1, top-k 0 (off), min-p 0,\n"
+    "  --min-p P               repeat-penalty 1 (off)\n"
+    "  --repeat-penalty R\n"
     "  --max-body SIZE         largest request body (default 8M)\n"
     "  --timeout S             idle connection timeout in seconds (default 60)\n"
     "  --header-timeout S      a request's line and headers must arrive within S seconds\n"
@@ -114,12 +119,18 @@ int cmd_serve(int argc, char **argv) {
                                        "--grace", "--trace-file", "--port-file", "--threads",
                                        "--prefix-cache-bytes", "--prefix-cache-dir",
                                        "--prefix-cache-disk-bytes", "--kv-type", "--kv-bits",
-                                       "--kv-config", "--prefix-cache-zstd"};
+                                       "--kv-config", "--prefix-cache-zstd", "--temperature",
+                                       "--top-p", "--top-k", "--min-p", "--repeat-penalty"};
         int known = 0;
         for (size_t k = 0; k < LOOM_ARRAY_LEN(valued); k++) known |= !strcmp(a, valued[k]);
         if (!known) return cli_usage_error("serve", "unknown option \"%s\"", a);
         if (!(v = cli_value("serve", argc, argv, &i))) return 2;
-        int bad = 0;
+        int bad = cli_sampling_flag("serve", a, v, &p.sampling, &p.sampling_set);
+        if (bad >= 0) {
+            if (bad) return 2;
+            continue;
+        }
+        bad = 0;
         if (!strcmp(a, "--model")) p.model_dir = v;
         else if (!strcmp(a, "--host")) p.host = v;
         else if (!strcmp(a, "--port")) bad = cli_int("serve", a, v, 0, 65535, &p.port);

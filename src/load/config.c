@@ -2,6 +2,7 @@
 #include "load/config.h"
 
 #include <cjson/cJSON.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,9 +14,24 @@ static const cJSON *get(const cJSON *o, const char *k) {
     return cJSON_GetObjectItemCaseSensitive(o, k);
 }
 
-/* Reads an integer field; missing uses def (or fails when required). */
-static loom_status get_int(const cJSON *o, const char *k, int required, int def,
-                           const char *path, int *out) {
+/* A JSON value for messages: the number itself, or what kind of value it is. */
+static const char *found_str(const cJSON *v, char *buf, size_t n) {
+    if (cJSON_IsNumber(v)) {
+        double d = v->valuedouble;
+        if (d == floor(d) && fabs(d) < 1e18) snprintf(buf, n, "%.0f", d);
+        else snprintf(buf, n, "%g", d);
+    } else {
+        snprintf(buf, n, "%s", cJSON_IsString(v) ? "a string" : cJSON_IsArray(v) ? "an array"
+                               : cJSON_IsObject(v) ? "an object" : cJSON_IsBool(v) ? "a boolean"
+                                                                    : "null");
+    }
+    return buf;
+}
+
+/* Reads an integer field in [lo, hi]; missing uses def (or fails when
+ * required). The message names the field, the range and what was found. */
+static loom_status get_int_in(const cJSON *o, const char *k, int required, int def, int lo,
+                              int hi, const char *path, int *out) {
     const cJSON *v = get(o, k);
     if (!v || cJSON_IsNull(v)) {
         if (required)
@@ -24,10 +40,29 @@ static loom_status get_int(const cJSON *o, const char *k, int required, int def,
         return LOOM_OK;
     }
     if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) ||
-        fabs(v->valuedouble) > 2e9)
-        return loom_err(LOOM_ERR_FORMAT, "%s: field \"%s\": expected an integer", path, k);
+        v->valuedouble < lo || v->valuedouble > hi) {
+        char found[64], upto[32] = "";
+        if (hi < INT_MAX) snprintf(upto, sizeof upto, " up to %d", hi);
+        return loom_err(LOOM_ERR_FORMAT, "%s: %s must be %s integer%s, found %s", path, k,
+                        lo == 1 ? "a positive" : lo == 0 ? "a non-negative" : "an", upto,
+                        found_str(v, found, sizeof found));
+    }
     *out = (int)v->valuedouble;
     return LOOM_OK;
+}
+
+static loom_status get_int(const cJSON *o, const char *k, int required, int def,
+                           const char *path, int *out) {
+    return get_int_in(o, k, required, def, INT_MIN, INT_MAX, path, out);
+}
+
+/* The error for a number field outside its range: names the field (under
+ * where, the dict holding it, or "" at the top level), what it must be and
+ * what config.json has. */
+static loom_status bad_num(const char *path, const char *where, const char *k, const char *want,
+                           double found) {
+    return loom_err(LOOM_ERR_FORMAT, "%s: %s%s%s must be %s, found %g", path, where,
+                    where[0] ? "." : "", k, want, found);
 }
 
 static loom_status get_num(const cJSON *o, const char *k, double def,
@@ -43,14 +78,49 @@ static loom_status get_num(const cJSON *o, const char *k, double def,
     return LOOM_OK;
 }
 
+static int positive(double v) { return v > 0 && v < INFINITY; }
+
+/* The rope parameters the frequency setup divides by or takes logs of:
+ * where names the dict they came from in messages. */
+static loom_status check_rope(const loom_rope_config *r, const char *where, const char *path) {
+    if (!positive(r->factor)) return bad_num(path, where, "factor", "a positive number", r->factor);
+    if (!(r->partial_rotary_factor > 0 && r->partial_rotary_factor <= 1))
+        return bad_num(path, where, "partial_rotary_factor", "in (0, 1]", r->partial_rotary_factor);
+    if (!(r->original_max_pos >= 0 && r->original_max_pos < INFINITY))
+        return bad_num(path, where, "original_max_position_embeddings", "a non-negative number",
+                       r->original_max_pos);
+    if (!(r->attention_factor >= 0 && r->attention_factor < INFINITY))
+        return bad_num(path, where, "attention_factor", "a non-negative number",
+                       r->attention_factor);
+    if (r->type == LOOM_ROPE_LLAMA3) {
+        if (!positive(r->low_freq_factor))
+            return bad_num(path, where, "low_freq_factor", "a positive number", r->low_freq_factor);
+        if (!(r->high_freq_factor > r->low_freq_factor && r->high_freq_factor < INFINITY))
+            return bad_num(path, where, "high_freq_factor", "larger than low_freq_factor",
+                           r->high_freq_factor);
+    }
+    if (r->type == LOOM_ROPE_YARN) {
+        if (!positive(r->beta_fast))
+            return bad_num(path, where, "beta_fast", "a positive number", r->beta_fast);
+        if (!positive(r->beta_slow))
+            return bad_num(path, where, "beta_slow", "a positive number", r->beta_slow);
+    }
+    return LOOM_OK;
+}
+
 /* One rope description: rp is the transformers 5 dict (or NULL), scaling the
  * dict holding rope_type and its parameters (rp itself, or the older
- * rope_scaling). theta and prf are the defaults from the top level. */
+ * rope_scaling), where its name in messages. theta and prf are the
+ * defaults from the top level. */
 static loom_status parse_rope_dict(const cJSON *rp, const cJSON *scaling, double theta_top,
-                                   double prf_top, const char *path, loom_rope_config *r) {
+                                   double prf_top, const char *where, const char *path,
+                                   loom_rope_config *r) {
     loom_status s;
-    if ((s = get_num(cJSON_IsObject(rp) ? rp : NULL, "rope_theta", theta_top, path, &r->theta)))
-        return s;
+    if (!cJSON_IsObject(rp)) rp = NULL;
+    if ((s = get_num(rp, "rope_theta", theta_top, path, &r->theta))) return s;
+    if (!positive(r->theta))
+        return bad_num(path, rp && get(rp, "rope_theta") ? where : "", "rope_theta",
+                       "a positive number", r->theta);
     r->partial_rotary_factor = prf_top;
     r->type = LOOM_ROPE_DEFAULT;
     r->factor = 1.0;
@@ -83,7 +153,7 @@ static loom_status parse_rope_dict(const cJSON *rp, const cJSON *scaling, double
     if (r->type == LOOM_ROPE_LLAMA3 && r->original_max_pos <= 0)
         return loom_err(LOOM_ERR_FORMAT,
                         "%s: llama3 rope needs original_max_position_embeddings", path);
-    return LOOM_OK;
+    return check_rope(r, where, path);
 }
 
 static loom_status parse_rope(const cJSON *root, const char *path, loom_config *cfg) {
@@ -95,26 +165,36 @@ static loom_status parse_rope(const cJSON *root, const char *path, loom_config *
     double theta_top, prf_top;
     if ((s = get_num(root, "rope_theta", 10000.0, path, &theta_top))) return s;
     if ((s = get_num(root, "partial_rotary_factor", 1.0, path, &prf_top))) return s;
+    if (!(prf_top > 0 && prf_top <= 1))
+        return bad_num(path, "", "partial_rotary_factor", "in (0, 1]", prf_top);
     const cJSON *full = cJSON_IsObject(rp) ? get(rp, "full_attention") : NULL;
     const cJSON *slid = cJSON_IsObject(rp) ? get(rp, "sliding_attention") : NULL;
     if (cJSON_IsObject(full) || cJSON_IsObject(slid)) {
         const cJSON *g = cJSON_IsObject(full) ? full : slid;
-        if ((s = parse_rope_dict(g, g, theta_top, prf_top, path, &cfg->rope))) return s;
+        if ((s = parse_rope_dict(g, g, theta_top, prf_top,
+                                 g == full ? "rope_parameters.full_attention"
+                                           : "rope_parameters.sliding_attention",
+                                 path, &cfg->rope)))
+            return s;
         if (cJSON_IsObject(slid)) {
-            if ((s = parse_rope_dict(slid, slid, theta_top, prf_top, path, &cfg->rope_local)))
+            if ((s = parse_rope_dict(slid, slid, theta_top, prf_top,
+                                     "rope_parameters.sliding_attention", path, &cfg->rope_local)))
                 return s;
             cfg->has_rope_local = 1;
         }
         return LOOM_OK;
     }
     const cJSON *scaling = cJSON_IsObject(rp) ? rp : get(root, "rope_scaling");
-    if ((s = parse_rope_dict(rp, scaling, theta_top, prf_top, path, &cfg->rope))) return s;
+    if ((s = parse_rope_dict(rp, scaling, theta_top, prf_top,
+                             cJSON_IsObject(rp) ? "rope_parameters" : "rope_scaling", path,
+                             &cfg->rope)))
+        return s;
     /* gemma3 before transformers 5: local layers have their own base and
      * no scaling. */
     double local;
     if ((s = get_num(root, "rope_local_base_freq", 0, path, &local))) return s;
     if (local > 0) {
-        if ((s = parse_rope_dict(NULL, NULL, local, prf_top, path, &cfg->rope_local))) return s;
+        if ((s = parse_rope_dict(NULL, NULL, local, prf_top, "", path, &cfg->rope_local))) return s;
         cfg->has_rope_local = 1;
     }
     return LOOM_OK;
@@ -134,7 +214,7 @@ static loom_status parse_layer_types(const cJSON *c, const char *path, loom_conf
          * max_window_layers on, when use_sliding_window. */
         if (cJSON_IsTrue(get(c, "use_sliding_window")) && cfg->sliding_window > 0) {
             int from;
-            loom_status s = get_int(c, "max_window_layers", 0, 0, path, &from);
+            loom_status s = get_int_in(c, "max_window_layers", 0, 0, 0, INT_MAX, path, &from);
             if (s) return s;
             for (int i = 0; i < cfg->n_layers; i++)
                 cfg->layer_types[i] = i >= from ? LOOM_LAYER_SLIDING : LOOM_LAYER_FULL;
@@ -203,21 +283,30 @@ static loom_status parse_quant(const cJSON *root, const char *path, loom_config 
 static loom_status parse_family(const cJSON *c, const char *path, loom_config *cfg) {
     loom_status s;
     if ((s = parse_layer_types(c, path, cfg))) return s;
-    if ((s = get_int(c, "sliding_window_pattern", 0, 0, path, &cfg->sliding_pattern))) return s;
+    if ((s = get_int_in(c, "sliding_window_pattern", 0, 0, 0, INT_MAX, path, &cfg->sliding_pattern))) return s;
     if (!cfg->sliding_pattern &&
-        (s = get_int(c, "_sliding_window_pattern", 0, 0, path, &cfg->sliding_pattern)))
+        (s = get_int_in(c, "_sliding_window_pattern", 0, 0, 0, INT_MAX, path, &cfg->sliding_pattern)))
         return s;
     if ((s = get_num(c, "attn_logit_softcapping", 0, path, &cfg->attn_softcap))) return s;
     if ((s = get_num(c, "final_logit_softcapping", 0, path, &cfg->final_softcap))) return s;
     if ((s = get_num(c, "query_pre_attn_scalar", 0, path, &cfg->query_pre_attn_scalar))) return s;
+    if (!(cfg->query_pre_attn_scalar >= 0 && cfg->query_pre_attn_scalar < INFINITY))
+        return bad_num(path, "", "query_pre_attn_scalar", "a non-negative number",
+                       cfg->query_pre_attn_scalar);
+    if (!(cfg->attn_softcap >= 0 && cfg->attn_softcap < INFINITY))
+        return bad_num(path, "", "attn_logit_softcapping", "a non-negative number (0 = off)",
+                       cfg->attn_softcap);
+    if (!(cfg->final_softcap >= 0 && cfg->final_softcap < INFINITY))
+        return bad_num(path, "", "final_logit_softcapping", "a non-negative number (0 = off)",
+                       cfg->final_softcap);
 
-    if ((s = get_int(c, "num_experts", 0, 0, path, &cfg->n_experts))) return s;
-    if (!cfg->n_experts && (s = get_int(c, "num_local_experts", 0, 0, path, &cfg->n_experts)))
+    if ((s = get_int_in(c, "num_experts", 0, 0, 0, 1 << 16, path, &cfg->n_experts))) return s;
+    if (!cfg->n_experts && (s = get_int_in(c, "num_local_experts", 0, 0, 0, 1 << 16, path, &cfg->n_experts)))
         return s;
-    if ((s = get_int(c, "num_experts_per_tok", 0, 0, path, &cfg->n_experts_used))) return s;
-    if (!cfg->n_experts_used && (s = get_int(c, "top_k_experts", 0, 0, path, &cfg->n_experts_used)))
+    if ((s = get_int_in(c, "num_experts_per_tok", 0, 0, 0, 1 << 16, path, &cfg->n_experts_used))) return s;
+    if (!cfg->n_experts_used && (s = get_int_in(c, "top_k_experts", 0, 0, 0, 1 << 16, path, &cfg->n_experts_used)))
         return s;
-    if ((s = get_int(c, "moe_intermediate_size", 0, 0, path, &cfg->moe_intermediate))) return s;
+    if ((s = get_int_in(c, "moe_intermediate_size", 0, 0, 0, 1 << 24, path, &cfg->moe_intermediate))) return s;
     cfg->norm_topk_prob = get_bool(c, "norm_topk_prob", 0);
     if ((s = get_int(c, "decoder_sparse_step", 0, 1, path, &cfg->decoder_sparse_step))) return s;
     if (cfg->decoder_sparse_step <= 0) cfg->decoder_sparse_step = 1;
@@ -226,7 +315,7 @@ static loom_status parse_family(const cJSON *c, const char *path, loom_config *c
         for (const cJSON *e = mo->child; e; e = e->next)
             if (cJSON_IsNumber(e) && e->valueint >= 0 && e->valueint < cfg->n_layers)
                 cfg->mlp_only[e->valueint] = 1;
-    if ((s = get_int(c, "shared_expert_intermediate_size", 0, 0, path,
+    if ((s = get_int_in(c, "shared_expert_intermediate_size", 0, 0, 0, 1 << 24, path,
                      &cfg->shared_expert_intermediate)))
         return s;
     cfg->enable_moe_block = get_bool(c, "enable_moe_block", 0);
@@ -234,21 +323,24 @@ static loom_status parse_family(const cJSON *c, const char *path, loom_config *c
         return loom_err(LOOM_ERR_FORMAT, "%s: num_experts_per_tok %d with %d experts", path,
                         cfg->n_experts_used, cfg->n_experts);
 
-    if ((s = get_int(c, "linear_conv_kernel_dim", 0, 4, path, &cfg->lin_conv_kernel))) return s;
-    if ((s = get_int(c, "linear_num_key_heads", 0, 0, path, &cfg->lin_n_k_heads))) return s;
-    if ((s = get_int(c, "linear_num_value_heads", 0, 0, path, &cfg->lin_n_v_heads))) return s;
-    if ((s = get_int(c, "linear_key_head_dim", 0, 0, path, &cfg->lin_k_head_dim))) return s;
-    if ((s = get_int(c, "linear_value_head_dim", 0, 0, path, &cfg->lin_v_head_dim))) return s;
+    if ((s = get_int_in(c, "linear_conv_kernel_dim", 0, 4, 0, 1 << 12, path, &cfg->lin_conv_kernel))) return s;
+    if ((s = get_int_in(c, "linear_num_key_heads", 0, 0, 0, 1 << 12, path, &cfg->lin_n_k_heads))) return s;
+    if ((s = get_int_in(c, "linear_num_value_heads", 0, 0, 0, 1 << 12, path, &cfg->lin_n_v_heads))) return s;
+    if ((s = get_int_in(c, "linear_key_head_dim", 0, 0, 0, 1 << 12, path, &cfg->lin_k_head_dim))) return s;
+    if ((s = get_int_in(c, "linear_value_head_dim", 0, 0, 0, 1 << 12, path, &cfg->lin_v_head_dim))) return s;
 
-    if ((s = get_int(c, "hidden_size_per_layer_input", 0, 0, path, &cfg->per_layer_input_dim)))
+    if ((s = get_int_in(c, "hidden_size_per_layer_input", 0, 0, 0, 1 << 16, path, &cfg->per_layer_input_dim)))
         return s;
-    if ((s = get_int(c, "vocab_size_per_layer_input", 0, cfg->vocab_size, path,
+    if ((s = get_int_in(c, "vocab_size_per_layer_input", 0, cfg->vocab_size, 0, INT_MAX, path,
                      &cfg->vocab_per_layer)))
         return s;
-    if ((s = get_int(c, "num_kv_shared_layers", 0, 0, path, &cfg->n_kv_shared_layers))) return s;
-    if ((s = get_int(c, "global_head_dim", 0, 0, path, &cfg->global_head_dim))) return s;
+    if ((s = get_int_in(c, "num_kv_shared_layers", 0, 0, 0, cfg->n_layers, path, &cfg->n_kv_shared_layers))) return s;
+    if ((s = get_int_in(c, "global_head_dim", 0, 0, 0, 1 << 12, path, &cfg->global_head_dim))) return s;
+    if (cfg->global_head_dim % 2)
+        return loom_err(LOOM_ERR_FORMAT, "%s: global_head_dim must be a non-negative even integer, "
+                        "found %d", path, cfg->global_head_dim);
     cfg->attention_k_eq_v = get_bool(c, "attention_k_eq_v", 0);
-    if ((s = get_int(c, "num_global_key_value_heads", 0, cfg->n_kv_heads, path,
+    if ((s = get_int_in(c, "num_global_key_value_heads", 0, cfg->n_kv_heads, 1, cfg->n_heads, path,
                      &cfg->n_global_kv_heads)))
         return s;
     cfg->double_wide_mlp = get_bool(c, "use_double_wide_mlp", 0);
@@ -288,38 +380,50 @@ loom_status loom_config_parse(const char *text, const char *path, loom_config *c
     snprintf(cfg->hidden_act, sizeof cfg->hidden_act, "%s",
              cJSON_IsString(act) ? act->valuestring : "silu");
 
-    if ((s = get_int(c, "vocab_size", 1, 0, path, &cfg->vocab_size))) goto out;
-    if ((s = get_int(c, "hidden_size", 1, 0, path, &cfg->hidden_size))) goto out;
-    if ((s = get_int(c, "num_hidden_layers", 1, 0, path, &cfg->n_layers))) goto out;
-    if ((s = get_int(c, "num_attention_heads", 1, 0, path, &cfg->n_heads))) goto out;
-    if ((s = get_int(c, "num_key_value_heads", 0, cfg->n_heads, path, &cfg->n_kv_heads))) goto out;
-    if ((s = get_int(c, "intermediate_size", 1, 0, path, &cfg->intermediate_size))) goto out;
-    if ((s = get_int(c, "max_position_embeddings", 0, 4096, path, &cfg->max_positions))) goto out;
-    if ((s = get_int(c, "sliding_window", 0, 0, path, &cfg->sliding_window))) goto out;
-    if (cfg->n_heads <= 0 || cfg->hidden_size <= 0 || cfg->n_layers <= 0 ||
-        cfg->vocab_size <= 0 || cfg->n_kv_heads <= 0 || cfg->intermediate_size <= 0) {
-        s = loom_err(LOOM_ERR_FORMAT, "%s: sizes must be positive", path);
-        goto out;
-    }
+    /* Upper bounds keep the products of sizes the loader and the forward
+     * compute in int (heads x head_dim, layers x per-layer widths) far from
+     * overflow; real models are well under them. vocab_size is checked
+     * against the embedding when the weights are bound. */
+    if ((s = get_int_in(c, "vocab_size", 1, 0, 1, INT_MAX, path, &cfg->vocab_size))) goto out;
+    if ((s = get_int_in(c, "hidden_size", 1, 0, 1, 1 << 20, path, &cfg->hidden_size))) goto out;
+    if ((s = get_int_in(c, "num_hidden_layers", 1, 0, 1, INT_MAX, path, &cfg->n_layers))) goto out;
     if (cfg->n_layers > LOOM_MAX_LAYERS) {
-        s = loom_err(LOOM_ERR_UNSUPPORTED, "%s: %d layers, at most %d supported", path,
+        s = loom_err(LOOM_ERR_UNSUPPORTED, "%s: num_hidden_layers %d, at most %d supported", path,
                      cfg->n_layers, LOOM_MAX_LAYERS);
         goto out;
     }
+    if ((s = get_int_in(c, "num_attention_heads", 1, 0, 1, 1 << 12, path, &cfg->n_heads)))
+        goto out;
+    if ((s = get_int_in(c, "num_key_value_heads", 0, cfg->n_heads, 1, cfg->n_heads, path,
+                        &cfg->n_kv_heads)))
+        goto out;
+    if ((s = get_int_in(c, "intermediate_size", 1, 0, 1, 1 << 24, path, &cfg->intermediate_size)))
+        goto out;
+    if ((s = get_int_in(c, "max_position_embeddings", 0, 4096, 1, INT_MAX, path,
+                        &cfg->max_positions)))
+        goto out;
+    if ((s = get_int_in(c, "sliding_window", 0, 0, 0, INT_MAX, path, &cfg->sliding_window)))
+        goto out;
     if (cfg->n_heads % cfg->n_kv_heads) {
         s = loom_err(LOOM_ERR_FORMAT, "%s: num_attention_heads %d is not a multiple of "
                      "num_key_value_heads %d", path, cfg->n_heads, cfg->n_kv_heads);
         goto out;
     }
-    if ((s = get_int(c, "head_dim", 0, cfg->hidden_size / cfg->n_heads, path, &cfg->head_dim)))
+    if ((s = get_int_in(c, "head_dim", 0, cfg->hidden_size / cfg->n_heads, 1, 1 << 12, path,
+                        &cfg->head_dim)))
         goto out;
     if (cfg->head_dim <= 0 || cfg->head_dim % 2) {
-        s = loom_err(LOOM_ERR_FORMAT, "%s: head_dim %d must be positive and even", path,
-                     cfg->head_dim);
+        s = loom_err(LOOM_ERR_FORMAT, "%s: head_dim must be a positive even integer, found %d%s",
+                     path, cfg->head_dim, get(c, "head_dim") ? "" : " (hidden_size / "
+                     "num_attention_heads)");
         goto out;
     }
     double eps;
     if ((s = get_num(c, "rms_norm_eps", 1e-6, path, &eps))) goto out;
+    if (!positive(eps)) {
+        s = bad_num(path, "", "rms_norm_eps", "a positive number", eps);
+        goto out;
+    }
     cfg->rms_eps = eps;
     const cJSON *tie = get(c, "tie_word_embeddings");
     if (!tie) tie = get(root, "tie_word_embeddings");
@@ -346,6 +450,57 @@ out:
     return s;
 }
 
+/* generation_config.json's sampling defaults, each checked as the sampler
+ * will check it. "do_sample": false is greedy in transformers, which then
+ * applies no temperature, top-p or top-k warper (nor min-p). */
+static loom_status parse_gen_sampling(const cJSON *g, const char *path, loom_config *cfg) {
+    loom_sampling *sp = &cfg->gen_sampling;
+    static const struct {
+        const char *key;
+        unsigned bit;
+        double lo, hi;
+        int lo_open;
+    } fields[] = {
+        {"temperature", LOOM_SAMPLING_TEMPERATURE, 0, 100, 0},
+        {"top_p", LOOM_SAMPLING_TOP_P, 0, 1, 1},
+        {"min_p", LOOM_SAMPLING_MIN_P, 0, 1, 0},
+        {"repetition_penalty", LOOM_SAMPLING_REPETITION_PENALTY, 0, 100, 1},
+    };
+    float *dst[] = {&sp->temperature, &sp->top_p, &sp->min_p, &sp->repetition_penalty};
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(fields); i++) {
+        const cJSON *v = get(g, fields[i].key);
+        if (!v || cJSON_IsNull(v)) continue;
+        double d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
+        if (!(fields[i].lo_open ? d > fields[i].lo : d >= fields[i].lo) || !(d <= fields[i].hi)) {
+            char found[64];
+            return loom_err(LOOM_ERR_FORMAT, "%s: %s must be a number in %c%g, %g], found %s", path,
+                            fields[i].key, fields[i].lo_open ? '(' : '[', fields[i].lo,
+                            fields[i].hi, found_str(v, found, sizeof found));
+        }
+        *dst[i] = (float)d;
+        cfg->gen_sampling_set |= fields[i].bit;
+    }
+    const cJSON *tk = get(g, "top_k");
+    if (tk && !cJSON_IsNull(tk)) {
+        int k;
+        loom_status s = get_int(g, "top_k", 1, 0, path, &k);
+        if (s) return s;
+        if (k < -1)
+            return loom_err(LOOM_ERR_FORMAT, "%s: top_k must be a non-negative integer (or -1, "
+                            "off), found %d", path, k);
+        sp->top_k = k < 0 ? 0 : k;  /* -1 is off, as 0 is */
+        cfg->gen_sampling_set |= LOOM_SAMPLING_TOP_K;
+    }
+    if (cJSON_IsFalse(get(g, "do_sample"))) {
+        loom_sampling d = loom_sampling_default();
+        unsigned warpers = LOOM_SAMPLING_TOP_P | LOOM_SAMPLING_TOP_K | LOOM_SAMPLING_MIN_P;
+        loom_sampling_apply(sp, &d, warpers);
+        sp->temperature = 0;
+        cfg->gen_sampling_set = (cfg->gen_sampling_set & ~warpers) | LOOM_SAMPLING_TEMPERATURE;
+    }
+    return LOOM_OK;
+}
+
 loom_status loom_config_load(const char *dir, loom_config *cfg) {
     char path[4096];
     loom_status s = loom_path_join(path, sizeof path, dir, "config.json");
@@ -355,6 +510,7 @@ loom_status loom_config_load(const char *dir, loom_config *cfg) {
     s = loom_config_parse(text, path, cfg);
     free(text);
     if (s != LOOM_OK) return s;
+    cfg->gen_sampling = loom_sampling_default();
     /* generation_config.json may list more stop ids than config.json. */
     if (loom_path_join(path, sizeof path, dir, "generation_config.json") != LOOM_OK ||
         loom_read_file(path, &text, NULL) != LOOM_OK) {
@@ -372,6 +528,7 @@ loom_status loom_config_load(const char *dir, loom_config *cfg) {
         if (cJSON_IsNumber(e) && !dup && cfg->n_eos < LOOM_MAX_EOS)
             cfg->eos_ids[cfg->n_eos++] = e->valueint;
     }
+    s = cJSON_IsObject(g) ? parse_gen_sampling(g, path, cfg) : LOOM_OK;
     cJSON_Delete(g);
-    return LOOM_OK;
+    return s;
 }

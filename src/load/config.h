@@ -104,13 +104,20 @@ typedef struct loom_config {
     int per_layer_config;           /* non-empty per_layer_config given */
     int bidirectional;              /* use_bidirectional_attention set */
 
+    /* generation_config.json: sampling defaults, the fields in
+     * gen_sampling_set (LOOM_SAMPLING_* bits), loom_sampling_default() else. */
+    loom_sampling gen_sampling;
+    unsigned gen_sampling_set;
+
     /* MLX affine quantization (bits 0 = not quantized). */
     int quant_bits, quant_group;
     int n_quant_overrides;
     loom_quant_override quant_overrides[LOOM_MAX_QUANT_OVERRIDES];
 } loom_config;
 
-/* Parses dir/config.json. Errors name the missing or malformed field. */
+/* Parses dir/config.json, and from dir/generation_config.json (when there)
+ * more stop ids and the sampling defaults. Errors name the missing or
+ * malformed field. */
 loom_status loom_config_load(const char *dir, loom_config *cfg);
 /* Parses config JSON text (path is used in messages). */
 loom_status loom_config_parse(const char *text, const char *path, loom_config *cfg);

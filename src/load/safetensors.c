@@ -8,6 +8,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +41,8 @@ typedef struct st_map {
     void *base;        /* owned mapping */
     size_t size;
     cJSON *metadata;   /* owned, may be NULL */
+    void *copy;        /* owned mapping of realigned tensors (realign), or NULL */
+    size_t copy_size;
 } st_map;
 
 struct loom_safetensors {
@@ -112,7 +115,8 @@ static loom_status parse_entry(const char *path, const cJSON *e,
     double b = cJSON_GetArrayItem(offs, 0)->valuedouble;
     double en = cJSON_GetArrayItem(offs, 1)->valuedouble;
     if (!cJSON_IsNumber(cJSON_GetArrayItem(offs, 0)) ||
-        !cJSON_IsNumber(cJSON_GetArrayItem(offs, 1)) || b < 0 || en < b || en > 1.8e19)
+        !cJSON_IsNumber(cJSON_GetArrayItem(offs, 1)) || b < 0 || en < b || en > 1.8e19 ||
+        b != floor(b) || en != floor(en))
         return loom_err(LOOM_ERR_FORMAT, "%s: tensor %s: bad data_offsets [%.0f, %.0f]",
                         path, name, b, en);
     uint64_t begin = (uint64_t)b, end = (uint64_t)en;
@@ -122,6 +126,8 @@ static loom_status parse_entry(const char *path, const cJSON *e,
                         "section (%llu bytes; file truncated?)",
                         path, name, (unsigned long long)begin, (unsigned long long)end,
                         (unsigned long long)data_size);
+    if (count > UINT64_MAX / dtypes[found].size)
+        return loom_err(LOOM_ERR_FORMAT, "%s: tensor %s: shape overflows", path, name);
     uint64_t want = count * dtypes[found].size;
     if (end - begin != want)
         return loom_err(LOOM_ERR_FORMAT,
@@ -134,6 +140,52 @@ static loom_status parse_entry(const char *path, const cJSON *e,
     sp->begin = begin;
     sp->end = end;
     sp->name = name;
+    return LOOM_OK;
+}
+
+/* The kernels load whole elements (uint16 for BF16/F16 and the quantized
+ * scales, uint32 for packed quantized words), so a tensor must start at a
+ * multiple of its element size. */
+static int misaligned(const loom_st_tensor *t) {
+    return t->nbytes && (uintptr_t)t->data % dtypes[t->dtype].size != 0;
+}
+
+#define ST_COPY_ALIGN(n) (((n) + 63) & ~(size_t)63)
+
+/* The format lets the header have any length (it may be padded with
+ * spaces), so the data section, or a tensor in it, can start at an offset
+ * its elements cannot be loaded from. Those tensors are copied once, at
+ * 64-byte offsets, into a mapping m owns. The copy is a shared mapping of
+ * an anonymous file rather than heap memory so that it stays file-backed:
+ * loom_st_release() drops pages with MADV_DONTNEED, which zeroes private
+ * anonymous memory but only unmaps the pages of a file. */
+static loom_status realign(const char *path, st_map *m, loom_st_tensor *ts, int n) {
+    size_t need = 0;
+    int count = 0;
+    for (int i = 0; i < n; i++)
+        if (misaligned(&ts[i])) need += ST_COPY_ALIGN(ts[i].nbytes), count++;
+    if (!count) return LOOM_OK;
+    int fd = memfd_create("loom-realigned", MFD_CLOEXEC);
+    if (fd < 0) return loom_err(LOOM_ERR_NOMEM, "%s: memfd_create: %s", path, strerror(errno));
+    void *p = ftruncate(fd, (off_t)need) == 0
+                  ? mmap(NULL, need, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                  : MAP_FAILED;
+    close(fd);
+    if (p == MAP_FAILED)
+        return loom_err(LOOM_ERR_NOMEM, "%s: no room for a %zu-byte aligned copy of %d tensors: %s",
+                        path, need, count, strerror(errno));
+    m->copy = p;
+    m->copy_size = need;
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        if (!misaligned(&ts[i])) continue;
+        memcpy((uint8_t *)p + off, ts[i].data, ts[i].nbytes);
+        ts[i].data = (uint8_t *)p + off;
+        off += ST_COPY_ALIGN(ts[i].nbytes);
+    }
+    mprotect(p, need, PROT_READ);
+    loom_log(LOOM_LOG_INFO, "%s: %d tensors are not aligned to their element size in the file; "
+             "reading a %zu-byte aligned copy", path, count, need);
     return LOOM_OK;
 }
 
@@ -166,6 +218,9 @@ static loom_status open_one(loom_safetensors *st, const char *path) {
     m->base = base;
     m->size = size;
     m->metadata = NULL;
+    m->copy = NULL;
+    m->copy_size = 0;
+    int first = st->n_tensors;
 
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | ((const uint8_t *)base)[i];
@@ -220,6 +275,7 @@ static loom_status open_one(loom_safetensors *st, const char *path) {
     }
     free(spans);
     cJSON_Delete(h);
+    if (s == LOOM_OK) s = realign(path, m, st->tensors + first, st->n_tensors - first);
     return s;
 }
 
@@ -323,6 +379,7 @@ void loom_st_close(loom_safetensors *st) {
     free(st->tensors);
     for (int i = 0; i < st->n_maps; i++) {
         munmap(st->maps[i].base, st->maps[i].size);
+        if (st->maps[i].copy) munmap(st->maps[i].copy, st->maps[i].copy_size);
         cJSON_Delete(st->maps[i].metadata);
     }
     free(st->maps);

@@ -1,8 +1,10 @@
 /* safetensors: read-only access to .safetensors files over mmap, one file
  * or a sharded set (model.safetensors.index.json), and a small writer.
  *
- * Tensor data is borrowed from the mapping: pointers stay valid until
- * loom_st_close(). Every header is validated on open (offsets inside the
+ * Tensor data is borrowed from the mapping (or, for a tensor the file
+ * places at an offset that is not a multiple of its element size, from an
+ * aligned copy): pointers stay valid until loom_st_close() and are aligned
+ * to the element size. Every header is validated on open (offsets inside the
  * file, sizes matching dtype x shape, no overlaps), so consumers can trust
  * nbytes. */
 #ifndef LOOM_SAFETENSORS_H
@@ -30,7 +32,7 @@ typedef struct loom_st_tensor {
     loom_dtype dtype;
     int ndim;
     int64_t shape[LOOM_ST_MAX_DIMS];
-    const void *data;              /* borrowed from the mapping */
+    const void *data;              /* borrowed; aligned to the element size */
     size_t nbytes;
 } loom_st_tensor;
 

@@ -662,8 +662,6 @@ static loom_status check_supported(const loom_model *m) {
     if (c->attention_bias && !(fl & (LOOM_ARCH_QKV_BIAS | LOOM_ARCH_CFG_BIAS)))
         return loom_err(LOOM_ERR_UNSUPPORTED, "%s: attention_bias is not supported for this "
                         "architecture", c->arch);
-    if (c->attn_softcap < 0 || c->final_softcap < 0)
-        return loom_err(LOOM_ERR_FORMAT, "%s: softcapping must be positive", c->arch);
     return LOOM_OK;
 }
 
@@ -677,6 +675,24 @@ static size_t arena_need(const loom_safetensors *st) {
         if (t->ndim <= 1 || (t->ndim == 3 && t->shape[1] == 1)) n += (e + 15) & ~(size_t)15;
     }
     return n;
+}
+
+/* config.json's vocab_size and hidden_size against the embedding's shape,
+ * before anything sizes buffers by them: a wrong vocab_size otherwise shows
+ * only as a shape mismatch, or not at all where nothing binds by it. */
+static loom_status check_embedding(const loom_model *m) {
+    const loom_st_tensor *t = find(m, "model.embed_tokens.weight");
+    if (!t || t->ndim != 2) return LOOM_OK;  /* bind_weight says what it expected */
+    const loom_config *c = &m->cfg;
+    if (t->shape[0] != c->vocab_size)
+        return loom_err(LOOM_ERR_FORMAT, "config.json: vocab_size %d %s the embedding's %lld "
+                        "rows (tensor %s)", c->vocab_size,
+                        c->vocab_size > t->shape[0] ? "is larger than" : "is smaller than",
+                        (long long)t->shape[0], t->name);
+    if (is_float(t->dtype) && t->shape[1] != c->hidden_size)
+        return loom_err(LOOM_ERR_FORMAT, "config.json: hidden_size %d differs from the embedding's "
+                        "%lld columns (tensor %s)", c->hidden_size, (long long)t->shape[1], t->name);
+    return LOOM_OK;
 }
 
 static loom_status load(loom_model *m, const char *dir, const loom_model_params *p) {
@@ -706,6 +722,7 @@ static loom_status load(loom_model *m, const char *dir, const loom_model_params 
         snprintf(m->prefix, sizeof m->prefix, "language_model.model.");
         snprintf(m->head_prefix, sizeof m->head_prefix, "language_model.");
     }
+    if ((s = check_embedding(m))) return s;
     int H = c->hidden_size;
     m->arena_cap = arena_need(m->st);
     m->arena = loom_alloc(m->arena_cap * sizeof(float));
@@ -895,6 +912,11 @@ const char *loom_model_arch(const loom_model *m) { return m->cfg.arch; }
 int loom_model_eos_ids(const loom_model *m, int32_t *out, int cap) {
     for (int i = 0; i < m->cfg.n_eos && i < cap; i++) out[i] = m->cfg.eos_ids[i];
     return m->cfg.n_eos;
+}
+
+unsigned loom_model_sampling_defaults(const loom_model *m, loom_sampling *out) {
+    *out = m->cfg.gen_sampling;
+    return m->cfg.gen_sampling_set;
 }
 
 void loom_model_warm(loom_model *m, void (*progress)(void *ctx, double done), void *ctx) {

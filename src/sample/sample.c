@@ -18,6 +18,14 @@ loom_sampling loom_sampling_default(void) {
     };
 }
 
+void loom_sampling_apply(loom_sampling *dst, const loom_sampling *src, unsigned fields) {
+    if (fields & LOOM_SAMPLING_TEMPERATURE) dst->temperature = src->temperature;
+    if (fields & LOOM_SAMPLING_TOP_P) dst->top_p = src->top_p;
+    if (fields & LOOM_SAMPLING_TOP_K) dst->top_k = src->top_k;
+    if (fields & LOOM_SAMPLING_MIN_P) dst->min_p = src->min_p;
+    if (fields & LOOM_SAMPLING_REPETITION_PENALTY) dst->repetition_penalty = src->repetition_penalty;
+}
+
 static int penalties_on(const loom_sampling *p) {
     return p->repetition_penalty != 1 || p->presence_penalty != 0 || p->frequency_penalty != 0;
 }

@@ -281,27 +281,33 @@ static int parse_stop(api_req *r, api_error *err) {
     return 0;
 }
 
+loom_sampling api_sampling_default(void) {
+    loom_sampling s = loom_sampling_default();
+    s.temperature = 1.0f;
+    s.penalty_last_n = -1;
+    return s;
+}
+
 static int parse_sampling(api_req *r, int vocab, api_error *err) {
     loom_sampling *s = &r->sampling;
-    *s = loom_sampling_default();
-    s->temperature = 1.0f;
-    s->penalty_last_n = -1;
+    *s = api_sampling_default();
     double d;
     int k;
-#define NUM(key, lo, hi, dst) \
+    /* bit: the field's LOOM_SAMPLING_* bit, for the server's defaults */
+#define NUM(key, lo, hi, dst, bit) \
     if ((k = get_number(r, key, lo, hi, &d, err)) < 0) return -1; \
-    if (k) dst = (float)d;
-    NUM("temperature", 0, 2, s->temperature);
-    NUM("top_p", 1e-9, 1, s->top_p);
-    NUM("min_p", 0, 1, s->min_p);
-    NUM("presence_penalty", -2, 2, s->presence_penalty);
-    NUM("frequency_penalty", -2, 2, s->frequency_penalty);
-    NUM("repetition_penalty", 1e-6, 100, s->repetition_penalty);
-    NUM("xtc_probability", 0, 1, s->xtc_probability);
-    NUM("xtc_threshold", 0, 1, s->xtc_threshold);
+    if (k) dst = (float)d, r->sampling_given |= (bit);
+    NUM("temperature", 0, 2, s->temperature, LOOM_SAMPLING_TEMPERATURE);
+    NUM("top_p", 1e-9, 1, s->top_p, LOOM_SAMPLING_TOP_P);
+    NUM("min_p", 0, 1, s->min_p, LOOM_SAMPLING_MIN_P);
+    NUM("presence_penalty", -2, 2, s->presence_penalty, 0);
+    NUM("frequency_penalty", -2, 2, s->frequency_penalty, 0);
+    NUM("repetition_penalty", 1e-6, 100, s->repetition_penalty, LOOM_SAMPLING_REPETITION_PENALTY);
+    NUM("xtc_probability", 0, 1, s->xtc_probability, 0);
+    NUM("xtc_threshold", 0, 1, s->xtc_threshold, 0);
 #undef NUM
     if (get_int(r, "top_k", -1, 1 << 30, &k, err) < 0) return -1;
-    if (field(r, "top_k")) s->top_k = k < 0 ? 0 : k;
+    if (field(r, "top_k")) s->top_k = k < 0 ? 0 : k, r->sampling_given |= LOOM_SAMPLING_TOP_K;
     const cJSON *seed = field(r, "seed");
     if (seed) {
         if (!cJSON_IsNumber(seed) || seed->valuedouble != floor(seed->valuedouble))

@@ -34,6 +34,7 @@ typedef struct api_req {
     int n;
     int max_tokens;             /* -1: not given; 0: none (completions with echo) */
     loom_sampling sampling;     /* logit_bias points at bias */
+    unsigned sampling_given;    /* LOOM_SAMPLING_* bits of the fields the body gives */
     loom_logit_bias *bias;      /* owned */
     int seed_given;
     const char *stops[API_MAX_STOPS]; /* borrowed from body */
@@ -63,6 +64,10 @@ typedef struct api_req {
 int api_parse(api_kind kind, const char *body, size_t len, int vocab, api_req *req,
               api_error *err);
 void api_req_free(api_req *req);
+
+/* What a request that gives no sampling field gets (OpenAI's temperature
+ * 1), before the server's and the model's defaults. */
+loom_sampling api_sampling_default(void);
 
 /* Fills err and returns -1. */
 int api_fail(api_error *err, int status, const char *param, const char *fmt, ...)

@@ -53,6 +53,7 @@ typedef struct server {
     int32_t turn_end[8];           /* end-of-turn ids chat requests stop at */
     int n_turn_end;
     loom_tc_syntax tc_syntax;      /* how the model writes tool calls */
+    loom_sampling sampling;        /* what a request leaves out (resolve_sampling) */
     loom_metrics metrics;
     pthread_mutex_t watch_lock;    /* guards watched and every entry's deadline */
     struct conn_watch *watched;    /* open connections (HTTP only) */
@@ -281,6 +282,7 @@ static int start_job(job *j, api_error *err) {
         if (prompt_offsets(j, err) < 0) return -1;
     }
     rp.sampling = r->sampling;
+    loom_sampling_apply(&rp.sampling, &s->sampling, LOOM_SAMPLING_ALL & ~r->sampling_given);
     rp.logprobs = r->logprobs;
     rp.ignore_eos = r->ignore_eos;
     rp.trace = r->trace || s->p.engine.trace_file != NULL; /* --trace-file: every request */
@@ -1354,6 +1356,37 @@ static void print_kv_budget(loom_engine *e) {
         fprintf(stderr, "nothing (no prefix cache)\n");
 }
 
+/* Appends "<head>name, name" for the LOOM_SAMPLING_* bits in set (names in
+ * the order of the bits). */
+static void put_fields(char *buf, size_t cap, const char *head, unsigned set) {
+    static const char *names[] = {"temperature", "top_p", "top_k", "min_p",
+                                  "repetition_penalty"};
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(names); i++) {
+        if (!(set & (1u << i))) continue;
+        size_t w = strlen(buf);
+        snprintf(buf + w, cap - w, "%s%s", head, names[i]);
+        head = ", ";
+    }
+}
+
+/* The sampling a request gets for each field it leaves out: the server's
+ * flag, else the model's generation_config.json, else the API's default.
+ * Says which on stderr. */
+static void resolve_sampling(server *s) {
+    loom_sampling gen;
+    unsigned from_gen = loom_model_sampling_defaults(s->model, &gen) & ~s->p.sampling_set;
+    s->sampling = api_sampling_default();
+    loom_sampling_apply(&s->sampling, &gen, from_gen);
+    loom_sampling_apply(&s->sampling, &s->p.sampling, s->p.sampling_set);
+    char src[256] = "";
+    put_fields(src, sizeof src, " (generation_config.json: ", from_gen);
+    put_fields(src, sizeof src, src[0] ? "; flags: " : " (flags: ", s->p.sampling_set);
+    const loom_sampling *d = &s->sampling;
+    fprintf(stderr, "loom: request sampling defaults: temperature %g, top_p %g, top_k %d, min_p %g, "
+            "repetition_penalty %g%s%s\n", d->temperature, d->top_p, d->top_k, d->min_p,
+            d->repetition_penalty, src, src[0] ? ")" : "");
+}
+
 /* Loads the model, tokenizer and template and starts the engine. */
 static int server_open(server *s, const loom_serve_params *params) {
     memset(s, 0, sizeof *s);
@@ -1414,6 +1447,7 @@ static int server_open(server *s, const loom_serve_params *params) {
      * not the model's EOS (ChatML's <|im_end|> on a base model). */
     s->tc_syntax = loom_toolcall_detect(s->chat, s->tok);
     s->n_turn_end = s->tok ? loom_toolcall_turn_end_ids(s->tc_syntax, s->tok, s->turn_end, 8) : 0;
+    resolve_sampling(s);
     if ((st = loom_engine_create(s->model, &s->p.engine, &s->engine))) {
         fprintf(stderr, "loom: error: %s (%s)\n", loom_last_error(), loom_status_str(st));
         free_server(s);

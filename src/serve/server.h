@@ -30,6 +30,9 @@ typedef struct loom_serve_params {
     int default_max_tokens;     /* when a request gives none */
     int tokenizer_optional;     /* a model directory without tokenizer.json loads;
                                    only token-id completions run, their text is "" */
+    loom_sampling sampling;     /* defaults of requests, the fields in sampling_set only */
+    unsigned sampling_set;      /* LOOM_SAMPLING_* bits (--temperature etc.): over the
+                                   model's generation_config.json, under a request's own */
     loom_engine_params engine;
     const char *port_file;      /* write the bound port here when ready */
 } loom_serve_params;
