@@ -376,6 +376,9 @@ static void test_gen_sampling(void) {
         {"{\"repetition_penalty\": -1}", "repetition_penalty must be a number in (0, 100], found -1", 0},
         {"{\"top_k\": 2.5}", "top_k must be an integer, found 2.5", 0},
         {"{\"top_k\": -3}", "top_k must be a non-negative integer (or -1, off), found -3", 0},
+        {"{\"temperature\": 0.6,", "generation_config.json: expected a JSON object, found invalid JSON", 0},
+        {"", "generation_config.json: expected a JSON object, found an empty file", 0},
+        {"[0.6]", "generation_config.json: expected a JSON object, found another JSON value", 0},
     };
     for (size_t i = 0; i < LOOM_ARRAY_LEN(cases); i++) {
         write_bytes(path, cases[i].json, strlen(cases[i].json));

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/base.h"
 
@@ -512,12 +513,22 @@ loom_status loom_config_load(const char *dir, loom_config *cfg) {
     if (s != LOOM_OK) return s;
     cfg->gen_sampling = loom_sampling_default();
     /* generation_config.json may list more stop ids than config.json. */
-    if (loom_path_join(path, sizeof path, dir, "generation_config.json") != LOOM_OK ||
-        loom_read_file(path, &text, NULL) != LOOM_OK) {
-        loom_err_clear();
-        return LOOM_OK;
+    if ((s = loom_path_join(path, sizeof path, dir, "generation_config.json"))) return s;
+    if (access(path, F_OK) != 0) return LOOM_OK; /* the file is optional */
+    size_t len = 0;
+    if ((s = loom_read_file(path, &text, &len))) return s;
+    /* a file that is there but broken would silently drop the model's
+     * sampling defaults and stop ids */
+    const char *end = NULL;
+    cJSON *g = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+    if (!cJSON_IsObject(g)) {
+        const char *found = !len ? "an empty file" : g ? "another JSON value" : "invalid JSON";
+        size_t at = !g && end ? (size_t)(end - text) : 0;
+        cJSON_Delete(g);
+        free(text);
+        return loom_err(LOOM_ERR_FORMAT, "%s: expected a JSON object, found %s (byte %zu)", path,
+                        found, at);
     }
-    cJSON *g = cJSON_Parse(text);
     free(text);
     const cJSON *eos = get(g, "eos_token_id");
     const cJSON *one = cJSON_IsNumber(eos) ? eos : NULL;
@@ -528,7 +539,7 @@ loom_status loom_config_load(const char *dir, loom_config *cfg) {
         if (cJSON_IsNumber(e) && !dup && cfg->n_eos < LOOM_MAX_EOS)
             cfg->eos_ids[cfg->n_eos++] = e->valueint;
     }
-    s = cJSON_IsObject(g) ? parse_gen_sampling(g, path, cfg) : LOOM_OK;
+    s = parse_gen_sampling(g, path, cfg);
     cJSON_Delete(g);
     return s;
 }
