@@ -1046,6 +1046,109 @@ static void disk_tier_zstd(void) {
     free_fixture(&f);
 }
 
+/* ---- tenant isolation ----------------------------------------------------- */
+
+/* Prompt 3 under a cache session id (NULL = none) on e: checks the tokens
+ * are the reference's; returns the cached prompt tokens (-1 on failure). */
+static int iso_run(loom_engine *e, fixture *f, const char *sid) {
+    loom_request_params rp = loom_request_default_params();
+    rp.prompt = f->ids[3];
+    rp.n_prompt = f->len[3];
+    rp.max_tokens = NG;
+    rp.ignore_eos = 1;
+    rp.cache_session_id = sid;
+    loom_request *r = NULL;
+    CHECKF(loom_engine_submit(e, &rp, &r) == LOOM_OK, "submit: %s", loom_last_error());
+    if (!r) return -1;
+    int32_t toks[NG + 1];
+    int n = 0, cached = -1;
+    loom_finish fin = drain_cached(r, toks, NULL, &n, &cached);
+    CHECKF(fin == LOOM_FINISH_LENGTH && n == NG && same_tokens(toks, f->greedy[3], NG),
+           "session %s: the run differs", sid ? sid : "(none)");
+    loom_request_free(r);
+    return fin == LOOM_FINISH_LENGTH ? cached : -1;
+}
+
+/* An engine over the disk tier dir (NULL: memory only) with a pool of
+ * `blocks` blocks (0: the default). */
+static loom_engine *iso_engine(fixture *f, const char *dir, int blocks) {
+    loom_engine_params ep = loom_engine_default_params();
+    ep.n_ctx = 400;
+    ep.prefix_cache_dir = dir;
+    if (blocks)
+        ep.kv_memory = loom_kv_block_bytes(f->m->cfg.n_layers, loom_model_kv_dim(f->m), 16, LOOM_KV_F32) *
+                       (size_t)blocks;
+    loom_engine *e = NULL;
+    CHECKF(loom_engine_create(f->m, &ep, &e) == LOOM_OK, "engine: %s", loom_last_error());
+    return e;
+}
+
+/* cache_session_id keeps tenants apart: one session's cached blocks never
+ * serve another's prompt, nor a request without a session (and back), in
+ * memory, after an eviction to disk, and after a restart over the same
+ * disk directory; the same session hits every time. */
+static void cache_isolation(void) {
+    fixture f;
+    if (!load_fixture("tests/fixtures/models/qwen3-tiny", &f)) { CHECK(0); return; }
+    int full = (f.len[3] - 1) / 16 * 16;
+    loom_engine_stats st;
+    /* in memory */
+    loom_engine *e = iso_engine(&f, NULL, 0);
+    if (e) {
+        CHECK_EQ_INT(iso_run(e, &f, "tenant-a"), 0);
+        CHECK_EQ_INT(iso_run(e, &f, "tenant-b"), 0);
+        CHECK_EQ_INT(iso_run(e, &f, NULL), 0);
+        CHECK_EQ_INT(iso_run(e, &f, "tenant-a"), full);
+        CHECK_EQ_INT(iso_run(e, &f, "tenant-b"), full);
+        CHECK_EQ_INT(iso_run(e, &f, NULL), full);
+        /* a session id that extends another's is another session */
+        CHECK_EQ_INT(iso_run(e, &f, "tenant-a2"), 0);
+        check_idle(e);
+        loom_engine_free(e);
+    }
+    /* a session's blocks evicted to disk by another session's run (a pool
+     * of 24 blocks holds one run of prompt 3: 20 blocks) */
+    char dir[] = "/tmp/loom-test-kviso-XXXXXX";
+    if (!mkdtemp(dir)) { CHECK(0); free_fixture(&f); return; }
+    e = iso_engine(&f, dir, 24);
+    if (e) {
+        CHECK_EQ_INT(iso_run(e, &f, "tenant-a"), 0);
+        CHECK_EQ_INT(iso_run(e, &f, "tenant-c"), 0);
+        settled_stats(e, &st);
+        CHECKF(st.disk_writes > 0, "nothing spilled to disk (%llu writes)", (unsigned long long)st.disk_writes);
+        uint64_t disk0 = st.disk_hit_tokens;
+        CHECK_EQ_INT(iso_run(e, &f, "tenant-b"), 0);
+        CHECK_EQ_INT(iso_run(e, &f, NULL), 0);
+        settled_stats(e, &st);
+        CHECKF(st.disk_hit_tokens == disk0, "another session read %llu tokens from disk",
+               (unsigned long long)(st.disk_hit_tokens - disk0));
+        CHECK_EQ_INT(iso_run(e, &f, "tenant-a"), full);
+        settled_stats(e, &st);
+        CHECKF(st.disk_hit_tokens > disk0, "the session's evicted blocks did not come from disk");
+        check_idle(e);
+        loom_engine_free(e);
+    }
+    /* after a restart over the same directory (tenant-a and -b spilled at
+     * shutdown; tenant-d never ran) */
+    e = iso_engine(&f, dir, 0);
+    if (e) {
+        CHECK_EQ_INT(iso_run(e, &f, "tenant-d"), 0);
+        CHECK_EQ_INT(iso_run(e, &f, "tenant-a2"), 0);
+        settled_stats(e, &st);
+        CHECKF(st.disk_hit_tokens == 0, "a new session read %llu tokens from disk",
+               (unsigned long long)st.disk_hit_tokens);
+        CHECK_EQ_INT(iso_run(e, &f, "tenant-a"), full);
+        settled_stats(e, &st);
+        CHECK_EQ_INT(st.disk_hit_tokens, full);
+        check_idle(e);
+        loom_engine_free(e);
+    }
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    CHECK(system(cmd) == 0);
+    free_fixture(&f);
+}
+
 /* Opens (for writing, without blocking) whichever FIFO in dir a reader is
  * waiting on, then closes it: that reader sees an empty file. Returns
  * whether one was found. */
@@ -1135,6 +1238,7 @@ static void disk_restore_async(void) {
 }
 
 int main(void) {
+    cache_isolation();
     disk_restore_async();
     disk_tier_zstd();
     kv_config();
