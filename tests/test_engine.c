@@ -115,7 +115,7 @@ static void solo_logprobs(fixture *f, int i, float *out) {
     CHECK(loom_context_eval(c, f->ids[i], f->len[i], 0, l) == LOOM_OK);
     for (int t = 0; t < NG; t++) {
         double mx = l[0], sum = 0;
-        for (int k = 1; k < V; k++) mx = fmax(mx, l[k]);
+        for (int k = 1; k < V; k++) mx = test_max(mx, l[k]);
         for (int k = 0; k < V; k++) sum += exp(l[k] - mx);
         out[t] = (float)(l[f->greedy[i][t]] - mx - log(sum));
         CHECK(loom_context_eval(c, &f->greedy[i][t], 1, 0, l) == LOOM_OK);
@@ -168,7 +168,7 @@ static void batched_equals_solo(const char *dir) {
                     int ok = n[i] == NG && same_tokens(toks[i], f.greedy[p], NG);
                     double worst = 0;
                     for (int t = 0; t < n[i] && t < NG; t++)
-                        worst = fmax(worst, fabs(lps[i][t] - solo_lp[p][t]));
+                        worst = test_max(worst, fabs(lps[i][t] - solo_lp[p][t]));
                     CHECKF(ok && worst < 1e-4, "%s budget %d chunk %d %s prompt %d: tokens %s, "
                            "logprob diff %g", dir, budgets[b], chunks[c],
                            staggered ? "staggered" : "together", p, ok ? "ok" : "DIFFER", worst);
@@ -359,8 +359,7 @@ static void prefix_cache_expect(const char *dir, const int want_cached[3]) {
         int want = want_cached[round];
         CHECKF(cached == want, "%s round %d: %d cached tokens, want %d", dir, round, cached, want);
         if (round > 0) {
-            double worst = 0;
-            for (int t = 0; t < n && t < NG; t++) worst = fmax(worst, fabs(lps[t] - solo[t]));
+            double worst = test_max_abs_err(lps, solo, (size_t)LOOM_MIN(n, NG));
             CHECKF(n == NG && same_tokens(toks, f.greedy[3], NG) && worst < 1e-5,
                    "%s round %d: cached run differs (logprob diff %g)", dir, round, worst);
         }
@@ -417,8 +416,7 @@ static int run_disk(fixture *f, const char *dir, const float *solo, loom_engine_
     float lps[NG + 1];
     int n = 0, cached = -1;
     drain_cached(r, toks, lps, &n, &cached);
-    double worst = 0;
-    for (int t = 0; t < n && t < NG; t++) worst = fmax(worst, fabs(lps[t] - solo[t]));
+    double worst = test_max_abs_err(lps, solo, (size_t)LOOM_MIN(n, NG));
     CHECKF(n == NG && same_tokens(toks, f->greedy[3], NG) && worst < 1e-5,
            "disk-tier run differs (logprob diff %g, %d cached)", worst, cached);
     loom_request_free(r);
@@ -621,12 +619,7 @@ static void kv_lossy(const char *dir) {
             float *got = malloc(sizeof(float) * (size_t)f.len[i] * V);
             loom_context_truncate(c, 0);
             CHECK(loom_context_eval(c, f.ids[i], f.len[i], 1, got) == LOOM_OK);
-            double e = 0, m = 0;
-            for (size_t q = 0; q < (size_t)f.len[i] * V; q++) {
-                e = fmax(e, fabs(got[q] - ref[q]));
-                m = fmax(m, fabs(ref[q]));
-            }
-            worst = fmax(worst, e / m);
+            worst = test_max(worst, test_rel_err(got, ref, (size_t)f.len[i] * V));
             free(got);
         }
         CHECKF(worst < tol[k], "%s kv type %d: rel err %g", dir, (int)types[k], worst);
@@ -672,7 +665,7 @@ static void cold_run(fixture *f, const int32_t *ids, int n, int32_t *toks, float
     CHECK(loom_context_eval(c, ids, n, 0, l) == LOOM_OK);
     for (int t = 0; t < NG; t++) {
         double mx = l[0], sum = 0;
-        for (int k = 1; k < V; k++) mx = fmax(mx, l[k]);
+        for (int k = 1; k < V; k++) mx = test_max(mx, l[k]);
         for (int k = 0; k < V; k++) sum += exp(l[k] - mx);
         for (int j = 0; j < NTOP; j++) { /* j-th best, ties to the lower id */
             int best = 0;
@@ -735,7 +728,7 @@ static void settled_stats(loom_engine *e, loom_engine_stats *st) {
 static double worst_diff(float (*a)[NTOP], float (*b)[NTOP]) {
     double w = 0;
     for (int t = 0; t < NG; t++)
-        for (int j = 0; j < NTOP; j++) w = fmax(w, fabs(a[t][j] - b[t][j]));
+        for (int j = 0; j < NTOP; j++) w = test_max(w, fabs(a[t][j] - b[t][j]));
     return w;
 }
 
@@ -1219,8 +1212,7 @@ static void disk_restore_async(void) {
         if (round == 0) {
             CHECK(fin == LOOM_FINISH_CANCELLED);
         } else {
-            double worst = 0;
-            for (int t = 0; t < n && t < NG; t++) worst = fmax(worst, fabs(lps[t] - solo[t]));
+            double worst = test_max_abs_err(lps, solo, (size_t)LOOM_MIN(n, NG));
             CHECKF(fin == LOOM_FINISH_LENGTH && n == NG && same_tokens(toks, f.greedy[3], NG) && worst < 1e-5,
                    "after a failed restore the run differs (logprob diff %g)", worst);
         }

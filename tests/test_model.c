@@ -119,7 +119,7 @@ static void check_model_tol(const char *dir, int n_prompts, int n_greedy, double
             loom_status s = run_chunked(c, tok, L, chunks[k], got, V, out, ng);
             CHECKF(s == LOOM_OK, "%s prompt %d chunk %d: %s", dir, i, chunks[k], loom_last_error());
             double e = test_rel_err(got, want, (size_t)L * V);
-            worst = e > worst ? e : worst;
+            worst = test_max(worst, e);
             CHECKF(e <= tol, "%s prompt %d (L=%d) chunks of %d: rel err %.3g", dir, i, L,
                    chunks[k], e);
             int over = rows_over_tol(got, want, L, V);
@@ -337,7 +337,7 @@ static void check_fast_tol(const char *dir, int n_prompts, double tol, int n_sam
             loom_status s = run_chunked(c, ids->data, L, chunk, got, V, out, ng);
             CHECKF(s == LOOM_OK, "%s --fast prompt %d: %s", dir, i, loom_last_error());
             double e = test_rel_err(got, lg->data, (size_t)L * V);
-            worst = e > worst ? e : worst;
+            worst = test_max(worst, e);
             CHECKF(e <= tol, "%s --fast prompt %d chunks of %d: rel err %.3g", dir, i, chunk, e);
             int same = 0;
             while (same < ng && out[same] == ((const int32_t *)gr->data)[same]) same++;
