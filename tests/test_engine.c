@@ -649,6 +649,91 @@ static void kv_lossy(const char *dir) {
 }
 
 
+/* The KV row codec, apart from any model. Quantized rows round each value
+ * to the nearest level of its group against the stored f16 scale and bias:
+ * groups whose scale and bias are exact in f16 read back as the nearest
+ * level bit for bit (a fraction under half a step rounds down, over half
+ * up), and random rows stay within half a step (of the stored scale) with
+ * a mean error near a quarter step; truncation would reach a whole step
+ * and average half. 16-bit rows round to nearest: within 2^-11 (f16) and
+ * 2^-8 (bf16) of each value. */
+static void kv_codec(void) {
+    enum { D = 128, G = 64 }; /* the pool's groups: 64 values */
+    static const loom_kv_type types[] = {LOOM_KV_Q8, LOOM_KV_Q4, LOOM_KV_F16, LOOM_KV_BF16};
+    static const double fracs[] = {0.1, 0.3, 0.45, 0.55, 0.7, 0.9};
+    unsigned long long seed = 0x5eed;
+    for (int k = 0; k < 4; k++) {
+        loom_kv_type t = types[k];
+        loom_kv_pool *p = NULL;
+        CHECK(loom_kv_pool_create(1, D, 16, 1, t, &p) == LOOM_OK);
+        if (!p) continue;
+        void *row = calloc(1, loom_kv_row_bytes(t, D));
+        float x[D], tmp[D], want[D];
+        const float *y;
+        if (t == LOOM_KV_Q8 || t == LOOM_KV_Q4) {
+            int levels = t == LOOM_KV_Q8 ? 255 : 15;
+            /* group 0 from 0, group 1 from -2, in steps of 1/64: lo and hi
+             * set the step exactly, the rest sit a fraction past a level */
+            const float s = 1.0f / 64;
+            for (int g = 0; g < D / G; g++) {
+                float b = g ? -2.0f : 0.0f;
+                for (int i = 0; i < G; i++) {
+                    int lv = i == 0 ? 0 : i == 1 ? levels : (i * 7) % levels;
+                    double fr = i < 2 ? 0 : fracs[i % 6];
+                    x[g * G + i] = b + s * (float)(lv + fr);
+                    want[g * G + i] = b + s * (float)(lv + (fr > 0.5));
+                }
+            }
+            loom_kv_store_row(p, row, x, D);
+            y = loom_kv_load(p, row, 0, D, tmp);
+            int bad = 0;
+            for (int i = 0; i < D; i++) bad += y[i] != want[i];
+            CHECKF(bad == 0, "kv %s codec: %d of %d exact-grid values not at the nearest level", loom_kv_type_name(t),
+                   bad, D);
+            /* random rows: error over the group's step */
+            double worst = 0, sum = 0;
+            int n = 0;
+            for (int r = 0; r < 64; r++) {
+                for (int i = 0; i < D; i++) x[i] = test_rand_f(&seed) * (float)(1 + r % 4);
+                loom_kv_store_row(p, row, x, D);
+                y = loom_kv_load(p, row, 0, D, tmp);
+                for (int g = 0; g < D / G; g++) {
+                    float lo = x[g * G], hi = lo;
+                    for (int i = 1; i < G; i++) {
+                        lo = x[g * G + i] < lo ? x[g * G + i] : lo;
+                        hi = x[g * G + i] > hi ? x[g * G + i] : hi;
+                    }
+                    double step = ((double)hi - lo) / levels;
+                    for (int i = g * G; i < (g + 1) * G; i++) {
+                        double e = fabs((double)y[i] - x[i]) / step;
+                        worst = test_max(worst, e);
+                        sum += e, n++;
+                    }
+                }
+            }
+            /* the stored scale is within 2^-11 of the step */
+            CHECKF(worst <= 0.5 * (1 + 1e-3), "kv %s codec: max error %.3f steps (nearest level: 0.5)",
+                   loom_kv_type_name(t), worst);
+            CHECKF(sum / n > 0.2 && sum / n < 0.3, "kv %s codec: mean error %.3f steps (nearest level: 0.25)",
+                   loom_kv_type_name(t), sum / n);
+            fprintf(stderr, "kv %s codec: max error %.5f steps, mean %.4f\n", loom_kv_type_name(t), worst, sum / n);
+        } else {
+            double ulp = t == LOOM_KV_F16 ? 1.0 / 2048 : 1.0 / 256, worst = 0;
+            for (int r = 0; r < 64; r++) {
+                for (int i = 0; i < D; i++) x[i] = test_rand_f(&seed) * (float)(1 + r % 4);
+                loom_kv_store_row(p, row, x, D);
+                y = loom_kv_load(p, row, 0, D, tmp);
+                for (int i = 0; i < D; i++)
+                    if (fabs(x[i]) > 1e-3) worst = test_max(worst, fabs((double)y[i] - x[i]) / fabs(x[i]));
+            }
+            CHECKF(worst <= ulp * (1 + 1e-6), "kv %s codec: relative error %.3g, rounding to nearest gives at most %.3g",
+                   loom_kv_type_name(t), worst, ulp);
+        }
+        free(row);
+        loom_kv_pool_free(p);
+    }
+}
+
 /* ---- sessions -------------------------------------------------------------- */
 
 #define NTOP 5
@@ -1230,6 +1315,7 @@ static void disk_restore_async(void) {
 }
 
 int main(void) {
+    kv_codec();
     cache_isolation();
     disk_restore_async();
     disk_tier_zstd();
