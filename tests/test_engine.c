@@ -1078,6 +1078,53 @@ static void kv_config(void) {
     free_fixture(&f);
 }
 
+/* Cached tokens of prompt 3 on a fresh engine of KV type t over the disk
+ * tier dir; *bad: the files it found damaged or foreign. */
+static int layout_run(fixture *f, loom_kv_type t, const char *dir, uint64_t *bad) {
+    loom_engine_params ep = loom_engine_default_params();
+    ep.n_ctx = 400;
+    ep.kv_type = t;
+    ep.prefix_cache_dir = dir;
+    loom_engine *e = NULL;
+    CHECK(loom_engine_create(f->m, &ep, &e) == LOOM_OK);
+    if (!e) return -1;
+    loom_request *r = submit(e, f->ids[3], f->len[3], 4, 0);
+    int32_t toks[8];
+    int n = 0, cached = -1;
+    if (drain_cached(r, toks, NULL, &n, &cached) != LOOM_FINISH_LENGTH) cached = -1;
+    loom_request_free(r);
+    check_idle(e);
+    loom_engine_stats st;
+    loom_engine_get_stats(e, &st);
+    *bad = st.disk_bad_files;
+    loom_engine_free(e);
+    return cached;
+}
+
+/* The KV layout is part of the namespace: engines of different KV types
+ * over one disk directory never look up each other's blocks (they miss
+ * without finding a foreign file), so each keeps its own, even f16 and
+ * bf16, whose files have the same size. */
+static void kv_layout_namespace(void) {
+    fixture f;
+    if (!load_fixture("tests/fixtures/models/qwen3-tiny", &f)) { CHECK(0); return; }
+    char dir[] = "/tmp/loom-test-kvlayout-XXXXXX";
+    if (!mkdtemp(dir)) { CHECK(0); free_fixture(&f); return; }
+    static const loom_kv_type order[] = {LOOM_KV_F16, LOOM_KV_BF16, LOOM_KV_F16, LOOM_KV_BF16,
+                                         LOOM_KV_Q8, LOOM_KV_F32, LOOM_KV_Q4, LOOM_KV_Q8, LOOM_KV_F32, LOOM_KV_Q4};
+    int full = (f.len[3] - 1) / 16 * 16, seen[5] = {0};
+    for (size_t i = 0; i < sizeof order / sizeof *order; i++) {
+        uint64_t bad = 0;
+        int cached = layout_run(&f, order[i], dir, &bad), want = seen[order[i]]++ ? full : 0;
+        CHECKF(cached == want && bad == 0, "kv %s run %zu over a shared directory: %d cached (want %d), %llu foreign files",
+               loom_kv_type_name(order[i]), i, cached, want, (unsigned long long)bad);
+    }
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    CHECK(system(cmd) == 0);
+    free_fixture(&f);
+}
+
 /* Compressed disk-tier files: smaller, restored exactly, damage detected;
  * files of either form are read whatever the level. */
 static void disk_tier_zstd(void) {
@@ -1315,6 +1362,7 @@ static void disk_restore_async(void) {
 }
 
 int main(void) {
+    kv_layout_namespace();
     kv_codec();
     cache_isolation();
     disk_restore_async();
