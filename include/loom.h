@@ -218,7 +218,8 @@ typedef struct loom_request_params {
     int prefill_chunk;      /* 0 = the engine's policy */
     int trace;              /* record timed spans for this request */
     const char *cache_session_id; /* isolates this request's prefix-cache
-                                     entries from other sessions; NULL = shared */
+                                     entries from other sessions ("" is one
+                                     too); NULL = shared */
     int snapshot_at;        /* a prompt boundary worth resuming from later (e.g.
                                the conversation before the newest user turn);
                                models with linear-attention layers save their

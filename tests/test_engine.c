@@ -1344,8 +1344,11 @@ static void cache_isolation(void) {
         CHECK_EQ_INT(iso_run(e, &f, "tenant-a"), full);
         CHECK_EQ_INT(iso_run(e, &f, "tenant-b"), full);
         CHECK_EQ_INT(iso_run(e, &f, NULL), full);
-        /* a session id that extends another's is another session */
+        /* a session id that extends another's is another session, and an
+         * empty one is a session too */
         CHECK_EQ_INT(iso_run(e, &f, "tenant-a2"), 0);
+        CHECK_EQ_INT(iso_run(e, &f, ""), 0);
+        CHECK_EQ_INT(iso_run(e, &f, ""), full);
         check_idle(e);
         loom_engine_free(e);
     }
