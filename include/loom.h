@@ -253,7 +253,8 @@ typedef struct loom_request_params {
                                with loom_request_trace_json; the engine's
                                trace_file also gets them) */
     const char *cache_session_id; /* isolates this request's prefix-cache
-                                     entries from other sessions; NULL = shared */
+                                     entries from other sessions ("" is one
+                                     too); NULL = shared */
     int snapshot_at;        /* a prompt boundary worth resuming from later (e.g.
                                the conversation before the newest user turn);
                                models with linear-attention layers save their

@@ -58,12 +58,8 @@ static void check_fixture(const char *dir) {
         CHECK(t && t->dtype == LOOM_DT_F32 && t->ndim == 2 && t->shape[0] == ids->shape[0] &&
               t->shape[1] == lg->shape[1]);
         if (t && t->nbytes == lg->nbytes) {
-            double e = 0, m = 0;
-            for (size_t k = 0; k < t->nbytes / 4; k++) {
-                e = fmax(e, fabs(((const float *)t->data)[k] - ((const float *)lg->data)[k]));
-                m = fmax(m, fabs(((const float *)lg->data)[k]));
-            }
-            CHECKF(e / m <= 1e-5, "%s prompt %d: logits rel err %g", dir, i, e / m);
+            double e = test_rel_err(t->data, lg->data, t->nbytes / 4);
+            CHECKF(e <= 1e-5, "%s prompt %d: logits rel err %g", dir, i, e);
         }
         loom_st_close(got);
         /* greedy ids: the JSON array on the last line */

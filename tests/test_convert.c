@@ -155,7 +155,7 @@ static void check_dequant(const char *got_dir, int bits) {
                               (qv == (1u << bits) - 1 && (w[c] - end1) * dir > 0);
                 n_clamped += clamped && e > 0.5 * step + slack + 1e-7;
                 bad += !clamped && e > 0.5 * step + slack + 1e-7;
-                worst_steps = fmax(worst_steps, e / step);
+                worst_steps = test_max(worst_steps, e / step);
             }
         }
         CHECKF(bad == 0, "%s: %d values over half a step", t->name, bad);
@@ -210,8 +210,8 @@ static void check_logits(const char *dir, int bits, double bound) {
                 for (int v = 0; v < V; v++) {
                     size_t k = (size_t)i * V + v;
                     CHECK(isfinite(b[k]));
-                    md = fmax(md, fabs(a[k] - b[k]));
-                    ma = fmax(ma, fabs(a[k]));
+                    md = test_max(md, fabs(a[k] - b[k]));
+                    ma = test_max(ma, fabs(a[k]));
                     if (a[k] > a[(size_t)i * V + ia]) ia = v;
                     if (b[k] > b[(size_t)i * V + ib]) ib = v;
                 }
@@ -266,8 +266,8 @@ static void check_greedy(const char *dir, const char *ref_dir) {
         if (lg) {
             double md = 0, ma = 0;
             for (size_t k = 0; k < (size_t)L * V; k++) {
-                md = fmax(md, fabs(got[k] - ((const float *)lg->data)[k]));
-                ma = fmax(ma, fabs(((const float *)lg->data)[k]));
+                md = test_max(md, fabs(got[k] - ((const float *)lg->data)[k]));
+                ma = test_max(ma, fabs(((const float *)lg->data)[k]));
             }
             CHECKF(md <= 1e-4 * ma, "%s prompt %d: logits off the reference by %.3g (max %.3g)",
                    dir, i, md, ma);

@@ -321,7 +321,7 @@ static void test_matmul_q(void) {
                     double want = 0;
                     for (int c = 0; c < n; c++) want += (double)x[t * n + c] * dq[(size_t)r * n + c];
                     double d = fabs(want - y[t * rows + r]);
-                    e = d > e ? d : e;
+                    e = test_max(e, d);
                 }
             CHECKF(e < 1e-4, "matmul_q %d-bit (%s scales, %s): max err %.3g", bits,
                    f16 ? "f16" : "bf16", k->name, e);

@@ -519,14 +519,14 @@ static void test_fast_q_vs_exact(void) {
                             double wv = loom_bf16_to_f32(sc[gi]) *
                                             q_field_indep(wq + (size_t)r * words, k, bits) +
                                         loom_bf16_to_f32(bi[gi]);
-                            amax = fmax(amax, fabs((double)x[t * n + k]));
+                            amax = test_max(amax, fabs((double)x[t * n + k]));
                             sw += fabs(wv);
                             sa += fabs(wv * x[t * n + k]);
                         }
                         bound += amax / 254 * sw;
                     }
                     double d = fabs((double)y[t * rows + r] - ye[t * rows + r]);
-                    worst = fmax(worst, d / sa);
+                    worst = test_max(worst, d / sa);
                     CHECKF(d <= bound * (1 + 1e-5) + 1e-5 * sa + 1e-6,
                            "fast q%d vs exact n %d t %d r %d: %.9g vs %.9g (bound %.3g)", bits, n, t,
                            r, y[t * rows + r], ye[t * rows + r], bound);
@@ -1025,7 +1025,18 @@ static void run_all(const char *label, const loom_kernels *k, const loom_kernels
     test_argmax();
 }
 
+/* The error helpers every check reads fail on a NaN anywhere (fmax would
+ * pass over it). */
+static void test_nan_poisons(void) {
+    float a[4] = {1, 2, NAN, 4}, b[4] = {1, 2, 3, 4};
+    CHECK(!(test_max(0, NAN) < 1) && !(test_max(NAN, 0) < 1) && test_max(1, 2) == 2);
+    CHECK(test_max_abs_err(a, b, 4) == INFINITY && test_max_abs_err(b, a, 4) == INFINITY);
+    CHECK(!(test_rel_err(a, b, 4) < 1) && !(test_rel_err(b, a, 4) < 1));
+    CHECK(test_max_abs_err(b, b, 4) == 0 && test_rel_err(b, b, 4) == 0);
+}
+
 int main(void) {
+    test_nan_poisons();
     const loom_kernels *best = loom_kernels_get();
     CHECK(best != NULL);
     /* The fast reference: loom_kernels_ref with the rounded variants. */

@@ -1099,9 +1099,10 @@ loom_status loom_engine_submit(loom_engine *e, const loom_request_params *p, loo
     if (!s && e->has_state) s = loom_seq_state_create(e->m, &r->rstate);
     if (!s) {
         char ns[512];
-        int w = snprintf(ns, sizeof ns, "%s%s", e->ns_base, p->cache_session_id ? p->cache_session_id : "");
-        r->ns = loom_kv_namespace(ns, (size_t)LOOM_MIN(w, (int)sizeof ns - 1));
+        /* "s=" marks a session, so an empty id shares nothing with none */
         const char *sid = p->cache_session_id;
+        int w = snprintf(ns, sizeof ns, "%s%s%s", e->ns_base, sid ? "s=" : "", sid ? sid : "");
+        r->ns = loom_kv_namespace(ns, (size_t)LOOM_MIN(w, (int)sizeof ns - 1));
         if (p->save_id) r->save_key = loom_sessions_key("response", p->save_id);
         if (p->save_id && sid) r->save_alias = loom_sessions_key("session", sid);
         if (p->resume_id) r->resume_key = loom_sessions_key("response", p->resume_id);

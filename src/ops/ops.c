@@ -25,17 +25,17 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
 
 /* --fast only changes the entries a SIMD table has a faster rounded
  * variant for; elsewhere best_fast is best. */
-static void pick(void) {
+static void pick_table(const char *force) {
     best = loom_kernels_ref;
     best_fast = best;
 #if defined(__x86_64__)
-    const char *force = getenv("LOOM_KERNELS");
     if (force && !strcmp(force, "ref")) return;
     __builtin_cpu_init();
     if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
           __builtin_cpu_supports("f16c")))
         return;
     best = loom_kernels_over(best, &loom_kernels_avx2);
+    best.name = "avx2";
     best_fast = best;
     /* LOOM_KERNELS=avx2 keeps AVX-512 machines on the AVX2 kernels (for
      * comparisons and tests of both). */
@@ -47,7 +47,24 @@ static void pick(void) {
         best.name = "avx512";
         best_fast.name = "avx512-fast";
     }
+#else
+    (void)force;
 #endif
+}
+
+/* LOOM_KERNELS names the table to use (tests run the suite on each); one
+ * this CPU cannot run, or an unknown name, says so instead of passing
+ * silently on another table. */
+static void pick(void) {
+    const char *force = getenv("LOOM_KERNELS");
+    if (force && !*force) force = NULL;
+    pick_table(force);
+    if (force && strcmp(force, "ref") && strcmp(force, "avx2") && strcmp(force, "avx512"))
+        loom_log(LOOM_LOG_WARN, "LOOM_KERNELS=%s: expected ref, avx2 or avx512; using %s", force, best.name);
+    else if (force && strcmp(force, best.name))
+        loom_log(LOOM_LOG_WARN, "LOOM_KERNELS=%s: this CPU cannot run the %s kernels (%s); using %s", force,
+                 force, !strcmp(force, "avx2") ? "they need AVX2, FMA and F16C"
+                                               : "they need AVX-512 F/BW/DQ/VL/VNNI/BF16", best.name);
 }
 
 int loom_cpu_has_avx512(void) {

@@ -48,10 +48,10 @@ static void check(const char *name) {
         CHECK(loom_context_eval(c, ids[i], len[i], 1, got) == LOOM_OK);
         double e = 0, mx = 0;
         for (size_t q = 0; q < (size_t)len[i] * V; q++) {
-            e = fmax(e, fabs(got[q] - want[q]));
-            mx = fmax(mx, fabs(want[q]));
+            e = test_max(e, fabs(got[q] - want[q]));
+            mx = test_max(mx, fabs(want[q]));
         }
-        worst = fmax(worst, e / mx);
+        worst = test_max(worst, e / mx);
         loom_context_truncate(c, 0);
         int32_t out[20];
         int n = 0;

@@ -1428,7 +1428,7 @@ static int sample_ref(const float *l, int V, const loom_cuda_sampling *P, double
     int32_t *idx = xmalloc((size_t)V * 4);
     float *p = xmalloc((size_t)V * 4);
     float mx = l[0];
-    for (int i = 1; i < V; i++) mx = fmaxf(mx, l[i]);
+    for (int i = 1; i < V; i++) mx = (float)test_max(mx, l[i]);
     double sum = 0;
     for (int i = 0; i < V; i++) sum += (p[i] = expf((l[i] - mx) / P->temperature));
     float inv = (float)(1.0 / sum);
