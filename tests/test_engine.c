@@ -208,7 +208,7 @@ static void plp_ref_make(fixture *f, int i, plp_ref *ref) {
     for (int p = 1; p < n; p++) {
         const float *row = l + (size_t)(p - 1) * V;
         double mx = row[0], sum = 0;
-        for (int k = 1; k < V; k++) mx = fmax(mx, row[k]);
+        for (int k = 1; k < V; k++) mx = test_max(mx, row[k]);
         for (int k = 0; k < V; k++) sum += exp(row[k] - mx);
         float *a = ref->all + (size_t)p * V;
         for (int k = 0; k < V; k++) a[k] = (float)(row[k] - mx - log(sum));
@@ -267,12 +267,12 @@ static void check_plp(loom_request *r, fixture *f, int i, const plp_ref *ref, co
         order_ok &= n_gen == 0;
         if (p >= ref->n) continue;
         tok_ok &= ev.token == f->ids[i][p];
-        worst = fmax(worst, fabs(ev.logprob - ref->lp[p]));
+        worst = test_max(worst, fabs(ev.logprob - ref->lp[p]));
         top_ok &= ev.n_top == PLP_TOP;
         for (int k = 0; k < ev.n_top && k < PLP_TOP; k++) {
             /* the k-th best value, and that of the token named (ties may swap ids) */
-            worst = fmax(worst, fabs(ev.top_logprobs[k] - ref->top[(size_t)p * PLP_TOP + k]));
-            worst = fmax(worst, fabs(ev.top_logprobs[k] - ref->all[(size_t)p * ref->vocab + ev.top_ids[k]]));
+            worst = test_max(worst, fabs(ev.top_logprobs[k] - ref->top[(size_t)p * PLP_TOP + k]));
+            worst = test_max(worst, fabs(ev.top_logprobs[k] - ref->all[(size_t)p * ref->vocab + ev.top_ids[k]]));
         }
     }
     CHECKF(ev.finish == LOOM_FINISH_LENGTH && ev.n_cached == 0, "%s: finish %d, %d cached", what,
