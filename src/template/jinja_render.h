@@ -9,8 +9,10 @@
  *   jinja_filters.c  the filter and test tables
  *   jinja_ops.c      the operations below
  *   jinja_value.c    values
- * Every function here reports an error by setting c->st (through rerr) and
- * returning NULL (or 0 / -1 where it returns an int). */
+ * (Compiling is jinja_parse.c over jinja_lex.c; the parser asks
+ * jinja_filters.c only which names exist.) Every function here that can
+ * fail sets c->st (through rerr) and returns NULL (or 0 / -1 where it
+ * returns an int). */
 #ifndef LOOM_TEMPLATE_JINJA_RENDER_H
 #define LOOM_TEMPLATE_JINJA_RENDER_H
 
