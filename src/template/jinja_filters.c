@@ -386,9 +386,14 @@ static jv *f_int(ctx *c, int line, jv *v, const args *a) {
     if (v->type == JV_STR) {
         char *end;
         const char *s = v->u.s.p;
-        long long x = strtoll(s, &end, base && is_intlike(base) ? (int)numi(base) : 10);
-        while (*end && py_space((unsigned char)*end)) end++;
-        if (end != s && !*end) return jv_int(c->a, x);
+        int64_t b = base && is_intlike(base) ? numi(base) : 10;
+        /* Python's int() takes base 0 or 2..36 (strtoll leaves end unset
+         * for another); Jinja answers its ValueError with int(float(v)) */
+        if (b == 0 || (b >= 2 && b <= 36)) {
+            long long x = strtoll(s, &end, (int)b);
+            while (*end && py_space((unsigned char)*end)) end++;
+            if (end != s && !*end) return jv_int(c->a, x);
+        }
         double d = strtod(s, &end);
         while (*end && py_space((unsigned char)*end)) end++;
         if (end != s && !*end && isfinite(d)) return jv_int(c->a, (int64_t)d);
