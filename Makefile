@@ -14,6 +14,15 @@ LDFLAGS += -fsanitize=$(SANITIZE)
 endif
 
 override CFLAGS += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -pthread -Iinclude -Isrc -MMD -MP
+# DEPS=DIR: packages unpacked into DIR (dpkg -x PKG.deb DIR) on a machine
+# where they are not installed, e.g. the CUDA check's (README, CUDA).
+ifneq ($(DEPS),)
+DEPS_INC := $(abspath $(DEPS))/usr/include
+DEPS_LIB := $(abspath $(DEPS))/usr/lib/$(shell $(CC) -dumpmachine)
+DEPS_FLAGS := -I$(DEPS_INC) -L$(DEPS_LIB)
+override CFLAGS += -I$(DEPS_INC)
+LDFLAGS += -L$(DEPS_LIB) -Wl,-rpath,$(DEPS_LIB)
+endif
 LDLIBS  += -lmicrohttpd -lxxhash -lpcre2-8 -lutf8proc -lcjson -lm -pthread
 # zstd (libzstd-dev), when installed, lets the prefix cache's disk tier
 # compress its files (--prefix-cache-zstd).
@@ -29,6 +38,39 @@ AVX512_FLAGS := $(SIMD_FLAGS) -mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx51
 
 LIB_SRC  := $(shell find src -name '*.c' ! -path 'src/cli/*' | sort)
 CLI_SRC  := $(sort $(wildcard src/cli/*.c))
+
+# CUDA_MIN=1 (`make CUDA=1 cuda-min` sets it) builds the GPU tests on a
+# machine that lacks the library's packages. Its library is LIB_SRC less
+# the text side the GPU tests never call (src/serve, src/stream,
+# src/tokenize, src/template: microhttpd, PCRE2, utf8proc), and where cJSON
+# is missing also less every source that includes it (then only the kernel
+# test is built, else also tools/gen_model); tests/cuda/shim stands in for <xxhash.h> and <utf8proc.h>
+# unless both libraries are installed. Being a filter of the full list, it
+# follows the sources the GPU code calls as they move. MIN_CJSON and
+# MIN_SYSLIBS (y or empty) override what was found.
+ifeq ($(CUDA_MIN),1)
+have_lib = $(shell printf '\043include <%s>\nint main(void) { return 0; }\n' $(1) | \
+                   $(CC) $(DEPS_FLAGS) -x c - -l$(2) -o /dev/null >/dev/null 2>&1 && echo y)
+MIN_CJSON   ?= $(call have_lib,cjson/cJSON.h,cjson)
+MIN_SYSLIBS ?= $(if $(call have_lib,xxhash.h,xxhash),$(call have_lib,utf8proc.h,utf8proc))
+LIB_SRC  := $(filter-out src/serve/% src/stream/% src/tokenize/% src/template/%,$(LIB_SRC))
+MIN_LIBS := $(filter -lzstd,$(LDLIBS)) -lm -pthread
+ifeq ($(MIN_SYSLIBS),y)
+MIN_LIBS += -lxxhash -lutf8proc
+else
+override CFLAGS += -Itests/cuda/shim
+endif
+ifeq ($(MIN_CJSON),y)
+MIN_LIBS += -lcjson
+MIN_TESTS := cuda-tests/test_cuda_kernels cuda-tests/test_cuda_forward \
+             cuda-tests/test_cuda_engine tools/gen_model
+else
+LIB_SRC  := $(filter-out $(shell grep -l '^\#include <cjson/cJSON.h>' $(LIB_SRC)),$(LIB_SRC))
+MIN_TESTS := cuda-tests/test_cuda_kernels
+endif
+LDLIBS   := $(MIN_LIBS)
+endif
+
 TEST_SRC := $(sort $(wildcard tests/test_*.c))
 TOOL_SRC := $(sort $(wildcard tools/*.c))
 BENCH_SRC := $(sort $(wildcard bench/*.c))
@@ -62,6 +104,9 @@ LIB_OBJ  += $(CU_OBJ)
 LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
 CUDA_TESTS := $(BUILD)/cuda-tests/test_cuda_kernels $(BUILD)/cuda-tests/test_cuda_forward \
               $(BUILD)/cuda-tests/test_cuda_engine
+ifeq ($(CUDA_MIN),1)
+CUDA_TESTS := $(MIN_TESTS:%=$(BUILD)/%)
+endif
 endif
 
 .PHONY: all test tests tools clean
@@ -129,9 +174,15 @@ $(BUILD)/cuda-tests/%: tests/cuda/%.c $(LIB) tests/test.h $(CU_HDR)
 	$(CC) $(CFLAGS) $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
 
 cuda-tests: $(CUDA_TESTS)
+
+# The GPU tests without the library's packages (CUDA_MIN above), in
+# $(BUILD)/min so that its objects never mix with the full build's.
+.PHONY: cuda-min
+cuda-min:
+	$(MAKE) BUILD=$(BUILD)/min CUDA=1 CUDA_MIN=1 cuda-tests
 else
-cuda-tests:
-	@echo "cuda-tests: build with CUDA=1 (make BUILD=build/cuda CUDA=1 cuda-tests)" >&2; exit 1
+cuda-tests cuda-min:
+	@echo "$@: build with CUDA=1 (make BUILD=build/cuda CUDA=1 $@)" >&2; exit 1
 endif
 
 clean:

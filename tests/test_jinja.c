@@ -262,6 +262,9 @@ static const char *const CASES[][2] = {
      "['a', 'b']['a', '', 'b'][''][]"},
     {"{{ 3.0|int }}{{ '0x1A'|int(0, 16) }}{{ '12'|int(base=8) }}",
      "32610"},
+    /* a base int() refuses: Jinja falls back to int(float(value)), then the default */
+    {"{{ '12'|int(0, 1) }}{{ '12'|int(0, 37) }}{{ '1.5'|int(0, true) }}{{ 'z'|int(7, -2) }}",
+     "121217"},
     {"{{ \"<a>\"|safe ~ \"<b>\" }}",
      "<a><b>"},
     {"{{ \"<a>\"|safe + \"<b>\" }}",

@@ -8,7 +8,8 @@
 # Environment: CUDA_HOME (default /usr/local/cuda, else where nvcc is),
 # BUILD (default build/cuda), CUDA_ARCH (default -arch=sm_90),
 # CUDA_CHECK_SANITIZE=1 also runs the tests under compute-sanitizer;
-# CUDA_CHECK_MINIMAL=1 always takes the minimal build (see below).
+# CUDA_CHECK_MINIMAL=1 always takes the minimal build (make cuda-min);
+# DEPS=DIR: the library's packages unpacked into DIR (README, CUDA).
 # Exit status: 0 all passed, 1 a kernel case failed, 2 the build failed.
 set -u
 cd "$(dirname "$0")/.." || exit 2
@@ -40,19 +41,23 @@ if [ ! -x "$NVCC" ]; then
 fi
 "$NVCC" --version | tail -n 2
 
+if ! command -v make >/dev/null 2>&1; then
+  echo "cuda_check: make not found"
+  exit 2
+fi
+
 # The library's own dependencies (scripts/install-deps.sh) are installed
 # only when a header is missing. A GPU machine that has no network and lacks
-# them still gets the kernel tests: they are then built from the few sources
-# they need (base, kv, ops) with a stand-in for <xxhash.h> (tests/cuda/shim).
+# them still gets the GPU tests from `make cuda-min`: the library less the
+# parts that need the packages, with stand-ins for <xxhash.h> and
+# <utf8proc.h> (tests/cuda/shim); without cJSON only the kernel test.
 missing=""
 for h in ${CUDA_CHECK_HEADERS:-pcre2.h utf8proc.h cjson/cJSON.h microhttpd.h xxhash.h}; do
   printf '#define PCRE2_CODE_UNIT_WIDTH 8\n#include <%s>\n' "$h" |
-    $CC -E -x c - >/dev/null 2>&1 || missing="$missing $h"
+    $CC ${DEPS:+-I"$DEPS/usr/include"} -E -x c - >/dev/null 2>&1 || missing="$missing $h"
 done
 if [ "${CUDA_CHECK_MINIMAL:-0}" = 1 ]; then
   missing=" (CUDA_CHECK_MINIMAL=1)"
-elif ! command -v make >/dev/null 2>&1; then
-  missing=" (no make)"
 elif [ -n "$missing" ]; then
   echo "missing headers:$missing; trying scripts/install-deps.sh"
   # An offline machine fails here; do not let apt wait on the network.
@@ -63,83 +68,34 @@ fi
 
 mkdir -p "$BUILD"
 log="$BUILD/cuda_check_build.log"
-bin="$BUILD/cuda-tests/test_cuda_kernels"
 if [ -z "$missing" ]; then
+  target="cuda-tests $BUILD/tools/gen_model"
+  out="$BUILD"
   echo "== build: make BUILD=$BUILD CUDA=1 CUDA_HOME=$CUDA_HOME CUDA_ARCH=$CUDA_ARCH cuda-tests"
-  if ! make -j"$JOBS" BUILD="$BUILD" CUDA=1 CUDA_HOME="$CUDA_HOME" NVCC="$NVCC" \
-       CUDA_ARCH="$CUDA_ARCH" cuda-tests "$BUILD/tools/gen_model" >"$log" 2>&1; then
-    grep -E "error|warning" "$log" | head -n 30
-    echo "build failed; retrying with CUDA_WERROR= (nvcc warnings not fatal)"
-    if ! make -j"$JOBS" BUILD="$BUILD" CUDA=1 CUDA_HOME="$CUDA_HOME" NVCC="$NVCC" \
-         CUDA_ARCH="$CUDA_ARCH" CUDA_WERROR= cuda-tests "$BUILD/tools/gen_model" >"$log" 2>&1; then
-      tail -n 60 "$log"
-      echo "cuda_check: BUILD FAILED (full log: $log)"
-      exit 2
-    fi
-    echo "NOTE: built without -Werror for the .cu files (warnings above)"
-  fi
 else
-  echo "== build (minimal: the library's packages are missing; nvcc warnings not fatal here)"
-  obj="$BUILD/cuda-min"
-  mkdir -p "$obj" "$BUILD/cuda-tests"
-  CF="-O2 -g -std=c11 -D_GNU_SOURCE -DLOOM_CUDA -Wall -Wextra -Werror -pthread -Iinclude -Isrc"
-  # xxhash and utf8proc: the real libraries where $CC finds them (then their
-  # headers must win over the stand-ins), else tests/cuda/shim
-  LIBS=""
-  for l in xxhash:xxhash.h utf8proc:utf8proc.h; do
-    if printf '#include <%s>\nint main(void){return 0;}\n' "${l#*:}" |
-       $CC -x c - -l"${l%%:*}" -o "$obj/probe" >/dev/null 2>&1; then
-      LIBS="$LIBS -l${l%%:*}"
-    fi
-  done
-  case "$LIBS" in *xxhash*utf8proc*) ;; *) CF="$CF -Itests/cuda/shim"; LIBS="" ;; esac
-  AVX512="-mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx512vnni -mavx512bf16"
-  ok=1
-  {
-    for f in src/base/base.c src/engine/kv.c src/ops/*.c; do
-      case "$f" in
-        *_avx2.c) fl="-mavx2 -mfma -mf16c" ;;
-        *_avx512.c) fl="$AVX512" ;;
-        *) fl="" ;;
-      esac
-      # shellcheck disable=SC2086
-      $CC $CF $fl -c "$f" -o "$obj/$(basename "$f" .c).o" || ok=0
-    done
-    for f in src/cuda/*.cu; do
-      "$NVCC" -O3 -lineinfo $CUDA_ARCH -std=c++17 -Iinclude -Isrc -Xcompiler -Wall,-Wextra \
-        -c "$f" -o "$obj/$(basename "$f" .cu).cu.o" || ok=0
-    done
-    [ $ok = 1 ] && $CC $CF tests/cuda/test_cuda_kernels.c "$obj"/*.o -L"$CUDA_HOME/lib64" \
-      -Wl,-rpath,"$CUDA_HOME/lib64" -lcublas -lcudart -lstdc++ $LIBS -lm -o "$bin" || ok=0
-    # The forward test also loads models: that needs cJSON, nothing else.
-    rm -f "$BUILD/cuda-tests/test_cuda_forward"
-    if [ $ok = 1 ] && printf '#include <cjson/cJSON.h>\n' | $CC -E -x c - >/dev/null 2>&1; then
-      mkdir -p "$obj/model"
-      fok=1
-      for f in src/load/*.c src/model/*.c; do
-        $CC $CF -c "$f" -o "$obj/model/$(basename "$f" .c).o" || fok=0
-      done
-      [ $fok = 1 ] && $CC $CF tests/cuda/test_cuda_forward.c "$obj"/*.o "$obj"/model/*.o \
-        -L"$CUDA_HOME/lib64" -Wl,-rpath,"$CUDA_HOME/lib64" -lcublas -lcudart -lstdc++ -lcjson $LIBS -lm \
-        -o "$BUILD/cuda-tests/test_cuda_forward" || echo "forward test: build failed"
-      # the engine test adds the scheduler, sampling and the exec seam
-      mkdir -p "$obj/engine"
-      eok=$fok
-      for f in src/engine/*.c src/sample/*.c; do
-        [ "$f" = src/engine/kv.c ] && continue  # already in the base objects
-        $CC $CF -c "$f" -o "$obj/engine/$(basename "$f" .c).o" || eok=0
-      done
-      [ $eok = 1 ] && $CC $CF tests/cuda/test_cuda_engine.c "$obj"/*.o "$obj"/model/*.o \
-        "$obj"/engine/*.o -L"$CUDA_HOME/lib64" -Wl,-rpath,"$CUDA_HOME/lib64" -lcublas -lcudart \
-        -lstdc++ -lcjson $LIBS -lm -o "$BUILD/cuda-tests/test_cuda_engine" || echo "engine test: build failed"
-    fi
-  } >"$log" 2>&1
-  if [ $ok != 1 ]; then
+  target=cuda-min
+  out="$BUILD/min"
+  echo "== build (minimal, missing:$missing): make BUILD=$BUILD CUDA=1 CUDA_HOME=$CUDA_HOME CUDA_ARCH=$CUDA_ARCH cuda-min"
+fi
+# a test the minimal build can no longer make must not run from an old build
+tests="$out/cuda-tests"
+rm -f "$tests"/test_cuda_* "$out/tools/gen_model"
+make_cuda() {
+  # shellcheck disable=SC2086
+  make -j"$JOBS" BUILD="$BUILD" CUDA=1 CUDA_HOME="$CUDA_HOME" NVCC="$NVCC" \
+    CUDA_ARCH="$CUDA_ARCH" "$@" $target >"$log" 2>&1
+}
+if ! make_cuda; then
+  grep -E "error|warning" "$log" | head -n 30
+  echo "build failed; retrying with CUDA_WERROR= (nvcc warnings not fatal)"
+  if ! make_cuda CUDA_WERROR=; then
     tail -n 60 "$log"
     echo "cuda_check: BUILD FAILED (full log: $log)"
     exit 2
   fi
+  echo "NOTE: built without -Werror for the .cu files (warnings above)"
 fi
+bin="$tests/test_cuda_kernels"
 echo "build ok"
 
 echo "== kernel tests"
@@ -147,12 +103,12 @@ echo "== kernel tests"
 rc=$?
 # The forward test loads the tiny fixture models; the minimal build makes
 # it only where cJSON is installed.
-fwd="$BUILD/cuda-tests/test_cuda_forward"
+fwd="$tests/test_cuda_forward"
 # Random bf16 models for the paths the f32 fixtures never take, where
 # gen_model was built: qwen3 and llama layouts at head_dim 64, and at head_dim
 # 128 with the GEMV widths of the real models (groups of 4 and 2). A model
 # that fails to generate is left out, not the others.
-gm="$BUILD/tools/gen_model"
+gm="$out/tools/gen_model"
 if [ -x "$gm" ] && [ -z "${LOOM_CUDA_TEST_MODELS:-}" ]; then
   small="--hidden 256 --heads 4 --kv-heads 2 --head-dim 64 --intermediate 512 --vocab 512 --layers 3"
   wide="--hidden 1024 --heads 8 --head-dim 128 --intermediate 2048 --vocab 512 --layers 2"
@@ -177,7 +133,7 @@ if [ -x "$fwd" ]; then
 else
   echo "== forward tests SKIPPED: not built (minimal build without cjson/cJSON.h; see $log)"
 fi
-eng="$BUILD/cuda-tests/test_cuda_engine"
+eng="$tests/test_cuda_engine"
 if [ -x "$eng" ]; then
   echo "== context and engine on the device (reference logits and greedy tokens)"
   "$eng" || rc=1

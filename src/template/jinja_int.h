@@ -16,7 +16,7 @@
  *   4. Every limit that keeps hostile input from exhausting the stack or
  *      memory is enforced where the resource is spent: parser nesting
  *      (jinja_parse.c), value depth (jinja_value.c), steps, output, memory
- *      and macro depth (jinja_eval.c). */
+ *      and macro depth (jinja_eval.c; the output limit also in jinja_ops.c). */
 #ifndef LOOM_TEMPLATE_JINJA_INT_H
 #define LOOM_TEMPLATE_JINJA_INT_H
 
@@ -107,7 +107,7 @@ typedef struct jframe jframe;
 
 /* Built-in callables and bound methods. */
 typedef struct jfunc {
-    int kind;              /* JF_* in jinja_eval.c */
+    int kind;              /* JF_* in jinja_render.h */
     const char *name;      /* builtin / method name */
     jv *self;              /* bound object for methods */
     const jnode *macro;    /* macro or caller definition */
@@ -130,6 +130,18 @@ struct jv {
 };
 
 extern jv jv_undef_static, jv_none_static, jv_true_static, jv_false_static;
+
+/* Numbers: bool, int and float all count, as in Python. */
+static inline int is_num(const jv *v) {
+    return v->type == JV_BOOL || v->type == JV_INT || v->type == JV_FLOAT;
+}
+static inline int is_intlike(const jv *v) { return v->type == JV_BOOL || v->type == JV_INT; }
+static inline double numf(const jv *v) {
+    return v->type == JV_FLOAT ? v->u.f : v->type == JV_INT ? (double)v->u.i : v->u.b;
+}
+static inline int64_t numi(const jv *v) {
+    return v->type == JV_INT ? v->u.i : v->type == JV_BOOL ? v->u.b : (int64_t)v->u.f;
+}
 
 jv *jv_new(jarena *a, int type);
 jv *jv_oom(void);   /* scratch None handed out when an allocation fails */
@@ -220,7 +232,7 @@ struct loom_jinja_template {
 /* Parser entry (jinja_parse.c). */
 loom_status jinja_parse(jarena *a, const char *src, size_t len, jnode **out);
 
-/* Whether a filter / test name exists in Jinja (jinja_eval.c); the parser
+/* Whether a filter / test name exists in Jinja (jinja_filters.c); the parser
  * rejects unknown names at compile time, as Jinja does. */
 int jinja_filter_known(const char *name);
 int jinja_test_known(const char *name);

@@ -239,18 +239,6 @@ int jv_truthy(const jv *v) {
     }
 }
 
-static int is_num(const jv *v) {
-    return v->type == JV_BOOL || v->type == JV_INT || v->type == JV_FLOAT;
-}
-
-static double num_f(const jv *v) {
-    return v->type == JV_FLOAT ? v->u.f : v->type == JV_INT ? (double)v->u.i : v->u.b;
-}
-
-static int64_t num_i(const jv *v) {
-    return v->type == JV_INT ? v->u.i : v->u.b;
-}
-
 /* Containers can hold themselves (list.append(list), ns.x = ns): recursion
  * below is capped at this depth instead of running off the stack. */
 #define MAX_VALUE_DEPTH 200
@@ -263,8 +251,8 @@ static int equal_at(const jv *a, const jv *b, int depth) {
     if (a == b) return 1;
     if (depth > MAX_VALUE_DEPTH) return 0;
     if (is_num(a) && is_num(b)) {
-        if (a->type != JV_FLOAT && b->type != JV_FLOAT) return num_i(a) == num_i(b);
-        return num_f(a) == num_f(b);
+        if (a->type != JV_FLOAT && b->type != JV_FLOAT) return numi(a) == numi(b);
+        return numf(a) == numf(b);
     }
     if (a->type != b->type) return 0;
     switch (a->type) {
@@ -299,10 +287,10 @@ static int compare_at(const jv *a, const jv *b, int *ok, int depth) {
     if (!*ok) return 0;
     if (is_num(a) && is_num(b)) {
         if (a->type != JV_FLOAT && b->type != JV_FLOAT) {
-            int64_t x = num_i(a), y = num_i(b);
+            int64_t x = numi(a), y = numi(b);
             return x < y ? -1 : x > y;
         }
-        double x = num_f(a), y = num_f(b);
+        double x = numf(a), y = numf(b);
         return x < y ? -1 : x > y;
     }
     if (a->type == JV_STR && b->type == JV_STR) {

@@ -344,12 +344,14 @@ typedef struct tk_dec_scratch {
 } tk_dec_scratch;
 void tk_dec_scratch_free(tk_dec_scratch *s);
 
-/* Decodes a list of token strings through the decoder chain, appending to
- * out. scratch may be NULL. */
-loom_status tk_decode_tokens(const loom_tok *t, const tk_pieces *toks,
+/* Decodes a list of token strings through the decoder chain dec (NULL:
+ * tokens joined by single spaces), appending to out. scratch may be NULL. */
+loom_status tk_decode_tokens(const tk_dec *dec, const tk_pieces *toks,
                              tk_dec_ctx *ctx, tk_buf *out,
                              tk_dec_scratch *scratch);
 /* Strip budget a fresh stream starts with. */
 int tk_dec_initial_strip(const tk_dec *d);
+/* Appends the bytes a byte-level token stands for; -1 when out of memory. */
+int tk_bytelevel_bytes(const char *s, size_t n, tk_buf *b);
 
 #endif

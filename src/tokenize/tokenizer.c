@@ -314,7 +314,7 @@ loom_status loom_tok_decode(const loom_tok *t, const int32_t *ids, size_t n,
     if (!st) {
         tk_dec_ctx ctx = {.at_start = 1, .strip_left = tk_dec_initial_strip(t->dec),
                           .final = 1};
-        st = tk_decode_tokens(t, &toks, &ctx, &out, NULL);
+        st = tk_decode_tokens(t->dec, &toks, &ctx, &out, NULL);
     }
     tk_pieces_free(&toks);
     if (!st && tk_buf_reserve(&out, 0)) st = tk_nomem();
