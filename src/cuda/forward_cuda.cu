@@ -10,7 +10,7 @@
  * Weights are uploaded once (loom_cuda_model_create); the host model stays
  * the owner of the mapping. The device holds its own K/V rows in the exact
  * layout of the host pool (same n_layers, n_blocks, block_size, row bytes),
- * so the host loom_kv_pool keeps doing all the bookkeeping (block tables,
+ * so the host KV pool keeps doing all the bookkeeping (block tables,
  * reference counts, prefix cache) and only its k/v bytes go unused.
  * Activations are carved once for max_tokens; the logits buffer grows on
  * demand. Unsupported model features are refused at create time, naming
@@ -52,8 +52,8 @@
 /* The model headers are C without extern "C" guards of their own. */
 extern "C" {
 #include "base/base.h"
-#include "engine/kv.h"
 #include "model/forward.h"
+#include "model/kv_layout.h"
 #include "model/model.h"
 }
 
@@ -366,7 +366,7 @@ static loom_status check_model(const loom_model *m) {
 }
 
 extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
-                                              const struct loom_kv_pool *kv, int max_tokens,
+                                              const struct loom_kv_layout *kv, int max_tokens,
                                               int max_ctx, loom_cuda_model **out) {
     *out = NULL;
     loom_status st = check_model(m);
@@ -592,7 +592,7 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
     return LOOM_OK;
 }
 
-static loom_status check_rows(const loom_cuda_model *g, const loom_kv_pool *kv,
+static loom_status check_rows(const loom_cuda_model *g, const loom_kv_layout *kv,
                               const loom_fwd_row *rows, int n_rows, int *total) {
     if (kv->n_blocks != g->kv_blocks || kv->block_size != g->kv_bs || kv->row_bytes != g->kv_row_bytes)
         return loom_err(LOOM_ERR_INVALID_ARG, "cuda forward: KV pool differs from the one the "
@@ -919,7 +919,7 @@ static int takes_pick(const loom_fwd_row *rows, int r, const int32_t *picks,
     return !(samp && samp[r].temperature > 0) || loom_cuda_sample_fits(V);
 }
 
-extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_pool *kv,
+extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_layout *kv,
                                          loom_fwd_row *rows, int n_rows, int32_t *picks_in,
                                          const loom_cuda_sampling *samp_in) {
     const loom_model *m = g->m;

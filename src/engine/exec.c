@@ -31,13 +31,13 @@ loom_status loom_exec_create(loom_model *m, loom_kv_pool *kv, int max_tokens, in
     } else {
 #ifdef LOOM_CUDA
         /* the device twin of the pool is one row layout for every layer */
-        if (kv->mixed)
+        if (kv->lay.mixed)
             s = loom_err(LOOM_ERR_UNSUPPORTED,
                          "device cuda:%d: per-layer KV types (kv_config.json) are not supported on "
                          "CUDA; expected one KV type for every layer", m->device);
         else
             s = loom_cuda_create(m->device, &x->cuda);
-        if (!s) s = loom_cuda_model_create(x->cuda, m, kv, max_tokens, max_ctx, &x->gpu);
+        if (!s) s = loom_cuda_model_create(x->cuda, m, &kv->lay, max_tokens, max_ctx, &x->gpu);
 #else
         (void)kv;
         s = loom_err(LOOM_ERR_UNSUPPORTED,
@@ -79,12 +79,12 @@ loom_status loom_exec_forward_picks(loom_exec *x, loom_kv_pool *kv, loom_fwd_row
                                     int n_rows, int32_t *picks, const loom_exec_sampling *samp) {
 #ifdef LOOM_CUDA
     if (x->gpu)
-        return loom_cuda_forward(x->gpu, kv, rows, n_rows, picks,
+        return loom_cuda_forward(x->gpu, &kv->lay, rows, n_rows, picks,
                                  (const loom_cuda_sampling *)(const void *)samp);
 #endif
     (void)picks;  /* the CPU forward always writes logits */
     (void)samp;
-    return loom_forward(x->m, x->fwd, kv, rows, n_rows);
+    return loom_forward(x->m, x->fwd, &kv->lay, rows, n_rows);
 }
 
 int loom_exec_on_device(const loom_exec *x) { return x->fwd == NULL; }

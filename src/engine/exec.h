@@ -6,6 +6,7 @@
 #ifndef LOOM_EXEC_H
 #define LOOM_EXEC_H
 
+#include "engine/kv.h"
 #include "model/forward.h"
 
 typedef struct loom_exec loom_exec;

@@ -307,7 +307,7 @@ static void weight_row(const loom_model *m, const loom_weight *e, float *dst, in
 typedef struct attn_job {
     loom_model *m;
     loom_fwd_state *s;
-    loom_kv_pool *kv;
+    loom_kv_layout *kv;
     const loom_fwd_row *rows;
     const loom_attn *A;
     const int *tiles;        /* [2 * n_tiles] token ranges [ta, tb) of one row */
@@ -315,7 +315,7 @@ typedef struct attn_job {
 } attn_job;
 
 /* Head kh's slice of a K or V row of layer l as f32 into dst. */
-static void kv_slice(const loom_kv_pool *kv, int l, const void *row, int kh, int hd, float *dst) {
+static void kv_slice(const loom_kv_layout *kv, int l, const void *row, int kh, int hd, float *dst) {
     if (kv->layer[l].type == LOOM_KV_F32)
         memcpy(dst, (const float *)row + (size_t)kh * hd, sizeof(float) * (size_t)hd);
     else
@@ -327,7 +327,7 @@ static void kv_slice(const loom_kv_pool *kv, int l, const void *row, int kh, int
  * in one block; else widened or copied into buf (n rows of head_dim). */
 static const float *kv_rows(const attn_job *j, const loom_kv_seq *seq, int kh, int vals, int p0,
                             int n, float *buf, int in_place, int *ld) {
-    const loom_kv_pool *kv = j->kv;
+    const loom_kv_layout *kv = j->kv;
     int l = j->A->kv_layer, hd = j->A->head_dim, f32 = kv->layer[l].type == LOOM_KV_F32;
     if (in_place && f32 && p0 / kv->block_size == (p0 + n - 1) / kv->block_size) {
         *ld = kv->kv_dim;
@@ -452,7 +452,7 @@ static void attn_task(void *ctx, int task, int thread) {
  * ATT_SPLIT_SUB * hd: each row is read once, in order. */
 static void split_rows(const attn_job *j, const loom_kv_seq *seq, int vals, int a, int b,
                        float *dst) {
-    const loom_kv_pool *kv = j->kv;
+    const loom_kv_layout *kv = j->kv;
     int l = j->A->kv_layer, hd = j->A->head_dim, nkv = j->A->n_kv_heads;
     for (int p = a; p < b; p++) {
         const void *row = vals ? loom_kv_v_row(kv, seq, l, p) : loom_kv_k_row(kv, seq, l, p);
@@ -469,7 +469,7 @@ static void split_task(const attn_job *j, int task, int thread) {
     const loom_config *c = &j->m->cfg;
     const loom_kernels *k = j->m->k;
     const loom_attn *A = j->A;
-    const loom_kv_pool *kv = j->kv;
+    const loom_kv_layout *kv = j->kv;
     loom_fwd_state *s = j->s;
     int hd = A->head_dim, nh = c->n_heads, nkv = A->n_kv_heads, group = nh / nkv;
     int t = s->split_task[3 * task], p0 = s->split_task[3 * task + 1];
@@ -588,7 +588,7 @@ static void rms_plain(float *x, int n, float eps) {
 }
 
 /* Softmax attention block: s->xb (normed input) -> s->xb. */
-static void attention(loom_model *m, loom_fwd_state *s, loom_kv_pool *kv,
+static void attention(loom_model *m, loom_fwd_state *s, loom_kv_layout *kv,
                       const loom_fwd_row *rows, const loom_layer *L, int l, int T) {
     const loom_config *c = &m->cfg;
     const loom_attn *A = &L->attn;
@@ -855,7 +855,7 @@ loom_status loom_fwd_check_rows(const loom_model *m, const loom_fwd_row *rows, i
 }
 
 static loom_status check_rows(const loom_model *m, const loom_fwd_state *s,
-                              const loom_kv_pool *kv, const loom_fwd_row *rows,
+                              const loom_kv_layout *kv, const loom_fwd_row *rows,
                               int n_rows, int *total) {
     if (kv->kv_dim < m->kv_dim || kv->n_layers < m->cfg.n_layers)
         return loom_err(LOOM_ERR_INVALID_ARG, "forward: KV pool has %d layers of width %d, model "
@@ -864,7 +864,7 @@ static loom_status check_rows(const loom_model *m, const loom_fwd_state *s,
     return loom_fwd_check_rows(m, rows, n_rows, kv->block_size, s->max_ctx, s->max_tokens, total);
 }
 
-loom_status loom_forward(loom_model *m, loom_fwd_state *s, loom_kv_pool *kv,
+loom_status loom_forward(loom_model *m, loom_fwd_state *s, loom_kv_layout *kv,
                          loom_fwd_row *rows, int n_rows) {
     const loom_config *c = &m->cfg;
     int T = 0;

@@ -18,7 +18,7 @@
 
 #include <stdint.h>
 
-#include "engine/kv.h"
+#include "model/kv_layout.h"
 #include "model/model.h"
 
 enum { LOOM_LOGITS_NONE = 0, LOOM_LOGITS_LAST = 1, LOOM_LOGITS_ALL = 2 };
@@ -81,9 +81,9 @@ loom_status loom_fwd_check_rows(const loom_model *m, const loom_fwd_row *rows, i
                                 int block_size, int max_ctx, int max_tokens, int *total);
 
 /* Runs the model. Checks token ids, sizes and recurrent states first; on an
- * error nothing is written to any sequence. The KV pool's rows must be at
+ * error nothing is written to any sequence. The KV layout's rows must be at
  * least loom_model_kv_dim(m) wide. */
-loom_status loom_forward(loom_model *m, loom_fwd_state *s, loom_kv_pool *kv,
+loom_status loom_forward(loom_model *m, loom_fwd_state *s, loom_kv_layout *kv,
                          loom_fwd_row *rows, int n_rows);
 
 #endif
