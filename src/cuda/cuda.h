@@ -28,6 +28,9 @@
 extern "C" {
 #endif
 
+/* a C header without extern "C" guards of its own */
+#include "sample/sample.h"
+
 /* Element types of weights, tables and KV rows on the device. */
 typedef enum loom_cuda_dtype {
     LOOM_CUDA_F32 = 0,
@@ -154,20 +157,14 @@ loom_status loom_cuda_qkv_post_bf16(loom_cuda *c, float *d_q, const struct loom_
 
 #define LOOM_CUDA_TOPK_MAX 64
 
-/* One row's sampling: what src/sample/sample.c does for temperature > 0,
- * 1 <= top_k <= LOOM_CUDA_TOPK_MAX, top_p, min_p (no XTC, bias or
- * penalties), with u the request generator's uniform draw in [0, 1). */
-typedef struct loom_cuda_sampling {
-    float temperature, top_p, min_p;
-    int top_k;
-    double u;
-} loom_cuda_sampling;
+/* One row's sampling is a loom_sample_pick (sample/sample.h), top_k up to
+ * LOOM_CUDA_TOPK_MAX. */
 
 /* d_out[t] = the token drawn from row t of d_logits (T, V) with
  * d_params[t] (device memory), for vocabularies where
  * loom_cuda_sample_fits (up to 385,024 entries). */
 loom_status loom_cuda_sample(loom_cuda *c, int32_t *d_out, const float *d_logits, int T, int V,
-                             const loom_cuda_sampling *d_params);
+                             const loom_sample_pick *d_params);
 int loom_cuda_sample_fits(int V);
 
 /* ---- matrix products --------------------------------------------------- */
@@ -363,7 +360,7 @@ void loom_cuda_model_free(loom_cuda_model *g);
  * written to out and picks[r] stays -1). */
 loom_status loom_cuda_forward(loom_cuda_model *g, struct loom_kv_layout *kv,
                               struct loom_fwd_row *rows, int n_rows, int32_t *picks,
-                              const loom_cuda_sampling *samp);
+                              const loom_sample_pick *samp);
 
 #ifdef __cplusplus
 }

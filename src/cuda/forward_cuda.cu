@@ -48,6 +48,7 @@
 #include <string.h>
 
 #include "cuda/cuda_int.cuh"
+#include "cuda/tuning.h"
 
 /* The model headers are C without extern "C" guards of their own. */
 extern "C" {
@@ -188,13 +189,13 @@ struct loom_cuda_model {
     size_t ints_cap;
     int32_t *ids;              /* device argmax per logits row [ids_cap] */
     int32_t *sids;             /* device sampled token per logits row [ids_cap] */
-    loom_cuda_sampling *samp;  /* device sampling parameters per logits row [ids_cap] */
+    loom_sample_pick *samp;    /* device sampling parameters per logits row [ids_cap] */
     int ids_cap;
     /* host staging (pinned: the copies are asynchronous) */
     int32_t *h_ints;           /* owned, ints_cap */
     int32_t *h_ids;            /* owned, ids_cap */
     int32_t *h_sids;           /* owned, ids_cap */
-    loom_cuda_sampling *h_samp; /* owned, ids_cap */
+    loom_sample_pick *h_samp;  /* owned, ids_cap */
     /* decode graphs */
     int use_graphs;
     struct fw_graph {
@@ -371,6 +372,8 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
     *out = NULL;
     loom_status st = check_model(m);
     if (st != LOOM_OK) return st;
+    loom_cuda_tuning tune; /* the model's knobs, read once here */
+    loom_cuda_tuning_read(&tune);
     const loom_config *cf = &m->cfg;
     if (kv->type != LOOM_KV_F32 && kv->type != LOOM_KV_F16 && kv->type != LOOM_KV_BF16)
         return loom_err(LOOM_ERR_UNSUPPORTED, "cuda forward: KV type %s (expected f32, f16 or bf16)",
@@ -517,22 +520,18 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
      * the Qwen3-0.6B ones against cuBLAS's 12-16; at 8 tokens cuBLAS's
      * tensor-core GEMMs win (batch 8: 1,295 against 1,012 tok/s on
      * Llama-3-8B, 4,500 against 4,112 on Qwen3-0.6B). */
-    const char *gu = getenv("LOOM_CUDA_GU16");
-    g->gu16 = g->act16 == LOOM_CUDA_BF16 && !(gu && !strcmp(gu, "0"));
+    g->gu16 = g->act16 == LOOM_CUDA_BF16 && tune.gu16;
     /* bf16 q/k/v for prefill: H200, Llama-3-8B 4096-token prefill 36,442
      * against 36,152 tok/s, batched vs token-by-token logits within 0.218
      * of 6.1 (f32: 0.202; 5% allowed) */
-    const char *q16 = getenv("LOOM_CUDA_QKV16");
-    g->qkv16 = g->act16 == LOOM_CUDA_BF16 && !(q16 && !strcmp(q16, "0"));
+    g->qkv16 = g->act16 == LOOM_CUDA_BF16 && tune.qkv16;
     /* qkv_post inside the cluster attention: off, as measured (H200,
      * Qwen3-0.6B batch 1: 1,170 tok/s against 1,306 with the two kernels;
      * the cluster kernel then follows the qkv GEMV, which fills the SMs,
      * instead of the small qkv_post, and its table and row loads no
      * longer overlap a kernel ahead) */
-    const char *aq = getenv("LOOM_CUDA_ATTN_QKV");
-    g->attn_qkv = aq && !strcmp(aq, "1");
-    const char *gv = getenv("LOOM_CUDA_GEMV_T");
-    g->gemv_t = gv ? atoi(gv) : 2;
+    g->attn_qkv = tune.attn_qkv;
+    g->gemv_t = tune.gemv_t;
     g->small_t = g->act16 != LOOM_CUDA_F32 ? 8 : 0;
     for (int l = 0; l < L && g->small_t; l++) {
         const dlayer *D = &g->layers[l];
@@ -545,8 +544,7 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
             g->small_t = LOOM_MIN_U((unsigned)g->small_t,
                                     (unsigned)loom_cuda_gemv_max_tokens(c, ws[k]->dt, ws[k]->cols));
     }
-    const char *ham = getenv("LOOM_CUDA_HEAD_AM");
-    g->head_am = !(ham && !strcmp(ham, "0"));
+    g->head_am = tune.head_am;
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->hb2, T * I * 4);
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->cs, rope_n * 4);
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->sn, rope_n * 4);
@@ -565,21 +563,19 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->ids, (size_t)g->ids_cap * 4);
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->sids, (size_t)g->ids_cap * 4);
     if (st == LOOM_OK)
-        st = g_alloc(g, (void **)&g->samp, (size_t)g->ids_cap * sizeof(loom_cuda_sampling));
+        st = g_alloc(g, (void **)&g->samp, (size_t)g->ids_cap * sizeof(loom_sample_pick));
     if (st == LOOM_OK) {
         cudaError_t e = cudaMallocHost((void **)&g->h_ints, g->ints_cap * 4);
         if (e == cudaSuccess) e = cudaMallocHost((void **)&g->h_ids, (size_t)g->ids_cap * 4);
         if (e == cudaSuccess) e = cudaMallocHost((void **)&g->h_sids, (size_t)g->ids_cap * 4);
         if (e == cudaSuccess)
-            e = cudaMallocHost((void **)&g->h_samp, (size_t)g->ids_cap * sizeof(loom_cuda_sampling));
+            e = cudaMallocHost((void **)&g->h_samp, (size_t)g->ids_cap * sizeof(loom_sample_pick));
         if (e != cudaSuccess)
             st = loom_err(LOOM_ERR_NOMEM, "cuda forward: %zu bytes of pinned host memory: %s",
                           g->ints_cap * 4, cudaGetErrorString(e));
     }
-    const char *env = getenv("LOOM_CUDA_GRAPHS");
-    g->use_graphs = !(env && !strcmp(env, "0"));
-    const char *stv = getenv("LOOM_CUDA_STEP_TIMES");
-    if (st == LOOM_OK && stv && !strcmp(stv, "1")) {
+    g->use_graphs = tune.graphs;
+    if (st == LOOM_OK && tune.step_times) {
         g->st_on = 1;
         for (int i = 0; i < 2; i++)
             for (int k = 0; k < 3; k++) cudaEventCreate(&g->st_ev[i][k]);
@@ -914,14 +910,14 @@ static loom_status fw_run(loom_cuda_model *g, const fw_step *S, int graphable) {
  * logits), and greedy or of a vocabulary the device sampler takes (else
  * its logits are copied and the pick left to the host). */
 static int takes_pick(const loom_fwd_row *rows, int r, const int32_t *picks,
-                      const loom_cuda_sampling *samp, int V) {
+                      const loom_sample_pick *samp, int V) {
     if (!picks || picks[r] != -1 || rows[r].logits != LOOM_LOGITS_LAST) return 0;
     return !(samp && samp[r].temperature > 0) || loom_cuda_sample_fits(V);
 }
 
 extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_layout *kv,
                                          loom_fwd_row *rows, int n_rows, int32_t *picks_in,
-                                         const loom_cuda_sampling *samp_in) {
+                                         const loom_sample_pick *samp_in) {
     const loom_model *m = g->m;
     const loom_config *cf = &m->cfg;
     loom_cuda *c = g->c;
@@ -1022,7 +1018,7 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_layout *kv,
         for (int k = 0; k < cnt; k++, j++) {
             int sampled = pick && samp_in && samp_in[r].temperature > 0;
             /* other rows: a cheap, valid setting (one round); their result is unused */
-            loom_cuda_sampling one = {1.0f, 1.0f, 0.0f, 1, 0.0};
+            loom_sample_pick one = {1.0f, 1.0f, 0.0f, 1, 0.0};
             g->h_samp[j] = sampled ? samp_in[r] : one;
             n_samp += sampled;
         }

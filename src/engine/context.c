@@ -85,7 +85,7 @@ loom_status loom_context_truncate(loom_context *c, int pos) {
 /* loom_context_eval; picks/samp as loom_exec_forward_picks for the last
  * token's row (NULL: logits). */
 static loom_status ctx_eval(loom_context *c, const int32_t *tokens, int n, int all_logits,
-                            float *logits, int32_t *pick, const loom_exec_sampling *samp) {
+                            float *logits, int32_t *pick, const loom_sample_pick *samp) {
     int V = c->m->cfg.vocab_size;
     if (n <= 0 || !tokens) return loom_err(LOOM_ERR_INVALID_ARG, "eval: no tokens given");
     for (int i = 0; i < n; i++)
@@ -126,7 +126,7 @@ loom_status loom_context_eval(loom_context *c, const int32_t *tokens, int n,
 
 loom_status loom_context_eval_next(loom_context *c, const int32_t *tokens, int n,
                                    loom_sampler *smp, float *logits, int32_t *id) {
-    loom_exec_sampling samp = {0};
+    loom_sample_pick samp = {0};
     int32_t pick = -2;  /* -2: not asked */
     if (!smp || loom_exec_pick_for(c->fwd, smp, &samp)) pick = -1;
     loom_status s = ctx_eval(c, tokens, n, 0, logits, pick == -1 ? &pick : NULL,

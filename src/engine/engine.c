@@ -83,7 +83,7 @@ struct loom_engine {
     int32_t *picks;                /* owned [max_seqs]: -1 asks the forward for the
                                       token (a device forward answers it), -2 =
                                       sample from the logits */
-    loom_exec_sampling *samp;      /* owned [max_seqs]: how a -1 row is sampled
+    loom_sample_pick *samp;        /* owned [max_seqs]: how a -1 row is sampled
                                       (temperature 0: greedy) */
     loom_request **row_req;        /* owned [max_seqs] request of each row */
     int *row_kind;                 /* owned [max_seqs] 0 decode, 1 prefill */
@@ -269,7 +269,7 @@ static int blocks_for(const loom_engine *e, int tokens) {
  * instead of a vocabulary-sized logits row. */
 static void mark_pick(loom_engine *e, loom_request *r, int i, int wants) {
     e->picks[i] = -2;
-    e->samp[i] = (loom_exec_sampling){0};
+    e->samp[i] = (loom_sample_pick){0};
     if (wants && r->logprobs < 0 && loom_exec_pick_for(e->fwd, &r->sampler, &e->samp[i]))
         e->picks[i] = -1;
 }

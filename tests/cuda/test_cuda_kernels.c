@@ -1424,7 +1424,7 @@ static int test_qkv_post(int T, int nh, int nkv, int hd, int rot, int norms, int
 /* The CPU sampler's steps for one row (src/sample/sample.c, no bias,
  * penalties or XTC), spelled out: the id drawn, and how far the draw fell
  * from the nearest boundary between candidates (relative to the mass). */
-static int sample_ref(const float *l, int V, const loom_cuda_sampling *P, double *margin) {
+static int sample_ref(const float *l, int V, const loom_sample_pick *P, double *margin) {
     int32_t *idx = xmalloc((size_t)V * 4);
     float *p = xmalloc((size_t)V * 4);
     float mx = l[0];
@@ -1480,16 +1480,16 @@ static int test_sample(int T, int V, float temp, int top_k, float top_p, float m
              top_p, min_p);
     float *l = xmalloc((size_t)T * V * 4);
     fill(l, (size_t)T * V, 4.0f);
-    loom_cuda_sampling *P = xmalloc((size_t)T * sizeof *P);
+    loom_sample_pick *P = xmalloc((size_t)T * sizeof *P);
     int32_t *got = xmalloc((size_t)T * 4);
     for (int t = 0; t < T; t++) {
-        P[t] = (loom_cuda_sampling){.temperature = temp, .top_p = top_p, .min_p = min_p,
+        P[t] = (loom_sample_pick){.temperature = temp, .top_p = top_p, .min_p = min_p,
                                     .top_k = top_k,
                                     .u = (double)(test_rand_u32(&rng) >> 8) / 16777216.0};
         if (t == 0) l[(size_t)1 * V / 3] = l[(size_t)2 * V / 3] = 9.0f;  /* a tie at the top */
     }
     float *dl = up(l, (size_t)T * V * 4);
-    loom_cuda_sampling *dp = up(P, (size_t)T * sizeof *P);
+    loom_sample_pick *dp = up(P, (size_t)T * sizeof *P);
     int32_t *dout = NULL;
     int ok = 0;
     if (!dl || !dp || loom_cuda_alloc(C, (void **)&dout, (size_t)T * 4) != LOOM_OK) {
