@@ -12,7 +12,7 @@
  * layout of the host pool (same n_layers, n_blocks, block_size, row bytes),
  * so the host KV pool keeps doing all the bookkeeping (block tables,
  * reference counts, prefix cache) and only its k/v bytes go unused.
- * Activations are carved once for max_tokens; the logits buffer grows on
+ * Activations are carved once for step_tokens; the logits buffer grows on
  * demand. Unsupported model features are refused at create time, naming
  * the feature.
  *
@@ -147,7 +147,7 @@ typedef struct dlayer {
 struct loom_cuda_model {
     loom_cuda *c;              /* borrowed */
     const loom_model *m;       /* borrowed */
-    int max_tokens, max_ctx;
+    int step_tokens, max_ctx;
     void **allocs;             /* owned device allocations */
     int n_allocs, cap_allocs;
     dweight embed, lm_head;
@@ -159,11 +159,11 @@ struct loom_cuda_model {
     size_t kv_row_bytes;
     loom_cuda_dtype kv_dt;
     /* activations (device) */
-    float *x, *xb;             /* (max_tokens, hidden) */
-    float *q, *att;            /* (max_tokens, n_heads * head_dim) */
-    float *qkv;                /* (max_tokens, q_dim + 2 * kv_dim) fused projection output */
-    float *k, *v;              /* (max_tokens, kv_dim) */
-    float *hb, *hb2;           /* (max_tokens, 2 * inter), (max_tokens, inter) */
+    float *x, *xb;             /* (step_tokens, hidden) */
+    float *q, *att;            /* (step_tokens, n_heads * head_dim) */
+    float *qkv;                /* (step_tokens, q_dim + 2 * kv_dim) fused projection output */
+    float *k, *v;              /* (step_tokens, kv_dim) */
+    float *hb, *hb2;           /* (step_tokens, 2 * inter), (step_tokens, inter) */
     loom_cuda_dtype act16;     /* F16/BF16: GEMM inputs made in that type by the kernel
                                   before (all q/k/v, gate_up, down weights of it); F32: off */
     int gemv_t;                /* steps of up to this many tokens take loom_cuda_gemv for
@@ -178,8 +178,8 @@ struct loom_cuda_model {
                                   the step (LOOM_CUDA_HEAD_AM, 1; 0: the argmax kernel) */
     int small_t;               /* up to this many tokens (and gemv_t) a layer is 4 GEMVs that
                                   make their own inputs + qkv_post + attention; 0: never */
-    void *a16;                 /* (max_tokens, max(hidden, inter)) of act16 */
-    float *cs, *sn;            /* (n_ropes, max_tokens, max_half) */
+    void *a16;                 /* (step_tokens, max(hidden, inter)) of act16 */
+    float *cs, *sn;            /* (n_ropes, step_tokens, max_half) */
     int max_half;
     const double *inv_freq[LOOM_MAX_ROPES]; /* device [rot_dim / 2] per rope */
     float *logits;             /* (logits_rows, vocab), grown */
@@ -367,7 +367,7 @@ static loom_status check_model(const loom_model *m) {
 }
 
 extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
-                                              const struct loom_kv_layout *kv, int max_tokens,
+                                              const struct loom_kv_layout *kv, int step_tokens,
                                               int max_ctx, loom_cuda_model **out) {
     *out = NULL;
     loom_status st = check_model(m);
@@ -378,15 +378,15 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
     if (kv->type != LOOM_KV_F32 && kv->type != LOOM_KV_F16 && kv->type != LOOM_KV_BF16)
         return loom_err(LOOM_ERR_UNSUPPORTED, "cuda forward: KV type %s (expected f32, f16 or bf16)",
                         loom_kv_type_name(kv->type));
-    if (kv->kv_dim < m->kv_dim || kv->n_layers < cf->n_layers || max_tokens <= 0 || max_ctx <= 0)
+    if (kv->kv_dim < m->kv_dim || kv->n_layers < cf->n_layers || step_tokens <= 0 || max_ctx <= 0)
         return loom_err(LOOM_ERR_INVALID_ARG, "cuda forward: KV pool has %d layers of width %d, "
-                        "model needs %d of width %d; max_tokens %d, max_ctx %d", kv->n_layers,
-                        kv->kv_dim, cf->n_layers, m->kv_dim, max_tokens, max_ctx);
+                        "model needs %d of width %d; step_tokens %d, max_ctx %d", kv->n_layers,
+                        kv->kv_dim, cf->n_layers, m->kv_dim, step_tokens, max_ctx);
     loom_cuda_model *g = (loom_cuda_model *)calloc(1, sizeof *g);
     if (!g) return loom_err(LOOM_ERR_NOMEM, "out of memory");
     g->c = c;
     g->m = m;
-    g->max_tokens = max_tokens;
+    g->step_tokens = step_tokens;
     g->max_ctx = max_ctx;
     int H = cf->hidden_size, L = cf->n_layers;
     g->layers = (dlayer *)calloc((size_t)L, sizeof *g->layers);
@@ -484,7 +484,7 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
     if (st == LOOM_OK) st = g_alloc(g, &g->kv_k, kv_bytes);
     if (st == LOOM_OK) st = g_alloc(g, &g->kv_v, kv_bytes);
     /* activations */
-    size_t T = (size_t)max_tokens, qd = (size_t)cf->n_heads * LOOM_MAX_I(m->max_head_dim, 1);
+    size_t T = (size_t)step_tokens, qd = (size_t)cf->n_heads * LOOM_MAX_I(m->max_head_dim, 1);
     size_t kvd = (size_t)m->kv_dim, I = (size_t)LOOM_MAX_I(m->max_inter, 1);
     g->max_half = 1;
     for (int i = 0; i < m->n_ropes; i++) g->max_half = LOOM_MAX_I(g->max_half, m->ropes[i].rot_dim / 2);
@@ -558,7 +558,7 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
      * ceil(max_ctx / bs) */
     size_t tstride_max = (size_t)(max_ctx + kv->block_size - 1) / kv->block_size;
     g->ints_cap = 7 * T + 1 + T * tstride_max;
-    g->ids_cap = max_tokens;
+    g->ids_cap = step_tokens;
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->ints, g->ints_cap * 4);
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->ids, (size_t)g->ids_cap * 4);
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->sids, (size_t)g->ids_cap * 4);
@@ -596,7 +596,7 @@ static loom_status check_rows(const loom_cuda_model *g, const loom_kv_layout *kv
     for (int r = 0; r < n_rows; r++)
         if (rows[r].state)
             return loom_err(LOOM_ERR_INVALID_ARG, "forward: row %d carries a recurrent state", r);
-    return loom_fwd_check_rows(g->m, rows, n_rows, kv->block_size, g->max_ctx, g->max_tokens, total);
+    return loom_fwd_check_rows(g->m, rows, n_rows, kv->block_size, g->max_ctx, g->step_tokens, total);
 }
 
 /* Step times (LOOM_CUDA_STEP_TIMES=1), over runs of decode steps of one
@@ -636,7 +636,7 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
     loom_cuda *c = g->c;
     int T = S->T, H = cf->hidden_size, nh = cf->n_heads, bs = g->kv_bs;
     for (int i = 0; i < m->n_ropes; i++) {
-        size_t off = (size_t)i * g->max_tokens * g->max_half;
+        size_t off = (size_t)i * g->step_tokens * g->max_half;
         TRY(loom_cuda_rope_table_dev(c, g->cs + off, g->sn + off, g->max_half, S->pos, T,
                                      g->inv_freq[i], m->ropes[i].rot_dim, m->ropes[i].scale));
     }
@@ -665,7 +665,7 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
         size_t esz = g->kv_dt == LOOM_CUDA_F32 ? 4 : 2;
         char *pk = (char *)g->kv_k + layer_off, *pv = (char *)g->kv_v + layer_off;
         loom_cuda_kv dkv = {pk, pv, g->kv_dt, bs, g->kv_row_bytes / esz};
-        size_t roff = (size_t)A->rope * g->max_tokens * g->max_half;
+        size_t roff = (size_t)A->rope * g->step_tokens * g->max_half;
         loom_cuda_attn at = {nh, nkv, hd, A->scale, (float)cf->attn_softcap, A->window, 1};
         if (small) {
             /* x holds the whole residual: each GEMV makes its own input (norm,

@@ -73,11 +73,11 @@
 struct loom_engine {
     loom_model *m;                 /* borrowed */
     loom_engine_params p;
-    int n_ctx, max_seqs, chunk;
+    int n_ctx, max_seqs;
     int32_t eos[LOOM_MAX_EOS];
     int n_eos;
     loom_kv_pool *kv;              /* owned */
-    loom_exec *fwd;                /* owned: CPU or device forwards */
+    loom_exec *exec;               /* owned: CPU or device forwards */
     float *logits;                 /* owned (max_seqs, vocab) */
     loom_fwd_row *rows;            /* owned [max_seqs] */
     int32_t *picks;                /* owned [max_seqs]: -1 asks the forward for the
@@ -270,7 +270,7 @@ static int blocks_for(const loom_engine *e, int tokens) {
 static void mark_pick(loom_engine *e, loom_request *r, int i, int wants) {
     e->picks[i] = -2;
     e->samp[i] = (loom_sample_pick){0};
-    if (wants && r->logprobs < 0 && loom_exec_pick_for(e->fwd, &r->sampler, &e->samp[i]))
+    if (wants && r->logprobs < 0 && loom_exec_pick_for(e->exec, &r->sampler, &e->samp[i]))
         e->picks[i] = -1;
 }
 
@@ -353,7 +353,7 @@ static int resume_session(loom_engine *e, loom_request *r) {
             use = LOOM_MIN(common, r->prefill_len - 1);
         /* on a device the partial last block cannot be copied (its rows
          * live in device memory): resume whole blocks only */
-        if (loom_exec_on_device(e->fwd)) use = use / bs * bs;
+        if (loom_exec_on_device(e->exec)) use = use / bs * bs;
         /* sliding windows: the blocks the next positions see must be there */
         for (int i = e->window ? LOOM_MAX(use - e->window + 1, 0) / bs : 0;
              use > 0 && i < (use + bs - 1) / bs; i++)
@@ -585,7 +585,7 @@ static int step(loom_engine *e) {
 
     uint64_t work = ++e->next_work;
     double t1 = loom_now();
-    loom_status st = loom_exec_forward_picks(e->fwd, e->kv, e->rows, n_rows, e->picks, e->samp);
+    loom_status st = loom_exec_forward_picks(e->exec, e->kv, e->rows, n_rows, e->picks, e->samp);
     double t2 = loom_now();
     e->counters.steps++;
     if (st != LOOM_OK) {
@@ -811,7 +811,7 @@ loom_status loom_engine_create(loom_model *m, const loom_engine_params *params,
     if (e->kv) loom_kv_layout_name(e->kv, layout, sizeof layout);
     snprintf(e->ns_base, sizeof e->ns_base, "loom1|%s|L%d|H%d|V%d|kv=%s|bs=%d|", c->arch, c->n_layers,
              c->hidden_size, c->vocab_size, layout, p.block_size);
-    if (!s) s = loom_exec_create(m, e->kv, p.max_batch_tokens, e->n_ctx, &e->fwd);
+    if (!s) s = loom_exec_create(m, e->kv, p.max_batch_tokens, e->n_ctx, &e->exec);
     if (!s) {
         e->logits = loom_alloc(sizeof(float) * (size_t)e->max_seqs * (size_t)c->vocab_size);
         e->rows = calloc((size_t)e->max_seqs, sizeof *e->rows);
@@ -875,7 +875,7 @@ void loom_engine_free(loom_engine *e) {
     }
     loom_kv_pool_free(e->kv);
     loom_snapshots_free(e->snaps);
-    loom_exec_free(e->fwd);
+    loom_exec_free(e->exec);
     loom_free(e->logits);
     free(e->rows);
     free(e->picks);

@@ -6,13 +6,13 @@
 #include "base/base.h"
 #include "engine/exec_int.h"
 
-loom_status loom_exec_create(loom_model *m, loom_kv_pool *kv, int max_tokens, int max_ctx,
+loom_status loom_exec_create(loom_model *m, loom_kv_pool *kv, int step_tokens, int max_ctx,
                              loom_exec **out) {
     *out = NULL;
-    if (m->device < 0) return loom_exec_cpu_create(m, max_tokens, max_ctx, out);
+    if (m->device < 0) return loom_exec_cpu_create(m, step_tokens, max_ctx, out);
     /* the one place a build switch decides: the CUDA backend exists only with CUDA=1 */
 #ifdef LOOM_CUDA
-    return loom_exec_cuda_create(m, kv, max_tokens, max_ctx, out);
+    return loom_exec_cuda_create(m, kv, step_tokens, max_ctx, out);
 #else
     (void)kv;
     return loom_err(LOOM_ERR_UNSUPPORTED,

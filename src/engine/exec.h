@@ -14,9 +14,10 @@
 
 typedef struct loom_exec loom_exec;
 
-/* Activations for max_tokens per forward over sequences of up to max_ctx
- * positions, for the pool kv (which must outlive the exec). */
-loom_status loom_exec_create(loom_model *m, loom_kv_pool *kv, int max_tokens, int max_ctx,
+/* Activations for step_tokens tokens per forward (all rows together) over
+ * sequences of up to max_ctx positions, for the pool kv (which must outlive
+ * the exec). */
+loom_status loom_exec_create(loom_model *m, loom_kv_pool *kv, int step_tokens, int max_ctx,
                              loom_exec **out);
 void loom_exec_free(loom_exec *x);
 loom_status loom_exec_forward(loom_exec *x, loom_kv_pool *kv, loom_fwd_row *rows, int n_rows);

@@ -26,16 +26,16 @@ static void cpu_free(loom_exec *x) {
 }
 
 static const loom_exec_ops cpu_ops = {
-    .name = "cpu", .forward = cpu_forward, .free = cpu_free, .on_device = 0, .pick_top_k_max = 0,
+    .forward = cpu_forward, .free = cpu_free, .on_device = 0, .pick_top_k_max = 0,
 };
 
-loom_status loom_exec_cpu_create(loom_model *m, int max_tokens, int max_ctx, loom_exec **out) {
+loom_status loom_exec_cpu_create(loom_model *m, int step_tokens, int max_ctx, loom_exec **out) {
     *out = NULL;
     cpu_exec *c = calloc(1, sizeof *c);
     if (!c) return loom_err(LOOM_ERR_NOMEM, "out of memory");
     c->base.ops = &cpu_ops;
     c->m = m;
-    loom_status s = loom_fwd_state_create(m, max_tokens, max_ctx, &c->fwd);
+    loom_status s = loom_fwd_state_create(m, step_tokens, max_ctx, &c->fwd);
     if (s) {
         cpu_free(&c->base);
         return s;

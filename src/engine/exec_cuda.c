@@ -27,11 +27,11 @@ static void cuda_free(loom_exec *x) {
 }
 
 static const loom_exec_ops cuda_ops = {
-    .name = "cuda", .forward = cuda_forward, .free = cuda_free, .on_device = 1,
+    .forward = cuda_forward, .free = cuda_free, .on_device = 1,
     .pick_top_k_max = LOOM_CUDA_TOPK_MAX,
 };
 
-loom_status loom_exec_cuda_create(loom_model *m, loom_kv_pool *kv, int max_tokens, int max_ctx,
+loom_status loom_exec_cuda_create(loom_model *m, loom_kv_pool *kv, int step_tokens, int max_ctx,
                                   loom_exec **out) {
     *out = NULL;
     cuda_exec *g = calloc(1, sizeof *g);
@@ -45,7 +45,7 @@ loom_status loom_exec_cuda_create(loom_model *m, loom_kv_pool *kv, int max_token
                      "CUDA; expected one KV type for every layer", m->device);
     else
         s = loom_cuda_create(m->device, &g->cuda);
-    if (!s) s = loom_cuda_model_create(g->cuda, m, &kv->lay, max_tokens, max_ctx, &g->gpu);
+    if (!s) s = loom_cuda_model_create(g->cuda, m, &kv->lay, step_tokens, max_ctx, &g->gpu);
     if (s) {
         cuda_free(&g->base);
         return s;

@@ -8,7 +8,6 @@
 #include "engine/exec.h"
 
 typedef struct loom_exec_ops {
-    const char *name;    /* "cpu", "cuda" */
     /* loom_exec_forward_picks; a backend that draws no tokens itself may
      * ignore picks and samp (the rows then get logits). */
     loom_status (*forward)(loom_exec *x, loom_kv_pool *kv, loom_fwd_row *rows, int n_rows,
@@ -24,9 +23,9 @@ struct loom_exec {
 };
 
 /* The backends; each frees what it made on an error. */
-loom_status loom_exec_cpu_create(loom_model *m, int max_tokens, int max_ctx, loom_exec **out);
+loom_status loom_exec_cpu_create(loom_model *m, int step_tokens, int max_ctx, loom_exec **out);
 /* Built with CUDA=1 only. */
-loom_status loom_exec_cuda_create(loom_model *m, loom_kv_pool *kv, int max_tokens, int max_ctx,
+loom_status loom_exec_cuda_create(loom_model *m, loom_kv_pool *kv, int step_tokens, int max_ctx,
                                   loom_exec **out);
 
 #endif
