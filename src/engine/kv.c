@@ -38,8 +38,7 @@ loom_status loom_kv_pool_create_spec(int n_layers, int kv_dim, int block_size, i
     p->free_list = malloc(sizeof *p->free_list * (size_t)n_blocks);
     if (!p->refcount || !p->parked || !p->free_list) {
         loom_kv_pool_free(p);
-        return loom_err(LOOM_ERR_NOMEM, "kv pool: cannot allocate %zu bytes",
-                        loom_kv_spec_block_bytes(spec, n_layers, kv_dim, block_size) * (size_t)n_blocks);
+        return loom_err(LOOM_ERR_NOMEM, "kv pool: cannot allocate the tables of %d blocks", n_blocks);
     }
     /* Lowest ids on top of the stack, so allocation order is predictable. */
     for (int i = 0; i < n_blocks; i++) p->free_list[i] = n_blocks - 1 - i;

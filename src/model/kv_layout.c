@@ -1,4 +1,4 @@
-/* kv_layout: block and row layout of the KV pool, and the row codec. */
+/* kv_layout: how the KV pool's blocks hold rows, and the row codec. */
 #include "model/kv_layout.h"
 
 #include <assert.h>
@@ -138,9 +138,9 @@ const float *loom_kv_layer_load(const loom_kv_layout *p, int l, const void *row,
     return load_row(p, &p->layer[l], row, off, n, tmp);
 }
 
-loom_status loom_kv_layout_init(loom_kv_layout *lay, int n_layers, int kv_dim, int block_size,
+loom_status loom_kv_layout_init(loom_kv_layout *p, int n_layers, int kv_dim, int block_size,
                                 int n_blocks, const loom_kv_spec *spec) {
-    *lay = (loom_kv_layout){0};
+    *p = (loom_kv_layout){0};
     if (n_layers <= 0 || kv_dim <= 0 || block_size <= 0 || n_blocks <= 0)
         return loom_err(LOOM_ERR_INVALID_ARG, "kv pool: sizes must be positive");
     for (int l = 0; l < n_layers; l++)
@@ -149,7 +149,6 @@ loom_status loom_kv_layout_init(loom_kv_layout *lay, int n_layers, int kv_dim, i
                             "kv pool: layer %d: type %d, group %d with rows of %d values (expected "
                             "f32, f16, bf16, or q8/q4 in groups of 32, 64 or 128 dividing the row)",
                             l, (int)spec[l].type, spec_group(&spec[l], kv_dim), kv_dim);
-    loom_kv_layout *p = lay;
     p->n_layers = n_layers;
     p->kv_dim = kv_dim;
     p->block_size = block_size;
@@ -183,9 +182,9 @@ loom_status loom_kv_layout_init(loom_kv_layout *lay, int n_layers, int kv_dim, i
     return LOOM_OK;
 }
 
-void loom_kv_layout_release(loom_kv_layout *lay) {
-    free(lay->k);
-    free(lay->v);
-    free(lay->layer);
-    *lay = (loom_kv_layout){0};
+void loom_kv_layout_release(loom_kv_layout *p) {
+    free(p->k);
+    free(p->v);
+    free(p->layer);
+    *p = (loom_kv_layout){0};
 }
