@@ -33,8 +33,9 @@ loom_status loom_exec_forward_picks(loom_exec *x, loom_kv_pool *kv, loom_fwd_row
 int loom_exec_on_device(const loom_exec *x);
 
 /* Whether the forward may pick sampler s's next token itself instead of
- * returning logits: greedy, or on a device temperature with top-k 2..64,
- * top-p and min-p; never with a logit bias or a penalty window (log-
+ * returning logits: greedy, or, on a backend that draws tokens (the
+ * device: top-k up to 64), temperature with top-k from 2, top-p and min-p;
+ * never with a logit bias or a penalty window (log-
  * probabilities are the caller's to rule out). 1: ask with picks[r] = -1
  * and *samp (a drawn pick has taken s's next uniform draw); 0: the row
  * needs its logits. */
