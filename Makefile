@@ -36,7 +36,8 @@ endif
 SIMD_FLAGS := -mavx2 -mfma -mf16c
 AVX512_FLAGS := $(SIMD_FLAGS) -mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx512vnni -mavx512bf16
 
-LIB_SRC  := $(shell find src -name '*.c' ! -path 'src/cli/*' | sort)
+# Files named *_cuda.c are the host side of the CUDA backend: CUDA=1 only.
+LIB_SRC  := $(shell find src -name '*.c' ! -path 'src/cli/*' ! -name '*_cuda.c' | sort)
 CLI_SRC  := $(sort $(wildcard src/cli/*.c))
 
 # CUDA_MIN=1 (`make CUDA=1 cuda-min` sets it) builds the GPU tests on a
@@ -100,7 +101,8 @@ override CFLAGS += -DLOOM_CUDA
 CU_SRC   := $(sort $(wildcard src/cuda/*.cu))
 CU_HDR   := $(wildcard src/cuda/*.h src/cuda/*.cuh) include/loom.h
 CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/cuda/%.o)
-LIB_OBJ  += $(CU_OBJ)
+CUC_SRC  := $(shell find src -name '*_cuda.c' ! -path 'src/cli/*' | sort)
+LIB_OBJ  += $(CU_OBJ) $(CUC_SRC:%.c=$(BUILD)/obj/%.o)
 LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
 CUDA_TESTS := $(BUILD)/cuda-tests/test_cuda_kernels $(BUILD)/cuda-tests/test_cuda_forward \
               $(BUILD)/cuda-tests/test_cuda_engine

@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "base/base.h"
+#include "engine/kv.h"
 #include "load/safetensors.h"
 #include "model/forward.h"
 #include "ops/ops.h"
@@ -186,7 +187,7 @@ static void check_batched(const char *dir, double tol) {
         {ids[2], 100, &seq[2], LOOM_LOGITS_ALL, out[2], st[2], 0},
         {ids[1], len[1], &seq[1], LOOM_LOGITS_ALL, out[1], st[1], 0},
     };
-    loom_status s = loom_forward(m, fs, kv, rows, 3);
+    loom_status s = loom_forward(m, fs, &kv->lay, rows, 3);
     CHECKF(s == LOOM_OK, "%s batched step 1: %s", dir, loom_last_error());
     loom_fwd_row rows2[3] = {
         {&greedy[0][0], 1, &seq[0], LOOM_LOGITS_LAST, dec[0], st[0], 1},
@@ -194,7 +195,7 @@ static void check_batched(const char *dir, double tol) {
         {ids[2] + 100, len[2] - 100, &seq[2], LOOM_LOGITS_ALL, out[2] + (size_t)100 * V, st[2],
          0},
     };
-    s = loom_forward(m, fs, kv, rows2, 3);
+    s = loom_forward(m, fs, &kv->lay, rows2, 3);
     CHECKF(s == LOOM_OK, "%s batched step 2: %s", dir, loom_last_error());
     for (int i = 0; i < 3; i++) {
         double e = test_rel_err(out[i], want[i], (size_t)len[i] * V);
@@ -205,14 +206,14 @@ static void check_batched(const char *dir, double tol) {
     /* A sequence whose recurrent state does not match is refused. */
     if (st[0]) {
         loom_fwd_row bad = {ids[0], 1, &seq[0], LOOM_LOGITS_NONE, NULL, st[1], 0};
-        CHECK(loom_forward(m, fs, kv, &bad, 1) == LOOM_ERR_INVALID_ARG);
+        CHECK(loom_forward(m, fs, &kv->lay, &bad, 1) == LOOM_ERR_INVALID_ARG);
     }
     for (int i = 0; i < 3; i++) {
         loom_kv_seq_release(kv, &seq[i]);
         loom_seq_state_free(st[i]);
         free(out[i]);
     }
-    CHECK_EQ_INT(kv->n_free, kv->n_blocks);
+    CHECK_EQ_INT(kv->n_free, kv->lay.n_blocks);
     loom_fwd_state_free(fs);
     loom_kv_pool_free(kv);
     loom_model_free(m);
@@ -256,7 +257,7 @@ static void check_tiles_exact(const char *dir, loom_kv_type kt, int fast) {
     CHECK(loom_kv_seq_reserve(kv, &sq[0], L) == LOOM_OK);
     for (int t = 0; t < L; t++) {
         loom_fwd_row r = {tok[0] + t, 1, &sq[0], LOOM_LOGITS_LAST, solo + (size_t)t * V, st[0], 0};
-        CHECKF(loom_forward(m, fs, kv, &r, 1) == LOOM_OK, "%s: %s", dir, loom_last_error());
+        CHECKF(loom_forward(m, fs, &kv->lay, &r, 1) == LOOM_OK, "%s: %s", dir, loom_last_error());
     }
     loom_kv_seq_release(kv, &sq[0]);
     loom_seq_state_reset(st[0]);
@@ -275,7 +276,7 @@ static void check_tiles_exact(const char *dir, loom_kv_type kt, int fast) {
             rows[n++] = (loom_fwd_row){tok[2] + oc, cc, &sq[2], LOOM_LOGITS_ALL, junk + V, st[2], 0};
         oa += ca;
         oc += cc;
-        if (loom_forward(m, fs, kv, rows, n) != LOOM_OK) {
+        if (loom_forward(m, fs, &kv->lay, rows, n) != LOOM_OK) {
             CHECKF(0, "%s tiles: %s", dir, loom_last_error());
             break;
         }

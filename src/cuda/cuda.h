@@ -28,6 +28,9 @@
 extern "C" {
 #endif
 
+/* a C header without extern "C" guards of its own */
+#include "sample/sample.h"
+
 /* Element types of weights, tables and KV rows on the device. */
 typedef enum loom_cuda_dtype {
     LOOM_CUDA_F32 = 0,
@@ -154,20 +157,14 @@ loom_status loom_cuda_qkv_post_bf16(loom_cuda *c, float *d_q, const struct loom_
 
 #define LOOM_CUDA_TOPK_MAX 64
 
-/* One row's sampling: what src/sample/sample.c does for temperature > 0,
- * 1 <= top_k <= LOOM_CUDA_TOPK_MAX, top_p, min_p (no XTC, bias or
- * penalties), with u the request generator's uniform draw in [0, 1). */
-typedef struct loom_cuda_sampling {
-    float temperature, top_p, min_p;
-    int top_k;
-    double u;
-} loom_cuda_sampling;
+/* One row's sampling is a loom_sample_pick (sample/sample.h), top_k up to
+ * LOOM_CUDA_TOPK_MAX. */
 
 /* d_out[t] = the token drawn from row t of d_logits (T, V) with
  * d_params[t] (device memory), for vocabularies where
  * loom_cuda_sample_fits (up to 385,024 entries). */
 loom_status loom_cuda_sample(loom_cuda *c, int32_t *d_out, const float *d_logits, int T, int V,
-                             const loom_cuda_sampling *d_params);
+                             const loom_sample_pick *d_params);
 int loom_cuda_sample_fits(int V);
 
 /* ---- matrix products --------------------------------------------------- */
@@ -253,7 +250,7 @@ loom_status loom_cuda_matmul_q(loom_cuda *c, float *d_y, const float *d_x,
 
 /* ---- paged attention --------------------------------------------------- */
 
-/* One layer's view of the paged KV pool (src/engine/kv.h): the K (V) row
+/* One layer's view of the paged KV pool (src/model/kv_layout.h): the K (V) row
  * of position p of a sequence with block table tbl is
  *   d_k + ((size_t)tbl[p / block_size] * block_size + p % block_size) * row_stride
  * elements of dtype, i.e. d_k = pool K base + layer * n_blocks * block_size
@@ -332,19 +329,19 @@ loom_status loom_cuda_attn_prefill_to(loom_cuda *c, void *d_out, loom_cuda_dtype
 
 /* ---- dense decoder forward ---------------------------------------------- */
 
-struct loom_kv_pool;
+struct loom_kv_layout;
 struct loom_fwd_row;
 typedef struct loom_cuda_model loom_cuda_model;
 
 /* Uploads the weights of m (borrowed; must outlive the result) once and
- * allocates the device KV rows in the layout of the host pool kv (same
+ * allocates the device KV rows in the host pool's layout kv (same
  * layers, blocks, block size and row bytes; type f32, f16 or bf16) plus
- * activations for max_tokens tokens per forward over sequences of up to
+ * activations for step_tokens tokens per forward over sequences of up to
  * max_ctx positions. Dense decoders only (Llama, Mistral, Qwen2, Qwen3 and
  * their MLX-quantized forms): LOOM_ERR_UNSUPPORTED names what else a model
  * needs (MoE, linear attention, sandwich norms, ...). */
 loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
-                                   const struct loom_kv_pool *kv, int max_tokens, int max_ctx,
+                                   const struct loom_kv_layout *kv, int step_tokens, int max_ctx,
                                    loom_cuda_model **out);
 void loom_cuda_model_free(loom_cuda_model *g);
 
@@ -361,9 +358,9 @@ void loom_cuda_model_free(loom_cuda_model *g);
  * with samp[r] (loom_cuda_sample) instead of the argmax, where the device
  * sampler takes the vocabulary (loom_cuda_sample_fits; else its logits are
  * written to out and picks[r] stays -1). */
-loom_status loom_cuda_forward(loom_cuda_model *g, struct loom_kv_pool *kv,
+loom_status loom_cuda_forward(loom_cuda_model *g, struct loom_kv_layout *kv,
                               struct loom_fwd_row *rows, int n_rows, int32_t *picks,
-                              const loom_cuda_sampling *samp);
+                              const loom_sample_pick *samp);
 
 #ifdef __cplusplus
 }

@@ -58,6 +58,8 @@ struct loom_cuda {
     int fa_mt;                  /* tensor-core prefill attention: 16-row m-tiles a warp (1:
                                    64 query rows a block, queries in registers; 2: 128 rows,
                                    each K/V fragment used twice; LOOM_CUDA_FA_MT, 2) */
+    int qkv_warp;               /* qkv_post may take the warp-per-head kernel (head_dim 128;
+                                   LOOM_CUDA_QKV_WARP, 1; 0: the block-per-head kernel only) */
 };
 
 /* Counters: [0, half) for attention decode (sequence x KV head), [half,

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cuda/cuda_int.cuh"
+#include "cuda/tuning.h"
 
 #define BLAS_WS_BYTES ((size_t)32 << 20)
 
@@ -73,33 +74,24 @@ extern "C" loom_status loom_cuda_create(int device, loom_cuda **out) {
     c->cc = prop.major * 10 + prop.minor;
     c->n_sm = prop.multiProcessorCount;
     c->smem_optin = prop.sharedMemPerBlockOptin;
-    const char *pdl = getenv("LOOM_CUDA_PDL");
-    c->pdl = c->cc >= 90 && !(pdl && !strcmp(pdl, "0"));
-    const char *mma = getenv("LOOM_CUDA_GEMV_MMA");
-    c->gemv_mma = mma ? atoi(mma) : 3;
-    const char *ks = getenv("LOOM_CUDA_GEMV_KS"), *u = getenv("LOOM_CUDA_GEMV_U");
-    const char *bps = getenv("LOOM_CUDA_GEMV_BPS");
-    const char *pf = getenv("LOOM_CUDA_GEMV_PF_MB"), *sp = getenv("LOOM_CUDA_ATTN_SPLIT");
-    /* defaults: the fastest settings measured on an H200 (bench/RESULTS.md) */
-    c->gemv_ks = ks ? atoi(ks) : 1;
-    c->gemv_ks = c->gemv_ks <= 0 ? 0 : c->gemv_ks < 2 ? 1 : c->gemv_ks < 4 ? 2 : 4;
-    c->gemv_u = u && (atoi(u) == 4 || atoi(u) == 8) ? atoi(u) : 0;
-    c->gemv_bps = bps ? atoi(bps) : 0;
-    c->gemv_pf = (size_t)(pf && atoi(pf) >= 0 ? atoi(pf) : 16) << 20;
-    c->attn_split_min = sp && atoi(sp) >= 1 ? atoi(sp) : 8;
-    const char *ab = getenv("LOOM_CUDA_ATTN_BLOCKS");
-    c->attn_blocks = ab && atoi(ab) >= 1 ? atoi(ab) : 4;
-    const char *acl = getenv("LOOM_CUDA_ATTN_CLUSTER");
-    int ncl = acl ? atoi(acl) : 8;
-    c->attn_cluster = ncl >= 8 ? 8 : ncl >= 4 ? 4 : ncl >= 2 ? 2 : 0;
-    const char *gw = getenv("LOOM_CUDA_GEMV_W");
-    c->gemv_w = gw && (atoi(gw) == 8 || atoi(gw) == 16) ? atoi(gw) : 0;
-    const char *pre2 = getenv("LOOM_CUDA_GEMV_PRE2");
-    c->gemv_pre2 = !(pre2 && !strcmp(pre2, "0"));
-    const char *np = getenv("LOOM_CUDA_GEMV_NP");
-    c->gemv_np = !(np && !strcmp(np, "0"));
-    const char *fmt = getenv("LOOM_CUDA_FA_MT");
-    c->fa_mt = fmt && atoi(fmt) == 1 ? 1 : 2;
+    /* the knobs (tuning.h): the defaults are the fastest settings measured
+     * on an H200 (bench/RESULTS.md) */
+    loom_cuda_tuning t;
+    loom_cuda_tuning_read(&t);
+    c->pdl = c->cc >= 90 && t.pdl;
+    c->gemv_mma = t.gemv_mma;
+    c->gemv_ks = t.gemv_ks;
+    c->gemv_u = t.gemv_u;
+    c->gemv_bps = t.gemv_bps;
+    c->gemv_pf = t.gemv_pf;
+    c->attn_split_min = t.attn_split_min;
+    c->attn_blocks = t.attn_blocks;
+    c->attn_cluster = t.attn_cluster;
+    c->gemv_w = t.gemv_w;
+    c->gemv_pre2 = t.gemv_pre2;
+    c->gemv_np = t.gemv_np;
+    c->fa_mt = t.fa_mt;
+    c->qkv_warp = t.qkv_warp;
     snprintf(c->name, sizeof c->name, "%s", prop.name);
     *out = c;
     return LOOM_OK;

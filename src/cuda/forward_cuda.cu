@@ -10,9 +10,9 @@
  * Weights are uploaded once (loom_cuda_model_create); the host model stays
  * the owner of the mapping. The device holds its own K/V rows in the exact
  * layout of the host pool (same n_layers, n_blocks, block_size, row bytes),
- * so the host loom_kv_pool keeps doing all the bookkeeping (block tables,
+ * so the host KV pool keeps doing all the bookkeeping (block tables,
  * reference counts, prefix cache) and only its k/v bytes go unused.
- * Activations are carved once for max_tokens; the logits buffer grows on
+ * Activations are carved once for step_tokens; the logits buffer grows on
  * demand. Unsupported model features are refused at create time, naming
  * the feature.
  *
@@ -48,12 +48,13 @@
 #include <string.h>
 
 #include "cuda/cuda_int.cuh"
+#include "cuda/tuning.h"
 
 /* The model headers are C without extern "C" guards of their own. */
 extern "C" {
 #include "base/base.h"
-#include "engine/kv.h"
 #include "model/forward.h"
+#include "model/kv_layout.h"
 #include "model/model.h"
 }
 
@@ -146,7 +147,7 @@ typedef struct dlayer {
 struct loom_cuda_model {
     loom_cuda *c;              /* borrowed */
     const loom_model *m;       /* borrowed */
-    int max_tokens, max_ctx;
+    int step_tokens, max_ctx;
     void **allocs;             /* owned device allocations */
     int n_allocs, cap_allocs;
     dweight embed, lm_head;
@@ -158,11 +159,11 @@ struct loom_cuda_model {
     size_t kv_row_bytes;
     loom_cuda_dtype kv_dt;
     /* activations (device) */
-    float *x, *xb;             /* (max_tokens, hidden) */
-    float *q, *att;            /* (max_tokens, n_heads * head_dim) */
-    float *qkv;                /* (max_tokens, q_dim + 2 * kv_dim) fused projection output */
-    float *k, *v;              /* (max_tokens, kv_dim) */
-    float *hb, *hb2;           /* (max_tokens, 2 * inter), (max_tokens, inter) */
+    float *x, *xb;             /* (step_tokens, hidden) */
+    float *q, *att;            /* (step_tokens, n_heads * head_dim) */
+    float *qkv;                /* (step_tokens, q_dim + 2 * kv_dim) fused projection output */
+    float *k, *v;              /* (step_tokens, kv_dim) */
+    float *hb, *hb2;           /* (step_tokens, 2 * inter), (step_tokens, inter) */
     loom_cuda_dtype act16;     /* F16/BF16: GEMM inputs made in that type by the kernel
                                   before (all q/k/v, gate_up, down weights of it); F32: off */
     int gemv_t;                /* steps of up to this many tokens take loom_cuda_gemv for
@@ -177,8 +178,8 @@ struct loom_cuda_model {
                                   the step (LOOM_CUDA_HEAD_AM, 1; 0: the argmax kernel) */
     int small_t;               /* up to this many tokens (and gemv_t) a layer is 4 GEMVs that
                                   make their own inputs + qkv_post + attention; 0: never */
-    void *a16;                 /* (max_tokens, max(hidden, inter)) of act16 */
-    float *cs, *sn;            /* (n_ropes, max_tokens, max_half) */
+    void *a16;                 /* (step_tokens, max(hidden, inter)) of act16 */
+    float *cs, *sn;            /* (n_ropes, step_tokens, max_half) */
     int max_half;
     const double *inv_freq[LOOM_MAX_ROPES]; /* device [rot_dim / 2] per rope */
     float *logits;             /* (logits_rows, vocab), grown */
@@ -188,13 +189,13 @@ struct loom_cuda_model {
     size_t ints_cap;
     int32_t *ids;              /* device argmax per logits row [ids_cap] */
     int32_t *sids;             /* device sampled token per logits row [ids_cap] */
-    loom_cuda_sampling *samp;  /* device sampling parameters per logits row [ids_cap] */
+    loom_sample_pick *samp;    /* device sampling parameters per logits row [ids_cap] */
     int ids_cap;
     /* host staging (pinned: the copies are asynchronous) */
     int32_t *h_ints;           /* owned, ints_cap */
     int32_t *h_ids;            /* owned, ids_cap */
     int32_t *h_sids;           /* owned, ids_cap */
-    loom_cuda_sampling *h_samp; /* owned, ids_cap */
+    loom_sample_pick *h_samp;  /* owned, ids_cap */
     /* decode graphs */
     int use_graphs;
     struct fw_graph {
@@ -366,24 +367,26 @@ static loom_status check_model(const loom_model *m) {
 }
 
 extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
-                                              const struct loom_kv_pool *kv, int max_tokens,
+                                              const struct loom_kv_layout *kv, int step_tokens,
                                               int max_ctx, loom_cuda_model **out) {
     *out = NULL;
     loom_status st = check_model(m);
     if (st != LOOM_OK) return st;
+    loom_cuda_tuning tune; /* the model's knobs, read once here */
+    loom_cuda_tuning_read(&tune);
     const loom_config *cf = &m->cfg;
     if (kv->type != LOOM_KV_F32 && kv->type != LOOM_KV_F16 && kv->type != LOOM_KV_BF16)
         return loom_err(LOOM_ERR_UNSUPPORTED, "cuda forward: KV type %s (expected f32, f16 or bf16)",
                         loom_kv_type_name(kv->type));
-    if (kv->kv_dim < m->kv_dim || kv->n_layers < cf->n_layers || max_tokens <= 0 || max_ctx <= 0)
+    if (kv->kv_dim < m->kv_dim || kv->n_layers < cf->n_layers || step_tokens <= 0 || max_ctx <= 0)
         return loom_err(LOOM_ERR_INVALID_ARG, "cuda forward: KV pool has %d layers of width %d, "
-                        "model needs %d of width %d; max_tokens %d, max_ctx %d", kv->n_layers,
-                        kv->kv_dim, cf->n_layers, m->kv_dim, max_tokens, max_ctx);
+                        "model needs %d of width %d; step_tokens %d, max_ctx %d", kv->n_layers,
+                        kv->kv_dim, cf->n_layers, m->kv_dim, step_tokens, max_ctx);
     loom_cuda_model *g = (loom_cuda_model *)calloc(1, sizeof *g);
     if (!g) return loom_err(LOOM_ERR_NOMEM, "out of memory");
     g->c = c;
     g->m = m;
-    g->max_tokens = max_tokens;
+    g->step_tokens = step_tokens;
     g->max_ctx = max_ctx;
     int H = cf->hidden_size, L = cf->n_layers;
     g->layers = (dlayer *)calloc((size_t)L, sizeof *g->layers);
@@ -481,7 +484,7 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
     if (st == LOOM_OK) st = g_alloc(g, &g->kv_k, kv_bytes);
     if (st == LOOM_OK) st = g_alloc(g, &g->kv_v, kv_bytes);
     /* activations */
-    size_t T = (size_t)max_tokens, qd = (size_t)cf->n_heads * LOOM_MAX_I(m->max_head_dim, 1);
+    size_t T = (size_t)step_tokens, qd = (size_t)cf->n_heads * LOOM_MAX_I(m->max_head_dim, 1);
     size_t kvd = (size_t)m->kv_dim, I = (size_t)LOOM_MAX_I(m->max_inter, 1);
     g->max_half = 1;
     for (int i = 0; i < m->n_ropes; i++) g->max_half = LOOM_MAX_I(g->max_half, m->ropes[i].rot_dim / 2);
@@ -517,22 +520,18 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
      * the Qwen3-0.6B ones against cuBLAS's 12-16; at 8 tokens cuBLAS's
      * tensor-core GEMMs win (batch 8: 1,295 against 1,012 tok/s on
      * Llama-3-8B, 4,500 against 4,112 on Qwen3-0.6B). */
-    const char *gu = getenv("LOOM_CUDA_GU16");
-    g->gu16 = g->act16 == LOOM_CUDA_BF16 && !(gu && !strcmp(gu, "0"));
+    g->gu16 = g->act16 == LOOM_CUDA_BF16 && tune.gu16;
     /* bf16 q/k/v for prefill: H200, Llama-3-8B 4096-token prefill 36,442
      * against 36,152 tok/s, batched vs token-by-token logits within 0.218
      * of 6.1 (f32: 0.202; 5% allowed) */
-    const char *q16 = getenv("LOOM_CUDA_QKV16");
-    g->qkv16 = g->act16 == LOOM_CUDA_BF16 && !(q16 && !strcmp(q16, "0"));
+    g->qkv16 = g->act16 == LOOM_CUDA_BF16 && tune.qkv16;
     /* qkv_post inside the cluster attention: off, as measured (H200,
      * Qwen3-0.6B batch 1: 1,170 tok/s against 1,306 with the two kernels;
      * the cluster kernel then follows the qkv GEMV, which fills the SMs,
      * instead of the small qkv_post, and its table and row loads no
      * longer overlap a kernel ahead) */
-    const char *aq = getenv("LOOM_CUDA_ATTN_QKV");
-    g->attn_qkv = aq && !strcmp(aq, "1");
-    const char *gv = getenv("LOOM_CUDA_GEMV_T");
-    g->gemv_t = gv ? atoi(gv) : 2;
+    g->attn_qkv = tune.attn_qkv;
+    g->gemv_t = tune.gemv_t;
     g->small_t = g->act16 != LOOM_CUDA_F32 ? 8 : 0;
     for (int l = 0; l < L && g->small_t; l++) {
         const dlayer *D = &g->layers[l];
@@ -545,8 +544,7 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
             g->small_t = LOOM_MIN_U((unsigned)g->small_t,
                                     (unsigned)loom_cuda_gemv_max_tokens(c, ws[k]->dt, ws[k]->cols));
     }
-    const char *ham = getenv("LOOM_CUDA_HEAD_AM");
-    g->head_am = !(ham && !strcmp(ham, "0"));
+    g->head_am = tune.head_am;
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->hb2, T * I * 4);
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->cs, rope_n * 4);
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->sn, rope_n * 4);
@@ -560,26 +558,24 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
      * ceil(max_ctx / bs) */
     size_t tstride_max = (size_t)(max_ctx + kv->block_size - 1) / kv->block_size;
     g->ints_cap = 7 * T + 1 + T * tstride_max;
-    g->ids_cap = max_tokens;
+    g->ids_cap = step_tokens;
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->ints, g->ints_cap * 4);
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->ids, (size_t)g->ids_cap * 4);
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->sids, (size_t)g->ids_cap * 4);
     if (st == LOOM_OK)
-        st = g_alloc(g, (void **)&g->samp, (size_t)g->ids_cap * sizeof(loom_cuda_sampling));
+        st = g_alloc(g, (void **)&g->samp, (size_t)g->ids_cap * sizeof(loom_sample_pick));
     if (st == LOOM_OK) {
         cudaError_t e = cudaMallocHost((void **)&g->h_ints, g->ints_cap * 4);
         if (e == cudaSuccess) e = cudaMallocHost((void **)&g->h_ids, (size_t)g->ids_cap * 4);
         if (e == cudaSuccess) e = cudaMallocHost((void **)&g->h_sids, (size_t)g->ids_cap * 4);
         if (e == cudaSuccess)
-            e = cudaMallocHost((void **)&g->h_samp, (size_t)g->ids_cap * sizeof(loom_cuda_sampling));
+            e = cudaMallocHost((void **)&g->h_samp, (size_t)g->ids_cap * sizeof(loom_sample_pick));
         if (e != cudaSuccess)
             st = loom_err(LOOM_ERR_NOMEM, "cuda forward: %zu bytes of pinned host memory: %s",
                           g->ints_cap * 4, cudaGetErrorString(e));
     }
-    const char *env = getenv("LOOM_CUDA_GRAPHS");
-    g->use_graphs = !(env && !strcmp(env, "0"));
-    const char *stv = getenv("LOOM_CUDA_STEP_TIMES");
-    if (st == LOOM_OK && stv && !strcmp(stv, "1")) {
+    g->use_graphs = tune.graphs;
+    if (st == LOOM_OK && tune.step_times) {
         g->st_on = 1;
         for (int i = 0; i < 2; i++)
             for (int k = 0; k < 3; k++) cudaEventCreate(&g->st_ev[i][k]);
@@ -592,7 +588,7 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
     return LOOM_OK;
 }
 
-static loom_status check_rows(const loom_cuda_model *g, const loom_kv_pool *kv,
+static loom_status check_rows(const loom_cuda_model *g, const loom_kv_layout *kv,
                               const loom_fwd_row *rows, int n_rows, int *total) {
     if (kv->n_blocks != g->kv_blocks || kv->block_size != g->kv_bs || kv->row_bytes != g->kv_row_bytes)
         return loom_err(LOOM_ERR_INVALID_ARG, "cuda forward: KV pool differs from the one the "
@@ -600,7 +596,7 @@ static loom_status check_rows(const loom_cuda_model *g, const loom_kv_pool *kv,
     for (int r = 0; r < n_rows; r++)
         if (rows[r].state)
             return loom_err(LOOM_ERR_INVALID_ARG, "forward: row %d carries a recurrent state", r);
-    return loom_fwd_check_rows(g->m, rows, n_rows, kv->block_size, g->max_ctx, g->max_tokens, total);
+    return loom_fwd_check_rows(g->m, rows, n_rows, kv->block_size, g->max_ctx, g->step_tokens, total);
 }
 
 /* Step times (LOOM_CUDA_STEP_TIMES=1), over runs of decode steps of one
@@ -640,7 +636,7 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
     loom_cuda *c = g->c;
     int T = S->T, H = cf->hidden_size, nh = cf->n_heads, bs = g->kv_bs;
     for (int i = 0; i < m->n_ropes; i++) {
-        size_t off = (size_t)i * g->max_tokens * g->max_half;
+        size_t off = (size_t)i * g->step_tokens * g->max_half;
         TRY(loom_cuda_rope_table_dev(c, g->cs + off, g->sn + off, g->max_half, S->pos, T,
                                      g->inv_freq[i], m->ropes[i].rot_dim, m->ropes[i].scale));
     }
@@ -669,7 +665,7 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
         size_t esz = g->kv_dt == LOOM_CUDA_F32 ? 4 : 2;
         char *pk = (char *)g->kv_k + layer_off, *pv = (char *)g->kv_v + layer_off;
         loom_cuda_kv dkv = {pk, pv, g->kv_dt, bs, g->kv_row_bytes / esz};
-        size_t roff = (size_t)A->rope * g->max_tokens * g->max_half;
+        size_t roff = (size_t)A->rope * g->step_tokens * g->max_half;
         loom_cuda_attn at = {nh, nkv, hd, A->scale, (float)cf->attn_softcap, A->window, 1};
         if (small) {
             /* x holds the whole residual: each GEMV makes its own input (norm,
@@ -914,14 +910,14 @@ static loom_status fw_run(loom_cuda_model *g, const fw_step *S, int graphable) {
  * logits), and greedy or of a vocabulary the device sampler takes (else
  * its logits are copied and the pick left to the host). */
 static int takes_pick(const loom_fwd_row *rows, int r, const int32_t *picks,
-                      const loom_cuda_sampling *samp, int V) {
+                      const loom_sample_pick *samp, int V) {
     if (!picks || picks[r] != -1 || rows[r].logits != LOOM_LOGITS_LAST) return 0;
     return !(samp && samp[r].temperature > 0) || loom_cuda_sample_fits(V);
 }
 
-extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_pool *kv,
+extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_layout *kv,
                                          loom_fwd_row *rows, int n_rows, int32_t *picks_in,
-                                         const loom_cuda_sampling *samp_in) {
+                                         const loom_sample_pick *samp_in) {
     const loom_model *m = g->m;
     const loom_config *cf = &m->cfg;
     loom_cuda *c = g->c;
@@ -1022,7 +1018,7 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_pool *kv,
         for (int k = 0; k < cnt; k++, j++) {
             int sampled = pick && samp_in && samp_in[r].temperature > 0;
             /* other rows: a cheap, valid setting (one round); their result is unused */
-            loom_cuda_sampling one = {1.0f, 1.0f, 0.0f, 1, 0.0};
+            loom_sample_pick one = {1.0f, 1.0f, 0.0f, 1, 0.0};
             g->h_samp[j] = sampled ? samp_in[r] : one;
             n_samp += sampled;
         }

@@ -1,7 +1,7 @@
 /* kernels_attn: softmax attention over the paged KV pool.
  *
  * Both kernels read K and V rows through block tables in the pool layout of
- * src/engine/kv.h (see loom_cuda_kv in cuda.h) and compute what the CPU
+ * src/model/kv_layout.h (see loom_cuda_kv in cuda.h) and compute what the CPU
  * forward's attn_task computes: s = (q . k) * scale, optional softcap
  * cap * tanh(s / cap), softmax over the positions [lo, pos] (lo from the
  * sliding window), then the weighted sum of V. A q head h reads KV head

@@ -424,12 +424,7 @@ static loom_status qkv_post_run(loom_cuda *c, float *d_q, const loom_cuda_kv *kv
         return loom_err(LOOM_ERR_INVALID_ARG, "cuda qkv_post: %d heads + 2 x %d, head_dim %d, "
                         "rot_dim %d, KV type %d, row stride %zu", nh, nkv, hd, rot_dim,
                         (int)kv->dt, kv->row_stride);
-    static int warp_ok = -1;  /* LOOM_CUDA_QKV_WARP=0: the block-per-head kernel only */
-    if (warp_ok < 0) {
-        const char *e = getenv("LOOM_CUDA_QKV_WARP");
-        warp_ok = !(e && !strcmp(e, "0"));
-    }
-    if (warp_ok && hd == 128 && (rot_dim == 0 || rot_dim == 128) && kv->row_stride % 4 == 0) {
+    if (c->qkv_warp && hd == 128 && (rot_dim == 0 || rot_dim == 128) && kv->row_stride % 4 == 0) {
         dim3 grid((unsigned)T, (unsigned)(nh + 2 * nkv + 3) / 4);
         CUDA_CHECK(loom_cuda_launch(c, qkv_post_warp_kernel<TI>, grid, dim3(128), 0, d_q,
                                     (void *)kv->d_k, (void *)kv->d_v, (int)kv->dt, kv->row_stride,

@@ -58,7 +58,7 @@ struct sp_blk {
 };
 
 __global__ void __launch_bounds__(SAMPLE_THREADS)
-sample_kernel(int32_t *out, const float *logits, int V, const loom_cuda_sampling *params,
+sample_kernel(int32_t *out, const float *logits, int V, const loom_sample_pick *params,
               sp_blk *blk, float *cl, int *ci, int *cnt) {
     __shared__ float sv[SAMPLE_THREADS / 32];
     __shared__ int si[SAMPLE_THREADS / 32];
@@ -69,7 +69,7 @@ sample_kernel(int32_t *out, const float *logits, int V, const loom_cuda_sampling
     extern __shared__ float mp[];  /* the merge: (nb * K) p, then their ids */
     int row = blockIdx.y, b = blockIdx.x, nb = gridDim.x;
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    loom_cuda_sampling P = params[row];
+    loom_sample_pick P = params[row];
     int K = min(P.top_k, min(V, LOOM_CUDA_TOPK_MAX));
     int s0 = (int)((long long)b * V / nb), s1 = (int)((long long)(b + 1) * V / nb);
     const float *lr = logits + (size_t)row * V;
@@ -213,7 +213,7 @@ extern "C" int loom_cuda_sample_fits(int V) {
 /* Counters: the argmax rows' half (LOOM_CUDA_COUNTERS / 2 on), free
  * between kernels like every tally; rows go 32,768 a launch. */
 extern "C" loom_status loom_cuda_sample(loom_cuda *c, int32_t *d_out, const float *d_logits,
-                                        int T, int V, const loom_cuda_sampling *d_params) {
+                                        int T, int V, const loom_sample_pick *d_params) {
     if (T <= 0) return LOOM_OK;
     if (!loom_cuda_sample_fits(V))
         return loom_err(LOOM_ERR_INVALID_ARG, "cuda sample: a vocabulary of %d (at most %d)", V,

@@ -19,7 +19,7 @@ struct loom_context {
     loom_model *m;         /* borrowed */
     loom_kv_pool *kv;      /* owned */
     loom_kv_seq seq;       /* owned block table */
-    loom_exec *fwd;        /* owned: CPU or device forwards */
+    loom_exec *exec;       /* owned: CPU or device forwards */
     loom_seq_state *state; /* owned; recurrent state, NULL without linear layers */
     int n_ctx, n_batch;
 };
@@ -53,7 +53,7 @@ loom_status loom_context_create(loom_model *m, const loom_context_params *params
         s = loom_kv_pool_create_spec(cfg->n_layers, loom_model_kv_dim(m), CTX_BLOCK,
                                      (n_ctx + CTX_BLOCK - 1) / CTX_BLOCK, spec, &c->kv);
     free(spec);
-    if (s == LOOM_OK) s = loom_exec_create(m, c->kv, n_batch, n_ctx, &c->fwd);
+    if (s == LOOM_OK) s = loom_exec_create(m, c->kv, n_batch, n_ctx, &c->exec);
     if (s == LOOM_OK) s = loom_seq_state_create(m, &c->state);
     if (s != LOOM_OK) {
         loom_context_free(c);
@@ -67,7 +67,7 @@ void loom_context_free(loom_context *c) {
     if (!c) return;
     if (c->kv) loom_kv_seq_release(c->kv, &c->seq);
     loom_kv_pool_free(c->kv);
-    loom_exec_free(c->fwd);
+    loom_exec_free(c->exec);
     loom_seq_state_free(c->state);
     free(c);
 }
@@ -85,7 +85,7 @@ loom_status loom_context_truncate(loom_context *c, int pos) {
 /* loom_context_eval; picks/samp as loom_exec_forward_picks for the last
  * token's row (NULL: logits). */
 static loom_status ctx_eval(loom_context *c, const int32_t *tokens, int n, int all_logits,
-                            float *logits, int32_t *pick, const loom_exec_sampling *samp) {
+                            float *logits, int32_t *pick, const loom_sample_pick *samp) {
     int V = c->m->cfg.vocab_size;
     if (n <= 0 || !tokens) return loom_err(LOOM_ERR_INVALID_ARG, "eval: no tokens given");
     for (int i = 0; i < n; i++)
@@ -112,8 +112,8 @@ static loom_status ctx_eval(loom_context *c, const int32_t *tokens, int n, int a
             .state = c->state,
             .decode = n == 1,  /* one token at a time: what decoding does */
         };
-        s = last && pick ? loom_exec_forward_picks(c->fwd, c->kv, &row, 1, pick, samp)
-                         : loom_exec_forward(c->fwd, c->kv, &row, 1);
+        s = last && pick ? loom_exec_forward_picks(c->exec, c->kv, &row, 1, pick, samp)
+                         : loom_exec_forward(c->exec, c->kv, &row, 1);
         if (s) return s;
     }
     return LOOM_OK;
@@ -126,9 +126,9 @@ loom_status loom_context_eval(loom_context *c, const int32_t *tokens, int n,
 
 loom_status loom_context_eval_next(loom_context *c, const int32_t *tokens, int n,
                                    loom_sampler *smp, float *logits, int32_t *id) {
-    loom_exec_sampling samp = {0};
+    loom_sample_pick samp = {0};
     int32_t pick = -2;  /* -2: not asked */
-    if (!smp || loom_exec_pick_for(c->fwd, smp, &samp)) pick = -1;
+    if (!smp || loom_exec_pick_for(c->exec, smp, &samp)) pick = -1;
     loom_status s = ctx_eval(c, tokens, n, 0, logits, pick == -1 ? &pick : NULL,
                              samp.temperature > 0 ? &samp : NULL);
     if (s != LOOM_OK) return s;

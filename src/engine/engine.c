@@ -79,11 +79,11 @@
 struct loom_engine {
     loom_model *m;                 /* borrowed */
     loom_engine_params p;
-    int n_ctx, max_seqs, chunk;
+    int n_ctx, max_seqs;
     int32_t eos[LOOM_MAX_EOS];
     int n_eos;
     loom_kv_pool *kv;              /* owned */
-    loom_exec *fwd;                /* owned: CPU or device forwards */
+    loom_exec *exec;               /* owned: CPU or device forwards */
     float *logits;                 /* owned (max_seqs, vocab) */
     float *plp_logits;             /* owned (plp_rows, vocab): a prompt-logprob row's
                                       logits; made at the first such submit (under mu) */
@@ -92,7 +92,7 @@ struct loom_engine {
     int32_t *picks;                /* owned [max_seqs]: -1 asks the forward for the
                                       token (a device forward answers it), -2 =
                                       sample from the logits */
-    loom_exec_sampling *samp;      /* owned [max_seqs]: how a -1 row is sampled
+    loom_sample_pick *samp;        /* owned [max_seqs]: how a -1 row is sampled
                                       (temperature 0: greedy) */
     loom_request **row_req;        /* owned [max_seqs] request of each row */
     int *row_kind;                 /* owned [max_seqs] 0 decode, 1 prefill */
@@ -165,7 +165,7 @@ static void make_room(loom_engine *e, int need) {
 }
 
 static loom_status reserve(loom_engine *e, loom_kv_seq *seq, int n_tokens) {
-    make_room(e, (n_tokens + e->kv->block_size - 1) / e->kv->block_size - seq->n_blocks);
+    make_room(e, (n_tokens + e->kv->lay.block_size - 1) / e->kv->lay.block_size - seq->n_blocks);
     return loom_kv_seq_reserve(e->kv, seq, n_tokens);
 }
 
@@ -173,8 +173,8 @@ static loom_status reserve(loom_engine *e, loom_kv_seq *seq, int n_tokens) {
  * holding its tokens, and its recurrent state. */
 static void park(loom_engine *e, loom_request *r) {
     loom_kv_seq *seq = &r->seq;
-    int keep = (seq->n_tokens + e->kv->block_size - 1) / e->kv->block_size;
-    if (seq->n_blocks > keep) loom_kv_seq_truncate(e->kv, seq, keep * e->kv->block_size);
+    int keep = (seq->n_tokens + e->kv->lay.block_size - 1) / e->kv->lay.block_size;
+    if (seq->n_blocks > keep) loom_kv_seq_truncate(e->kv, seq, keep * e->kv->lay.block_size);
     loom_session *x = loom_sessions_put(e->sessions, r->save_key, r->save_alias, r->ns, seq, r->tokens);
     if (x && x->state) loom_seq_state_save(r->rstate, x->state);
     /* parked blocks count against the cache's cap like unreferenced cached ones */
@@ -343,7 +343,7 @@ static void reap_cancelled(loom_engine *e) {
 }
 
 static int blocks_for(const loom_engine *e, int tokens) {
-    return (tokens + e->kv->block_size - 1) / e->kv->block_size;
+    return (tokens + e->kv->lay.block_size - 1) / e->kv->lay.block_size;
 }
 
 /* Marks row i (whose logits are wanted when `wants`) for a pick by the
@@ -352,8 +352,8 @@ static int blocks_for(const loom_engine *e, int tokens) {
  * instead of a vocabulary-sized logits row. */
 static void mark_pick(loom_engine *e, loom_request *r, int i, int wants) {
     e->picks[i] = -2;
-    e->samp[i] = (loom_exec_sampling){0};
-    if (wants && r->logprobs < 0 && loom_exec_pick_for(e->fwd, &r->sampler, &e->samp[i]))
+    e->samp[i] = (loom_sample_pick){0};
+    if (wants && r->logprobs < 0 && loom_exec_pick_for(e->exec, &r->sampler, &e->samp[i]))
         e->picks[i] = -1;
 }
 
@@ -399,7 +399,7 @@ static void spill_state(void *ctx, uint64_t hash, int n_tokens, const void *stat
  * the state there (or to nothing). Returns the tokens resumed. */
 static int resume_from_snapshot(loom_engine *e, loom_request *r, const loom_restore_job *j) {
     loom_kv_seq *seq = &r->seq;
-    int bs = e->kv->block_size;
+    int bs = e->kv->lay.block_size;
     for (int i = seq->n_blocks - 1; i >= 0; i--) {
         uint64_t h = seq->blocks[i] >= 0 ? e->kv->hash[seq->blocks[i]] : 0;
         int n = 0;
@@ -433,7 +433,7 @@ static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb) {
  * session's tokens. Returns the tokens resumed, or -1 (nothing mapped). */
 static int resume_session(loom_engine *e, loom_request *r) {
     loom_session *x = loom_sessions_find(e->sessions, r->resume_key, r->ns);
-    int bs = e->kv->block_size, use = 0;
+    int bs = e->kv->lay.block_size, use = 0;
     if (x) {
         int common = common_prefix(x->tokens, x->seq.n_tokens, r->tokens, r->prefill_len);
         if (e->has_state) /* recurrent state exists only at the session's end */
@@ -442,7 +442,7 @@ static int resume_session(loom_engine *e, loom_request *r) {
             use = LOOM_MIN(common, r->prefill_len - 1);
         /* on a device the partial last block cannot be copied (its rows
          * live in device memory): resume whole blocks only */
-        if (loom_exec_on_device(e->fwd)) use = use / bs * bs;
+        if (loom_exec_on_device(e->exec)) use = use / bs * bs;
         /* sliding windows: the blocks the next positions see must be there */
         for (int i = e->window ? LOOM_MAX(use - e->window + 1, 0) / bs : 0;
              use > 0 && i < (use + bs - 1) / bs; i++)
@@ -482,7 +482,7 @@ static void restore_done(void *ctx) {
  * state the snapshots at boundaries above the highest one in memory.
  * NULL when there is nothing. */
 static loom_restore_job *plan_restore(loom_engine *e, loom_request *r) {
-    int bs = e->kv->block_size, first = r->seq.n_blocks, max = (r->prefill_len - 1) / bs, n = 0;
+    int bs = e->kv->lay.block_size, first = r->seq.n_blocks, max = (r->prefill_len - 1) / bs, n = 0;
     uint64_t chain = r->seq.chain;
     while (first + n < max) {
         uint64_t h = loom_kv_chain_hash(chain, r->tokens + (size_t)(first + n) * bs, bs);
@@ -525,7 +525,7 @@ static loom_restore_job *plan_restore(loom_engine *e, loom_request *r) {
 /* Takes up finished restores: accounts the reads, caches the blocks read
  * and moves the requests on to prefill the rest. */
 static void finish_restores(loom_engine *e) {
-    int bs = e->kv->block_size;
+    int bs = e->kv->lay.block_size;
     for (int i = 0; i < e->n_running && atomic_load(&e->restores_ready) > 0; i++) {
         loom_request *r = e->running[i];
         loom_restore_job *j = r->restore;
@@ -538,9 +538,7 @@ static void finish_restores(loom_engine *e) {
             if (j->state_result[c] >= 0)
                 loom_kvdisk_account_state(e->disk, j->state_hash[c], j->state_result[c], j->state_why[c],
                                           j->state_bytes);
-        e->kv->tier_hits += (uint64_t)j->n_ok;
-        e->kv->hits += (uint64_t)j->n_ok;
-        e->kv->misses -= (uint64_t)j->n_ok;
+        loom_kv_count_restored(e->kv, j->n_ok);
         int first = j->first;
         r->seq.n_tokens = (first + j->n_ok) * bs;
         loom_kv_cache_commit(e->kv, &r->seq, r->tokens, r->ns);
@@ -567,7 +565,7 @@ static void finish_restores(loom_engine *e) {
 /* Saves the state of a stateful request that just reached a boundary.
  * Returns whether it did. */
 static int maybe_snapshot(loom_engine *e, loom_request *r) {
-    int n = r->seq.n_tokens, bs = e->kv->block_size;
+    int n = r->seq.n_tokens, bs = e->kv->lay.block_size;
     if (n % bs || (n != r->snap[0] && n != r->snap[1]) || r->seq.n_hashed != n / bs) return 0;
     void *buf = loom_snapshots_put(e->snaps, r->seq.chain, n);
     if (buf) loom_seq_state_save(r->rstate, buf);
@@ -716,7 +714,7 @@ static int step(loom_engine *e) {
     step_work w = {.id = ++e->next_work, .rows = n_rows};
     for (int i = 0; i < n_rows && e->n_traced; i++) w.tokens += e->rows[i].n;
     double t1 = w.t_forward = trace_now(e);
-    loom_status st = loom_exec_forward_picks(e->fwd, e->kv, e->rows, n_rows, e->picks, e->samp);
+    loom_status st = loom_exec_forward_picks(e->exec, e->kv, e->rows, n_rows, e->picks, e->samp);
     double t2 = trace_now(e);
     e->counters.steps++;
     if (st != LOOM_OK) {
@@ -819,15 +817,16 @@ static void *engine_main(void *arg) {
         /* the store counts its own: it also evicts when full (loom_sessions_put) */
         e->stats.session_evictions = e->sessions ? loom_sessions_evictions(e->sessions) : 0;
         e->stats.kv_blocks_cached = e->kv->n_cached;
-        e->stats.kv_blocks_lru = e->kv->n_lru;
-        e->stats.kv_blocks_parked = e->kv->n_reclaim;
-        e->stats.kv_blocks_unused = e->kv->n_free;
-        e->stats.kv_blocks_running = e->kv->n_blocks - e->kv->n_free - e->kv->n_lru - e->kv->n_reclaim;
-        e->stats.kv_blocks_touched = e->kv->n_touched;
-        e->stats.cache_hit_tokens = e->kv->hits * (uint64_t)e->kv->block_size;
-        e->stats.cache_miss_tokens = e->kv->misses * (uint64_t)e->kv->block_size;
-        e->stats.cache_evicted_blocks = e->kv->evictions;
-        e->stats.disk_hit_tokens = e->kv->tier_hits * (uint64_t)e->kv->block_size;
+        loom_kv_counts kc = loom_kv_counters(e->kv);
+        e->stats.kv_blocks_lru = kc.blocks_lru;
+        e->stats.kv_blocks_parked = kc.blocks_parked;
+        e->stats.kv_blocks_unused = kc.blocks_free;
+        e->stats.kv_blocks_running = kc.blocks_running;
+        e->stats.kv_blocks_touched = kc.blocks_touched;
+        e->stats.cache_hit_tokens = kc.hits * (uint64_t)e->kv->lay.block_size;
+        e->stats.cache_miss_tokens = kc.misses * (uint64_t)e->kv->lay.block_size;
+        e->stats.cache_evicted_blocks = kc.evictions;
+        e->stats.disk_hit_tokens = kc.tier_hits * (uint64_t)e->kv->lay.block_size;
         if (e->disk) {
             loom_kvdisk_stats ds;
             loom_kvdisk_get_stats(e->disk, &ds);
@@ -919,7 +918,7 @@ loom_status loom_engine_create(loom_model *m, const loom_engine_params *params,
     size_t want = p.kv_memory;
     if (!want) {
         size_t full = block * (size_t)blocks_for(&(loom_engine){.kv = &(loom_kv_pool){
-                                                     .block_size = p.block_size}},
+                                                     .lay.block_size = p.block_size}},
                                                  e->n_ctx) *
                       (size_t)e->max_seqs;
         want = LOOM_MIN(ram_bytes() / 4, full);
@@ -957,7 +956,7 @@ loom_status loom_engine_create(loom_model *m, const loom_engine_params *params,
         s = loom_kvdisk_set_zstd(e->disk, p.prefix_cache_disk_zstd);
     if (!s && e->disk) {
         s = loom_restorer_create(e->disk, e->kv, restore_done, e, &e->restorer);
-        e->kv->tier.fetch = NULL; /* restores go through the restore thread */
+        loom_kv_tier_no_fetch(e->kv); /* restores go through the restore thread */
     }
     if (e->disk && e->snaps) loom_snapshots_set_spill(e->snaps, spill_state, e);
     e->p.prefix_cache_dir = NULL;
@@ -965,7 +964,7 @@ loom_status loom_engine_create(loom_model *m, const loom_engine_params *params,
     if (e->kv) loom_kv_layout_name(e->kv, layout, sizeof layout);
     snprintf(e->ns_base, sizeof e->ns_base, "loom1|%s|L%d|H%d|V%d|kv=%s|bs=%d|", c->arch, c->n_layers,
              c->hidden_size, c->vocab_size, layout, p.block_size);
-    if (!s) s = loom_exec_create(m, e->kv, p.max_batch_tokens, e->n_ctx, &e->fwd);
+    if (!s) s = loom_exec_create(m, e->kv, p.max_batch_tokens, e->n_ctx, &e->exec);
     if (!s) {
         e->logits = loom_alloc(sizeof(float) * (size_t)e->max_seqs * (size_t)c->vocab_size);
         e->rows = calloc((size_t)e->max_seqs, sizeof *e->rows);
@@ -1033,7 +1032,7 @@ void loom_engine_free(loom_engine *e) {
     }
     loom_kv_pool_free(e->kv);
     loom_snapshots_free(e->snaps);
-    loom_exec_free(e->fwd);
+    loom_exec_free(e->exec);
     loom_free(e->logits);
     loom_free(e->plp_logits);
     free(e->rows);
@@ -1071,9 +1070,9 @@ loom_status loom_engine_submit(loom_engine *e, const loom_request_params *p, loo
         return loom_err(LOOM_ERR_RANGE,
                         "the prompt has %d tokens; the context holds %d (prompt plus at least one "
                         "generated token)", p->n_prompt, e->n_ctx);
-    if (blocks_for(e, p->n_prompt + 1) > e->kv->n_blocks)
+    if (blocks_for(e, p->n_prompt + 1) > e->kv->lay.n_blocks)
         return loom_err(LOOM_ERR_RANGE, "the prompt has %d tokens; the KV pool holds %d",
-                        p->n_prompt, e->kv->n_blocks * e->kv->block_size - 1);
+                        p->n_prompt, e->kv->lay.n_blocks * e->kv->lay.block_size - 1);
     loom_request *r = calloc(1, sizeof *r);
     if (!r) return loom_err(LOOM_ERR_NOMEM, "out of memory");
     int gen = p->max_tokens ? p->max_tokens : e->n_ctx - p->n_prompt;
@@ -1119,7 +1118,7 @@ loom_status loom_engine_submit(loom_engine *e, const loom_request_params *p, loo
     /* State snapshots (linear-attention models): at the caller's boundary
      * and at the prompt's last full block, both rounded down to blocks,
      * when at least 256 tokens in and short of the prompt's end. */
-    int bs = e->kv->block_size;
+    int bs = e->kv->lay.block_size;
     int at[2] = {LOOM_MIN(p->snapshot_at, p->n_prompt - 1) / bs * bs, (p->n_prompt - 1) / bs * bs};
     for (int k = 0; k < 2; k++) r->snap[k] = e->snaps && at[k] >= 256 ? at[k] : 0;
     if (r->trace) r->t_submit = loom_now(); /* the origin of its spans */

@@ -1,143 +1,13 @@
-/* kv: block pool with reference counts and per-sequence block tables. */
+/* kv: block pool policy: reference counts, the free list, the prefix
+ * cache (hash table and LRU), parked sequences and the tier below. */
 #include "engine/kv.h"
 
 #include <assert.h>
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
 
 #include "base/base.h"
-#include "ops/ops.h"
-
-/* Quantized rows: groups of 64 values, or 32 when the row is not a
- * multiple of 64 (narrow heads), unless a layer asks for its own. */
-static int kv_group(int kv_dim) { return kv_dim % 64 == 0 ? 64 : 32; }
-static int kv_bits(loom_kv_type t) { return t == LOOM_KV_Q8 ? 8 : t == LOOM_KV_Q4 ? 4 : 0; }
-
-static size_t row_bytes_g(loom_kv_type type, int kv_dim, int group) {
-    switch (type) {
-    case LOOM_KV_F32: return 4 * (size_t)kv_dim;
-    case LOOM_KV_F16:
-    case LOOM_KV_BF16: return 2 * (size_t)kv_dim;
-    case LOOM_KV_Q8:
-    case LOOM_KV_Q4:
-        if (group != 32 && group != 64 && group != 128) return 0;
-        if (kv_dim % group) return 0;
-        /* packed values, then an f16 scale and bias per group */
-        return (size_t)kv_dim * (size_t)kv_bits(type) / 8 + (size_t)(kv_dim / group) * 4;
-    }
-    return 0;
-}
-
-size_t loom_kv_row_bytes(loom_kv_type type, int kv_dim) {
-    return row_bytes_g(type, kv_dim, kv_group(kv_dim));
-}
-
-const char *loom_kv_type_name(loom_kv_type type) {
-    static const char *names[] = {"f32", "f16", "bf16", "q8", "q4"};
-    return (unsigned)type < 5 ? names[type] : NULL;
-}
-
-size_t loom_kv_block_bytes(int n_layers, int kv_dim, int block_size, loom_kv_type type) {
-    return 2 * loom_kv_row_bytes(type, kv_dim) * (size_t)n_layers * (size_t)block_size;
-}
-
-static int spec_group(const loom_kv_spec *s, int kv_dim) { return s->group ? s->group : kv_group(kv_dim); }
-
-size_t loom_kv_spec_block_bytes(const loom_kv_spec *spec, int n_layers, int kv_dim, int block_size) {
-    size_t sum = 0;
-    for (int l = 0; l < n_layers; l++) {
-        size_t r = row_bytes_g(spec[l].type, kv_dim, spec_group(&spec[l], kv_dim));
-        if (!r) return 0;
-        sum += r;
-    }
-    return 2 * sum * (size_t)block_size;
-}
-
-static void store_row(const loom_kv_pool *p, const loom_kv_layer *L, void *row, const float *x, int n) {
-    switch (L->type) {
-    case LOOM_KV_F32:
-        memcpy(row, x, sizeof(float) * (size_t)n);
-        return;
-    case LOOM_KV_F16:
-        for (int i = 0; i < n; i++) ((uint16_t *)row)[i] = loom_f32_to_f16(x[i]);
-        return;
-    case LOOM_KV_BF16:
-        for (int i = 0; i < n; i++) ((uint16_t *)row)[i] = loom_f32_to_bf16(x[i]);
-        return;
-    case LOOM_KV_Q8:
-    case LOOM_KV_Q4:
-        break;
-    }
-    int G = L->group, bits = L->bits, levels = (1 << bits) - 1, full = n / G;
-    uint8_t *q = row;
-    uint16_t *sb = (uint16_t *)(q + (size_t)p->kv_dim * bits / 8);
-    memset(q, 0, (size_t)p->kv_dim * bits / 8);
-    float pad[128];
-    for (int g = 0; g < p->kv_dim / G; g++) {
-        const float *xs = x + (size_t)g * G;
-        if (g >= full) { /* past n the row reads as zero */
-            for (int i = 0; i < G; i++) pad[i] = g * G + i < n ? x[g * G + i] : 0;
-            xs = pad;
-        }
-        float lo = xs[0], hi = xs[0];
-        for (int i = 1; i < G; i++) {
-            lo = xs[i] < lo ? xs[i] : lo;
-            hi = xs[i] > hi ? xs[i] : hi;
-        }
-        /* scale and bias as stored, so values round against what is read */
-        uint16_t s16 = loom_f32_to_f16((hi - lo) / (float)levels), b16 = loom_f32_to_f16(lo);
-        float scale = loom_f16_to_f32(s16), bias = loom_f16_to_f32(b16);
-        sb[2 * g] = s16;
-        sb[2 * g + 1] = b16;
-        for (int i = 0; i < G; i++) {
-            int v = scale > 0 ? (int)lrintf((xs[i] - bias) / scale) : 0;
-            v = v < 0 ? 0 : v > levels ? levels : v;
-            int at = g * G + i;
-            if (bits == 8) q[at] = (uint8_t)v;
-            else q[at / 2] |= (uint8_t)(v << (4 * (at & 1)));
-        }
-    }
-}
-
-static const float *load_row(const loom_kv_pool *p, const loom_kv_layer *L, const void *row, int off,
-                             int n, float *tmp) {
-    switch (L->type) {
-    case LOOM_KV_F32: return (const float *)row + off;
-    case LOOM_KV_F16: p->kern->f16_to_f32(tmp, (const uint16_t *)row + off, n); return tmp;
-    case LOOM_KV_BF16: p->kern->bf16_to_f32(tmp, (const uint16_t *)row + off, n); return tmp;
-    case LOOM_KV_Q8:
-    case LOOM_KV_Q4: break;
-    }
-    const uint8_t *q = row;
-    const uint16_t *sb = (const uint16_t *)(q + (size_t)p->kv_dim * L->bits / 8);
-    for (int i = 0; i < n; i++) {
-        int at = off + i, g = at / L->group;
-        int v = L->bits == 8 ? q[at] : (q[at / 2] >> (4 * (at & 1))) & 15;
-        tmp[i] = loom_f16_to_f32(sb[2 * g]) * (float)v + loom_f16_to_f32(sb[2 * g + 1]);
-    }
-    return tmp;
-}
-
-void loom_kv_store_row(const loom_kv_pool *p, void *row, const float *x, int n) {
-    assert(!p->mixed);
-    store_row(p, &p->layer[0], row, x, n);
-}
-
-const float *loom_kv_load(const loom_kv_pool *p, const void *row, int off, int n, float *tmp) {
-    assert(!p->mixed);
-    return load_row(p, &p->layer[0], row, off, n, tmp);
-}
-
-void loom_kv_layer_store(const loom_kv_pool *p, int l, void *row, const float *x, int n) {
-    store_row(p, &p->layer[l], row, x, n);
-}
-
-const float *loom_kv_layer_load(const loom_kv_pool *p, int l, const void *row, int off, int n,
-                                float *tmp) {
-    return load_row(p, &p->layer[l], row, off, n, tmp);
-}
 
 loom_status loom_kv_pool_create(int n_layers, int kv_dim, int block_size,
                                 int n_blocks, loom_kv_type type, loom_kv_pool **out) {
@@ -156,46 +26,19 @@ loom_status loom_kv_pool_create_spec(int n_layers, int kv_dim, int block_size, i
     *out = NULL;
     if (n_layers <= 0 || kv_dim <= 0 || block_size <= 0 || n_blocks <= 0)
         return loom_err(LOOM_ERR_INVALID_ARG, "kv pool: sizes must be positive");
-    for (int l = 0; l < n_layers; l++)
-        if (!row_bytes_g(spec[l].type, kv_dim, spec_group(&spec[l], kv_dim)))
-            return loom_err(LOOM_ERR_INVALID_ARG,
-                            "kv pool: layer %d: type %d, group %d with rows of %d values (expected "
-                            "f32, f16, bf16, or q8/q4 in groups of 32, 64 or 128 dividing the row)",
-                            l, (int)spec[l].type, spec_group(&spec[l], kv_dim), kv_dim);
     loom_kv_pool *p = calloc(1, sizeof *p);
     if (!p) return loom_err(LOOM_ERR_NOMEM, "out of memory");
-    p->n_layers = n_layers;
-    p->kv_dim = kv_dim;
-    p->block_size = block_size;
-    p->n_blocks = n_blocks;
-    p->kern = loom_kernels_get();
-    p->layer = calloc((size_t)n_layers, sizeof *p->layer);
-    size_t half = 0;
-    for (int l = 0; p->layer && l < n_layers; l++) {
-        loom_kv_layer *L = &p->layer[l];
-        L->type = spec[l].type;
-        L->bits = kv_bits(L->type);
-        L->group = spec_group(&spec[l], kv_dim);
-        L->row_bytes = row_bytes_g(L->type, kv_dim, L->group);
-        L->off = half;
-        half += L->row_bytes * (size_t)block_size * (size_t)n_blocks;
-        if (L->type != spec[0].type || L->group != p->layer[0].group) p->mixed = 1;
+    loom_status s = loom_kv_layout_init(&p->lay, n_layers, kv_dim, block_size, n_blocks, spec);
+    if (s) {
+        free(p);
+        return s;
     }
-    /* A uniform pool keeps the plain description (what the CUDA twin reads). */
-    p->type = spec[0].type;
-    p->bits = kv_bits(p->type);
-    p->group = p->layer ? p->layer[0].group : 0;
-    p->row_bytes = p->mixed ? 0 : p->layer ? p->layer[0].row_bytes : 0;
-    /* Not zeroed: every row is written before it is read, and untouched
-     * pages of a large pool then cost no memory. */
-    if (posix_memalign((void **)&p->k, 64, half) != 0) p->k = NULL;
-    if (posix_memalign((void **)&p->v, 64, half) != 0) p->v = NULL;
     p->refcount = calloc((size_t)n_blocks, sizeof *p->refcount);
     p->parked = calloc((size_t)n_blocks, sizeof *p->parked);
     p->free_list = malloc(sizeof *p->free_list * (size_t)n_blocks);
-    if (!p->layer || !p->k || !p->v || !p->refcount || !p->parked || !p->free_list) {
+    if (!p->refcount || !p->parked || !p->free_list) {
         loom_kv_pool_free(p);
-        return loom_err(LOOM_ERR_NOMEM, "kv pool: cannot allocate %zu bytes", 2 * half);
+        return loom_err(LOOM_ERR_NOMEM, "kv pool: cannot allocate the tables of %d blocks", n_blocks);
     }
     /* Lowest ids on top of the stack, so allocation order is predictable. */
     for (int i = 0; i < n_blocks; i++) p->free_list[i] = n_blocks - 1 - i;
@@ -212,10 +55,8 @@ void loom_kv_pool_free(loom_kv_pool *p) {
     free(p->lru_prev);
     free(p->lru_next);
     free(p->table);
-    free(p->k);
-    free(p->v);
+    loom_kv_layout_release(&p->lay);
     free(p->refcount);
-    free(p->layer);
     free(p->parked);
     free(p->free_list);
     free(p);
@@ -258,7 +99,7 @@ static int table_find(const loom_kv_pool *p, uint64_t h, uint64_t parent, const 
     for (size_t i = slot_of(p, h); p->table[i] >= 0; i = (i + 1) & mask) {
         int b = p->table[i];
         if (p->hash[b] == h && p->bparent[b] == parent &&
-            !memcmp(p->btok + (size_t)b * p->block_size, tok, sizeof *tok * (size_t)p->block_size))
+            !memcmp(p->btok + (size_t)b * p->lay.block_size, tok, sizeof *tok * (size_t)p->lay.block_size))
             return b;
     }
     return -1;
@@ -338,12 +179,12 @@ static loom_status seq_grow(loom_kv_seq *seq, int need) {
 }
 
 loom_status loom_kv_cache_enable(loom_kv_pool *p, int cap_blocks) {
-    int n = p->n_blocks;
+    int n = p->lay.n_blocks;
     p->table_cap = 16;
     while (p->table_cap < 2 * n) p->table_cap *= 2;
     p->hash = calloc((size_t)n, sizeof *p->hash);
     p->bparent = calloc((size_t)n, sizeof *p->bparent);
-    p->btok = malloc(sizeof *p->btok * (size_t)n * (size_t)p->block_size);
+    p->btok = malloc(sizeof *p->btok * (size_t)n * (size_t)p->lay.block_size);
     p->lru_prev = malloc(sizeof *p->lru_prev * (size_t)n);
     p->lru_next = malloc(sizeof *p->lru_next * (size_t)n);
     p->table = malloc(sizeof *p->table * (size_t)p->table_cap);
@@ -377,7 +218,7 @@ int loom_kv_cache_lookup(loom_kv_pool *p, loom_kv_seq *seq, const int32_t *token
     seq->n_hashed = 0;
     seq->chain = ns;
     if (!p->cache_on) return 0;
-    int bs = p->block_size, max = (n - 1) / bs, hit = 0;
+    int bs = p->lay.block_size, max = (n - 1) / bs, hit = 0;
     if (max <= 0 || seq_grow(seq, max) != LOOM_OK) return 0;
     uint64_t chain = ns;
     for (; hit < max; hit++) {
@@ -416,7 +257,7 @@ int loom_kv_cache_lookup(loom_kv_pool *p, loom_kv_seq *seq, const int32_t *token
 
 void loom_kv_cache_commit(loom_kv_pool *p, loom_kv_seq *seq, const int32_t *tokens, uint64_t ns) {
     if (!p->cache_on) return;
-    int bs = p->block_size;
+    int bs = p->lay.block_size;
     if (seq->n_hashed == 0) seq->chain = ns;
     while ((seq->n_hashed + 1) * bs <= seq->n_tokens) {
         int i = seq->n_hashed;
@@ -445,7 +286,7 @@ void loom_kv_cache_spill_all(loom_kv_pool *p) {
 }
 
 loom_status loom_kv_seq_reserve(loom_kv_pool *p, loom_kv_seq *seq, int n_tokens) {
-    int need = (n_tokens + p->block_size - 1) / p->block_size;
+    int need = (n_tokens + p->lay.block_size - 1) / p->lay.block_size;
     if (need <= seq->n_blocks) return LOOM_OK;
     if (need - seq->n_blocks > loom_kv_available(p))
         return loom_err(LOOM_ERR_NO_KV, "kv: need %d more blocks, %d free",
@@ -459,17 +300,17 @@ loom_status loom_kv_seq_reserve(loom_kv_pool *p, loom_kv_seq *seq, int n_tokens)
 /* A fresh block holding a copy of b's rows (a block must be available). */
 static int block_copy(loom_kv_pool *p, int b) {
     int nb = block_take(p);
-    for (int l = 0; l < p->n_layers; l++) {
-        size_t row = (size_t)p->block_size * p->layer[l].row_bytes;
-        memcpy(loom_kv_block_k(p, l, nb), loom_kv_block_k(p, l, b), row);
-        memcpy(loom_kv_block_v(p, l, nb), loom_kv_block_v(p, l, b), row);
+    for (int l = 0; l < p->lay.n_layers; l++) {
+        size_t row = (size_t)p->lay.block_size * p->lay.layer[l].row_bytes;
+        memcpy(loom_kv_block_k(&p->lay, l, nb), loom_kv_block_k(&p->lay, l, b), row);
+        memcpy(loom_kv_block_v(&p->lay, l, nb), loom_kv_block_v(&p->lay, l, b), row);
     }
     return nb;
 }
 
 void loom_kv_seq_truncate(loom_kv_pool *p, loom_kv_seq *seq, int n_tokens) {
     if (n_tokens < 0) n_tokens = 0;
-    int bs = p->block_size, keep = (n_tokens + bs - 1) / bs;
+    int bs = p->lay.block_size, keep = (n_tokens + bs - 1) / bs;
     while (seq->n_blocks > keep) {
         int b = seq->blocks[--seq->n_blocks];
         if (b >= 0) block_unref(p, b);
@@ -499,7 +340,7 @@ void loom_kv_seq_release(loom_kv_pool *p, loom_kv_seq *seq) {
 
 int loom_kv_seq_drop_before(loom_kv_pool *p, loom_kv_seq *seq, int pos) {
     int dropped = 0;
-    for (int i = 0; i < seq->n_blocks && (i + 1) * p->block_size <= pos; i++) {
+    for (int i = 0; i < seq->n_blocks && (i + 1) * p->lay.block_size <= pos; i++) {
         if (seq->blocks[i] < 0) continue;
         block_unref(p, seq->blocks[i]);
         seq->blocks[i] = -1;
@@ -522,7 +363,7 @@ void loom_kv_seq_park(loom_kv_pool *p, const loom_kv_seq *seq, int on) {
 loom_status loom_kv_seq_share(loom_kv_pool *p, loom_kv_seq *dst, const loom_kv_seq *src,
                               int n_tokens) {
     assert(dst->n_blocks == 0 && n_tokens > 0 && n_tokens <= src->n_tokens);
-    int bs = p->block_size, keep = (n_tokens + bs - 1) / bs, partial = n_tokens % bs != 0;
+    int bs = p->lay.block_size, keep = (n_tokens + bs - 1) / bs, partial = n_tokens % bs != 0;
     if (partial && (src->blocks[keep - 1] < 0 || loom_kv_available(p) < 1))
         return loom_err(LOOM_ERR_NO_KV, "kv: no block for a copy of the last shared block");
     loom_status s = seq_grow(dst, keep);
@@ -543,3 +384,19 @@ loom_status loom_kv_seq_share(loom_kv_pool *p, loom_kv_seq *dst, const loom_kv_s
     dst->chain = 0;
     return LOOM_OK;
 }
+
+loom_kv_counts loom_kv_counters(const loom_kv_pool *p) {
+    return (loom_kv_counts){.hits = p->hits, .misses = p->misses, .evictions = p->evictions,
+                            .tier_hits = p->tier_hits, .blocks_free = p->n_free,
+                            .blocks_lru = p->n_lru, .blocks_parked = p->n_reclaim,
+                            .blocks_running = p->lay.n_blocks - p->n_free - p->n_lru - p->n_reclaim,
+                            .blocks_touched = p->n_touched};
+}
+
+void loom_kv_count_restored(loom_kv_pool *p, int n) {
+    p->tier_hits += (uint64_t)n;
+    p->hits += (uint64_t)n;
+    p->misses -= (uint64_t)n;
+}
+
+void loom_kv_tier_no_fetch(loom_kv_pool *p) { p->tier.fetch = NULL; }

@@ -2,12 +2,8 @@
  *
  * Design notes
  * - One pool of fixed-size blocks (block_size tokens) shared by every
- *   sequence. A block holds K and V for all layers at block_size positions:
- *   layer l's K rows of block b live at k + layer[l].off + (b * block_size
- *   + slot) * layer[l].row_bytes. Layers may store rows differently
- *   (kv_config.json: per-layer bits), each with its own row codec.
- * - A sequence owns a block table: position p lives in block
- *   table[p / block_size], slot p % block_size.
+ *   sequence; how a block holds its rows, and how a sequence's block table
+ *   addresses them, is the layout's (model/kv_layout.h).
  * - Blocks carry reference counts so a block can be shared.
  * - Prefix cache (when enabled). A full block is keyed by a hash chained
  *   over every token up to its end, seeded with a namespace (model, KV
@@ -40,6 +36,7 @@
 #include <stdint.h>
 
 #include "loom.h"
+#include "model/kv_layout.h"
 
 struct loom_kv_pool;
 
@@ -53,33 +50,18 @@ typedef struct loom_kv_tier {
                  const int32_t *tokens, int block);
 } loom_kv_tier;
 
-/* How one layer's rows are stored (a kv_config.json entry, or the pool's
- * type). group 0 = the default for the row width. */
-typedef struct loom_kv_spec {
-    loom_kv_type type;
-    int group;
-} loom_kv_spec;
-
-typedef struct loom_kv_layer {
-    loom_kv_type type;
-    int bits, group;     /* quantized types: bits per value, values per group */
-    size_t row_bytes;    /* bytes of one stored row of kv_dim values */
-    size_t off;          /* bytes before this layer's rows in k (and in v) */
-} loom_kv_layer;
+/* Prefix cache counters, in blocks. */
+typedef struct loom_kv_counts {
+    uint64_t hits, misses;   /* looked-up blocks found cached, or not */
+    uint64_t evictions;      /* cached blocks evicted */
+    uint64_t tier_hits;      /* of the hits, blocks restored from the tier */
+    /* where the blocks are now: they sum to the pool's */
+    int blocks_free, blocks_lru, blocks_parked, blocks_running;
+    int blocks_touched;      /* handed out at least once: the resident part */
+} loom_kv_counts;
 
 typedef struct loom_kv_pool {
-    int n_layers;
-    int kv_dim;          /* n_kv_heads * head_dim */
-    int block_size;      /* tokens per block */
-    int n_blocks;
-    loom_kv_layer *layer;/* owned [n_layers]: each layer's row codec */
-    int mixed;           /* layers are stored differently (then row_bytes is 0) */
-    loom_kv_type type;   /* uniform pools: how a row is stored (layer 0's for mixed) */
-    int bits, group;     /* uniform pools: quantized types: bits per value, values per group */
-    size_t row_bytes;    /* uniform pools: bytes of one stored row of kv_dim values */
-    const struct loom_kernels *kern; /* borrowed: widening kernels */
-    uint8_t *k, *v;      /* owned: layer l's (n_blocks, block_size) rows of
-                            layer[l].row_bytes start at k + layer[l].off */
+    loom_kv_layout lay;  /* owned: the blocks and how they hold rows */
     int *refcount;       /* owned [n_blocks] */
     int *parked;         /* owned [n_blocks]: references held by parked sequences */
     int n_reclaim;       /* blocks only parked sequences hold */
@@ -99,29 +81,10 @@ typedef struct loom_kv_pool {
     int lru_head, lru_tail, n_lru;  /* head = least recently used */
     int *table;          /* owned [table_cap] open addressing: block id or -1 */
     int table_cap, n_cached;
-    uint64_t hits, misses, evictions; /* blocks */
+    uint64_t hits, misses, evictions; /* blocks; read with loom_kv_counters */
     uint64_t tier_hits;  /* blocks restored from the tier */
     loom_kv_tier tier;   /* optional; fns NULL = none */
 } loom_kv_pool;
-
-typedef struct loom_kv_seq {
-    int *blocks;         /* owned [cap] block ids */
-    int n_blocks, cap;
-    int n_tokens;        /* positions [0, n_tokens) are written */
-    int n_hashed;        /* leading full blocks already offered to the cache */
-    uint64_t chain;      /* chain hash after block n_hashed - 1 (or the namespace) */
-} loom_kv_seq;
-
-/* Bytes of one stored row of kv_dim values, or 0 for an unknown type. */
-size_t loom_kv_row_bytes(loom_kv_type type, int kv_dim);
-/* Bytes one block takes (K and V, all layers). */
-size_t loom_kv_block_bytes(int n_layers, int kv_dim, int block_size, loom_kv_type type);
-/* "f32", "f16", "bf16", "q8", "q4" (NULL for an unknown type). */
-const char *loom_kv_type_name(loom_kv_type type);
-
-/* Bytes one block takes when layer l is stored as spec[l]; 0 when a
- * layer's type and group cannot store rows of kv_dim values. */
-size_t loom_kv_spec_block_bytes(const loom_kv_spec *spec, int n_layers, int kv_dim, int block_size);
 
 /* A pool storing every layer as type. */
 loom_status loom_kv_pool_create(int n_layers, int kv_dim, int block_size,
@@ -130,18 +93,6 @@ loom_status loom_kv_pool_create(int n_layers, int kv_dim, int block_size,
 loom_status loom_kv_pool_create_spec(int n_layers, int kv_dim, int block_size, int n_blocks,
                                      const loom_kv_spec *spec, loom_kv_pool **out);
 
-/* Row codec of layer l. Stores n <= kv_dim f32 values into a row of the
- * layer's type (rounded to 16 bits, or quantized per group: scale and bias
- * in f16 from the group's min and max, values rounded to the nearest
- * level); the rest of the row reads as zero. */
-void loom_kv_layer_store(const loom_kv_pool *p, int l, void *row, const float *x, int n);
-/* Values [off, off + n) of a stored row of layer l as f32: a pointer into
- * the row for f32 layers, else widened into tmp (n floats). */
-const float *loom_kv_layer_load(const loom_kv_pool *p, int l, const void *row, int off, int n,
-                                float *tmp);
-/* The same for pools whose layers are all stored alike (!p->mixed). */
-void loom_kv_store_row(const loom_kv_pool *p, void *row, const float *x, int n);
-const float *loom_kv_load(const loom_kv_pool *p, const void *row, int off, int n, float *tmp);
 void loom_kv_pool_free(loom_kv_pool *p);
 
 /* Makes seq hold blocks for positions [0, n_tokens). Returns LOOM_ERR_NO_KV
@@ -170,6 +121,12 @@ loom_status loom_kv_seq_share(loom_kv_pool *p, loom_kv_seq *dst, const loom_kv_s
 /* Blocks that can be handed out now: free plus evictable cached ones. */
 static inline int loom_kv_available(const loom_kv_pool *p) { return p->n_free + p->n_lru; }
 
+/* The prefix cache's counters so far. */
+loom_kv_counts loom_kv_counters(const loom_kv_pool *p);
+/* Counts n blocks that a lookup missed and that were then restored from
+ * the tier by someone else (a restore thread) as hits from the tier. */
+void loom_kv_count_restored(loom_kv_pool *p, int n);
+
 /* Turns the prefix cache on, keeping at most cap_blocks unreferenced cached
  * blocks (0 = as many as the pool holds). Call before any sequence exists. */
 loom_status loom_kv_cache_enable(loom_kv_pool *p, int cap_blocks);
@@ -188,29 +145,10 @@ int loom_kv_cache_lookup(loom_kv_pool *p, loom_kv_seq *seq, const int32_t *token
 void loom_kv_cache_commit(loom_kv_pool *p, loom_kv_seq *seq, const int32_t *tokens, uint64_t ns);
 /* Drops every unreferenced cached block (e.g. when the namespace changes). */
 void loom_kv_cache_clear(loom_kv_pool *p);
+/* Lookups stop asking the tier to fetch (restores go elsewhere, e.g. a
+ * restore thread); evicted blocks are still offered to spill. */
+void loom_kv_tier_no_fetch(loom_kv_pool *p);
 /* Offers every cached block to the tier (e.g. before shutdown). */
 void loom_kv_cache_spill_all(loom_kv_pool *p);
-/* K (or V) rows of a block for layer l: block_size rows of layer[l].row_bytes. */
-static inline void *loom_kv_block_k(const loom_kv_pool *p, int l, int b) {
-    return p->k + p->layer[l].off + (size_t)b * p->block_size * p->layer[l].row_bytes;
-}
-static inline void *loom_kv_block_v(const loom_kv_pool *p, int l, int b) {
-    return p->v + p->layer[l].off + (size_t)b * p->block_size * p->layer[l].row_bytes;
-}
-
-/* Row of K (or V) for layer l at a sequence position (block must exist);
- * read and write it with the row codec. */
-static inline void *loom_kv_k_row(const loom_kv_pool *p, const loom_kv_seq *s,
-                                  int l, int pos) {
-    size_t b = (size_t)s->blocks[pos / p->block_size];
-    return p->k + p->layer[l].off +
-           (b * p->block_size + (size_t)(pos % p->block_size)) * p->layer[l].row_bytes;
-}
-static inline void *loom_kv_v_row(const loom_kv_pool *p, const loom_kv_seq *s,
-                                  int l, int pos) {
-    size_t b = (size_t)s->blocks[pos / p->block_size];
-    return p->v + p->layer[l].off +
-           (b * p->block_size + (size_t)(pos % p->block_size)) * p->layer[l].row_bytes;
-}
 
 #endif

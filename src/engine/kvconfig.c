@@ -116,9 +116,9 @@ loom_status loom_kv_config_load(const char *path, int n_layers, int kv_dim, loom
 }
 
 void loom_kv_layout_name(const loom_kv_pool *p, char *out, size_t cap) {
-    const loom_kv_layer *L = &p->layer[0];
-    if (!p->mixed) {
-        int def = p->kv_dim % 64 == 0 ? 64 : 32;
+    const loom_kv_layer *L = &p->lay.layer[0];
+    if (!p->lay.mixed) {
+        int def = p->lay.kv_dim % 64 == 0 ? 64 : 32;
         if (L->bits && L->group != def) snprintf(out, cap, "%s/g%d", loom_kv_type_name(L->type), L->group);
         else snprintf(out, cap, "%s", loom_kv_type_name(L->type));
         return;
@@ -127,8 +127,8 @@ void loom_kv_layout_name(const loom_kv_pool *p, char *out, size_t cap) {
     uint64_t h = 0;
     if (st) {
         XXH3_64bits_reset(st);
-        for (int l = 0; l < p->n_layers; l++) {
-            int32_t v[2] = {(int32_t)p->layer[l].type, p->layer[l].bits ? p->layer[l].group : 0};
+        for (int l = 0; l < p->lay.n_layers; l++) {
+            int32_t v[2] = {(int32_t)p->lay.layer[l].type, p->lay.layer[l].bits ? p->lay.layer[l].group : 0};
             XXH3_64bits_update(st, v, sizeof v);
         }
         h = XXH3_64bits_digest(st);

@@ -137,21 +137,21 @@ static void spill(void *ctx, const loom_kv_pool *p, int b) {
     memcpy(h, KVD_MAGIC, 8);
     put32(h + 8, KVD_VERSION);
     put32(h + 12, KVD_HEADER);
-    put32(h + 16, (uint32_t)p->block_size);
-    put32(h + 20, (uint32_t)p->n_layers);
-    put32(h + 24, (uint32_t)p->kv_dim);
+    put32(h + 16, (uint32_t)p->lay.block_size);
+    put32(h + 20, (uint32_t)p->lay.n_layers);
+    put32(h + 24, (uint32_t)p->lay.kv_dim);
     put32(h + 28, (uint32_t)d->dtype_code);
     put64(h + 32, hash);
     put64(h + 40, p->bparent[b]);
     put64(h + 48, d->payload);
     uint8_t *body = h + KVD_HEADER;
-    size_t tok_bytes = sizeof(int32_t) * (size_t)p->block_size;
-    memcpy(body, p->btok + (size_t)b * p->block_size, tok_bytes);
+    size_t tok_bytes = sizeof(int32_t) * (size_t)p->lay.block_size;
+    memcpy(body, p->btok + (size_t)b * p->lay.block_size, tok_bytes);
     uint8_t *k = body + tok_bytes, *v = k + d->payload / 2;
-    for (int l = 0; l < p->n_layers; l++) {
-        size_t rows = p->layer[l].row_bytes * (size_t)p->block_size;
-        memcpy(k, loom_kv_block_k(p, l, b), rows);
-        memcpy(v, loom_kv_block_v(p, l, b), rows);
+    for (int l = 0; l < p->lay.n_layers; l++) {
+        size_t rows = p->lay.layer[l].row_bytes * (size_t)p->lay.block_size;
+        memcpy(k, loom_kv_block_k(&p->lay, l, b), rows);
+        memcpy(v, loom_kv_block_v(&p->lay, l, b), rows);
         k += rows;
         v += rows;
     }
@@ -259,7 +259,7 @@ int loom_kvdisk_read(const loom_kvdisk *d, loom_kvdisk_reader *rd, loom_kv_pool 
     close(fd);
     *bytes = off;
     const uint8_t *h = rd->buf;
-    size_t tok_bytes = sizeof(int32_t) * (size_t)p->block_size;
+    size_t tok_bytes = sizeof(int32_t) * (size_t)p->lay.block_size;
     /* a compressed file is shorter, never longer */
     int zstd = off >= KVD_HEADER && get32(h + 8) == KVD_VERSION_ZSTD;
 #define BAD(text) return (*why = (text), LOOM_KVDISK_BAD)
@@ -270,8 +270,8 @@ int loom_kvdisk_read(const loom_kvdisk *d, loom_kvdisk_reader *rd, loom_kv_pool 
     if (zstd) return LOOM_KVDISK_MISS; /* written by a loom with zstd: not corrupt, unreadable here */
 #endif
     if (get32(h + 8) != KVD_VERSION && !zstd) BAD("unsupported version");
-    if (get32(h + 12) != KVD_HEADER || get32(h + 16) != (uint32_t)p->block_size ||
-        get32(h + 20) != (uint32_t)p->n_layers || get32(h + 24) != (uint32_t)p->kv_dim ||
+    if (get32(h + 12) != KVD_HEADER || get32(h + 16) != (uint32_t)p->lay.block_size ||
+        get32(h + 20) != (uint32_t)p->lay.n_layers || get32(h + 24) != (uint32_t)p->lay.kv_dim ||
         get32(h + 28) != (uint32_t)d->dtype_code || get64(h + 48) != d->payload)
         BAD("KV geometry differs from this model's");
     if (get64(h + 32) != hash) BAD("hash does not match the file name");
@@ -288,10 +288,10 @@ int loom_kvdisk_read(const loom_kvdisk *d, loom_kvdisk_reader *rd, loom_kv_pool 
 #endif
 #undef BAD
     const uint8_t *v = k + d->payload / 2;
-    for (int l = 0; l < p->n_layers; l++) {
-        size_t rows = p->layer[l].row_bytes * (size_t)p->block_size;
-        memcpy(loom_kv_block_k(p, l, b), k, rows);
-        memcpy(loom_kv_block_v(p, l, b), v, rows);
+    for (int l = 0; l < p->lay.n_layers; l++) {
+        size_t rows = p->lay.layer[l].row_bytes * (size_t)p->lay.block_size;
+        memcpy(loom_kv_block_k(&p->lay, l, b), k, rows);
+        memcpy(loom_kv_block_v(&p->lay, l, b), v, rows);
         k += rows;
         v += rows;
     }
@@ -372,13 +372,13 @@ loom_status loom_kvdisk_open(const char *dir, size_t cap, loom_kv_pool *p, loom_
     if (!d) return loom_err(LOOM_ERR_NOMEM, "out of memory");
     d->dir = strdup(dir);
     d->cap = cap;
-    d->block_size = p->block_size;
-    d->n_layers = p->n_layers;
-    d->kv_dim = p->kv_dim;
-    d->dtype_code = p->mixed ? (int)KVD_MIXED : (int)p->type;
+    d->block_size = p->lay.block_size;
+    d->n_layers = p->lay.n_layers;
+    d->kv_dim = p->lay.kv_dim;
+    d->dtype_code = p->lay.mixed ? (int)KVD_MIXED : (int)p->lay.type;
     d->payload = 0;
-    for (int l = 0; l < p->n_layers; l++) d->payload += 2 * p->layer[l].row_bytes * (size_t)p->block_size;
-    d->file_size = KVD_HEADER + sizeof(int32_t) * (size_t)p->block_size + d->payload;
+    for (int l = 0; l < p->lay.n_layers; l++) d->payload += 2 * p->lay.layer[l].row_bytes * (size_t)p->lay.block_size;
+    d->file_size = KVD_HEADER + sizeof(int32_t) * (size_t)p->lay.block_size + d->payload;
     d->buf = malloc(d->file_size + 1);
     if (d->buf && loom_kvdisk_reader_create(d, &d->rd) != LOOM_OK) d->buf = (free(d->buf), NULL);
     if (!d->dir || !d->buf) {

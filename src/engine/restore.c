@@ -20,7 +20,7 @@ struct loom_restorer {
 };
 
 static void run(loom_restorer *w, loom_restore_job *j) {
-    int bs = w->p->block_size;
+    int bs = w->p->lay.block_size;
     j->n_ok = 0;
     j->result = LOOM_KVDISK_OK;
     for (int i = 0; i < j->n; i++) {

@@ -39,20 +39,20 @@
 /* Positions whose rows (all heads) a chunk task gathers per matmul. */
 #define ATT_SPLIT_SUB 32
 
-loom_status loom_fwd_state_create(const loom_model *m, int max_tokens, int max_ctx,
+loom_status loom_fwd_state_create(const loom_model *m, int step_tokens, int max_ctx,
                                   loom_fwd_state **out) {
     *out = NULL;
     const loom_config *c = &m->cfg;
-    if (max_tokens <= 0 || max_ctx <= 0)
+    if (step_tokens <= 0 || max_ctx <= 0)
         return loom_err(LOOM_ERR_INVALID_ARG,
-                        "forward state: max_tokens and max_ctx must be positive");
+                        "forward state: step_tokens and max_ctx must be positive");
     loom_fwd_state *s = calloc(1, sizeof *s);
     if (!s) return loom_err(LOOM_ERR_NOMEM, "out of memory");
-    size_t T = (size_t)max_tokens, H = (size_t)c->hidden_size;
+    size_t T = (size_t)step_tokens, H = (size_t)c->hidden_size;
     size_t qd = (size_t)c->n_heads * (size_t)LOOM_MAX(m->max_head_dim, 1);
     size_t kvd = (size_t)m->kv_dim, I = (size_t)LOOM_MAX(m->max_inter, 1);
     size_t E = (size_t)LOOM_MAX(c->n_experts, 1), K = (size_t)LOOM_MAX(c->n_experts_used, 1);
-    s->max_tokens = max_tokens;
+    s->step_tokens = step_tokens;
     s->max_ctx = max_ctx;
     s->n_threads = loom_pool_size(m->pool);
     s->max_rot = 2;
@@ -134,7 +134,7 @@ loom_status loom_fwd_state_create(const loom_model *m, int max_tokens, int max_c
 #undef ALLOC
     if (!ok) {
         loom_fwd_state_free(s);
-        return loom_err(LOOM_ERR_NOMEM, "forward state: out of memory for %d tokens", max_tokens);
+        return loom_err(LOOM_ERR_NOMEM, "forward state: out of memory for %d tokens", step_tokens);
     }
     *out = s;
     return LOOM_OK;
@@ -152,8 +152,6 @@ void loom_fwd_state_free(loom_fwd_state *s) {
     for (size_t i = 0; i < LOOM_ARRAY_LEN(bufs); i++) loom_free(bufs[i]);
     free(s);
 }
-
-int loom_fwd_state_max_tokens(const loom_fwd_state *s) { return s->max_tokens; }
 
 /* ---- matmul over the pool ---------------------------------------------- */
 
@@ -307,7 +305,7 @@ static void weight_row(const loom_model *m, const loom_weight *e, float *dst, in
 typedef struct attn_job {
     loom_model *m;
     loom_fwd_state *s;
-    loom_kv_pool *kv;
+    loom_kv_layout *kv;
     const loom_fwd_row *rows;
     const loom_attn *A;
     const int *tiles;        /* [2 * n_tiles] token ranges [ta, tb) of one row */
@@ -315,7 +313,7 @@ typedef struct attn_job {
 } attn_job;
 
 /* Head kh's slice of a K or V row of layer l as f32 into dst. */
-static void kv_slice(const loom_kv_pool *kv, int l, const void *row, int kh, int hd, float *dst) {
+static void kv_slice(const loom_kv_layout *kv, int l, const void *row, int kh, int hd, float *dst) {
     if (kv->layer[l].type == LOOM_KV_F32)
         memcpy(dst, (const float *)row + (size_t)kh * hd, sizeof(float) * (size_t)hd);
     else
@@ -327,7 +325,7 @@ static void kv_slice(const loom_kv_pool *kv, int l, const void *row, int kh, int
  * in one block; else widened or copied into buf (n rows of head_dim). */
 static const float *kv_rows(const attn_job *j, const loom_kv_seq *seq, int kh, int vals, int p0,
                             int n, float *buf, int in_place, int *ld) {
-    const loom_kv_pool *kv = j->kv;
+    const loom_kv_layout *kv = j->kv;
     int l = j->A->kv_layer, hd = j->A->head_dim, f32 = kv->layer[l].type == LOOM_KV_F32;
     if (in_place && f32 && p0 / kv->block_size == (p0 + n - 1) / kv->block_size) {
         *ld = kv->kv_dim;
@@ -452,7 +450,7 @@ static void attn_task(void *ctx, int task, int thread) {
  * ATT_SPLIT_SUB * hd: each row is read once, in order. */
 static void split_rows(const attn_job *j, const loom_kv_seq *seq, int vals, int a, int b,
                        float *dst) {
-    const loom_kv_pool *kv = j->kv;
+    const loom_kv_layout *kv = j->kv;
     int l = j->A->kv_layer, hd = j->A->head_dim, nkv = j->A->n_kv_heads;
     for (int p = a; p < b; p++) {
         const void *row = vals ? loom_kv_v_row(kv, seq, l, p) : loom_kv_k_row(kv, seq, l, p);
@@ -469,7 +467,7 @@ static void split_task(const attn_job *j, int task, int thread) {
     const loom_config *c = &j->m->cfg;
     const loom_kernels *k = j->m->k;
     const loom_attn *A = j->A;
-    const loom_kv_pool *kv = j->kv;
+    const loom_kv_layout *kv = j->kv;
     loom_fwd_state *s = j->s;
     int hd = A->head_dim, nh = c->n_heads, nkv = A->n_kv_heads, group = nh / nkv;
     int t = s->split_task[3 * task], p0 = s->split_task[3 * task + 1];
@@ -557,8 +555,8 @@ static void rope_tables(loom_model *m, loom_fwd_state *s, int T) {
     int half_max = s->max_rot / 2;
     for (int r = 0; r < m->n_ropes; r++) {
         const loom_rope *R = &m->ropes[r];
-        float *cs = s->cos + (size_t)r * s->max_tokens * half_max;
-        float *sn = s->sin + (size_t)r * s->max_tokens * half_max;
+        float *cs = s->cos + (size_t)r * s->step_tokens * half_max;
+        float *sn = s->sin + (size_t)r * s->step_tokens * half_max;
         for (int t = 0; t < T; t++)
             for (int i = 0; i < R->rot_dim / 2; i++) {
                 /* Angles in double: positions reach 1e5+ and f32 loses the phase. */
@@ -588,7 +586,7 @@ static void rms_plain(float *x, int n, float eps) {
 }
 
 /* Softmax attention block: s->xb (normed input) -> s->xb. */
-static void attention(loom_model *m, loom_fwd_state *s, loom_kv_pool *kv,
+static void attention(loom_model *m, loom_fwd_state *s, loom_kv_layout *kv,
                       const loom_fwd_row *rows, const loom_layer *L, int l, int T) {
     const loom_config *c = &m->cfg;
     const loom_attn *A = &L->attn;
@@ -617,8 +615,8 @@ static void attention(loom_model *m, loom_fwd_state *s, loom_kv_pool *kv,
     }
     const loom_rope *R = &m->ropes[A->rope];
     int half_max = s->max_rot / 2;
-    const float *cos_t = s->cos + (size_t)A->rope * s->max_tokens * half_max;
-    const float *sin_t = s->sin + (size_t)A->rope * s->max_tokens * half_max;
+    const float *cos_t = s->cos + (size_t)A->rope * s->step_tokens * half_max;
+    const float *sin_t = s->sin + (size_t)A->rope * s->step_tokens * half_max;
     for (int t = 0; t < T; t++) {
         const float *cs = cos_t + (size_t)t * half_max, *sn = sin_t + (size_t)t * half_max;
         for (int h = 0; h < nh; h++) {
@@ -818,7 +816,7 @@ static void ple_block(loom_model *m, loom_fwd_state *s, const loom_layer *L, int
 /* ---- the pass ------------------------------------------------------------ */
 
 loom_status loom_fwd_check_rows(const loom_model *m, const loom_fwd_row *rows, int n_rows,
-                                int block_size, int max_ctx, int max_tokens, int *total) {
+                                int block_size, int max_ctx, int step_tokens, int *total) {
     int T = 0;
     for (int r = 0; r < n_rows; r++) {
         const loom_fwd_row *row = &rows[r];
@@ -847,24 +845,24 @@ loom_status loom_fwd_check_rows(const loom_model *m, const loom_fwd_row *rows, i
                                 "sequence", j, r);
         T += row->n;
     }
-    if (T > max_tokens)
+    if (T > step_tokens)
         return loom_err(LOOM_ERR_INVALID_ARG, "forward: %d tokens in one batch, limit %d",
-                        T, max_tokens);
+                        T, step_tokens);
     *total = T;
     return LOOM_OK;
 }
 
 static loom_status check_rows(const loom_model *m, const loom_fwd_state *s,
-                              const loom_kv_pool *kv, const loom_fwd_row *rows,
+                              const loom_kv_layout *kv, const loom_fwd_row *rows,
                               int n_rows, int *total) {
     if (kv->kv_dim < m->kv_dim || kv->n_layers < m->cfg.n_layers)
         return loom_err(LOOM_ERR_INVALID_ARG, "forward: KV pool has %d layers of width %d, model "
                         "needs %d of width %d", kv->n_layers, kv->kv_dim, m->cfg.n_layers,
                         m->kv_dim);
-    return loom_fwd_check_rows(m, rows, n_rows, kv->block_size, s->max_ctx, s->max_tokens, total);
+    return loom_fwd_check_rows(m, rows, n_rows, kv->block_size, s->max_ctx, s->step_tokens, total);
 }
 
-loom_status loom_forward(loom_model *m, loom_fwd_state *s, loom_kv_pool *kv,
+loom_status loom_forward(loom_model *m, loom_fwd_state *s, loom_kv_layout *kv,
                          loom_fwd_row *rows, int n_rows) {
     const loom_config *c = &m->cfg;
     int T = 0;

@@ -18,7 +18,7 @@
 
 #include <stdint.h>
 
-#include "engine/kv.h"
+#include "model/kv_layout.h"
 #include "model/model.h"
 
 enum { LOOM_LOGITS_NONE = 0, LOOM_LOGITS_LAST = 1, LOOM_LOGITS_ALL = 2 };
@@ -64,26 +64,26 @@ static inline int loom_fwd_row_logits(const loom_fwd_row *r) {
     return r->logits == LOOM_LOGITS_ALL ? r->n : r->logits ? 1 : 0;
 }
 
-/* Activations for up to max_tokens tokens per forward over sequences of up
- * to max_ctx positions. Owned by one engine thread. */
+/* Activations for up to step_tokens tokens per forward (all rows together;
+ * not a request's max_tokens, the tokens it may generate) over sequences of
+ * up to max_ctx positions. Owned by one engine thread. */
 typedef struct loom_fwd_state loom_fwd_state;
 
-loom_status loom_fwd_state_create(const loom_model *m, int max_tokens, int max_ctx,
+loom_status loom_fwd_state_create(const loom_model *m, int step_tokens, int max_ctx,
                                   loom_fwd_state **out);
 void loom_fwd_state_free(loom_fwd_state *s);
-int loom_fwd_state_max_tokens(const loom_fwd_state *s);
 
 /* The checks every backend makes before a pass: each row has tokens in
  * the vocabulary, a sequence no longer than max_ctx with its KV blocks
  * reserved, a logits buffer if it wants logits, and its own sequence; at
- * most max_tokens tokens in all (stored in *total). */
+ * most step_tokens tokens in all (stored in *total). */
 loom_status loom_fwd_check_rows(const loom_model *m, const loom_fwd_row *rows, int n_rows,
-                                int block_size, int max_ctx, int max_tokens, int *total);
+                                int block_size, int max_ctx, int step_tokens, int *total);
 
 /* Runs the model. Checks token ids, sizes and recurrent states first; on an
- * error nothing is written to any sequence. The KV pool's rows must be at
+ * error nothing is written to any sequence. The KV layout's rows must be at
  * least loom_model_kv_dim(m) wide. */
-loom_status loom_forward(loom_model *m, loom_fwd_state *s, loom_kv_pool *kv,
+loom_status loom_forward(loom_model *m, loom_fwd_state *s, loom_kv_layout *kv,
                          loom_fwd_row *rows, int n_rows);
 
 #endif

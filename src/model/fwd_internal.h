@@ -9,21 +9,21 @@
 #define LOOM_DELTA_CHUNK 64   /* tokens per chunk of the chunked delta rule */
 
 struct loom_fwd_state {
-    int max_tokens, max_ctx, n_threads;
-    float *x;          /* (max_tokens, hidden) residual stream */
-    float *xb;         /* (max_tokens, hidden) normed input / block output */
-    float *xb2;        /* (max_tokens, hidden) scratch (MoE sum, PLE) */
-    float *qraw;       /* (max_tokens, max_q_dim) q_proj output (with gate) */
-    float *q;          /* (max_tokens, n_heads * max_head_dim) */
-    float *gate;       /* (max_tokens, n_heads * max_head_dim) attention output gate */
-    float *kx, *vx;    /* (max_tokens, kv_dim) this step's keys and values */
-    float *att;        /* (max_tokens, n_heads * max_head_dim) attention output */
-    float *hb, *hb2;   /* (max_tokens, max_inter) */
-    float *cos, *sin;  /* (n_ropes, max_tokens, max_rot / 2) */
+    int step_tokens, max_ctx, n_threads;
+    float *x;          /* (step_tokens, hidden) residual stream */
+    float *xb;         /* (step_tokens, hidden) normed input / block output */
+    float *xb2;        /* (step_tokens, hidden) scratch (MoE sum, PLE) */
+    float *qraw;       /* (step_tokens, max_q_dim) q_proj output (with gate) */
+    float *q;          /* (step_tokens, n_heads * max_head_dim) */
+    float *gate;       /* (step_tokens, n_heads * max_head_dim) attention output gate */
+    float *kx, *vx;    /* (step_tokens, kv_dim) this step's keys and values */
+    float *att;        /* (step_tokens, n_heads * max_head_dim) attention output */
+    float *hb, *hb2;   /* (step_tokens, max_inter) */
+    float *cos, *sin;  /* (n_ropes, step_tokens, max_rot / 2) */
     int max_rot;
     float *scores;     /* (n_threads, att_slots, max_ctx) attention scores */
     int att_slots;     /* query rows an attention task may hold */
-    int *tiles;        /* [2 * max_tokens] attention tiles [ta, tb) */
+    int *tiles;        /* [2 * step_tokens] attention tiles [ta, tb) */
     float *att_tmp;    /* (n_threads, att_tmp_per) attention tiles' scratch (forward.c) */
     size_t att_tmp_per;
     /* Decode tokens whose key span reaches att_split (0: never) attend by
@@ -33,36 +33,36 @@ struct loom_fwd_state {
     long att_split_tokens; /* decode tokens that went by chunks (tests read it) */
     float *att_part;   /* (att_parts, n_heads, max_head_dim + 2) chunk outputs, max, sum */
     int *split_task;   /* [3 * att_parts] a chunk task's token and positions [p0, p1) */
-    int *split_tok;    /* [max_tokens] tokens taking the chunked path */
+    int *split_tok;    /* [step_tokens] tokens taking the chunked path */
     float *split_tmp;  /* (n_threads, split_tmp_per) K or V rows of all heads */
     size_t split_tmp_per;
-    int *tok_row;      /* [max_tokens] row of each token */
-    int *tok_pos;      /* [max_tokens] position of each token */
-    int *row_first;    /* [max_tokens] first token of each row */
+    int *tok_row;      /* [step_tokens] row of each token */
+    int *tok_pos;      /* [step_tokens] position of each token */
+    int *row_first;    /* [step_tokens] first token of each row */
     float *logits;     /* (logits_cap / vocab, vocab), grown on demand */
     size_t logits_cap;
     /* MoE */
-    float *router;     /* (max_tokens, n_experts) */
-    int *sel;          /* (max_tokens, n_used) chosen experts */
-    float *sel_w;      /* (max_tokens, n_used) their weights */
-    int *gather;       /* [max_tokens] tokens routed to one expert */
-    float *xg, *yg;    /* (max_tokens, hidden) gathered inputs / outputs */
-    float *moe_in;     /* (max_tokens, hidden) expert input (gemma4 MoE block) */
-    float *moe_r;      /* (max_tokens, hidden) router input (gemma4) */
+    float *router;     /* (step_tokens, n_experts) */
+    int *sel;          /* (step_tokens, n_used) chosen experts */
+    float *sel_w;      /* (step_tokens, n_used) their weights */
+    int *gather;       /* [step_tokens] tokens routed to one expert */
+    float *xg, *yg;    /* (step_tokens, hidden) gathered inputs / outputs */
+    float *moe_in;     /* (step_tokens, hidden) expert input (gemma4 MoE block) */
+    float *moe_r;      /* (step_tokens, hidden) router input (gemma4) */
     /* linear attention */
-    float *lin_qkv;    /* (max_tokens, conv_dim) conv input [q | k | v] */
-    double *lin_conv;  /* (max_tokens, conv_dim) conv output, then normed q/k */
-    float *lin_z;      /* (max_tokens, n_v * v_dim) */
-    float *lin_b, *lin_a;  /* (max_tokens, n_v) raw b and a */
-    double *lin_beta, *lin_g;  /* (max_tokens, n_v) beta and log-decay */
-    double *lin_od;    /* (max_tokens, n_v * v_dim) delta-rule output */
-    float *lin_raw;    /* (max_tokens, conv_dim + n_v * v_dim + 2 n_v) grouped projections */
-    float *lin_out;    /* (max_tokens, n_v * v_dim) */
+    float *lin_qkv;    /* (step_tokens, conv_dim) conv input [q | k | v] */
+    double *lin_conv;  /* (step_tokens, conv_dim) conv output, then normed q/k */
+    float *lin_z;      /* (step_tokens, n_v * v_dim) */
+    float *lin_b, *lin_a;  /* (step_tokens, n_v) raw b and a */
+    double *lin_beta, *lin_g;  /* (step_tokens, n_v) beta and log-decay */
+    double *lin_od;    /* (step_tokens, n_v * v_dim) delta-rule output */
+    float *lin_raw;    /* (step_tokens, conv_dim + n_v * v_dim + 2 n_v) grouped projections */
+    float *lin_out;    /* (step_tokens, n_v * v_dim) */
     double *lin_scratch; /* (n_threads, lin_scratch_per) delta-rule workspace */
     size_t lin_scratch_per;
     /* gemma4 per-layer inputs */
-    float *ple;        /* (max_tokens, n_layers * ple_dim) */
-    float *ple_tmp;    /* (max_tokens, ple_dim) */
+    float *ple;        /* (step_tokens, n_layers * ple_dim) */
+    float *ple_tmp;    /* (step_tokens, ple_dim) */
     float *ple_row;    /* (n_layers * ple_dim) one token's per-layer embedding */
 };
 

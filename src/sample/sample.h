@@ -35,6 +35,17 @@ typedef struct loom_sample_result {
     float top_logprobs[LOOM_MAX_TOP_LOGPROBS];
 } loom_sample_result;
 
+/* One row's sampling for a token drawn outside the sampler (a device
+ * forward, loom_cuda_sample): what loom_sampler_pick does for temperature
+ * > 0, 1 <= top_k <= the drawing side's limit (LOOM_CUDA_TOPK_MAX), top_p,
+ * min_p (no XTC, bias or penalties), with u the request generator's next
+ * uniform draw in [0, 1) (loom_sampler_uniform). */
+typedef struct loom_sample_pick {
+    float temperature, top_p, min_p;
+    int top_k;
+    double u;
+} loom_sample_pick;
+
 /* Validates and copies p. Errors name the bad field. */
 loom_status loom_sampler_init(loom_sampler *s, const loom_sampling *p, int vocab);
 void loom_sampler_free(loom_sampler *s);

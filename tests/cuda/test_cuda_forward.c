@@ -70,7 +70,7 @@ static loom_status sides_create(loom_model *m, loom_kv_type kvt, int max_tokens,
     loom_status st = loom_kv_pool_create(L, kvd, 16, 64, kvt, cpu);
     if (st == LOOM_OK) st = loom_kv_pool_create(L, kvd, 16, 64, kvt, gpu);
     if (st == LOOM_OK) st = loom_fwd_state_create(m, max_tokens, max_ctx, fs);
-    if (st == LOOM_OK) st = loom_cuda_model_create(C, m, *gpu, max_tokens, max_ctx, g);
+    if (st == LOOM_OK) st = loom_cuda_model_create(C, m, &(*gpu)->lay, max_tokens, max_ctx, g);
     return st;
 }
 
@@ -118,7 +118,7 @@ static void run_fixture(const char *fixture, loom_kv_type kvt) {
         float *out = s ? lg : lc;
         loom_fwd_row rows[2] = {{ta, na, &sides[s]->a, LOOM_LOGITS_ALL, out, NULL, 0},
                                 {tb, nb, &sides[s]->b, LOOM_LOGITS_ALL, out + (size_t)na * V, NULL, 0}};
-        st = s ? loom_cuda_forward(g, gpu.kv, rows, 2, NULL, NULL) : loom_forward(m, fs, cpu.kv, rows, 2);
+        st = s ? loom_cuda_forward(g, &gpu.kv->lay, rows, 2, NULL, NULL) : loom_forward(m, fs, &cpu.kv->lay, rows, 2);
         if (st != LOOM_OK) goto fail;
     }
     compare(fixture, kvn, "prefill 45+20", lg, lc, na + nb, V, tol);
@@ -133,8 +133,8 @@ static void run_fixture(const char *fixture, loom_kv_type kvt) {
             float *out = s ? lg : lc;
             loom_fwd_row rows[2] = {{ta + na, 1, &sides[s]->a, LOOM_LOGITS_LAST, out, NULL, 1},
                                     {tb + nb, 1, &sides[s]->b, LOOM_LOGITS_LAST, out + V, NULL, 1}};
-            st = s ? loom_cuda_forward(g, gpu.kv, rows, 2, k == 2 ? picks : NULL, NULL)
-                   : loom_forward(m, fs, cpu.kv, rows, 2);
+            st = s ? loom_cuda_forward(g, &gpu.kv->lay, rows, 2, k == 2 ? picks : NULL, NULL)
+                   : loom_forward(m, fs, &cpu.kv->lay, rows, 2);
             if (st != LOOM_OK) goto fail;
         }
         if (k == 2) {
@@ -156,7 +156,7 @@ static void run_fixture(const char *fixture, loom_kv_type kvt) {
         float *out = s ? lg : lc;
         loom_fwd_row rows[2] = {{ta + na, 1, &sides[s]->a, LOOM_LOGITS_LAST, out, NULL, 1},
                                 {tb + nb, 9, &sides[s]->b, LOOM_LOGITS_ALL, out + V, NULL, 0}};
-        st = s ? loom_cuda_forward(g, gpu.kv, rows, 2, NULL, NULL) : loom_forward(m, fs, cpu.kv, rows, 2);
+        st = s ? loom_cuda_forward(g, &gpu.kv->lay, rows, 2, NULL, NULL) : loom_forward(m, fs, &cpu.kv->lay, rows, 2);
         if (st != LOOM_OK) goto fail;
     }
     compare(fixture, kvn, "mixed 1 + chunk 9", lg, lc, 10, V, tol);
@@ -214,16 +214,16 @@ static void run_single(const char *dir, loom_kv_type kvt) {
     for (int j = 0; j < 2; j++)
         for (int i = 0; i < 2 && st == LOOM_OK; i++) {
             loom_fwd_row row = {toks[j], len[j], &sq[i][j], LOOM_LOGITS_LAST, out[i], NULL, 0};
-            st = i ? loom_cuda_forward(g, kv[i], &row, 1, NULL, NULL)
-                   : loom_forward(m, fs, kv[0], &row, 1);
+            st = i ? loom_cuda_forward(g, &kv[i]->lay, &row, 1, NULL, NULL)
+                   : loom_forward(m, fs, &kv[0]->lay, &row, 1);
         }
     for (int k = 0; k < 8 && st == LOOM_OK; k++) {
         int j = k & 1, pick_step = k >= 6;
         int32_t pick = -1;
         for (int i = 0; i < 2 && st == LOOM_OK; i++) {
             loom_fwd_row row = {toks[j] + len[j], 1, &sq[i][j], LOOM_LOGITS_LAST, out[i], NULL, 1};
-            st = i ? loom_cuda_forward(g, kv[i], &row, 1, pick_step ? &pick : NULL, NULL)
-                   : loom_forward(m, fs, kv[0], &row, 1);
+            st = i ? loom_cuda_forward(g, &kv[i]->lay, &row, 1, pick_step ? &pick : NULL, NULL)
+                   : loom_forward(m, fs, &kv[0]->lay, &row, 1);
         }
         if (st != LOOM_OK) break;
         char what[64];

@@ -938,9 +938,9 @@ static int paged_make(paged *P, const attn_case *a, const int *lens, int n_seqs)
         for (int l = 0; l < 2; l++)
             for (int p = 0; p < lens[s]; p++) {
                 fill(row, (size_t)kv_dim, 2.0f);
-                loom_kv_store_row(P->pool, loom_kv_k_row(P->pool, q, l, p), row, kv_dim);
+                loom_kv_store_row(&P->pool->lay, loom_kv_k_row(&P->pool->lay, q, l, p), row, kv_dim);
                 fill(row, (size_t)kv_dim, 1.0f);
-                loom_kv_store_row(P->pool, loom_kv_v_row(P->pool, q, l, p), row, kv_dim);
+                loom_kv_store_row(&P->pool->lay, loom_kv_v_row(&P->pool->lay, q, l, p), row, kv_dim);
             }
     }
     free(row);
@@ -959,7 +959,7 @@ static void paged_free(paged *P) {
  * sequence seq (all heads), in double, reading rows as the CPU does. */
 static void attn_ref(const paged *P, const attn_case *a, int s, const float *q, int pos,
                      float scale, float *out) {
-    const loom_kv_pool *p = P->pool;
+    const loom_kv_layout *p = &P->pool->lay;
     int group = a->nh / a->nkv, lo = a->window > 0 ? LOOM_MAX(0, pos - a->window + 1) : 0;
     int n = pos - lo + 1;
     double *w = xmalloc((size_t)n * sizeof(double));
@@ -1001,7 +1001,7 @@ static const char *kv_name(loom_kv_type t) { return loom_kv_type_name(t); }
 
 /* Uploads the pool; fills the device view of layer 1. */
 static int paged_upload(const paged *P, loom_cuda_kv *kv, void **dk, void **dv, int32_t **dtab) {
-    const loom_kv_pool *p = P->pool;
+    const loom_kv_layout *p = &P->pool->lay;
     size_t bytes = (size_t)p->n_layers * p->n_blocks * p->block_size * p->row_bytes;
     *dk = up(p->k, bytes);
     *dv = up(p->v, bytes);
@@ -1122,7 +1122,7 @@ static int test_attn_decode_qkv(const attn_case *a, const int *lens, int n_seqs,
     int nh = a->nh, nkv = a->nkv, hd = a->hd, nall = nh + 2 * nkv, half = rot / 2, ld = half + 2;
     size_t W = (size_t)nall * hd, qn_ = (size_t)n_seqs * nh * hd;
     loom_cuda_dtype dt = kv_dt(a->kv_type);
-    const loom_kv_pool *pool = P.pool;
+    const loom_kv_layout *pool = &P.pool->lay;
     size_t bytes = (size_t)pool->n_layers * pool->n_blocks * pool->block_size * pool->row_bytes;
     float *qkv = xmalloc((size_t)n_seqs * W * 4), *b = xmalloc(W * 4), *qnw = xmalloc((size_t)hd * 4);
     float *knw = xmalloc((size_t)hd * 4), *cs = xmalloc((size_t)n_seqs * ld * 4);
@@ -1424,7 +1424,7 @@ static int test_qkv_post(int T, int nh, int nkv, int hd, int rot, int norms, int
 /* The CPU sampler's steps for one row (src/sample/sample.c, no bias,
  * penalties or XTC), spelled out: the id drawn, and how far the draw fell
  * from the nearest boundary between candidates (relative to the mass). */
-static int sample_ref(const float *l, int V, const loom_cuda_sampling *P, double *margin) {
+static int sample_ref(const float *l, int V, const loom_sample_pick *P, double *margin) {
     int32_t *idx = xmalloc((size_t)V * 4);
     float *p = xmalloc((size_t)V * 4);
     float mx = l[0];
@@ -1480,16 +1480,16 @@ static int test_sample(int T, int V, float temp, int top_k, float top_p, float m
              top_p, min_p);
     float *l = xmalloc((size_t)T * V * 4);
     fill(l, (size_t)T * V, 4.0f);
-    loom_cuda_sampling *P = xmalloc((size_t)T * sizeof *P);
+    loom_sample_pick *P = xmalloc((size_t)T * sizeof *P);
     int32_t *got = xmalloc((size_t)T * 4);
     for (int t = 0; t < T; t++) {
-        P[t] = (loom_cuda_sampling){.temperature = temp, .top_p = top_p, .min_p = min_p,
+        P[t] = (loom_sample_pick){.temperature = temp, .top_p = top_p, .min_p = min_p,
                                     .top_k = top_k,
                                     .u = (double)(test_rand_u32(&rng) >> 8) / 16777216.0};
         if (t == 0) l[(size_t)1 * V / 3] = l[(size_t)2 * V / 3] = 9.0f;  /* a tie at the top */
     }
     float *dl = up(l, (size_t)T * V * 4);
-    loom_cuda_sampling *dp = up(P, (size_t)T * sizeof *P);
+    loom_sample_pick *dp = up(P, (size_t)T * sizeof *P);
     int32_t *dout = NULL;
     int ok = 0;
     if (!dl || !dp || loom_cuda_alloc(C, (void **)&dout, (size_t)T * 4) != LOOM_OK) {
