@@ -1010,8 +1010,8 @@ static void kv_codec(void) {
                     want[g * G + i] = b + s * (float)(lv + (fr > 0.5));
                 }
             }
-            loom_kv_store_row(p, row, x, D);
-            y = loom_kv_load(p, row, 0, D, tmp);
+            loom_kv_store_row(&p->lay, row, x, D);
+            y = loom_kv_load(&p->lay, row, 0, D, tmp);
             int bad = 0;
             for (int i = 0; i < D; i++) bad += y[i] != want[i];
             CHECKF(bad == 0, "kv %s codec: %d of %d exact-grid values not at the nearest level", loom_kv_type_name(t),
@@ -1021,8 +1021,8 @@ static void kv_codec(void) {
             int n = 0;
             for (int r = 0; r < 64; r++) {
                 for (int i = 0; i < D; i++) x[i] = test_rand_f(&seed) * (float)(1 + r % 4);
-                loom_kv_store_row(p, row, x, D);
-                y = loom_kv_load(p, row, 0, D, tmp);
+                loom_kv_store_row(&p->lay, row, x, D);
+                y = loom_kv_load(&p->lay, row, 0, D, tmp);
                 for (int g = 0; g < D / G; g++) {
                     float lo = x[g * G], hi = lo;
                     for (int i = 1; i < G; i++) {
@@ -1047,8 +1047,8 @@ static void kv_codec(void) {
             double ulp = t == LOOM_KV_F16 ? 1.0 / 2048 : 1.0 / 256, worst = 0;
             for (int r = 0; r < 64; r++) {
                 for (int i = 0; i < D; i++) x[i] = test_rand_f(&seed) * (float)(1 + r % 4);
-                loom_kv_store_row(p, row, x, D);
-                y = loom_kv_load(p, row, 0, D, tmp);
+                loom_kv_store_row(&p->lay, row, x, D);
+                y = loom_kv_load(&p->lay, row, 0, D, tmp);
                 for (int i = 0; i < D; i++)
                     if (fabs(x[i]) > 1e-3) worst = test_max(worst, fabs((double)y[i] - x[i]) / fabs(x[i]));
             }
