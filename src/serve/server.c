@@ -214,7 +214,12 @@ static void *watchdog(void *arg) {
 
 typedef enum MHD_Result (*route_fn)(server *s, struct MHD_Connection *conn, conn_ctx *cc);
 
-/* One row per endpoint. A /v1/ path is also answered without the prefix
+/* One row per endpoint, read by the HTTP router, /metrics (its endpoint
+ * labels, in this order) and batch mode (the rows with an ep). A new
+ * endpoint is one row; one that generates also names an api_endpoint,
+ * filled by its own fmt_<name>.c (what it parses, its object names, a
+ * choice's body, its stream chunks and logprobs entries); nothing else
+ * changes. A /v1/ path is also answered without the prefix
  * (clients whose base URL is the bare host), through the same row, so
  * both spellings share its method, metrics label and key check. Every
  * row with auth set needs the --api-key bearer token when one is given:
@@ -295,11 +300,11 @@ static enum MHD_Result route_generate(server *s, struct MHD_Connection *conn, co
 }
 
 static const route routes[] = {
-    {"GET", "/health", route_health, "health", 0, NULL},
-    {"GET", "/metrics", route_metrics, "metrics", 1, NULL},
-    {"GET", "/v1/models", route_models, "models", 1, NULL},
     {"POST", "/v1/chat/completions", route_generate, "chat", 1, &fmt_chat},
     {"POST", "/v1/completions", route_generate, "completions", 1, &fmt_completions},
+    {"GET", "/v1/models", route_models, "models", 1, NULL},
+    {"GET", "/health", route_health, "health", 0, NULL},
+    {"GET", "/metrics", route_metrics, "metrics", 1, NULL},
 };
 
 static int route_has_path(const route *rt, const char *url) {
@@ -491,6 +496,7 @@ static int server_open(server *s, const loom_serve_params *params) {
     s->p = *params;
     pthread_rwlock_init(&s->engine_lock, NULL);
     metrics_init(&s->metrics);
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(routes); i++) metrics_add_endpoint(&s->metrics, routes[i].label);
     const char *dir = s->p.model_dir;
     const char *base = strrchr(dir, '/');
     while (base && base[1] == 0 && base > dir) { /* trailing slash */
@@ -575,10 +581,33 @@ void loom_service_close(loom_service *svc) {
     free(svc);
 }
 
-char *loom_service_complete(loom_service *svc, int chat, const char *body, size_t len, int *status) {
-    server *s = (server *)svc;
+/* Batch mode runs the generation rows by their path as written: a batch
+ * line names the /v1/ path, and the bare spelling is for HTTP clients. */
+static const route *batch_route(const char *url) {
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(routes); i++)
+        if (routes[i].ep && !strcmp(url, routes[i].path)) return &routes[i];
+    return NULL;
+}
+
+int loom_service_has_route(const char *url) { return batch_route(url) != NULL; }
+
+void loom_service_paths(char *buf, size_t cap) {
+    size_t n = 0, k = 0;
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(routes); i++) n += routes[i].ep != NULL;
+    buf[0] = 0;
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(routes); i++) {
+        if (!routes[i].ep) continue;
+        size_t w = strlen(buf);
+        snprintf(buf + w, cap - w, "%s%s", k == 0 ? "" : k + 1 < n ? ", " : " or ", routes[i].path);
+        k++;
+    }
+}
+
+/* Batch mode checks no "model" (a batch file runs on the model it is
+ * given) and has no stream to write chunks to. */
+static char *service_run(server *s, const api_endpoint *ep, const char *body, size_t len, int *status) {
     api_error err;
-    job *j = job_create(s, chat ? &fmt_chat : &fmt_completions, body, len, &err);
+    job *j = job_create(s, ep, body, len, &err);
     if (!j && !err.status) {
         *status = 500;
         return NULL;
@@ -589,6 +618,22 @@ char *loom_service_complete(loom_service *svc, int chat, const char *body, size_
         return api_error_json(&err);
     }
     return job_complete(j, status);
+}
+
+char *loom_service_request(loom_service *svc, const char *url, const char *body, size_t len,
+                           int *status) {
+    const route *rt = batch_route(url);
+    if (!rt) {
+        api_error err;
+        api_fail(&err, 404, NULL, "no route for POST %s", url);
+        *status = err.status;
+        return api_error_json(&err);
+    }
+    return service_run((server *)svc, rt->ep, body, len, status);
+}
+
+char *loom_service_complete(loom_service *svc, int chat, const char *body, size_t len, int *status) {
+    return service_run((server *)svc, chat ? &fmt_chat : &fmt_completions, body, len, status);
 }
 
 int loom_serve_run(const loom_serve_params *params) {
