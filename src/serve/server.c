@@ -18,10 +18,11 @@
 #include <unistd.h>
 
 #include "base/base.h"
+#include "serve/http.h"
 #include "serve/job.h"
 #include "model/forward.h"
 
-/* ---- HTTP plumbing -------------------------------------------------------------- */
+/* ---- one request ---------------------------------------------------------------- */
 
 typedef struct route route;
 
@@ -33,38 +34,6 @@ typedef struct conn_ctx {
     const char *label;          /* metrics endpoint label */
     api_error reject;           /* 401/404/405 decided on the headers (status 0: none) */
 } conn_ctx;
-
-static void add_common_headers(server *s, struct MHD_Response *resp, const char *type) {
-    MHD_add_response_header(resp, "Content-Type", type);
-    if (s->p.cors) {
-        MHD_add_response_header(resp, "Access-Control-Allow-Origin", "*");
-        MHD_add_response_header(resp, "Access-Control-Allow-Headers", "Authorization, Content-Type, X-Loom-Trace");
-        MHD_add_response_header(resp, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
-    }
-}
-
-static enum MHD_Result send_text(server *s, struct MHD_Connection *conn, int status,
-                                 const char *type, char *text) {
-    if (!text) {
-        static char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\"}}";
-        struct MHD_Response *r = MHD_create_response_from_buffer(strlen(oom), oom, MHD_RESPMEM_PERSISTENT);
-        add_common_headers(s, r, "application/json");
-        enum MHD_Result ret = MHD_queue_response(conn, 500, r);
-        MHD_destroy_response(r);
-        return ret;
-    }
-    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
-    add_common_headers(s, r, type);
-    enum MHD_Result ret = MHD_queue_response(conn, (unsigned)status, r);
-    MHD_destroy_response(r);
-    return ret;
-}
-
-static enum MHD_Result send_error(server *s, struct MHD_Connection *conn, const char *endpoint,
-                                  const api_error *err) {
-    metrics_count_request(&s->metrics, endpoint, err->status);
-    return send_text(s, conn, err->status, "application/json", api_error_json(err));
-}
 
 /* A request may name any served name, or none; any other is answered as
  * OpenAI and vLLM do, 404 model_not_found, rather than served by a model
@@ -105,110 +74,7 @@ static char *models_json(server *s) {
     return b.oom ? (loom_buf_free(&b), NULL) : b.p;
 }
 
-static int authorized(server *s, struct MHD_Connection *conn) {
-    if (!s->p.api_key) return 1;
-    const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
-    if (!h || strncmp(h, "Bearer ", 7) != 0) return 0;
-    const char *k = h + 7, *want = s->p.api_key;
-    size_t a = strlen(k), b = strlen(want);
-    unsigned diff = (unsigned)(a ^ b);
-    for (size_t i = 0; i < a && i < b; i++) diff |= (unsigned)(k[i] ^ want[i]);
-    return diff == 0;
-}
 
-/* ---- slow clients ------------------------------------------------------------ */
-
-/* MHD's connection timeout restarts with every byte read, so a client that
- * trickles its request holds a connection, and its thread, for as long as
- * it likes; a few hundred of them starve everyone. So each connection has
- * a deadline that trickling does not move: the request line and headers
- * within --header-timeout of the connection, or of a kept-alive
- * connection's next request line (the wait for which --timeout bounds),
- * and the body within --body-timeout of the headers. A watchdog thread
- * shuts down the socket of a request past its deadline. A request fully
- * received has none, so a long answer or stream is never cut. */
-typedef struct conn_watch {
-    struct conn_watch *prev, *next;
-    int fd;
-    int idle;          /* between two requests of a kept-alive connection */
-    double deadline;   /* loom_now() seconds; 0: none */
-} conn_watch;
-
-static conn_watch *watch_of(struct MHD_Connection *conn) {
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
-    return ci ? ci->socket_context : NULL;
-}
-
-static void watch_set(server *s, conn_watch *w, int idle, double seconds) {
-    if (!w) return;
-    pthread_mutex_lock(&s->watch_lock);
-    w->idle = idle;
-    w->deadline = seconds > 0 ? loom_now() + seconds : 0;
-    pthread_mutex_unlock(&s->watch_lock);
-}
-
-static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
-                          enum MHD_ConnectionNotificationCode toe) {
-    server *s = cls;
-    conn_watch *w = *socket_context;
-    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
-        if (!(w = calloc(1, sizeof *w))) return; /* unwatched, as MHD alone would */
-        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-        w->fd = ci ? ci->connect_fd : -1;
-        w->deadline = loom_now() + s->p.header_timeout_s;
-        pthread_mutex_lock(&s->watch_lock);
-        w->next = s->watched;
-        if (w->next) w->next->prev = w;
-        s->watched = w;
-        pthread_mutex_unlock(&s->watch_lock);
-        *socket_context = w;
-        return;
-    }
-    if (!w) return;
-    /* MHD closes the socket after this, so the watchdog, which holds the
-     * lock while it shuts sockets down, never touches a reused fd */
-    pthread_mutex_lock(&s->watch_lock);
-    if (w->prev) w->prev->next = w->next;
-    else s->watched = w->next;
-    if (w->next) w->next->prev = w->prev;
-    pthread_mutex_unlock(&s->watch_lock);
-    free(w);
-    *socket_context = NULL;
-}
-
-/* The request line of a kept-alive connection's next request: the headers
- * are due from now. */
-static void *on_request_line(void *cls, const char *uri, struct MHD_Connection *conn) {
-    (void)uri;
-    server *s = cls;
-    conn_watch *w = watch_of(conn);
-    if (w && w->idle) watch_set(s, w, 0, s->p.header_timeout_s);
-    return NULL;
-}
-
-static void watch_headers_done(server *s, struct MHD_Connection *conn) {
-    watch_set(s, watch_of(conn), 0, s->p.body_timeout_s);
-}
-
-static void watch_received(server *s, struct MHD_Connection *conn) {
-    watch_set(s, watch_of(conn), 0, 0);
-}
-
-static void *watchdog(void *arg) {
-    server *s = arg;
-    while (!atomic_load(&s->watch_stop)) {
-        double now = loom_now();
-        pthread_mutex_lock(&s->watch_lock);
-        for (conn_watch *w = s->watched; w; w = w->next)
-            if (w->deadline > 0 && now > w->deadline && w->fd >= 0) {
-                shutdown(w->fd, SHUT_RDWR); /* its thread sees the end and closes it */
-                w->deadline = 0;
-            }
-        pthread_mutex_unlock(&s->watch_lock);
-        usleep(100000);
-    }
-    return NULL;
-}
 
 /* ---- routes ------------------------------------------------------------------ */
 
@@ -236,7 +102,7 @@ struct route {
 
 static enum MHD_Result route_health(server *s, struct MHD_Connection *conn, conn_ctx *cc) {
     metrics_count_request(&s->metrics, cc->label, 200);
-    return send_text(s, conn, 200, "application/json", strdup("{\"status\":\"ok\"}"));
+    return http_send_text(s, conn, 200, "application/json", strdup("{\"status\":\"ok\"}"));
 }
 
 static enum MHD_Result route_metrics(server *s, struct MHD_Connection *conn, conn_ctx *cc) {
@@ -245,13 +111,13 @@ static enum MHD_Result route_metrics(server *s, struct MHD_Connection *conn, con
     if (s->engine) loom_engine_get_stats(s->engine, &st);
     pthread_rwlock_unlock(&s->engine_lock);
     metrics_count_request(&s->metrics, cc->label, 200);
-    return send_text(s, conn, 200, "text/plain; version=0.0.4",
+    return http_send_text(s, conn, 200, "text/plain; version=0.0.4",
                      metrics_render(&s->metrics, &st, atomic_load(&s->inflight)));
 }
 
 static enum MHD_Result route_models(server *s, struct MHD_Connection *conn, conn_ctx *cc) {
     metrics_count_request(&s->metrics, cc->label, 200);
-    return send_text(s, conn, 200, "application/json", models_json(s));
+    return http_send_text(s, conn, 200, "application/json", models_json(s));
 }
 
 /* A generation row: its endpoint parses the body and shapes the answer. */
@@ -260,13 +126,13 @@ static enum MHD_Result route_generate(server *s, struct MHD_Connection *conn, co
     api_error err;
     if (atomic_load(&s->draining)) {
         api_fail(&err, 503, NULL, "the server is shutting down");
-        return send_error(s, conn, endpoint, &err);
+        return http_send_error(s, conn, endpoint, &err);
     }
     job *j = job_create(s, cc->rt->ep, cc->body.p ? cc->body.p : "", cc->body.len, &err);
-    if (!j && !err.status) return send_text(s, conn, 500, "application/json", NULL);
+    if (!j && !err.status) return http_send_text(s, conn, 500, "application/json", NULL);
     if (!j || check_model(s, j->req.model, &err) < 0) {
         job_free(j);
-        return send_error(s, conn, endpoint, &err);
+        return http_send_error(s, conn, endpoint, &err);
     }
     const char *tr = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Loom-Trace");
     if (tr && (!strcmp(tr, "1") || !strcmp(tr, "true"))) j->req.trace = 1;
@@ -277,21 +143,21 @@ static enum MHD_Result route_generate(server *s, struct MHD_Connection *conn, co
         char *body = job_complete(j, &status);
         if (!body && !status) return MHD_NO; /* client gone: drop the connection */
         metrics_count_request(&s->metrics, endpoint, status);
-        return send_text(s, conn, status, "application/json", body);
+        return http_send_text(s, conn, status, "application/json", body);
     }
     if (job_start(j, &err) < 0) {
         job_cancel(j);
         job_free(j);
-        return send_error(s, conn, endpoint, &err);
+        return http_send_error(s, conn, endpoint, &err);
     }
     job_stream_open(j);
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader,
                                                                j, stream_free);
     if (!r) {
         job_free(j);
-        return send_text(s, conn, 500, "application/json", NULL);
+        return http_send_text(s, conn, 500, "application/json", NULL);
     }
-    add_common_headers(s, r, "text/event-stream");
+    http_add_common_headers(s, r, "text/event-stream");
     MHD_add_response_header(r, "Cache-Control", "no-cache");
     enum MHD_Result ret = MHD_queue_response(conn, 200, r);
     MHD_destroy_response(r);
@@ -332,7 +198,7 @@ static void route_request(server *s, struct MHD_Connection *conn, const char *me
         return;
     }
     cc->label = path_row->label;
-    if (path_row->auth && !authorized(s, conn)) {
+    if (path_row->auth && !http_authorized(s, conn)) {
         cc->rt = NULL;
         api_fail(&cc->reject, 401, NULL, "missing or invalid API key (send 'Authorization: Bearer <key>')");
     } else if (!cc->rt) {
@@ -352,7 +218,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         cc->is_post = !strcmp(method, "POST");
         *con_cls = cc;
         atomic_fetch_add(&s->active, 1);
-        watch_headers_done(s, conn);
+        http_watch_headers_done(s, conn);
         route_request(s, conn, method, url, cc);
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
         if (!cl || strtoull(cl, NULL, 10) <= s->p.max_body) return MHD_YES;
@@ -378,16 +244,16 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         *upload_size = 0;
         return MHD_YES;
     }
-    watch_received(s, conn);
+    http_watch_received(s, conn);
     api_error err;
     if (!strcmp(method, "OPTIONS") && s->p.cors) {
         char *empty = strdup("");
-        return send_text(s, conn, 204, "text/plain", empty);
+        return http_send_text(s, conn, 204, "text/plain", empty);
     }
-    if (cc->reject.status) return send_error(s, conn, cc->label, &cc->reject);
+    if (cc->reject.status) return http_send_error(s, conn, cc->label, &cc->reject);
     if (cc->too_big) {
         api_fail(&err, 413, NULL, "the request body exceeds %zu bytes", s->p.max_body);
-        return send_error(s, conn, cc->label, &err);
+        return http_send_error(s, conn, cc->label, &err);
     }
     return cc->rt->fn(s, conn, cc);
 }
@@ -396,8 +262,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                          enum MHD_RequestTerminationCode toe) {
     server *s = cls;
     (void)toe;
-    /* a kept-alive connection waits for its next request line */
-    watch_set(s, watch_of(conn), 1, s->p.timeout_s + s->p.header_timeout_s);
+    http_watch_idle(s, conn); /* a kept-alive connection waits for its next request line */
     conn_ctx *cc = *con_cls;
     if (!cc) return;
     atomic_fetch_sub(&s->active, 1);
@@ -655,7 +520,7 @@ int loom_serve_run(const loom_serve_params *params) {
     }
     pthread_mutex_init(&s->watch_lock, NULL);
     pthread_t dog;
-    if (pthread_create(&dog, NULL, watchdog, s) != 0) {
+    if (pthread_create(&dog, NULL, http_watchdog, s) != 0) {
         fprintf(stderr, "loom: error: cannot start the connection watchdog: %s\n", strerror(errno));
         free_server(s);
         return 1;
@@ -664,8 +529,8 @@ int loom_serve_run(const loom_serve_params *params) {
         MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC |
             MHD_USE_ERROR_LOG,
         (uint16_t)s->p.port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, &addr,
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
-        MHD_OPTION_URI_LOG_CALLBACK, on_request_line, s, MHD_OPTION_CONNECTION_TIMEOUT,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, http_on_connection, s,
+        MHD_OPTION_URI_LOG_CALLBACK, http_on_request_line, s, MHD_OPTION_CONNECTION_TIMEOUT,
         (unsigned)s->p.timeout_s, MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->p.max_connections,
         MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)s->p.max_connections_per_ip, MHD_OPTION_END);
     if (!d) {
@@ -717,3 +582,4 @@ int loom_serve_run(const loom_serve_params *params) {
     fprintf(stderr, "loom: stopped\n");
     return 0;
 }
+
