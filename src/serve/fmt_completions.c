@@ -88,6 +88,11 @@ static void cmpl_sse_echo(job *j, int index) {
 /* A prompt token's logprobs, with echo: the stream sends the echo once
  * they are all in. */
 static void cmpl_prompt_logprob(job *j, choice *c, const loom_event *ev) {
+    if (!ev) {
+        loom_buf_printf(&c->plp, "{\"t\":%d,\"lp\":null,\"off\":0,\"top\":null}", j->prompt[0]);
+        c->n_plp = 1;
+        return;
+    }
     if (c->n_plp == 0 || c->n_plp >= j->n_prompt) return; /* not asked for */
     loom_buf_puts(&c->plp, ",");
     put_completion_entry(j->srv, &c->plp, ev, j->prompt_off[c->n_plp]);

@@ -70,11 +70,14 @@ void job_cancel(job *j) {
 
 static int conversation_boundary(job *j);
 
+/* The field a prompt error names. */
+static const char *prompt_field(const api_req *r) { return r->kind == API_CHAT ? "messages" : "prompt"; }
+
 static int build_prompt(job *j, api_error *err) {
     server *s = j->srv;
     api_req *r = &j->req;
     if (!s->tok && (r->kind == API_CHAT || !r->prompt_ids))
-        return api_fail(err, 400, r->kind == API_CHAT ? "messages" : "prompt",
+        return api_fail(err, 400, prompt_field(r),
                         "this model directory has no tokenizer (tokenizer.json); send token ids%s",
                         r->kind == API_CHAT ? " to /v1/completions" : "");
     if (!s->tok && r->n_stops)
@@ -115,8 +118,7 @@ static int build_prompt(job *j, api_error *err) {
         j->n_prompt = (int)n;
         j->prompt_text = strdup(r->prompt_text);
     }
-    if (j->n_prompt == 0) return api_fail(err, 400, r->kind == API_CHAT ? "messages" : "prompt",
-                                          "the prompt encodes to no tokens");
+    if (j->n_prompt == 0) return api_fail(err, 400, prompt_field(r), "the prompt encodes to no tokens");
     return 0;
 }
 
@@ -198,7 +200,7 @@ static int submit(job *j, api_error *err) {
     /* max_tokens 0 (echo): the prompt alone; the one token made is dropped */
     if (r->max_tokens == 0) rp.max_tokens = 1;
     /* echo with logprobs: the prompt tokens' too (the first has none) */
-    int echo_lp = r->kind == API_COMPLETION && r->echo && r->logprobs >= 0;
+    int echo_lp = j->ep->prompt_logprob && r->echo && r->logprobs >= 0;
     if (echo_lp) {
         rp.prompt_logprobs = r->logprobs;
         if (prompt_offsets(j, err) < 0) return -1;
@@ -242,10 +244,7 @@ static int submit(job *j, api_error *err) {
         }
         /* with echo the generated text starts after the prompt */
         if (r->echo && j->prompt_text) c->text_offset = strlen(j->prompt_text);
-        if (echo_lp) {
-            loom_buf_printf(&c->plp, "{\"t\":%d,\"lp\":null,\"off\":0,\"top\":null}", j->prompt[0]);
-            c->n_plp = 1;
-        }
+        if (echo_lp) j->ep->prompt_logprob(j, c, NULL);
         pthread_rwlock_rdlock(&s->engine_lock);
         loom_status st = atomic_load(&s->shutting_down)
                              ? LOOM_ERR_BUSY
@@ -256,8 +255,7 @@ static int submit(job *j, api_error *err) {
                             "the server is busy: %s", atomic_load(&s->shutting_down)
                                                           ? "shutting down" : loom_last_error());
         if (st == LOOM_ERR_RANGE || st == LOOM_ERR_INVALID_ARG)
-            return api_fail(err, 400, r->kind == API_CHAT ? "messages" : "prompt", "%s",
-                            loom_last_error());
+            return api_fail(err, 400, prompt_field(r), "%s", loom_last_error());
         if (st != LOOM_OK) return api_fail(err, 500, NULL, "%s", loom_last_error());
     }
     metrics_add_tokens(&s->metrics, (uint64_t)j->n_prompt * (uint64_t)j->n, 0);

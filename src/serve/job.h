@@ -81,7 +81,8 @@ typedef struct api_endpoint {
     const char *chunk_object;   /* and of a stream chunk */
     /* one logprobs entry for a generated token, appended to c->lp */
     void (*logprob)(job *j, choice *c, const loom_event *ev);
-    /* a prompt token's logprobs (echo), or NULL: prompt events are dropped */
+    /* a prompt token's logprobs (echo; ev NULL: the first token, which has
+     * none), or NULL: the endpoint has no prompt logprobs */
     void (*prompt_logprob)(job *j, choice *c, const loom_event *ev);
     /* a blocking answer's choice: its fields between "index" and "finish_reason" */
     void (*put_choice)(job *j, choice *c, loom_buf *b);
