@@ -9,7 +9,7 @@
 
 #include "serve/job.h"
 
-/* A completions logprobs entry: parallel arrays, assembled at the end. */
+/* A logprobs entry: token, logprob, text offset, top alternatives. */
 static void put_completion_entry(server *s, loom_buf *b, const loom_event *ev, size_t off) {
     loom_buf_printf(b, "{\"t\":%d,\"lp\":%.6g,\"off\":%zu,\"top\":{", ev->token, ev->logprob, off);
     for (int k = 0; k < ev->n_top; k++) {
@@ -19,7 +19,6 @@ static void put_completion_entry(server *s, loom_buf *b, const loom_event *ev, s
     }
     loom_buf_puts(b, "}}");
 }
-
 
 /* Completions logprobs object from the entries in c->plp (the prompt's,
  * with echo) and c->lp. */

@@ -43,7 +43,6 @@ enum MHD_Result http_send_error(server *s, struct MHD_Connection *conn, const ch
     return http_send_text(s, conn, err->status, "application/json", api_error_json(err));
 }
 
-
 int http_authorized(server *s, struct MHD_Connection *conn) {
     if (!s->p.api_key) return 1;
     const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");

@@ -270,7 +270,7 @@ int job_start(job *j, api_error *err) {
     return build_prompt(j, err) < 0 || submit(j, err) < 0 ? -1 : 0;
 }
 
-/* ---- formatting ------------------------------------------------------------ */
+/* ---- what every endpoint's answer shares --------------------------------- */
 
 void job_put_token_text(server *s, loom_buf *b, int32_t id) {
     char *t = NULL;
@@ -282,7 +282,6 @@ void job_put_token_text(server *s, loom_buf *b, int32_t id) {
     api_put_json_str(b, t, n);
     free(t);
 }
-
 
 static void put_usage(job *j, loom_buf *b) {
     int gen = 0, cached = 0;
@@ -333,7 +332,6 @@ static void put_head(job *j, loom_buf *b, int chunk) {
 
 /* ---- event processing -------------------------------------------------------- */
 
-
 static void take_text(job *j, choice *c, const char *text, size_t len, int final, emitted *em) {
     loom_toolscan_feed(&c->scan, text, len, final, &em->content, &em->reasoning);
     if (!j->req.stream || c->scan.tools) loom_buf_put(&c->text, text, len);
@@ -349,8 +347,6 @@ static void finish_choice(job *j, choice *c, loom_finish why, emitted *em) {
     c->finish = why == LOOM_FINISH_LENGTH && !stopped ? "length" : "stop";
     if (c->scan.n_calls > 0) c->finish = "tool_calls";
 }
-
-
 
 /* Handles one event of choice c. Returns -1 on a failure (j->err set). */
 static int on_event(job *j, choice *c, const loom_event *ev, emitted *em) {

@@ -74,8 +74,6 @@ static char *models_json(server *s) {
     return b.oom ? (loom_buf_free(&b), NULL) : b.p;
 }
 
-
-
 /* ---- routes ------------------------------------------------------------------ */
 
 typedef enum MHD_Result (*route_fn)(server *s, struct MHD_Connection *conn, conn_ctx *cc);
