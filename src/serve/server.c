@@ -80,10 +80,11 @@ typedef enum MHD_Result (*route_fn)(server *s, struct MHD_Connection *conn, conn
 
 /* One row per endpoint, read by the HTTP router, /metrics (its endpoint
  * labels, in this order) and batch mode (the rows with an ep). A new
- * endpoint is one row; one that generates also names an api_endpoint,
- * filled by its own fmt_<name>.c (what it parses, its object names, a
- * choice's body, its stream chunks and logprobs entries); nothing else
- * changes. A /v1/ path is also answered without the prefix
+ * endpoint is one row plus one file: for one that generates, a
+ * fmt_<name>.c filling an api_endpoint (which of api_parse's request
+ * kinds it takes, its object names, a choice's body, its stream chunks
+ * and logprobs entries), with fn route_generate and ep naming it; for
+ * any other, its route_fn. Nothing else changes. A /v1/ path is also answered without the prefix
  * (clients whose base URL is the bare host), through the same row, so
  * both spellings share its method, metrics label and key check. Every
  * row with auth set needs the --api-key bearer token when one is given:
