@@ -548,6 +548,39 @@ static void test_metrics(void) {
     metrics_free(&m);
 }
 
+/* Endpoint labels are listed in the order first added, each once; past
+ * the table's room, and "other" itself, count as "other". */
+static void test_metrics_labels(void) {
+    static const char *names[METRICS_ENDPOINTS + 2];
+    static char text[METRICS_ENDPOINTS + 2][16];
+    loom_metrics m;
+    metrics_init(&m);
+    metrics_add_endpoint(&m, "b");
+    metrics_add_endpoint(&m, "a");
+    metrics_add_endpoint(&m, "b");
+    metrics_count_request(&m, "other", 404);
+    for (int i = 0; i < METRICS_ENDPOINTS + 2; i++) {
+        snprintf(text[i], sizeof text[i], "e%d", i);
+        names[i] = text[i];
+        metrics_count_request(&m, names[i], 200);
+    }
+    loom_engine_stats st = {0};
+    char *t = metrics_render(&m, &st, 0);
+    CHECK(t != NULL);
+    if (t) {
+        const char *b = strstr(t, "{endpoint=\"b\",status=\"200\"} 0\n");
+        const char *a = strstr(t, "{endpoint=\"a\",status=\"200\"} 0\n");
+        CHECK(b && a && b < a);
+        CHECK(strstr(b + 1, "{endpoint=\"b\"") == NULL);
+        CHECK(strstr(t, "{endpoint=\"e12\",status=\"200\"} 1\n") != NULL);
+        CHECK(strstr(t, "{endpoint=\"e13\"") == NULL);
+        CHECK(strstr(t, "{endpoint=\"other\",status=\"200\"} 5\n") != NULL);
+        CHECK(strstr(t, "{endpoint=\"other\",status=\"404\"} 1\n") != NULL);
+    }
+    free(t);
+    metrics_free(&m);
+}
+
 static void test_not_utf8(void) {
     api_req r;
     api_error e;
@@ -703,5 +736,6 @@ int main(void) {
     test_reasoning();
     test_textstream();
     test_metrics();
+    test_metrics_labels();
     return test_report("test_api");
 }

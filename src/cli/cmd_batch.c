@@ -77,21 +77,22 @@ static char *run_line(batch *b, int index, int *failed) {
     const cJSON *body = cJSON_GetObjectItemCaseSensitive(in, "body");
     const char *custom_id = cJSON_IsString(cid) ? cid->valuestring : NULL;
     char *out = NULL;
-    int chat = cJSON_IsString(url) && !strcmp(url->valuestring, "/v1/chat/completions");
-    int comp = cJSON_IsString(url) && !strcmp(url->valuestring, "/v1/completions");
+    int routed = cJSON_IsString(url) && loom_service_has_route(url->valuestring);
     if (!custom_id) {
         out = error_line(index, NULL, "missing_custom_id", "'custom_id' must be a string");
     } else if (method && (!cJSON_IsString(method) || strcmp(method->valuestring, "POST"))) {
         out = error_line(index, custom_id, "invalid_method", "'method' must be POST");
-    } else if (!chat && !comp) {
-        out = error_line(index, custom_id, "invalid_url",
-                         "'url' must be /v1/chat/completions or /v1/completions");
+    } else if (!routed) {
+        char paths[256], msg[300];
+        loom_service_paths(paths, sizeof paths);
+        snprintf(msg, sizeof msg, "'url' must be %s", paths);
+        out = error_line(index, custom_id, "invalid_url", msg);
     } else if (!cJSON_IsObject(body)) {
         out = error_line(index, custom_id, "invalid_body", "'body' must be an object");
     } else {
         char *text = cJSON_PrintUnformatted(body);
         int status = 0;
-        char *resp = text ? loom_service_complete(b->svc, chat, text, strlen(text), &status) : NULL;
+        char *resp = text ? loom_service_request(b->svc, url->valuestring, text, strlen(text), &status) : NULL;
         free(text);
         cJSON *rb = resp ? cJSON_Parse(resp) : NULL;
         free(resp);

@@ -8,17 +8,24 @@
 static const double bounds[METRICS_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                                                0.25,  0.5,    1,     2.5,  5,     10,   30};
 static const int statuses[9] = {200, 400, 401, 404, 405, 413, 429, 500, 503};
-/* the route labels of the server's table; "other" counts unknown paths */
-static const char *endpoints[METRICS_ENDPOINTS] = {"chat", "completions", "models",
-                                                   "health", "metrics", "other"};
-
 void metrics_init(loom_metrics *m) { memset(m, 0, sizeof *m); }
 void metrics_free(loom_metrics *m) { (void)m; }
 
+/* The label's row, taking a free one for a new label (any thread). */
+static int endpoint_row(loom_metrics *m, const char *endpoint) {
+    if (!strcmp(endpoint, "other")) return METRICS_ENDPOINTS - 1;
+    for (int i = 0; i < METRICS_ENDPOINTS - 1; i++) {
+        const char *l = atomic_load(&m->endpoint[i]);
+        if (!l && atomic_compare_exchange_strong(&m->endpoint[i], &l, endpoint)) return i;
+        if (!strcmp(l, endpoint)) return i; /* l: this row's label, perhaps just taken */
+    }
+    return METRICS_ENDPOINTS - 1;
+}
+
+void metrics_add_endpoint(loom_metrics *m, const char *endpoint) { (void)endpoint_row(m, endpoint); }
+
 void metrics_count_request(loom_metrics *m, const char *endpoint, int status) {
-    int e = METRICS_ENDPOINTS - 1;
-    for (int i = 0; i < METRICS_ENDPOINTS - 1; i++)
-        if (!strcmp(endpoints[i], endpoint)) e = i;
+    int e = endpoint_row(m, endpoint);
     int k = 7; /* unknown statuses count as 500 */
     for (int i = 0; i < 9; i++)
         if (statuses[i] == status) k = i;
@@ -62,13 +69,15 @@ char *metrics_render(loom_metrics *m, const loom_engine_stats *st, int inflight)
     loom_buf b = {0};
     loom_buf_puts(&b, "# HELP loom_requests_total HTTP requests by endpoint and status.\n"
                 "# TYPE loom_requests_total counter\n");
-    for (int e = 0; e < METRICS_ENDPOINTS; e++)
-        for (int k = 0; k < 9; k++) {
+    for (int e = 0; e < METRICS_ENDPOINTS; e++) {
+        const char *label = e < METRICS_ENDPOINTS - 1 ? atomic_load(&m->endpoint[e]) : "other";
+        for (int k = 0; label && k < 9; k++) {
             unsigned long long v = atomic_load(&m->requests[e][k]);
             if (v || k == 0)
                 loom_buf_printf(&b, "loom_requests_total{endpoint=\"%s\",status=\"%d\"} %llu\n",
-                          endpoints[e], statuses[k], v);
+                          label, statuses[k], v);
         }
+    }
     loom_buf_printf(&b,
               "# TYPE loom_prompt_tokens_total counter\nloom_prompt_tokens_total %llu\n"
               "# TYPE loom_generated_tokens_total counter\nloom_generated_tokens_total %llu\n"

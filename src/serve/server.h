@@ -52,5 +52,12 @@ typedef struct loom_service loom_service;
 loom_status loom_service_open(const loom_serve_params *p, loom_service **out);
 void loom_service_close(loom_service *s);
 char *loom_service_complete(loom_service *s, int chat, const char *body, size_t len, int *status);
+/* The same through the server's route table: body POSTed to url, one of
+ * the generation routes' paths (loom_service_has_route); any other gets
+ * a 404 body. loom_service_paths writes those paths as "a, b or c". */
+char *loom_service_request(loom_service *s, const char *url, const char *body, size_t len,
+                           int *status);
+int loom_service_has_route(const char *url);
+void loom_service_paths(char *buf, size_t cap);
 
 #endif
