@@ -192,20 +192,31 @@ static void check_state(harness *h) {
            loom_kv_available(h->kv), h->total);
 }
 
-/* One step: plan, fake forward, commit. Returns the plan's rows. */
-static int h_step(harness *h) {
+/* A step's plan, checked. */
+static const step_plan *h_plan(harness *h) {
     uint64_t pre = h->s.counters.preemptions;
     const step_plan *p = loom_sched_plan(&h->s);
     h->preempted += (int)(h->s.counters.preemptions - pre);
     check_plan(h, p);
-    int n = p->n_rows;
-    if (n) {
+    return p;
+}
+
+/* The rest of the step: the rows, the fake forward, the commit. */
+static void h_run(harness *h, const step_plan *p) {
+    if (p->n_rows) {
         loom_sched_fwd_rows(&h->s, p, h->rows, h->logits, h->plp);
-        fake_forward(h->kv, h->rows, n);
-        step_work w = {.id = ++h->steps, .rows = n, .tokens = p->tokens};
+        fake_forward(h->kv, h->rows, p->n_rows);
+        step_work w = {.id = ++h->steps, .rows = p->n_rows, .tokens = p->tokens};
         loom_sched_commit(&h->s, p, h->rows, NULL, &w);
     }
     check_state(h);
+}
+
+/* One step. Returns the plan's rows. */
+static int h_step(harness *h) {
+    const step_plan *p = h_plan(h);
+    int n = p->n_rows;
+    h_run(h, p);
     return n;
 }
 
@@ -284,20 +295,15 @@ static void budget_split(void) {
     static const int starts[] = {0, 5, 10, 12, 17, 22, 24, 29}, ns[] = {5, 5, 2, 5, 5, 2, 5, 1},
                      ends[] = {12, 12, 12, 24, 24, 24, 30, 30};
     for (int k = 0; k < 8; k++) {
-        const step_plan *p = loom_sched_plan(&h.s);
+        const step_plan *p = h_plan(&h);
         CHECK_EQ_INT(p->n_rows, 1);
         if (p->n_rows != 1) break;
         CHECK_EQ_INT(p->rows[0].start, starts[k]);
         CHECK_EQ_INT(p->rows[0].n, ns[k]);
         CHECK_EQ_INT(p->rows[0].plan_end, ends[k]);
         CHECK_EQ_INT(p->rows[0].kind, k == 7 ? SCHED_FINAL : SCHED_DRAIN);
-        check_plan(&h, p);
-        loom_sched_fwd_rows(&h.s, p, h.rows, h.logits, h.plp);
+        h_run(&h, p);
         CHECK_EQ_INT(h.rows[0].logits, k == 7 ? LOOM_LOGITS_LAST : LOOM_LOGITS_NONE);
-        fake_forward(h.kv, h.rows, 1);
-        step_work w = {.id = (uint64_t)k + 1, .rows = 1};
-        loom_sched_commit(&h.s, p, h.rows, NULL, &w);
-        check_state(&h);
     }
     CHECK_EQ_INT(a->state, RQ_DECODE);
     /* the same prompt in one piece: the same tokens */
@@ -319,15 +325,10 @@ static void decode_first(void) {
     for (int i = 0; i < 10 && (a->state != RQ_DECODE || b->state != RQ_DECODE); i++) h_step(&h);
     loom_request *c = h_submit(&h, 60, 2, 7), *d = h_submit(&h, 30, 2, 8);
     for (int i = 0; i < 4; i++) {
-        const step_plan *p = loom_sched_plan(&h.s);
-        check_plan(&h, p);
+        const step_plan *p = h_plan(&h);
         CHECK(p->n_rows >= 3 && p->rows[0].kind == SCHED_DECODE && p->rows[1].kind == SCHED_DECODE);
         CHECK_EQ_INT(p->tokens, 8); /* the prefills take the rest of the budget */
-        loom_sched_fwd_rows(&h.s, p, h.rows, h.logits, h.plp);
-        fake_forward(h.kv, h.rows, p->n_rows);
-        step_work w = {.rows = p->n_rows};
-        loom_sched_commit(&h.s, p, h.rows, NULL, &w);
-        check_state(&h);
+        h_run(&h, p);
     }
     h_drain(&h);
     check_solo(a);

@@ -127,6 +127,7 @@ static void publish_stats(loom_engine *e) {
 static int take_inbox(loom_engine *e) {
     int i = 0;
     while (i < e->n_inbox && loom_sched_enqueue(&e->s, e->inbox[i]) == LOOM_OK) i++;
+    if (i == 0) return e->n_inbox == 0; /* the inbox may be NULL */
     memmove(e->inbox, e->inbox + i, sizeof *e->inbox * (size_t)(e->n_inbox - i));
     e->n_inbox -= i;
     return e->n_inbox == 0;
