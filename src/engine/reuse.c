@@ -51,9 +51,12 @@ static void park(loom_engine *e, loom_request *r) {
     if (seq->n_blocks > keep) loom_kv_seq_truncate(e->kv, seq, keep * e->kv->lay.block_size);
     loom_session *x = loom_sessions_put(e->sessions, r->save_key, r->save_alias, r->ns, seq, r->tokens);
     if (x && x->state) loom_seq_state_save(r->rstate, x->state);
-    /* parked blocks count against the cache's cap like unreferenced cached ones */
+    /* Parked blocks count against the cache's cap like unreferenced cached
+     * ones. A kept response was asked for by name, cached blocks were not:
+     * those go first, so the response just parked is not the one evicted
+     * whenever the cache is full; sessions go only when none is left. */
     while (e->kv->n_lru + e->kv->n_reclaim > e->kv->cache_cap)
-        if (!loom_sessions_evict_one(e->sessions)) break;
+        if (!loom_kv_cache_evict_one(e->kv) && !loom_sessions_evict_one(e->sessions)) break;
 }
 
 void loom_reuse_spill_state(void *ctx, uint64_t hash, int n_tokens, const void *state) {
