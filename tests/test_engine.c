@@ -1839,7 +1839,49 @@ static void session_cap_evictions(const char *dir) {
     free_fixture(&f);
 }
 
+/* A small prefix cache full of unreferenced blocks: a response kept
+ * (save_id) stays parked until a request names it, the cached blocks
+ * going first, instead of being evicted the moment it is parked. */
+static void kept_response_over_cache_cap(void) {
+    fixture f;
+    if (!load_fixture("tests/fixtures/models/qwen3-tiny", &f)) { CHECK(0); return; }
+    loom_engine_params ep = loom_engine_default_params();
+    ep.n_ctx = 256;
+    loom_engine *e = NULL;
+    CHECK(loom_engine_create(f.m, &ep, &e) == LOOM_OK);
+    if (!e) { free_fixture(&f); return; }
+    loom_engine_stats st;
+    loom_engine_get_stats(e, &st);
+    loom_engine_free(e);
+    /* the cap holds the kept response's blocks and nothing more */
+    int bs = ep.block_size, kept = (f.len[1] + NG + bs - 1) / bs;
+    CHECK(f.len[0] + NG >= bs); /* the first request leaves a cached block */
+    ep.prefix_cache_bytes = (size_t)kept * st.kv_block_bytes;
+    e = NULL;
+    CHECK(loom_engine_create(f.m, &ep, &e) == LOOM_OK);
+    if (!e) { free_fixture(&f); return; }
+    int32_t toks[NG];
+    float lp[NG][NTOP];
+    int cached = 0;
+    CHECK(run_session(e, f.ids[0], f.len[0], NULL, NULL, toks, lp, &cached) == LOOM_FINISH_LENGTH);
+    settled_stats(e, &st);
+    CHECK(st.kv_blocks_lru > 0);
+    CHECK(run_session(e, f.ids[1], f.len[1], "kept", NULL, toks, lp, &cached) == LOOM_FINISH_LENGTH);
+    settled_stats(e, &st);
+    CHECKF(st.sessions == 1 && st.session_evictions == 0, "%d sessions, %llu evicted (want 1, 0)",
+           st.sessions, (unsigned long long)st.session_evictions);
+    CHECK(st.kv_blocks_lru + st.kv_blocks_parked <= (int)st.kv_cache_cap_blocks);
+    CHECK(run_session(e, f.ids[1], f.len[1], NULL, "kept", toks, lp, &cached) == LOOM_FINISH_LENGTH);
+    settled_stats(e, &st);
+    CHECKF(st.session_hits == 1, "kept response: %llu session hits (want 1)",
+           (unsigned long long)st.session_hits);
+    CHECK_EQ_INT(cached, f.len[1] - 1);
+    loom_engine_free(e);
+    free_fixture(&f);
+}
+
 int main(void) {
+    kept_response_over_cache_cap();
     prompt_logprobs("tests/fixtures/models/qwen3-tiny", 1);
     prompt_logprobs("tests/fixtures/models/qwen3.5-tiny-hybrid", 1);
     prompt_logprobs("tests/fixtures/models/mistral-tiny-swa", 0); /* the window frees blocks */

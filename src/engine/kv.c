@@ -279,6 +279,12 @@ void loom_kv_cache_clear(loom_kv_pool *p) {
     while (p->n_lru > 0) evict_one(p);
 }
 
+int loom_kv_cache_evict_one(loom_kv_pool *p) {
+    if (p->n_lru == 0) return 0;
+    evict_one(p);
+    return 1;
+}
+
 void loom_kv_cache_spill_all(loom_kv_pool *p) {
     if (!p->cache_on || !p->tier.spill) return;
     for (int i = 0; i < p->table_cap; i++)

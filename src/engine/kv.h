@@ -145,6 +145,9 @@ int loom_kv_cache_lookup(loom_kv_pool *p, loom_kv_seq *seq, const int32_t *token
 void loom_kv_cache_commit(loom_kv_pool *p, loom_kv_seq *seq, const int32_t *tokens, uint64_t ns);
 /* Drops every unreferenced cached block (e.g. when the namespace changes). */
 void loom_kv_cache_clear(loom_kv_pool *p);
+/* Drops the least recently used unreferenced cached block (to the tier, if
+ * any). Returns 0 when there is none. */
+int loom_kv_cache_evict_one(loom_kv_pool *p);
 /* Lookups stop asking the tier to fetch (restores go elsewhere, e.g. a
  * restore thread); evicted blocks are still offered to spill. */
 void loom_kv_tier_no_fetch(loom_kv_pool *p);

@@ -1,0 +1,207 @@
+/* commit: what a step's forward results do to its requests (the second
+ * half of engine/sched.h): KV bookkeeping, prompt logprobs, sampling,
+ * token events, finishing, and the step's trace spans.
+ *
+ * The spans of a traced request, with the seed's names, and where each is
+ * recorded:
+ *   cache.lookup_restore   admission (sched.c): session resume, prefix-cache
+ *                          lookup, disk-restore planning, snapshot resume
+ *                          (cachedTokens)
+ *   prefill.batch_setup    admission (sched.c): reserving the prefill's KV
+ *                          blocks
+ *   prefill.total          from the end of the lookup to the first token
+ *                          (promptTokens, cachedTokens; complete_row)
+ *   prefill.row_sync       planning and assembling the step's rows before
+ *                          the forward (trace_step)
+ *   prefill.chunk          this step's piece of the prefill, from the forward
+ *                          to its completion (startToken; complete_row for the
+ *                          final piece)
+ *   prefill.forward        the step's batched forward (trace_step)
+ *   prefill.kv_maintenance prefix-cache insertion and sliding-window block
+ *                          release after the forward (trace_step)
+ *   prefill.checkpoint     a recurrent-state snapshot at a boundary (with
+ *                          the row's index in the batch)
+ *   prefill.evaluate       picking the first token from the final piece's
+ *                          logits (complete_row)
+ *   prefill.complete       emitting it; the request decodes on or ends
+ *                          (complete_row)
+ *   prefill.project, prefill.companion: a speculative drafter's projection
+ *                          of the target's hidden states and its companion
+ *                          prefill. loom has no drafter yet; when it has,
+ *                          they are recorded right after the forward, as the
+ *                          seed does.
+ *   decode.step            a decode row's share of the forward (trace_step)
+ *   cache.disk_restore     the restore thread's reads (reuse.c)
+ * The four the seed tags (cache.lookup_restore, prefill.batch_setup,
+ * prefill.chunk, prefill.total) carry mechanism "continuous", the seed's
+ * name for the batched engine, loom's only one. Shared work carries the step's workId, batchSize
+ * (rows), batchTokens and the row's tokensPerRow on every traced request
+ * that took part; such spans are not additive across requests. */
+#include <stdio.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "engine/restore.h"
+#include "engine/sched.h"
+
+#define MECHANISM "continuous"
+#define WORK_ATTRS(w, n)                                                        \
+    {"workId", (int64_t)(w)->id}, {"batchSize", (w)->rows}, {"batchTokens", (w)->tokens}, \
+        {"tokensPerRow", (n)}
+
+/* The step's shared spans on every traced request in it. */
+static void trace_step(const step_plan *p, const step_work *w, double t3) {
+    for (int i = 0; i < p->n_rows; i++) {
+        loom_request *r = p->rows[i].r;
+        if (!r->trace) continue;
+        int n = p->rows[i].n, start = r->seq.n_tokens - n;
+        if (p->rows[i].kind == SCHED_DECODE) {
+            loom_rq_span(r, "decode.step", NULL, w->t1, w->t2, RQ_ATTRS(WORK_ATTRS(w, n), {"startToken", start}));
+            continue;
+        }
+        loom_rq_span(r, "prefill.row_sync", NULL, w->t0, w->t1,
+                     RQ_ATTRS({"workId", (int64_t)w->id}, {"batchSize", w->rows}));
+        loom_rq_span(r, "prefill.forward", NULL, w->t1, w->t2, RQ_ATTRS(WORK_ATTRS(w, n)));
+        loom_rq_span(r, "prefill.kv_maintenance", NULL, w->t2, t3, RQ_ATTRS(WORK_ATTRS(w, n)));
+    }
+}
+
+static void trace_chunk(loom_request *r, const step_work *w, int n, double t1) {
+    loom_rq_span(r, "prefill.chunk", MECHANISM, w->t1, t1,
+                 RQ_ATTRS({"startToken", r->seq.n_tokens - n}, WORK_ATTRS(w, n)));
+}
+
+void loom_sched_finish(loom_sched *s, loom_request *r, loom_finish why, loom_status st,
+                       const char *msg) {
+    loom_restore_job_free(r->restore); /* only ever a finished job */
+    r->restore = NULL;
+    int keep = s->hooks.park && r->save_key && r->seq.n_tokens > 0 &&
+               (why == LOOM_FINISH_STOP || why == LOOM_FINISH_LENGTH) && s->hooks.park(s->hooks.ctx, r);
+    if (!keep) loom_kv_seq_release(s->kv, &r->seq);
+    r->state = RQ_DONE;
+    if (msg) snprintf(r->error, sizeof r->error, "%s", msg);
+    loom_event ev = {.finish = why, .status = st, .n_prompt = r->n_prompt,
+                     .n_generated = r->n_generated, .n_cached = r->n_cached};
+    loom_rq_push(r, &ev);
+    s->n_traced -= r->trace;
+    if (s->trace && r->trace) {
+        loom_rq_write_trace(r, s->trace);
+        fflush(s->trace);
+    }
+    loom_rq_release(r);
+}
+
+void loom_sched_fail(loom_sched *s, const step_plan *plan, loom_status st, const char *msg) {
+    for (int i = 0; i < plan->n_rows; i++) {
+        loom_request *r = plan->rows[i].r;
+        loom_sched_remove(s, r);
+        loom_sched_finish(s, r, LOOM_FINISH_ERROR, st, msg);
+    }
+}
+
+/* Prompt logprobs from a row's logits at every position: those at
+ * position p give the log-probability of the prompt token at p + 1. Emits
+ * the ones due, in order (a recompute after preemption emits none twice). */
+static void emit_prompt_logprobs(const loom_sched *s, loom_request *r, const loom_fwd_row *row) {
+    int first = (int)(row->tokens - r->tokens);
+    for (int k = 0; k < row->n; k++) {
+        int p = first + k + 1;
+        if (p < r->plp_next || p >= r->n_prompt) continue;
+        loom_sample_result res;
+        loom_sampler_logprobs(&r->sampler, row->out + (size_t)k * s->vocab, r->tokens[p], r->prompt_logprobs, &res);
+        loom_event ev = {.finish = LOOM_FINISH_NONE, .token = res.id, .logprob = res.logprob,
+                         .n_top = res.n_top, .prompt = 1};
+        memcpy(ev.top_ids, res.top_ids, sizeof ev.top_ids);
+        memcpy(ev.top_logprobs, res.top_logprobs, sizeof ev.top_logprobs);
+        loom_rq_push(r, &ev);
+        r->plp_next = p + 1;
+    }
+}
+
+/* Samples from row `row`'s logits (or takes pick >= 0, the forward's
+ * token); emits the token or finishes the request. Returns whether it
+ * keeps running. A traced prefill's last spans are recorded before
+ * loom_sched_finish writes them out. */
+static int complete_row(loom_sched *s, const step_plan *p, int row, float *logits,
+                        int32_t pick, const step_work *w) {
+    loom_request *r = p->rows[row].r;
+    if (atomic_load(&r->abort)) {
+        loom_sched_finish(s, r, LOOM_FINISH_CANCELLED, LOOM_ERR_ABORTED, "cancelled");
+        return 0;
+    }
+    int traced = r->trace && p->rows[row].kind != SCHED_DECODE;
+    double te = traced ? loom_now() : 0;
+    loom_sample_result res;
+    if (pick >= 0) res = (loom_sample_result){.id = pick};
+    else loom_sampler_pick(&r->sampler, logits, r->logprobs, &res);
+    double tc = traced ? loom_now() : 0;
+    loom_sampler_accept(&r->sampler, res.id, 1);
+    r->tokens[r->n_tokens++] = res.id;
+    r->n_generated++;
+    s->counters.decode_tokens++;
+    loom_event ev = {.finish = LOOM_FINISH_NONE, .token = res.id, .logprob = res.logprob,
+                     .n_top = res.n_top};
+    memcpy(ev.top_ids, res.top_ids, sizeof ev.top_ids);
+    memcpy(ev.top_logprobs, res.top_logprobs, sizeof ev.top_logprobs);
+    loom_rq_push(r, &ev);
+    int stop = 0;
+    for (int i = 0; i < r->n_stop && !stop; i++) stop = r->stop_ids[i] == res.id;
+    for (int i = 0; i < s->n_eos && !stop && !r->ignore_eos; i++) stop = s->eos[i] == res.id;
+    if (traced) {
+        int n = p->rows[row].n;
+        double t = loom_now();
+        loom_rq_span(r, "prefill.evaluate", NULL, te, tc, RQ_ATTRS(WORK_ATTRS(w, n), {"row", row}));
+        loom_rq_span(r, "prefill.complete", NULL, tc, t, RQ_ATTRS(WORK_ATTRS(w, n), {"row", row}));
+        trace_chunk(r, w, n, t);
+        loom_rq_span(r, "prefill.total", MECHANISM, r->t_admit, t,
+                     RQ_ATTRS({"promptTokens", r->n_prompt}, {"cachedTokens", r->n_cached}));
+    }
+    if (stop) loom_sched_finish(s, r, LOOM_FINISH_STOP, LOOM_OK, NULL);
+    else if (r->n_generated >= r->max_tokens || r->n_tokens >= s->n_ctx)
+        loom_sched_finish(s, r, LOOM_FINISH_LENGTH, LOOM_OK, NULL);
+    else return 1;
+    return 0;
+}
+
+void loom_sched_commit(loom_sched *s, const step_plan *p, const loom_fwd_row *rows,
+                       const int32_t *picks, const step_work *w) {
+    for (int i = 0; i < p->n_rows; i++) {
+        loom_request *r = p->rows[i].r;
+        if (s->cache) loom_kv_cache_commit(s->kv, &r->seq, r->tokens, r->ns);
+        /* The next position attends to [n - window + 1, n]: older blocks go. */
+        if (s->window) loom_kv_seq_drop_before(s->kv, &r->seq, r->seq.n_tokens - s->window + 1);
+    }
+    if (s->n_traced) trace_step(p, w, loom_sched_now(s));
+    /* after the commits: a snapshot is keyed by the chain of the blocks cached */
+    for (int i = 0; i < p->n_rows && s->hooks.checkpoint; i++) {
+        loom_request *r = p->rows[i].r;
+        if (p->rows[i].kind == SCHED_DECODE) continue;
+        double tc = r->trace ? loom_now() : 0;
+        if (s->hooks.checkpoint(s->hooks.ctx, r) && r->trace)
+            loom_rq_span(r, "prefill.checkpoint", NULL, tc, loom_now(),
+                         RQ_ATTRS(WORK_ATTRS(w, p->rows[i].n), {"row", i}));
+    }
+    for (int i = 0; i < p->n_rows; i++) {
+        loom_request *r = p->rows[i].r;
+        int prefill = p->rows[i].kind != SCHED_DECODE;
+        if (prefill) {
+            s->counters.prefill_tokens += (uint64_t)rows[i].n;
+            if (r->seq.n_tokens == r->plan_end) r->plan_end = 0;
+        }
+        if (rows[i].logits == LOOM_LOGITS_ALL) {
+            emit_prompt_logprobs(s, r, &rows[i]);
+            if (r->seq.n_tokens < r->prefill_len) {
+                if (prefill && r->trace) trace_chunk(r, w, rows[i].n, loom_now());
+                continue;
+            }
+        }
+        if (rows[i].logits == LOOM_LOGITS_NONE) {
+            if (prefill && r->trace) trace_chunk(r, w, rows[i].n, loom_now());
+            continue;
+        }
+        /* the last position's logits pick the next token */
+        float *last = rows[i].out + (size_t)(loom_fwd_row_logits(&rows[i]) - 1) * s->vocab;
+        if (complete_row(s, p, i, last, picks ? picks[i] : -1, w)) r->state = RQ_DECODE;
+        else loom_sched_remove(s, r);
+    }
+}

@@ -1,0 +1,277 @@
+/* sched: queues, admission, preemption and the token budget, planned into
+ * one step_plan per step (design notes in engine/sched.h). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "engine/restore.h"
+#include "engine/sched.h"
+
+#define CHUNK_DEFAULT 2048
+/* Attention score workspace bound for the linear-attention chunk policy. */
+#define CHUNK_WORKSPACE_BYTES (1ull << 30)
+/* The seed's name for the batched engine, loom's only one (engine/commit.c). */
+#define MECHANISM "continuous"
+
+static loom_status waiting_reserve(loom_sched *s, int extra) {
+    if (s->wait_len + extra <= s->wait_cap) return LOOM_OK;
+    int cap = LOOM_MAX(s->wait_cap * 2, s->wait_len + extra + 16);
+    loom_request **nw = malloc(sizeof *nw * (size_t)cap);
+    if (!nw) return loom_err(LOOM_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < s->wait_len; i++) nw[i] = s->waiting[(s->wait_head + i) % s->wait_cap];
+    free(s->waiting);
+    s->waiting = nw;
+    s->wait_cap = cap;
+    s->wait_head = 0;
+    return LOOM_OK;
+}
+
+loom_status loom_sched_init(loom_sched *s) {
+    s->running = calloc((size_t)s->max_seqs, sizeof *s->running);
+    s->rows = calloc((size_t)s->max_seqs, sizeof *s->rows);
+    if (!s->running || !s->rows) return loom_err(LOOM_ERR_NOMEM, "scheduler: out of memory");
+    s->plan.rows = s->rows;
+    return waiting_reserve(s, 16);
+}
+
+void loom_sched_release(loom_sched *s) {
+    free(s->running);
+    free(s->waiting);
+    free(s->rows);
+    s->running = s->waiting = NULL;
+    s->rows = NULL;
+}
+
+double loom_sched_now(const loom_sched *s) { return s->n_traced ? loom_now() : 0; }
+
+loom_status loom_sched_enqueue(loom_sched *s, loom_request *r) {
+    loom_status st = waiting_reserve(s, 1);
+    if (st) return st;
+    s->waiting[(s->wait_head + s->wait_len++) % s->wait_cap] = r;
+    s->n_traced += r->trace;
+    return LOOM_OK;
+}
+
+loom_request *loom_sched_pop(loom_sched *s) {
+    loom_request *r = s->waiting[s->wait_head];
+    s->wait_head = (s->wait_head + 1) % s->wait_cap;
+    s->wait_len--;
+    return r;
+}
+
+static void waiting_push_front(loom_sched *s, loom_request *r) {
+    s->wait_head = (s->wait_head + s->wait_cap - 1) % s->wait_cap;
+    s->waiting[s->wait_head] = r;
+    s->wait_len++;
+}
+
+static void make_room(loom_sched *s, int blocks) {
+    if (s->hooks.make_room) s->hooks.make_room(s->hooks.ctx, blocks);
+}
+
+loom_status loom_sched_reserve(loom_sched *s, loom_kv_seq *seq, int n_tokens) {
+    make_room(s, loom_sched_blocks(s->kv, n_tokens) - seq->n_blocks);
+    return loom_kv_seq_reserve(s->kv, seq, n_tokens);
+}
+
+static void remove_running(loom_sched *s, int i) {
+    memmove(&s->running[i], &s->running[i + 1], sizeof *s->running * (size_t)(s->n_running - i - 1));
+    s->n_running--;
+}
+
+void loom_sched_remove(loom_sched *s, loom_request *r) {
+    for (int j = 0; j < s->n_running; j++)
+        if (s->running[j] == r) {
+            remove_running(s, j);
+            return;
+        }
+}
+
+void loom_sched_requeue(loom_sched *s, int i) {
+    loom_request *r = s->running[i];
+    remove_running(s, i);
+    loom_kv_seq_release(s->kv, &r->seq);
+    r->state = RQ_WAITING;
+    r->plan_end = 0;
+    waiting_push_front(s, r); /* capacity: running requests were counted */
+}
+
+void loom_sched_restored(loom_sched *s, int i, int hit) {
+    loom_request *r = s->running[i];
+    s->n_restoring--;
+    r->plan_end = 0;
+    /* a snapshot resume cut blocks the prefill needs: take them again */
+    if (loom_sched_reserve(s, &r->seq, r->prefill_len) != LOOM_OK) {
+        loom_sched_requeue(s, i);
+        return;
+    }
+    if (r->n_generated == 0) r->n_cached = hit;
+    r->state = RQ_PREFILL;
+}
+
+/* Frees the request's blocks and queues it to recompute everything it has
+ * so far (prompt and generated tokens) when blocks allow. */
+static void preempt(loom_sched *s, int i) {
+    loom_request *r = s->running[i];
+    loom_sched_requeue(s, i);
+    s->counters.preemptions++;
+    loom_log(LOOM_LOG_INFO, "request %llu preempted (no free KV blocks)", (unsigned long long)r->id);
+}
+
+static int newest_running(const loom_sched *s) {
+    int best = -1;
+    for (int i = 0; i < s->n_running; i++)
+        if (s->running[i]->state != RQ_RESTORING &&
+            (best < 0 || s->running[i]->order > s->running[best]->order))
+            best = i;
+    return best;
+}
+
+static void reap_cancelled(loom_sched *s) {
+    for (int i = 0; i < s->n_running;) {
+        loom_request *r = s->running[i];
+        /* a restoring request's blocks are being written: it waits for its job */
+        if (atomic_load(&r->abort) && r->state != RQ_RESTORING) {
+            remove_running(s, i);
+            loom_sched_finish(s, r, LOOM_FINISH_CANCELLED, LOOM_ERR_ABORTED, "cancelled");
+        } else {
+            i++;
+        }
+    }
+    int n = s->wait_len, k = 0;
+    for (int i = 0; i < n; i++) {
+        loom_request *r = s->waiting[(s->wait_head + i) % s->wait_cap];
+        if (atomic_load(&r->abort)) loom_sched_finish(s, r, LOOM_FINISH_CANCELLED, LOOM_ERR_ABORTED, "cancelled");
+        else s->waiting[(s->wait_head + k++) % s->wait_cap] = r;
+    }
+    s->wait_len = k;
+}
+
+/* ---- chunk policy ------------------------------------------------------ */
+
+/* An explicit chunk is exact. Otherwise 2048, halved (down to 8) for
+ * linear-attention models while the attention score workspace of the prompt
+ * would exceed its budget. Changes work size only, never admission. */
+static int chunk_for(const loom_sched *s, const loom_request *r) {
+    if (r->chunk > 0) return r->chunk;
+    if (s->chunk > 0) return s->chunk;
+    int chunk = CHUNK_DEFAULT;
+    while (s->chunk_heads > 0 && chunk > 8 &&
+           (uint64_t)s->chunk_heads * (uint64_t)chunk * (uint64_t)r->prefill_len * sizeof(float) >
+               CHUNK_WORKSPACE_BYTES)
+        chunk /= 2;
+    return chunk;
+}
+
+/* ---- planning ---------------------------------------------------------- */
+
+static void add_row(step_plan *p, loom_request *r, int n, sched_kind kind, int all) {
+    p->rows[p->n_rows++] = (sched_row){.r = r, .start = r->seq.n_tokens, .n = n, .kind = kind,
+                                       .all = all, .plan_end = kind == SCHED_DECODE ? 0 : r->plan_end};
+    p->tokens += n;
+}
+
+static void add_prefill_row(loom_sched *s, step_plan *p, loom_request *r, int *budget) {
+    if (r->plan_end == 0) {
+        int pos = r->seq.n_tokens, end = LOOM_MIN(pos + chunk_for(s, r), r->prefill_len);
+        /* a chunk ends exactly where a state snapshot is due */
+        for (int k = 0; k < 2; k++)
+            if (r->snap[k] > pos && r->snap[k] < end) end = r->snap[k];
+        r->plan_end = end;
+    }
+    int count = LOOM_MIN(r->plan_end - r->seq.n_tokens, *budget);
+    int all = r->plp_next < r->n_prompt; /* prompt logprobs due: every position's logits */
+    if (all) {
+        for (int k = 0; k < p->n_rows; k++)
+            if (p->rows[k].all) return; /* the buffer is taken this step */
+        count = LOOM_MIN(count, s->plp_rows);
+    }
+    if (count <= 0) return;
+    int final = r->seq.n_tokens + count == r->prefill_len;
+    add_row(p, r, count, final ? SCHED_FINAL : SCHED_DRAIN, all);
+    *budget -= count;
+}
+
+/* Admits the head of waiting if a row, the budget and blocks for its whole
+ * prefill allow. Returns 0 when it stays queued. */
+static int admit_head(loom_sched *s, step_plan *p, int *budget) {
+    loom_request *r = s->waiting[s->wait_head];
+    r->prefill_len = r->n_tokens;
+    double tl = loom_sched_now(s);
+    int hit = s->hooks.admit ? s->hooks.admit(s->hooks.ctx, r) : 0;
+    double ts = loom_sched_now(s);
+    int need = loom_sched_blocks(s->kv, r->prefill_len + 1) - r->seq.n_blocks;
+    make_room(s, need);
+    if (need > loom_kv_available(s->kv) || loom_kv_seq_reserve(s->kv, &r->seq, r->prefill_len) != LOOM_OK) {
+        loom_kv_seq_release(s->kv, &r->seq);
+        loom_restore_job_free(r->restore);
+        r->restore = NULL;
+        return 0;
+    }
+    if (r->n_generated == 0) r->n_cached = hit; /* recomputes keep the first figure */
+    loom_sched_pop(s);
+    r->state = RQ_PREFILL;
+    r->order = ++s->next_order;
+    r->t_admit = ts; /* prefill.total starts after the lookup, as the seed's */
+    loom_rq_span(r, "cache.lookup_restore", MECHANISM, tl, ts, RQ_ATTRS({"cachedTokens", hit}));
+    loom_rq_span(r, "prefill.batch_setup", MECHANISM, ts, loom_sched_now(s), NULL, 0);
+    s->running[s->n_running++] = r;
+    if (r->restore) { /* its blocks come from disk first; others go on meanwhile */
+        r->state = RQ_RESTORING;
+        s->n_restoring++;
+        if (s->hooks.restore_start) s->hooks.restore_start(s->hooks.ctx, r);
+        return 1;
+    }
+    add_prefill_row(s, p, r, budget);
+    return 1;
+}
+
+const step_plan *loom_sched_plan(loom_sched *s) {
+    step_plan *p = &s->plan;
+    reap_cancelled(s);
+    p->n_rows = p->tokens = 0;
+    p->t0 = loom_sched_now(s);
+    int budget = s->max_batch_tokens;
+    /* decode rows first; make room by preempting the newest if needed */
+    for (int i = 0; i < s->n_running;) {
+        loom_request *r = s->running[i];
+        if (r->state != RQ_DECODE) {
+            i++;
+            continue;
+        }
+        if (loom_sched_reserve(s, &r->seq, r->seq.n_tokens + 1) != LOOM_OK) {
+            int v = newest_running(s);
+            preempt(s, v);
+            if (v < i) i--;
+            continue; /* retry r (or the request now at i) */
+        }
+        add_row(p, r, 1, SCHED_DECODE, 0);
+        budget--;
+        i++;
+    }
+    loom_err_clear();
+    /* prefills in progress, oldest first */
+    for (int i = 0; i < s->n_running && budget > 0; i++)
+        if (s->running[i]->state == RQ_PREFILL) add_prefill_row(s, p, s->running[i], &budget);
+    /* admissions */
+    while (s->wait_len > 0 && budget > 0 && s->n_running < s->max_seqs)
+        if (!admit_head(s, p, &budget)) break;
+    return p;
+}
+
+void loom_sched_fwd_rows(const loom_sched *s, const step_plan *plan, loom_fwd_row *rows,
+                         float *logits, float *plp) {
+    for (int i = 0; i < plan->n_rows; i++) {
+        const sched_row *w = &plan->rows[i];
+        int last = w->kind != SCHED_DRAIN;
+        rows[i] = (loom_fwd_row){
+            .tokens = w->r->tokens + w->start,
+            .n = w->n,
+            .seq = &w->r->seq,
+            .logits = w->all ? LOOM_LOGITS_ALL : last ? LOOM_LOGITS_LAST : LOOM_LOGITS_NONE,
+            .out = w->all ? plp : last ? logits + (size_t)i * s->vocab : NULL,
+            .state = w->r->rstate,
+            .decode = w->kind == SCHED_DECODE,
+        };
+    }
+}
