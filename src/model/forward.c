@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "model/matmul.h"
 
 /* Query rows (token x head) one attention task covers. Keys and values
  * are read once per task and reused by all of them while they sit in L1,
@@ -153,151 +154,12 @@ void loom_fwd_state_free(loom_fwd_state *s) {
     free(s);
 }
 
-/* ---- matmul over the pool ---------------------------------------------- */
-
-/* Up to MM_MAX weights that read the same x (q/k/v, gate/up) go out as
- * one parallel-for: a decode step is ~8 dispatches per layer, and each
- * costs a wake-up and a wait for the slowest thread. */
-#define MM_MAX 4
-
-typedef struct mm_job {
-    const loom_kernels *k;
-    const float *x; int ldx;
-    int T;
-    float *y[MM_MAX];
-    const loom_weight *w[MM_MAX];
-    int chunk[MM_MAX], first[MM_MAX + 1]; /* rows per task; first task of each weight */
-    const void *prep;                     /* x rounded once for every slice (prep_bytes) */
-} mm_job;
-
-static void mm_task(void *ctx, int task, int thread) {
-    (void)thread;
-    const mm_job *j = ctx;
-    int i = 0;
-    while (task >= j->first[i + 1]) i++;
-    const loom_weight *w = j->w[i];
-    float *y = j->y[i];
-    int r0 = (task - j->first[i]) * j->chunk[i], r1 = LOOM_MIN(r0 + j->chunk[i], w->rows);
-    switch (w->dtype) {
-    case LOOM_DT_F32:
-        j->k->matmul_f32(y, w->rows, j->x, j->ldx, w->data, w->cols, j->T, r0, r1);
-        break;
-    case LOOM_DT_F16:
-        j->k->matmul_f16(y, w->rows, j->x, j->ldx, w->data, w->cols, j->T, r0, r1);
-        break;
-    case LOOM_DT_U32:
-        if (j->prep) j->k->matmul_q_prep(y, w->rows, j->prep, &w->q, j->T, r0, r1);
-        else j->k->matmul_q(y, w->rows, j->x, j->ldx, &w->q, j->T, r0, r1);
-        break;
-    default:
-        if (j->prep) j->k->matmul_bf16_prep(y, w->rows, j->prep, w->data, w->cols, j->T, r0, r1);
-        else j->k->matmul_bf16(y, w->rows, j->x, j->ldx, w->data, w->cols, j->T, r0, r1);
-        break;
-    }
-}
-
-/* Bytes of x rounded once for all of a dispatch's matrices (0: none): the
- * kernels' q_prep for interleaved quantized ones over one group size, or
- * bf16_prep for bf16 ones. */
-static size_t prep_bytes(const loom_kernels *k, const loom_weight *const *w, int n_w, int T) {
-    int q = k->q_prep != NULL, b = k->bf16_prep != NULL;
-    for (int i = 0; i < n_w; i++) {
-        q &= w[i]->dtype == LOOM_DT_U32 && w[i]->q.il16 && w[i]->q.group == w[0]->q.group;
-        b &= w[i]->dtype == LOOM_DT_BF16;
-    }
-    return q ? k->q_prep_bytes(&w[0]->q, T) : b ? k->bf16_prep_bytes(w[0]->cols, T) : 0;
-}
-
-void loom_fwd_matmul_n(loom_model *m, int n_w, float *const *y, const float *x,
-                       const loom_weight *const *w, int T) {
-    if (T <= 0 || n_w <= 0) return;
-    assert(n_w <= MM_MAX);
-    int n = loom_pool_size(m->pool), cols = w[0]->cols;
-    size_t macs = 0;
-    for (int i = 0; i < n_w; i++) {
-        assert(w[i]->cols == cols);
-        macs += (size_t)w[i]->rows * (size_t)cols * (size_t)T;
-    }
-    /* Below ~256K multiply-adds waking the workers costs more than it saves. */
-    if (macs < ((size_t)1 << 18)) n = 1;
-    /* Slices per thread and weight: 4 let a thread whose core went to
-     * another process hand its share over. Each slice repeats the kernel's
-     * work on x (packing; rounding under --fast where no prep_bytes buffer
-     * does it once below), which a prompt (T >= 16) makes large: 2 there,
-     * and one slice on one thread. */
-    int per = n == 1 ? 1 : T >= 16 ? 2 : 4;
-    mm_job j = {.k = m->k, .x = x, .ldx = cols, .T = T};
-    for (int i = 0; i < n_w; i++) {
-        int chunk = (w[i]->rows + per * n - 1) / (per * n);
-        j.y[i] = y[i];
-        j.w[i] = w[i];
-        j.chunk[i] = (chunk + 15) & ~15;
-        j.first[i + 1] = j.first[i] + (w[i]->rows + j.chunk[i] - 1) / j.chunk[i];
-    }
-    /* x rounded once here rather than once per slice */
-    _Alignas(64) uint8_t stack[32 << 10];
-    void *heap = NULL;
-    size_t bytes = prep_bytes(m->k, w, n_w, T);
-    if (bytes) {
-        void *buf = bytes <= sizeof stack ? stack : (heap = malloc(bytes));
-        if (buf && w[0]->dtype == LOOM_DT_U32) m->k->q_prep(buf, x, cols, &w[0]->q, T);
-        else if (buf) m->k->bf16_prep(buf, x, cols, cols, T);
-        j.prep = buf;
-    }
-    if (n == 1)
-        for (int t = 0; t < j.first[n_w]; t++) mm_task(&j, t, 0);
-    else
-        loom_pool_run(m->pool, j.first[n_w], mm_task, &j);
-    free(heap);
-}
-
-void loom_fwd_matmul(loom_model *m, float *y, const float *x, const loom_weight *w, int T) {
-    loom_fwd_matmul_n(m, 1, &y, x, &w, T);
-}
-
 /* ---- small helpers ------------------------------------------------------ */
 
 static void add_bias(float *y, const float *b, int T, int n) {
     if (!b) return;
     for (int t = 0; t < T; t++)
         for (int i = 0; i < n; i++) y[(size_t)t * n + i] += b[i];
-}
-
-static void norm_rows(const loom_model *m, float *y, const float *x, const float *w, int T, int n) {
-    float eps = (float)m->cfg.rms_eps;
-    for (int t = 0; t < T; t++) m->k->rmsnorm(y + (size_t)t * n, x + (size_t)t * n, w, n, eps);
-}
-
-static void act_mul(const loom_model *m, float *g, const float *u, int n) {
-    if (m->act == LOOM_ACT_GELU_TANH) m->k->gelu_tanh_mul(g, u, n);
-    else m->k->silu_mul(g, u, n);
-}
-
-/* One row of an embedding table as f32 (any weight format). */
-static void weight_row(const loom_model *m, const loom_weight *e, float *dst, int id) {
-    size_t off = (size_t)id * e->cols;
-    if (e->dtype == LOOM_DT_F32) {
-        memcpy(dst, (const float *)e->data + off, (size_t)e->cols * 4);
-    } else if (e->dtype == LOOM_DT_F16) {
-        m->k->f16_to_f32(dst, (const uint16_t *)e->data + off, e->cols);
-    } else if (e->dtype == LOOM_DT_BF16) {
-        m->k->bf16_to_f32(dst, (const uint16_t *)e->data + off, e->cols);
-    } else {
-        const loom_qmat *q = &e->q;
-        int ng = q->n / q->group, bits = q->bits;
-        const uint32_t *row = q->w + (size_t)id * ((size_t)q->n * bits / 32);
-        for (int g = 0; g < ng; g++) {
-            size_t si = (size_t)id * ng + g;
-            float sc = q->f16 ? loom_f16_to_f32(q->scales[si]) : loom_bf16_to_f32(q->scales[si]);
-            float bi = q->f16 ? loom_f16_to_f32(q->biases[si]) : loom_bf16_to_f32(q->biases[si]);
-            for (int k = g * q->group; k < (g + 1) * q->group; k++) {
-                size_t bit = (size_t)k * bits;
-                uint64_t v = row[bit / 32] >> (bit % 32);
-                if (bit % 32 + (size_t)bits > 32) v |= (uint64_t)row[bit / 32 + 1] << (32 - bit % 32);
-                dst[k] = sc * (float)(v & ((1u << bits) - 1)) + bi;
-            }
-        }
-    }
 }
 
 /* ---- attention --------------------------------------------------------- */
@@ -577,14 +439,6 @@ static void rope_apply(float *v, const float *cs, const float *sn, int rot) {
     }
 }
 
-/* Unweighted RMSNorm (gemma4 values). */
-static void rms_plain(float *x, int n, float eps) {
-    float ss = 0;
-    for (int i = 0; i < n; i++) ss += x[i] * x[i];
-    float inv = 1.0f / sqrtf(ss / (float)n + eps);
-    for (int i = 0; i < n; i++) x[i] *= inv;
-}
-
 /* Softmax attention block: s->xb (normed input) -> s->xb. */
 static void attention(loom_model *m, loom_fwd_state *s, loom_kv_layout *kv,
                       const loom_fwd_row *rows, const loom_layer *L, int l, int T) {
@@ -629,7 +483,7 @@ static void attention(loom_model *m, loom_fwd_state *s, loom_kv_layout *kv,
             float *k = s->kx + ((size_t)t * nkv + h) * hd;
             if (A->k_norm) m->k->rmsnorm(k, k, A->k_norm, hd, eps);
             rope_apply(k, cs, sn, R->rot_dim);
-            if (fl & LOOM_ARCH_V_NORM) rms_plain(s->vx + ((size_t)t * nkv + h) * hd, hd, eps);
+            if (fl & LOOM_ARCH_V_NORM) loom_fwd_rms_plain(s->vx + ((size_t)t * nkv + h) * hd, hd, eps);
         }
         const loom_kv_seq *seq = rows[s->tok_row[t]].seq;
         loom_kv_layer_store(kv, l, loom_kv_k_row(kv, seq, l, s->tok_pos[t]), s->kx + (size_t)t * kvd, kvd);
@@ -688,15 +542,10 @@ static void attention(loom_model *m, loom_fwd_state *s, loom_kv_layout *kv,
 
 /* ---- MLP and MoE ------------------------------------------------------- */
 
-/* out (T, hidden) = down(act(gate(in)) * up(in)); out may alias in. */
+/* The gated MLP over the state's (T, max_inter) scratch. */
 static void mlp(loom_model *m, loom_fwd_state *s, const loom_mlp *p, float *out, const float *in,
                 int T) {
-    int I = p->gate.rows;
-    float *ys[] = {s->hb, s->hb2};
-    const loom_weight *ws[] = {&p->gate, &p->up};
-    loom_fwd_matmul_n(m, 2, ys, in, ws, T);
-    for (int t = 0; t < T; t++) act_mul(m, s->hb + (size_t)t * I, s->hb2 + (size_t)t * I, I);
-    loom_fwd_matmul(m, out, s->hb, &p->down, T);
+    loom_fwd_mlp(m, p, out, in, T, s->hb, s->hb2);
 }
 
 /* Routed experts (softmax, top-k, optional renormalisation and per-expert
@@ -711,7 +560,7 @@ static void moe(loom_model *m, loom_fwd_state *s, const loom_moe *p, const float
         for (int t = 0; t < T; t++) {
             float *r = s->moe_r + (size_t)t * H;
             memcpy(r, rin + (size_t)t * H, sizeof(float) * (size_t)H);
-            rms_plain(r, H, (float)c->rms_eps);
+            loom_fwd_rms_plain(r, H, (float)c->rms_eps);
             for (int i = 0; i < H; i++) r[i] *= p->in_scale[i];
         }
         rin = s->moe_r;
@@ -769,12 +618,12 @@ static void moe(loom_model *m, loom_fwd_state *s, const loom_moe *p, const float
  * post1(mlp(pre(x))) + post2(moe(router: x, experts: pre2(x))) -> s->xb. */
 static void ffn_moe_beside(loom_model *m, loom_fwd_state *s, const loom_layer *L, int T) {
     int H = m->cfg.hidden_size;
-    norm_rows(m, s->xb, s->x, L->ffn_norm, T, H);
+    loom_fwd_norm_rows(m, s->xb, s->x, L->ffn_norm, T, H);
     mlp(m, s, &L->mlp, s->xb, s->xb, T);
-    norm_rows(m, s->xb, s->xb, L->post_ffn_norm1, T, H);
-    norm_rows(m, s->moe_in, s->x, L->pre_moe_norm, T, H);
+    loom_fwd_norm_rows(m, s->xb, s->xb, L->post_ffn_norm1, T, H);
+    loom_fwd_norm_rows(m, s->moe_in, s->x, L->pre_moe_norm, T, H);
     moe(m, s, &L->moe, s->x, s->moe_in, s->xb2, T);
-    norm_rows(m, s->xb2, s->xb2, L->post_moe_norm, T, H);
+    loom_fwd_norm_rows(m, s->xb2, s->xb2, L->post_moe_norm, T, H);
     for (size_t i = 0; i < (size_t)T * H; i++) s->xb[i] += s->xb2[i];
 }
 
@@ -795,7 +644,7 @@ static void ple_inputs(loom_model *m, loom_fwd_state *s, const loom_fwd_row *row
             for (int l = 0; l < c->n_layers; l++)
                 m->k->rmsnorm(p + (size_t)l * P, p + (size_t)l * P, m->ple_proj_norm, P,
                               (float)c->rms_eps);
-            weight_row(m, &m->ple_embed, s->ple_row, rows[r].tokens[i]);
+            loom_fwd_weight_row(m, &m->ple_embed, s->ple_row, rows[r].tokens[i]);
             for (int j = 0; j < LP; j++)
                 p[j] = (p[j] + s->ple_row[j] * m->ple_embed_scale) * (float)M_SQRT1_2;
         }
@@ -807,9 +656,9 @@ static void ple_block(loom_model *m, loom_fwd_state *s, const loom_layer *L, int
     int P = c->per_layer_input_dim, LP = c->n_layers * P, H = c->hidden_size;
     loom_fwd_matmul(m, s->ple_tmp, s->x, &L->ple_gate, T);
     for (int t = 0; t < T; t++)
-        act_mul(m, s->ple_tmp + (size_t)t * P, s->ple + (size_t)t * LP + (size_t)l * P, P);
+        loom_fwd_act_mul(m, s->ple_tmp + (size_t)t * P, s->ple + (size_t)t * LP + (size_t)l * P, P);
     loom_fwd_matmul(m, s->xb, s->ple_tmp, &L->ple_proj, T);
-    norm_rows(m, s->xb, s->xb, L->ple_norm, T, H);
+    loom_fwd_norm_rows(m, s->xb, s->xb, L->ple_norm, T, H);
     for (size_t i = 0; i < (size_t)T * H; i++) s->x[i] += s->xb[i];
 }
 
@@ -877,7 +726,7 @@ loom_status loom_forward(loom_model *m, loom_fwd_state *s, loom_kv_layout *kv,
             s->tok_row[t] = r;
             s->tok_pos[t] = rows[r].seq->n_tokens + i;
             float *x = s->x + (size_t)t * H;
-            weight_row(m, &m->embed, x, rows[r].tokens[i]);
+            loom_fwd_weight_row(m, &m->embed, x, rows[r].tokens[i]);
             if (m->embed_scale != 1.0f)
                 for (int j = 0; j < H; j++) x[j] *= m->embed_scale;
         }
@@ -896,16 +745,16 @@ loom_status loom_forward(loom_model *m, loom_fwd_state *s, loom_kv_layout *kv,
 
     for (int l = 0; l < c->n_layers; l++) {
         const loom_layer *L = &m->layers[l];
-        norm_rows(m, s->xb, s->x, L->attn_norm, T, H);
+        loom_fwd_norm_rows(m, s->xb, s->x, L->attn_norm, T, H);
         if (L->kind == LOOM_LAYER_LINEAR) loom_fwd_linear(m, s, rows, n_rows, L, T);
         else attention(m, s, kv, rows, L, l, T);
-        if (L->post_attn_norm) norm_rows(m, s->xb, s->xb, L->post_attn_norm, T, H);
+        if (L->post_attn_norm) loom_fwd_norm_rows(m, s->xb, s->xb, L->post_attn_norm, T, H);
         for (size_t i = 0; i < (size_t)T * H; i++) s->x[i] += s->xb[i];
 
         if (L->moe_beside) {
             ffn_moe_beside(m, s, L, T);
         } else {
-            norm_rows(m, s->xb, s->x, L->ffn_norm, T, H);
+            loom_fwd_norm_rows(m, s->xb, s->x, L->ffn_norm, T, H);
             if (L->is_moe) {
                 moe(m, s, &L->moe, s->xb, s->xb, s->xb2, T);
                 memcpy(s->xb, s->xb2, sizeof(float) * (size_t)T * H);
@@ -913,7 +762,7 @@ loom_status loom_forward(loom_model *m, loom_fwd_state *s, loom_kv_layout *kv,
                 mlp(m, s, &L->mlp, s->xb, s->xb, T);
             }
         }
-        if (L->post_ffn_norm) norm_rows(m, s->xb, s->xb, L->post_ffn_norm, T, H);
+        if (L->post_ffn_norm) loom_fwd_norm_rows(m, s->xb, s->xb, L->post_ffn_norm, T, H);
         for (size_t i = 0; i < (size_t)T * H; i++) s->x[i] += s->xb[i];
 
         if (m->has_ple) ple_block(m, s, L, l, T);

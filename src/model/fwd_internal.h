@@ -66,12 +66,6 @@ struct loom_fwd_state {
     float *ple_row;    /* (n_layers * ple_dim) one token's per-layer embedding */
 };
 
-/* y (T, w->rows) = x (T, w->cols) @ w^T, split over output rows. */
-void loom_fwd_matmul(loom_model *m, float *y, const float *x, const loom_weight *w, int T);
-/* The same for n_w <= 4 weights of equal width over one x, in one dispatch. */
-void loom_fwd_matmul_n(loom_model *m, int n_w, float *const *y, const float *x,
-                       const loom_weight *const *w, int T);
-
 /* Gated DeltaNet token mixer for layer L: reads s->xb (normed input),
  * writes its output to s->xb. */
 void loom_fwd_linear(loom_model *m, loom_fwd_state *s, const loom_fwd_row *rows, int n_rows,

@@ -19,6 +19,7 @@
 
 #include "base/base.h"
 #include "model/fwd_internal.h"
+#include "model/matmul.h"
 
 struct loom_seq_state {
     int n_tokens;              /* tokens consumed */
