@@ -97,7 +97,6 @@ loom_status loom_fwd_state_create(const loom_model *m, int step_tokens, int max_
     ALLOC(s->split_tmp, (size_t)s->n_threads * s->split_tmp_per);
     ALLOC(s->tok_row, T);
     ALLOC(s->tok_pos, T);
-    ALLOC(s->row_first, T);
     if (c->n_experts > 0) {
         ALLOC(s->router, T * E);
         ALLOC(s->sel, T * K);
@@ -107,24 +106,6 @@ loom_status loom_fwd_state_create(const loom_model *m, int step_tokens, int max_
         ALLOC(s->yg, T * H);
         ALLOC(s->moe_in, T * H);
         ALLOC(s->moe_r, T * H);
-    }
-    if (m->n_linear > 0) {
-        size_t conv = (size_t)m->lin_conv_dim, nv = (size_t)c->lin_n_v_heads;
-        size_t vd = nv * (size_t)c->lin_v_head_dim, C = LOOM_DELTA_CHUNK;
-        ALLOC(s->lin_qkv, T * conv);
-        ALLOC(s->lin_conv, T * conv);
-        ALLOC(s->lin_z, T * vd);
-        ALLOC(s->lin_b, T * nv);
-        ALLOC(s->lin_a, T * nv);
-        ALLOC(s->lin_beta, T * nv);
-        ALLOC(s->lin_g, T * nv);
-        ALLOC(s->lin_od, T * vd);
-        ALLOC(s->lin_raw, T * (size_t)m->lin_proj_dim);
-        ALLOC(s->lin_out, T * vd);
-        /* state (k_dim, v_dim), u (C, v_dim), G (C), tmp (v_dim) */
-        s->lin_scratch_per = (size_t)c->lin_k_head_dim * c->lin_v_head_dim +
-                             C * (size_t)c->lin_v_head_dim + C + (size_t)c->lin_v_head_dim + 8;
-        ALLOC(s->lin_scratch, (size_t)s->n_threads * s->lin_scratch_per);
     }
     if (m->has_ple) {
         size_t P = (size_t)c->per_layer_input_dim;
@@ -137,6 +118,12 @@ loom_status loom_fwd_state_create(const loom_model *m, int step_tokens, int max_
         loom_fwd_state_free(s);
         return loom_err(LOOM_ERR_NOMEM, "forward state: out of memory for %d tokens", step_tokens);
     }
+    loom_status st = LOOM_OK;
+    if (m->n_linear > 0) st = loom_lin_state_create(m, step_tokens, &s->lin);
+    if (st != LOOM_OK) {
+        loom_fwd_state_free(s);
+        return st;
+    }
     *out = s;
     return LOOM_OK;
 }
@@ -144,13 +131,13 @@ loom_status loom_fwd_state_create(const loom_model *m, int step_tokens, int max_
 void loom_fwd_state_free(loom_fwd_state *s) {
     if (!s) return;
     void *bufs[] = {s->x, s->xb, s->xb2, s->qraw, s->q, s->gate, s->kx, s->vx, s->att,
-                    s->hb, s->hb2, s->cos, s->sin, s->scores, s->tiles, s->att_tmp, s->tok_row, s->tok_pos, s->row_first,
+                    s->hb, s->hb2, s->cos, s->sin, s->scores, s->tiles, s->att_tmp, s->tok_row, s->tok_pos,
                     s->att_part, s->split_task, s->split_tok, s->split_tmp,
                     s->logits, s->router, s->sel, s->sel_w, s->gather, s->xg, s->yg,
                     s->moe_in, s->moe_r,
-                    s->lin_qkv, s->lin_conv, s->lin_z, s->lin_b, s->lin_a, s->lin_raw,
-                    s->lin_out, s->lin_scratch, s->lin_beta, s->lin_g, s->lin_od, s->ple, s->ple_tmp, s->ple_row};
+                    s->ple, s->ple_tmp, s->ple_row};
     for (size_t i = 0; i < LOOM_ARRAY_LEN(bufs); i++) loom_free(bufs[i]);
+    loom_lin_state_free(s->lin);
     free(s);
 }
 
@@ -746,7 +733,7 @@ loom_status loom_forward(loom_model *m, loom_fwd_state *s, loom_kv_layout *kv,
     for (int l = 0; l < c->n_layers; l++) {
         const loom_layer *L = &m->layers[l];
         loom_fwd_norm_rows(m, s->xb, s->x, L->attn_norm, T, H);
-        if (L->kind == LOOM_LAYER_LINEAR) loom_fwd_linear(m, s, rows, n_rows, L, T);
+        if (L->kind == LOOM_LAYER_LINEAR) loom_lin_forward(m, s->lin, rows, n_rows, L, s->xb, T);
         else attention(m, s, kv, rows, L, l, T);
         if (L->post_attn_norm) loom_fwd_norm_rows(m, s->xb, s->xb, L->post_attn_norm, T, H);
         for (size_t i = 0; i < (size_t)T * H; i++) s->x[i] += s->xb[i];

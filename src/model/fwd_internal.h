@@ -5,8 +5,7 @@
 #define LOOM_FWD_INTERNAL_H
 
 #include "model/forward.h"
-
-#define LOOM_DELTA_CHUNK 64   /* tokens per chunk of the chunked delta rule */
+#include "model/linear_attn.h"
 
 struct loom_fwd_state {
     int step_tokens, max_ctx, n_threads;
@@ -38,7 +37,6 @@ struct loom_fwd_state {
     size_t split_tmp_per;
     int *tok_row;      /* [step_tokens] row of each token */
     int *tok_pos;      /* [step_tokens] position of each token */
-    int *row_first;    /* [step_tokens] first token of each row */
     float *logits;     /* (logits_cap / vocab, vocab), grown on demand */
     size_t logits_cap;
     /* MoE */
@@ -49,32 +47,11 @@ struct loom_fwd_state {
     float *xg, *yg;    /* (step_tokens, hidden) gathered inputs / outputs */
     float *moe_in;     /* (step_tokens, hidden) expert input (gemma4 MoE block) */
     float *moe_r;      /* (step_tokens, hidden) router input (gemma4) */
-    /* linear attention */
-    float *lin_qkv;    /* (step_tokens, conv_dim) conv input [q | k | v] */
-    double *lin_conv;  /* (step_tokens, conv_dim) conv output, then normed q/k */
-    float *lin_z;      /* (step_tokens, n_v * v_dim) */
-    float *lin_b, *lin_a;  /* (step_tokens, n_v) raw b and a */
-    double *lin_beta, *lin_g;  /* (step_tokens, n_v) beta and log-decay */
-    double *lin_od;    /* (step_tokens, n_v * v_dim) delta-rule output */
-    float *lin_raw;    /* (step_tokens, conv_dim + n_v * v_dim + 2 n_v) grouped projections */
-    float *lin_out;    /* (step_tokens, n_v * v_dim) */
-    double *lin_scratch; /* (n_threads, lin_scratch_per) delta-rule workspace */
-    size_t lin_scratch_per;
+    loom_lin_state *lin;  /* owned; linear-attention layers only (linear_attn.c) */
     /* gemma4 per-layer inputs */
     float *ple;        /* (step_tokens, n_layers * ple_dim) */
     float *ple_tmp;    /* (step_tokens, ple_dim) */
     float *ple_row;    /* (n_layers * ple_dim) one token's per-layer embedding */
 };
-
-/* Gated DeltaNet token mixer for layer L: reads s->xb (normed input),
- * writes its output to s->xb. */
-void loom_fwd_linear(loom_model *m, loom_fwd_state *s, const loom_fwd_row *rows, int n_rows,
-                     const loom_layer *L, int T);
-
-/* Checks each row's recurrent state against its sequence (and zeroes the
- * state of rows starting at position 0). */
-loom_status loom_fwd_check_states(const loom_model *m, loom_fwd_row *rows, int n_rows);
-/* Advances the states' token counts after a successful forward. */
-void loom_fwd_commit_states(loom_fwd_row *rows, int n_rows);
 
 #endif
