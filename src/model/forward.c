@@ -20,6 +20,7 @@
 
 #include "base/base.h"
 #include "model/matmul.h"
+#include "model/moe.h"
 
 /* Query rows (token x head) one attention task covers. Keys and values
  * are read once per task and reused by all of them while they sit in L1,
@@ -52,7 +53,6 @@ loom_status loom_fwd_state_create(const loom_model *m, int step_tokens, int max_
     size_t T = (size_t)step_tokens, H = (size_t)c->hidden_size;
     size_t qd = (size_t)c->n_heads * (size_t)LOOM_MAX(m->max_head_dim, 1);
     size_t kvd = (size_t)m->kv_dim, I = (size_t)LOOM_MAX(m->max_inter, 1);
-    size_t E = (size_t)LOOM_MAX(c->n_experts, 1), K = (size_t)LOOM_MAX(c->n_experts_used, 1);
     s->step_tokens = step_tokens;
     s->max_ctx = max_ctx;
     s->n_threads = loom_pool_size(m->pool);
@@ -63,7 +63,6 @@ loom_status loom_fwd_state_create(const loom_model *m, int step_tokens, int max_
 #define ALLOC(p, n) ok &= ((p) = loom_alloc((n) * sizeof *(p))) != NULL
     ALLOC(s->x, T * H);
     ALLOC(s->xb, T * H);
-    ALLOC(s->xb2, T * H);
     ALLOC(s->qraw, T * (size_t)LOOM_MAX(m->max_q_dim, 1));
     ALLOC(s->q, T * qd);
     ALLOC(s->gate, T * qd);
@@ -97,16 +96,6 @@ loom_status loom_fwd_state_create(const loom_model *m, int step_tokens, int max_
     ALLOC(s->split_tmp, (size_t)s->n_threads * s->split_tmp_per);
     ALLOC(s->tok_row, T);
     ALLOC(s->tok_pos, T);
-    if (c->n_experts > 0) {
-        ALLOC(s->router, T * E);
-        ALLOC(s->sel, T * K);
-        ALLOC(s->sel_w, T * K);
-        ALLOC(s->gather, T);
-        ALLOC(s->xg, T * H);
-        ALLOC(s->yg, T * H);
-        ALLOC(s->moe_in, T * H);
-        ALLOC(s->moe_r, T * H);
-    }
     if (m->has_ple) {
         size_t P = (size_t)c->per_layer_input_dim;
         ALLOC(s->ple, T * P * (size_t)c->n_layers);
@@ -120,6 +109,7 @@ loom_status loom_fwd_state_create(const loom_model *m, int step_tokens, int max_
     }
     loom_status st = LOOM_OK;
     if (m->n_linear > 0) st = loom_lin_state_create(m, step_tokens, &s->lin);
+    if (st == LOOM_OK && c->n_experts > 0) st = loom_moe_state_create(m, step_tokens, &s->moe);
     if (st != LOOM_OK) {
         loom_fwd_state_free(s);
         return st;
@@ -130,14 +120,14 @@ loom_status loom_fwd_state_create(const loom_model *m, int step_tokens, int max_
 
 void loom_fwd_state_free(loom_fwd_state *s) {
     if (!s) return;
-    void *bufs[] = {s->x, s->xb, s->xb2, s->qraw, s->q, s->gate, s->kx, s->vx, s->att,
+    void *bufs[] = {s->x, s->xb, s->qraw, s->q, s->gate, s->kx, s->vx, s->att,
                     s->hb, s->hb2, s->cos, s->sin, s->scores, s->tiles, s->att_tmp, s->tok_row, s->tok_pos,
                     s->att_part, s->split_task, s->split_tok, s->split_tmp,
-                    s->logits, s->router, s->sel, s->sel_w, s->gather, s->xg, s->yg,
-                    s->moe_in, s->moe_r,
+                    s->logits,
                     s->ple, s->ple_tmp, s->ple_row};
     for (size_t i = 0; i < LOOM_ARRAY_LEN(bufs); i++) loom_free(bufs[i]);
     loom_lin_state_free(s->lin);
+    loom_moe_state_free(s->moe);
     free(s);
 }
 
@@ -535,83 +525,14 @@ static void mlp(loom_model *m, loom_fwd_state *s, const loom_mlp *p, float *out,
     loom_fwd_mlp(m, p, out, in, T, s->hb, s->hb2);
 }
 
-/* Routed experts (softmax, top-k, optional renormalisation and per-expert
- * scales) plus the gated shared expert: out (T, hidden) from router input
- * rin and expert input xin. Only the chosen experts run, each on its
- * tokens. */
-static void moe(loom_model *m, loom_fwd_state *s, const loom_moe *p, const float *rin,
-                const float *xin, float *out, int T) {
-    const loom_config *c = &m->cfg;
-    int H = c->hidden_size, E = c->n_experts, K = c->n_experts_used;
-    if (p->in_scale) {  /* gemma4: route on rmsnorm(x) * scale / sqrt(hidden) */
-        for (int t = 0; t < T; t++) {
-            float *r = s->moe_r + (size_t)t * H;
-            memcpy(r, rin + (size_t)t * H, sizeof(float) * (size_t)H);
-            loom_fwd_rms_plain(r, H, (float)c->rms_eps);
-            for (int i = 0; i < H; i++) r[i] *= p->in_scale[i];
-        }
-        rin = s->moe_r;
-    }
-    loom_fwd_matmul(m, s->router, rin, &p->router, T);
-    for (int t = 0; t < T; t++) {
-        float *r = s->router + (size_t)t * E;
-        m->k->softmax(r, E);
-        int *sel = s->sel + (size_t)t * K;
-        float *w = s->sel_w + (size_t)t * K, sum = 0;
-        for (int k = 0; k < K; k++) {
-            int best = -1;
-            for (int e = 0; e < E; e++) {
-                int taken = 0;
-                for (int j = 0; j < k; j++) taken |= sel[j] == e;
-                if (!taken && (best < 0 || r[e] > r[best])) best = e;
-            }
-            sel[k] = best;
-            w[k] = r[best];
-            sum += r[best];
-        }
-        for (int k = 0; k < K; k++) {
-            if (p->renorm) w[k] /= sum;
-            if (p->expert_scale) w[k] *= p->expert_scale[sel[k]];
-        }
-    }
-    memset(out, 0, sizeof(float) * (size_t)T * H);
-    for (int e = 0; e < E; e++) {
-        int n = 0;
-        for (int t = 0; t < T; t++)
-            for (int k = 0; k < K; k++)
-                if (s->sel[(size_t)t * K + k] == e) {
-                    s->gather[n] = t * K + k;
-                    memcpy(s->xg + (size_t)n * H, xin + (size_t)t * H, sizeof(float) * (size_t)H);
-                    n++;
-                }
-        if (!n) continue;
-        mlp(m, s, &p->experts[e], s->yg, s->xg, n);
-        for (int i = 0; i < n; i++) {
-            int t = s->gather[i] / K;
-            m->k->axpy(out + (size_t)t * H, s->sel_w[s->gather[i]], s->yg + (size_t)i * H, H);
-        }
-    }
-    if (p->shared.gate.rows) {
-        mlp(m, s, &p->shared, s->yg, xin, T);
-        loom_fwd_matmul(m, s->router, xin, &p->shared_gate, T);  /* routing is done */
-        for (int t = 0; t < T; t++) {
-            float g = 1.0f / (1.0f + expf(-s->router[t]));
-            m->k->axpy(out + (size_t)t * H, g, s->yg + (size_t)t * H, H);
-        }
-    }
-}
-
 /* Gemma 4 feed-forward with the MoE block beside the dense MLP:
- * post1(mlp(pre(x))) + post2(moe(router: x, experts: pre2(x))) -> s->xb. */
+ * post1(mlp(pre(x))) + the MoE block's output -> s->xb. */
 static void ffn_moe_beside(loom_model *m, loom_fwd_state *s, const loom_layer *L, int T) {
     int H = m->cfg.hidden_size;
     loom_fwd_norm_rows(m, s->xb, s->x, L->ffn_norm, T, H);
     mlp(m, s, &L->mlp, s->xb, s->xb, T);
     loom_fwd_norm_rows(m, s->xb, s->xb, L->post_ffn_norm1, T, H);
-    loom_fwd_norm_rows(m, s->moe_in, s->x, L->pre_moe_norm, T, H);
-    moe(m, s, &L->moe, s->x, s->moe_in, s->xb2, T);
-    loom_fwd_norm_rows(m, s->xb2, s->xb2, L->post_moe_norm, T, H);
-    for (size_t i = 0; i < (size_t)T * H; i++) s->xb[i] += s->xb2[i];
+    loom_moe_beside(m, s->moe, L, s->x, s->xb, T, s->hb, s->hb2);
 }
 
 /* ---- gemma4 per-layer inputs ------------------------------------------- */
@@ -743,8 +664,7 @@ loom_status loom_forward(loom_model *m, loom_fwd_state *s, loom_kv_layout *kv,
         } else {
             loom_fwd_norm_rows(m, s->xb, s->x, L->ffn_norm, T, H);
             if (L->is_moe) {
-                moe(m, s, &L->moe, s->xb, s->xb, s->xb2, T);
-                memcpy(s->xb, s->xb2, sizeof(float) * (size_t)T * H);
+                loom_moe_ffn(m, s->moe, &L->moe, s->xb, T, s->hb, s->hb2);
             } else {
                 mlp(m, s, &L->mlp, s->xb, s->xb, T);
             }

@@ -6,12 +6,12 @@
 
 #include "model/forward.h"
 #include "model/linear_attn.h"
+#include "model/moe.h"
 
 struct loom_fwd_state {
     int step_tokens, max_ctx, n_threads;
     float *x;          /* (step_tokens, hidden) residual stream */
     float *xb;         /* (step_tokens, hidden) normed input / block output */
-    float *xb2;        /* (step_tokens, hidden) scratch (MoE sum, PLE) */
     float *qraw;       /* (step_tokens, max_q_dim) q_proj output (with gate) */
     float *q;          /* (step_tokens, n_heads * max_head_dim) */
     float *gate;       /* (step_tokens, n_heads * max_head_dim) attention output gate */
@@ -39,14 +39,7 @@ struct loom_fwd_state {
     int *tok_pos;      /* [step_tokens] position of each token */
     float *logits;     /* (logits_cap / vocab, vocab), grown on demand */
     size_t logits_cap;
-    /* MoE */
-    float *router;     /* (step_tokens, n_experts) */
-    int *sel;          /* (step_tokens, n_used) chosen experts */
-    float *sel_w;      /* (step_tokens, n_used) their weights */
-    int *gather;       /* [step_tokens] tokens routed to one expert */
-    float *xg, *yg;    /* (step_tokens, hidden) gathered inputs / outputs */
-    float *moe_in;     /* (step_tokens, hidden) expert input (gemma4 MoE block) */
-    float *moe_r;      /* (step_tokens, hidden) router input (gemma4) */
+    loom_moe_state *moe;  /* owned; MoE models only (moe.c) */
     loom_lin_state *lin;  /* owned; linear-attention layers only (linear_attn.c) */
     /* gemma4 per-layer inputs */
     float *ple;        /* (step_tokens, n_layers * ple_dim) */
