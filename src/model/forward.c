@@ -10,7 +10,8 @@
  *
  * Attention covers GQA, partial/proportional rope per layer kind, q/k/v
  * norms, sliding windows, logit softcapping, output gates and KV shared
- * across layers. */
+ * across layers; MoE (moe.c), Gated DeltaNet (linear_attn.c) and per-layer
+ * inputs (ple.c) are blocks of their own, with their own state. */
 #include "model/fwd_internal.h"
 
 #include <assert.h>
@@ -19,8 +20,10 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "model/linear_attn.h"
 #include "model/matmul.h"
 #include "model/moe.h"
+#include "model/ple.h"
 
 /* Query rows (token x head) one attention task covers. Keys and values
  * are read once per task and reused by all of them while they sit in L1,
@@ -96,12 +99,6 @@ loom_status loom_fwd_state_create(const loom_model *m, int step_tokens, int max_
     ALLOC(s->split_tmp, (size_t)s->n_threads * s->split_tmp_per);
     ALLOC(s->tok_row, T);
     ALLOC(s->tok_pos, T);
-    if (m->has_ple) {
-        size_t P = (size_t)c->per_layer_input_dim;
-        ALLOC(s->ple, T * P * (size_t)c->n_layers);
-        ALLOC(s->ple_tmp, T * P);
-        ALLOC(s->ple_row, P * (size_t)c->n_layers);
-    }
 #undef ALLOC
     if (!ok) {
         loom_fwd_state_free(s);
@@ -110,6 +107,7 @@ loom_status loom_fwd_state_create(const loom_model *m, int step_tokens, int max_
     loom_status st = LOOM_OK;
     if (m->n_linear > 0) st = loom_lin_state_create(m, step_tokens, &s->lin);
     if (st == LOOM_OK && c->n_experts > 0) st = loom_moe_state_create(m, step_tokens, &s->moe);
+    if (st == LOOM_OK && m->has_ple) st = loom_ple_state_create(m, step_tokens, &s->ple);
     if (st != LOOM_OK) {
         loom_fwd_state_free(s);
         return st;
@@ -123,11 +121,11 @@ void loom_fwd_state_free(loom_fwd_state *s) {
     void *bufs[] = {s->x, s->xb, s->qraw, s->q, s->gate, s->kx, s->vx, s->att,
                     s->hb, s->hb2, s->cos, s->sin, s->scores, s->tiles, s->att_tmp, s->tok_row, s->tok_pos,
                     s->att_part, s->split_task, s->split_tok, s->split_tmp,
-                    s->logits,
-                    s->ple, s->ple_tmp, s->ple_row};
+                    s->logits};
     for (size_t i = 0; i < LOOM_ARRAY_LEN(bufs); i++) loom_free(bufs[i]);
     loom_lin_state_free(s->lin);
     loom_moe_state_free(s->moe);
+    loom_ple_state_free(s->ple);
     free(s);
 }
 
@@ -535,41 +533,6 @@ static void ffn_moe_beside(loom_model *m, loom_fwd_state *s, const loom_layer *L
     loom_moe_beside(m, s->moe, L, s->x, s->xb, T, s->hb, s->hb2);
 }
 
-/* ---- gemma4 per-layer inputs ------------------------------------------- */
-
-/* ple (T, n_layers, P) = (norm(proj(x) / sqrt(hidden)) + embed_pl(id)) / sqrt(2),
- * from the scaled token embeddings in s->x. */
-static void ple_inputs(loom_model *m, loom_fwd_state *s, const loom_fwd_row *rows, int n_rows,
-                       int T) {
-    const loom_config *c = &m->cfg;
-    int P = c->per_layer_input_dim, LP = c->n_layers * P;
-    loom_fwd_matmul(m, s->ple, s->x, &m->ple_model_proj, T);
-    float pscale = (float)(1.0 / sqrt((double)c->hidden_size));
-    for (int r = 0, t = 0; r < n_rows; r++)
-        for (int i = 0; i < rows[r].n; i++, t++) {
-            float *p = s->ple + (size_t)t * LP;
-            for (int j = 0; j < LP; j++) p[j] *= pscale;
-            for (int l = 0; l < c->n_layers; l++)
-                m->k->rmsnorm(p + (size_t)l * P, p + (size_t)l * P, m->ple_proj_norm, P,
-                              (float)c->rms_eps);
-            loom_fwd_weight_row(m, &m->ple_embed, s->ple_row, rows[r].tokens[i]);
-            for (int j = 0; j < LP; j++)
-                p[j] = (p[j] + s->ple_row[j] * m->ple_embed_scale) * (float)M_SQRT1_2;
-        }
-}
-
-/* x += norm(proj(act(gate(x)) * ple_l)) */
-static void ple_block(loom_model *m, loom_fwd_state *s, const loom_layer *L, int l, int T) {
-    const loom_config *c = &m->cfg;
-    int P = c->per_layer_input_dim, LP = c->n_layers * P, H = c->hidden_size;
-    loom_fwd_matmul(m, s->ple_tmp, s->x, &L->ple_gate, T);
-    for (int t = 0; t < T; t++)
-        loom_fwd_act_mul(m, s->ple_tmp + (size_t)t * P, s->ple + (size_t)t * LP + (size_t)l * P, P);
-    loom_fwd_matmul(m, s->xb, s->ple_tmp, &L->ple_proj, T);
-    loom_fwd_norm_rows(m, s->xb, s->xb, L->ple_norm, T, H);
-    for (size_t i = 0; i < (size_t)T * H; i++) s->x[i] += s->xb[i];
-}
-
 /* ---- the pass ------------------------------------------------------------ */
 
 loom_status loom_fwd_check_rows(const loom_model *m, const loom_fwd_row *rows, int n_rows,
@@ -649,7 +612,7 @@ loom_status loom_forward(loom_model *m, loom_fwd_state *s, loom_kv_layout *kv,
         s->logits_cap = need;
     }
     rope_tables(m, s, T);
-    if (m->has_ple) ple_inputs(m, s, rows, n_rows, T);
+    if (m->has_ple) loom_ple_inputs(m, s->ple, s->x, rows, n_rows, T);
 
     for (int l = 0; l < c->n_layers; l++) {
         const loom_layer *L = &m->layers[l];
@@ -672,7 +635,7 @@ loom_status loom_forward(loom_model *m, loom_fwd_state *s, loom_kv_layout *kv,
         if (L->post_ffn_norm) loom_fwd_norm_rows(m, s->xb, s->xb, L->post_ffn_norm, T, H);
         for (size_t i = 0; i < (size_t)T * H; i++) s->x[i] += s->xb[i];
 
-        if (m->has_ple) ple_block(m, s, L, l, T);
+        if (m->has_ple) loom_ple_block(m, s->ple, L, l, s->x, s->xb, T);
         if (L->out_scale != 1.0f)
             for (size_t i = 0; i < (size_t)T * H; i++) s->x[i] *= L->out_scale;
     }

@@ -1,12 +1,14 @@
-/* fwd_internal: the forward state shared by the decoder building blocks
- * (forward.c: attention, MLP/MoE, orchestration; linear_attn.c: Gated
- * DeltaNet). Not part of the model API. */
+/* fwd_internal: the forward state: the dense path's buffers (forward.c)
+ * and, for each feature the model has, that feature's own state, so a
+ * dense model carries none of theirs. Not part of the model API (tests
+ * set the attention split's fields). */
 #ifndef LOOM_FWD_INTERNAL_H
 #define LOOM_FWD_INTERNAL_H
 
 #include "model/forward.h"
 #include "model/linear_attn.h"
 #include "model/moe.h"
+#include "model/ple.h"
 
 struct loom_fwd_state {
     int step_tokens, max_ctx, n_threads;
@@ -41,10 +43,7 @@ struct loom_fwd_state {
     size_t logits_cap;
     loom_moe_state *moe;  /* owned; MoE models only (moe.c) */
     loom_lin_state *lin;  /* owned; linear-attention layers only (linear_attn.c) */
-    /* gemma4 per-layer inputs */
-    float *ple;        /* (step_tokens, n_layers * ple_dim) */
-    float *ple_tmp;    /* (step_tokens, ple_dim) */
-    float *ple_row;    /* (n_layers * ple_dim) one token's per-layer embedding */
+    loom_ple_state *ple;  /* owned; gemma4 per-layer inputs only (ple.c) */
 };
 
 #endif
