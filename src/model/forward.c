@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "model/fwd_buf.h"
 #include "model/linear_attn.h"
 #include "model/matmul.h"
 #include "model/moe.h"
@@ -62,55 +63,49 @@ loom_status loom_fwd_state_create(const loom_model *m, int step_tokens, int max_
     s->max_rot = 2;
     for (int i = 0; i < m->n_ropes; i++) s->max_rot = LOOM_MAX(s->max_rot, m->ropes[i].rot_dim);
     size_t half = (size_t)s->max_rot / 2 * (size_t)LOOM_MAX_ROPES;
-    int ok = 1;
-#define ALLOC(p, n) ok &= ((p) = loom_alloc((n) * sizeof *(p))) != NULL
-    ALLOC(s->x, T * H);
-    ALLOC(s->xb, T * H);
-    ALLOC(s->qraw, T * (size_t)LOOM_MAX(m->max_q_dim, 1));
-    ALLOC(s->q, T * qd);
-    ALLOC(s->gate, T * qd);
-    ALLOC(s->kx, T * kvd);
-    ALLOC(s->vx, T * kvd);
-    ALLOC(s->att, T * qd);
-    ALLOC(s->hb, T * I);
-    ALLOC(s->hb2, T * I);
-    ALLOC(s->cos, T * half);
-    ALLOC(s->sin, T * half);
+    loom_fwd_bufs *b = &s->mem;
+    LOOM_FWD_BUF(b, s->x, T * H);
+    LOOM_FWD_BUF(b, s->xb, T * H);
+    LOOM_FWD_BUF(b, s->qraw, T * (size_t)LOOM_MAX(m->max_q_dim, 1));
+    LOOM_FWD_BUF(b, s->q, T * qd);
+    LOOM_FWD_BUF(b, s->gate, T * qd);
+    LOOM_FWD_BUF(b, s->kx, T * kvd);
+    LOOM_FWD_BUF(b, s->vx, T * kvd);
+    LOOM_FWD_BUF(b, s->att, T * qd);
+    LOOM_FWD_BUF(b, s->hb, T * I);
+    LOOM_FWD_BUF(b, s->hb2, T * I);
+    LOOM_FWD_BUF(b, s->cos, T * half);
+    LOOM_FWD_BUF(b, s->sin, T * half);
     /* ATT_SLOTS query rows per task, or a whole group when it is larger */
     s->att_slots = LOOM_MAX(ATT_SLOTS, c->n_heads);
-    ALLOC(s->scores, (size_t)s->n_threads * (size_t)s->att_slots * (size_t)max_ctx);
-    ALLOC(s->tiles, 2 * T);
+    LOOM_FWD_BUF(b, s->scores, (size_t)s->n_threads * (size_t)s->att_slots * (size_t)max_ctx);
+    LOOM_FWD_BUF(b, s->tiles, 2 * T);
     /* q rows and output (slots, head_dim each), a K chunk (ATT_CHUNK,
      * head_dim), then the slots' key ranges (2 ints each) */
     s->att_tmp_per = (2 * (size_t)s->att_slots + ATT_CHUNK) * (size_t)LOOM_MAX(m->max_head_dim, 1) +
                      2 * (size_t)s->att_slots;
-    ALLOC(s->att_tmp, (size_t)s->n_threads * s->att_tmp_per);
+    LOOM_FWD_BUF(b, s->att_tmp, (size_t)s->n_threads * s->att_tmp_per);
     s->att_split = ATT_SPLIT;
     const char *env = getenv("LOOM_ATTN_SPLIT");
     if (env && *env) s->att_split = LOOM_MAX(0, atoi(env));
     s->att_chunk = ATT_SPLIT_CHUNK;
     /* every chunk of a max_ctx span, or more when they are few */
     s->att_parts = LOOM_MAX(64, max_ctx / ATT_SPLIT_CHUNK + 2);
-    ALLOC(s->att_part, (size_t)s->att_parts * (size_t)c->n_heads *
-                           ((size_t)LOOM_MAX(m->max_head_dim, 1) + 2));
-    ALLOC(s->split_task, 3 * (size_t)s->att_parts);
-    ALLOC(s->split_tok, T);
+    LOOM_FWD_BUF(b, s->att_part, (size_t)s->att_parts * (size_t)c->n_heads *
+                                     ((size_t)LOOM_MAX(m->max_head_dim, 1) + 2));
+    LOOM_FWD_BUF(b, s->split_task, 3 * (size_t)s->att_parts);
+    LOOM_FWD_BUF(b, s->split_tok, T);
     s->split_tmp_per = (size_t)ATT_SPLIT_SUB * kvd + 2 * (size_t)c->n_heads;
-    ALLOC(s->split_tmp, (size_t)s->n_threads * s->split_tmp_per);
-    ALLOC(s->tok_row, T);
-    ALLOC(s->tok_pos, T);
-#undef ALLOC
-    if (!ok) {
+    LOOM_FWD_BUF(b, s->split_tmp, (size_t)s->n_threads * s->split_tmp_per);
+    LOOM_FWD_BUF(b, s->tok_row, T);
+    LOOM_FWD_BUF(b, s->tok_pos, T);
+    /* each feature's state only where the model has it */
+    if (m->n_linear > 0) s->lin = loom_lin_state_create(m, step_tokens, b);
+    if (c->n_experts > 0) s->moe = loom_moe_state_create(m, step_tokens, b);
+    if (m->has_ple) s->ple = loom_ple_state_create(m, step_tokens, b);
+    if (b->failed) {
         loom_fwd_state_free(s);
         return loom_err(LOOM_ERR_NOMEM, "forward state: out of memory for %d tokens", step_tokens);
-    }
-    loom_status st = LOOM_OK;
-    if (m->n_linear > 0) st = loom_lin_state_create(m, step_tokens, &s->lin);
-    if (st == LOOM_OK && c->n_experts > 0) st = loom_moe_state_create(m, step_tokens, &s->moe);
-    if (st == LOOM_OK && m->has_ple) st = loom_ple_state_create(m, step_tokens, &s->ple);
-    if (st != LOOM_OK) {
-        loom_fwd_state_free(s);
-        return st;
     }
     *out = s;
     return LOOM_OK;
@@ -118,14 +113,8 @@ loom_status loom_fwd_state_create(const loom_model *m, int step_tokens, int max_
 
 void loom_fwd_state_free(loom_fwd_state *s) {
     if (!s) return;
-    void *bufs[] = {s->x, s->xb, s->qraw, s->q, s->gate, s->kx, s->vx, s->att,
-                    s->hb, s->hb2, s->cos, s->sin, s->scores, s->tiles, s->att_tmp, s->tok_row, s->tok_pos,
-                    s->att_part, s->split_task, s->split_tok, s->split_tmp,
-                    s->logits};
-    for (size_t i = 0; i < LOOM_ARRAY_LEN(bufs); i++) loom_free(bufs[i]);
-    loom_lin_state_free(s->lin);
-    loom_moe_state_free(s->moe);
-    loom_ple_state_free(s->ple);
+    loom_fwd_bufs_free(&s->mem);
+    loom_free(s->logits);
     free(s);
 }
 

@@ -6,6 +6,7 @@
 #define LOOM_FWD_INTERNAL_H
 
 #include "model/forward.h"
+#include "model/fwd_buf.h"
 #include "model/linear_attn.h"
 #include "model/moe.h"
 #include "model/ple.h"
@@ -39,11 +40,12 @@ struct loom_fwd_state {
     size_t split_tmp_per;
     int *tok_row;      /* [step_tokens] row of each token */
     int *tok_pos;      /* [step_tokens] position of each token */
-    float *logits;     /* (logits_cap / vocab, vocab), grown on demand */
+    loom_fwd_bufs mem;    /* owns the buffers above and the feature states below */
+    float *logits;     /* owned (logits_cap / vocab, vocab), grown on demand */
     size_t logits_cap;
-    loom_moe_state *moe;  /* owned; MoE models only (moe.c) */
-    loom_lin_state *lin;  /* owned; linear-attention layers only (linear_attn.c) */
-    loom_ple_state *ple;  /* owned; gemma4 per-layer inputs only (ple.c) */
+    loom_moe_state *moe;  /* in mem; MoE models only (moe.c) */
+    loom_lin_state *lin;  /* in mem; linear-attention layers only (linear_attn.c) */
+    loom_ple_state *ple;  /* in mem; gemma4 per-layer inputs only (ple.c) */
 };
 
 #endif

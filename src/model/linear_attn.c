@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "model/fwd_buf.h"
 #include "model/linear_attn.h"
 #include "model/matmul.h"
 
@@ -141,46 +142,28 @@ void loom_fwd_commit_states(loom_fwd_row *rows, int n_rows) {
         if (rows[r].state) rows[r].state->n_tokens += rows[r].n;
 }
 
-loom_status loom_lin_state_create(const loom_model *m, int step_tokens, loom_lin_state **out) {
-    *out = NULL;
+loom_lin_state *loom_lin_state_create(const loom_model *m, int step_tokens, loom_fwd_bufs *b) {
     const loom_config *c = &m->cfg;
-    loom_lin_state *ls = calloc(1, sizeof *ls);
-    if (!ls) return loom_err(LOOM_ERR_NOMEM, "out of memory");
+    loom_lin_state *ls = loom_fwd_buf(b, sizeof *ls);
+    if (!ls) return NULL;
     size_t T = (size_t)step_tokens, conv = (size_t)m->lin_conv_dim, nv = (size_t)c->lin_n_v_heads;
     size_t vd = nv * (size_t)c->lin_v_head_dim, C = DELTA_CHUNK;
-    int ok = 1;
-#define ALLOC(p, n) ok &= ((p) = loom_alloc((n) * sizeof *(p))) != NULL
-    ALLOC(ls->qkv, T * conv);
-    ALLOC(ls->conv, T * conv);
-    ALLOC(ls->z, T * vd);
-    ALLOC(ls->b, T * nv);
-    ALLOC(ls->a, T * nv);
-    ALLOC(ls->beta, T * nv);
-    ALLOC(ls->g, T * nv);
-    ALLOC(ls->od, T * vd);
-    ALLOC(ls->raw, T * (size_t)m->lin_proj_dim);
-    ALLOC(ls->out, T * vd);
+    LOOM_FWD_BUF(b, ls->qkv, T * conv);
+    LOOM_FWD_BUF(b, ls->conv, T * conv);
+    LOOM_FWD_BUF(b, ls->z, T * vd);
+    LOOM_FWD_BUF(b, ls->b, T * nv);
+    LOOM_FWD_BUF(b, ls->a, T * nv);
+    LOOM_FWD_BUF(b, ls->beta, T * nv);
+    LOOM_FWD_BUF(b, ls->g, T * nv);
+    LOOM_FWD_BUF(b, ls->od, T * vd);
+    LOOM_FWD_BUF(b, ls->raw, T * (size_t)m->lin_proj_dim);
+    LOOM_FWD_BUF(b, ls->out, T * vd);
     /* state (k_dim, v_dim), u (C, v_dim), G (C), tmp (v_dim) */
     ls->scratch_per = (size_t)c->lin_k_head_dim * c->lin_v_head_dim +
                       C * (size_t)c->lin_v_head_dim + C + (size_t)c->lin_v_head_dim + 8;
-    ALLOC(ls->scratch, (size_t)loom_pool_size(m->pool) * ls->scratch_per);
-    ALLOC(ls->row_first, T);
-#undef ALLOC
-    if (!ok) {
-        loom_lin_state_free(ls);
-        return loom_err(LOOM_ERR_NOMEM, "linear attention: out of memory for %d tokens",
-                        step_tokens);
-    }
-    *out = ls;
-    return LOOM_OK;
-}
-
-void loom_lin_state_free(loom_lin_state *ls) {
-    if (!ls) return;
-    void *bufs[] = {ls->qkv, ls->conv, ls->z, ls->b, ls->a, ls->beta, ls->g, ls->od,
-                    ls->raw, ls->out, ls->scratch, ls->row_first};
-    for (size_t i = 0; i < LOOM_ARRAY_LEN(bufs); i++) loom_free(bufs[i]);
-    free(ls);
+    LOOM_FWD_BUF(b, ls->scratch, (size_t)loom_pool_size(m->pool) * ls->scratch_per);
+    LOOM_FWD_BUF(b, ls->row_first, T);
+    return ls;
 }
 
 static double silu(double x) { return x / (1.0 + exp(-x)); }

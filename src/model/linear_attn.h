@@ -4,14 +4,16 @@
 #ifndef LOOM_LINEAR_ATTN_H
 #define LOOM_LINEAR_ATTN_H
 
+#include "model/fwd_buf.h"
 #include "model/fwd_row.h"
 
 /* Scratch of the linear-attention layers for up to step_tokens tokens;
  * only models with such layers have one. Owned by the forward state. */
 typedef struct loom_lin_state loom_lin_state;
 
-loom_status loom_lin_state_create(const loom_model *m, int step_tokens, loom_lin_state **out);
-void loom_lin_state_free(loom_lin_state *ls);
+/* The state and its buffers, recorded in b (the forward state's, which
+ * frees them); NULL, with b->failed set, when out of memory. */
+loom_lin_state *loom_lin_state_create(const loom_model *m, int step_tokens, loom_fwd_bufs *b);
 
 /* The token mixer of linear layer L over the rows' T tokens: reads xb
  * (T, hidden), the normed input, and writes its output there. */

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "model/fwd_buf.h"
 #include "model/matmul.h"
 
 struct loom_moe_state {
@@ -21,38 +22,22 @@ struct loom_moe_state {
     float *sum;        /* (step_tokens, hidden) the experts' weighted sum */
 };
 
-loom_status loom_moe_state_create(const loom_model *m, int step_tokens, loom_moe_state **out) {
-    *out = NULL;
+loom_moe_state *loom_moe_state_create(const loom_model *m, int step_tokens, loom_fwd_bufs *b) {
     const loom_config *c = &m->cfg;
-    loom_moe_state *s = calloc(1, sizeof *s);
-    if (!s) return loom_err(LOOM_ERR_NOMEM, "out of memory");
+    loom_moe_state *s = loom_fwd_buf(b, sizeof *s);
+    if (!s) return NULL;
     size_t T = (size_t)step_tokens, H = (size_t)c->hidden_size;
     size_t E = (size_t)LOOM_MAX(c->n_experts, 1), K = (size_t)LOOM_MAX(c->n_experts_used, 1);
-    int ok = 1;
-#define ALLOC(p, n) ok &= ((p) = loom_alloc((n) * sizeof *(p))) != NULL
-    ALLOC(s->router, T * E);
-    ALLOC(s->sel, T * K);
-    ALLOC(s->sel_w, T * K);
-    ALLOC(s->gather, T);
-    ALLOC(s->xg, T * H);
-    ALLOC(s->yg, T * H);
-    ALLOC(s->in, T * H);
-    ALLOC(s->rin, T * H);
-    ALLOC(s->sum, T * H);
-#undef ALLOC
-    if (!ok) {
-        loom_moe_state_free(s);
-        return loom_err(LOOM_ERR_NOMEM, "MoE: out of memory for %d tokens", step_tokens);
-    }
-    *out = s;
-    return LOOM_OK;
-}
-
-void loom_moe_state_free(loom_moe_state *s) {
-    if (!s) return;
-    void *bufs[] = {s->router, s->sel, s->sel_w, s->gather, s->xg, s->yg, s->in, s->rin, s->sum};
-    for (size_t i = 0; i < LOOM_ARRAY_LEN(bufs); i++) loom_free(bufs[i]);
-    free(s);
+    LOOM_FWD_BUF(b, s->router, T * E);
+    LOOM_FWD_BUF(b, s->sel, T * K);
+    LOOM_FWD_BUF(b, s->sel_w, T * K);
+    LOOM_FWD_BUF(b, s->gather, T);
+    LOOM_FWD_BUF(b, s->xg, T * H);
+    LOOM_FWD_BUF(b, s->yg, T * H);
+    LOOM_FWD_BUF(b, s->in, T * H);
+    LOOM_FWD_BUF(b, s->rin, T * H);
+    LOOM_FWD_BUF(b, s->sum, T * H);
+    return s;
 }
 
 /* Routed experts (softmax, top-k, optional renormalisation and per-expert

@@ -3,14 +3,16 @@
 #ifndef LOOM_MOE_H
 #define LOOM_MOE_H
 
+#include "model/fwd_buf.h"
 #include "model/model.h"
 
 /* Routing scratch for up to step_tokens tokens; only MoE models have one.
  * Owned by the forward state. */
 typedef struct loom_moe_state loom_moe_state;
 
-loom_status loom_moe_state_create(const loom_model *m, int step_tokens, loom_moe_state **out);
-void loom_moe_state_free(loom_moe_state *s);
+/* The state and its buffers, recorded in b (the forward state's, which
+ * frees them); NULL, with b->failed set, when out of memory. */
+loom_moe_state *loom_moe_state_create(const loom_model *m, int step_tokens, loom_fwd_bufs *b);
 
 /* Routed experts plus the gated shared expert, in place on xb (T, hidden).
  * hb and hb2 are the MLP scratch, (T, max_inter) each. */

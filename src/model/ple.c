@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "base/base.h"
+#include "model/fwd_buf.h"
 #include "model/matmul.h"
 
 struct loom_ple_state {
@@ -15,33 +16,15 @@ struct loom_ple_state {
     float *row;        /* (n_layers * ple_dim) one token's per-layer embedding */
 };
 
-loom_status loom_ple_state_create(const loom_model *m, int step_tokens, loom_ple_state **out) {
-    *out = NULL;
+loom_ple_state *loom_ple_state_create(const loom_model *m, int step_tokens, loom_fwd_bufs *b) {
     const loom_config *c = &m->cfg;
-    loom_ple_state *s = calloc(1, sizeof *s);
-    if (!s) return loom_err(LOOM_ERR_NOMEM, "out of memory");
+    loom_ple_state *s = loom_fwd_buf(b, sizeof *s);
+    if (!s) return NULL;
     size_t T = (size_t)step_tokens, P = (size_t)c->per_layer_input_dim;
-    int ok = 1;
-#define ALLOC(p, n) ok &= ((p) = loom_alloc((n) * sizeof *(p))) != NULL
-    ALLOC(s->in, T * P * (size_t)c->n_layers);
-    ALLOC(s->tmp, T * P);
-    ALLOC(s->row, P * (size_t)c->n_layers);
-#undef ALLOC
-    if (!ok) {
-        loom_ple_state_free(s);
-        return loom_err(LOOM_ERR_NOMEM, "per-layer inputs: out of memory for %d tokens",
-                        step_tokens);
-    }
-    *out = s;
-    return LOOM_OK;
-}
-
-void loom_ple_state_free(loom_ple_state *s) {
-    if (!s) return;
-    loom_free(s->in);
-    loom_free(s->tmp);
-    loom_free(s->row);
-    free(s);
+    LOOM_FWD_BUF(b, s->in, T * P * (size_t)c->n_layers);
+    LOOM_FWD_BUF(b, s->tmp, T * P);
+    LOOM_FWD_BUF(b, s->row, P * (size_t)c->n_layers);
+    return s;
 }
 
 /* ple (T, n_layers, P) = (norm(proj(x) / sqrt(hidden)) + embed_pl(id)) / sqrt(2),

@@ -2,14 +2,16 @@
 #ifndef LOOM_PLE_H
 #define LOOM_PLE_H
 
+#include "model/fwd_buf.h"
 #include "model/fwd_row.h"
 
 /* The per-layer inputs of up to step_tokens tokens; only models with
  * per-layer inputs have one. Owned by the forward state. */
 typedef struct loom_ple_state loom_ple_state;
 
-loom_status loom_ple_state_create(const loom_model *m, int step_tokens, loom_ple_state **out);
-void loom_ple_state_free(loom_ple_state *s);
+/* The state and its buffers, recorded in b (the forward state's, which
+ * frees them); NULL, with b->failed set, when out of memory. */
+loom_ple_state *loom_ple_state_create(const loom_model *m, int step_tokens, loom_fwd_bufs *b);
 
 /* Every layer's input for the rows' T tokens, from their scaled token
  * embeddings x (T, hidden). */
