@@ -10,7 +10,8 @@
  *
  * Attention covers GQA, partial/proportional rope per layer kind, q/k/v
  * norms, sliding windows, logit softcapping, output gates and KV shared
- * across layers. */
+ * across layers; MoE (moe.c), Gated DeltaNet (linear_attn.c) and per-layer
+ * inputs (ple.c) are blocks of their own, with their own state. */
 #include "model/fwd_internal.h"
 
 #include <assert.h>
@@ -19,6 +20,11 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "model/fwd_buf.h"
+#include "model/linear_attn.h"
+#include "model/matmul.h"
+#include "model/moe.h"
+#include "model/ple.h"
 
 /* Query rows (token x head) one attention task covers. Keys and values
  * are read once per task and reused by all of them while they sit in L1,
@@ -51,88 +57,53 @@ loom_status loom_fwd_state_create(const loom_model *m, int step_tokens, int max_
     size_t T = (size_t)step_tokens, H = (size_t)c->hidden_size;
     size_t qd = (size_t)c->n_heads * (size_t)LOOM_MAX(m->max_head_dim, 1);
     size_t kvd = (size_t)m->kv_dim, I = (size_t)LOOM_MAX(m->max_inter, 1);
-    size_t E = (size_t)LOOM_MAX(c->n_experts, 1), K = (size_t)LOOM_MAX(c->n_experts_used, 1);
     s->step_tokens = step_tokens;
     s->max_ctx = max_ctx;
     s->n_threads = loom_pool_size(m->pool);
     s->max_rot = 2;
     for (int i = 0; i < m->n_ropes; i++) s->max_rot = LOOM_MAX(s->max_rot, m->ropes[i].rot_dim);
     size_t half = (size_t)s->max_rot / 2 * (size_t)LOOM_MAX_ROPES;
-    int ok = 1;
-#define ALLOC(p, n) ok &= ((p) = loom_alloc((n) * sizeof *(p))) != NULL
-    ALLOC(s->x, T * H);
-    ALLOC(s->xb, T * H);
-    ALLOC(s->xb2, T * H);
-    ALLOC(s->qraw, T * (size_t)LOOM_MAX(m->max_q_dim, 1));
-    ALLOC(s->q, T * qd);
-    ALLOC(s->gate, T * qd);
-    ALLOC(s->kx, T * kvd);
-    ALLOC(s->vx, T * kvd);
-    ALLOC(s->att, T * qd);
-    ALLOC(s->hb, T * I);
-    ALLOC(s->hb2, T * I);
-    ALLOC(s->cos, T * half);
-    ALLOC(s->sin, T * half);
+    loom_fwd_bufs *b = &s->mem;
+    LOOM_FWD_BUF(b, s->x, T * H);
+    LOOM_FWD_BUF(b, s->xb, T * H);
+    LOOM_FWD_BUF(b, s->qraw, T * (size_t)LOOM_MAX(m->max_q_dim, 1));
+    LOOM_FWD_BUF(b, s->q, T * qd);
+    LOOM_FWD_BUF(b, s->gate, T * qd);
+    LOOM_FWD_BUF(b, s->kx, T * kvd);
+    LOOM_FWD_BUF(b, s->vx, T * kvd);
+    LOOM_FWD_BUF(b, s->att, T * qd);
+    LOOM_FWD_BUF(b, s->hb, T * I);
+    LOOM_FWD_BUF(b, s->hb2, T * I);
+    LOOM_FWD_BUF(b, s->cos, T * half);
+    LOOM_FWD_BUF(b, s->sin, T * half);
     /* ATT_SLOTS query rows per task, or a whole group when it is larger */
     s->att_slots = LOOM_MAX(ATT_SLOTS, c->n_heads);
-    ALLOC(s->scores, (size_t)s->n_threads * (size_t)s->att_slots * (size_t)max_ctx);
-    ALLOC(s->tiles, 2 * T);
+    LOOM_FWD_BUF(b, s->scores, (size_t)s->n_threads * (size_t)s->att_slots * (size_t)max_ctx);
+    LOOM_FWD_BUF(b, s->tiles, 2 * T);
     /* q rows and output (slots, head_dim each), a K chunk (ATT_CHUNK,
      * head_dim), then the slots' key ranges (2 ints each) */
     s->att_tmp_per = (2 * (size_t)s->att_slots + ATT_CHUNK) * (size_t)LOOM_MAX(m->max_head_dim, 1) +
                      2 * (size_t)s->att_slots;
-    ALLOC(s->att_tmp, (size_t)s->n_threads * s->att_tmp_per);
+    LOOM_FWD_BUF(b, s->att_tmp, (size_t)s->n_threads * s->att_tmp_per);
     s->att_split = ATT_SPLIT;
     const char *env = getenv("LOOM_ATTN_SPLIT");
     if (env && *env) s->att_split = LOOM_MAX(0, atoi(env));
     s->att_chunk = ATT_SPLIT_CHUNK;
     /* every chunk of a max_ctx span, or more when they are few */
     s->att_parts = LOOM_MAX(64, max_ctx / ATT_SPLIT_CHUNK + 2);
-    ALLOC(s->att_part, (size_t)s->att_parts * (size_t)c->n_heads *
-                           ((size_t)LOOM_MAX(m->max_head_dim, 1) + 2));
-    ALLOC(s->split_task, 3 * (size_t)s->att_parts);
-    ALLOC(s->split_tok, T);
+    LOOM_FWD_BUF(b, s->att_part, (size_t)s->att_parts * (size_t)c->n_heads *
+                                     ((size_t)LOOM_MAX(m->max_head_dim, 1) + 2));
+    LOOM_FWD_BUF(b, s->split_task, 3 * (size_t)s->att_parts);
+    LOOM_FWD_BUF(b, s->split_tok, T);
     s->split_tmp_per = (size_t)ATT_SPLIT_SUB * kvd + 2 * (size_t)c->n_heads;
-    ALLOC(s->split_tmp, (size_t)s->n_threads * s->split_tmp_per);
-    ALLOC(s->tok_row, T);
-    ALLOC(s->tok_pos, T);
-    ALLOC(s->row_first, T);
-    if (c->n_experts > 0) {
-        ALLOC(s->router, T * E);
-        ALLOC(s->sel, T * K);
-        ALLOC(s->sel_w, T * K);
-        ALLOC(s->gather, T);
-        ALLOC(s->xg, T * H);
-        ALLOC(s->yg, T * H);
-        ALLOC(s->moe_in, T * H);
-        ALLOC(s->moe_r, T * H);
-    }
-    if (m->n_linear > 0) {
-        size_t conv = (size_t)m->lin_conv_dim, nv = (size_t)c->lin_n_v_heads;
-        size_t vd = nv * (size_t)c->lin_v_head_dim, C = LOOM_DELTA_CHUNK;
-        ALLOC(s->lin_qkv, T * conv);
-        ALLOC(s->lin_conv, T * conv);
-        ALLOC(s->lin_z, T * vd);
-        ALLOC(s->lin_b, T * nv);
-        ALLOC(s->lin_a, T * nv);
-        ALLOC(s->lin_beta, T * nv);
-        ALLOC(s->lin_g, T * nv);
-        ALLOC(s->lin_od, T * vd);
-        ALLOC(s->lin_raw, T * (size_t)m->lin_proj_dim);
-        ALLOC(s->lin_out, T * vd);
-        /* state (k_dim, v_dim), u (C, v_dim), G (C), tmp (v_dim) */
-        s->lin_scratch_per = (size_t)c->lin_k_head_dim * c->lin_v_head_dim +
-                             C * (size_t)c->lin_v_head_dim + C + (size_t)c->lin_v_head_dim + 8;
-        ALLOC(s->lin_scratch, (size_t)s->n_threads * s->lin_scratch_per);
-    }
-    if (m->has_ple) {
-        size_t P = (size_t)c->per_layer_input_dim;
-        ALLOC(s->ple, T * P * (size_t)c->n_layers);
-        ALLOC(s->ple_tmp, T * P);
-        ALLOC(s->ple_row, P * (size_t)c->n_layers);
-    }
-#undef ALLOC
-    if (!ok) {
+    LOOM_FWD_BUF(b, s->split_tmp, (size_t)s->n_threads * s->split_tmp_per);
+    LOOM_FWD_BUF(b, s->tok_row, T);
+    LOOM_FWD_BUF(b, s->tok_pos, T);
+    /* each feature's state only where the model has it */
+    if (m->n_linear > 0) s->lin = loom_lin_state_create(m, step_tokens, b);
+    if (c->n_experts > 0) s->moe = loom_moe_state_create(m, step_tokens, b);
+    if (m->has_ple) s->ple = loom_ple_state_create(m, step_tokens, b);
+    if (b->failed) {
         loom_fwd_state_free(s);
         return loom_err(LOOM_ERR_NOMEM, "forward state: out of memory for %d tokens", step_tokens);
     }
@@ -142,117 +113,9 @@ loom_status loom_fwd_state_create(const loom_model *m, int step_tokens, int max_
 
 void loom_fwd_state_free(loom_fwd_state *s) {
     if (!s) return;
-    void *bufs[] = {s->x, s->xb, s->xb2, s->qraw, s->q, s->gate, s->kx, s->vx, s->att,
-                    s->hb, s->hb2, s->cos, s->sin, s->scores, s->tiles, s->att_tmp, s->tok_row, s->tok_pos, s->row_first,
-                    s->att_part, s->split_task, s->split_tok, s->split_tmp,
-                    s->logits, s->router, s->sel, s->sel_w, s->gather, s->xg, s->yg,
-                    s->moe_in, s->moe_r,
-                    s->lin_qkv, s->lin_conv, s->lin_z, s->lin_b, s->lin_a, s->lin_raw,
-                    s->lin_out, s->lin_scratch, s->lin_beta, s->lin_g, s->lin_od, s->ple, s->ple_tmp, s->ple_row};
-    for (size_t i = 0; i < LOOM_ARRAY_LEN(bufs); i++) loom_free(bufs[i]);
+    loom_fwd_bufs_free(&s->mem);
+    loom_free(s->logits);
     free(s);
-}
-
-/* ---- matmul over the pool ---------------------------------------------- */
-
-/* Up to MM_MAX weights that read the same x (q/k/v, gate/up) go out as
- * one parallel-for: a decode step is ~8 dispatches per layer, and each
- * costs a wake-up and a wait for the slowest thread. */
-#define MM_MAX 4
-
-typedef struct mm_job {
-    const loom_kernels *k;
-    const float *x; int ldx;
-    int T;
-    float *y[MM_MAX];
-    const loom_weight *w[MM_MAX];
-    int chunk[MM_MAX], first[MM_MAX + 1]; /* rows per task; first task of each weight */
-    const void *prep;                     /* x rounded once for every slice (prep_bytes) */
-} mm_job;
-
-static void mm_task(void *ctx, int task, int thread) {
-    (void)thread;
-    const mm_job *j = ctx;
-    int i = 0;
-    while (task >= j->first[i + 1]) i++;
-    const loom_weight *w = j->w[i];
-    float *y = j->y[i];
-    int r0 = (task - j->first[i]) * j->chunk[i], r1 = LOOM_MIN(r0 + j->chunk[i], w->rows);
-    switch (w->dtype) {
-    case LOOM_DT_F32:
-        j->k->matmul_f32(y, w->rows, j->x, j->ldx, w->data, w->cols, j->T, r0, r1);
-        break;
-    case LOOM_DT_F16:
-        j->k->matmul_f16(y, w->rows, j->x, j->ldx, w->data, w->cols, j->T, r0, r1);
-        break;
-    case LOOM_DT_U32:
-        if (j->prep) j->k->matmul_q_prep(y, w->rows, j->prep, &w->q, j->T, r0, r1);
-        else j->k->matmul_q(y, w->rows, j->x, j->ldx, &w->q, j->T, r0, r1);
-        break;
-    default:
-        if (j->prep) j->k->matmul_bf16_prep(y, w->rows, j->prep, w->data, w->cols, j->T, r0, r1);
-        else j->k->matmul_bf16(y, w->rows, j->x, j->ldx, w->data, w->cols, j->T, r0, r1);
-        break;
-    }
-}
-
-/* Bytes of x rounded once for all of a dispatch's matrices (0: none): the
- * kernels' q_prep for interleaved quantized ones over one group size, or
- * bf16_prep for bf16 ones. */
-static size_t prep_bytes(const loom_kernels *k, const loom_weight *const *w, int n_w, int T) {
-    int q = k->q_prep != NULL, b = k->bf16_prep != NULL;
-    for (int i = 0; i < n_w; i++) {
-        q &= w[i]->dtype == LOOM_DT_U32 && w[i]->q.il16 && w[i]->q.group == w[0]->q.group;
-        b &= w[i]->dtype == LOOM_DT_BF16;
-    }
-    return q ? k->q_prep_bytes(&w[0]->q, T) : b ? k->bf16_prep_bytes(w[0]->cols, T) : 0;
-}
-
-void loom_fwd_matmul_n(loom_model *m, int n_w, float *const *y, const float *x,
-                       const loom_weight *const *w, int T) {
-    if (T <= 0 || n_w <= 0) return;
-    assert(n_w <= MM_MAX);
-    int n = loom_pool_size(m->pool), cols = w[0]->cols;
-    size_t macs = 0;
-    for (int i = 0; i < n_w; i++) {
-        assert(w[i]->cols == cols);
-        macs += (size_t)w[i]->rows * (size_t)cols * (size_t)T;
-    }
-    /* Below ~256K multiply-adds waking the workers costs more than it saves. */
-    if (macs < ((size_t)1 << 18)) n = 1;
-    /* Slices per thread and weight: 4 let a thread whose core went to
-     * another process hand its share over. Each slice repeats the kernel's
-     * work on x (packing; rounding under --fast where no prep_bytes buffer
-     * does it once below), which a prompt (T >= 16) makes large: 2 there,
-     * and one slice on one thread. */
-    int per = n == 1 ? 1 : T >= 16 ? 2 : 4;
-    mm_job j = {.k = m->k, .x = x, .ldx = cols, .T = T};
-    for (int i = 0; i < n_w; i++) {
-        int chunk = (w[i]->rows + per * n - 1) / (per * n);
-        j.y[i] = y[i];
-        j.w[i] = w[i];
-        j.chunk[i] = (chunk + 15) & ~15;
-        j.first[i + 1] = j.first[i] + (w[i]->rows + j.chunk[i] - 1) / j.chunk[i];
-    }
-    /* x rounded once here rather than once per slice */
-    _Alignas(64) uint8_t stack[32 << 10];
-    void *heap = NULL;
-    size_t bytes = prep_bytes(m->k, w, n_w, T);
-    if (bytes) {
-        void *buf = bytes <= sizeof stack ? stack : (heap = malloc(bytes));
-        if (buf && w[0]->dtype == LOOM_DT_U32) m->k->q_prep(buf, x, cols, &w[0]->q, T);
-        else if (buf) m->k->bf16_prep(buf, x, cols, cols, T);
-        j.prep = buf;
-    }
-    if (n == 1)
-        for (int t = 0; t < j.first[n_w]; t++) mm_task(&j, t, 0);
-    else
-        loom_pool_run(m->pool, j.first[n_w], mm_task, &j);
-    free(heap);
-}
-
-void loom_fwd_matmul(loom_model *m, float *y, const float *x, const loom_weight *w, int T) {
-    loom_fwd_matmul_n(m, 1, &y, x, &w, T);
 }
 
 /* ---- small helpers ------------------------------------------------------ */
@@ -261,43 +124,6 @@ static void add_bias(float *y, const float *b, int T, int n) {
     if (!b) return;
     for (int t = 0; t < T; t++)
         for (int i = 0; i < n; i++) y[(size_t)t * n + i] += b[i];
-}
-
-static void norm_rows(const loom_model *m, float *y, const float *x, const float *w, int T, int n) {
-    float eps = (float)m->cfg.rms_eps;
-    for (int t = 0; t < T; t++) m->k->rmsnorm(y + (size_t)t * n, x + (size_t)t * n, w, n, eps);
-}
-
-static void act_mul(const loom_model *m, float *g, const float *u, int n) {
-    if (m->act == LOOM_ACT_GELU_TANH) m->k->gelu_tanh_mul(g, u, n);
-    else m->k->silu_mul(g, u, n);
-}
-
-/* One row of an embedding table as f32 (any weight format). */
-static void weight_row(const loom_model *m, const loom_weight *e, float *dst, int id) {
-    size_t off = (size_t)id * e->cols;
-    if (e->dtype == LOOM_DT_F32) {
-        memcpy(dst, (const float *)e->data + off, (size_t)e->cols * 4);
-    } else if (e->dtype == LOOM_DT_F16) {
-        m->k->f16_to_f32(dst, (const uint16_t *)e->data + off, e->cols);
-    } else if (e->dtype == LOOM_DT_BF16) {
-        m->k->bf16_to_f32(dst, (const uint16_t *)e->data + off, e->cols);
-    } else {
-        const loom_qmat *q = &e->q;
-        int ng = q->n / q->group, bits = q->bits;
-        const uint32_t *row = q->w + (size_t)id * ((size_t)q->n * bits / 32);
-        for (int g = 0; g < ng; g++) {
-            size_t si = (size_t)id * ng + g;
-            float sc = q->f16 ? loom_f16_to_f32(q->scales[si]) : loom_bf16_to_f32(q->scales[si]);
-            float bi = q->f16 ? loom_f16_to_f32(q->biases[si]) : loom_bf16_to_f32(q->biases[si]);
-            for (int k = g * q->group; k < (g + 1) * q->group; k++) {
-                size_t bit = (size_t)k * bits;
-                uint64_t v = row[bit / 32] >> (bit % 32);
-                if (bit % 32 + (size_t)bits > 32) v |= (uint64_t)row[bit / 32 + 1] << (32 - bit % 32);
-                dst[k] = sc * (float)(v & ((1u << bits) - 1)) + bi;
-            }
-        }
-    }
 }
 
 /* ---- attention --------------------------------------------------------- */
@@ -577,14 +403,6 @@ static void rope_apply(float *v, const float *cs, const float *sn, int rot) {
     }
 }
 
-/* Unweighted RMSNorm (gemma4 values). */
-static void rms_plain(float *x, int n, float eps) {
-    float ss = 0;
-    for (int i = 0; i < n; i++) ss += x[i] * x[i];
-    float inv = 1.0f / sqrtf(ss / (float)n + eps);
-    for (int i = 0; i < n; i++) x[i] *= inv;
-}
-
 /* Softmax attention block: s->xb (normed input) -> s->xb. */
 static void attention(loom_model *m, loom_fwd_state *s, loom_kv_layout *kv,
                       const loom_fwd_row *rows, const loom_layer *L, int l, int T) {
@@ -629,7 +447,7 @@ static void attention(loom_model *m, loom_fwd_state *s, loom_kv_layout *kv,
             float *k = s->kx + ((size_t)t * nkv + h) * hd;
             if (A->k_norm) m->k->rmsnorm(k, k, A->k_norm, hd, eps);
             rope_apply(k, cs, sn, R->rot_dim);
-            if (fl & LOOM_ARCH_V_NORM) rms_plain(s->vx + ((size_t)t * nkv + h) * hd, hd, eps);
+            if (fl & LOOM_ARCH_V_NORM) loom_fwd_rms_plain(s->vx + ((size_t)t * nkv + h) * hd, hd, eps);
         }
         const loom_kv_seq *seq = rows[s->tok_row[t]].seq;
         loom_kv_layer_store(kv, l, loom_kv_k_row(kv, seq, l, s->tok_pos[t]), s->kx + (size_t)t * kvd, kvd);
@@ -688,129 +506,20 @@ static void attention(loom_model *m, loom_fwd_state *s, loom_kv_layout *kv,
 
 /* ---- MLP and MoE ------------------------------------------------------- */
 
-/* out (T, hidden) = down(act(gate(in)) * up(in)); out may alias in. */
+/* The gated MLP over the state's (T, max_inter) scratch. */
 static void mlp(loom_model *m, loom_fwd_state *s, const loom_mlp *p, float *out, const float *in,
                 int T) {
-    int I = p->gate.rows;
-    float *ys[] = {s->hb, s->hb2};
-    const loom_weight *ws[] = {&p->gate, &p->up};
-    loom_fwd_matmul_n(m, 2, ys, in, ws, T);
-    for (int t = 0; t < T; t++) act_mul(m, s->hb + (size_t)t * I, s->hb2 + (size_t)t * I, I);
-    loom_fwd_matmul(m, out, s->hb, &p->down, T);
-}
-
-/* Routed experts (softmax, top-k, optional renormalisation and per-expert
- * scales) plus the gated shared expert: out (T, hidden) from router input
- * rin and expert input xin. Only the chosen experts run, each on its
- * tokens. */
-static void moe(loom_model *m, loom_fwd_state *s, const loom_moe *p, const float *rin,
-                const float *xin, float *out, int T) {
-    const loom_config *c = &m->cfg;
-    int H = c->hidden_size, E = c->n_experts, K = c->n_experts_used;
-    if (p->in_scale) {  /* gemma4: route on rmsnorm(x) * scale / sqrt(hidden) */
-        for (int t = 0; t < T; t++) {
-            float *r = s->moe_r + (size_t)t * H;
-            memcpy(r, rin + (size_t)t * H, sizeof(float) * (size_t)H);
-            rms_plain(r, H, (float)c->rms_eps);
-            for (int i = 0; i < H; i++) r[i] *= p->in_scale[i];
-        }
-        rin = s->moe_r;
-    }
-    loom_fwd_matmul(m, s->router, rin, &p->router, T);
-    for (int t = 0; t < T; t++) {
-        float *r = s->router + (size_t)t * E;
-        m->k->softmax(r, E);
-        int *sel = s->sel + (size_t)t * K;
-        float *w = s->sel_w + (size_t)t * K, sum = 0;
-        for (int k = 0; k < K; k++) {
-            int best = -1;
-            for (int e = 0; e < E; e++) {
-                int taken = 0;
-                for (int j = 0; j < k; j++) taken |= sel[j] == e;
-                if (!taken && (best < 0 || r[e] > r[best])) best = e;
-            }
-            sel[k] = best;
-            w[k] = r[best];
-            sum += r[best];
-        }
-        for (int k = 0; k < K; k++) {
-            if (p->renorm) w[k] /= sum;
-            if (p->expert_scale) w[k] *= p->expert_scale[sel[k]];
-        }
-    }
-    memset(out, 0, sizeof(float) * (size_t)T * H);
-    for (int e = 0; e < E; e++) {
-        int n = 0;
-        for (int t = 0; t < T; t++)
-            for (int k = 0; k < K; k++)
-                if (s->sel[(size_t)t * K + k] == e) {
-                    s->gather[n] = t * K + k;
-                    memcpy(s->xg + (size_t)n * H, xin + (size_t)t * H, sizeof(float) * (size_t)H);
-                    n++;
-                }
-        if (!n) continue;
-        mlp(m, s, &p->experts[e], s->yg, s->xg, n);
-        for (int i = 0; i < n; i++) {
-            int t = s->gather[i] / K;
-            m->k->axpy(out + (size_t)t * H, s->sel_w[s->gather[i]], s->yg + (size_t)i * H, H);
-        }
-    }
-    if (p->shared.gate.rows) {
-        mlp(m, s, &p->shared, s->yg, xin, T);
-        loom_fwd_matmul(m, s->router, xin, &p->shared_gate, T);  /* routing is done */
-        for (int t = 0; t < T; t++) {
-            float g = 1.0f / (1.0f + expf(-s->router[t]));
-            m->k->axpy(out + (size_t)t * H, g, s->yg + (size_t)t * H, H);
-        }
-    }
+    loom_fwd_mlp(m, p, out, in, T, s->hb, s->hb2);
 }
 
 /* Gemma 4 feed-forward with the MoE block beside the dense MLP:
- * post1(mlp(pre(x))) + post2(moe(router: x, experts: pre2(x))) -> s->xb. */
+ * post1(mlp(pre(x))) + the MoE block's output -> s->xb. */
 static void ffn_moe_beside(loom_model *m, loom_fwd_state *s, const loom_layer *L, int T) {
     int H = m->cfg.hidden_size;
-    norm_rows(m, s->xb, s->x, L->ffn_norm, T, H);
+    loom_fwd_norm_rows(m, s->xb, s->x, L->ffn_norm, T, H);
     mlp(m, s, &L->mlp, s->xb, s->xb, T);
-    norm_rows(m, s->xb, s->xb, L->post_ffn_norm1, T, H);
-    norm_rows(m, s->moe_in, s->x, L->pre_moe_norm, T, H);
-    moe(m, s, &L->moe, s->x, s->moe_in, s->xb2, T);
-    norm_rows(m, s->xb2, s->xb2, L->post_moe_norm, T, H);
-    for (size_t i = 0; i < (size_t)T * H; i++) s->xb[i] += s->xb2[i];
-}
-
-/* ---- gemma4 per-layer inputs ------------------------------------------- */
-
-/* ple (T, n_layers, P) = (norm(proj(x) / sqrt(hidden)) + embed_pl(id)) / sqrt(2),
- * from the scaled token embeddings in s->x. */
-static void ple_inputs(loom_model *m, loom_fwd_state *s, const loom_fwd_row *rows, int n_rows,
-                       int T) {
-    const loom_config *c = &m->cfg;
-    int P = c->per_layer_input_dim, LP = c->n_layers * P;
-    loom_fwd_matmul(m, s->ple, s->x, &m->ple_model_proj, T);
-    float pscale = (float)(1.0 / sqrt((double)c->hidden_size));
-    for (int r = 0, t = 0; r < n_rows; r++)
-        for (int i = 0; i < rows[r].n; i++, t++) {
-            float *p = s->ple + (size_t)t * LP;
-            for (int j = 0; j < LP; j++) p[j] *= pscale;
-            for (int l = 0; l < c->n_layers; l++)
-                m->k->rmsnorm(p + (size_t)l * P, p + (size_t)l * P, m->ple_proj_norm, P,
-                              (float)c->rms_eps);
-            weight_row(m, &m->ple_embed, s->ple_row, rows[r].tokens[i]);
-            for (int j = 0; j < LP; j++)
-                p[j] = (p[j] + s->ple_row[j] * m->ple_embed_scale) * (float)M_SQRT1_2;
-        }
-}
-
-/* x += norm(proj(act(gate(x)) * ple_l)) */
-static void ple_block(loom_model *m, loom_fwd_state *s, const loom_layer *L, int l, int T) {
-    const loom_config *c = &m->cfg;
-    int P = c->per_layer_input_dim, LP = c->n_layers * P, H = c->hidden_size;
-    loom_fwd_matmul(m, s->ple_tmp, s->x, &L->ple_gate, T);
-    for (int t = 0; t < T; t++)
-        act_mul(m, s->ple_tmp + (size_t)t * P, s->ple + (size_t)t * LP + (size_t)l * P, P);
-    loom_fwd_matmul(m, s->xb, s->ple_tmp, &L->ple_proj, T);
-    norm_rows(m, s->xb, s->xb, L->ple_norm, T, H);
-    for (size_t i = 0; i < (size_t)T * H; i++) s->x[i] += s->xb[i];
+    loom_fwd_norm_rows(m, s->xb, s->xb, L->post_ffn_norm1, T, H);
+    loom_moe_beside(m, s->moe, L, s->x, s->xb, T, s->hb, s->hb2);
 }
 
 /* ---- the pass ------------------------------------------------------------ */
@@ -877,7 +586,7 @@ loom_status loom_forward(loom_model *m, loom_fwd_state *s, loom_kv_layout *kv,
             s->tok_row[t] = r;
             s->tok_pos[t] = rows[r].seq->n_tokens + i;
             float *x = s->x + (size_t)t * H;
-            weight_row(m, &m->embed, x, rows[r].tokens[i]);
+            loom_fwd_weight_row(m, &m->embed, x, rows[r].tokens[i]);
             if (m->embed_scale != 1.0f)
                 for (int j = 0; j < H; j++) x[j] *= m->embed_scale;
         }
@@ -892,31 +601,30 @@ loom_status loom_forward(loom_model *m, loom_fwd_state *s, loom_kv_layout *kv,
         s->logits_cap = need;
     }
     rope_tables(m, s, T);
-    if (m->has_ple) ple_inputs(m, s, rows, n_rows, T);
+    if (m->has_ple) loom_ple_inputs(m, s->ple, s->x, rows, n_rows, T);
 
     for (int l = 0; l < c->n_layers; l++) {
         const loom_layer *L = &m->layers[l];
-        norm_rows(m, s->xb, s->x, L->attn_norm, T, H);
-        if (L->kind == LOOM_LAYER_LINEAR) loom_fwd_linear(m, s, rows, n_rows, L, T);
+        loom_fwd_norm_rows(m, s->xb, s->x, L->attn_norm, T, H);
+        if (L->kind == LOOM_LAYER_LINEAR) loom_lin_forward(m, s->lin, rows, n_rows, L, s->xb, T);
         else attention(m, s, kv, rows, L, l, T);
-        if (L->post_attn_norm) norm_rows(m, s->xb, s->xb, L->post_attn_norm, T, H);
+        if (L->post_attn_norm) loom_fwd_norm_rows(m, s->xb, s->xb, L->post_attn_norm, T, H);
         for (size_t i = 0; i < (size_t)T * H; i++) s->x[i] += s->xb[i];
 
         if (L->moe_beside) {
             ffn_moe_beside(m, s, L, T);
         } else {
-            norm_rows(m, s->xb, s->x, L->ffn_norm, T, H);
+            loom_fwd_norm_rows(m, s->xb, s->x, L->ffn_norm, T, H);
             if (L->is_moe) {
-                moe(m, s, &L->moe, s->xb, s->xb, s->xb2, T);
-                memcpy(s->xb, s->xb2, sizeof(float) * (size_t)T * H);
+                loom_moe_ffn(m, s->moe, &L->moe, s->xb, T, s->hb, s->hb2);
             } else {
                 mlp(m, s, &L->mlp, s->xb, s->xb, T);
             }
         }
-        if (L->post_ffn_norm) norm_rows(m, s->xb, s->xb, L->post_ffn_norm, T, H);
+        if (L->post_ffn_norm) loom_fwd_norm_rows(m, s->xb, s->xb, L->post_ffn_norm, T, H);
         for (size_t i = 0; i < (size_t)T * H; i++) s->x[i] += s->xb[i];
 
-        if (m->has_ple) ple_block(m, s, L, l, T);
+        if (m->has_ple) loom_ple_block(m, s->ple, L, l, s->x, s->xb, T);
         if (L->out_scale != 1.0f)
             for (size_t i = 0; i < (size_t)T * H; i++) s->x[i] *= L->out_scale;
     }

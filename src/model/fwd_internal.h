@@ -1,18 +1,20 @@
-/* fwd_internal: the forward state shared by the decoder building blocks
- * (forward.c: attention, MLP/MoE, orchestration; linear_attn.c: Gated
- * DeltaNet). Not part of the model API. */
+/* fwd_internal: the forward state: the dense path's buffers (forward.c)
+ * and, for each feature the model has, that feature's own state, so a
+ * dense model carries none of theirs. Not part of the model API (tests
+ * set the attention split's fields). */
 #ifndef LOOM_FWD_INTERNAL_H
 #define LOOM_FWD_INTERNAL_H
 
 #include "model/forward.h"
-
-#define LOOM_DELTA_CHUNK 64   /* tokens per chunk of the chunked delta rule */
+#include "model/fwd_buf.h"
+#include "model/linear_attn.h"
+#include "model/moe.h"
+#include "model/ple.h"
 
 struct loom_fwd_state {
     int step_tokens, max_ctx, n_threads;
     float *x;          /* (step_tokens, hidden) residual stream */
     float *xb;         /* (step_tokens, hidden) normed input / block output */
-    float *xb2;        /* (step_tokens, hidden) scratch (MoE sum, PLE) */
     float *qraw;       /* (step_tokens, max_q_dim) q_proj output (with gate) */
     float *q;          /* (step_tokens, n_heads * max_head_dim) */
     float *gate;       /* (step_tokens, n_heads * max_head_dim) attention output gate */
@@ -38,49 +40,12 @@ struct loom_fwd_state {
     size_t split_tmp_per;
     int *tok_row;      /* [step_tokens] row of each token */
     int *tok_pos;      /* [step_tokens] position of each token */
-    int *row_first;    /* [step_tokens] first token of each row */
-    float *logits;     /* (logits_cap / vocab, vocab), grown on demand */
+    loom_fwd_bufs mem;    /* owns the buffers above and the feature states below */
+    float *logits;     /* owned (logits_cap / vocab, vocab), grown on demand */
     size_t logits_cap;
-    /* MoE */
-    float *router;     /* (step_tokens, n_experts) */
-    int *sel;          /* (step_tokens, n_used) chosen experts */
-    float *sel_w;      /* (step_tokens, n_used) their weights */
-    int *gather;       /* [step_tokens] tokens routed to one expert */
-    float *xg, *yg;    /* (step_tokens, hidden) gathered inputs / outputs */
-    float *moe_in;     /* (step_tokens, hidden) expert input (gemma4 MoE block) */
-    float *moe_r;      /* (step_tokens, hidden) router input (gemma4) */
-    /* linear attention */
-    float *lin_qkv;    /* (step_tokens, conv_dim) conv input [q | k | v] */
-    double *lin_conv;  /* (step_tokens, conv_dim) conv output, then normed q/k */
-    float *lin_z;      /* (step_tokens, n_v * v_dim) */
-    float *lin_b, *lin_a;  /* (step_tokens, n_v) raw b and a */
-    double *lin_beta, *lin_g;  /* (step_tokens, n_v) beta and log-decay */
-    double *lin_od;    /* (step_tokens, n_v * v_dim) delta-rule output */
-    float *lin_raw;    /* (step_tokens, conv_dim + n_v * v_dim + 2 n_v) grouped projections */
-    float *lin_out;    /* (step_tokens, n_v * v_dim) */
-    double *lin_scratch; /* (n_threads, lin_scratch_per) delta-rule workspace */
-    size_t lin_scratch_per;
-    /* gemma4 per-layer inputs */
-    float *ple;        /* (step_tokens, n_layers * ple_dim) */
-    float *ple_tmp;    /* (step_tokens, ple_dim) */
-    float *ple_row;    /* (n_layers * ple_dim) one token's per-layer embedding */
+    loom_moe_state *moe;  /* in mem; MoE models only (moe.c) */
+    loom_lin_state *lin;  /* in mem; linear-attention layers only (linear_attn.c) */
+    loom_ple_state *ple;  /* in mem; gemma4 per-layer inputs only (ple.c) */
 };
-
-/* y (T, w->rows) = x (T, w->cols) @ w^T, split over output rows. */
-void loom_fwd_matmul(loom_model *m, float *y, const float *x, const loom_weight *w, int T);
-/* The same for n_w <= 4 weights of equal width over one x, in one dispatch. */
-void loom_fwd_matmul_n(loom_model *m, int n_w, float *const *y, const float *x,
-                       const loom_weight *const *w, int T);
-
-/* Gated DeltaNet token mixer for layer L: reads s->xb (normed input),
- * writes its output to s->xb. */
-void loom_fwd_linear(loom_model *m, loom_fwd_state *s, const loom_fwd_row *rows, int n_rows,
-                     const loom_layer *L, int T);
-
-/* Checks each row's recurrent state against its sequence (and zeroes the
- * state of rows starting at position 0). */
-loom_status loom_fwd_check_states(const loom_model *m, loom_fwd_row *rows, int n_rows);
-/* Advances the states' token counts after a successful forward. */
-void loom_fwd_commit_states(loom_fwd_row *rows, int n_rows);
 
 #endif

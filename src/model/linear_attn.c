@@ -18,7 +18,25 @@
 #include <string.h>
 
 #include "base/base.h"
-#include "model/fwd_internal.h"
+#include "model/fwd_buf.h"
+#include "model/linear_attn.h"
+#include "model/matmul.h"
+
+#define DELTA_CHUNK 64   /* tokens per chunk of the chunked delta rule */
+
+struct loom_lin_state {
+    float *qkv;        /* (step_tokens, conv_dim) conv input [q | k | v] */
+    double *conv;      /* (step_tokens, conv_dim) conv output, then normed q/k */
+    float *z;          /* (step_tokens, n_v * v_dim) */
+    float *b, *a;      /* (step_tokens, n_v) raw b and a */
+    double *beta, *g;  /* (step_tokens, n_v) beta and log-decay */
+    double *od;        /* (step_tokens, n_v * v_dim) delta-rule output */
+    float *raw;        /* (step_tokens, conv_dim + n_v * v_dim + 2 n_v) grouped projections */
+    float *out;        /* (step_tokens, n_v * v_dim) */
+    double *scratch;   /* (n_threads, scratch_per) delta-rule workspace */
+    size_t scratch_per;
+    int *row_first;    /* [step_tokens] first token of each row */
+};
 
 struct loom_seq_state {
     int n_tokens;              /* tokens consumed */
@@ -124,6 +142,30 @@ void loom_fwd_commit_states(loom_fwd_row *rows, int n_rows) {
         if (rows[r].state) rows[r].state->n_tokens += rows[r].n;
 }
 
+loom_lin_state *loom_lin_state_create(const loom_model *m, int step_tokens, loom_fwd_bufs *b) {
+    const loom_config *c = &m->cfg;
+    loom_lin_state *ls = loom_fwd_buf(b, sizeof *ls);
+    if (!ls) return NULL;
+    size_t T = (size_t)step_tokens, conv = (size_t)m->lin_conv_dim, nv = (size_t)c->lin_n_v_heads;
+    size_t vd = nv * (size_t)c->lin_v_head_dim, C = DELTA_CHUNK;
+    LOOM_FWD_BUF(b, ls->qkv, T * conv);
+    LOOM_FWD_BUF(b, ls->conv, T * conv);
+    LOOM_FWD_BUF(b, ls->z, T * vd);
+    LOOM_FWD_BUF(b, ls->b, T * nv);
+    LOOM_FWD_BUF(b, ls->a, T * nv);
+    LOOM_FWD_BUF(b, ls->beta, T * nv);
+    LOOM_FWD_BUF(b, ls->g, T * nv);
+    LOOM_FWD_BUF(b, ls->od, T * vd);
+    LOOM_FWD_BUF(b, ls->raw, T * (size_t)m->lin_proj_dim);
+    LOOM_FWD_BUF(b, ls->out, T * vd);
+    /* state (k_dim, v_dim), u (C, v_dim), G (C), tmp (v_dim) */
+    ls->scratch_per = (size_t)c->lin_k_head_dim * c->lin_v_head_dim +
+                      C * (size_t)c->lin_v_head_dim + C + (size_t)c->lin_v_head_dim + 8;
+    LOOM_FWD_BUF(b, ls->scratch, (size_t)loom_pool_size(m->pool) * ls->scratch_per);
+    LOOM_FWD_BUF(b, ls->row_first, T);
+    return ls;
+}
+
 static double silu(double x) { return x / (1.0 + exp(-x)); }
 static double softplus(double x) { return x > 20.0 ? x : log1p(exp(x)); }
 
@@ -155,7 +197,7 @@ static void conv_row(const float *w, int K, int D, float *state, const float *in
 
 typedef struct delta_job {
     loom_model *m;
-    loom_fwd_state *s;
+    loom_lin_state *s;
     const loom_fwd_row *rows;
     const int *row_start;      /* first token of each row */
     int slot;
@@ -192,32 +234,32 @@ static double dotd(const double *a, const double *b, int n) {
 static void delta_task(void *ctx, int task, int thread) {
     const delta_job *j = ctx;
     const loom_config *c = &j->m->cfg;
-    loom_fwd_state *s = j->s;
+    loom_lin_state *s = j->s;
     int nv = c->lin_n_v_heads, nk = c->lin_n_k_heads, dk = c->lin_k_head_dim;
     int dv = c->lin_v_head_dim, D = j->m->lin_conv_dim, rep = nv / nk;
     int r = task / nv, h = task % nv, kh = h / rep;
     const loom_fwd_row *row = &j->rows[r];
     float *Sf = row->state->rec + row->state->rec_per * (size_t)j->slot + (size_t)h * dk * dv;
-    double *S = s->lin_scratch + s->lin_scratch_per * (size_t)thread;
+    double *S = s->scratch + s->scratch_per * (size_t)thread;
     double *u = S + (size_t)dk * dv;                 /* (C, dv) */
-    double *G = u + (size_t)LOOM_DELTA_CHUNK * dv;   /* (C) */
-    double *tmp = G + LOOM_DELTA_CHUNK;              /* (dv) */
+    double *G = u + (size_t)DELTA_CHUNK * dv;   /* (C) */
+    double *tmp = G + DELTA_CHUNK;              /* (dv) */
     int t0 = j->row_start[r], n = row->n;
     for (int i = 0; i < dk * dv; i++) S[i] = Sf[i];
-#define Q(t) (s->lin_conv + (size_t)(t) * D + (size_t)kh * dk)
-#define K(t) (s->lin_conv + (size_t)(t) * D + (size_t)nk * dk + (size_t)kh * dk)
-#define V(t) (s->lin_conv + (size_t)(t) * D + (size_t)2 * nk * dk + (size_t)h * dv)
-#define O(t) (s->lin_od + (size_t)(t) * nv * dv + (size_t)h * dv)
+#define Q(t) (s->conv + (size_t)(t) * D + (size_t)kh * dk)
+#define K(t) (s->conv + (size_t)(t) * D + (size_t)nk * dk + (size_t)kh * dk)
+#define V(t) (s->conv + (size_t)(t) * D + (size_t)2 * nk * dk + (size_t)h * dv)
+#define O(t) (s->od + (size_t)(t) * nv * dv + (size_t)h * dv)
     if (n == 1) {
-        delta_step(S, Q(t0), K(t0), V(t0), s->lin_g[(size_t)t0 * nv + h],
-                   s->lin_beta[(size_t)t0 * nv + h], O(t0), tmp, dk, dv);
+        delta_step(S, Q(t0), K(t0), V(t0), s->g[(size_t)t0 * nv + h],
+                   s->beta[(size_t)t0 * nv + h], O(t0), tmp, dk, dv);
     }
-    for (int c0 = 0; n > 1 && c0 < n; c0 += LOOM_DELTA_CHUNK) {
-        int C = LOOM_MIN(LOOM_DELTA_CHUNK, n - c0), tb = t0 + c0;
+    for (int c0 = 0; n > 1 && c0 < n; c0 += DELTA_CHUNK) {
+        int C = LOOM_MIN(DELTA_CHUNK, n - c0), tb = t0 + c0;
         double acc = 0;
-        for (int i = 0; i < C; i++) G[i] = acc += s->lin_g[(size_t)(tb + i) * nv + h];
+        for (int i = 0; i < C; i++) G[i] = acc += s->g[(size_t)(tb + i) * nv + h];
         for (int i = 0; i < C; i++) {
-            double beta = s->lin_beta[(size_t)(tb + i) * nv + h], eg = exp(G[i]);
+            double beta = s->beta[(size_t)(tb + i) * nv + h], eg = exp(G[i]);
             const double *ki = K(tb + i), *vi = V(tb + i);
             double *ui = u + (size_t)i * dv;
             /* u_i = beta (v_i - e^{G_i} S0^T k_i - sum_j e^{G_i-G_j} (k_i.k_j) u_j) */
@@ -268,8 +310,8 @@ static void delta_task(void *ctx, int task, int thread) {
 #undef O
 }
 
-void loom_fwd_linear(loom_model *m, loom_fwd_state *s, const loom_fwd_row *rows, int n_rows,
-                     const loom_layer *L, int T) {
+void loom_lin_forward(loom_model *m, loom_lin_state *s, const loom_fwd_row *rows, int n_rows,
+                      const loom_layer *L, float *xb, int T) {
     const loom_config *c = &m->cfg;
     const loom_linattn *A = &L->lin;
     int nk = c->lin_n_k_heads, nv = c->lin_n_v_heads, dk = c->lin_k_head_dim;
@@ -281,30 +323,30 @@ void loom_fwd_linear(loom_model *m, loom_fwd_state *s, const loom_fwd_row *rows,
         /* Grouped by key head: [q (dk) | k (dk) | v (rep dv) | z (rep dv)],
          * and [b (rep) | a (rep)]. */
         int W = A->in_qkvz.rows, gw = W / nk;
-        loom_fwd_matmul(m, s->lin_raw, s->xb, &A->in_qkvz, T);
+        loom_fwd_matmul(m, s->raw, xb, &A->in_qkvz, T);
         for (int t = 0; t < T; t++)
             for (int g = 0; g < nk; g++) {
-                const float *src = s->lin_raw + (size_t)t * W + (size_t)g * gw;
-                float *qkv = s->lin_qkv + (size_t)t * D;
+                const float *src = s->raw + (size_t)t * W + (size_t)g * gw;
+                float *qkv = s->qkv + (size_t)t * D;
                 memcpy(qkv + (size_t)g * dk, src, sizeof(float) * (size_t)dk);
                 memcpy(qkv + (size_t)(nk + g) * dk, src + dk, sizeof(float) * (size_t)dk);
                 memcpy(qkv + (size_t)2 * nk * dk + (size_t)g * rep * dv, src + 2 * dk,
                        sizeof(float) * (size_t)rep * dv);
-                memcpy(s->lin_z + (size_t)t * nv * dv + (size_t)g * rep * dv,
+                memcpy(s->z + (size_t)t * nv * dv + (size_t)g * rep * dv,
                        src + 2 * dk + rep * dv, sizeof(float) * (size_t)rep * dv);
             }
-        loom_fwd_matmul(m, s->lin_raw, s->xb, &A->in_ba, T);
+        loom_fwd_matmul(m, s->raw, xb, &A->in_ba, T);
         for (int t = 0; t < T; t++)
             for (int g = 0; g < nk; g++)
                 for (int i = 0; i < rep; i++) {
-                    const float *src = s->lin_raw + (size_t)t * 2 * nv + (size_t)g * 2 * rep;
-                    s->lin_b[(size_t)t * nv + g * rep + i] = src[i];
-                    s->lin_a[(size_t)t * nv + g * rep + i] = src[rep + i];
+                    const float *src = s->raw + (size_t)t * 2 * nv + (size_t)g * 2 * rep;
+                    s->b[(size_t)t * nv + g * rep + i] = src[i];
+                    s->a[(size_t)t * nv + g * rep + i] = src[rep + i];
                 }
     } else {
-        float *ys[] = {s->lin_qkv, s->lin_z, s->lin_b, s->lin_a};
+        float *ys[] = {s->qkv, s->z, s->b, s->a};
         const loom_weight *ws[] = {&A->in_qkv, &A->in_z, &A->in_b, &A->in_a};
-        loom_fwd_matmul_n(m, 4, ys, s->xb, ws, T);
+        loom_fwd_matmul_n(m, 4, ys, xb, ws, T);
     }
 
     /* Conv per row (sequential in time), then q/k norms, beta and decay. */
@@ -312,12 +354,12 @@ void loom_fwd_linear(loom_model *m, loom_fwd_state *s, const loom_fwd_row *rows,
     for (int r = 0, t = 0; r < n_rows; t += rows[r].n, r++) {
         row_start[r] = t;
         float *cst = rows[r].state->conv + rows[r].state->conv_per * (size_t)A->slot;
-        conv_row(A->conv, K, D, cst, s->lin_qkv + (size_t)t * D, s->lin_conv + (size_t)t * D,
+        conv_row(A->conv, K, D, cst, s->qkv + (size_t)t * D, s->conv + (size_t)t * D,
                  rows[r].n);
     }
     double qscale = 1.0 / sqrt((double)dk);
     for (int t = 0; t < T; t++) {
-        double *x = s->lin_conv + (size_t)t * D;
+        double *x = s->conv + (size_t)t * D;
         for (int h = 0; h < 2 * nk; h++) {
             double *v = x + (size_t)h * dk;
             double inv = 1.0 / sqrt(dotd(v, v, dk) + 1e-6);
@@ -326,8 +368,8 @@ void loom_fwd_linear(loom_model *m, loom_fwd_state *s, const loom_fwd_row *rows,
         }
         for (int h = 0; h < nv; h++) {
             size_t i = (size_t)t * nv + h;
-            s->lin_beta[i] = 1.0 / (1.0 + exp(-(double)s->lin_b[i]));
-            s->lin_g[i] = A->neg_a[h] * softplus((double)s->lin_a[i] + A->dt_bias[h]);
+            s->beta[i] = 1.0 / (1.0 + exp(-(double)s->b[i]));
+            s->g[i] = A->neg_a[h] * softplus((double)s->a[i] + A->dt_bias[h]);
         }
     }
 
@@ -337,11 +379,11 @@ void loom_fwd_linear(loom_model *m, loom_fwd_state *s, const loom_fwd_row *rows,
     /* Gated RMSNorm per value head, then the output projection. */
     for (int t = 0; t < T; t++)
         for (int h = 0; h < nv; h++) {
-            const double *o = s->lin_od + ((size_t)t * nv + h) * dv;
-            const float *z = s->lin_z + ((size_t)t * nv + h) * dv;
-            float *y = s->lin_out + ((size_t)t * nv + h) * dv;
+            const double *o = s->od + ((size_t)t * nv + h) * dv;
+            const float *z = s->z + ((size_t)t * nv + h) * dv;
+            float *y = s->out + ((size_t)t * nv + h) * dv;
             double inv = 1.0 / sqrt(dotd(o, o, dv) / dv + eps);
             for (int i = 0; i < dv; i++) y[i] = (float)(o[i] * inv * A->norm[i] * silu(z[i]));
         }
-    loom_fwd_matmul(m, s->xb, s->lin_out, &A->out, T);
+    loom_fwd_matmul(m, xb, s->out, &A->out, T);
 }
