@@ -14,6 +14,7 @@
 #include "model/model.h"
 #include "load/safetensors.h"
 #include "test.h"
+#include "test_path.h"
 
 #define NP 4
 #define NG 20
@@ -1061,32 +1062,6 @@ static void kv_codec(void) {
     }
 }
 
-/* Next-token logits at each of the ng steps of a greedy path: after the
- * prompt, then after each path token (out: [ng][V]), with KV type t. */
-static int path_logits(loom_model *m, loom_kv_type t, const int32_t *ids, int L, const int32_t *path, int ng,
-                       float *out) {
-    loom_context_params cp = loom_context_default_params();
-    cp.n_ctx = L + ng + 1;
-    cp.kv_type = t;
-    loom_context *c = NULL;
-    if (loom_context_create(m, &cp, &c) != LOOM_OK) return 0;
-    int V = loom_model_vocab_size(m), ok = loom_context_eval(c, ids, L, 0, out) == LOOM_OK;
-    for (int k = 0; ok && k + 1 < ng; k++)
-        ok = loom_context_eval(c, &path[k], 1, 0, out + (size_t)(k + 1) * V) == LOOM_OK;
-    loom_context_free(c);
-    return ok;
-}
-
-/* The best logit's lead over the second. */
-static double top2_margin(const float *l, int V) {
-    double a = -INFINITY, b = -INFINITY;
-    for (int k = 0; k < V; k++) {
-        if (l[k] > a) b = a, a = l[k];
-        else if (l[k] > b) b = l[k];
-    }
-    return a - b;
-}
-
 /* The engine's greedy pick with KV type t after the prompt ids[0, n). */
 static int32_t engine_pick(loom_engine *e, const int32_t *ids, int n) {
     loom_request *r = submit(e, ids, n, 1, 0);
@@ -1137,21 +1112,21 @@ static void kv_q4_greedy(void) {
         int32_t seq[128];
         memcpy(seq, ti->data, sizeof(int32_t) * (size_t)L);
         memcpy(seq + L, gr, sizeof(int32_t) * Q4_NG);
-        CHECK(path_logits(m, LOOM_KV_F32, seq, L, gr, Q4_NG, lf));
-        CHECK(path_logits(m, LOOM_KV_Q4, seq, L, gr, Q4_NG, lq));
+        CHECK(test_path_logits(m, LOOM_KV_F32, seq, L, gr, Q4_NG, lf));
+        CHECK(test_path_logits(m, LOOM_KV_Q4, seq, L, gr, Q4_NG, lq));
         int first_close = Q4_NG, n_safe = 0, n_picked = 0;
         double err = 0;
         for (int t = 0; t < Q4_NG; t++) {
             const float *f = lf + (size_t)t * V;
             CHECKF(loom_argmax(f, V) == gr[t], "prompt %d step %d: f32 KV leaves the reference path", i, t);
             err = test_max(err, test_max_abs_err(lq + (size_t)t * V, f, (size_t)V));
-            if (top2_margin(f, V) <= 2 * Q4_TOL) {
+            if (test_top2_margin(f, V) <= 2 * Q4_TOL) {
                 if (first_close == Q4_NG) first_close = t;
                 continue;
             }
             int32_t got = engine_pick(e, seq, L + t);
             CHECKF(got == gr[t], "prompt %d step %d: q4 KV picks %d, the reference %d (f32 lead %.2f)", i, t,
-                   (int)got, (int)gr[t], top2_margin(f, V));
+                   (int)got, (int)gr[t], test_top2_margin(f, V));
             n_safe++;
             n_picked += got == gr[t];
         }

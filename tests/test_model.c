@@ -12,6 +12,7 @@
 #include "model/forward.h"
 #include "ops/ops.h"
 #include "test.h"
+#include "test_path.h"
 
 #define TOL 1e-5
 
@@ -318,30 +319,6 @@ out:
 #define FAST_Q_TOL 5e-2
 #define FAST_Q_GREEDY 4
 
-/* Next-token logits at each of the ng steps of path after the prompt
- * ids[0, L) (out: [ng][V]). */
-static int path_logits(loom_model *m, const int32_t *ids, int L, const int32_t *path, int ng, float *out) {
-    loom_context_params cp = loom_context_default_params();
-    cp.n_ctx = L + ng + 1;
-    loom_context *c = NULL;
-    if (loom_context_create(m, &cp, &c) != LOOM_OK) return 0;
-    int V = loom_model_vocab_size(m), ok = loom_context_eval(c, ids, L, 0, out) == LOOM_OK;
-    for (int k = 0; ok && k + 1 < ng; k++)
-        ok = loom_context_eval(c, &path[k], 1, 0, out + (size_t)(k + 1) * V) == LOOM_OK;
-    loom_context_free(c);
-    return ok;
-}
-
-/* The best logit's lead over the second. */
-static double top2_margin(const float *l, int V) {
-    double a = -INFINITY, b = -INFINITY;
-    for (int k = 0; k < V; k++) {
-        if (l[k] > a) b = a, a = l[k];
-        else if (l[k] > b) b = l[k];
-    }
-    return a - b;
-}
-
 static void check_fast_tol(const char *dir, int n_prompts, double tol, int all_greedy) {
     loom_safetensors *ref;
     loom_model *m, *exact = NULL;
@@ -360,7 +337,8 @@ static void check_fast_tol(const char *dir, int n_prompts, double tol, int all_g
         for (size_t k = 0; k < (size_t)L * V; k++) scale = test_max(scale, fabs(((const float *)lg->data)[k]));
         /* along the reference path: exact and --fast next-token logits */
         float *pe = malloc(sizeof(float) * (size_t)ng * V), *pf = malloc(sizeof(float) * (size_t)ng * V);
-        CHECK(path_logits(exact, ids->data, L, want, ng, pe) && path_logits(m, ids->data, L, want, ng, pf));
+        CHECK(test_path_logits(exact, LOOM_KV_F32, ids->data, L, want, ng, pe) &&
+              test_path_logits(m, LOOM_KV_F32, ids->data, L, want, ng, pf));
         int first_close = ng;
         for (int t = 0; t < ng; t++) {
             const float *e = pe + (size_t)t * V, *f = pf + (size_t)t * V;
@@ -369,7 +347,7 @@ static void check_fast_tol(const char *dir, int n_prompts, double tol, int all_g
             double d = test_max_abs_err(f, e, (size_t)V) / scale;
             worst = test_max(worst, d);
             CHECKF(d <= tol, "%s --fast prompt %d step %d: rel err %.3g along the reference path", dir, i, t, d);
-            if (top2_margin(e, V) <= 2 * tol * scale) {
+            if (test_top2_margin(e, V) <= 2 * tol * scale) {
                 if (first_close == ng) first_close = t;
                 continue;
             }
