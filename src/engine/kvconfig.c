@@ -123,16 +123,11 @@ void loom_kv_layout_name(const loom_kv_pool *p, char *out, size_t cap) {
         else snprintf(out, cap, "%s", loom_kv_type_name(L->type));
         return;
     }
-    XXH3_state_t *st = XXH3_createState();
+    /* chained one-shot hashes: no state to allocate or fail */
     uint64_t h = 0;
-    if (st) {
-        XXH3_64bits_reset(st);
-        for (int l = 0; l < p->lay.n_layers; l++) {
-            int32_t v[2] = {(int32_t)p->lay.layer[l].type, p->lay.layer[l].bits ? p->lay.layer[l].group : 0};
-            XXH3_64bits_update(st, v, sizeof v);
-        }
-        h = XXH3_64bits_digest(st);
-        XXH3_freeState(st);
+    for (int l = 0; l < p->lay.n_layers; l++) {
+        int32_t v[2] = {(int32_t)p->lay.layer[l].type, p->lay.layer[l].bits ? p->lay.layer[l].group : 0};
+        h = XXH3_64bits_withSeed(v, sizeof v, h);
     }
     snprintf(out, cap, "mixed:%016llx", (unsigned long long)h);
 }
