@@ -146,7 +146,16 @@ static int png_decode_run(png_structp png, png_infop info, png_job *j) {
     return 0;
 }
 
+static uint32_t be32(const uint8_t *p) {
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
 static loom_status png_decode(const uint8_t *data, size_t n, uint64_t max_pixels, loom_image *out) {
+    /* The size from IHDR (always first, at byte 16) before libpng reads
+     * on: a huge image is refused as such even when what follows is cut */
+    if (n >= 24 && !memcmp(data + 12, "IHDR", 4) &&
+        (uint64_t)be32(data + 16) * be32(data + 20) > max_pixels)
+        return loom_err_wrap(too_large(be32(data + 16), be32(data + 20), max_pixels), "PNG");
     png_job j = {.data = data, .n = n, .max_pixels = max_pixels, .out = out};
     png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &j, png_on_error, png_on_warning);
     png_infop info = png ? png_create_info_struct(png) : NULL;
