@@ -20,6 +20,13 @@
 
 /* ---- resize ---- */
 
+/* loom_image_free without linking image.c (libpng, libjpeg): the
+ * processors build where the decoders do not (the CUDA-min build). */
+static void image_release(loom_image *img) {
+    loom_free(img->rgb);
+    memset(img, 0, sizeof *img);
+}
+
 static double filter_bilinear(double x) {
     x = fabs(x);
     return x < 1.0 ? 1.0 - x : 0.0;
@@ -180,7 +187,7 @@ loom_status loom_image_resize(const loom_image *img, int w, int h, int resample,
     }
 done:
     loom_free(tmp);
-    if (s != LOOM_OK) loom_image_free(out);
+    if (s != LOOM_OK) image_release(out);
     return s;
 }
 
@@ -485,7 +492,7 @@ loom_status loom_imgproc_run(const loom_imgproc *p, const loom_image *img, loom_
     size_t n = (size_t)pl.shape[0] * pl.shape[1] * (pl.ndim == 3 ? pl.shape[2] : 1);
     float *o = loom_alloc_raw(n * sizeof *o);
     if (!o) {
-        loom_image_free(&rs);
+        image_release(&rs);
         return loom_err(LOOM_ERR_NOMEM, "imgproc: out of memory for %zu pixel values", n);
     }
     float lut[3][256];
@@ -514,7 +521,7 @@ loom_status loom_imgproc_run(const loom_imgproc *p, const loom_image *img, loom_
                                         *r++ = lut[c][px[((size_t)(y0 + y) * W + x0 + x) * 3 + c]];
                     }
     }
-    loom_image_free(&rs);
+    image_release(&rs);
     out->plan = pl;
     out->pixel_values = o;
     out->n = n;
