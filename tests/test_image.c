@@ -448,6 +448,17 @@ static void test_bad_data(void) {
     expect_error("png 100000x100000", big.p, big.n, LOOM_ERR_UNSUPPORTED, "100000x100000");
     CHECK(strstr(loom_last_error(), "67108864") != NULL);  /* the limit */
     free(big.p);
+    /* a side over libpng's default limit (1e6) within the pixel limit */
+    uint8_t wide_row[1 + 1200000 / 8] = {0};
+    {
+        membuf wide = png_make(1200000, 1, PNG_COLOR_TYPE_GRAY, 1, 0, wide_row, sizeof wide_row - 1, NULL, 0,
+                               NULL, 0);
+        loom_image w;
+        CHECKF(loom_image_decode(wide.p, wide.n, &w) == LOOM_OK, "1200000x1: %s", loom_last_error());
+        CHECK(w.w == 1200000 && w.h == 1 && w.rgb[3 * 1199999] == 0);
+        loom_image_free(&w);
+        free(wide.p);
+    }
     /* a lower limit */
     loom_image im;
     CHECK(loom_image_decode_max(a, na, 64 * 47, &im) == LOOM_ERR_UNSUPPORTED);

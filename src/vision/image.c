@@ -101,6 +101,8 @@ static void png_row_to_rgb(const uint8_t *in, uint8_t *out, int w, int ch, int d
 static int png_decode_run(png_structp png, png_infop info, png_job *j) {
     if (setjmp(png_jmpbuf(png))) return -1;
     png_set_read_fn(png, j, png_on_read);
+    /* the pixel limit decides, not libpng's default of 1e6 per side */
+    png_set_user_limits(png, PNG_UINT_31_MAX, PNG_UINT_31_MAX);
     png_read_info(png, info);
     png_uint_32 w, h;
     int depth, ctype, interlace;
