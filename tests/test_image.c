@@ -375,8 +375,8 @@ static void expect_error(const char *what, const void *d, size_t n, loom_status 
     loom_status s = loom_image_decode(d, n, &im);
     CHECKF(s == want, "%s: got %s (%s)", what, loom_status_str(s), loom_last_error());
     CHECKF(im.rgb == NULL && im.w == 0, "%s: image left set", what);
-    CHECKF(loom_last_error()[0] && (!needle || strstr(loom_last_error(), needle)), "%s: message \"%s\" lacks \"%s\"",
-           what, loom_last_error(), needle ? needle : "");
+    CHECKF(loom_last_error()[0] && (!needle || strstr(loom_last_error(), needle)),
+           "%s: message \"%s\" lacks \"%s\"", what, loom_last_error(), needle ? needle : "");
     loom_image_free(&im);
 }
 
@@ -554,19 +554,24 @@ static void test_configs(void) {
     CHECK(p.image_mean[1] == 0.25f);
     expect_cfg("[1]", LOOM_ERR_FORMAT, "not a JSON object");
     expect_cfg("{\"patch_size\": 14}", LOOM_ERR_FORMAT, "image_processor_type: missing");
-    expect_cfg("{\"image_processor_type\": \"SiglipImageProcessor\"}", LOOM_ERR_UNSUPPORTED, "SiglipImageProcessor");
+    expect_cfg("{\"image_processor_type\": \"SiglipImageProcessor\"}", LOOM_ERR_UNSUPPORTED,
+               "SiglipImageProcessor");
     expect_cfg("{\"image_processor_type\": \"Qwen2VLImageProcessor\", \"patch_size\": 14, \"merge_size\": 2}",
                LOOM_ERR_FORMAT, "temporal_patch_size: missing");
     expect_cfg("{\"image_processor_type\": \"Qwen2VLImageProcessor\", \"patch_size\": 0, \"merge_size\": 2, "
-               "\"temporal_patch_size\": 2}", LOOM_ERR_FORMAT, "patch_size: expected an integer in [1, 1024]");
+               "\"temporal_patch_size\": 2}", LOOM_ERR_FORMAT,
+               "patch_size: expected an integer in [1, 1024], found 0");
     expect_cfg("{\"image_processor_type\": \"Qwen2VLImageProcessor\", \"patch_size\": 14.5, \"merge_size\": 2, "
-               "\"temporal_patch_size\": 2}", LOOM_ERR_FORMAT, "patch_size");
+               "\"temporal_patch_size\": 2}", LOOM_ERR_FORMAT, "found 14.5");
     expect_cfg("{" QWEN ", \"image_std\": [0.5, 0, 0.5]}", LOOM_ERR_FORMAT, "image_std[1]");
     expect_cfg("{" QWEN ", \"image_mean\": [0.5, 0.5]}", LOOM_ERR_FORMAT, "image_mean");
     expect_cfg("{" QWEN ", \"image_mean\": \"x\"}", LOOM_ERR_FORMAT, "image_mean");
     expect_cfg("{" QWEN ", \"resample\": 1}", LOOM_ERR_UNSUPPORTED, "resample: 1");
-    expect_cfg("{" QWEN ", \"do_resize\": 1}", LOOM_ERR_FORMAT, "do_resize");
-    expect_cfg("{" QWEN ", \"rescale_factor\": -1}", LOOM_ERR_FORMAT, "rescale_factor");
+    expect_cfg("{" QWEN ", \"do_resize\": 1}", LOOM_ERR_FORMAT, "do_resize: expected true or false, found 1");
+    expect_cfg("{" QWEN ", \"rescale_factor\": -1}", LOOM_ERR_FORMAT,
+               "rescale_factor: expected a number in [1e-12, 1e+12], found -1");
+    expect_cfg("{" QWEN ", \"max_pixels\": \"big\"}", LOOM_ERR_FORMAT,
+               "max_pixels: expected an integer in [1, 1099511627776], found a string");
     expect_cfg("{" QWEN ", \"size\": {\"shortest_edge\": 100}}", LOOM_ERR_FORMAT, "longest_edge");
     expect_cfg("{" QWEN ", \"min_pixels\": 100, \"max_pixels\": 99}", LOOM_ERR_FORMAT, "above max_pixels");
     expect_cfg("{\"image_processor_type\": \"Gemma3ImageProcessor\"}", LOOM_ERR_FORMAT, "size: missing");

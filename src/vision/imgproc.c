@@ -196,21 +196,35 @@ done:
 static const float clip_mean[3] = {0.48145466f, 0.4578275f, 0.40821073f};
 static const float clip_std[3] = {0.26862954f, 0.26130258f, 0.27577711f};
 
-/* A number field; absent leaves *v. Out of [lo, hi] or not a number is an
- * error naming the field. */
+/* What a JSON value is, for "found ..." in a message: its number, or its
+ * kind. */
+static const char *json_found(const cJSON *f, char *buf, size_t n) {
+    if (cJSON_IsNumber(f)) snprintf(buf, n, "%.17g", f->valuedouble);
+    else if (cJSON_IsString(f)) snprintf(buf, n, "a string");
+    else if (cJSON_IsBool(f)) snprintf(buf, n, "%s", cJSON_IsTrue(f) ? "true" : "false");
+    else if (cJSON_IsArray(f)) snprintf(buf, n, "an array");
+    else snprintf(buf, n, "an object");
+    return buf;
+}
+
+/* A number field; absent (or null) leaves *v. Not a number or out of
+ * [lo, hi] is an error naming the field, the range and what was found. */
 static loom_status get_num(const cJSON *o, const char *name, double lo, double hi, double *v) {
     const cJSON *f = cJSON_GetObjectItemCaseSensitive(o, name);
+    char buf[32];
     if (!f || cJSON_IsNull(f)) return LOOM_OK;
     if (!cJSON_IsNumber(f) || !(f->valuedouble >= lo && f->valuedouble <= hi))
-        return loom_err(LOOM_ERR_FORMAT, "%s: expected a number in [%g, %g], found %s%g", name, lo, hi,
-                        cJSON_IsNumber(f) ? "" : "a non-number ", cJSON_IsNumber(f) ? f->valuedouble : 0.0);
+        return loom_err(LOOM_ERR_FORMAT, "%s: expected a number in [%g, %g], found %s", name, lo, hi,
+                        json_found(f, buf, sizeof buf));
     *v = f->valuedouble;
     return LOOM_OK;
 }
 
+/* The same for an integer; required: absent is an error too. */
 static loom_status get_int(const cJSON *o, const char *name, int64_t lo, int64_t hi, int required,
                            int64_t *v) {
     const cJSON *f = cJSON_GetObjectItemCaseSensitive(o, name);
+    char buf[32];
     if (!f || cJSON_IsNull(f)) {
         if (required) return loom_err(LOOM_ERR_FORMAT, "%s: missing (expected an integer)", name);
         return LOOM_OK;
@@ -218,16 +232,18 @@ static loom_status get_int(const cJSON *o, const char *name, int64_t lo, int64_t
     double d = f->valuedouble;
     if (!cJSON_IsNumber(f) || d != floor(d) || d < (double)lo || d > (double)hi)
         return loom_err(LOOM_ERR_FORMAT, "%s: expected an integer in [%lld, %lld], found %s", name,
-                        (long long)lo, (long long)hi,
-                        cJSON_IsNumber(f) ? "a number outside" : "another type");
+                        (long long)lo, (long long)hi, json_found(f, buf, sizeof buf));
     *v = (int64_t)d;
     return LOOM_OK;
 }
 
 static loom_status get_bool(const cJSON *o, const char *name, int *v) {
     const cJSON *f = cJSON_GetObjectItemCaseSensitive(o, name);
+    char buf[32];
     if (!f || cJSON_IsNull(f)) return LOOM_OK;
-    if (!cJSON_IsBool(f)) return loom_err(LOOM_ERR_FORMAT, "%s: expected true or false", name);
+    if (!cJSON_IsBool(f))
+        return loom_err(LOOM_ERR_FORMAT, "%s: expected true or false, found %s", name,
+                        json_found(f, buf, sizeof buf));
     *v = cJSON_IsTrue(f);
     return LOOM_OK;
 }
