@@ -505,6 +505,64 @@ static void test_hash_resize(void) {
     loom_image_free(&a);
 }
 
+/* The filter by its definition, in double: out(x) = sum_i in(i)
+ * f((i + 0.5 - center) / s) / norm over the taps within center +- support
+ * (s = max(scale, 1)); horizontal, rounded and clamped to uint8 (it is a
+ * uint8 image in between), then vertical. */
+static double ref_filter(double x, int cubic) {
+    x = fabs(x);
+    if (!cubic) return x < 1 ? 1 - x : 0;
+    if (x < 1) return (1.5 * x - 2.5) * x * x + 1;
+    return x < 2 ? ((-0.5 * x + 2.5) * x - 4) * x + 2 : 0;
+}
+
+static uint8_t ref_sample(const uint8_t *p, size_t stride, int in, int out, int o, int cubic) {
+    if (in == out) return p[(size_t)o * stride];
+    double scale = (double)in / out, s = scale > 1 ? scale : 1, support = (cubic ? 2 : 1) * s;
+    double center = (o + 0.5) * scale, total = 0, v = 0;
+    int lo = (int)fmax(0, floor(center - support + 0.5)), hi = (int)fmin(in, floor(center + support + 0.5));
+    for (int i = lo; i < hi; i++) {
+        double w = ref_filter((i + 0.5 - center) / s, cubic);
+        total += w;
+        v += w * p[(size_t)i * stride];
+    }
+    return (uint8_t)fmin(255, fmax(0, floor(v / total + 0.5)));
+}
+
+/* Random images at random sizes, up and down: the uint8 resize is within a
+ * level of the definition (the int16 weights make the difference). */
+static void test_resize_vs_definition(void) {
+    unsigned long long seed = 0x1234567;
+    for (int trial = 0; trial < 40; trial++) {
+        int iw = 1 + (int)(test_rand_u32(&seed) % 90), ih = 1 + (int)(test_rand_u32(&seed) % 90);
+        int ow = 1 + (int)(test_rand_u32(&seed) % 90), oh = 1 + (int)(test_rand_u32(&seed) % 90);
+        int cubic = trial & 1;
+        loom_image in = {iw, ih, malloc((size_t)iw * ih * 3)}, out;
+        uint8_t *mid = malloc((size_t)ow * ih * 3);
+        for (size_t i = 0; i < (size_t)iw * ih * 3; i++)
+            in.rgb[i] = (uint8_t)(trial % 3 ? (i * 7 + i / 11) % 256 : test_rand_u32(&seed));
+        CHECK(loom_image_resize(&in, ow, oh, cubic ? LOOM_RESAMPLE_BICUBIC : LOOM_RESAMPLE_BILINEAR, &out) ==
+              LOOM_OK);
+        for (int y = 0; y < ih; y++)
+            for (int x = 0; x < ow; x++)
+                for (int c = 0; c < 3; c++)
+                    mid[((size_t)y * ow + x) * 3 + c] = ref_sample(in.rgb + (size_t)y * iw * 3 + c, 3, iw, ow, x, cubic);
+        int worst = 0;
+        for (int y = 0; out.rgb && y < oh; y++)
+            for (int x = 0; x < ow; x++)
+                for (int c = 0; c < 3; c++) {
+                    int want = ref_sample(mid + (size_t)x * 3 + c, (size_t)ow * 3, ih, oh, y, cubic);
+                    int d = abs(out.rgb[((size_t)y * ow + x) * 3 + c] - want);
+                    worst = d > worst ? d : worst;
+                }
+        CHECKF(worst <= 1, "%dx%d -> %dx%d (%s): %d levels from the definition", iw, ih, ow, oh,
+               cubic ? "bicubic" : "bilinear", worst);
+        loom_image_free(&out);
+        free(in.rgb);
+        free(mid);
+    }
+}
+
 static void test_plan(void) {
     loom_imgproc q;
     CHECK(loom_imgproc_load(FIX "/qwen3-vl", &q) == LOOM_OK);
@@ -599,6 +657,7 @@ int main(void) {
     test_jpeg_modes();
     test_bad_data();
     test_hash_resize();
+    test_resize_vs_definition();
     test_plan();
     test_configs();
     loom_st_close(ref);
