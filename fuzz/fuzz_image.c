@@ -3,7 +3,7 @@
  *
  * Input: byte 0 picks the processor (bits 0-1: none, a Qwen2-VL one with
  * patch 14, a Qwen3-VL one with patch 16 and tight pixel bounds, Gemma 3
- * at 32 x 32); the rest is a PNG or JPEG file. A decode either fails with
+ * at 32 x 32; bit 2: the PIL backend); the rest is a PNG or JPEG file. A decode either fails with
  * a zeroed image and a message, or returns w x h within the pixel limit
  * with every byte readable; decoding again gives the same pixels and hash.
  * A processor's output has the shape its plan states (and that
@@ -38,7 +38,7 @@ static const char *configs[] = {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
-    int which = data[0] & 3;
+    int which = data[0] & 3, pil = data[0] & 4;
     data++, size--;
     loom_image im = {.w = -1};
     loom_status s = loom_image_decode_max(data, size, FUZZ_MAX_PIXELS, &im);
@@ -59,6 +59,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         loom_imgproc p;
         assert(loom_imgproc_parse(configs[which], NULL, &p) == LOOM_OK);
         p.tokens_per_image = 16;
+        p.backend = pil ? LOOM_IMGPROC_PIL : LOOM_IMGPROC_TORCHVISION;
         loom_imgproc_plan plan;
         loom_status ps = loom_imgproc_plan_image(&p, im.w, im.h, &plan);
         loom_imgproc_out o;

@@ -27,6 +27,11 @@ size=$(wc -c <"$tmp/pv.safetensors" 2>/dev/null || echo 0)
 if [ "$size" -lt $((64 * 1536 * 4 + 48)) ] || [ "$size" -gt $((64 * 1536 * 4 + 48 + 512)) ]; then
   echo "loom imgproc --out: $size bytes"; fail=1
 fi
+# --pil: the PIL processor's values, a level off here and there for A
+"$LOOM" imgproc --model "$V/gemma3-vl" --image "$V/images/A_64x48_rgb.png" --out "$tmp/tv.st" >/dev/null &&
+  "$LOOM" imgproc --model "$V/gemma3-vl" --image "$V/images/A_64x48_rgb.png" --out "$tmp/pil.st" --pil >/dev/null ||
+  { echo "loom imgproc --pil failed"; fail=1; }
+if cmp -s "$tmp/tv.st" "$tmp/pil.st"; then echo "loom imgproc --pil wrote the torchvision values"; fail=1; fi
 printf 'not an image' >"$tmp/x.png"
 out=$("$LOOM" imgproc --model "$V/qwen3-vl" --image "$tmp/x.png" 2>&1)
 [ $? -eq 1 ] && case "$out" in *"expected PNG"*) ;; *) false ;; esac || { echo "bad image: $out"; fail=1; }

@@ -4,7 +4,8 @@
  * fixtures; extract.py there): every case's images go through decode +
  * preprocess and must give the Hugging Face torchvision processor's
  * pixel_values bit for bit (tolerance 0) and image_grid_thw exactly; the
- * PIL processor's pixel_values_alt is within 2 uint8 levels. Decoding
+ * PIL processor's pixel_values_alt is within 2 uint8 levels of that, and
+ * the PIL backend gives it bit for bit. Decoding
  * matches PIL's pixels. Then PIL's convert("RGB") rules on PNGs made
  * here (gray, gray+alpha, palette with tRNS, 1-bit, 16-bit, interlaced),
  * gray and CMYK JPEGs, and corrupt, truncated and oversized data, which
@@ -82,7 +83,7 @@ static void run_model(const char *dir, const char *refname) {
         }
         CHECKF(want != NULL, "%s case %d: no reference", refname, c);
         if (!want) continue;
-        double err = 0, err_alt = 0, lv = 0, lv_alt = 0;
+        double err = 0, err_alt = 0, lv = 0, lv_alt = 0, err_pil = 0;
         int k = 0;
         const cJSON *f;
         cJSON_ArrayForEach(f, cJSON_GetObjectItem(cs, "images")) {
@@ -114,6 +115,16 @@ static void run_model(const char *dir, const char *refname) {
                     lv_alt = test_max(lv_alt, ea * unit);
                 }
             }
+            if (alt && off + o.n <= nalt) {
+                /* the PIL backend gives the PIL processor's values */
+                loom_imgproc ipp = ip;
+                loom_imgproc_out op;
+                ipp.backend = LOOM_IMGPROC_PIL;
+                CHECK(loom_imgproc_run(&ipp, &im, &op) == LOOM_OK && op.n == o.n);
+                for (size_t i = 0; op.pixel_values && i < op.n; i++)
+                    err_pil = test_max(err_pil, fabs((double)op.pixel_values[i] - alt[off + i]));
+                loom_imgproc_out_free(&op);
+            }
             if (qwen) {
                 const int64_t *g = grid->data;
                 CHECKF(k < grid->shape[0] && g[3 * k] == o.plan.grid_t && g[3 * k + 1] == o.plan.grid_h &&
@@ -136,8 +147,10 @@ static void run_model(const char *dir, const char *refname) {
         CHECKF(err == 0, "%s case %d: max |diff| %g (%g uint8 levels)", dir, c, err, lv);
         fprintf(stderr, "%-10s case %d: max |diff| %g (%g levels) vs pixel_values", dir, c, err, lv);
         if (alt) {
-            fprintf(stderr, ", %g (%g levels) vs pixel_values_alt (PIL)", err_alt, lv_alt);
+            fprintf(stderr, ", %g (%g levels) vs pixel_values_alt (PIL); PIL backend: %g", err_alt, lv_alt,
+                    err_pil);
             CHECKF(lv_alt < 2.5, "%s case %d: %g levels from the PIL processor", dir, c, lv_alt);
+            CHECKF(err_pil == 0, "%s case %d: PIL backend %g from pixel_values_alt", dir, c, err_pil);
         }
         fputc('\n', stderr);
         free(want);
@@ -488,20 +501,22 @@ static void test_hash_resize(void) {
     CHECK(loom_image_hash(&a) != loom_image_hash(&b));
     loom_image_free(&b);
     /* same size: a copy; a flat image stays flat whatever the filter */
-    CHECK(loom_image_resize(&a, 64, 48, LOOM_RESAMPLE_BICUBIC, &b) == LOOM_OK);
+    CHECK(loom_image_resize(&a, 64, 48, LOOM_RESAMPLE_BICUBIC, LOOM_IMGPROC_TORCHVISION, &b) == LOOM_OK);
     CHECK(b.rgb && !memcmp(a.rgb, b.rgb, 64 * 48 * 3));
     loom_image_free(&b);
     memset(a.rgb, 77, 64 * 48 * 3);
     int sizes[][2] = {{1, 1}, {7, 300}, {63, 49}, {200, 5}};
     for (int r = LOOM_RESAMPLE_BILINEAR; r <= LOOM_RESAMPLE_BICUBIC; r++)
-        for (size_t i = 0; i < LOOM_ARRAY_LEN(sizes); i++) {
-            CHECK(loom_image_resize(&a, sizes[i][0], sizes[i][1], r, &b) == LOOM_OK);
+        for (size_t i = 0; i < 2 * LOOM_ARRAY_LEN(sizes); i++) {
+            loom_imgproc_backend be = i % 2 ? LOOM_IMGPROC_PIL : LOOM_IMGPROC_TORCHVISION;
+            CHECK(loom_image_resize(&a, sizes[i / 2][0], sizes[i / 2][1], r, be, &b) == LOOM_OK);
             int bad = 0;
             for (size_t p = 0; b.rgb && p < (size_t)b.w * b.h * 3; p++) bad += b.rgb[p] != 77;
-            CHECKF(bad == 0, "flat resize to %dx%d (%d): %d differ", sizes[i][0], sizes[i][1], r, bad);
+            CHECKF(bad == 0, "flat resize to %dx%d (%d, %d): %d differ", sizes[i / 2][0], sizes[i / 2][1], r,
+                   be, bad);
             loom_image_free(&b);
         }
-    CHECK(loom_image_resize(&a, 10, 10, 1, &b) == LOOM_ERR_UNSUPPORTED);
+    CHECK(loom_image_resize(&a, 10, 10, 1, LOOM_IMGPROC_TORCHVISION, &b) == LOOM_ERR_UNSUPPORTED);
     loom_image_free(&a);
 }
 
@@ -537,16 +552,19 @@ static void test_resize_vs_definition(void) {
         int iw = 1 + (int)(test_rand_u32(&seed) % 90), ih = 1 + (int)(test_rand_u32(&seed) % 90);
         int ow = 1 + (int)(test_rand_u32(&seed) % 90), oh = 1 + (int)(test_rand_u32(&seed) % 90);
         int cubic = trial & 1;
+        loom_imgproc_backend be = trial & 2 ? LOOM_IMGPROC_PIL : LOOM_IMGPROC_TORCHVISION;
         loom_image in = {iw, ih, malloc((size_t)iw * ih * 3)}, out;
         uint8_t *mid = malloc((size_t)ow * ih * 3);
         for (size_t i = 0; i < (size_t)iw * ih * 3; i++)
             in.rgb[i] = (uint8_t)(trial % 3 ? (i * 7 + i / 11) % 256 : test_rand_u32(&seed));
-        CHECK(loom_image_resize(&in, ow, oh, cubic ? LOOM_RESAMPLE_BICUBIC : LOOM_RESAMPLE_BILINEAR, &out) ==
+        CHECK(loom_image_resize(&in, ow, oh, cubic ? LOOM_RESAMPLE_BICUBIC : LOOM_RESAMPLE_BILINEAR, be, &out) ==
               LOOM_OK);
         for (int y = 0; y < ih; y++)
             for (int x = 0; x < ow; x++)
-                for (int c = 0; c < 3; c++)
-                    mid[((size_t)y * ow + x) * 3 + c] = ref_sample(in.rgb + (size_t)y * iw * 3 + c, 3, iw, ow, x, cubic);
+                for (int c = 0; c < 3; c++) {
+                    const uint8_t *row = in.rgb + (size_t)y * iw * 3 + c;
+                    mid[((size_t)y * ow + x) * 3 + c] = ref_sample(row, 3, iw, ow, x, cubic);
+                }
         int worst = 0;
         for (int y = 0; out.rgb && y < oh; y++)
             for (int x = 0; x < ow; x++)
@@ -555,8 +573,8 @@ static void test_resize_vs_definition(void) {
                     int d = abs(out.rgb[((size_t)y * ow + x) * 3 + c] - want);
                     worst = d > worst ? d : worst;
                 }
-        CHECKF(worst <= 1, "%dx%d -> %dx%d (%s): %d levels from the definition", iw, ih, ow, oh,
-               cubic ? "bicubic" : "bilinear", worst);
+        CHECKF(worst <= 1, "%dx%d -> %dx%d (%s, %s): %d levels from the definition", iw, ih, ow, oh,
+               cubic ? "bicubic" : "bilinear", be == LOOM_IMGPROC_PIL ? "PIL" : "torchvision", worst);
         loom_image_free(&out);
         free(in.rgb);
         free(mid);

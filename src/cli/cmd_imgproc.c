@@ -14,7 +14,7 @@
 #include "vision/imgproc.h"
 
 static const char usage[] =
-    "usage: loom imgproc --model DIR --image FILE [--image FILE ...] [--out FILE]\n"
+    "usage: loom imgproc --model DIR --image FILE [--image FILE ...] [--out FILE] [--pil]\n"
     "\n"
     "Decodes each PNG/JPEG image and runs the model's image processor\n"
     "(DIR/preprocessor_config.json: Qwen2VLImageProcessor, Gemma3ImageProcessor) on it.\n"
@@ -23,18 +23,24 @@ static const char usage[] =
     "pixels' hash.\n"
     "\n"
     "  --out FILE   write pixel_values (all images, concatenated as HF batches them)\n"
-    "               and, for Qwen, image_grid_thw [n, 3] (I64) as safetensors\n";
+    "               and, for Qwen, image_grid_thw [n, 3] (I64) as safetensors\n"
+    "  --pil        match transformers' PIL processor (use_fast=False) instead of the\n"
+    "               default torchvision one (they differ by a uint8 level here and there)\n";
 
 #define MAX_IMAGES 64
 
 int cmd_imgproc(int argc, char **argv) {
     const char *dir = NULL, *outp = NULL, *images[MAX_IMAGES];
-    int n_img = 0;
+    int n_img = 0, pil = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             fputs(usage, stdout);
             return 0;
+        }
+        if (!strcmp(a, "--pil")) {
+            pil = 1;
+            continue;
         }
         if (strcmp(a, "--model") && strcmp(a, "--image") && strcmp(a, "--out"))
             return cli_usage_error("imgproc", "unknown option \"%s\"", a);
@@ -49,6 +55,7 @@ int cmd_imgproc(int argc, char **argv) {
     loom_imgproc p;
     loom_status s = loom_imgproc_load(dir, &p);
     if (s != LOOM_OK) return cli_fail("loading the image processor", s);
+    if (pil) p.backend = LOOM_IMGPROC_PIL;
     float *all = NULL;
     size_t n_all = 0;
     int64_t grid[MAX_IMAGES * 3], rows = 0, shape[3] = {0};

@@ -7,7 +7,9 @@
  * covers [center - support, center + support) of the input with
  * support = taps/2 * max(scale, 1), the weights normalised to sum 1, then
  * scaled to int16 with the most fractional bits that keep the largest
- * weight below 2^15; each pass rounds (adds half) and clamps to uint8. */
+ * weight below 2^15; each pass rounds (adds half) and clamps to uint8.
+ * PIL's resize (the PIL processor's) is the same filter with 22 fractional
+ * bits always and its own order of the cubic's operations. */
 #include "vision/imgproc.h"
 
 #include <cjson/cJSON.h>
@@ -43,12 +45,20 @@ static double filter_bicubic(double x) {
     return 0.0;
 }
 
+static double filter_bicubic_pil(double x) {
+    const double a = -0.5;
+    x = fabs(x);
+    if (x < 1.0) return ((a + 2.0) * x - (a + 3.0)) * x * x + 1;
+    if (x < 2.0) return (((x - 5) * x + 8) * x - 4) * a;
+    return 0.0;
+}
+
 typedef struct aa_coeffs {
     int ksize;   /* taps per output sample (room for) */
     int prec;    /* fractional bits of k */
     int *lo;     /* [out] first input sample */
     int *len;    /* [out] taps used */
-    int16_t *k;  /* [out, ksize] */
+    int32_t *k;  /* [out, ksize]; int16 range for torchvision */
 } aa_coeffs;
 
 static void aa_coeffs_free(aa_coeffs *c) {
@@ -58,9 +68,12 @@ static void aa_coeffs_free(aa_coeffs *c) {
     memset(c, 0, sizeof *c);
 }
 
-static loom_status aa_coeffs_make(int in, int out, int resample, aa_coeffs *c) {
+static loom_status aa_coeffs_make(int in, int out, int resample, loom_imgproc_backend backend, aa_coeffs *c) {
     memset(c, 0, sizeof *c);
-    double (*f)(double) = resample == LOOM_RESAMPLE_BICUBIC ? filter_bicubic : filter_bilinear;
+    int pil = backend == LOOM_IMGPROC_PIL;
+    double (*f)(double) = resample != LOOM_RESAMPLE_BICUBIC ? filter_bilinear
+                          : pil                             ? filter_bicubic_pil
+                                                            : filter_bicubic;
     int taps = resample == LOOM_RESAMPLE_BICUBIC ? 4 : 2;
     double scale = (double)in / out;
     double support = scale >= 1.0 ? taps * 0.5 * scale : taps * 0.5;
@@ -95,13 +108,14 @@ static loom_status aa_coeffs_make(int in, int out, int resample, aa_coeffs *c) {
         c->lo[i] = (int)lo;
         c->len[i] = (int)n;
     }
-    int prec;
-    for (prec = 0; prec < 22; prec++)
-        if ((int)(0.5 + wmax * (1 << (prec + 1))) >= (1 << 15)) break;
+    int prec = 22;
+    if (!pil)
+        for (prec = 0; prec < 22; prec++)
+            if ((int)(0.5 + wmax * (1 << (prec + 1))) >= (1 << 15)) break;
     c->prec = prec;
     for (size_t i = 0; i < (size_t)out * ksize; i++) {
         double v = w[i] * (1 << prec);
-        c->k[i] = (int16_t)(v < 0 ? (int)(-0.5 + v) : (int)(0.5 + v));
+        c->k[i] = v < 0 ? (int)(-0.5 + v) : (int)(0.5 + v);
     }
     loom_free(w);
     return LOOM_OK;
@@ -119,7 +133,7 @@ static void resize_h(const uint8_t *src, int sw, int h, uint8_t *dst, int dw, co
         const uint8_t *s = src + (size_t)y * sw * 3;
         uint8_t *d = dst + (size_t)y * dw * 3;
         for (int x = 0; x < dw; x++) {
-            const int16_t *k = c->k + (size_t)x * c->ksize;
+            const int32_t *k = c->k + (size_t)x * c->ksize;
             const uint8_t *p = s + (size_t)c->lo[x] * 3;
             int32_t r = half, g = half, b = half;
             for (int j = 0; j < c->len[x]; j++, p += 3) {
@@ -139,7 +153,7 @@ static void resize_v(const uint8_t *src, int w, uint8_t *dst, int dh, const aa_c
     int32_t half = c->prec ? 1 << (c->prec - 1) : 0;
     size_t stride = (size_t)w * 3;
     for (int y = 0; y < dh; y++) {
-        const int16_t *k = c->k + (size_t)y * c->ksize;
+        const int32_t *k = c->k + (size_t)y * c->ksize;
         const uint8_t *s = src + (size_t)c->lo[y] * stride;
         uint8_t *d = dst + (size_t)y * stride;
         for (size_t i = 0; i < stride; i++) {
@@ -150,7 +164,8 @@ static void resize_v(const uint8_t *src, int w, uint8_t *dst, int dh, const aa_c
     }
 }
 
-loom_status loom_image_resize(const loom_image *img, int w, int h, int resample, loom_image *out) {
+loom_status loom_image_resize(const loom_image *img, int w, int h, int resample, loom_imgproc_backend backend,
+                              loom_image *out) {
     memset(out, 0, sizeof *out);
     if (resample != LOOM_RESAMPLE_BILINEAR && resample != LOOM_RESAMPLE_BICUBIC)
         return loom_err(LOOM_ERR_UNSUPPORTED, "resize: resample %d is not bilinear (2) or bicubic (3)", resample);
@@ -173,13 +188,13 @@ loom_status loom_image_resize(const loom_image *img, int w, int h, int resample,
             s = loom_err(LOOM_ERR_NOMEM, "resize: out of memory for %dx%d", w, img->h);
             goto done;
         }
-        if ((s = aa_coeffs_make(img->w, w, resample, &c)) != LOOM_OK) goto done;
+        if ((s = aa_coeffs_make(img->w, w, resample, backend, &c)) != LOOM_OK) goto done;
         resize_h(img->rgb, img->w, img->h, dst, w, &c);
         aa_coeffs_free(&c);
         src = dst;
     }
     if (h != img->h) {
-        if ((s = aa_coeffs_make(img->h, h, resample, &c)) != LOOM_OK) goto done;
+        if ((s = aa_coeffs_make(img->h, h, resample, backend, &c)) != LOOM_OK) goto done;
         resize_v(src, w, out->rgb, h, &c);
         aa_coeffs_free(&c);
     } else if (w == img->w) {
@@ -476,20 +491,24 @@ loom_status loom_imgproc_plan_image(const loom_imgproc *p, int w, int h, loom_im
 
 /* ---- running ---- */
 
-/* What each uint8 level of each channel becomes, computed as the
- * torchvision processor computes it: rescale and normalise fused into
- * (x - mean/r) / (std/r) in float32, the factors rounded to float32. */
+/* What each uint8 level of each channel becomes, computed as the chosen
+ * processor computes it. torchvision: rescale and normalise fused into
+ * (x - mean/r) / (std/r) in float32, the factors rounded to float32. PIL:
+ * x * r in double rounded to float32, then (x - mean) / std in float32. */
 static void level_table(const loom_imgproc *p, float lut[3][256]) {
     float inv = (float)(1.0 / p->rescale_factor), r = (float)p->rescale_factor;
+    int pil = p->backend == LOOM_IMGPROC_PIL;
     for (int c = 0; c < 3; c++) {
         float m = p->image_mean[c], sd = p->image_std[c];
-        if (p->do_rescale && p->do_normalize) {
+        if (p->do_rescale && p->do_normalize && !pil) {
             m *= inv;
             sd *= inv;
         }
         for (int u = 0; u < 256; u++) {
             float x = (float)u;
-            lut[c][u] = p->do_normalize ? (x - m) / sd : p->do_rescale ? x * r : x;
+            if (pil && p->do_rescale) x = (float)(u * p->rescale_factor);
+            else if (p->do_rescale && !p->do_normalize) x = x * r;
+            lut[c][u] = p->do_normalize ? (x - m) / sd : x;
         }
     }
 }
@@ -502,7 +521,7 @@ loom_status loom_imgproc_run(const loom_imgproc *p, const loom_image *img, loom_
     loom_image rs = {0};
     const loom_image *src = img;
     if (pl.resized_w != img->w || pl.resized_h != img->h) {
-        TRY(loom_image_resize(img, pl.resized_w, pl.resized_h, p->resample, &rs));
+        TRY(loom_image_resize(img, pl.resized_w, pl.resized_h, p->resample, p->backend, &rs));
         src = &rs;
     }
     size_t n = (size_t)pl.shape[0] * pl.shape[1] * (pl.ndim == 3 ? pl.shape[2] : 1);

@@ -18,7 +18,10 @@
  * does: the uint8 resize with antialiasing (torch's separable
  * horizontal-then-vertical filter with int16 weights, each pass rounded and
  * clamped to uint8), then (x - mean*255) / (std*255) in float32. The PIL
- * processor differs from it by a level here and there (README). */
+ * processor (transformers' *ImageProcessorPil, use_fast=False), which
+ * differs from it by a level here and there, is matched with backend
+ * LOOM_IMGPROC_PIL: PIL's resize (22-bit weights), x/255 rounded to
+ * float32, then (x - mean) / std. */
 #ifndef LOOM_VISION_IMGPROC_H
 #define LOOM_VISION_IMGPROC_H
 
@@ -33,11 +36,18 @@ typedef enum loom_imgproc_kind {
     LOOM_IMGPROC_GEMMA3,   /* Gemma3ImageProcessor */
 } loom_imgproc_kind;
 
+/* Which of transformers' two implementations of a processor to match. */
+typedef enum loom_imgproc_backend {
+    LOOM_IMGPROC_TORCHVISION,  /* the default one (AutoImageProcessor) */
+    LOOM_IMGPROC_PIL,          /* the PIL one (use_fast=False) */
+} loom_imgproc_backend;
+
 /* PIL's resample numbers, as preprocessor_config.json writes them. */
 enum { LOOM_RESAMPLE_BILINEAR = 2, LOOM_RESAMPLE_BICUBIC = 3 };
 
 typedef struct loom_imgproc {
     loom_imgproc_kind kind;
+    loom_imgproc_backend backend;  /* TORCHVISION after loading; callers may switch */
     int do_resize, do_rescale, do_normalize;
     int resample;              /* LOOM_RESAMPLE_* */
     double rescale_factor;
@@ -90,7 +100,8 @@ void loom_imgproc_out_free(loom_imgproc_out *o);
 
 /* The uint8 resize alone (the one loom_imgproc_run does), into a new
  * image: resample LOOM_RESAMPLE_BILINEAR or _BICUBIC, antialiased when
- * shrinking. */
-loom_status loom_image_resize(const loom_image *img, int w, int h, int resample, loom_image *out);
+ * shrinking, as torchvision or PIL does it. */
+loom_status loom_image_resize(const loom_image *img, int w, int h, int resample, loom_imgproc_backend backend,
+                              loom_image *out);
 
 #endif
