@@ -146,13 +146,14 @@ static void run_model(const char *dir, const char *refname) {
         if (grid) CHECK_EQ_INT(k, grid->shape[0]);
         CHECKF(err == 0, "%s case %d: max |diff| %g (%g uint8 levels)", dir, c, err, lv);
         fprintf(stderr, "%-10s case %d: max |diff| %g (%g levels) vs pixel_values", dir, c, err, lv);
-        if (alt) {
+        if (alt)
             fprintf(stderr, ", %g (%g levels) vs pixel_values_alt (PIL); PIL backend: %g", err_alt, lv_alt,
                     err_pil);
+        fputc('\n', stderr);
+        if (alt) {
             CHECKF(lv_alt < 2.5, "%s case %d: %g levels from the PIL processor", dir, c, lv_alt);
             CHECKF(err_pil == 0, "%s case %d: PIL backend %g from pixel_values_alt", dir, c, err_pil);
         }
-        fputc('\n', stderr);
         free(want);
         free(alt);
     }
