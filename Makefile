@@ -23,7 +23,7 @@ DEPS_FLAGS := -I$(DEPS_INC) -L$(DEPS_LIB)
 override CFLAGS += -I$(DEPS_INC)
 LDFLAGS += -L$(DEPS_LIB) -Wl,-rpath,$(DEPS_LIB)
 endif
-LDLIBS  += -lmicrohttpd -lxxhash -lpcre2-8 -lutf8proc -lcjson -lm -pthread
+LDLIBS  += -lmicrohttpd -lxxhash -lpcre2-8 -lutf8proc -lcjson -lpng -ljpeg -lm -pthread
 # zstd (libzstd-dev), when installed, lets the prefix cache's disk tier
 # compress its files (--prefix-cache-zstd).
 ifneq ($(shell pkg-config --exists libzstd 2>/dev/null && echo yes),)
@@ -43,7 +43,8 @@ CLI_SRC  := $(sort $(wildcard src/cli/*.c))
 # CUDA_MIN=1 (`make CUDA=1 cuda-min` sets it) builds the GPU tests on a
 # machine that lacks the library's packages. Its library is LIB_SRC less
 # the text side the GPU tests never call (src/serve, src/stream,
-# src/tokenize, src/template: microhttpd, PCRE2, utf8proc), and where cJSON
+# src/tokenize, src/template: microhttpd, PCRE2, utf8proc) and the image
+# decoder (src/vision/image.c: libpng, libjpeg), and where cJSON
 # is missing also less every source that includes it (then only the kernel
 # test is built, else also tools/gen_model); tests/cuda/shim stands in for <xxhash.h> and <utf8proc.h>
 # unless both libraries are installed. Being a filter of the full list, it
@@ -54,7 +55,7 @@ have_lib = $(shell printf '\043include <%s>\nint main(void) { return 0; }\n' $(1
                    $(CC) $(DEPS_FLAGS) -x c - -l$(2) -o /dev/null >/dev/null 2>&1 && echo y)
 MIN_CJSON   ?= $(call have_lib,cjson/cJSON.h,cjson)
 MIN_SYSLIBS ?= $(if $(call have_lib,xxhash.h,xxhash),$(call have_lib,utf8proc.h,utf8proc))
-LIB_SRC  := $(filter-out src/serve/% src/stream/% src/tokenize/% src/template/%,$(LIB_SRC))
+LIB_SRC  := $(filter-out src/serve/% src/stream/% src/tokenize/% src/template/% src/vision/image.c,$(LIB_SRC))
 MIN_LIBS := $(filter -lzstd,$(LDLIBS)) -lm -pthread
 ifeq ($(MIN_SYSLIBS),y)
 MIN_LIBS += -lxxhash -lutf8proc
@@ -155,7 +156,7 @@ test: tests
 # with clang; the code under test gets coverage, the rest links from $(LIB).
 FUZZ_CC  ?= clang
 FUZZ_SRC := src/base/base.c src/load/safetensors.c src/serve/api.c src/serve/toolcall.c \
-            src/stream/textstream.c \
+            src/stream/textstream.c src/vision/image.c src/vision/imgproc.c \
             $(sort $(wildcard src/tokenize/*.c)) $(sort $(wildcard src/template/*.c))
 .PHONY: fuzz
 fuzz: $(patsubst fuzz/%.c,$(BUILD)/fuzz/%,$(wildcard fuzz/fuzz_*.c))

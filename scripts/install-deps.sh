@@ -1,7 +1,7 @@
 #!/bin/sh
 # Installs the Debian packages loom builds and tests with. Idempotent.
 set -eu
-PKGS="build-essential pkg-config libpcre2-dev libutf8proc-dev libcjson-dev libmicrohttpd-dev libxxhash-dev libzstd-dev valgrind curl"
+PKGS="build-essential pkg-config libpcre2-dev libutf8proc-dev libcjson-dev libmicrohttpd-dev libxxhash-dev libzstd-dev libpng-dev libjpeg62-turbo-dev valgrind curl"
 missing=""
 for p in $PKGS; do
   dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"

@@ -52,7 +52,7 @@ fi
 # parts that need the packages, with stand-ins for <xxhash.h> and
 # <utf8proc.h> (tests/cuda/shim); without cJSON only the kernel test.
 missing=""
-for h in ${CUDA_CHECK_HEADERS:-pcre2.h utf8proc.h cjson/cJSON.h microhttpd.h xxhash.h}; do
+for h in ${CUDA_CHECK_HEADERS:-pcre2.h utf8proc.h cjson/cJSON.h microhttpd.h xxhash.h png.h jpeglib.h}; do
   printf '#define PCRE2_CODE_UNIT_WIDTH 8\n#include <%s>\n' "$h" |
     $CC ${DEPS:+-I"$DEPS/usr/include"} -E -x c - >/dev/null 2>&1 || missing="$missing $h"
 done

@@ -21,6 +21,7 @@ int cmd_perplexity(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_imgproc(int argc, char **argv);
 
 /* --device, taken out of argv by main before a command runs: -1 = CPU,
  * n = CUDA device n. Commands that load a model pass it on. */

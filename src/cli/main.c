@@ -22,6 +22,7 @@ static const struct {
     {"info", cmd_info, "describe a model: architecture, sizes, layer kinds"},
     {"convert", cmd_convert, "quantize a checkpoint (MLX affine, 8/4 bits)"},
     {"bench", cmd_bench, "prefill and decode throughput (llama-bench style)"},
+    {"imgproc", cmd_imgproc, "run a vision model's image processor on image files"},
 };
 
 static void usage(FILE *f) {
