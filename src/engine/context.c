@@ -23,6 +23,7 @@ struct loom_context {
     loom_seq_state *state; /* owned; recurrent state, NULL without linear layers */
     int n_ctx, n_batch;
     int pos_delta;         /* rope offset of a prepared prompt's continuation */
+    const loom_fwd_input *next_in; /* borrowed: the next eval's prepared input */
 };
 
 loom_context_params loom_context_default_params(void) {
@@ -90,6 +91,8 @@ static loom_status ctx_eval(loom_context *c, const int32_t *tokens, int n,
                             const loom_fwd_input *in, int all_logits, float *logits,
                             int32_t *pick, const loom_sample_pick *samp) {
     int V = c->m->cfg.vocab_size;
+    if (!in) in = c->next_in;
+    c->next_in = NULL;
     if (n <= 0 || !tokens) return loom_err(LOOM_ERR_INVALID_ARG, "eval: no tokens given");
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= V)
@@ -121,6 +124,7 @@ static loom_status ctx_eval(loom_context *c, const int32_t *tokens, int n,
                          : loom_exec_forward(c->exec, c->kv, &row, 1);
         if (s) return s;
     }
+    if (in) c->pos_delta = in->pos_delta;
     return LOOM_OK;
 }
 
@@ -131,10 +135,10 @@ loom_status loom_context_eval(loom_context *c, const int32_t *tokens, int n,
 
 loom_status loom_context_eval_input(loom_context *c, const int32_t *tokens, int n,
                                     const loom_fwd_input *in, int all_logits, float *logits) {
-    loom_status s = ctx_eval(c, tokens, n, in, all_logits, logits, NULL, NULL);
-    if (s == LOOM_OK && in) c->pos_delta = in->pos_delta;
-    return s;
+    return ctx_eval(c, tokens, n, in, all_logits, logits, NULL, NULL);
 }
+
+void loom_context_prepare(loom_context *c, const loom_fwd_input *in) { c->next_in = in; }
 
 loom_status loom_context_eval_next(loom_context *c, const int32_t *tokens, int n,
                                    loom_sampler *smp, float *logits, int32_t *id) {

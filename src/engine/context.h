@@ -22,5 +22,9 @@ loom_status loom_context_eval_next(loom_context *c, const int32_t *tokens, int n
  * prompt's pos_delta, until the context is truncated to 0. */
 loom_status loom_context_eval_input(loom_context *c, const int32_t *tokens, int n,
                                     const loom_fwd_input *in, int all_logits, float *logits);
+/* The next eval of any kind (loom_context_eval_next too) takes its tokens
+ * as the prepared prompt in, as loom_context_eval_input does; in is
+ * borrowed until that eval returns. */
+void loom_context_prepare(loom_context *c, const loom_fwd_input *in);
 
 #endif
