@@ -5,6 +5,7 @@
  * and in chunks), 8 greedy tokens through the KV cache with the decode
  * delta, and the errors of prompts whose placeholders do not match. */
 #include <stdint.h>
+#include <unistd.h>
 
 #include "base/base.h"
 #include "engine/context.h"
@@ -208,7 +209,85 @@ static void check_model(const char *dir, int has_deep, double tol) {
     loom_st_close(ref);
 }
 
+/* The rope's stream per rotated pair: interleaved t,h,w (Qwen3-VL's
+ * [6, 5, 5]) and, from the same checkpoint with mrope_interleaved false,
+ * sectioned runs (Qwen2.5-VL's layout); a text row of a VL model is the
+ * row with pos3 = (p, p, p) bit for bit. */
+static void check_rope_streams(void) {
+    const char *src = "tests/fixtures/models/qwen3-vl-tiny";
+    loom_model_params mp = loom_model_default_params();
+    mp.n_threads = 1;
+    loom_model *m = NULL;
+    CHECKF(loom_model_load(src, &mp, &m) == LOOM_OK, "%s", loom_last_error());
+    if (!m) return;
+    const loom_rope *R = &m->ropes[0];
+    CHECK(R->stream && R->rot_dim == 32);
+    for (int i = 0; R->stream && i < 16; i++) {
+        int want = i % 3 == 1 && i < 15 ? 1 : i % 3 == 2 && i < 15 ? 2 : 0;
+        CHECKF(R->stream[i] == want, "interleaved pair %d: stream %d, expected %d", i,
+               R->stream[i], want);
+    }
+    /* text row vs the same row with explicit (p, p, p) positions */
+    int V = m->cfg.vocab_size, n = 6;
+    int32_t ids[6] = {5, 17, 300, 42, 9, 77}, pos3[18];
+    for (int k = 0; k < 3; k++)
+        for (int i = 0; i < n; i++) pos3[k * n + i] = i;
+    loom_fwd_input in = {.pos3 = pos3};
+    float *a = malloc(sizeof(float) * (size_t)n * V), *b = malloc(sizeof(float) * (size_t)n * V);
+    loom_context *c = NULL;
+    CHECK(loom_context_create(m, NULL, &c) == LOOM_OK);
+    CHECK(loom_context_eval(c, ids, n, 1, a) == LOOM_OK);
+    loom_context_truncate(c, 0);
+    CHECK(loom_context_eval_input(c, ids, n, &in, 1, b) == LOOM_OK);
+    CHECK(!memcmp(a, b, sizeof(float) * (size_t)n * V));
+    /* a delta moves the rope of the rows that follow */
+    in.pos_delta = -2;
+    loom_context_truncate(c, 0);
+    CHECK(loom_context_eval_input(c, ids, n, &in, 1, b) == LOOM_OK);
+    CHECK(loom_context_eval(c, ids, 1, 0, b) == LOOM_OK);
+    loom_context_truncate(c, 0);
+    CHECK(loom_context_eval(c, ids, n, 1, a) == LOOM_OK);
+    CHECK(loom_context_eval(c, ids, 1, 0, a) == LOOM_OK);
+    CHECK(memcmp(a, b, sizeof(float) * (size_t)V) != 0);
+    free(a);
+    free(b);
+    loom_context_free(c);
+    loom_model_free(m);
+
+    /* sectioned: the same config with mrope_interleaved false */
+    char dir[] = "/tmp/loom_vision_XXXXXX", path[512], *text = NULL;
+    CHECK(mkdtemp(dir) != NULL);
+    snprintf(path, sizeof path, "%s/config.json", src);
+    CHECK(loom_read_file(path, &text, NULL) == LOOM_OK);
+    char *at = text ? strstr(text, "\"mrope_interleaved\": true") : NULL;
+    CHECK(at != NULL);
+    if (at) memcpy(at + strlen("\"mrope_interleaved\": "), "0   ", 4);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    if (f && text) fputs(text, f);
+    if (f) fclose(f);
+    free(text);
+    char target[512];
+    snprintf(target, sizeof target, "%s/%s/model.safetensors", getenv("PWD") ? getenv("PWD") : ".",
+             src);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    CHECK(symlink(target, path) == 0);
+    m = NULL;
+    CHECKF(loom_model_load(dir, &mp, &m) == LOOM_OK, "%s", loom_last_error());
+    for (int i = 0; m && m->ropes[0].stream && i < 16; i++) {
+        int want = i < 6 ? 0 : i < 11 ? 1 : 2;
+        CHECKF(m->ropes[0].stream[i] == want, "sectioned pair %d: stream %d, expected %d", i,
+               m->ropes[0].stream[i], want);
+    }
+    loom_model_free(m);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    unlink(path);
+    rmdir(dir);
+}
+
 int main(void) {
+    check_rope_streams();
     check_model("tests/fixtures/models/qwen3-vl-tiny", 1, 1e-5);
     /* the reference computes the delta rule in float32 (loom lands at ~1e-5) */
     check_model("tests/fixtures/models/qwen3.5-vl-tiny-hybrid", 0, 2e-5);
