@@ -9,6 +9,7 @@
 
 #include "base/base.h"
 #include "engine/context.h"
+#include "load/config.h"
 #include "load/safetensors.h"
 #include "model/model.h"
 #include "test.h"
@@ -286,7 +287,29 @@ static void check_rope_streams(void) {
     rmdir(dir);
 }
 
+/* mrope_section must be 3 integers; a well-formed one is kept. */
+static void check_mrope_config(void) {
+    static const char *base = "{\"architectures\": [\"Qwen3VLForConditionalGeneration\"], "
+        "\"text_config\": {\"vocab_size\": 16, \"hidden_size\": 8, \"num_hidden_layers\": 1, "
+        "\"num_attention_heads\": 1, \"intermediate_size\": 8, \"rope_parameters\": "
+        "{\"rope_theta\": 10000, \"rope_type\": \"default\", %s}}}";
+    static const char *bad[] = {"\"mrope_section\": [1, 2]", "\"mrope_section\": [1, 2, -1]",
+                                "\"mrope_section\": \"1,2,3\""};
+    char text[1024];
+    loom_config cfg;
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(bad); i++) {
+        snprintf(text, sizeof text, base, bad[i]);
+        CHECKF(loom_config_parse(text, "config.json", &cfg) == LOOM_ERR_FORMAT, "%s", bad[i]);
+        CHECKF(strstr(loom_last_error(), "mrope_section") != NULL, "%s", loom_last_error());
+    }
+    snprintf(text, sizeof text, base, "\"mrope_section\": [2, 1, 1], \"mrope_interleaved\": true");
+    CHECKF(loom_config_parse(text, "config.json", &cfg) == LOOM_OK, "%s", loom_last_error());
+    CHECK(cfg.rope.mrope_section[0] == 2 && cfg.rope.mrope_section[2] == 1);
+    CHECK(cfg.rope.mrope_interleaved == 1);
+}
+
 int main(void) {
+    check_mrope_config();
     check_rope_streams();
     check_model("tests/fixtures/models/qwen3-vl-tiny", 1, 1e-5);
     /* the reference computes the delta rule in float32 (loom lands at ~1e-5) */
