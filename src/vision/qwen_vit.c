@@ -269,43 +269,41 @@ typedef struct vit_attn_job {
     const qwen_vit *q;
     const loom_kernels *k;
     const float *qkv;        /* (N, 3D) rotated q, k and raw v */
+    const float *kh;         /* (frames, heads, n, hd) keys, head by head */
+    const float *vt;         /* (frames, heads, hd, n) values, transposed */
     float *out;              /* (N, D) */
-    float *scores;           /* (n_threads, n) */
+    float *scores;           /* (n_threads, VIT_ROWS, n) */
     int n, n_frames;         /* patches per frame, frames */
 } vit_attn_job;
 
 /* One task = one head of one frame and a run of VIT_ROWS query patches:
- * softmax(q k^T / sqrt(hd)) v over every patch of the frame. */
+ * softmax(q k^T / sqrt(hd)) v over every patch of the frame, both
+ * products on the matmul kernel. */
 #define VIT_ROWS 16
 static void vit_attn_task(void *ctx, int task, int thread) {
     const vit_attn_job *j = ctx;
     const qwen_vit *q = j->q;
     int D = q->D, hd = q->hd, n = j->n, per = (n + VIT_ROWS - 1) / VIT_ROWS;
     int h = task % q->n_heads, rest = task / q->n_heads, f = rest / per;
-    int r0 = rest % per * VIT_ROWS, r1 = LOOM_MIN(r0 + VIT_ROWS, n);
-    float *sc = j->scores + (size_t)thread * n;
+    int r0 = rest % per * VIT_ROWS, r1 = LOOM_MIN(r0 + VIT_ROWS, n), rows = r1 - r0;
+    float *sc = j->scores + (size_t)thread * VIT_ROWS * n;
     float scale = 1.0f / sqrtf((float)hd);
-    const float *base = j->qkv + (size_t)f * n * 3 * D;
-    for (int i = r0; i < r1; i++) {
-        const float *qi = base + (size_t)i * 3 * D + (size_t)h * hd;
-        float mx = -INFINITY;
+    size_t fh = (size_t)f * q->n_heads + h;
+    const float *qs = j->qkv + ((size_t)f * n + r0) * 3 * D + (size_t)h * hd;
+    j->k->matmul_f32(sc, n, qs, 3 * D, j->kh + fh * n * hd, hd, rows, 0, n);
+    for (int i = 0; i < rows; i++) {
+        float *row = sc + (size_t)i * n, mx = -INFINITY;
         for (int p = 0; p < n; p++) {
-            const float *kp = base + (size_t)p * 3 * D + D + (size_t)h * hd;
-            float d = 0;
-            for (int e = 0; e < hd; e++) d += qi[e] * kp[e];
-            sc[p] = d * scale;
-            mx = LOOM_MAX(mx, sc[p]);
+            row[p] *= scale;
+            mx = LOOM_MAX(mx, row[p]);
         }
         double sum = 0;
-        for (int p = 0; p < n; p++) sum += sc[p] = expf(sc[p] - mx);
-        float *o = j->out + ((size_t)f * n + i) * D + (size_t)h * hd;
-        memset(o, 0, sizeof(float) * (size_t)hd);
-        for (int p = 0; p < n; p++) {
-            const float *vp = base + (size_t)p * 3 * D + 2 * D + (size_t)h * hd;
-            float wgt = (float)(sc[p] / sum);
-            for (int e = 0; e < hd; e++) o[e] += wgt * vp[e];
-        }
+        for (int p = 0; p < n; p++) sum += row[p] = expf(row[p] - mx);
+        float inv = (float)(1.0 / sum);
+        for (int p = 0; p < n; p++) row[p] *= inv;
     }
+    float *o = j->out + ((size_t)f * n + r0) * D + (size_t)h * hd;
+    j->k->matmul_f32(o, D, sc, n, j->vt + fh * hd * n, n, rows, 0, hd);
 }
 
 /* out (N / M^2, out_hidden) = merger g over x (N, D); x is kept. */
@@ -337,10 +335,12 @@ loom_status loom_qwen_vit_encode(loom_vision *v, const loom_vision_image *img, f
     float *big = loom_alloc_raw(sizeof(float) * (size_t)N * W);
     float *big2 = loom_alloc_raw(sizeof(float) * (size_t)N * W);
     float *cs = loom_alloc_raw(sizeof(float) * (size_t)n * hd);
-    float *scores = loom_alloc_raw(sizeof(float) * (size_t)nt * n);
-    if (!x || !xb || !big || !big2 || !cs || !scores) {
+    float *scores = loom_alloc_raw(sizeof(float) * (size_t)nt * VIT_ROWS * n);
+    float *kh = loom_alloc_raw(sizeof(float) * (size_t)N * D);
+    float *vt = loom_alloc_raw(sizeof(float) * (size_t)N * D);
+    if (!x || !xb || !big || !big2 || !cs || !scores || !kh || !vt) {
         loom_free(x), loom_free(xb), loom_free(big), loom_free(big2), loom_free(cs);
-        loom_free(scores);
+        loom_free(scores), loom_free(kh), loom_free(vt);
         return loom_err(LOOM_ERR_NOMEM, "vision tower: out of memory for %d patches", N);
     }
     float *sn = cs + (size_t)n * hd / 2;
@@ -374,7 +374,17 @@ loom_status loom_qwen_vit_encode(loom_vision *v, const loom_vision_image *img, f
                 rope_2d(big + (size_t)t * 3 * D + (size_t)hh * hd, cs + (size_t)p * hd / 2,
                         sn + (size_t)p * hd / 2, hd);
         }
-        vit_attn_job j = {q, m->k, big, xb, scores, n, T};
+        /* keys head by head and values transposed, per frame */
+        for (int t = 0; t < N; t++) {
+            int f = t / n, p = t % n;
+            for (int hh = 0; hh < q->n_heads; hh++) {
+                const float *kr = big + (size_t)t * 3 * D + D + (size_t)hh * hd;
+                size_t fh = (size_t)f * q->n_heads + hh;
+                memcpy(kh + (fh * n + p) * hd, kr, sizeof(float) * (size_t)hd);
+                for (int e = 0; e < hd; e++) vt[(fh * hd + e) * n + p] = kr[D + e];
+            }
+        }
+        vit_attn_job j = {q, m->k, big, kh, vt, xb, scores, n, T};
         loom_pool_run(m->pool, q->n_heads * T * ((n + VIT_ROWS - 1) / VIT_ROWS), vit_attn_task, &j);
         loom_fwd_matmul(m, big2, xb, &b->proj, N);
         add_bias(big2, b->proj_b, N, D);
@@ -394,6 +404,6 @@ loom_status loom_qwen_vit_encode(loom_vision *v, const loom_vision_image *img, f
     if (v->tap_merge_in) memcpy(v->tap_merge_in, x, sizeof(float) * (size_t)N * D);
     merge(m, &q->merger, x, N, D, M2, big, big2, embeds);
     loom_free(x), loom_free(xb), loom_free(big), loom_free(big2), loom_free(cs);
-    loom_free(scores);
+    loom_free(scores), loom_free(kh), loom_free(vt);
     return LOOM_OK;
 }
