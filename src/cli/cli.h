@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "loom.h"
+#include "vision/vision.h"
 
 int cmd_logits(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
@@ -57,6 +58,18 @@ const char *cli_kv_config(const char *given, const char *model_dir, char *buf, s
 /* Renders one user message through the model directory's chat template
  * (with the generation prompt) into a heap string. */
 loom_status cli_render_user_turn(const char *model_dir, const char *text, char **out);
+
+/* --image FILE ... for a vision-language model: the tower and the
+ * prepared prompt of ids (placeholders already repeated) with the images
+ * spliced in (vision/vision.h). */
+typedef struct cli_vision {
+    loom_vision *v;
+    loom_vision_prompt p;
+} cli_vision;
+#define CLI_MAX_IMAGES 16
+loom_status cli_vision_prompt(loom_model *m, const char *model_dir, const int32_t *ids, int n,
+                              const char *const *files, int n_files, cli_vision *out);
+void cli_vision_free(cli_vision *cv);
 
 /* Returns the value of option argv[*i] (advancing *i), or NULL after
  * reporting that it is missing. */

@@ -39,12 +39,15 @@ static const char usage[] =
     "  --kv-type T        KV cache type: f32 (default), f16, bf16, q8, q4\n"
     "  --kv-config FILE   per-layer KV bits (see loom serve --help; default: the\n"
     "                     model directory's kv_config.json, if any)\n"
+    "  --image FILE       a PNG or JPEG for a vision-language model, once per image\n"
+    "                     in prompt order; the prompt holds each image's placeholders\n"
     "  --threads N        worker threads (default: all cores)\n";
 
 int cmd_generate(int argc, char **argv) {
     const char *model = NULL, *tokens = NULL, *prompt_text = NULL;
     const char *stops[16];
-    int n_stops = 0;
+    int n_stops = 0, n_images = 0;
+    const char *images[CLI_MAX_IMAGES];
     int threads = 0, max_tokens = 64, ignore_eos = 0, json_ids = 0, n_ctx = 0, seed = 1, chat = 0;
     loom_kv_type kv_type = LOOM_KV_F32;
     const char *kv_config = NULL;
@@ -66,7 +69,7 @@ int cmd_generate(int argc, char **argv) {
         static const char *valued[] = {"--model", "--tokens", "--max-tokens", "--temperature",
                                        "--top-k", "--top-p", "--min-p", "--seed", "--ctx-size",
                                        "--threads", "--prompt", "--stop", "--repeat-penalty",
-                                       "--kv-type", "--kv-config"};
+                                       "--kv-type", "--kv-config", "--image"};
         int known = 0;
         for (size_t k = 0; k < LOOM_ARRAY_LEN(valued); k++) known |= !strcmp(a, valued[k]);
         if (!known) return cli_usage_error("generate", "unknown option \"%s\"", a);
@@ -89,6 +92,11 @@ int cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "--ctx-size")) bad = cli_int("generate", a, v, 1, 1 << 24, &n_ctx);
         else if (!strcmp(a, "--kv-type")) bad = cli_kv_type("generate", v, &kv_type);
         else if (!strcmp(a, "--kv-config")) kv_config = v;
+        else if (!strcmp(a, "--image")) {
+            if (n_images == CLI_MAX_IMAGES)
+                return cli_usage_error("generate", "at most %d --image", CLI_MAX_IMAGES);
+            images[n_images++] = v;
+        }
         else bad = cli_int("generate", a, v, 0, 4096, &threads);
         if (bad) return 2;
     }
@@ -106,6 +114,7 @@ int cmd_generate(int argc, char **argv) {
     loom_context *c = NULL;
     loom_sampler smp = {0};
     float *logits = NULL;
+    cli_vision cv = {0};
     int32_t *out = malloc(sizeof *out * (size_t)(max_tokens + 1));
     loom_model_params mp = loom_model_default_params();
     mp.n_threads = threads;
@@ -159,6 +168,11 @@ int cmd_generate(int argc, char **argv) {
     for (int k = 0; k < n_prompt; k++) loom_sampler_accept(&smp, prompt[k], 0);
     double t0 = loom_now();
     int32_t id = 0;
+    if (n_images && (s = cli_vision_prompt(m, model, prompt, n_prompt, images, n_images, &cv))) {
+        rc = cli_fail("preparing the images", s);
+        goto done;
+    }
+    if (n_images) loom_context_prepare(c, &cv.p.in);
     /* with no token to make, the prompt still runs (its timing is reported) */
     s = max_tokens > 0 ? loom_context_eval_next(c, prompt, n_prompt, &smp, logits, &id)
                        : loom_context_eval(c, prompt, n_prompt, 0, NULL);
@@ -207,6 +221,7 @@ int cmd_generate(int argc, char **argv) {
             n_out > 1 ? (n_out - 1) / (t2 - t1 + 1e-12) : 0.0);
     rc = 0;
 done:
+    cli_vision_free(&cv);
     loom_ts_free(ts);
     loom_tok_free(tok);
     loom_sampler_free(&smp);

@@ -4,11 +4,13 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "engine/context.h"
 #include "load/safetensors.h"
 #include "tokenize/tokenizer.h"
 
 static const char usage[] =
-    "usage: loom logits --model DIR (--tokens 1,2,3 | --prompt TEXT [--chat]) --out FILE\n"
+    "usage: loom logits --model DIR (--tokens 1,2,3 | --prompt TEXT [--chat]) [--image F ...]\n"
+    "                   --out FILE\n"
     "\n"
     "Runs the model over the prompt and writes FILE, a safetensors file with\n"
     "one tensor \"logits\", F32 [L, vocab]: the logits at every position (and\n"
@@ -18,12 +20,15 @@ static const char usage[] =
     "  --tokens LIST   comma-separated prompt token ids\n"
     "  --prompt TEXT   prompt text, tokenized with the model's tokenizer\n"
     "  --chat          send --prompt as a user message through the chat template\n"
+    "  --image FILE    a PNG or JPEG for a vision-language model, once per image in\n"
+    "                  prompt order; the prompt holds each image's placeholder tokens\n"
     "  --out FILE      output .safetensors path\n"
     "  --threads N     worker threads (default: all cores)\n";
 
 int cmd_logits(int argc, char **argv) {
     const char *model = NULL, *tokens = NULL, *out = NULL, *prompt = NULL;
-    int threads = 0, chat = 0;
+    int threads = 0, chat = 0, n_images = 0;
+    const char *images[CLI_MAX_IMAGES];
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -32,13 +37,18 @@ int cmd_logits(int argc, char **argv) {
         }
         if (!strcmp(a, "--chat")) { chat = 1; continue; }
         if (strcmp(a, "--model") && strcmp(a, "--tokens") && strcmp(a, "--out") &&
-            strcmp(a, "--threads") && strcmp(a, "--prompt"))
+            strcmp(a, "--threads") && strcmp(a, "--prompt") && strcmp(a, "--image"))
             return cli_usage_error("logits", "unknown option \"%s\"", a);
         if (!(v = cli_value("logits", argc, argv, &i))) return 2;
         if (!strcmp(a, "--model")) model = v;
         else if (!strcmp(a, "--tokens")) tokens = v;
         else if (!strcmp(a, "--out")) out = v;
         else if (!strcmp(a, "--prompt")) prompt = v;
+        else if (!strcmp(a, "--image")) {
+            if (n_images == CLI_MAX_IMAGES)
+                return cli_usage_error("logits", "at most %d --image", CLI_MAX_IMAGES);
+            images[n_images++] = v;
+        }
         else if (cli_int("logits", a, v, 0, 4096, &threads)) return 2;
     }
     if (!model || !out || !tokens == !prompt)
@@ -71,6 +81,7 @@ int cmd_logits(int argc, char **argv) {
     loom_model *m = NULL;
     loom_context *c = NULL;
     float *logits = NULL;
+    cli_vision cv = {0};
     loom_model_params mp = loom_model_default_params();
     mp.n_threads = threads;
     mp.device = cli_device;
@@ -83,6 +94,11 @@ int cmd_logits(int argc, char **argv) {
     int V = loom_model_vocab_size(m);
     logits = malloc(sizeof(float) * (size_t)n * V);
     if (!logits) { fprintf(stderr, "loom: error: out of memory\n"); goto done; }
+    if (n_images && (s = cli_vision_prompt(m, model, ids, n, images, n_images, &cv))) {
+        rc = cli_fail("preparing the images", s);
+        goto done;
+    }
+    if (n_images) loom_context_prepare(c, &cv.p.in);
     if ((s = loom_context_eval(c, ids, n, 1, logits))) { rc = cli_fail("evaluating", s); goto done; }
     loom_st_write_entry e[2] = {
         {.name = "logits", .dtype = LOOM_DT_F32, .ndim = 2, .shape = {n, V}, .data = logits},
@@ -91,6 +107,7 @@ int cmd_logits(int argc, char **argv) {
     if ((s = loom_st_write(out, e, 2))) { rc = cli_fail("writing logits", s); goto done; }
     rc = 0;
 done:
+    cli_vision_free(&cv);
     free(logits);
     free(ids);
     loom_context_free(c);

@@ -22,6 +22,8 @@ struct loom_context {
     loom_exec *exec;       /* owned: CPU or device forwards */
     loom_seq_state *state; /* owned; recurrent state, NULL without linear layers */
     int n_ctx, n_batch;
+    int pos_delta;         /* rope offset of a prepared prompt's continuation */
+    const loom_fwd_input *next_in; /* borrowed: the next eval's prepared input */
 };
 
 loom_context_params loom_context_default_params(void) {
@@ -79,14 +81,18 @@ loom_status loom_context_truncate(loom_context *c, int pos) {
         return loom_err(LOOM_ERR_RANGE, "truncate: position %d outside [0, %d]", pos,
                         c->seq.n_tokens);
     loom_kv_seq_truncate(c->kv, &c->seq, pos);
+    if (pos == 0) c->pos_delta = 0;
     return LOOM_OK;
 }
 
 /* loom_context_eval; picks/samp as loom_exec_forward_picks for the last
  * token's row (NULL: logits). */
-static loom_status ctx_eval(loom_context *c, const int32_t *tokens, int n, int all_logits,
-                            float *logits, int32_t *pick, const loom_sample_pick *samp) {
+static loom_status ctx_eval(loom_context *c, const int32_t *tokens, int n,
+                            const loom_fwd_input *in, int all_logits, float *logits,
+                            int32_t *pick, const loom_sample_pick *samp) {
     int V = c->m->cfg.vocab_size;
+    if (!in) in = c->next_in;
+    c->next_in = NULL;
     if (n <= 0 || !tokens) return loom_err(LOOM_ERR_INVALID_ARG, "eval: no tokens given");
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= V)
@@ -111,25 +117,35 @@ static loom_status ctx_eval(loom_context *c, const int32_t *tokens, int n, int a
             .out = logits && all_logits ? logits + (size_t)off * V : logits,
             .state = c->state,
             .decode = n == 1,  /* one token at a time: what decoding does */
+            .pos_delta = c->pos_delta,
         };
+        loom_fwd_row_input(&row, in, c->m->cfg.hidden_size, off, n);
         s = last && pick ? loom_exec_forward_picks(c->exec, c->kv, &row, 1, pick, samp)
                          : loom_exec_forward(c->exec, c->kv, &row, 1);
         if (s) return s;
     }
+    if (in) c->pos_delta = in->pos_delta;
     return LOOM_OK;
 }
 
 loom_status loom_context_eval(loom_context *c, const int32_t *tokens, int n,
                               int all_logits, float *logits) {
-    return ctx_eval(c, tokens, n, all_logits, logits, NULL, NULL);
+    return ctx_eval(c, tokens, n, NULL, all_logits, logits, NULL, NULL);
 }
+
+loom_status loom_context_eval_input(loom_context *c, const int32_t *tokens, int n,
+                                    const loom_fwd_input *in, int all_logits, float *logits) {
+    return ctx_eval(c, tokens, n, in, all_logits, logits, NULL, NULL);
+}
+
+void loom_context_prepare(loom_context *c, const loom_fwd_input *in) { c->next_in = in; }
 
 loom_status loom_context_eval_next(loom_context *c, const int32_t *tokens, int n,
                                    loom_sampler *smp, float *logits, int32_t *id) {
     loom_sample_pick samp = {0};
     int32_t pick = -2;  /* -2: not asked */
     if (!smp || loom_exec_pick_for(c->exec, smp, &samp)) pick = -1;
-    loom_status s = ctx_eval(c, tokens, n, 0, logits, pick == -1 ? &pick : NULL,
+    loom_status s = ctx_eval(c, tokens, n, NULL, 0, logits, pick == -1 ? &pick : NULL,
                              samp.temperature > 0 ? &samp : NULL);
     if (s != LOOM_OK) return s;
     if (pick >= 0) {

@@ -4,6 +4,7 @@
 #define LOOM_CONTEXT_H
 
 #include "loom.h"
+#include "model/fwd_row.h"
 
 struct loom_sampler;
 
@@ -14,5 +15,16 @@ struct loom_sampler;
  * token is not added to s's penalty window (loom_sampler_accept). */
 loom_status loom_context_eval_next(loom_context *c, const int32_t *tokens, int n,
                                    struct loom_sampler *s, float *logits, int32_t *id);
+
+/* loom_context_eval of a prepared prompt (model/fwd_row.h): its ids and
+ * their embeddings, positions and deepstack features, from the context's
+ * current length on. Every later eval (decode) turns its rope by the
+ * prompt's pos_delta, until the context is truncated to 0. */
+loom_status loom_context_eval_input(loom_context *c, const int32_t *tokens, int n,
+                                    const loom_fwd_input *in, int all_logits, float *logits);
+/* The next eval of any kind (loom_context_eval_next too) takes its tokens
+ * as the prepared prompt in, as loom_context_eval_input does; in is
+ * borrowed until that eval returns. */
+void loom_context_prepare(loom_context *c, const loom_fwd_input *in);
 
 #endif

@@ -109,6 +109,27 @@ static loom_status check_rope(const loom_rope_config *r, const char *where, cons
     return LOOM_OK;
 }
 
+/* mrope_section [t, h, w] (pairs per position stream) and
+ * mrope_interleaved from a rope dict; absent: plain rope. */
+static loom_status parse_mrope(const cJSON *scaling, const char *path, loom_rope_config *r) {
+    const cJSON *sec = get(scaling, "mrope_section");
+    if (!sec) return LOOM_OK;
+    if (!cJSON_IsArray(sec) || cJSON_GetArraySize(sec) != 3)
+        return loom_err(LOOM_ERR_FORMAT, "%s: mrope_section must be an array of 3 integers "
+                        "(t, h, w)", path);
+    for (int k = 0; k < 3; k++) {
+        const cJSON *v = cJSON_GetArrayItem(sec, k);
+        if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 4096 ||
+            v->valuedouble != (int)v->valuedouble)
+            return loom_err(LOOM_ERR_FORMAT, "%s: mrope_section[%d] must be an integer in "
+                            "[0, 4096]", path, k);
+        r->mrope_section[k] = v->valueint;
+    }
+    const cJSON *il = get(scaling, "mrope_interleaved");
+    r->mrope_interleaved = cJSON_IsTrue(il);
+    return LOOM_OK;
+}
+
 /* One rope description: rp is the transformers 5 dict (or NULL), scaling the
  * dict holding rope_type and its parameters (rp itself, or the older
  * rope_scaling), where its name in messages. theta and prf are the
@@ -140,7 +161,8 @@ static loom_status parse_rope_dict(const cJSON *rp, const cJSON *scaling, double
     if ((s = get_num(scaling, "beta_fast", 32.0, path, &r->beta_fast))) return s;
     if ((s = get_num(scaling, "beta_slow", 1.0, path, &r->beta_slow))) return s;
     if ((s = get_num(scaling, "attention_factor", 0, path, &r->attention_factor))) return s;
-    if (!strcmp(type, "default")) r->type = LOOM_ROPE_DEFAULT;
+    /* Qwen2-VL's rope_scaling says "mrope": default frequencies, three streams */
+    if (!strcmp(type, "default") || !strcmp(type, "mrope")) r->type = LOOM_ROPE_DEFAULT;
     else if (!strcmp(type, "linear")) r->type = LOOM_ROPE_LINEAR;
     else if (!strcmp(type, "llama3")) r->type = LOOM_ROPE_LLAMA3;
     else if (!strcmp(type, "yarn")) r->type = LOOM_ROPE_YARN;
@@ -151,6 +173,7 @@ static loom_status parse_rope_dict(const cJSON *rp, const cJSON *scaling, double
                         "%s: rope type \"%s\" is not supported (expected default, linear, "
                         "llama3, yarn, dynamic or proportional)",
                         path, type);
+    if ((s = parse_mrope(scaling, path, r))) return s;
     if (r->type == LOOM_ROPE_LLAMA3 && r->original_max_pos <= 0)
         return loom_err(LOOM_ERR_FORMAT,
                         "%s: llama3 rope needs original_max_position_embeddings", path);

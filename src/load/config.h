@@ -44,6 +44,11 @@ typedef struct loom_rope_config {
     double beta_fast, beta_slow;   /* yarn */
     double attention_factor;       /* yarn mscale (0 = derive) */
     double partial_rotary_factor;  /* fraction of head_dim rotated (1 = all) */
+    /* Multimodal rope (Qwen2-VL and later): rotated pair i turns by one of
+     * three position streams (t, h, w); mrope_section[k] pairs take stream
+     * k, in runs (sectioned) or round robin t,h,w (mrope_interleaved). */
+    int mrope_section[3];          /* all 0 = plain rope */
+    int mrope_interleaved;
 } loom_rope_config;
 
 typedef struct loom_config {

@@ -99,6 +99,7 @@ loom_status loom_fwd_state_create(const loom_model *m, int step_tokens, int max_
     LOOM_FWD_BUF(b, s->split_tmp, (size_t)s->n_threads * s->split_tmp_per);
     LOOM_FWD_BUF(b, s->tok_row, T);
     LOOM_FWD_BUF(b, s->tok_pos, T);
+    LOOM_FWD_BUF(b, s->rot_pos, 3 * T);
     /* each feature's state only where the model has it */
     if (m->n_linear > 0) s->lin = loom_lin_state_create(m, step_tokens, b);
     if (c->n_experts > 0) s->moe = loom_moe_state_create(m, step_tokens, b);
@@ -386,7 +387,8 @@ static void rope_tables(loom_model *m, loom_fwd_state *s, int T) {
         for (int t = 0; t < T; t++)
             for (int i = 0; i < R->rot_dim / 2; i++) {
                 /* Angles in double: positions reach 1e5+ and f32 loses the phase. */
-                double a = (double)s->tok_pos[t] * R->inv_freq[i];
+                int k = R->stream ? R->stream[i] : 0;
+                double a = (double)s->rot_pos[3 * t + k] * R->inv_freq[i];
                 cs[(size_t)t * half_max + i] = (float)(cos(a) * R->scale);
                 sn[(size_t)t * half_max + i] = (float)(sin(a) * R->scale);
             }
@@ -524,6 +526,37 @@ static void ffn_moe_beside(loom_model *m, loom_fwd_state *s, const loom_layer *L
 
 /* ---- the pass ------------------------------------------------------------ */
 
+/* Token i of row r (the step's token t): its layer-0 input into s->x and
+ * its rope positions, from the row's prepared input where it has one. */
+static void token_input(const loom_model *m, loom_fwd_state *s, const loom_fwd_row *r, int i,
+                        int t) {
+    int H = m->cfg.hidden_size;
+    float *x = s->x + (size_t)t * H;
+    if (r->embeds) {
+        memcpy(x, r->embeds + (size_t)i * H, sizeof(float) * (size_t)H);
+    } else {
+        loom_fwd_weight_row(m, &m->embed, x, r->tokens[i]);
+        if (m->embed_scale != 1.0f)
+            for (int j = 0; j < H; j++) x[j] *= m->embed_scale;
+    }
+    for (int k = 0; k < 3; k++)
+        s->rot_pos[3 * t + k] = r->pos3 ? r->pos3[(size_t)k * r->pos_ld + i]
+                                        : s->tok_pos[t] + r->pos_delta;
+}
+
+/* Deepstack: after layer l, row r's features of plane l added to its
+ * tokens' hidden states (zero rows at text tokens leave them as they are). */
+static void add_deepstack(const loom_model *m, loom_fwd_state *s, const loom_fwd_row *rows,
+                          int n_rows, int l) {
+    int H = m->cfg.hidden_size;
+    for (int r = 0, t = 0; r < n_rows; t += rows[r].n, r++) {
+        const loom_fwd_row *row = &rows[r];
+        if (!row->deepstack || l >= row->n_deep) continue;
+        const float *d = row->deepstack + (size_t)l * row->pos_ld * H;
+        for (size_t i = 0; i < (size_t)row->n * H; i++) s->x[(size_t)t * H + i] += d[i];
+    }
+}
+
 loom_status loom_fwd_check_rows(const loom_model *m, const loom_fwd_row *rows, int n_rows,
                                 int block_size, int max_ctx, int step_tokens, int *total) {
     int T = 0;
@@ -546,6 +579,12 @@ loom_status loom_fwd_check_rows(const loom_model *m, const loom_fwd_row *rows, i
                             end, max_ctx);
         if ((end + block_size - 1) / block_size > row->seq->n_blocks)
             return loom_err(LOOM_ERR_INTERNAL, "forward: row %d has no KV blocks reserved", r);
+        if ((row->pos3 || row->deepstack) && row->pos_ld < row->n)
+            return loom_err(LOOM_ERR_INVALID_ARG, "forward: row %d has %d tokens but a position "
+                            "stride of %d", r, row->n, row->pos_ld);
+        if (row->deepstack && row->n_deep > m->cfg.n_layers)
+            return loom_err(LOOM_ERR_INVALID_ARG, "forward: row %d has %d deepstack planes, the "
+                            "model %d layers", r, row->n_deep, m->cfg.n_layers);
         if (row->logits != LOOM_LOGITS_NONE && !row->out)
             return loom_err(LOOM_ERR_INVALID_ARG, "forward: row %d wants logits but has no buffer", r);
         for (int j = 0; j < r; j++)
@@ -585,10 +624,7 @@ loom_status loom_forward(loom_model *m, loom_fwd_state *s, loom_kv_layout *kv,
         for (int i = 0; i < rows[r].n; i++, t++) {
             s->tok_row[t] = r;
             s->tok_pos[t] = rows[r].seq->n_tokens + i;
-            float *x = s->x + (size_t)t * H;
-            loom_fwd_weight_row(m, &m->embed, x, rows[r].tokens[i]);
-            if (m->embed_scale != 1.0f)
-                for (int j = 0; j < H; j++) x[j] *= m->embed_scale;
+            token_input(m, s, &rows[r], i, t);
         }
         n_sel += loom_fwd_row_logits(&rows[r]);
     }
@@ -627,6 +663,7 @@ loom_status loom_forward(loom_model *m, loom_fwd_state *s, loom_kv_layout *kv,
         if (m->has_ple) loom_ple_block(m, s->ple, L, l, s->x, s->xb, T);
         if (L->out_scale != 1.0f)
             for (size_t i = 0; i < (size_t)T * H; i++) s->x[i] *= L->out_scale;
+        add_deepstack(m, s, rows, n_rows, l);
     }
 
     /* Final norm and head only for the tokens whose logits are wanted. */

@@ -40,6 +40,7 @@ struct loom_fwd_state {
     size_t split_tmp_per;
     int *tok_row;      /* [step_tokens] row of each token */
     int *tok_pos;      /* [step_tokens] position of each token */
+    int *rot_pos;      /* [3 * step_tokens] rope positions (t, h, w) of each token */
     loom_fwd_bufs mem;    /* owns the buffers above and the feature states below */
     float *logits;     /* owned (logits_cap / vocab, vocab), grown on demand */
     size_t logits_cap;

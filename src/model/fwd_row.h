@@ -8,7 +8,20 @@
  * head. The row points at its sequence's state. The state cannot be
  * rewound: it must have consumed exactly seq->n_tokens tokens, except that a
  * sequence at position 0 always starts from a zero state (so truncating a
- * sequence to 0 and refilling it needs no reset call). */
+ * sequence to 0 and refilling it needs no reset call).
+ *
+ * Prepared input (vision-language prompts): a row may carry, beside its
+ * token ids, the layer-0 input rows themselves (text embeddings with image
+ * features spliced in at the placeholder tokens), the tokens' own M-RoPE
+ * positions (t, h, w), and deepstack features added to the hidden state
+ * after each of the first n_deep layers. A row without pos3 turns its rope
+ * by KV position + pos_delta: a prompt that owned its position grid leaves
+ * only that delta to its decode rows. Rows that set none of these are plain
+ * text rows and compute exactly what they did before. The arrays are laid
+ * out per prompt with stride pos_ld (>= n), so a chunk of a prompt points
+ * into the whole prompt's arrays at its offset. A per-token attention group
+ * (tokens of one image attending to each other both ways) belongs here too,
+ * as a (pos_ld) array beside pos3. */
 #ifndef LOOM_FWD_ROW_H
 #define LOOM_FWD_ROW_H
 
@@ -54,7 +67,42 @@ typedef struct loom_fwd_row {
      * never do, so a prompt token's attention is the same however the
      * prompt is chunked or how much of it a prefix cache supplied. */
     int decode;
+    /* Prepared input (above); all NULL / 0 for a text row. */
+    const float *embeds;     /* (n, hidden) borrowed: layer-0 input in place of the embeddings */
+    const int32_t *pos3;     /* (3, pos_ld) borrowed: rope positions (t, h, w) of the n tokens */
+    const float *deepstack;  /* (n_deep, pos_ld, hidden) borrowed: zero rows at text tokens */
+    int n_deep;              /* added after layers 0 .. n_deep - 1 */
+    int pos_ld;              /* stride of pos3's streams and deepstack's planes */
+    int pos_delta;           /* without pos3: rope position = KV position + pos_delta */
 } loom_fwd_row;
+
+/* A whole prepared prompt of n tokens as its owner keeps it (stride n);
+ * a row over tokens [off, off + k) points at each array's offset. */
+typedef struct loom_fwd_input {
+    const float *embeds;     /* (n, hidden) or NULL */
+    const int32_t *pos3;     /* (3, n) or NULL */
+    const float *deepstack;  /* (n_deep, n, hidden) or NULL */
+    int n_deep;
+    int pos_delta;           /* what decode rows after the prompt carry */
+} loom_fwd_input;
+
+/* Row r's prepared fields for tokens [off, off + r->n) of a prompt of n
+ * tokens (in NULL: a text row, pos_delta 0). */
+static inline void loom_fwd_row_input(loom_fwd_row *r, const loom_fwd_input *in, int hidden,
+                                      int off, int n) {
+    if (!in) return;
+    r->embeds = in->embeds ? in->embeds + (size_t)off * hidden : NULL;
+    r->pos3 = in->pos3 ? in->pos3 + off : NULL;
+    r->deepstack = in->deepstack ? in->deepstack + (size_t)off * hidden : NULL;
+    r->n_deep = in->deepstack ? in->n_deep : 0;
+    r->pos_ld = n;
+    r->pos_delta = in->pos_delta;
+}
+
+/* Whether a row carries prepared input (backends without it refuse it). */
+static inline int loom_fwd_row_prepared(const loom_fwd_row *r) {
+    return r->embeds || r->pos3 || r->deepstack || r->pos_delta;
+}
 
 /* The logits rows a row writes to out: n (ALL), 1 (LAST) or 0. */
 static inline int loom_fwd_row_logits(const loom_fwd_row *r) {

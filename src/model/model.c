@@ -22,6 +22,7 @@ static const loom_arch archs[] = {
     {"Qwen2ForCausalLM", LOOM_ARCH_QKV_BIAS},
     {"Qwen3ForCausalLM", LOOM_ARCH_QK_NORM | LOOM_ARCH_CFG_BIAS},
     {"Qwen3MoeForCausalLM", LOOM_ARCH_QK_NORM | LOOM_ARCH_CFG_BIAS | LOOM_ARCH_MOE},
+    {"Qwen3VLForConditionalGeneration", LOOM_ARCH_QK_NORM | LOOM_ARCH_CFG_BIAS},
     {"Gemma2ForCausalLM", GEMMA | LOOM_ARCH_ALT_SLIDING},
     {"Gemma3ForCausalLM", GEMMA | LOOM_ARCH_QK_NORM | LOOM_ARCH_PATTERN_SLIDING},
     {"Gemma4ForCausalLM", GEMMA4},
@@ -246,6 +247,27 @@ static loom_status bind_norm(loom_model *m, const char *name, int n, const float
     return bind_f32(m, name, 1, &n, 0, (m->arch->flags & LOOM_ARCH_NORM_1P) != 0, out);
 }
 
+/* Which position stream turns each rotated pair: runs of mrope_section[k]
+ * pairs (Qwen2-VL, Qwen2.5-VL), or interleaved t,h,w,t,h,w... with h and w
+ * stopping after 3 * section[k] pairs (Qwen3-VL, Qwen3.5). */
+static loom_status setup_mrope(const loom_rope_config *r, int half, loom_rope *out) {
+    const int *sec = r->mrope_section;
+    int sum = sec[0] + sec[1] + sec[2];
+    if (sum == 0) return LOOM_OK;
+    if (sum != half)
+        return loom_err(LOOM_ERR_FORMAT, "mrope_section [%d, %d, %d] covers %d rotated pairs, "
+                        "the rope has %d", sec[0], sec[1], sec[2], sum, half);
+    out->stream = malloc((size_t)half);
+    if (!out->stream) return loom_err(LOOM_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < half; i++) {
+        int k = i < sec[0] ? 0 : i < sec[0] + sec[1] ? 1 : 2;
+        if (r->mrope_interleaved)
+            k = i % 3 == 1 && i < 3 * sec[1] ? 1 : i % 3 == 2 && i < 3 * sec[2] ? 2 : 0;
+        out->stream[i] = (unsigned char)k;
+    }
+    return LOOM_OK;
+}
+
 /* inv_freq per rotated pair, following transformers' rope init functions,
  * for heads of head_dim. */
 static loom_status setup_rope(const loom_config *c, const loom_rope_config *r, int head_dim,
@@ -314,7 +336,7 @@ static loom_status setup_rope(const loom_config *c, const loom_rope_config *r, i
     case LOOM_ROPE_DYNAMIC:
         return loom_err(LOOM_ERR_UNSUPPORTED, "rope type \"dynamic\" is not supported yet");
     }
-    return LOOM_OK;
+    return setup_mrope(r, rot / 2, out);
 }
 
 /* A scale as the checkpoint's dtype holds it: transformers multiplies by
@@ -900,7 +922,10 @@ void loom_model_free(loom_model *m) {
         for (int l = 0; l < m->cfg.n_layers; l++) free(m->layers[l].moe.experts);
     free(m->layers);
     loom_free(m->arena);
-    for (int i = 0; i < LOOM_MAX_ROPES; i++) free(m->ropes[i].inv_freq);
+    for (int i = 0; i < LOOM_MAX_ROPES; i++) {
+        free(m->ropes[i].inv_freq);
+        free(m->ropes[i].stream);
+    }
     loom_free(m->il_mem);
     free(m);
 }

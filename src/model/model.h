@@ -63,6 +63,9 @@ typedef struct loom_rope {
     int rot_dim;
     double *inv_freq;          /* owned [rot_dim / 2] */
     double scale;              /* multiplies cos/sin (yarn attention factor) */
+    /* M-RoPE: pair i turns by position stream stream[i] (0 t, 1 h, 2 w) of
+     * the token; NULL = plain rope (one position). */
+    unsigned char *stream;     /* owned [rot_dim / 2] or NULL */
 } loom_rope;
 
 typedef struct loom_mlp {

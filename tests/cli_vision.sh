@@ -1,0 +1,39 @@
+#!/bin/sh
+# loom generate / logits with --image on the Qwen3-VL and Qwen3.5-VL
+# fixtures: the 8 greedy tokens of the two-image case from the image files
+# themselves; a placeholder count that does not match the images, and
+# --image on a model without a vision tower, fail naming what they found.
+set -u
+LOOM="${LOOM_BUILD:-build}/loom"
+fail=0
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+# case 3's prompt: two images (C 4 placeholders, D 12) between texts
+IDS=500,320,198,272,155,502,504,504,504,504,503,39,112,353,502,504,504,504,504,504,504,504,504,504,504,504,504,503,91,266,421,258,501,198,500,321,198
+run() {  # model-dir expected-ids
+  d=tests/fixtures/models/$1
+  out=$("$LOOM" generate --model "$d" --tokens "$IDS" --image "$d/images/C_32x32_rgba.png" \
+        --image "$d/images/D_300x200_rgb.png" --max-tokens 8 --temperature 0 --ids 2>/dev/null)
+  [ "$out" = "$2" ] || { echo "generate $1 with images: got \"$out\", expected \"$2\""; fail=1; }
+  if ! "$LOOM" logits --model "$d" --tokens "$IDS" --image "$d/images/C_32x32_rgba.png" \
+       --image "$d/images/D_300x200_rgb.png" --out "$dir/$1.safetensors" >/dev/null 2>&1 ||
+     [ ! -s "$dir/$1.safetensors" ]; then
+    echo "logits $1 with images failed"; fail=1
+  fi
+}
+run qwen3-vl-tiny "[327, 419, 133, 55, 465, 465, 465, 465]"
+run qwen3.5-vl-tiny-hybrid "[390, 305, 49, 212, 390, 406, 350, 358]"
+d=tests/fixtures/models/qwen3-vl-tiny
+err=$("$LOOM" generate --model "$d" --tokens "$IDS" --image "$d/images/C_32x32_rgba.png" \
+      --max-tokens 1 2>&1)
+case "$err" in
+  *"16 image placeholder tokens"*"need 4"*) ;;
+  *) echo "one image for 16 placeholders: no count error in: $err"; fail=1 ;;
+esac
+err=$("$LOOM" logits --model tests/fixtures/models/qwen3-tiny --tokens 1,2 \
+      --image "$d/images/A_64x48_rgb.png" --out "$dir/x.safetensors" 2>&1)
+case "$err" in
+  *"no vision tower"*) ;;
+  *) echo "--image on a text model: no error naming it in: $err"; fail=1 ;;
+esac
+exit $fail
