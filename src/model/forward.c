@@ -99,6 +99,8 @@ loom_status loom_fwd_state_create(const loom_model *m, int step_tokens, int max_
     LOOM_FWD_BUF(b, s->split_tmp, (size_t)s->n_threads * s->split_tmp_per);
     LOOM_FWD_BUF(b, s->tok_row, T);
     LOOM_FWD_BUF(b, s->tok_pos, T);
+    LOOM_FWD_BUF(b, s->tok_first, T);
+    LOOM_FWD_BUF(b, s->tok_last, T);
     /* each feature's state only where the model has it */
     if (m->n_linear > 0) s->lin = loom_lin_state_create(m, step_tokens, b);
     if (c->n_experts > 0) s->moe = loom_moe_state_create(m, step_tokens, b);
@@ -186,6 +188,13 @@ static int key_lo(const loom_attn *A, int pos) {
     return A->window > 0 ? LOOM_MAX(0, pos - A->window + 1) : 0;
 }
 
+/* Token t's keys [tok_lo, tok_hi]: causal inside its window, and its whole
+ * bidirectional span (which sees itself whatever the window). */
+static int tok_lo(const loom_attn *A, const loom_fwd_state *s, int t) {
+    return LOOM_MIN(key_lo(A, s->tok_pos[t]), s->tok_first[t]);
+}
+static int tok_hi(const loom_fwd_state *s, int t) { return s->tok_last[t]; }
+
 /* Chunks of ch positions a split decode token at pos spans. */
 static int split_chunks(const loom_attn *A, int pos, int ch) {
     return pos / ch - key_lo(A, pos) / ch + 1;
@@ -222,8 +231,11 @@ static void attn_task(void *ctx, int task, int thread) {
     int kh = task % n_kv, ta = j->tiles[2 * (task / n_kv)], tb = j->tiles[2 * (task / n_kv) + 1];
     int slots = (tb - ta) * group;
     const loom_kv_seq *seq = j->rows[s->tok_row[ta]].seq;
-    int pos0 = s->tok_pos[ta], pos1 = s->tok_pos[tb - 1];
-    int lo0 = key_lo(A, pos0);
+    int lo0 = tok_lo(A, s, ta), pos1 = tok_hi(s, ta);
+    for (int t = ta + 1; t < tb; t++) {
+        lo0 = LOOM_MIN(lo0, tok_lo(A, s, t));
+        pos1 = LOOM_MAX(pos1, tok_hi(s, t));
+    }
     int span = pos1 - lo0 + 1;
     size_t smax = (size_t)s->att_slots;
     float *sc = s->scores + (size_t)thread * smax * s->max_ctx;
@@ -246,9 +258,9 @@ static void attn_task(void *ctx, int task, int thread) {
         k->matmul_f32(sc + (p0 - lo0), span, qs, hd, kr, hd, slots, 0, cn);
     }
     for (int t = ta; t < tb; t++) {
-        int pos = s->tok_pos[t], lo = key_lo(A, pos);
+        int hi = tok_hi(s, t), lo = tok_lo(A, s, t);
         for (int g = 0; g < group; g++)
-            score_softmax(k, sc + (size_t)((t - ta) * group + g) * span + (lo - lo0), pos - lo + 1,
+            score_softmax(k, sc + (size_t)((t - ta) * group + g) * span + (lo - lo0), hi - lo + 1,
                           A->scale, cap);
     }
     memset(out, 0, sizeof(float) * (size_t)slots * hd);
@@ -260,8 +272,8 @@ static void attn_task(void *ctx, int task, int thread) {
         int ld;
         const float *vr = kv_rows(j, seq, kh, 1, p0, p1 - p0, kc, 1, &ld);
         for (int t = ta; t < tb; t++) {
-            int pos = s->tok_pos[t], lo = key_lo(A, pos);
-            int a = LOOM_MIN(LOOM_MAX(lo, p0), p1) - p0, b = LOOM_MAX(LOOM_MIN(pos + 1, p1) - p0, a);
+            int hi = tok_hi(s, t), lo = tok_lo(A, s, t);
+            int a = LOOM_MIN(LOOM_MAX(lo, p0), p1) - p0, b = LOOM_MAX(LOOM_MIN(hi + 1, p1) - p0, a);
             for (int g = 0; g < group; g++) {
                 keys[2 * ((t - ta) * group + g)] = a;
                 keys[2 * ((t - ta) * group + g) + 1] = b;
@@ -524,6 +536,23 @@ static void ffn_moe_beside(loom_model *m, loom_fwd_state *s, const loom_layer *L
 
 /* ---- the pass ------------------------------------------------------------ */
 
+/* Each token's key bounds from its row's bidirectional spans; a span lies
+ * whole inside its row (loom_fwd_check_rows). */
+static void spans(loom_fwd_state *s, const loom_fwd_row *rows, int n_rows) {
+    for (int r = 0, t0 = 0; r < n_rows; t0 += rows[r].n, r++) {
+        const int32_t *g = rows[r].groups;
+        int p0 = rows[r].seq->n_tokens, end = LOOM_MIN(p0 + rows[r].n, rows[r].n_groups);
+        for (int a = p0, b; g && a < end; a = b) {
+            for (b = a + 1; g[a] >= 0 && b < end && g[b] == g[a];) b++;
+            if (g[a] < 0) continue;
+            for (int p = a; p < b; p++) {
+                s->tok_first[t0 + p - p0] = a;
+                s->tok_last[t0 + p - p0] = b - 1;
+            }
+        }
+    }
+}
+
 loom_status loom_fwd_check_rows(const loom_model *m, const loom_fwd_row *rows, int n_rows,
                                 int block_size, int max_ctx, int step_tokens, int *total) {
     int T = 0;
@@ -548,6 +577,16 @@ loom_status loom_fwd_check_rows(const loom_model *m, const loom_fwd_row *rows, i
             return loom_err(LOOM_ERR_INTERNAL, "forward: row %d has no KV blocks reserved", r);
         if (row->logits != LOOM_LOGITS_NONE && !row->out)
             return loom_err(LOOM_ERR_INVALID_ARG, "forward: row %d wants logits but has no buffer", r);
+        int p0 = row->seq->n_tokens;
+        const int32_t *g = row->groups;
+        if (g && p0 > 0 && p0 < row->n_groups && g[p0] >= 0 && g[p0 - 1] == g[p0])
+            return loom_err(LOOM_ERR_INVALID_ARG, "forward: row %d starts at position %d inside "
+                            "the bidirectional span %d (an image's tokens must be computed in "
+                            "one row)", r, p0, g[p0]);
+        if (g && end < row->n_groups && g[end] >= 0 && g[end - 1] == g[end])
+            return loom_err(LOOM_ERR_INVALID_ARG, "forward: row %d ends at position %d inside "
+                            "the bidirectional span %d (an image's tokens must be computed in "
+                            "one row)", r, end, g[end]);
         for (int j = 0; j < r; j++)
             if (rows[j].seq == row->seq)
                 return loom_err(LOOM_ERR_INVALID_ARG, "forward: rows %d and %d extend the same "
@@ -585,6 +624,7 @@ loom_status loom_forward(loom_model *m, loom_fwd_state *s, loom_kv_layout *kv,
         for (int i = 0; i < rows[r].n; i++, t++) {
             s->tok_row[t] = r;
             s->tok_pos[t] = rows[r].seq->n_tokens + i;
+            s->tok_first[t] = s->tok_last[t] = s->tok_pos[t];
             float *x = s->x + (size_t)t * H;
             loom_fwd_weight_row(m, &m->embed, x, rows[r].tokens[i]);
             if (m->embed_scale != 1.0f)
@@ -592,6 +632,7 @@ loom_status loom_forward(loom_model *m, loom_fwd_state *s, loom_kv_layout *kv,
         }
         n_sel += loom_fwd_row_logits(&rows[r]);
     }
+    spans(s, rows, n_rows);
     size_t need = (size_t)n_sel * (size_t)c->vocab_size;
     if (need > s->logits_cap) {
         float *nl = loom_alloc(need * 4);

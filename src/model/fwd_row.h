@@ -54,6 +54,13 @@ typedef struct loom_fwd_row {
      * never do, so a prompt token's attention is the same however the
      * prompt is chunked or how much of it a prefix cache supplied. */
     int decode;
+    /* Bidirectional spans (Gemma 3's images), by position in the sequence:
+     * the tokens of a run of equal groups[p] >= 0 attend to each other both
+     * ways, every other token causally; positions from n_groups on, or
+     * groups NULL, are causal. A span's tokens must all be in one row (a
+     * prompt chunk that ends or starts inside one is refused). Borrowed. */
+    const int32_t *groups;   /* [n_groups] */
+    int n_groups;
 } loom_fwd_row;
 
 /* The logits rows a row writes to out: n (ALL), 1 (LAST) or 0. */
