@@ -8,14 +8,17 @@
 
 #include "base/base.h"
 #include "engine/kv.h"
+#include "load/config.h"
 #include "load/safetensors.h"
 #include "model/forward.h"
 #include "ops/ops.h"
 #include "model/matmul.h"
 #include "test.h"
+#include "vision/qwen25_vit.h"
 #include "vision/siglip.h"
 
 #define GEMMA_DIR "tests/fixtures/models/gemma3-vl-tiny"
+#define QWEN_DIR "tests/fixtures/models/qwen2.5-vl-tiny"
 
 static const loom_st_tensor *ref_t(const loom_safetensors *ref, const char *fmt, int i) {
     char name[96];
@@ -61,10 +64,11 @@ static loom_status prefill(lm *t, const int32_t *ids, int n, const int32_t *grou
                            const int *cuts, float *out) {
     loom_kv_seq_release(t->kv, &t->seq);
     loom_status s = loom_kv_seq_reserve(t->kv, &t->seq, n);
+    loom_fwd_layout ly = {.n = n, .groups = groups};
     for (int a = 0, c = 0; s == LOOM_OK && a < n; a = cuts[c++]) {
         loom_fwd_row r = {.tokens = ids + a, .n = cuts[c] - a, .seq = &t->seq,
                           .logits = LOOM_LOGITS_ALL, .out = out + (size_t)a * t->V,
-                          .groups = groups, .n_groups = groups ? n : 0};
+                          .layout = groups ? &ly : NULL};
         s = loom_forward(t->m, t->fs, &t->kv->lay, &r, 1);
     }
     return s;
@@ -110,8 +114,9 @@ static void spans(void) {
     CHECK_EQ_INT(t.seq.n_tokens, 0);
     loom_fwd_row r = {.tokens = ids, .n = a + 3, .seq = &t.seq, .logits = LOOM_LOGITS_NONE};
     CHECK(loom_forward(t.m, t.fs, &t.kv->lay, &r, 1) == LOOM_OK);
+    loom_fwd_layout ly = {.n = n, .groups = g};
     r = (loom_fwd_row){.tokens = ids + a + 3, .n = n - a - 3, .seq = &t.seq,
-                       .logits = LOOM_LOGITS_NONE, .groups = g, .n_groups = n};
+                       .logits = LOOM_LOGITS_NONE, .layout = &ly};
     CHECK(loom_forward(t.m, t.fs, &t.kv->lay, &r, 1) == LOOM_ERR_INVALID_ARG);
     CHECKF(strstr(loom_last_error(), "starts at position 9 inside"), "%s", loom_last_error());
     CHECK_EQ_INT(t.seq.n_tokens, a + 3);
@@ -182,8 +187,9 @@ static void gemma_logits(void) {
         /* greedy through the KV cache */
         loom_kv_seq_release(t.kv, &t.seq);
         CHECK(loom_kv_seq_reserve(t.kv, &t.seq, n + 8) == LOOM_OK);
+        loom_fwd_layout ly = {.n = n, .groups = g};
         loom_fwd_row r = {.tokens = sub, .n = n, .seq = &t.seq, .logits = LOOM_LOGITS_LAST,
-                          .out = out, .groups = g, .n_groups = n};
+                          .out = out, .layout = &ly};
         CHECK(loom_forward(m, t.fs, &t.kv->lay, &r, 1) == LOOM_OK);
         int same = 1;
         for (int k = 0; k < 8; k++) {
@@ -212,8 +218,118 @@ static void gemma_logits(void) {
     lm_close(&t);
 }
 
+/* Qwen2.5-VL with images, end to end: the tower's rows in place of the
+ * image pads (through the embedding table as above), M-RoPE positions from
+ * loom_qwen25_rope_index, decode positions continuing from its delta. */
+static void qwen_logits(void) {
+    lm t;
+    loom_safetensors *ref = NULL;
+    CHECKF(lm_open(&t, QWEN_DIR), "%s", loom_last_error());
+    CHECK(loom_st_open(QWEN_DIR "/reference.safetensors", &ref) == LOOM_OK);
+    char *text = NULL;
+    size_t len;
+    CHECK(loom_read_file(QWEN_DIR "/config.json", &text, &len) == LOOM_OK);
+    cJSON *cfg = cJSON_Parse(text);
+    free(text);
+    loom_model *m = t.m;
+    int V = t.V, H = m->cfg.hidden_size;
+    CHECK(m->cfg.rope.mrope_section[0] == 2 && m->cfg.rope.mrope_section[2] == 3);
+    loom_qwen25_vit *tower = NULL;
+    CHECKF(loom_qwen25_vit_load(m, cfg, H, &tower) == LOOM_OK, "%s", loom_last_error());
+    loom_weight embed = m->embed;
+    float *table = malloc(sizeof(float) * (size_t)V * H);
+    for (int v = 0; v < V; v++) loom_fwd_weight_row(m, &embed, table + (size_t)v * H, v);
+    m->embed = (loom_weight){.dtype = LOOM_DT_F32, .rows = V, .cols = H, .data = table};
+    for (int c = 0; tower && c <= 3; c++) {
+        const loom_st_tensor *it = ref_t(ref, "case.%d.input_ids", c);
+        const loom_st_tensor *lg = ref_t(ref, "case.%d.logits", c);
+        const loom_st_tensor *gr = ref_t(ref, "case.%d.greedy", c);
+        const loom_st_tensor *px = ref_t(ref, "case.%d.pixel_values", c);
+        const loom_st_tensor *gt = ref_t(ref, "case.%d.image_grid_thw", c);
+        int n = (int)it->shape[0], n_img = gt ? (int)gt->shape[0] : 0, grids[24], n_rows = 0;
+        for (int k = 0; k < 3 * n_img; k++) grids[k] = (int)((const int64_t *)gt->data)[k];
+        for (int k = 0; k < n_img; k++) n_rows += loom_qwen25_vit_tokens(tower, grids + 3 * k);
+        int32_t *ids = malloc((size_t)n * 4), *mpos = malloc((size_t)n * 12);
+        for (int i = 0; i < n; i++) ids[i] = (int32_t)((const int64_t *)it->data)[i];
+        float *rows = malloc(sizeof(float) * ((size_t)n_rows + 1) * H);
+        if (n_img) CHECKF(loom_qwen25_vit_encode(tower, px->data, grids, n_img, rows, NULL) ==
+                          LOOM_OK, "%s", loom_last_error());
+        int delta = 0;
+        CHECK(loom_qwen25_rope_index(ids, n, 504, grids, n_img, 2, mpos, &delta) == LOOM_OK);
+        int32_t *sub = malloc((size_t)n * 4);
+        char *used = calloc((size_t)V, 1);
+        for (int i = 0; i < n; i++) used[ids[i]] = 1;
+        for (int i = 0, k = 0, u = 0; i < n; i++) {
+            sub[i] = ids[i];
+            if (ids[i] != 504) continue;
+            while (used[u]) u++;
+            used[u] = 1;
+            sub[i] = u;
+            memcpy(table + (size_t)u * H, rows + (size_t)k++ * H, sizeof(float) * (size_t)H);
+        }
+        float *out = calloc((size_t)n * V, 4);
+        loom_fwd_layout ly = {.n = n, .mpos = mpos, .mpos_delta = delta};
+        loom_kv_seq_release(t.kv, &t.seq);
+        CHECK(loom_kv_seq_reserve(t.kv, &t.seq, n + 8) == LOOM_OK);
+        loom_fwd_row r = {.tokens = sub, .n = n, .seq = &t.seq, .logits = LOOM_LOGITS_ALL,
+                          .out = out, .layout = &ly};
+        CHECKF(loom_forward(m, t.fs, &t.kv->lay, &r, 1) == LOOM_OK, "%s", loom_last_error());
+        double e = test_rel_err(out, lg->data, (size_t)n * V);
+        fprintf(stderr, "  qwen2.5-vl case %d logits: max err / max |ref| = %.3g\n", c, e);
+        CHECKF(e < 1e-5, "qwen2.5-vl case %d logits: %g", c, e);
+        /* greedy through the KV cache, positions past the prompt + delta */
+        float *last = out + (size_t)(n - 1) * V;
+        int same = 1;
+        for (int k = 0; k < 8; k++) {
+            int32_t next = loom_argmax(last, V);
+            same &= next == ((const int64_t *)gr->data)[k];
+            r = (loom_fwd_row){.tokens = &next, .n = 1, .seq = &t.seq, .logits = LOOM_LOGITS_LAST,
+                               .out = out, .decode = 1, .layout = &ly};
+            last = out;
+            if (k < 7) CHECK(loom_forward(m, t.fs, &t.kv->lay, &r, 1) == LOOM_OK);
+        }
+        CHECKF(same, "qwen2.5-vl case %d greedy tokens differ", c);
+        for (int i = 0; i < n; i++)
+            if (ids[i] == 504) loom_fwd_weight_row(m, &embed, table + (size_t)sub[i] * H, sub[i]);
+        free(out);
+        free(sub);
+        free(used);
+        free(rows);
+        free(ids);
+        free(mpos);
+    }
+    m->embed = embed;
+    free(table);
+    loom_qwen25_vit_free(tower);
+    cJSON_Delete(cfg);
+    loom_st_close(ref);
+    lm_close(&t);
+}
+
+/* Both spellings of M-RoPE's sections: transformers 5's rope_parameters
+ * and the older rope_scaling of type "mrope". */
+static void mrope_config(void) {
+    static const char *older = "{\"architectures\": [\"Qwen2_5_VLForConditionalGeneration\"], "
+        "\"hidden_size\": 64, \"vocab_size\": 512, \"num_hidden_layers\": 1, "
+        "\"num_attention_heads\": 4, \"intermediate_size\": 128, \"rope_theta\": 1e6, "
+        "\"rope_scaling\": {\"type\": \"mrope\", \"mrope_section\": [16, 24, 24]}}";
+    loom_config c;
+    CHECKF(loom_config_parse(older, "config.json", &c) == LOOM_OK, "%s", loom_last_error());
+    CHECK(c.rope.type == LOOM_ROPE_DEFAULT && c.rope.theta == 1e6);
+    CHECK(c.rope.mrope_section[0] == 16 && c.rope.mrope_section[1] == 24 &&
+          c.rope.mrope_section[2] == 24);
+    static const char *bad = "{\"architectures\": [\"Qwen2_5_VLForConditionalGeneration\"], "
+        "\"hidden_size\": 64, \"vocab_size\": 512, \"num_hidden_layers\": 1, "
+        "\"num_attention_heads\": 4, \"intermediate_size\": 128, "
+        "\"rope_parameters\": {\"rope_type\": \"default\", \"mrope_section\": [16, 24]}}";
+    CHECK(loom_config_parse(bad, "config.json", &c) == LOOM_ERR_FORMAT);
+    CHECKF(strstr(loom_last_error(), "mrope_section must be 3 integers"), "%s", loom_last_error());
+}
+
 int main(void) {
+    mrope_config();
     spans();
     gemma_logits();
+    qwen_logits();
     return test_report("test_vision_lm");
 }

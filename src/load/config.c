@@ -140,7 +140,22 @@ static loom_status parse_rope_dict(const cJSON *rp, const cJSON *scaling, double
     if ((s = get_num(scaling, "beta_fast", 32.0, path, &r->beta_fast))) return s;
     if ((s = get_num(scaling, "beta_slow", 1.0, path, &r->beta_slow))) return s;
     if ((s = get_num(scaling, "attention_factor", 0, path, &r->attention_factor))) return s;
-    if (!strcmp(type, "default")) r->type = LOOM_ROPE_DEFAULT;
+    const cJSON *ms = get(scaling, "mrope_section");
+    if (ms) {
+        if (!cJSON_IsArray(ms) || cJSON_GetArraySize(ms) != 3)
+            return loom_err(LOOM_ERR_FORMAT, "%s: %s.mrope_section must be 3 integers (t, h, w)",
+                            path, where);
+        for (int i = 0; i < 3; i++) {
+            const cJSON *e = cJSON_GetArrayItem(ms, i);
+            if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble > 4096 ||
+                e->valuedouble != floor(e->valuedouble))
+                return loom_err(LOOM_ERR_FORMAT, "%s: %s.mrope_section[%d] must be a "
+                                "non-negative integer", path, where, i);
+            r->mrope_section[i] = (int)e->valuedouble;
+        }
+    }
+    /* older checkpoints name M-RoPE's plain frequencies "mrope" */
+    if (!strcmp(type, "default") || !strcmp(type, "mrope")) r->type = LOOM_ROPE_DEFAULT;
     else if (!strcmp(type, "linear")) r->type = LOOM_ROPE_LINEAR;
     else if (!strcmp(type, "llama3")) r->type = LOOM_ROPE_LLAMA3;
     else if (!strcmp(type, "yarn")) r->type = LOOM_ROPE_YARN;

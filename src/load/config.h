@@ -44,6 +44,7 @@ typedef struct loom_rope_config {
     double beta_fast, beta_slow;   /* yarn */
     double attention_factor;       /* yarn mscale (0 = derive) */
     double partial_rotary_factor;  /* fraction of head_dim rotated (1 = all) */
+    int mrope_section[3];          /* M-RoPE: rotary pairs per axis (t, h, w), in runs; 0s = none */
 } loom_rope_config;
 
 typedef struct loom_config {

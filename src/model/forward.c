@@ -389,16 +389,34 @@ static void split_combine(loom_fwd_state *s, int nh, int hd, int t, int first, i
     }
 }
 
-static void rope_tables(loom_model *m, loom_fwd_state *s, int T) {
+/* Token t's rotary position on M-RoPE axis ax (0 t, 1 h, 2 w): its row's
+ * layout's, or past it the sequence position plus the layout's delta. */
+static int mrope_pos(const loom_fwd_state *s, const loom_fwd_row *rows, int t, int ax) {
+    const loom_fwd_layout *ly = rows[s->tok_row[t]].layout;
+    int p = s->tok_pos[t];
+    if (!ly || !ly->mpos) return p;
+    return p < ly->n ? ly->mpos[(size_t)ax * ly->n + p] : p + ly->mpos_delta;
+}
+
+/* The M-RoPE axis of rotary pair i: sections of pairs t, h, w in runs
+ * (Qwen2-VL and Qwen2.5-VL); pairs past them take t's. */
+static int mrope_axis(const int *sec, int i) {
+    return i < sec[0] ? 0 : i < sec[0] + sec[1] ? 1 : i < sec[0] + sec[1] + sec[2] ? 2 : 0;
+}
+
+static void rope_tables(loom_model *m, loom_fwd_state *s, const loom_fwd_row *rows, int T) {
     int half_max = s->max_rot / 2;
+    const int *sec = m->cfg.rope.mrope_section;
+    int mrope = sec[0] + sec[1] + sec[2] > 0;
     for (int r = 0; r < m->n_ropes; r++) {
         const loom_rope *R = &m->ropes[r];
         float *cs = s->cos + (size_t)r * s->step_tokens * half_max;
         float *sn = s->sin + (size_t)r * s->step_tokens * half_max;
         for (int t = 0; t < T; t++)
             for (int i = 0; i < R->rot_dim / 2; i++) {
+                int pos = mrope ? mrope_pos(s, rows, t, mrope_axis(sec, i)) : s->tok_pos[t];
                 /* Angles in double: positions reach 1e5+ and f32 loses the phase. */
-                double a = (double)s->tok_pos[t] * R->inv_freq[i];
+                double a = (double)pos * R->inv_freq[i];
                 cs[(size_t)t * half_max + i] = (float)(cos(a) * R->scale);
                 sn[(size_t)t * half_max + i] = (float)(sin(a) * R->scale);
             }
@@ -540,8 +558,9 @@ static void ffn_moe_beside(loom_model *m, loom_fwd_state *s, const loom_layer *L
  * whole inside its row (loom_fwd_check_rows). */
 static void spans(loom_fwd_state *s, const loom_fwd_row *rows, int n_rows) {
     for (int r = 0, t0 = 0; r < n_rows; t0 += rows[r].n, r++) {
-        const int32_t *g = rows[r].groups;
-        int p0 = rows[r].seq->n_tokens, end = LOOM_MIN(p0 + rows[r].n, rows[r].n_groups);
+        const loom_fwd_layout *ly = rows[r].layout;
+        const int32_t *g = ly ? ly->groups : NULL;
+        int p0 = rows[r].seq->n_tokens, end = ly ? LOOM_MIN(p0 + rows[r].n, ly->n) : 0;
         for (int a = p0, b; g && a < end; a = b) {
             for (b = a + 1; g[a] >= 0 && b < end && g[b] == g[a];) b++;
             if (g[a] < 0) continue;
@@ -577,13 +596,13 @@ loom_status loom_fwd_check_rows(const loom_model *m, const loom_fwd_row *rows, i
             return loom_err(LOOM_ERR_INTERNAL, "forward: row %d has no KV blocks reserved", r);
         if (row->logits != LOOM_LOGITS_NONE && !row->out)
             return loom_err(LOOM_ERR_INVALID_ARG, "forward: row %d wants logits but has no buffer", r);
-        int p0 = row->seq->n_tokens;
-        const int32_t *g = row->groups;
-        if (g && p0 > 0 && p0 < row->n_groups && g[p0] >= 0 && g[p0 - 1] == g[p0])
+        int p0 = row->seq->n_tokens, n_g = row->layout ? row->layout->n : 0;
+        const int32_t *g = row->layout ? row->layout->groups : NULL;
+        if (g && p0 > 0 && p0 < n_g && g[p0] >= 0 && g[p0 - 1] == g[p0])
             return loom_err(LOOM_ERR_INVALID_ARG, "forward: row %d starts at position %d inside "
                             "the bidirectional span %d (an image's tokens must be computed in "
                             "one row)", r, p0, g[p0]);
-        if (g && end < row->n_groups && g[end] >= 0 && g[end - 1] == g[end])
+        if (g && end < n_g && g[end] >= 0 && g[end - 1] == g[end])
             return loom_err(LOOM_ERR_INVALID_ARG, "forward: row %d ends at position %d inside "
                             "the bidirectional span %d (an image's tokens must be computed in "
                             "one row)", r, end, g[end]);
@@ -641,7 +660,7 @@ loom_status loom_forward(loom_model *m, loom_fwd_state *s, loom_kv_layout *kv,
         s->logits = nl;
         s->logits_cap = need;
     }
-    rope_tables(m, s, T);
+    rope_tables(m, s, rows, T);
     if (m->has_ple) loom_ple_inputs(m, s->ple, s->x, rows, n_rows, T);
 
     for (int l = 0; l < c->n_layers; l++) {

@@ -54,14 +54,23 @@ typedef struct loom_fwd_row {
      * never do, so a prompt token's attention is the same however the
      * prompt is chunked or how much of it a prefix cache supplied. */
     int decode;
-    /* Bidirectional spans (Gemma 3's images), by position in the sequence:
-     * the tokens of a run of equal groups[p] >= 0 attend to each other both
-     * ways, every other token causally; positions from n_groups on, or
-     * groups NULL, are causal. A span's tokens must all be in one row (a
-     * prompt chunk that ends or starts inside one is refused). Borrowed. */
-    const int32_t *groups;   /* [n_groups] */
-    int n_groups;
+    const struct loom_fwd_layout *layout; /* borrowed, or NULL: plain positions, causal */
 } loom_fwd_row;
+
+/* What a vision-language prompt lays out by position beyond its ids, one
+ * for all of a sequence's rows (borrowed):
+ * - groups: bidirectional spans (Gemma 3's images): the tokens of a run of
+ *   equal groups[p] >= 0 attend to each other both ways, every other token
+ *   causally. A span's tokens must all be in one row (a prompt chunk that
+ *   ends or starts inside one is refused).
+ * - mpos: M-RoPE positions (t, h, w) of models with a mrope_section;
+ *   positions p from n on (decode) are p + mpos_delta on every axis. */
+typedef struct loom_fwd_layout {
+    int n;                   /* positions it covers */
+    const int32_t *groups;   /* [n] or NULL */
+    const int32_t *mpos;     /* [3][n] or NULL */
+    int mpos_delta;
+} loom_fwd_layout;
 
 /* The logits rows a row writes to out: n (ALL), 1 (LAST) or 0. */
 static inline int loom_fwd_row_logits(const loom_fwd_row *r) {
