@@ -596,6 +596,10 @@ static loom_status check_rows(const loom_cuda_model *g, const loom_kv_layout *kv
     for (int r = 0; r < n_rows; r++)
         if (rows[r].state)
             return loom_err(LOOM_ERR_INVALID_ARG, "forward: row %d carries a recurrent state", r);
+        else if (rows[r].layout)
+            return loom_err(LOOM_ERR_UNSUPPORTED, "cuda forward: row %d carries a prompt layout "
+                            "(M-RoPE positions or bidirectional spans); the CPU backend runs "
+                            "those", r);
     return loom_fwd_check_rows(g->m, rows, n_rows, kv->block_size, g->max_ctx, g->step_tokens, total);
 }
 
