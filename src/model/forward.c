@@ -100,6 +100,8 @@ loom_status loom_fwd_state_create(const loom_model *m, int step_tokens, int max_
     LOOM_FWD_BUF(b, s->tok_row, T);
     LOOM_FWD_BUF(b, s->tok_pos, T);
     LOOM_FWD_BUF(b, s->rot_pos, 3 * T);
+    LOOM_FWD_BUF(b, s->tok_first, T);
+    LOOM_FWD_BUF(b, s->tok_last, T);
     /* each feature's state only where the model has it */
     if (m->n_linear > 0) s->lin = loom_lin_state_create(m, step_tokens, b);
     if (c->n_experts > 0) s->moe = loom_moe_state_create(m, step_tokens, b);
@@ -187,6 +189,13 @@ static int key_lo(const loom_attn *A, int pos) {
     return A->window > 0 ? LOOM_MAX(0, pos - A->window + 1) : 0;
 }
 
+/* Token t's keys [tok_lo, tok_hi]: causal inside its window, and its whole
+ * bidirectional span (which sees itself whatever the window). */
+static int tok_lo(const loom_attn *A, const loom_fwd_state *s, int t) {
+    return LOOM_MIN(key_lo(A, s->tok_pos[t]), s->tok_first[t]);
+}
+static int tok_hi(const loom_fwd_state *s, int t) { return s->tok_last[t]; }
+
 /* Chunks of ch positions a split decode token at pos spans. */
 static int split_chunks(const loom_attn *A, int pos, int ch) {
     return pos / ch - key_lo(A, pos) / ch + 1;
@@ -223,8 +232,11 @@ static void attn_task(void *ctx, int task, int thread) {
     int kh = task % n_kv, ta = j->tiles[2 * (task / n_kv)], tb = j->tiles[2 * (task / n_kv) + 1];
     int slots = (tb - ta) * group;
     const loom_kv_seq *seq = j->rows[s->tok_row[ta]].seq;
-    int pos0 = s->tok_pos[ta], pos1 = s->tok_pos[tb - 1];
-    int lo0 = key_lo(A, pos0);
+    int lo0 = tok_lo(A, s, ta), pos1 = tok_hi(s, ta);
+    for (int t = ta + 1; t < tb; t++) {
+        lo0 = LOOM_MIN(lo0, tok_lo(A, s, t));
+        pos1 = LOOM_MAX(pos1, tok_hi(s, t));
+    }
     int span = pos1 - lo0 + 1;
     size_t smax = (size_t)s->att_slots;
     float *sc = s->scores + (size_t)thread * smax * s->max_ctx;
@@ -247,9 +259,9 @@ static void attn_task(void *ctx, int task, int thread) {
         k->matmul_f32(sc + (p0 - lo0), span, qs, hd, kr, hd, slots, 0, cn);
     }
     for (int t = ta; t < tb; t++) {
-        int pos = s->tok_pos[t], lo = key_lo(A, pos);
+        int hi = tok_hi(s, t), lo = tok_lo(A, s, t);
         for (int g = 0; g < group; g++)
-            score_softmax(k, sc + (size_t)((t - ta) * group + g) * span + (lo - lo0), pos - lo + 1,
+            score_softmax(k, sc + (size_t)((t - ta) * group + g) * span + (lo - lo0), hi - lo + 1,
                           A->scale, cap);
     }
     memset(out, 0, sizeof(float) * (size_t)slots * hd);
@@ -261,8 +273,8 @@ static void attn_task(void *ctx, int task, int thread) {
         int ld;
         const float *vr = kv_rows(j, seq, kh, 1, p0, p1 - p0, kc, 1, &ld);
         for (int t = ta; t < tb; t++) {
-            int pos = s->tok_pos[t], lo = key_lo(A, pos);
-            int a = LOOM_MIN(LOOM_MAX(lo, p0), p1) - p0, b = LOOM_MAX(LOOM_MIN(pos + 1, p1) - p0, a);
+            int hi = tok_hi(s, t), lo = tok_lo(A, s, t);
+            int a = LOOM_MIN(LOOM_MAX(lo, p0), p1) - p0, b = LOOM_MAX(LOOM_MIN(hi + 1, p1) - p0, a);
             for (int g = 0; g < group; g++) {
                 keys[2 * ((t - ta) * group + g)] = a;
                 keys[2 * ((t - ta) * group + g) + 1] = b;
@@ -557,6 +569,23 @@ static void add_deepstack(const loom_model *m, loom_fwd_state *s, const loom_fwd
     }
 }
 
+/* Each token's key bounds from its row's bidirectional spans; a span lies
+ * whole inside its row (loom_fwd_check_rows). */
+static void spans(loom_fwd_state *s, const loom_fwd_row *rows, int n_rows) {
+    for (int r = 0, t0 = 0; r < n_rows; t0 += rows[r].n, r++) {
+        const int32_t *g = rows[r].groups;
+        int p0 = rows[r].seq->n_tokens, n = rows[r].n;
+        for (int a = 0, b; g && a < n; a = b) {
+            for (b = a + 1; g[a] >= 0 && b < n && g[b] == g[a];) b++;
+            if (g[a] < 0) continue;
+            for (int i = a; i < b; i++) {
+                s->tok_first[t0 + i] = p0 + a;
+                s->tok_last[t0 + i] = p0 + b - 1;
+            }
+        }
+    }
+}
+
 loom_status loom_fwd_check_rows(const loom_model *m, const loom_fwd_row *rows, int n_rows,
                                 int block_size, int max_ctx, int step_tokens, int *total) {
     int T = 0;
@@ -579,14 +608,25 @@ loom_status loom_fwd_check_rows(const loom_model *m, const loom_fwd_row *rows, i
                             end, max_ctx);
         if ((end + block_size - 1) / block_size > row->seq->n_blocks)
             return loom_err(LOOM_ERR_INTERNAL, "forward: row %d has no KV blocks reserved", r);
-        if ((row->pos3 || row->deepstack) && row->pos_ld < row->n)
-            return loom_err(LOOM_ERR_INVALID_ARG, "forward: row %d has %d tokens but a position "
-                            "stride of %d", r, row->n, row->pos_ld);
+        if ((row->pos3 || row->deepstack || row->groups) && row->pos_ld < row->pos_off + row->n)
+            return loom_err(LOOM_ERR_INVALID_ARG, "forward: row %d covers tokens [%d, %d) of its "
+                            "prepared arrays, whose stride is %d", r, row->pos_off,
+                            row->pos_off + row->n, row->pos_ld);
         if (row->deepstack && row->n_deep > m->cfg.n_layers)
             return loom_err(LOOM_ERR_INVALID_ARG, "forward: row %d has %d deepstack planes, the "
                             "model %d layers", r, row->n_deep, m->cfg.n_layers);
         if (row->logits != LOOM_LOGITS_NONE && !row->out)
             return loom_err(LOOM_ERR_INVALID_ARG, "forward: row %d wants logits but has no buffer", r);
+        const int32_t *g = row->groups;
+        if (g && row->pos_off > 0 && g[0] >= 0 && g[-1] == g[0])
+            return loom_err(LOOM_ERR_INVALID_ARG, "forward: row %d starts at position %d inside "
+                            "the bidirectional span %d (an image's tokens must be computed in "
+                            "one row)", r, row->seq->n_tokens, g[0]);
+        if (g && row->pos_off + row->n < row->pos_ld && g[row->n] >= 0 &&
+            g[row->n - 1] == g[row->n])
+            return loom_err(LOOM_ERR_INVALID_ARG, "forward: row %d ends at position %d inside "
+                            "the bidirectional span %d (an image's tokens must be computed in "
+                            "one row)", r, end, g[row->n]);
         for (int j = 0; j < r; j++)
             if (rows[j].seq == row->seq)
                 return loom_err(LOOM_ERR_INVALID_ARG, "forward: rows %d and %d extend the same "
@@ -625,9 +665,11 @@ loom_status loom_forward(loom_model *m, loom_fwd_state *s, loom_kv_layout *kv,
             s->tok_row[t] = r;
             s->tok_pos[t] = rows[r].seq->n_tokens + i;
             token_input(m, s, &rows[r], i, t);
+            s->tok_first[t] = s->tok_last[t] = s->tok_pos[t];
         }
         n_sel += loom_fwd_row_logits(&rows[r]);
     }
+    spans(s, rows, n_rows);
     size_t need = (size_t)n_sel * (size_t)c->vocab_size;
     if (need > s->logits_cap) {
         float *nl = loom_alloc(need * 4);

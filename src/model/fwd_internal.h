@@ -41,6 +41,9 @@ struct loom_fwd_state {
     int *tok_row;      /* [step_tokens] row of each token */
     int *tok_pos;      /* [step_tokens] position of each token */
     int *rot_pos;      /* [3 * step_tokens] rope positions (t, h, w) of each token */
+    int *tok_first;    /* [step_tokens] first key position its span allows (its own position
+                          outside bidirectional spans; a sliding window may start later) */
+    int *tok_last;     /* [step_tokens] last key position (its span's last, else its own) */
     loom_fwd_bufs mem;    /* owns the buffers above and the feature states below */
     float *logits;     /* owned (logits_cap / vocab, vocab), grown on demand */
     size_t logits_cap;

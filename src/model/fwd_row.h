@@ -19,9 +19,10 @@
  * only that delta to its decode rows. Rows that set none of these are plain
  * text rows and compute exactly what they did before. The arrays are laid
  * out per prompt with stride pos_ld (>= n), so a chunk of a prompt points
- * into the whole prompt's arrays at its offset. A per-token attention group
- * (tokens of one image attending to each other both ways) belongs here too,
- * as a (pos_ld) array beside pos3. */
+ * into the whole prompt's arrays at its offset pos_off. Bidirectional spans
+ * (Gemma 3's images): the tokens of a run of equal groups[i] >= 0 attend
+ * to each other both ways, every other token causally; a span lies whole
+ * inside one row (a chunk that starts or ends inside one is refused). */
 #ifndef LOOM_FWD_ROW_H
 #define LOOM_FWD_ROW_H
 
@@ -72,7 +73,9 @@ typedef struct loom_fwd_row {
     const int32_t *pos3;     /* (3, pos_ld) borrowed: rope positions (t, h, w) of the n tokens */
     const float *deepstack;  /* (n_deep, pos_ld, hidden) borrowed: zero rows at text tokens */
     int n_deep;              /* added after layers 0 .. n_deep - 1 */
+    const int32_t *groups;   /* (pos_ld) borrowed: span id of each token, -1 outside spans */
     int pos_ld;              /* stride of pos3's streams and deepstack's planes */
+    int pos_off;             /* the row's first token's index in those arrays */
     int pos_delta;           /* without pos3: rope position = KV position + pos_delta */
 } loom_fwd_row;
 
@@ -83,6 +86,7 @@ typedef struct loom_fwd_input {
     const int32_t *pos3;     /* (3, n) or NULL */
     const float *deepstack;  /* (n_deep, n, hidden) or NULL */
     int n_deep;
+    const int32_t *groups;   /* (n) or NULL */
     int pos_delta;           /* what decode rows after the prompt carry */
 } loom_fwd_input;
 
@@ -95,13 +99,15 @@ static inline void loom_fwd_row_input(loom_fwd_row *r, const loom_fwd_input *in,
     r->pos3 = in->pos3 ? in->pos3 + off : NULL;
     r->deepstack = in->deepstack ? in->deepstack + (size_t)off * hidden : NULL;
     r->n_deep = in->deepstack ? in->n_deep : 0;
+    r->groups = in->groups ? in->groups + off : NULL;
     r->pos_ld = n;
+    r->pos_off = off;
     r->pos_delta = in->pos_delta;
 }
 
 /* Whether a row carries prepared input (backends without it refuse it). */
 static inline int loom_fwd_row_prepared(const loom_fwd_row *r) {
-    return r->embeds || r->pos3 || r->deepstack || r->pos_delta;
+    return r->embeds || r->pos3 || r->deepstack || r->groups || r->pos_delta;
 }
 
 /* The logits rows a row writes to out: n (ALL), 1 (LAST) or 0. */

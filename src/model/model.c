@@ -20,6 +20,7 @@ static const loom_arch archs[] = {
     {"LlamaForCausalLM", LOOM_ARCH_CFG_BIAS},
     {"MistralForCausalLM", LOOM_ARCH_SLIDING},
     {"Qwen2ForCausalLM", LOOM_ARCH_QKV_BIAS},
+    {"Qwen2_5_VLForConditionalGeneration", LOOM_ARCH_QKV_BIAS},
     {"Qwen3ForCausalLM", LOOM_ARCH_QK_NORM | LOOM_ARCH_CFG_BIAS},
     {"Qwen3MoeForCausalLM", LOOM_ARCH_QK_NORM | LOOM_ARCH_CFG_BIAS | LOOM_ARCH_MOE},
     {"Qwen3VLForConditionalGeneration", LOOM_ARCH_QK_NORM | LOOM_ARCH_CFG_BIAS},
