@@ -629,6 +629,11 @@ loom_status loom_forward(loom_model *m, loom_fwd_state *s, loom_kv_layout *kv,
             for (size_t i = 0; i < (size_t)T * H; i++) s->x[i] *= L->out_scale;
     }
 
+    /* Hidden states after the final norm, where a row asks for them. */
+    for (int r = 0, t = 0; r < n_rows; t += rows[r].n, r++)
+        for (int i = 0; rows[r].hidden && i < rows[r].n; i++)
+            m->k->rmsnorm(rows[r].hidden + (size_t)i * H, s->x + (size_t)(t + i) * H, m->final_norm, H,
+                          (float)c->rms_eps);
     /* Final norm and head only for the tokens whose logits are wanted. */
     if (n_sel > 0) {
         int j = 0;

@@ -54,6 +54,11 @@ typedef struct loom_fwd_row {
      * never do, so a prompt token's attention is the same however the
      * prompt is chunked or how much of it a prefix cache supplied. */
     int decode;
+    /* Embeddings: when non-NULL, [n, hidden] receives every position's
+     * hidden state after the final norm (what the head reads), besides
+     * whatever logits asks for. A backend that cannot return them fails
+     * the forward with LOOM_ERR_UNSUPPORTED. */
+    float *hidden;
 } loom_fwd_row;
 
 /* The logits rows a row writes to out: n (ALL), 1 (LAST) or 0. */
