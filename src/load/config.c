@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "base/base.h"
+#include "base/buf.h"
 
 static const cJSON *get(const cJSON *o, const char *k) {
     return cJSON_GetObjectItemCaseSensitive(o, k);
@@ -537,16 +538,20 @@ static loom_status load_pooling(const char *dir, loom_config *cfg) {
         {"pooling_mode_mean_tokens", LOOM_POOLING_MEAN},
         {"pooling_mode_cls_token", LOOM_POOLING_CLS},
     };
-    int found = 0, other = 0;
+    int found = 0, set = 0;
     for (size_t i = 0; pc && i < LOOM_ARRAY_LEN(modes); i++)
         if (get_bool(pc, modes[i].key, 0)) found = found ? -1 : modes[i].mode;
+    loom_buf names = {0};
     for (const cJSON *f = pc ? pc->child : NULL; f; f = f->next)
-        if (f->string && !strncmp(f->string, "pooling_mode_", 13) && cJSON_IsTrue(f)) other++;
-    if (pc && (found <= 0 || other != 1))
-        loom_log(LOOM_LOG_WARN, "%s/%s: expected one of pooling_mode_lasttoken, _mean_tokens or "
-                 "_cls_token set, found %d modes set; embeddings pool the last token", dir, sub, other);
+        if (f->string && !strncmp(f->string, "pooling_mode_", 13) && cJSON_IsTrue(f))
+            loom_buf_printf(&names, "%s%s", set++ ? ", " : "", f->string);
+    if (pc && (found <= 0 || set != 1))
+        loom_log(LOOM_LOG_WARN, "%s/%s: expected one of pooling_mode_lasttoken, pooling_mode_mean_tokens "
+                 "or pooling_mode_cls_token set, found %s; embeddings pool the last token", dir, sub,
+                 set ? names.p : "none");
     else if (found > 0)
         cfg->pooling = found;
+    loom_buf_free(&names);
     cJSON_Delete(pc);
     cJSON_Delete(mods);
     return st;
