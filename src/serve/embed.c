@@ -93,12 +93,17 @@ static int parse_input(server *s, embed_call *c, api_error *err) {
     if (one) return cJSON_IsString(v) ? put_text(s, v, "input", c->in, err)
                                       : put_ids(v, "input", s->vocab, c->in, err);
     int strings = cJSON_IsString(v->child), i = 0;
+    if (!strings && !cJSON_IsArray(v->child))
+        return api_fail(err, 400, "input", "'input[0]' must be a string or a list of token ids");
+    /* every item's kind first: a mixed list is refused as such */
+    for (const cJSON *e = v->child; e; e = e->next, i++)
+        if (strings ? !cJSON_IsString(e) : !cJSON_IsArray(e))
+            return api_fail(err, 400, "input", "'input[%d]' must be %s, as 'input[0]' is", i,
+                            strings ? "a string" : "a list of token ids");
+    i = 0;
     for (const cJSON *e = v->child; e; e = e->next, i++) {
         char param[32];
         snprintf(param, sizeof param, "input[%d]", i);
-        if (strings ? !cJSON_IsString(e) : !cJSON_IsArray(e))
-            return api_fail(err, 400, "input", "'%s' must be %s, as 'input[0]' is", param,
-                            strings ? "a string" : "a list of token ids");
         if ((strings ? put_text(s, e, param, &c->in[i], err) : put_ids(e, param, s->vocab, &c->in[i], err)) < 0)
             return -1;
     }
