@@ -50,19 +50,19 @@ static int run(loom_model *m, loom_kv_type kt, split_cfg sc, const int32_t *tok,
     for (int i = 0; i < LB; i++) tb[i] = tok[(i * 7 + 3) % L];
     for (int off = 0; ok && off < L; off += PRE) {
         int n = LOOM_MIN(PRE, L - off);
-        loom_fwd_row r = {tok + off, n, &sq[0], LOOM_LOGITS_LAST, junk, st[0], 0};
+        loom_fwd_row r = {tok + off, n, &sq[0], LOOM_LOGITS_LAST, junk, st[0], 0, NULL};
         ok = loom_forward(m, fs, &kv->lay, &r, 1) == LOOM_OK;
     }
     out[0] = loom_argmax(junk, V);
     for (int off = 0; ok && sc.batched && off < LB; off += PRE) {
         int n = LOOM_MIN(PRE, LB - off);
-        loom_fwd_row r = {tb + off, n, &sq[1], LOOM_LOGITS_LAST, junk, st[1], 0};
+        loom_fwd_row r = {tb + off, n, &sq[1], LOOM_LOGITS_LAST, junk, st[1], 0, NULL};
         ok = loom_forward(m, fs, &kv->lay, &r, 1) == LOOM_OK;
     }
     for (int i = 0; ok && i < N_DEC; i++) {
         loom_fwd_row r[2] = {
-            {tb + LB + i, 1, &sq[1], LOOM_LOGITS_LAST, junk, st[1], 1},
-            {out + i, 1, &sq[0], LOOM_LOGITS_LAST, lg + (size_t)i * V, st[0], 1},
+            {tb + LB + i, 1, &sq[1], LOOM_LOGITS_LAST, junk, st[1], 1, NULL},
+            {out + i, 1, &sq[0], LOOM_LOGITS_LAST, lg + (size_t)i * V, st[0], 1, NULL},
         };
         tb[LB + i] = (int32_t)(i * 13 % V);
         ok = loom_forward(m, fs, &kv->lay, sc.batched ? r : r + 1, sc.batched ? 2 : 1) == LOOM_OK;
@@ -146,11 +146,11 @@ static int prefill(loom_model *m, const int32_t *tok, int last_alone, int decode
     int end = last_alone ? L - 1 : L;
     for (int off = 0; ok && off < end; off += PRE) {
         int n = LOOM_MIN(PRE, end - off);
-        loom_fwd_row r = {tok + off, n, &sq, LOOM_LOGITS_LAST, lg, st, 0};
+        loom_fwd_row r = {tok + off, n, &sq, LOOM_LOGITS_LAST, lg, st, 0, NULL};
         ok = loom_forward(m, fs, &kv->lay, &r, 1) == LOOM_OK;
     }
     if (ok && last_alone) {
-        loom_fwd_row r = {tok + L - 1, 1, &sq, LOOM_LOGITS_LAST, lg, st, decode};
+        loom_fwd_row r = {tok + L - 1, 1, &sq, LOOM_LOGITS_LAST, lg, st, decode, NULL};
         ok = loom_forward(m, fs, &kv->lay, &r, 1) == LOOM_OK;
     }
     if (ok) CHECK(decode ? fs->att_split_tokens > 0 : fs->att_split_tokens == 0);

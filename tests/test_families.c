@@ -709,18 +709,18 @@ static void test_recurrent_state(const char *fixture) {
         void *snap = malloc(bytes);
         float *la = malloc(sizeof(float) * (size_t)V * 2), *lb = la + V;
         CHECK(loom_kv_seq_reserve(kv, &a, L) == LOOM_OK);
-        loom_fwd_row r = {tok, 100, &a, LOOM_LOGITS_NONE, NULL, sa, 0};
+        loom_fwd_row r = {tok, 100, &a, LOOM_LOGITS_NONE, NULL, sa, 0, NULL};
         CHECK(loom_forward(m, fs, &kv->lay, &r, 1) == LOOM_OK);
         loom_seq_state_save(sa, snap);
         /* b: same first 100 positions of KV (recomputed), state restored */
         CHECK(loom_kv_seq_reserve(kv, &b, L) == LOOM_OK);
-        loom_fwd_row rb = {tok, 100, &b, LOOM_LOGITS_NONE, NULL, sb, 0};
+        loom_fwd_row rb = {tok, 100, &b, LOOM_LOGITS_NONE, NULL, sb, 0, NULL};
         CHECK(loom_forward(m, fs, &kv->lay, &rb, 1) == LOOM_OK);
         loom_seq_state_reset(sb);
         loom_seq_state_load(sb, snap, 100);
         CHECK_EQ_INT(loom_seq_state_tokens(sb), 100);
-        loom_fwd_row two[2] = {{tok + 100, L - 100, &a, LOOM_LOGITS_LAST, la, sa, 0},
-                               {tok + 100, L - 100, &b, LOOM_LOGITS_LAST, lb, sb, 0}};
+        loom_fwd_row two[2] = {{tok + 100, L - 100, &a, LOOM_LOGITS_LAST, la, sa, 0, NULL},
+                               {tok + 100, L - 100, &b, LOOM_LOGITS_LAST, lb, sb, 0, NULL}};
         CHECK(loom_forward(m, fs, &kv->lay, two, 2) == LOOM_OK);
         CHECKF(memcmp(la, lb, sizeof(float) * (size_t)V) == 0, "%s: restored state differs",
                fixture);

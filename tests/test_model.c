@@ -183,17 +183,17 @@ static void check_batched(const char *dir, double tol) {
     }
     CHECK(V <= 512);
     loom_fwd_row rows[3] = {
-        {ids[0], len[0], &seq[0], LOOM_LOGITS_ALL, out[0], st[0], 0},
-        {ids[2], 100, &seq[2], LOOM_LOGITS_ALL, out[2], st[2], 0},
-        {ids[1], len[1], &seq[1], LOOM_LOGITS_ALL, out[1], st[1], 0},
+        {ids[0], len[0], &seq[0], LOOM_LOGITS_ALL, out[0], st[0], 0, NULL},
+        {ids[2], 100, &seq[2], LOOM_LOGITS_ALL, out[2], st[2], 0, NULL},
+        {ids[1], len[1], &seq[1], LOOM_LOGITS_ALL, out[1], st[1], 0, NULL},
     };
     loom_status s = loom_forward(m, fs, &kv->lay, rows, 3);
     CHECKF(s == LOOM_OK, "%s batched step 1: %s", dir, loom_last_error());
     loom_fwd_row rows2[3] = {
-        {&greedy[0][0], 1, &seq[0], LOOM_LOGITS_LAST, dec[0], st[0], 1},
-        {greedy[1], 1, &seq[1], LOOM_LOGITS_LAST, dec[1], st[1], 1},
+        {&greedy[0][0], 1, &seq[0], LOOM_LOGITS_LAST, dec[0], st[0], 1, NULL},
+        {greedy[1], 1, &seq[1], LOOM_LOGITS_LAST, dec[1], st[1], 1, NULL},
         {ids[2] + 100, len[2] - 100, &seq[2], LOOM_LOGITS_ALL, out[2] + (size_t)100 * V, st[2],
-         0},
+         0, NULL},
     };
     s = loom_forward(m, fs, &kv->lay, rows2, 3);
     CHECKF(s == LOOM_OK, "%s batched step 2: %s", dir, loom_last_error());
@@ -205,7 +205,7 @@ static void check_batched(const char *dir, double tol) {
         CHECKF(loom_argmax(dec[i], V) == greedy[i][1], "%s batched decode %d differs", dir, i + 1);
     /* A sequence whose recurrent state does not match is refused. */
     if (st[0]) {
-        loom_fwd_row bad = {ids[0], 1, &seq[0], LOOM_LOGITS_NONE, NULL, st[1], 0};
+        loom_fwd_row bad = {ids[0], 1, &seq[0], LOOM_LOGITS_NONE, NULL, st[1], 0, NULL};
         CHECK(loom_forward(m, fs, &kv->lay, &bad, 1) == LOOM_ERR_INVALID_ARG);
     }
     for (int i = 0; i < 3; i++) {
@@ -256,7 +256,7 @@ static void check_tiles_exact(const char *dir, loom_kv_type kt, int fast) {
     for (int i = 0; i < 3; i++) CHECK(loom_seq_state_create(m, &st[i]) == LOOM_OK);
     CHECK(loom_kv_seq_reserve(kv, &sq[0], L) == LOOM_OK);
     for (int t = 0; t < L; t++) {
-        loom_fwd_row r = {tok[0] + t, 1, &sq[0], LOOM_LOGITS_LAST, solo + (size_t)t * V, st[0], 0};
+        loom_fwd_row r = {tok[0] + t, 1, &sq[0], LOOM_LOGITS_LAST, solo + (size_t)t * V, st[0], 0, NULL};
         CHECKF(loom_forward(m, fs, &kv->lay, &r, 1) == LOOM_OK, "%s: %s", dir, loom_last_error());
     }
     loom_kv_seq_release(kv, &sq[0]);
@@ -270,10 +270,10 @@ static void check_tiles_exact(const char *dir, loom_kv_type kt, int fast) {
         loom_fwd_row rows[3];
         int n = 0, ca = LOOM_MIN(LOOM_MIN(chunks[step % 11], maxc), L - oa);
         int cc = LOOM_MIN(2, LC - oc);
-        if (ob < LB) rows[n++] = (loom_fwd_row){tok[1] + ob++, 1, &sq[1], LOOM_LOGITS_LAST, junk, st[1], 0};
-        rows[n++] = (loom_fwd_row){tok[0] + oa, ca, &sq[0], LOOM_LOGITS_ALL, bat + (size_t)oa * V, st[0], 0};
+        if (ob < LB) rows[n++] = (loom_fwd_row){tok[1] + ob++, 1, &sq[1], LOOM_LOGITS_LAST, junk, st[1], 0, NULL};
+        rows[n++] = (loom_fwd_row){tok[0] + oa, ca, &sq[0], LOOM_LOGITS_ALL, bat + (size_t)oa * V, st[0], 0, NULL};
         if (cc > 0)
-            rows[n++] = (loom_fwd_row){tok[2] + oc, cc, &sq[2], LOOM_LOGITS_ALL, junk + V, st[2], 0};
+            rows[n++] = (loom_fwd_row){tok[2] + oc, cc, &sq[2], LOOM_LOGITS_ALL, junk + V, st[2], 0, NULL};
         oa += ca;
         oc += cc;
         if (loom_forward(m, fs, &kv->lay, rows, n) != LOOM_OK) {

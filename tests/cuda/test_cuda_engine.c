@@ -89,6 +89,15 @@ static void check(const char *name) {
             batched += n == 20 && !memcmp(out, greedy[i], sizeof out);
             loom_request_free(r[i]);
         }
+        /* the device forward returns no hidden states: an embedding
+         * request is refused at submit, saying so */
+        loom_request_params rp = loom_request_default_params();
+        rp.prompt = ids[0];
+        rp.n_prompt = len[0];
+        rp.pooling = LOOM_POOLING_LAST;
+        loom_request *er = NULL;
+        CHECK(loom_engine_submit(e, &rp, &er) == LOOM_ERR_UNSUPPORTED && er == NULL);
+        CHECKF(strstr(loom_last_error(), "CUDA") != NULL, "%s", loom_last_error());
         loom_engine_free(e);
     }
     int ok = worst <= 1e-5 && same == 4 && batched == 4;
