@@ -293,7 +293,7 @@ typedef struct loom_request_params {
                                once loom_request_embedding() has the vector. The
                                prompt may fill the whole context. LAST may read the
                                prefix cache (the vector is the same); MEAN and CLS
-                               compute every position. The CPU backend only. */
+                               compute every position. */
     int normalize;          /* embeddings: L2-normalise the vector (default 1) */
 } loom_request_params;
 

@@ -392,9 +392,6 @@ loom_status loom_engine_submit(loom_engine *e, const loom_request_params *p, loo
                         LOOM_POOLING_CLS, (int)p->pooling);
     if (p->pooling && p->prompt_logprobs >= 0)
         return loom_err(LOOM_ERR_INVALID_ARG, "request: an embedding request has no prompt logprobs");
-    if (p->pooling && loom_exec_on_device(e->exec))
-        return loom_err(LOOM_ERR_UNSUPPORTED, "embeddings: the CUDA forward returns logits only, "
-                        "not hidden states; load the model on the CPU for embeddings");
     int embed = p->pooling != LOOM_POOLING_NONE;
     for (int i = 0; i < p->n_prompt; i++)
         if (p->prompt[i] < 0 || p->prompt[i] >= V)

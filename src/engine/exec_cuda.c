@@ -16,10 +16,6 @@ typedef struct cuda_exec {
 static loom_status cuda_forward(loom_exec *x, loom_kv_pool *kv, loom_fwd_row *rows, int n_rows,
                                 int32_t *picks, const loom_sample_pick *samp) {
     cuda_exec *g = (cuda_exec *)x;
-    for (int r = 0; r < n_rows; r++)
-        if (rows[r].hidden)
-            return loom_err(LOOM_ERR_UNSUPPORTED, "forward: row %d asks for hidden states "
-                            "(embeddings); the CUDA forward returns logits only", r);
     return loom_cuda_forward(g->gpu, &kv->lay, rows, n_rows, picks, samp);
 }
 

@@ -56,8 +56,7 @@ typedef struct loom_fwd_row {
     int decode;
     /* Embeddings: when non-NULL, [n, hidden] receives every position's
      * hidden state after the final norm (what the head reads), besides
-     * whatever logits asks for. A backend that cannot return them fails
-     * the forward with LOOM_ERR_UNSUPPORTED. */
+     * whatever logits asks for (the CPU and CUDA forwards both do). */
     float *hidden;
 } loom_fwd_row;
 
