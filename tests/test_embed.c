@@ -4,12 +4,15 @@
  * its pooled vectors, many inputs batched in the same steps (with a
  * generation among them) give what each gives alone, a prefix-cache hit
  * gives the same vector as a miss, and the model directory's
- * sentence-transformers Pooling config picks the pooling. */
+ * sentence-transformers Pooling config picks the pooling; a forward row
+ * asking for hidden states beside logits gets the same logits. */
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/base.h"
+#include "engine/kv.h"
 #include "load/safetensors.h"
+#include "model/forward.h"
 #include "test.h"
 
 #define DIR "tests/fixtures/models/qwen3-tiny"
@@ -386,7 +389,51 @@ static void pooling_config(void) {
     rmdir(dir);
 }
 
+/* The forward itself: a row asking for logits and hidden states gets the
+ * reference hidden states and the same logits as a row asking for logits
+ * alone, beside another sequence's row. */
+static void forward_rows(void) {
+    fixture f;
+    if (!load(&f)) {
+        CHECK(0);
+        unload(&f);
+        return;
+    }
+    loom_model *m = f.m;
+    int V = loom_model_vocab_size(m), H = f.H, L = f.len[3];
+    loom_kv_pool *kv = NULL;
+    loom_fwd_state *fs = NULL;
+    CHECK(loom_kv_pool_create(m->cfg.n_layers, loom_model_kv_dim(m), 16, 32, LOOM_KV_F32, &kv) == LOOM_OK);
+    CHECK(loom_fwd_state_create(m, 256, 256, &fs) == LOOM_OK);
+    loom_kv_seq seq[3] = {{0}};
+    for (int i = 0; i < 3 && kv; i++) CHECK(loom_kv_seq_reserve(kv, &seq[i], L) == LOOM_OK);
+    float *lg[2] = {malloc(sizeof(float) * (size_t)L * V), malloc(sizeof(float) * (size_t)L * V)};
+    float *hid = malloc(sizeof(float) * (size_t)L * H), *other = malloc(sizeof(float) * (size_t)f.len[2] * H);
+    loom_fwd_row rows[2] = {
+        {.tokens = f.ids[3], .n = L, .seq = &seq[0], .logits = LOOM_LOGITS_ALL, .out = lg[0], .hidden = hid},
+        {.tokens = f.ids[2], .n = f.len[2], .seq = &seq[1], .hidden = other},
+    };
+    loom_fwd_row alone = {.tokens = f.ids[3], .n = L, .seq = &seq[2], .logits = LOOM_LOGITS_ALL, .out = lg[1]};
+    if (kv && fs) {
+        CHECKF(loom_forward(m, fs, &kv->lay, rows, 2) == LOOM_OK, "%s", loom_last_error());
+        CHECKF(loom_forward(m, fs, &kv->lay, &alone, 1) == LOOM_OK, "%s", loom_last_error());
+        double eh = test_rel_err(hid, f.hidden[3], (size_t)L * H);
+        double eo = test_rel_err(other, f.hidden[2], (size_t)f.len[2] * H);
+        CHECKF(eh < TOL && eo < TOL, "forward hidden states off by %g and %g", eh, eo);
+        CHECKF(!memcmp(lg[0], lg[1], sizeof(float) * (size_t)L * V), "logits beside hidden states differ");
+    }
+    for (int i = 0; i < 3 && kv; i++) loom_kv_seq_release(kv, &seq[i]);
+    free(lg[0]);
+    free(lg[1]);
+    free(hid);
+    free(other);
+    loom_fwd_state_free(fs);
+    loom_kv_pool_free(kv);
+    unload(&f);
+}
+
 int main(void) {
+    forward_rows();
     reference_and_batching();
     limits();
     pooling_config();
