@@ -74,6 +74,8 @@ void loom_model_warm(loom_model *m, void (*progress)(void *ctx, double done), vo
 
 int loom_model_vocab_size(const loom_model *m);
 int loom_model_max_positions(const loom_model *m);
+/* Width of the hidden states (and of an embedding request's vector). */
+int loom_model_hidden_size(const loom_model *m);
 /* Architecture name from config.json ("Qwen3ForCausalLM"). */
 const char *loom_model_arch(const loom_model *m);
 /* End-of-sequence ids (config.json and generation_config.json). Writes up
@@ -186,6 +188,21 @@ void loom_sampling_apply(loom_sampling *dst, const loom_sampling *src, unsigned 
  * transformers then applies none of them. */
 unsigned loom_model_sampling_defaults(const loom_model *m, loom_sampling *out);
 
+/* How an embedding request pools the hidden states of its prompt
+ * positions (after the final norm: transformers' last_hidden_state). */
+typedef enum loom_pooling {
+    LOOM_POOLING_NONE = 0,  /* not an embedding request: generate */
+    LOOM_POOLING_LAST = 1,  /* the last position's (decoder models, Qwen3-Embedding) */
+    LOOM_POOLING_MEAN = 2,  /* the mean over all positions */
+    LOOM_POOLING_CLS = 3,   /* the first position's */
+} loom_pooling;
+
+/* The pooling the model directory asks for: a sentence-transformers
+ * modules.json naming a Pooling module whose config.json sets
+ * pooling_mode_lasttoken, pooling_mode_mean_tokens or
+ * pooling_mode_cls_token; LOOM_POOLING_LAST where there is none. */
+loom_pooling loom_model_pooling(const loom_model *m);
+
 /* ---- engine: continuous batching over a shared paged KV pool ----------- */
 
 /* One engine thread owns the model, the KV pool and the scheduler. Callers
@@ -270,6 +287,14 @@ typedef struct loom_request_params {
                                = the latest turn of cache_session_id, if any.
                                An unknown, evicted or unmatched id is no error:
                                the prompt goes through the prefix cache. */
+    loom_pooling pooling;   /* != NONE: an embedding request. The prompt is
+                               prefilled (batched with other requests), nothing is
+                               generated; the final event (LOOM_FINISH_STOP) comes
+                               once loom_request_embedding() has the vector. The
+                               prompt may fill the whole context. LAST may read the
+                               prefix cache (the vector is the same); MEAN and CLS
+                               compute every position. */
+    int normalize;          /* embeddings: L2-normalise the vector (default 1) */
 } loom_request_params;
 
 typedef enum loom_finish {
@@ -340,6 +365,10 @@ loom_status loom_request_next(loom_request *r, loom_event *ev, int timeout_ms);
 /* Asks the engine to stop the request at the next step boundary. Safe from
  * any thread, any number of times. */
 void loom_request_cancel(loom_request *r);
+/* An embedding request's pooled vector: after its final event (finish
+ * STOP), copies up to cap floats to out and returns the dimension
+ * (loom_model_hidden_size); 0 before then or for a generation request. */
+int loom_request_embedding(const loom_request *r, float *out, int cap);
 /* Message for a LOOM_FINISH_ERROR request ("" otherwise). */
 const char *loom_request_error(const loom_request *r);
 /* The spans a traced request recorded, as a JSON array of

@@ -1,5 +1,6 @@
 #!/bin/sh
-# loom serve through the official OpenAI Node client (tests/js), then a
+# loom serve through the official OpenAI Node client (tests/js: chat,
+# completions, embeddings), then a
 # bounded loopback load test: streaming clients, some hanging up
 # mid-stream, some sending malformed JSON, oversized or trickled bodies;
 # afterwards the KV pool must be idle. Needs node and `npm ci --prefix
@@ -21,6 +22,7 @@ BUSY_PID=$PID BUSY_LOG=$LOG BUSY_BASE=$BASE
 
 LOOM_URL=$JS_BASE LOOM_BUSY_URL=$BUSY_BASE LOOM_API_KEY=test-key node tests/js/openai.test.mjs ||
     fail "OpenAI client tests"
+LOOM_URL=$JS_BASE LOOM_API_KEY=test-key node tests/js/embeddings.test.mjs || fail "embeddings client tests"
 stop_server "$BUSY_PID" "$BUSY_LOG"
 
 node tests/js/load.mjs --url "$JS_BASE" --key test-key --clients "${LOOM_LOAD_CLIENTS:-64}" \

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "base/base.h"
+#include "load/safetensors.h"
 #include "serve/api.h"
 #include "serve/metrics.h"
 #include "serve/server.h"
@@ -722,7 +723,196 @@ static void test_sampling_defaults(void) {
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp);
 }
 
+/* ---- /v1/embeddings ---------------------------------------------------------- */
+
+#define EMB_DIR "tests/fixtures/models/qwen3-tiny"
+
+static char *embed_post(loom_service *svc, const char *body, int *status) {
+    *status = 0;
+    return svc ? loom_service_request(svc, "/v1/embeddings", body, strlen(body), status) : NULL;
+}
+
+static void embed_rejects(loom_service *svc, const char *body, int status, const char *param,
+                          const char *says) {
+    int got;
+    char *resp = embed_post(svc, body, &got);
+    cJSON *j = resp ? cJSON_Parse(resp) : NULL;
+    const cJSON *e = cJSON_GetObjectItem(j, "error");
+    const cJSON *p = cJSON_GetObjectItem(e, "param"), *m = cJSON_GetObjectItem(e, "message");
+    const char *pv = cJSON_IsString(p) ? p->valuestring : "";
+    CHECKF(got == status && !strcmp(pv, param) && cJSON_IsString(m), "%s: %d %s (want %d, param %s)", body, got,
+           resp ? resp : "", status, param);
+    if (says && cJSON_IsString(m)) CHECKF(strstr(m->valuestring, says) != NULL, "%s: \"%s\"", body, m->valuestring);
+    cJSON_Delete(j);
+    free(resp);
+}
+
+static int b64_value(char c) {
+    const char *tab = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    const char *at = c ? strchr(tab, c) : NULL;
+    return at ? (int)(at - tab) : -1;
+}
+
+/* Little-endian float32 values of base64 text into out; returns how many. */
+static int b64_floats(const char *s, float *out, int cap) {
+    unsigned char bytes[4096];
+    size_t n = 0, len = strlen(s);
+    for (size_t i = 0; i + 4 <= len && n + 3 <= sizeof bytes; i += 4) {
+        int v[4];
+        for (int k = 0; k < 4; k++) v[k] = s[i + k] == '=' ? 0 : b64_value(s[i + k]);
+        if (v[0] < 0 || v[1] < 0 || v[2] < 0 || v[3] < 0) return -1;
+        unsigned x = (unsigned)(v[0] << 18 | v[1] << 12 | v[2] << 6 | v[3]);
+        bytes[n++] = (unsigned char)(x >> 16);
+        if (s[i + 2] != '=') bytes[n++] = (unsigned char)(x >> 8);
+        if (s[i + 3] != '=') bytes[n++] = (unsigned char)x;
+    }
+    int m = 0;
+    for (; m < cap && (size_t)(m + 1) * 4 <= n; m++) {
+        uint32_t u = 0;
+        for (int k = 0; k < 4; k++) u |= (uint32_t)bytes[m * 4 + k] << (8 * k);
+        memcpy(&out[m], &u, 4);
+    }
+    return m;
+}
+
+/* The vectors of a response into out ([n, dim]); returns how many came. */
+static int embed_vectors(const char *resp, float *out, int n, int dim, int *prompt_tokens) {
+    cJSON *j = resp ? cJSON_Parse(resp) : NULL;
+    const cJSON *data = cJSON_GetObjectItem(j, "data");
+    int got = 0;
+    for (const cJSON *d = data ? data->child : NULL; d && got < n; d = d->next, got++) {
+        const cJSON *e = cJSON_GetObjectItem(d, "embedding"), *ix = cJSON_GetObjectItem(d, "index");
+        CHECKF(cJSON_IsNumber(ix) && ix->valueint == got, "index %d", got);
+        if (cJSON_IsString(e)) {
+            CHECK_EQ_INT(b64_floats(e->valuestring, out + (size_t)got * dim, dim), dim);
+        } else {
+            CHECK_EQ_INT(cJSON_GetArraySize(e), dim);
+            int k = 0;
+            for (const cJSON *x = e ? e->child : NULL; x && k < dim; x = x->next, k++)
+                out[(size_t)got * dim + k] = (float)x->valuedouble;
+        }
+    }
+    const cJSON *u = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "usage"), "prompt_tokens");
+    if (prompt_tokens) *prompt_tokens = cJSON_IsNumber(u) ? u->valueint : -1;
+    CHECK(cJSON_IsString(cJSON_GetObjectItem(j, "object")) &&
+          !strcmp(cJSON_GetObjectItem(j, "object")->valuestring, "list"));
+    cJSON_Delete(j);
+    return got;
+}
+
+/* The service (batch mode's way in) on the transformers fixture, which has
+ * no tokenizer: token-id inputs give its last-token vectors, in float and
+ * base64; dimensions cuts and normalises again; malformed requests get 400
+ * naming the field. */
+static void test_embeddings(void) {
+    loom_safetensors *ref = NULL;
+    CHECKF(loom_st_open(EMB_DIR "/embeddings.safetensors", &ref) == LOOM_OK, "%s", loom_last_error());
+    loom_serve_params p = loom_serve_default_params();
+    p.model_dir = EMB_DIR;
+    p.n_threads = 1;
+    p.engine.n_ctx = 32;
+    p.engine.max_seqs = 4;
+    p.tokenizer_optional = 1;
+    loom_service *svc = NULL;
+    CHECKF(loom_service_open(&p, &svc) == LOOM_OK, "%s", loom_last_error());
+    CHECK(loom_service_has_route("/v1/embeddings"));
+    char paths[256];
+    loom_service_paths(paths, sizeof paths);
+    CHECKF(strstr(paths, "/v1/embeddings") != NULL, "%s", paths);
+    enum { H = 64, N = 3 }; /* the fixture's hidden size; prompts 0..2 fit the context of 32 */
+    loom_buf b = {0};
+    int want_tokens = 0;
+    loom_buf_puts(&b, "{\"model\":\"any\",\"input\":[");
+    for (int i = 0; i < N; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "prompt.%d.ids", i);
+        const loom_st_tensor *t = ref ? loom_st_find(ref, name) : NULL;
+        int n = t ? (int)t->shape[0] : 0;
+        loom_buf_puts(&b, i ? ",[" : "[");
+        for (int k = 0; k < n; k++) loom_buf_printf(&b, "%s%d", k ? "," : "", ((const int32_t *)t->data)[k]);
+        loom_buf_puts(&b, "]");
+        want_tokens += n;
+    }
+    loom_buf_puts(&b, "]");
+    static const char *formats[] = {"}", ",\"encoding_format\":\"base64\"}"};
+    for (int f = 0; f < 2; f++) {
+        size_t at = b.len;
+        loom_buf_puts(&b, formats[f]);
+        int status, tokens = 0;
+        char *resp = embed_post(svc, b.p, &status);
+        CHECKF(status == 200, "%d %s", status, resp ? resp : "");
+        float v[N * H];
+        CHECK_EQ_INT(embed_vectors(resp, v, N, H, &tokens), N);
+        CHECK_EQ_INT(tokens, want_tokens);
+        for (int i = 0; i < N; i++) {
+            char name[32];
+            snprintf(name, sizeof name, "prompt.%d.last_norm", i);
+            const loom_st_tensor *t = ref ? loom_st_find(ref, name) : NULL;
+            double e = t ? test_rel_err(v + i * H, t->data, H) : INFINITY;
+            CHECKF(e < 1e-5, "%s prompt %d: off by %g", formats[f], i, e);
+        }
+        free(resp);
+        b.len = at;
+    }
+    /* dimensions 8 of the longest: its head, normalised again */
+    const loom_st_tensor *t2 = ref ? loom_st_find(ref, "prompt.2.last_norm") : NULL;
+    loom_buf_puts(&b, ",\"dimensions\":8}");
+    int status;
+    char *resp = embed_post(svc, b.p, &status);
+    float v[N * 8];
+    CHECK_EQ_INT(embed_vectors(resp, v, N, 8, NULL), N);
+    double ss = 0;
+    for (int k = 0; t2 && k < 8; k++) ss += (double)((const float *)t2->data)[k] * ((const float *)t2->data)[k];
+    for (int k = 0; t2 && k < 8; k++)
+        CHECKF(fabs(v[2 * 8 + k] - ((const float *)t2->data)[k] / sqrt(ss)) < 1e-5, "dimensions 8: [%d] %g", k,
+               v[2 * 8 + k]);
+    free(resp);
+    loom_buf_free(&b);
+
+    embed_rejects(svc, "{\"input\":", 400, "", "not valid JSON");
+    embed_rejects(svc, "[1]", 400, "", "JSON object");
+    embed_rejects(svc, "{}", 400, "input", "required");
+    embed_rejects(svc, "{\"input\":\"\"}", 400, "input", "empty string");
+    embed_rejects(svc, "{\"input\":\"hello\"}", 400, "input", "no tokenizer");
+    embed_rejects(svc, "{\"input\":[]}", 400, "input", "empty list");
+    embed_rejects(svc, "{\"input\":[[]]}", 400, "input", "'input[0]' is an empty list of token ids");
+    embed_rejects(svc, "{\"input\":[[1],[]]}", 400, "input", "'input[1]' is an empty");
+    embed_rejects(svc, "{\"input\":[1.5]}", 400, "input", "'input'[0] must be a token id in [0, 512)");
+    embed_rejects(svc, "{\"input\":[3,-1]}", 400, "input", "'input'[1]");
+    embed_rejects(svc, "{\"input\":[512]}", 400, "input", "[0, 512)");
+    embed_rejects(svc, "{\"input\":[[1],\"a\"]}", 400, "input", "'input[1]' must be a list of token ids");
+    embed_rejects(svc, "{\"input\":[\"a\",[1]]}", 400, "input", "'input[1]' must be a string");
+    embed_rejects(svc, "{\"input\":[null]}", 400, "input", NULL);
+    embed_rejects(svc, "{\"input\":{}}", 400, "input", "must be a string, a list of strings");
+    embed_rejects(svc, "{\"input\":7}", 400, "input", NULL);
+    embed_rejects(svc, "{\"input\":[1],\"model\":5}", 400, "model", NULL);
+    embed_rejects(svc, "{\"input\":[1],\"dimensions\":0}", 400, "dimensions", "positive integer");
+    embed_rejects(svc, "{\"input\":[1],\"dimensions\":2.5}", 400, "dimensions", NULL);
+    embed_rejects(svc, "{\"input\":[1],\"dimensions\":\"8\"}", 400, "dimensions", NULL);
+    embed_rejects(svc, "{\"input\":[1],\"dimensions\":65}", 400, "dimensions", "is 65; this model's embeddings have 64");
+    embed_rejects(svc, "{\"input\":[1],\"encoding_format\":\"int8\"}", 400, "encoding_format", NULL);
+    embed_rejects(svc, "{\"input\":[1],\"user\":3}", 400, "user", NULL);
+    /* longer than the context: both numbers, and which input */
+    loom_buf l = {0};
+    loom_buf_puts(&l, "{\"input\":[[1],[");
+    for (int k = 0; k < 33; k++) loom_buf_printf(&l, "%s%d", k ? "," : "", k);
+    loom_buf_puts(&l, "]]}");
+    embed_rejects(svc, l.p, 400, "input", "'input[1]': the input has 33 tokens; the context holds 32");
+    loom_buf_free(&l);
+    /* a full context is taken, user is ignored */
+    loom_buf_puts(&l, "{\"user\":\"u\",\"input\":[");
+    for (int k = 0; k < 32; k++) loom_buf_printf(&l, "%s%d", k ? "," : "", k);
+    loom_buf_puts(&l, "]}");
+    resp = embed_post(svc, l.p, &status);
+    CHECKF(status == 200, "a full context: %d %s", status, resp ? resp : "");
+    free(resp);
+    loom_buf_free(&l);
+    loom_service_close(svc);
+    loom_st_close(ref);
+}
+
 int main(void) {
+    test_embeddings();
     test_sampling_defaults();
     test_not_utf8();
     test_parse_errors();

@@ -943,7 +943,9 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_layout *kv,
         S.n_sel += loom_fwd_row_logits(&rows[r]);
         S.decode &= rows[r].n == 1;
     }
-    int graphable = S.decode && S.n_sel == n_rows;
+    int hidden = 0;
+    for (int r = 0; r < n_rows; r++) hidden |= rows[r].hidden != NULL;
+    int graphable = S.decode && S.n_sel == n_rows && !hidden;
     if (S.decode) {
         /* Round the table width up to 16 blocks (and size the attention grid
          * by it) so that a decode graph serves many steps. */
@@ -1003,6 +1005,17 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_layout *kv,
     g->st_replayed = 0;
     TRY(fw_run(g, &S, graphable));
     st_step &= g->st_replayed;
+    if (hidden) {
+        /* embeddings: every token's hidden state after the final norm, in
+         * xb (the head has read it by now, in stream order); the rows that
+         * ask get theirs */
+        int H = cf->hidden_size;
+        TRY(loom_cuda_rmsnorm(c, g->xb, g->x, g->final_norm, T, H, (float)cf->rms_eps, 0));
+        for (int r = 0; r < n_rows; r++)
+            if (rows[r].hidden)
+                CUDA_CHECK(cudaMemcpyAsync(rows[r].hidden, g->xb + (size_t)h_rtok[r] * H,
+                                           (size_t)rows[r].n * H * 4, cudaMemcpyDeviceToHost, c->stream));
+    }
     if (st_step) {
         CUDA_CHECK(cudaEventRecord(ev[1], c->stream));
         st_launch = loom_now();

@@ -37,6 +37,7 @@
  * name for the batched engine, loom's only one. Shared work carries the step's workId, batchSize
  * (rows), batchTokens and the row's tokensPerRow on every traced request
  * that took part; such spans are not additive across requests. */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -118,6 +119,31 @@ static void emit_prompt_logprobs(const loom_sched *s, loom_request *r, const loo
     }
 }
 
+/* An embedding row: pools its hidden states into r's vector, and on the
+ * prefill's last piece finishes r with it. Returns whether r finished. A
+ * request recomputed after preemption starts again at position 0 (mean
+ * and first pooling reuse no cache). */
+static int pool_row(loom_sched *s, loom_request *r, const loom_fwd_row *row) {
+    int d = r->dim, first = r->seq.n_tokens - row->n;
+    if (r->pooling == LOOM_POOLING_MEAN) {
+        if (first == 0) memset(r->pool_sum, 0, sizeof *r->pool_sum * (size_t)d);
+        for (int k = 0; k < row->n; k++)
+            for (int j = 0; j < d; j++) r->pool_sum[j] += row->hidden[(size_t)k * d + j];
+    } else if (r->pooling == LOOM_POOLING_CLS && first == 0) {
+        memcpy(r->embed, row->hidden, sizeof *r->embed * (size_t)d);
+    }
+    if (r->seq.n_tokens < r->prefill_len) return 0;
+    if (r->pooling == LOOM_POOLING_LAST)
+        memcpy(r->embed, row->hidden + (size_t)(row->n - 1) * d, sizeof *r->embed * (size_t)d);
+    if (r->pooling == LOOM_POOLING_MEAN)
+        for (int j = 0; j < d; j++) r->embed[j] = (float)(r->pool_sum[j] / r->n_prompt);
+    double ss = 0;
+    for (int j = 0; j < d && r->normalize; j++) ss += (double)r->embed[j] * r->embed[j];
+    for (int j = 0; j < d && ss > 0; j++) r->embed[j] = (float)(r->embed[j] / sqrt(ss));
+    loom_sched_finish(s, r, LOOM_FINISH_STOP, LOOM_OK, NULL);
+    return 1;
+}
+
 /* Samples from row `row`'s logits (or takes pick >= 0, the forward's
  * token); emits the token or finishes the request. Returns whether it
  * keeps running. A traced prefill's last spans are recorded before
@@ -187,6 +213,11 @@ void loom_sched_commit(loom_sched *s, const step_plan *p, const loom_fwd_row *ro
         if (prefill) {
             s->counters.prefill_tokens += (uint64_t)rows[i].n;
             if (r->seq.n_tokens == r->plan_end) r->plan_end = 0;
+        }
+        if (r->pooling) {
+            if (prefill && r->trace) trace_chunk(r, w, rows[i].n, loom_now());
+            if (pool_row(s, r, &rows[i])) loom_sched_remove(s, r);
+            continue;
         }
         if (rows[i].logits == LOOM_LOGITS_ALL) {
             emit_prompt_logprobs(s, r, &rows[i]);

@@ -42,7 +42,7 @@ loom_engine_params loom_engine_default_params(void) {
 
 loom_request_params loom_request_default_params(void) {
     return (loom_request_params){.max_tokens = 256, .sampling = loom_sampling_default(),
-                                 .logprobs = -1, .prompt_logprobs = -1};
+                                 .logprobs = -1, .prompt_logprobs = -1, .normalize = 1};
 }
 
 /* ---- one step ----------------------------------------------------------- */
@@ -64,8 +64,19 @@ static int step(loom_engine *e) {
     const step_plan *plan = loom_sched_plan(&e->s);
     if (plan->n_rows == 0) return 0;
     loom_sched_fwd_rows(&e->s, plan, e->rows, e->logits, e->plp_logits);
+    /* embedding rows want every position's hidden state and no logits,
+     * each in its own part of e->hidden (a plan holds max_batch_tokens) */
+    size_t at = 0;
+    for (int i = 0; i < plan->n_rows; i++) {
+        if (!plan->rows[i].r->pooling) continue;
+        e->rows[i].logits = LOOM_LOGITS_NONE;
+        e->rows[i].out = NULL;
+        e->rows[i].hidden = e->hidden + at * (size_t)e->m->cfg.hidden_size;
+        at += (size_t)e->rows[i].n;
+    }
     for (int i = 0; i < plan->n_rows; i++)
-        mark_pick(e, plan->rows[i].r, i, plan->rows[i].kind != SCHED_DRAIN && !plan->rows[i].all);
+        mark_pick(e, plan->rows[i].r, i, plan->rows[i].kind != SCHED_DRAIN && !plan->rows[i].all &&
+                                              !plan->rows[i].r->pooling);
 
     step_work w = {.id = ++e->s.next_work, .rows = plan->n_rows, .t0 = plan->t0};
     if (e->s.n_traced) w.tokens = plan->tokens;
@@ -352,6 +363,7 @@ void loom_engine_free(loom_engine *e) {
     loom_exec_free(e->exec);
     loom_free(e->logits);
     loom_free(e->plp_logits);
+    loom_free(e->hidden);
     free(e->rows);
     free(e->picks);
     free(e->samp);
@@ -375,12 +387,21 @@ loom_status loom_engine_submit(loom_engine *e, const loom_request_params *p, loo
                         LOOM_MAX_TOP_LOGPROBS, p->prompt_logprobs);
     if (p->n_stop_ids < 0 || (p->n_stop_ids && !p->stop_ids))
         return loom_err(LOOM_ERR_INVALID_ARG, "request: bad stop ids");
+    if (p->pooling < LOOM_POOLING_NONE || p->pooling > LOOM_POOLING_CLS)
+        return loom_err(LOOM_ERR_INVALID_ARG, "request: pooling must be 0..%d, found %d",
+                        LOOM_POOLING_CLS, (int)p->pooling);
+    if (p->pooling && p->prompt_logprobs >= 0)
+        return loom_err(LOOM_ERR_INVALID_ARG, "request: an embedding request has no prompt logprobs");
+    int embed = p->pooling != LOOM_POOLING_NONE;
     for (int i = 0; i < p->n_prompt; i++)
         if (p->prompt[i] < 0 || p->prompt[i] >= V)
             return loom_err(LOOM_ERR_RANGE,
                             "token id %d at index %d is out of range (vocabulary has %d tokens: 0..%d)",
                             p->prompt[i], i, V, V - 1);
-    if (p->n_prompt >= e->n_ctx)
+    if (embed && p->n_prompt > e->n_ctx)
+        return loom_err(LOOM_ERR_RANGE, "the input has %d tokens; the context holds %d",
+                        p->n_prompt, e->n_ctx);
+    if (!embed && p->n_prompt >= e->n_ctx)
         return loom_err(LOOM_ERR_RANGE,
                         "the prompt has %d tokens; the context holds %d (prompt plus at least one "
                         "generated token)", p->n_prompt, e->n_ctx);
@@ -390,7 +411,7 @@ loom_status loom_engine_submit(loom_engine *e, const loom_request_params *p, loo
     loom_request *r = calloc(1, sizeof *r);
     if (!r) return loom_err(LOOM_ERR_NOMEM, "out of memory");
     int gen = p->max_tokens ? p->max_tokens : e->n_ctx - p->n_prompt;
-    gen = LOOM_MIN(gen, e->n_ctx - p->n_prompt);
+    gen = embed ? 0 : LOOM_MIN(gen, e->n_ctx - p->n_prompt);
     r->n_prompt = p->n_prompt;
     r->max_tokens = gen;
     r->logprobs = p->logprobs;
@@ -399,6 +420,14 @@ loom_status loom_engine_submit(loom_engine *e, const loom_request_params *p, loo
     r->chunk = p->prefill_chunk > 0 ? p->prefill_chunk : 0;
     r->trace = p->trace;
     r->ignore_eos = p->ignore_eos;
+    r->pooling = p->pooling;
+    r->normalize = p->normalize;
+    int H = e->m->cfg.hidden_size;
+    if (embed) {
+        r->dim = H;
+        r->pool_sum = calloc((size_t)H, sizeof *r->pool_sum);
+        r->embed = calloc((size_t)H, sizeof *r->embed);
+    }
     r->cap = p->n_prompt + gen;
     r->tokens = malloc(sizeof *r->tokens * (size_t)r->cap);
     r->n_stop = p->n_stop_ids;
@@ -407,7 +436,9 @@ loom_status loom_engine_submit(loom_engine *e, const loom_request_params *p, loo
     pthread_cond_init(&r->cv, NULL);
     atomic_init(&r->refs, 1);
     atomic_init(&r->abort, 0);
-    loom_status s = !r->tokens || !r->stop_ids ? loom_err(LOOM_ERR_NOMEM, "out of memory") : LOOM_OK;
+    loom_status s = !r->tokens || !r->stop_ids || (embed && (!r->pool_sum || !r->embed))
+                        ? loom_err(LOOM_ERR_NOMEM, "out of memory")
+                        : LOOM_OK;
     if (!s) s = loom_sampler_init(&r->sampler, &p->sampling, V);
     if (!s && e->has_state) s = loom_seq_state_create(e->m, &r->rstate);
     if (!s) {
@@ -448,6 +479,12 @@ loom_status loom_engine_submit(loom_engine *e, const loom_request_params *p, loo
         pthread_mutex_unlock(&e->mu);
         loom_rq_release(r);
         return loom_err(LOOM_ERR_NOMEM, "out of memory for prompt logprobs");
+    }
+    if (embed && !e->hidden &&
+        !(e->hidden = loom_alloc(sizeof(float) * (size_t)e->p.max_batch_tokens * (size_t)H))) {
+        pthread_mutex_unlock(&e->mu);
+        loom_rq_release(r);
+        return loom_err(LOOM_ERR_NOMEM, "out of memory for embedding hidden states");
     }
     if (e->n_inbox == e->inbox_cap) {
         int cap = e->inbox_cap ? e->inbox_cap * 2 : 16;

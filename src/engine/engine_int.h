@@ -25,6 +25,9 @@ struct loom_engine {
     float *plp_logits;             /* owned (plp_rows, vocab): a prompt-logprob row's
                                       logits; made at the first such submit (under mu) */
     int plp_rows;
+    float *hidden;                 /* owned (max_batch_tokens, hidden): embedding rows'
+                                      hidden states; made at the first such submit
+                                      (under mu) */
     loom_fwd_row *rows;            /* owned [max_seqs] */
     int32_t *picks;                /* owned [max_seqs]: -1 asks the forward for the
                                       token (a device forward answers it), -2 =

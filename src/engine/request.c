@@ -80,6 +80,16 @@ void loom_request_cancel(loom_request *r) {
 
 const char *loom_request_error(const loom_request *r) { return r->error; }
 
+int loom_request_embedding(const loom_request *r, float *out, int cap) {
+    loom_request *w = (loom_request *)r; /* the channel's lock */
+    pthread_mutex_lock(&w->mu);
+    int ok = r->dim > 0 && r->finished && r->final.finish == LOOM_FINISH_STOP;
+    pthread_mutex_unlock(&w->mu);
+    if (!ok) return 0;
+    memcpy(out, r->embed, sizeof(float) * (size_t)LOOM_MIN(cap, r->dim));
+    return r->dim;
+}
+
 void loom_rq_span(loom_request *r, const char *name, const char *mechanism, double t0, double t1,
                   const rq_attr *attrs, int n) {
     if (!r->trace) return;
@@ -140,6 +150,8 @@ void loom_rq_release(loom_request *r) {
     loom_seq_state_free(r->rstate);
     free(r->tokens);
     free(r->stop_ids);
+    free(r->pool_sum);
+    free(r->embed);
     free(r->spans);
     free(r->events);
     free(r->seq.blocks);

@@ -51,6 +51,8 @@ struct loom_request {
     int prompt_logprobs;       /* -1 none, else top n */
     int32_t *stop_ids;         /* owned [n_stop] */
     int n_stop;
+    int pooling, normalize;    /* an embedding request when pooling != NONE */
+    int dim;                   /* its vector's width (hidden size), else 0 */
     atomic_int abort;
     atomic_int refs;
 
@@ -74,6 +76,8 @@ struct loom_request {
     int prefill_len;           /* tokens to prefill before sampling */
     uint64_t order;            /* admission order, for preemption */
     double t_submit, t_admit;
+    double *pool_sum;          /* owned [dim]: mean pooling's sum so far */
+    float *embed;              /* owned [dim]: the vector, complete at the final event */
     rq_span *spans;            /* owned [n_spans] */
     int n_spans, span_cap;
 

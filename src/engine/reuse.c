@@ -29,7 +29,10 @@
  *   blocks are reclaimable: wherever blocks are needed, sessions are
  *   evicted (least recently used first) before anything is preempted.
  * - Prompt logprobs need every prompt position computed: such a request
- *   reuses nothing. */
+ *   reuses nothing; nor does an embedding pooled over positions (mean,
+ *   first). Last-token pooling reuses as usual: the last token is always
+ *   computed, and a prompt token's attention is the same whatever was
+ *   cached. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -195,7 +198,8 @@ static loom_restore_job *plan_restore(loom_engine *e, loom_request *r) {
 /* The admission call: returns the tokens r reuses, with a planned restore
  * in r->restore when the disk tier holds more ("restoring: wait"). */
 static int reuse_admit(loom_engine *e, loom_request *r) {
-    if (r->plp_next < r->n_prompt) return 0;
+    /* an embedding pooled over positions needs each one computed */
+    if (r->plp_next < r->n_prompt || (r->pooling && r->pooling != LOOM_POOLING_LAST)) return 0;
     int hit = e->sessions && r->resume_key ? resume_session(e, r) : -1;
     if (hit >= 0) return hit;
     hit = e->cache ? loom_kv_cache_lookup(e->kv, &r->seq, r->tokens, r->prefill_len, r->ns) : 0;

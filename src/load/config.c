@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "base/base.h"
+#include "base/buf.h"
 
 static const cJSON *get(const cJSON *o, const char *k) {
     return cJSON_GetObjectItemCaseSensitive(o, k);
@@ -525,6 +526,60 @@ static loom_status parse_gen_sampling(const cJSON *g, const char *path, loom_con
     return LOOM_OK;
 }
 
+/* A JSON object file under dir, or NULL with *st LOOM_OK when absent. */
+static cJSON *read_json_object(const char *dir, const char *name, loom_status *st) {
+    char path[4096];
+    char *text = NULL;
+    size_t len = 0;
+    *st = loom_path_join(path, sizeof path, dir, name);
+    if (*st || access(path, F_OK) != 0) return NULL;
+    if ((*st = loom_read_file(path, &text, &len))) return NULL;
+    cJSON *o = cJSON_ParseWithLength(text, len);
+    free(text);
+    if (!o) *st = loom_err(LOOM_ERR_FORMAT, "%s: expected JSON, found invalid JSON", path);
+    return o;
+}
+
+/* sentence-transformers: modules.json lists the pipeline; its Pooling
+ * module's config.json says how token vectors become one. */
+static loom_status load_pooling(const char *dir, loom_config *cfg) {
+    loom_status st;
+    cJSON *mods = read_json_object(dir, "modules.json", &st);
+    const cJSON *pool = NULL;
+    for (const cJSON *m = cJSON_IsArray(mods) ? mods->child : NULL; m && !pool; m = m->next) {
+        const cJSON *type = get(m, "type"), *path = get(m, "path");
+        const char *t = cJSON_IsString(type) ? type->valuestring : "";
+        size_t n = strlen(t);
+        if (n >= 7 && !strcmp(t + n - 7, "Pooling") && cJSON_IsString(path)) pool = path;
+    }
+    char sub[4096];
+    cJSON *pc = NULL;
+    if (pool && !(st = loom_path_join(sub, sizeof sub, pool->valuestring, "config.json")))
+        pc = read_json_object(dir, sub, &st);
+    static const struct { const char *key; int mode; } modes[] = {
+        {"pooling_mode_lasttoken", LOOM_POOLING_LAST},
+        {"pooling_mode_mean_tokens", LOOM_POOLING_MEAN},
+        {"pooling_mode_cls_token", LOOM_POOLING_CLS},
+    };
+    int found = 0, set = 0;
+    for (size_t i = 0; pc && i < LOOM_ARRAY_LEN(modes); i++)
+        if (get_bool(pc, modes[i].key, 0)) found = found ? -1 : modes[i].mode;
+    loom_buf names = {0};
+    for (const cJSON *f = pc ? pc->child : NULL; f; f = f->next)
+        if (f->string && !strncmp(f->string, "pooling_mode_", 13) && cJSON_IsTrue(f))
+            loom_buf_printf(&names, "%s%s", set++ ? ", " : "", f->string);
+    if (pc && (found <= 0 || set != 1))
+        loom_log(LOOM_LOG_WARN, "%s/%s: expected one of pooling_mode_lasttoken, pooling_mode_mean_tokens "
+                 "or pooling_mode_cls_token set, found %s; embeddings pool the last token", dir, sub,
+                 set ? names.p : "none");
+    else if (found > 0)
+        cfg->pooling = found;
+    loom_buf_free(&names);
+    cJSON_Delete(pc);
+    cJSON_Delete(mods);
+    return st;
+}
+
 loom_status loom_config_load(const char *dir, loom_config *cfg) {
     char path[4096];
     loom_status s = loom_path_join(path, sizeof path, dir, "config.json");
@@ -535,6 +590,7 @@ loom_status loom_config_load(const char *dir, loom_config *cfg) {
     free(text);
     if (s != LOOM_OK) return s;
     cfg->gen_sampling = loom_sampling_default();
+    if ((s = load_pooling(dir, cfg))) return s;
     /* generation_config.json may list more stop ids than config.json. */
     if ((s = loom_path_join(path, sizeof path, dir, "generation_config.json"))) return s;
     if (access(path, F_OK) != 0) return LOOM_OK; /* the file is optional */

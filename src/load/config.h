@@ -114,6 +114,10 @@ typedef struct loom_config {
     loom_sampling gen_sampling;
     unsigned gen_sampling_set;
 
+    /* sentence-transformers' Pooling module (modules.json), a loom_pooling;
+     * LOOM_POOLING_NONE when the directory has none. */
+    int pooling;
+
     /* MLX affine quantization (bits 0 = not quantized). */
     int quant_bits, quant_group;
     int n_quant_overrides;
@@ -121,7 +125,8 @@ typedef struct loom_config {
 } loom_config;
 
 /* Parses dir/config.json, and from dir/generation_config.json (when there)
- * more stop ids and the sampling defaults. Errors name the missing or
+ * more stop ids and the sampling defaults, and from modules.json (when
+ * there) the embedding pooling. Errors name the missing or
  * malformed field. */
 loom_status loom_config_load(const char *dir, loom_config *cfg);
 /* Parses config JSON text (path is used in messages). */

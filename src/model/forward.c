@@ -708,6 +708,11 @@ loom_status loom_forward(loom_model *m, loom_fwd_state *s, loom_kv_layout *kv,
         add_deepstack(m, s, rows, n_rows, l);
     }
 
+    /* Hidden states after the final norm, where a row asks for them. */
+    for (int r = 0, t = 0; r < n_rows; t += rows[r].n, r++)
+        for (int i = 0; rows[r].hidden && i < rows[r].n; i++)
+            m->k->rmsnorm(rows[r].hidden + (size_t)i * H, s->x + (size_t)(t + i) * H, m->final_norm, H,
+                          (float)c->rms_eps);
     /* Final norm and head only for the tokens whose logits are wanted. */
     if (n_sel > 0) {
         int j = 0;

@@ -77,6 +77,10 @@ typedef struct loom_fwd_row {
     int pos_ld;              /* stride of pos3's streams and deepstack's planes */
     int pos_off;             /* the row's first token's index in those arrays */
     int pos_delta;           /* without pos3: rope position = KV position + pos_delta */
+    /* Embeddings: when non-NULL, [n, hidden] receives every position's
+     * hidden state after the final norm (what the head reads), besides
+     * whatever logits asks for (the CPU and CUDA forwards both do). */
+    float *hidden;
 } loom_fwd_row;
 
 /* A whole prepared prompt of n tokens as its owner keeps it (stride n);

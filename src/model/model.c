@@ -933,6 +933,10 @@ void loom_model_free(loom_model *m) {
 
 int loom_model_vocab_size(const loom_model *m) { return m->cfg.vocab_size; }
 int loom_model_max_positions(const loom_model *m) { return m->cfg.max_positions; }
+int loom_model_hidden_size(const loom_model *m) { return m->cfg.hidden_size; }
+loom_pooling loom_model_pooling(const loom_model *m) {
+    return m->cfg.pooling ? (loom_pooling)m->cfg.pooling : LOOM_POOLING_LAST;
+}
 const char *loom_model_arch(const loom_model *m) { return m->cfg.arch; }
 
 int loom_model_eos_ids(const loom_model *m, int32_t *out, int cap) {

@@ -415,6 +415,37 @@ static int only_space(const char *p, const char *end) {
     return p == end;
 }
 
+cJSON *api_parse_object(const char *body, size_t len, api_error *err) {
+    memset(err, 0, sizeof *err);
+    const char *end = NULL;
+    /* Everything downstream (templates, tokenizer, JSON out) expects UTF-8. */
+    if (!loom_utf8_valid(body, len)) {
+        api_fail(err, 400, NULL, "the request body is not valid UTF-8");
+        return NULL;
+    }
+    /* cJSON takes a raw NUL for whitespace, or for the end of a string */
+    const char *nul = memchr(body, 0, len);
+    if (nul) {
+        api_fail(err, 400, NULL, "the request body contains a NUL byte (at byte %zu)",
+                 (size_t)(nul - body));
+        return NULL;
+    }
+    cJSON *o = cJSON_ParseWithLengthOpts(body, len, &end, 0);
+    if (!o) {
+        size_t at = end ? (size_t)(end - body) : 0;
+        api_fail(err, 400, NULL, "the request body is not valid JSON (error near byte %zu)", at);
+    } else if (!end || !only_space(end, body + len)) {
+        api_fail(err, 400, NULL, "the request body has text after the JSON value (at byte %zu)",
+                 end ? (size_t)(end - body) : 0);
+    } else if (!cJSON_IsObject(o)) {
+        api_fail(err, 400, NULL, "the request body must be a JSON object");
+    } else if (check_nul_escape(body, len, err) == 0) {
+        return o;
+    }
+    cJSON_Delete(o);
+    return NULL;
+}
+
 int api_parse(api_kind kind, const char *body, size_t len, int vocab, api_req *r, api_error *err) {
     memset(r, 0, sizeof *r);
     memset(err, 0, sizeof *err);
@@ -422,35 +453,7 @@ int api_parse(api_kind kind, const char *body, size_t len, int vocab, api_req *r
     r->max_tokens = -1;
     r->logprobs = -1;
     r->n = 1;
-    const char *end = NULL;
-    /* Everything downstream (templates, tokenizer, JSON out) expects UTF-8. */
-    if (!loom_utf8_valid(body, len)) {
-        api_fail(err, 400, NULL, "the request body is not valid UTF-8");
-        goto fail;
-    }
-    /* cJSON takes a raw NUL for whitespace, or for the end of a string */
-    const char *nul = memchr(body, 0, len);
-    if (nul) {
-        api_fail(err, 400, NULL, "the request body contains a NUL byte (at byte %zu)",
-                 (size_t)(nul - body));
-        goto fail;
-    }
-    r->body = cJSON_ParseWithLengthOpts(body, len, &end, 0);
-    if (!r->body) {
-        size_t at = end ? (size_t)(end - body) : 0;
-        api_fail(err, 400, NULL, "the request body is not valid JSON (error near byte %zu)", at);
-        goto fail;
-    }
-    if (!end || !only_space(end, body + len)) {
-        api_fail(err, 400, NULL, "the request body has text after the JSON value (at byte %zu)",
-                 end ? (size_t)(end - body) : 0);
-        goto fail;
-    }
-    if (!cJSON_IsObject(r->body)) {
-        api_fail(err, 400, NULL, "the request body must be a JSON object");
-        goto fail;
-    }
-    if (check_nul_escape(body, len, err) < 0) goto fail;
+    if (!(r->body = api_parse_object(body, len, err))) goto fail;
     const cJSON *model = field(r, "model");
     if (model && !cJSON_IsString(model)) {
         api_fail(err, 400, "model", "'model' must be a string");

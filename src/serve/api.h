@@ -58,6 +58,10 @@ typedef struct api_req {
     int n_prompt_ids;
 } api_req;
 
+/* The checks every body gets (UTF-8, no NUL, one JSON object and nothing
+ * after it); the parsed object, or NULL with err filled. */
+cJSON *api_parse_object(const char *body, size_t len, api_error *err);
+
 /* Parses body (len bytes). vocab bounds token ids and logit_bias keys.
  * Returns 0 on success; on failure fills err and returns -1 (req is then
  * released). */

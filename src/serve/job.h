@@ -72,6 +72,9 @@ typedef struct emitted {
 
 typedef struct job job;
 
+/* Answers "model" of a request: 0, or -1 with err filled. */
+typedef int (*api_model_check)(server *s, const char *model, api_error *err);
+
 /* One endpoint's answer format: the job calls these where the OpenAI
  * shapes of its endpoints differ. Streaming chunks go to j->out. */
 typedef struct api_endpoint {
@@ -94,6 +97,10 @@ typedef struct api_endpoint {
      * parsed (tool calls), or NULL */
     void (*sse_extra)(job *j, int index);
     const char *final_delta;    /* the last chunk's empty delta, with its comma */
+    /* An endpoint answered with one body and no job (route_run; embeddings):
+     * makes the body, or an error body, and its HTTP status; check NULL
+     * takes any model (batch mode). The fields above are then unused. */
+    char *(*run)(server *s, const char *body, size_t len, api_model_check check, int *status);
 } api_endpoint;
 
 extern const api_endpoint fmt_chat, fmt_completions;

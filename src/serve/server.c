@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "base/base.h"
+#include "serve/embed.h"
 #include "serve/http.h"
 #include "serve/job.h"
 #include "model/forward.h"
@@ -164,9 +165,23 @@ static enum MHD_Result route_generate(server *s, struct MHD_Connection *conn, co
     return ret;
 }
 
+/* A row whose endpoint answers with one body (its run), not a job. */
+static enum MHD_Result route_run(server *s, struct MHD_Connection *conn, conn_ctx *cc) {
+    api_error err;
+    if (atomic_load(&s->draining)) {
+        api_fail(&err, 503, NULL, "the server is shutting down");
+        return http_send_error(s, conn, cc->label, &err);
+    }
+    int status = 500;
+    char *body = cc->rt->ep->run(s, cc->body.p ? cc->body.p : "", cc->body.len, check_model, &status);
+    metrics_count_request(&s->metrics, cc->label, status);
+    return http_send_text(s, conn, status, "application/json", body);
+}
+
 static const route routes[] = {
     {"POST", "/v1/chat/completions", route_generate, "chat", 1, &fmt_chat},
     {"POST", "/v1/completions", route_generate, "completions", 1, &fmt_completions},
+    {"POST", "/v1/embeddings", route_run, "embeddings", 1, &fmt_embeddings},
     {"GET", "/v1/models", route_models, "models", 1, NULL},
     {"GET", "/health", route_health, "health", 0, NULL},
     {"GET", "/metrics", route_metrics, "metrics", 1, NULL},
@@ -493,6 +508,7 @@ char *loom_service_request(loom_service *svc, const char *url, const char *body,
         *status = err.status;
         return api_error_json(&err);
     }
+    if (rt->ep->run) return rt->ep->run((server *)svc, body, len, NULL, status);
     return service_run((server *)svc, rt->ep, body, len, status);
 }
 

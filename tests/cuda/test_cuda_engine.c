@@ -1,6 +1,7 @@
 /* The context and the engine with forwards on CUDA device 0: reference
  * logits (context) and greedy continuations (context and batched engine)
- * of the dense fixtures. Needs a GPU; run through tools/cuda_check.sh. */
+ * of the dense fixtures, and embedding vectors against the CPU engine's.
+ * Needs a GPU; run through tools/cuda_check.sh. */
 #include <stdint.h>
 
 #include "base/base.h"
@@ -145,7 +146,75 @@ static void check(const char *name) {
     loom_st_close(ref);
 }
 
+/* The vectors of embedding requests (the four prompts, last token raw and
+ * mean normalised, all at once in steps of 64 tokens) from engine e. */
+static void embed_all(loom_engine *e, const int32_t *const *ids, const int *len, int H, float *out) {
+    loom_request *r[8] = {0};
+    for (int k = 0; k < 8; k++) {
+        loom_request_params rp = loom_request_default_params();
+        rp.prompt = ids[k / 2];
+        rp.n_prompt = len[k / 2];
+        rp.pooling = k % 2 ? LOOM_POOLING_MEAN : LOOM_POOLING_LAST;
+        rp.normalize = k % 2;
+        CHECKF(loom_engine_submit(e, &rp, &r[k]) == LOOM_OK, "%s", loom_last_error());
+    }
+    for (int k = 0; k < 8; k++) {
+        loom_event ev = {0};
+        while (r[k] && loom_request_next(r[k], &ev, 60000) == LOOM_OK && !ev.finish) {}
+        CHECKF(ev.finish == LOOM_FINISH_STOP, "embedding %d: %s", k, r[k] ? loom_request_error(r[k]) : "");
+        CHECK(r[k] && loom_request_embedding(r[k], out + (size_t)k * H, H) == H);
+        loom_request_free(r[k]);
+    }
+}
+
+/* Embeddings (hidden states after the final norm) from the device engine
+ * against the CPU engine's. */
+static void check_embeddings(const char *name) {
+    char dir[256], path[300];
+    snprintf(dir, sizeof dir, "tests/fixtures/models/%s", name);
+    snprintf(path, sizeof path, "%s/reference.safetensors", dir);
+    loom_safetensors *ref = NULL;
+    loom_model *m[2] = {0};
+    loom_model_params mp[2] = {loom_model_default_params(), loom_model_default_params()};
+    mp[1].device = 0;
+    if (loom_st_open(path, &ref) || loom_model_load(dir, &mp[0], &m[0]) || loom_model_load(dir, &mp[1], &m[1])) {
+        fprintf(stderr, "%s: %s\n", name, loom_last_error());
+        CHECK(0);
+    }
+    const int32_t *ids[4];
+    int len[4], H = m[0] ? loom_model_hidden_size(m[0]) : 0;
+    for (int i = 0; i < 4 && m[1]; i++) {
+        char k[64];
+        snprintf(k, sizeof k, "prompt.%d.ids", i);
+        const loom_st_tensor *t = loom_st_find(ref, k);
+        ids[i] = t->data;
+        len[i] = (int)t->shape[0];
+    }
+    float *v[2] = {calloc((size_t)8 * H + 1, sizeof(float)), calloc((size_t)8 * H + 1, sizeof(float))};
+    for (int side = 0; side < 2 && m[1]; side++) {
+        loom_engine_params ep = loom_engine_default_params();
+        ep.n_ctx = 400;
+        ep.max_batch_tokens = 64;
+        loom_engine *e = NULL;
+        CHECK(loom_engine_create(m[side], &ep, &e) == LOOM_OK);
+        if (e) embed_all(e, ids, len, H, v[side]);
+        loom_engine_free(e);
+    }
+    double worst = 0;
+    for (int k = 0; k < 8 && m[1]; k++)
+        worst = test_max(worst, test_rel_err(v[1] + (size_t)k * H, v[0] + (size_t)k * H, (size_t)H));
+    printf("%s  %-18s embeddings (last raw, mean normalised) rel err %.2g (device 0 vs CPU)\n",
+           worst <= 1e-5 ? "PASS" : "FAIL", name, worst);
+    CHECK(worst <= 1e-5);
+    free(v[0]);
+    free(v[1]);
+    loom_model_free(m[0]);
+    loom_model_free(m[1]);
+    loom_st_close(ref);
+}
+
 int main(void) {
     for (size_t i = 0; i < LOOM_ARRAY_LEN(models); i++) check(models[i]);
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(models); i++) check_embeddings(models[i]);
     return test_report("test_cuda_engine");
 }

@@ -116,8 +116,8 @@ static void run_fixture(const char *fixture, loom_kv_type kvt) {
     int na = 45, nb = 20;
     for (int s = 0; s < 2; s++) {
         float *out = s ? lg : lc;
-        loom_fwd_row rows[2] = {{ta, na, &sides[s]->a, LOOM_LOGITS_ALL, out, NULL, 0},
-                                {tb, nb, &sides[s]->b, LOOM_LOGITS_ALL, out + (size_t)na * V, NULL, 0}};
+        loom_fwd_row rows[2] = {{.tokens = ta, .n = na, .seq = &sides[s]->a, .logits = LOOM_LOGITS_ALL, .out = out, .decode = 0},
+                                {.tokens = tb, .n = nb, .seq = &sides[s]->b, .logits = LOOM_LOGITS_ALL, .out = out + (size_t)na * V, .decode = 0}};
         st = s ? loom_cuda_forward(g, &gpu.kv->lay, rows, 2, NULL, NULL) : loom_forward(m, fs, &cpu.kv->lay, rows, 2);
         if (st != LOOM_OK) goto fail;
     }
@@ -131,8 +131,8 @@ static void run_fixture(const char *fixture, loom_kv_type kvt) {
         int32_t picks[2] = {-1, -2};
         for (int s = 0; s < 2; s++) {
             float *out = s ? lg : lc;
-            loom_fwd_row rows[2] = {{ta + na, 1, &sides[s]->a, LOOM_LOGITS_LAST, out, NULL, 1},
-                                    {tb + nb, 1, &sides[s]->b, LOOM_LOGITS_LAST, out + V, NULL, 1}};
+            loom_fwd_row rows[2] = {{.tokens = ta + na, .n = 1, .seq = &sides[s]->a, .logits = LOOM_LOGITS_LAST, .out = out, .decode = 1},
+                                    {.tokens = tb + nb, .n = 1, .seq = &sides[s]->b, .logits = LOOM_LOGITS_LAST, .out = out + V, .decode = 1}};
             st = s ? loom_cuda_forward(g, &gpu.kv->lay, rows, 2, k == 2 ? picks : NULL, NULL)
                    : loom_forward(m, fs, &cpu.kv->lay, rows, 2);
             if (st != LOOM_OK) goto fail;
@@ -154,8 +154,8 @@ static void run_fixture(const char *fixture, loom_kv_type kvt) {
     /* step 5: a decode row beside a prefill chunk of 9 */
     for (int s = 0; s < 2; s++) {
         float *out = s ? lg : lc;
-        loom_fwd_row rows[2] = {{ta + na, 1, &sides[s]->a, LOOM_LOGITS_LAST, out, NULL, 1},
-                                {tb + nb, 9, &sides[s]->b, LOOM_LOGITS_ALL, out + V, NULL, 0}};
+        loom_fwd_row rows[2] = {{.tokens = ta + na, .n = 1, .seq = &sides[s]->a, .logits = LOOM_LOGITS_LAST, .out = out, .decode = 1},
+                                {.tokens = tb + nb, .n = 9, .seq = &sides[s]->b, .logits = LOOM_LOGITS_ALL, .out = out + V, .decode = 0}};
         st = s ? loom_cuda_forward(g, &gpu.kv->lay, rows, 2, NULL, NULL) : loom_forward(m, fs, &cpu.kv->lay, rows, 2);
         if (st != LOOM_OK) goto fail;
     }
@@ -213,7 +213,7 @@ static void run_single(const char *dir, loom_kv_type kvt) {
     /* the prompts, one row each */
     for (int j = 0; j < 2; j++)
         for (int i = 0; i < 2 && st == LOOM_OK; i++) {
-            loom_fwd_row row = {toks[j], len[j], &sq[i][j], LOOM_LOGITS_LAST, out[i], NULL, 0};
+            loom_fwd_row row = {.tokens = toks[j], .n = len[j], .seq = &sq[i][j], .logits = LOOM_LOGITS_LAST, .out = out[i], .decode = 0};
             st = i ? loom_cuda_forward(g, &kv[i]->lay, &row, 1, NULL, NULL)
                    : loom_forward(m, fs, &kv[0]->lay, &row, 1);
         }
@@ -221,7 +221,7 @@ static void run_single(const char *dir, loom_kv_type kvt) {
         int j = k & 1, pick_step = k >= 6;
         int32_t pick = -1;
         for (int i = 0; i < 2 && st == LOOM_OK; i++) {
-            loom_fwd_row row = {toks[j] + len[j], 1, &sq[i][j], LOOM_LOGITS_LAST, out[i], NULL, 1};
+            loom_fwd_row row = {.tokens = toks[j] + len[j], .n = 1, .seq = &sq[i][j], .logits = LOOM_LOGITS_LAST, .out = out[i], .decode = 1};
             st = i ? loom_cuda_forward(g, &kv[i]->lay, &row, 1, pick_step ? &pick : NULL, NULL)
                    : loom_forward(m, fs, &kv[0]->lay, &row, 1);
         }
