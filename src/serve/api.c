@@ -52,8 +52,28 @@ void api_put_json_str(loom_buf *b, const char *s, size_t n) {
     loom_buf_put(b, "\"", 1);
 }
 
+/* Anthropic names its error types by status. */
+static const char *anthropic_type(int status) {
+    switch (status) {
+    case 401: return "authentication_error";
+    case 403: return "permission_error";
+    case 404: return "not_found_error";
+    case 413: return "request_too_large";
+    case 429: return "rate_limit_error";
+    case 503: case 529: return "overloaded_error";
+    default: return status >= 500 ? "api_error" : "invalid_request_error";
+    }
+}
+
 char *api_error_json(const api_error *err) {
     loom_buf b = {0};
+    if (err->dialect == API_DIALECT_ANTHROPIC) {
+        loom_buf_printf(&b, "{\"type\":\"error\",\"error\":{\"type\":\"%s\",\"message\":",
+                        anthropic_type(err->status));
+        api_put_json_str(&b, err->message, strlen(err->message));
+        loom_buf_puts(&b, "}}");
+        return b.oom ? (loom_buf_free(&b), NULL) : b.p;
+    }
     loom_buf_puts(&b, "{\"error\":{\"message\":");
     api_put_json_str(&b, err->message, strlen(err->message));
     loom_buf_printf(&b, ",\"type\":\"%s\",\"param\":", err->type ? err->type : "invalid_request_error");
@@ -415,13 +435,8 @@ static int only_space(const char *p, const char *end) {
     return p == end;
 }
 
-int api_parse(api_kind kind, const char *body, size_t len, int vocab, api_req *r, api_error *err) {
-    memset(r, 0, sizeof *r);
-    memset(err, 0, sizeof *err);
-    r->kind = kind;
-    r->max_tokens = -1;
-    r->logprobs = -1;
-    r->n = 1;
+cJSON *api_parse_body(const char *body, size_t len, api_error *err) {
+    cJSON *v = NULL;
     const char *end = NULL;
     /* Everything downstream (templates, tokenizer, JSON out) expects UTF-8. */
     if (!loom_utf8_valid(body, len)) {
@@ -435,8 +450,8 @@ int api_parse(api_kind kind, const char *body, size_t len, int vocab, api_req *r
                  (size_t)(nul - body));
         goto fail;
     }
-    r->body = cJSON_ParseWithLengthOpts(body, len, &end, 0);
-    if (!r->body) {
+    v = cJSON_ParseWithLengthOpts(body, len, &end, 0);
+    if (!v) {
         size_t at = end ? (size_t)(end - body) : 0;
         api_fail(err, 400, NULL, "the request body is not valid JSON (error near byte %zu)", at);
         goto fail;
@@ -446,11 +461,25 @@ int api_parse(api_kind kind, const char *body, size_t len, int vocab, api_req *r
                  end ? (size_t)(end - body) : 0);
         goto fail;
     }
-    if (!cJSON_IsObject(r->body)) {
+    if (!cJSON_IsObject(v)) {
         api_fail(err, 400, NULL, "the request body must be a JSON object");
         goto fail;
     }
     if (check_nul_escape(body, len, err) < 0) goto fail;
+    return v;
+fail:
+    cJSON_Delete(v);
+    return NULL;
+}
+
+int api_parse(api_kind kind, const char *body, size_t len, int vocab, api_req *r, api_error *err) {
+    memset(r, 0, sizeof *r);
+    memset(err, 0, sizeof *err);
+    r->kind = kind;
+    r->max_tokens = -1;
+    r->logprobs = -1;
+    r->n = 1;
+    if (!(r->body = api_parse_body(body, len, err))) goto fail;
     const cJSON *model = field(r, "model");
     if (model && !cJSON_IsString(model)) {
         api_fail(err, 400, "model", "'model' must be a string");

@@ -24,7 +24,7 @@ job *job_create(server *s, const api_endpoint *ep, const char *body, size_t len,
     j->ep = ep;
     j->fd = -1;
     atomic_fetch_add(&s->inflight, 1);
-    if (api_parse(ep->kind, body, len, s->vocab, &j->req, err) < 0) {
+    if ((ep->parse ? ep->parse(j, body, len, err) : api_parse(ep->kind, body, len, s->vocab, &j->req, err)) < 0) {
         job_free(j);
         return NULL;
     }
@@ -48,6 +48,7 @@ void job_free(job *j) {
     free(j->prompt_text);
     free(j->prompt_off);
     api_req_free(&j->req);
+    cJSON_Delete(j->client);
     atomic_fetch_sub(&j->srv->inflight, 1);
     free(j);
 }
@@ -73,7 +74,7 @@ static int conversation_boundary(job *j);
 /* The field a prompt error names. */
 static const char *prompt_field(const api_req *r) { return r->kind == API_CHAT ? "messages" : "prompt"; }
 
-static int build_prompt(job *j, api_error *err) {
+int job_build_prompt(job *j, api_error *err) {
     server *s = j->srv;
     api_req *r = &j->req;
     if (!s->tok && (r->kind == API_CHAT || !r->prompt_ids))
@@ -265,9 +266,10 @@ static int submit(job *j, api_error *err) {
 int job_start(job *j, api_error *err) {
     j->t_start = loom_now();
     j->created = (long)time(NULL);
-    snprintf(j->id, sizeof j->id, "%s-%llu", j->ep->id_prefix,
+    const char *pre = j->ep->id_prefix;
+    snprintf(j->id, sizeof j->id, "%s%s%llu", pre, pre[strlen(pre) - 1] == '_' ? "" : "-",
              (unsigned long long)atomic_fetch_add(&j->srv->next_id, 1));
-    return build_prompt(j, err) < 0 || submit(j, err) < 0 ? -1 : 0;
+    return job_build_prompt(j, err) < 0 || submit(j, err) < 0 ? -1 : 0;
 }
 
 /* ---- what every endpoint's answer shares --------------------------------- */
@@ -283,12 +285,17 @@ void job_put_token_text(server *s, loom_buf *b, int32_t id) {
     free(t);
 }
 
-static void put_usage(job *j, loom_buf *b) {
-    int gen = 0, cached = 0;
+void job_usage(const job *j, int *generated, int *cached) {
+    *generated = *cached = 0;
     for (int i = 0; i < j->n; i++) {
-        gen += j->ch[i].n_ids;
-        cached = LOOM_MAX(cached, j->ch[i].n_cached);
+        *generated += j->ch[i].n_ids;
+        *cached = LOOM_MAX(*cached, j->ch[i].n_cached);
     }
+}
+
+static void put_usage(job *j, loom_buf *b) {
+    int gen, cached;
+    job_usage(j, &gen, &cached);
     loom_buf_printf(b, "\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d,"
               "\"prompt_tokens_details\":{\"cached_tokens\":%d}}",
               j->n_prompt, gen, j->n_prompt + gen, cached);
@@ -496,6 +503,12 @@ static char *run_blocking(job *j) {
         if (r < 0) return NULL;
     }
     loom_buf b = {0};
+    if (j->ep->put_answer) {
+        j->ep->put_answer(j, &b);
+        if (!b.oom) return b.p;
+        loom_buf_free(&b);
+        return NULL;
+    }
     put_head(j, &b, 0);
     loom_buf_puts(&b, "\"choices\":[");
     for (int i = 0; i < j->n; i++) {
@@ -561,7 +574,7 @@ int job_stream_fill(job *j) {
         j->out.len = j->out_pos = 0;
         if (j->phase == 2) return 0;
         if (j->phase == 1 || all_done(j)) {
-            if (j->phase == 0) sse_finish(j);
+            if (j->phase == 0) (j->ep->sse_finish ? j->ep->sse_finish : sse_finish)(j);
             j->phase = 2;
             continue;
         }
@@ -573,7 +586,7 @@ int job_stream_fill(job *j) {
             loom_buf_free(&em.content);
             loom_buf_free(&em.reasoning);
             if (!j->failed) return -1; /* client gone */
-            sse_error(j);
+            (j->ep->sse_error ? j->ep->sse_error : sse_error)(j);
             j->phase = 2;
             continue;
         }
