@@ -18,14 +18,16 @@ int api_messages_parse(const char *body, size_t len, int vocab, int count, api_r
 
 /* POST /v1/responses: input (a string, or message, function_call and
  * function_call_output items), instructions, max_output_tokens, tools,
- * tool_choice, text.format. history: the messages of the conversation a
- * previous_response_id continues (a chat messages array, borrowed), or
- * NULL. As api_messages_parse, in OpenAI's dialect. */
-int api_responses_parse(const char *body, size_t len, int vocab, const cJSON *history,
-                        api_req *req, cJSON **client, api_error *err);
+ * tool_choice, text.format, over the body as sent (in, from
+ * api_parse_body, borrowed). history: the chat messages of the
+ * conversation its previous_response_id continues (borrowed), or NULL.
+ * As api_messages_parse, in OpenAI's dialect. */
+int api_responses_parse(const cJSON *in, const cJSON *history, int vocab, api_req *req,
+                        api_error *err);
 
-/* The conversation messages a request's input adds, as chat messages
- * (into out, an array): what a stored response keeps with its output. */
-int api_responses_input_messages(const cJSON *client, cJSON *out, api_error *err);
+/* The chat messages the input of a request adds to its conversation,
+ * appended to out (an array): what a stored response keeps beside its
+ * output. */
+int api_responses_input(const cJSON *in, cJSON *out, api_error *err);
 
 #endif

@@ -136,8 +136,10 @@ struct job {
     api_error err;
     /* endpoints with their own shapes (parse set) */
     cJSON *client;              /* owned: the body as the client sent it */
-    int part, part_open;        /* stream: the current content part's index and
-                                   kind (0: none open), for formatters that number them */
+    int part, part_open;        /* stream: the parts begun (the open one is part - 1)
+                                   and the open one's kind (0: none), for formatters
+                                   that number them */
+    size_t part_from;           /* where the open part's text begins in the scan's text */
     int seq;                    /* stream: the next event's sequence number */
 };
 
@@ -171,6 +173,9 @@ int job_build_prompt(job *j, api_error *err);
  * (POST /v1/messages/count_tokens, GET /v1/responses/{id}), with *status. */
 char *fmt_messages_count_tokens(server *s, const char *body, size_t len, int *status);
 char *fmt_responses_get(server *s, const char *id, int *status);
+/* The responses kept for GET and previous_response_id (LRU, bounded). */
+struct resp_store *fmt_responses_store_create(void);
+void fmt_responses_store_free(struct resp_store *st);
 
 /* For the formatters. */
 void job_put_token_text(server *s, loom_buf *b, int32_t id);

@@ -34,6 +34,7 @@ typedef struct conn_ctx {
     const char *label;          /* metrics endpoint label */
     api_error reject;           /* 401/404/405 decided on the headers (status 0: none) */
     api_dialect dialect;        /* the shape of its errors: its path's endpoint's */
+    const char *url;            /* MHD's, valid for the request */
 } conn_ctx;
 
 /* A request may name any served name, or none; any other is answered as
@@ -184,18 +185,33 @@ static enum MHD_Result route_count_tokens(server *s, struct MHD_Connection *conn
     return send_answer(s, conn, cc, body, status);
 }
 
+static enum MHD_Result route_get_response(server *s, struct MHD_Connection *conn, conn_ctx *cc) {
+    int status = 0;
+    char *body = fmt_responses_get(s, strrchr(cc->url, '/') + 1, &status);
+    return send_answer(s, conn, cc, body, status);
+}
+
 static const route routes[] = {
     {"POST", "/v1/chat/completions", route_generate, "chat", 1, &fmt_chat},
     {"POST", "/v1/completions", route_generate, "completions", 1, &fmt_completions},
     {"POST", "/v1/messages", route_generate, "messages", 1, &fmt_messages},
     {"POST", "/v1/messages/count_tokens", route_count_tokens, "count_tokens", 1, NULL},
+    {"POST", "/v1/responses", route_generate, "responses", 1, &fmt_responses},
+    {"GET", "/v1/responses/*", route_get_response, "responses", 1, NULL},
     {"GET", "/v1/models", route_models, "models", 1, NULL},
     {"GET", "/health", route_health, "health", 0, NULL},
     {"GET", "/metrics", route_metrics, "metrics", 1, NULL},
 };
 
+/* A path ending in a "*" segment takes one more segment there (an id). */
+static int path_match(const char *path, const char *url) {
+    size_t n = strlen(path);
+    if (n < 2 || strcmp(path + n - 2, "/*")) return !strcmp(url, path);
+    return !strncmp(url, path, n - 1) && url[n - 1] && !strchr(url + n - 1, '/');
+}
+
 static int route_has_path(const route *rt, const char *url) {
-    return !strcmp(url, rt->path) || (!strncmp(rt->path, "/v1/", 4) && !strcmp(url, rt->path + 3));
+    return path_match(rt->path, url) || (!strncmp(rt->path, "/v1/", 4) && path_match(rt->path + 3, url));
 }
 
 /* Picks the row for the request from its headers, the one place that
@@ -240,6 +256,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         cc = calloc(1, sizeof *cc);
         if (!cc) return MHD_NO;
         cc->is_post = !strcmp(method, "POST");
+        cc->url = url;
         *con_cls = cc;
         atomic_fetch_add(&s->active, 1);
         http_watch_headers_done(s, conn);
@@ -307,6 +324,7 @@ loom_serve_params loom_serve_default_params(void) {
 
 static void free_server(server *s) {
     loom_engine_free(s->engine);
+    fmt_responses_store_free(s->responses);
     loom_chat_template_free(s->chat);
     loom_tok_free(s->tok);
     loom_model_free(s->model);
@@ -385,6 +403,7 @@ static int server_open(server *s, const loom_serve_params *params) {
     s->p = *params;
     pthread_rwlock_init(&s->engine_lock, NULL);
     metrics_init(&s->metrics);
+    s->responses = fmt_responses_store_create();
     for (size_t i = 0; i < LOOM_ARRAY_LEN(routes); i++) metrics_add_endpoint(&s->metrics, routes[i].label);
     const char *dir = s->p.model_dir;
     const char *base = strrchr(dir, '/');
