@@ -115,12 +115,13 @@ static int translate_message(const cJSON *m, int idx, cJSON *out, api_error *err
             cJSON_AddItemToArray(calls, tc);
         } else if (!strcmp(t, "tool_result") && user) {
             const cJSON *id = get(blk, "tool_use_id"), *c = get(blk, "content");
+            char cp[160];
             if (!cJSON_IsString(id)) {
-                rc = bad(err, p, "'%s.tool_use_id' must be a string", p);
+                snprintf(cp, sizeof cp, "%s.tool_use_id", p);
+                rc = bad(err, cp, "'%s' must be a string", cp);
                 continue;
             }
             loom_buf r = {0};
-            char cp[160];
             snprintf(cp, sizeof cp, "%s.content", p);
             if (c && text_of(c, cp, &r, err) < 0) rc = -1;
             else {

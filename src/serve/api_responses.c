@@ -112,7 +112,8 @@ static int input_item(const cJSON *it, const char *param, cJSON *out, api_error 
     }
     if (!strcmp(t, "function_call_output")) {
         const cJSON *id = get(it, "call_id"), *o = get(it, "output");
-        if (!cJSON_IsString(id)) return api_fail(err, 400, param, "'%s.call_id' must be a string", param);
+        snprintf(p, sizeof p, "%s.call_id", param);
+        if (!cJSON_IsString(id)) return api_fail(err, 400, p, "'%s' must be a string", p);
         snprintf(p, sizeof p, "%s.output", param);
         if (!o) return api_fail(err, 400, p, "'%s' is required", p);
         loom_buf b = {0};
