@@ -468,11 +468,29 @@ const api_endpoint fmt_responses = {
     .sse_error = responses_sse_error,
 };
 
-char *fmt_responses_get(server *s, const char *id, int *status) {
-    char *r = store_get(s->responses, id, 0);
+/* Drops the entry of id; 1 when there was one. */
+static int store_delete(struct resp_store *st, const char *id) {
+    if (!st) return 0;
+    pthread_mutex_lock(&st->lock);
+    resp_entry *x = entry_find(st, id);
+    if (x) entry_drop(st, x);
+    pthread_mutex_unlock(&st->lock);
+    return x != NULL;
+}
+
+char *fmt_responses_get(server *s, const char *id, int del, int *status) {
+    char *r = del ? NULL : store_get(s->responses, id, 0);
     if (r) {
         *status = 200;
         return r;
+    }
+    if (del && store_delete(s->responses, id)) {
+        loom_buf b = {0};
+        loom_buf_puts(&b, "{\"id\":");
+        api_put_json_str(&b, id, strlen(id));
+        loom_buf_puts(&b, ",\"object\":\"response\",\"deleted\":true}");
+        *status = 200;
+        return b.oom ? (loom_buf_free(&b), NULL) : b.p;
     }
     api_error err = {0};
     api_fail(&err, 404, NULL, "Response with id '%s' not found.", id);

@@ -17,7 +17,7 @@ void http_add_common_headers(server *s, struct MHD_Response *resp, const char *t
         MHD_add_response_header(resp, "Access-Control-Allow-Origin", "*");
         MHD_add_response_header(resp, "Access-Control-Allow-Headers", "Authorization, Content-Type, X-Loom-Trace, "
                                 "x-api-key, anthropic-version, anthropic-beta");
-        MHD_add_response_header(resp, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+        MHD_add_response_header(resp, "Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS");
     }
 }
 

@@ -170,9 +170,10 @@ void job_stream_close(job *j);
 int job_build_prompt(job *j, api_error *err);
 
 /* Answers of the routes beside those endpoints that do not generate
- * (POST /v1/messages/count_tokens, GET /v1/responses/{id}), with *status. */
+ * (POST /v1/messages/count_tokens, GET and DELETE /v1/responses/{id}:
+ * del), with *status. */
 char *fmt_messages_count_tokens(server *s, const char *body, size_t len, int *status);
-char *fmt_responses_get(server *s, const char *id, int *status);
+char *fmt_responses_get(server *s, const char *id, int del, int *status);
 /* The responses kept for GET and previous_response_id (LRU, bounded). */
 struct resp_store *fmt_responses_store_create(void);
 void fmt_responses_store_free(struct resp_store *st);

@@ -185,9 +185,9 @@ static enum MHD_Result route_count_tokens(server *s, struct MHD_Connection *conn
     return send_answer(s, conn, cc, body, status);
 }
 
-static enum MHD_Result route_get_response(server *s, struct MHD_Connection *conn, conn_ctx *cc) {
+static enum MHD_Result route_response(server *s, struct MHD_Connection *conn, conn_ctx *cc) {
     int status = 0;
-    char *body = fmt_responses_get(s, strrchr(cc->url, '/') + 1, &status);
+    char *body = fmt_responses_get(s, strrchr(cc->url, '/') + 1, !strcmp(cc->rt->method, "DELETE"), &status);
     return send_answer(s, conn, cc, body, status);
 }
 
@@ -197,7 +197,8 @@ static const route routes[] = {
     {"POST", "/v1/messages", route_generate, "messages", 1, &fmt_messages},
     {"POST", "/v1/messages/count_tokens", route_count_tokens, "count_tokens", 1, NULL},
     {"POST", "/v1/responses", route_generate, "responses", 1, &fmt_responses},
-    {"GET", "/v1/responses/*", route_get_response, "responses", 1, NULL},
+    {"GET", "/v1/responses/*", route_response, "responses", 1, NULL},
+    {"DELETE", "/v1/responses/*", route_response, "responses", 1, NULL},
     {"GET", "/v1/models", route_models, "models", 1, NULL},
     {"GET", "/health", route_health, "health", 0, NULL},
     {"GET", "/metrics", route_metrics, "metrics", 1, NULL},

@@ -124,7 +124,7 @@ test('previous_response_id continues the conversation from its kept state', asyn
   assert.equal(cont.usage.input_tokens, plain.usage.input_tokens);
 });
 
-test('retrieve by id; unknown ids and store: false are 404', async () => {
+test('retrieve and delete by id; unknown ids and store: false are 404', async () => {
   const r = await client.responses.create({ model, input: 'x = ', max_output_tokens: 3, metadata: { k: 'v' } });
   const got = await client.responses.retrieve(r.id);
   assert.deepEqual(got, r);
@@ -137,6 +137,11 @@ test('retrieve by id; unknown ids and store: false are 404', async () => {
   assert.equal(ns.store, false);
   await expectError(client.responses.retrieve(ns.id), OpenAI.NotFoundError, 404);
   await expectError(client.responses.create({ model, input: 'y', previous_response_id: ns.id }), OpenAI.NotFoundError, 404);
+  // delete: gone for retrieve and for continuing
+  await client.responses.delete(r.id);
+  await expectError(client.responses.retrieve(r.id), OpenAI.NotFoundError, 404);
+  await expectError(client.responses.delete(r.id), OpenAI.NotFoundError, 404);
+  await expectError(client.responses.create({ model, input: 'y', previous_response_id: r.id }), OpenAI.NotFoundError, 404);
 });
 
 const tools = [{ type: 'function', name: 'get_weather', description: 'weather of a city',
