@@ -308,8 +308,8 @@ static void put_usage(job *j, loom_buf *b) {
 static void put_trace(job *j, loom_buf *b) {
     cJSON *all = cJSON_CreateArray();
     for (int i = 0; i < j->n && all; i++) {
-        loom_event ev = {0};
-        for (int k = 0; k < 100; k++)
+        loom_event ev = {.finish = j->ch[i].final_seen ? LOOM_FINISH_STOP : LOOM_FINISH_NONE};
+        for (int k = 0; k < 100 && ev.finish == LOOM_FINISH_NONE; k++)
             if (loom_request_next(j->ch[i].rq, &ev, 100) == LOOM_OK && ev.finish != LOOM_FINISH_NONE) break;
         if (ev.finish == LOOM_FINISH_NONE) continue; /* still running: spans are being written */
         char *text = loom_request_trace_json(j->ch[i].rq);
@@ -360,6 +360,7 @@ static int on_event(job *j, choice *c, const loom_event *ev, emitted *em) {
     server *s = j->srv;
     if (ev->finish != LOOM_FINISH_NONE) {
         c->n_cached = ev->n_cached;
+        c->final_seen = 1;
         if (c->done) return 0;
         if (ev->finish == LOOM_FINISH_ERROR) {
             j->failed = 1;
@@ -491,6 +492,21 @@ static int all_done(const job *j) {
     return 1;
 }
 
+/* A choice a stop string ended was cancelled before its final event,
+ * which carries the usage's cached tokens: wait for it (the cancel takes
+ * effect at the next step). */
+static void settle(job *j) {
+    for (int i = 0; i < j->n; i++) {
+        choice *c = &j->ch[i];
+        loom_event ev;
+        for (int k = 0; k < 50 && !c->final_seen; k++)
+            if (loom_request_next(c->rq, &ev, 100) == LOOM_OK && ev.finish != LOOM_FINISH_NONE) {
+                c->n_cached = ev.n_cached;
+                c->final_seen = 1;
+            }
+    }
+}
+
 /* ---- non-streaming ----------------------------------------------------------- */
 
 static char *run_blocking(job *j) {
@@ -502,6 +518,7 @@ static char *run_blocking(job *j) {
         loom_buf_free(&em.reasoning);
         if (r < 0) return NULL;
     }
+    settle(j);
     loom_buf b = {0};
     if (j->ep->put_answer) {
         j->ep->put_answer(j, &b);
@@ -574,6 +591,7 @@ int job_stream_fill(job *j) {
         j->out.len = j->out_pos = 0;
         if (j->phase == 2) return 0;
         if (j->phase == 1 || all_done(j)) {
+            if (j->phase == 0) settle(j);
             if (j->phase == 0) (j->ep->sse_finish ? j->ep->sse_finish : sse_finish)(j);
             j->phase = 2;
             continue;

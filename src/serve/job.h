@@ -64,6 +64,7 @@ typedef struct choice {
     size_t text_offset;         /* completions logprobs text_offset */
     loom_toolscan scan;         /* tool-call / reasoning splitter */
     int n_cached;               /* prompt tokens served from the prefix cache */
+    int final_seen;             /* its final event (with n_cached) is in */
 } choice;
 
 /* Text a choice produced in one step, split by the tool scanner. */

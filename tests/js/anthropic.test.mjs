@@ -88,6 +88,12 @@ test('stop_sequences: the text before it, stop_reason and stop_sequence', async 
   assert.equal(textOf(m), full.slice(0, full.indexOf(stop)));
   assert.equal(m.stop_reason, 'stop_sequence');
   assert.equal(m.stop_sequence, stop);
+  // a stop sequence ends the request early: its usage still counts the cache
+  const long = { ...args, messages: user('def fibonacci(n):\n    """Return the n-th Fibonacci number, iteratively."""\n') };
+  const lt = textOf(await client.messages.create(long));
+  const again = await client.messages.create({ ...long, stop_sequences: [lt.slice(4, 7)] });
+  assert.equal(again.stop_reason, 'stop_sequence');
+  assert.ok(again.usage.cache_read_input_tokens >= 16, `cache read ${JSON.stringify(again.usage)}`);
   const s = client.messages.stream({ ...args, stop_sequences: [stop] });
   const fm = await s.finalMessage();
   assert.equal(textOf(fm), textOf(m));
