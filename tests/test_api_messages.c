@@ -328,20 +328,27 @@ typedef struct fake {
     job j;
 } fake;
 
+static struct resp_store *fake_store; /* the fakes' server keeps responses here */
+
 /* A finished job of endpoint ep whose one choice generated text (tools on,
  * reasoning split, Hermes syntax), fed in pieces; finish as the job sets it. */
 static void fake_job(fake *f, const api_endpoint *ep, const char *id, const char *body, const char *text,
                      const char *finish) {
     memset(f, 0, sizeof *f);
     snprintf(f->s.model_id, sizeof f->s.model_id, "m");
+    f->s.responses = fake_store;
+    f->s.vocab = 1000;
     f->j.srv = &f->s;
     f->j.ep = ep;
     f->j.n = 1;
     f->j.n_prompt = 10;
     f->j.fd = -1;
     snprintf(f->j.id, sizeof f->j.id, "%s", id);
-    f->j.client = cJSON_Parse(body);
-    f->j.req.body = cJSON_Parse("{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}]}");
+    api_error e;
+    if (ep->parse != fmt_responses.parse || ep->parse(&f->j, body, strlen(body), &e) < 0) {
+        f->j.client = cJSON_Parse(body);
+        f->j.req.body = cJSON_Parse("{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}]}");
+    }
     f->j.req.stream = 1;
     choice *c = &f->j.ch[0];
     c->n_cached = 4;
@@ -570,6 +577,78 @@ static void test_fmt_responses(void) {
     fake_free(&f);
 }
 
+/* A stored response continues: its conversation (with its tool call)
+ * comes before the new input; deleted or evicted, it is a 404. */
+static void test_responses_store(void) {
+    fake_store = fmt_responses_store_create();
+    fake f;
+    const char *gen = "<think>hm</think>Let me look.<tool_call>\n{\"name\": \"get_weather\", "
+                      "\"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+    fake_job(&f, &fmt_responses, "resp_5", "{\"input\":\"q\",\"instructions\":\"not carried over\"}", gen, "stop");
+    char call_id[32];
+    snprintf(call_id, sizeof call_id, "%s", f.j.ch[0].scan.calls[0].id);
+    int status = 0;
+    char *got = fmt_responses_get(&f.s, "resp_5", 0, &status);
+    CHECK(status == 200 && got && strstr(got, "\"id\":\"resp_5\"") && strstr(got, "\"function_call\""));
+    free(got);
+    fake_free(&f);
+
+    fake g;
+    memset(&g, 0, sizeof g);
+    g.s.responses = fake_store;
+    g.s.vocab = 1000;
+    g.j.srv = &g.s;
+    char body[512];
+    snprintf(body, sizeof body, "{\"previous_response_id\":\"resp_5\",\"input\":[{\"type\":\"function_call_output\","
+                                "\"call_id\":\"%s\",\"output\":\"sunny\"}]}", call_id);
+    api_error e;
+    if (fmt_responses.parse(&g.j, body, strlen(body), &e) < 0) {
+        CHECKF(0, "continuation rejected: %s", e.message);
+    } else {
+        char *m = messages_of(&g.j.req), want[1024];
+        snprintf(want, sizeof want,
+                 "[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":\"Let me look.\","
+                 "\"reasoning_content\":\"hm\",\"tool_calls\":[{\"id\":\"%s\",\"type\":\"function\",\"function\":"
+                 "{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\"}}}]},"
+                 "{\"role\":\"tool\",\"content\":\"sunny\",\"tool_call_id\":\"%s\"}]", call_id, call_id);
+        CHECK_STR(m, want);
+        CHECK(g.j.req.previous_response_id && !strcmp(g.j.req.previous_response_id, "resp_5"));
+        free(m);
+    }
+    fake_free(&g);
+
+    /* deleted: gone for GET, DELETE and continuing */
+    got = fmt_responses_get(&f.s, "resp_5", 1, &status);
+    CHECK(status == 200 && got && strstr(got, "\"deleted\":true"));
+    free(got);
+    got = fmt_responses_get(&f.s, "resp_5", 1, &status);
+    CHECK(status == 404);
+    free(got);
+    memset(&g, 0, sizeof g);
+    g.s.responses = fake_store;
+    g.j.srv = &g.s;
+    CHECK(fmt_responses.parse(&g.j, body, strlen(body), &e) < 0 && e.status == 404 &&
+          !strcmp(e.param, "previous_response_id") && e.code && !strcmp(e.code, "previous_response_not_found"));
+
+    /* past the count cap the least recently used go first */
+    for (int i = 0; i < 1100; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "resp_%d", 100 + i);
+        fake_job(&f, &fmt_responses, id, "{}", "x", "stop");
+        fake_free(&f);
+        /* resp_100, used again before the cap is reached, outlives those stored after it */
+        if (i == 1000) free(fmt_responses_get(&f.s, "resp_100", 0, &status));
+    }
+    free(fmt_responses_get(&f.s, "resp_101", 0, &status));
+    CHECK_EQ_INT(status, 404);
+    free(fmt_responses_get(&f.s, "resp_100", 0, &status));
+    CHECK_EQ_INT(status, 200);
+    free(fmt_responses_get(&f.s, "resp_1199", 0, &status));
+    CHECK_EQ_INT(status, 200);
+    fmt_responses_store_free(fake_store);
+    fake_store = NULL;
+}
+
 /* ---- the stop string a stream stopped at --------------------------------------------- */
 
 static void test_stop_hit(void) {
@@ -612,6 +691,7 @@ int main(void) {
     test_responses_translate();
     test_fmt_messages();
     test_fmt_responses();
+    test_responses_store();
     test_stop_hit();
     return test_report("test_api_messages");
 }
