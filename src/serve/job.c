@@ -591,8 +591,10 @@ int job_stream_fill(job *j) {
         j->out.len = j->out_pos = 0;
         if (j->phase == 2) return 0;
         if (j->phase == 1 || all_done(j)) {
-            if (j->phase == 0) settle(j);
-            if (j->phase == 0) (j->ep->sse_finish ? j->ep->sse_finish : sse_finish)(j);
+            if (j->phase == 0) {
+                settle(j);
+                (j->ep->sse_finish ? j->ep->sse_finish : sse_finish)(j);
+            }
             j->phase = 2;
             continue;
         }
