@@ -263,6 +263,7 @@ static void test_responses_errors(void) {
         {"{\"input\":\"x\",\"tools\":[{\"type\":\"function\",\"name\":\"f\"}],\"tool_choice\":\"sometimes\"}",
          "tool_choice", NULL},
         {"{\"input\":\"x\",\"text\":{\"format\":{}}}", "text.format.type", NULL},
+        {"{\"input\":\"x\",\"reasoning\":{\"effort\":3}}", "reasoning", NULL},
         {"{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"yaml\"}}}", "response_format", NULL},
     };
     for (size_t i = 0; i < LOOM_ARRAY_LEN(bad); i++) resp_rejects(bad[i].body, bad[i].param, bad[i].needle);
@@ -312,7 +313,11 @@ static void test_responses_translate(void) {
     m = messages_of(&r);
     CHECK_STR(m, "[{\"role\":\"user\",\"content\":\"hi\"}]");
     CHECK(r.previous_response_id && !strcmp(r.previous_response_id, "resp_1"));
+    CHECK(r.kwargs_json == NULL);
     free(m);
+    api_req_free(&r);
+    CHECK(resp_parse("{\"input\":\"hi\",\"reasoning\":{\"effort\":\"low\"}}", NULL, &r, &e) == 0);
+    CHECK(r.kwargs_json && !strcmp(r.kwargs_json, "{\"reasoning_effort\":\"low\"}"));
     api_req_free(&r);
     cJSON *in = cJSON_Parse("{\"input\":[{\"role\":\"developer\",\"content\":\"d\"},{\"role\":\"user\",\"content\":\"u\"}]}");
     cJSON *out = cJSON_CreateArray();

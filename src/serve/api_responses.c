@@ -218,6 +218,12 @@ static int translate(const cJSON *in, const cJSON *history, cJSON *out, api_erro
     static const char *same[] = {"temperature", "top_p", "top_k", "seed", "ignore_eos", "min_p",
                                  "repetition_penalty", "cache_session_id"};
     for (size_t i = 0; i < LOOM_ARRAY_LEN(same); i++) copy(in, out, same[i], NULL);
+    const cJSON *reasoning = get(in, "reasoning"), *effort = get(reasoning, "effort");
+    if (reasoning && (!cJSON_IsObject(reasoning) || (effort && !cJSON_IsString(effort))))
+        return api_fail(err, 400, "reasoning", "'reasoning' must be an object with a string 'effort'");
+    /* the switch reasoning templates read (gpt-oss's) */
+    if (effort) cJSON_AddStringToObject(cJSON_AddObjectToObject(out, "chat_template_kwargs"), "reasoning_effort",
+                                        effort->valuestring);
     const cJSON *store = get(in, "store"), *ins = get(in, "instructions");
     if (store && !cJSON_IsBool(store)) return api_fail(err, 400, "store", "'store' must be a boolean");
     if (ins && !cJSON_IsString(ins)) return api_fail(err, 400, "instructions", "'instructions' must be a string");
