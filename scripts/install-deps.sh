@@ -16,13 +16,18 @@ if [ -n "$missing" ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing
 fi
-# tests/js: the openai package pinned in package-lock.json, unless that
-# version is installed already (npm ci would first delete it, which an
-# offline machine cannot undo). Without it tests/cli_server_js.sh fails.
+# tests/js: the packages pinned in package.json and package-lock.json,
+# unless those versions are installed already (npm ci would first delete
+# them, which an offline machine cannot undo). Without them the server
+# tests fail.
 cd "$(dirname "$0")/.."
-want=$(sed -n 's/.*"openai": *"\([0-9][^"]*\)".*/\1/p' tests/js/package.json 2>/dev/null)
-have=$(sed -n 's/^  "version": *"\([^"]*\)".*/\1/p' tests/js/node_modules/openai/package.json 2>/dev/null || true)
-if [ -f tests/js/package-lock.json ] && [ "$want" != "$have" ]; then
+stale=
+for p in $(sed -n 's/^ *"\([^"]*\)": *"[0-9][^"]*",\{0,1\}$/\1/p' tests/js/package.json); do
+  want=$(sed -n "s|.*\"$p\": *\"\([0-9][^\"]*\)\".*|\1|p" tests/js/package.json 2>/dev/null)
+  have=$(sed -n 's/^  "version": *"\([^"]*\)".*/\1/p' "tests/js/node_modules/$p/package.json" 2>/dev/null || true)
+  [ "$want" = "$have" ] || stale=1
+done
+if [ -f tests/js/package-lock.json ] && [ -n "$stale" ]; then
   npm ci --prefix tests/js --no-audit --no-fund --loglevel=error ||
     echo "install-deps: warning: npm ci --prefix tests/js failed; the server tests will fail" >&2
 fi

@@ -52,8 +52,28 @@ void api_put_json_str(loom_buf *b, const char *s, size_t n) {
     loom_buf_put(b, "\"", 1);
 }
 
+/* Anthropic names its error types by status. */
+static const char *anthropic_type(int status) {
+    switch (status) {
+    case 401: return "authentication_error";
+    case 403: return "permission_error";
+    case 404: return "not_found_error";
+    case 413: return "request_too_large";
+    case 429: return "rate_limit_error";
+    case 503: case 529: return "overloaded_error";
+    default: return status >= 500 ? "api_error" : "invalid_request_error";
+    }
+}
+
 char *api_error_json(const api_error *err) {
     loom_buf b = {0};
+    if (err->dialect == API_DIALECT_ANTHROPIC) {
+        loom_buf_printf(&b, "{\"type\":\"error\",\"error\":{\"type\":\"%s\",\"message\":",
+                        anthropic_type(err->status));
+        api_put_json_str(&b, err->message, strlen(err->message));
+        loom_buf_puts(&b, "}}");
+        return b.oom ? (loom_buf_free(&b), NULL) : b.p;
+    }
     loom_buf_puts(&b, "{\"error\":{\"message\":");
     api_put_json_str(&b, err->message, strlen(err->message));
     loom_buf_printf(&b, ",\"type\":\"%s\",\"param\":", err->type ? err->type : "invalid_request_error");

@@ -12,13 +12,18 @@
 #include "base/buf.h"
 #include "loom.h"
 
-/* An error destined for the client, in OpenAI's shape. */
+/* The error shape a client expects: OpenAI's {"error": {...}}, or
+ * Anthropic's {"type": "error", "error": {"type", "message"}}. */
+typedef enum api_dialect { API_DIALECT_OPENAI, API_DIALECT_ANTHROPIC } api_dialect;
+
+/* An error destined for the client, in the shape of its dialect. */
 typedef struct api_error {
     int status;                 /* HTTP status */
     char message[512];
     char param[64];             /* offending field, or "" */
     const char *type;           /* "invalid_request_error", ... */
     const char *code;           /* optional machine code, or NULL */
+    api_dialect dialect;        /* kept by api_fail; set where the route is known */
 } api_error;
 
 typedef enum api_kind { API_CHAT, API_COMPLETION } api_kind;
@@ -77,8 +82,9 @@ loom_sampling api_sampling_default(void);
 int api_fail(api_error *err, int status, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
-/* {"error": {...}} as a heap string. */
+/* The error in its dialect's shape, as a heap string. */
 char *api_error_json(const api_error *err);
+
 
 /* s as a JSON string literal (quotes included), n bytes of UTF-8. */
 void api_put_json_str(loom_buf *b, const char *s, size_t n);

@@ -15,8 +15,9 @@ void http_add_common_headers(server *s, struct MHD_Response *resp, const char *t
     MHD_add_response_header(resp, "Content-Type", type);
     if (s->p.cors) {
         MHD_add_response_header(resp, "Access-Control-Allow-Origin", "*");
-        MHD_add_response_header(resp, "Access-Control-Allow-Headers", "Authorization, Content-Type, X-Loom-Trace");
-        MHD_add_response_header(resp, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+        MHD_add_response_header(resp, "Access-Control-Allow-Headers", "Authorization, Content-Type, X-Loom-Trace, "
+                                "x-api-key, anthropic-version, anthropic-beta");
+        MHD_add_response_header(resp, "Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS");
     }
 }
 
@@ -43,11 +44,13 @@ enum MHD_Result http_send_error(server *s, struct MHD_Connection *conn, const ch
     return http_send_text(s, conn, err->status, "application/json", api_error_json(err));
 }
 
+/* Authorization: Bearer KEY, or Anthropic's x-api-key: KEY. */
 int http_authorized(server *s, struct MHD_Connection *conn) {
     if (!s->p.api_key) return 1;
     const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
-    if (!h || strncmp(h, "Bearer ", 7) != 0) return 0;
-    const char *k = h + 7, *want = s->p.api_key;
+    const char *x = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "x-api-key");
+    if ((!h || strncmp(h, "Bearer ", 7) != 0) && !x) return 0;
+    const char *k = h && !strncmp(h, "Bearer ", 7) ? h + 7 : x, *want = s->p.api_key;
     size_t a = strlen(k), b = strlen(want);
     unsigned diff = (unsigned)(a ^ b);
     for (size_t i = 0; i < a && i < b; i++) diff |= (unsigned)(k[i] ^ want[i]);

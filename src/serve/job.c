@@ -24,7 +24,7 @@ job *job_create(server *s, const api_endpoint *ep, const char *body, size_t len,
     j->ep = ep;
     j->fd = -1;
     atomic_fetch_add(&s->inflight, 1);
-    if (api_parse(ep->kind, body, len, s->vocab, &j->req, err) < 0) {
+    if ((ep->parse ? ep->parse(j, body, len, err) : api_parse(ep->kind, body, len, s->vocab, &j->req, err)) < 0) {
         job_free(j);
         return NULL;
     }
@@ -48,6 +48,7 @@ void job_free(job *j) {
     free(j->prompt_text);
     free(j->prompt_off);
     api_req_free(&j->req);
+    cJSON_Delete(j->client);
     atomic_fetch_sub(&j->srv->inflight, 1);
     free(j);
 }
@@ -73,7 +74,7 @@ static int conversation_boundary(job *j);
 /* The field a prompt error names. */
 static const char *prompt_field(const api_req *r) { return r->kind == API_CHAT ? "messages" : "prompt"; }
 
-static int build_prompt(job *j, api_error *err) {
+int job_build_prompt(job *j, api_error *err) {
     server *s = j->srv;
     api_req *r = &j->req;
     if (!s->tok && (r->kind == API_CHAT || !r->prompt_ids))
@@ -265,9 +266,10 @@ static int submit(job *j, api_error *err) {
 int job_start(job *j, api_error *err) {
     j->t_start = loom_now();
     j->created = (long)time(NULL);
-    snprintf(j->id, sizeof j->id, "%s-%llu", j->ep->id_prefix,
+    const char *pre = j->ep->id_prefix;
+    snprintf(j->id, sizeof j->id, "%s%s%llu", pre, pre[strlen(pre) - 1] == '_' ? "" : "-",
              (unsigned long long)atomic_fetch_add(&j->srv->next_id, 1));
-    return build_prompt(j, err) < 0 || submit(j, err) < 0 ? -1 : 0;
+    return job_build_prompt(j, err) < 0 || submit(j, err) < 0 ? -1 : 0;
 }
 
 /* ---- what every endpoint's answer shares --------------------------------- */
@@ -283,12 +285,17 @@ void job_put_token_text(server *s, loom_buf *b, int32_t id) {
     free(t);
 }
 
-static void put_usage(job *j, loom_buf *b) {
-    int gen = 0, cached = 0;
+void job_usage(const job *j, int *generated, int *cached) {
+    *generated = *cached = 0;
     for (int i = 0; i < j->n; i++) {
-        gen += j->ch[i].n_ids;
-        cached = LOOM_MAX(cached, j->ch[i].n_cached);
+        *generated += j->ch[i].n_ids;
+        *cached = LOOM_MAX(*cached, j->ch[i].n_cached);
     }
+}
+
+static void put_usage(job *j, loom_buf *b) {
+    int gen, cached;
+    job_usage(j, &gen, &cached);
     loom_buf_printf(b, "\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d,"
               "\"prompt_tokens_details\":{\"cached_tokens\":%d}}",
               j->n_prompt, gen, j->n_prompt + gen, cached);
@@ -301,8 +308,8 @@ static void put_usage(job *j, loom_buf *b) {
 static void put_trace(job *j, loom_buf *b) {
     cJSON *all = cJSON_CreateArray();
     for (int i = 0; i < j->n && all; i++) {
-        loom_event ev = {0};
-        for (int k = 0; k < 100; k++)
+        loom_event ev = {.finish = j->ch[i].final_seen ? LOOM_FINISH_STOP : LOOM_FINISH_NONE};
+        for (int k = 0; k < 100 && ev.finish == LOOM_FINISH_NONE; k++)
             if (loom_request_next(j->ch[i].rq, &ev, 100) == LOOM_OK && ev.finish != LOOM_FINISH_NONE) break;
         if (ev.finish == LOOM_FINISH_NONE) continue; /* still running: spans are being written */
         char *text = loom_request_trace_json(j->ch[i].rq);
@@ -353,6 +360,7 @@ static int on_event(job *j, choice *c, const loom_event *ev, emitted *em) {
     server *s = j->srv;
     if (ev->finish != LOOM_FINISH_NONE) {
         c->n_cached = ev->n_cached;
+        c->final_seen = 1;
         if (c->done) return 0;
         if (ev->finish == LOOM_FINISH_ERROR) {
             j->failed = 1;
@@ -484,6 +492,21 @@ static int all_done(const job *j) {
     return 1;
 }
 
+/* A choice a stop string ended was cancelled before its final event,
+ * which carries the usage's cached tokens: wait for it (the cancel takes
+ * effect at the next step). */
+static void settle(job *j) {
+    for (int i = 0; i < j->n; i++) {
+        choice *c = &j->ch[i];
+        loom_event ev;
+        for (int k = 0; k < 50 && !c->final_seen; k++)
+            if (loom_request_next(c->rq, &ev, 100) == LOOM_OK && ev.finish != LOOM_FINISH_NONE) {
+                c->n_cached = ev.n_cached;
+                c->final_seen = 1;
+            }
+    }
+}
+
 /* ---- non-streaming ----------------------------------------------------------- */
 
 static char *run_blocking(job *j) {
@@ -495,7 +518,14 @@ static char *run_blocking(job *j) {
         loom_buf_free(&em.reasoning);
         if (r < 0) return NULL;
     }
+    settle(j);
     loom_buf b = {0};
+    if (j->ep->put_answer) {
+        j->ep->put_answer(j, &b);
+        if (!b.oom) return b.p;
+        loom_buf_free(&b);
+        return NULL;
+    }
     put_head(j, &b, 0);
     loom_buf_puts(&b, "\"choices\":[");
     for (int i = 0; i < j->n; i++) {
@@ -561,7 +591,10 @@ int job_stream_fill(job *j) {
         j->out.len = j->out_pos = 0;
         if (j->phase == 2) return 0;
         if (j->phase == 1 || all_done(j)) {
-            if (j->phase == 0) sse_finish(j);
+            if (j->phase == 0) {
+                settle(j);
+                (j->ep->sse_finish ? j->ep->sse_finish : sse_finish)(j);
+            }
             j->phase = 2;
             continue;
         }
@@ -573,7 +606,7 @@ int job_stream_fill(job *j) {
             loom_buf_free(&em.content);
             loom_buf_free(&em.reasoning);
             if (!j->failed) return -1; /* client gone */
-            sse_error(j);
+            (j->ep->sse_error ? j->ep->sse_error : sse_error)(j);
             j->phase = 2;
             continue;
         }

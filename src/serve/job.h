@@ -47,6 +47,7 @@ typedef struct server {
     pthread_mutex_t watch_lock;    /* guards watched and every entry's deadline */
     struct conn_watch *watched;    /* open connections (HTTP only) */
     atomic_int watch_stop;
+    struct resp_store *responses;  /* /v1/responses kept for previous_response_id */
 } server;
 
 typedef struct choice {
@@ -63,6 +64,7 @@ typedef struct choice {
     size_t text_offset;         /* completions logprobs text_offset */
     loom_toolscan scan;         /* tool-call / reasoning splitter */
     int n_cached;               /* prompt tokens served from the prefix cache */
+    int final_seen;             /* its final event (with n_cached) is in */
 } choice;
 
 /* Text a choice produced in one step, split by the tool scanner. */
@@ -101,9 +103,18 @@ typedef struct api_endpoint {
      * makes the body, or an error body, and its HTTP status; check NULL
      * takes any model (batch mode). The fields above are then unused. */
     char *(*run)(server *s, const char *body, size_t len, api_model_check check, int *status);
+    /* Endpoints whose shapes are not OpenAI's chat or completions set
+     * these (NULL: the shapes above). parse fills j->req from the body,
+     * translating it into what api_parse takes; put_answer writes the whole
+     * blocking answer; sse_finish the stream's closing events, in place of
+     * the final chunks and [DONE]; sse_error a failure (j->err) mid-stream. */
+    int (*parse)(job *j, const char *body, size_t len, api_error *err);
+    void (*put_answer)(job *j, loom_buf *b);
+    void (*sse_finish)(job *j);
+    void (*sse_error)(job *j);
 } api_endpoint;
 
-extern const api_endpoint fmt_chat, fmt_completions;
+extern const api_endpoint fmt_chat, fmt_completions, fmt_messages, fmt_responses;
 
 struct job {
     server *srv;
@@ -117,7 +128,7 @@ struct job {
                                    prompt_text (completions echo with logprobs) */
     choice ch[API_MAX_N];
     int n;
-    char id[48];
+    char id[48];                /* "<prefix>-<n>", or "<prefix><n>" for a prefix ending in '_' */
     long created;
     int fd;                     /* client socket, for disconnect checks; -1: none */
     double t_start, t_last;
@@ -131,6 +142,13 @@ struct job {
     int gone;                   /* the client went away (counted) */
     int next_choice;            /* pump() looks at this choice first */
     api_error err;
+    /* endpoints with their own shapes (parse set) */
+    cJSON *client;              /* owned: the body as the client sent it */
+    int part, part_open;        /* stream: the parts begun (the open one is part - 1)
+                                   and the open one's kind (0: none), for formatters
+                                   that number them */
+    size_t part_from;           /* where the open part's text begins in the scan's text */
+    int seq;                    /* stream: the next event's sequence number */
 };
 
 /* A job of endpoint ep with body (len bytes) parsed into j->req, counted
@@ -155,8 +173,24 @@ void job_stream_open(job *j);
 int job_stream_fill(job *j);
 void job_stream_close(job *j);
 
+/* Renders and tokenizes the prompt into j->prompt (job_start does it
+ * first; count_tokens needs it alone). */
+int job_build_prompt(job *j, api_error *err);
+
+/* Answers of the routes beside those endpoints that do not generate
+ * (POST /v1/messages/count_tokens, GET and DELETE /v1/responses/{id}:
+ * del), with *status. */
+char *fmt_messages_count_tokens(server *s, const char *body, size_t len, int *status);
+char *fmt_responses_get(server *s, const char *id, int del, int *status);
+/* The responses kept for GET and previous_response_id (LRU, bounded). */
+struct resp_store *fmt_responses_store_create(void);
+void fmt_responses_store_free(struct resp_store *st);
+
 /* For the formatters. */
 void job_put_token_text(server *s, loom_buf *b, int32_t id);
+/* Tokens generated over the choices, and the most any choice took from
+ * the prefix cache or a continued session. */
+void job_usage(const job *j, int *generated, int *cached);
 void job_sse_chunk_begin(job *j, int index);
 
 #endif

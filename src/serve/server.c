@@ -34,6 +34,8 @@ typedef struct conn_ctx {
     const route *rt;            /* the row answering, NULL when rejected */
     const char *label;          /* metrics endpoint label */
     api_error reject;           /* 401/404/405 decided on the headers (status 0: none) */
+    api_dialect dialect;        /* the shape of its errors: its path's endpoint's */
+    const char *url;            /* MHD's, valid for the request */
 } conn_ctx;
 
 /* A request may name any served name, or none; any other is answered as
@@ -120,19 +122,24 @@ static enum MHD_Result route_models(server *s, struct MHD_Connection *conn, conn
     return http_send_text(s, conn, 200, "application/json", models_json(s));
 }
 
+static enum MHD_Result send_error(server *s, struct MHD_Connection *conn, conn_ctx *cc, api_error *err) {
+    err->dialect = cc->dialect;
+    return http_send_error(s, conn, cc->label, err);
+}
+
 /* A generation row: its endpoint parses the body and shapes the answer. */
 static enum MHD_Result route_generate(server *s, struct MHD_Connection *conn, conn_ctx *cc) {
     const char *endpoint = cc->label;
     api_error err;
     if (atomic_load(&s->draining)) {
         api_fail(&err, 503, NULL, "the server is shutting down");
-        return http_send_error(s, conn, endpoint, &err);
+        return send_error(s, conn, cc, &err);
     }
     job *j = job_create(s, cc->rt->ep, cc->body.p ? cc->body.p : "", cc->body.len, &err);
     if (!j && !err.status) return http_send_text(s, conn, 500, "application/json", NULL);
     if (!j || check_model(s, j->req.model, &err) < 0) {
         job_free(j);
-        return http_send_error(s, conn, endpoint, &err);
+        return send_error(s, conn, cc, &err);
     }
     const char *tr = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Loom-Trace");
     if (tr && (!strcmp(tr, "1") || !strcmp(tr, "true"))) j->req.trace = 1;
@@ -148,7 +155,7 @@ static enum MHD_Result route_generate(server *s, struct MHD_Connection *conn, co
     if (job_start(j, &err) < 0) {
         job_cancel(j);
         job_free(j);
-        return http_send_error(s, conn, endpoint, &err);
+        return send_error(s, conn, cc, &err);
     }
     job_stream_open(j);
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader,
@@ -165,6 +172,14 @@ static enum MHD_Result route_generate(server *s, struct MHD_Connection *conn, co
     return ret;
 }
 
+/* A route whose answer comes whole from a formatter's function. */
+static enum MHD_Result send_answer(server *s, struct MHD_Connection *conn, conn_ctx *cc, char *body,
+                                   int status) {
+    if (!body) return http_send_text(s, conn, 500, "application/json", NULL);
+    metrics_count_request(&s->metrics, cc->label, status);
+    return http_send_text(s, conn, status, "application/json", body);
+}
+
 /* A row whose endpoint answers with one body (its run), not a job. */
 static enum MHD_Result route_run(server *s, struct MHD_Connection *conn, conn_ctx *cc) {
     api_error err;
@@ -174,21 +189,44 @@ static enum MHD_Result route_run(server *s, struct MHD_Connection *conn, conn_ct
     }
     int status = 500;
     char *body = cc->rt->ep->run(s, cc->body.p ? cc->body.p : "", cc->body.len, check_model, &status);
-    metrics_count_request(&s->metrics, cc->label, status);
-    return http_send_text(s, conn, status, "application/json", body);
+    return send_answer(s, conn, cc, body, status);
+}
+
+static enum MHD_Result route_count_tokens(server *s, struct MHD_Connection *conn, conn_ctx *cc) {
+    int status = 0;
+    char *body = fmt_messages_count_tokens(s, cc->body.p ? cc->body.p : "", cc->body.len, &status);
+    return send_answer(s, conn, cc, body, status);
+}
+
+static enum MHD_Result route_response(server *s, struct MHD_Connection *conn, conn_ctx *cc) {
+    int status = 0;
+    char *body = fmt_responses_get(s, strrchr(cc->url, '/') + 1, !strcmp(cc->rt->method, "DELETE"), &status);
+    return send_answer(s, conn, cc, body, status);
 }
 
 static const route routes[] = {
     {"POST", "/v1/chat/completions", route_generate, "chat", 1, &fmt_chat},
     {"POST", "/v1/completions", route_generate, "completions", 1, &fmt_completions},
     {"POST", "/v1/embeddings", route_run, "embeddings", 1, &fmt_embeddings},
+    {"POST", "/v1/messages", route_generate, "messages", 1, &fmt_messages},
+    {"POST", "/v1/messages/count_tokens", route_count_tokens, "count_tokens", 1, NULL},
+    {"POST", "/v1/responses", route_generate, "responses", 1, &fmt_responses},
+    {"GET", "/v1/responses/*", route_response, "responses", 1, NULL},
+    {"DELETE", "/v1/responses/*", route_response, "responses", 1, NULL},
     {"GET", "/v1/models", route_models, "models", 1, NULL},
     {"GET", "/health", route_health, "health", 0, NULL},
     {"GET", "/metrics", route_metrics, "metrics", 1, NULL},
 };
 
+/* A path ending in a "*" segment takes one more segment there (an id). */
+static int path_match(const char *path, const char *url) {
+    size_t n = strlen(path);
+    if (n < 2 || strcmp(path + n - 2, "/*")) return !strcmp(url, path);
+    return !strncmp(url, path, n - 1) && url[n - 1] && !strchr(url + n - 1, '/');
+}
+
 static int route_has_path(const route *rt, const char *url) {
-    return !strcmp(url, rt->path) || (!strncmp(rt->path, "/v1/", 4) && !strcmp(url, rt->path + 3));
+    return path_match(rt->path, url) || (!strncmp(rt->path, "/v1/", 4) && path_match(rt->path + 3, url));
 }
 
 /* Picks the row for the request from its headers, the one place that
@@ -212,9 +250,12 @@ static void route_request(server *s, struct MHD_Connection *conn, const char *me
         return;
     }
     cc->label = path_row->label;
+    /* Anthropic's API is the one under /v1/messages; its clients read its error shape */
+    cc->dialect = !strncmp(path_row->path, "/v1/messages", 12) ? API_DIALECT_ANTHROPIC : API_DIALECT_OPENAI;
     if (path_row->auth && !http_authorized(s, conn)) {
         cc->rt = NULL;
-        api_fail(&cc->reject, 401, NULL, "missing or invalid API key (send 'Authorization: Bearer <key>')");
+        api_fail(&cc->reject, 401, NULL, "missing or invalid API key (send 'Authorization: Bearer <key>' or "
+                 "'x-api-key: <key>')");
     } else if (!cc->rt) {
         api_fail(&cc->reject, 405, NULL, "%s needs %s, not %s", url, path_row->method, method);
     }
@@ -230,6 +271,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         cc = calloc(1, sizeof *cc);
         if (!cc) return MHD_NO;
         cc->is_post = !strcmp(method, "POST");
+        cc->url = url;
         *con_cls = cc;
         atomic_fetch_add(&s->active, 1);
         http_watch_headers_done(s, conn);
@@ -264,10 +306,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         char *empty = strdup("");
         return http_send_text(s, conn, 204, "text/plain", empty);
     }
-    if (cc->reject.status) return http_send_error(s, conn, cc->label, &cc->reject);
+    if (cc->reject.status) return send_error(s, conn, cc, &cc->reject);
     if (cc->too_big) {
         api_fail(&err, 413, NULL, "the request body exceeds %zu bytes", s->p.max_body);
-        return http_send_error(s, conn, cc->label, &err);
+        return send_error(s, conn, cc, &err);
     }
     return cc->rt->fn(s, conn, cc);
 }
@@ -297,6 +339,7 @@ loom_serve_params loom_serve_default_params(void) {
 
 static void free_server(server *s) {
     loom_engine_free(s->engine);
+    fmt_responses_store_free(s->responses);
     loom_chat_template_free(s->chat);
     loom_tok_free(s->tok);
     loom_model_free(s->model);
@@ -375,6 +418,7 @@ static int server_open(server *s, const loom_serve_params *params) {
     s->p = *params;
     pthread_rwlock_init(&s->engine_lock, NULL);
     metrics_init(&s->metrics);
+    s->responses = fmt_responses_store_create();
     for (size_t i = 0; i < LOOM_ARRAY_LEN(routes); i++) metrics_add_endpoint(&s->metrics, routes[i].label);
     const char *dir = s->p.model_dir;
     const char *base = strrchr(dir, '/');

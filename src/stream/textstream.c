@@ -14,6 +14,7 @@ struct loom_textstream {
     char *all;               /* owned: every emitted byte, then the held tail */
     size_t emitted, len, cap;
     int stopped;
+    int hit;                 /* the stop string that stopped it, index into stops */
 };
 
 static loom_status reserve(loom_textstream *ts, size_t extra) {
@@ -77,7 +78,7 @@ static void release(loom_textstream *ts, int final, const char **text, size_t *l
     size_t cut = n;
     for (int i = 0; i < ts->n_stops; i++) {
         const char *hit = memmem(tail, n, ts->stops[i], ts->stop_len[i]);
-        if (hit && (size_t)(hit - tail) < cut) cut = (size_t)(hit - tail);
+        if (hit && (size_t)(hit - tail) < cut) cut = (size_t)(hit - tail), ts->hit = i;
     }
     size_t out = n;
     if (cut < n) {
@@ -136,6 +137,10 @@ loom_status loom_ts_finish(loom_textstream *ts, const char **text, size_t *len, 
     ts->len += n;
     release(ts, 1, text, len, stopped);
     return LOOM_OK;
+}
+
+const char *loom_ts_stop_hit(const loom_textstream *ts) {
+    return ts->stopped ? ts->stops[ts->hit] : NULL;
 }
 
 const char *loom_ts_text(const loom_textstream *ts, size_t *len) {

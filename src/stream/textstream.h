@@ -35,6 +35,8 @@ loom_status loom_ts_push(loom_textstream *ts, int32_t id, const char **text, siz
  * complete here). */
 loom_status loom_ts_finish(loom_textstream *ts, const char **text, size_t *len,
                            int *stopped);
+/* The stop string that ended the stream (owned by ts), or NULL. */
+const char *loom_ts_stop_hit(const loom_textstream *ts);
 /* Everything emitted so far, as one string (valid until the next call). */
 const char *loom_ts_text(const loom_textstream *ts, size_t *len);
 

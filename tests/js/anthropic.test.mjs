@@ -1,0 +1,232 @@
+// loom serve's /v1/messages through the official Anthropic client: text,
+// stop_sequences, the max_tokens stop reason, the event stream, count_tokens,
+// prefix-cache reads in usage, the key check by x-api-key or bearer, errors
+// in Anthropic's shape, and tools rendered through a template that has them.
+// Run by tests/cli_server_sdks.sh:
+//   LOOM_URL=... LOOM_TOOLS_URL=... LOOM_API_KEY=KEY node anthropic.test.mjs
+import assert from 'node:assert/strict';
+import Anthropic from '@anthropic-ai/sdk';
+
+const base = process.env.LOOM_URL;
+const toolsBase = process.env.LOOM_TOOLS_URL;
+const key = process.env.LOOM_API_KEY || 'none';
+if (!base || !toolsBase) throw new Error('LOOM_URL and LOOM_TOOLS_URL must be set');
+const client = new Anthropic({ baseURL: base, apiKey: key, maxRetries: 0, timeout: 120000 });
+const tclient = new Anthropic({ baseURL: toolsBase, apiKey: key, maxRetries: 0, timeout: 120000 });
+const model = 'pycoder-16m';
+const user = (content) => [{ role: 'user', content }];
+const textOf = (m) => m.content.filter((b) => b.type === 'text').map((b) => b.text).join('');
+
+const tests = [];
+const test = (name, fn) => tests.push({ name, fn });
+
+async function expectError(promise, cls, status, type, pattern) {
+  try {
+    await promise;
+  } catch (e) {
+    assert.ok(e instanceof cls, `expected ${cls.name}, got ${e.constructor.name}: ${e.message}`);
+    assert.equal(e.status, status);
+    assert.equal(e.error?.type, 'error', `Anthropic's shape: ${JSON.stringify(e.error)}`);
+    assert.equal(e.type, type);
+    if (pattern) assert.match(e.apiMessage, pattern);
+    return e;
+  }
+  assert.fail(`expected ${cls.name} (${status})`);
+}
+
+test('messages.create: a message with a text block, usage, stop reason', async () => {
+  const m = await client.messages.create({ model, max_tokens: 12, messages: user('def add(a, b):'), temperature: 0 });
+  assert.match(m.id, /^msg_/);
+  assert.equal(m.type, 'message');
+  assert.equal(m.role, 'assistant');
+  assert.equal(m.model, model);
+  assert.equal(m.content.length, 1);
+  assert.equal(m.content[0].type, 'text');
+  assert.equal(typeof m.content[0].text, 'string');
+  assert.ok(['end_turn', 'max_tokens'].includes(m.stop_reason), m.stop_reason);
+  assert.equal(m.stop_sequence, null);
+  assert.ok(m.usage.input_tokens > 0);
+  assert.ok(m.usage.output_tokens > 0 && m.usage.output_tokens <= 12);
+});
+
+test('max_tokens ends with stop_reason max_tokens', async () => {
+  const m = await client.messages.create({ model, max_tokens: 5, messages: user('import'), ignore_eos: true });
+  assert.equal(m.stop_reason, 'max_tokens');
+  assert.equal(m.usage.output_tokens, 5);
+});
+
+test('system as a string and as text blocks; multi-turn; metadata ignored', async () => {
+  const msgs = [...user('def f():'), { role: 'assistant', content: 'return 1' }, ...user([{ type: 'text', text: 'again' }])];
+  const none = await client.messages.countTokens({ model, messages: msgs });
+  const s = await client.messages.countTokens({ model, messages: msgs, system: 'You write Python.' });
+  const b = await client.messages.countTokens({ model, messages: msgs, system: [{ type: 'text', text: 'You write Python.' }] });
+  assert.ok(s.input_tokens > none.input_tokens + 3, `${s.input_tokens} vs ${none.input_tokens}`);
+  assert.equal(b.input_tokens, s.input_tokens);
+  const m = await client.messages.create({ model, max_tokens: 3, messages: msgs, system: 'You write Python.',
+    metadata: { user_id: 'u-1' }, top_p: 0.9, top_k: 5 });
+  assert.equal(m.type, 'message');
+});
+
+test('count_tokens counts what create reads; a repeated prompt is read from the cache', async () => {
+  const messages = user('def fibonacci(n):\n    """Return the n-th Fibonacci number, computed iteratively."""\n');
+  const c = await client.messages.countTokens({ model, messages });
+  assert.ok(c.input_tokens > 20, `${c.input_tokens} tokens`);
+  const a = await client.messages.create({ model, max_tokens: 2, messages, temperature: 0 });
+  const b = await client.messages.create({ model, max_tokens: 2, messages, temperature: 0 });
+  for (const m of [a, b])
+    assert.equal(m.usage.input_tokens + m.usage.cache_read_input_tokens, c.input_tokens, JSON.stringify(m.usage));
+  assert.ok(b.usage.cache_read_input_tokens >= 16, `cached ${b.usage.cache_read_input_tokens}`);
+});
+
+// The greedy text, then a stop sequence cut from it.
+test('stop_sequences: the text before it, stop_reason and stop_sequence', async () => {
+  const args = { model, max_tokens: 30, messages: user('hello'), temperature: 0, ignore_eos: true };
+  const full = textOf(await client.messages.create(args));
+  assert.ok(full.length > 15, full);
+  const stop = full.slice(8, 11);
+  const m = await client.messages.create({ ...args, stop_sequences: ['never ~~', stop] });
+  assert.equal(textOf(m), full.slice(0, full.indexOf(stop)));
+  assert.equal(m.stop_reason, 'stop_sequence');
+  assert.equal(m.stop_sequence, stop);
+  // a stop sequence ends the request early: its usage still counts the cache
+  const long = { ...args, messages: user('def fibonacci(n):\n    """Return the n-th Fibonacci number, iteratively."""\n') };
+  const lt = textOf(await client.messages.create(long));
+  const again = await client.messages.create({ ...long, stop_sequences: [lt.slice(4, 7)] });
+  assert.equal(again.stop_reason, 'stop_sequence');
+  assert.ok(again.usage.cache_read_input_tokens >= 16, `cache read ${JSON.stringify(again.usage)}`);
+  const s = client.messages.stream({ ...args, stop_sequences: [stop] });
+  const fm = await s.finalMessage();
+  assert.equal(textOf(fm), textOf(m));
+  assert.equal(fm.stop_reason, 'stop_sequence');
+  assert.equal(fm.stop_sequence, stop);
+});
+
+test('stream: the event sequence, and the same message as blocking', async () => {
+  const args = { model, max_tokens: 16, messages: user('import numpy'), temperature: 0, ignore_eos: true };
+  const full = await client.messages.create(args);
+  const events = [];
+  for await (const ev of await client.messages.create({ ...args, stream: true })) events.push(ev);
+  const types = events.map((e) => e.type).filter((t) => t !== 'ping');
+  assert.equal(types[0], 'message_start');
+  assert.equal(types[1], 'content_block_start');
+  assert.deepEqual(types.slice(-3), ['content_block_stop', 'message_delta', 'message_stop']);
+  assert.ok(types.slice(2, -3).every((t) => t === 'content_block_delta'), types.join());
+  assert.equal(events[0].message.role, 'assistant');
+  assert.deepEqual(events[0].message.content, []);
+  assert.equal(events[1].content_block.type, 'text');
+  const deltas = events.filter((e) => e.type === 'content_block_delta');
+  assert.ok(deltas.every((d) => d.index === 0 && d.delta.type === 'text_delta'));
+  assert.equal(deltas.map((d) => d.delta.text).join(''), textOf(full));
+  const md = events.find((e) => e.type === 'message_delta');
+  assert.equal(md.delta.stop_reason, 'max_tokens');
+  assert.equal(md.usage.output_tokens, 16);
+  // the client's own accumulator agrees
+  const fm = await client.messages.stream(args).finalMessage();
+  assert.equal(textOf(fm), textOf(full));
+  assert.equal(fm.stop_reason, 'max_tokens');
+  assert.equal(fm.usage.output_tokens, 16);
+});
+
+test('thinking is accepted (this model has no reasoning to split)', async () => {
+  const m = await client.messages.create({ model, max_tokens: 3, messages: user('x'), thinking: { type: 'enabled', budget_tokens: 1024 } });
+  assert.ok(m.content.every((b) => b.type !== 'thinking'));
+});
+
+test('the key: x-api-key or Authorization: Bearer; a wrong one is 401 authentication_error', async () => {
+  const bearer = new Anthropic({ baseURL: base, authToken: key, apiKey: null, maxRetries: 0 });
+  const m = await bearer.messages.create({ model, max_tokens: 2, messages: user('x') });
+  assert.equal(m.type, 'message');
+  const bad = new Anthropic({ baseURL: base, apiKey: 'wrong', maxRetries: 0 });
+  await expectError(bad.messages.create({ model, max_tokens: 2, messages: user('x') }),
+    Anthropic.AuthenticationError, 401, 'authentication_error', /x-api-key/);
+  await expectError(bad.messages.countTokens({ model, messages: user('x') }),
+    Anthropic.AuthenticationError, 401, 'authentication_error');
+});
+
+test('errors: 400 invalid_request_error naming the field, 404 not_found_error', async () => {
+  const B = Anthropic.BadRequestError;
+  await expectError(client.messages.create({ model, messages: user('x') }), B, 400, 'invalid_request_error', /'max_tokens' is required/);
+  await expectError(client.messages.create({ model, max_tokens: 'ten', messages: user('x') }), B, 400, 'invalid_request_error', /max_tokens/);
+  await expectError(client.messages.create({ model, max_tokens: 4, messages: [] }), B, 400, 'invalid_request_error', /messages/);
+  await expectError(client.messages.create({ model, max_tokens: 4, messages: [{ role: 'system', content: 'x' }] }), B, 400,
+    'invalid_request_error', /messages\[0\]\.role/);
+  await expectError(client.messages.create({ model, max_tokens: 4, temperature: 1.5, messages: user('x') }), B, 400,
+    'invalid_request_error', /temperature/);
+  await expectError(client.messages.create({ model, max_tokens: 4, stop_sequences: 'x', messages: user('x') }), B, 400,
+    'invalid_request_error', /stop_sequences/);
+  await expectError(client.messages.create({ model, max_tokens: 4,
+    messages: user([{ type: 'image', source: { type: 'base64', media_type: 'image/png', data: 'AA==' } }]) }), B, 400,
+    'invalid_request_error', /messages\[0\]\.content\[0\].*images not supported by this model/);
+  await expectError(client.messages.create({ model, max_tokens: 4, messages: user([{ type: 'hologram' }]) }), B, 400,
+    'invalid_request_error', /messages\[0\]\.content\[0\].*hologram/);
+  await expectError(client.messages.create({ model, max_tokens: 4, messages: user('x'), stream: true, temperature: -1 }), B, 400,
+    'invalid_request_error', /temperature/);
+  await expectError(client.messages.create({ model: 'claude-nope', max_tokens: 4, messages: user('x') }),
+    Anthropic.NotFoundError, 404, 'not_found_error', /claude-nope/);
+  // bad JSON cannot come from the client: send it raw, with the headers it sends
+  const res = await fetch(`${base}/v1/messages`, { method: 'POST', body: '{"messages": [',
+    headers: { 'content-type': 'application/json', 'x-api-key': key, 'anthropic-version': '2023-06-01' } });
+  assert.equal(res.status, 400);
+  const j = await res.json();
+  assert.equal(j.type, 'error');
+  assert.equal(j.error.type, 'invalid_request_error');
+  assert.match(j.error.message, /not valid JSON/);
+});
+
+// On a server whose chat template renders tools (a Hermes-style one).
+const tools = [{ name: 'get_weather', description: 'weather of a city',
+  input_schema: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } }];
+
+test('tools: rendered through the template; tool_choice none offers none', async () => {
+  const messages = user('weather in Paris?');
+  const plain = await tclient.messages.countTokens({ model, messages });
+  const withTools = await tclient.messages.countTokens({ model, messages, tools });
+  assert.ok(withTools.input_tokens > plain.input_tokens + 10, `${withTools.input_tokens} vs ${plain.input_tokens}`);
+  const none = await tclient.messages.countTokens({ model, messages, tools, tool_choice: { type: 'none' } });
+  assert.equal(none.input_tokens, plain.input_tokens);
+  for (const tool_choice of [{ type: 'auto' }, { type: 'any' }, { type: 'tool', name: 'get_weather' }]) {
+    const m = await tclient.messages.create({ model, max_tokens: 4, messages, tools, tool_choice });
+    assert.ok(['end_turn', 'max_tokens', 'tool_use'].includes(m.stop_reason), m.stop_reason);
+  }
+  await expectError(tclient.messages.create({ model, max_tokens: 4, messages, tools, tool_choice: { type: 'tool', name: 'nope' } }),
+    Anthropic.BadRequestError, 400, 'invalid_request_error', /nope/);
+  await expectError(tclient.messages.create({ model, max_tokens: 4, messages, tools: [{ name: 'f' }] }),
+    Anthropic.BadRequestError, 400, 'invalid_request_error', /tools\[0\]\.input_schema/);
+});
+
+test('tools: a tool_use and tool_result round trip renders the call and its result', async () => {
+  const first = user('weather in Paris?');
+  const turn = [
+    ...first,
+    { role: 'assistant', content: [{ type: 'text', text: 'Let me look.' },
+      { type: 'tool_use', id: 'toolu_1', name: 'get_weather', input: { city: 'Paris' } }] },
+    { role: 'user', content: [{ type: 'tool_result', tool_use_id: 'toolu_1', content: 'sunny, 21 C' },
+      { type: 'text', text: 'and tomorrow?' }] },
+  ];
+  const a = await tclient.messages.countTokens({ model, messages: first, tools });
+  const b = await tclient.messages.countTokens({ model, messages: turn, tools });
+  assert.ok(b.input_tokens > a.input_tokens + 20, `${b.input_tokens} vs ${a.input_tokens}`);
+  // the result's text is in the prompt: a longer result counts more
+  const longer = structuredClone(turn);
+  longer[2].content[0].content = [{ type: 'text', text: 'sunny, 21 C, light wind from the west, no rain expected' }];
+  const c = await tclient.messages.countTokens({ model, messages: longer, tools });
+  assert.ok(c.input_tokens > b.input_tokens + 5, `${c.input_tokens} vs ${b.input_tokens}`);
+  const m = await tclient.messages.create({ model, max_tokens: 4, messages: turn, tools });
+  assert.equal(m.usage.input_tokens + m.usage.cache_read_input_tokens, b.input_tokens);
+  const s = await tclient.messages.stream({ model, max_tokens: 4, messages: turn, tools }).finalMessage();
+  assert.ok(['end_turn', 'max_tokens', 'tool_use'].includes(s.stop_reason));
+});
+
+let failed = 0;
+for (const t of tests) {
+  const t0 = Date.now();
+  try {
+    await t.fn();
+    console.log(`ok   ${t.name} (${Date.now() - t0} ms)`);
+  } catch (e) {
+    failed++;
+    console.log(`FAIL ${t.name}\n     ${(e.stack || String(e)).split('\n').slice(0, 6).join('\n     ')}`);
+  }
+}
+console.log(failed ? `${failed} of ${tests.length} failed` : `all ${tests.length} passed`);
+process.exit(failed ? 1 : 0);
