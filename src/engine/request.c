@@ -143,6 +143,8 @@ void loom_rq_release(loom_request *r) {
     free(r->spans);
     free(r->events);
     free(r->seq.blocks);
+    free(r->draft_seq.blocks);
+    free(r->spec_state);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
     free(r);

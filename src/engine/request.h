@@ -73,6 +73,11 @@ struct loom_request {
     struct loom_seq_state *rstate; /* owned recurrent state, or NULL */
     int prefill_len;           /* tokens to prefill before sampling */
     uint64_t order;            /* admission order, for preemption */
+    /* speculative decoding (engine/spec.c) */
+    int spec_k;                /* proposals the next round may carry; adapts to acceptance */
+    int spec_idle;             /* plain steps since spec_k fell to 0 */
+    loom_kv_seq draft_seq;     /* a draft model's KV of tokens [0, draft_seq.n_tokens) */
+    void *spec_state;          /* owned: the recurrent state before a round, or NULL */
     double t_submit, t_admit;
     rq_span *spans;            /* owned [n_spans] */
     int n_spans, span_cap;

@@ -49,10 +49,13 @@ typedef struct loom_fwd_row {
     int logits;              /* LOOM_LOGITS_* */
     float *out;              /* [1 or n, vocab] when logits != NONE */
     loom_seq_state *state;   /* borrowed; required iff the model has linear layers */
-    /* One sampled token (a decode step; n must be 1): on the CPU its
-     * attention over a long span may go by chunks of keys. Prompt rows
-     * never do, so a prompt token's attention is the same however the
-     * prompt is chunked or how much of it a prefix cache supplied. */
+    /* Sampled tokens (a decode step: one token, or the last one and a
+     * draft's proposals to verify): on the CPU a token's attention over a
+     * long span may go by chunks of keys, and each token of the row
+     * computes what it would decoded alone (a linear-attention layer
+     * steps it through the recurrence). Prompt rows never do, so a prompt
+     * token's attention is the same however the prompt is chunked or how
+     * much of it a prefix cache supplied. */
     int decode;
 } loom_fwd_row;
 

@@ -1,0 +1,213 @@
+/* spec: prompt lookup and draft-model drafters (design notes in
+ * engine/spec.h). */
+#include "engine/spec.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "engine/exec.h"
+#include "ops/ops.h"
+
+#define DRAFT_BLOCK 16
+/* The draft pool's bound; its pages are taken only as blocks are first used. */
+#define DRAFT_POOL_BYTES ((size_t)1 << 30)
+
+typedef struct spec_ops {
+    const char *name;
+    loom_status (*draft)(loom_spec *sp, step_plan *plan);
+    void (*done)(loom_spec *sp, loom_request *r);
+} spec_ops;
+
+struct loom_spec {
+    const spec_ops *ops;       /* static */
+    loom_model *m;             /* borrowed draft model (model drafter only) */
+    loom_kv_pool *kv;          /* owned: the draft's KV */
+    loom_exec *exec;           /* owned: the draft's forwards */
+    float *logits;             /* owned (max_seqs, vocab) */
+    loom_fwd_row *rows;        /* owned [max_seqs] */
+    int max_seqs, step_tokens, vocab;
+};
+
+/* ---- prompt lookup ------------------------------------------------------- */
+
+int loom_spec_ngram(const int32_t *t, int len, int k, int32_t *out) {
+    for (int n = 3; n >= 1; n--) {
+        if (len <= n) continue;
+        const int32_t *pat = t + len - n;
+        for (int i = len - n - 1; i >= 0; i--) {
+            if (memcmp(t + i, pat, sizeof *t * (size_t)n) != 0) continue;
+            int cnt = LOOM_MIN(k, len - (i + n));
+            memcpy(out, t + i + n, sizeof *t * (size_t)cnt);
+            return cnt;
+        }
+    }
+    return 0;
+}
+
+/* Lowers row w's proposals to got. */
+static void trim(step_plan *plan, sched_row *w, int got) {
+    plan->tokens -= w->draft - got;
+    w->n -= w->draft - got;
+    w->draft = got;
+}
+
+static loom_status ngram_draft(loom_spec *sp, step_plan *plan) {
+    (void)sp;
+    for (int i = 0; i < plan->n_rows; i++) {
+        sched_row *w = &plan->rows[i];
+        if (w->draft <= 0) continue;
+        loom_request *r = w->r;
+        trim(plan, w, loom_spec_ngram(r->tokens, w->start + 1, w->draft, r->tokens + w->start + 1));
+    }
+    return LOOM_OK;
+}
+
+static void ngram_done(loom_spec *sp, loom_request *r) {
+    (void)sp;
+    (void)r;
+}
+
+static const spec_ops ngram_ops = {"ngram", ngram_draft, ngram_done};
+
+/* ---- draft model ----------------------------------------------------------- */
+
+/* Catches every drafting row's draft KV up to its row's first token (the
+ * last one kept), in forwards of at most step_tokens tokens; the piece
+ * that reaches it asks for its logits. Rows whose blocks cannot be had
+ * draft nothing. */
+static loom_status model_catch_up(loom_spec *sp, step_plan *plan) {
+    for (int i = 0; i < plan->n_rows; i++) {
+        sched_row *w = &plan->rows[i];
+        if (w->draft <= 0) continue;
+        loom_kv_seq *d = &w->r->draft_seq;
+        /* what the last round wrote past the target's kept tokens goes */
+        if (d->n_tokens > w->start) loom_kv_seq_truncate(sp->kv, d, w->start);
+        /* it will hold the first token and all but the last proposal */
+        if (loom_kv_seq_reserve(sp->kv, d, w->start + w->draft) != LOOM_OK) {
+            loom_kv_seq_release(sp->kv, d);
+            trim(plan, w, 0);
+        }
+    }
+    loom_err_clear();
+    for (;;) {
+        int n = 0, budget = sp->step_tokens;
+        for (int i = 0; i < plan->n_rows && budget > 0; i++) {
+            sched_row *w = &plan->rows[i];
+            loom_kv_seq *d = &w->r->draft_seq;
+            int end = w->start + 1;
+            if (w->draft <= 0 || d->n_tokens >= end) continue;
+            int cnt = LOOM_MIN(end - d->n_tokens, budget);
+            int last = d->n_tokens + cnt == end;
+            sp->rows[n++] = (loom_fwd_row){
+                .tokens = w->r->tokens + d->n_tokens, .n = cnt, .seq = d,
+                .logits = last ? LOOM_LOGITS_LAST : LOOM_LOGITS_NONE,
+                .out = last ? sp->logits + (size_t)i * sp->vocab : NULL,
+                .decode = cnt == 1,
+            };
+            budget -= cnt;
+        }
+        if (n == 0) return LOOM_OK;
+        loom_status st = loom_exec_forward(sp->exec, sp->kv, sp->rows, n);
+        if (st) return st;
+    }
+}
+
+static loom_status model_draft(loom_spec *sp, step_plan *plan) {
+    loom_status st = model_catch_up(sp, plan);
+    /* proposal t of every row still drafting: the draft's greedy pick after
+     * the tokens before it; the next forward feeds it */
+    for (int t = 0; !st; t++) {
+        int n = 0;
+        for (int i = 0; i < plan->n_rows; i++) {
+            sched_row *w = &plan->rows[i];
+            if (w->draft <= t) continue;
+            int32_t *at = w->r->tokens + w->start + 1 + t;
+            *at = loom_argmax(sp->logits + (size_t)i * sp->vocab, sp->vocab);
+            if (w->draft == t + 1) continue;
+            sp->rows[n++] = (loom_fwd_row){
+                .tokens = at, .n = 1, .seq = &w->r->draft_seq, .logits = LOOM_LOGITS_LAST,
+                .out = sp->logits + (size_t)i * sp->vocab, .decode = 1,
+            };
+        }
+        if (n == 0) break;
+        st = loom_exec_forward(sp->exec, sp->kv, sp->rows, n);
+    }
+    return st;
+}
+
+static void model_done(loom_spec *sp, loom_request *r) { loom_kv_seq_release(sp->kv, &r->draft_seq); }
+
+static const spec_ops model_ops = {"draft-model", model_draft, model_done};
+
+/* ---- the drafter ------------------------------------------------------------- */
+
+loom_status loom_spec_create(const loom_engine_params *p, int vocab, int max_seqs, int n_ctx,
+                             int step_tokens, loom_spec **out) {
+    *out = NULL;
+    if (p->speculative != LOOM_SPEC_NGRAM && p->speculative != LOOM_SPEC_DRAFT)
+        return loom_err(LOOM_ERR_INVALID_ARG, "speculative: expected ngram (%d) or a draft model (%d), "
+                        "found %d", LOOM_SPEC_NGRAM, LOOM_SPEC_DRAFT, (int)p->speculative);
+    loom_spec *sp = calloc(1, sizeof *sp);
+    if (!sp) return loom_err(LOOM_ERR_NOMEM, "out of memory");
+    sp->ops = &ngram_ops;
+    sp->max_seqs = max_seqs;
+    sp->vocab = vocab;
+    sp->step_tokens = step_tokens;
+    if (p->speculative == LOOM_SPEC_NGRAM) {
+        *out = sp;
+        return LOOM_OK;
+    }
+    sp->ops = &model_ops;
+    loom_model *m = sp->m = p->draft_model;
+    loom_status s = LOOM_OK;
+    if (!m) s = loom_err(LOOM_ERR_INVALID_ARG, "speculative: a draft model is needed");
+    else if (m->cfg.vocab_size != vocab)
+        s = loom_err(LOOM_ERR_INVALID_ARG, "draft model: expected the target's vocabulary of %d "
+                     "tokens, found %d", vocab, m->cfg.vocab_size);
+    else if (loom_seq_state_bytes(m) > 0)
+        s = loom_err(LOOM_ERR_UNSUPPORTED, "draft model: linear-attention layers cannot be drafted "
+                     "with (their state cannot be rewound); expected attention layers only");
+    else if (m->device >= 0)
+        s = loom_err(LOOM_ERR_UNSUPPORTED, "draft model: expected a CPU model, found cuda:%d", m->device);
+    if (!s) {
+        int kvd = loom_model_kv_dim(m), L = m->cfg.n_layers;
+        size_t block = loom_kv_block_bytes(L, kvd, DRAFT_BLOCK, LOOM_KV_F32);
+        size_t want = (size_t)max_seqs * (size_t)((n_ctx + DRAFT_BLOCK - 1) / DRAFT_BLOCK);
+        int n_blocks = (int)LOOM_MAX(LOOM_MIN(want, DRAFT_POOL_BYTES / block), 1);
+        s = loom_kv_pool_create(L, kvd, DRAFT_BLOCK, n_blocks, LOOM_KV_F32, &sp->kv);
+    }
+    if (!s) s = loom_exec_create(m, sp->kv, step_tokens, n_ctx, &sp->exec);
+    if (!s) {
+        sp->logits = loom_alloc(sizeof(float) * (size_t)max_seqs * (size_t)vocab);
+        sp->rows = calloc((size_t)max_seqs, sizeof *sp->rows);
+        if (!sp->logits || !sp->rows) s = loom_err(LOOM_ERR_NOMEM, "draft model: out of memory");
+    }
+    if (s) {
+        loom_spec_free(sp);
+        return s;
+    }
+    *out = sp;
+    return LOOM_OK;
+}
+
+void loom_spec_free(loom_spec *sp) {
+    if (!sp) return;
+    loom_exec_free(sp->exec);
+    loom_kv_pool_free(sp->kv);
+    loom_free(sp->logits);
+    free(sp->rows);
+    free(sp);
+}
+
+const char *loom_spec_name(const loom_spec *sp) { return sp->ops->name; }
+
+loom_status loom_spec_draft(loom_spec *sp, step_plan *plan) {
+    loom_status st = sp->ops->draft(sp, plan);
+    if (st)
+        for (int i = 0; i < plan->n_rows; i++)
+            if (plan->rows[i].draft > 0) trim(plan, &plan->rows[i], 0);
+    return st;
+}
+
+void loom_spec_done(loom_spec *sp, loom_request *r) { sp->ops->done(sp, r); }
