@@ -393,6 +393,9 @@ loom_status loom_engine_create(loom_model *m, const loom_engine_params *params,
     loom_log(LOOM_LOG_INFO, "engine: %d KV blocks of %d tokens (%.1f MiB), context %d, batch %d tokens / %d seqs",
              n_blocks, p.block_size, (double)block * n_blocks / (1 << 20), e->n_ctx,
              p.max_batch_tokens, e->max_seqs);
+    if (e->spec)
+        loom_log(LOOM_LOG_INFO, "engine: speculative decoding (%s), up to %d proposals a row, %d a step",
+                 loom_spec_name(e->spec), e->s.spec_k, e->s.spec_budget);
     *out = e;
     return LOOM_OK;
 }
