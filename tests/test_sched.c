@@ -566,11 +566,16 @@ static void speculation(void) {
     p = h_plan(&h);
     CHECK_EQ_INT(p->rows[0].draft, 4);
     h_run(&h, p);
-    CHECK_EQ_INT(d->spec_k, 1);
+    CHECK_EQ_INT(d->spec_k, 2); /* one more than held */
     CHECK_EQ_INT(h.s.counters.spec_accepted - acc0, 1);
     CHECK_EQ_INT(h.s.counters.spec_drafted - dr0, 4);
-    /* none right: the row falls back to plain decoding */
+    /* none right: one proposal a round, and after three such rounds the
+     * row falls back to plain decoding */
     h.draft_good = 0;
+    h_step(&h);
+    CHECK_EQ_INT(d->spec_k, 1);
+    h_step(&h);
+    CHECK_EQ_INT(d->spec_k, 1);
     h_step(&h);
     CHECK_EQ_INT(d->spec_k, 0);
     p = h_plan(&h);

@@ -183,17 +183,28 @@ static int emit_token(loom_sched *s, const step_plan *p, int row, const loom_sam
 }
 
 /* The next round's proposals after k of them met `kept` (sched.h:
- * speculation): more after a full run, as many as held after a miss, none
- * after a round that kept nothing; a row at 0 tries one again after
- * SPEC_PROBE plain steps. */
+ * speculation): twice as many after a full run, one more than held after
+ * a miss; SPEC_MISSES rounds in a row that keep nothing take the row to
+ * plain decoding, which tries one proposal again after SPEC_PROBE plain
+ * steps. r->spec_idle counts the misses while speculating (negative) and
+ * the plain steps after. */
+#define SPEC_MISSES 3
 #define SPEC_PROBE 16
 static void spec_adapt(const loom_sched *s, loom_request *r, int k, int kept) {
     if (k == 0) {
-        if (r->spec_k == 0 && ++r->spec_idle >= SPEC_PROBE) r->spec_k = 1;
+        if (r->spec_k == 0 && ++r->spec_idle >= SPEC_PROBE) {
+            r->spec_k = 1;
+            r->spec_idle = 0;
+        }
+        return;
+    }
+    if (kept == 0) {
+        r->spec_k = --r->spec_idle <= -SPEC_MISSES ? 0 : 1;
+        if (r->spec_k == 0) r->spec_idle = 0;
         return;
     }
     r->spec_idle = 0;
-    r->spec_k = kept == k ? LOOM_MIN(s->spec_k, 2 * k) : kept;
+    r->spec_k = kept == k ? LOOM_MIN(s->spec_k, 2 * k) : LOOM_MIN(s->spec_k, kept + 1);
 }
 
 /* The KV bookkeeping after row i's forward: full blocks to the prefix

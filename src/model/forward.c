@@ -191,17 +191,6 @@ static int split_chunks(const loom_attn *A, int pos, int ch) {
     return pos / ch - key_lo(A, pos) / ch + 1;
 }
 
-/* Whether token t attends by chunks (split_task): a decode row's token
- * with a long span. Each token of a decode row of several tokens (a
- * speculative verification) goes the way it would alone, so its bits are
- * those of plain decoding. */
-static int split_decode(const loom_fwd_state *s, const loom_attn *A, const loom_fwd_row *rows,
-                        int t, int ch) {
-    int pos = s->tok_pos[t];
-    return rows[s->tok_row[t]].decode && s->att_split > 0 &&
-           pos - key_lo(A, pos) + 1 >= s->att_split && split_chunks(A, pos, ch) <= s->att_parts;
-}
-
 /* Raw scores scaled and softcapped in place. */
 static void score_scale(float *row, int n, float scale, float cap) {
     for (int i = 0; i < n; i++) {
@@ -470,19 +459,21 @@ static void attention(loom_model *m, loom_fwd_state *s, loom_kv_layout *kv,
     int per_tile = LOOM_MAX(1, ATT_SLOTS / (nh / nkv)), n_tiles = 0, n_split = 0;
     int ch = LOOM_MAX(1, s->att_chunk);
     for (int t = 0; t < T;) {
-        if (split_decode(s, A, rows, t, ch)) {
-            s->split_tok[n_split++] = t++;
-            s->att_split_tokens++;
-            continue;
-        }
-        /* a verification row's tokens split where a lone decode token would */
         int tb = t + 1;
-        while (tb < T && tb - t < per_tile && s->tok_row[tb] == s->tok_row[t] &&
-               !split_decode(s, A, rows, tb, ch))
-            tb++;
-        s->tiles[2 * n_tiles] = t;
-        s->tiles[2 * n_tiles + 1] = tb;
-        n_tiles++;
+        while (tb < T && tb - t < per_tile && s->tok_row[tb] == s->tok_row[t]) tb++;
+        int pos = s->tok_pos[t];
+        /* a verification row's several tokens share tiles: they read each
+         * key once for all of them, which chunks would not */
+        const loom_fwd_row *row = &rows[s->tok_row[t]];
+        if (row->n == 1 && row->decode && s->att_split > 0 &&
+            pos - key_lo(A, pos) + 1 >= s->att_split && split_chunks(A, pos, ch) <= s->att_parts) {
+            s->split_tok[n_split++] = t;
+            s->att_split_tokens++;
+        } else {
+            s->tiles[2 * n_tiles] = t;
+            s->tiles[2 * n_tiles + 1] = tb;
+            n_tiles++;
+        }
         t = tb;
     }
     attn_job aj = {m, s, kv, rows, A, s->tiles, n_tiles * nkv};

@@ -50,12 +50,13 @@ typedef struct loom_fwd_row {
     float *out;              /* [1 or n, vocab] when logits != NONE */
     loom_seq_state *state;   /* borrowed; required iff the model has linear layers */
     /* Sampled tokens (a decode step: one token, or the last one and a
-     * draft's proposals to verify): on the CPU a token's attention over a
-     * long span may go by chunks of keys, and each token of the row
-     * computes what it would decoded alone (a linear-attention layer
-     * steps it through the recurrence). Prompt rows never do, so a prompt
-     * token's attention is the same however the prompt is chunked or how
-     * much of it a prefix cache supplied. */
+     * draft's proposals to verify). On the CPU a lone decode token's
+     * attention over a long span may go by chunks of keys; prompt rows
+     * never do, so a prompt token's attention is the same however the
+     * prompt is chunked or how much of it a prefix cache supplied. A
+     * linear-attention layer steps each token of a decode row through the
+     * recurrence, the state rounded to its stored floats between tokens,
+     * as decoding them one by one would. */
     int decode;
 } loom_fwd_row;
 
