@@ -342,6 +342,36 @@ static void refusals(void) {
     free_fixture(&f);
 }
 
+/* A traced request's rounds: decode.draft and decode.verify spans carry
+ * the drafter's name as their mechanism and the proposals' counts. */
+static void traced(void) {
+    fixture f;
+    if (!load_fixture("tests/fixtures/models/gemma2-tiny", &f)) { CHECK(0); return; }
+    loom_engine_params ep = params(LOOM_SPEC_NGRAM, NULL, 4);
+    loom_engine *e = NULL;
+    CHECK(loom_engine_create(f.m, &ep, &e) == LOOM_OK);
+    loom_request_params rp = loom_request_default_params();
+    rp.prompt = f.ids[0];
+    rp.n_prompt = f.len[0];
+    rp.max_tokens = NG;
+    rp.ignore_eos = 1;
+    rp.trace = 1;
+    loom_request *r = NULL;
+    CHECK(loom_engine_submit(e, &rp, &r) == LOOM_OK);
+    int32_t toks[NG];
+    int n;
+    CHECK(drain(r, toks, &n, NG) == LOOM_FINISH_LENGTH);
+    char *js = loom_request_trace_json(r);
+    CHECKF(js && strstr(js, "{\"name\":\"decode.verify\"") &&
+               strstr(js, "\"attrs\":{\"mechanism\":\"ngram\",\"workId\"") &&
+               strstr(js, "{\"name\":\"decode.draft\"") && strstr(js, "\"accepted\":"),
+           "trace: %.400s", js ? js : "(null)");
+    free(js);
+    loom_request_free(r);
+    loom_engine_free(e);
+    free_fixture(&f);
+}
+
 static void ngram_lookup(void) {
     int32_t t[] = {1, 2, 3, 4, 5, 9, 2, 3, 4, 7, 8, 2, 3, 4}, out[8];
     /* the latest earlier "2 3 4" is followed by 7 8 2 3 4 */
@@ -359,6 +389,7 @@ static void ngram_lookup(void) {
 int main(void) {
     ngram_lookup();
     refusals();
+    traced();
     stops_inside_run();
     cancel_mid_round();
     static const char *dirs[] = {
