@@ -271,6 +271,9 @@ void loom_sched_commit(loom_sched *s, const step_plan *p, const loom_fwd_row *ro
     for (int i = 0; i < p->n_rows; i++) {
         loom_request *r = p->rows[i].r;
         if (p->rows[i].draft > 0) continue; /* verify_row cuts the KV first */
+        /* blocks reserved for proposals the drafter did not make go back */
+        if (p->rows[i].kind == SCHED_DECODE && r->seq.n_blocks > loom_sched_blocks(s->kv, r->seq.n_tokens))
+            loom_kv_seq_truncate(s->kv, &r->seq, r->seq.n_tokens);
         if (s->cache) loom_kv_cache_commit(s->kv, &r->seq, r->tokens, r->ns);
         /* The next position attends to [n - window + 1, n]: older blocks go. */
         if (s->window) loom_kv_seq_drop_before(s->kv, &r->seq, r->seq.n_tokens - s->window + 1);
