@@ -372,6 +372,87 @@ static void traced(void) {
     free_fixture(&f);
 }
 
+/* Sampled requests keep the target's distribution: the second and third
+ * tokens of many seeds (drawn in verification rounds of the target
+ * drafting for itself, whose proposals stand with probability p) against
+ * plain decoding's, by a two-sample chi-square at significance 1e-6 over
+ * cells with enough counts (fixed seeds: deterministic). */
+#define NS 2000
+static void sample_tokens(fixture *f, const loom_engine_params *ep, int32_t (*out)[3], loom_engine_stats *st,
+                          uint64_t seed0) {
+    loom_engine *e = NULL;
+    CHECK(loom_engine_create(f->m, ep, &e) == LOOM_OK);
+    if (!e) return;
+    static loom_request *r[NS];
+    for (int i = 0; i < NS; i++) {
+        loom_request_params rp = loom_request_default_params();
+        rp.prompt = f->ids[0];
+        rp.n_prompt = f->len[0];
+        rp.max_tokens = 3;
+        rp.ignore_eos = 1;
+        rp.sampling.temperature = 1.5f;
+        rp.sampling.top_k = 12;
+        rp.sampling.repetition_penalty = 1.3f;
+        rp.sampling.seed = seed0 + (uint64_t)i; /* independent of the other run's */
+        CHECK(loom_engine_submit(e, &rp, &r[i]) == LOOM_OK);
+    }
+    for (int i = 0; i < NS; i++) {
+        int n;
+        CHECK(drain(r[i], out[i], &n, 3) == LOOM_FINISH_LENGTH && n == 3);
+        loom_request_free(r[i]);
+    }
+    check_idle(e, st);
+    loom_engine_free(e);
+}
+
+static double chi2_crit(int df) { /* Wilson-Hilferty, z = 4.75 (1e-6) */
+    double a = 2.0 / (9.0 * df);
+    return df * pow(1 - a + 4.75 * sqrt(a), 3);
+}
+
+static void sampled_distribution(void) {
+    fixture f;
+    if (!load_fixture("tests/fixtures/models/qwen3-tiny", &f)) { CHECK(0); return; }
+    static int32_t a[NS][3], b[NS][3];
+    loom_engine_stats st;
+    loom_engine_params ep = params(LOOM_SPEC_NONE, NULL, 0);
+    ep.max_seqs = 64;
+    ep.max_batch_tokens = 2048;
+    sample_tokens(&f, &ep, a, &st, 1);
+    ep.speculative = LOOM_SPEC_DRAFT;
+    ep.draft_model = f.m;
+    ep.draft_tokens = 2;
+    sample_tokens(&f, &ep, b, &st, 1000001);
+    CHECKF(st.spec_drafted > 0 && st.spec_accepted > 0 && st.spec_accepted < st.spec_drafted,
+           "sampled: %llu of %llu accepted", (unsigned long long)st.spec_accepted,
+           (unsigned long long)st.spec_drafted);
+    for (int pos = 0; pos < 3; pos++) {
+        int ca[512] = {0}, cb[512] = {0};
+        for (int i = 0; i < NS; i++) {
+            ca[a[i][pos] & 511]++;
+            cb[b[i][pos] & 511]++;
+        }
+        double x = 0;
+        int df = -1, ra = 0, rb = 0;
+        for (int v = 0; v < 512; v++) {
+            if (ca[v] + cb[v] < 20) { /* the rare ones pooled */
+                ra += ca[v];
+                rb += cb[v];
+                continue;
+            }
+            x += (double)(ca[v] - cb[v]) * (ca[v] - cb[v]) / (ca[v] + cb[v]);
+            df++;
+        }
+        if (ra + rb > 0) {
+            x += (double)(ra - rb) * (ra - rb) / (ra + rb);
+            df++;
+        }
+        CHECKF(df < 1 || x < chi2_crit(df), "token %d: chi2 %.1f, df %d, critical %.1f", pos, x, df, chi2_crit(df));
+        printf("sampled token %d: chi2 %.1f (df %d, critical %.1f)\n", pos, x, df, df > 0 ? chi2_crit(df) : 0);
+    }
+    free_fixture(&f);
+}
+
 static void ngram_lookup(void) {
     int32_t t[] = {1, 2, 3, 4, 5, 9, 2, 3, 4, 7, 8, 2, 3, 4}, out[8];
     /* the latest earlier "2 3 4" is followed by 7 8 2 3 4 */
@@ -390,6 +471,7 @@ int main(void) {
     ngram_lookup();
     refusals();
     traced();
+    sampled_distribution();
     stops_inside_run();
     cancel_mid_round();
     static const char *dirs[] = {
