@@ -182,3 +182,10 @@ int cli_spec_flag(const char *cmd, const char *opt, const char *text, loom_engin
     if (!strcmp(opt, "--draft-tokens")) return cli_int(cmd, opt, text, 1, 64, &p->draft_tokens) ? 2 : 0;
     return -1;
 }
+
+loom_status cli_load_draft(const char *dir, loom_model **out) {
+    loom_model_params mp = loom_model_default_params();
+    mp.n_threads = 1;
+    mp.fast_matmul = cli_fast;
+    return loom_model_load(dir, &mp, out);
+}

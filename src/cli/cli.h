@@ -57,6 +57,10 @@ int cli_spec_flag(const char *cmd, const char *opt, const char *text, loom_engin
     "  --draft-tokens K   proposals a sequence verifies per step at most (default 8);\n" \
     "                     the output is that of plain decoding (CPU only)\n"
 
+/* Loads a draft model on the CPU, on one thread: its matmuls are too small
+ * to share (waking workers for them costs more than they save). */
+loom_status cli_load_draft(const char *dir, loom_model **out);
+
 /* Parses "1,2,3" into a malloc'd array. */
 int cli_ids(const char *cmd, const char *opt, const char *text, int32_t **out, int *n);
 

@@ -483,11 +483,9 @@ int cmd_bench(int argc, char **argv) {
         goto done;
     }
     fill_tokens(toks, n_tok, min_vocab);
-    if (spec_draft_dir) {
-        loom_model_params dp = loom_model_default_params();
-        dp.n_threads = threads;
-        dp.fast_matmul = cli_fast;
-        if ((s = loom_model_load(spec_draft_dir, &dp, &draft))) { rc = cli_fail("loading the draft model", s); goto done; }
+    if (spec_draft_dir && (s = cli_load_draft(spec_draft_dir, &draft))) {
+        rc = cli_fail("loading the draft model", s);
+        goto done;
     }
     for (int k = 0; k < nm; k++) {
         bench_model *b = &bm[k];

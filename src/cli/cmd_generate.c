@@ -240,12 +240,7 @@ int cmd_generate(int argc, char **argv) {
     }
     gen_out g = {.ts = ts, .text = prompt_text != NULL, .json_ids = json_ids, .out = out};
     if (ep.speculative) {
-        if (draft_dir) {
-            loom_model_params dp = loom_model_default_params();
-            dp.n_threads = threads;
-            dp.fast_matmul = cli_fast;
-            if ((s = loom_model_load(draft_dir, &dp, &draft))) { rc = cli_fail("loading the draft model", s); goto done; }
-        }
+        if (draft_dir && (s = cli_load_draft(draft_dir, &draft))) { rc = cli_fail("loading the draft model", s); goto done; }
         ep.draft_model = draft;
         ep.max_seqs = 1;
         ep.n_ctx = cp.n_ctx;
