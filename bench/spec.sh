@@ -13,9 +13,11 @@
 #   valid     a slice of the trained models' validation text, when
 #             $VALID (default /work/shared/fixtures/trained/eval/
 #             python-validation.txt) exists
-#   edit      edit-a-file: the whole held-out file, then a comment asking
-#             for it again with one name changed, and its first lines: the
-#             answer is mostly a copy, which prompt lookup finds
+#   edit      edit-a-file: the whole held-out file, then a comment naming
+#             a copy of it to edit and the copy's first 50 lines: what
+#             follows is largely already in the prompt, which prompt lookup
+#             finds (pycoder-16m copies only in part: it drifts into
+#             patterns of its own)
 # Usage: sh bench/spec.sh [RUNS] (env: N tokens, default 192; THREADS, default 2)
 set -eu
 : "${LOOM_BUILD:=build}"
@@ -35,8 +37,8 @@ lib=$(ls /usr/lib/python3*/textwrap.py 2>/dev/null | head -n 1 || true)
 [ -f "$VALID" ] && tail -c +200001 "$VALID" | head -c 1400 >"$TMP/valid"
 {
   cat bench/spec_heldout.py
-  printf '\n\n# inventory2.py: the module above again, with Inventory renamed to Stock.\n\n'
-  head -n 9 bench/spec_heldout.py
+  printf '\n\n# inventory2.py: the module above, to be edited for the v2 API.\n\n'
+  head -n 50 bench/spec_heldout.py
 } >"$TMP/edit"
 
 gen() { # gen PROMPT_FILE OUT_PREFIX [flags]
