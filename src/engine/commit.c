@@ -274,9 +274,7 @@ void loom_sched_commit(loom_sched *s, const step_plan *p, const loom_fwd_row *ro
         /* blocks reserved for proposals the drafter did not make go back */
         if (p->rows[i].kind == SCHED_DECODE && r->seq.n_blocks > loom_sched_blocks(s->kv, r->seq.n_tokens))
             loom_kv_seq_truncate(s->kv, &r->seq, r->seq.n_tokens);
-        if (s->cache) loom_kv_cache_commit(s->kv, &r->seq, r->tokens, r->ns);
-        /* The next position attends to [n - window + 1, n]: older blocks go. */
-        if (s->window) loom_kv_seq_drop_before(s->kv, &r->seq, r->seq.n_tokens - s->window + 1);
+        kv_commit(s, r);
     }
     if (s->n_traced) trace_step(p, w, loom_sched_now(s));
     /* after the commits: a snapshot is keyed by the chain of the blocks cached */
@@ -295,6 +293,11 @@ void loom_sched_commit(loom_sched *s, const step_plan *p, const loom_fwd_row *ro
             s->counters.prefill_tokens += (uint64_t)rows[i].n;
             if (r->seq.n_tokens == r->plan_end) r->plan_end = 0;
         }
+        if (p->rows[i].draft > 0) {
+            if (verify_row(s, p, i, &rows[i], w)) r->state = RQ_DECODE;
+            else loom_sched_remove(s, r);
+            continue;
+        }
         if (rows[i].logits == LOOM_LOGITS_ALL) {
             emit_prompt_logprobs(s, r, &rows[i]);
             if (r->seq.n_tokens < r->prefill_len) {
@@ -306,12 +309,8 @@ void loom_sched_commit(loom_sched *s, const step_plan *p, const loom_fwd_row *ro
             if (prefill && r->trace) trace_chunk(r, w, rows[i].n, loom_now());
             continue;
         }
-        if (p->rows[i].draft > 0) {
-            if (verify_row(s, p, i, &rows[i], w)) r->state = RQ_DECODE;
-            else loom_sched_remove(s, r);
-            continue;
-        }
-        if (p->rows[i].kind == SCHED_DECODE && s->spec_k > 0) spec_adapt(s, r, 0, 0);
+        if (p->rows[i].kind == SCHED_DECODE && s->spec_k > 0 && p->rows[i].draft == 0)
+            spec_adapt(s, r, 0, 0);
         /* the last position's logits pick the next token */
         float *last = rows[i].out + (size_t)(loom_fwd_row_logits(&rows[i]) - 1) * s->vocab;
         if (complete_row(s, p, i, last, picks ? picks[i] : -1, w)) r->state = RQ_DECODE;
