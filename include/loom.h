@@ -244,7 +244,8 @@ typedef struct loom_engine_params {
                                sampled output has the same distribution; CPU only) */
     int draft_tokens;       /* proposals a decode row carries at most (0 = 8) */
     loom_model *draft_model; /* borrowed: LOOM_SPEC_DRAFT's drafter, a causal LM over
-                               the same vocabulary (no linear-attention layers) */
+                               the same vocabulary (a hybrid drafts too: its state goes
+                               back to a snapshot) */
 } loom_engine_params;
 
 typedef struct loom_request_params {

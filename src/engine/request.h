@@ -77,6 +77,9 @@ struct loom_request {
     int spec_k;                /* proposals the next round may carry; adapts to acceptance */
     int spec_idle;             /* plain steps since spec_k fell to 0 */
     loom_kv_seq draft_seq;     /* a draft model's KV of tokens [0, draft_seq.n_tokens) */
+    struct loom_seq_state *draft_state; /* owned: a draft's recurrent state, or NULL */
+    void *draft_snap;          /* owned: that state after draft_snap_at tokens */
+    int draft_snap_at;
     void *spec_state;          /* owned: the recurrent state before a round, or NULL */
     double t_submit, t_admit;
     rq_span *spans;            /* owned [n_spans] */

@@ -34,6 +34,7 @@ struct loom_spec {
     loom_fwd_row *rows;        /* owned [max_seqs] */
     int max_seqs, step_tokens, vocab;
     float min_prob;            /* a proposal after the first needs this draft probability */
+    size_t state_bytes;        /* a draft's recurrent state (linear-attention layers), or 0 */
 };
 
 /* ---- prompt lookup ------------------------------------------------------- */
@@ -79,6 +80,26 @@ static const spec_ops ngram_ops = {"ngram", ngram_draft, ngram_done};
 
 /* ---- draft model ----------------------------------------------------------- */
 
+/* Cuts r's draft back to its first `keep` tokens (those the target kept).
+ * A recurrent state cannot be rewound: it goes back to its snapshot from
+ * the end of the last catch-up (never past keep), the tokens after it to
+ * be fed again. Returns 0 when there is no room for the state. */
+static int model_cut(loom_spec *sp, loom_request *r, int keep) {
+    loom_kv_seq *d = &r->draft_seq;
+    if (!sp->state_bytes) {
+        if (d->n_tokens > keep) loom_kv_seq_truncate(sp->kv, d, keep);
+        return 1;
+    }
+    if (!r->draft_state && (loom_seq_state_create(sp->m, &r->draft_state) != LOOM_OK ||
+                            !(r->draft_snap = malloc(sp->state_bytes))))
+        return 0;
+    if (d->n_tokens > keep) {
+        loom_kv_seq_truncate(sp->kv, d, r->draft_snap_at);
+        loom_seq_state_load(r->draft_state, r->draft_snap, r->draft_snap_at);
+    }
+    return 1;
+}
+
 /* Catches every drafting row's draft KV up to its row's first token (the
  * last one kept), in forwards of at most step_tokens tokens; the piece
  * that reaches it asks for its logits. Rows whose blocks cannot be had
@@ -89,7 +110,10 @@ static loom_status model_catch_up(loom_spec *sp, step_plan *plan) {
         if (w->draft <= 0) continue;
         loom_kv_seq *d = &w->r->draft_seq;
         /* what the last round wrote past the target's kept tokens goes */
-        if (d->n_tokens > w->start) loom_kv_seq_truncate(sp->kv, d, w->start);
+        if (!model_cut(sp, w->r, w->start)) {
+            trim(plan, w, 0);
+            continue;
+        }
         /* it will hold the first token and all but the last proposal */
         if (loom_kv_seq_reserve(sp->kv, d, w->start + w->draft) != LOOM_OK) {
             loom_kv_seq_release(sp->kv, d);
@@ -110,14 +134,23 @@ static loom_status model_catch_up(loom_spec *sp, step_plan *plan) {
                 .tokens = w->r->tokens + d->n_tokens, .n = cnt, .seq = d,
                 .logits = last ? LOOM_LOGITS_LAST : LOOM_LOGITS_NONE,
                 .out = last ? sp->logits + (size_t)i * sp->vocab : NULL,
+                .state = w->r->draft_state,
                 .decode = cnt == 1,
             };
             budget -= cnt;
         }
-        if (n == 0) return LOOM_OK;
+        if (n == 0) break;
         loom_status st = loom_exec_forward(sp->exec, sp->kv, sp->rows, n);
         if (st) return st;
     }
+    /* the state the next round starts from when this one's proposals fail */
+    for (int i = 0; i < plan->n_rows && sp->state_bytes; i++) {
+        loom_request *r = plan->rows[i].r;
+        if (plan->rows[i].draft <= 0) continue;
+        loom_seq_state_save(r->draft_state, r->draft_snap);
+        r->draft_snap_at = r->draft_seq.n_tokens;
+    }
+    return LOOM_OK;
 }
 
 /* The probability of the argmax id under logits l [n], near enough: ids
@@ -151,7 +184,7 @@ static loom_status model_draft(loom_spec *sp, step_plan *plan) {
             if (w->draft == t + 1) continue;
             sp->rows[n++] = (loom_fwd_row){
                 .tokens = at, .n = 1, .seq = &w->r->draft_seq, .logits = LOOM_LOGITS_LAST,
-                .out = sp->logits + (size_t)i * sp->vocab, .decode = 1,
+                .out = sp->logits + (size_t)i * sp->vocab, .state = w->r->draft_state, .decode = 1,
             };
         }
         if (n == 0) break;
@@ -160,7 +193,13 @@ static loom_status model_draft(loom_spec *sp, step_plan *plan) {
     return st;
 }
 
-static void model_done(loom_spec *sp, loom_request *r) { loom_kv_seq_release(sp->kv, &r->draft_seq); }
+static void model_done(loom_spec *sp, loom_request *r) {
+    loom_kv_seq_release(sp->kv, &r->draft_seq);
+    loom_seq_state_free(r->draft_state);
+    free(r->draft_snap);
+    r->draft_state = NULL;
+    r->draft_snap = NULL;
+}
 
 static const spec_ops model_ops = {"draft-model", model_draft, model_done};
 
@@ -190,9 +229,6 @@ loom_status loom_spec_create(const loom_engine_params *p, int vocab, int max_seq
     else if (m->cfg.vocab_size != vocab)
         s = loom_err(LOOM_ERR_INVALID_ARG, "draft model: expected the target's vocabulary of %d "
                      "tokens, found %d", vocab, m->cfg.vocab_size);
-    else if (loom_seq_state_bytes(m) > 0)
-        s = loom_err(LOOM_ERR_UNSUPPORTED, "draft model: linear-attention layers cannot be drafted "
-                     "with (their state cannot be rewound); expected attention layers only");
     else if (m->device >= 0)
         s = loom_err(LOOM_ERR_UNSUPPORTED, "draft model: expected a CPU model, found cuda:%d", m->device);
     if (!s) {
@@ -203,6 +239,7 @@ loom_status loom_spec_create(const loom_engine_params *p, int vocab, int max_seq
         s = loom_kv_pool_create(L, kvd, DRAFT_BLOCK, n_blocks, LOOM_KV_F32, &sp->kv);
     }
     if (!s) s = loom_exec_create(m, sp->kv, step_tokens, n_ctx, &sp->exec);
+    if (m) sp->state_bytes = loom_seq_state_bytes(m);
     if (!s) {
         sp->logits = loom_alloc(sizeof(float) * (size_t)max_seqs * (size_t)vocab);
         sp->rows = calloc((size_t)max_seqs, sizeof *sp->rows);

@@ -13,8 +13,10 @@
  *          and what the target kept last round).
  * The draft's KV of a request (r->draft_seq) holds tokens that agree with
  * r->tokens up to min(its length, the target's KV length): a round cuts
- * it back there lazily, at the next draft. Only the engine thread calls
- * these. */
+ * it back there lazily, at the next draft. A draft with linear-attention
+ * layers keeps a snapshot of its state at the end of each catch-up and
+ * goes back to it instead (feeding the kept tokens again). Only the
+ * engine thread calls these. */
 #ifndef LOOM_SPEC_H
 #define LOOM_SPEC_H
 
