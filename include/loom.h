@@ -212,6 +212,14 @@ loom_pooling loom_model_pooling(const loom_model *m);
 typedef struct loom_engine loom_engine;
 typedef struct loom_request loom_request;
 
+/* Who proposes the tokens a decode row verifies (loom_engine_params). */
+typedef enum loom_speculative {
+    LOOM_SPEC_NONE = 0,
+    LOOM_SPEC_NGRAM,        /* prompt lookup: what followed the latest earlier
+                               occurrence of the last 3, 2 or 1 tokens */
+    LOOM_SPEC_DRAFT,        /* a draft model's greedy tokens */
+} loom_speculative;
+
 typedef struct loom_engine_params {
     int max_batch_tokens;   /* token budget of one step (default 2048) */
     int max_seqs;           /* sequences running at once (default 64) */
@@ -248,6 +256,13 @@ typedef struct loom_engine_params {
     size_t snapshot_bytes;  /* cap on saved recurrent states (linear-attention
                                models); 0 = 1 GiB. The states kept with finished
                                requests (save_id) have a cap of the same size */
+    loom_speculative speculative; /* speculative decoding of every request (default off;
+                               lossless: greedy output is that of plain decoding,
+                               sampled output has the same distribution; CPU only) */
+    int draft_tokens;       /* proposals a decode row carries at most (0 = 8) */
+    loom_model *draft_model; /* borrowed: LOOM_SPEC_DRAFT's drafter, a causal LM over
+                               the same vocabulary (a hybrid drafts too: its state goes
+                               back to a snapshot) */
 } loom_engine_params;
 
 typedef struct loom_request_params {
@@ -336,6 +351,8 @@ typedef struct loom_engine_stats {
     int kv_blocks_running;               /* referenced by running requests (waiting ones hold none) */
     int kv_blocks_lru;                   /* unreferenced prefix-cache blocks */
     int kv_blocks_parked;                /* held only by kept sessions / responses */
+    uint64_t spec_drafted, spec_accepted; /* speculative proposals verified, and kept */
+    uint64_t spec_rounds;                /* decode rows that verified proposals */
     int kv_blocks_unused;                /* on the free list */
     int kv_blocks_touched;               /* ever handed out: the pool's resident part */
     int kv_cache_cap_blocks;             /* cap on lru + parked blocks; 0 = no cache */

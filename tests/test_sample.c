@@ -1,5 +1,6 @@
 /* Sampler: greedy, bias, penalties, top-k/top-p/min-p/XTC supports,
  * empirical distribution, seeds, log-probabilities, parameter errors. */
+#include "base/base.h"
 #include "sample/sample.h"
 #include "test.h"
 
@@ -34,7 +35,136 @@ static int pick_once(loom_sampler *s, const float *in) {
     return r.id;
 }
 
+/* ---- speculative verification ------------------------------------------ */
+
+#define SV 8 /* vocabulary of the verification tests */
+
+static const double sv_probs[SV] = {0.3, 0.2, 0.15, 0.12, 0.1, 0.08, 0.04, 0.01};
+
+/* Counts of n draws of s over sv_probs' logits: loom_sampler_pick when
+ * draft == -2, else loom_sampler_verify of draft (-1: a fresh draft drawn
+ * each time from a generator of its own, q's stand-in). Returns how many
+ * verifications kept the draft. */
+static int sv_counts(loom_sampler *s, int draft, int n, int *count) {
+    memset(count, 0, sizeof(int) * SV);
+    unsigned long long q = 99;
+    int kept = 0, bad = 0;
+    for (int i = 0; i < n; i++) {
+        float l[SV];
+        for (int k = 0; k < SV; k++) l[k] = (float)log(sv_probs[k]);
+        loom_sample_result r;
+        if (draft == -2) {
+            loom_sampler_pick(s, l, -1, &r);
+        } else {
+            q = q * 6364136223846793005ull + 1442695040888963407ull;
+            int d = draft >= 0 ? draft : (int)((q >> 33) % SV);
+            kept += loom_sampler_verify(s, l, d, -1, &r);
+        }
+        if (r.id >= 0 && r.id < SV) count[r.id]++;
+        else bad++;
+    }
+    CHECK_EQ_INT(bad, 0);
+    return kept;
+}
+
+/* Pearson's statistic of counts against probabilities p (cells with p > 0;
+ * a count where p is 0 makes it infinite), and its degrees of freedom. */
+static double chi2_fit(const int *count, const double *p, int n, int *df) {
+    double x = 0;
+    *df = -1;
+    for (int k = 0; k < SV; k++) {
+        if (p[k] <= 0) {
+            if (count[k]) return INFINITY;
+            continue;
+        }
+        double e = p[k] * n;
+        x += (count[k] - e) * (count[k] - e) / e;
+        ++*df;
+    }
+    return x;
+}
+
+/* Two samples of equal size from one distribution? */
+static double chi2_two(const int *a, const int *b, int *df) {
+    double x = 0;
+    *df = -1;
+    for (int k = 0; k < SV; k++) {
+        if (a[k] + b[k] == 0) continue;
+        x += (double)(a[k] - b[k]) * (a[k] - b[k]) / (a[k] + b[k]);
+        ++*df;
+    }
+    return x;
+}
+
+/* Critical values at significance 1e-6 for df 1..7: a fixed seed makes the
+ * test deterministic, and a correct rule is nowhere near them. */
+static const double chi2_crit[8] = {0, 23.9, 27.6, 30.7, 33.4, 35.9, 38.3, 40.5};
+
+static void verify_distribution(void) {
+    enum { N = 60000 };
+    int c[SV], ref[SV], df;
+    /* temperature 0.7 alone: the exact target is sv_probs^(1/0.7), normalised */
+    loom_sampling sp = loom_sampling_default();
+    sp.temperature = 0.7f;
+    sp.seed = 5;
+    double p[SV], z = 0;
+    for (int k = 0; k < SV; k++) z += p[k] = pow(sv_probs[k], 1 / 0.7);
+    for (int k = 0; k < SV; k++) p[k] /= z;
+    static const int drafts[] = {0, 3, 7, -1};
+    for (size_t d = 0; d < LOOM_ARRAY_LEN(drafts); d++) {
+        loom_sampler s;
+        CHECK(loom_sampler_init(&s, &sp, SV) == LOOM_OK);
+        int kept = sv_counts(&s, drafts[d], N, c);
+        double x = chi2_fit(c, p, N, &df);
+        CHECKF(x < chi2_crit[df], "temperature 0.7, draft %d: chi2 %.1f (df %d)", drafts[d], x, df);
+        /* a fixed draft stands with probability p(draft) */
+        if (drafts[d] >= 0)
+            CHECKF(fabs((double)kept / N - p[drafts[d]]) < 0.01, "draft %d kept %.4f, p %.4f", drafts[d],
+                   (double)kept / N, p[drafts[d]]);
+        loom_sampler_free(&s);
+    }
+    /* every transform (penalties over a window, top-k, top-p, min-p): the
+     * verified tokens against plain picks of the same sampler settings */
+    sp.temperature = 1.3f;
+    sp.top_k = 6;
+    sp.top_p = 0.9f;
+    sp.min_p = 0.1f;
+    sp.repetition_penalty = 1.5f;
+    sp.presence_penalty = 0.3f;
+    static const int32_t window[] = {0, 2, 2, 5};
+    for (size_t d = 0; d < LOOM_ARRAY_LEN(drafts) + 1; d++) {
+        int draft = d < LOOM_ARRAY_LEN(drafts) ? drafts[d] : 7; /* 7: cut by top-k */
+        loom_sampler a, b;
+        sp.seed = 11 + d;
+        CHECK(loom_sampler_init(&a, &sp, SV) == LOOM_OK);
+        sp.seed = 1000 + d;
+        CHECK(loom_sampler_init(&b, &sp, SV) == LOOM_OK);
+        for (size_t k = 0; k < LOOM_ARRAY_LEN(window); k++) {
+            loom_sampler_accept(&a, window[k], k >= 2);
+            loom_sampler_accept(&b, window[k], k >= 2);
+        }
+        sv_counts(&a, -2, N, ref);
+        int kept = sv_counts(&b, draft, N, c);
+        double x = chi2_two(c, ref, &df);
+        CHECKF(df >= 1 && x < chi2_crit[df], "all transforms, draft %d: chi2 %.1f (df %d)", draft, x, df);
+        if (draft == 7) CHECK_EQ_INT(kept, 0);
+        CHECK_EQ_INT(c[7], 0); /* top-k never lets the tail in */
+        loom_sampler_free(&a);
+        loom_sampler_free(&b);
+    }
+    /* greedy keeps a draft exactly when it is the argmax */
+    loom_sampler g;
+    loom_sampling gp = loom_sampling_default();
+    CHECK(loom_sampler_init(&g, &gp, SV) == LOOM_OK);
+    CHECK_EQ_INT(sv_counts(&g, 0, 10, c), 10);
+    CHECK_EQ_INT(c[0], 10);
+    CHECK_EQ_INT(sv_counts(&g, 2, 10, c), 0);
+    CHECK_EQ_INT(c[0], 10);
+    loom_sampler_free(&g);
+}
+
 int main(void) {
+    verify_distribution();
     int c[V];
     loom_sampling sp = loom_sampling_default();
     /* greedy */

@@ -60,7 +60,7 @@ typedef struct harness {
     loom_kv_pool *kv;
     loom_sched s;
     loom_fwd_row rows[64];
-    float logits[64 * V], plp[64 * V];
+    float logits[256 * V], plp[64 * V];
     int total;             /* the pool's blocks */
     int steps, preempted;  /* requests seen going back to waiting */
     loom_request *req[MAXR];
@@ -68,6 +68,9 @@ typedef struct harness {
     int plan_end[MAXR];    /* the chunk end each request's prefill rows keep */
     int pos[MAXR];         /* where its last prefill row ended */
     int restore_next;      /* the next admission plans a (fake) restore */
+    int draft_good;        /* the fake drafter's proposals: this many right, then wrong */
+    int draft_short;       /* it finds nothing to propose (prompt lookup without a match) */
+    int drafted;           /* proposals it made */
 } harness;
 
 static void h_init(harness *h, int n_blocks, int budget, int max_seqs, int chunk) {
@@ -108,6 +111,7 @@ static loom_request *h_submit(harness *h, int n, int max_tokens, unsigned long l
     atomic_init(&r->abort, 0);
     loom_sampling sp = loom_sampling_default();
     CHECK(loom_sampler_init(&r->sampler, &sp, V) == LOOM_OK);
+    r->spec_k = h->s.spec_k;
     CHECK(loom_sched_enqueue(&h->s, r) == LOOM_OK);
     h->req[h->n_req++] = r;
     return r;
@@ -141,9 +145,15 @@ static void check_plan(harness *h, const step_plan *p) {
         for (int k = 0; k < i; k++) CHECKF(p->rows[k].r != w->r, "rows %d and %d: one request", k, i);
         if (w->kind == SCHED_DECODE) {
             CHECKF(!prefill_seen, "decode row %d after a prefill row", i);
-            CHECK_EQ_INT(w->n, 1);
+            CHECK_EQ_INT(w->n, 1 + w->draft);
+            CHECKF(w->draft >= 0 && w->draft <= s->spec_k, "row %d: %d proposals, spec_k %d", i, w->draft,
+                   s->spec_k);
+            /* its picks stop at max_tokens and the context's end */
+            CHECKF(w->r->n_generated + w->n <= w->r->max_tokens && w->start + w->n <= s->n_ctx,
+                   "row %d: %d tokens after %d generated of %d", i, w->n, w->r->n_generated, w->r->max_tokens);
             continue;
         }
+        CHECK_EQ_INT(w->draft, 0);
         prefill_seen = 1;
         CHECKF(w->start + w->n <= w->plan_end, "row %d ends at %d, past its plan %d", i, w->start + w->n,
                w->plan_end);
@@ -180,6 +190,11 @@ static void check_state(harness *h) {
         int need = r->state == RQ_DECODE ? r->seq.n_tokens : r->prefill_len;
         CHECKF(r->seq.n_blocks * BS >= need, "request %llu (state %d) holds blocks for %d tokens, needs %d",
                (unsigned long long)r->id, (int)r->state, r->seq.n_blocks * BS, need);
+        /* a decoding request's KV holds every token but the last, no rejected proposal */
+        if (r->state == RQ_DECODE)
+            CHECKF(r->seq.n_tokens == r->n_tokens - 1 && r->seq.n_blocks == (r->seq.n_tokens + BS - 1) / BS,
+                   "request %llu: KV of %d tokens in %d blocks, %d tokens", (unsigned long long)r->id,
+                   r->seq.n_tokens, r->seq.n_blocks, r->n_tokens);
         CHECK(r->state != RQ_WAITING && r->state != RQ_DONE);
     }
     for (int i = 0; i < s->wait_len; i++) {
@@ -201,9 +216,28 @@ static const step_plan *h_plan(harness *h) {
     return p;
 }
 
+/* The fake drafter: a row's proposals continue its tokens as next_token
+ * would, the first draft_good of them right and the rest off by one. */
+static void fake_draft(harness *h, const step_plan *cp) {
+    step_plan *p = (step_plan *)cp; /* the drafter may lower a row's proposals */
+    for (int i = 0; i < p->n_rows; i++) {
+        sched_row *w = &p->rows[i];
+        int got = h->draft_short ? 0 : w->draft;
+        p->tokens -= w->draft - got;
+        w->n -= w->draft - got;
+        w->draft = got;
+        for (int k = 0; k < w->draft; k++) {
+            int32_t *t = w->r->tokens, want = next_token(t, w->start + 1 + k);
+            t[w->start + 1 + k] = k < h->draft_good ? want : (want + 1) % V;
+        }
+        h->drafted += w->draft;
+    }
+}
+
 /* The rest of the step: the rows, the fake forward, the commit. */
 static void h_run(harness *h, const step_plan *p) {
     if (p->n_rows) {
+        fake_draft(h, p);
         loom_sched_fwd_rows(&h->s, p, h->rows, h->logits, h->plp);
         fake_forward(h->kv, h->rows, p->n_rows);
         step_work w = {.id = ++h->steps, .rows = p->n_rows, .tokens = p->tokens};
@@ -497,7 +531,117 @@ static void cancellation(void) {
     h_free(&h);
 }
 
+/* Speculation: proposals come out of the budget the decode rows leave,
+ * never past max_tokens or the free blocks (no preemption for them); kept
+ * runs and rejections both give the solo output; rejected KV goes back. */
+static void speculation(void) {
+    harness h;
+    h_init(&h, 64, 8, 8, 0);
+    h.s.spec_k = 4;
+    h.s.spec_budget = 32;
+    h.draft_good = 8;
+    loom_request *a = h_submit(&h, 5, 20, 60), *b = h_submit(&h, 7, 20, 61);
+    for (int i = 0; i < 10 && (a->state != RQ_DECODE || b->state != RQ_DECODE); i++) h_step(&h);
+    int ga = a->n_generated, gb = b->n_generated;
+    const step_plan *p = h_plan(&h);
+    /* two decode rows, then 6 of the 8 tokens for proposals: 4 and 2 */
+    CHECK_EQ_INT(p->n_rows, 2);
+    CHECK_EQ_INT(p->tokens, 8);
+    CHECK(p->rows[0].draft == 4 && p->rows[1].draft == 2);
+    h_run(&h, p);
+    CHECK_EQ_INT(a->n_generated - ga, 5); /* 4 kept and the target's next */
+    CHECK_EQ_INT(b->n_generated - gb, 3);
+    /* a prefill joining gets what the proposals leave */
+    loom_request *c = h_submit(&h, 9, 3, 62);
+    p = h_plan(&h);
+    CHECK_EQ_INT(p->tokens, 8);
+    CHECK(p->n_rows == 2 || (p->n_rows == 3 && p->rows[2].r == c));
+    h_run(&h, p);
+    h_drain(&h);
+    check_solo(a);
+    check_solo(b);
+    check_solo(c);
+    CHECK(h.s.counters.spec_accepted == h.s.counters.spec_drafted && h.drafted > 0);
+    /* every proposal but the first wrong: one kept each round, the rest cut;
+     * the draft length follows what was kept */
+    h.draft_good = 1;
+    h.s.max_batch_tokens = 64;
+    loom_request *d = h_submit(&h, 6, 30, 63);
+    for (int i = 0; i < 10 && d->state != RQ_DECODE; i++) h_step(&h);
+    uint64_t acc0 = h.s.counters.spec_accepted, dr0 = h.s.counters.spec_drafted;
+    p = h_plan(&h);
+    CHECK_EQ_INT(p->rows[0].draft, 4);
+    h_run(&h, p);
+    CHECK_EQ_INT(d->spec_k, 2); /* one more than held */
+    CHECK_EQ_INT(h.s.counters.spec_accepted - acc0, 1);
+    CHECK_EQ_INT(h.s.counters.spec_drafted - dr0, 4);
+    /* none right: one proposal a round, and after three such rounds the
+     * row falls back to plain decoding */
+    h.draft_good = 0;
+    h_step(&h);
+    CHECK_EQ_INT(d->spec_k, 1);
+    h_step(&h);
+    CHECK_EQ_INT(d->spec_k, 1);
+    h_step(&h);
+    CHECK_EQ_INT(d->spec_k, 0);
+    p = h_plan(&h);
+    CHECK_EQ_INT(p->rows[0].draft, 0);
+    h_run(&h, p);
+    h_drain(&h);
+    check_solo(d);
+    /* a drafter making fewer proposals than planned: the blocks reserved
+     * for the rest go back (check_state) */
+    h.draft_short = 1;
+    h.draft_good = 8;
+    loom_request *x = h_submit(&h, 3, 40, 67);
+    h_drain(&h);
+    check_solo(x);
+    h.draft_short = 0;
+    /* max_tokens bounds a row's picks (check_plan) */
+    h.draft_good = 8;
+    loom_request *e = h_submit(&h, 4, 3, 64);
+    h_drain(&h);
+    check_solo(e);
+    h_free(&h);
+    /* a pool with no block to spare once both have all their tokens:
+     * proposals shrink to what fits, nobody is preempted for them */
+    h_init(&h, 8, 64, 8, 0);
+    h.s.spec_k = 8;
+    h.s.spec_budget = 64;
+    h.draft_good = 8;
+    loom_request *f = h_submit(&h, 3, 12, 65), *g = h_submit(&h, 3, 12, 66);
+    h_drain(&h);
+    CHECK_EQ_INT(h.preempted, 0);
+    CHECK(h.s.counters.spec_drafted > 0);
+    check_solo(f);
+    check_solo(g);
+    h_free(&h);
+}
+
+/* Cancelled between the plan and the commit of a round: it finishes
+ * cancelled there and every block comes back. */
+static void speculation_cancel(void) {
+    harness h;
+    h_init(&h, 64, 16, 8, 0);
+    h.s.spec_k = 4;
+    h.s.spec_budget = 16;
+    h.draft_good = 8;
+    loom_request *a = h_submit(&h, 5, 20, 70), *b = h_submit(&h, 6, 20, 71);
+    for (int i = 0; i < 10 && (a->state != RQ_DECODE || b->state != RQ_DECODE); i++) h_step(&h);
+    const step_plan *p = h_plan(&h);
+    CHECK(p->rows[0].draft > 0 && p->rows[1].draft > 0);
+    atomic_store(&a->abort, 1);
+    h_run(&h, p);
+    CHECK_EQ_INT(a->state, RQ_DONE);
+    h_drain(&h);
+    check_cancelled(a);
+    check_solo(b);
+    h_free(&h);
+}
+
 int main(void) {
+    speculation();
+    speculation_cancel();
     late_join();
     budget_split();
     decode_first();

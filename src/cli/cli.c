@@ -165,3 +165,27 @@ loom_status cli_render_user_turn(const char *model_dir, const char *text, char *
     loom_chat_template_free(t);
     return s;
 }
+
+int cli_spec_flag(const char *cmd, const char *opt, const char *text, loom_engine_params *p,
+                  const char **draft_dir) {
+    if (!strcmp(opt, "--speculative")) {
+        if (strcmp(text, "ngram"))
+            return cli_usage_error(cmd, "--speculative: expected ngram (or --draft-model DIR), found \"%s\"", text);
+        p->speculative = LOOM_SPEC_NGRAM;
+        return 0;
+    }
+    if (!strcmp(opt, "--draft-model")) {
+        *draft_dir = text;
+        p->speculative = LOOM_SPEC_DRAFT;
+        return 0;
+    }
+    if (!strcmp(opt, "--draft-tokens")) return cli_int(cmd, opt, text, 1, 64, &p->draft_tokens) ? 2 : 0;
+    return -1;
+}
+
+loom_status cli_load_draft(const char *dir, loom_model **out) {
+    loom_model_params mp = loom_model_default_params();
+    mp.n_threads = 1;
+    mp.fast_matmul = cli_fast;
+    return loom_model_load(dir, &mp, out);
+}

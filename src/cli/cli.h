@@ -45,6 +45,24 @@ int cli_float(const char *cmd, const char *opt, const char *text, float *out);
  * field's LOOM_SAMPLING_* bit in *set. Returns -1 when opt is none of them. */
 int cli_sampling_flag(const char *cmd, const char *opt, const char *text, loom_sampling *sp,
                       unsigned *set);
+/* --speculative ngram, --draft-model DIR or --draft-tokens K: sets p's
+ * speculative and draft_tokens, and *draft_dir for the caller to load (it
+ * then sets draft_model). Returns -1 when opt is none of them, else 0 or
+ * a usage error's 2. */
+int cli_spec_flag(const char *cmd, const char *opt, const char *text, loom_engine_params *p,
+                  const char **draft_dir);
+#define CLI_SPEC_FLAGS "--speculative", "--draft-model", "--draft-tokens"
+#define CLI_SPEC_USAGE                                                                     \
+    "  --speculative ngram  speculative decoding by prompt lookup: proposals copied\n"     \
+    "                     from what followed the last 3, 2 or 1 tokens earlier on\n"      \
+    "  --draft-model DIR  speculative decoding with a draft model (same tokenizer)\n"    \
+    "  --draft-tokens K   proposals a sequence verifies per step at most (default 8);\n" \
+    "                     the output is that of plain decoding (CPU only)\n"
+
+/* Loads a draft model on the CPU, on one thread: its matmuls are too small
+ * to share (waking workers for them costs more than they save). */
+loom_status cli_load_draft(const char *dir, loom_model **out);
+
 /* Parses "1,2,3" into a malloc'd array. */
 int cli_ids(const char *cmd, const char *opt, const char *text, int32_t **out, int *n);
 

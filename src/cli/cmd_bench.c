@@ -26,10 +26,12 @@
 #include "cli/cli.h"
 #include "load/safetensors.h"
 #include "ops/ops.h"
+#include "tokenize/tokenizer.h"
 
 static const char usage[] =
     "usage: loom bench --model DIR [--model DIR2 ...] [-p 512] [-n 128] [--threads N]\n"
     "                  [--reps R] [--batch B,...] [--tg-prompt N] [--kv-type T] [--json]\n"
+    "                  [--speculative ngram | --draft-model DIR] [--tg-text FILE]\n"
     "\n"
     "Measures prompt processing (pp: p tokens from an empty context) and text\n"
     "generation (tg: n tokens decoded one at a time after a 4-token prompt)\n"
@@ -55,7 +57,18 @@ static const char usage[] =
     "  --kv-type T        KV cache type: f32 (default), f16, bf16, q8, q4\n"
     "  --kv-config FILE   per-layer KV bits (see loom serve --help; default: each\n"
     "                     model directory's kv_config.json, if any)\n"
-    "  --json             print JSON instead of the table\n";
+    "  --json             print JSON instead of the table\n"
+    "  --speculative ngram, --draft-model DIR, --draft-tokens K\n"
+    "                     also run each --batch decode with speculative decoding,\n"
+    "                     the runs alternating with the plain ones (checked to\n"
+    "                     give the same greedy tokens first): tokens/s, speed-up\n"
+    "                     and tokens per verifying step (1 + mean accepted run)\n"
+    "  --tg-text FILE     the batched decode's prompts: tg-prompt tokens of FILE's\n"
+    "                     text each (row i from token i x tg-prompt), not random ids\n";
+
+/* Speculative decoding of the batched decode (--speculative, --draft-model). */
+static loom_engine_params spec_ep;
+static const char *spec_draft_dir, *tg_text;
 
 #define CHECK_LEN 8
 #define MAX_BATCHES 8
@@ -206,6 +219,14 @@ static void batch_prompt(int32_t *t, int n, int vocab, int i) {
     }
 }
 
+/* Engine stats' speculative counters, for the tokens per verifying step. */
+static void spec_counts(loom_engine *e, uint64_t *acc, uint64_t *rounds) {
+    loom_engine_stats st;
+    loom_engine_get_stats(e, &st);
+    *acc = st.spec_accepted;
+    *rounds = st.spec_rounds;
+}
+
 /* B greedy requests of n tokens after tg_prompt-token prompts, read in
  * lockstep. Aggregate tokens/s over the steps after every request had its
  * first token (prefill excluded). first (B * n) receives the tokens. */
@@ -244,6 +265,26 @@ static loom_status run_batch(loom_engine *e, const int32_t *prompts, int B, int 
     return s;
 }
 
+/* --tg-text: B prompts of tg_prompt tokens of file's text (row i from
+ * token i * tg_prompt, wrapping), with the model directory's tokenizer. */
+static loom_status text_prompts(const char *dir, const char *file, int32_t *prompts, int B) {
+    size_t len = 0, n = 0;
+    char *text = NULL;
+    int32_t *ids = NULL;
+    loom_tok *tok = NULL;
+    loom_status s = loom_read_file(file, &text, &len);
+    if (!s) s = loom_tok_load_dir(dir, &tok);
+    if (!s) s = loom_tok_encode(tok, text, len, LOOM_TOK_NO_SPECIAL, &ids, &n);
+    if (!s && n == 0) s = loom_err(LOOM_ERR_INVALID_ARG, "%s encodes to no tokens", file);
+    for (int i = 0; !s && i < B; i++)
+        for (int k = 0; k < tg_prompt; k++)
+            prompts[(size_t)i * tg_prompt + k] = ids[((size_t)i * tg_prompt + k) % n];
+    free(ids);
+    free(text);
+    loom_tok_free(tok);
+    return s;
+}
+
 /* Bytes of tensor data in the model directory (0 if unreadable). */
 static double model_mib(const char *dir) {
     loom_safetensors *st = NULL;
@@ -278,6 +319,9 @@ typedef struct bench_model {
     stats pps, tgs, ppcs, tgcs;
     double *bt;             /* owned [n_batch * reps]: batched decode tokens/s */
     stats bts[MAX_BATCHES];
+    double *bt2;            /* owned [n_batch * reps]: the same with speculation */
+    stats bts2[MAX_BATCHES];
+    double spec_len[MAX_BATCHES]; /* tokens per verifying step over the timed runs */
     int b_match[MAX_BATCHES]; /* requests whose greedy tokens match the context */
 } bench_model;
 
@@ -312,9 +356,15 @@ static void print_json(const bench_model *b, int nthreads, int p, int n, int rep
     if (n_batches) {
         printf(", \"tg_prompt\": %d, \"batch\": [", tg_prompt);
         for (int i = 0; i < n_batches; i++)
+        {
             printf("%s{\"b\": %d, \"tok_s\": %.3f, \"sd\": %.3f, \"min\": %.3f, \"max\": %.3f, "
-                   "\"greedy_match\": %d}", i ? ", " : "", batches[i], b->bts[i].median,
+                   "\"greedy_match\": %d", i ? ", " : "", batches[i], b->bts[i].median,
                    b->bts[i].sd, b->bts[i].min, b->bts[i].max, b->b_match[i]);
+            if (spec_ep.speculative)
+                printf(", \"spec_tok_s\": %.3f, \"spec_speedup\": %.3f, \"spec_tokens_per_step\": %.3f",
+                       b->bts2[i].median, b->bts2[i].median / b->bts[i].median, b->spec_len[i]);
+            printf("}");
+        }
         printf("]");
     }
     printf("}\n");
@@ -337,12 +387,17 @@ int cmd_bench(int argc, char **argv) {
         if (!strcmp(a, "--json")) { json = 1; continue; }
         static const char *valued[] = {"--model", "-p", "--prompt", "-n", "--gen",
                                        "--threads", "--reps", "--batch", "--tg-prompt",
-                                       "--kv-type", "--kv-config"};
+                                       "--kv-type", "--kv-config", "--tg-text", CLI_SPEC_FLAGS};
         int known = 0;
         for (size_t k = 0; k < LOOM_ARRAY_LEN(valued); k++) known |= !strcmp(a, valued[k]);
         if (!known) return cli_usage_error("bench", "unknown option \"%s\"", a);
         if (!(v = cli_value("bench", argc, argv, &i))) return 2;
-        int bad = 0;
+        int bad = cli_spec_flag("bench", a, v, &spec_ep, &spec_draft_dir);
+        if (bad >= 0) {
+            if (bad) return 2;
+            continue;
+        }
+        bad = 0;
         if (!strcmp(a, "--model")) {
             if (nm == MAX_MODELS) return cli_usage_error("bench", "at most %d --model", MAX_MODELS);
             bm[nm++].dir = v;
@@ -353,6 +408,7 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--tg-prompt")) bad = cli_int("bench", a, v, 1, 1 << 20, &tg_prompt);
         else if (!strcmp(a, "--kv-type")) bad = cli_kv_type("bench", v, &kv_type);
         else if (!strcmp(a, "--kv-config")) kv_config = v;
+        else if (!strcmp(a, "--tg-text")) tg_text = v;
         else if (!strcmp(a, "--batch")) {
             int32_t *ids = NULL;
             int cnt = 0;
@@ -372,6 +428,9 @@ int cmd_bench(int argc, char **argv) {
     if (!nm) return cli_usage_error("bench", "--model is required");
     if (!p && !n) return cli_usage_error("bench", "nothing to measure: -p and -n are both 0");
     if (n_batches && n < 2) return cli_usage_error("bench", "--batch needs -n >= 2");
+    if (spec_ep.speculative && !n_batches)
+        return cli_usage_error("bench", "speculative decoding is measured on --batch decodes: give --batch");
+    loom_model *draft = NULL;
 
     int rc = 1;
     int n_tok = LOOM_MAX(LOOM_MAX(p, tg_prompt + n), CHECK_LEN);
@@ -412,7 +471,8 @@ int cmd_bench(int argc, char **argv) {
         b->ppc = calloc((size_t)reps, sizeof *b->ppc);
         b->tgc = calloc((size_t)reps, sizeof *b->tgc);
         b->bt = calloc((size_t)reps * (n_batches ? n_batches : 1), sizeof *b->bt);
-        if (!b->la || !b->lb || !b->pp || !b->tg || !b->ppc || !b->tgc || !b->bt) {
+        b->bt2 = calloc((size_t)reps * (n_batches ? n_batches : 1), sizeof *b->bt2);
+        if (!b->la || !b->lb || !b->pp || !b->tg || !b->ppc || !b->tgc || !b->bt || !b->bt2) {
             fprintf(stderr, "loom: error: out of memory\n");
             goto done;
         }
@@ -423,6 +483,10 @@ int cmd_bench(int argc, char **argv) {
         goto done;
     }
     fill_tokens(toks, n_tok, min_vocab);
+    if (spec_draft_dir && (s = cli_load_draft(spec_draft_dir, &draft))) {
+        rc = cli_fail("loading the draft model", s);
+        goto done;
+    }
     for (int k = 0; k < nm; k++) {
         bench_model *b = &bm[k];
         if (nm > 1) fprintf(stderr, "loom bench: %s\n", b->dir);
@@ -470,6 +534,12 @@ int cmd_bench(int argc, char **argv) {
         int ok = prompts && got && want && margin && lg;
         if (!ok) fprintf(stderr, "loom: error: out of memory\n");
         for (int i = 0; ok && i < bmax; i++) batch_prompt(prompts + (size_t)i * tg_prompt, tg_prompt, b->V, i);
+        if (ok && tg_text && (s = text_prompts(b->dir, tg_text, prompts, bmax))) {
+            ok = 0;
+            rc = cli_fail("--tg-text", s);
+        }
+        int32_t *got2 = malloc(sizeof *got2 * (size_t)bmax * n);
+        if (!got2) ok = 0;
         /* the context's greedy tokens, for the check below (first 8 rows) */
         int n_want = LOOM_MIN(bmax, 8), gen = LOOM_MIN(n, CHECK_GEN);
         for (int i = 0; ok && i < n_want; i++)
@@ -487,18 +557,33 @@ int cmd_bench(int argc, char **argv) {
         ep.kv_type = kv_type;
         ep.kv_config = cli_kv_config(kv_config, b->dir, kvc, sizeof kvc);
         ep.prefix_cache = 0;
-        loom_engine *e = NULL;
+        loom_engine *e = NULL, *e2 = NULL;
         if (ok && (s = loom_engine_create(b->m, &ep, &e))) {
             ok = 0;
             rc = cli_fail("creating engine", s);
         }
+        loom_engine_params ep2 = ep;
+        ep2.speculative = spec_ep.speculative;
+        ep2.draft_tokens = spec_ep.draft_tokens;
+        ep2.draft_model = draft;
+        if (ok && spec_ep.speculative && (s = loom_engine_create(b->m, &ep2, &e2))) {
+            ok = 0;
+            rc = cli_fail("creating the speculating engine", s);
+        }
         for (int i = 0; ok && i < n_batches; i++) {
             int B = batches[i];
-            double ts = 0;
+            double ts = 0, ts2 = 0;
+            uint64_t acc0 = 0, rounds0 = 0, acc1, rounds1;
             for (int r = -1; ok && r < reps; r++) {
-                if ((s = run_batch(e, prompts, B, n, got, &ts))) {
+                if (e2 && r == 0) spec_counts(e2, &acc0, &rounds0);
+                if ((s = run_batch(e, prompts, B, n, got, &ts)) ||
+                    (e2 && (s = run_batch(e2, prompts, B, n, got2, &ts2)))) {
                     ok = 0;
                     rc = cli_fail("batch decode", s);
+                } else if (r < 0 && e2 && memcmp(got, got2, sizeof *got * (size_t)B * n)) {
+                    fprintf(stderr, "loom: error: bench validation: batch %d: speculative decoding "
+                            "changed the greedy tokens\n", B);
+                    ok = 0;
                 } else if (r < 0) {
                     /* Batched GEMMs sum in another order than the one-row
                      * path, so a near-tie can flip (random weights give
@@ -529,11 +614,22 @@ int cmd_bench(int argc, char **argv) {
                             gen, ties);
                 } else {
                     b->bt[(size_t)i * reps + r] = ts;
+                    b->bt2[(size_t)i * reps + r] = ts2;
                 }
             }
             if (ok) b->bts[i] = summarize(b->bt + (size_t)i * reps, reps);
+            if (ok && e2) {
+                b->bts2[i] = summarize(b->bt2 + (size_t)i * reps, reps);
+                spec_counts(e2, &acc1, &rounds1);
+                b->spec_len[i] = rounds1 > rounds0 ? 1.0 + (double)(acc1 - acc0) / (double)(rounds1 - rounds0) : 1;
+                fprintf(stderr, "loom bench: batch %d: speculative %.1f tok/s vs plain %.1f (%.2fx), "
+                        "%.2f tokens per verifying step\n", B, b->bts2[i].median, b->bts[i].median,
+                        b->bts2[i].median / b->bts[i].median, b->spec_len[i]);
+            }
         }
         loom_engine_free(e);
+        loom_engine_free(e2);
+        free(got2);
         free(prompts);
         free(got);
         free(want);
@@ -574,6 +670,10 @@ int cmd_bench(int argc, char **argv) {
                 snprintf(test, sizeof test, "tg%d@b%d", n, batches[i]);
                 print_row(&bm[k], nthreads, test, &bm[k].bts[i], &bm[k].bts[i],
                           nm > 1 ? bm[0].bts[i].median : 0);
+                if (!spec_ep.speculative) continue;
+                snprintf(test, sizeof test, "tg%d@b%d+%s", n, batches[i], spec_draft_dir ? "draft" : "ngram");
+                print_row(&bm[k], nthreads, test, &bm[k].bts2[i], &bm[k].bts2[i],
+                          nm > 1 ? bm[0].bts2[i].median : 0);
             }
         printf("(%d reps after 1 warm-up%s; t/cpu-s: median tokens per CPU second of the "
                "process, all threads; %s)\n", reps, nm > 1 ? ", models interleaved" : "",
@@ -590,8 +690,10 @@ done:
         free(bm[k].ppc);
         free(bm[k].tgc);
         free(bm[k].bt);
+        free(bm[k].bt2);
         loom_context_free(bm[k].c);
         loom_model_free(bm[k].m);
     }
+    loom_model_free(draft);
     return rc;
 }

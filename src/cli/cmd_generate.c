@@ -41,7 +41,87 @@ static const char usage[] =
     "                     model directory's kv_config.json, if any)\n"
     "  --image FILE       a PNG or JPEG for a vision-language model, once per image\n"
     "                     in prompt order; the prompt holds each image's placeholders\n"
-    "  --threads N        worker threads (default: all cores)\n";
+    "  --threads N        worker threads (default: all cores)\n"
+    CLI_SPEC_USAGE;
+
+/* What the output loop prints each token through. */
+typedef struct gen_out {
+    loom_textstream *ts;
+    int text, json_ids, n_out;
+    int32_t *out;
+} gen_out;
+
+/* Prints token id (text, or ids); returns whether a stop string ended. */
+static int emit(gen_out *g, int32_t id) {
+    g->out[g->n_out++] = id;
+    int stop = 0;
+    if (g->ts) {
+        const char *text;
+        size_t len;
+        loom_ts_push(g->ts, id, &text, &len, &stop);
+        if (g->text && !g->json_ids) fwrite(text, 1, len, stdout);
+        fflush(stdout);
+    } else if (!g->json_ids) {
+        printf("%s%d", g->n_out > 1 ? " " : "", id);
+        fflush(stdout);
+    }
+    return stop;
+}
+
+/* Speculative decoding goes through the engine (one request), which
+ * verifies the proposals; *t1 is when the first token came. */
+static loom_status gen_engine(loom_model *m, const loom_engine_params *ep, const loom_request_params *rp,
+                              gen_out *g, double *t1) {
+    loom_engine *e = NULL;
+    loom_request *r = NULL;
+    loom_status s = loom_engine_create(m, ep, &e);
+    if (!s) s = loom_engine_submit(e, rp, &r);
+    for (int stop = 0; !s && !stop;) {
+        loom_event ev;
+        if ((s = loom_request_next(r, &ev, -1))) break;
+        if (ev.finish == LOOM_FINISH_ERROR) s = loom_err(ev.status, "%s", loom_request_error(r));
+        if (ev.finish != LOOM_FINISH_NONE) break;
+        if (g->n_out == 0) *t1 = loom_now();
+        stop = emit(g, ev.token);
+    }
+    loom_request_free(r);
+    if (e) {
+        loom_engine_stats st;
+        loom_engine_get_stats(e, &st);
+        if (st.spec_rounds)
+            fprintf(stderr, "speculative: %llu of %llu proposals accepted; %.2f tokens per verifying step\n",
+                    (unsigned long long)st.spec_accepted, (unsigned long long)st.spec_drafted,
+                    1.0 + (double)st.spec_accepted / (double)st.spec_rounds);
+    }
+    loom_engine_free(e);
+    return s;
+}
+
+/* The end of the output and the timings (stderr). */
+static void report(gen_out *g, const char *prompt_text, int json_ids, int n_prompt, double t0,
+                   double t1, double t2) {
+    if (g->ts) {
+        const char *text;
+        size_t len;
+        int stopped;
+        loom_ts_finish(g->ts, &text, &len, &stopped);
+        if (prompt_text && !json_ids) fwrite(text, 1, len, stdout);
+    }
+    if (prompt_text && !json_ids) {
+        printf("\n");
+    } else if (json_ids) {
+        printf("[");
+        for (int k = 0; k < g->n_out; k++) printf("%s%d", k ? ", " : "", g->out[k]);
+        printf("]\n");
+    } else if (!prompt_text) {
+        printf("\n");
+    }
+    fflush(stdout);
+    int n_out = g->n_out;
+    fprintf(stderr, "prompt: %d tokens in %.3f s (%.1f tok/s); generated: %d tokens in %.3f s "
+            "(%.1f tok/s)\n", n_prompt, t1 - t0, n_prompt / (t1 - t0 + 1e-12), n_out, t2 - t1,
+            n_out > 1 ? (n_out - 1) / (t2 - t1 + 1e-12) : 0.0);
+}
 
 int cmd_generate(int argc, char **argv) {
     const char *model = NULL, *tokens = NULL, *prompt_text = NULL;
@@ -52,6 +132,9 @@ int cmd_generate(int argc, char **argv) {
     loom_kv_type kv_type = LOOM_KV_F32;
     const char *kv_config = NULL;
     char kvc[4096];
+    loom_engine_params ep = loom_engine_default_params();
+    const char *draft_dir = NULL;
+    loom_model *draft = NULL;
     loom_sampling sp = loom_sampling_default();
     sp.temperature = 0.8f;
     sp.top_k = 40;
@@ -69,12 +152,13 @@ int cmd_generate(int argc, char **argv) {
         static const char *valued[] = {"--model", "--tokens", "--max-tokens", "--temperature",
                                        "--top-k", "--top-p", "--min-p", "--seed", "--ctx-size",
                                        "--threads", "--prompt", "--stop", "--repeat-penalty",
-                                       "--kv-type", "--kv-config", "--image"};
+                                       "--kv-type", "--kv-config", "--image", CLI_SPEC_FLAGS};
         int known = 0;
         for (size_t k = 0; k < LOOM_ARRAY_LEN(valued); k++) known |= !strcmp(a, valued[k]);
         if (!known) return cli_usage_error("generate", "unknown option \"%s\"", a);
         if (!(v = cli_value("generate", argc, argv, &i))) return 2;
         int bad = cli_sampling_flag("generate", a, v, &sp, &sp_set);
+        if (bad < 0) bad = cli_spec_flag("generate", a, v, &ep, &draft_dir);
         if (bad >= 0) {
             if (bad) return 2;
             continue;
@@ -102,6 +186,9 @@ int cmd_generate(int argc, char **argv) {
     }
     if (!model || !tokens == !prompt_text)
         return cli_usage_error("generate", "--model and one of --prompt or --tokens are required");
+    if (n_images && ep.speculative)
+        return cli_usage_error("generate", "--image does not combine with --speculative or "
+                               "--draft-model (speculation takes text prompts)");
     sp.seed = (uint64_t)seed;
     int32_t *prompt = NULL;
     int n_prompt = 0;
@@ -163,6 +250,31 @@ int cmd_generate(int argc, char **argv) {
         fprintf(stderr, "loom: error: out of memory\n");
         goto done;
     }
+    gen_out g = {.ts = ts, .text = prompt_text != NULL, .json_ids = json_ids, .out = out};
+    if (ep.speculative) {
+        if (draft_dir && (s = cli_load_draft(draft_dir, &draft))) { rc = cli_fail("loading the draft model", s); goto done; }
+        ep.draft_model = draft;
+        ep.max_seqs = 1;
+        ep.n_ctx = cp.n_ctx;
+        ep.kv_type = kv_type;
+        ep.kv_config = cp.kv_config;
+        ep.prefix_cache = 0;
+        ep.max_batch_tokens = LOOM_MAX(512, 1 + (ep.draft_tokens ? ep.draft_tokens : 8));
+        loom_request_params rp = loom_request_default_params();
+        rp.prompt = prompt;
+        rp.n_prompt = n_prompt;
+        rp.max_tokens = max_tokens;
+        rp.sampling = sp;
+        rp.ignore_eos = ignore_eos;
+        rp.stop_ids = turn_end;
+        rp.n_stop_ids = ignore_eos ? 0 : n_turn_end;
+        rp.logprobs = -1;
+        double t0 = loom_now(), t1 = t0;
+        if ((s = gen_engine(m, &ep, &rp, &g, &t1))) { rc = cli_fail("speculative decoding", s); goto done; }
+        report(&g, prompt_text, json_ids, n_prompt, t0, t1, loom_now());
+        rc = 0;
+        goto done;
+    }
     if ((s = loom_sampler_init(&smp, &sp, V))) { rc = cli_fail("sampling", s); goto done; }
     /* the penalty window sees the prompt, then each token, as the server's */
     for (int k = 0; k < n_prompt; k++) loom_sampler_accept(&smp, prompt[k], 0);
@@ -178,47 +290,15 @@ int cmd_generate(int argc, char **argv) {
                        : loom_context_eval(c, prompt, n_prompt, 0, NULL);
     if (s) { rc = cli_fail("prompt", s); goto done; }
     double t1 = loom_now();
-    int n_out = 0;
-    while (n_out < max_tokens) {
+    while (g.n_out < max_tokens) {
         loom_sampler_accept(&smp, id, 1);
-        out[n_out++] = id;
-        int stop = 0;
-        if (ts) {
-            const char *text;
-            size_t len;
-            loom_ts_push(ts, id, &text, &len, &stop);
-            if (prompt_text && !json_ids) fwrite(text, 1, len, stdout);
-            fflush(stdout);
-        } else if (!json_ids) {
-            printf("%s%d", n_out > 1 ? " " : "", id);
-            fflush(stdout);
-        }
+        int stop = emit(&g, id);
         for (int k = 0; k < n_eos; k++) stop |= eos[k] == id;
         for (int k = 0; k < n_turn_end && !ignore_eos; k++) stop |= turn_end[k] == id;
-        if (stop || n_out == max_tokens) break;
+        if (stop || g.n_out == max_tokens) break;
         if ((s = loom_context_eval_next(c, &id, 1, &smp, logits, &id))) { rc = cli_fail("decode", s); goto done; }
     }
-    double t2 = loom_now();
-    if (ts) {
-        const char *text;
-        size_t len;
-        int stopped;
-        loom_ts_finish(ts, &text, &len, &stopped);
-        if (prompt_text && !json_ids) fwrite(text, 1, len, stdout);
-    }
-    if (prompt_text && !json_ids) {
-        printf("\n");
-    } else if (json_ids) {
-        printf("[");
-        for (int k = 0; k < n_out; k++) printf("%s%d", k ? ", " : "", out[k]);
-        printf("]\n");
-    } else if (!prompt_text) {
-        printf("\n");
-    }
-    fflush(stdout);
-    fprintf(stderr, "prompt: %d tokens in %.3f s (%.1f tok/s); generated: %d tokens in %.3f s "
-            "(%.1f tok/s)\n", n_prompt, t1 - t0, n_prompt / (t1 - t0 + 1e-12), n_out, t2 - t1,
-            n_out > 1 ? (n_out - 1) / (t2 - t1 + 1e-12) : 0.0);
+    report(&g, prompt_text, json_ids, n_prompt, t0, t1, loom_now());
     rc = 0;
 done:
     cli_vision_free(&cv);
@@ -229,6 +309,7 @@ done:
     free(out);
     free(prompt);
     loom_context_free(c);
+    loom_model_free(draft);
     loom_model_free(m);
     return rc;
 }

@@ -42,6 +42,11 @@ static const char usage[] =
     "  --top-k K               else temperature 1, top-p 1, top-k 0 (off), min-p 0,\n"
     "  --min-p P               repeat-penalty 1 (off)\n"
     "  --repeat-penalty R\n"
+    "  --speculative ngram     speculative decoding by prompt lookup (proposals copied\n"
+    "                          from what followed the last 3, 2 or 1 tokens earlier on)\n"
+    "  --draft-model DIR       speculative decoding with a draft model (same tokenizer)\n"
+    "  --draft-tokens K        proposals a sequence verifies per step at most (default\n"
+    "                          8); output as plain decoding's (CPU only)\n"
     "  --max-body SIZE         largest request body (default 8M)\n"
     "  --timeout S             idle connection timeout in seconds (default 60)\n"
     "  --header-timeout S      a request's line and headers must arrive within S seconds\n"
@@ -120,13 +125,18 @@ int cmd_serve(int argc, char **argv) {
                                        "--prefix-cache-bytes", "--prefix-cache-dir",
                                        "--prefix-cache-disk-bytes", "--kv-type", "--kv-bits",
                                        "--kv-config", "--prefix-cache-zstd", "--temperature",
-                                       "--top-p", "--top-k", "--min-p", "--repeat-penalty"};
+                                       "--top-p", "--top-k", "--min-p", "--repeat-penalty",
+                                       CLI_SPEC_FLAGS};
         int known = 0;
         for (size_t k = 0; k < LOOM_ARRAY_LEN(valued); k++) known |= !strcmp(a, valued[k]);
         if (!known) return cli_usage_error("serve", "unknown option \"%s\"", a);
         if (!(v = cli_value("serve", argc, argv, &i))) return 2;
         int bad = cli_sampling_flag("serve", a, v, &p.sampling, &p.sampling_set);
         if (bad >= 0) {
+            if (bad) return 2;
+            continue;
+        }
+        if ((bad = cli_spec_flag("serve", a, v, &p.engine, &p.draft_model_dir)) >= 0) {
             if (bad) return 2;
             continue;
         }

@@ -55,7 +55,7 @@ static void trace_step(const step_plan *p, const step_work *w, double t3) {
     for (int i = 0; i < p->n_rows; i++) {
         loom_request *r = p->rows[i].r;
         if (!r->trace) continue;
-        int n = p->rows[i].n, start = r->seq.n_tokens - n;
+        int n = p->rows[i].n, start = p->rows[i].start;
         if (p->rows[i].kind == SCHED_DECODE) {
             loom_rq_span(r, "decode.step", NULL, w->t1, w->t2, RQ_ATTRS(WORK_ATTRS(w, n), {"startToken", start}));
             continue;
@@ -76,6 +76,7 @@ void loom_sched_finish(loom_sched *s, loom_request *r, loom_finish why, loom_sta
                        const char *msg) {
     loom_restore_job_free(r->restore); /* only ever a finished job */
     r->restore = NULL;
+    if (s->hooks.done) s->hooks.done(s->hooks.ctx, r);
     int keep = s->hooks.park && r->save_key && r->seq.n_tokens > 0 &&
                (why == LOOM_FINISH_STOP || why == LOOM_FINISH_LENGTH) && s->hooks.park(s->hooks.ctx, r);
     if (!keep) loom_kv_seq_release(s->kv, &r->seq);
@@ -144,10 +145,20 @@ static int pool_row(loom_sched *s, loom_request *r, const loom_fwd_row *row) {
     return 1;
 }
 
+/* Whether token id ends r (a stop id or, unless ignored, an EOS). */
+static int is_stop(const loom_sched *s, const loom_request *r, int32_t id) {
+    int stop = 0;
+    for (int i = 0; i < r->n_stop && !stop; i++) stop = r->stop_ids[i] == id;
+    for (int i = 0; i < s->n_eos && !stop && !r->ignore_eos; i++) stop = s->eos[i] == id;
+    return stop;
+}
+
+static int emit_token(loom_sched *s, const step_plan *p, int row, const loom_sample_result *res,
+                      const step_work *w, double te, double tc);
+
 /* Samples from row `row`'s logits (or takes pick >= 0, the forward's
  * token); emits the token or finishes the request. Returns whether it
- * keeps running. A traced prefill's last spans are recorded before
- * loom_sched_finish writes them out. */
+ * keeps running. */
 static int complete_row(loom_sched *s, const step_plan *p, int row, float *logits,
                         int32_t pick, const step_work *w) {
     loom_request *r = p->rows[row].r;
@@ -162,17 +173,25 @@ static int complete_row(loom_sched *s, const step_plan *p, int row, float *logit
     else loom_sampler_pick(&r->sampler, logits, r->logprobs, &res);
     double tc = traced ? loom_now() : 0;
     loom_sampler_accept(&r->sampler, res.id, 1);
-    r->tokens[r->n_tokens++] = res.id;
+    return emit_token(s, p, row, &res, w, te, tc);
+}
+
+/* Emits r's next token res (already in its sampler's window) or finishes
+ * the request. Returns whether it keeps running. A traced prefill's last
+ * spans are recorded before loom_sched_finish writes them out. */
+static int emit_token(loom_sched *s, const step_plan *p, int row, const loom_sample_result *res,
+                      const step_work *w, double te, double tc) {
+    loom_request *r = p->rows[row].r;
+    int traced = r->trace && p->rows[row].kind != SCHED_DECODE;
+    r->tokens[r->n_tokens++] = res->id;
     r->n_generated++;
     s->counters.decode_tokens++;
-    loom_event ev = {.finish = LOOM_FINISH_NONE, .token = res.id, .logprob = res.logprob,
-                     .n_top = res.n_top};
-    memcpy(ev.top_ids, res.top_ids, sizeof ev.top_ids);
-    memcpy(ev.top_logprobs, res.top_logprobs, sizeof ev.top_logprobs);
+    loom_event ev = {.finish = LOOM_FINISH_NONE, .token = res->id, .logprob = res->logprob,
+                     .n_top = res->n_top};
+    memcpy(ev.top_ids, res->top_ids, sizeof ev.top_ids);
+    memcpy(ev.top_logprobs, res->top_logprobs, sizeof ev.top_logprobs);
     loom_rq_push(r, &ev);
-    int stop = 0;
-    for (int i = 0; i < r->n_stop && !stop; i++) stop = r->stop_ids[i] == res.id;
-    for (int i = 0; i < s->n_eos && !stop && !r->ignore_eos; i++) stop = s->eos[i] == res.id;
+    int stop = is_stop(s, r, res->id);
     if (traced) {
         int n = p->rows[row].n;
         double t = loom_now();
@@ -189,13 +208,99 @@ static int complete_row(loom_sched *s, const step_plan *p, int row, float *logit
     return 0;
 }
 
+/* The next round's proposals after k of them met `kept` (sched.h:
+ * speculation): twice as many after a full run, one more than held after
+ * a miss; SPEC_MISSES rounds in a row that keep nothing take the row to
+ * plain decoding, which tries one proposal again after SPEC_PROBE plain
+ * steps. r->spec_idle counts the misses while speculating (negative) and
+ * the plain steps after. */
+#define SPEC_MISSES 3
+#define SPEC_PROBE 16
+static void spec_adapt(const loom_sched *s, loom_request *r, int k, int kept) {
+    if (k == 0) {
+        if (r->spec_k == 0 && ++r->spec_idle >= SPEC_PROBE) {
+            r->spec_k = 1;
+            r->spec_idle = 0;
+        }
+        return;
+    }
+    if (kept == 0) {
+        r->spec_k = --r->spec_idle <= -SPEC_MISSES ? 0 : 1;
+        if (r->spec_k == 0) r->spec_idle = 0;
+        return;
+    }
+    r->spec_idle = 0;
+    r->spec_k = kept == k ? LOOM_MIN(s->spec_k, 2 * k) : LOOM_MIN(s->spec_k, kept + 1);
+}
+
+/* The KV bookkeeping after row i's forward: full blocks to the prefix
+ * cache, blocks out of the window released. */
+static void kv_commit(loom_sched *s, loom_request *r) {
+    if (s->cache) loom_kv_cache_commit(s->kv, &r->seq, r->tokens, r->ns);
+    /* The next position attends to [n - window + 1, n]: older blocks go. */
+    if (s->window) loom_kv_seq_drop_before(s->kv, &r->seq, r->seq.n_tokens - s->window + 1);
+}
+
+#define SPEC_MAX 64 /* proposals one row may carry (engine params clamp to it) */
+
+/* Row i carried the last token and k proposals, with the logits of every
+ * position: each proposal in turn is verified against the target's own
+ * pick there (loom_sampler_verify); the first that fails is replaced by
+ * that pick, a full run gets the target's next token too, and a stop id,
+ * EOS, max_tokens or the context's end inside the run ends it at that
+ * token. The KV of what was not kept is cut (and the recurrent state
+ * rewound) before the prefix cache sees the blocks; then the kept tokens
+ * are emitted. Returns whether r keeps running. */
+static int verify_row(loom_sched *s, const step_plan *p, int i, const loom_fwd_row *row,
+                      const step_work *w) {
+    loom_request *r = p->rows[i].r;
+    int start = p->rows[i].start, k = p->rows[i].draft, m = 0, kept = 0;
+    if (atomic_load(&r->abort)) {
+        loom_sched_finish(s, r, LOOM_FINISH_CANCELLED, LOOM_ERR_ABORTED, "cancelled");
+        return 0;
+    }
+    double tv = loom_sched_now(s);
+    loom_sample_result res[SPEC_MAX + 1];
+    for (int done = 0; !done && m <= k;) {
+        int32_t d = m < k ? r->tokens[start + 1 + m] : -1;
+        int ok = loom_sampler_verify(&r->sampler, row->out + (size_t)m * s->vocab, d, r->logprobs, &res[m]);
+        loom_sampler_accept(&r->sampler, res[m].id, 1);
+        kept += ok;
+        r->tokens[start + 1 + m] = res[m].id;
+        m++;
+        done = !ok || is_stop(s, r, res[m - 1].id) || r->n_generated + m >= r->max_tokens ||
+               r->n_tokens + m >= s->n_ctx;
+    }
+    /* KV holds the row's first token and the m - 1 picks before the last */
+    loom_kv_seq_truncate(s->kv, &r->seq, start + m);
+    s->counters.spec_drafted += (uint64_t)k;
+    s->counters.spec_accepted += (uint64_t)kept;
+    s->counters.spec_rounds++;
+    spec_adapt(s, r, k, kept);
+    if (m < k + 1 && r->rstate && (!s->hooks.rewind || !s->hooks.rewind(s->hooks.ctx, r, start, m))) {
+        loom_sched_finish(s, r, LOOM_FINISH_ERROR, LOOM_ERR_INTERNAL,
+                          "speculative decoding: the recurrent state could not be rewound");
+        return 0;
+    }
+    kv_commit(s, r);
+    if (r->trace)
+        loom_rq_span(r, "decode.verify", s->spec_mechanism, tv, loom_now(),
+                     RQ_ATTRS({"workId", (int64_t)w->id}, {"startToken", start}, {"drafted", k},
+                              {"accepted", kept}, {"emitted", m}));
+    for (int j = 0; j < m; j++)
+        if (!emit_token(s, p, i, &res[j], w, 0, 0)) return 0;
+    return 1;
+}
+
 void loom_sched_commit(loom_sched *s, const step_plan *p, const loom_fwd_row *rows,
                        const int32_t *picks, const step_work *w) {
     for (int i = 0; i < p->n_rows; i++) {
         loom_request *r = p->rows[i].r;
-        if (s->cache) loom_kv_cache_commit(s->kv, &r->seq, r->tokens, r->ns);
-        /* The next position attends to [n - window + 1, n]: older blocks go. */
-        if (s->window) loom_kv_seq_drop_before(s->kv, &r->seq, r->seq.n_tokens - s->window + 1);
+        if (p->rows[i].draft > 0) continue; /* verify_row cuts the KV first */
+        /* blocks reserved for proposals the drafter did not make go back */
+        if (p->rows[i].kind == SCHED_DECODE && r->seq.n_blocks > loom_sched_blocks(s->kv, r->seq.n_tokens))
+            loom_kv_seq_truncate(s->kv, &r->seq, r->seq.n_tokens);
+        kv_commit(s, r);
     }
     if (s->n_traced) trace_step(p, w, loom_sched_now(s));
     /* after the commits: a snapshot is keyed by the chain of the blocks cached */
@@ -219,6 +324,11 @@ void loom_sched_commit(loom_sched *s, const step_plan *p, const loom_fwd_row *ro
             if (pool_row(s, r, &rows[i])) loom_sched_remove(s, r);
             continue;
         }
+        if (p->rows[i].draft > 0) {
+            if (verify_row(s, p, i, &rows[i], w)) r->state = RQ_DECODE;
+            else loom_sched_remove(s, r);
+            continue;
+        }
         if (rows[i].logits == LOOM_LOGITS_ALL) {
             emit_prompt_logprobs(s, r, &rows[i]);
             if (r->seq.n_tokens < r->prefill_len) {
@@ -230,6 +340,8 @@ void loom_sched_commit(loom_sched *s, const step_plan *p, const loom_fwd_row *ro
             if (prefill && r->trace) trace_chunk(r, w, rows[i].n, loom_now());
             continue;
         }
+        if (p->rows[i].kind == SCHED_DECODE && s->spec_k > 0 && p->rows[i].draft == 0)
+            spec_adapt(s, r, 0, 0);
         /* the last position's logits pick the next token */
         float *last = rows[i].out + (size_t)(loom_fwd_row_logits(&rows[i]) - 1) * s->vocab;
         if (complete_row(s, p, i, last, picks ? picks[i] : -1, w)) r->state = RQ_DECODE;

@@ -58,11 +58,61 @@ static void mark_pick(loom_engine *e, loom_request *r, int i, int wants) {
         e->picks[i] = -1;
 }
 
+/* Speculation's part of a step before the target's forward: the
+ * drafter's proposals, and the recurrent state of each row that carries
+ * some, kept so that the commit can rewind it (rewind_state). Traced
+ * requests get a decode.draft span. */
+static void draft(loom_engine *e, step_plan *plan) {
+    int any = 0;
+    for (int i = 0; i < plan->n_rows && !any; i++) any = plan->rows[i].draft > 0;
+    if (!any) return;
+    double t0 = loom_sched_now(&e->s);
+    if (loom_spec_draft(e->spec, plan) != LOOM_OK) /* the rows decode plainly */
+        loom_log(LOOM_LOG_WARN, "speculative drafting failed: %s", loom_last_error());
+    double t1 = loom_sched_now(&e->s);
+    size_t bytes = loom_seq_state_bytes(e->m);
+    for (int i = 0; i < plan->n_rows; i++) {
+        loom_request *r = plan->rows[i].r;
+        if (plan->rows[i].draft > 0 && r->trace)
+            loom_rq_span(r, "decode.draft", loom_spec_name(e->spec), t0, t1,
+                         RQ_ATTRS({"batchSize", plan->n_rows}, {"drafted", plan->rows[i].draft}));
+        if (plan->rows[i].draft <= 0 || !r->rstate) continue;
+        if (!r->spec_state && !(r->spec_state = malloc(bytes))) {
+            plan->tokens -= plan->rows[i].draft; /* no room to rewind it: no proposals */
+            plan->rows[i].n -= plan->rows[i].draft;
+            plan->rows[i].draft = 0;
+            continue;
+        }
+        loom_seq_state_save(r->rstate, r->spec_state);
+    }
+}
+
+/* The scheduler's rewind hook: r's recurrent state goes back to before
+ * the round and takes tokens [start, start + n) again (a forward of that
+ * row alone, each token as it would be decoded), its KV, already cut to
+ * start + n, rewritten with the same rows. */
+static int rewind_state(void *ctx, loom_request *r, int start, int n) {
+    loom_engine *e = ctx;
+    loom_seq_state_load(r->rstate, r->spec_state, start);
+    r->seq.n_tokens = start; /* its blocks stay reserved for start + n */
+    loom_fwd_row row = {.tokens = r->tokens + start, .n = n, .seq = &r->seq,
+                        .logits = LOOM_LOGITS_NONE, .state = r->rstate, .decode = 1};
+    if (loom_exec_forward(e->exec, e->kv, &row, 1) == LOOM_OK) return 1;
+    loom_log(LOOM_LOG_ERROR, "speculative rewind: %s", loom_last_error());
+    return 0;
+}
+
+static void spec_done(void *ctx, loom_request *r) {
+    loom_engine *e = ctx;
+    loom_spec_done(e->spec, r);
+}
+
 /* Plans and runs one step. Returns 0 when there was nothing to do. */
 static int step(loom_engine *e) {
     if (e->s.n_restoring) loom_reuse_take_restores(e);
     const step_plan *plan = loom_sched_plan(&e->s);
     if (plan->n_rows == 0) return 0;
+    if (e->spec) draft(e, &e->s.plan);
     loom_sched_fwd_rows(&e->s, plan, e->rows, e->logits, e->plp_logits);
     /* embedding rows want every position's hidden state and no logits,
      * each in its own part of e->hidden (a plan holds max_batch_tokens) */
@@ -76,7 +126,8 @@ static int step(loom_engine *e) {
     }
     for (int i = 0; i < plan->n_rows; i++)
         mark_pick(e, plan->rows[i].r, i, plan->rows[i].kind != SCHED_DRAIN && !plan->rows[i].all &&
-                                              !plan->rows[i].r->pooling);
+                                              !plan->rows[i].r->pooling &&
+                                              plan->rows[i].draft == 0);
 
     step_work w = {.id = ++e->s.next_work, .rows = plan->n_rows, .t0 = plan->t0};
     if (e->s.n_traced) w.tokens = plan->tokens;
@@ -113,6 +164,9 @@ static void publish_stats(loom_engine *e) {
     /* the store counts its own: it also evicts when full (loom_sessions_put) */
     e->stats.session_evictions = e->sessions ? loom_sessions_evictions(e->sessions) : 0;
     e->stats.kv_blocks_cached = e->kv->n_cached;
+    e->stats.spec_drafted = s->counters.spec_drafted;
+    e->stats.spec_accepted = s->counters.spec_accepted;
+    e->stats.spec_rounds = s->counters.spec_rounds;
     loom_kv_counts kc = loom_kv_counters(e->kv);
     e->stats.kv_blocks_lru = kc.blocks_lru;
     e->stats.kv_blocks_parked = kc.blocks_parked;
@@ -282,8 +336,19 @@ loom_status loom_engine_create(loom_model *m, const loom_engine_params *params,
     snprintf(e->ns_base, sizeof e->ns_base, "loom1|%s|L%d|H%d|V%d|kv=%s|bs=%d|", c->arch, c->n_layers,
              c->hidden_size, c->vocab_size, layout, p.block_size);
     if (!s) s = loom_exec_create(m, e->kv, p.max_batch_tokens, e->n_ctx, &e->exec);
+    int spec_k = 0, spec_budget = 0;
+    if (!s && p.speculative) {
+        /* verification rows are decode rows of several tokens, which the
+         * device forward does not take yet */
+        if (loom_exec_on_device(e->exec))
+            s = loom_err(LOOM_ERR_UNSUPPORTED, "speculative decoding runs on the CPU only; the "
+                         "model is on cuda:%d (load it on the CPU or drop the drafter)", m->device);
+        spec_k = LOOM_MIN(p.draft_tokens > 0 ? p.draft_tokens : 8, 64);
+        spec_budget = LOOM_MIN(e->max_seqs * spec_k, p.max_batch_tokens);
+        if (!s) s = loom_spec_create(&p, c->vocab_size, e->max_seqs, e->n_ctx, p.max_batch_tokens, &e->spec);
+    }
     if (!s) {
-        e->logits = loom_alloc(sizeof(float) * (size_t)e->max_seqs * (size_t)c->vocab_size);
+        e->logits = loom_alloc(sizeof(float) * (size_t)(e->max_seqs + spec_budget) * (size_t)c->vocab_size);
         e->rows = calloc((size_t)e->max_seqs, sizeof *e->rows);
         e->picks = calloc((size_t)e->max_seqs, sizeof *e->picks);
         e->samp = calloc((size_t)e->max_seqs, sizeof *e->samp);
@@ -303,6 +368,13 @@ loom_status loom_engine_create(loom_model *m, const loom_engine_params *params,
         q->cache = e->cache;
         q->window = e->window;
         q->hooks = loom_reuse_hooks(e);
+        if (e->spec) {
+            q->spec_k = spec_k;
+            q->spec_budget = spec_budget;
+            q->spec_mechanism = loom_spec_name(e->spec);
+            q->hooks.rewind = rewind_state;
+            q->hooks.done = spec_done;
+        }
         s = loom_sched_init(q);
     }
     if (!s && p.trace_file) {
@@ -332,6 +404,9 @@ loom_status loom_engine_create(loom_model *m, const loom_engine_params *params,
     loom_log(LOOM_LOG_INFO, "engine: %d KV blocks of %d tokens (%.1f MiB), context %d, batch %d tokens / %d seqs",
              n_blocks, p.block_size, (double)block * n_blocks / (1 << 20), e->n_ctx,
              p.max_batch_tokens, e->max_seqs);
+    if (e->spec)
+        loom_log(LOOM_LOG_INFO, "engine: speculative decoding (%s), up to %d proposals a row, %d a step",
+                 loom_spec_name(e->spec), e->s.spec_k, e->s.spec_budget);
     *out = e;
     return LOOM_OK;
 }
@@ -361,6 +436,7 @@ void loom_engine_free(loom_engine *e) {
     loom_kv_pool_free(e->kv);
     loom_snapshots_free(e->snaps);
     loom_exec_free(e->exec);
+    loom_spec_free(e->spec);
     loom_free(e->logits);
     loom_free(e->plp_logits);
     loom_free(e->hidden);
@@ -460,6 +536,9 @@ loom_status loom_engine_submit(loom_engine *e, const loom_request_params *p, loo
     if (p->n_stop_ids) memcpy(r->stop_ids, p->stop_ids, sizeof *r->stop_ids * (size_t)p->n_stop_ids);
     r->n_tokens = p->n_prompt;
     for (int i = 0; i < p->n_prompt; i++) loom_sampler_accept(&r->sampler, p->prompt[i], 0);
+    /* XTC's cut is a draw of its own, which verification cannot replay */
+    r->spec_k = p->sampling.xtc_probability > 0 ? 0 : e->s.spec_k;
+    if (p->sampling.xtc_probability > 0) r->spec_idle = INT32_MIN; /* never probes again */
     /* State snapshots (linear-attention models): at the caller's boundary
      * and at the prompt's last full block, both rounded down to blocks,
      * when at least 256 tokens in and short of the prompt's end. */

@@ -155,6 +155,10 @@ void loom_rq_release(loom_request *r) {
     free(r->spans);
     free(r->events);
     free(r->seq.blocks);
+    free(r->draft_seq.blocks);
+    free(r->spec_state);
+    loom_seq_state_free(r->draft_state);
+    free(r->draft_snap);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
     free(r);

@@ -75,6 +75,14 @@ struct loom_request {
     struct loom_seq_state *rstate; /* owned recurrent state, or NULL */
     int prefill_len;           /* tokens to prefill before sampling */
     uint64_t order;            /* admission order, for preemption */
+    /* speculative decoding (engine/spec.c) */
+    int spec_k;                /* proposals the next round may carry; adapts to acceptance */
+    int spec_idle;             /* plain steps since spec_k fell to 0 */
+    loom_kv_seq draft_seq;     /* a draft model's KV of tokens [0, draft_seq.n_tokens) */
+    struct loom_seq_state *draft_state; /* owned: a draft's recurrent state, or NULL */
+    void *draft_snap;          /* owned: that state after draft_snap_at tokens */
+    int draft_snap_at;
+    void *spec_state;          /* owned: the recurrent state before a round, or NULL */
     double t_submit, t_admit;
     double *pool_sum;          /* owned [dim]: mean pooling's sum so far */
     float *embed;              /* owned [dim]: the vector, complete at the final event */

@@ -192,6 +192,26 @@ static void add_prefill_row(loom_sched *s, step_plan *p, loom_request *r, int *b
     *budget -= count;
 }
 
+/* Proposals for the decode rows (sched.h: speculation), from what the
+ * decode rows left of the budget, on blocks that are free now. */
+static void add_proposals(loom_sched *s, step_plan *p, int *budget) {
+    int left = s->spec_budget, bs = s->kv->lay.block_size;
+    for (int i = 0; i < p->n_rows && *budget > 0 && left > 0; i++) {
+        sched_row *w = &p->rows[i];
+        loom_request *r = w->r;
+        int k = LOOM_MIN(LOOM_MIN(r->spec_k, *budget), left);
+        /* the row's picks stop at max_tokens and at the context's end */
+        k = LOOM_MIN(k, LOOM_MIN(r->max_tokens - r->n_generated, s->n_ctx - r->n_tokens) - 1);
+        k = LOOM_MIN(k, (r->seq.n_blocks + loom_kv_available(s->kv)) * bs - w->start - 1);
+        if (k <= 0 || loom_kv_seq_reserve(s->kv, &r->seq, w->start + 1 + k) != LOOM_OK) continue;
+        w->draft = k;
+        w->n += k;
+        p->tokens += k;
+        *budget -= k;
+        left -= k;
+    }
+}
+
 /* Admits the head of waiting if a row, the budget and blocks for its whole
  * prefill allow. Returns 0 when it stays queued. */
 static int admit_head(loom_sched *s, step_plan *p, int *budget) {
@@ -249,6 +269,7 @@ const step_plan *loom_sched_plan(loom_sched *s) {
         budget--;
         i++;
     }
+    if (s->spec_k > 0) add_proposals(s, p, &budget);
     loom_err_clear();
     /* prefills in progress, oldest first */
     for (int i = 0; i < s->n_running && budget > 0; i++)
@@ -261,17 +282,19 @@ const step_plan *loom_sched_plan(loom_sched *s) {
 
 void loom_sched_fwd_rows(const loom_sched *s, const step_plan *plan, loom_fwd_row *rows,
                          float *logits, float *plp) {
+    size_t off = 0; /* logits rows handed out */
     for (int i = 0; i < plan->n_rows; i++) {
         const sched_row *w = &plan->rows[i];
-        int last = w->kind != SCHED_DRAIN;
+        int last = w->kind != SCHED_DRAIN, all = w->all || w->draft > 0;
         rows[i] = (loom_fwd_row){
             .tokens = w->r->tokens + w->start,
             .n = w->n,
             .seq = &w->r->seq,
-            .logits = w->all ? LOOM_LOGITS_ALL : last ? LOOM_LOGITS_LAST : LOOM_LOGITS_NONE,
-            .out = w->all ? plp : last ? logits + (size_t)i * s->vocab : NULL,
+            .logits = all ? LOOM_LOGITS_ALL : last ? LOOM_LOGITS_LAST : LOOM_LOGITS_NONE,
+            .out = w->all ? plp : last ? logits + off * (size_t)s->vocab : NULL,
             .state = w->r->rstate,
             .decode = w->kind == SCHED_DECODE,
         };
+        if (last && !w->all) off += w->kind == SCHED_DECODE ? (size_t)w->n : 1;
     }
 }

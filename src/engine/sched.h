@@ -28,6 +28,12 @@
  *   row per step, at most plp_rows tokens).
  * - Decodes never wait for a prefill: decode rows are placed first, so a
  *   joining prefill can delay a step by at most one budget's worth of work.
+ * - Speculation (spec_k > 0). Once every decode row has its token, each
+ *   may carry up to r->spec_k proposals from what is left of the budget
+ *   (and of spec_budget), never past max_tokens or the context, and only
+ *   where blocks for them are free (speculation never preempts). Rejected
+ *   proposals' KV is cut at commit, before the prefix cache sees the
+ *   blocks. Prefill pieces take what the proposals leave.
  * Invariants (tests/test_sched.c checks them after every step)
  *   1. A running request holds KV blocks for every token it has in KV and,
  *      while prefilling, for its whole prefill (reserved at admission).
@@ -55,6 +61,9 @@ typedef struct sched_row {
     sched_kind kind;
     int all;         /* logits of every position (prompt logprobs due) */
     int plan_end;    /* a prefill's planned chunk end (0 for a decode) */
+    int draft;       /* a decode row's proposals after its first token: n = 1 + draft.
+                        Planned as the most it may carry; the drafter fills
+                        r->tokens [start + 1, start + n) and may lower both */
 } sched_row;
 
 typedef struct step_plan {
@@ -87,6 +96,12 @@ typedef struct sched_hooks {
     /* r finished well: keeps its blocks (parked). Returns 0 when it did
      * not take them (they are then released). */
     int (*park)(void *ctx, loom_request *r);
+    /* A verification kept tokens [start, start + n) of r's row, whose KV
+     * is cut back there; r's recurrent state, which took the whole row,
+     * goes back to consuming exactly them. Returns 0 on failure. */
+    int (*rewind)(void *ctx, loom_request *r, int start, int n);
+    /* r leaves the engine: what the drafter kept for it goes. */
+    void (*done)(void *ctx, loom_request *r);
 } sched_hooks;
 
 typedef struct loom_sched {
@@ -101,6 +116,9 @@ typedef struct loom_sched {
     int cache;                     /* commit full blocks to the prefix cache */
     int window;                    /* every layer slides over this many tokens; 0 = no */
     sched_hooks hooks;
+    int spec_k;                    /* > 0: speculative decoding, proposals per row at most */
+    int spec_budget;               /* proposals in one step at most (the logits buffer's) */
+    const char *spec_mechanism;    /* static: the drafter's name in spans */
     FILE *trace;                   /* borrowed, may be NULL: finished traces go there */
 
     loom_request **running;        /* owned [max_seqs], in admission order */
@@ -144,11 +162,14 @@ void loom_sched_restored(loom_sched *s, int i, int hit);
  * the newest when blocks run out), prefill pieces and admissions. */
 const step_plan *loom_sched_plan(loom_sched *s);
 /* The executor's rows for plan: decode and final rows write their logits
- * to logits + i * vocab, an all-positions row to plp. */
+ * to logits, one row after the other (a verification row one per token:
+ * [n_rows + spec_budget, vocab] in all), an all-positions row to plp. */
 void loom_sched_fwd_rows(const loom_sched *s, const step_plan *plan, loom_fwd_row *rows,
                          float *logits, float *plp);
 /* Applies a successful forward of plan's rows (picks[i] >= 0: the token
- * the forward chose for row i; else sampled from its logits). */
+ * the forward chose for row i; else sampled from its logits). A row with
+ * proposals keeps the longest run the target's own picks agree with
+ * (loom_sampler_verify) and the target's token after it. */
 void loom_sched_commit(loom_sched *s, const step_plan *plan, const loom_fwd_row *rows,
                        const int32_t *picks, const step_work *w);
 /* A failed forward: every request in plan finishes with an error. */

@@ -476,7 +476,10 @@ static void attention(loom_model *m, loom_fwd_state *s, loom_kv_layout *kv,
         int tb = t + 1;
         while (tb < T && tb - t < per_tile && s->tok_row[tb] == s->tok_row[t]) tb++;
         int pos = s->tok_pos[t];
-        if (tb - t == 1 && rows[s->tok_row[t]].decode && s->att_split > 0 &&
+        /* a verification row's several tokens share tiles: they read each
+         * key once for all of them, which chunks would not */
+        const loom_fwd_row *row = &rows[s->tok_row[t]];
+        if (row->n == 1 && row->decode && s->att_split > 0 &&
             pos - key_lo(A, pos) + 1 >= s->att_split && split_chunks(A, pos, ch) <= s->att_parts) {
             s->split_tok[n_split++] = t;
             s->att_split_tokens++;
@@ -593,9 +596,6 @@ loom_status loom_fwd_check_rows(const loom_model *m, const loom_fwd_row *rows, i
         const loom_fwd_row *row = &rows[r];
         if (row->n <= 0 || !row->tokens || !row->seq)
             return loom_err(LOOM_ERR_INVALID_ARG, "forward: row %d has no tokens", r);
-        if (row->decode && row->n != 1)
-            return loom_err(LOOM_ERR_INVALID_ARG, "forward: row %d is a decode row of %d tokens "
-                            "(expected 1)", r, row->n);
         for (int i = 0; i < row->n; i++)
             if (row->tokens[i] < 0 || row->tokens[i] >= m->cfg.vocab_size)
                 return loom_err(LOOM_ERR_RANGE,

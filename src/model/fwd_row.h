@@ -63,10 +63,14 @@ typedef struct loom_fwd_row {
     int logits;              /* LOOM_LOGITS_* */
     float *out;              /* [1 or n, vocab] when logits != NONE */
     loom_seq_state *state;   /* borrowed; required iff the model has linear layers */
-    /* One sampled token (a decode step; n must be 1): on the CPU its
-     * attention over a long span may go by chunks of keys. Prompt rows
+    /* Sampled tokens (a decode step: one token, or the last one and a
+     * draft's proposals to verify). On the CPU a lone decode token's
+     * attention over a long span may go by chunks of keys; prompt rows
      * never do, so a prompt token's attention is the same however the
-     * prompt is chunked or how much of it a prefix cache supplied. */
+     * prompt is chunked or how much of it a prefix cache supplied. A
+     * linear-attention layer steps each token of a decode row through the
+     * recurrence, the state rounded to its stored floats between tokens,
+     * as decoding them one by one would. */
     int decode;
     /* Prepared input (above); all NULL / 0 for a text row. */
     const float *embeds;     /* (n, hidden) borrowed: layer-0 input in place of the embeddings */

@@ -250,11 +250,17 @@ static void delta_task(void *ctx, int task, int thread) {
 #define K(t) (s->conv + (size_t)(t) * D + (size_t)nk * dk + (size_t)kh * dk)
 #define V(t) (s->conv + (size_t)(t) * D + (size_t)2 * nk * dk + (size_t)h * dv)
 #define O(t) (s->od + (size_t)(t) * nv * dv + (size_t)h * dv)
-    if (n == 1) {
-        delta_step(S, Q(t0), K(t0), V(t0), s->g[(size_t)t0 * nv + h],
-                   s->beta[(size_t)t0 * nv + h], O(t0), tmp, dk, dv);
+    /* A decode row of several tokens (a speculative verification) steps
+     * token by token, the state rounded to its stored floats after each,
+     * so that every token's bits are those of plain decoding. */
+    int step = n == 1 || row->decode;
+    for (int t = t0; step && t < t0 + n; t++) {
+        delta_step(S, Q(t), K(t), V(t), s->g[(size_t)t * nv + h], s->beta[(size_t)t * nv + h],
+                   O(t), tmp, dk, dv);
+        if (t + 1 < t0 + n)
+            for (int i = 0; i < dk * dv; i++) S[i] = (float)S[i];
     }
-    for (int c0 = 0; n > 1 && c0 < n; c0 += DELTA_CHUNK) {
+    for (int c0 = 0; !step && c0 < n; c0 += DELTA_CHUNK) {
         int C = LOOM_MIN(DELTA_CHUNK, n - c0), tb = t0 + c0;
         double acc = 0;
         for (int i = 0; i < C; i++) G[i] = acc += s->g[(size_t)(tb + i) * nv + h];

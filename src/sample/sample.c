@@ -201,16 +201,9 @@ void loom_sampler_logprobs(loom_sampler *s, const float *logits, int32_t id, int
     logprobs(s, logits, n_top, r);
 }
 
-void loom_sampler_pick(loom_sampler *s, float *logits, int n_top, loom_sample_result *r) {
+/* The request's transforms of logits in place: bias, then penalties. */
+static void adjust(loom_sampler *s, float *logits) {
     const loom_sampling *p = &s->p;
-    int V = s->vocab;
-    memset(r, 0, sizeof *r);
-    /* log-probs describe the model, before any processing */
-    float *raw = NULL;
-    if (n_top >= 0) {
-        raw = s->prob;
-        memcpy(raw, logits, sizeof(float) * (size_t)V);
-    }
     for (int i = 0; i < p->n_logit_bias; i++) logits[p->logit_bias[i].token] += p->logit_bias[i].bias;
     if (s->window) {
         for (int i = 0; i < s->window_len; i++) {
@@ -229,10 +222,17 @@ void loom_sampler_pick(loom_sampler *s, float *logits, int n_top, loom_sample_re
             if (s->count_ctx[t] < 0) s->count_ctx[t] = -s->count_ctx[t];
         }
     }
-    if (p->temperature <= 0 || p->top_k == 1) {
-        r->id = loom_argmax(logits, V);
-        goto done;
-    }
+}
+
+static int greedy(const loom_sampling *p) { return p->temperature <= 0 || p->top_k == 1; }
+
+/* The candidates of a sampled (not greedy) pick from adjusted logits:
+ * their probabilities (temperature, top-k, top-p, min-p, XTC) are left in
+ * logits[], unnormalised over the m ids of *cand, most likely first when
+ * sorted. */
+static int candidates(loom_sampler *s, float *logits, int32_t **cand_out) {
+    const loom_sampling *p = &s->p;
+    int V = s->vocab;
     {
         /* probabilities at temperature, kept in logits[] */
         float mx = logits[loom_argmax(logits, V)];
@@ -288,18 +288,77 @@ void loom_sampler_pick(loom_sampler *s, float *logits, int n_top, loom_sample_re
                 m -= above - 1;
             }
         }
+        *cand_out = cand;
+        return m;
+    }
+}
+
+/* A draw from the m candidates' weights in logits[], skipping id `skip`
+ * (-1: none; the caller has taken it out of tot). */
+static int32_t draw(loom_sampler *s, const float *logits, const int32_t *cand, int m, double tot,
+                    int32_t skip) {
+    double u = next_uniform(s) * tot, acc = 0;
+    int32_t id = cand[m - 1] == skip && m > 1 ? cand[m - 2] : cand[m - 1];
+    for (int i = 0; i < m; i++) {
+        if (cand[i] == skip) continue;
+        acc += logits[cand[i]];
+        if (u < acc) return cand[i];
+    }
+    return id;
+}
+
+/* Copies the raw logits when log-probabilities are asked for (they
+ * describe the model, before any processing). */
+static float *keep_raw(loom_sampler *s, const float *logits, int n_top) {
+    if (n_top < 0) return NULL;
+    memcpy(s->prob, logits, sizeof(float) * (size_t)s->vocab);
+    return s->prob;
+}
+
+void loom_sampler_pick(loom_sampler *s, float *logits, int n_top, loom_sample_result *r) {
+    memset(r, 0, sizeof *r);
+    float *raw = keep_raw(s, logits, n_top);
+    adjust(s, logits);
+    if (greedy(&s->p)) {
+        r->id = loom_argmax(logits, s->vocab);
+    } else {
+        int32_t *cand;
+        int m = candidates(s, logits, &cand);
         double tot = 0;
         for (int i = 0; i < m; i++) tot += logits[cand[i]];
-        double u = next_uniform(s) * tot, acc = 0;
-        r->id = cand[m - 1];
-        for (int i = 0; i < m; i++) {
-            acc += logits[cand[i]];
-            if (u < acc) {
-                r->id = cand[i];
-                break;
-            }
-        }
+        r->id = draw(s, logits, cand, m, tot, -1);
     }
-done:
     if (raw) logprobs(s, raw, n_top, r);
+}
+
+int loom_sampler_verify(loom_sampler *s, float *logits, int32_t draft, int n_top,
+                        loom_sample_result *r) {
+    if (draft < 0 || draft >= s->vocab) {
+        loom_sampler_pick(s, logits, n_top, r);
+        return 0;
+    }
+    memset(r, 0, sizeof *r);
+    float *raw = keep_raw(s, logits, n_top);
+    adjust(s, logits);
+    int ok;
+    if (greedy(&s->p)) {
+        r->id = loom_argmax(logits, s->vocab);
+        ok = r->id == draft;
+    } else {
+        /* The draft proposes one token (q is one-hot): it stands with
+         * probability p(draft); else the token comes from p with the draft
+         * taken out, renormalised (max(0, p - q) normalised). The result is
+         * distributed as p. */
+        int32_t *cand;
+        int m = candidates(s, logits, &cand);
+        double tot = 0, pd = 0;
+        for (int i = 0; i < m; i++) {
+            tot += logits[cand[i]];
+            if (cand[i] == draft) pd = logits[cand[i]];
+        }
+        ok = pd > 0 && next_uniform(s) * tot < pd;
+        r->id = ok ? draft : m > 1 || pd == 0 ? draw(s, logits, cand, m, tot - pd, draft) : draft;
+    }
+    if (raw) logprobs(s, raw, n_top, r);
+    return ok;
 }

@@ -54,6 +54,15 @@ void loom_sampler_accept(loom_sampler *s, int32_t id, int is_output);
 /* Picks a token. logits [vocab] are used as scratch (modified). With
  * n_top >= 0, fills logprob and the n_top most likely tokens. */
 void loom_sampler_pick(loom_sampler *s, float *logits, int n_top, loom_sample_result *r);
+/* Speculative verification of a drafted token under the same steps as
+ * loom_sampler_pick (logits [vocab] are scratch): greedy keeps draft when
+ * it is the argmax; sampling keeps it with probability p(draft) and else
+ * draws from p without it, so that r->id is distributed as a pick's
+ * (the drafter proposes one token: q is one-hot). Returns 1 when r->id is
+ * the draft. draft < 0: a plain pick (returns 0). Not with XTC, whose cut
+ * is itself a draw. */
+int loom_sampler_verify(loom_sampler *s, float *logits, int32_t draft, int n_top,
+                        loom_sample_result *r);
 /* Log-probability of token id under the raw logits [vocab] and the n_top
  * most likely tokens, into r (r->id = id); no sampling step applies. */
 void loom_sampler_logprobs(loom_sampler *s, const float *logits, int32_t id, int n_top,

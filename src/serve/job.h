@@ -27,6 +27,7 @@ typedef struct server {
     const char *names[16];         /* into name_list, or model_id alone */
     int n_names;
     loom_model *model;
+    loom_model *draft;             /* --draft-model's, or NULL */
     loom_tok *tok;
     loom_chat_template *chat;      /* NULL when the model has none */
     loom_engine *engine;

@@ -115,6 +115,12 @@ char *metrics_render(loom_metrics *m, const loom_engine_stats *st, int inflight)
               st->sessions, (unsigned long long)st->session_hits,
               (unsigned long long)st->session_misses, (unsigned long long)st->session_hit_tokens,
               (unsigned long long)st->session_evictions);
+    loom_buf_printf(&b,
+              "# HELP loom_spec_drafted_tokens_total Speculative proposals verified.\n"
+              "# TYPE loom_spec_drafted_tokens_total counter\nloom_spec_drafted_tokens_total %llu\n"
+              "# HELP loom_spec_accepted_tokens_total Of them, the ones kept.\n"
+              "# TYPE loom_spec_accepted_tokens_total counter\nloom_spec_accepted_tokens_total %llu\n",
+              (unsigned long long)st->spec_drafted, (unsigned long long)st->spec_accepted);
     /* Where the KV budget is: cached blocks are kept up to the cap by
      * design, so a long-running server's pool fills; these say with what. */
     double bb = (double)st->kv_block_bytes;

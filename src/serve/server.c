@@ -340,6 +340,7 @@ loom_serve_params loom_serve_default_params(void) {
 static void free_server(server *s) {
     loom_engine_free(s->engine);
     fmt_responses_store_free(s->responses);
+    loom_model_free(s->draft);
     loom_chat_template_free(s->chat);
     loom_tok_free(s->tok);
     loom_model_free(s->model);
@@ -475,6 +476,17 @@ static int server_open(server *s, const loom_serve_params *params) {
     s->tc_syntax = loom_toolcall_detect(s->chat, s->tok);
     s->n_turn_end = s->tok ? loom_toolcall_turn_end_ids(s->tc_syntax, s->tok, s->turn_end, 8) : 0;
     resolve_sampling(s);
+    if (s->p.draft_model_dir) {
+        mp.device = -1; /* drafting runs on the CPU, on one thread (its matmuls are small) */
+        mp.n_threads = 1;
+        if ((st = loom_model_load(s->p.draft_model_dir, &mp, &s->draft))) {
+            fprintf(stderr, "loom: error: draft model: %s (%s)\n", loom_last_error(), loom_status_str(st));
+            free_server(s);
+            return 1;
+        }
+        s->p.engine.speculative = LOOM_SPEC_DRAFT;
+        s->p.engine.draft_model = s->draft;
+    }
     if ((st = loom_engine_create(s->model, &s->p.engine, &s->engine))) {
         fprintf(stderr, "loom: error: %s (%s)\n", loom_last_error(), loom_status_str(st));
         free_server(s);

@@ -34,6 +34,8 @@ typedef struct loom_serve_params {
     unsigned sampling_set;      /* LOOM_SAMPLING_* bits (--temperature etc.): over the
                                    model's generation_config.json, under a request's own */
     loom_engine_params engine;
+    const char *draft_model_dir; /* a draft model for speculative decoding (loaded on the
+                                   CPU; engine.speculative then LOOM_SPEC_DRAFT), or NULL */
     const char *port_file;      /* write the bound port here when ready */
 } loom_serve_params;
 

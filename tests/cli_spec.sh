@@ -1,0 +1,53 @@
+#!/bin/sh
+# Speculative decoding from the command line: loom generate with a draft
+# model or prompt lookup prints what plain greedy decoding prints; loom
+# serve --draft-model answers a greedy completion with the plain server's
+# text (a stop string inside an accepted run cut where the plain one is)
+# and counts its proposals in /metrics; usage errors.
+set -u
+. tests/js/server_lib.sh
+DRAFT=models/pycoder-draft-3m
+P='import os
+import sys
+
+
+def main(argv):
+    parser = argparse.ArgumentParser()
+'
+gen() { "$LOOM_BIN" generate --model "$MODEL" --prompt "$P" --temperature 0 --max-tokens 96 --threads 2 "$@"; }
+plain=$(gen 2>/dev/null) || fail "plain generate"
+for flags in "--draft-model $DRAFT" "--speculative ngram" "--draft-model $DRAFT --draft-tokens 3"; do
+  # shellcheck disable=SC2086
+  got=$(gen $flags 2>"$TMPD/gen.err") || fail "generate $flags: $(cat "$TMPD/gen.err")"
+  [ "$got" = "$plain" ] || fail "generate $flags differs from plain decoding"
+  grep -q '^speculative: [0-9]* of [1-9][0-9]* proposals accepted' "$TMPD/gen.err" ||
+    fail "generate $flags: no proposal count: $(cat "$TMPD/gen.err")"
+done
+ok "generate with a draft model and with prompt lookup prints plain decoding's text"
+
+"$LOOM_BIN" generate --model "$MODEL" --prompt x --speculative bigram >/dev/null 2>&1
+[ $? -eq 2 ] || fail "--speculative bigram is not a usage error"
+"$LOOM_BIN" generate --model "$MODEL" --prompt x --draft-model "$DRAFT" --draft-tokens 0 >/dev/null 2>&1
+[ $? -eq 2 ] || fail "--draft-tokens 0 is not a usage error"
+"$LOOM_BIN" generate --model "$MODEL" --prompt x --draft-model /nonexistent 2>"$TMPD/e" >/dev/null
+[ $? -eq 1 ] && grep -q 'draft model' "$TMPD/e" || fail "a missing draft model: $(cat "$TMPD/e")"
+ok "usage errors"
+
+body='{"prompt": "def parse_args(argv):\n    parser = argparse.ArgumentParser()\n", "max_tokens": 80, "temperature": 0}'
+stop_body='{"prompt": "def parse_args(argv):\n    parser = argparse.ArgumentParser()\n", "max_tokens": 80, "temperature": 0, "stop": ["help="]}'
+start_server plain
+a=$(curl -sf "$BASE/v1/completions" -d "$body") || fail "plain completion"
+as=$(curl -sf "$BASE/v1/completions" -d "$stop_body") || fail "plain completion with a stop string"
+stop_server "$PID" "$LOG"
+start_server spec --draft-model "$DRAFT"
+b=$(curl -sf "$BASE/v1/completions" -d "$body") || fail "speculative completion"
+bs=$(curl -sf "$BASE/v1/completions" -d "$stop_body") || fail "speculative completion with a stop string"
+text() { printf '%s' "$1" | sed 's/.*"text":"\(\([^"\\]\|\\.\)*\)".*/\1/'; }
+[ "$(text "$a")" = "$(text "$b")" ] || fail "draft-model completion differs: $(text "$b") vs $(text "$a")"
+[ "$(text "$as")" = "$(text "$bs")" ] || fail "stop string: $(text "$bs") vs $(text "$as")"
+printf '%s' "$bs" | grep -q '"finish_reason":"stop"' || fail "no stop: $bs"
+m=$(curl -sf "$BASE/metrics")
+printf '%s\n' "$m" | grep -q '^loom_spec_drafted_tokens_total [1-9]' || fail "no drafted tokens in /metrics"
+printf '%s\n' "$m" | grep -q '^loom_spec_accepted_tokens_total [1-9]' || fail "no accepted tokens in /metrics"
+stop_server "$PID" "$LOG"
+ok "serve --draft-model: the plain server's text, stop strings, /metrics counters"
