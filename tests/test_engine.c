@@ -428,25 +428,34 @@ static void preemption(void) {
     ep.kv_memory = 12 * 24576;
     ep.n_ctx = 400;
     loom_engine *e = NULL;
-    /* without the prefix cache (which would share their first blocks), then with it */
+    /* without the prefix cache (which would share their first blocks), then
+     * with it. The four must run at once to preempt; the engine starts on
+     * the first while the others are submitted, so on a loaded machine it
+     * can finish one before the last arrives: try again a few times. */
     for (int cache = 0; cache < 2; cache++) {
         ep.prefix_cache = cache;
-        CHECK(loom_engine_create(f.m, &ep, &e) == LOOM_OK);
-        loom_request *r[4];
-        for (int i = 0; i < 4; i++) r[i] = submit(e, f.ids[2], f.len[2], NG, 0);
-        for (int i = 0; i < 4; i++) {
-            int32_t toks[NG + 1];
-            int n;
-            CHECK(drain(r[i], toks, NULL, &n) == LOOM_FINISH_LENGTH);
-            CHECKF(n == NG && same_tokens(toks, f.greedy[2], NG), "preempted request %d differs", i);
-            loom_request_free(r[i]);
+        unsigned long long preempted = 0;
+        for (int attempt = 0; attempt < 5 && (cache ? attempt < 1 : !preempted); attempt++) {
+            if (attempt) loom_engine_free(e);
+            CHECK(loom_engine_create(f.m, &ep, &e) == LOOM_OK);
+            loom_request *r[4];
+            for (int i = 0; i < 4; i++) r[i] = submit(e, f.ids[2], f.len[2], NG, 0);
+            for (int i = 0; i < 4; i++) {
+                int32_t toks[NG + 1];
+                int n;
+                CHECK(drain(r[i], toks, NULL, &n) == LOOM_FINISH_LENGTH);
+                CHECKF(n == NG && same_tokens(toks, f.greedy[2], NG), "preempted request %d differs", i);
+                loom_request_free(r[i]);
+            }
+            loom_engine_stats st;
+            loom_engine_get_stats(e, &st);
+            preempted = st.preemptions;
+            check_idle(e);
         }
-        loom_engine_stats st;
-        loom_engine_get_stats(e, &st);
-        if (!cache)
-            CHECKF(st.preemptions > 0, "expected preemptions, got %llu", (unsigned long long)st.preemptions);
-        check_idle(e);
-        if (!cache) loom_engine_free(e);
+        if (!cache) {
+            CHECKF(preempted > 0, "expected preemptions in 5 tries, got %llu", preempted);
+            loom_engine_free(e);
+        }
     }
     /* a prompt larger than the whole pool is refused at submit */
     loom_request_params rp = loom_request_default_params();
