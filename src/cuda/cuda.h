@@ -77,6 +77,12 @@ loom_status loom_cuda_memset0(loom_cuda *c, void *d_dst, size_t n);
 loom_status loom_cuda_rmsnorm(loom_cuda *c, float *d_y, const float *d_x, const float *d_w,
                               int T, int n, float eps, int one_plus);
 
+/* Each of the T rows of n values: x += y / sqrt(mean(y^2) + eps) * w (w
+ * NULL = unweighted): a post norm (gemma's sandwich norms) on a block's
+ * output y and the residual add. y must not alias x. */
+loom_status loom_cuda_rmsnorm_add(loom_cuda *c, float *d_x, const float *d_y, const float *d_w,
+                                  int T, int n, float eps);
+
 /* Rotate-half rope on the first rot_dim dims of every head of d_x
  * (T, n_heads, head_dim): for i < rot_dim / 2, (x[i], x[i + rot_dim/2])
  * rotate by the angle whose cos and sin are d_cos/d_sin[t * ld + i]
