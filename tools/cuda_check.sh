@@ -106,7 +106,8 @@ rc=$?
 fwd="$tests/test_cuda_forward"
 # Random bf16 models for the paths the f32 fixtures never take, where
 # gen_model was built: qwen3 and llama layouts at head_dim 64, and at head_dim
-# 128 with the GEMV widths of the real models (groups of 4 and 2). A model
+# 128 with the GEMV widths of the real models (groups of 4 and 2), and gemma2
+# and gemma3 layouts at head_dim 256 (sandwich norms, softcaps, windows). A model
 # that fails to generate is left out, not the others.
 gm="$out/tools/gen_model"
 if [ -x "$gm" ] && [ -z "${LOOM_CUDA_TEST_MODELS:-}" ]; then
@@ -114,7 +115,8 @@ if [ -x "$gm" ] && [ -z "${LOOM_CUDA_TEST_MODELS:-}" ]; then
   wide="--hidden 1024 --heads 8 --head-dim 128 --intermediate 2048 --vocab 512 --layers 2"
   LOOM_CUDA_TEST_MODELS=""
   for spec in "qwen3-bf16 qwen3-0.6b 7 $small" "llama-bf16 llama3-8b 8 $small" \
-              "qwen3-wide qwen3-0.6b 9 $wide --kv-heads 2" "llama-wide llama3-8b 10 $wide --kv-heads 4"; do
+              "qwen3-wide qwen3-0.6b 9 $wide --kv-heads 2" "llama-wide llama3-8b 10 $wide --kv-heads 4" \
+              "gemma2-bf16 gemma2 11" "gemma3-bf16 gemma3 12"; do
     # shellcheck disable=SC2086
     set -- $spec
     name=$1 preset=$2 seed=$3

@@ -2,7 +2,7 @@
  * a real checkpoint, for benchmarks that need a model of realistic size but
  * not its trained weights.
  *
- *   gen_model --preset qwen3-0.6b|llama3-8b|tiny --dtype bf16 --seed 1 --out DIR
+ *   gen_model --preset qwen3-0.6b|llama3-8b|gemma2|gemma3|tiny --dtype bf16 --seed 1 --out DIR
  *             [--format safetensors|gguf]
  *             [--layers N --hidden N --heads N --kv-heads N --head-dim N
  *              --intermediate N --vocab N --max-pos N --untied]
@@ -82,6 +82,17 @@ static const gm_shape presets[] = {
      .vocab = 128256, .hidden = 4096, .layers = 32, .heads = 32, .kv_heads = 8,
      .head_dim = 128, .inter = 14336, .max_pos = 8192, .rope_theta = 500000.0,
      .rms_eps = 1e-5, .tie = 0, .bos_id = 128000, .eos_id = 128001},
+    /* Gemma 2 and Gemma 3 (text) layouts at small sizes, with the configs'
+     * features (sandwich norms, softcaps, alternating or patterned sliding
+     * layers of a 16-token window, GELU-tanh): for the GPU forward tests. */
+    {.preset = "gemma2", .arch = "Gemma2ForCausalLM", .model_type = "gemma2",
+     .vocab = 512, .hidden = 256, .layers = 4, .heads = 4, .kv_heads = 2,
+     .head_dim = 256, .inter = 512, .max_pos = 8192, .rope_theta = 10000.0,
+     .rms_eps = 1e-6, .tie = 1, .bos_id = 2, .eos_id = 1},
+    {.preset = "gemma3", .arch = "Gemma3ForCausalLM", .model_type = "gemma3_text",
+     .vocab = 512, .hidden = 256, .layers = 6, .heads = 4, .kv_heads = 2,
+     .head_dim = 256, .inter = 512, .max_pos = 8192, .rope_theta = 1000000.0,
+     .rms_eps = 1e-6, .tie = 1, .bos_id = 2, .eos_id = 1},
     /* A few MB: for quick checks of the tool and the benchmark. */
     {.preset = "tiny", .arch = "Qwen3ForCausalLM", .model_type = "qwen3",
      .vocab = 512, .hidden = 64, .layers = 2, .heads = 4, .kv_heads = 2,
@@ -91,7 +102,8 @@ static const gm_shape presets[] = {
 
 /* ---- tensor list -------------------------------------------------------- */
 
-enum { GM_INIT_MATRIX, GM_INIT_NORM };
+/* GM_INIT_NORM0: norm weights stored as w - 1 (gemma), so ~ N(0, 0.02) */
+enum { GM_INIT_MATRIX, GM_INIT_NORM, GM_INIT_NORM0 };
 
 typedef struct gm_tensor {
     char name[96];
@@ -116,32 +128,40 @@ static void gm_add(gm_tensor *list, int *n, int init, int64_t rows, int64_t cols
     t->init = init;
 }
 
-/* Qwen3 has RMSNorms on q and k per head; Llama has none. */
-static int gm_qk_norm(const gm_shape *s) { return !strcmp(s->model_type, "qwen3"); }
+static int gm_gemma(const gm_shape *s) { return !strncmp(s->model_type, "gemma", 5); }
 
-/* Fills list (capacity 3 + 11 * layers) in Hugging Face order; returns the
+/* Qwen3 and Gemma 3 have RMSNorms on q and k per head; Llama and Gemma 2 none. */
+static int gm_qk_norm(const gm_shape *s) {
+    return !strcmp(s->model_type, "qwen3") || !strcmp(s->model_type, "gemma3_text");
+}
+
+/* Fills list (capacity 3 + 13 * layers) in Hugging Face order; returns the
  * count. */
 static int gm_tensors(const gm_shape *s, gm_tensor *list) {
-    int n = 0;
+    int n = 0, norm = gm_gemma(s) ? GM_INIT_NORM0 : GM_INIT_NORM;
     int64_t H = s->hidden, q = (int64_t)s->heads * s->head_dim;
     int64_t kv = (int64_t)s->kv_heads * s->head_dim, I = s->inter;
     gm_add(list, &n, GM_INIT_MATRIX, s->vocab, H, "model.embed_tokens.weight", 0);
     for (int l = 0; l < s->layers; l++) {
-        gm_add(list, &n, GM_INIT_NORM, H, 0, "model.layers.%d.input_layernorm.weight", l);
+        gm_add(list, &n, norm, H, 0, "model.layers.%d.input_layernorm.weight", l);
         gm_add(list, &n, GM_INIT_MATRIX, q, H, "model.layers.%d.self_attn.q_proj.weight", l);
         gm_add(list, &n, GM_INIT_MATRIX, kv, H, "model.layers.%d.self_attn.k_proj.weight", l);
         gm_add(list, &n, GM_INIT_MATRIX, kv, H, "model.layers.%d.self_attn.v_proj.weight", l);
         gm_add(list, &n, GM_INIT_MATRIX, H, q, "model.layers.%d.self_attn.o_proj.weight", l);
         if (gm_qk_norm(s)) {
-            gm_add(list, &n, GM_INIT_NORM, s->head_dim, 0, "model.layers.%d.self_attn.q_norm.weight", l);
-            gm_add(list, &n, GM_INIT_NORM, s->head_dim, 0, "model.layers.%d.self_attn.k_norm.weight", l);
+            gm_add(list, &n, norm, s->head_dim, 0, "model.layers.%d.self_attn.q_norm.weight", l);
+            gm_add(list, &n, norm, s->head_dim, 0, "model.layers.%d.self_attn.k_norm.weight", l);
         }
-        gm_add(list, &n, GM_INIT_NORM, H, 0, "model.layers.%d.post_attention_layernorm.weight", l);
+        gm_add(list, &n, norm, H, 0, "model.layers.%d.post_attention_layernorm.weight", l);
+        if (gm_gemma(s)) {
+            gm_add(list, &n, norm, H, 0, "model.layers.%d.pre_feedforward_layernorm.weight", l);
+            gm_add(list, &n, norm, H, 0, "model.layers.%d.post_feedforward_layernorm.weight", l);
+        }
         gm_add(list, &n, GM_INIT_MATRIX, I, H, "model.layers.%d.mlp.gate_proj.weight", l);
         gm_add(list, &n, GM_INIT_MATRIX, I, H, "model.layers.%d.mlp.up_proj.weight", l);
         gm_add(list, &n, GM_INIT_MATRIX, H, I, "model.layers.%d.mlp.down_proj.weight", l);
     }
-    gm_add(list, &n, GM_INIT_NORM, H, 0, "model.norm.weight", 0);
+    gm_add(list, &n, norm, H, 0, "model.norm.weight", 0);
     if (!s->tie) gm_add(list, &n, GM_INIT_MATRIX, s->vocab, H, "lm_head.weight", 0);
     return n;
 }
@@ -173,7 +193,9 @@ static void gm_fill(const gm_tensor *t, uint64_t seed, size_t start, size_t n, f
         float sum = (float)(r & 0xffff) + (float)((r >> 16) & 0xffff) +
                     (float)((r >> 32) & 0xffff) + (float)(r >> 48);
         float z = (sum - 2.0f * 65535.0f) * scale;
-        out[i] = t->init == GM_INIT_NORM ? 1.0f + GM_NORM_STD * z : GM_MATRIX_STD * z;
+        out[i] = t->init == GM_INIT_NORM    ? 1.0f + GM_NORM_STD * z
+                 : t->init == GM_INIT_NORM0 ? GM_NORM_STD * z
+                                            : GM_MATRIX_STD * z;
     }
 }
 
@@ -375,8 +397,11 @@ static const char *gm_torch_dtype(loom_dtype t) {
 
 /* config.json with the keys, order and spelling transformers 4.51 writes for
  * Qwen3ForCausalLM (the form of the published Qwen3 checkpoints). */
+static int gm_write_config_gemma(const gm_job *j);
+
 static int gm_write_config(const gm_job *j) {
     const gm_shape *s = j->shape;
+    if (gm_gemma(s)) return gm_write_config_gemma(j);
     char tmp[4096];
     FILE *f = gm_open_tmp(j->dir, "config.json", tmp, sizeof tmp);
     if (!f) return 0;
@@ -414,6 +439,64 @@ static int gm_write_config(const gm_job *j) {
         s->arch, s->bos_id, s->eos_id, s->head_dim, s->hidden, s->inter, s->max_pos,
         s->layers, s->model_type, s->heads, s->layers, s->kv_heads, s->rms_eps,
         s->rope_theta, s->tie ? "true" : "false", gm_torch_dtype(j->dtype), s->vocab);
+    return gm_commit(f, w > 0, tmp, j->dir, "config.json");
+}
+
+/* config.json as transformers 5 writes Gemma2ForCausalLM and
+ * Gemma3ForCausalLM: explicit layer_types (gemma2: even layers slide;
+ * gemma3: five sliding layers, then a full one), a 16-token window, and
+ * gemma2's softcaps; gemma3's sliding layers take rope theta 10000. */
+static int gm_write_config_gemma(const gm_job *j) {
+    const gm_shape *s = j->shape;
+    int g3 = gm_qk_norm(s);
+    char types[4096] = "", rope[512];
+    size_t w0 = 0;
+    for (int l = 0; l < s->layers && w0 < sizeof types - 64; l++) {
+        int slide = g3 ? (l + 1) % 6 != 0 : l % 2 == 0;
+        w0 += (size_t)snprintf(types + w0, sizeof types - w0, "%s\"%s_attention\"", l ? ", " : "",
+                               slide ? "sliding" : "full");
+    }
+    if (g3)
+        snprintf(rope, sizeof rope, "{\"full_attention\": {\"rope_theta\": %.1f, \"rope_type\": "
+                 "\"default\"}, \"sliding_attention\": {\"rope_theta\": 10000.0, \"rope_type\": "
+                 "\"default\"}}", s->rope_theta);
+    else
+        snprintf(rope, sizeof rope, "{\"rope_theta\": %.1f, \"rope_type\": \"default\"}",
+                 s->rope_theta);
+    char tmp[4096];
+    FILE *f = gm_open_tmp(j->dir, "config.json", tmp, sizeof tmp);
+    if (!f) return 0;
+    int w = fprintf(f,
+        "{\n"
+        "  \"architectures\": [\"%s\"],\n"
+        "  \"attention_bias\": false,\n"
+        "  \"attn_logit_softcapping\": %s,\n"
+        "  \"bos_token_id\": %d,\n"
+        "  \"dtype\": \"%s\",\n"
+        "  \"eos_token_id\": %d,\n"
+        "  \"final_logit_softcapping\": %s,\n"
+        "  \"head_dim\": %d,\n"
+        "  \"hidden_activation\": \"gelu_pytorch_tanh\",\n"
+        "  \"hidden_size\": %d,\n"
+        "  \"intermediate_size\": %d,\n"
+        "  \"layer_types\": [%s],\n"
+        "  \"max_position_embeddings\": %d,\n"
+        "  \"model_type\": \"%s\",\n"
+        "  \"num_attention_heads\": %d,\n"
+        "  \"num_hidden_layers\": %d,\n"
+        "  \"num_key_value_heads\": %d,\n"
+        "  \"query_pre_attn_scalar\": %d,\n"
+        "  \"rms_norm_eps\": %g,\n"
+        "  \"rope_parameters\": %s,\n"
+        "  \"sliding_window\": 16,\n"
+        "  \"tie_word_embeddings\": %s,\n"
+        "  \"transformers_version\": \"5.17.0\",\n"
+        "  \"vocab_size\": %d\n"
+        "}\n",
+        s->arch, g3 ? "null" : "50.0", s->bos_id, gm_torch_dtype(j->dtype), s->eos_id,
+        g3 ? "null" : "30.0", s->head_dim, s->hidden, s->inter, types, s->max_pos,
+        s->model_type, s->heads, s->layers, s->kv_heads, s->head_dim, s->rms_eps, rope,
+        s->tie ? "true" : "false", s->vocab);
     return gm_commit(f, w > 0, tmp, j->dir, "config.json");
 }
 
@@ -887,7 +970,7 @@ static int mkdir_p(const char *dir) {
 
 static void usage(FILE *f) {
     fprintf(f,
-        "usage: gen_model --out DIR [--preset qwen3-0.6b|llama3-8b|tiny]\n"
+        "usage: gen_model --out DIR [--preset qwen3-0.6b|llama3-8b|gemma2|gemma3|tiny]\n"
         "                 [--dtype bf16|f16|f32|q8_0|q4_0] [--seed N]\n"
         "                 [--format safetensors|gguf]\n"
         "                 [--layers N] [--hidden N] [--heads N] [--kv-heads N]\n"
@@ -982,7 +1065,8 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < LOOM_ARRAY_LEN(presets); i++)
         if (!strcmp(presets[i].preset, preset)) p = &presets[i];
     if (!p) {
-        fprintf(stderr, "gen_model: unknown preset \"%s\" (expected qwen3-0.6b, llama3-8b or tiny)\n", preset);
+        fprintf(stderr, "gen_model: unknown preset \"%s\" (expected qwen3-0.6b, llama3-8b, gemma2, gemma3 or tiny)\n",
+                preset);
         return 2;
     }
     s = *p;
@@ -1016,7 +1100,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "gen_model: --format: expected safetensors or gguf, got \"%s\"\n", format);
         return 2;
     }
-    if (wr->write == gm_write_gguf && !gm_qk_norm(&s)) {
+    if (wr->write == gm_write_gguf && strcmp(s.model_type, "qwen3")) {
         fprintf(stderr, "gen_model: --format gguf writes llama.cpp's qwen3 architecture only "
                 "(preset %s is %s)\n", s.preset, s.arch);
         return 2;
@@ -1027,7 +1111,7 @@ int main(int argc, char **argv) {
         return 2;
     }
 
-    gm_tensor *list = calloc(3 + 11 * (size_t)s.layers, sizeof *list);
+    gm_tensor *list = calloc(3 + 13 * (size_t)s.layers, sizeof *list);
     if (!list) {
         fprintf(stderr, "gen_model: out of memory\n");
         return 1;

@@ -77,6 +77,12 @@ loom_status loom_cuda_memset0(loom_cuda *c, void *d_dst, size_t n);
 loom_status loom_cuda_rmsnorm(loom_cuda *c, float *d_y, const float *d_x, const float *d_w,
                               int T, int n, float eps, int one_plus);
 
+/* Each of the T rows of n values: x += y / sqrt(mean(y^2) + eps) * w (w
+ * NULL = unweighted): a post norm (gemma's sandwich norms) on a block's
+ * output y and the residual add. y must not alias x. */
+loom_status loom_cuda_rmsnorm_add(loom_cuda *c, float *d_x, const float *d_y, const float *d_w,
+                                  int T, int n, float eps);
+
 /* Rotate-half rope on the first rot_dim dims of every head of d_x
  * (T, n_heads, head_dim): for i < rot_dim / 2, (x[i], x[i + rot_dim/2])
  * rotate by the angle whose cos and sin are d_cos/d_sin[t * ld + i]
@@ -337,9 +343,9 @@ typedef struct loom_cuda_model loom_cuda_model;
  * allocates the device KV rows in the host pool's layout kv (same
  * layers, blocks, block size and row bytes; type f32, f16 or bf16) plus
  * activations for step_tokens tokens per forward over sequences of up to
- * max_ctx positions. Dense decoders only (Llama, Mistral, Qwen2, Qwen3 and
- * their MLX-quantized forms): LOOM_ERR_UNSUPPORTED names what else a model
- * needs (MoE, linear attention, sandwich norms, ...). */
+ * max_ctx positions. Dense decoders only (Llama, Mistral, Qwen2, Qwen3,
+ * Gemma 2 and 3, and their MLX-quantized forms): LOOM_ERR_UNSUPPORTED names
+ * what else a model needs (MoE, linear attention, per-layer inputs, ...). */
 loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
                                    const struct loom_kv_layout *kv, int step_tokens, int max_ctx,
                                    loom_cuda_model **out);

@@ -1,10 +1,11 @@
-/* forward_cuda: the dense decoder (Llama, Mistral, Qwen2, Qwen3 and the
- * like) on the GPU, computing what src/model/forward.c computes for the
- * same rows:
+/* forward_cuda: the dense decoder (Llama, Mistral, Qwen2, Qwen3, Gemma 2
+ * and 3 and the like) on the GPU, computing what src/model/forward.c
+ * computes for the same rows:
  *
  *   embed (* scale) -> per layer: rmsnorm -> q/k/v (+ bias) -> q/k norms
- *   -> rope -> K/V rows into the device KV pool -> paged attention -> o
- *   -> residual -> rmsnorm -> gate/up -> act * up -> down -> residual
+ *   -> rope (per layer kind) -> K/V rows into the device KV pool -> paged
+ *   attention (window, softcap) -> o [-> post norm] -> residual -> rmsnorm
+ *   -> gate/up -> act * up -> down [-> post norm] -> residual
  *   -> final norm and head (-> softcap) on the tokens whose logits are wanted.
  *
  * Weights are uploaded once (loom_cuda_model_create); the host model stays
@@ -141,6 +142,7 @@ typedef struct dlayer {
     dweight gate_up;           /* (2 * inter, hidden): gate rows then up rows, when fused */
     int fused_gu;              /* 1: gate_up is used instead of gate and up */
     const float *attn_norm, *ffn_norm, *q_norm, *k_norm;  /* device or NULL */
+    const float *post_attn_norm, *post_ffn_norm;  /* device sandwich norms, or NULL */
     const float *bq, *bk, *bv, *bo;
 } dlayer;
 
@@ -347,7 +349,7 @@ extern "C" void loom_cuda_model_free(loom_cuda_model *g) {
 /* The features this forward implements; anything else is refused. */
 static loom_status check_model(const loom_model *m) {
     const loom_config *c = &m->cfg;
-    unsigned bad = LOOM_ARCH_SANDWICH | LOOM_ARCH_V_NORM | LOOM_ARCH_ATTN_GATE | LOOM_ARCH_MOE |
+    unsigned bad = LOOM_ARCH_V_NORM | LOOM_ARCH_ATTN_GATE | LOOM_ARCH_MOE |
                    LOOM_ARCH_LINEAR | LOOM_ARCH_LINEAR_FUSED | LOOM_ARCH_PLE |
                    LOOM_ARCH_LAYER_SCALAR | LOOM_ARCH_MOE_BESIDE;
     if (m->arch->flags & bad)
@@ -358,10 +360,10 @@ static loom_status check_model(const loom_model *m) {
                         "attention or experts", m->arch->name);
     for (int l = 0; l < c->n_layers; l++) {
         const loom_layer *L = &m->layers[l];
-        if (L->kind == LOOM_LAYER_LINEAR || L->is_moe || L->moe_beside || L->post_attn_norm ||
-            L->post_ffn_norm || L->attn.k_eq_v || L->attn.kv_layer != l || L->out_scale != 1.0f)
-            return loom_err(LOOM_ERR_UNSUPPORTED, "cuda forward: layer %d is not a plain "
-                            "attention + MLP layer", l);
+        if (L->kind == LOOM_LAYER_LINEAR || L->is_moe || L->moe_beside || L->attn.k_eq_v ||
+            L->attn.kv_layer != l || L->out_scale != 1.0f)
+            return loom_err(LOOM_ERR_UNSUPPORTED, "cuda forward: layer %d is not an attention + "
+                            "MLP layer (with or without sandwich norms)", l);
     }
     return LOOM_OK;
 }
@@ -467,6 +469,8 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
         if (st == LOOM_OK) st = up_weight(g, &D->down, &S->mlp.down, "down_proj");
         if (st == LOOM_OK) st = up_vec(g, &D->attn_norm, S->attn_norm, H);
         if (st == LOOM_OK) st = up_vec(g, &D->ffn_norm, S->ffn_norm, H);
+        if (st == LOOM_OK) st = up_vec(g, &D->post_attn_norm, S->post_attn_norm, H);
+        if (st == LOOM_OK) st = up_vec(g, &D->post_ffn_norm, S->post_ffn_norm, H);
         if (st == LOOM_OK) st = up_vec(g, &D->q_norm, A->q_norm, hd);
         if (st == LOOM_OK) st = up_vec(g, &D->k_norm, A->k_norm, hd);
         if (st == LOOM_OK) st = up_vec(g, &D->bq, A->bq, qd);
@@ -500,7 +504,14 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
     /* 16-bit GEMM inputs when every projection that takes a normed or
      * activated row is one 16-bit dense type */
     g->act16 = LOOM_CUDA_F32;
-    if (st == LOOM_OK && L > 0 && !g->layers[0].wq.quant && g->layers[0].wq.dt != LOOM_CUDA_F32) {
+    /* Sandwich norms (gemma) take the f32-activation path only: the
+     * 16-bit and small-step paths add o and down straight into x, where a
+     * post norm must come between. */
+    int sandwich = 0;
+    for (int l = 0; l < L && st == LOOM_OK; l++)
+        sandwich |= g->layers[l].post_attn_norm || g->layers[l].post_ffn_norm;
+    if (st == LOOM_OK && L > 0 && !sandwich && !g->layers[0].wq.quant &&
+        g->layers[0].wq.dt != LOOM_CUDA_F32) {
         loom_cuda_dtype t = g->layers[0].wq.dt;
         int ok = 1;
         for (int l = 0; l < L; l++) {
@@ -626,6 +637,17 @@ typedef struct fw_step {
         loom_status s_ = (call);                   \
         if (s_ != LOOM_OK) return s_;              \
     } while (0)
+
+/* x += y, or x += post_norm(y) for a sandwich layer. */
+static loom_status residual(loom_cuda_model *g, const float *y, const float *post_norm, int T) {
+    int H = g->m->cfg.hidden_size;
+    if (post_norm)
+        return loom_cuda_rmsnorm_add(g->c, g->x, y, post_norm, T, H, (float)g->m->cfg.rms_eps);
+    size_t TH = (size_t)T * H;
+    fw_add<<<loom_cuda_blocks(TH, 256), 256, 0, g->c->stream>>>(g->x, y, TH);
+    LAUNCH_CHECK();
+    return LOOM_OK;
+}
 
 /* Everything on the device between the integer upload and the copies back:
  * what a decode graph captures. Reads per-step values only from S's
@@ -787,8 +809,7 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
             continue;
         }
         TRY(linear(g, g->xb, g->att, &D->wo, D->bo, T));
-        fw_add<<<loom_cuda_blocks(TH, 256), 256, 0, c->stream>>>(g->x, g->xb, TH);
-        LAUNCH_CHECK();
+        TRY(residual(g, g->xb, D->post_attn_norm, T));
         TRY(loom_cuda_rmsnorm(c, g->xb, g->x, D->ffn_norm, T, H, eps, 0));
         const float *hin;
         if (D->fused_gu) {
@@ -804,8 +825,7 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
             hin = g->hb;
         }
         TRY(linear(g, g->xb, hin, &D->down, NULL, T));
-        fw_add<<<loom_cuda_blocks(TH, 256), 256, 0, c->stream>>>(g->x, g->xb, TH);
-        LAUNCH_CHECK();
+        TRY(residual(g, g->xb, D->post_ffn_norm, T));
     }
 
     int n_sel = S->n_sel, V = cf->vocab_size;

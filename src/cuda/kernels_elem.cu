@@ -77,6 +77,30 @@ extern "C" loom_status loom_cuda_rmsnorm(loom_cuda *c, float *d_y, const float *
     return LOOM_OK;
 }
 
+/* x += rmsnorm(y) * w, one block a row: a sandwich norm after a block's
+ * output projection and the residual add in one pass. */
+__global__ void rmsnorm_add_kernel(float *x, const float *y, const float *w, int n, float eps) {
+    __shared__ float sh[32];
+    const float *yr = y + (size_t)blockIdx.x * n;
+    float *xr = x + (size_t)blockIdx.x * n;
+    float ss = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += yr[i] * yr[i];
+    ss = block_sum(ss, sh);
+    float inv = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) xr[i] += yr[i] * inv * (w ? w[i] : 1.0f);
+}
+
+extern "C" loom_status loom_cuda_rmsnorm_add(loom_cuda *c, float *d_x, const float *d_y,
+                                             const float *d_w, int T, int n, float eps) {
+    if (T <= 0 || n <= 0) return LOOM_OK;
+    if (d_x == d_y)
+        return loom_err(LOOM_ERR_INVALID_ARG, "cuda rmsnorm_add: x and y are the same buffer "
+                        "(expected the residual and a separate block output)");
+    rmsnorm_add_kernel<<<T, n <= 256 ? 64 : ROW_THREADS, 0, c->stream>>>(d_x, d_y, d_w, n, eps);
+    LAUNCH_CHECK();
+    return LOOM_OK;
+}
+
 /* ---- rope --------------------------------------------------------------- */
 
 __global__ void rope_kernel(float *x, int T, int n_heads, int head_dim, int half,

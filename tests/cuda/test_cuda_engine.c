@@ -9,7 +9,8 @@
 #include "../test.h"
 
 static const char *models[] = {"llama3-tiny", "qwen2-tiny", "qwen3-tiny", "mistral-tiny-swa",
-                               "qwen3-tiny-mlx4", "qwen3-tiny-mlx8"};
+                               "qwen3-tiny-mlx4", "qwen3-tiny-mlx8", "gemma2-tiny",
+                               "gemma3-tiny"};
 
 static void check(const char *name) {
     char dir[256], path[300];

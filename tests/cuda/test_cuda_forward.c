@@ -257,7 +257,8 @@ int main(void) {
         return 1;
     }
     static const char *fixtures[] = {"llama3-tiny", "qwen2-tiny", "qwen3-tiny", "mistral-tiny-swa",
-                                     "qwen3-tiny-mlx4", "qwen3-tiny-mlx8"};
+                                     "qwen3-tiny-mlx4", "qwen3-tiny-mlx8", "gemma2-tiny",
+                                     "gemma3-tiny"};
     for (size_t i = 0; i < sizeof fixtures / sizeof fixtures[0]; i++) {
         run_fixture(fixtures[i], LOOM_KV_F32);
         run_fixture(fixtures[i], LOOM_KV_F16);

@@ -149,6 +149,38 @@ static int test_rmsnorm(int n, int T, int mode) {
     return ok;
 }
 
+/* rmsnorm_add: x += rmsnorm(y) * w, against the reference RMSNorm of y
+ * added to x on the host. */
+static int test_rmsnorm_add(int n, int T, int weighted) {
+    char what[96];
+    snprintf(what, sizeof what, "T=%d n=%d weight=%s", T, n, weighted ? "w" : "none");
+    size_t N = (size_t)T * n;
+    float *x = xmalloc(N * 4), *y = xmalloc(N * 4), *w = xmalloc((size_t)n * 4);
+    float *w1 = xmalloc((size_t)n * 4), *ref = xmalloc(N * 4), *got = xmalloc(N * 4);
+    fill(x, N, 2.0f);
+    fill(y, N, 3.0f);
+    fill(w, (size_t)n, 1.0f);
+    for (int i = 0; i < n; i++) w1[i] = weighted ? w[i] : 1.0f;
+    for (int t = 0; t < T; t++)
+        loom_kernels_ref.rmsnorm(ref + (size_t)t * n, y + (size_t)t * n, w1, n, 1e-6f);
+    for (size_t i = 0; i < N; i++) ref[i] += x[i];
+    float *dx = up(x, N * 4), *dy = up(y, N * 4), *dw = up(w, (size_t)n * 4);
+    int ok = 0;
+    if (!dx || !dy || !dw) {
+        api_fail("rmsnorm_add", what, LOOM_ERR_NOMEM);
+    } else {
+        loom_status st = loom_cuda_rmsnorm_add(C, dx, dy, weighted ? dw : NULL, T, n, 1e-6f);
+        if (st == LOOM_OK) st = loom_cuda_download(C, got, dx, N * 4);
+        if (st != LOOM_OK) api_fail("rmsnorm_add", what, st);
+        else ok = report("rmsnorm_add", what, got, ref, NULL, N, 1e-5f, 2e-5f);
+    }
+    loom_cuda_release(C, dx);
+    loom_cuda_release(C, dy);
+    loom_cuda_release(C, dw);
+    free(x), free(y), free(w), free(w1), free(ref), free(got);
+    return ok;
+}
+
 /* ---- rope --------------------------------------------------------------- */
 
 static int test_rope(int T, int nh, int hd, int rot, double theta) {
@@ -1574,6 +1606,8 @@ int main(void) {
     for (int i = 0; i < N_SIZES; i++)
         for (int mode = 0; mode < 3; mode++) test_rmsnorm(SIZES[i], i == 0 ? 1 : 3, mode);
     test_rmsnorm(128, 7 * 40, 0);  /* per-head q norm shape */
+    for (int i = 0; i < N_SIZES; i++) test_rmsnorm_add(SIZES[i], i == 0 ? 1 : 5, i % 2);
+    test_rmsnorm_add(2304, 3, 1);  /* gemma2-2b hidden size */
 
     test_rope(1, 1, 2, 2, 10000.0);
     test_rope(7, 3, 64, 64, 10000.0);
