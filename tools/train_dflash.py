@@ -645,7 +645,7 @@ def main():
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--block", type=int, default=16)
     ap.add_argument("--mask-token", type=int, default=1)
-    ap.add_argument("--corpus-mb", type=float, default=24)
+    ap.add_argument("--corpus-mb", type=float, default=12)
     ap.add_argument("--prompt-len", type=int, default=256)
     ap.add_argument("--gen-len", type=int, default=512)
     ap.add_argument("--pool", type=int, default=16384, help="training sequences (at most)")

@@ -11,6 +11,15 @@
  *          batched forward per proposal over every drafting row, after a
  *          catch-up of the tokens the draft has not seen yet (the prompt,
  *          and what the target kept last round).
+ *   dflash  a projected-context drafter (model/dflash.h): every target
+ *          forward exports the hidden states of its tap layers for all
+ *          rows (loom_spec_taps), which become the request's context
+ *          rows (loom_spec_after_forward); a round drafts a whole block
+ *          in one drafter forward over them. A row's context rows are cut
+ *          back to the row's first position before new ones go on, so
+ *          rows of rejected proposals never stay; a row whose earlier
+ *          positions had no target forward (a prefix-cache hit) has no
+ *          context and drafts nothing.
  * The draft's KV of a request (r->draft_seq) holds tokens that agree with
  * r->tokens up to min(its length, the target's KV length): a round cuts
  * it back there lazily, at the next draft. A draft with linear-attention
@@ -27,8 +36,8 @@ typedef struct loom_spec loom_spec;
 /* The drafter for p->speculative (NGRAM or DRAFT) over a target with
  * vocab ids, for up to max_seqs rows of contexts of n_ctx tokens and
  * step_tokens tokens per draft forward. */
-loom_status loom_spec_create(const loom_engine_params *p, int vocab, int max_seqs, int n_ctx,
-                             int step_tokens, loom_spec **out);
+loom_status loom_spec_create(const loom_engine_params *p, loom_model *target, int vocab, int max_seqs,
+                             int n_ctx, int step_tokens, loom_spec **out);
 void loom_spec_free(loom_spec *sp);
 /* Its name, as spans carry it (static). */
 const char *loom_spec_name(const loom_spec *sp);
@@ -36,6 +45,14 @@ const char *loom_spec_name(const loom_spec *sp);
  * [start + 1, start + 1 + draft), lowering draft, n and plan->tokens where
  * fewer come. On an error no row keeps a proposal. */
 loom_status loom_spec_draft(loom_spec *sp, step_plan *plan);
+/* Before the target's forward of plan (rows as loom_sched_fwd_rows made
+ * them): asks rows for the hidden states the drafter reads. A no-op for
+ * drafters that read none. */
+void loom_spec_taps(loom_spec *sp, const step_plan *plan, loom_fwd_row *rows);
+/* After that forward succeeded: turns them into context rows. */
+void loom_spec_after_forward(loom_spec *sp, const step_plan *plan, const loom_fwd_row *rows);
+/* Whether the drafter has an after-forward part (spans). */
+int loom_spec_reads_target(const loom_spec *sp);
 /* r leaves the engine: its draft KV goes. */
 void loom_spec_done(loom_spec *sp, loom_request *r);
 
