@@ -639,7 +639,7 @@ def main():
     ap.add_argument("--target", default="tests/fixtures/trained/pycoder-16m")
     ap.add_argument("--out", default="models/pycoder-dflash")
     ap.add_argument("--budget", type=float, default=240, help="wall-clock seconds before saving")
-    ap.add_argument("--smoke", action="store_true", help="first a 5-step run on tiny data (to OUT/smoke)")
+    ap.add_argument("--smoke", action="store_true", help="first a 5-step run on tiny data (written, then removed)")
     ap.add_argument("--heldout", default="tests/fixtures/trained/eval/python-validation.txt,bench/spec_heldout.py")
     ap.add_argument("--taps", default="1,4,7", help="target layers whose outputs the drafter reads")
     ap.add_argument("--layers", type=int, default=2)
@@ -692,6 +692,8 @@ def main():
     held_prompts = [torch.tensor(x, dtype=torch.long, device=dev) for x in held_ids]
     if args.smoke:
         run(args, torch, Target, Drafter, t, tcfg, corpus, held_prompts, True)
+        import shutil
+        shutil.rmtree(os.path.join(args.out, "smoke"), ignore_errors=True)
         log("smoke run done")
     run(args, torch, Target, Drafter, t, tcfg, corpus, held_prompts, False)
 
