@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "base/base.h"
 #include "engine/exec.h"
@@ -249,8 +250,10 @@ static float *tap_states(target *t, const int32_t *tok, int n) {
     float *out = malloc(sizeof(float) * (size_t)n * NT * H);
     loom_kv_seq seq = {0};
     CHECK(loom_kv_seq_reserve(t->kv, &seq, n) == LOOM_OK);
-    loom_fwd_row row = {.tokens = tok, .n = n, .seq = &seq, .taps = out, .tap_layers = taps, .n_taps = NT};
+    loom_fwd_row row = {.tokens = tok, .n = n, .seq = &seq};
+    CHECK(loom_exec_set_taps(t->x, taps, NT, out));
     CHECK(loom_exec_forward(t->x, t->kv, &row, 1) == LOOM_OK);
+    loom_exec_set_taps(t->x, NULL, 0, NULL);
     loom_kv_seq_release(t->kv, &seq);
     return out;
 }
@@ -290,10 +293,10 @@ static void step(target *t, loom_spec *sp, loom_request *r, loom_kv_seq *seq, in
     }
     CHECK(loom_kv_seq_reserve(t->kv, seq, start + w.n) == LOOM_OK);
     loom_fwd_row row = {.tokens = r->tokens + start, .n = w.n, .seq = seq, .logits = LOOM_LOGITS_ALL, .out = logits};
-    loom_spec_taps(sp, &plan, &row);
-    CHECK(row.taps != NULL);
+    loom_spec_taps(sp, t->x, 1);
     CHECK(loom_exec_forward(t->x, t->kv, &row, 1) == LOOM_OK);
     loom_spec_after_forward(sp, &plan, &row);
+    loom_spec_taps(sp, t->x, 0);
     CHECK_EQ_INT(r->dfl_n, start + w.n);
 }
 
@@ -341,9 +344,9 @@ static void rollback(target *t) {
     loom_spec_free(sp);
 }
 
-/* Greedy through the engine: the same tokens as plain decoding, batched,
- * with and without the prefix cache (a hit leaves a row without context:
- * it decodes plainly). */
+/* Greedy through the engine: the same tokens as plain decoding, three
+ * requests batched, with the prefix cache off and on; a traced request
+ * has the companion, projection and draft spans of mechanism dflash. */
 static void engine_identity(target *t) {
     int32_t toks[2][3][48];
     uint64_t drafted = 0, accepted = 0;
@@ -409,6 +412,54 @@ static void engine_identity(target *t) {
            (unsigned long long)drafted);
 }
 
+/* A trained drafter's reference.safetensors (tools/train_dflash.py writes
+ * one: block logits after a held-out prompt, from PyTorch in f32): loom's
+ * projection and block forward give the same logits. Skipped without one. */
+static void trained_reference(const char *dir, const char *target_dir) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/reference.safetensors", dir);
+    loom_safetensors *ref = NULL;
+    if (access(path, R_OK) != 0) {
+        printf("%s: no reference (skipped)\n", dir);
+        return;
+    }
+    loom_model *m = NULL, *dm = NULL;
+    CHECK(loom_st_open(path, &ref) == LOOM_OK);
+    CHECKF(loom_model_load(target_dir, NULL, &m) == LOOM_OK && loom_model_load(dir, NULL, &dm) == LOOM_OK,
+           "%s", loom_last_error());
+    const loom_st_tensor *ids = ref ? loom_st_find(ref, "ids") : NULL, *want = ref ? loom_st_find(ref, "block_logits") : NULL;
+    if (m && dm && dm->dflash && ids && want) {
+        const loom_dflash *d = dm->dflash;
+        int p = (int)ids->shape[0] - 1, V = m->cfg.vocab_size, H = m->cfg.hidden_size;
+        const int32_t *tok = ids->data;
+        loom_kv_pool *kv = NULL;
+        loom_exec *x = NULL;
+        CHECK(loom_kv_pool_create(m->cfg.n_layers, loom_model_kv_dim(m), 16, 8, LOOM_KV_F32, &kv) == LOOM_OK);
+        CHECK(loom_exec_create(m, kv, p, p + 1, &x) == LOOM_OK);
+        float *taps_out = malloc(sizeof(float) * (size_t)p * d->n_taps * H);
+        float *ctx = malloc(sizeof(float) * loom_dflash_row_floats(d) * (size_t)p);
+        float *scr = malloc(sizeof(float) * LOOM_MAX(loom_dflash_scratch(d, p), (size_t)p * (H + d->n_kv * d->head_dim)));
+        float *got = malloc(sizeof(float) * (size_t)(d->block - 1) * V);
+        loom_kv_seq seq = {0};
+        CHECK(loom_kv_seq_reserve(kv, &seq, p) == LOOM_OK);
+        loom_fwd_row row = {.tokens = tok, .n = p, .seq = &seq};
+        loom_exec_set_taps(x, d->taps, d->n_taps, taps_out);
+        CHECK(loom_exec_forward(x, kv, &row, 1) == LOOM_OK);
+        loom_dflash_project(d, m, taps_out, 0, p, ctx, scr);
+        loom_dflash_block(d, m, ctx, p, tok[p], got, scr);
+        double err = test_rel_err(got, want->data, (size_t)(d->block - 1) * V);
+        CHECKF(err < 2e-3, "%s: block logits %g from the reference", dir, err);
+        printf("%s: block logits within %.2g of PyTorch's\n", dir, err);
+        loom_kv_seq_release(kv, &seq);
+        loom_exec_free(x);
+        loom_kv_pool_free(kv);
+        free(taps_out), free(ctx), free(scr), free(got);
+    }
+    loom_model_free(dm);
+    loom_model_free(m);
+    loom_st_close(ref);
+}
+
 int main(void) {
     char dir[] = "/tmp/loom-dflash-XXXXXX";
     CHECK(mkdtemp(dir) != NULL);
@@ -423,6 +474,7 @@ int main(void) {
         CHECKF(0, "fixtures: %s", loom_last_error());
     }
     close_target(&t);
+    trained_reference("models/pycoder-dflash", "models/pycoder-16m");
     char cmd[700];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     CHECK(system(cmd) == 0);

@@ -558,6 +558,30 @@ def save(torch, d, c, out_dir, extra):
     log("wrote %s (%d tensors)" % (out_dir, len(sd)))
 
 
+def write_reference(torch, t, d, c, ids, out_dir):
+    """reference.safetensors: a held-out prompt's ids [p + 1] and the block
+    logits [block - 1, vocab] after ids[:p] with ids[p] as the last token,
+    in f32 from the saved (bf16) weights, for loom to check its forward."""
+    import copy
+    from safetensors.torch import save_file
+    ids = ids[:65]
+    p = ids.numel() - 1
+    d2 = copy.deepcopy(d).float()
+    with torch.no_grad():
+        for q in d2.parameters():
+            q.copy_(q.to(torch.bfloat16).float())
+        _, taps = t(ids[:p].unsqueeze(0), taps=c["target_layer_ids"], head=False)
+        B = c["block_size"]
+        blk = torch.full((1, B), c["mask_token_id"], dtype=torch.long, device=ids.device)
+        blk[0, 0] = ids[p]
+        pos = torch.arange(p, p + B, device=ids.device).unsqueeze(0)
+        h = d2(t.embed(blk), pos, d2.context(taps), torch.arange(p, device=ids.device).unsqueeze(0), None)
+        lg = t.head(h[:, 1:])[0].float()
+    save_file({"ids": ids.to(torch.int32).cpu().contiguous(), "block_logits": lg.cpu().contiguous()},
+              os.path.join(out_dir, "reference.safetensors"), metadata={"format": "pt"})
+    log("reference: block logits after %d held-out tokens; proposals %s" % (p, lg.argmax(-1).tolist()))
+
+
 def run(args, torch, Target, Drafter, t, tcfg, corpus, held_prompts, smoke):
     dev = next(t.parameters()).device
     t0 = time.time()
@@ -631,6 +655,7 @@ def run(args, torch, Target, Drafter, t, tcfg, corpus, held_prompts, smoke):
                             "prompt_len": P, "gen_len": G, "loss": loss_avg,
                             "heldout_accepted_per_round": mean_acc,
                             "heldout_tokens_per_forward": per_fwd})
+    write_reference(torch, t, d, c, held_prompts[0], out)
     return d
 
 

@@ -130,7 +130,7 @@ static int step(loom_engine *e) {
     if (plan->n_rows == 0) return 0;
     if (e->spec) draft(e, &e->s.plan);
     loom_sched_fwd_rows(&e->s, plan, e->rows, e->logits, e->plp_logits);
-    if (e->spec) loom_spec_taps(e->spec, plan, e->rows);
+    if (e->spec) loom_spec_taps(e->spec, e->exec, 1);
     for (int i = 0; i < plan->n_rows; i++)
         mark_pick(e, plan->rows[i].r, i, plan->rows[i].kind != SCHED_DRAIN && !plan->rows[i].all &&
                                              plan->rows[i].draft == 0);
@@ -140,6 +140,8 @@ static int step(loom_engine *e) {
     w.t1 = loom_sched_now(&e->s);
     loom_status st = loom_exec_forward_picks(e->exec, e->kv, e->rows, plan->n_rows, e->picks, e->samp);
     w.t2 = loom_sched_now(&e->s);
+    if (e->spec && st == LOOM_OK && loom_spec_reads_target(e->spec)) after_forward(e, plan, &w);
+    if (e->spec) loom_spec_taps(e->spec, e->exec, 0);
     e->s.counters.steps++;
     if (st != LOOM_OK) {
         /* A failed forward fails its rows; the engine keeps serving. */
@@ -149,7 +151,6 @@ static int step(loom_engine *e) {
         loom_sched_fail(&e->s, plan, st, msg);
         return 1;
     }
-    if (e->spec && loom_spec_reads_target(e->spec)) after_forward(e, plan, &w);
     loom_sched_commit(&e->s, plan, e->rows, e->picks, &w);
     return 1;
 }

@@ -24,7 +24,7 @@ typedef struct spec_ops {
     const char *name;
     loom_status (*draft)(loom_spec *sp, step_plan *plan);
     void (*done)(loom_spec *sp, loom_request *r);
-    void (*taps)(loom_spec *sp, const step_plan *plan, loom_fwd_row *rows);           /* or NULL */
+    void (*taps)(loom_spec *sp, loom_exec *x, int on);                               /* or NULL */
     void (*after)(loom_spec *sp, const step_plan *plan, const loom_fwd_row *rows);    /* or NULL */
 } spec_ops;
 
@@ -43,6 +43,7 @@ struct loom_spec {
     loom_model *target;        /* borrowed: lends embeddings, lm_head, kernels */
     float *taps;               /* owned [step_tokens, n_taps * hidden] */
     float *scratch;            /* owned */
+    int tapped;                /* the forward since the last taps on wrote sp->taps */
 };
 
 /* ---- prompt lookup ------------------------------------------------------- */
@@ -213,14 +214,9 @@ static const spec_ops model_ops = {"draft-model", model_draft, model_done, NULL,
 
 /* ---- projected-context drafter ----------------------------------------------- */
 
-static void dfl_taps(loom_spec *sp, const step_plan *plan, loom_fwd_row *rows) {
-    size_t w = (size_t)sp->dfl->n_taps * (size_t)sp->dfl->target_hidden, off = 0;
-    for (int i = 0; i < plan->n_rows; i++) {
-        rows[i].taps = sp->taps + off * w;
-        rows[i].tap_layers = sp->dfl->taps;
-        rows[i].n_taps = sp->dfl->n_taps;
-        off += (size_t)rows[i].n;
-    }
+static void dfl_taps(loom_spec *sp, loom_exec *x, int on) {
+    sp->tapped = on && loom_exec_set_taps(x, sp->dfl->taps, sp->dfl->n_taps, sp->taps);
+    if (!on) loom_exec_set_taps(x, NULL, 0, NULL);
 }
 
 /* Context rows for every row of the forward: first cut back to the row's
@@ -230,10 +226,11 @@ static void dfl_taps(loom_spec *sp, const step_plan *plan, loom_fwd_row *rows) {
 static void dfl_after(loom_spec *sp, const step_plan *plan, const loom_fwd_row *rows) {
     const loom_dflash *d = sp->dfl;
     size_t w = (size_t)d->n_taps * (size_t)d->target_hidden, row = loom_dflash_row_floats(d), off = 0;
+    if (!sp->tapped) return;
+    sp->tapped = 0;
     for (int i = 0; i < plan->n_rows; off += (size_t)rows[i++].n) {
         loom_request *r = plan->rows[i].r;
         int pos = plan->rows[i].start, n = rows[i].n;
-        if (!rows[i].taps) continue;
         if (r->dfl_n > pos) r->dfl_n = pos;
         if (r->dfl_n < pos) continue;
         if (pos + n > r->dfl_cap) {
@@ -393,8 +390,8 @@ loom_status loom_spec_draft(loom_spec *sp, step_plan *plan) {
 
 void loom_spec_done(loom_spec *sp, loom_request *r) { sp->ops->done(sp, r); }
 
-void loom_spec_taps(loom_spec *sp, const step_plan *plan, loom_fwd_row *rows) {
-    if (sp->ops->taps) sp->ops->taps(sp, plan, rows);
+void loom_spec_taps(loom_spec *sp, loom_exec *x, int on) {
+    if (sp->ops->taps) sp->ops->taps(sp, x, on);
 }
 
 void loom_spec_after_forward(loom_spec *sp, const step_plan *plan, const loom_fwd_row *rows) {

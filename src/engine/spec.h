@@ -29,6 +29,7 @@
 #ifndef LOOM_SPEC_H
 #define LOOM_SPEC_H
 
+#include "engine/exec.h"
 #include "engine/sched.h"
 
 typedef struct loom_spec loom_spec;
@@ -45,11 +46,12 @@ const char *loom_spec_name(const loom_spec *sp);
  * [start + 1, start + 1 + draft), lowering draft, n and plan->tokens where
  * fewer come. On an error no row keeps a proposal. */
 loom_status loom_spec_draft(loom_spec *sp, step_plan *plan);
-/* Before the target's forward of plan (rows as loom_sched_fwd_rows made
- * them): asks rows for the hidden states the drafter reads. A no-op for
- * drafters that read none. */
-void loom_spec_taps(loom_spec *sp, const step_plan *plan, loom_fwd_row *rows);
-/* After that forward succeeded: turns them into context rows. */
+/* Around the target's forward of a step (on 1 before it, 0 after it):
+ * the forward on x exports the hidden states the drafter reads. A no-op
+ * for drafters that read none. */
+void loom_spec_taps(loom_spec *sp, loom_exec *x, int on);
+/* After that forward succeeded, before taps go off: turns them into
+ * context rows of plan's rows (rows as loom_sched_fwd_rows made them). */
 void loom_spec_after_forward(loom_spec *sp, const step_plan *plan, const loom_fwd_row *rows);
 /* Whether the drafter has an after-forward part (spans). */
 int loom_spec_reads_target(const loom_spec *sp);

@@ -571,15 +571,18 @@ static loom_status check_rows(const loom_model *m, const loom_fwd_state *s,
     return loom_fwd_check_rows(m, rows, n_rows, kv->block_size, s->max_ctx, s->step_tokens, total);
 }
 
-/* Copies the hidden states after layer l (x [T, H]) to the rows that tap it. */
-static void export_taps(const loom_fwd_row *rows, int n_rows, const float *x, int l, int H) {
-    for (int r = 0, t = 0; r < n_rows; t += rows[r++].n) {
-        const loom_fwd_row *w = &rows[r];
-        for (int k = 0; w->taps && k < w->n_taps; k++) {
-            if (w->tap_layers[k] != l) continue;
-            for (int i = 0; i < w->n; i++)
-                memcpy(w->taps + ((size_t)i * w->n_taps + k) * H, x + (size_t)(t + i) * H, sizeof(float) * H);
-        }
+void loom_fwd_set_taps(loom_fwd_state *s, const int *layers, int n, float *out) {
+    s->tap_layers = layers;
+    s->n_taps = out ? n : 0;
+    s->taps = out;
+}
+
+/* Copies the hidden states after layer l (x [T, H]) to the taps asked for. */
+static void export_taps(const loom_fwd_state *s, int l, int T, int H) {
+    for (int k = 0; k < s->n_taps; k++) {
+        if (s->tap_layers[k] != l) continue;
+        for (int t = 0; t < T; t++)
+            memcpy(s->taps + ((size_t)t * s->n_taps + k) * H, s->x + (size_t)t * H, sizeof(float) * H);
     }
 }
 
@@ -639,7 +642,7 @@ loom_status loom_forward(loom_model *m, loom_fwd_state *s, loom_kv_layout *kv,
         if (m->has_ple) loom_ple_block(m, s->ple, L, l, s->x, s->xb, T);
         if (L->out_scale != 1.0f)
             for (size_t i = 0; i < (size_t)T * H; i++) s->x[i] *= L->out_scale;
-        export_taps(rows, n_rows, s->x, l, H);
+        export_taps(s, l, T, H);
     }
 
     /* Final norm and head only for the tokens whose logits are wanted. */

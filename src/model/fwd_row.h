@@ -58,13 +58,6 @@ typedef struct loom_fwd_row {
      * recurrence, the state rounded to its stored floats between tokens,
      * as decoding them one by one would. */
     int decode;
-    /* A drafter's companion rows (model/dflash.h): when taps is set, the
-     * hidden state after each layer tap_layers[k] (the residual stream,
-     * before any final norm) of every token i goes to taps [i, k * hidden,
-     * (k + 1) * hidden). CPU forward only. */
-    float *taps;             /* [n, n_taps * hidden] or NULL */
-    const int *tap_layers;   /* [n_taps] borrowed */
-    int n_taps;
 } loom_fwd_row;
 
 /* The logits rows a row writes to out: n (ALL), 1 (LAST) or 0. */
