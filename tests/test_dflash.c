@@ -258,7 +258,9 @@ static float *tap_states(target *t, const int32_t *tok, int n) {
     return out;
 }
 
-static const int32_t prompt[] = {17, 201, 33, 87, 412, 9, 150, 66, 301, 5, 77, 250};
+/* longer than a KV block: a repeat of it hits the prefix cache */
+static const int32_t prompt[] = {17, 201, 33, 87, 412, 9, 150, 66, 301, 5, 77, 250, 18, 300, 41, 99,
+                                 7, 460, 123, 88, 64, 12, 250, 331, 17, 201, 33, 90, 180, 270, 360, 450};
 #define NP ((int)(sizeof prompt / sizeof *prompt))
 
 /* The drafter's projection and block forward against the reference. */
@@ -273,7 +275,7 @@ static void forward_matches_reference(target *t) {
     /* context rows projected in two pieces, as two forwards would */
     loom_dflash_project(d, t->m, tp, 0, 5, ctx, scr);
     loom_dflash_project(d, t->m, tp + 5 * NT * t->ref.H, 5, NP - 5, ctx + 5 * row, scr);
-    loom_dflash_block(d, t->m, ctx, NP, 123, got, scr);
+    loom_dflash_block(d, t->m, ctx, NP, NP, 123, got, scr);
     ref_block(&t->ref, tp, NP, 123, want);
     double err = test_rel_err(got, want, (size_t)(DB - 1) * V);
     CHECKF(err < 1e-4, "block logits: relative error %g against the reference", err);
@@ -394,6 +396,34 @@ static void engine_identity(target *t) {
             }
             loom_request_free(rq[i]);
         }
+        if (mode == 2) { /* the first prompt again: its first blocks come from the cache */
+            loom_request_params rp = loom_request_default_params();
+            rp.prompt = prompt;
+            rp.n_prompt = NP;
+            rp.max_tokens = 48;
+            rp.ignore_eos = 1;
+            rp.trace = 1;
+            loom_request *r4 = NULL;
+            CHECK(loom_engine_submit(e, &rp, &r4) == LOOM_OK);
+            int n = 0, cached = 0, same = 1;
+            for (;;) {
+                loom_event ev;
+                if (loom_request_next(r4, &ev, 60000) != LOOM_OK) break;
+                if (ev.finish != LOOM_FINISH_NONE) {
+                    cached = ev.n_cached;
+                    break;
+                }
+                same &= n < 48 && ev.token == toks[0][0][n];
+                n++;
+            }
+            CHECKF(n == 48 && same, "a prefix-cache hit: %d tokens, same as plain %d", n, same);
+            char *js = loom_request_trace_json(r4);
+            CHECKF(cached > 0 && js && strstr(js, "{\"name\":\"decode.draft\""),
+                   "a prefix-cache hit (%d cached) drafts after the cached blocks: %.300s", cached,
+                   js ? js : "(null)");
+            free(js);
+            loom_request_free(r4);
+        }
         loom_engine_stats st;
         loom_engine_get_stats(e, &st);
         loom_engine_free(e);
@@ -446,7 +476,7 @@ static void trained_reference(const char *dir, const char *target_dir) {
         loom_exec_set_taps(x, d->taps, d->n_taps, taps_out);
         CHECK(loom_exec_forward(x, kv, &row, 1) == LOOM_OK);
         loom_dflash_project(d, m, taps_out, 0, p, ctx, scr);
-        loom_dflash_block(d, m, ctx, p, tok[p], got, scr);
+        loom_dflash_block(d, m, ctx, p, p, tok[p], got, scr);
         double err = test_rel_err(got, want->data, (size_t)(d->block - 1) * V);
         CHECKF(err < 2e-3, "%s: block logits %g from the reference", dir, err);
         printf("%s: block logits within %.2g of PyTorch's\n", dir, err);

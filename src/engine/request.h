@@ -82,8 +82,8 @@ struct loom_request {
     int draft_snap_at;
     void *spec_state;          /* owned: the recurrent state before a round, or NULL */
     float *dfl_ctx;            /* owned: a projected-context drafter's rows of positions
-                                  [0, dfl_n) (model/dflash.h), room for dfl_cap */
-    int dfl_n, dfl_cap;
+                                  [dfl_lo, dfl_n) (model/dflash.h), room for dfl_cap */
+    int dfl_lo, dfl_n, dfl_cap;
     double t_submit, t_admit;
     rq_span *spans;            /* owned [n_spans] */
     int n_spans, span_cap;

@@ -222,7 +222,8 @@ static void dfl_taps(loom_spec *sp, loom_exec *x, int on) {
 /* Context rows for every row of the forward: first cut back to the row's
  * first position (what a rejected proposal left goes here), then the
  * row's own projected onto them. A row that starts past its context
- * (positions the target never ran: a prefix-cache hit) adds none. */
+ * (positions the target never ran: a prefix-cache hit) starts it over
+ * there: the drafter then sees only the positions after the gap. */
 static void dfl_after(loom_spec *sp, const step_plan *plan, const loom_fwd_row *rows) {
     const loom_dflash *d = sp->dfl;
     size_t w = (size_t)d->n_taps * (size_t)d->target_hidden, row = loom_dflash_row_floats(d), off = 0;
@@ -231,12 +232,16 @@ static void dfl_after(loom_spec *sp, const step_plan *plan, const loom_fwd_row *
     for (int i = 0; i < plan->n_rows; off += (size_t)rows[i++].n) {
         loom_request *r = plan->rows[i].r;
         int pos = plan->rows[i].start, n = rows[i].n;
-        if (r->dfl_n > pos) r->dfl_n = pos;
-        if (r->dfl_n < pos) continue;
-        if (pos + n > r->dfl_cap) {
-            int cap = LOOM_MAX(pos + n, 2 * r->dfl_cap);
+        if (pos < r->dfl_lo || pos > r->dfl_n) r->dfl_lo = pos; /* a gap */
+        r->dfl_n = pos;
+        int need = pos + n - r->dfl_lo;
+        if (need > r->dfl_cap) {
+            int cap = LOOM_MAX(need, 2 * r->dfl_cap);
             float *nc = realloc(r->dfl_ctx, sizeof(float) * row * (size_t)cap);
-            if (!nc) continue; /* no room: the row's context ends here and it drafts no more */
+            if (!nc) { /* no room: the context ends here; a gap at the next forward restarts it */
+                r->dfl_n = r->dfl_lo = 0;
+                continue;
+            }
             r->dfl_ctx = nc;
             r->dfl_cap = cap;
         }
@@ -244,7 +249,7 @@ static void dfl_after(loom_spec *sp, const step_plan *plan, const loom_fwd_row *
         for (int a = 0; a < n; a += sp->step_tokens) {
             int cnt = LOOM_MIN(n - a, sp->step_tokens);
             loom_dflash_project(d, sp->target, sp->taps + (off + (size_t)a) * w, pos + a, cnt,
-                                r->dfl_ctx + (size_t)(pos + a) * row, sp->scratch);
+                                r->dfl_ctx + (size_t)(pos + a - r->dfl_lo) * row, sp->scratch);
         }
         r->dfl_n = pos + n;
     }
@@ -258,12 +263,12 @@ static loom_status dfl_draft(loom_spec *sp, step_plan *plan) {
         if (w->draft <= 0) continue;
         loom_request *r = w->r;
         int p = w->start;
-        if (r->dfl_n > p) r->dfl_n = p; /* rows of last round's rejected proposals */
+        if (r->dfl_n > p) r->dfl_n = LOOM_MAX(p, r->dfl_lo); /* last round's rejected proposals */
         if (r->dfl_n < p) {
             trim(plan, w, 0);
             continue;
         }
-        loom_dflash_block(d, sp->target, r->dfl_ctx, p, r->tokens[p], logits, sp->scratch);
+        loom_dflash_block(d, sp->target, r->dfl_ctx, r->dfl_n - r->dfl_lo, p, r->tokens[p], logits, sp->scratch);
         int got = LOOM_MIN(w->draft, d->block - 1);
         for (int t = 0; t < got; t++) {
             const float *l = logits + (size_t)t * sp->vocab;
@@ -284,7 +289,7 @@ static void dfl_done(loom_spec *sp, loom_request *r) {
     (void)sp;
     free(r->dfl_ctx);
     r->dfl_ctx = NULL;
-    r->dfl_n = r->dfl_cap = 0;
+    r->dfl_lo = r->dfl_n = r->dfl_cap = 0;
 }
 
 static const spec_ops dfl_ops = {"dflash", dfl_draft, dfl_done, dfl_taps, dfl_after};

@@ -18,8 +18,8 @@
  *          in one drafter forward over them. A row's context rows are cut
  *          back to the row's first position before new ones go on, so
  *          rows of rejected proposals never stay; a row whose earlier
- *          positions had no target forward (a prefix-cache hit) has no
- *          context and drafts nothing.
+ *          positions had no target forward (a prefix-cache hit) starts its
+ *          context after them.
  * The draft's KV of a request (r->draft_seq) holds tokens that agree with
  * r->tokens up to min(its length, the target's KV length): a round cuts
  * it back there lazily, at the next draft. A draft with linear-attention

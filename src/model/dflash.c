@@ -258,8 +258,8 @@ size_t loom_dflash_scratch(const loom_dflash *d, int n_ctx) {
     return B * (2 * H + 2 * qd + 2 * kvd + 2 * (size_t)d->inter) + (size_t)n_ctx + B;
 }
 
-void loom_dflash_block(const loom_dflash *d, loom_model *t, const float *ctx, int pos, int32_t last,
-                       float *logits, float *scratch) {
+void loom_dflash_block(const loom_dflash *d, loom_model *t, const float *ctx, int n_ctx, int pos,
+                       int32_t last, float *logits, float *scratch) {
     int B = d->block, H = d->hidden, hd = d->head_dim, nh = d->n_heads, nkv = d->n_kv;
     int qd = nh * hd, kvd = nkv * hd, group = nh / nkv;
     size_t row = loom_dflash_row_floats(d);
@@ -286,11 +286,11 @@ void loom_dflash_block(const loom_dflash *d, loom_model *t, const float *ctx, in
         for (int i = 0; i < B; i++)
             for (int a = 0; a < nh; a++) {
                 const float *qa = q + (size_t)i * qd + (size_t)a * hd;
-                int g = a / group, n = pos + B;
+                int g = a / group, n = n_ctx + B;
                 float mx = -INFINITY, sum = 0;
                 for (int j = 0; j < n; j++) {
-                    const float *kj = j < pos ? kc + (size_t)j * row + (size_t)g * hd
-                                              : kb + (size_t)(j - pos) * kvd + (size_t)g * hd;
+                    const float *kj = j < n_ctx ? kc + (size_t)j * row + (size_t)g * hd
+                                                : kb + (size_t)(j - n_ctx) * kvd + (size_t)g * hd;
                     sc[j] = t->k->dot(qa, kj, hd) * scale;
                     mx = sc[j] > mx ? sc[j] : mx;
                 }
@@ -298,8 +298,8 @@ void loom_dflash_block(const loom_dflash *d, loom_model *t, const float *ctx, in
                 float *o = att + (size_t)i * qd + (size_t)a * hd;
                 memset(o, 0, sizeof(float) * hd);
                 for (int j = 0; j < n; j++) {
-                    const float *vj = j < pos ? vc + (size_t)j * row + (size_t)g * hd
-                                              : vb + (size_t)(j - pos) * kvd + (size_t)g * hd;
+                    const float *vj = j < n_ctx ? vc + (size_t)j * row + (size_t)g * hd
+                                                : vb + (size_t)(j - n_ctx) * kvd + (size_t)g * hd;
                     float w = sc[j] / sum;
                     for (int k = 0; k < hd; k++) o[k] += w * vj[k];
                 }

@@ -51,10 +51,11 @@ void loom_dflash_project(const loom_dflash *d, loom_model *t, const float *taps,
                          float *out, float *scratch);
 /* Floats of scratch one block forward needs. */
 size_t loom_dflash_scratch(const loom_dflash *d, int n_ctx);
-/* The block at position pos (token `last`, then masks) over ctx rows
- * [pos, row_floats] (positions 0..pos-1): logits [block-1, vocab] of rows
- * 1.. into logits. */
-void loom_dflash_block(const loom_dflash *d, loom_model *t, const float *ctx, int pos, int32_t last,
-                       float *logits, float *scratch);
+/* The block at position pos (token `last`, then masks) over n_ctx
+ * context rows ctx [n_ctx, row_floats] (each roped at its own position
+ * when projected; all before pos): logits [block-1, vocab] of rows 1..
+ * into logits. */
+void loom_dflash_block(const loom_dflash *d, loom_model *t, const float *ctx, int n_ctx, int pos,
+                       int32_t last, float *logits, float *scratch);
 
 #endif
