@@ -314,6 +314,7 @@ static void rollback(target *t) {
     CHECKF(loom_spec_create(&ep, t->m, V, 4, 512, 64, &sp) == LOOM_OK, "%s", loom_last_error());
     if (!sp) return;
     CHECK_STR(loom_spec_name(sp), "dflash");
+    CHECK_EQ_INT(loom_spec_block(sp), DB - 1); /* the engine's default proposals per round */
     float *lg = malloc(sizeof(float) * 64 * (size_t)V);
     loom_request *r = calloc(1, sizeof *r), *fresh = calloc(1, sizeof *fresh);
     int32_t tok[64];

@@ -127,7 +127,7 @@ class HeldOut:
         self.names = set()
         for p in paths:
             if not os.path.isfile(p):
-                continue
+                sys.exit("held-out text: %s not found (run from the repo root)" % p)
             t = open(p, encoding="utf-8", errors="replace").read()
             self.names.add(os.path.basename(p))
             docs = t.split(EOS) if EOS in t else [t]

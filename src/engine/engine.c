@@ -351,9 +351,11 @@ loom_status loom_engine_create(loom_model *m, const loom_engine_params *params,
         if (loom_exec_on_device(e->exec))
             s = loom_err(LOOM_ERR_UNSUPPORTED, "speculative decoding runs on the CPU only; the "
                          "model is on cuda:%d (load it on the CPU or drop the drafter)", m->device);
-        spec_k = LOOM_MIN(p.draft_tokens > 0 ? p.draft_tokens : 8, 64);
-        spec_budget = LOOM_MIN(e->max_seqs * spec_k, p.max_batch_tokens);
         if (!s) s = loom_spec_create(&p, m, c->vocab_size, e->max_seqs, e->n_ctx, p.max_batch_tokens, &e->spec);
+        /* a block drafter's default is its whole block */
+        int k_dflt = e->spec && loom_spec_block(e->spec) ? loom_spec_block(e->spec) : 8;
+        spec_k = LOOM_MIN(p.draft_tokens > 0 ? p.draft_tokens : k_dflt, 64);
+        spec_budget = LOOM_MIN(e->max_seqs * spec_k, p.max_batch_tokens);
     }
     if (!s) {
         e->logits = loom_alloc(sizeof(float) * (size_t)(e->max_seqs + spec_budget) * (size_t)c->vocab_size);

@@ -404,3 +404,5 @@ void loom_spec_after_forward(loom_spec *sp, const step_plan *plan, const loom_fw
 }
 
 int loom_spec_reads_target(const loom_spec *sp) { return sp->ops->after != NULL; }
+
+int loom_spec_block(const loom_spec *sp) { return sp->dfl ? sp->dfl->block - 1 : 0; }

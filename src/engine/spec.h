@@ -53,6 +53,9 @@ void loom_spec_taps(loom_spec *sp, loom_exec *x, int on);
 /* After that forward succeeded, before taps go off: turns them into
  * context rows of plan's rows (rows as loom_sched_fwd_rows made them). */
 void loom_spec_after_forward(loom_spec *sp, const step_plan *plan, const loom_fwd_row *rows);
+/* Proposals one block of the drafter gives (dflash: block_size - 1), or
+ * 0 for drafters without a block. */
+int loom_spec_block(const loom_spec *sp);
 /* Whether the drafter has an after-forward part (spans). */
 int loom_spec_reads_target(const loom_spec *sp);
 /* r leaves the engine: its draft KV goes. */
