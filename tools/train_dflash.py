@@ -645,17 +645,19 @@ def run(args, torch, Target, Drafter, t, tcfg, corpus, held_prompts, smoke):
                    acc[-1].item()))
     out = os.path.join(args.out, "smoke") if smoke else args.out
     d.eval()
+    info = {"steps": step, "seconds": round(time.time() - t0, 1), "batch": S, "anchors": A,
+            "lr": args.lr, "pool": int(pool.shape[0]), "prompt_len": P, "gen_len": G, "loss": loss_avg}
+    save(torch, d, c, out, info)  # first: whatever follows, the weights are kept
+    write_reference(torch, t, d, c, held_prompts[0], out)
     n_new = 16 if smoke else args.eval_tokens
     prs = held_prompts[:1] if smoke else held_prompts
     mean_acc, per_fwd = acceptance(torch, t, d, c, prs, n_new, time.time() + (30 if smoke else args.eval_s))
     log("held-out acceptance (greedy, block %d, %d prompts): %.2f proposals accepted per round, "
         "%.2f tokens per target forward" % (args.block, len(prs), mean_acc, per_fwd))
-    save(torch, d, c, out, {"steps": step, "seconds": round(time.time() - t0, 1), "batch": S,
-                            "anchors": A, "lr": args.lr, "pool": int(pool.shape[0]),
-                            "prompt_len": P, "gen_len": G, "loss": loss_avg,
-                            "heldout_accepted_per_round": mean_acc,
-                            "heldout_tokens_per_forward": per_fwd})
-    write_reference(torch, t, d, c, held_prompts[0], out)
+    info.update(heldout_accepted_per_round=mean_acc, heldout_tokens_per_forward=per_fwd)
+    with open(os.path.join(out, "training.json"), "w") as f:
+        json.dump(info, f, indent=2)
+        f.write("\n")
     return d
 
 
