@@ -18,12 +18,13 @@
 #             follows is largely already in the prompt, which prompt lookup
 #             finds (pycoder-16m copies only in part: it drifts into
 #             patterns of its own)
-# Usage: sh bench/spec.sh [RUNS] (env: N tokens, default 192; THREADS, default 2)
+# Usage: sh bench/spec.sh [RUNS] (env: N tokens, default 192; THREADS, default 2;
+# DRAFT, the draft model's directory; DRAFT_TOKENS, its --draft-tokens)
 set -eu
 : "${LOOM_BUILD:=build}"
 LOOM="$LOOM_BUILD/loom"
 MODEL=models/pycoder-16m
-DRAFT=models/pycoder-draft-3m
+: "${DRAFT:=models/pycoder-draft-3m}" # or a DFlashDraftModel, e.g. models/pycoder-dflash
 RUNS=${1:-5}
 : "${N:=192}" "${THREADS:=2}"
 : "${VALID:=/work/shared/fixtures/trained/eval/python-validation.txt}"
@@ -59,7 +60,7 @@ for name in heldout stdlib valid edit; do
   while [ "$r" -lt "$RUNS" ]; do
     gen "$TMP/$name" "$TMP/plain"
     gen "$TMP/$name" "$TMP/ngram" --speculative ngram
-    gen "$TMP/$name" "$TMP/draft" --draft-model "$DRAFT"
+    gen "$TMP/$name" "$TMP/draft" --draft-model "$DRAFT" ${DRAFT_TOKENS:+--draft-tokens "$DRAFT_TOKENS"}
     for m in ngram draft; do
       cmp -s "$TMP/plain.ids" "$TMP/$m.ids" || { echo "$name: $m output differs from plain decoding" >&2; exit 1; }
       steps "$TMP/$m.err" >>"$TMP/$m.s"

@@ -107,6 +107,22 @@ static void spec_done(void *ctx, loom_request *r) {
     loom_spec_done(e->spec, r);
 }
 
+/* A drafter reading the target's hidden states: the forward exported
+ * them (traced: prefill.companion, over the forward) and they become
+ * context rows (prefill.project), before the commit cuts the KV. */
+static void after_forward(loom_engine *e, const step_plan *plan, const step_work *w) {
+    double t0 = loom_sched_now(&e->s);
+    loom_spec_after_forward(e->spec, plan, e->rows);
+    double t1 = loom_sched_now(&e->s);
+    for (int i = 0; i < plan->n_rows; i++) {
+        loom_request *r = plan->rows[i].r;
+        if (!r->trace) continue;
+        const char *mech = loom_spec_name(e->spec);
+        loom_rq_span(r, "prefill.companion", mech, w->t1, w->t2, RQ_ATTRS({"rows", e->rows[i].n}));
+        loom_rq_span(r, "prefill.project", mech, t0, t1, RQ_ATTRS({"rows", e->rows[i].n}));
+    }
+}
+
 /* Plans and runs one step. Returns 0 when there was nothing to do. */
 static int step(loom_engine *e) {
     if (e->s.n_restoring) loom_reuse_take_restores(e);
@@ -124,6 +140,7 @@ static int step(loom_engine *e) {
         e->rows[i].hidden = e->hidden + at * (size_t)e->m->cfg.hidden_size;
         at += (size_t)e->rows[i].n;
     }
+    if (e->spec) loom_spec_taps(e->spec, e->exec, 1);
     for (int i = 0; i < plan->n_rows; i++)
         mark_pick(e, plan->rows[i].r, i, plan->rows[i].kind != SCHED_DRAIN && !plan->rows[i].all &&
                                               !plan->rows[i].r->pooling &&
@@ -134,6 +151,8 @@ static int step(loom_engine *e) {
     w.t1 = loom_sched_now(&e->s);
     loom_status st = loom_exec_forward_picks(e->exec, e->kv, e->rows, plan->n_rows, e->picks, e->samp);
     w.t2 = loom_sched_now(&e->s);
+    if (e->spec && st == LOOM_OK && loom_spec_reads_target(e->spec)) after_forward(e, plan, &w);
+    if (e->spec) loom_spec_taps(e->spec, e->exec, 0);
     e->s.counters.steps++;
     if (st != LOOM_OK) {
         /* A failed forward fails its rows; the engine keeps serving. */
@@ -343,9 +362,11 @@ loom_status loom_engine_create(loom_model *m, const loom_engine_params *params,
         if (loom_exec_on_device(e->exec))
             s = loom_err(LOOM_ERR_UNSUPPORTED, "speculative decoding runs on the CPU only; the "
                          "model is on cuda:%d (load it on the CPU or drop the drafter)", m->device);
-        spec_k = LOOM_MIN(p.draft_tokens > 0 ? p.draft_tokens : 8, 64);
+        if (!s) s = loom_spec_create(&p, m, c->vocab_size, e->max_seqs, e->n_ctx, p.max_batch_tokens, &e->spec);
+        /* a block drafter's default is its whole block */
+        int k_dflt = e->spec && loom_spec_block(e->spec) ? loom_spec_block(e->spec) : 8;
+        spec_k = LOOM_MIN(p.draft_tokens > 0 ? p.draft_tokens : k_dflt, 64);
         spec_budget = LOOM_MIN(e->max_seqs * spec_k, p.max_batch_tokens);
-        if (!s) s = loom_spec_create(&p, c->vocab_size, e->max_seqs, e->n_ctx, p.max_batch_tokens, &e->spec);
     }
     if (!s) {
         e->logits = loom_alloc(sizeof(float) * (size_t)(e->max_seqs + spec_budget) * (size_t)c->vocab_size);

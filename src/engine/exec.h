@@ -29,6 +29,11 @@ loom_status loom_exec_forward(loom_exec *x, loom_kv_pool *kv, loom_fwd_row *rows
  * alone, so -1 afterwards means "sample from out"). */
 loom_status loom_exec_forward_picks(loom_exec *x, loom_kv_pool *kv, loom_fwd_row *rows,
                                     int n_rows, int32_t *picks, const loom_sample_pick *samp);
+/* Until set again, forwards write the hidden states after layers[0..n)
+ * of every token (rows in order) to out [tokens, n * hidden]
+ * (loom_fwd_set_taps); out NULL stops it. Returns 0 where the backend
+ * cannot (the device). */
+int loom_exec_set_taps(loom_exec *x, const int *layers, int n, float *out);
 /* 1 when the KV rows live on a device (the host pool holds no K/V data). */
 int loom_exec_on_device(const loom_exec *x);
 

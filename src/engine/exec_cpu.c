@@ -19,6 +19,10 @@ static loom_status cpu_forward(loom_exec *x, loom_kv_pool *kv, loom_fwd_row *row
     return loom_forward(c->m, c->fwd, &kv->lay, rows, n_rows);
 }
 
+static void cpu_set_taps(loom_exec *x, const int *layers, int n, float *out) {
+    loom_fwd_set_taps(((cpu_exec *)x)->fwd, layers, n, out);
+}
+
 static void cpu_free(loom_exec *x) {
     cpu_exec *c = (cpu_exec *)x;
     loom_fwd_state_free(c->fwd);
@@ -26,7 +30,7 @@ static void cpu_free(loom_exec *x) {
 }
 
 static const loom_exec_ops cpu_ops = {
-    .forward = cpu_forward, .free = cpu_free, .on_device = 0, .pick_top_k_max = 0,
+    .forward = cpu_forward, .free = cpu_free, .set_taps = cpu_set_taps, .on_device = 0, .pick_top_k_max = 0,
 };
 
 loom_status loom_exec_cpu_create(loom_model *m, int step_tokens, int max_ctx, loom_exec **out) {

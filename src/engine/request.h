@@ -83,6 +83,9 @@ struct loom_request {
     void *draft_snap;          /* owned: that state after draft_snap_at tokens */
     int draft_snap_at;
     void *spec_state;          /* owned: the recurrent state before a round, or NULL */
+    float *dfl_ctx;            /* owned: a projected-context drafter's rows of positions
+                                  [dfl_lo, dfl_n) (model/dflash.h), room for dfl_cap */
+    int dfl_lo, dfl_n, dfl_cap;
     double t_submit, t_admit;
     double *pool_sum;          /* owned [dim]: mean pooling's sum so far */
     float *embed;              /* owned [dim]: the vector, complete at the final event */

@@ -8,6 +8,7 @@
 
 #include "base/base.h"
 #include "engine/exec.h"
+#include "model/dflash.h"
 #include "ops/ops.h"
 
 #define DRAFT_BLOCK 16
@@ -23,6 +24,8 @@ typedef struct spec_ops {
     const char *name;
     loom_status (*draft)(loom_spec *sp, step_plan *plan);
     void (*done)(loom_spec *sp, loom_request *r);
+    void (*taps)(loom_spec *sp, loom_exec *x, int on);                               /* or NULL */
+    void (*after)(loom_spec *sp, const step_plan *plan, const loom_fwd_row *rows);    /* or NULL */
 } spec_ops;
 
 struct loom_spec {
@@ -35,6 +38,12 @@ struct loom_spec {
     int max_seqs, step_tokens, vocab;
     float min_prob;            /* a proposal after the first needs this draft probability */
     size_t state_bytes;        /* a draft's recurrent state (linear-attention layers), or 0 */
+    /* dflash */
+    const loom_dflash *dfl;    /* borrowed from the drafter model */
+    loom_model *target;        /* borrowed: lends embeddings, lm_head, kernels */
+    float *taps;               /* owned [step_tokens, n_taps * hidden] */
+    float *scratch;            /* owned */
+    int tapped;                /* the forward since the last taps on wrote sp->taps */
 };
 
 /* ---- prompt lookup ------------------------------------------------------- */
@@ -76,7 +85,7 @@ static void ngram_done(loom_spec *sp, loom_request *r) {
     (void)r;
 }
 
-static const spec_ops ngram_ops = {"ngram", ngram_draft, ngram_done};
+static const spec_ops ngram_ops = {"ngram", ngram_draft, ngram_done, NULL, NULL};
 
 /* ---- draft model ----------------------------------------------------------- */
 
@@ -201,12 +210,113 @@ static void model_done(loom_spec *sp, loom_request *r) {
     r->draft_snap = NULL;
 }
 
-static const spec_ops model_ops = {"draft-model", model_draft, model_done};
+static const spec_ops model_ops = {"draft-model", model_draft, model_done, NULL, NULL};
+
+/* ---- projected-context drafter ----------------------------------------------- */
+
+static void dfl_taps(loom_spec *sp, loom_exec *x, int on) {
+    sp->tapped = on && loom_exec_set_taps(x, sp->dfl->taps, sp->dfl->n_taps, sp->taps);
+    if (!on) loom_exec_set_taps(x, NULL, 0, NULL);
+}
+
+/* Context rows for every row of the forward: first cut back to the row's
+ * first position (what a rejected proposal left goes here), then the
+ * row's own projected onto them. A row that starts past its context
+ * (positions the target never ran: a prefix-cache hit) starts it over
+ * there: the drafter then sees only the positions after the gap. */
+static void dfl_after(loom_spec *sp, const step_plan *plan, const loom_fwd_row *rows) {
+    const loom_dflash *d = sp->dfl;
+    size_t w = (size_t)d->n_taps * (size_t)d->target_hidden, row = loom_dflash_row_floats(d), off = 0;
+    if (!sp->tapped) return;
+    sp->tapped = 0;
+    for (int i = 0; i < plan->n_rows; off += (size_t)rows[i++].n) {
+        loom_request *r = plan->rows[i].r;
+        int pos = plan->rows[i].start, n = rows[i].n;
+        if (pos < r->dfl_lo || pos > r->dfl_n) r->dfl_lo = pos; /* a gap */
+        r->dfl_n = pos;
+        int need = pos + n - r->dfl_lo;
+        if (need > r->dfl_cap) {
+            int cap = LOOM_MAX(need, 2 * r->dfl_cap);
+            float *nc = realloc(r->dfl_ctx, sizeof(float) * row * (size_t)cap);
+            if (!nc) { /* no room: the context ends here; a gap at the next forward restarts it */
+                r->dfl_n = r->dfl_lo = 0;
+                continue;
+            }
+            r->dfl_ctx = nc;
+            r->dfl_cap = cap;
+        }
+        /* in pieces that fit the scratch (a long prefill row) */
+        for (int a = 0; a < n; a += sp->step_tokens) {
+            int cnt = LOOM_MIN(n - a, sp->step_tokens);
+            loom_dflash_project(d, sp->target, sp->taps + (off + (size_t)a) * w, pos + a, cnt,
+                                r->dfl_ctx + (size_t)(pos + a - r->dfl_lo) * row, sp->scratch);
+        }
+        r->dfl_n = pos + n;
+    }
+}
+
+static loom_status dfl_draft(loom_spec *sp, step_plan *plan) {
+    const loom_dflash *d = sp->dfl;
+    float *logits = sp->logits;
+    for (int i = 0; i < plan->n_rows; i++) {
+        sched_row *w = &plan->rows[i];
+        if (w->draft <= 0) continue;
+        loom_request *r = w->r;
+        int p = w->start;
+        if (r->dfl_n > p) r->dfl_n = LOOM_MAX(p, r->dfl_lo); /* last round's rejected proposals */
+        if (r->dfl_n < p) {
+            trim(plan, w, 0);
+            continue;
+        }
+        loom_dflash_block(d, sp->target, r->dfl_ctx, r->dfl_n - r->dfl_lo, p, r->tokens[p], logits, sp->scratch);
+        int got = LOOM_MIN(w->draft, d->block - 1);
+        for (int t = 0; t < got; t++) {
+            const float *l = logits + (size_t)t * sp->vocab;
+            int32_t id = loom_argmax(l, sp->vocab);
+            /* as the draft model: a proposal the drafter doubts ends the run */
+            if (t > 0 && top_prob(l, id, sp->vocab) < sp->min_prob) {
+                got = t;
+                break;
+            }
+            r->tokens[p + 1 + t] = id;
+        }
+        trim(plan, w, got);
+    }
+    return LOOM_OK;
+}
+
+static void dfl_done(loom_spec *sp, loom_request *r) {
+    (void)sp;
+    free(r->dfl_ctx);
+    r->dfl_ctx = NULL;
+    r->dfl_lo = r->dfl_n = r->dfl_cap = 0;
+}
+
+static const spec_ops dfl_ops = {"dflash", dfl_draft, dfl_done, dfl_taps, dfl_after};
+
+static loom_status dfl_create(loom_spec *sp, loom_model *target, int n_ctx) {
+    const loom_dflash *d = sp->dfl = sp->m->dflash;
+    sp->target = target;
+    sp->ops = &dfl_ops;
+    loom_status s = target ? loom_dflash_check(d, target)
+                           : loom_err(LOOM_ERR_INVALID_ARG, "dflash: the target model is needed");
+    if (s) return s;
+    if (target->device >= 0)
+        return loom_err(LOOM_ERR_UNSUPPORTED, "dflash: the target's hidden states are exported on "
+                        "the CPU only; the target is on cuda:%d", target->device);
+    size_t proj = (size_t)sp->step_tokens * (size_t)(d->hidden + d->n_kv * d->head_dim);
+    size_t scr = LOOM_MAX(proj, loom_dflash_scratch(d, n_ctx));
+    sp->taps = loom_alloc(sizeof(float) * (size_t)sp->step_tokens * (size_t)d->n_taps * (size_t)d->target_hidden);
+    sp->scratch = loom_alloc(sizeof(float) * scr);
+    sp->logits = loom_alloc(sizeof(float) * (size_t)(d->block - 1) * (size_t)sp->vocab);
+    if (!sp->taps || !sp->scratch || !sp->logits) return loom_err(LOOM_ERR_NOMEM, "dflash: out of memory");
+    return LOOM_OK;
+}
 
 /* ---- the drafter ------------------------------------------------------------- */
 
-loom_status loom_spec_create(const loom_engine_params *p, int vocab, int max_seqs, int n_ctx,
-                             int step_tokens, loom_spec **out) {
+loom_status loom_spec_create(const loom_engine_params *p, loom_model *target, int vocab, int max_seqs,
+                             int n_ctx, int step_tokens, loom_spec **out) {
     *out = NULL;
     if (p->speculative != LOOM_SPEC_NGRAM && p->speculative != LOOM_SPEC_DRAFT)
         return loom_err(LOOM_ERR_INVALID_ARG, "speculative: expected ngram (%d) or a draft model (%d), "
@@ -231,6 +341,15 @@ loom_status loom_spec_create(const loom_engine_params *p, int vocab, int max_seq
                      "tokens, found %d", vocab, m->cfg.vocab_size);
     else if (m->device >= 0)
         s = loom_err(LOOM_ERR_UNSUPPORTED, "draft model: expected a CPU model, found cuda:%d", m->device);
+    if (!s && m->dflash) {
+        s = dfl_create(sp, target, n_ctx);
+        if (s) {
+            loom_spec_free(sp);
+            return s;
+        }
+        *out = sp;
+        return LOOM_OK;
+    }
     if (!s) {
         int kvd = loom_model_kv_dim(m), L = m->cfg.n_layers;
         size_t block = loom_kv_block_bytes(L, kvd, DRAFT_BLOCK, LOOM_KV_F32);
@@ -258,6 +377,8 @@ void loom_spec_free(loom_spec *sp) {
     loom_exec_free(sp->exec);
     loom_kv_pool_free(sp->kv);
     loom_free(sp->logits);
+    loom_free(sp->taps);
+    loom_free(sp->scratch);
     free(sp->rows);
     free(sp);
 }
@@ -273,3 +394,15 @@ loom_status loom_spec_draft(loom_spec *sp, step_plan *plan) {
 }
 
 void loom_spec_done(loom_spec *sp, loom_request *r) { sp->ops->done(sp, r); }
+
+void loom_spec_taps(loom_spec *sp, loom_exec *x, int on) {
+    if (sp->ops->taps) sp->ops->taps(sp, x, on);
+}
+
+void loom_spec_after_forward(loom_spec *sp, const step_plan *plan, const loom_fwd_row *rows) {
+    if (sp->ops->after) sp->ops->after(sp, plan, rows);
+}
+
+int loom_spec_reads_target(const loom_spec *sp) { return sp->ops->after != NULL; }
+
+int loom_spec_block(const loom_spec *sp) { return sp->dfl ? sp->dfl->block - 1 : 0; }

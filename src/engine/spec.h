@@ -11,6 +11,15 @@
  *          batched forward per proposal over every drafting row, after a
  *          catch-up of the tokens the draft has not seen yet (the prompt,
  *          and what the target kept last round).
+ *   dflash  a projected-context drafter (model/dflash.h): every target
+ *          forward exports the hidden states of its tap layers for all
+ *          rows (loom_spec_taps), which become the request's context
+ *          rows (loom_spec_after_forward); a round drafts a whole block
+ *          in one drafter forward over them. A row's context rows are cut
+ *          back to the row's first position before new ones go on, so
+ *          rows of rejected proposals never stay; a row whose earlier
+ *          positions had no target forward (a prefix-cache hit) starts its
+ *          context after them.
  * The draft's KV of a request (r->draft_seq) holds tokens that agree with
  * r->tokens up to min(its length, the target's KV length): a round cuts
  * it back there lazily, at the next draft. A draft with linear-attention
@@ -20,6 +29,7 @@
 #ifndef LOOM_SPEC_H
 #define LOOM_SPEC_H
 
+#include "engine/exec.h"
 #include "engine/sched.h"
 
 typedef struct loom_spec loom_spec;
@@ -27,8 +37,8 @@ typedef struct loom_spec loom_spec;
 /* The drafter for p->speculative (NGRAM or DRAFT) over a target with
  * vocab ids, for up to max_seqs rows of contexts of n_ctx tokens and
  * step_tokens tokens per draft forward. */
-loom_status loom_spec_create(const loom_engine_params *p, int vocab, int max_seqs, int n_ctx,
-                             int step_tokens, loom_spec **out);
+loom_status loom_spec_create(const loom_engine_params *p, loom_model *target, int vocab, int max_seqs,
+                             int n_ctx, int step_tokens, loom_spec **out);
 void loom_spec_free(loom_spec *sp);
 /* Its name, as spans carry it (static). */
 const char *loom_spec_name(const loom_spec *sp);
@@ -36,6 +46,18 @@ const char *loom_spec_name(const loom_spec *sp);
  * [start + 1, start + 1 + draft), lowering draft, n and plan->tokens where
  * fewer come. On an error no row keeps a proposal. */
 loom_status loom_spec_draft(loom_spec *sp, step_plan *plan);
+/* Around the target's forward of a step (on 1 before it, 0 after it):
+ * the forward on x exports the hidden states the drafter reads. A no-op
+ * for drafters that read none. */
+void loom_spec_taps(loom_spec *sp, loom_exec *x, int on);
+/* After that forward succeeded, before taps go off: turns them into
+ * context rows of plan's rows (rows as loom_sched_fwd_rows made them). */
+void loom_spec_after_forward(loom_spec *sp, const step_plan *plan, const loom_fwd_row *rows);
+/* Proposals one block of the drafter gives (dflash: block_size - 1), or
+ * 0 for drafters without a block. */
+int loom_spec_block(const loom_spec *sp);
+/* Whether the drafter has an after-forward part (spans). */
+int loom_spec_reads_target(const loom_spec *sp);
 /* r leaves the engine: its draft KV goes. */
 void loom_spec_done(loom_spec *sp, loom_request *r);
 

@@ -650,6 +650,21 @@ static loom_status check_rows(const loom_model *m, const loom_fwd_state *s,
     return loom_fwd_check_rows(m, rows, n_rows, kv->block_size, s->max_ctx, s->step_tokens, total);
 }
 
+void loom_fwd_set_taps(loom_fwd_state *s, const int *layers, int n, float *out) {
+    s->tap_layers = layers;
+    s->n_taps = out ? n : 0;
+    s->taps = out;
+}
+
+/* Copies the hidden states after layer l (x [T, H]) to the taps asked for. */
+static void export_taps(const loom_fwd_state *s, int l, int T, int H) {
+    for (int k = 0; k < s->n_taps; k++) {
+        if (s->tap_layers[k] != l) continue;
+        for (int t = 0; t < T; t++)
+            memcpy(s->taps + ((size_t)t * s->n_taps + k) * H, s->x + (size_t)t * H, sizeof(float) * H);
+    }
+}
+
 loom_status loom_forward(loom_model *m, loom_fwd_state *s, loom_kv_layout *kv,
                          loom_fwd_row *rows, int n_rows) {
     const loom_config *c = &m->cfg;
@@ -706,6 +721,7 @@ loom_status loom_forward(loom_model *m, loom_fwd_state *s, loom_kv_layout *kv,
         if (L->out_scale != 1.0f)
             for (size_t i = 0; i < (size_t)T * H; i++) s->x[i] *= L->out_scale;
         add_deepstack(m, s, rows, n_rows, l);
+        export_taps(s, l, T, H);
     }
 
     /* Hidden states after the final norm, where a row asks for them. */

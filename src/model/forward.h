@@ -21,6 +21,11 @@ typedef struct loom_fwd_state loom_fwd_state;
 loom_status loom_fwd_state_create(const loom_model *m, int step_tokens, int max_ctx,
                                   loom_fwd_state **out);
 void loom_fwd_state_free(loom_fwd_state *s);
+/* A drafter's companion rows (model/dflash.h): until set again, every
+ * forward on s writes the hidden state after each layer layers[k] (the
+ * residual stream, before any final norm) of its t-th token (rows in
+ * order) to out [t, k * hidden, (k + 1) * hidden). n 0: none. */
+void loom_fwd_set_taps(loom_fwd_state *s, const int *layers, int n, float *out);
 
 /* The checks every backend makes before a pass: each row has tokens in
  * the vocabulary, a sequence no longer than max_ctx with its KV blocks

@@ -13,6 +13,10 @@
 
 struct loom_fwd_state {
     int step_tokens, max_ctx, n_threads;
+    /* loom_fwd_set_taps: the hidden states after these layers go to taps */
+    const int *tap_layers;   /* [n_taps] borrowed */
+    int n_taps;
+    float *taps;             /* borrowed [step_tokens, n_taps * hidden] */
     float *x;          /* (step_tokens, hidden) residual stream */
     float *xb;         /* (step_tokens, hidden) normed input / block output */
     float *qraw;       /* (step_tokens, max_q_dim) q_proj output (with gate) */

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "model/dflash.h"
 
 #define GEMMA (LOOM_ARCH_NORM_1P | LOOM_ARCH_SANDWICH | LOOM_ARCH_EMBED_SCALE | LOOM_ARCH_QPAS)
 #define GEMMA4 (LOOM_ARCH_SANDWICH | LOOM_ARCH_EMBED_SCALE | LOOM_ARCH_QK_NORM | \
@@ -898,6 +899,16 @@ loom_model_params loom_model_default_params(void) {
     return (loom_model_params){.n_threads = 0, .device = -1};
 }
 
+static loom_status load_dflash(loom_model *m, const char *dir) {
+    if (m->device >= 0)
+        return loom_err(LOOM_ERR_UNSUPPORTED, "DFlashDraftModel: expected the CPU, found cuda:%d", m->device);
+    loom_status s = loom_dflash_load(dir, &m->dflash);
+    if (s) return s;
+    snprintf(m->cfg.arch, sizeof m->cfg.arch, "DFlashDraftModel");
+    m->cfg.vocab_size = m->dflash->vocab;
+    return LOOM_OK;
+}
+
 loom_status loom_model_load(const char *dir, const loom_model_params *params,
                             loom_model **out) {
     *out = NULL;
@@ -905,7 +916,7 @@ loom_status loom_model_load(const char *dir, const loom_model_params *params,
     loom_model *m = calloc(1, sizeof *m);
     if (!m) return loom_err(LOOM_ERR_NOMEM, "out of memory");
     m->device = p.device < 0 ? -1 : p.device;
-    loom_status s = load(m, dir, &p);
+    loom_status s = loom_dflash_is(dir) ? load_dflash(m, dir) : load(m, dir, &p);
     if (s != LOOM_OK) {
         loom_err_wrap(s, "%s", dir);
         loom_model_free(m);
@@ -928,6 +939,7 @@ void loom_model_free(loom_model *m) {
         free(m->ropes[i].stream);
     }
     loom_free(m->il_mem);
+    loom_dflash_free(m->dflash);
     free(m);
 }
 

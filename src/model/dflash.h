@@ -1,0 +1,61 @@
+/* dflash: the projected-context drafter (a DFlashDraftModel checkpoint,
+ * docs/dflash.md). It reads the target's hidden states at a few tap
+ * layers, projects each position's (fc, then a norm) into K/V context rows
+ * of every drafter layer, and drafts a whole block in one forward: the
+ * last accepted token and block-1 mask tokens, embedded with the target's
+ * embeddings, attend to all context rows and to the whole block (no causal
+ * mask), and the target's lm_head turns rows 1.. into block-1 proposals.
+ * All math is f32 on the CPU; the target lends its embeddings, head,
+ * kernels and thread pool. */
+#ifndef LOOM_DFLASH_H
+#define LOOM_DFLASH_H
+
+#include "model/model.h"
+
+#define LOOM_DFLASH_MAX_TAPS 16
+
+typedef struct loom_dflash_layer {
+    loom_weight q, k, v, o;         /* f32, owned by the drafter's arena */
+    loom_mlp mlp;
+    const float *in_norm, *post_norm, *q_norm, *k_norm;
+} loom_dflash_layer;
+
+typedef struct loom_dflash {
+    int n_taps, taps[LOOM_DFLASH_MAX_TAPS]; /* target layers, in fc's input order */
+    int block, mask_id;
+    int hidden, n_layers, n_heads, n_kv, head_dim, inter, vocab, target_hidden;
+    float eps;
+    double theta;
+    loom_weight fc;                 /* (hidden, n_taps * target_hidden) */
+    const float *hidden_norm, *norm;
+    loom_dflash_layer *layers;      /* owned [n_layers] */
+    float *arena;                   /* owned: every f32 tensor */
+} loom_dflash;
+
+/* Reads dir/config.json and dir/model.safetensors. */
+loom_status loom_dflash_load(const char *dir, loom_dflash **out);
+void loom_dflash_free(loom_dflash *d);
+/* Whether dir's config.json names DFlashDraftModel. */
+int loom_dflash_is(const char *dir);
+/* Whether d fits target t: hidden size, vocabulary, tap layers. */
+loom_status loom_dflash_check(const loom_dflash *d, const loom_model *t);
+
+/* Floats one context row takes: K and V of every layer. */
+static inline size_t loom_dflash_row_floats(const loom_dflash *d) {
+    return (size_t)d->n_layers * 2 * (size_t)(d->n_kv * d->head_dim);
+}
+/* Context rows out [n, row_floats] of positions pos.. from the tap states
+ * taps [n, n_taps * target_hidden]: per layer K (k_norm, rope) then V.
+ * scratch holds n * (hidden + n_kv*head_dim) floats. */
+void loom_dflash_project(const loom_dflash *d, loom_model *t, const float *taps, int pos, int n,
+                         float *out, float *scratch);
+/* Floats of scratch one block forward needs. */
+size_t loom_dflash_scratch(const loom_dflash *d, int n_ctx);
+/* The block at position pos (token `last`, then masks) over n_ctx
+ * context rows ctx [n_ctx, row_floats] (each roped at its own position
+ * when projected; all before pos): logits [block-1, vocab] of rows 1..
+ * into logits. */
+void loom_dflash_block(const loom_dflash *d, loom_model *t, const float *ctx, int n_ctx, int pos,
+                       int32_t last, float *logits, float *scratch);
+
+#endif
