@@ -264,9 +264,10 @@ int main(void) {
         run_fixture(fixtures[i], LOOM_KV_F16);
     }
     /* LOOM_CUDA_TEST_MODELS: extra model directories (tools/cuda_check.sh
-     * writes random bf16 ones with gen_model), run with bf16 and f32 KV:
-     * the paths the fixtures' f32 weights never take (16-bit activations,
-     * tensor-core prefill attention, the vectorised decode kernel). */
+     * writes random ones with gen_model, bf16 and an f32 MoE), run with
+     * bf16 and f32 KV: the paths the fixtures' f32 weights never take
+     * (16-bit activations, tensor-core prefill attention, the vectorised
+     * decode kernel, 64 experts). */
     const char *extra = getenv("LOOM_CUDA_TEST_MODELS");
     char buf[4096];
     snprintf(buf, sizeof buf, "%s", extra ? extra : "");
