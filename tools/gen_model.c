@@ -1160,9 +1160,9 @@ int main(int argc, char **argv) {
                 s.arch);
         return 2;
     }
-    if (s.experts && (s.experts_used > s.experts || !s.moe_inter)) {
-        fprintf(stderr, "gen_model: experts used (%d) must not exceed experts (%d)\n",
-                s.experts_used, s.experts);
+    if (s.experts && (s.experts_used > s.experts || !s.experts_used || !s.moe_inter)) {
+        fprintf(stderr, "gen_model: experts used (%d) must be 1 to experts (%d), with an expert "
+                "width (--moe-intermediate, %d)\n", s.experts_used, s.experts, s.moe_inter);
         return 2;
     }
     if (s.heads % s.kv_heads || s.head_dim % 2) {
