@@ -1,8 +1,9 @@
 /* cuda: the CUDA backend's kernels, behind plain C entry points.
  *
  * Built only with `make CUDA=1` (the .cu files here, nvcc, sm_90). Every kernel
- * here has a plain-C reference on the CPU side (src/ops/ops_ref.c and the
- * forward's attention); tests/cuda/test_cuda_kernels.c checks each one
+ * here has a plain-C reference on the CPU side (src/ops/ops_ref.c, the
+ * forward's attention, moe.c's routing and experts);
+ * tests/cuda/test_cuda_kernels.c checks each one
  * against it on random data and odd sizes.
  *
  * Conventions
