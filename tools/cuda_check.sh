@@ -106,9 +106,13 @@ rc=$?
 fwd="$tests/test_cuda_forward"
 # Random bf16 models for the paths the f32 fixtures never take, where
 # gen_model was built: qwen3 and llama layouts at head_dim 64, and at head_dim
-# 128 with the GEMV widths of the real models (groups of 4 and 2), and gemma2
-# and gemma3 layouts at head_dim 256 (sandwich norms, softcaps, windows). A model
-# that fails to generate is left out, not the others.
+# 128 with the GEMV widths of the real models (groups of 4 and 2), gemma2
+# and gemma3 layouts at head_dim 256 (sandwich norms, softcaps, windows), and
+# Qwen3-MoE: 64 experts, top 8, width 256 in f32 (bf16 rounding of the
+# attention inputs would move near-tied routing choices, a jump no tolerance
+# bounds), and in bf16 with top k = all 16 experts (routing then moves
+# smoothly) and a shared expert. A model that fails to generate is left out,
+# not the others.
 gm="$out/tools/gen_model"
 if [ -x "$gm" ] && [ -z "${LOOM_CUDA_TEST_MODELS:-}" ]; then
   small="--hidden 256 --heads 4 --kv-heads 2 --head-dim 64 --intermediate 512 --vocab 512 --layers 3"
@@ -116,12 +120,13 @@ if [ -x "$gm" ] && [ -z "${LOOM_CUDA_TEST_MODELS:-}" ]; then
   LOOM_CUDA_TEST_MODELS=""
   for spec in "qwen3-bf16 qwen3-0.6b 7 $small" "llama-bf16 llama3-8b 8 $small" \
               "qwen3-wide qwen3-0.6b 9 $wide --kv-heads 2" "llama-wide llama3-8b 10 $wide --kv-heads 4" \
-              "gemma2-bf16 gemma2 11" "gemma3-bf16 gemma3 12"; do
+              "gemma2-bf16 gemma2 11" "gemma3-bf16 gemma3 12" "moe-f32 qwen3moe 13 --dtype f32" \
+              "moe-all-bf16 qwen3moe 14 --experts 16 --experts-used 16 --shared-intermediate 384"; do
     # shellcheck disable=SC2086
     set -- $spec
     name=$1 preset=$2 seed=$3
     shift 3
-    if "$gm" --preset "$preset" "$@" --dtype bf16 --seed "$seed" --out "$BUILD/rand-$name" 2>/dev/null; then
+    if "$gm" --preset "$preset" --dtype bf16 "$@" --seed "$seed" --out "$BUILD/rand-$name" 2>/dev/null; then
       LOOM_CUDA_TEST_MODELS="$LOOM_CUDA_TEST_MODELS $BUILD/rand-$name"
     else
       echo "gen_model $name failed: left out of the forward tests"

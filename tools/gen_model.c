@@ -2,10 +2,11 @@
  * a real checkpoint, for benchmarks that need a model of realistic size but
  * not its trained weights.
  *
- *   gen_model --preset qwen3-0.6b|llama3-8b|gemma2|gemma3|tiny --dtype bf16 --seed 1 --out DIR
- *             [--format safetensors|gguf]
+ *   gen_model --preset qwen3-0.6b|llama3-8b|gemma2|gemma3|qwen3moe|tiny --dtype bf16
+ *             --seed 1 --out DIR [--format safetensors|gguf]
  *             [--layers N --hidden N --heads N --kv-heads N --head-dim N
- *              --intermediate N --vocab N --max-pos N --untied]
+ *              --intermediate N --vocab N --max-pos N --experts N --experts-used N
+ *              --moe-intermediate N --shared-intermediate N --untied]
  *   gen_model --check FILE.gguf --against DIR
  *
  * --format safetensors (the default) writes a Hugging Face directory:
@@ -65,6 +66,8 @@ typedef struct gm_shape {
     const char *arch;          /* "Qwen3ForCausalLM" */
     const char *model_type;    /* "qwen3" */
     int vocab, hidden, layers, heads, kv_heads, head_dim, inter, max_pos;
+    int experts, experts_used, moe_inter; /* routed experts (qwen3_moe), 0 = dense */
+    int shared_inter;          /* the gated shared expert's width, 0 = none */
     double rope_theta, rms_eps;
     int tie;                   /* tie_word_embeddings */
     int bos_id, eos_id;
@@ -93,6 +96,14 @@ static const gm_shape presets[] = {
      .vocab = 512, .hidden = 256, .layers = 6, .heads = 4, .kv_heads = 2,
      .head_dim = 256, .inter = 512, .max_pos = 8192, .rope_theta = 1000000.0,
      .rms_eps = 1e-6, .tie = 1, .bos_id = 2, .eos_id = 1},
+    /* Qwen3-MoE's layout (every layer routed, top-k renormalised) at a
+     * small hidden size with a realistic expert count, top-k and expert
+     * width: for the GPU forward tests. */
+    {.preset = "qwen3moe", .arch = "Qwen3MoeForCausalLM", .model_type = "qwen3_moe",
+     .vocab = 512, .hidden = 512, .layers = 2, .heads = 8, .kv_heads = 4,
+     .head_dim = 64, .inter = 1024, .max_pos = 4096, .rope_theta = 1000000.0,
+     .rms_eps = 1e-6, .tie = 0, .bos_id = 1, .eos_id = 2, .experts = 64, .experts_used = 8,
+     .moe_inter = 256},
     /* A few MB: for quick checks of the tool and the benchmark. */
     {.preset = "tiny", .arch = "Qwen3ForCausalLM", .model_type = "qwen3",
      .vocab = 512, .hidden = 64, .layers = 2, .heads = 4, .kv_heads = 2,
@@ -128,14 +139,32 @@ static void gm_add(gm_tensor *list, int *n, int init, int64_t rows, int64_t cols
     t->init = init;
 }
 
-static int gm_gemma(const gm_shape *s) { return !strncmp(s->model_type, "gemma", 5); }
-
-/* Qwen3 and Gemma 3 have RMSNorms on q and k per head; Llama and Gemma 2 none. */
-static int gm_qk_norm(const gm_shape *s) {
-    return !strcmp(s->model_type, "qwen3") || !strcmp(s->model_type, "gemma3_text");
+/* The same for expert e of a layer: fmt takes the layer, then e. */
+static void gm_add_expert(gm_tensor *list, int *n, int64_t rows, int64_t cols, const char *fmt,
+                          int layer, int e) {
+    gm_tensor *t = &list[(*n)++];
+    snprintf(t->name, sizeof t->name, fmt, layer, e);
+    t->ndim = 2;
+    t->shape[0] = rows;
+    t->shape[1] = cols;
+    t->init = GM_INIT_MATRIX;
 }
 
-/* Fills list (capacity 3 + 13 * layers) in Hugging Face order; returns the
+static int gm_gemma(const gm_shape *s) { return !strncmp(s->model_type, "gemma", 5); }
+
+/* Qwen3 (dense and MoE) and Gemma 3 have RMSNorms on q and k per head;
+ * Llama and Gemma 2 none. */
+static int gm_qk_norm(const gm_shape *s) {
+    return !strcmp(s->model_type, "qwen3") || !strcmp(s->model_type, "qwen3_moe") ||
+           !strcmp(s->model_type, "gemma3_text");
+}
+
+/* Tensors gm_tensors lists for s. */
+static size_t gm_capacity(const gm_shape *s) {
+    return 3 + (13 + 3 * (size_t)s->experts + 5) * (size_t)s->layers;
+}
+
+/* Fills list (gm_capacity(s) entries) in Hugging Face order; returns the
  * count. */
 static int gm_tensors(const gm_shape *s, gm_tensor *list) {
     int n = 0, norm = gm_gemma(s) ? GM_INIT_NORM0 : GM_INIT_NORM;
@@ -156,6 +185,31 @@ static int gm_tensors(const gm_shape *s, gm_tensor *list) {
         if (gm_gemma(s)) {
             gm_add(list, &n, norm, H, 0, "model.layers.%d.pre_feedforward_layernorm.weight", l);
             gm_add(list, &n, norm, H, 0, "model.layers.%d.post_feedforward_layernorm.weight", l);
+        }
+        if (s->experts) {
+            /* the router, one tensor per expert (the hub checkpoints' form),
+             * and the optional shared expert with its sigmoid gate */
+            int64_t M = s->moe_inter, S = s->shared_inter;
+            gm_add(list, &n, GM_INIT_MATRIX, s->experts, H, "model.layers.%d.mlp.gate.weight", l);
+            for (int e = 0; e < s->experts; e++) {
+                gm_add_expert(list, &n, M, H, "model.layers.%d.mlp.experts.%d.gate_proj.weight",
+                              l, e);
+                gm_add_expert(list, &n, M, H, "model.layers.%d.mlp.experts.%d.up_proj.weight",
+                              l, e);
+                gm_add_expert(list, &n, H, M, "model.layers.%d.mlp.experts.%d.down_proj.weight",
+                              l, e);
+            }
+            if (S) {
+                gm_add(list, &n, GM_INIT_MATRIX, S, H,
+                       "model.layers.%d.mlp.shared_expert.gate_proj.weight", l);
+                gm_add(list, &n, GM_INIT_MATRIX, S, H,
+                       "model.layers.%d.mlp.shared_expert.up_proj.weight", l);
+                gm_add(list, &n, GM_INIT_MATRIX, H, S,
+                       "model.layers.%d.mlp.shared_expert.down_proj.weight", l);
+                gm_add(list, &n, GM_INIT_MATRIX, 1, H,
+                       "model.layers.%d.mlp.shared_expert_gate.weight", l);
+            }
+            continue;
         }
         gm_add(list, &n, GM_INIT_MATRIX, I, H, "model.layers.%d.mlp.gate_proj.weight", l);
         gm_add(list, &n, GM_INIT_MATRIX, I, H, "model.layers.%d.mlp.up_proj.weight", l);
@@ -402,6 +456,22 @@ static int gm_write_config_gemma(const gm_job *j);
 static int gm_write_config(const gm_job *j) {
     const gm_shape *s = j->shape;
     if (gm_gemma(s)) return gm_write_config_gemma(j);
+    /* Qwen3-MoE's keys (decoder_sparse_step 1: every layer routed) */
+    char moe[512] = "";
+    if (s->experts)
+        snprintf(moe, sizeof moe,
+                 "  \"decoder_sparse_step\": 1,\n"
+                 "  \"mlp_only_layers\": [],\n"
+                 "  \"moe_intermediate_size\": %d,\n"
+                 "  \"norm_topk_prob\": true,\n"
+                 "  \"num_experts\": %d,\n"
+                 "  \"num_experts_per_tok\": %d,\n"
+                 "  \"output_router_logits\": false,\n"
+                 "  \"router_aux_loss_coef\": 0.001,\n",
+                 s->moe_inter, s->experts, s->experts_used);
+    if (s->experts && s->shared_inter)
+        snprintf(moe + strlen(moe), sizeof moe - strlen(moe),
+                 "  \"shared_expert_intermediate_size\": %d,\n", s->shared_inter);
     char tmp[4096];
     FILE *f = gm_open_tmp(j->dir, "config.json", tmp, sizeof tmp);
     if (!f) return 0;
@@ -421,6 +491,7 @@ static int gm_write_config(const gm_job *j) {
         "  \"intermediate_size\": %d,\n"
         "  \"max_position_embeddings\": %d,\n"
         "  \"max_window_layers\": %d,\n"
+        "%s"
         "  \"model_type\": \"%s\",\n"
         "  \"num_attention_heads\": %d,\n"
         "  \"num_hidden_layers\": %d,\n"
@@ -437,7 +508,7 @@ static int gm_write_config(const gm_job *j) {
         "  \"vocab_size\": %d\n"
         "}\n",
         s->arch, s->bos_id, s->eos_id, s->head_dim, s->hidden, s->inter, s->max_pos,
-        s->layers, s->model_type, s->heads, s->layers, s->kv_heads, s->rms_eps,
+        s->layers, moe, s->model_type, s->heads, s->layers, s->kv_heads, s->rms_eps,
         s->rope_theta, s->tie ? "true" : "false", gm_torch_dtype(j->dtype), s->vocab);
     return gm_commit(f, w > 0, tmp, j->dir, "config.json");
 }
@@ -970,12 +1041,13 @@ static int mkdir_p(const char *dir) {
 
 static void usage(FILE *f) {
     fprintf(f,
-        "usage: gen_model --out DIR [--preset qwen3-0.6b|llama3-8b|gemma2|gemma3|tiny]\n"
+        "usage: gen_model --out DIR [--preset qwen3-0.6b|llama3-8b|gemma2|gemma3|qwen3moe|tiny]\n"
         "                 [--dtype bf16|f16|f32|q8_0|q4_0] [--seed N]\n"
         "                 [--format safetensors|gguf]\n"
         "                 [--layers N] [--hidden N] [--heads N] [--kv-heads N]\n"
         "                 [--head-dim N] [--intermediate N] [--vocab N] [--max-pos N]\n"
-        "                 [--untied]\n"
+        "                 [--experts N] [--experts-used N] [--moe-intermediate N]\n"
+        "                 [--shared-intermediate N] (qwen3moe) [--untied]\n"
         "       gen_model --check FILE.gguf --against DIR\n"
         "Writes a random-weight model directory (config.json + model.safetensors,\n"
         "or model.gguf for llama.cpp with --format gguf; q8_0 and q4_0 are GGUF\n"
@@ -999,9 +1071,12 @@ int main(int argc, char **argv) {
     const char *preset = "qwen3-0.6b", *dtype_s = "bf16", *out = NULL, *format = "safetensors";
     const char *check = NULL, *against = NULL;
     uint64_t seed = 1;
-    int ov[8] = {0}, untied = 0;
-    static const char *ov_flags[8] = {"--layers", "--hidden", "--heads", "--kv-heads",
-                                      "--head-dim", "--intermediate", "--vocab", "--max-pos"};
+    enum { N_OV = 12 };
+    int ov[N_OV] = {0}, untied = 0;
+    static const char *ov_flags[N_OV] = {"--layers", "--hidden", "--heads", "--kv-heads",
+                                         "--head-dim", "--intermediate", "--vocab", "--max-pos",
+                                         "--experts", "--experts-used", "--moe-intermediate",
+                                         "--shared-intermediate"};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -1019,7 +1094,7 @@ int main(int argc, char **argv) {
         }
         const char *v = argv[++i];
         int k = -1;
-        for (int o = 0; o < 8; o++)
+        for (int o = 0; o < N_OV; o++)
             if (!strcmp(a, ov_flags[o])) k = o;
         if (k >= 0) {
             if (!parse_pos_int(a, v, &ov[k])) return 2;
@@ -1065,16 +1140,31 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < LOOM_ARRAY_LEN(presets); i++)
         if (!strcmp(presets[i].preset, preset)) p = &presets[i];
     if (!p) {
-        fprintf(stderr, "gen_model: unknown preset \"%s\" (expected qwen3-0.6b, llama3-8b, gemma2, gemma3 or tiny)\n",
+        fprintf(stderr, "gen_model: unknown preset \"%s\" (expected qwen3-0.6b, llama3-8b, gemma2, gemma3, qwen3moe or tiny)\n",
                 preset);
         return 2;
     }
     s = *p;
-    int *fields[8] = {&s.layers, &s.hidden, &s.heads, &s.kv_heads,
-                      &s.head_dim, &s.inter, &s.vocab, &s.max_pos};
-    for (int o = 0; o < 8; o++)
+    int *fields[N_OV] = {&s.layers, &s.hidden, &s.heads, &s.kv_heads,
+                         &s.head_dim, &s.inter, &s.vocab, &s.max_pos,
+                         &s.experts, &s.experts_used, &s.moe_inter, &s.shared_inter};
+    int moe_ov = 0;
+    for (int o = 0; o < N_OV; o++) {
         if (ov[o]) *fields[o] = ov[o];
+        moe_ov |= o >= 8 && ov[o];
+    }
     if (untied) s.tie = 0;
+    if (moe_ov && strcmp(s.model_type, "qwen3_moe")) {
+        fprintf(stderr, "gen_model: --experts, --experts-used, --moe-intermediate and "
+                "--shared-intermediate need --preset qwen3moe (preset %s is %s)\n", s.preset,
+                s.arch);
+        return 2;
+    }
+    if (s.experts && (s.experts_used > s.experts || !s.experts_used || !s.moe_inter)) {
+        fprintf(stderr, "gen_model: experts used (%d) must be 1 to experts (%d), with an expert "
+                "width (--moe-intermediate, %d)\n", s.experts_used, s.experts, s.moe_inter);
+        return 2;
+    }
     if (s.heads % s.kv_heads || s.head_dim % 2) {
         fprintf(stderr, "gen_model: heads (%d) must be a multiple of kv-heads (%d) and "
                 "head-dim (%d) even\n", s.heads, s.kv_heads, s.head_dim);
@@ -1111,7 +1201,7 @@ int main(int argc, char **argv) {
         return 2;
     }
 
-    gm_tensor *list = calloc(3 + 13 * (size_t)s.layers, sizeof *list);
+    gm_tensor *list = calloc(gm_capacity(&s), sizeof *list);
     if (!list) {
         fprintf(stderr, "gen_model: out of memory\n");
         return 1;

@@ -1,8 +1,9 @@
 /* cuda: the CUDA backend's kernels, behind plain C entry points.
  *
  * Built only with `make CUDA=1` (the .cu files here, nvcc, sm_90). Every kernel
- * here has a plain-C reference on the CPU side (src/ops/ops_ref.c and the
- * forward's attention); tests/cuda/test_cuda_kernels.c checks each one
+ * here has a plain-C reference on the CPU side (src/ops/ops_ref.c, the
+ * forward's attention, moe.c's routing and experts);
+ * tests/cuda/test_cuda_kernels.c checks each one
  * against it on random data and odd sizes.
  *
  * Conventions
@@ -254,6 +255,63 @@ typedef struct loom_cuda_qmat {
 loom_status loom_cuda_matmul_q(loom_cuda *c, float *d_y, const float *d_x,
                                const loom_cuda_qmat *w, int T);
 
+/* ---- routed experts (kernels_moe.cu; reference src/model/moe.c) ------- */
+
+#define LOOM_CUDA_MOE_KMAX 32   /* most experts a token may take */
+#define LOOM_CUDA_MOE_TILE 64   /* grouped rows a block of loom_cuda_moe_gemm */
+
+/* Each of the T rows of router logits d_logits (T, E): p = softmax, the
+ * top k of p (larger first, the lower index on ties, as moe.c), into
+ * d_sel (T, k) experts and d_w (T, k) weights, divided by their sum when
+ * renorm. 1 <= k <= min(E, LOOM_CUDA_MOE_KMAX). */
+loom_status loom_cuda_moe_route(loom_cuda *c, int32_t *d_sel, float *d_w, const float *d_logits,
+                                int T, int E, int k, int renorm);
+
+/* The plan's size in ints for T tokens of k pairs over E experts. */
+int loom_cuda_moe_plan_ints(int T, int k, int E);
+
+/* Buckets the N = T * k (token, choice) pairs d_sel (T, k) by expert, into
+ * d_plan (loom_cuda_moe_plan_ints): off [E + 1] (expert e's grouped rows
+ * are [off[e], off[e + 1])), tiles [E + 1] (the running count of
+ * LOOM_CUDA_MOE_TILE-row tiles), row [N] (pair a's grouped row), src [N]
+ * (grouped row r's token). Rows of one expert come in no fixed order. */
+loom_status loom_cuda_moe_sort(loom_cuda *c, int32_t *d_plan, const int32_t *d_sel, int T, int k,
+                               int E);
+
+/* Grouped GEMM, one launch for all experts: grouped row r of expert e,
+ * d_y (N, rows) row r = x @ W_e^T with W_e = d_w + e * rows * cols elements
+ * (rows, cols) of dt, x = d_x row src[r] when gather, else row r (cols
+ * wide, f32). d_plan NULL: one group of the N rows, expert 0 (a plain
+ * GEMM, the router's). f32 accumulation of f32 x and widened weights. */
+loom_status loom_cuda_moe_gemm(loom_cuda *c, float *d_y, const float *d_x, int gather,
+                               const void *d_w, loom_cuda_dtype dt, int rows, int cols,
+                               const int32_t *d_plan, int E, int N);
+
+/* Decode: d_y (N, rows) row a = d_x row a / kdiv (cols wide) @ W_e^T, e =
+ * d_sel[a] (NULL: 0), W_e as for loom_cuda_moe_gemm. Each pair reads its
+ * expert's rows; meant for a few tokens. */
+loom_status loom_cuda_moe_gemv(loom_cuda *c, float *d_y, const float *d_x, int kdiv,
+                               const int32_t *d_sel, const void *d_w, loom_cuda_dtype dt,
+                               int rows, int cols, int N);
+
+/* Decode, the experts' down projections and their weighted sum in one:
+ * d_out (T, rows) row t = sum over j < k (in order) of d_wt[t k + j] *
+ * (d_x row t k + j @ W_sel[t k + j]^T), or d_out += that when acc. */
+loom_status loom_cuda_moe_gemv_sum(loom_cuda *c, float *d_out, int acc, const float *d_x,
+                                   const int32_t *d_sel, const float *d_wt, const void *d_w,
+                                   loom_cuda_dtype dt, int T, int k, int rows, int cols);
+
+/* d_out (T, n) row t = sum over j < k (in order) of d_wt[t k + j] * d_y
+ * row plan.row[t k + j] (d_y (N, n) grouped rows), or += when acc. */
+loom_status loom_cuda_moe_combine(loom_cuda *c, float *d_out, int acc, const float *d_y,
+                                  const int32_t *d_plan, const float *d_wt, int T, int k, int n,
+                                  int E);
+
+/* The gated shared expert's add: d_out (T, n) row t += sigmoid(d_g[t]) *
+ * d_y row t. */
+loom_status loom_cuda_moe_gate_add(loom_cuda *c, float *d_out, const float *d_y, const float *d_g,
+                                   int T, int n);
+
 /* ---- paged attention --------------------------------------------------- */
 
 /* One layer's view of the paged KV pool (src/model/kv_layout.h): the K (V) row
@@ -343,9 +401,10 @@ typedef struct loom_cuda_model loom_cuda_model;
  * allocates the device KV rows in the host pool's layout kv (same
  * layers, blocks, block size and row bytes; type f32, f16 or bf16) plus
  * activations for step_tokens tokens per forward over sequences of up to
- * max_ctx positions. Dense decoders only (Llama, Mistral, Qwen2, Qwen3,
- * Gemma 2 and 3, and their MLX-quantized forms): LOOM_ERR_UNSUPPORTED names
- * what else a model needs (MoE, linear attention, per-layer inputs, ...). */
+ * max_ctx positions. Dense decoders (Llama, Mistral, Qwen2, Qwen3, Gemma 2
+ * and 3, and their MLX-quantized forms) and Qwen3-MoE (experts of f32, f16
+ * or bf16, with or without a gated shared expert): LOOM_ERR_UNSUPPORTED
+ * names what else a model needs (linear attention, per-layer inputs, ...). */
 loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
                                    const struct loom_kv_layout *kv, int step_tokens, int max_ctx,
                                    loom_cuda_model **out);

@@ -1,12 +1,19 @@
 /* forward_cuda: the dense decoder (Llama, Mistral, Qwen2, Qwen3, Gemma 2
- * and 3 and the like) on the GPU, computing what src/model/forward.c
- * computes for the same rows:
+ * and 3 and the like) and Qwen3-MoE on the GPU, computing what
+ * src/model/forward.c computes for the same rows:
  *
  *   embed (* scale) -> per layer: rmsnorm -> q/k/v (+ bias) -> q/k norms
  *   -> rope (per layer kind) -> K/V rows into the device KV pool -> paged
  *   attention (window, softcap) -> o [-> post norm] -> residual -> rmsnorm
  *   -> gate/up -> act * up -> down [-> post norm] -> residual
  *   -> final norm and head (-> softcap) on the tokens whose logits are wanted.
+ *
+ * A MoE layer replaces gate/up -> down by moe_ffn below (kernels_moe.cu):
+ * the router and routing on the device, then the chosen experts (grouped
+ * GEMMs over the step's pairs bucketed by expert, or a GEMV per pair for a
+ * few tokens) adding into the residual, with the normed row in f32 as the
+ * CPU takes it. Its grids depend on the token count only, so MoE decode
+ * steps are captured into graphs like dense ones.
  *
  * Weights are uploaded once (loom_cuda_model_create); the host model stays
  * the owner of the mapping. The device holds its own K/V rows in the exact
@@ -144,6 +151,18 @@ typedef struct dlayer {
     const float *attn_norm, *ffn_norm, *q_norm, *k_norm;  /* device or NULL */
     const float *post_attn_norm, *post_ffn_norm;  /* device sandwich norms, or NULL */
     const float *bq, *bk, *bv, *bo;
+    /* routed experts instead of the MLP (Qwen3-MoE; kernels_moe.cu) */
+    int moe;                   /* 1: the fields below replace gate_up/down */
+    int renorm;                /* top-k weights divided by their sum */
+    int moe_inter;             /* each expert's width */
+    dweight router;            /* (n_experts, hidden), dense */
+    const void *egu;           /* device (n_experts, 2 * moe_inter, hidden) of edt: expert e's
+                                  gate rows, then its up rows */
+    const void *edown;         /* device (n_experts, hidden, moe_inter) of edt */
+    loom_cuda_dtype edt;
+    dweight sgu, sdown;        /* shared expert: (2 * inter, hidden) gate | up, (hidden, inter);
+                                  sgu.rows 0 = none */
+    dweight sgate;             /* (1, hidden): its sigmoid gate */
 } dlayer;
 
 struct loom_cuda_model {
@@ -181,6 +200,15 @@ struct loom_cuda_model {
     int small_t;               /* up to this many tokens (and gemv_t) a layer is 4 GEMVs that
                                   make their own inputs + qkv_post + attention; 0: never */
     void *a16;                 /* (step_tokens, max(hidden, inter)) of act16 */
+    /* routed experts' scratch (device; MoE models only), K = experts a token */
+    float *m_logits;           /* (step_tokens, n_experts) router logits, then the shared
+                                  expert's gate */
+    int32_t *m_sel;            /* (step_tokens, K) chosen experts */
+    float *m_wt;               /* (step_tokens, K) their weights */
+    int32_t *m_plan;           /* loom_cuda_moe_plan_ints(step_tokens, K, n_experts) */
+    float *m_hb;               /* (step_tokens, max(K * 2 moe_inter, 2 shared inter)) gate | up */
+    float *m_ab;               /* (step_tokens, max(K * moe_inter, shared inter)) act * up */
+    float *m_y;                /* (step_tokens, K, hidden) each pair's expert output */
     float *cs, *sn;            /* (n_ropes, step_tokens, max_half) */
     int max_half;
     const double *inv_freq[LOOM_MAX_ROPES]; /* device [rot_dim / 2] per rope */
@@ -346,25 +374,115 @@ extern "C" void loom_cuda_model_free(loom_cuda_model *g) {
     free(g);
 }
 
-/* The features this forward implements; anything else is refused. */
+/* The features this forward implements; anything else is refused, named. */
 static loom_status check_model(const loom_model *m) {
     const loom_config *c = &m->cfg;
-    unsigned bad = LOOM_ARCH_V_NORM | LOOM_ARCH_ATTN_GATE | LOOM_ARCH_MOE |
-                   LOOM_ARCH_LINEAR | LOOM_ARCH_LINEAR_FUSED | LOOM_ARCH_PLE |
-                   LOOM_ARCH_LAYER_SCALAR | LOOM_ARCH_MOE_BESIDE;
-    if (m->arch->flags & bad)
-        return loom_err(LOOM_ERR_UNSUPPORTED, "cuda forward: %s needs features beyond the dense "
-                        "decoder (flags 0x%x)", m->arch->name, m->arch->flags & bad);
-    if (m->has_ple || m->n_linear > 0 || c->n_experts > 0)
-        return loom_err(LOOM_ERR_UNSUPPORTED, "cuda forward: %s has per-layer inputs, linear "
-                        "attention or experts", m->arch->name);
+    static const struct {
+        unsigned flags;
+        const char *what;
+    } bad[] = {
+        {LOOM_ARCH_LINEAR | LOOM_ARCH_LINEAR_FUSED, "linear-attention (Gated DeltaNet) layers"},
+        {LOOM_ARCH_ATTN_GATE, "gated attention"},
+        {LOOM_ARCH_V_NORM, "value norms"},
+        {LOOM_ARCH_PLE, "per-layer inputs"},
+        {LOOM_ARCH_LAYER_SCALAR, "layer scalars"},
+        {LOOM_ARCH_MOE_BESIDE, "a MoE block beside the MLP"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        if (m->arch->flags & bad[i].flags)
+            return loom_err(LOOM_ERR_UNSUPPORTED, "cuda forward: %s needs %s, which the CUDA "
+                            "forward does not have (flags 0x%x)", m->arch->name, bad[i].what,
+                            m->arch->flags & bad[i].flags);
+    if (m->has_ple || m->n_linear > 0)
+        return loom_err(LOOM_ERR_UNSUPPORTED, "cuda forward: %s has per-layer inputs or linear "
+                        "attention", m->arch->name);
     for (int l = 0; l < c->n_layers; l++) {
         const loom_layer *L = &m->layers[l];
-        if (L->kind == LOOM_LAYER_LINEAR || L->is_moe || L->moe_beside || L->attn.k_eq_v ||
+        if (L->kind == LOOM_LAYER_LINEAR || L->moe_beside || L->attn.k_eq_v ||
             L->attn.kv_layer != l || L->out_scale != 1.0f)
             return loom_err(LOOM_ERR_UNSUPPORTED, "cuda forward: layer %d is not an attention + "
-                            "MLP layer (with or without sandwich norms)", l);
+                            "MLP or MoE layer (with or without sandwich norms)", l);
+        if (L->is_moe && (L->moe.in_scale || L->moe.expert_scale || L->post_ffn_norm ||
+                          c->n_experts_used > LOOM_CUDA_MOE_KMAX))
+            return loom_err(LOOM_ERR_UNSUPPORTED, "cuda forward: layer %d: MoE with router "
+                            "scales, a norm after it, or top %d experts (expected softmax "
+                            "routing to at most %d experts, as Qwen3-MoE)", l, c->n_experts_used,
+                            LOOM_CUDA_MOE_KMAX);
     }
+    return LOOM_OK;
+}
+
+/* A weight the expert kernels read: f32, f16 or bf16. */
+static loom_status up_dense(loom_cuda_model *g, dweight *dw, const loom_weight *w,
+                            const char *what, int l) {
+    if (w->dtype != LOOM_DT_F32 && w->dtype != LOOM_DT_F16 && w->dtype != LOOM_DT_BF16)
+        return loom_err(LOOM_ERR_UNSUPPORTED, "cuda forward: layer %d %s has dtype %d (expected "
+                        "F32, F16 or BF16; quantized MoE layers run on the CPU)", l, what,
+                        (int)w->dtype);
+    return up_weight(g, dw, w, what);
+}
+
+static loom_cuda_dtype cuda_dt(loom_dtype dt) {
+    return dt == LOOM_DT_F32 ? LOOM_CUDA_F32 : dt == LOOM_DT_F16 ? LOOM_CUDA_F16 : LOOM_CUDA_BF16;
+}
+
+/* A MoE layer's router, experts (side by side: gate | up of every expert in
+ * one array, down in another, for the grouped kernels) and shared expert. */
+static loom_status up_moe(loom_cuda_model *g, dlayer *D, const loom_layer *S, int l) {
+    const loom_config *cf = &g->m->cfg;
+    const loom_moe *p = &S->moe;
+    int E = cf->n_experts, H = cf->hidden_size, I = p->experts[0].gate.rows;
+    loom_dtype dt = p->experts[0].gate.dtype;
+    D->moe = 1;
+    D->renorm = p->renorm;
+    D->moe_inter = I;
+    D->edt = cuda_dt(dt);
+    loom_status st = up_dense(g, &D->router, &p->router, "mlp.gate (router)", l);
+    for (int e = 0; e < E && st == LOOM_OK; e++) {
+        const loom_mlp *x = &p->experts[e];
+        const loom_weight *ws[] = {&x->gate, &x->up, &x->down};
+        for (int k = 0; k < 3; k++) {
+            int rows = k < 2 ? I : H, cols = k < 2 ? H : I;
+            if (ws[k]->dtype != dt || ws[k]->rows != rows || ws[k]->cols != cols ||
+                (dt != LOOM_DT_F32 && dt != LOOM_DT_F16 && dt != LOOM_DT_BF16))
+                return loom_err(LOOM_ERR_UNSUPPORTED, "cuda forward: layer %d expert %d: "
+                                "expected %s weights of one float dtype, gate/up [%d, %d] and "
+                                "down [%d, %d]; found dtype %d [%d, %d]", l, e,
+                                k == 0 ? "gate" : k == 1 ? "up" : "down", I, H, H, I,
+                                (int)ws[k]->dtype, ws[k]->rows, ws[k]->cols);
+        }
+    }
+    size_t es = dt == LOOM_DT_F32 ? 4 : 2, n = (size_t)I * H * es;
+    void *gu = NULL, *dn = NULL;
+    if (st == LOOM_OK) st = g_alloc(g, &gu, 2 * n * (size_t)E);
+    if (st == LOOM_OK) st = g_alloc(g, &dn, n * (size_t)E);
+    for (int e = 0; e < E && st == LOOM_OK; e++) {
+        const loom_mlp *x = &p->experts[e];
+        st = loom_cuda_upload(g->c, (char *)gu + 2 * n * e, x->gate.data, n);
+        if (st == LOOM_OK) st = loom_cuda_upload(g->c, (char *)gu + 2 * n * e + n, x->up.data, n);
+        if (st == LOOM_OK) st = loom_cuda_upload(g->c, (char *)dn + n * e, x->down.data, n);
+    }
+    D->egu = gu;
+    D->edown = dn;
+    const loom_weight *sg = &p->shared.gate, *su = &p->shared.up;
+    if (st != LOOM_OK || !sg->rows) return st;
+    if (su->dtype != sg->dtype || su->rows != sg->rows || su->cols != sg->cols)
+        return loom_err(LOOM_ERR_UNSUPPORTED, "cuda forward: layer %d shared expert: gate and up "
+                        "of one dtype and shape expected", l);
+    st = up_dense(g, &D->sdown, &p->shared.down, "shared_expert.down_proj", l);
+    if (st == LOOM_OK) st = up_dense(g, &D->sgate, &p->shared_gate, "shared_expert_gate", l);
+    if (st == LOOM_OK) st = up_dense(g, &D->sgu, sg, "shared_expert.gate_proj", l);
+    if (st != LOOM_OK) return st;
+    /* gate rows, then up rows: one product for both */
+    size_t ns = (size_t)sg->rows * sg->cols * (sg->dtype == LOOM_DT_F32 ? 4 : 2);
+    void *f = NULL;
+    st = g_alloc(g, &f, 2 * ns);
+    if (st == LOOM_OK) st = d2d(f, D->sgu.d, ns);
+    if (st == LOOM_OK) st = loom_cuda_upload(g->c, (char *)f + ns, su->data, ns);
+    if (st != LOOM_OK) return st;
+    g_release(g, D->sgu.d);
+    D->sgu.d = f;
+    D->sgu.rows *= 2;
     return LOOM_OK;
 }
 
@@ -442,8 +560,10 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
             }
         }
         if (st == LOOM_OK) st = up_weight(g, &D->wo, &A->wo, "o_proj");
+        if (st == LOOM_OK && S->is_moe) st = up_moe(g, D, S, l);
         const loom_weight *wg = &S->mlp.gate, *wu = &S->mlp.up;
-        D->fused_gu = wg->dtype == wu->dtype && wg->cols == wu->cols && wg->rows == wu->rows &&
+        D->fused_gu = !S->is_moe && wg->dtype == wu->dtype && wg->cols == wu->cols &&
+                      wg->rows == wu->rows &&
                       (wg->dtype == LOOM_DT_BF16 || wg->dtype == LOOM_DT_F16 ||
                        wg->dtype == LOOM_DT_F32);
         if (D->fused_gu) {
@@ -462,11 +582,11 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
             F->d = p;
             D->gate.rows = wg->rows;
             D->gate.cols = wg->cols;
-        } else {
+        } else if (!S->is_moe) {
             if (st == LOOM_OK) st = up_weight(g, &D->gate, wg, "gate_proj");
             if (st == LOOM_OK) st = up_weight(g, &D->up, wu, "up_proj");
         }
-        if (st == LOOM_OK) st = up_weight(g, &D->down, &S->mlp.down, "down_proj");
+        if (st == LOOM_OK && !S->is_moe) st = up_weight(g, &D->down, &S->mlp.down, "down_proj");
         if (st == LOOM_OK) st = up_vec(g, &D->attn_norm, S->attn_norm, H);
         if (st == LOOM_OK) st = up_vec(g, &D->ffn_norm, S->ffn_norm, H);
         if (st == LOOM_OK) st = up_vec(g, &D->post_attn_norm, S->post_attn_norm, H);
@@ -517,8 +637,9 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
         for (int l = 0; l < L; l++) {
             const dlayer *D = &g->layers[l];
             const dweight *ws[] = {&D->wq, &D->wk, &D->wv, &D->gate_up, &D->down};
-            ok &= D->fused_gu;
-            for (int k = 0; k < 5; k++) ok &= !ws[k]->quant && ws[k]->dt == t;
+            /* MoE layers: the experts take the normed row in f32 */
+            ok &= D->fused_gu || D->moe;
+            for (int k = 0; k < (D->moe ? 3 : 5); k++) ok &= !ws[k]->quant && ws[k]->dt == t;
         }
         if (ok) g->act16 = t;
     }
@@ -551,12 +672,33 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
             break;
         }
         const dweight *ws[] = {&D->wqkv, &D->wo, &D->gate_up, &D->down};
-        for (int k = 0; k < 4; k++)
+        for (int k = 0; k < (D->moe ? 2 : 4); k++)
             g->small_t = LOOM_MIN_U((unsigned)g->small_t,
                                     (unsigned)loom_cuda_gemv_max_tokens(c, ws[k]->dt, ws[k]->cols));
     }
     g->head_am = tune.head_am;
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->hb2, T * I * 4);
+    int any_moe = 0;
+    size_t mhb = 1, mab = 1;
+    for (int l = 0; l < L && st == LOOM_OK; l++) {
+        const dlayer *D = &g->layers[l];
+        if (!D->moe) continue;
+        size_t K = (size_t)cf->n_experts_used, Is = (size_t)D->sgu.rows / 2;
+        any_moe = 1;
+        mhb = LOOM_MAX(mhb, LOOM_MAX(K * 2 * D->moe_inter, 2 * Is));
+        mab = LOOM_MAX(mab, LOOM_MAX(K * D->moe_inter, Is));
+    }
+    if (st == LOOM_OK && any_moe) {
+        size_t E = (size_t)cf->n_experts, K = (size_t)cf->n_experts_used;
+        size_t plan = (size_t)loom_cuda_moe_plan_ints(step_tokens, (int)K, (int)E);
+        st = g_alloc(g, (void **)&g->m_logits, T * E * 4);
+        if (st == LOOM_OK) st = g_alloc(g, (void **)&g->m_sel, T * K * 4);
+        if (st == LOOM_OK) st = g_alloc(g, (void **)&g->m_wt, T * K * 4);
+        if (st == LOOM_OK) st = g_alloc(g, (void **)&g->m_plan, plan * 4);
+        if (st == LOOM_OK) st = g_alloc(g, (void **)&g->m_hb, T * mhb * 4);
+        if (st == LOOM_OK) st = g_alloc(g, (void **)&g->m_ab, T * mab * 4);
+        if (st == LOOM_OK) st = g_alloc(g, (void **)&g->m_y, T * K * H * 4);
+    }
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->cs, rope_n * 4);
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->sn, rope_n * 4);
     if (st == LOOM_OK) st = loom_cuda_memset0(c, g->cs, rope_n * 4);
@@ -649,6 +791,51 @@ static loom_status residual(loom_cuda_model *g, const float *y, const float *pos
     return LOOM_OK;
 }
 
+/* Up to this many tokens the experts run as GEMVs, each (token, expert)
+ * pair reading its expert's rows; above, pairs of a step share experts
+ * and the grouped GEMM reads each expert's weights once a row tile. */
+#define MOE_GEMV_T 4
+
+/* y (T, w->rows) = x (T, w->cols) @ w^T with x in f32, as the CPU's
+ * router and shared expert take it: the expert kernels with one group. */
+static loom_status moe_linear(loom_cuda_model *g, float *y, const float *x, const dweight *w,
+                              int T) {
+    if (T <= MOE_GEMV_T)
+        return loom_cuda_moe_gemv(g->c, y, x, 1, NULL, w->d, w->dt, w->rows, w->cols, T);
+    return loom_cuda_moe_gemm(g->c, y, x, 0, w->d, w->dt, w->rows, w->cols, NULL, 1, T);
+}
+
+/* x += moe(xb) for a MoE layer (moe.c's loom_moe_ffn), xb (T, hidden) the
+ * normed input: the router, routing, the gated shared expert, then the
+ * routed experts, all on the device with grids fixed by T (capturable). */
+static loom_status moe_ffn(loom_cuda_model *g, const dlayer *D, int T) {
+    const loom_config *cf = &g->m->cfg;
+    loom_cuda *c = g->c;
+    int E = cf->n_experts, K = cf->n_experts_used, H = cf->hidden_size, I = D->moe_inter;
+    int N = T * K, gelu = g->m->act == LOOM_ACT_GELU_TANH;
+    TRY(moe_linear(g, g->m_logits, g->xb, &D->router, T));
+    TRY(loom_cuda_moe_route(c, g->m_sel, g->m_wt, g->m_logits, T, E, K, D->renorm));
+    if (D->sgu.rows) {
+        int Is = D->sgu.rows / 2;
+        TRY(moe_linear(g, g->m_hb, g->xb, &D->sgu, T));
+        TRY(loom_cuda_act_mul_split(c, g->m_ab, g->m_hb, T, Is, gelu));
+        TRY(moe_linear(g, g->m_y, g->m_ab, &D->sdown, T));
+        TRY(moe_linear(g, g->m_logits, g->xb, &D->sgate, T));  /* routing is done */
+        TRY(loom_cuda_moe_gate_add(c, g->x, g->m_y, g->m_logits, T, H));
+    }
+    if (T <= MOE_GEMV_T) {
+        TRY(loom_cuda_moe_gemv(c, g->m_hb, g->xb, K, g->m_sel, D->egu, D->edt, 2 * I, H, N));
+        TRY(loom_cuda_act_mul_split(c, g->m_ab, g->m_hb, N, I, gelu));
+        return loom_cuda_moe_gemv_sum(c, g->x, 1, g->m_ab, g->m_sel, g->m_wt, D->edown, D->edt,
+                                      T, K, H, I);
+    }
+    TRY(loom_cuda_moe_sort(c, g->m_plan, g->m_sel, T, K, E));
+    TRY(loom_cuda_moe_gemm(c, g->m_hb, g->xb, 1, D->egu, D->edt, 2 * I, H, g->m_plan, E, N));
+    TRY(loom_cuda_act_mul_split(c, g->m_ab, g->m_hb, N, I, gelu));
+    TRY(loom_cuda_moe_gemm(c, g->m_y, g->m_ab, 0, D->edown, D->edt, H, I, g->m_plan, E, N));
+    return loom_cuda_moe_combine(c, g->x, 1, g->m_y, g->m_plan, g->m_wt, T, K, H, E);
+}
+
 /* Everything on the device between the integer upload and the copies back:
  * what a decode graph captures. Reads per-step values only from S's
  * device arrays. */
@@ -713,6 +900,11 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
                                                S->rtok, S->rpos, S->n_rows, S->max_new));
             }
             TRY(gemv(g, g->x, LOOM_CUDA_GEMV_F32, g->att, NULL, &D->wo, D->bo, T, 1));
+            if (D->moe) {
+                TRY(loom_cuda_rmsnorm(c, g->xb, g->x, D->ffn_norm, T, H, eps, 0));
+                TRY(moe_ffn(g, D, T));
+                continue;
+            }
             TRY(gemv(g, g->hb, LOOM_CUDA_GEMV_RMSNORM, g->x, D->ffn_norm, &D->gate_up, NULL, T, 0));
             TRY(gemv(g, g->x, gelu ? LOOM_CUDA_GEMV_GELU : LOOM_CUDA_GEMV_SILU, g->hb, NULL,
                      &D->down, NULL, T, 1));
@@ -790,6 +982,12 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
                     LAUNCH_CHECK();
                 }
             }
+            if (D->moe) {
+                if (!oacc) TRY(residual(g, g->xb, NULL, T));
+                TRY(loom_cuda_rmsnorm(c, g->xb, g->x, D->ffn_norm, T, H, eps, 0));
+                TRY(moe_ffn(g, D, T));
+                continue;
+            }
             TRY(loom_cuda_add_rmsnorm16(c, g->a16, g->x, oacc ? NULL : g->xb, D->ffn_norm, T, H,
                                         eps, g->act16));
             if (g->gu16 && !use_gemv(g, &D->gate_up, T) && I % 4 == 0) {
@@ -811,6 +1009,10 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
         TRY(linear(g, g->xb, g->att, &D->wo, D->bo, T));
         TRY(residual(g, g->xb, D->post_attn_norm, T));
         TRY(loom_cuda_rmsnorm(c, g->xb, g->x, D->ffn_norm, T, H, eps, 0));
+        if (D->moe) {
+            TRY(moe_ffn(g, D, T));
+            continue;
+        }
         const float *hin;
         if (D->fused_gu) {
             TRY(linear(g, g->hb, g->xb, &D->gate_up, NULL, T));

@@ -1,7 +1,7 @@
 /* The context and the engine with forwards on CUDA device 0: reference
  * logits (context) and greedy continuations (context and batched engine)
- * of the dense fixtures, and embedding vectors against the CPU engine's.
- * Needs a GPU; run through tools/cuda_check.sh. */
+ * of the dense and Qwen3-MoE fixtures, and embedding vectors against the CPU
+ * engine's. Needs a GPU; run through tools/cuda_check.sh. */
 #include <stdint.h>
 
 #include "base/base.h"
@@ -10,7 +10,7 @@
 
 static const char *models[] = {"llama3-tiny", "qwen2-tiny", "qwen3-tiny", "mistral-tiny-swa",
                                "qwen3-tiny-mlx4", "qwen3-tiny-mlx8", "gemma2-tiny",
-                               "gemma3-tiny"};
+                               "gemma3-tiny", "qwen3moe-tiny"};
 
 static void check(const char *name) {
     char dir[256], path[300];

@@ -1,5 +1,5 @@
 /* test_cuda_forward: loom_cuda_forward against loom_forward (the CPU
- * reference) on the tiny dense fixtures: a two-row prefill, decode steps,
+ * reference) on the tiny fixtures (dense and Qwen3-MoE): a two-row prefill, decode steps,
  * and a step mixing a decode row with a prefill chunk, for f32 and f16 KV.
  * Needs a GPU; run by tools/cuda_check.sh. One PASS/FAIL line per step:
  * err = max |gpu - cpu| / max |cpu| over the step's logits, and how many
@@ -258,15 +258,16 @@ int main(void) {
     }
     static const char *fixtures[] = {"llama3-tiny", "qwen2-tiny", "qwen3-tiny", "mistral-tiny-swa",
                                      "qwen3-tiny-mlx4", "qwen3-tiny-mlx8", "gemma2-tiny",
-                                     "gemma3-tiny"};
+                                     "gemma3-tiny", "qwen3moe-tiny"};
     for (size_t i = 0; i < sizeof fixtures / sizeof fixtures[0]; i++) {
         run_fixture(fixtures[i], LOOM_KV_F32);
         run_fixture(fixtures[i], LOOM_KV_F16);
     }
     /* LOOM_CUDA_TEST_MODELS: extra model directories (tools/cuda_check.sh
-     * writes random bf16 ones with gen_model), run with bf16 and f32 KV:
-     * the paths the fixtures' f32 weights never take (16-bit activations,
-     * tensor-core prefill attention, the vectorised decode kernel). */
+     * writes random ones with gen_model, bf16 and an f32 MoE), run with
+     * bf16 and f32 KV: the paths the fixtures' f32 weights never take
+     * (16-bit activations, tensor-core prefill attention, the vectorised
+     * decode kernel, 64 experts). */
     const char *extra = getenv("LOOM_CUDA_TEST_MODELS");
     char buf[4096];
     snprintf(buf, sizeof buf, "%s", extra ? extra : "");

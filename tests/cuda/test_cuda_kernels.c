@@ -1555,6 +1555,245 @@ static int test_sample(int T, int V, float temp, int top_k, float top_p, float m
     return ok;
 }
 
+/* ---- routed experts ------------------------------------------------------ */
+
+typedef struct moe_case {
+    int T, E, K, H, I;
+    loom_cuda_dtype dt;
+    int renorm;
+    int one;            /* every token's first choice is expert 3 % E (the rest idle
+                           when k = 1) */
+} moe_case;
+
+/* moe.c's routing on one row of logits: softmax, strict-> top-k scan
+ * (the lower index wins ties), renormalised in pick order. */
+static void moe_route_ref(const float *logits, int E, int K, int renorm, int *sel, float *w) {
+    float *p = xmalloc((size_t)E * 4);
+    memcpy(p, logits, (size_t)E * 4);
+    loom_kernels_ref.softmax(p, E);
+    float sum = 0;
+    for (int k = 0; k < K; k++) {
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            int taken = 0;
+            for (int j = 0; j < k; j++) taken |= sel[j] == e;
+            if (!taken && (best < 0 || p[e] > p[best])) best = e;
+        }
+        sel[k] = best;
+        w[k] = p[best];
+        sum += p[best];
+    }
+    if (renorm)
+        for (int k = 0; k < K; k++) w[k] /= sum;
+    free(p);
+}
+
+/* y (rows) = W (rows, cols) @ x in double. */
+static void mv_ref(double *y, const float *w, const float *x, int rows, int cols) {
+    for (int r = 0; r < rows; r++) {
+        double s = 0;
+        for (int k = 0; k < cols; k++) s += (double)w[(size_t)r * cols + k] * x[k];
+        y[r] = s;
+    }
+}
+
+static float silu_ref(double g) { return (float)(g / (1.0 + exp(-g))); }
+
+/* The whole feed-forward of one MoE layer against a double reference:
+ * the router as a GEMV (sel NULL) and as a one-group GEMM, routing, the
+ * bucketing plan (checked entry by entry), then the experts both ways:
+ * decode's GEMV + act + summing GEMV, prefill's grouped GEMM + act +
+ * grouped GEMM + combine; both add into a random residual. */
+static int test_moe(const moe_case *mc) {
+    int T = mc->T, E = mc->E, K = mc->K, H = mc->H, I = mc->I, N = T * K;
+    char what[128];
+    snprintf(what, sizeof what, "%s T=%d E=%d k=%d H=%d I=%d renorm=%d%s", DT_NAME[mc->dt], T, E,
+             K, H, I, mc->renorm, mc->one ? " one-expert" : "");
+    size_t nr = (size_t)E * H, ngu = (size_t)E * 2 * I * H, nd = (size_t)E * H * I;
+    float *x = xmalloc((size_t)T * H * 4), *res = xmalloc((size_t)T * H * 4);
+    float *wr = xmalloc(nr * 4), *wgu = xmalloc(ngu * 4), *wd = xmalloc(nd * 4);
+    fill(x, (size_t)T * H, 2.0f);
+    fill(res, (size_t)T * H, 1.0f);
+    void *hr = rand_table(mc->dt, nr, 1.0f / sqrtf((float)H), wr);
+    void *hgu = rand_table(mc->dt, ngu, 2.0f / sqrtf((float)H), wgu);
+    void *hd = rand_table(mc->dt, nd, 2.0f / sqrtf((float)I), wd);
+    size_t es = mc->dt == LOOM_CUDA_F32 ? 4 : 2;
+    int plan_n = loom_cuda_moe_plan_ints(T, K, E);
+    float *logits = xmalloc((size_t)T * E * 4), *lref = xmalloc((size_t)T * E * 4);
+    float *lg2 = xmalloc((size_t)T * E * 4);
+    int32_t *sel = xmalloc((size_t)N * 4), *rsel = xmalloc((size_t)N * 4);
+    float *wt = xmalloc((size_t)N * 4), *rwt = xmalloc((size_t)N * 4);
+    int32_t *plan = xmalloc((size_t)plan_n * 4);
+    float *ref = xmalloc((size_t)T * H * 4), *got = xmalloc((size_t)T * H * 4);
+    double *g = xmalloc((size_t)2 * I * 8), *y = xmalloc((size_t)H * 8);
+    float *a = xmalloc((size_t)I * 4);
+    void *dx = up(x, (size_t)T * H * 4), *dwr = up(hr, nr * es), *dwgu = up(hgu, ngu * es);
+    void *dwd = up(hd, nd * es);
+    void *dlog = NULL, *dsel = NULL, *dwt = NULL, *dplan = NULL, *dhb = NULL, *dab = NULL;
+    void *dy = NULL, *dout = NULL;
+    loom_cuda_alloc(C, &dlog, (size_t)T * E * 4);
+    loom_cuda_alloc(C, &dsel, (size_t)N * 4);
+    loom_cuda_alloc(C, &dwt, (size_t)N * 4);
+    loom_cuda_alloc(C, &dplan, (size_t)plan_n * 4);
+    loom_cuda_alloc(C, &dhb, (size_t)N * 2 * I * 4);
+    loom_cuda_alloc(C, &dab, (size_t)N * I * 4);
+    loom_cuda_alloc(C, &dy, (size_t)N * H * 4);
+    loom_cuda_alloc(C, &dout, (size_t)T * H * 4);
+    int ok = 0;
+    loom_status st = LOOM_OK;
+    if (!dx || !dwr || !dwgu || !dwd || !dlog || !dsel || !dwt || !dplan || !dhb || !dab || !dy ||
+        !dout) {
+        api_fail("moe", what, LOOM_ERR_NOMEM);
+        goto out;
+    }
+    /* the router: a GEMV per token and a one-group GEMM */
+    for (int t = 0; t < T; t++) {
+        mv_ref(y, wr, x + (size_t)t * H, E, H);
+        for (int e = 0; e < E; e++) lref[(size_t)t * E + e] = (float)y[e];
+    }
+    st = loom_cuda_moe_gemv(C, dlog, dx, 1, NULL, dwr, mc->dt, E, H, T);
+    if (st == LOOM_OK) st = loom_cuda_download(C, logits, dlog, (size_t)T * E * 4);
+    if (st == LOOM_OK) st = loom_cuda_moe_gemm(C, dlog, dx, 0, dwr, mc->dt, E, H, NULL, 1, T);
+    if (st == LOOM_OK) st = loom_cuda_download(C, lg2, dlog, (size_t)T * E * 4);
+    if (st != LOOM_OK) {
+        api_fail("moe", what, st);
+        goto out;
+    }
+    report("moe router gemv", what, logits, lref, NULL, (size_t)T * E, 1e-5f, 1e-5f);
+    report("moe router gemm", what, lg2, lref, NULL, (size_t)T * E, 1e-5f, 1e-5f);
+    /* routing from the GPU's logits (biased when every token takes one expert) */
+    if (mc->one)
+        for (int t = 0; t < T; t++) logits[(size_t)t * E + 3 % E] += 30.0f;
+    st = loom_cuda_upload(C, dlog, logits, (size_t)T * E * 4);
+    if (st == LOOM_OK) st = loom_cuda_moe_route(C, dsel, dwt, dlog, T, E, K, mc->renorm);
+    if (st == LOOM_OK) st = loom_cuda_download(C, sel, dsel, (size_t)N * 4);
+    if (st == LOOM_OK) st = loom_cuda_download(C, wt, dwt, (size_t)N * 4);
+    if (st != LOOM_OK) {
+        api_fail("moe", what, st);
+        goto out;
+    }
+    int same = 1;
+    for (int t = 0; t < T; t++) {
+        moe_route_ref(logits + (size_t)t * E, E, K, mc->renorm, rsel + (size_t)t * K,
+                      rwt + (size_t)t * K);
+        for (int k = 0; k < K; k++) same &= sel[t * K + k] == rsel[t * K + k];
+    }
+    {
+        float *sf = xmalloc((size_t)N * 4), *rf = xmalloc((size_t)N * 4);
+        for (int i = 0; i < N; i++) sf[i] = (float)sel[i], rf[i] = (float)rsel[i];
+        report("moe route sel", what, sf, rf, NULL, (size_t)N, 0.0f, 0.0f);
+        free(sf), free(rf);
+    }
+    report("moe route w", what, wt, rwt, NULL, (size_t)N, 1e-6f, 1e-5f);
+    if (!same) goto out;  /* the experts below take the GPU's choices */
+    /* the plan: counts per expert, each pair's row inside its expert's range,
+     * each row's token, rows a permutation */
+    st = loom_cuda_moe_sort(C, dplan, dsel, T, K, E);
+    if (st == LOOM_OK) st = loom_cuda_download(C, plan, dplan, (size_t)plan_n * 4);
+    if (st != LOOM_OK) {
+        api_fail("moe", what, st);
+        goto out;
+    }
+    {
+        const int32_t *off = plan, *tiles = plan + E + 1, *row = plan + 2 * (E + 1),
+                      *src = row + N;
+        int bad = off[0] != 0 || tiles[0] != 0 || off[E] != N, empty = 0;
+        char *seen = calloc((size_t)N, 1);
+        for (int e = 0; e < E && !bad; e++) {
+            int n = 0;
+            for (int i = 0; i < N; i++) n += sel[i] == e;
+            empty += n == 0;
+            bad |= off[e + 1] - off[e] != n ||
+                   tiles[e + 1] - tiles[e] != (n + LOOM_CUDA_MOE_TILE - 1) / LOOM_CUDA_MOE_TILE;
+        }
+        for (int i = 0; i < N && !bad; i++) {
+            int r = row[i], e = sel[i];
+            bad |= r < off[e] || r >= off[e + 1] || seen[r] || src[r] != i / K;
+            if (!bad) seen[r] = 1;
+        }
+        free(seen);
+        printf("%s  %-14s %-44s %d experts without pairs\n", bad ? "FAIL" : "PASS", "moe sort",
+               what, empty);
+        bad ? n_fail++ : n_pass++;
+        if (bad) goto out;
+    }
+    /* reference: res + sum_k w_k * down_e(silu(gate_e x) * up_e x) */
+    for (int t = 0; t < T; t++) {
+        double *o = xmalloc((size_t)H * 8);
+        for (int i = 0; i < H; i++) o[i] = 0;
+        for (int k = 0; k < K; k++) {
+            int e = sel[t * K + k];
+            mv_ref(g, wgu + (size_t)e * 2 * I * H, x + (size_t)t * H, 2 * I, H);
+            for (int i = 0; i < I; i++) a[i] = silu_ref(g[i]) * (float)g[I + i];
+            mv_ref(y, wd + (size_t)e * H * I, a, H, I);
+            for (int i = 0; i < H; i++) o[i] += (double)wt[t * K + k] * y[i];
+        }
+        for (int i = 0; i < H; i++) ref[(size_t)t * H + i] = (float)(res[(size_t)t * H + i] + o[i]);
+        free(o);
+    }
+    /* decode: GEMV per pair, act, the summing GEMV into the residual */
+    st = loom_cuda_upload(C, dout, res, (size_t)T * H * 4);
+    if (st == LOOM_OK) st = loom_cuda_moe_gemv(C, dhb, dx, K, dsel, dwgu, mc->dt, 2 * I, H, N);
+    if (st == LOOM_OK) st = loom_cuda_act_mul_split(C, dab, dhb, N, I, 0);
+    if (st == LOOM_OK)
+        st = loom_cuda_moe_gemv_sum(C, dout, 1, dab, dsel, dwt, dwd, mc->dt, T, K, H, I);
+    if (st == LOOM_OK) st = loom_cuda_download(C, got, dout, (size_t)T * H * 4);
+    if (st != LOOM_OK) {
+        api_fail("moe gemv", what, st);
+        goto out;
+    }
+    report("moe gemv path", what, got, ref, NULL, (size_t)T * H, 2e-5f, 1e-4f);
+    /* prefill: grouped GEMMs over the plan, act, combine into the residual */
+    st = loom_cuda_upload(C, dout, res, (size_t)T * H * 4);
+    if (st == LOOM_OK) st = loom_cuda_memset0(C, dhb, (size_t)N * 2 * I * 4);
+    if (st == LOOM_OK) st = loom_cuda_moe_gemm(C, dhb, dx, 1, dwgu, mc->dt, 2 * I, H, dplan, E, N);
+    if (st == LOOM_OK) st = loom_cuda_act_mul_split(C, dab, dhb, N, I, 0);
+    if (st == LOOM_OK) st = loom_cuda_moe_gemm(C, dy, dab, 0, dwd, mc->dt, H, I, dplan, E, N);
+    if (st == LOOM_OK) st = loom_cuda_moe_combine(C, dout, 1, dy, dplan, dwt, T, K, H, E);
+    if (st == LOOM_OK) st = loom_cuda_download(C, got, dout, (size_t)T * H * 4);
+    if (st != LOOM_OK) {
+        api_fail("moe gemm", what, st);
+        goto out;
+    }
+    ok = report("moe gemm path", what, got, ref, NULL, (size_t)T * H, 2e-5f, 1e-4f);
+    /* the shared expert's gate: out += sigmoid(g[t]) * y (y = x here) */
+    {
+        float *gg = xmalloc((size_t)T * 4);
+        fill(gg, (size_t)T, 4.0f);
+        for (int t = 0; t < T; t++)
+            for (int i = 0; i < H; i++) {
+                size_t o = (size_t)t * H + i;
+                ref[o] = got[o] + x[o] / (1.0f + expf(-gg[t]));
+            }
+        st = loom_cuda_upload(C, dlog, gg, (size_t)T * 4);
+        if (st == LOOM_OK) st = loom_cuda_moe_gate_add(C, dout, dx, dlog, T, H);
+        if (st == LOOM_OK) st = loom_cuda_download(C, got, dout, (size_t)T * H * 4);
+        if (st != LOOM_OK) api_fail("moe gate_add", what, st);
+        else report("moe gate_add", what, got, ref, NULL, (size_t)T * H, 1e-6f, 1e-6f);
+        free(gg);
+    }
+out:
+    loom_cuda_release(C, dx), loom_cuda_release(C, dwr), loom_cuda_release(C, dwgu);
+    loom_cuda_release(C, dwd), loom_cuda_release(C, dlog), loom_cuda_release(C, dsel);
+    loom_cuda_release(C, dwt), loom_cuda_release(C, dplan), loom_cuda_release(C, dhb);
+    loom_cuda_release(C, dab), loom_cuda_release(C, dy), loom_cuda_release(C, dout);
+    free(x), free(res), free(wr), free(wgu), free(wd), free(hr), free(hgu), free(hd);
+    free(logits), free(lref), free(lg2), free(sel), free(rsel), free(wt), free(rwt), free(plan);
+    free(ref), free(got), free(g), free(y), free(a);
+    return ok;
+}
+
+/* Bad arguments are refused, not run: top k above the experts or the limit. */
+static void test_moe_limits(void) {
+    int ok = loom_cuda_moe_route(C, NULL, NULL, NULL, 1, 4, 5, 1) == LOOM_ERR_UNSUPPORTED &&
+             loom_cuda_moe_route(C, NULL, NULL, NULL, 1, 64, LOOM_CUDA_MOE_KMAX + 1, 1) ==
+                 LOOM_ERR_UNSUPPORTED &&
+             loom_cuda_moe_route(C, NULL, NULL, NULL, 0, 4, 2, 1) == LOOM_OK;
+    loom_err_clear();
+    printf("%s  %-14s %-44s\n", ok ? "PASS" : "FAIL", "moe limits", "k > E, k > KMAX refused");
+    ok ? n_pass++ : n_fail++;
+}
+
 int main(void) {
     loom_status st = loom_cuda_create(0, &C);
     if (st != LOOM_OK) {
@@ -1826,6 +2065,26 @@ int main(void) {
         test_attn_prefill(&a8, s13, n13, 1, 1);
         test_attn_prefill(&a12, s13, n13, 1, 1);
     }
+
+    /* routed experts: the fixture's shape, Qwen3-30B-A3B-like and
+     * Qwen3-Next-like expert counts, odd widths (scalar loads), top 1 and
+     * top k = all experts, every token on one expert (the others idle),
+     * row tiles that straddle experts */
+    static const moe_case moes[] = {
+        {1, 8, 2, 64, 64, LOOM_CUDA_F32, 1, 0},
+        {2, 8, 2, 64, 64, LOOM_CUDA_F32, 1, 0},
+        {65, 8, 2, 64, 64, LOOM_CUDA_F32, 1, 0},
+        {3, 64, 8, 256, 256, LOOM_CUDA_BF16, 1, 0},
+        {130, 64, 8, 256, 256, LOOM_CUDA_BF16, 1, 0},
+        {37, 8, 2, 65, 33, LOOM_CUDA_F32, 0, 0},
+        {70, 16, 1, 72, 40, LOOM_CUDA_F16, 1, 1},
+        {5, 128, 4, 136, 24, LOOM_CUDA_BF16, 0, 1},
+        {200, 512, 10, 64, 48, LOOM_CUDA_BF16, 1, 0},
+        {9, 4, 4, 96, 17, LOOM_CUDA_F16, 1, 0},
+        {300, 32, 3, 128, 64, LOOM_CUDA_BF16, 1, 1},
+    };
+    for (size_t i = 0; i < sizeof moes / sizeof moes[0]; i++) test_moe(&moes[i]);
+    test_moe_limits();
 
     st = loom_cuda_sync(C);
     if (st != LOOM_OK) api_fail("sync", "end of run", st);
