@@ -24,7 +24,7 @@ set -eu
 : "${LOOM_BUILD:=build}"
 LOOM="$LOOM_BUILD/loom"
 MODEL=models/pycoder-16m
-: "${DRAFT:=models/pycoder-draft-3m}" # or a DFlashDraftModel, e.g. models/pycoder-dflash
+: "${DRAFT:=models/pycoder-draft-3m}" # or a DFlashDraftModel, e.g. models/pycoder-16m-dflash
 RUNS=${1:-5}
 : "${N:=192}" "${THREADS:=2}"
 : "${VALID:=/work/shared/fixtures/trained/eval/python-validation.txt}"

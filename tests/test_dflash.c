@@ -505,7 +505,7 @@ int main(void) {
         CHECKF(0, "fixtures: %s", loom_last_error());
     }
     close_target(&t);
-    trained_reference("models/pycoder-dflash", "models/pycoder-16m");
+    trained_reference("models/pycoder-16m-dflash", "models/pycoder-16m");
     char cmd[700];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     CHECK(system(cmd) == 0);

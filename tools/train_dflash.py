@@ -16,7 +16,7 @@ exact greedy continuation as its labels.
 
 Usage (from the repo root):
   python3 tools/train_dflash.py --target tests/fixtures/trained/pycoder-16m \\
-      --out models/pycoder-dflash [--budget 240] [--smoke]
+      --out models/pycoder-16m-dflash [--budget 240] [--smoke]
 """
 import argparse
 import hashlib
@@ -664,7 +664,7 @@ def run(args, torch, Target, Drafter, t, tcfg, corpus, held_prompts, smoke):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="tests/fixtures/trained/pycoder-16m")
-    ap.add_argument("--out", default="models/pycoder-dflash")
+    ap.add_argument("--out", default="models/pycoder-16m-dflash")
     ap.add_argument("--budget", type=float, default=240, help="wall-clock seconds before saving")
     ap.add_argument("--smoke", action="store_true", help="first a 5-step run on tiny data (written, then removed)")
     ap.add_argument("--heldout", default="tests/fixtures/trained/eval/python-validation.txt,bench/spec_heldout.py")
