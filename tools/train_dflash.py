@@ -16,7 +16,7 @@ exact greedy continuation as its labels.
 
 Usage (from the repo root):
   python3 tools/train_dflash.py --target tests/fixtures/trained/pycoder-16m \\
-      --out models/pycoder-16m-dflash [--budget 240] [--smoke]
+      --out models/pycoder-16m-dflash [--budget 300] [--smoke]
 """
 import argparse
 import hashlib
@@ -665,7 +665,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="tests/fixtures/trained/pycoder-16m")
     ap.add_argument("--out", default="models/pycoder-16m-dflash")
-    ap.add_argument("--budget", type=float, default=240, help="wall-clock seconds before saving")
+    ap.add_argument("--budget", type=float, default=300, help="wall-clock seconds before saving")
     ap.add_argument("--smoke", action="store_true", help="first a 5-step run on tiny data (written, then removed)")
     ap.add_argument("--heldout", default="tests/fixtures/trained/eval/python-validation.txt,bench/spec_heldout.py")
     ap.add_argument("--taps", default="1,4,7", help="target layers whose outputs the drafter reads")
@@ -674,11 +674,11 @@ def main():
     ap.add_argument("--mask-token", type=int, default=1)
     ap.add_argument("--corpus-mb", type=float, default=12)
     ap.add_argument("--prompt-len", type=int, default=256)
-    ap.add_argument("--gen-len", type=int, default=512)
-    ap.add_argument("--pool", type=int, default=16384, help="training sequences (at most)")
-    ap.add_argument("--gen-batch", type=int, default=512)
+    ap.add_argument("--gen-len", type=int, default=96)
+    ap.add_argument("--pool", type=int, default=32768, help="training sequences (at most)")
+    ap.add_argument("--gen-batch", type=int, default=1024)
     ap.add_argument("--gen-frac", type=float, default=0.3, help="share of the budget for the pool")
-    ap.add_argument("--batch", type=int, default=32, help="sequences per step")
+    ap.add_argument("--batch", type=int, default=64, help="sequences per step")
     ap.add_argument("--anchors", type=int, default=16, help="blocks per sequence per step")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--gamma", type=float, default=7.0, help="loss decay over block positions")
