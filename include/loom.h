@@ -231,7 +231,22 @@ typedef struct loom_engine_params {
     size_t snapshot_bytes;  /* cap on saved recurrent states (linear-attention
                                models); 0 = 1 GiB. The states kept with finished
                                requests (save_id) have a cap of the same size */
+    const char *model_dir;  /* the model's directory, for its vision tower
+                               (vision-language models): requests may then carry
+                               images. NULL = no images */
 } loom_engine_params;
+
+/* One image of a request, as the model's image processor left it. The
+ * engine runs the vision tower over it once, on its thread, when the
+ * request's prefill first needs the image's rows: a prefix-cache or
+ * session hit over all of its placeholders runs no tower. */
+typedef struct loom_request_image {
+    const float *pixels;    /* (t * h * w, patch_dim) pixel_values, copied at submit */
+    int grid[3];            /* (t, h, w) in patches */
+    uint64_t hash;          /* the decoded image's content (size and RGB bytes,
+                               e.g. XXH3): its placeholders' key in the prefix
+                               cache, the disk tier and sessions */
+} loom_request_image;
 
 typedef struct loom_request_params {
     const int32_t *prompt;  /* [n_prompt], copied at submit */
@@ -270,6 +285,12 @@ typedef struct loom_request_params {
                                = the latest turn of cache_session_id, if any.
                                An unknown, evicted or unmatched id is no error:
                                the prompt goes through the prefix cache. */
+    const loom_request_image *images; /* [n_images], in prompt order, each over
+                               its run of image placeholder tokens (the model's
+                               image_token_id, as many as its grid gives); needs
+                               an engine with model_dir of a vision-language
+                               model. NULL = none */
+    int n_images;
 } loom_request_params;
 
 typedef enum loom_finish {
@@ -307,6 +328,7 @@ typedef struct loom_engine_stats {
     int sessions;                        /* finished sequences kept for continuation */
     uint64_t session_hits, session_misses; /* requests that named one: resumed or not */
     uint64_t session_hit_tokens, session_evictions;
+    uint64_t vision_encodes;             /* images the vision tower ran over */
     /* Where the KV pool's blocks are; the four holders sum to kv_blocks_total. */
     int kv_blocks_running;               /* referenced by running requests (waiting ones hold none) */
     int kv_blocks_lru;                   /* unreferenced prefix-cache blocks */

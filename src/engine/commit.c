@@ -136,6 +136,7 @@ static int complete_row(loom_sched *s, const step_plan *p, int row, float *logit
     else loom_sampler_pick(&r->sampler, logits, r->logprobs, &res);
     double tc = traced ? loom_now() : 0;
     loom_sampler_accept(&r->sampler, res.id, 1);
+    loom_rq_keys(r)[r->n_tokens] = res.id; /* the same array without images */
     r->tokens[r->n_tokens++] = res.id;
     r->n_generated++;
     s->counters.decode_tokens++;
@@ -167,7 +168,8 @@ void loom_sched_commit(loom_sched *s, const step_plan *p, const loom_fwd_row *ro
                        const int32_t *picks, const step_work *w) {
     for (int i = 0; i < p->n_rows; i++) {
         loom_request *r = p->rows[i].r;
-        if (s->cache) loom_kv_cache_commit(s->kv, &r->seq, r->tokens, r->ns);
+        if (s->cache) loom_kv_cache_commit(s->kv, &r->seq, loom_rq_keys(r), r->ns);
+        if (r->seq.n_tokens >= r->n_prompt) loom_sched_drop_prompt(r);
         /* The next position attends to [n - window + 1, n]: older blocks go. */
         if (s->window) loom_kv_seq_drop_before(s->kv, &r->seq, r->seq.n_tokens - s->window + 1);
     }

@@ -1,11 +1,13 @@
 /* sched: queues, admission, preemption and the token budget, planned into
  * one step_plan per step (design notes in engine/sched.h). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/base.h"
 #include "engine/restore.h"
 #include "engine/sched.h"
+#include "vision/vision.h"
 
 #define CHUNK_DEFAULT 2048
 /* Attention score workspace bound for the linear-attention chunk policy. */
@@ -91,6 +93,7 @@ void loom_sched_requeue(loom_sched *s, int i) {
     loom_request *r = s->running[i];
     remove_running(s, i);
     loom_kv_seq_release(s->kv, &r->seq);
+    loom_sched_drop_prompt(r); /* built again, from what the cache then holds */
     r->state = RQ_WAITING;
     r->plan_end = 0;
     waiting_push_front(s, r); /* capacity: running requests were counted */
@@ -134,6 +137,9 @@ static void reap_cancelled(loom_sched *s) {
         if (atomic_load(&r->abort) && r->state != RQ_RESTORING) {
             remove_running(s, i);
             loom_sched_finish(s, r, LOOM_FINISH_CANCELLED, LOOM_ERR_ABORTED, "cancelled");
+        } else if (r->prep_status) { /* its prompt could not be prepared */
+            remove_running(s, i);
+            loom_sched_finish(s, r, LOOM_FINISH_ERROR, r->prep_status, r->prep_msg);
         } else {
             i++;
         }
@@ -171,12 +177,38 @@ static void add_row(step_plan *p, loom_request *r, int n, sched_kind kind, int a
     p->tokens += n;
 }
 
+/* A request with images: its prompt rows carry prepared input, built
+ * (the vision tower run) when the first of them is due, here, on the
+ * engine thread: only then is it known what the prefix cache holds, and
+ * the tower shares the model's thread pool with the forward. A failure
+ * finishes the request at the next step. Returns 0 when r gets no row. */
+static int prepare_prompt(loom_sched *s, loom_request *r) {
+    if (!r->n_images || r->prompt || r->prep_status || r->seq.n_tokens >= r->n_prompt) return 1;
+    loom_status st = s->hooks.prepare ? s->hooks.prepare(s->hooks.ctx, r)
+                                      : loom_err(LOOM_ERR_UNSUPPORTED, "no vision tower");
+    if (st == LOOM_OK) return 1;
+    r->prep_status = st;
+    snprintf(r->prep_msg, sizeof r->prep_msg, "%s", loom_last_error());
+    return 0;
+}
+
+void loom_sched_drop_prompt(loom_request *r) {
+    if (!r->prompt) return;
+    loom_vision_prompt_free(r->prompt);
+    free(r->prompt);
+    r->prompt = NULL;
+}
+
 static void add_prefill_row(loom_sched *s, step_plan *p, loom_request *r, int *budget) {
+    if (!prepare_prompt(s, r)) return;
     if (r->plan_end == 0) {
         int pos = r->seq.n_tokens, end = LOOM_MIN(pos + chunk_for(s, r), r->prefill_len);
         /* a chunk ends exactly where a state snapshot is due */
         for (int k = 0; k < 2; k++)
             if (r->snap[k] > pos && r->snap[k] < end) end = r->snap[k];
+        /* prompt rows carry prepared input, rows past it (a recompute's
+         * generated tokens) the rope delta alone: no row holds both */
+        if (r->n_images && pos < r->n_prompt) end = LOOM_MIN(end, r->n_prompt);
         r->plan_end = end;
     }
     int count = LOOM_MIN(r->plan_end - r->seq.n_tokens, *budget);
@@ -273,5 +305,10 @@ void loom_sched_fwd_rows(const loom_sched *s, const step_plan *plan, loom_fwd_ro
             .state = w->r->rstate,
             .decode = w->kind == SCHED_DECODE,
         };
+        /* images: prompt rows from the prepared prompt, later ones turn
+         * their rope by its delta */
+        if (w->r->prompt && w->start < w->r->n_prompt)
+            loom_fwd_row_input(&rows[i], &w->r->prompt->in, s->hidden, w->start, w->r->n_prompt);
+        else rows[i].pos_delta = w->r->pos_delta;
     }
 }
