@@ -11,6 +11,7 @@
 
 #include "engine/restore.h"
 #include "engine/sched.h"
+#include "vision/vision.h"
 #include "model/kv_layout.h"
 #include "test.h"
 
@@ -497,7 +498,44 @@ static void cancellation(void) {
     h_free(&h);
 }
 
+/* A prepared prompt with a bidirectional span (tokens [6, 18), as Gemma
+ * 3's image tokens): no row starts or ends inside it, however the chunk
+ * and the budget fall, and the output is the solo one. */
+static void spans(void) {
+    static const int budgets[] = {13, 16, 64}, chunks[] = {8, 3, 64};
+    for (int c = 0; c < 3; c++) {
+        harness h;
+        h_init(&h, 64, budgets[c], 8, chunks[c]);
+        loom_request *b = h_submit(&h, 9, 6, 21); /* decoding while a prefills */
+        h_step(&h);
+        loom_request *a = h_submit(&h, 30, 3, 20);
+        int32_t *g = malloc(sizeof *g * 30);
+        for (int i = 0; i < 30; i++) g[i] = i >= 6 && i < 18 ? 0 : -1;
+        a->n_images = 1;
+        a->prompt = calloc(1, sizeof *a->prompt);
+        a->prompt->n = 30;
+        a->prompt->in.groups = g;
+        for (int k = 0; k < 100 && (h.s.n_running || h.s.wait_len); k++) {
+            const step_plan *p = h_plan(&h);
+            for (int i = 0; i < p->n_rows; i++) {
+                if (p->rows[i].r != a || p->rows[i].kind == SCHED_DECODE) continue;
+                int st = p->rows[i].start, en = st + p->rows[i].n;
+                CHECKF(!(st > 6 && st < 18) && !(en > 6 && en < 18), "budget %d chunk %d: a row "
+                       "[%d, %d) cuts the span [6, 18)", budgets[c], chunks[c], st, en);
+            }
+            h_run(&h, p);
+        }
+        CHECK(a->prompt == NULL); /* dropped once the prompt's rows were done */
+        a->n_images = 0;
+        check_solo(a);
+        check_solo(b);
+        free(g);
+        h_free(&h);
+    }
+}
+
 int main(void) {
+    spans();
     late_join();
     budget_split();
     decode_first();

@@ -177,6 +177,42 @@ static void add_row(step_plan *p, loom_request *r, int n, sched_kind kind, int a
     p->tokens += n;
 }
 
+/* Bidirectional spans (a run of equal groups >= 0, as Gemma 3's images):
+ * a row never starts or ends inside one. The start of the span holding
+ * position pos, or pos when no span holds pos with a token before it. */
+static int span_start(const int32_t *g, int n, int pos) {
+    if (!g || pos <= 0 || pos >= n || g[pos] < 0 || g[pos - 1] != g[pos]) return pos;
+    while (pos > 0 && g[pos - 1] == g[pos]) pos--;
+    return pos;
+}
+
+static int span_end(const int32_t *g, int n, int pos) {
+    while (g && pos < n && pos > 0 && g[pos] >= 0 && g[pos - 1] == g[pos]) pos++;
+    return pos;
+}
+
+/* A prepared prompt's spans: each must fit one step's budget, and a
+ * prefix hit that ends inside one goes back to its start (its KV before
+ * the span is kept, the span computed whole). */
+static loom_status check_spans(loom_sched *s, loom_request *r) {
+    const int32_t *g = r->prompt->in.groups;
+    int n = r->n_prompt;
+    for (int i = 0, st = 0; g && i <= n; i++) {
+        if (i < n && i > 0 && g[i] >= 0 && g[i] == g[i - 1]) continue;
+        if (i - st > s->max_batch_tokens)
+            return loom_err(LOOM_ERR_RANGE, "the prompt's image span of %d tokens (from %d) does "
+                            "not fit one step of %d tokens (max_batch_tokens)", i - st, st,
+                            s->max_batch_tokens);
+        st = i;
+    }
+    int from = span_start(g, n, r->seq.n_tokens);
+    if (from < r->seq.n_tokens) {
+        loom_kv_seq_truncate(s->kv, &r->seq, from);
+        if (r->n_generated == 0) r->n_cached = from;
+    }
+    return LOOM_OK;
+}
+
 /* A request with images: its prompt rows carry prepared input, built
  * (the vision tower run) when the first of them is due, here, on the
  * engine thread: only then is it known what the prefix cache holds, and
@@ -186,6 +222,7 @@ static int prepare_prompt(loom_sched *s, loom_request *r) {
     if (!r->n_images || r->prompt || r->prep_status || r->seq.n_tokens >= r->n_prompt) return 1;
     loom_status st = s->hooks.prepare ? s->hooks.prepare(s->hooks.ctx, r)
                                       : loom_err(LOOM_ERR_UNSUPPORTED, "no vision tower");
+    if (st == LOOM_OK) st = check_spans(s, r);
     if (st == LOOM_OK) return 1;
     r->prep_status = st;
     snprintf(r->prep_msg, sizeof r->prep_msg, "%s", loom_last_error());
@@ -209,9 +246,17 @@ static void add_prefill_row(loom_sched *s, step_plan *p, loom_request *r, int *b
         /* prompt rows carry prepared input, rows past it (a recompute's
          * generated tokens) the rope delta alone: no row holds both */
         if (r->n_images && pos < r->n_prompt) end = LOOM_MIN(end, r->n_prompt);
+        if (r->prompt && pos < r->n_prompt) { /* nor cuts a bidirectional span */
+            const int32_t *g = r->prompt->in.groups;
+            int st = span_start(g, r->n_prompt, end);
+            end = st > pos ? st : span_end(g, r->n_prompt, end);
+        }
         r->plan_end = end;
     }
     int count = LOOM_MIN(r->plan_end - r->seq.n_tokens, *budget);
+    if (r->prompt && r->seq.n_tokens < r->n_prompt) /* a span waits for a budget it fits */
+        count = span_start(r->prompt->in.groups, r->n_prompt, r->seq.n_tokens + count) -
+                r->seq.n_tokens;
     int all = r->plp_next < r->n_prompt; /* prompt logprobs due: every position's logits */
     if (all) {
         for (int k = 0; k < p->n_rows; k++)
