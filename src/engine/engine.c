@@ -273,7 +273,11 @@ loom_status loom_engine_create(loom_model *m, const loom_engine_params *params,
     snprintf(e->ns_base, sizeof e->ns_base, "loom1|%s|L%d|H%d|V%d|kv=%s|bs=%d|", c->arch, c->n_layers,
              c->hidden_size, c->vocab_size, layout, p.block_size);
     if (!s) s = loom_exec_create(m, e->kv, p.max_batch_tokens, e->n_ctx, &e->exec);
-    if (!s && p.model_dir) s = loom_vision_load(m, p.model_dir, &e->vision);
+    if (!s && p.model_dir && (s = loom_vision_load(m, p.model_dir, &e->vision)) == LOOM_ERR_UNSUPPORTED) {
+        /* a tower loom does not have yet: the model serves text alone */
+        loom_log(LOOM_LOG_WARN, "%s; requests with images are refused", loom_last_error());
+        s = LOOM_OK;
+    }
     e->p.model_dir = NULL;
     if (!s) {
         e->logits = loom_alloc(sizeof(float) * (size_t)e->max_seqs * (size_t)c->vocab_size);

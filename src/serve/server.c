@@ -282,6 +282,7 @@ loom_serve_params loom_serve_default_params(void) {
 
 static void free_server(server *s) {
     loom_engine_free(s->engine);
+    job_images_close(s);
     loom_chat_template_free(s->chat);
     loom_tok_free(s->tok);
     loom_model_free(s->model);
@@ -416,6 +417,8 @@ static int server_open(server *s, const loom_serve_params *params) {
     s->tc_syntax = loom_toolcall_detect(s->chat, s->tok);
     s->n_turn_end = s->tok ? loom_toolcall_turn_end_ids(s->tc_syntax, s->tok, s->turn_end, 8) : 0;
     resolve_sampling(s);
+    s->p.engine.model_dir = dir; /* its vision tower, if any */
+    job_images_open(s);
     if ((st = loom_engine_create(s->model, &s->p.engine, &s->engine))) {
         fprintf(stderr, "loom: error: %s (%s)\n", loom_last_error(), loom_status_str(st));
         free_server(s);

@@ -35,6 +35,7 @@ typedef struct loom_serve_params {
                                    model's generation_config.json, under a request's own */
     loom_engine_params engine;
     const char *port_file;      /* write the bound port here when ready */
+    const char *allowed_media_dir; /* file:// image URLs may name files under it; NULL: none */
 } loom_serve_params;
 
 loom_serve_params loom_serve_default_params(void);
