@@ -37,10 +37,6 @@ static int b64_value(unsigned char c) {
 long api_base64_decode(const char *s, size_t n, uint8_t *out, size_t *bad) {
     size_t end = n;
     while (end > 0 && n - end < 2 && s[end - 1] == '=') end--; /* padding */
-    if (n != end && n % 4) {
-        *bad = end;
-        return -1;
-    }
     uint32_t acc = 0;
     int bits = 0;
     long len = 0;
@@ -57,8 +53,8 @@ long api_base64_decode(const char *s, size_t n, uint8_t *out, size_t *bad) {
             out[len++] = (uint8_t)(acc >> bits);
         }
     }
-    if (end % 4 == 1) { /* six bits cannot end a byte */
-        *bad = end - 1;
+    if (end % 4 == 1 || (n != end && n % 4)) { /* six bits end no byte; padding is to 4 */
+        *bad = end % 4 == 1 ? end - 1 : end;
         return -1;
     }
     return len;
