@@ -88,6 +88,7 @@ static int build_prompt(job *j, api_error *err) {
         if (!s->chat)
             return api_fail(err, 400, "messages",
                             "this model has no chat template; use /v1/completions");
+        if (r->n_images && job_images_prepare(j, err) < 0) return -1;
         loom_chat_params cp = loom_chat_default_params();
         cp.messages_json = r->messages_json;
         cp.tools_json = r->tools_json;
@@ -102,7 +103,7 @@ static int build_prompt(job *j, api_error *err) {
         if (st != LOOM_OK) return api_fail(err, 400, "messages", "%s", loom_last_error());
         j->n_prompt = (int)n;
         j->snapshot_at = conversation_boundary(j);
-        if (r->n_images && job_images_prepare(j, err) < 0) return -1;
+        if (r->n_images && job_images_expand(j, err) < 0) return -1;
     } else if (r->prompt_ids) {
         j->prompt = r->prompt_ids;
         j->n_prompt = r->n_prompt_ids;

@@ -159,10 +159,13 @@ void job_stream_close(job *j);
 void job_images_open(server *s);
 void job_images_close(server *s);
 /* The request's images (api_req.image_urls) read, decoded and
- * preprocessed on the calling (HTTP) thread, and each of the prompt's
- * image placeholders (one a image, as the template renders it) repeated
- * to the image's token count, as the Hugging Face processor does. */
+ * preprocessed on the calling (HTTP) thread (before the template: a model
+ * without images refuses them first). */
 int job_images_prepare(job *j, api_error *err);
+/* Then, once the prompt is tokenized, each of its image placeholders (one
+ * an image, as the template renders it) repeated to the image's token
+ * count, as the Hugging Face processor does. */
+int job_images_expand(job *j, api_error *err);
 void job_images_free(job *j);
 
 /* For the formatters. */

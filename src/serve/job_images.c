@@ -90,6 +90,12 @@ int job_images_prepare(job *j, api_error *err) {
     j->n_images = r->n_images;
     for (int k = 0; k < r->n_images; k++)
         if (load_image(j, k, err) < 0) return -1;
+    return 0;
+}
+
+int job_images_expand(job *j, api_error *err) {
+    server *s = j->srv;
+    api_req *r = &j->req;
     /* the template rendered one placeholder per image: repeat each */
     int have = 0;
     size_t n = (size_t)j->n_prompt;
