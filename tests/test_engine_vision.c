@@ -188,6 +188,46 @@ static void batched_equals_solo(loom_model *m, const loom_request_image cd[2],
         }
 }
 
+/* A KV pool too small for all four: requests are preempted and
+ * recomputed with the tokens they made so far, and still give their solo
+ * output. A prepared prompt is freed once its rows are done (it holds
+ * every prompt token's embedding and deepstack rows), so a recompute
+ * runs the tower again for the images the prefix cache (off here) does
+ * not hold; one preempted in its prefill keeps it. */
+static void preemption(loom_model *m, const loom_request_image cd[2], const loom_request_image cd2[2]) {
+    result ref[2];
+    solo(m, IDS, N_IDS, cd, 2, &ref[0]);
+    solo(m, IDS, N_IDS, cd2, 2, &ref[1]);
+    loom_engine_params ep = loom_engine_default_params();
+    ep.max_seqs = 4;
+    ep.n_ctx = 64;
+    ep.block_size = 4;
+    ep.prefix_cache = 0;
+    ep.model_dir = DIR;
+    loom_engine *e = NULL;
+    CHECK(loom_engine_create(m, &ep, &e) == LOOM_OK);
+    loom_engine_stats st;
+    loom_engine_get_stats(e, &st);
+    loom_engine_free(e);
+    ep.kv_memory = st.kv_block_bytes * 21; /* two prompts of 10 blocks, not their decodes */
+    CHECK(loom_engine_create(m, &ep, &e) == LOOM_OK);
+    if (!e) return;
+    loom_request *r[4];
+    for (int i = 0; i < 4; i++) r[i] = submit(e, IDS, N_IDS, i % 2 ? cd2 : cd, 2, NULL, NULL);
+    for (int i = 0; i < 4; i++) {
+        result got;
+        drain(r[i], &got);
+        CHECKF(same(&got, &ref[i % 2]), "request %d under preemption: %d tokens (%s)", i, got.n, got.err);
+    }
+    loom_engine_get_stats(e, &st);
+    CHECKF(st.preemptions > 0, "no preemption happened");
+    CHECKF(st.vision_encodes >= 8 && st.vision_encodes <= 8 + 2 * st.preemptions,
+           "%llu tower runs for 8 images and %llu preemptions", (unsigned long long)st.vision_encodes,
+           (unsigned long long)st.preemptions);
+    wait_idle(e);
+    loom_engine_free(e);
+}
+
 /* The same image and text hit without the tower; another image with the
  * same tokens misses; a session resumes over the image; the disk tier
  * keeps the two apart across engines. */
@@ -339,6 +379,7 @@ int main(void) {
     cd2[1].hash = d.img.hash * 31 + 7;
     batched_equals_solo(m, cd, cd2);
     prefix_cache(m, cd, cd2);
+    preemption(m, cd, cd2);
     errors_cancel_trace(m, cd);
     text_model(cd);
     free(d2.pixel_values);

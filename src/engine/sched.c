@@ -92,8 +92,7 @@ void loom_sched_remove(loom_sched *s, loom_request *r) {
 void loom_sched_requeue(loom_sched *s, int i) {
     loom_request *r = s->running[i];
     remove_running(s, i);
-    loom_kv_seq_release(s->kv, &r->seq);
-    loom_sched_drop_prompt(r); /* built again, from what the cache then holds */
+    loom_kv_seq_release(s->kv, &r->seq); /* a prepared prompt stays: the tower ran once */
     r->state = RQ_WAITING;
     r->plan_end = 0;
     waiting_push_front(s, r); /* capacity: running requests were counted */
@@ -191,6 +190,15 @@ static int span_end(const int32_t *g, int n, int pos) {
     return pos;
 }
 
+/* A prefix hit that ends inside a span goes back to the span's start. */
+static void hit_span_start(loom_sched *s, loom_request *r) {
+    int from = span_start(r->prompt->in.groups, r->n_prompt, r->seq.n_tokens);
+    if (from < r->seq.n_tokens) {
+        loom_kv_seq_truncate(s->kv, &r->seq, from);
+        if (r->n_generated == 0) r->n_cached = from;
+    }
+}
+
 /* A prepared prompt's spans: each must fit one step's budget, and a
  * prefix hit that ends inside one goes back to its start (its KV before
  * the span is kept, the span computed whole). */
@@ -205,11 +213,7 @@ static loom_status check_spans(loom_sched *s, loom_request *r) {
                             s->max_batch_tokens);
         st = i;
     }
-    int from = span_start(g, n, r->seq.n_tokens);
-    if (from < r->seq.n_tokens) {
-        loom_kv_seq_truncate(s->kv, &r->seq, from);
-        if (r->n_generated == 0) r->n_cached = from;
-    }
+    hit_span_start(s, r);
     return LOOM_OK;
 }
 
@@ -219,7 +223,11 @@ static loom_status check_spans(loom_sched *s, loom_request *r) {
  * the tower shares the model's thread pool with the forward. A failure
  * finishes the request at the next step. Returns 0 when r gets no row. */
 static int prepare_prompt(loom_sched *s, loom_request *r) {
-    if (!r->n_images || r->prompt || r->prep_status || r->seq.n_tokens >= r->n_prompt) return 1;
+    if (!r->n_images || r->prep_status || r->seq.n_tokens >= r->n_prompt) return 1;
+    if (r->prompt) { /* a recompute after preemption may have hit inside a span */
+        hit_span_start(s, r);
+        return 1;
+    }
     loom_status st = s->hooks.prepare ? s->hooks.prepare(s->hooks.ctx, r)
                                       : loom_err(LOOM_ERR_UNSUPPORTED, "no vision tower");
     if (st == LOOM_OK) st = check_spans(s, r);

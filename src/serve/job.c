@@ -259,7 +259,7 @@ static int submit(job *j, api_error *err) {
             return api_fail(err, atomic_load(&s->shutting_down) ? 503 : 429, NULL,
                             "the server is busy: %s", atomic_load(&s->shutting_down)
                                                           ? "shutting down" : loom_last_error());
-        if (st == LOOM_ERR_RANGE || st == LOOM_ERR_INVALID_ARG)
+        if (st == LOOM_ERR_RANGE || st == LOOM_ERR_INVALID_ARG || st == LOOM_ERR_UNSUPPORTED)
             return api_fail(err, 400, prompt_field(r), "%s", loom_last_error());
         if (st != LOOM_OK) return api_fail(err, 500, NULL, "%s", loom_last_error());
     }

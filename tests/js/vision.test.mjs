@@ -96,6 +96,32 @@ test('refused URLs and parts name the part', async () => {
   await badRequest(ask(many), 'messages[0].content[17]', 'too many images');
 });
 
+// A PNG whose header claims w x h (no pixel data).
+const crc32 = (buf) => {
+  let c = ~0;
+  for (const b of buf) { c ^= b; for (let k = 0; k < 8; k++) c = c >>> 1 ^ (0xedb88320 & -(c & 1)); }
+  return ~c >>> 0;
+};
+function pngHeader(w, h) {
+  const ihdr = Buffer.alloc(17);
+  ihdr.write('IHDR', 0);
+  ihdr.writeUInt32BE(w, 4);
+  ihdr.writeUInt32BE(h, 8);
+  ihdr.set([8, 2, 0, 0, 0], 12);
+  const len = Buffer.alloc(4), crc = Buffer.alloc(4);
+  len.writeUInt32BE(13);
+  crc.writeUInt32BE(crc32(ihdr));
+  return Buffer.concat([Buffer.from([137, 80, 78, 71, 13, 10, 26, 10]), len, ihdr, crc]);
+}
+
+test('a huge image is refused from its header, naming its size', async () => {
+  const url = `data:image/png;base64,${pngHeader(20000, 20000).toString('base64')}`;
+  await badRequest(ask([part(url)]), 'messages[0].content[1]', '20000');
+  // and the server still answers
+  const r = await ask([part(dataUrl(imgD, 'image/png'))]);
+  assert.deepEqual(r.choices[0].token_ids, first.choices[0].token_ids);
+});
+
 test('a placeholder typed into the text: a 400 naming both counts', async () => {
   await badRequest(client.chat.completions.create({
     messages: [{ role: 'user', content: [{ type: 'text', text: 'see <|image_pad|>' },
