@@ -534,8 +534,37 @@ static void spans(void) {
     }
 }
 
+/* A hit (here a restore of the first block, tokens [0, 4)) that ends
+ * inside a span ([2, 10)) goes back to the span's start, its blocks
+ * reserved again. */
+static void span_hit(void) {
+    harness h;
+    h_init(&h, 64, 64, 8, 0);
+    h.s.hooks = (sched_hooks){.ctx = &h, .admit = fake_admit};
+    h.restore_next = 1;
+    loom_request *a = h_submit(&h, 13, 3, 60);
+    int32_t g[13];
+    for (int i = 0; i < 13; i++) g[i] = i >= 2 && i < 10 ? 0 : -1;
+    a->n_images = 1;
+    a->prompt = calloc(1, sizeof *a->prompt);
+    a->prompt->n = 13;
+    a->prompt->in.groups = g;
+    h_step(&h);
+    CHECK_EQ_INT(a->state, RQ_RESTORING);
+    fake_restore_done(&h, a, 1);
+    const step_plan *p = h_plan(&h);
+    CHECK(p->n_rows == 1 && p->rows[0].start == 2 && p->rows[0].n == 11);
+    CHECK_EQ_INT(a->n_cached, 2);
+    h_run(&h, p);
+    h_drain(&h);
+    a->n_images = 0;
+    check_solo(a);
+    h_free(&h);
+}
+
 int main(void) {
     spans();
+    span_hit();
     late_join();
     budget_split();
     decode_first();

@@ -190,13 +190,16 @@ static int span_end(const int32_t *g, int n, int pos) {
     return pos;
 }
 
-/* A prefix hit that ends inside a span goes back to the span's start. */
-static void hit_span_start(loom_sched *s, loom_request *r) {
+/* A prefix hit that ends inside a span goes back to the span's start
+ * (the blocks the truncation released are taken again: the prefill holds
+ * blocks for all of its tokens). */
+static loom_status hit_span_start(loom_sched *s, loom_request *r) {
     int from = span_start(r->prompt->in.groups, r->n_prompt, r->seq.n_tokens);
-    if (from < r->seq.n_tokens) {
-        loom_kv_seq_truncate(s->kv, &r->seq, from);
-        if (r->n_generated == 0) r->n_cached = from;
-    }
+    if (from == r->seq.n_tokens) return LOOM_OK;
+    loom_kv_seq_truncate(s->kv, &r->seq, from);
+    if (r->n_generated == 0) r->n_cached = from;
+    r->plan_end = 0;
+    return loom_sched_reserve(s, &r->seq, r->prefill_len);
 }
 
 /* A prepared prompt's spans: each must fit one step's budget, and a
@@ -213,8 +216,7 @@ static loom_status check_spans(loom_sched *s, loom_request *r) {
                             s->max_batch_tokens);
         st = i;
     }
-    hit_span_start(s, r);
-    return LOOM_OK;
+    return hit_span_start(s, r);
 }
 
 /* A request with images: its prompt rows carry prepared input, built
@@ -224,13 +226,14 @@ static loom_status check_spans(loom_sched *s, loom_request *r) {
  * finishes the request at the next step. Returns 0 when r gets no row. */
 static int prepare_prompt(loom_sched *s, loom_request *r) {
     if (!r->n_images || r->prep_status || r->seq.n_tokens >= r->n_prompt) return 1;
+    loom_status st;
     if (r->prompt) { /* a recompute after preemption may have hit inside a span */
-        hit_span_start(s, r);
-        return 1;
+        st = hit_span_start(s, r);
+    } else {
+        st = s->hooks.prepare ? s->hooks.prepare(s->hooks.ctx, r)
+                              : loom_err(LOOM_ERR_UNSUPPORTED, "no vision tower");
+        if (st == LOOM_OK) st = check_spans(s, r);
     }
-    loom_status st = s->hooks.prepare ? s->hooks.prepare(s->hooks.ctx, r)
-                                      : loom_err(LOOM_ERR_UNSUPPORTED, "no vision tower");
-    if (st == LOOM_OK) st = check_spans(s, r);
     if (st == LOOM_OK) return 1;
     r->prep_status = st;
     snprintf(r->prep_msg, sizeof r->prep_msg, "%s", loom_last_error());
