@@ -310,6 +310,10 @@ static void errors_cancel_trace(loom_model *m, const loom_request_image cd[2]) {
     CHECK(loom_engine_submit(e, &rp, &r) == LOOM_ERR_INVALID_ARG);
     CHECKF(strstr(loom_last_error(), "16 image placeholder tokens") &&
            strstr(loom_last_error(), "need 4"), "%s", loom_last_error());
+    rp.n_images = 0; /* placeholders without images */
+    CHECK(loom_engine_submit(e, &rp, &r) == LOOM_ERR_INVALID_ARG);
+    CHECKF(strstr(loom_last_error(), "16 image placeholder tokens") &&
+           strstr(loom_last_error(), "0 image(s) need 0"), "%s", loom_last_error());
     /* cancelled at once and while running: nothing leaks */
     for (int k = 0; k < 4; k++) {
         r = submit(e, IDS, N_IDS, cd, 2, NULL, NULL);

@@ -384,9 +384,10 @@ static loom_status check_images(loom_engine *e, const loom_request_params *p, in
         return loom_err(LOOM_ERR_UNSUPPORTED, "request: images run on the CPU backend only; this "
                         "engine's forward runs on a device");
     const loom_vision_info *vi = loom_vision_get_info(e->vision);
-    int (*grids)[3] = malloc(sizeof *grids * (size_t)p->n_images);
-    int32_t *pos3 = malloc(sizeof *pos3 * 3 * (size_t)p->n_prompt);
-    loom_status s = grids && pos3 ? LOOM_OK : loom_err(LOOM_ERR_NOMEM, "out of memory");
+    int (*grids)[3] = malloc(sizeof *grids * (size_t)LOOM_MAX(p->n_images, 1));
+    int32_t *pos3 = p->n_images ? malloc(sizeof *pos3 * 3 * (size_t)p->n_prompt) : NULL;
+    loom_status s = grids && (pos3 || !p->n_images) ? LOOM_OK
+                                                    : loom_err(LOOM_ERR_NOMEM, "out of memory");
     int have = 0, need = 0;
     for (int k = 0; !s && k < p->n_images; k++) {
         memcpy(grids[k], p->images[k].grid, sizeof grids[k]);
@@ -402,7 +403,7 @@ static loom_status check_images(loom_engine *e, const loom_request_params *p, in
         s = loom_err(LOOM_ERR_INVALID_ARG, "the prompt has %d image placeholder tokens (id %d), "
                      "but its %d image(s) need %d", have, vi->image_token, p->n_images, need);
     *delta = 0;
-    if (!s && vi->mrope)
+    if (!s && vi->mrope && p->n_images)
         s = loom_vision_positions(vi, p->prompt, p->n_prompt, (const int(*)[3])grids, p->n_images,
                                   pos3, delta);
     free(grids);
@@ -478,7 +479,8 @@ loom_status loom_engine_submit(loom_engine *e, const loom_request_params *p, loo
     if (p->n_images < 0 || (p->n_images && !p->images))
         return loom_err(LOOM_ERR_INVALID_ARG, "request: bad images (n_images %d)", p->n_images);
     int delta = 0;
-    loom_status vs = p->n_images ? check_images(e, p, &delta) : LOOM_OK;
+    /* with a tower, a text prompt's placeholders are an error too */
+    loom_status vs = p->n_images || e->vision ? check_images(e, p, &delta) : LOOM_OK;
     if (vs) return vs;
     if (p->n_prompt >= e->n_ctx)
         return loom_err(LOOM_ERR_RANGE,
