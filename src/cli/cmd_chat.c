@@ -394,6 +394,10 @@ int cmd_chat(int argc, char **argv) {
             fprintf(stderr, "(conversation cleared)\n");
             continue;
         }
+        if (!strcmp(line, "/image")) {
+            fprintf(stderr, "loom: error: /image needs a file: /image FILE\n");
+            continue;
+        }
         if (!strncmp(line, "/image ", 7)) {
             add_image(&c, line + 7 + strspn(line + 7, " "));
             continue;
