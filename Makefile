@@ -155,7 +155,7 @@ test: tests
 # libFuzzer targets (fuzz/README.md): `make fuzz` builds $(BUILD)/fuzz/*
 # with clang; the code under test gets coverage, the rest links from $(LIB).
 FUZZ_CC  ?= clang
-FUZZ_SRC := src/base/base.c src/load/safetensors.c src/serve/api.c src/serve/toolcall.c \
+FUZZ_SRC := src/base/base.c src/load/safetensors.c src/serve/api.c src/serve/media.c src/serve/toolcall.c \
             src/serve/api_messages.c src/serve/api_responses.c \
             src/stream/textstream.c src/vision/image.c src/vision/imgproc.c \
             $(sort $(wildcard src/tokenize/*.c)) $(sort $(wildcard src/template/*.c))

@@ -263,7 +263,22 @@ typedef struct loom_engine_params {
     loom_model *draft_model; /* borrowed: LOOM_SPEC_DRAFT's drafter, a causal LM over
                                the same vocabulary (a hybrid drafts too: its state goes
                                back to a snapshot) */
+    const char *model_dir;  /* the model's directory, for its vision tower
+                               (vision-language models): requests may then carry
+                               images. NULL = no images */
 } loom_engine_params;
+
+/* One image of a request, as the model's image processor left it. The
+ * engine runs the vision tower over it once, on its thread, when the
+ * request's prefill first needs the image's rows: a prefix-cache or
+ * session hit over all of its placeholders runs no tower. */
+typedef struct loom_request_image {
+    const float *pixels;    /* (t * h * w, patch_dim) pixel_values, copied at submit */
+    int grid[3];            /* (t, h, w) in patches */
+    uint64_t hash;          /* the decoded image's content (size and RGB bytes,
+                               e.g. XXH3): its placeholders' key in the prefix
+                               cache, the disk tier and sessions */
+} loom_request_image;
 
 typedef struct loom_request_params {
     const int32_t *prompt;  /* [n_prompt], copied at submit */
@@ -310,6 +325,12 @@ typedef struct loom_request_params {
                                prefix cache (the vector is the same); MEAN and CLS
                                compute every position. */
     int normalize;          /* embeddings: L2-normalise the vector (default 1) */
+    const loom_request_image *images; /* [n_images], in prompt order, each over
+                               its run of image placeholder tokens (the model's
+                               image_token_id, as many as its grid gives); needs
+                               an engine with model_dir of a vision-language
+                               model. NULL = none */
+    int n_images;
 } loom_request_params;
 
 typedef enum loom_finish {
@@ -347,6 +368,7 @@ typedef struct loom_engine_stats {
     int sessions;                        /* finished sequences kept for continuation */
     uint64_t session_hits, session_misses; /* requests that named one: resumed or not */
     uint64_t session_hit_tokens, session_evictions;
+    uint64_t vision_encodes;             /* images the vision tower ran over */
     /* Where the KV pool's blocks are; the four holders sum to kv_blocks_total. */
     int kv_blocks_running;               /* referenced by running requests (waiting ones hold none) */
     int kv_blocks_lru;                   /* unreferenced prefix-cache blocks */

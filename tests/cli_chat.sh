@@ -45,7 +45,7 @@ until_ok 'grep -q "(reply stopped)" "$dir/err" && [ "$(prompts)" -ge 2 ]' "reply
 before=$(bytes)
 echo "/foo bar" >&3
 until_ok '[ "$(prompts)" -ge 3 ]' "prompt after /foo"
-grep -q "unknown command /foo; commands: /reset, /exit, /quit, /help" "$dir/err" || fail "no error for /foo"
+grep -q "unknown command /foo; commands: /reset, /image FILE, /exit, /quit, /help" "$dir/err" || fail "no error for /foo"
 [ "$(bytes)" -eq "$before" ] || fail "/foo reached the model"
 # the next line gets a reply (stopped again, as it may be long)
 echo "and a test for it" >&3

@@ -51,8 +51,36 @@ static void test_parse_errors(void) {
     check_rejects(API_CHAT, "{\"messages\":[{\"content\":\"x\"}]}", 400, "messages[0].role");
     check_rejects(API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"ai\"}]}", 400,
                   "messages[1].role");
+    /* content parts: an image part needs its URL, an unknown type names itself, at most
+     * API_MAX_IMAGES images (the parts themselves: test_media.c) */
     check_rejects(API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}",
-                  400, "messages[0].content");
+                  400, "messages[0].content[0]");
+    check_rejects(API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[\"a\",{\"type\":\"audio\"}]}]}",
+                  400, "messages[0].content[1]");
+    {
+        loom_buf many = {0};
+        loom_buf_puts(&many, "{\"messages\":[{\"role\":\"user\",\"content\":[");
+        for (int k = 0; k <= API_MAX_IMAGES; k++)
+            loom_buf_printf(&many, "%s{\"type\":\"image_url\",\"image_url\":{\"url\":\"data:,%d\"}}",
+                            k ? "," : "", k);
+        loom_buf_puts(&many, "]}]}");
+        char want[48];
+        snprintf(want, sizeof want, "messages[0].content[%d]", API_MAX_IMAGES);
+        check_rejects(API_CHAT, many.p, 400, want);
+        loom_buf_free(&many);
+        const char *ok = "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\","
+                         "\"text\":\"see\"},{\"type\":\"image_url\",\"image_url\":{\"url\":\"data:A\"}}"
+                         ",{\"type\":\"image_url\",\"image_url\":\"data:B\"}]}]}";
+        api_req r;
+        api_error e;
+        CHECKF(api_parse(API_CHAT, ok, strlen(ok), 1000, &r, &e) == 0, "%s", e.message);
+        CHECK_EQ_INT(r.n_images, 2);
+        CHECK(r.n_images == 2 && !strcmp(r.image_urls[0], "data:A") && !strcmp(r.image_urls[1], "data:B"));
+        CHECK_STR(r.image_params[1], "messages[0].content[2]");
+        CHECKF(strstr(r.messages_json, "{\"type\":\"text\",\"text\":\"see\"},{\"type\":\"image\"}") &&
+               !strstr(r.messages_json, "data:"), "%s", r.messages_json);
+        api_req_free(&r);
+    }
     static const struct { const char *extra, *param; } bad[] = {
         {"\"model\":5", "model"},
         {"\"stream\":1", "stream"},

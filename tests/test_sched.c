@@ -11,6 +11,7 @@
 
 #include "engine/restore.h"
 #include "engine/sched.h"
+#include "vision/vision.h"
 #include "model/kv_layout.h"
 #include "test.h"
 
@@ -639,9 +640,75 @@ static void speculation_cancel(void) {
     h_free(&h);
 }
 
+/* A prepared prompt with a bidirectional span (tokens [6, 18), as Gemma
+ * 3's image tokens): no row starts or ends inside it, however the chunk
+ * and the budget fall, and the output is the solo one. */
+static void spans(void) {
+    static const int budgets[] = {13, 16, 64}, chunks[] = {8, 3, 64};
+    for (int c = 0; c < 3; c++) {
+        harness h;
+        h_init(&h, 64, budgets[c], 8, chunks[c]);
+        loom_request *b = h_submit(&h, 9, 6, 21); /* decoding while a prefills */
+        h_step(&h);
+        loom_request *a = h_submit(&h, 30, 3, 20);
+        int32_t *g = malloc(sizeof *g * 30);
+        for (int i = 0; i < 30; i++) g[i] = i >= 6 && i < 18 ? 0 : -1;
+        a->n_images = 1;
+        a->prompt = calloc(1, sizeof *a->prompt);
+        a->prompt->n = 30;
+        a->prompt->in.groups = g;
+        for (int k = 0; k < 100 && (h.s.n_running || h.s.wait_len); k++) {
+            const step_plan *p = h_plan(&h);
+            for (int i = 0; i < p->n_rows; i++) {
+                if (p->rows[i].r != a || p->rows[i].kind == SCHED_DECODE) continue;
+                int st = p->rows[i].start, en = st + p->rows[i].n;
+                CHECKF(!(st > 6 && st < 18) && !(en > 6 && en < 18), "budget %d chunk %d: a row "
+                       "[%d, %d) cuts the span [6, 18)", budgets[c], chunks[c], st, en);
+            }
+            h_run(&h, p);
+        }
+        CHECK(a->prompt == NULL); /* dropped once the prompt's rows were done */
+        a->n_images = 0;
+        check_solo(a);
+        check_solo(b);
+        free(g);
+        h_free(&h);
+    }
+}
+
+/* A hit (here a restore of the first block, tokens [0, 4)) that ends
+ * inside a span ([2, 10)) goes back to the span's start, its blocks
+ * reserved again. */
+static void span_hit(void) {
+    harness h;
+    h_init(&h, 64, 64, 8, 0);
+    h.s.hooks = (sched_hooks){.ctx = &h, .admit = fake_admit};
+    h.restore_next = 1;
+    loom_request *a = h_submit(&h, 13, 3, 60);
+    int32_t g[13];
+    for (int i = 0; i < 13; i++) g[i] = i >= 2 && i < 10 ? 0 : -1;
+    a->n_images = 1;
+    a->prompt = calloc(1, sizeof *a->prompt);
+    a->prompt->n = 13;
+    a->prompt->in.groups = g;
+    h_step(&h);
+    CHECK_EQ_INT(a->state, RQ_RESTORING);
+    fake_restore_done(&h, a, 1);
+    const step_plan *p = h_plan(&h);
+    CHECK(p->n_rows == 1 && p->rows[0].start == 2 && p->rows[0].n == 11);
+    CHECK_EQ_INT(a->n_cached, 2);
+    h_run(&h, p);
+    h_drain(&h);
+    a->n_images = 0;
+    check_solo(a);
+    h_free(&h);
+}
+
 int main(void) {
     speculation();
     speculation_cancel();
+    spans();
+    span_hit();
     late_join();
     budget_split();
     decode_first();

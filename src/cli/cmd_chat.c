@@ -10,16 +10,20 @@
 
 #include "base/base.h"
 #include "cli/cli.h"
+#include "engine/context.h"
 #include "sample/sample.h"
 #include "stream/textstream.h"
 #include "template/chat.h"
 #include "tokenize/tokenizer.h"
+#include "vision/image.h"
+#include "vision/imgproc.h"
 
 static const char usage[] =
     "usage: loom chat --model DIR [options]\n"
     "\n"
     "Chats in the terminal with the model's own chat template, streaming the\n"
-    "replies. Commands: /reset (forget the conversation), /exit, /help. Ctrl-C\n"
+    "replies. Commands: /reset (forget the conversation), /image FILE (a PNG or\n"
+    "JPEG for the next message, vision-language models), /exit, /help. Ctrl-C\n"
     "stops a reply; Ctrl-C at the prompt twice, or Ctrl-D, quits.\n"
     "\n"
     "  --model DIR        Hugging Face model directory\n"
@@ -49,9 +53,16 @@ typedef struct chat_state {
     int n_turn_end;
     const loom_sampling *sp;   /* borrowed: the options' sampling */
     int n_turns;
+    /* images (vision-language models) */
+    const char *dir;           /* the model directory */
+    loom_imgproc *proc;        /* owned, or NULL: the model takes no images */
+    int image_token;
+    char *images[CLI_MAX_IMAGES]; /* owned paths: the conversation's images, in order */
+    int n_tok[CLI_MAX_IMAGES];    /* their placeholder counts */
+    int n_images, n_pending;      /* of them, the last n_pending go with the next message */
 } chat_state;
 
-static const char commands[] = "/reset, /exit, /quit, /help";
+static const char commands[] = "/reset, /image FILE, /exit, /quit, /help";
 
 /* Ctrl-C presses since the last line read: the first stops a reply (or
  * warns at the prompt), the second quits. */
@@ -73,13 +84,98 @@ static void reset(chat_state *c) {
     }
     loom_context_truncate(c->ctx, 0);
     c->n_held = 0;
+    for (int k = 0; k < c->n_images; k++) free(c->images[k]);
+    c->n_images = c->n_pending = 0;
+}
+
+/* The model's image processor and image token, when it has both. */
+static void open_images(chat_state *c) {
+    char path[4096], *text = NULL;
+    if (loom_path_join(path, sizeof path, c->dir, "config.json") || loom_read_file(path, &text, NULL)) {
+        loom_err_clear();
+        return;
+    }
+    cJSON *cfg = cJSON_Parse(text);
+    free(text);
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(cfg, "image_token_id");
+    c->image_token = cJSON_IsNumber(t) ? t->valueint : -1;
+    int vision = cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(cfg, "vision_config"));
+    cJSON_Delete(cfg);
+    loom_imgproc *p = vision && c->image_token >= 0 ? malloc(sizeof *p) : NULL;
+    if (p && loom_imgproc_load(c->dir, p) == LOOM_OK) c->proc = p;
+    else free(p);
+    loom_err_clear();
+}
+
+/* /image FILE: checked (decoded, planned) now, sent with the next message. */
+static void add_image(chat_state *c, const char *file) {
+    if (!c->proc) {
+        fprintf(stderr, "loom: error: %s takes no images (no vision_config or "
+                        "preprocessor_config.json)\n", c->dir);
+        return;
+    }
+    if (c->n_images == CLI_MAX_IMAGES) {
+        fprintf(stderr, "loom: error: a conversation holds at most %d images\n", CLI_MAX_IMAGES);
+        return;
+    }
+    loom_image img = {0};
+    loom_imgproc_plan plan;
+    loom_status s = loom_image_load(file, &img);
+    if (!s) s = loom_imgproc_plan_image(c->proc, img.w, img.h, &plan);
+    loom_image_free(&img);
+    char *path = s ? NULL : strdup(file);
+    if (s || !path) {
+        fprintf(stderr, "loom: error: %s\n", s ? loom_last_error() : "out of memory");
+        return;
+    }
+    c->n_tok[c->n_images] = plan.n_tokens;
+    c->images[c->n_images++] = path;
+    c->n_pending++;
+    fprintf(stderr, "(image %s, %d tokens, goes with the next message)\n", file, plan.n_tokens);
+}
+
+/* The prompt's one placeholder per image repeated to its token count. */
+static int expand_images(chat_state *c, int32_t **ids, size_t *n) {
+    size_t have = 0, total = *n;
+    for (size_t i = 0; i < *n; i++) have += (*ids)[i] == c->image_token;
+    if ((int)have != c->n_images) {
+        fprintf(stderr, "loom: error: the chat template rendered %zu image placeholders for the "
+                        "conversation's %d images\n", have, c->n_images);
+        return 1;
+    }
+    for (int k = 0; k < c->n_images; k++) total += (size_t)c->n_tok[k] - 1;
+    int32_t *out = malloc(sizeof *out * total);
+    if (!out) return 1;
+    size_t w = 0;
+    for (size_t i = 0, k = 0; i < *n; i++) {
+        int rep = (*ids)[i] == c->image_token ? c->n_tok[k++] : 1;
+        for (int r = 0; r < rep; r++) out[w++] = (*ids)[i];
+    }
+    free(*ids);
+    *ids = out;
+    *n = w;
+    return 0;
 }
 
 /* One turn: render, reuse the common prefix of the context, generate. */
 static int turn(chat_state *c, const char *user, int max_tokens, float *logits) {
     cJSON *m = cJSON_CreateObject();
     cJSON_AddStringToObject(m, "role", "user");
-    cJSON_AddStringToObject(m, "content", user);
+    if (c->n_pending) { /* the images first, then the text, as Qwen-VL's examples */
+        cJSON *parts = cJSON_AddArrayToObject(m, "content");
+        for (int k = 0; k < c->n_pending; k++) {
+            cJSON *p = cJSON_CreateObject();
+            cJSON_AddStringToObject(p, "type", "image");
+            cJSON_AddItemToArray(parts, p);
+        }
+        cJSON *p = cJSON_CreateObject();
+        cJSON_AddStringToObject(p, "type", "text");
+        cJSON_AddStringToObject(p, "text", user);
+        cJSON_AddItemToArray(parts, p);
+        c->n_pending = 0;
+    } else {
+        cJSON_AddStringToObject(m, "content", user);
+    }
     cJSON_AddItemToArray(c->messages, m);
     char *msgs = cJSON_PrintUnformatted(c->messages);
     loom_chat_params cp = loom_chat_default_params();
@@ -95,8 +191,15 @@ static int turn(chat_state *c, const char *user, int max_tokens, float *logits) 
     s = loom_tok_encode(c->tok, text, len, LOOM_TOK_NO_SPECIAL, &ids, &n);
     free(text);
     if (s) return cli_fail("tokenizing", s);
+    if (c->n_images && expand_images(c, &ids, &n)) {
+        free(ids);
+        return 1;
+    }
     int keep = 0;
     while (keep < c->n_held && keep < (int)n - 1 && c->held[keep] == ids[keep]) keep++;
+    /* a prepared prompt (images) is evaluated whole: the context takes
+     * its rows from its first token on */
+    if (c->n_images) keep = 0;
     loom_context_truncate(c->ctx, keep);
     int cap = (int)n + max_tokens + 1;
     int32_t *held = realloc(c->held, sizeof *held * (size_t)cap);
@@ -107,7 +210,16 @@ static int turn(chat_state *c, const char *user, int max_tokens, float *logits) 
     c->held = held;
     memcpy(c->held, ids, sizeof *ids * n);
     c->n_held = (int)n;
-    s = loom_context_eval(c->ctx, ids + keep, (int)n - keep, 0, logits);
+    if (c->n_images) {
+        cli_vision cv;
+        s = cli_vision_prompt(c->m, c->dir, ids, (int)n, (const char *const *)c->images, c->n_images, &cv);
+        if (!s) {
+            s = loom_context_eval_input(c->ctx, ids, (int)n, &cv.p.in, 0, logits);
+            cli_vision_free(&cv);
+        }
+    } else {
+        s = loom_context_eval(c->ctx, ids + keep, (int)n - keep, 0, logits);
+    }
     free(ids);
     if (s) return cli_fail("prompt", s);
     /* As the server's requests: a sampler per reply whose penalty window
@@ -236,6 +348,8 @@ int cmd_chat(int argc, char **argv) {
     if (!s) s = loom_tok_load_dir(model, &c.tok);
     if (!s) s = loom_chat_template_load(model, &c.tpl);
     if (s) { rc = cli_fail("loading", s); goto done; }
+    c.dir = model;
+    open_images(&c);
     loom_sampling gen;
     loom_sampling_apply(&sp, &gen, loom_model_sampling_defaults(c.m, &gen) & ~sp_set);
     loom_context_params cp = loom_context_default_params();
@@ -280,6 +394,14 @@ int cmd_chat(int argc, char **argv) {
             fprintf(stderr, "(conversation cleared)\n");
             continue;
         }
+        if (!strcmp(line, "/image")) {
+            fprintf(stderr, "loom: error: /image needs a file: /image FILE\n");
+            continue;
+        }
+        if (!strncmp(line, "/image ", 7)) {
+            add_image(&c, line + 7 + strspn(line + 7, " "));
+            continue;
+        }
         if (!strcmp(line, "/help")) {
             fprintf(stderr, "commands: %s; Ctrl-C stops a reply, Ctrl-D quits\n", commands);
             continue;
@@ -303,6 +425,8 @@ int cmd_chat(int argc, char **argv) {
     rc = 0;
 done:
     free(logits);
+    for (int k = 0; k < c.n_images; k++) free(c.images[k]);
+    free(c.proc);
     free(c.held);
     cJSON_Delete(c.messages);
     loom_context_free(c.ctx);

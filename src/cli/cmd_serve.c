@@ -67,6 +67,8 @@ static const char usage[] =
     "                          (1..19; default 0 = off)\n"
     "  --trace-file FILE       append every request's timed spans as JSON lines\n"
     "  --port-file FILE        write the bound port to FILE when ready\n"
+    "  --allowed-media-dir DIR image_url parts may name file:// images under DIR\n"
+    "                          (default: none; data: URLs always work, http(s) never)\n"
     "  --threads N             model threads (default: all cores)\n";
 
 /* "2G", "512M", "64K" or plain bytes. */
@@ -122,6 +124,7 @@ int cmd_serve(int argc, char **argv) {
                                        "--ctx-size", "--kv-memory", "--block-size",
                                        "--prefill-chunk", "--max-tokens", "--max-body", "--timeout",
                                        "--grace", "--trace-file", "--port-file", "--threads",
+                                       "--allowed-media-dir",
                                        "--prefix-cache-bytes", "--prefix-cache-dir",
                                        "--prefix-cache-disk-bytes", "--kv-type", "--kv-bits",
                                        "--kv-config", "--prefix-cache-zstd", "--temperature",
@@ -166,6 +169,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--grace")) bad = cli_int("serve", a, v, 0, 86400, &p.grace_s);
         else if (!strcmp(a, "--trace-file")) p.engine.trace_file = v;
         else if (!strcmp(a, "--port-file")) p.port_file = v;
+        else if (!strcmp(a, "--allowed-media-dir")) p.allowed_media_dir = v;
         else if (!strcmp(a, "--kv-type")) bad = cli_kv_type("serve", v, &p.engine.kv_type);
         else if (!strcmp(a, "--kv-config")) p.engine.kv_config = v;
         else if (!strcmp(a, "--kv-bits")) {

@@ -183,6 +183,7 @@ static int emit_token(loom_sched *s, const step_plan *p, int row, const loom_sam
                       const step_work *w, double te, double tc) {
     loom_request *r = p->rows[row].r;
     int traced = r->trace && p->rows[row].kind != SCHED_DECODE;
+    loom_rq_keys(r)[r->n_tokens] = res->id; /* the same array without images */
     r->tokens[r->n_tokens++] = res->id;
     r->n_generated++;
     s->counters.decode_tokens++;
@@ -236,7 +237,7 @@ static void spec_adapt(const loom_sched *s, loom_request *r, int k, int kept) {
 /* The KV bookkeeping after row i's forward: full blocks to the prefix
  * cache, blocks out of the window released. */
 static void kv_commit(loom_sched *s, loom_request *r) {
-    if (s->cache) loom_kv_cache_commit(s->kv, &r->seq, r->tokens, r->ns);
+    if (s->cache) loom_kv_cache_commit(s->kv, &r->seq, loom_rq_keys(r), r->ns);
     /* The next position attends to [n - window + 1, n]: older blocks go. */
     if (s->window) loom_kv_seq_drop_before(s->kv, &r->seq, r->seq.n_tokens - s->window + 1);
 }
@@ -266,7 +267,7 @@ static int verify_row(loom_sched *s, const step_plan *p, int i, const loom_fwd_r
         int ok = loom_sampler_verify(&r->sampler, row->out + (size_t)m * s->vocab, d, r->logprobs, &res[m]);
         loom_sampler_accept(&r->sampler, res[m].id, 1);
         kept += ok;
-        r->tokens[start + 1 + m] = res[m].id;
+        r->tokens[start + 1 + m] = loom_rq_keys(r)[start + 1 + m] = res[m].id;
         m++;
         done = !ok || is_stop(s, r, res[m - 1].id) || r->n_generated + m >= r->max_tokens ||
                r->n_tokens + m >= s->n_ctx;
@@ -301,6 +302,7 @@ void loom_sched_commit(loom_sched *s, const step_plan *p, const loom_fwd_row *ro
         if (p->rows[i].kind == SCHED_DECODE && r->seq.n_blocks > loom_sched_blocks(s->kv, r->seq.n_tokens))
             loom_kv_seq_truncate(s->kv, &r->seq, r->seq.n_tokens);
         kv_commit(s, r);
+        if (r->seq.n_tokens >= r->n_prompt) loom_sched_drop_prompt(r);
     }
     if (s->n_traced) trace_step(p, w, loom_sched_now(s));
     /* after the commits: a snapshot is keyed by the chain of the blocks cached */

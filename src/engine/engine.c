@@ -30,6 +30,7 @@
 #include "engine/engine_int.h"
 #include "engine/kvconfig.h"
 #include "model/forward.h"
+#include "vision/vision.h"
 
 #define ENGINE_MAX_CTX 32768
 /* Bound of the all-positions logits buffer of prompt-logprob rows. */
@@ -182,6 +183,7 @@ static void publish_stats(loom_engine *e) {
     e->stats.session_hit_tokens = s->counters.session_hit_tokens;
     /* the store counts its own: it also evicts when full (loom_sessions_put) */
     e->stats.session_evictions = e->sessions ? loom_sessions_evictions(e->sessions) : 0;
+    e->stats.vision_encodes = s->counters.vision_encodes;
     e->stats.kv_blocks_cached = e->kv->n_cached;
     e->stats.spec_drafted = s->counters.spec_drafted;
     e->stats.spec_accepted = s->counters.spec_accepted;
@@ -368,6 +370,12 @@ loom_status loom_engine_create(loom_model *m, const loom_engine_params *params,
         spec_k = LOOM_MIN(p.draft_tokens > 0 ? p.draft_tokens : k_dflt, 64);
         spec_budget = LOOM_MIN(e->max_seqs * spec_k, p.max_batch_tokens);
     }
+    if (!s && p.model_dir && (s = loom_vision_load(m, p.model_dir, &e->vision)) == LOOM_ERR_UNSUPPORTED) {
+        /* a tower loom does not have yet: the model serves text alone */
+        loom_log(LOOM_LOG_WARN, "%s; requests with images are refused", loom_last_error());
+        s = LOOM_OK;
+    }
+    e->p.model_dir = NULL;
     if (!s) {
         e->logits = loom_alloc(sizeof(float) * (size_t)(e->max_seqs + spec_budget) * (size_t)c->vocab_size);
         e->rows = calloc((size_t)e->max_seqs, sizeof *e->rows);
@@ -388,6 +396,7 @@ loom_status loom_engine_create(loom_model *m, const loom_engine_params *params,
         q->n_ctx = e->n_ctx;
         q->cache = e->cache;
         q->window = e->window;
+        q->hidden = c->hidden_size;
         q->hooks = loom_reuse_hooks(e);
         if (e->spec) {
             q->spec_k = spec_k;
@@ -458,6 +467,7 @@ void loom_engine_free(loom_engine *e) {
     loom_snapshots_free(e->snaps);
     loom_exec_free(e->exec);
     loom_spec_free(e->spec);
+    loom_vision_free(e->vision);
     loom_free(e->logits);
     loom_free(e->plp_logits);
     loom_free(e->hidden);
@@ -467,6 +477,92 @@ void loom_engine_free(loom_engine *e) {
     loom_sched_release(&e->s);
     free(e->inbox);
     free(e);
+}
+
+/* ---- images ------------------------------------------------------------- */
+
+/* A request's images against its prompt: a vision tower, grids it takes,
+ * placeholders matching them (the error names both counts); *delta is
+ * the rope delta decode rows carry. */
+static loom_status check_images(loom_engine *e, const loom_request_params *p, int *delta) {
+    if (!e->vision)
+        return loom_err(LOOM_ERR_INVALID_ARG, "request: the model (%s) has no vision tower "
+                        "(or the engine has no model_dir to load it from), so it takes no images",
+                        e->m->cfg.arch);
+    if (loom_exec_on_device(e->exec)) /* refused here, not in a step it shares */
+        return loom_err(LOOM_ERR_UNSUPPORTED, "request: images run on the CPU backend only; this "
+                        "engine's forward runs on a device");
+    const loom_vision_info *vi = loom_vision_get_info(e->vision);
+    int (*grids)[3] = malloc(sizeof *grids * (size_t)LOOM_MAX(p->n_images, 1));
+    int32_t *pos3 = p->n_images ? malloc(sizeof *pos3 * 3 * (size_t)p->n_prompt) : NULL;
+    loom_status s = grids && (pos3 || !p->n_images) ? LOOM_OK
+                                                    : loom_err(LOOM_ERR_NOMEM, "out of memory");
+    int have = 0, need = 0;
+    for (int k = 0; !s && k < p->n_images; k++) {
+        memcpy(grids[k], p->images[k].grid, sizeof grids[k]);
+        int cnt = loom_vision_tokens(vi, grids[k]);
+        if (!cnt || !p->images[k].pixels)
+            s = loom_err(LOOM_ERR_INVALID_ARG, "request: image %d: grid %dx%dx%d is not a grid of "
+                         "%dx%d merge blocks (or has no pixels)", k + 1, grids[k][0], grids[k][1],
+                         grids[k][2], vi->merge, vi->merge);
+        need += cnt;
+    }
+    for (int i = 0; !s && i < p->n_prompt; i++) have += p->prompt[i] == vi->image_token;
+    if (!s && have != need)
+        s = loom_err(LOOM_ERR_INVALID_ARG, "the prompt has %d image placeholder tokens (id %d), "
+                     "but its %d image(s) need %d", have, vi->image_token, p->n_images, need);
+    *delta = 0;
+    if (!s && vi->mrope && p->n_images)
+        s = loom_vision_positions(vi, p->prompt, p->n_prompt, (const int(*)[3])grids, p->n_images,
+                                  pos3, delta);
+    free(grids);
+    free(pos3);
+    return s;
+}
+
+/* Copies the images' pixels into r, and makes its keys array. */
+static loom_status copy_images(loom_engine *e, const loom_request_params *p, loom_request *r) {
+    const loom_vision_info *vi = loom_vision_get_info(e->vision);
+    r->images = calloc((size_t)p->n_images, sizeof *r->images);
+    r->keys = malloc(sizeof *r->keys * (size_t)r->cap);
+    if (!r->images || !r->keys) {
+        if (!r->keys) r->keys = r->tokens;
+        return loom_err(LOOM_ERR_NOMEM, "out of memory for the request's images");
+    }
+    r->n_images = p->n_images;
+    for (int k = 0; k < p->n_images; k++) {
+        const loom_request_image *im = &p->images[k];
+        size_t n = (size_t)im->grid[0] * im->grid[1] * im->grid[2] * vi->patch_dim;
+        float *px = malloc(sizeof *px * n);
+        if (!px) {
+            r->n_images = k;
+            return loom_err(LOOM_ERR_NOMEM, "out of memory for image %d (%zu values)", k + 1, n);
+        }
+        memcpy(px, im->pixels, sizeof *px * n);
+        r->images[k] = *im;
+        r->images[k].pixels = px;
+    }
+    return LOOM_OK;
+}
+
+/* The prompt's keys: its tokens, each image's placeholders holding 31
+ * bits of the image's hash and grid (alternating halves), negative so no
+ * token id equals one. The prefix cache chains its block hashes over
+ * these, so the same image and text hit and another image misses. */
+static void image_keys(loom_engine *e, loom_request *r) {
+    const loom_vision_info *vi = loom_vision_get_info(e->vision);
+    memcpy(r->keys, r->tokens, sizeof *r->keys * (size_t)r->n_prompt);
+    int at = 0;
+    for (int k = 0; k < r->n_images; k++) {
+        const loom_request_image *im = &r->images[k];
+        uint64_t h = im->hash;
+        for (int d = 0; d < 3; d++) h = (h ^ (uint64_t)im->grid[d]) * 0x9E3779B97F4A7C15ull;
+        h ^= h >> 29;
+        while (at < r->n_prompt && r->tokens[at] != vi->image_token) at++;
+        int cnt = loom_vision_tokens(vi, im->grid);
+        for (int j = 0; j < cnt && at < r->n_prompt; j++, at++)
+            r->keys[at] = -1 - (int32_t)((uint32_t)(j & 1 ? h >> 32 : h) & 0x7fffffffu);
+    }
 }
 
 loom_status loom_engine_submit(loom_engine *e, const loom_request_params *p, loom_request **out) {
@@ -495,6 +591,12 @@ loom_status loom_engine_submit(loom_engine *e, const loom_request_params *p, loo
             return loom_err(LOOM_ERR_RANGE,
                             "token id %d at index %d is out of range (vocabulary has %d tokens: 0..%d)",
                             p->prompt[i], i, V, V - 1);
+    if (p->n_images < 0 || (p->n_images && !p->images))
+        return loom_err(LOOM_ERR_INVALID_ARG, "request: bad images (n_images %d)", p->n_images);
+    int delta = 0;
+    /* with a tower, a text prompt's placeholders are an error too */
+    loom_status vs = p->n_images || e->vision ? check_images(e, p, &delta) : LOOM_OK;
+    if (vs) return vs;
     if (embed && p->n_prompt > e->n_ctx)
         return loom_err(LOOM_ERR_RANGE, "the input has %d tokens; the context holds %d",
                         p->n_prompt, e->n_ctx);
@@ -527,6 +629,8 @@ loom_status loom_engine_submit(loom_engine *e, const loom_request_params *p, loo
     }
     r->cap = p->n_prompt + gen;
     r->tokens = malloc(sizeof *r->tokens * (size_t)r->cap);
+    r->keys = r->tokens;
+    r->pos_delta = delta;
     r->n_stop = p->n_stop_ids;
     r->stop_ids = malloc(sizeof *r->stop_ids * (size_t)(p->n_stop_ids + 1));
     pthread_mutex_init(&r->mu, NULL);
@@ -536,6 +640,7 @@ loom_status loom_engine_submit(loom_engine *e, const loom_request_params *p, loo
     loom_status s = !r->tokens || !r->stop_ids || (embed && (!r->pool_sum || !r->embed))
                         ? loom_err(LOOM_ERR_NOMEM, "out of memory")
                         : LOOM_OK;
+    if (!s && p->n_images) s = copy_images(e, p, r);
     if (!s) s = loom_sampler_init(&r->sampler, &p->sampling, V);
     if (!s && e->has_state) s = loom_seq_state_create(e->m, &r->rstate);
     if (!s) {
@@ -554,6 +659,7 @@ loom_status loom_engine_submit(loom_engine *e, const loom_request_params *p, loo
         return s;
     }
     memcpy(r->tokens, p->prompt, sizeof *r->tokens * (size_t)p->n_prompt);
+    if (r->keys != r->tokens) image_keys(e, r);
     if (p->n_stop_ids) memcpy(r->stop_ids, p->stop_ids, sizeof *r->stop_ids * (size_t)p->n_stop_ids);
     r->n_tokens = p->n_prompt;
     for (int i = 0; i < p->n_prompt; i++) loom_sampler_accept(&r->sampler, p->prompt[i], 0);

@@ -46,6 +46,7 @@ struct loom_engine {
     int has_state;                 /* the model keeps recurrent state per sequence */
     int window;                    /* every layer slides over this many tokens; 0 = no */
     char ns_base[256];             /* namespace text: model and KV layout */
+    struct loom_vision *vision;    /* owned vision tower, or NULL: no images */
 
     pthread_t thread;
     pthread_mutex_t mu;            /* guards inbox, stop, stats */
@@ -64,6 +65,9 @@ sched_hooks loom_reuse_hooks(loom_engine *e);
 void loom_reuse_take_restores(loom_engine *e);
 /* The restore thread's callback (ctx: the engine). */
 void loom_reuse_restore_done(void *ctx);
+/* Builds r->prompt for its prompt rows from r->seq.n_tokens on (the
+ * scheduler's prepare hook). */
+loom_status loom_reuse_prepare(loom_engine *e, loom_request *r);
 /* The snapshot store's spill to the disk tier (ctx: the engine). */
 void loom_reuse_spill_state(void *ctx, uint64_t hash, int n_tokens, const void *state);
 

@@ -8,6 +8,7 @@
 #include "base/buf.h"
 #include "engine/request.h"
 #include "model/forward.h"
+#include "vision/vision.h"
 
 void loom_rq_push(loom_request *r, const loom_event *ev) {
     pthread_mutex_lock(&r->mu);
@@ -148,7 +149,12 @@ void loom_rq_release(loom_request *r) {
     if (!r || atomic_fetch_sub(&r->refs, 1) != 1) return;
     loom_sampler_free(&r->sampler);
     loom_seq_state_free(r->rstate);
+    if (r->keys != r->tokens) free(r->keys);
     free(r->tokens);
+    for (int k = 0; k < r->n_images; k++) free((void *)r->images[k].pixels);
+    free(r->images);
+    if (r->prompt) loom_vision_prompt_free(r->prompt);
+    free(r->prompt);
     free(r->stop_ids);
     free(r->pool_sum);
     free(r->embed);

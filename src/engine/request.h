@@ -55,6 +55,15 @@ struct loom_request {
     int dim;                   /* its vector's width (hidden size), else 0 */
     atomic_int abort;
     atomic_int refs;
+    /* images (vision-language prompts) */
+    loom_request_image *images; /* owned [n_images], each pixels owned */
+    int n_images;
+    int pos_delta;             /* rope delta of rows past the prompt (M-RoPE) */
+    int32_t *keys;             /* the tokens the prefix cache, the disk tier and
+                                  sessions key by: tokens, each image's
+                                  placeholders holding its hash (negative, so
+                                  never a token id); owned [cap] with images,
+                                  else == tokens */
 
     /* engine thread */
     int32_t *tokens;           /* owned [cap]: prompt then generated */
@@ -74,6 +83,10 @@ struct loom_request {
     struct loom_restore_job *restore; /* owned while RQ_RESTORING */
     struct loom_seq_state *rstate; /* owned recurrent state, or NULL */
     int prefill_len;           /* tokens to prefill before sampling */
+    struct loom_vision_prompt *prompt; /* owned while prompt rows are due: their
+                                  prepared input (embeddings, M-RoPE, deepstack) */
+    loom_status prep_status;   /* preparing the prompt failed: finish with it */
+    char prep_msg[256];
     uint64_t order;            /* admission order, for preemption */
     /* speculative decoding (engine/spec.c) */
     int spec_k;                /* proposals the next round may carry; adapts to acceptance */
@@ -101,6 +114,10 @@ struct loom_request {
     loom_event final;
     char error[256];
 };
+
+/* The tokens r's KV is keyed by (requests made outside loom_engine_submit,
+ * as the scheduler's tests make them, may leave keys NULL). */
+static inline int32_t *loom_rq_keys(const loom_request *r) { return r->keys ? r->keys : r->tokens; }
 
 /* Appends an event (copies it); wakes the reader. */
 void loom_rq_push(loom_request *r, const loom_event *ev);

@@ -38,6 +38,7 @@
 
 #include "base/base.h"
 #include "engine/engine_int.h"
+#include "vision/vision.h"
 
 /* Evicts parked sessions until need blocks can be handed out (or none is
  * left to evict). */
@@ -52,7 +53,7 @@ static void park(loom_engine *e, loom_request *r) {
     loom_kv_seq *seq = &r->seq;
     int keep = loom_sched_blocks(e->kv, seq->n_tokens);
     if (seq->n_blocks > keep) loom_kv_seq_truncate(e->kv, seq, keep * e->kv->lay.block_size);
-    loom_session *x = loom_sessions_put(e->sessions, r->save_key, r->save_alias, r->ns, seq, r->tokens);
+    loom_session *x = loom_sessions_put(e->sessions, r->save_key, r->save_alias, r->ns, seq, r->keys);
     if (x && x->state) loom_seq_state_save(r->rstate, x->state);
     /* Parked blocks count against the cache's cap like unreferenced cached
      * ones. A kept response was asked for by name, cached blocks were not:
@@ -108,7 +109,7 @@ static int resume_session(loom_engine *e, loom_request *r) {
     loom_session *x = loom_sessions_find(e->sessions, r->resume_key, r->ns);
     int bs = e->kv->lay.block_size, use = 0;
     if (x) {
-        int common = common_prefix(x->tokens, x->seq.n_tokens, r->tokens, r->prefill_len);
+        int common = common_prefix(x->tokens, x->seq.n_tokens, r->keys, r->prefill_len);
         if (e->has_state) /* recurrent state exists only at the session's end */
             use = common == x->seq.n_tokens && common < r->prefill_len ? common : 0;
         else /* KV is exact up to any position; one token is left to compute */
@@ -158,7 +159,7 @@ static loom_restore_job *plan_restore(loom_engine *e, loom_request *r) {
     int bs = e->kv->lay.block_size, first = r->seq.n_blocks, max = (r->prefill_len - 1) / bs, n = 0;
     uint64_t chain = r->seq.chain;
     while (first + n < max) {
-        uint64_t h = loom_kv_chain_hash(chain, r->tokens + (size_t)(first + n) * bs, bs);
+        uint64_t h = loom_kv_chain_hash(chain, r->keys + (size_t)(first + n) * bs, bs);
         if (!loom_kvdisk_has(e->disk, h)) break;
         chain = h;
         n++;
@@ -168,7 +169,7 @@ static loom_restore_job *plan_restore(loom_engine *e, loom_request *r) {
     chain = r->seq.chain;
     for (int i = 0; i < first + n; i++)
         bh[i] = i < first ? e->kv->hash[r->seq.blocks[i]]
-                          : (chain = loom_kv_chain_hash(chain, r->tokens + (size_t)i * bs, bs));
+                          : (chain = loom_kv_chain_hash(chain, r->keys + (size_t)i * bs, bs));
     int n_states = 0, *at = NULL;
     if (e->snaps && first + n > 0 && (at = malloc(sizeof *at * (size_t)(first + n)))) {
         for (int i = first + n - 1; i >= 0; i--) {
@@ -188,7 +189,7 @@ static loom_restore_job *plan_restore(loom_engine *e, loom_request *r) {
             j->state_block[c] = at[c];
             j->state_hash[c] = bh[at[c]];
         }
-        j->tokens = r->tokens + (size_t)first * bs;
+        j->tokens = r->keys + (size_t)first * bs;
     }
     free(at);
     free(bh);
@@ -202,7 +203,7 @@ static int reuse_admit(loom_engine *e, loom_request *r) {
     if (r->plp_next < r->n_prompt || (r->pooling && r->pooling != LOOM_POOLING_LAST)) return 0;
     int hit = e->sessions && r->resume_key ? resume_session(e, r) : -1;
     if (hit >= 0) return hit;
-    hit = e->cache ? loom_kv_cache_lookup(e->kv, &r->seq, r->tokens, r->prefill_len, r->ns) : 0;
+    hit = e->cache ? loom_kv_cache_lookup(e->kv, &r->seq, r->keys, r->prefill_len, r->ns) : 0;
     if (e->restorer) r->restore = plan_restore(e, r);
     if (e->snaps && !r->restore) hit = resume_from_snapshot(e, r, NULL); /* after a restore, else */
     return hit;
@@ -227,7 +228,7 @@ void loom_reuse_take_restores(loom_engine *e) {
         loom_kv_count_restored(e->kv, j->n_ok);
         int first = j->first;
         r->seq.n_tokens = (first + j->n_ok) * bs;
-        loom_kv_cache_commit(e->kv, &r->seq, r->tokens, r->ns);
+        loom_kv_cache_commit(e->kv, &r->seq, r->keys, r->ns);
         int hit = r->seq.n_tokens;
         if (e->snaps) hit = resume_from_snapshot(e, r, j);
         loom_rq_span(r, "cache.disk_restore", NULL, j->t_submit, loom_sched_now(s),
@@ -250,7 +251,45 @@ static int maybe_snapshot(loom_engine *e, loom_request *r) {
     return buf != NULL;
 }
 
+/* The prepared prompt of a request with images, for its rows from
+ * seq.n_tokens on: an image whose placeholders all lie before that (a
+ * prefix-cache or session hit holds their KV) is not encoded. */
+loom_status loom_reuse_prepare(loom_engine *e, loom_request *r) {
+    const loom_vision_info *vi = loom_vision_get_info(e->vision);
+    int from = r->seq.n_tokens, at = 0, encoded = 0;
+    loom_vision_image *imgs = calloc((size_t)r->n_images, sizeof *imgs);
+    r->prompt = calloc(1, sizeof *r->prompt);
+    if (!imgs || !r->prompt) {
+        free(imgs);
+        return loom_err(LOOM_ERR_NOMEM, "out of memory preparing the prompt's images");
+    }
+    for (int k = 0; k < r->n_images; k++) {
+        /* image k covers the next run of placeholders (checked at submit) */
+        while (at < r->n_prompt && r->tokens[at] != vi->image_token) at++;
+        at += loom_vision_tokens(vi, r->images[k].grid);
+        imgs[k] = (loom_vision_image){.pixels = at > from ? r->images[k].pixels : NULL};
+        memcpy(imgs[k].grid, r->images[k].grid, sizeof imgs[k].grid);
+        encoded += imgs[k].pixels != NULL;
+    }
+    double t0 = loom_sched_now(&e->s);
+    loom_status st = loom_vision_prompt_build(e->vision, r->tokens, r->n_prompt, imgs, r->n_images,
+                                              r->prompt);
+    free(imgs);
+    if (st) {
+        free(r->prompt);
+        r->prompt = NULL;
+        return st;
+    }
+    e->s.counters.vision_encodes += (uint64_t)encoded;
+    loom_rq_span(r, "prefill.vision", NULL, t0, loom_sched_now(&e->s),
+                 RQ_ATTRS({"images", r->n_images}, {"encoded", encoded}, {"startToken", from}));
+    return LOOM_OK;
+}
+
 /* ---- the scheduler's hooks ---------------------------------------------- */
+
+static loom_status hook_prepare(void *ctx, loom_request *r) { return loom_reuse_prepare(ctx, r); }
+
 
 static int hook_admit(void *ctx, loom_request *r) { return reuse_admit(ctx, r); }
 
@@ -279,5 +318,6 @@ sched_hooks loom_reuse_hooks(loom_engine *e) {
         .make_room = hook_make_room,
         .checkpoint = e->snaps ? hook_checkpoint : NULL,
         .park = e->sessions ? hook_park : NULL,
+        .prepare = e->vision ? hook_prepare : NULL,
     };
 }

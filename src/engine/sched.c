@@ -1,11 +1,13 @@
 /* sched: queues, admission, preemption and the token budget, planned into
  * one step_plan per step (design notes in engine/sched.h). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/base.h"
 #include "engine/restore.h"
 #include "engine/sched.h"
+#include "vision/vision.h"
 
 #define CHUNK_DEFAULT 2048
 /* Attention score workspace bound for the linear-attention chunk policy. */
@@ -90,7 +92,7 @@ void loom_sched_remove(loom_sched *s, loom_request *r) {
 void loom_sched_requeue(loom_sched *s, int i) {
     loom_request *r = s->running[i];
     remove_running(s, i);
-    loom_kv_seq_release(s->kv, &r->seq);
+    loom_kv_seq_release(s->kv, &r->seq); /* a prepared prompt stays: the tower ran once */
     r->state = RQ_WAITING;
     r->plan_end = 0;
     waiting_push_front(s, r); /* capacity: running requests were counted */
@@ -134,6 +136,9 @@ static void reap_cancelled(loom_sched *s) {
         if (atomic_load(&r->abort) && r->state != RQ_RESTORING) {
             remove_running(s, i);
             loom_sched_finish(s, r, LOOM_FINISH_CANCELLED, LOOM_ERR_ABORTED, "cancelled");
+        } else if (r->prep_status) { /* its prompt could not be prepared */
+            remove_running(s, i);
+            loom_sched_finish(s, r, LOOM_FINISH_ERROR, r->prep_status, r->prep_msg);
         } else {
             i++;
         }
@@ -171,15 +176,98 @@ static void add_row(step_plan *p, loom_request *r, int n, sched_kind kind, int a
     p->tokens += n;
 }
 
+/* Bidirectional spans (a run of equal groups >= 0, as Gemma 3's images):
+ * a row never starts or ends inside one. The start of the span holding
+ * position pos, or pos when no span holds pos with a token before it. */
+static int span_start(const int32_t *g, int n, int pos) {
+    if (!g || pos <= 0 || pos >= n || g[pos] < 0 || g[pos - 1] != g[pos]) return pos;
+    while (pos > 0 && g[pos - 1] == g[pos]) pos--;
+    return pos;
+}
+
+static int span_end(const int32_t *g, int n, int pos) {
+    while (g && pos < n && pos > 0 && g[pos] >= 0 && g[pos - 1] == g[pos]) pos++;
+    return pos;
+}
+
+/* A prefix hit that ends inside a span goes back to the span's start
+ * (the blocks the truncation released are taken again: the prefill holds
+ * blocks for all of its tokens). */
+static loom_status hit_span_start(loom_sched *s, loom_request *r) {
+    int from = span_start(r->prompt->in.groups, r->n_prompt, r->seq.n_tokens);
+    if (from == r->seq.n_tokens) return LOOM_OK;
+    loom_kv_seq_truncate(s->kv, &r->seq, from);
+    if (r->n_generated == 0) r->n_cached = from;
+    r->plan_end = 0;
+    return loom_sched_reserve(s, &r->seq, r->prefill_len);
+}
+
+/* A prepared prompt's spans: each must fit one step's budget, and a
+ * prefix hit that ends inside one goes back to its start (its KV before
+ * the span is kept, the span computed whole). */
+static loom_status check_spans(loom_sched *s, loom_request *r) {
+    const int32_t *g = r->prompt->in.groups;
+    int n = r->n_prompt;
+    for (int i = 0, st = 0; g && i <= n; i++) {
+        if (i < n && i > 0 && g[i] >= 0 && g[i] == g[i - 1]) continue;
+        if (i - st > s->max_batch_tokens)
+            return loom_err(LOOM_ERR_RANGE, "the prompt's image span of %d tokens (from %d) does "
+                            "not fit one step of %d tokens (max_batch_tokens)", i - st, st,
+                            s->max_batch_tokens);
+        st = i;
+    }
+    return hit_span_start(s, r);
+}
+
+/* A request with images: its prompt rows carry prepared input, built
+ * (the vision tower run) when the first of them is due, here, on the
+ * engine thread: only then is it known what the prefix cache holds, and
+ * the tower shares the model's thread pool with the forward. A failure
+ * finishes the request at the next step. Returns 0 when r gets no row. */
+static int prepare_prompt(loom_sched *s, loom_request *r) {
+    if (!r->n_images || r->prep_status || r->seq.n_tokens >= r->n_prompt) return 1;
+    loom_status st;
+    if (r->prompt) { /* a recompute after preemption may have hit inside a span */
+        st = hit_span_start(s, r);
+    } else {
+        st = s->hooks.prepare ? s->hooks.prepare(s->hooks.ctx, r)
+                              : loom_err(LOOM_ERR_UNSUPPORTED, "no vision tower");
+        if (st == LOOM_OK) st = check_spans(s, r);
+    }
+    if (st == LOOM_OK) return 1;
+    r->prep_status = st;
+    snprintf(r->prep_msg, sizeof r->prep_msg, "%s", loom_last_error());
+    return 0;
+}
+
+void loom_sched_drop_prompt(loom_request *r) {
+    if (!r->prompt) return;
+    loom_vision_prompt_free(r->prompt);
+    free(r->prompt);
+    r->prompt = NULL;
+}
+
 static void add_prefill_row(loom_sched *s, step_plan *p, loom_request *r, int *budget) {
+    if (!prepare_prompt(s, r)) return;
     if (r->plan_end == 0) {
         int pos = r->seq.n_tokens, end = LOOM_MIN(pos + chunk_for(s, r), r->prefill_len);
         /* a chunk ends exactly where a state snapshot is due */
         for (int k = 0; k < 2; k++)
             if (r->snap[k] > pos && r->snap[k] < end) end = r->snap[k];
+        /* prompt rows carry prepared input, rows past it (a recompute's
+         * generated tokens) the rope delta alone: no row holds both */
+        if (r->n_images && pos < r->n_prompt) end = LOOM_MIN(end, r->n_prompt);
+        if (r->prompt && pos < r->n_prompt) { /* nor cuts a bidirectional span */
+            const int32_t *g = r->prompt->in.groups;
+            int st = span_start(g, r->n_prompt, end);
+            end = st > pos ? st : span_end(g, r->n_prompt, end);
+        }
         r->plan_end = end;
     }
     int count = LOOM_MIN(r->plan_end - r->seq.n_tokens, *budget);
+    if (r->prompt && r->seq.n_tokens < r->n_prompt) /* a span waits for a budget it fits */
+        count = span_start(r->prompt->in.groups, r->n_prompt, r->seq.n_tokens + count) -
+                r->seq.n_tokens;
     int all = r->plp_next < r->n_prompt; /* prompt logprobs due: every position's logits */
     if (all) {
         for (int k = 0; k < p->n_rows; k++)
@@ -296,5 +384,10 @@ void loom_sched_fwd_rows(const loom_sched *s, const step_plan *plan, loom_fwd_ro
             .decode = w->kind == SCHED_DECODE,
         };
         if (last && !w->all) off += w->kind == SCHED_DECODE ? (size_t)w->n : 1;
+        /* images: prompt rows from the prepared prompt, later ones turn
+         * their rope by its delta */
+        if (w->r->prompt && w->start < w->r->n_prompt)
+            loom_fwd_row_input(&rows[i], &w->r->prompt->in, s->hidden, w->start, w->r->n_prompt);
+        else rows[i].pos_delta = w->r->pos_delta;
     }
 }

@@ -102,6 +102,9 @@ typedef struct sched_hooks {
     int (*rewind)(void *ctx, loom_request *r, int start, int n);
     /* r leaves the engine: what the drafter kept for it goes. */
     void (*done)(void *ctx, loom_request *r);
+    /* r has images and prompt rows from r->seq.n_tokens on are due: builds
+     * r->prompt (the vision tower over the images not wholly in KV). */
+    loom_status (*prepare)(void *ctx, loom_request *r);
 } sched_hooks;
 
 typedef struct loom_sched {
@@ -111,6 +114,7 @@ typedef struct loom_sched {
     int chunk_heads;               /* > 0: linear attention with this many heads (chunk policy) */
     int plp_rows;                  /* most tokens of one all-positions logits row */
     int vocab, n_ctx;
+    int hidden;                    /* the model's hidden size (prepared rows' stride) */
     int32_t eos[LOOM_MAX_EOS];
     int n_eos;
     int cache;                     /* commit full blocks to the prefix cache */
@@ -177,6 +181,8 @@ void loom_sched_fail(loom_sched *s, const step_plan *plan, loom_status st, const
 /* Sends r's final event and drops the engine's reference; r is in no queue. */
 void loom_sched_finish(loom_sched *s, loom_request *r, loom_finish why, loom_status st,
                        const char *msg);
+/* Frees r's prepared prompt (its prompt rows are done, or it was preempted). */
+void loom_sched_drop_prompt(loom_request *r);
 /* Removes r from the running set (if there). */
 void loom_sched_remove(loom_sched *s, loom_request *r);
 

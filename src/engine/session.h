@@ -24,7 +24,8 @@ typedef struct loom_session {
     uint64_t key;          /* hash of the id the sequence was kept under; 0 = empty slot */
     uint64_t alias;        /* second key (a cache session's latest turn), 0 = none */
     uint64_t ns;           /* prefix-cache namespace of the request that made it */
-    int32_t *tokens;       /* owned [seq.n_tokens]: the tokens in KV */
+    int32_t *tokens;       /* owned [seq.n_tokens]: the tokens in KV (their keys:
+                              an image's placeholders hold its hash) */
     loom_kv_seq seq;       /* owned, parked block references */
     void *state;           /* owned [state_bytes] recurrent state after the tokens, or NULL */
     uint64_t age;

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "serve/media.h"
 
 int api_fail(api_error *err, int status, const char *param, const char *fmt, ...) {
     va_list ap;
@@ -152,8 +153,11 @@ static int get_ids(const cJSON *v, const char *param, int vocab, int32_t **out, 
     return 0;
 }
 
-/* Content as the template sees it: a string, or text parts joined. */
-static int normalise_content(cJSON *msg, int idx, api_error *err) {
+/* Content as the template sees it: a string, or text parts joined; with
+ * images, the parts in order, {"type": "text", "text"} and {"type":
+ * "image"} (the image's URL kept in r->image_urls, out of the template's
+ * way), as the vision-language templates read them. */
+static int normalise_content(api_req *r, cJSON *msg, int idx, api_error *err) {
     cJSON *c = cJSON_GetObjectItemCaseSensitive(msg, "content");
     char param[48];
     snprintf(param, sizeof param, "messages[%d].content", idx);
@@ -161,27 +165,61 @@ static int normalise_content(cJSON *msg, int idx, api_error *err) {
     if (!cJSON_IsArray(c))
         return api_fail(err, 400, param, "'%s' must be a string or an array of content parts", param);
     loom_buf b = {0};
-    int first = 1;
-    for (const cJSON *part = c->child; part; part = part->next) {
+    int first = 1, k = 0, images = 0;
+    cJSON *parts = cJSON_CreateArray();
+    if (!parts) return api_fail(err, 500, NULL, "out of memory");
+    for (const cJSON *part = c->child; part; part = part->next, k++) {
         const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
         const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
+        char pp[48];
+        snprintf(pp, sizeof pp, "messages[%d].content[%d]", idx % 100000, k % 100000);
+        cJSON *np = NULL;
         if (cJSON_IsString(part)) text = part;
-        else if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") != 0 ||
-                 !cJSON_IsString(text)) {
-            loom_buf_free(&b);
-            return api_fail(err, 400, param,
-                            "'%s': only text content parts are supported (found type %s)", param,
-                            cJSON_IsString(type) ? type->valuestring : "?");
+        if (api_media_is_image(part)) {
+            const char *url;
+            if (api_media_url(part, pp, &url, err) < 0) goto fail;
+            if (r->n_images == API_MAX_IMAGES) {
+                api_fail(err, 400, pp, "'%s': too many images: a request takes at most %d", pp,
+                         API_MAX_IMAGES);
+                goto fail;
+            }
+            snprintf(r->image_params[r->n_images], sizeof r->image_params[0], "%s", pp);
+            if (!(r->image_urls[r->n_images++] = strdup(url))) goto oom;
+            np = cJSON_CreateObject();
+            if (!np || !cJSON_AddStringToObject(np, "type", "image")) goto oom_np;
+            images++;
+        } else if (cJSON_IsString(part) || (cJSON_IsString(type) && !strcmp(type->valuestring, "text") &&
+                                            cJSON_IsString(text))) {
+            if (!first) loom_buf_put(&b, "\n", 1);
+            loom_buf_puts(&b, text->valuestring);
+            first = 0;
+            np = cJSON_CreateObject();
+            if (!np || !cJSON_AddStringToObject(np, "type", "text") ||
+                !cJSON_AddStringToObject(np, "text", text->valuestring))
+                goto oom_np;
+        } else {
+            api_fail(err, 400, pp, "'%s': unknown content part type '%s' (expected text or "
+                     "image_url)", pp, cJSON_IsString(type) ? type->valuestring : "?");
+            goto fail;
         }
-        if (!first) loom_buf_put(&b, "\n", 1);
-        loom_buf_puts(&b, text->valuestring);
-        first = 0;
+        cJSON_AddItemToArray(parts, np);
+        continue;
+    oom_np:
+        cJSON_Delete(np);
+        goto oom;
     }
-    cJSON *s = cJSON_CreateString(b.p ? b.p : "");
+    cJSON *s = images ? parts : cJSON_CreateString(b.p ? b.p : "");
     loom_buf_free(&b);
+    if (!images) cJSON_Delete(parts);
     if (!s) return api_fail(err, 500, NULL, "out of memory");
     cJSON_ReplaceItemInObjectCaseSensitive(msg, "content", s);
     return 0;
+oom:
+    api_fail(err, 500, NULL, "out of memory");
+fail:
+    loom_buf_free(&b);
+    cJSON_Delete(parts);
+    return -1;
 }
 
 /* Templates index tool-call arguments as objects; OpenAI sends strings. */
@@ -217,7 +255,7 @@ static int parse_messages(api_req *r, api_error *err) {
         if (!known)
             return api_fail(err, 400, param, "'%s' must be one of system, developer, user, "
                             "assistant, tool; got '%s'", param, role->valuestring);
-        if (normalise_content(m, i, err)) return -1;
+        if (normalise_content(r, m, i, err)) return -1;
         arguments_to_objects(m);
     }
     r->messages_json = cJSON_PrintUnformatted(msgs);
@@ -523,6 +561,7 @@ int api_parse(api_kind kind, const char *body, size_t len, int vocab, api_req *r
             goto fail;
         }
         r->logprobs = lp ? top : -1;
+        if (get_bool(r, "return_token_ids", &r->return_token_ids, err) < 0) goto fail;
         if (parse_messages(r, err) < 0 || parse_tools(r, err) < 0) goto fail;
         const cJSON *rf = field(r, "response_format");
         if (rf) {
@@ -590,5 +629,6 @@ void api_req_free(api_req *r) {
     free(r->tools_json);
     free(r->kwargs_json);
     free(r->prompt_ids);
+    for (int i = 0; i < r->n_images; i++) free(r->image_urls[i]);
     memset(r, 0, sizeof *r);
 }

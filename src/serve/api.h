@@ -30,6 +30,7 @@ typedef enum api_kind { API_CHAT, API_COMPLETION } api_kind;
 
 #define API_MAX_N 16
 #define API_MAX_STOPS 16
+#define API_MAX_IMAGES 16 /* image content parts in one request */
 
 typedef struct api_req {
     api_kind kind;
@@ -57,6 +58,11 @@ typedef struct api_req {
     const char *cache_session_id; /* isolates prefix-cache reuse and names a
                                      conversation to continue, or NULL */
     const char *previous_response_id; /* a response to continue from, or NULL */
+    /* images: each image_url part's URL (media.h), in prompt order; the
+     * template sees such a part as {"type": "image"} */
+    char *image_urls[API_MAX_IMAGES]; /* owned */
+    char image_params[API_MAX_IMAGES][48]; /* "messages[i].content[k]" */
+    int n_images;
     /* completions: text or ids */
     const char *prompt_text;    /* borrowed */
     int32_t *prompt_ids;        /* owned, when the prompt is token ids */

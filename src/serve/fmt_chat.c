@@ -55,6 +55,13 @@ static void chat_choice(job *j, choice *c, loom_buf *b) {
     } else {
         loom_buf_puts(b, "null");
     }
+    if (j->req.return_token_ids) { /* as vLLM: the prompt's ids (images' placeholders expanded) */
+        loom_buf_puts(b, ",\"prompt_token_ids\":[");
+        for (int k = 0; k < j->n_prompt; k++) loom_buf_printf(b, "%s%d", k ? "," : "", j->prompt[k]);
+        loom_buf_puts(b, "],\"token_ids\":[");
+        for (int k = 0; k < c->n_ids; k++) loom_buf_printf(b, "%s%d", k ? "," : "", c->ids[k]);
+        loom_buf_puts(b, "]");
+    }
 }
 
 /* role first, so clients see the stream open at once */

@@ -44,6 +44,7 @@ void job_free(job *j) {
         loom_toolscan_free(&c->scan);
     }
     loom_buf_free(&j->out);
+    job_images_free(j);
     free(j->prompt);
     free(j->prompt_text);
     free(j->prompt_off);
@@ -88,6 +89,7 @@ int job_build_prompt(job *j, api_error *err) {
         if (!s->chat)
             return api_fail(err, 400, "messages",
                             "this model has no chat template; use /v1/completions");
+        if (r->n_images && job_images_prepare(j, err) < 0) return -1;
         loom_chat_params cp = loom_chat_default_params();
         cp.messages_json = r->messages_json;
         cp.tools_json = r->tools_json;
@@ -102,6 +104,7 @@ int job_build_prompt(job *j, api_error *err) {
         if (st != LOOM_OK) return api_fail(err, 400, "messages", "%s", loom_last_error());
         j->n_prompt = (int)n;
         j->snapshot_at = conversation_boundary(j);
+        if (r->n_images && job_images_expand(j, err) < 0) return -1;
     } else if (r->prompt_ids) {
         j->prompt = r->prompt_ids;
         j->n_prompt = r->n_prompt_ids;
@@ -217,6 +220,8 @@ static int submit(job *j, api_error *err) {
      * Responses API answers 404): the prompt carries the whole
      * conversation, so the prefix cache serves it instead. */
     rp.resume_id = r->previous_response_id;
+    rp.images = j->images;
+    rp.n_images = j->n_images;
     if (r->kind == API_CHAT && !r->ignore_eos) {
         rp.stop_ids = s->turn_end;
         rp.n_stop_ids = s->n_turn_end;
@@ -255,7 +260,7 @@ static int submit(job *j, api_error *err) {
             return api_fail(err, atomic_load(&s->shutting_down) ? 503 : 429, NULL,
                             "the server is busy: %s", atomic_load(&s->shutting_down)
                                                           ? "shutting down" : loom_last_error());
-        if (st == LOOM_ERR_RANGE || st == LOOM_ERR_INVALID_ARG)
+        if (st == LOOM_ERR_RANGE || st == LOOM_ERR_INVALID_ARG || st == LOOM_ERR_UNSUPPORTED)
             return api_fail(err, 400, prompt_field(r), "%s", loom_last_error());
         if (st != LOOM_OK) return api_fail(err, 500, NULL, "%s", loom_last_error());
     }

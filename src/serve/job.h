@@ -14,6 +14,7 @@
 #include "serve/server.h"
 #include "serve/toolcall.h"
 #include "stream/textstream.h"
+#include "vision/imgproc.h"
 #include "template/chat.h"
 #include "tokenize/tokenizer.h"
 
@@ -44,6 +45,8 @@ typedef struct server {
     int n_turn_end;
     loom_tc_syntax tc_syntax;      /* how the model writes tool calls */
     loom_sampling sampling;        /* what a request leaves out (resolve_sampling) */
+    loom_imgproc *imgproc;         /* owned image processor, or NULL: no images */
+    int image_token;               /* image_token_id (config.json), with imgproc */
     loom_metrics metrics;
     pthread_mutex_t watch_lock;    /* guards watched and every entry's deadline */
     struct conn_watch *watched;    /* open connections (HTTP only) */
@@ -123,6 +126,9 @@ struct job {
     api_req req;
     int32_t *prompt;            /* owned */
     int n_prompt;
+    loom_request_image *images; /* owned [n_images]: the chat's images, pixels in px */
+    loom_imgproc_out *px;       /* owned [n_images] */
+    int n_images;
     int snapshot_at;            /* conversation boundary, for recurrent-state snapshots */
     char *prompt_text;          /* owned, rendered chat or the completion prompt */
     size_t *prompt_off;         /* owned [n_prompt]: each prompt token's offset in
@@ -186,6 +192,19 @@ char *fmt_responses_get(server *s, const char *id, int del, int *status);
 /* The responses kept for GET and previous_response_id (LRU, bounded). */
 struct resp_store *fmt_responses_store_create(void);
 void fmt_responses_store_free(struct resp_store *st);
+/* job_images.c. The model's image processor into s (nothing for a model
+ * without preprocessor_config.json); its release. */
+void job_images_open(server *s);
+void job_images_close(server *s);
+/* The request's images (api_req.image_urls) read, decoded and
+ * preprocessed on the calling (HTTP) thread (before the template: a model
+ * without images refuses them first). */
+int job_images_prepare(job *j, api_error *err);
+/* Then, once the prompt is tokenized, each of its image placeholders (one
+ * an image, as the template renders it) repeated to the image's token
+ * count, as the Hugging Face processor does. */
+int job_images_expand(job *j, api_error *err);
+void job_images_free(job *j);
 
 /* For the formatters. */
 void job_put_token_text(server *s, loom_buf *b, int32_t id);

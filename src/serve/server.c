@@ -341,6 +341,7 @@ static void free_server(server *s) {
     loom_engine_free(s->engine);
     fmt_responses_store_free(s->responses);
     loom_model_free(s->draft);
+    job_images_close(s);
     loom_chat_template_free(s->chat);
     loom_tok_free(s->tok);
     loom_model_free(s->model);
@@ -487,6 +488,8 @@ static int server_open(server *s, const loom_serve_params *params) {
         s->p.engine.speculative = LOOM_SPEC_DRAFT;
         s->p.engine.draft_model = s->draft;
     }
+    s->p.engine.model_dir = dir; /* its vision tower, if any */
+    job_images_open(s);
     if ((st = loom_engine_create(s->model, &s->p.engine, &s->engine))) {
         fprintf(stderr, "loom: error: %s (%s)\n", loom_last_error(), loom_status_str(st));
         free_server(s);

@@ -37,6 +37,7 @@ typedef struct loom_serve_params {
     const char *draft_model_dir; /* a draft model for speculative decoding (loaded on the
                                    CPU; engine.speculative then LOOM_SPEC_DRAFT), or NULL */
     const char *port_file;      /* write the bound port here when ready */
+    const char *allowed_media_dir; /* file:// image URLs may name files under it; NULL: none */
 } loom_serve_params;
 
 loom_serve_params loom_serve_default_params(void);

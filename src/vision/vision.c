@@ -276,6 +276,11 @@ loom_status loom_vision_prompt_build(loom_vision *v, const int32_t *ids, int n,
     float *feat = NULL, *deep = NULL;
     for (int k = 0, at = 0; !s && k < n_img; k++) {
         int cnt = loom_vision_tokens(vi, grids[k]);
+        if (!imgs[k].pixels) { /* not wanted: its rows keep the text embedding */
+            for (int j = 0; j < cnt; j++, at++)
+                while (ids[at] != vi->image_token) at++;
+            continue;
+        }
         free(feat);
         free(deep);
         feat = malloc(sizeof(float) * (size_t)cnt * H);

@@ -78,7 +78,9 @@ typedef struct loom_vision_prompt {
 } loom_vision_prompt;
 
 /* Builds the prepared prompt of ids (placeholders already repeated) with
- * n_img images, in order. */
+ * n_img images, in order. An image whose pixels is NULL is not encoded:
+ * its placeholders keep their text embeddings and zero deepstack rows (for
+ * a caller that holds their KV already, e.g. from a prefix cache). */
 loom_status loom_vision_prompt_build(loom_vision *v, const int32_t *ids, int n,
                                      const loom_vision_image *imgs, int n_img,
                                      loom_vision_prompt *out);
