@@ -64,7 +64,7 @@ static void test_messages_errors(void) {
         {"\"max_tokens\":4,\"stop_sequences\":[\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\",\"10\",\"11\","
          "\"12\",\"13\",\"14\",\"15\",\"16\",\"17\"]", "stop_sequences", "16"},
         {"\"max_tokens\":4,\"system\":5", "system", NULL},
-        {"\"max_tokens\":4,\"system\":[{\"type\":\"image\"}]", "system[0]", "images not supported by this model"},
+        {"\"max_tokens\":4,\"system\":[{\"type\":\"image\"}]", "system[0]", "images are not supported here"},
         {"\"max_tokens\":4,\"metadata\":\"u\"", "metadata", NULL},
         {"\"max_tokens\":4,\"thinking\":{\"type\":\"maybe\"}", "thinking", NULL},
         {"\"max_tokens\":4,\"tools\":{}", "tools", NULL},
@@ -95,7 +95,12 @@ static void test_messages_errors(void) {
         {"[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":3}]}]", "messages[0].content[0]", "text"},
         {"[{\"role\":\"user\",\"content\":[{\"type\":\"hologram\"}]}]", "messages[0].content[0]", "hologram"},
         {"[{\"role\":\"user\",\"content\":[{\"type\":\"image\",\"source\":{}}]}]", "messages[0].content[0]",
-         "images not supported by this model"},
+         "source"},
+        {"[{\"role\":\"user\",\"content\":[{\"type\":\"image\",\"source\":{\"type\":\"base64\",\"data\":\"AA==\"}}]}]",
+         "messages[0].content[0]", "media_type"},
+        {"[{\"role\":\"user\",\"content\":[{\"type\":\"document\"}]}]", "messages[0].content[0]", "documents"},
+        {"[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":[{\"type\":\"image\","
+         "\"source\":{\"type\":\"url\",\"url\":\"u\"}}]}]", "messages[1].content[0]", "image"},
         {"[{\"role\":\"user\",\"content\":[{\"type\":\"tool_use\",\"id\":\"t\",\"name\":\"f\",\"input\":{}}]}]",
          "messages[0].content[0]", "tool_use"},
         {"[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":[{\"type\":\"tool_use\","
@@ -107,7 +112,7 @@ static void test_messages_errors(void) {
         {"[{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\",\"tool_use_id\":\"t\",\"content\":5}]}]",
          "messages[0].content[0].content", NULL},
         {"[{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\",\"tool_use_id\":\"t\",\"content\":"
-         "[{\"type\":\"image\"}]}]}]", "messages[0].content[0].content[0]", "images not supported"},
+         "[{\"type\":\"image\"}]}]}]", "messages[0].content[0].content[0]", "images are not supported here"},
         {"[{\"role\":\"assistant\",\"content\":[{\"type\":\"tool_result\",\"tool_use_id\":\"t\"}]}]",
          "messages[0].content[0]", "tool_result"},
     };
@@ -192,6 +197,36 @@ static void test_messages_translate(void) {
     CHECK(msg_parse(c, 0, &r, &e) < 0 && !strcmp(e.param, "max_tokens"));
 }
 
+/* Image blocks become the chat request's image_url parts in their place
+ * among the text, naming themselves as the client sent them. */
+static void test_messages_images(void) {
+    const char *body =
+        "{\"max_tokens\":4,\"system\":\"s\",\"messages\":[{\"role\":\"user\",\"content\":["
+        "{\"type\":\"text\",\"text\":\"look\"},"
+        "{\"type\":\"image\",\"source\":{\"type\":\"base64\",\"media_type\":\"image/png\",\"data\":\"QUJD\"}},"
+        "{\"type\":\"text\",\"text\":\"and\"},{\"type\":\"text\",\"text\":\"this\"},"
+        "{\"type\":\"image\",\"source\":{\"type\":\"url\",\"url\":\"file:///x.png\"}}]}]}";
+    api_req r;
+    api_error e;
+    if (msg_parse(body, 0, &r, &e) < 0) {
+        CHECKF(0, "rejected: %s (%s)", e.message, e.param);
+        return;
+    }
+    CHECK_EQ_INT(r.n_images, 2);
+    if (r.n_images == 2) {
+        CHECK_STR(r.image_urls[0], "data:image/png;base64,QUJD");
+        CHECK_STR(r.image_urls[1], "file:///x.png");
+        CHECK_STR(r.image_params[0], "messages[0].content[1]");
+        CHECK_STR(r.image_params[1], "messages[0].content[4]");
+    }
+    char *m = messages_of(&r);
+    CHECK_STR(m, "[{\"role\":\"system\",\"content\":\"s\"},{\"role\":\"user\",\"content\":["
+                 "{\"type\":\"text\",\"text\":\"look\"},{\"type\":\"image\"},"
+                 "{\"type\":\"text\",\"text\":\"and\\nthis\"},{\"type\":\"image\"}]}]");
+    free(m);
+    api_req_free(&r);
+}
+
 static void test_anthropic_error_types(void) {
     static const struct { int status; const char *type; } t[] = {
         {400, "invalid_request_error"}, {401, "authentication_error"}, {404, "not_found_error"},
@@ -243,8 +278,10 @@ static void test_responses_errors(void) {
         {"{\"input\":[{\"type\":\"wizardry\"}]}", "input[0].type", "wizardry"},
         {"{\"input\":[{\"role\":\"robot\",\"content\":\"x\"}]}", "input[0].role", NULL},
         {"{\"input\":[{\"role\":\"user\"}]}", "input[0].content", "required"},
-        {"{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_image\",\"image_url\":\"u\"}]}]}",
-         "input[0].content[0]", "images not supported by this model"},
+        {"{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_image\",\"file_id\":\"f\"}]}]}",
+         "input[0].content[0]", "file_id"},
+        {"{\"input\":[{\"role\":\"assistant\",\"content\":[{\"type\":\"input_image\",\"image_url\":\"u\"}]}]}",
+         "input[0].content[0]", "images are not supported here"},
         {"{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_text\"}]}]}", "input[0].content[0]", "text"},
         {"{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"audio\"}]}]}", "input[0].content[0]", "audio"},
         {"{\"input\":[{\"type\":\"function_call\",\"name\":\"f\",\"arguments\":\"{}\"}]}", "input[0]", "call_id"},
@@ -267,6 +304,28 @@ static void test_responses_errors(void) {
         {"{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"yaml\"}}}", "response_format", NULL},
     };
     for (size_t i = 0; i < LOOM_ARRAY_LEN(bad); i++) resp_rejects(bad[i].body, bad[i].param, bad[i].needle);
+}
+
+/* input_image parts of a user message become image_url parts in order. */
+static void test_responses_images(void) {
+    const char *body =
+        "{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_image\",\"image_url\":"
+        "\"data:image/jpeg;base64,QUJD\",\"detail\":\"auto\"},{\"type\":\"input_text\",\"text\":\"what?\"}]}]}";
+    api_req r;
+    api_error e;
+    if (resp_parse(body, NULL, &r, &e) < 0) {
+        CHECKF(0, "rejected: %s (%s)", e.message, e.param);
+        return;
+    }
+    CHECK_EQ_INT(r.n_images, 1);
+    if (r.n_images == 1) {
+        CHECK_STR(r.image_urls[0], "data:image/jpeg;base64,QUJD");
+        CHECK_STR(r.image_params[0], "input[0].content[0]");
+    }
+    char *m = messages_of(&r);
+    CHECK_STR(m, "[{\"role\":\"user\",\"content\":[{\"type\":\"image\"},{\"type\":\"text\",\"text\":\"what?\"}]}]");
+    free(m);
+    api_req_free(&r);
 }
 
 static void test_responses_translate(void) {
@@ -691,9 +750,11 @@ static void test_stop_hit(void) {
 int main(void) {
     test_messages_errors();
     test_messages_translate();
+    test_messages_images();
     test_anthropic_error_types();
     test_responses_errors();
     test_responses_translate();
+    test_responses_images();
     test_fmt_messages();
     test_fmt_responses();
     test_responses_store();

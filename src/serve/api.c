@@ -173,6 +173,9 @@ static int normalise_content(api_req *r, cJSON *msg, int idx, api_error *err) {
         const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
         char pp[48];
         snprintf(pp, sizeof pp, "messages[%d].content[%d]", idx % 100000, k % 100000);
+        /* a part translated from another API names itself as its client sent it */
+        const cJSON *as = cJSON_GetObjectItemCaseSensitive(part, "loom_param");
+        if (cJSON_IsString(as)) snprintf(pp, sizeof pp, "%s", as->valuestring);
         cJSON *np = NULL;
         if (cJSON_IsString(part)) text = part;
         if (api_media_is_image(part)) {

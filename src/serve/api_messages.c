@@ -48,7 +48,7 @@ static int text_of(const cJSON *v, const char *param, loom_buf *b, api_error *er
         char p[96];
         snprintf(p, sizeof p, "%s[%d]", param, i);
         if (cJSON_IsString(type) && !strcmp(type->valuestring, "image"))
-            return bad(err, p, "'%s': images not supported by this model", p);
+            return bad(err, p, "'%s': images are not supported here (text blocks only)", p);
         if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") || !cJSON_IsString(text))
             return bad(err, p, "'%s' must be a text block ({\"type\": \"text\", \"text\": ...}), found type %s",
                        p, cJSON_IsString(type) ? type->valuestring : "none");
@@ -63,6 +63,47 @@ static cJSON *message(const char *role, const char *content) {
     cJSON_AddStringToObject(m, "role", role);
     cJSON_AddStringToObject(m, "content", content);
     return m;
+}
+
+/* An image block's source as a chat image_url part: base64 data becomes a
+ * data: URL, a url source passes as it is (the chat path refuses what it
+ * does not read, http(s) among them). NULL with err filled otherwise. */
+static cJSON *image_part(const cJSON *blk, const char *p, api_error *err) {
+    const cJSON *src = get(blk, "source"), *type = get(src, "type");
+    const char *t = cJSON_IsString(type) ? type->valuestring : "";
+    loom_buf url = {0};
+    if (!strcmp(t, "base64")) {
+        const cJSON *mt = get(src, "media_type"), *data = get(src, "data");
+        if (!cJSON_IsString(mt) || !cJSON_IsString(data)) {
+            bad(err, p, "'%s.source' (base64) needs a string 'media_type' and 'data'", p);
+            return NULL;
+        }
+        loom_buf_printf(&url, "data:%s;base64,%s", mt->valuestring, data->valuestring);
+    } else if (!strcmp(t, "url") && cJSON_IsString(get(src, "url"))) {
+        loom_buf_puts(&url, get(src, "url")->valuestring);
+    } else {
+        bad(err, p, "'%s.source' must be {\"type\": \"base64\", \"media_type\", \"data\"} or "
+            "{\"type\": \"url\", \"url\"}, found type %s", p, t[0] ? t : "none");
+        return NULL;
+    }
+    cJSON *part = cJSON_CreateObject(), *iu = cJSON_AddObjectToObject(part, "image_url");
+    cJSON_AddStringToObject(part, "type", "image_url");
+    cJSON_AddStringToObject(iu, "url", url.p ? url.p : "");
+    cJSON_AddStringToObject(part, "loom_param", p);
+    loom_buf_free(&url);
+    return part;
+}
+
+/* The text gathered so far as a text part of parts (then cleared). */
+static void flush_text(cJSON *parts, loom_buf *text, int *n_text) {
+    if (!*n_text) return;
+    cJSON *tp = cJSON_CreateObject();
+    cJSON_AddStringToObject(tp, "type", "text");
+    cJSON_AddStringToObject(tp, "text", text->p ? text->p : "");
+    cJSON_AddItemToArray(parts, tp);
+    text->len = 0;
+    if (text->p) text->p[0] = 0;
+    *n_text = 0;
 }
 
 /* One Anthropic message -> one or more chat messages appended to out. */
@@ -84,8 +125,8 @@ static int translate_message(const cJSON *m, int idx, cJSON *out, api_error *err
     }
     if (!cJSON_IsArray(content)) return bad(err, param, "'%s' must be a string or an array of content blocks", param);
     loom_buf text = {0}, thinking = {0};
-    cJSON *calls = NULL;
-    int i = 0, n_text = 0, rc = 0;
+    cJSON *calls = NULL, *parts = NULL; /* parts: text and images in order, once there is an image */
+    int i = 0, n_text = 0, n_img = 0, rc = 0;
     for (const cJSON *blk = content->child; blk && !rc; blk = blk->next, i++) {
         char p[128];
         snprintf(p, sizeof p, "messages[%d].content[%d]", idx, i);
@@ -97,8 +138,18 @@ static int translate_message(const cJSON *m, int idx, cJSON *out, api_error *err
             const cJSON *s = get(blk, "text");
             if (!cJSON_IsString(s)) rc = bad(err, p, "'%s.text' must be a string", p);
             else loom_buf_printf(&text, "%s%s", n_text++ ? "\n" : "", s->valuestring);
-        } else if (!strcmp(t, "image") || !strcmp(t, "document")) {
-            rc = bad(err, p, "'%s': %s not supported by this model", p, t[0] == 'i' ? "images" : "documents");
+        } else if (!strcmp(t, "image") && user) {
+            cJSON *part = image_part(blk, p, err);
+            if (!part) {
+                rc = -1;
+                continue;
+            }
+            if (!parts) parts = cJSON_CreateArray();
+            flush_text(parts, &text, &n_text);
+            cJSON_AddItemToArray(parts, part);
+            n_img++;
+        } else if (!strcmp(t, "document")) {
+            rc = bad(err, p, "'%s': documents are not supported", p);
         } else if (!strcmp(t, "tool_use") && !user) {
             const cJSON *id = get(blk, "id"), *name = get(blk, "name"), *input = get(blk, "input");
             if (!cJSON_IsString(id) || !cJSON_IsString(name) || (input && !cJSON_IsObject(input))) {
@@ -138,14 +189,20 @@ static int translate_message(const cJSON *m, int idx, cJSON *out, api_error *err
                      t, user ? "" : "n", role->valuestring, user ? ", tool_result" : ", tool_use, thinking");
         }
     }
-    if (!rc && (user ? n_text > 0 || cJSON_GetArraySize(content) == 0 : 1)) {
+    if (!rc && (user ? n_text > 0 || n_img > 0 || cJSON_GetArraySize(content) == 0 : 1)) {
         /* "" rather than null: templates concatenate content */
         cJSON *msg = message(role->valuestring, text.p ? text.p : "");
+        if (parts) {
+            flush_text(parts, &text, &n_text);
+            cJSON_ReplaceItemInObject(msg, "content", parts);
+            parts = NULL;
+        }
         if (thinking.len) cJSON_AddStringToObject(msg, "reasoning_content", thinking.p);
         if (calls) cJSON_AddItemToObject(msg, "tool_calls", calls), calls = NULL;
         cJSON_AddItemToArray(out, msg);
     }
     cJSON_Delete(calls);
+    cJSON_Delete(parts);
     loom_buf_free(&text);
     loom_buf_free(&thinking);
     return rc;

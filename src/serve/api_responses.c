@@ -22,31 +22,61 @@ static void copy(const cJSON *in, cJSON *out, const char *k, const char *as) {
     if (v) cJSON_AddItemToObject(out, as ? as : k, cJSON_Duplicate(v, 1));
 }
 
-/* A string, or content parts (input_text, output_text) joined. */
-static int parts_text(const cJSON *v, const char *param, loom_buf *b, api_error *err) {
+/* The text gathered so far as a text part of parts (then cleared). */
+static void flush_text(cJSON *parts, loom_buf *b) {
+    if (!b->len) return;
+    cJSON *tp = cJSON_CreateObject();
+    cJSON_AddStringToObject(tp, "type", "text");
+    cJSON_AddStringToObject(tp, "text", b->p);
+    cJSON_AddItemToArray(parts, tp);
+    b->len = 0;
+    b->p[0] = 0;
+}
+
+/* A string, or content parts (input_text, output_text) joined. Where parts
+ * is not NULL, input_image parts are taken too: *parts is then the chat
+ * content array (text and image_url parts in order); else they are
+ * refused. */
+static int parts_text(const cJSON *v, const char *param, loom_buf *b, cJSON **parts, api_error *err) {
     if (cJSON_IsString(v)) {
         loom_buf_puts(b, v->valuestring);
         return 0;
     }
     if (!cJSON_IsArray(v))
         return api_fail(err, 400, param, "'%s' must be a string or an array of content parts", param);
-    int i = 0;
+    int i = 0, n_text = 0;
     for (const cJSON *p = v->child; p; p = p->next, i++) {
         char pp[96];
         snprintf(pp, sizeof pp, "%s[%d]", param, i);
         const cJSON *type = get(p, "type"), *text = get(p, "text");
         const char *t = cJSON_IsString(type) ? type->valuestring : "";
+        if (!strcmp(t, "input_image") && parts) {
+            const cJSON *url = get(p, "image_url");
+            if (!cJSON_IsString(url))
+                return api_fail(err, 400, pp, "'%s.image_url' must be a string (a data: or file:// URL; "
+                                "file_id is not supported)", pp);
+            if (!*parts) *parts = cJSON_CreateArray();
+            flush_text(*parts, b);
+            n_text = 0;
+            cJSON *ip = cJSON_CreateObject();
+            cJSON_AddStringToObject(ip, "type", "image_url");
+            cJSON_AddStringToObject(cJSON_AddObjectToObject(ip, "image_url"), "url", url->valuestring);
+            cJSON_AddStringToObject(ip, "loom_param", pp);
+            cJSON_AddItemToArray(*parts, ip);
+            continue;
+        }
         if (!strcmp(t, "input_image") || !strcmp(t, "input_file"))
-            return api_fail(err, 400, pp, "'%s': %s not supported by this model", pp,
+            return api_fail(err, 400, pp, "'%s': %s are not supported here", pp,
                             t[6] == 'i' ? "images" : "files");
         if (strcmp(t, "input_text") && strcmp(t, "output_text") && strcmp(t, "text") && strcmp(t, "refusal"))
             return api_fail(err, 400, pp, "'%s' must be an input_text or output_text part, found type %s", pp,
                             t[0] ? t : "none");
         if (!strcmp(t, "refusal")) text = get(p, "refusal");
         if (!cJSON_IsString(text)) return api_fail(err, 400, pp, "'%s.text' must be a string", pp);
-        if (i) loom_buf_puts(b, "\n");
+        if (n_text++) loom_buf_puts(b, "\n");
         loom_buf_puts(b, text->valuestring);
     }
+    if (parts && *parts) flush_text(*parts, b);
     return 0;
 }
 
@@ -86,8 +116,14 @@ static int input_item(const cJSON *it, const char *param, cJSON *out, api_error 
         const cJSON *content = get(it, "content");
         if (!content) return api_fail(err, 400, p, "'%s' is required", p);
         loom_buf b = {0};
-        int rc = parts_text(content, p, &b, err);
-        if (!rc) cJSON_AddItemToArray(out, message(role->valuestring, b.p ? b.p : ""));
+        cJSON *parts = NULL;
+        int rc = parts_text(content, p, &b, strcmp(role->valuestring, "user") ? NULL : &parts, err);
+        if (!rc) {
+            cJSON *m = message(role->valuestring, b.p ? b.p : "");
+            if (parts) cJSON_ReplaceItemInObject(m, "content", parts), parts = NULL;
+            cJSON_AddItemToArray(out, m);
+        }
+        cJSON_Delete(parts);
         loom_buf_free(&b);
         return rc;
     }
@@ -117,7 +153,7 @@ static int input_item(const cJSON *it, const char *param, cJSON *out, api_error 
         snprintf(p, sizeof p, "%s.output", param);
         if (!o) return api_fail(err, 400, p, "'%s' is required", p);
         loom_buf b = {0};
-        int rc = parts_text(o, p, &b, err);
+        int rc = parts_text(o, p, &b, NULL, err);
         if (!rc) {
             cJSON *m = message("tool", b.p ? b.p : "");
             cJSON_AddStringToObject(m, "tool_call_id", id->valuestring);

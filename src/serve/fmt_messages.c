@@ -195,6 +195,7 @@ const api_endpoint fmt_messages = {
     .put_answer = messages_answer,
     .sse_finish = messages_sse_finish,
     .sse_error = messages_sse_error,
+    .dialect = API_DIALECT_ANTHROPIC,
 };
 
 static const api_endpoint fmt_messages_count = {

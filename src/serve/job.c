@@ -640,11 +640,13 @@ char *job_complete(job *j, int *status) {
     char *body = NULL;
     if (job_start(j, &err) < 0) {
         *status = err.status;
+        err.dialect = j->ep->dialect;
         body = api_error_json(&err);
     } else if ((body = run_blocking(j)) != NULL) {
         *status = 200;
     } else if (j->failed) {
         *status = j->err.status;
+        j->err.dialect = j->ep->dialect;
         body = api_error_json(&j->err);
     } else {
         *status = 0;

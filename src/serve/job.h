@@ -116,6 +116,7 @@ typedef struct api_endpoint {
     void (*put_answer)(job *j, loom_buf *b);
     void (*sse_finish)(job *j);
     void (*sse_error)(job *j);
+    api_dialect dialect;        /* the shape of its errors (OpenAI's unless set) */
 } api_endpoint;
 
 extern const api_endpoint fmt_chat, fmt_completions, fmt_messages, fmt_responses;

@@ -156,7 +156,7 @@ test('errors: 400 invalid_request_error naming the field, 404 not_found_error', 
     'invalid_request_error', /stop_sequences/);
   await expectError(client.messages.create({ model, max_tokens: 4,
     messages: user([{ type: 'image', source: { type: 'base64', media_type: 'image/png', data: 'AA==' } }]) }), B, 400,
-    'invalid_request_error', /messages\[0\]\.content\[0\].*images not supported by this model/);
+    'invalid_request_error', /messages\[0\]\.content\[0\].*takes no images/);
   await expectError(client.messages.create({ model, max_tokens: 4, messages: user([{ type: 'hologram' }]) }), B, 400,
     'invalid_request_error', /messages\[0\]\.content\[0\].*hologram/);
   await expectError(client.messages.create({ model, max_tokens: 4, messages: user('x'), stream: true, temperature: -1 }), B, 400,
