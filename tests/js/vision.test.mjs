@@ -2,12 +2,14 @@
 // chat with image_url parts (data: and file:// URLs), blocking and
 // streamed; the reply's tokens equal `loom generate --image` on the
 // server's own prompt ids; a repeated image is served from the prefix
-// cache; every refused URL or part is a 400 naming the part. Run by
+// cache; Anthropic image blocks and Responses input_image parts give the
+// chat answer; every refused URL or part is a 400 naming the part. Run by
 // tests/cli_server_vision.sh:
 //   LOOM_URL=... LOOM_BIN=build/loom LOOM_VL_MODEL=DIR LOOM_MEDIA=DIR node vision.test.mjs
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
+import Anthropic from '@anthropic-ai/sdk';
 import OpenAI from 'openai';
 
 const { LOOM_URL: base, LOOM_BIN: bin, LOOM_VL_MODEL: modelDir, LOOM_MEDIA: media } = process.env;
@@ -128,6 +130,32 @@ test('a placeholder typed into the text: a 400 naming both counts', async () => 
                                          part(dataUrl(imgD, 'image/png'))] }],
     max_tokens: 2,
   }), 'messages', 'rendered 2 image placeholders (token 504) for the request\'s 1 images');
+});
+
+// The same question through Anthropic's Messages API (an image block) and
+// OpenAI's Responses API (an input_image part): the chat answer, over the
+// same prompt (its token count says the image was expanded).
+test('an image block on /v1/messages and an input_image on /v1/responses: the chat answer', async () => {
+  const png = readFileSync(imgD).toString('base64');
+  const chat = await client.chat.completions.create({
+    messages: [{ role: 'user', content: [{ type: 'text', text: 'what is in it?' }, part(dataUrl(imgD, 'image/png'))] }],
+    max_tokens: 8, temperature: 0,
+  });
+  const anthropic = new Anthropic({ baseURL: base, apiKey: 'none', maxRetries: 0, timeout: 120000 });
+  const m = await anthropic.messages.create({
+    model: chat.model, max_tokens: 8, temperature: 0,
+    messages: [{ role: 'user', content: [{ type: 'text', text: 'what is in it?' },
+      { type: 'image', source: { type: 'base64', media_type: 'image/png', data: png } }] }],
+  });
+  assert.equal(m.usage.input_tokens + (m.usage.cache_read_input_tokens ?? 0), chat.usage.prompt_tokens);
+  assert.equal(m.content.filter((b) => b.type === 'text').map((b) => b.text).join(''), chat.choices[0].message.content);
+  const r = await client.responses.create({
+    max_output_tokens: 8, temperature: 0,
+    input: [{ role: 'user', content: [{ type: 'input_text', text: 'what is in it?' },
+      { type: 'input_image', image_url: dataUrl(imgD, 'image/png') }] }],
+  });
+  assert.equal(r.usage.input_tokens, chat.usage.prompt_tokens);
+  assert.equal(r.output_text, chat.choices[0].message.content);
 });
 
 let failed = 0;
