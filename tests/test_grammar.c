@@ -1,0 +1,320 @@
+/* Grammars: GBNF parsing and its errors, regexes, JSON Schema features
+ * (each with strings it must accept and reject), and token masks checked
+ * against a brute-force reference over a small vocabulary and the bundled
+ * model's vocabulary, from random reachable states. */
+#include <cjson/cJSON.h>
+
+#include "grammar/grammar.h"
+#include "test.h"
+#include "tokenize/tokenizer.h"
+
+static loom_grammar *gbnf(const char *text) {
+    loom_grammar *g;
+    char err[256];
+    loom_status st = loom_grammar_from_gbnf(text, NULL, &g, err, sizeof err);
+    CHECKF(st == LOOM_OK, "%s: %s", text, err);
+    return st ? NULL : g;
+}
+
+static loom_grammar *schema(const char *text) {
+    loom_grammar *g;
+    char err[256];
+    loom_status st = loom_grammar_from_schema(text, NULL, &g, err, sizeof err);
+    CHECKF(st == LOOM_OK, "%s: %s", text, err);
+    return st ? NULL : g;
+}
+
+/* accepts: strings in the language; rejects: strings not in it. */
+static void lang(loom_grammar *g, const char *what, const char *const *acc, const char *const *rej) {
+    if (!g) return;
+    for (; acc && *acc; acc++) CHECKF(loom_grammar_accepts(g, *acc, strlen(*acc)), "%s should accept %s", what, *acc);
+    for (; rej && *rej; rej++) CHECKF(!loom_grammar_accepts(g, *rej, strlen(*rej)), "%s should reject %s", what, *rej);
+    loom_grammar_release(g);
+}
+
+#define L(...) (const char *const[]){__VA_ARGS__, NULL}
+
+static void gbnf_errors(void) {
+    static const struct {
+        const char *text, *msg;
+    } cases[] = {
+        {"", "expected a rule"},
+        {"root ::= foo", "rule 'foo' is used but not defined"},
+        {"root ::= \"a", "expected '\"' closing the literal"},
+        {"root ::= [a-", "expected"},
+        {"root ::= (\"a\"", "expected ')'"},
+        {"root ::= \"a\"{3,1}", "max below min"},
+        {"root ::= root \"a\"", "left-recursive"},
+        {"root ::= x\nx ::= \"\"? root", "left-recursive"},
+        {"a ::= \"x\"", "no rule named 'root'"},
+        {"root ::= \"a\"\nroot ::= \"b\"", "defined twice"},
+        {"root ::= \"\\xZZ\"", "hex digits"},
+        {"root ::= [z-a]", "ends below its start"},
+        {"root ::= !", "expected a literal"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        loom_grammar *g = NULL;
+        char err[256] = "";
+        loom_status st = loom_grammar_from_gbnf(cases[i].text, NULL, &g, err, sizeof err);
+        CHECKF(st != LOOM_OK && !g, "%s compiled", cases[i].text);
+        CHECKF(strstr(err, cases[i].msg) != NULL, "%s: '%s' lacks '%s'", cases[i].text, err, cases[i].msg);
+    }
+    char err[256] = "";
+    loom_grammar *g = NULL;
+    loom_grammar_from_gbnf("root ::= \"a\"\n  | \"b\" foo\n", NULL, &g, err, sizeof err);
+    CHECKF(strstr(err, "line 2") != NULL, "line of an undefined rule: %s", err);
+}
+
+static void gbnf_lang(void) {
+    lang(gbnf("root ::= \"a\" | \"bc\""), "alt", L("a", "bc"), L("", "b", "abc", "ab"));
+    lang(gbnf("root ::= [a-c]+ \"!\"?"), "plus", L("a", "abc!", "cc"), L("", "!", "ad"));
+    lang(gbnf("root ::= (\"ab\")* \"x\"{2,3}"), "star", L("xx", "abxxx", "ababxx"), L("x", "abxxxx", "axx"));
+    lang(gbnf("root ::= [^a]"), "neg", L("b", "\xc3\xa9", "\xe2\x82\xac", "\xf0\x9f\x98\x80"), L("a", "\xc3", "\xff"));
+    lang(gbnf("root ::= [\\u00e0-\\u00ff\\u4e00]"), "unicode", L("\xc3\xa0", "\xc3\xbf", "\xe4\xb8\x80"), L("\xc3\x9f", "a"));
+    lang(gbnf("root ::= .{2}"), "dot", L("ab", "\xc3\xa9z"), L("a", "abc"));
+    lang(gbnf("# comment\nroot ::= item (\",\" item)*  # trailing\nitem ::= [0-9]{1,2}\n"), "rules",
+         L("1", "1,23", "4,5,66"), L("1,", "123", ",1"));
+    lang(gbnf("root ::= expr\nexpr ::= term (\"+\" term)*\nterm ::= [0-9] | \"(\" expr \")\""), "recursive",
+         L("1", "(1+2)+3", "((4))"), L("(1", "1+", "()"));
+    lang(gbnf("root ::= \"\\n\\t\\\\\\\"\""), "escapes", L("\n\t\\\""), L("n"));
+}
+
+static loom_grammar *regex(const char *re) {
+    loom_grammar *g;
+    char err[256];
+    loom_status st = loom_grammar_from_regex(re, NULL, &g, err, sizeof err);
+    CHECKF(st == LOOM_OK, "%s: %s", re, err);
+    return st ? NULL : g;
+}
+
+static void regexes(void) {
+    lang(regex("^[a-z]+@[a-z]+\\.(com|org)$"), "email", L("a@b.com", "xy@zz.org"), L("a@b.net", "@b.com", "a@b.comm"));
+    lang(regex("\\d{3}-\\d{4}"), "phone", L("555-1234"), L("55-1234", "555-12345", "abc-defg"));
+    lang(regex("(ab|c)*d?"), "group", L("", "abcab", "cd", "d"), L("a", "abd d"));
+    lang(regex("[^\\s]{2,}x+?"), "classes", L("abx", "..xx"), L("a x", "x"));
+    lang(regex("a{2,}"), "open", L("aa", "aaaaa"), L("a"));
+    lang(regex("\\w\\W\\S\\."), "short", L("a-b.", "_ x."), L("a-b!", "-ab."));
+    lang(regex("colou?r"), "opt", L("color", "colour"), L("colouur"));
+    static const char *const bad[] = {"a(?=b)", "(ab", "a)", "*a", "a**", "[b-a]", "x{3,1}", "a^b", "\\p{L}", NULL};
+    for (const char *const *b = bad; *b; b++) {
+        loom_grammar *g = NULL;
+        char err[256] = "";
+        CHECKF(loom_grammar_from_regex(*b, NULL, &g, err, sizeof err) != LOOM_OK && err[0], "regex %s compiled", *b);
+    }
+}
+
+static void schemas(void) {
+    lang(schema("{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},\"age\":{\"type\":\"integer\"}},"
+                "\"required\":[\"name\"]}"),
+         "object", L("{\"name\":\"a\"}", "{\"name\": \"b\", \"age\": 3}", "{ \"name\":\"\\u00e9\\n\",\n  \"age\":-12}"),
+         L("{}", "{\"age\":3}", "{\"age\":3,\"name\":\"a\"}", "{\"name\":\"a\",}", "{\"name\":\"a\",\"x\":1}",
+           "{\"name\":1}", "{\"name\":\"a\"} ", " {\"name\":\"a\"}", "{\"name\":\"a\",\"age\":1.5}"));
+    lang(schema("{\"properties\":{\"a\":{\"type\":\"boolean\"},\"b\":{\"type\":\"null\"}},\"additionalProperties\":true}"),
+         "additional", L("{}", "{\"b\":null}", "{\"a\":true,\"zz\":[1,{}]}", "{\"q\":1,\"r\":\"s\"}"),
+         L("{\"a\":true,}", "{\"zz\"}", "{\"q\":1 \"r\":2}"));
+    lang(schema("{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"}}"), "map",
+         L("{}", "{\"x\":1,\"y\":2}"), L("{\"x\":\"1\"}"));
+    lang(schema("{\"type\":\"array\",\"items\":{\"type\":\"number\"},\"minItems\":1,\"maxItems\":3}"), "array",
+         L("[1]", "[1.5, -2e3, 0]", "[ 0.25 ]"), L("[]", "[1,2,3,4]", "[01]", "[1,]", "[.5]"));
+    lang(schema("{\"type\":\"array\",\"maxItems\":0}"), "empty array", L("[]", "[ ]"), L("[1]"));
+    lang(schema("{\"type\":\"string\",\"minLength\":2,\"maxLength\":3}"), "length",
+         L("\"ab\"", "\"\\n\\\"x\"", "\"\xc3\xa9\xc3\xa9\""), L("\"a\"", "\"abcd\"", "\"a\nb\""));
+    lang(schema("{\"type\":\"string\",\"pattern\":\"^[A-Z]{2}-[0-9]+$\"}"), "pattern", L("\"AB-12\""),
+         L("\"ab-12\"", "\"AB-\"", "AB-1"));
+    lang(schema("{\"type\":\"string\",\"pattern\":\"^a.b$\"}"), "pattern json escape",
+         L("\"axb\"", "\"a\\\"b\"", "\"a\\\\b\"", "\"a\\tb\""), L("\"a\"b\"", "\"a\\nb\""));
+    lang(schema("{\"enum\":[\"red\",\"green\",3,null,{\"a\":[1]}]}"), "enum",
+         L("\"red\"", "\"green\"", "3", "null", "{\"a\":[1]}"), L("\"blue\"", "4", "\"Red\""));
+    lang(schema("{\"const\":\"x\\\"y\"}"), "const", L("\"x\\\"y\""), L("\"xy\""));
+    lang(schema("{\"type\":\"string\",\"format\":\"date\"}"), "date", L("\"2024-02-29\"", "\"1999-12-31\""),
+         L("\"2024-13-01\"", "\"24-01-01\"", "\"2024-00-10\""));
+    lang(schema("{\"type\":\"string\",\"format\":\"time\"}"), "time", L("\"23:59:59Z\"", "\"08:00:00.5+02:00\""),
+         L("\"24:00:00Z\"", "\"12:00\""));
+    lang(schema("{\"type\":\"string\",\"format\":\"date-time\"}"), "date-time", L("\"2024-01-02T03:04:05Z\""),
+         L("\"2024-01-02 03:04:05Z\""));
+    lang(schema("{\"type\":\"string\",\"format\":\"uuid\"}"), "uuid", L("\"123e4567-e89b-12d3-a456-426614174000\""),
+         L("\"123e4567e89b12d3a456426614174000\"", "\"123e4567-e89b-12d3-a456-42661417400g\""));
+    lang(schema("{\"type\":\"string\",\"format\":\"email\"}"), "email", L("\"a.b@c.io\"", "\"x+1@mail.example.com\""),
+         L("\"a@b\"", "\"@b.com\"", "\"a b@c.com\""));
+    lang(schema("{\"type\":\"integer\",\"minimum\":-15,\"maximum\":230}"), "int range",
+         L("-15", "-9", "0", "7", "99", "100", "199", "230"), L("-16", "231", "300", "-0", "007", "1000"));
+    lang(schema("{\"type\":\"integer\",\"exclusiveMinimum\":9,\"exclusiveMaximum\":1000}"), "exclusive",
+         L("10", "999", "500"), L("9", "1000", "5"));
+    lang(schema("{\"type\":\"integer\",\"minimum\":1}"), "min only", L("1", "123456789"), L("0", "-1"));
+    lang(schema("{\"type\":\"number\",\"minimum\":0,\"maximum\":10}"), "number range",
+         L("0", "9.99", "10", "10.0", "3"), L("10.5", "-1", "11"));
+    lang(schema("{\"type\":[\"string\",\"null\"]}"), "type list", L("\"a\"", "null"), L("1"));
+    lang(schema("{\"anyOf\":[{\"type\":\"integer\"},{\"type\":\"boolean\"}]}"), "anyOf", L("1", "true"), L("\"1\""));
+    lang(schema("{\"oneOf\":[{\"const\":1},{\"const\":2}]}"), "oneOf", L("1", "2"), L("3"));
+    lang(schema("{\"allOf\":[{\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]},"
+                "{\"properties\":{\"b\":{\"type\":\"string\"}},\"required\":[\"b\"]}]}"),
+         "allOf", L("{\"a\":1,\"b\":\"x\"}"), L("{\"a\":1}", "{\"b\":\"x\"}"));
+    lang(schema("{\"$defs\":{\"node\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"integer\"},"
+                "\"kids\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/node\"}}},\"required\":[\"v\"]}},"
+                "\"$ref\":\"#/$defs/node\"}"),
+         "recursive ref", L("{\"v\":1}", "{\"v\":1,\"kids\":[{\"v\":2,\"kids\":[{\"v\":3}]}]}"),
+         L("{\"v\":1,\"kids\":[{}]}", "{\"kids\":[]}"));
+    lang(schema("{\"type\":\"object\"}"), "json_object", L("{}", "{\"a\":[1,2,{\"b\":null}],\"c\":\"d\"}"),
+         L("[]", "1", "{\"a\"}", "{a:1}"));
+    lang(schema("true"), "true", L("1", "\"x\"", "[null]"), L("x"));
+    /* bounded whitespace: a newline and 20 spaces at most */
+    lang(schema("{\"type\":\"array\"}"), "ws", L("[\n                    1]"), L("[\n                     1]", "[  1]"));
+    static const struct {
+        const char *s, *msg;
+    } bad[] = {
+        {"{\"type\":\"strin\"}", "unknown type 'strin'"},
+        {"{\"$ref\":\"#/$defs/nope\"}", "no such place"},
+        {"{\"$ref\":\"http://x/y.json\"}", "only references inside"},
+        {"{\"type\":\"number\",\"minimum\":-1.5}", "number bounds"},
+        {"{\"type\":\"array\",\"prefixItems\":[]}", "prefixItems"},
+        {"{\"type\":\"string\",\"pattern\":\"(?=a)\"}", "lookaround"},
+        {"{\"type\":\"object\",\"properties\":{},\"required\":[\"a\"]}", "required property 'a'"},
+        {"false", "matches nothing"},
+        {"{\"type\":\"integer\",\"minimum\":5,\"maximum\":4}", "holds no integer"},
+        {"{", "not valid JSON"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        loom_grammar *g = NULL;
+        char err[256] = "";
+        CHECKF(loom_grammar_from_schema(bad[i].s, NULL, &g, err, sizeof err) != LOOM_OK && !g, "%s compiled", bad[i].s);
+        CHECKF(strstr(err, bad[i].msg) != NULL, "%s: '%s' lacks '%s'", bad[i].s, err, bad[i].msg);
+    }
+}
+
+/* ---- masks against brute force ---------------------------------------------- */
+
+static uint64_t rng = 88172645463325252ULL;
+static uint32_t rnd(void) {
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (uint32_t)(rng >> 11);
+}
+
+/* The reference: token t is allowed iff the prefix plus its bytes is still
+ * a prefix of some sentence; checked by running a fresh matcher over the
+ * whole text byte by byte. */
+static int ref_allowed(loom_grammar *g, const char *prefix, size_t n, const char *tok, int len) {
+    if (len <= 0) return 0;
+    loom_gmatcher m;
+    loom_gmatcher_init(&m, g);
+    if (loom_gmatcher_accept_bytes(&m, prefix, n)) return 0;
+    for (int i = 0; i < len; i++)
+        if (loom_gmatcher_accept_bytes(&m, tok + i, 1)) return 0;
+    return 1;
+}
+
+/* Walks random allowed tokens from the start; at each state compares the
+ * mask with the reference for every token. */
+static void mask_vs_ref(loom_grammar *g, const char *const *bytes, const int *lens, int V, int steps, int walks) {
+    uint32_t *bits = calloc((size_t)(V + 31) / 32, 4);
+    char text[4096];
+    int bad = 0;
+    for (int w = 0; w < walks; w++) {
+        loom_gmatcher m;
+        loom_gmatcher_init(&m, g);
+        size_t n = 0;
+        for (int s = 0; s < steps; s++) {
+            int count = loom_gmatcher_mask(&m, bits), ref_count = 0;
+            for (int t = 0; t < V; t++) {
+                int want = ref_allowed(g, text, n, bytes[t], lens[t]);
+                int got = bits[t >> 5] >> (t & 31) & 1;
+                ref_count += want;
+                if (want != got && bad++ < 5)
+                    fprintf(stderr, "token %d (%.*s) after '%.*s': mask %d, reference %d\n", t, lens[t] > 0 ? lens[t] : 0,
+                            bytes[t], (int)n, text, got, want);
+            }
+            CHECK_EQ_INT(count, ref_count);
+            if (!ref_count) break;
+            int pick = (int)(rnd() % (uint32_t)ref_count), t = 0;
+            for (;; t++)
+                if ((bits[t >> 5] >> (t & 31) & 1) && !pick--) break;
+            CHECK(loom_gmatcher_accept_token(&m, t) == 0);
+            if (n + (size_t)lens[t] >= sizeof text) break;
+            memcpy(text + n, bytes[t], (size_t)lens[t]);
+            n += (size_t)lens[t];
+        }
+    }
+    CHECK_EQ_INT(bad, 0);
+    free(bits);
+}
+
+static void masks_small(void) {
+    /* a vocabulary with multi-byte tokens spanning grammar boundaries and
+     * pieces of UTF-8 characters */
+    static const char *const toks[] = {"{", "}", "\"", "\":", "\",", "\"}", "a", "ab", "name", "\"name\"", " ", "\n",
+                                       "  ", ":", ",", "1", "12", "-", "0", ".5", "true", "tr", "ue", "null", "[",
+                                       "]", "[]", "{}", "\xc3", "\xa9", "\xc3\xa9", "\xe2\x82", "\xac", "\\", "\\n",
+                                       "\\u", "00e9", "e", "E", "+", "x", "\"age", "age\":", "}}", "\"\"", NULL};
+    int V = 0;
+    int lens[64];
+    while (toks[V]) lens[V] = (int)strlen(toks[V]), V++;
+    lens[V] = -1; /* a special token: no bytes */
+    const char *bytes[64];
+    memcpy(bytes, toks, sizeof *bytes * (size_t)V);
+    bytes[V] = "";
+    V++;
+    loom_gvocab *v;
+    CHECK(loom_gvocab_create(bytes, lens, V, &v) == LOOM_OK);
+    const char *schemas_[] = {
+        "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":4},\"age\":{\"type\":\"integer\"}},\"required\":[\"name\"]}",
+        "{\"type\":\"object\"}",
+        "{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"ab\",true,null]},\"maxItems\":4}",
+    };
+    for (int i = 0; i < 3; i++) {
+        loom_grammar *g;
+        char err[256];
+        CHECKF(loom_grammar_from_schema(schemas_[i], v, &g, err, sizeof err) == LOOM_OK, "%s", err);
+        mask_vs_ref(g, bytes, lens, V, 24, 20);
+        loom_grammar_release(g);
+    }
+    loom_grammar *g;
+    char err[256];
+    CHECK(loom_grammar_from_gbnf("root ::= \"\xc3\xa9\"+ | [a-b]+ \"\\n\"", v, &g, err, sizeof err) == LOOM_OK);
+    mask_vs_ref(g, bytes, lens, V, 10, 10);
+    loom_grammar_release(g);
+    loom_gvocab_free(v);
+}
+
+/* The bundled model's vocabulary (8192 byte-level tokens). */
+static void masks_model_vocab(void) {
+    loom_tok *t;
+    if (loom_tok_load_dir("models/pycoder-16m", &t) != LOOM_OK) {
+        CHECKF(0, "models/pycoder-16m tokenizer: %s", loom_last_error());
+        return;
+    }
+    int V = loom_tok_vocab_size(t);
+    char **bytes = calloc((size_t)V, sizeof *bytes);
+    int *lens = calloc((size_t)V, sizeof *lens);
+    for (int i = 0; i < V; i++) {
+        char buf[256];
+        lens[i] = loom_tok_token_bytes(t, i, buf, sizeof buf);
+        if (lens[i] > 0) bytes[i] = malloc((size_t)lens[i]), memcpy(bytes[i], buf, (size_t)lens[i]);
+        else bytes[i] = calloc(1, 1);
+    }
+    /* the vocabulary as the engine builds it */
+    loom_gvocab *v;
+    CHECK(loom_gvocab_from_tok(t, V, &v) == LOOM_OK);
+    int32_t id = loom_tok_token_to_id(t, "{\"", 2);
+    (void)id;
+    loom_grammar *g;
+    char err[256];
+    CHECKF(loom_grammar_from_schema("{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":8},"
+                                    "\"n\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":50},\"tags\":{\"type\":\"array\","
+                                    "\"items\":{\"enum\":[\"x\",\"yy\"]},\"maxItems\":2}},\"required\":[\"name\",\"n\"]}",
+                                    v, &g, err, sizeof err) == LOOM_OK, "%s", err);
+    if (g) mask_vs_ref(g, (const char *const *)bytes, lens, V, 12, 3);
+    loom_grammar_release(g);
+    loom_gvocab_free(v);
+    for (int i = 0; i < V; i++) free(bytes[i]);
+    free(bytes), free(lens);
+    loom_tok_free(t);
+}
+
+int main(void) {
+    gbnf_errors();
+    gbnf_lang();
+    regexes();
+    schemas();
+    masks_small();
+    masks_model_vocab();
+    return test_report("test_grammar");
+}
