@@ -54,7 +54,7 @@ loom_request_params loom_request_default_params(void) {
 static void mark_pick(loom_engine *e, loom_request *r, int i, int wants) {
     e->picks[i] = -2;
     e->samp[i] = (loom_sample_pick){0};
-    if (wants && r->logprobs < 0 && loom_exec_pick_for(e->exec, &r->sampler, &e->samp[i]))
+    if (wants && r->logprobs < 0 && !r->grammar && loom_exec_pick_for(e->exec, &r->sampler, &e->samp[i]))
         e->picks[i] = -1;
 }
 
@@ -375,6 +375,9 @@ loom_status loom_engine_submit(loom_engine *e, const loom_request_params *p, loo
                         LOOM_MAX_TOP_LOGPROBS, p->prompt_logprobs);
     if (p->n_stop_ids < 0 || (p->n_stop_ids && !p->stop_ids))
         return loom_err(LOOM_ERR_INVALID_ARG, "request: bad stop ids");
+    if (p->grammar && (!loom_grammar_vocab(p->grammar) || loom_gvocab_size(loom_grammar_vocab(p->grammar)) < V))
+        return loom_err(LOOM_ERR_INVALID_ARG, "request: the grammar was compiled without this model's vocabulary "
+                        "(%d tokens)", V);
     for (int i = 0; i < p->n_prompt; i++)
         if (p->prompt[i] < 0 || p->prompt[i] >= V)
             return loom_err(LOOM_ERR_RANGE,
@@ -407,7 +410,13 @@ loom_status loom_engine_submit(loom_engine *e, const loom_request_params *p, loo
     pthread_cond_init(&r->cv, NULL);
     atomic_init(&r->refs, 1);
     atomic_init(&r->abort, 0);
-    loom_status s = !r->tokens || !r->stop_ids ? loom_err(LOOM_ERR_NOMEM, "out of memory") : LOOM_OK;
+    if (p->grammar) {
+        r->grammar = loom_grammar_retain(p->grammar);
+        loom_gmatcher_init(&r->gm, r->grammar);
+        r->gmask = malloc(sizeof *r->gmask * (size_t)((loom_gvocab_size(loom_grammar_vocab(p->grammar)) + 31) / 32));
+    }
+    loom_status s = !r->tokens || !r->stop_ids || (p->grammar && !r->gmask) ? loom_err(LOOM_ERR_NOMEM, "out of memory")
+                                                                            : LOOM_OK;
     if (!s) s = loom_sampler_init(&r->sampler, &p->sampling, V);
     if (!s && e->has_state) s = loom_seq_state_create(e->m, &r->rstate);
     if (!s) {

@@ -140,6 +140,8 @@ void loom_rq_release(loom_request *r) {
     loom_seq_state_free(r->rstate);
     free(r->tokens);
     free(r->stop_ids);
+    free(r->gmask);
+    loom_grammar_release(r->grammar);
     free(r->spans);
     free(r->events);
     free(r->seq.blocks);

@@ -21,6 +21,7 @@
  *     are bounded (MASK_CACHE_BYTES) and replaced when full. */
 #include "grammar/grammar.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -1057,6 +1058,18 @@ int loom_gmatcher_mask(loom_gmatcher *m, uint32_t *bits) {
     memcpy(g->masks[slot] + 1, bits, bytes);
     g->mask_owner[slot] = m->state;
     g->states[m->state].mask_slot = (uint32_t)slot + 1;
+    return count;
+}
+
+int loom_gmatcher_mask_logits(loom_gmatcher *m, uint32_t *bits, float *logits, int n) {
+    int count = loom_gmatcher_mask(m, bits);
+    for (int w = 0; w * 32 < n; w++) {
+        uint32_t b = bits[w];
+        if (b == ~0u) continue;
+        int end = LOOM_MIN(32, n - w * 32);
+        for (int k = 0; k < end; k++)
+            if (!(b >> k & 1)) logits[w * 32 + k] = -INFINITY;
+    }
     return count;
 }
 

@@ -97,4 +97,8 @@ int loom_gmatcher_can_continue(const loom_gmatcher *m);
  * cached. Returns the number of allowed tokens. */
 int loom_gmatcher_mask(loom_gmatcher *m, uint32_t *bits);
 
+/* loom_gmatcher_mask, then logits[i] = -INFINITY for every token i < n it
+ * does not allow (bits is the mask's scratch). Returns the allowed count. */
+int loom_gmatcher_mask_logits(loom_gmatcher *m, uint32_t *bits, float *logits, int n);
+
 #endif
