@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "base/base.h"
+#include "grammar/grammar.h"
 #include "model/forward.h"
 
 job *job_create(server *s, const api_endpoint *ep, const char *body, size_t len, api_error *err) {
@@ -48,6 +49,7 @@ void job_free(job *j) {
     free(j->prompt_text);
     free(j->prompt_off);
     api_req_free(&j->req);
+    loom_grammar_release(j->grammar);
     atomic_fetch_sub(&j->srv->inflight, 1);
     free(j);
 }
@@ -189,6 +191,27 @@ static int prompt_offsets(job *j, api_error *err) {
     return 0;
 }
 
+int job_grammar(server *s, const api_req *r, loom_grammar **out, api_error *err) {
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    *out = NULL;
+    if (!r->grammar) return 0;
+    if (!s->tok) return api_fail(err, 400, r->grammar_param, "constrained output needs the model's tokenizer");
+    pthread_mutex_lock(&lock);
+    loom_status st = s->gvocab ? LOOM_OK : loom_gvocab_from_tok(s->tok, s->vocab, &s->gvocab);
+    pthread_mutex_unlock(&lock);
+    if (st) return api_fail(err, 500, NULL, "%s", loom_last_error());
+    char msg[400];
+    switch (r->grammar) {
+    case API_GRAMMAR_JSON_OBJECT: st = loom_grammar_json_object(s->gvocab, out, msg, sizeof msg); break;
+    case API_GRAMMAR_JSON_SCHEMA: st = loom_grammar_from_schema(r->grammar_src, s->gvocab, out, msg, sizeof msg); break;
+    case API_GRAMMAR_GBNF: st = loom_grammar_from_gbnf(r->grammar_src, s->gvocab, out, msg, sizeof msg); break;
+    default: st = loom_grammar_from_regex(r->grammar_src, s->gvocab, out, msg, sizeof msg); break;
+    }
+    if (st == LOOM_ERR_NOMEM) return api_fail(err, 500, NULL, "out of memory");
+    if (st) return api_fail(err, 400, r->grammar_param, "'%s' cannot be used: %s", r->grammar_param, msg);
+    return 0;
+}
+
 /* Submits the n choices. */
 static int submit(job *j, api_error *err) {
     server *s = j->srv;
@@ -220,6 +243,8 @@ static int submit(job *j, api_error *err) {
         rp.stop_ids = s->turn_end;
         rp.n_stop_ids = s->n_turn_end;
     }
+    if (job_grammar(s, r, &j->grammar, err) < 0) return -1;
+    rp.grammar = j->grammar; /* each choice's request takes its own reference */
     j->n = r->n;
     for (int i = 0; i < j->n; i++) {
         choice *c = &j->ch[i];

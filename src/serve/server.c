@@ -19,6 +19,7 @@
 
 #include "base/base.h"
 #include "serve/http.h"
+#include "grammar/grammar.h"
 #include "serve/job.h"
 #include "model/forward.h"
 
@@ -284,6 +285,7 @@ static void free_server(server *s) {
     loom_engine_free(s->engine);
     loom_chat_template_free(s->chat);
     loom_tok_free(s->tok);
+    loom_gvocab_free(s->gvocab);
     loom_model_free(s->model);
     pthread_rwlock_destroy(&s->engine_lock);
     metrics_free(&s->metrics);
