@@ -3,6 +3,8 @@
  * against a brute-force reference over a small vocabulary and the bundled
  * model's vocabulary, from random reachable states. */
 #include <cjson/cJSON.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "grammar/grammar.h"
 #include "test.h"
@@ -309,6 +311,130 @@ static void masks_model_vocab(void) {
     loom_tok_free(t);
 }
 
+/* ---- the engine under a schema ----------------------------------------------- */
+
+/* The bundled model writes Python; under the schema every output must be a
+ * JSON document that parses and holds the schema's fields, checked here by
+ * hand (not by the grammar), greedy and sampled, several at once. */
+static void engine_schema(void) {
+    loom_model *m;
+    loom_tok *t;
+    if (loom_model_load("models/pycoder-16m", NULL, &m) || loom_tok_load_dir("models/pycoder-16m", &t)) {
+        CHECKF(0, "models/pycoder-16m: %s", loom_last_error());
+        return;
+    }
+    loom_gvocab *v;
+    CHECK(loom_gvocab_from_tok(t, loom_model_vocab_size(m), &v) == LOOM_OK);
+    const char *sch = "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"minLength\":1,"
+                      "\"maxLength\":12},\"count\":{\"type\":\"integer\",\"minimum\":3,\"maximum\":70},"
+                      "\"kind\":{\"enum\":[\"a\",\"bb\"]},\"ok\":{\"type\":\"boolean\"},\"ids\":{\"type\":\"array\","
+                      "\"items\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":9},\"minItems\":1,\"maxItems\":3}},"
+                      "\"required\":[\"name\",\"count\",\"kind\",\"ids\"]}";
+    loom_grammar *g;
+    char err[256];
+    CHECKF(loom_grammar_from_schema(sch, v, &g, err, sizeof err) == LOOM_OK, "%s", err);
+    loom_engine *e;
+    loom_engine_params ep = loom_engine_default_params();
+    ep.n_ctx = 512;
+    ep.max_seqs = 8;
+    CHECK(loom_engine_create(m, &ep, &e) == LOOM_OK);
+    int32_t *prompt;
+    size_t n_prompt;
+    CHECK(loom_tok_encode(t, "def main():\n", 12, LOOM_TOK_NO_SPECIAL, &prompt, &n_prompt) == LOOM_OK);
+    enum { N = 6 };
+    loom_request *rq[N];
+    for (int i = 0; i < N; i++) {
+        loom_request_params rp = loom_request_default_params();
+        rp.prompt = prompt;
+        rp.n_prompt = (int)n_prompt;
+        rp.max_tokens = 400;
+        rp.sampling.temperature = i ? 1.0f : 0;
+        rp.sampling.seed = (uint64_t)i;
+        rp.grammar = g;
+        CHECK(loom_engine_submit(e, &rp, &rq[i]) == LOOM_OK);
+    }
+    loom_grammar_release(g); /* the requests hold theirs */
+    for (int i = 0; i < N; i++) {
+        int32_t ids[400];
+        int n = 0;
+        loom_event ev;
+        while (loom_request_next(rq[i], &ev, 60000) == LOOM_OK && ev.finish == LOOM_FINISH_NONE)
+            if (n < 400) ids[n++] = ev.token;
+        CHECKF(ev.finish == LOOM_FINISH_STOP, "request %d finished %d", i, ev.finish);
+        char *text;
+        CHECK(loom_tok_decode(t, ids, (size_t)n, 1, &text, NULL) == LOOM_OK);
+        cJSON *j = cJSON_Parse(text);
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(j, "name"), *count = cJSON_GetObjectItemCaseSensitive(j, "count");
+        const cJSON *kind = cJSON_GetObjectItemCaseSensitive(j, "kind"), *ok = cJSON_GetObjectItemCaseSensitive(j, "ok");
+        const cJSON *arr = cJSON_GetObjectItemCaseSensitive(j, "ids");
+        int valid = cJSON_IsObject(j) && cJSON_IsString(name) && strlen(name->valuestring) >= 1 && cJSON_IsNumber(count) &&
+                    count->valuedouble >= 3 && count->valuedouble <= 70 && count->valuedouble == (int)count->valuedouble &&
+                    cJSON_IsString(kind) && (!strcmp(kind->valuestring, "a") || !strcmp(kind->valuestring, "bb")) &&
+                    (!ok || cJSON_IsBool(ok)) && cJSON_IsArray(arr) && cJSON_GetArraySize(arr) >= 1 &&
+                    cJSON_GetArraySize(arr) <= 3 && cJSON_GetArraySize(j) <= 5;
+        for (const cJSON *x = arr ? arr->child : NULL; x && valid; x = x->next)
+            valid = cJSON_IsNumber(x) && x->valuedouble >= 0 && x->valuedouble <= 9;
+        CHECKF(valid, "request %d wrote %s", i, text);
+        cJSON_Delete(j);
+        free(text);
+        loom_request_free(rq[i]);
+    }
+    free(prompt);
+    loom_engine_free(e);
+    loom_gvocab_free(v);
+    loom_tok_free(t);
+    loom_model_free(m);
+}
+
+/* `loom generate --json-schema FILE` and `--regex`: the printed output is
+ * the constrained text. */
+static void cli_generate(void) {
+    const char *b = getenv("LOOM_BUILD");
+    char path[] = "/tmp/loom-test-grammar-XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    const char *sch = "{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"integer\",\"minimum\":-5,\"maximum\":5},"
+                      "\"s\":{\"type\":\"string\",\"format\":\"date\"}},\"required\":[\"x\",\"s\"]}";
+    CHECK(write(fd, sch, strlen(sch)) == (ssize_t)strlen(sch));
+    close(fd);
+    for (int seed = 0; seed < 4; seed++) {
+        char cmd[1024], out[8192];
+        snprintf(cmd, sizeof cmd, "%s/loom generate --model models/pycoder-16m --prompt 'import os' --max-tokens 300 "
+                 "--temperature 1 --seed %d --json-schema %s 2>/dev/null", b && *b ? b : "build", seed, path);
+        FILE *p = popen(cmd, "r");
+        size_t n = p ? fread(out, 1, sizeof out - 1, p) : 0;
+        out[n] = 0;
+        CHECKF(p && pclose(p) == 0, "%s", cmd);
+        cJSON *j = cJSON_Parse(out);
+        const cJSON *x = cJSON_GetObjectItemCaseSensitive(j, "x"), *d = cJSON_GetObjectItemCaseSensitive(j, "s");
+        int y, mo, da;
+        CHECKF(cJSON_IsNumber(x) && x->valuedouble >= -5 && x->valuedouble <= 5 && cJSON_IsString(d) &&
+                   sscanf(d->valuestring, "%4d-%2d-%2d", &y, &mo, &da) == 3 && mo >= 1 && mo <= 12 && da >= 1 &&
+                   da <= 31 && cJSON_GetArraySize(j) == 2,
+               "seed %d wrote %s", seed, out);
+        cJSON_Delete(j);
+    }
+    char cmd[1024], out[8192];
+    snprintf(cmd, sizeof cmd, "%s/loom generate --model models/pycoder-16m --prompt 'x' --max-tokens 30 "
+             "--regex '(yes|no), [0-9]{2}!' 2>&1", b && *b ? b : "build");
+    FILE *p = popen(cmd, "r");
+    size_t n = p ? fread(out, 1, sizeof out - 1, p) : 0;
+    out[n] = 0;
+    CHECK(p && pclose(p) == 0);
+    CHECKF((!strncmp(out, "yes, ", 5) || !strncmp(out, "no, ", 4)) && strstr(out, "!\n"), "%s", out);
+    FILE *f = fopen(path, "w");
+    fputs("{\"type\":\"object\",\"patternProperties\":{}}", f);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s/loom generate --model models/pycoder-16m --prompt 'x' --json-schema %s 2>&1",
+             b && *b ? b : "build", path);
+    p = popen(cmd, "r");
+    n = p ? fread(out, 1, sizeof out - 1, p) : 0;
+    out[n] = 0;
+    int st = p ? pclose(p) : -1;
+    CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == 2 && strstr(out, "patternProperties"), "%s", out);
+    unlink(path);
+}
+
 int main(void) {
     gbnf_errors();
     gbnf_lang();
@@ -316,5 +442,7 @@ int main(void) {
     schemas();
     masks_small();
     masks_model_vocab();
+    engine_schema();
+    cli_generate();
     return test_report("test_grammar");
 }
