@@ -652,7 +652,8 @@ struct loom_grammar {
     uint32_t n_st_nodes, cap_st_nodes;
     hmap state_map;             /* hash of a state's content -> first state id (chained below) */
     int32_t *state_next;        /* [cap_states] next state with the same hash, -1 */
-    hmap trans;                 /* (state << 8 | byte) -> state */
+    int32_t **trans;            /* [cap_states] owned rows [256] of next states
+                                   (-1: not yet known), made at a state's first step */
     int32_t start;              /* the state before any byte */
     /* token masks (design note 5) */
     uint32_t **masks;           /* [n_masks] owned, each [mask_words] */
@@ -735,7 +736,9 @@ static void grammar_free(loom_grammar *g) {
     if (!g) return;
     free(g->el), free(g->alt_off), free(g->alts), free(g->sets);
     free(g->nodes), free(g->node_map.s), free(g->states), free(g->st_nodes);
-    free(g->state_map.s), free(g->state_next), free(g->trans.s);
+    free(g->state_map.s), free(g->state_next);
+    for (int i = 0; i < g->n_states && g->trans; i++) free(g->trans[i]);
+    free(g->trans);
     for (int i = 0; i < g->n_masks; i++) free(g->masks[i]);
     free(g->masks), free(g->mask_owner), free(g->scratch.v);
     free(g);
@@ -810,8 +813,11 @@ static int32_t intern_state(loom_grammar *g, int done) {
         gstate *ns = realloc(g->states, sizeof *ns * (size_t)cap);
         int32_t *nx = ns ? realloc(g->state_next, sizeof *nx * (size_t)cap) : NULL;
         if (ns) g->states = ns;
-        if (!ns || !nx) return g->oom = 1, 0;
-        g->state_next = nx;
+        if (nx) g->state_next = nx;
+        int32_t **nt = nx ? realloc(g->trans, sizeof *nt * (size_t)cap) : NULL;
+        if (!nt) return g->oom = 1, 0;
+        g->trans = nt;
+        memset(nt + g->cap_states, 0, sizeof *nt * (size_t)(cap - g->cap_states));
         g->cap_states = cap;
     }
     if (g->n_st_nodes + (uint32_t)w > g->cap_st_nodes) {
@@ -841,9 +847,11 @@ static int32_t intern_state(loom_grammar *g, int done) {
 /* The state after byte c from state s (0: dead), memoised. */
 static int32_t step(loom_grammar *g, int32_t s, int c) {
     if (!(g->states[s].next[c >> 3] >> (c & 7) & 1)) return 0;
-    uint64_t key = (uint64_t)s << 8 | (uint64_t)c;
-    int32_t *v = hm_find(&g->trans, key);
-    if (v) return *v;
+    if (!g->trans[s]) {
+        if (!(g->trans[s] = malloc(sizeof **g->trans * 256))) return g->oom = 1, 0;
+        memset(g->trans[s], -1, sizeof **g->trans * 256);
+    }
+    if (g->trans[s][c] >= 0) return g->trans[s][c];
     g->scratch.n = 0;
     int done = 0;
     for (int i = 0; i < g->states[s].n; i++) {
@@ -853,7 +861,7 @@ static int32_t step(loom_grammar *g, int32_t s, int c) {
         if (g->sets[g->el[pos]][c >> 3] >> (c & 7) & 1) expand(g, pos + 1, g->nodes[nd].parent, &done);
     }
     int32_t t = intern_state(g, done);
-    if (hm_put(&g->trans, key, t)) g->oom = 1;
+    g->trans[s][c] = t;
     return t;
 }
 
@@ -897,13 +905,14 @@ static loom_status finish(builder *b, const loom_gvocab *vocab, loom_grammar **o
     g->el[ke] = ref_el(g->root);
     g->states = calloc(1, sizeof *g->states); /* state 0: dead */
     g->state_next = calloc(1, sizeof *g->state_next);
+    g->trans = calloc(1, sizeof *g->trans);
     g->n_states = g->cap_states = 1;
     int done = 0;
     int32_t e0 = ke;
     /* expanding a reference at e0 reads el[e0 + 1]: give it an END */
     int32_t *el2 = realloc(g->el, sizeof *g->el * (size_t)(ke + 2));
     if (el2) g->el = el2, g->el[ke + 1] = EL_END;
-    if (!g->states || !g->state_next || !el2) g->oom = 1;
+    if (!g->states || !g->state_next || !g->trans || !el2) g->oom = 1;
     else {
         expand(g, e0, -1, &done);
         g->start = intern_state(g, done);
@@ -981,6 +990,8 @@ void loom_grammar_release(loom_grammar *g) {
 }
 
 const loom_gvocab *loom_grammar_vocab(const loom_grammar *g) { return g->vocab; }
+
+int loom_grammar_n_states(const loom_grammar *g) { return g->n_states; }
 
 /* ---- matcher ---------------------------------------------------------------- */
 

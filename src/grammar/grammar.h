@@ -69,6 +69,8 @@ char *loom_grammar_regex_to_gbnf(const char *re, char *err, size_t cap);
 loom_grammar *loom_grammar_retain(loom_grammar *g);
 void loom_grammar_release(loom_grammar *g);
 const loom_gvocab *loom_grammar_vocab(const loom_grammar *g);
+/* Parse states met so far (they grow as the grammar is used). */
+int loom_grammar_n_states(const loom_grammar *g);
 
 /* 1 if the whole of s[0..n) is in the language. */
 int loom_grammar_accepts(loom_grammar *g, const char *s, size_t n);

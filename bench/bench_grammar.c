@@ -1,0 +1,173 @@
+/* bench_grammar: token-mask time and schema compile time of the grammar
+ * matcher on a real vocabulary (default: qwen3's 151k tokens, unpacked by
+ * tests/run.sh under build/fixtures).
+ *
+ *   bench_grammar [TOKENIZER_DIR] [--reps R]
+ *
+ * For each schema a valid document is tokenized with the tokenizer; before
+ * anything is timed the document must be in the schema's language and
+ * every one of its tokens must be allowed by the mask at its step (else
+ * exit 1). Then the masks along the document are timed: "cold" on a freshly
+ * compiled grammar (every state met for the first time: lazy DFA states,
+ * transitions and masks are built), "warm" on the same grammar again (the
+ * per-state masks are cached, as for the second request with one schema or
+ * a document revisiting states). The peer in the same run is a brute-force
+ * mask (each token's bytes fed to a copy of the matcher), on the first 16
+ * steps only. Compile is the median of R compiles of the schema's text. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "grammar/grammar.h"
+#include "tokenize/tokenizer.h"
+
+static double now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
+}
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double pct(double *v, int n, double p) {
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    int i = (int)(p * (n - 1) + 0.5);
+    return v[i];
+}
+
+typedef struct bcase {
+    const char *name, *schema, *doc;
+} bcase;
+
+static const bcase CASES[] = {
+    {"tool call (weather)",
+     "{\"type\":\"object\",\"properties\":{\"location\":{\"type\":\"string\",\"description\":\"City and country\"},"
+     "\"unit\":{\"type\":\"string\",\"enum\":[\"celsius\",\"fahrenheit\"]},\"days\":{\"type\":\"integer\",\"minimum\":1,"
+     "\"maximum\":14},\"include_hourly\":{\"type\":\"boolean\"}},\"required\":[\"location\",\"unit\"],"
+     "\"additionalProperties\":false}",
+     "{\"location\": \"Paris, France\", \"unit\": \"celsius\", \"days\": 7, \"include_hourly\": false}"},
+    {"nested object + arrays",
+     "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":64},\"age\":{\"type\":\"integer\"},"
+     "\"email\":{\"type\":\"string\",\"format\":\"email\"},\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\"},"
+     "\"maxItems\":8},\"address\":{\"type\":\"object\",\"properties\":{\"street\":{\"type\":\"string\"},"
+     "\"zip\":{\"type\":\"string\",\"pattern\":\"^[0-9]{5}$\"},\"geo\":{\"type\":\"array\",\"items\":{\"type\":\"number\"},"
+     "\"minItems\":2,\"maxItems\":2}},\"required\":[\"street\",\"zip\"]},\"created\":{\"type\":\"string\","
+     "\"format\":\"date-time\"}},\"required\":[\"name\",\"age\",\"tags\",\"address\"]}",
+     "{\n  \"name\": \"Ada Lovelace\",\n  \"age\": 36,\n  \"email\": \"ada@example.org\",\n  \"tags\": [\"math\", "
+     "\"poetry\", \"engines\"],\n  \"address\": {\"street\": \"12 St James's Square\", \"zip\": \"10001\", \"geo\": "
+     "[51.5074, -0.1278]},\n  \"created\": \"1843-07-01T12:00:00Z\"\n}"},
+    {"json_object (any object)", "{\"type\":\"object\"}",
+     "{\"id\": 42, \"items\": [{\"sku\": \"A-1\", \"qty\": 3, \"price\": 9.99}, {\"sku\": \"B-22\", \"qty\": 1, "
+     "\"price\": 120.5}], \"note\": \"deliver after 5pm, ring twice\", \"paid\": true, \"coupon\": null}"},
+    {"recursive $ref (tree)",
+     "{\"$defs\":{\"node\":{\"type\":\"object\",\"properties\":{\"label\":{\"type\":\"string\"},\"children\":{\"type\":"
+     "\"array\",\"items\":{\"$ref\":\"#/$defs/node\"}}},\"required\":[\"label\"]}},\"$ref\":\"#/$defs/node\"}",
+     "{\"label\": \"root\", \"children\": [{\"label\": \"left\", \"children\": [{\"label\": \"leaf one\"}]}, "
+     "{\"label\": \"right\"}]}"},
+};
+
+/* Masks along ids from a fresh matcher; times[i] per step. Checks each
+ * token is allowed. Returns 0, or -1 when the document is refused. */
+static int run_doc(loom_grammar *g, const int32_t *ids, int n, uint32_t *bits, double *times) {
+    loom_gmatcher m;
+    loom_gmatcher_init(&m, g);
+    for (int i = 0; i < n; i++) {
+        double t0 = now_us();
+        loom_gmatcher_mask(&m, bits);
+        times[i] = now_us() - t0;
+        if (!(bits[ids[i] >> 5] >> (ids[i] & 31) & 1)) return -1;
+        if (loom_gmatcher_accept_token(&m, ids[i])) return -1;
+    }
+    return loom_gmatcher_done(&m) ? 0 : -1;
+}
+
+/* The peer: every token tried on its own against the state. */
+static double brute_mask_us(loom_grammar *g, const loom_gmatcher *at, int V) {
+    double t0 = now_us();
+    int allowed = 0;
+    for (int t = 0; t < V; t++) {
+        loom_gmatcher m = *at;
+        allowed += loom_gmatcher_accept_token(&m, t) == 0;
+    }
+    (void)g;
+    return now_us() - t0 + allowed * 0.0;
+}
+
+int main(int argc, char **argv) {
+    const char *dir = "build/fixtures/tokenizers/qwen3";
+    int reps = 20;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+        else dir = argv[i];
+    }
+    loom_tok *t;
+    if (loom_tok_load_dir(dir, &t)) {
+        fprintf(stderr, "bench_grammar: %s: %s (run make test once to unpack the fixtures)\n", dir, loom_last_error());
+        return 1;
+    }
+    int V = loom_tok_vocab_size(t);
+    double t0 = now_us();
+    loom_gvocab *v;
+    if (loom_gvocab_from_tok(t, V, &v)) return fprintf(stderr, "bench_grammar: %s\n", loom_last_error()), 1;
+    printf("vocabulary: %s, %d tokens, trie built in %.1f ms\n\n", dir, V, (now_us() - t0) / 1e3);
+    uint32_t *bits = malloc(sizeof *bits * (size_t)((V + 31) / 32));
+    printf("%-26s %6s %10s %10s %10s %10s %10s %12s\n", "schema", "tokens", "compile", "cold med", "cold p99",
+           "warm med", "warm p99", "brute (peer)");
+    int rc = 0;
+    for (size_t c = 0; c < sizeof CASES / sizeof *CASES; c++) {
+        const bcase *bc = &CASES[c];
+        char err[256];
+        loom_grammar *g;
+        if (loom_grammar_from_schema(bc->schema, v, &g, err, sizeof err)) {
+            fprintf(stderr, "bench_grammar: %s: %s\n", bc->name, err);
+            return 1;
+        }
+        if (!loom_grammar_accepts(g, bc->doc, strlen(bc->doc))) {
+            fprintf(stderr, "bench_grammar: %s: the document is not in the schema's language\n", bc->name);
+            return 1;
+        }
+        loom_grammar_release(g);
+        int32_t *ids;
+        size_t n;
+        if (loom_tok_encode(t, bc->doc, strlen(bc->doc), LOOM_TOK_NO_SPECIAL, &ids, &n)) return 1;
+        double *cold = malloc(sizeof *cold * n * (size_t)reps), *warm = malloc(sizeof *warm * n * (size_t)reps);
+        double *comp = malloc(sizeof *comp * (size_t)reps), peer = 0;
+        int peer_n = 0;
+        for (int r = 0; r < reps; r++) {
+            double c0 = now_us();
+            if (loom_grammar_from_schema(bc->schema, v, &g, err, sizeof err)) return 1;
+            comp[r] = now_us() - c0;
+            if (run_doc(g, ids, (int)n, bits, cold + (size_t)r * n) || run_doc(g, ids, (int)n, bits, warm + (size_t)r * n)) {
+                fprintf(stderr, "bench_grammar: %s: a token of the document was refused\n", bc->name);
+                rc = 1;
+            }
+            if (!r) fprintf(stderr, "%s: %d states\n", bc->name, loom_grammar_n_states(g));
+            if (!r) { /* the peer, on the first steps */
+                loom_gmatcher m;
+                loom_gmatcher_init(&m, g);
+                for (int i = 0; i < (int)n && i < 16; i++, peer_n++) {
+                    peer += brute_mask_us(g, &m, V);
+                    loom_gmatcher_accept_token(&m, ids[i]);
+                }
+            }
+            loom_grammar_release(g);
+        }
+        size_t tot = n * (size_t)reps;
+        double cm = pct(cold, (int)tot, 0.5), cp = pct(cold, (int)tot, 0.99);
+        double wm = pct(warm, (int)tot, 0.5), wp = pct(warm, (int)tot, 0.99);
+        printf("%-26s %6zu %8.2fms %8.1fus %8.1fus %8.1fus %8.1fus %10.0fus\n", bc->name, n, pct(comp, reps, 0.5) / 1e3, cm,
+               cp, wm, wp, peer / peer_n);
+        free(cold), free(warm), free(comp), free(ids);
+    }
+    printf("\ncold: a fresh grammar per run (every state new); warm: the same grammar again.\n"
+           "brute: every token's bytes fed to the matcher, per mask (first 16 steps).\n");
+    free(bits);
+    loom_gvocab_free(v);
+    loom_tok_free(t);
+    return rc;
+}
