@@ -245,7 +245,11 @@ static void masks_small(void) {
     static const char *const toks[] = {"{", "}", "\"", "\":", "\",", "\"}", "a", "ab", "name", "\"name\"", " ", "\n",
                                        "  ", ":", ",", "1", "12", "-", "0", ".5", "true", "tr", "ue", "null", "[",
                                        "]", "[]", "{}", "\xc3", "\xa9", "\xc3\xa9", "\xe2\x82", "\xac", "\\", "\\n",
-                                       "\\u", "00e9", "e", "E", "+", "x", "\"age", "age\":", "}}", "\"\"", NULL};
+                                       "\\u", "00e9", "e", "E", "+", "x", "\"age", "age\":", "}}", "\"\"",
+                                       /* text tokens past the bitsets' 24 code points, and text
+                                          then something else */
+                                       "abcdefghijklmnopqrstuvwxyz0123", "ab\xc3\xa9" "cdefghijklmnopqrstuvwxyz\",",
+                                       "x\",", "ab\"}", "\xc3\xa9!", "e\xe2\x82", NULL};
     int V = 0;
     int lens[64];
     while (toks[V]) lens[V] = (int)strlen(toks[V]), V++;
@@ -260,8 +264,11 @@ static void masks_small(void) {
         "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":4},\"age\":{\"type\":\"integer\"}},\"required\":[\"name\"]}",
         "{\"type\":\"object\"}",
         "{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"ab\",true,null]},\"maxItems\":4}",
+        "{\"type\":\"array\",\"items\":{\"type\":\"string\",\"minLength\":2,\"maxLength\":40}}",
+        "{\"type\":\"array\",\"items\":{\"type\":\"string\",\"pattern\":\"[a-z\\u00e9]{0,30}\"}}",
+        "{\"type\":\"array\",\"items\":{\"type\":\"string\"}}",
     };
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 6; i++) {
         loom_grammar *g;
         char err[256];
         CHECKF(loom_grammar_from_schema(schemas_[i], v, &g, err, sizeof err) == LOOM_OK, "%s", err);

@@ -18,7 +18,17 @@
  *  4. Rules are never left-recursive (checked at compile): expanding a
  *     position then always ends, at byte sets or at the end of the root.
  *  5. Caches only grow while the grammar lives, except token masks, which
- *     are bounded (MASK_CACHE_BYTES) and replaced when full. */
+ *     are bounded (MASK_CACHE_BYTES) and replaced when full.
+ *  6. Text tokens. Most tokens are "text": complete code points, none a
+ *     control, '"' or '\\' (the JSON string's plain characters). The
+ *     vocabulary keeps, per k <= TEXT_MAX, the bitset of text tokens of at
+ *     most k code points, and a second trie of the other tokens. A state is
+ *     uniform when every such code point leads to one same state (its
+ *     `uni`, checked over all UTF-8 byte ranges, exact); inside a JSON
+ *     string every state is. When the chain of uniform successors is known
+ *     for TEXT_MAX steps, the text tokens allowed are those shorter than the
+ *     first dead one (one copy of a bitset) and only the other trie is
+ *     walked: a string's mask no longer visits the whole vocabulary. */
 #include "grammar/grammar.h"
 
 #include <math.h>
@@ -35,6 +45,7 @@
 #define MAX_RULES 200000
 #define MAX_REPEAT 4096
 #define MASK_CACHE_BYTES (32u << 20)
+#define TEXT_MAX 24
 
 /* ---- small vectors ---------------------------------------------------- */
 
@@ -617,6 +628,8 @@ typedef struct gstate {
     int32_t n;
     int32_t done;
     uint32_t mask_slot; /* 1 + index into masks, 0 = none */
+    int32_t uni;        /* design note 6: the state after any text code point,
+                           0 dead, -1 not uniform, -2 not yet known */
     bset next;          /* bytes some stack can take */
 } gstate;
 
@@ -630,6 +643,17 @@ struct loom_gvocab {
     int n_nodes;
     char **bytes;       /* [n_vocab] owned copies, NULL for none */
     int *lens;          /* [n_vocab] */
+    /* design note 6; all NULL in the vocabulary of the other tokens */
+    uint32_t *text;     /* [TEXT_MAX + 1][words]: text tokens of <= k code points */
+    int32_t *text_count;/* [TEXT_MAX + 1] */
+    struct loom_gvocab *other; /* owned: the trie of every non-text token */
+    /* after a state that any text code point leads back to (a string's
+       inside), an other token's fate is that of its bytes after its text
+       prefix: the trie of those rests, and the text tokens too long for
+       the bitsets (nothing after their text) */
+    struct loom_gvocab *rest;  /* owned */
+    int32_t *long_text;        /* [n_long_text] token ids */
+    int n_long_text;
 };
 
 struct loom_grammar {
@@ -655,6 +679,10 @@ struct loom_grammar {
     int32_t **trans;            /* [cap_states] owned rows [256] of next states
                                    (-1: not yet known), made at a state's first step */
     int32_t start;              /* the state before any byte */
+    /* bytes no byte set tells apart move every state alike: a transition
+       found for one byte is written for its whole class */
+    int16_t cls_next[256];      /* the next byte of the same class, -1 */
+    uint8_t cls_head[256];      /* the first byte of each byte's class */
     /* token masks (design note 5) */
     uint32_t **masks;           /* [n_masks] owned, each [mask_words] */
     int32_t *mask_owner;        /* [n_masks] state holding each */
@@ -833,6 +861,7 @@ static int32_t intern_state(loom_grammar *g, int done) {
     st->off = g->n_st_nodes;
     st->n = w;
     st->done = done;
+    st->uni = -2;
     memcpy(g->st_nodes + st->off, sc->v, sizeof *sc->v * (size_t)w);
     g->n_st_nodes += (uint32_t)w;
     for (int i = 0; i < w; i++) {
@@ -861,8 +890,30 @@ static int32_t step(loom_grammar *g, int32_t s, int c) {
         if (g->sets[g->el[pos]][c >> 3] >> (c & 7) & 1) expand(g, pos + 1, g->nodes[nd].parent, &done);
     }
     int32_t t = intern_state(g, done);
-    g->trans[s][c] = t;
+    for (int d = g->cls_head[c]; d >= 0; d = g->cls_next[d]) g->trans[s][d] = t;
     return t;
+}
+
+/* Byte classes: partition refinement of the 256 bytes by every set. */
+static void byte_classes(loom_grammar *g) {
+    uint8_t cls[256] = {0};
+    for (int k = 0, n = 1; k < g->n_sets && n < 256; k++) {
+        int16_t id_of[512]; /* (old class, member) -> new class, first seen first */
+        memset(id_of, -1, sizeof id_of);
+        n = 0;
+        for (int c = 0; c < 256; c++) {
+            int key = cls[c] * 2 + (g->sets[k][c >> 3] >> (c & 7) & 1);
+            if (id_of[key] < 0) id_of[key] = (int16_t)n++;
+            cls[c] = (uint8_t)id_of[key];
+        }
+    }
+    int16_t last[256];
+    memset(last, -1, sizeof last);
+    for (int c = 255; c >= 0; c--) {
+        g->cls_next[c] = last[cls[c]];
+        last[cls[c]] = (int16_t)c;
+    }
+    for (int c = 0; c < 256; c++) g->cls_head[c] = (uint8_t)last[cls[c]];
 }
 
 static loom_status finish(builder *b, const loom_gvocab *vocab, loom_grammar **out) {
@@ -901,6 +952,7 @@ static loom_status finish(builder *b, const loom_gvocab *vocab, loom_grammar **o
     }
     g->alt_off[b->n_rules] = ka;
     g->n_el = ke;
+    byte_classes(g);
     /* the start: the root rule's alternatives over an empty stack */
     g->el[ke] = ref_el(g->root);
     g->states = calloc(1, sizeof *g->states); /* state 0: dead */
@@ -1042,6 +1094,68 @@ static int walk(loom_grammar *g, const loom_gvocab *v, int32_t i, int32_t s, uin
     return count;
 }
 
+/* Well-formed UTF-8 (Unicode's table of byte ranges), as [lead lo, hi]
+ * then the ranges of the bytes that follow. */
+static const uint8_t UTF8_SEQS[][4][2] = {
+    {{0xC2, 0xDF}, {0x80, 0xBF}},
+    {{0xE0, 0xE0}, {0xA0, 0xBF}, {0x80, 0xBF}},
+    {{0xE1, 0xEC}, {0x80, 0xBF}, {0x80, 0xBF}},
+    {{0xED, 0xED}, {0x80, 0x9F}, {0x80, 0xBF}},
+    {{0xEE, 0xEF}, {0x80, 0xBF}, {0x80, 0xBF}},
+    {{0xF0, 0xF0}, {0x90, 0xBF}, {0x80, 0xBF}, {0x80, 0xBF}},
+    {{0xF1, 0xF3}, {0x80, 0xBF}, {0x80, 0xBF}, {0x80, 0xBF}},
+    {{0xF4, 0xF4}, {0x80, 0x8F}, {0x80, 0xBF}, {0x80, 0xBF}},
+};
+static const int UTF8_SEQ_LEN[] = {2, 3, 3, 3, 3, 4, 4, 4};
+
+/* The one state every byte sequence of ranges r[0..n) leads s to, or -1
+ * when they do not all lead to one state. Dead stays dead. */
+static int32_t uniform_over(loom_grammar *g, int32_t s, const uint8_t (*r)[2], int n) {
+    if (!n || !s) return s;
+    int32_t to = -1;
+    for (int c = r[0][0]; c <= r[0][1]; c++) {
+        int32_t t = step(g, s, c);
+        if (to >= 0 && t != to) return -1;
+        to = t;
+    }
+    return uniform_over(g, to, r + 1, n - 1);
+}
+
+/* s's state after any text code point (design note 6), memoised. */
+static int32_t uniform_next(loom_grammar *g, int32_t s) {
+    if (g->states[s].uni != -2) return g->states[s].uni;
+    int32_t to = -1;
+    for (int c = 0x20; c < 0x80 && to != -2; c++) {
+        if (c == '"' || c == '\\') continue;
+        int32_t t = step(g, s, c);
+        to = to == -1 || to == t ? t : -2;
+    }
+    for (size_t k = 0; k < sizeof UTF8_SEQS / sizeof *UTF8_SEQS && to != -2; k++) {
+        const uint8_t (*r)[2] = UTF8_SEQS[k];
+        for (int c = r[0][0]; c <= r[0][1] && to != -2; c++) {
+            int32_t t = uniform_over(g, step(g, s, c), r + 1, UTF8_SEQ_LEN[k] - 1);
+            to = t >= 0 && (to == -1 || to == t) ? t : -2;
+        }
+    }
+    if (g->oom) return -1;
+    g->states[s].uni = to < 0 ? -1 : to;
+    return g->states[s].uni;
+}
+
+/* How many text code points s stays alive over when the chain of uniform
+ * successors is known for TEXT_MAX steps; -1 when it is not. */
+static int text_reach(loom_grammar *g, int32_t s) {
+    int k = 0;
+    for (; k < TEXT_MAX; k++) {
+        int32_t t = uniform_next(g, s);
+        if (t < 0) return -1;
+        if (!t) return k;
+        if (t == s) return TEXT_MAX + 1; /* a loop: any number */
+        s = t;
+    }
+    return k;
+}
+
 int loom_gmatcher_mask(loom_gmatcher *m, uint32_t *bits) {
     loom_grammar *g = m->g;
     const loom_gvocab *v = g->vocab;
@@ -1051,9 +1165,19 @@ int loom_gmatcher_mask(loom_gmatcher *m, uint32_t *bits) {
         memcpy(bits, g->masks[st->mask_slot - 1] + 1, bytes);
         return (int)g->masks[st->mask_slot - 1][0];
     }
-    memset(bits, 0, bytes);
-    if (!m->state || !v) return 0;
-    int count = walk(g, v, 0, m->state, bits);
+    if (!m->state || !v) return memset(bits, 0, bytes), 0;
+    int reach = v->other ? text_reach(g, m->state) : -1, count;
+    if (reach > TEXT_MAX) { /* design note 6: inside a string */
+        memcpy(bits, v->text + (size_t)TEXT_MAX * (size_t)g->mask_words, bytes);
+        count = v->text_count[TEXT_MAX] + v->n_long_text + walk(g, v->rest, 0, m->state, bits);
+        for (int i = 0; i < v->n_long_text; i++) bits[v->long_text[i] >> 5] |= 1u << (v->long_text[i] & 31);
+    } else if (reach >= 0) {
+        memcpy(bits, v->text + (size_t)reach * (size_t)g->mask_words, bytes);
+        count = v->text_count[reach] + walk(g, v->other, 0, m->state, bits);
+    } else {
+        memset(bits, 0, bytes);
+        count = walk(g, v, 0, m->state, bits);
+    }
     /* cache it: a free slot, else replace one round-robin */
     int slot;
     if (g->n_masks < g->max_masks) {
@@ -1098,7 +1222,70 @@ void loom_gvocab_free(loom_gvocab *v) {
     if (!v) return;
     for (int i = 0; i < v->n_vocab && v->bytes; i++) free(v->bytes[i]);
     free(v->bytes), free(v->lens), free(v->byte), free(v->end), free(v->tok_off), free(v->toks);
+    free(v->text), free(v->text_count), free(v->long_text);
+    loom_gvocab_free(v->other);
+    loom_gvocab_free(v->rest);
     free(v);
+}
+
+static loom_status loom_gvocab_create_plain(const char *const *bytes, const int *lens, int n_vocab,
+                                           loom_gvocab **out);
+
+/* The number of code points of a text token (design note 6), or -1;
+ * *prefix: the bytes of its longest prefix of text code points. */
+static int text_len(const char *s, int n, int *prefix) {
+    int cps = 0;
+    for (int i = 0; i < n; cps++) {
+        *prefix = i;
+        uint8_t c = (uint8_t)s[i];
+        if (c < 0x80) {
+            if (c < 0x20 || c == '"' || c == '\\') return -1;
+            i++;
+            continue;
+        }
+        int k = 0, nk = (int)(sizeof UTF8_SEQS / sizeof *UTF8_SEQS);
+        while (k < nk && (c < UTF8_SEQS[k][0][0] || c > UTF8_SEQS[k][0][1])) k++;
+        if (k == nk || i + UTF8_SEQ_LEN[k] > n) return -1;
+        for (int j = 1; j < UTF8_SEQ_LEN[k]; j++) {
+            uint8_t d = (uint8_t)s[i + j];
+            if (d < UTF8_SEQS[k][j][0] || d > UTF8_SEQS[k][j][1]) return -1;
+        }
+        i += UTF8_SEQ_LEN[k];
+    }
+    *prefix = n;
+    return cps;
+}
+
+/* The text bitsets and the trie of the other tokens. */
+static loom_status build_text(loom_gvocab *v) {
+    size_t words = (size_t)(v->n_vocab + 31) / 32;
+    v->text = calloc((TEXT_MAX + 1) * words, sizeof *v->text);
+    v->text_count = calloc(TEXT_MAX + 1, sizeof *v->text_count);
+    int *olens = malloc(sizeof *olens * (size_t)(v->n_vocab + 1));
+    int *rlens = malloc(sizeof *rlens * (size_t)(v->n_vocab + 1));
+    const char **rest = malloc(sizeof *rest * (size_t)(v->n_vocab + 1));
+    v->long_text = malloc(sizeof *v->long_text * (size_t)(v->n_vocab + 1));
+    loom_status st = LOOM_OK;
+    if (!v->text || !v->text_count || !olens || !rlens || !rest || !v->long_text) {
+        st = loom_err(LOOM_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    for (int t = 0; t < v->n_vocab; t++) {
+        int prefix = 0, k = v->lens[t] > 0 ? text_len(v->bytes[t], v->lens[t], &prefix) : -1;
+        olens[t] = k >= 1 && k <= TEXT_MAX ? -1 : v->lens[t];
+        rlens[t] = olens[t] > 0 ? v->lens[t] - prefix : -1;
+        rest[t] = v->bytes[t] ? v->bytes[t] + prefix : NULL;
+        if (olens[t] > 0 && rlens[t] == 0) v->long_text[v->n_long_text++] = t;
+        for (int j = k; j >= 1 && j <= TEXT_MAX; j++) {
+            v->text[(size_t)j * words + (size_t)(t >> 5)] |= 1u << (t & 31);
+            v->text_count[j]++;
+        }
+    }
+    st = loom_gvocab_create_plain((const char *const *)v->bytes, olens, v->n_vocab, &v->other);
+    if (!st) st = loom_gvocab_create_plain(rest, rlens, v->n_vocab, &v->rest);
+out:
+    free(olens), free(rlens), free(rest);
+    return st;
 }
 
 int loom_gvocab_size(const loom_gvocab *v) { return v->n_vocab; }
@@ -1158,7 +1345,8 @@ out:
     return st;
 }
 
-loom_status loom_gvocab_create(const char *const *bytes, const int *lens, int n_vocab, loom_gvocab **out) {
+static loom_status gvocab_create(const char *const *bytes, const int *lens, int n_vocab, int text,
+                                 loom_gvocab **out) {
     *out = NULL;
     loom_gvocab *v = calloc(1, sizeof *v);
     if (!v) return loom_err(LOOM_ERR_NOMEM, "out of memory");
@@ -1180,12 +1368,22 @@ loom_status loom_gvocab_create(const char *const *bytes, const int *lens, int n_
         memcpy(v->bytes[i], bytes[i], (size_t)lens[i]);
     }
     loom_status st = build_trie(v);
+    if (!st && text) st = build_text(v);
     if (st) {
         loom_gvocab_free(v);
         return st;
     }
     *out = v;
     return LOOM_OK;
+}
+
+static loom_status loom_gvocab_create_plain(const char *const *bytes, const int *lens, int n_vocab,
+                                           loom_gvocab **out) {
+    return gvocab_create(bytes, lens, n_vocab, 0, out);
+}
+
+loom_status loom_gvocab_create(const char *const *bytes, const int *lens, int n_vocab, loom_gvocab **out) {
+    return gvocab_create(bytes, lens, n_vocab, 1, out);
 }
 
 loom_status loom_gvocab_from_tok(const loom_tok *t, int n_vocab, loom_gvocab **out) {
