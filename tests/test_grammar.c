@@ -145,6 +145,19 @@ static void schemas(void) {
     lang(schema("{\"type\":\"integer\",\"minimum\":1}"), "min only", L("1", "123456789"), L("0", "-1"));
     lang(schema("{\"type\":\"number\",\"minimum\":0,\"maximum\":10}"), "number range",
          L("0", "9.99", "10", "10.0", "3"), L("10.5", "-1", "11"));
+    lang(schema("{\"type\":\"number\",\"minimum\":-90,\"maximum\":90}"), "signed number range",
+         L("-90", "-89.5", "0", "45.25", "90", "-0.5"), L("-90.5", "90.1", "91", "-100"));
+    lang(schema("{\"type\":\"number\",\"exclusiveMinimum\":-1.5,\"maximum\":-0.5}"), "narrowed bounds",
+         L("-1", "-1.0"), L("-1.5", "-0.5", "-2", "0"));
+    lang(schema("{\"type\":\"number\",\"maximum\":-3}"), "max only", L("-3", "-4.5", "-100"), L("-2.5", "0", "3"));
+    lang(schema("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\",\"b\"]}"),
+         "required outside properties", L("{\"a\":1,\"b\":[true]}"), L("{\"a\":1}", "{\"b\":1}"));
+    lang(schema("{\"type\":\"string\",\"format\":\"ipv4\"}"), "ipv4", L("\"192.168.0.1\"", "\"0.0.0.0\""),
+         L("\"256.1.1.1\"", "\"1.2.3\"", "\"01.2.3.4\""));
+    lang(schema("{\"type\":\"string\",\"format\":\"uri\"}"), "uri", L("\"https://example.com/a/b.html\""),
+         L("\"example.com\"", "\"http://\""));
+    lang(schema("{\"type\":\"string\",\"minLength\":1,\"description\":\"x\",\"x-extension\":1,\"minProperties\":0}"),
+         "annotations ignored", L("\"a\""), L("\"\""));
     lang(schema("{\"type\":[\"string\",\"null\"]}"), "type list", L("\"a\"", "null"), L("1"));
     lang(schema("{\"anyOf\":[{\"type\":\"integer\"},{\"type\":\"boolean\"}]}"), "anyOf", L("1", "true"), L("\"1\""));
     lang(schema("{\"oneOf\":[{\"const\":1},{\"const\":2}]}"), "oneOf", L("1", "2"), L("3"));
@@ -167,10 +180,20 @@ static void schemas(void) {
         {"{\"type\":\"strin\"}", "unknown type 'strin'"},
         {"{\"$ref\":\"#/$defs/nope\"}", "no such place"},
         {"{\"$ref\":\"http://x/y.json\"}", "only references inside"},
-        {"{\"type\":\"number\",\"minimum\":-1.5}", "number bounds"},
+        {"{\"type\":\"number\",\"minimum\":0.2,\"maximum\":0.8}", "holding no integer"},
         {"{\"type\":\"array\",\"prefixItems\":[]}", "prefixItems"},
         {"{\"type\":\"string\",\"pattern\":\"(?=a)\"}", "lookaround"},
-        {"{\"type\":\"object\",\"properties\":{},\"required\":[\"a\"]}", "required property 'a'"},
+        {"{\"type\":\"object\",\"properties\":{},\"required\":[\"a\"],\"additionalProperties\":false}",
+         "required property 'a'"},
+        /* unsupported keywords name themselves and where they are */
+        {"{\"properties\":{\"a/b\":{\"type\":\"array\",\"uniqueItems\":true}}}",
+         "'uniqueItems' is not supported (at #/properties/a~1b/uniqueItems)"},
+        {"{\"anyOf\":[{\"type\":\"string\"},{\"not\":{\"type\":\"null\"}}]}", "'not' is not supported (at #/anyOf/1/not)"},
+        {"{\"$defs\":{\"x\":{\"type\":\"number\",\"multipleOf\":0.5}},\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/x\"}}",
+         "'multipleOf' is not supported (at #/$defs/x/multipleOf)"},
+        {"{\"type\":\"object\",\"properties\":{\"p\":{\"type\":\"string\",\"pattern\":\"a(\"}}}", "(at #/properties/p/pattern)"},
+        {"{\"type\":\"string\",\"pattern\":\"[a-z]+\",\"maxLength\":3}", "'maxLength' together with 'pattern'"},
+        {"{\"if\":{\"type\":\"string\"},\"then\":{\"minLength\":1}}", "'if' is not supported (at #/if)"},
         {"false", "matches nothing"},
         {"{\"type\":\"integer\",\"minimum\":5,\"maximum\":4}", "holds no integer"},
         {"{", "not valid JSON"},

@@ -2,19 +2,22 @@
  * grammar.c compiles.
  *
  * JSON Schema: type (one or a list), object properties in their declared
- * order (required ones always, the others optional), additionalProperties
- * (absent or false: no other keys once properties are listed; true or a
- * schema: any other string key after them), arrays with items, minItems,
- * maxItems, strings with minLength, maxLength, pattern, format (date, time,
- * date-time, uuid, email; other formats are annotations), enum and const of
- * any JSON value, integers with minimum, maximum and their exclusive forms,
- * numbers with non-negative integral bounds, boolean, null, anyOf and oneOf
- * (oneOf as anyOf), allOf of objects (merged), $ref into the document
- * ($defs, definitions, any JSON pointer) including recursion. Whitespace
- * between tokens is bounded (one space, or a newline and at most 20 spaces
- * or tabs), numbers have at most 16 digits: a model cannot loop forever in
- * either. A pattern is matched as the whole string (anchors implied).
- * What is not supported is an error that names it. */
+ * order (required ones always, the others optional; a required key outside
+ * properties takes any value), additionalProperties (absent or false: no
+ * other keys once properties are listed; true or a schema: any other string
+ * key after them), arrays with items, minItems, maxItems, strings with
+ * minLength, maxLength, pattern, format (date, time, date-time, uuid,
+ * email, ipv4, hostname, uri; other formats are annotations), enum and
+ * const of any JSON value, integers with minimum, maximum and their
+ * exclusive forms, numbers with bounds (narrowed to integers: a subset of
+ * the range), boolean, null, anyOf and oneOf (oneOf as anyOf), allOf of
+ * objects (merged), $ref into the document ($defs, definitions, any JSON
+ * pointer) including recursion. Whitespace between tokens is bounded (one
+ * space, or a newline and at most 20 spaces or tabs), numbers have at most
+ * 16 digits: a model cannot loop forever in either. A pattern is matched as
+ * the whole string (anchors implied). A keyword that constrains and is not
+ * kept (not, if, uniqueItems, multipleOf, ...) is an error naming it and
+ * its JSON pointer; annotations and unknown words are ignored. */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdarg.h>
@@ -45,17 +48,43 @@ typedef struct sconv {
     char *err;
     size_t err_cap;
     int failed, depth;
+    char at[512];           /* JSON pointer of the schema being translated */
+    size_t at_len;
 } sconv;
 
+/* Errors end with where in the schema they are: "(at #/properties/x)". */
 static int sfail(sconv *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int sfail(sconv *c, const char *fmt, ...) {
     if (c->failed) return -1;
     c->failed = 1;
     va_list ap;
     va_start(ap, fmt);
-    if (c->err && c->err_cap) vsnprintf(c->err, c->err_cap, fmt, ap);
+    if (c->err && c->err_cap) {
+        vsnprintf(c->err, c->err_cap, fmt, ap);
+        size_t n = strlen(c->err);
+        snprintf(c->err + n, c->err_cap - n, " (at #%.*s)", (int)c->at_len, c->at);
+    }
     va_end(ap);
     return -1;
+}
+
+/* Appends a JSON pointer segment to c->at; returns the length to restore. */
+static size_t at_push(sconv *c, const char *seg) {
+    size_t mark = c->at_len;
+    if (c->at_len + 1 < sizeof c->at) c->at[c->at_len++] = '/';
+    for (const char *q = seg; *q && c->at_len + 2 < sizeof c->at; q++) {
+        if (*q == '~' || *q == '/') c->at[c->at_len++] = '~', c->at[c->at_len++] = *q == '~' ? '0' : '1';
+        else c->at[c->at_len++] = *q;
+    }
+    return mark;
+}
+
+static size_t at_push_i(sconv *c, const char *seg, int i) {
+    char n[16];
+    snprintf(n, sizeof n, "%d", i);
+    size_t mark = at_push(c, seg);
+    at_push(c, n);
+    return mark;
 }
 
 /* A GBNF literal for n bytes of s. */
@@ -444,7 +473,12 @@ static const char PRELUDE[] =
     "json-hex ::= [0-9a-fA-F]\n"
     "json-uuid ::= json-hex{8} \"-\" json-hex{4} \"-\" json-hex{4} \"-\" json-hex{4} \"-\" json-hex{12}\n"
     "json-email ::= [a-zA-Z0-9_+-] ([a-zA-Z0-9._+-]{0,62} [a-zA-Z0-9_+-])? \"@\" "
-    "[a-zA-Z0-9] ([a-zA-Z0-9-]{0,61} [a-zA-Z0-9])? (\".\" [a-zA-Z0-9] ([a-zA-Z0-9-]{0,61} [a-zA-Z0-9])?){1,4}\n";
+    "[a-zA-Z0-9] ([a-zA-Z0-9-]{0,61} [a-zA-Z0-9])? (\".\" [a-zA-Z0-9] ([a-zA-Z0-9-]{0,61} [a-zA-Z0-9])?){1,4}\n"
+    "json-octet ::= [0-9] | [1-9] [0-9] | \"1\" [0-9] [0-9] | \"2\" [0-4] [0-9] | \"25\" [0-5]\n"
+    "json-ipv4 ::= json-octet \".\" json-octet \".\" json-octet \".\" json-octet\n"
+    "json-label ::= [a-zA-Z0-9] ([a-zA-Z0-9-]{0,61} [a-zA-Z0-9])?\n"
+    "json-hostname ::= json-label (\".\" json-label){0,7}\n"
+    "json-uri ::= [a-z] [a-z0-9+.-]{0,15} \"://\" json-hostname (\"/\" [a-zA-Z0-9._~!$&'()*+,;=:@-]{0,64}){0,8}\n";
 
 static int gen(sconv *c, const cJSON *s, loom_buf *e);
 
@@ -590,33 +624,73 @@ static int gen_integer(sconv *c, const cJSON *s, loom_buf *e) {
     return 0;
 }
 
+/* Non-negative numbers in [lo, hi] (integers; hi < 0: unbounded): the
+ * integer part in [lo, hi - 1] with any fraction, or hi itself. */
+static void nonneg_number(loom_buf *e, long long lo, long long hi, long long lim) {
+    loom_buf_puts(e, "(");
+    if (hi < 0 || hi > lo) {
+        nonneg_range(e, lo, hi < 0 ? lim : hi - 1);
+        loom_buf_puts(e, " (\".\" [0-9]{1,16})?");
+    }
+    if (hi >= 0) {
+        if (hi > lo) loom_buf_puts(e, " | ");
+        loom_buf_printf(e, "\"%lld\" (\".\" \"0\"{1,16})?", hi);
+    }
+    loom_buf_puts(e, ")");
+}
+
+/* Bounds narrow to integers (ceil of a minimum, floor of a maximum, past
+ * an exclusive one): the numbers written are a subset of the range. */
 static int gen_number(sconv *c, const cJSON *s, loom_buf *e) {
-    const cJSON *mn = cJSON_GetObjectItemCaseSensitive(s, "minimum"), *mx = cJSON_GetObjectItemCaseSensitive(s, "maximum");
-    if (cJSON_GetObjectItemCaseSensitive(s, "exclusiveMinimum") || cJSON_GetObjectItemCaseSensitive(s, "exclusiveMaximum"))
-        return sfail(c, "exclusiveMinimum/exclusiveMaximum on a number are not supported (use an integer, or minimum/maximum)");
-    if (!mn && !mx) {
+    const double LIM = (double)(pow10ll(MAX_INT_DIGITS) - 1);
+    double l = -INFINITY, h = INFINITY;
+    const char *keys[] = {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"};
+    int any = 0;
+    for (int k = 0; k < 4; k++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(s, keys[k]);
+        if (!v || cJSON_IsBool(v)) continue; /* draft 4's boolean exclusive* modify the bound below */
+        if (!cJSON_IsNumber(v)) return sfail(c, "'%s' must be a number", keys[k]);
+        const cJSON *ex = cJSON_GetObjectItemCaseSensitive(s, k == 0 ? "exclusiveMinimum" : "exclusiveMaximum");
+        int excl = k == 1 || k == 3 || ((k == 0 || k == 2) && cJSON_IsTrue(ex));
+        double x = v->valuedouble;
+        if (k < 2) l = LOOM_MAX(l, excl ? floor(x) + 1 : ceil(x));
+        else h = LOOM_MIN(h, excl ? ceil(x) - 1 : floor(x));
+        any = 1;
+    }
+    if (!any) {
         loom_buf_puts(e, "json-number");
         return 0;
     }
-    if ((mn && !cJSON_IsNumber(mn)) || (mx && !cJSON_IsNumber(mx)))
-        return sfail(c, "'minimum' and 'maximum' must be numbers");
-    double lo = mn ? mn->valuedouble : -1, hi = mx ? mx->valuedouble : 0;
-    if (!mn || lo < 0 || lo != floor(lo) || (mx && hi != floor(hi)))
-        return sfail(c, "number bounds other than an integral minimum >= 0 (with an optional integral maximum) "
-                        "are not supported, found minimum %g%s", mn ? lo : -INFINITY, mx ? " and a maximum" : "");
-    const double LIM = (double)(pow10ll(MAX_INT_DIGITS) - 1);
-    if (mx && hi < lo) return sfail(c, "a number range [%g, %g] that holds nothing", lo, hi);
-    /* the integer part in [lo, hi - 1] with any fraction, or hi itself */
+    if (l > h) return sfail(c, "a number range holding no integer (loom writes bounded numbers from integral bounds), found [%g, %g]", l, h);
+    if (l > LIM || h < -LIM) return sfail(c, "number bounds beyond %d digits", MAX_INT_DIGITS);
+    long long lo = isinf(l) ? -(long long)LIM : (long long)LOOM_MAX(l, -LIM);
+    long long hi = isinf(h) ? -1 : (long long)LOOM_MIN(h, LIM);
+    int unbounded_hi = isinf(h) || h > LIM, alts = 0;
     loom_buf_puts(e, "(");
-    if (!mx || hi > lo) {
-        nonneg_range(e, (long long)lo, (long long)(mx ? hi - 1 : LIM));
-        loom_buf_puts(e, " (\".\" [0-9]{1,16})?");
+    if (unbounded_hi || hi >= 0) { /* the part >= 0 */
+        nonneg_number(e, LOOM_MAX(lo, 0), unbounded_hi ? -1 : hi, (long long)LIM);
+        alts++;
     }
-    if (mx) {
-        if (hi > lo) loom_buf_puts(e, " | ");
-        loom_buf_printf(e, "\"%lld\" (\".\" \"0\"{1,16})?", (long long)hi);
+    if (lo < 0) { /* -y for y in [max(0, -hi), -lo] */
+        if (alts++) loom_buf_puts(e, " | ");
+        loom_buf_puts(e, "\"-\" ");
+        long long ylo = !unbounded_hi && hi < 0 ? -hi : 0;
+        nonneg_number(e, ylo, isinf(l) ? -1 : -lo, (long long)LIM);
     }
     loom_buf_puts(e, ")");
+    return 0;
+}
+
+/* Formats kept by the grammar (a subset of each where the full one is
+ * too loose to write: uri is scheme://host/path). */
+static const char *const FORMATS[] = {"date", "time", "date-time", "uuid", "email", "ipv4", "uri", "hostname"};
+static const char *const FORMAT_RULES[] = {"json-date", "json-time", "json-date \"T\" json-time", "json-uuid",
+                                           "json-email", "json-ipv4", "json-uri", "json-hostname"};
+
+/* 1 + the index of a format loom keeps, 0 for an annotation. */
+static int known_format(const char *f) {
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(FORMATS); i++)
+        if (!strcmp(f, FORMATS[i])) return (int)i + 1;
     return 0;
 }
 
@@ -636,18 +710,18 @@ static int gen_string(sconv *c, const cJSON *s, loom_buf *e) {
     if (pat) {
         if (!cJSON_IsString(pat)) return sfail(c, "'pattern' must be a string");
         loom_buf_puts(e, "\"\\\"\" ");
-        if (regex_expr(pat->valuestring, 1, e, c->err, c->err_cap)) return c->failed = 1, -1;
+        if (regex_expr(pat->valuestring, 1, e, c->err, c->err_cap)) {
+            size_t n = c->err ? strlen(c->err) : 0;
+            if (c->err && n < c->err_cap) snprintf(c->err + n, c->err_cap - n, " (at #%.*s/pattern)", (int)c->at_len, c->at);
+            return c->failed = 1, -1;
+        }
         loom_buf_puts(e, " \"\\\"\"");
         return 0;
     }
-    if (cJSON_IsString(fmt)) {
-        static const char *const known[] = {"date", "time", "date-time", "uuid", "email"};
-        static const char *const rules[] = {"json-date", "json-time", "json-date \"T\" json-time", "json-uuid", "json-email"};
-        for (int i = 0; i < 5; i++)
-            if (!strcmp(fmt->valuestring, known[i])) {
-                loom_buf_printf(e, "\"\\\"\" %s \"\\\"\"", rules[i]);
-                return 0;
-            }
+    int f = cJSON_IsString(fmt) ? known_format(fmt->valuestring) : 0;
+    if (f) {
+        loom_buf_printf(e, "\"\\\"\" %s \"\\\"\"", FORMAT_RULES[f - 1]);
+        return 0;
     }
     int mn, mx;
     if (get_count(c, s, "minLength", 0, &mn) || get_count(c, s, "maxLength", -1, &mx)) return -1;
@@ -666,7 +740,10 @@ static int gen_array(sconv *c, const cJSON *s, loom_buf *e) {
     if (mx >= 0 && mx < mn) return sfail(c, "maxItems %d below minItems %d", mx, mn);
     loom_buf item = {0};
     if (items && !cJSON_IsObject(items) && !cJSON_IsBool(items)) return sfail(c, "'items' must be a schema");
-    if (items ? gen(c, items, &item) : (loom_buf_puts(&item, "json-value"), 0)) {
+    size_t mark = at_push(c, "items");
+    int irc = items ? gen(c, items, &item) : (loom_buf_puts(&item, "json-value"), 0);
+    c->at_len = mark;
+    if (irc) {
         loom_buf_free(&item);
         return -1;
     }
@@ -696,9 +773,23 @@ static int gen_object(sconv *c, const cJSON *s, loom_buf *e) {
     const cJSON *ap = cJSON_GetObjectItemCaseSensitive(s, "additionalProperties");
     if (props && !cJSON_IsObject(props)) return sfail(c, "'properties' must be an object");
     if (req && !cJSON_IsArray(req)) return sfail(c, "'required' must be an array of strings");
-    for (const cJSON *r = req ? req->child : NULL; r; r = r->next)
-        if (!cJSON_IsString(r) || !cJSON_GetObjectItemCaseSensitive(props, r->valuestring))
-            return sfail(c, "required property '%s' is not among 'properties'", cJSON_IsString(r) ? r->valuestring : "?");
+    for (const cJSON *r = req ? req->child : NULL; r; r = r->next) {
+        if (!cJSON_IsString(r)) return sfail(c, "'required' must be an array of strings");
+        if (cJSON_GetObjectItemCaseSensitive(props, r->valuestring)) continue;
+        if (cJSON_IsFalse(ap))
+            return sfail(c, "required property '%s' is not among 'properties' and additionalProperties is false",
+                         r->valuestring);
+        /* any value for it, as additionalProperties allows (or its schema) */
+        if (c->n_owned == (int)LOOM_ARRAY_LEN(c->owned)) return sfail(c, "too many required properties outside 'properties'");
+        cJSON *m = cJSON_Duplicate(s, 1), *mp = cJSON_GetObjectItemCaseSensitive(m, "properties");
+        if (!m) return sfail(c, "out of memory");
+        c->owned[c->n_owned++] = m;
+        if (!mp) mp = cJSON_AddObjectToObject(m, "properties");
+        for (const cJSON *q = req->child; q; q = q->next)
+            if (cJSON_IsString(q) && !cJSON_GetObjectItemCaseSensitive(mp, q->valuestring))
+                cJSON_AddItemToObject(mp, q->valuestring, cJSON_IsObject(ap) ? cJSON_Duplicate(ap, 1) : cJSON_CreateTrue());
+        return gen_object(c, m, e);
+    }
     if (cJSON_GetObjectItemCaseSensitive(s, "patternProperties")) return sfail(c, "'patternProperties' is not supported");
     int n = cJSON_GetArraySize(props);
     if (!n && !cJSON_IsFalse(ap) && !cJSON_IsObject(ap)) {
@@ -709,7 +800,10 @@ static int gen_object(sconv *c, const cJSON *s, loom_buf *e) {
     char extra[16] = "";
     if (cJSON_IsTrue(ap) || cJSON_IsObject(ap)) {
         loom_buf v = {0};
-        if (cJSON_IsObject(ap) ? gen(c, ap, &v) : (loom_buf_puts(&v, "json-value"), 0)) return loom_buf_free(&v), -1;
+        size_t mark = at_push(c, "additionalProperties");
+        int arc = cJSON_IsObject(ap) ? gen(c, ap, &v) : (loom_buf_puts(&v, "json-value"), 0);
+        c->at_len = mark;
+        if (arc) return loom_buf_free(&v), -1;
         new_name(c, extra);
         loom_buf_printf(&c->out, "%s ::= json-string ws \":\" ws %s\n", extra, v.p);
         loom_buf_free(&v);
@@ -719,7 +813,11 @@ static int gen_object(sconv *c, const cJSON *s, loom_buf *e) {
     int i = 0;
     for (const cJSON *p = props ? props->child : NULL; p; p = p->next, i++) {
         loom_buf v = {0}, kv = {0};
-        if (gen(c, p, &v)) return loom_buf_free(&v), -1;
+        size_t mark = at_push(c, "properties");
+        at_push(c, p->string);
+        int prc = gen(c, p, &v);
+        c->at_len = mark;
+        if (prc) return loom_buf_free(&v), -1;
         char key[600];
         cJSON *ks = cJSON_CreateString(p->string);
         char *kj = ks ? cJSON_PrintUnformatted(ks) : NULL;
@@ -808,6 +906,65 @@ static const cJSON *merge_all_of(sconv *c, const cJSON *s, const cJSON *all) {
     return m;
 }
 
+/* Keywords that constrain what validates and that the grammar cannot keep
+ * are errors naming them; the others (annotations, unknown words) are
+ * ignored as JSON Schema says. A keyword that holds for every output the
+ * grammar makes is let through. */
+static int check_keywords(sconv *c, const cJSON *s) {
+    static const char *const unsupported[] = {
+        "not", "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies", "contains",
+        "minContains", "maxContains", "propertyNames", "unevaluatedItems", "$dynamicRef", "$recursiveRef"};
+    for (const cJSON *k = s->child; k; k = k->next) {
+        const char *key = k->string;
+        int bad = 0;
+        for (size_t i = 0; i < LOOM_ARRAY_LEN(unsupported) && !bad; i++) bad = !strcmp(key, unsupported[i]);
+        if (!strcmp(key, "uniqueItems")) bad = cJSON_IsTrue(k);
+        if (!strcmp(key, "multipleOf")) {
+            const cJSON *t = cJSON_GetObjectItemCaseSensitive(s, "type");
+            bad = !(cJSON_IsNumber(k) && k->valuedouble == 1 && cJSON_IsString(t) && !strcmp(t->valuestring, "integer"));
+        }
+        if (!strcmp(key, "unevaluatedProperties")) {
+            const cJSON *ap = cJSON_GetObjectItemCaseSensitive(s, "additionalProperties");
+            bad = !cJSON_IsTrue(k) && ap && !cJSON_IsFalse(ap);
+        }
+        if (!strcmp(key, "minProperties")) {
+            const cJSON *req = cJSON_GetObjectItemCaseSensitive(s, "required");
+            bad = !cJSON_IsNumber(k) || k->valuedouble > cJSON_GetArraySize(req);
+        }
+        if (!strcmp(key, "maxProperties")) {
+            const cJSON *ap = cJSON_GetObjectItemCaseSensitive(s, "additionalProperties");
+            bad = !cJSON_IsNumber(k) ||
+                  k->valuedouble < cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(s, "properties")) ||
+                  (ap && !cJSON_IsFalse(ap)) || !cJSON_GetObjectItemCaseSensitive(s, "properties");
+        }
+        if (!strcmp(key, "additionalItems")) {
+            const cJSON *it = cJSON_GetObjectItemCaseSensitive(s, "items");
+            bad = cJSON_IsArray(it);
+        }
+        if ((!strcmp(key, "minLength") || !strcmp(key, "maxLength")) &&
+            (cJSON_GetObjectItemCaseSensitive(s, "pattern") || cJSON_GetObjectItemCaseSensitive(s, "format")) &&
+            !cJSON_GetObjectItemCaseSensitive(s, "enum") && !cJSON_GetObjectItemCaseSensitive(s, "const")) {
+            const cJSON *f = cJSON_GetObjectItemCaseSensitive(s, "format");
+            /* a length bound on a format loom does not know is kept (the format is not) */
+            bad = cJSON_GetObjectItemCaseSensitive(s, "pattern") || (cJSON_IsString(f) && known_format(f->valuestring));
+            if (bad) {
+                size_t mark = at_push(c, key);
+                sfail(c, "'%s' together with '%s' is not supported", key,
+                      cJSON_GetObjectItemCaseSensitive(s, "pattern") ? "pattern" : "format");
+                c->at_len = mark;
+                return -1;
+            }
+        }
+        if (bad) {
+            size_t mark = at_push(c, key);
+            sfail(c, "'%s' is not supported", key);
+            c->at_len = mark;
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* Appends the expression matching schema s to e (a rule name, mostly). */
 static int gen(sconv *c, const cJSON *s, loom_buf *e) {
     if (c->failed) return -1;
@@ -835,13 +992,22 @@ static int gen(sconv *c, const cJSON *s, loom_buf *e) {
         loom_buf body = {0};
         int depth = c->depth;
         c->depth = 0; /* a named rule: recursion goes through its name */
+        char at[sizeof c->at];
+        size_t at_len = c->at_len;
+        memcpy(at, c->at, at_len);
+        /* errors inside name the target's own pointer */
+        c->at_len = ref->valuestring[0] == '#' ? LOOM_MIN(strlen(ref->valuestring + 1), sizeof c->at - 1) : 0;
+        memcpy(c->at, ref->valuestring + 1, c->at_len);
         rc = gen(c, t, &body);
+        memcpy(c->at, at, at_len);
+        c->at_len = at_len;
         c->depth = depth - 1;
         if (!rc) put_rule(c, name, &body);
         loom_buf_free(&body);
         loom_buf_puts(e, name);
         return rc;
     }
+    if (check_keywords(c, s)) return -1;
     loom_buf body = {0};
     const cJSON *k;
     if ((k = cJSON_GetObjectItemCaseSensitive(s, "const"))) {
@@ -854,9 +1020,12 @@ static int gen(sconv *c, const cJSON *s, loom_buf *e) {
         }
     } else if ((k = cJSON_GetObjectItemCaseSensitive(s, "anyOf")) || (k = cJSON_GetObjectItemCaseSensitive(s, "oneOf"))) {
         if (!cJSON_IsArray(k) || !cJSON_GetArraySize(k)) rc = sfail(c, "'%s' must be a non-empty array", k->string);
-        for (const cJSON *v = k->child; v && !rc; v = v->next) {
+        int i = 0;
+        for (const cJSON *v = k->child; v && !rc; v = v->next, i++) {
             if (v != k->child) loom_buf_puts(&body, " | ");
+            size_t mark = at_push_i(c, k->string, i);
             rc = gen(c, v, &body);
+            c->at_len = mark;
         }
     } else if ((k = cJSON_GetObjectItemCaseSensitive(s, "allOf"))) {
         const cJSON *m = cJSON_GetArraySize(k) == 1 && cJSON_GetArraySize(s) == 1 ? k->child : merge_all_of(c, s, k);
