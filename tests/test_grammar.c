@@ -206,6 +206,47 @@ static void schemas(void) {
     }
 }
 
+/* Forced tool calls: the syntax around the call, the name, the arguments
+ * under the tool's schema. */
+static void tools(void) {
+    const char *tj = "[{\"type\":\"function\",\"function\":{\"name\":\"get_time\",\"parameters\":{\"type\":\"object\","
+                     "\"properties\":{\"tz\":{\"enum\":[\"UTC\",\"CET\"]}},\"required\":[\"tz\"]}}},"
+                     "{\"type\":\"function\",\"function\":{\"name\":\"ping\"}},"
+                     "{\"type\":\"function\",\"function\":{\"name\":\"tree\",\"parameters\":{\"$defs\":{\"n\":"
+                     "{\"type\":\"object\",\"properties\":{\"k\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/n\"}}}}},"
+                     "\"$ref\":\"#/$defs/n\"}}}]";
+    loom_gtool_syntax hermes = {"", "", "<tool_call>\n", "\n</tool_call>", "\n", "arguments", 1};
+    loom_gtool_syntax llama = {"", "", "", "", NULL, "parameters", 1};
+    loom_gtool_syntax mistral = {"[TOOL_CALLS][", "]", "", "", ", ", "arguments", 2};
+    char err[256];
+    loom_grammar *g;
+    CHECKF(loom_grammar_from_tools(tj, NULL, &hermes, NULL, &g, err, sizeof err) == LOOM_OK, "%s", err);
+    lang(g, "tools required",
+         L("<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"tz\": \"CET\"}}\n</tool_call>",
+           "<tool_call>\n{\"name\": \"ping\", \"arguments\": {}}\n</tool_call>",
+           "<tool_call>\n{\"name\": \"tree\", \"arguments\": {\"k\": [{\"k\": []}]}}\n</tool_call>"),
+         L("<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"tz\": \"PST\"}}\n</tool_call>",
+           "<tool_call>\n{\"name\": \"nope\", \"arguments\": {}}\n</tool_call>",
+           "{\"name\": \"ping\", \"arguments\": {}}", "hello",
+           "<tool_call>\n{\"name\": \"ping\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"ping\", "
+           "\"arguments\": {}}\n</tool_call>"));
+    CHECKF(loom_grammar_from_tools(tj, "get_time", &llama, NULL, &g, err, sizeof err) == LOOM_OK, "%s", err);
+    lang(g, "tools named", L("{\"name\": \"get_time\", \"parameters\": {\"tz\":\"UTC\"}}"),
+         L("{\"name\": \"ping\", \"parameters\": {}}", "{\"name\": \"get_time\", \"arguments\": {\"tz\":\"UTC\"}}"));
+    CHECKF(loom_grammar_from_tools(tj, NULL, &mistral, NULL, &g, err, sizeof err) == LOOM_OK, "%s", err);
+    lang(g, "tools list",
+         L("[TOOL_CALLS][{\"name\": \"ping\", \"arguments\": {}}]",
+           "[TOOL_CALLS][{\"name\": \"ping\", \"arguments\": {}}, {\"name\": \"get_time\", \"arguments\": {\"tz\":\"UTC\"}}]"),
+         L("[TOOL_CALLS][]", "[{\"name\": \"ping\", \"arguments\": {}}]"));
+    g = NULL;
+    CHECK(loom_grammar_from_tools(tj, "absent", &hermes, NULL, &g, err, sizeof err) != LOOM_OK && !g);
+    CHECKF(strstr(err, "no tool named 'absent'") != NULL, "%s", err);
+    const char *bad = "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\","
+                      "\"properties\":{\"a\":{\"if\":{}}}}}}]";
+    CHECK(loom_grammar_from_tools(bad, NULL, &hermes, NULL, &g, err, sizeof err) != LOOM_OK && !g);
+    CHECKF(strstr(err, "tool 'f' parameters: 'if' is not supported (at #/properties/a/if)") != NULL, "%s", err);
+}
+
 /* ---- masks against brute force ---------------------------------------------- */
 
 static uint64_t rng = 88172645463325252ULL;
@@ -470,6 +511,7 @@ int main(void) {
     gbnf_lang();
     regexes();
     schemas();
+    tools();
     masks_small();
     masks_model_vocab();
     engine_schema();

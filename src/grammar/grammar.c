@@ -1028,6 +1028,16 @@ loom_status loom_grammar_from_schema(const char *schema, const loom_gvocab *voca
     return st;
 }
 
+loom_status loom_grammar_from_tools(const char *tools_json, const char *only, const loom_gtool_syntax *syn,
+                                    const loom_gvocab *vocab, loom_grammar **out, char *err, size_t cap) {
+    *out = NULL;
+    char *text = loom_grammar_tools_to_gbnf(tools_json, only, syn, err, cap);
+    if (!text) return LOOM_ERR_INVALID_ARG;
+    loom_status st = compile_gbnf(text, vocab, out, err, cap);
+    free(text);
+    return st;
+}
+
 loom_status loom_grammar_json_object(const loom_gvocab *vocab, loom_grammar **out, char *err, size_t cap) {
     return loom_grammar_from_schema("{\"type\": \"object\"}", vocab, out, err, cap);
 }

@@ -60,10 +60,30 @@ loom_status loom_grammar_from_schema(const char *schema, const loom_gvocab *voca
 loom_status loom_grammar_json_object(const loom_gvocab *vocab, loom_grammar **out, char *err,
                                      size_t cap);
 
+/* A forced tool call as a model's chat template writes it: begin, then
+ * 1..max_calls calls separated by sep, then end; each call is call_open,
+ * {"name": NAME, "<args_key>": ARGUMENTS}, call_close, its arguments valid
+ * for the tool's parameters schema. */
+typedef struct loom_gtool_syntax {
+    const char *begin, *end;            /* around all the calls ("" none) */
+    const char *call_open, *call_close; /* around each call */
+    const char *sep;                    /* between calls; NULL: one call */
+    const char *args_key;               /* "arguments", or "parameters" (Llama 3) */
+    int max_calls;
+} loom_gtool_syntax;
+
+/* tools_json: the request's tools (OpenAI's array of {"type": "function",
+ * "function": {"name", "parameters"}}); only: the one tool that must be
+ * called, or NULL for any of them. */
+loom_status loom_grammar_from_tools(const char *tools_json, const char *only, const loom_gtool_syntax *syn,
+                                    const loom_gvocab *vocab, loom_grammar **out, char *err, size_t cap);
+
 /* Text translators behind the compilers: a malloc'd GBNF text (root rule
  * "root"), or NULL with err filled. */
 char *loom_grammar_schema_to_gbnf(const char *schema, char *err, size_t cap);
 char *loom_grammar_regex_to_gbnf(const char *re, char *err, size_t cap);
+char *loom_grammar_tools_to_gbnf(const char *tools_json, const char *only, const loom_gtool_syntax *syn, char *err,
+                                 size_t cap);
 
 /* Grammars are reference counted: the request that uses one retains it. */
 loom_grammar *loom_grammar_retain(loom_grammar *g);

@@ -1083,3 +1083,77 @@ char *loom_grammar_schema_to_gbnf(const char *schema, char *err, size_t cap) {
     }
     return c.out.p;
 }
+
+/* ---- tool calls -------------------------------------------------------------- */
+
+char *loom_grammar_tools_to_gbnf(const char *tools_json, const char *only, const loom_gtool_syntax *syn, char *err,
+                                 size_t cap) {
+    if (err && cap) err[0] = 0;
+    cJSON *tools = cJSON_Parse(tools_json);
+    if (!cJSON_IsArray(tools)) {
+        cJSON_Delete(tools);
+        snprintf(err, cap, "the tools are not a JSON array");
+        return NULL;
+    }
+    sconv c = {.err = err, .err_cap = cap};
+    loom_buf_puts(&c.out, PRELUDE);
+    loom_buf calls = {0};
+    int rc = 0, n = 0;
+    for (const cJSON *t = tools->child; t && !rc; t = t->next) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+        if (!cJSON_IsString(name) || (only && strcmp(name->valuestring, only))) continue;
+        const cJSON *params = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
+        loom_buf args = {0};
+        c.doc = params; /* $ref inside a tool's parameters points into them */
+        c.at_len = 0;
+        if (!params || (cJSON_IsObject(params) && !cJSON_GetArraySize(params))) loom_buf_puts(&args, "json-object");
+        else rc = gen(&c, params, &args);
+        if (rc) {
+            char msg[512];
+            snprintf(msg, sizeof msg, "%s", err ? err : "");
+            snprintf(err, cap, "tool '%s' parameters: %s", name->valuestring, msg);
+        } else {
+            cJSON *ns = cJSON_CreateString(name->valuestring);
+            char *nj = ns ? cJSON_PrintUnformatted(ns) : NULL;
+            cJSON_Delete(ns);
+            loom_buf head = {0};
+            loom_buf_printf(&head, "{\"name\": %s, \"%s\": ", nj ? nj : "\"\"", syn->args_key);
+            free(nj);
+            if (n++) loom_buf_puts(&calls, " | ");
+            loom_buf_puts(&calls, "(");
+            put_lit(&calls, head.p, head.len);
+            loom_buf_printf(&calls, " %s \"}\")", args.p);
+            loom_buf_free(&head);
+        }
+        loom_buf_free(&args);
+    }
+    if (!rc && !n) rc = sfail(&c, "no tool named '%s'", only ? only : "(any)");
+    if (!rc) {
+        loom_buf_printf(&c.out, "tool-call ::= %s\n", calls.p);
+        loom_buf_puts(&c.out, "tool-one ::= ");
+        put_lit(&c.out, syn->call_open, strlen(syn->call_open));
+        loom_buf_puts(&c.out, " tool-call ");
+        put_lit(&c.out, syn->call_close, strlen(syn->call_close));
+        loom_buf_puts(&c.out, "\nroot ::= ");
+        put_lit(&c.out, syn->begin, strlen(syn->begin));
+        loom_buf_puts(&c.out, " tool-one");
+        if (syn->sep && syn->max_calls > 1) {
+            loom_buf_puts(&c.out, " (");
+            put_lit(&c.out, syn->sep, strlen(syn->sep));
+            loom_buf_printf(&c.out, " tool-one){0,%d}", syn->max_calls - 1);
+        }
+        loom_buf_puts(&c.out, " ");
+        put_lit(&c.out, syn->end, strlen(syn->end));
+        loom_buf_puts(&c.out, "\n");
+    }
+    loom_buf_free(&calls);
+    for (int i = 0; i < c.n_owned; i++) cJSON_Delete(c.owned[i]);
+    cJSON_Delete(tools);
+    if (!rc && c.out.oom) rc = sfail(&c, "out of memory");
+    if (rc) {
+        loom_buf_free(&c.out);
+        return NULL;
+    }
+    return c.out.p;
+}

@@ -373,6 +373,69 @@ test('a schema that cannot be compiled is a 400 naming what is unsupported', asy
   assert.match(e.message, /prefixItems/);
 });
 
+test('a schema error names the keyword and its JSON pointer', async () => {
+  const e = await expectError(client.chat.completions.create({
+    model, messages: user('x'),
+    response_format: { type: 'json_schema', json_schema: { name: 'x', schema:
+      { type: 'object', properties: { ids: { type: 'array', uniqueItems: true } } } } },
+  }), OpenAI.BadRequestError, 400, 'response_format');
+  assert.match(e.message, /'uniqueItems' is not supported \(at #\/properties\/ids\/uniqueItems\)/);
+});
+
+// tool_choice "required" and a named function force a call whose arguments
+// validate against the tool's parameters; "none" never gives a call.
+const weatherTool = { type: 'function', function: { name: 'get_weather', description: 'weather of a city',
+  parameters: toolSchema } };
+const timeTool = { type: 'function', function: { name: 'get_time', parameters: { type: 'object',
+  properties: { tz: { type: 'string', enum: ['UTC', 'CET'] } }, required: ['tz'], additionalProperties: false } } };
+
+test('tool_choice required / named: a valid call every time (ajv on the arguments)', async () => {
+  const tools = [weatherTool, timeTool];
+  const check = { get_weather: new Ajv({ strict: false }).compile(toolSchema),
+                  get_time: new Ajv({ strict: false }).compile(timeTool.function.parameters) };
+  const runs = [];
+  for (let seed = 0; seed < 4; seed++) {
+    runs.push([null, client.chat.completions.create({ model, messages: user('Weather in Paris?'), tools,
+      tool_choice: 'required', max_tokens: 400, temperature: 1, seed })]);
+    runs.push(['get_time', client.chat.completions.create({ model, messages: user('What time is it?'), tools,
+      tool_choice: { type: 'function', function: { name: 'get_time' } }, max_tokens: 400, temperature: 1, seed })]);
+  }
+  for (const [want, p] of runs) {
+    const c = (await p).choices[0];
+    assert.equal(c.finish_reason, 'tool_calls', `no call: ${JSON.stringify(c.message)}`);
+    assert.ok(c.message.tool_calls.length >= 1);
+    for (const call of c.message.tool_calls) {
+      if (want) assert.equal(call.function.name, want);
+      const v = check[call.function.name];
+      assert.ok(v, `unknown tool ${call.function.name}`);
+      const args = JSON.parse(call.function.arguments);
+      assert.ok(v(args), `${call.function.arguments}: ${JSON.stringify(v.errors)}`);
+    }
+  }
+  const s = await collect(await client.chat.completions.create({ model, messages: user('x'), tools, stream: true,
+    tool_choice: { type: 'function', function: { name: 'get_weather' } }, max_tokens: 400, temperature: 0.8, seed: 3 }));
+  const deltas = s.flatMap((ch) => ch.choices[0]?.delta?.tool_calls || []);
+  assert.ok(deltas.length >= 1, 'a streamed call');
+  const args = deltas.map((d) => d.function?.arguments || '').join('');
+  assert.ok(check.get_weather(JSON.parse(args)), args);
+});
+
+test('tool_choice none: no tool call; a forced call and response_format together are a 400', async () => {
+  for (let seed = 0; seed < 3; seed++) {
+    const r = await client.chat.completions.create({ model, messages: user('Weather in Paris?'),
+      tools: [weatherTool], tool_choice: 'none', max_tokens: 32, temperature: 1, seed });
+    assert.ok(!r.choices[0].message.tool_calls?.length);
+    assert.notEqual(r.choices[0].finish_reason, 'tool_calls');
+  }
+  const e = await expectError(client.chat.completions.create({ model, messages: user('x'), tools: [weatherTool],
+    tool_choice: 'required', response_format: { type: 'json_object' } }), OpenAI.BadRequestError, 400, 'response_format');
+  assert.match(e.message, /both constrain/);
+  const e2 = await expectError(client.chat.completions.create({ model, messages: user('x'), tool_choice: 'required',
+    tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object', properties: { a: { not: {} } } } } }] }),
+  OpenAI.BadRequestError, 400, 'tools');
+  assert.match(e2.message, /tool 'f' parameters: 'not' is not supported \(at #\/properties\/a\/not\)/);
+});
+
 let failed = 0;
 for (const t of tests) {
   const t0 = Date.now();
