@@ -158,6 +158,19 @@ static void schemas(void) {
          L("\"example.com\"", "\"http://\""));
     lang(schema("{\"type\":\"string\",\"minLength\":1,\"description\":\"x\",\"x-extension\":1,\"minProperties\":0}"),
          "annotations ignored", L("\"a\""), L("\"\""));
+    lang(schema("{\"type\":\"array\",\"uniqueItems\":true}"), "unique: one item at most", L("[]", "[1]"),
+         L("[1,2]"));
+    lang(schema("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":\"integer\"}},"
+                "\"minProperties\":1}"),
+         "minProperties", L("{\"a\":1}", "{\"a\":1,\"b\":2}"), L("{}", "{\"b\":2}"));
+    lang(schema("{\"properties\":{\"a\":{},\"b\":{},\"c\":{}},\"required\":[\"a\"],"
+                "\"dependencies\":{\"a\":[\"c\"],\"b\":[\"c\"]}}"),
+         "dependencies", L("{\"a\":1,\"c\":2}"), L("{\"a\":1}", "{\"a\":1,\"b\":2,\"c\":3}"));
+    lang(schema("{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"integer\"}},"
+                "\"patternProperties\":{\"^x-[a-z]+$\":{\"type\":\"string\"}},\"additionalProperties\":true}"),
+         "patternProperties", L("{\"id\":1}", "{\"id\":1,\"x-ab\":\"v\"}", "{\"x-q\":\"\",\"x-r\":\"s\"}"),
+         L("{\"id\":1,\"x-ab\":2}", "{\"id\":1,\"y\":\"v\"}", "{\"x-1\":\"v\"}"));
+    lang(schema("{\"type\":\"string\",\"maxLength\":100000}"), "maxLength capped", L("\"abc\""), L("1"));
     lang(schema("{\"type\":[\"string\",\"null\"]}"), "type list", L("\"a\"", "null"), L("1"));
     lang(schema("{\"anyOf\":[{\"type\":\"integer\"},{\"type\":\"boolean\"}]}"), "anyOf", L("1", "true"), L("\"1\""));
     lang(schema("{\"oneOf\":[{\"const\":1},{\"const\":2}]}"), "oneOf", L("1", "2"), L("3"));
@@ -186,8 +199,11 @@ static void schemas(void) {
         {"{\"type\":\"object\",\"properties\":{},\"required\":[\"a\"],\"additionalProperties\":false}",
          "required property 'a'"},
         /* unsupported keywords name themselves and where they are */
-        {"{\"properties\":{\"a/b\":{\"type\":\"array\",\"uniqueItems\":true}}}",
-         "'uniqueItems' is not supported (at #/properties/a~1b/uniqueItems)"},
+        {"{\"properties\":{\"a/b\":{\"type\":\"array\",\"uniqueItems\":true,\"minItems\":2}}}",
+         "'uniqueItems' with minItems 2 is not supported (at #/properties/a~1b)"},
+        {"{\"properties\":{\"x-a\":{}},\"patternProperties\":{\"^x-\":{}}}", "property 'x-a' also matches"},
+        {"{\"properties\":{\"a\":{}},\"dependencies\":{\"a\":{\"required\":[\"b\"]}}}",
+         "'dependencies' is not supported (at #/dependencies)"},
         {"{\"anyOf\":[{\"type\":\"string\"},{\"not\":{\"type\":\"null\"}}]}", "'not' is not supported (at #/anyOf/1/not)"},
         {"{\"$defs\":{\"x\":{\"type\":\"number\",\"multipleOf\":0.5}},\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/x\"}}",
          "'multipleOf' is not supported (at #/$defs/x/multipleOf)"},

@@ -73,7 +73,9 @@ typedef struct brule {
     ivec *alts;       /* owned [n_alts] */
     int n_alts, cap_alts;
     int defined;      /* a named rule: its definition was seen */
-    int ref_line;     /* where it was first referenced, for errors */
+    long ref_at;      /* 1 + the text offset it was first referenced at, for errors */
+    size_t name_len;
+    uint64_t name_hash;
 } brule;
 
 typedef uint8_t bset[32];
@@ -84,6 +86,8 @@ typedef struct builder {
     bset *sets;
     int n_sets, cap_sets;
     int32_t byte_set[256]; /* single-byte set ids, -1 none yet */
+    int32_t *names;        /* [cap_names] open addressing: rule id + 1, 0 empty */
+    size_t cap_names;
     char *err;
     size_t err_cap;
     int failed;
@@ -98,6 +102,34 @@ static int bfail(builder *b, const char *fmt, ...) {
     if (b->err && b->err_cap) vsnprintf(b->err, b->err_cap, fmt, ap);
     va_end(ap);
     return -1;
+}
+
+static uint64_t name_hash(const char *s, size_t n) {
+    uint64_t h = 1469598103934665603ULL;
+    for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)s[i]) * 1099511628211ULL;
+    return h;
+}
+
+/* Adds rule r (named) to the name table, doubling it when half full. */
+static int name_put(builder *b, int r) {
+    if ((size_t)(b->n_rules + 1) * 2 > b->cap_names) {
+        size_t cap = b->cap_names ? b->cap_names * 2 : 256;
+        int32_t *nt = calloc(cap, sizeof *nt);
+        if (!nt) return -1;
+        for (size_t i = 0; i < b->cap_names; i++) {
+            if (!b->names[i]) continue;
+            size_t j = b->rules[b->names[i] - 1].name_hash & (cap - 1);
+            while (nt[j]) j = (j + 1) & (cap - 1);
+            nt[j] = b->names[i];
+        }
+        free(b->names);
+        b->names = nt;
+        b->cap_names = cap;
+    }
+    size_t j = b->rules[r].name_hash & (b->cap_names - 1);
+    while (b->names[j]) j = (j + 1) & (b->cap_names - 1);
+    b->names[j] = r + 1;
+    return 0;
 }
 
 static int new_rule(builder *b, const char *name, size_t len) {
@@ -116,6 +148,9 @@ static int new_rule(builder *b, const char *name, size_t len) {
         if (!r->name) return bfail(b, "out of memory");
         memcpy(r->name, name, len);
         r->name[len] = 0;
+        r->name_len = len;
+        r->name_hash = name_hash(name, len);
+        if (name_put(b, b->n_rules)) return bfail(b, "out of memory");
     }
     return b->n_rules++;
 }
@@ -136,9 +171,12 @@ static ivec *new_alt(builder *b, int r) {
 }
 
 static int find_rule(builder *b, const char *name, size_t len) {
-    for (int i = 0; i < b->n_rules; i++)
-        if (b->rules[i].name && strlen(b->rules[i].name) == len && !memcmp(b->rules[i].name, name, len))
-            return i;
+    if (!b->cap_names) return -1;
+    uint64_t h = name_hash(name, len);
+    for (size_t j = h & (b->cap_names - 1); b->names[j]; j = (j + 1) & (b->cap_names - 1)) {
+        const brule *r = &b->rules[b->names[j] - 1];
+        if (r->name_hash == h && r->name_len == len && !memcmp(r->name, name, len)) return b->names[j] - 1;
+    }
     return -1;
 }
 
@@ -497,7 +535,7 @@ static int parse_sequence(gparse *g, ivec *seq) {
             size_t n = name_len(g->p);
             int r = find_rule(g->b, g->p, n);
             if (r < 0 && (r = new_rule(g->b, g->p, n)) < 0) return -1;
-            if (!g->b->rules[r].ref_line) g->b->rules[r].ref_line = line_of(g, g->p);
+            if (!g->b->rules[r].ref_at) g->b->rules[r].ref_at = 1 + (long)(g->p - g->s);
             g->p += n;
             if (iv_push(seq, ref_el(r))) return bfail(g->b, "out of memory");
         } else {
@@ -560,8 +598,8 @@ static int parse_gbnf(builder *b, const char *text) {
     }
     for (int i = 0; i < b->n_rules; i++)
         if (b->rules[i].name && !b->rules[i].defined)
-            return bfail(b, "grammar line %d: rule '%s' is used but not defined", b->rules[i].ref_line,
-                         b->rules[i].name);
+            return bfail(b, "grammar line %d: rule '%s' is used but not defined",
+                         line_of(&g, text + b->rules[i].ref_at - 1), b->rules[i].name);
     if (find_rule(b, "root", 4) < 0) return bfail(b, "grammar: no rule named 'root'");
     return 0;
 }
@@ -700,6 +738,7 @@ static void builder_free(builder *b) {
     }
     free(b->rules);
     free(b->sets);
+    free(b->names);
 }
 
 /* Nullable rules, then a search for a rule reachable from itself through

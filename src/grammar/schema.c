@@ -20,6 +20,8 @@
  * its JSON pointer; annotations and unknown words are ignored. */
 #include <cjson/cJSON.h>
 #include <math.h>
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +33,7 @@
 
 #define MAX_DEPTH 64
 #define MAX_INT_DIGITS 16
+#define MAX_COUNT 4096 /* grammar.c's MAX_REPEAT */
 
 typedef struct sref {
     const cJSON *node;
@@ -700,7 +703,9 @@ static int get_count(sconv *c, const cJSON *s, const char *key, int dflt, int *o
     if (!v) return 0;
     if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble != floor(v->valuedouble))
         return sfail(c, "'%s' must be a non-negative integer", key);
-    if (v->valuedouble > 4096) return sfail(c, "'%s' above 4096 is not supported, found %g", key, v->valuedouble);
+    /* a maximum above the repetition limit writes at most the limit (a subset) */
+    if (v->valuedouble > MAX_COUNT && !strncmp(key, "max", 3)) return *out = MAX_COUNT, 0;
+    if (v->valuedouble > MAX_COUNT) return sfail(c, "'%s' above %d is not supported, found %g", key, MAX_COUNT, v->valuedouble);
     *out = (int)v->valuedouble;
     return 0;
 }
@@ -738,6 +743,12 @@ static int gen_array(sconv *c, const cJSON *s, loom_buf *e) {
     int mn, mx;
     if (get_count(c, s, "minItems", 0, &mn) || get_count(c, s, "maxItems", -1, &mx)) return -1;
     if (mx >= 0 && mx < mn) return sfail(c, "maxItems %d below minItems %d", mx, mn);
+    /* uniqueItems: the grammar cannot compare items; arrays of at most one
+       item are unique (a subset) */
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(s, "uniqueItems"))) {
+        if (mn > 1) return sfail(c, "'uniqueItems' with minItems %d is not supported", mn);
+        mx = mx < 0 ? 1 : LOOM_MIN(mx, 1);
+    }
     loom_buf item = {0};
     if (items && !cJSON_IsObject(items) && !cJSON_IsBool(items)) return sfail(c, "'items' must be a schema");
     size_t mark = at_push(c, "items");
@@ -765,9 +776,87 @@ static int is_required(const cJSON *req, const char *key) {
     return 0;
 }
 
+/* patternProperties: a listed property whose name a pattern matches would
+ * need both schemas, which is refused; other keys are only written from a
+ * single pattern (any key matching the whole pattern also contains a
+ * match), never from additionalProperties. */
+static int pattern_props(sconv *c, const cJSON *props, const cJSON *pp) {
+    if (!cJSON_IsObject(pp)) return sfail(c, "'patternProperties' must be an object");
+    for (const cJSON *q = pp->child; q; q = q->next) {
+        int ec;
+        PCRE2_SIZE eo;
+        pcre2_code *re = pcre2_compile((PCRE2_SPTR)q->string, PCRE2_ZERO_TERMINATED, PCRE2_UTF, &ec, &eo, NULL);
+        if (!re) {
+            size_t mark = at_push(c, "patternProperties");
+            sfail(c, "pattern '%s' does not compile", q->string);
+            c->at_len = mark;
+            return -1;
+        }
+        pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
+        const char *hit = NULL;
+        for (const cJSON *p = props ? props->child : NULL; p && md && !hit; p = p->next)
+            if (pcre2_match(re, (PCRE2_SPTR)p->string, strlen(p->string), 0, 0, md, NULL) >= 0) hit = p->string;
+        pcre2_match_data_free(md);
+        pcre2_code_free(re);
+        if (hit) {
+            size_t mark = at_push(c, "patternProperties");
+            sfail(c, "property '%s' also matches the patternProperties pattern '%s' (both schemas at once are not "
+                     "supported)", hit, q->string);
+            c->at_len = mark;
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* Properties in order, required ones always: rule R(i, comma) is what may
  * follow after properties 0..i-1, comma saying whether one was written. */
+/* minProperties and dependencies (lists of keys) rewritten as required
+ * keys, on a copy: the first optional properties become required until
+ * there are enough; a key with dependencies that is required makes them
+ * required, one that is not is left out (a subset either way). Returns s
+ * itself when there is nothing to do, NULL on failure. */
+static const cJSON *object_rewrite(sconv *c, const cJSON *s) {
+    const cJSON *minp = cJSON_GetObjectItemCaseSensitive(s, "minProperties");
+    const cJSON *deps = cJSON_GetObjectItemCaseSensitive(s, "dependencies");
+    if (!deps) deps = cJSON_GetObjectItemCaseSensitive(s, "dependentRequired");
+    const cJSON *req0 = cJSON_GetObjectItemCaseSensitive(s, "required");
+    if ((!cJSON_IsNumber(minp) || minp->valuedouble <= cJSON_GetArraySize(req0)) && !deps) return s;
+    if (c->n_owned == (int)LOOM_ARRAY_LEN(c->owned)) return sfail(c, "too many objects to rewrite"), NULL;
+    cJSON *m = cJSON_Duplicate(s, 1);
+    if (!m) return sfail(c, "out of memory"), NULL;
+    c->owned[c->n_owned++] = m;
+    cJSON_DeleteItemFromObjectCaseSensitive(m, "minProperties");
+    cJSON_DeleteItemFromObjectCaseSensitive(m, "dependencies");
+    cJSON_DeleteItemFromObjectCaseSensitive(m, "dependentRequired");
+    cJSON *req = cJSON_GetObjectItemCaseSensitive(m, "required"), *props = cJSON_GetObjectItemCaseSensitive(m, "properties");
+    if (!req) req = cJSON_AddArrayToObject(m, "required");
+    for (const cJSON *d = deps ? deps->child : NULL; d; d = d->next) {
+        if (is_required(req, d->string)) {
+            for (const cJSON *q = d->child; q; q = q->next)
+                if (cJSON_IsString(q) && !is_required(req, q->valuestring)) cJSON_AddItemToArray(req, cJSON_CreateString(q->valuestring));
+        } else cJSON_DeleteItemFromObjectCaseSensitive(props, d->string);
+    }
+    /* dependencies again for the keys just made required */
+    for (const cJSON *d = deps ? deps->child : NULL; d; d = d->next)
+        if (is_required(req, d->string))
+            for (const cJSON *q = d->child; q; q = q->next)
+                if (cJSON_IsString(q) && !is_required(req, q->valuestring)) cJSON_AddItemToArray(req, cJSON_CreateString(q->valuestring));
+    int want = cJSON_IsNumber(minp) ? (int)ceil(minp->valuedouble) : 0;
+    for (const cJSON *p = props ? props->child : NULL; p && cJSON_GetArraySize(req) < want; p = p->next)
+        if (!is_required(req, p->string)) {
+            int dep_free = 1; /* not one that was left out above */
+            for (const cJSON *d = deps ? deps->child : NULL; d && dep_free; d = d->next) dep_free = strcmp(d->string, p->string) != 0;
+            if (dep_free) cJSON_AddItemToArray(req, cJSON_CreateString(p->string));
+        }
+    if (cJSON_GetArraySize(req) < want) return sfail(c, "'minProperties' %d: not enough properties to require", want), NULL;
+    const cJSON *ap = cJSON_GetObjectItemCaseSensitive(m, "additionalProperties");
+    if (deps && ap && !cJSON_IsFalse(ap)) return sfail(c, "'dependencies' with additionalProperties is not supported"), NULL;
+    return m;
+}
+
 static int gen_object(sconv *c, const cJSON *s, loom_buf *e) {
+    if (!(s = object_rewrite(c, s))) return -1;
     const cJSON *props = cJSON_GetObjectItemCaseSensitive(s, "properties");
     const cJSON *req = cJSON_GetObjectItemCaseSensitive(s, "required");
     const cJSON *ap = cJSON_GetObjectItemCaseSensitive(s, "additionalProperties");
@@ -790,15 +879,35 @@ static int gen_object(sconv *c, const cJSON *s, loom_buf *e) {
                 cJSON_AddItemToObject(mp, q->valuestring, cJSON_IsObject(ap) ? cJSON_Duplicate(ap, 1) : cJSON_CreateTrue());
         return gen_object(c, m, e);
     }
-    if (cJSON_GetObjectItemCaseSensitive(s, "patternProperties")) return sfail(c, "'patternProperties' is not supported");
+    const cJSON *pp = cJSON_GetObjectItemCaseSensitive(s, "patternProperties");
+    if (pp && pattern_props(c, props, pp)) return -1;
     int n = cJSON_GetArraySize(props);
-    if (!n && !cJSON_IsFalse(ap) && !cJSON_IsObject(ap)) {
+    if (!n && !pp && !cJSON_IsFalse(ap) && !cJSON_IsObject(ap)) {
         loom_buf_puts(e, "json-object");
         return 0;
     }
-    /* extra keys: any string key with the additionalProperties schema */
+    /* extra keys: any string key with the additionalProperties schema; with
+       patternProperties, only keys matching its one pattern (whole) */
     char extra[16] = "";
-    if (cJSON_IsTrue(ap) || cJSON_IsObject(ap)) {
+    if (pp && cJSON_GetArraySize(pp) == 1) {
+        loom_buf v = {0}, k = {0};
+        size_t mark = at_push(c, "patternProperties");
+        at_push(c, pp->child->string);
+        int arc = gen(c, pp->child, &v);
+        if (!arc) {
+            loom_buf_puts(&k, "\"\\\"\" ");
+            if (regex_expr(pp->child->string, 1, &k, c->err, c->err_cap)) {
+                size_t n = c->err ? strlen(c->err) : 0;
+                if (c->err && n < c->err_cap) snprintf(c->err + n, c->err_cap - n, " (at #%.*s)", (int)c->at_len, c->at);
+                c->failed = 1, arc = -1;
+            } else loom_buf_puts(&k, " \"\\\"\"");
+        }
+        c->at_len = mark;
+        if (arc) return loom_buf_free(&v), loom_buf_free(&k), -1;
+        new_name(c, extra);
+        loom_buf_printf(&c->out, "%s ::= %s ws \":\" ws %s\n", extra, k.p, v.p);
+        loom_buf_free(&v), loom_buf_free(&k);
+    } else if (!pp && (cJSON_IsTrue(ap) || cJSON_IsObject(ap))) {
         loom_buf v = {0};
         size_t mark = at_push(c, "additionalProperties");
         int arc = cJSON_IsObject(ap) ? gen(c, ap, &v) : (loom_buf_puts(&v, "json-value"), 0);
@@ -869,6 +978,20 @@ static int gen_typed(sconv *c, const cJSON *s, const char *t, loom_buf *e) {
     return sfail(c, "unknown type '%s' (expected string, integer, number, boolean, null, object or array)", t);
 }
 
+/* 1 when schema s has only annotation keywords (besides `except`). */
+static int annotations_only(const cJSON *s, const char *except) {
+    static const char *const notes[] = {"title", "description", "$comment", "default", "examples", "deprecated",
+                                        "readOnly", "writeOnly", "$schema", "$id", "id", "markdownDescription"};
+    if (cJSON_IsTrue(s)) return 1;
+    if (!cJSON_IsObject(s)) return 0;
+    for (const cJSON *k = s->child; k; k = k->next) {
+        int note = except && !strcmp(k->string, except);
+        for (size_t i = 0; i < LOOM_ARRAY_LEN(notes) && !note; i++) note = !strcmp(k->string, notes[i]);
+        if (!note) return 0;
+    }
+    return 1;
+}
+
 /* allOf: one schema, or objects merged (properties, required). */
 static const cJSON *merge_all_of(sconv *c, const cJSON *s, const cJSON *all) {
     if (!cJSON_IsArray(all) || !cJSON_GetArraySize(all)) return sfail(c, "'allOf' must be a non-empty array"), NULL;
@@ -912,13 +1035,12 @@ static const cJSON *merge_all_of(sconv *c, const cJSON *s, const cJSON *all) {
  * grammar makes is let through. */
 static int check_keywords(sconv *c, const cJSON *s) {
     static const char *const unsupported[] = {
-        "not", "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies", "contains",
+        "not", "if", "then", "else", "dependentSchemas", "contains",
         "minContains", "maxContains", "propertyNames", "unevaluatedItems", "$dynamicRef", "$recursiveRef"};
     for (const cJSON *k = s->child; k; k = k->next) {
         const char *key = k->string;
         int bad = 0;
         for (size_t i = 0; i < LOOM_ARRAY_LEN(unsupported) && !bad; i++) bad = !strcmp(key, unsupported[i]);
-        if (!strcmp(key, "uniqueItems")) bad = cJSON_IsTrue(k);
         if (!strcmp(key, "multipleOf")) {
             const cJSON *t = cJSON_GetObjectItemCaseSensitive(s, "type");
             bad = !(cJSON_IsNumber(k) && k->valuedouble == 1 && cJSON_IsString(t) && !strcmp(t->valuestring, "integer"));
@@ -928,8 +1050,13 @@ static int check_keywords(sconv *c, const cJSON *s) {
             bad = !cJSON_IsTrue(k) && ap && !cJSON_IsFalse(ap);
         }
         if (!strcmp(key, "minProperties")) {
-            const cJSON *req = cJSON_GetObjectItemCaseSensitive(s, "required");
-            bad = !cJSON_IsNumber(k) || k->valuedouble > cJSON_GetArraySize(req);
+            /* gen_object requires more of the listed properties */
+            bad = !cJSON_IsNumber(k) || k->valuedouble > cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(s, "properties"));
+        }
+        if (!strcmp(key, "dependencies") || !strcmp(key, "dependentRequired")) {
+            /* gen_object keeps them when each names a list of keys */
+            for (const cJSON *d = cJSON_IsObject(k) ? k->child : NULL; d && !bad; d = d->next) bad = !cJSON_IsArray(d);
+            bad |= !cJSON_IsObject(k);
         }
         if (!strcmp(key, "maxProperties")) {
             const cJSON *ap = cJSON_GetObjectItemCaseSensitive(s, "additionalProperties");
@@ -1028,8 +1155,18 @@ static int gen(sconv *c, const cJSON *s, loom_buf *e) {
             c->at_len = mark;
         }
     } else if ((k = cJSON_GetObjectItemCaseSensitive(s, "allOf"))) {
-        const cJSON *m = cJSON_GetArraySize(k) == 1 && cJSON_GetArraySize(s) == 1 ? k->child : merge_all_of(c, s, k);
+        /* one part that constrains (the others and s itself annotations
+           only) is that part; else objects merged */
+        const cJSON *only = NULL;
+        int n_real = 0, pos = 0, at = 0;
+        for (const cJSON *q = cJSON_IsArray(k) ? k->child : NULL; q; q = q->next, pos++)
+            if (!annotations_only(q, NULL)) only = q, n_real++, at = pos;
+        const cJSON *m;
+        size_t mark = c->at_len;
+        if (n_real == 1 && annotations_only(s, "allOf")) m = only, at_push_i(c, "allOf", at);
+        else m = merge_all_of(c, s, k);
         rc = m ? gen(c, m, &body) : -1;
+        c->at_len = mark;
     } else {
         const cJSON *t = cJSON_GetObjectItemCaseSensitive(s, "type");
         if (cJSON_IsString(t)) rc = gen_typed(c, s, t->valuestring, &body);
