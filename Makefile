@@ -155,6 +155,7 @@ test: tests
 # with clang; the code under test gets coverage, the rest links from $(LIB).
 FUZZ_CC  ?= clang
 FUZZ_SRC := src/base/base.c src/load/safetensors.c src/serve/api.c src/serve/toolcall.c \
+            src/grammar/grammar.c src/grammar/schema.c \
             src/stream/textstream.c \
             $(sort $(wildcard src/tokenize/*.c)) $(sort $(wildcard src/template/*.c))
 .PHONY: fuzz

@@ -46,7 +46,7 @@ typedef struct sconv {
     int n_names;
     sref refs[256];
     int n_refs;
-    cJSON *owned[64];       /* merged allOf schemas */
+    cJSON *owned[1024];     /* schemas made here (merged allOf, rewritten objects) */
     int n_owned;
     char *err;
     size_t err_cap;
@@ -992,6 +992,40 @@ static int annotations_only(const cJSON *s, const char *except) {
     return 1;
 }
 
+/* A branch of s's anyOf / oneOf (key) with s's other keywords, which hold
+ * for every branch: properties and required merge, the branch's other
+ * keywords win. A $ref branch is resolved first. */
+static const cJSON *with_siblings(sconv *c, const cJSON *s, const char *key, const cJSON *branch) {
+    for (int hops = 0; cJSON_IsObject(branch) && cJSON_GetObjectItemCaseSensitive(branch, "$ref") && hops < 16; hops++) {
+        const cJSON *r = cJSON_GetObjectItemCaseSensitive(branch, "$ref");
+        if (!cJSON_IsString(r) || !(branch = resolve_ref(c, r->valuestring))) return NULL;
+    }
+    if (cJSON_IsTrue(branch)) branch = NULL;
+    else if (!cJSON_IsObject(branch)) return sfail(c, "a schema must be an object or true"), NULL;
+    if (c->n_owned == (int)LOOM_ARRAY_LEN(c->owned)) return sfail(c, "too many anyOf/oneOf branches"), NULL;
+    cJSON *m = cJSON_Duplicate(s, 1);
+    if (!m) return sfail(c, "out of memory"), NULL;
+    c->owned[c->n_owned++] = m;
+    cJSON_DeleteItemFromObjectCaseSensitive(m, key);
+    for (const cJSON *q = branch ? branch->child : NULL; q; q = q->next) {
+        cJSON *have = cJSON_GetObjectItemCaseSensitive(m, q->string);
+        if (have && !strcmp(q->string, "properties") && cJSON_IsObject(have)) {
+            for (const cJSON *p = q->child; p; p = p->next) {
+                cJSON_DeleteItemFromObjectCaseSensitive(have, p->string);
+                cJSON_AddItemToObject(have, p->string, cJSON_Duplicate(p, 1));
+            }
+        } else if (have && !strcmp(q->string, "required") && cJSON_IsArray(have)) {
+            for (const cJSON *p = q->child; p; p = p->next)
+                if (cJSON_IsString(p) && !is_required(have, p->valuestring))
+                    cJSON_AddItemToArray(have, cJSON_CreateString(p->valuestring));
+        } else {
+            cJSON_DeleteItemFromObjectCaseSensitive(m, q->string);
+            cJSON_AddItemToObject(m, q->string, cJSON_Duplicate(q, 1));
+        }
+    }
+    return m;
+}
+
 /* allOf: one schema, or objects merged (properties, required). */
 static const cJSON *merge_all_of(sconv *c, const cJSON *s, const cJSON *all) {
     if (!cJSON_IsArray(all) || !cJSON_GetArraySize(all)) return sfail(c, "'allOf' must be a non-empty array"), NULL;
@@ -1151,7 +1185,8 @@ static int gen(sconv *c, const cJSON *s, loom_buf *e) {
         for (const cJSON *v = k->child; v && !rc; v = v->next, i++) {
             if (v != k->child) loom_buf_puts(&body, " | ");
             size_t mark = at_push_i(c, k->string, i);
-            rc = gen(c, v, &body);
+            const cJSON *b = annotations_only(s, k->string) ? v : with_siblings(c, s, k->string, v);
+            rc = b ? gen(c, b, &body) : -1;
             c->at_len = mark;
         }
     } else if ((k = cJSON_GetObjectItemCaseSensitive(s, "allOf"))) {
