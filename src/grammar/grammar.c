@@ -901,7 +901,7 @@ static int32_t intern_state(loom_grammar *g, int done) {
     st->n = w;
     st->done = done;
     st->uni = -2;
-    memcpy(g->st_nodes + st->off, sc->v, sizeof *sc->v * (size_t)w);
+    if (w) memcpy(g->st_nodes + st->off, sc->v, sizeof *sc->v * (size_t)w); /* the done-only state has none */
     g->n_st_nodes += (uint32_t)w;
     for (int i = 0; i < w; i++) {
         const uint8_t *set = g->sets[g->el[g->nodes[sc->v[i]].pos]];
@@ -977,14 +977,14 @@ static loom_status finish(builder *b, const loom_gvocab *vocab, loom_grammar **o
         grammar_free(g);
         return bfail(b, "out of memory"), LOOM_ERR_NOMEM;
     }
-    memcpy(g->sets, b->sets, sizeof *g->sets * (size_t)b->n_sets);
+    if (b->n_sets) memcpy(g->sets, b->sets, sizeof *g->sets * (size_t)b->n_sets);
     g->n_sets = b->n_sets;
     int ka = 0, ke = 0;
     for (int r = 0; r < b->n_rules; r++) {
         g->alt_off[r] = ka;
         for (int a = 0; a < b->rules[r].n_alts; a++) {
             g->alts[ka++] = ke;
-            memcpy(g->el + ke, b->rules[r].alts[a].v, sizeof *g->el * (size_t)b->rules[r].alts[a].n);
+            if (b->rules[r].alts[a].n) memcpy(g->el + ke, b->rules[r].alts[a].v, sizeof *g->el * (size_t)b->rules[r].alts[a].n);
             ke += b->rules[r].alts[a].n;
             g->el[ke++] = EL_END;
         }
