@@ -2,7 +2,8 @@
  * matcher on a real vocabulary (default: qwen3's 151k tokens, unpacked by
  * tests/run.sh under build/fixtures).
  *
- *   bench_grammar [TOKENIZER_DIR] [--reps R]
+ *   bench_grammar [TOKENIZER_DIR] [--reps R] [--slow US]
+ *   bench_grammar --engine MODEL_DIR
  *
  * For each schema a valid document is tokenized with the tokenizer; before
  * anything is timed the document must be in the schema's language and
@@ -15,7 +16,8 @@
  * mask (each token's bytes fed to a copy of the matcher), on the first 16
  * steps only. Compile is the median of R compiles of the schema's text.
  * --slow US prints every mask slower than US microseconds (which step, how
- * many tokens it allowed). */
+ * many tokens it allowed). --engine: a batch of 16 through the engine
+ * under a grammar against the same batch free (engine_mode). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +25,7 @@
 #include <time.h>
 
 #include "grammar/grammar.h"
+#include "loom.h"
 #include "tokenize/tokenizer.h"
 
 static double now_us(void) {
@@ -103,14 +106,103 @@ static double brute_mask_us(loom_grammar *g, const loom_gmatcher *at, int V) {
     return now_us() - t0 + allowed * 0.0;
 }
 
+static double now_s(void) { return now_us() * 1e-6; }
+
+/* 16 sequences decoding G tokens each, with or without grammar g; the
+ * aggregate tokens/s from every first token to the last. */
+static double batch_tok_s(loom_engine *e, loom_grammar *g, int n_seqs, int gen, int vocab) {
+    loom_request *r[64];
+    int32_t prompt[16];
+    for (int i = 0; i < n_seqs; i++) {
+        for (int k = 0; k < 16; k++) prompt[k] = 1 + (int32_t)((i * 7919u + (unsigned)k * 104729u) % (unsigned)(vocab - 1));
+        loom_request_params rp = loom_request_default_params();
+        rp.prompt = prompt;
+        rp.n_prompt = 16;
+        rp.max_tokens = gen;
+        rp.ignore_eos = 1;
+        rp.sampling.temperature = 0.8f;
+        rp.sampling.seed = (uint64_t)i + 1;
+        rp.grammar = g;
+        if (loom_engine_submit(e, &rp, &r[i]) != LOOM_OK) return -1;
+    }
+    int total = 0;
+    for (int i = 0; i < n_seqs; i++) {
+        loom_event ev;
+        if (loom_request_next(r[i], &ev, -1) != LOOM_OK) return -1;
+    }
+    double t0 = now_s();
+    for (int i = 0; i < n_seqs; i++) {
+        for (;;) {
+            loom_event ev;
+            if (loom_request_next(r[i], &ev, -1) != LOOM_OK) return -1;
+            if (ev.finish) break;
+            total++;
+        }
+        loom_request_free(r[i]);
+    }
+    return total / (now_s() - t0);
+}
+
+/* --engine MODEL: decode throughput of a batch of 16 under a JSON-lines
+ * grammar (objects of the weather schema, one per line, without end, so
+ * every sequence decodes all its tokens) against the same batch free. */
+static int engine_mode(const char *model_dir, int reps) {
+    loom_model_params mp = loom_model_default_params();
+    loom_model *m;
+    if (loom_model_load(model_dir, &mp, &m)) return fprintf(stderr, "bench_grammar: %s\n", loom_last_error()), 1;
+    loom_tok *t;
+    if (loom_tok_load_dir(model_dir, &t)) return fprintf(stderr, "bench_grammar: %s\n", loom_last_error()), 1;
+    int V = loom_model_vocab_size(m);
+    loom_gvocab *v;
+    if (loom_gvocab_from_tok(t, V, &v)) return fprintf(stderr, "bench_grammar: %s\n", loom_last_error()), 1;
+    char err[256];
+    char *item = loom_grammar_schema_to_gbnf(CASES[0].schema, err, sizeof err);
+    char *root = item ? strstr(item, "\nroot ::= ") : NULL;
+    if (!root) return fprintf(stderr, "bench_grammar: %s\n", err), 1;
+    memcpy(root + 1, "item", 4); /* "root ::= X" becomes "item ::= X" */
+    size_t n = strlen(item);
+    char *text = malloc(n + 64);
+    snprintf(text, n + 64, "%sroot ::= (item \"\\n\")+\n", item);
+    loom_grammar *g;
+    if (loom_grammar_from_gbnf(text, v, &g, err, sizeof err)) return fprintf(stderr, "bench_grammar: %s\n", err), 1;
+    loom_engine_params ep = loom_engine_default_params();
+    ep.max_seqs = 16;
+    ep.prefix_cache = 0;
+    loom_engine *e;
+    if (loom_engine_create(m, &ep, &e)) return fprintf(stderr, "bench_grammar: %s\n", loom_last_error()), 1;
+    const int gen = 128;
+    double fr[16], co[16];
+    for (int r = 0; r < reps && r < 16; r++) {
+        fr[r] = batch_tok_s(e, NULL, 16, gen, V);
+        co[r] = batch_tok_s(e, g, 16, gen, V);
+        if (fr[r] <= 0 || co[r] <= 0) return fprintf(stderr, "bench_grammar: decode failed\n"), 1;
+    }
+    int k = reps < 16 ? reps : 16;
+    double f = pct(fr, k, 0.5), c = pct(co, k, 0.5);
+    printf("engine: %s (vocabulary %d), 16 sequences x %d tokens, median of %d\n", model_dir, V, gen, k);
+    printf("| batch of 16 | decode tok/s |\n|---|---:|\n| unconstrained | %.1f |\n| JSON-lines grammar | %.1f |\n",
+           f, c);
+    printf("constrained / unconstrained: %.3f (target >= 0.90); %d grammar states\n", c / f, loom_grammar_n_states(g));
+    loom_engine_free(e);
+    loom_grammar_release(g);
+    free(text), free(item);
+    loom_gvocab_free(v);
+    loom_tok_free(t);
+    loom_model_free(m);
+    return c / f >= 0.90 ? 0 : 2;
+}
+
 int main(int argc, char **argv) {
-    const char *dir = "build/fixtures/tokenizers/qwen3";
-    int reps = 20;
+    const char *dir = "build/fixtures/tokenizers/qwen3", *engine = NULL;
+    int reps = -1;
     for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--engine") && i + 1 < argc) engine = argv[++i];
         if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--slow") && i + 1 < argc) slow_us = atof(argv[++i]);
         else dir = argv[i];
     }
+    if (engine) return engine_mode(engine, reps > 0 ? reps : 5);
+    if (reps <= 0) reps = 20;
     loom_tok *t;
     if (loom_tok_load_dir(dir, &t)) {
         fprintf(stderr, "bench_grammar: %s: %s (run make test once to unpack the fixtures)\n", dir, loom_last_error());
