@@ -377,9 +377,9 @@ test('a schema error names the keyword and its JSON pointer', async () => {
   const e = await expectError(client.chat.completions.create({
     model, messages: user('x'),
     response_format: { type: 'json_schema', json_schema: { name: 'x', schema:
-      { type: 'object', properties: { ids: { type: 'array', uniqueItems: true } } } } },
+      { type: 'object', properties: { ids: { type: 'array', contains: { type: 'integer' } } } } } },
   }), OpenAI.BadRequestError, 400, 'response_format');
-  assert.match(e.message, /'uniqueItems' is not supported \(at #\/properties\/ids\/uniqueItems\)/);
+  assert.match(e.message, /'contains' is not supported \(at #\/properties\/ids\/contains\)/);
 });
 
 // tool_choice "required" and a named function force a call whose arguments
