@@ -157,6 +157,7 @@ test: tests
 FUZZ_CC  ?= clang
 FUZZ_SRC := src/base/base.c src/load/safetensors.c src/serve/api.c src/serve/media.c src/serve/toolcall.c \
             src/serve/api_messages.c src/serve/api_responses.c \
+            src/grammar/grammar.c src/grammar/schema.c \
             src/stream/textstream.c src/vision/image.c src/vision/imgproc.c \
             $(sort $(wildcard src/tokenize/*.c)) $(sort $(wildcard src/template/*.c))
 .PHONY: fuzz

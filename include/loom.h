@@ -331,6 +331,15 @@ typedef struct loom_request_params {
                                an engine with model_dir of a vision-language
                                model. NULL = none */
     int n_images;
+    struct loom_grammar *grammar; /* constrained output (src/grammar/grammar.h:
+                               compiled from a JSON Schema, GBNF or a regex over
+                               the model's vocabulary), or NULL. The engine takes
+                               its own reference at submit; the caller releases
+                               its own. Only tokens that keep the output a prefix
+                               of the grammar's language are drawn (greedy or
+                               sampled); end-of-sequence and stop ids only once
+                               the output is a whole sentence, and the request
+                               stops (finish STOP) when nothing more can follow. */
 } loom_request_params;
 
 typedef enum loom_finish {

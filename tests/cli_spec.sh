@@ -33,6 +33,15 @@ ok "generate with a draft model and with prompt lookup prints plain decoding's t
 [ $? -eq 1 ] && grep -q 'draft model' "$TMPD/e" || fail "a missing draft model: $(cat "$TMPD/e")"
 ok "usage errors"
 
+# a grammar's rows decode plainly beside speculation: the plain output
+printf '%s' '{"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"string","maxLength":5}},"required":["a","b"]}' >"$TMPD/s.json"
+g0=$("$LOOM_BIN" generate --model "$MODEL" --prompt 'x = ' --json-schema "$TMPD/s.json" --max-tokens 40 --temperature 0 2>/dev/null) ||
+  fail "--json-schema"
+g1=$("$LOOM_BIN" generate --model "$MODEL" --prompt 'x = ' --json-schema "$TMPD/s.json" --max-tokens 40 --temperature 0 \
+  --speculative ngram 2>/dev/null) || fail "--json-schema with --speculative ngram"
+[ "$g0" = "$g1" ] || fail "under a schema, speculation changed the output: $g1 vs $g0"
+ok "a schema with speculation: the plain output"
+
 body='{"prompt": "def parse_args(argv):\n    parser = argparse.ArgumentParser()\n", "max_tokens": 80, "temperature": 0}'
 stop_body='{"prompt": "def parse_args(argv):\n    parser = argparse.ArgumentParser()\n", "max_tokens": 80, "temperature": 0, "stop": ["help="]}'
 start_server plain

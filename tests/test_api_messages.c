@@ -351,7 +351,7 @@ static void test_responses_translate(void) {
     CHECK_EQ_INT(r.max_tokens, 9);
     CHECK(fabsf(r.sampling.top_p - 0.5f) < 1e-6f);
     CHECK_STR(r.tool_choice, "g");
-    CHECK(r.json_object);
+    CHECK(r.grammar == API_GRAMMAR_JSON_SCHEMA && r.grammar_src && strstr(r.grammar_src, "\"object\""));
     char *m = messages_of(&r);
     /* instructions first, then the earlier conversation, then the input;
      * consecutive calls are one assistant turn */

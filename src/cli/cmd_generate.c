@@ -6,6 +6,7 @@
 #include "base/base.h"
 #include "cli/cli.h"
 #include "engine/context.h"
+#include "grammar/grammar.h"
 #include "sample/sample.h"
 #include "stream/textstream.h"
 #include "template/chat.h"
@@ -35,6 +36,9 @@ static const char usage[] =
     "  --seed S           random seed (default 1)\n"
     "  --ignore-eos       do not stop at end-of-sequence ids\n"
     "  --ids              print the generated ids as a JSON array\n"
+    "  --json-schema FILE the output is JSON valid for the JSON Schema in FILE\n"
+    "  --grammar FILE     the output matches the GBNF grammar in FILE (root rule: root)\n"
+    "  --regex RE         the output matches the regex RE\n"
     "  --ctx-size N       context length (default: prompt + max tokens)\n"
     "  --kv-type T        KV cache type: f32 (default), f16, bf16, q8, q4\n"
     "  --kv-config FILE   per-layer KV bits (see loom serve --help; default: the\n"
@@ -123,6 +127,27 @@ static void report(gen_out *g, const char *prompt_text, int json_ids, int n_prom
             n_out > 1 ? (n_out - 1) / (t2 - t1 + 1e-12) : 0.0);
 }
 
+/* Evaluates tokens and picks the next id; with a grammar (gm) only among
+ * the tokens it allows, EOS once the output is whole; *id -1 when nothing
+ * is allowed. */
+static loom_status next_token(loom_context *c, const int32_t *tokens, int n, loom_sampler *smp, float *logits,
+                              loom_gmatcher *gm, uint32_t *bits, const int32_t *eos, int n_eos, int32_t *id) {
+    if (!gm) return loom_context_eval_next(c, tokens, n, smp, logits, id);
+    loom_status s = loom_context_eval(c, tokens, n, 0, logits);
+    if (s) return s;
+    float keep[16];
+    for (int k = 0; k < n_eos; k++) keep[k] = logits[eos[k]];
+    int allowed = loom_gmatcher_mask_logits(gm, bits, logits, smp->vocab);
+    if (loom_gmatcher_done(gm))
+        for (int k = 0; k < n_eos; k++) logits[eos[k]] = keep[k], allowed++;
+    *id = -1;
+    if (!allowed) return LOOM_OK;
+    loom_sample_result r;
+    loom_sampler_pick(smp, logits, -1, &r);
+    *id = r.id;
+    return LOOM_OK;
+}
+
 int cmd_generate(int argc, char **argv) {
     const char *model = NULL, *tokens = NULL, *prompt_text = NULL;
     const char *stops[16];
@@ -135,6 +160,8 @@ int cmd_generate(int argc, char **argv) {
     loom_engine_params ep = loom_engine_default_params();
     const char *draft_dir = NULL;
     loom_model *draft = NULL;
+    const char *gsrc = NULL; /* --json-schema / --grammar file, or --regex */
+    char gkind = 0;          /* 'j', 'g', 'r' */
     loom_sampling sp = loom_sampling_default();
     sp.temperature = 0.8f;
     sp.top_k = 40;
@@ -152,7 +179,8 @@ int cmd_generate(int argc, char **argv) {
         static const char *valued[] = {"--model", "--tokens", "--max-tokens", "--temperature",
                                        "--top-k", "--top-p", "--min-p", "--seed", "--ctx-size",
                                        "--threads", "--prompt", "--stop", "--repeat-penalty",
-                                       "--kv-type", "--kv-config", "--image", CLI_SPEC_FLAGS};
+                                       "--kv-type", "--kv-config", "--image", "--json-schema", "--grammar",
+                                       "--regex", CLI_SPEC_FLAGS};
         int known = 0;
         for (size_t k = 0; k < LOOM_ARRAY_LEN(valued); k++) known |= !strcmp(a, valued[k]);
         if (!known) return cli_usage_error("generate", "unknown option \"%s\"", a);
@@ -181,6 +209,10 @@ int cmd_generate(int argc, char **argv) {
                 return cli_usage_error("generate", "at most %d --image", CLI_MAX_IMAGES);
             images[n_images++] = v;
         }
+        else if (!strcmp(a, "--json-schema") || !strcmp(a, "--grammar") || !strcmp(a, "--regex")) {
+            if (gkind) return cli_usage_error("generate", "give one of --json-schema, --grammar and --regex");
+            gkind = a[2], gsrc = v;
+        }
         else bad = cli_int("generate", a, v, 0, 4096, &threads);
         if (bad) return 2;
     }
@@ -202,6 +234,11 @@ int cmd_generate(int argc, char **argv) {
     loom_sampler smp = {0};
     float *logits = NULL;
     cli_vision cv = {0};
+    loom_gvocab *gv = NULL;
+    loom_grammar *gram = NULL;
+    loom_gmatcher gm = {0};
+    uint32_t *gbits = NULL;
+    char *gtext = NULL;
     int32_t *out = malloc(sizeof *out * (size_t)(max_tokens + 1));
     loom_model_params mp = loom_model_default_params();
     mp.n_threads = threads;
@@ -211,7 +248,7 @@ int cmd_generate(int argc, char **argv) {
     if (s != LOOM_OK) { rc = cli_fail("loading model", s); goto done; }
     loom_sampling gen;
     loom_sampling_apply(&sp, &gen, loom_model_sampling_defaults(m, &gen) & ~sp_set);
-    if (prompt_text || n_stops) {
+    if (prompt_text || n_stops || gkind) {
         if ((s = loom_tok_load_dir(model, &tok))) { rc = cli_fail("loading tokenizer", s); goto done; }
         if ((s = loom_ts_create(tok, stops, n_stops, 1, &ts))) { rc = cli_fail("stop strings", s); goto done; }
     }
@@ -250,7 +287,29 @@ int cmd_generate(int argc, char **argv) {
         fprintf(stderr, "loom: error: out of memory\n");
         goto done;
     }
-    gen_out g = {.ts = ts, .text = prompt_text != NULL, .json_ids = json_ids, .out = out};
+    if (gkind) {
+        char err[512];
+        size_t glen;
+        if (gkind != 'r' && (s = loom_read_file(gsrc, &gtext, &glen))) {
+            rc = cli_fail(gsrc, s);
+            goto done;
+        }
+        if ((s = loom_gvocab_from_tok(tok, V, &gv))) { rc = cli_fail("grammar vocabulary", s); goto done; }
+        s = gkind == 'j' ? loom_grammar_from_schema(gtext, gv, &gram, err, sizeof err)
+          : gkind == 'g' ? loom_grammar_from_gbnf(gtext, gv, &gram, err, sizeof err)
+                         : loom_grammar_from_regex(gsrc, gv, &gram, err, sizeof err);
+        if (s) {
+            fprintf(stderr, "loom: error: %s: %s\n", gkind == 'r' ? "--regex" : gsrc, err);
+            rc = 2;
+            goto done;
+        }
+        loom_gmatcher_init(&gm, gram);
+        if (!(gbits = malloc(sizeof *gbits * (size_t)((loom_gvocab_size(gv) + 31) / 32)))) {
+            fprintf(stderr, "loom: error: out of memory\n");
+            goto done;
+        }
+    }
+    gen_out go = {.ts = ts, .text = prompt_text != NULL, .json_ids = json_ids, .out = out};
     if (ep.speculative) {
         if (draft_dir && (s = cli_load_draft(draft_dir, &draft))) { rc = cli_fail("loading the draft model", s); goto done; }
         ep.draft_model = draft;
@@ -269,9 +328,10 @@ int cmd_generate(int argc, char **argv) {
         rp.stop_ids = turn_end;
         rp.n_stop_ids = ignore_eos ? 0 : n_turn_end;
         rp.logprobs = -1;
+        rp.grammar = gram; /* the engine masks each pick by it */
         double t0 = loom_now(), t1 = t0;
-        if ((s = gen_engine(m, &ep, &rp, &g, &t1))) { rc = cli_fail("speculative decoding", s); goto done; }
-        report(&g, prompt_text, json_ids, n_prompt, t0, t1, loom_now());
+        if ((s = gen_engine(m, &ep, &rp, &go, &t1))) { rc = cli_fail("speculative decoding", s); goto done; }
+        report(&go, prompt_text, json_ids, n_prompt, t0, t1, loom_now());
         rc = 0;
         goto done;
     }
@@ -286,23 +346,34 @@ int cmd_generate(int argc, char **argv) {
     }
     if (n_images) loom_context_prepare(c, &cv.p.in);
     /* with no token to make, the prompt still runs (its timing is reported) */
-    s = max_tokens > 0 ? loom_context_eval_next(c, prompt, n_prompt, &smp, logits, &id)
+    s = max_tokens > 0 ? next_token(c, prompt, n_prompt, &smp, logits, gram ? &gm : NULL, gbits, eos, n_eos, &id)
                        : loom_context_eval(c, prompt, n_prompt, 0, NULL);
     if (s) { rc = cli_fail("prompt", s); goto done; }
     double t1 = loom_now();
-    while (g.n_out < max_tokens) {
+    while (go.n_out < max_tokens && id >= 0) {
         loom_sampler_accept(&smp, id, 1);
-        int stop = emit(&g, id);
+        int stop = emit(&go, id);
         for (int k = 0; k < n_eos; k++) stop |= eos[k] == id;
         for (int k = 0; k < n_turn_end && !ignore_eos; k++) stop |= turn_end[k] == id;
-        if (stop || g.n_out == max_tokens) break;
-        if ((s = loom_context_eval_next(c, &id, 1, &smp, logits, &id))) { rc = cli_fail("decode", s); goto done; }
+        if (stop || go.n_out == max_tokens) break;
+        if (gram && id >= 0 && loom_gmatcher_accept_token(&gm, id) == 0 && loom_gmatcher_done(&gm) &&
+            !loom_gmatcher_can_continue(&gm))
+            break; /* the grammar is whole and nothing can follow */
+        if ((s = next_token(c, &id, 1, &smp, logits, gram ? &gm : NULL, gbits, eos, n_eos, &id))) {
+            rc = cli_fail("decode", s);
+            goto done;
+        }
+        if (id < 0) break; /* nothing the grammar allows */
     }
-    report(&g, prompt_text, json_ids, n_prompt, t0, t1, loom_now());
+    report(&go, prompt_text, json_ids, n_prompt, t0, t1, loom_now());
     rc = 0;
 done:
     cli_vision_free(&cv);
     loom_ts_free(ts);
+    loom_grammar_release(gram);
+    loom_gvocab_free(gv);
+    free(gbits);
+    free(gtext);
     loom_tok_free(tok);
     loom_sampler_free(&smp);
     free(logits);

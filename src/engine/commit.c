@@ -156,6 +156,24 @@ static int is_stop(const loom_sched *s, const loom_request *r, int32_t id) {
 static int emit_token(loom_sched *s, const step_plan *p, int row, const loom_sample_result *res,
                       const step_work *w, double te, double tc);
 
+/* Masks logits [vocab] to the tokens the request's grammar allows next:
+ * text tokens that keep the output a prefix of its language, and the end
+ * (EOS, stop ids) only when the output is a whole sentence. Returns the
+ * number of tokens left. */
+static int grammar_mask(const loom_sched *s, loom_request *r, float *logits) {
+    int done = loom_gmatcher_done(&r->gm) && !r->ignore_eos;
+    float keep_eos[8], keep_stop[16];
+    int n_eos = LOOM_MIN(s->n_eos, 8), n_stop = LOOM_MIN(r->n_stop, 16);
+    for (int i = 0; i < n_eos; i++) keep_eos[i] = logits[s->eos[i]];
+    for (int i = 0; i < n_stop; i++) keep_stop[i] = logits[r->stop_ids[i]];
+    int n = loom_gmatcher_mask_logits(&r->gm, r->gmask, logits, s->vocab);
+    if (done) {
+        for (int i = 0; i < n_eos; i++) logits[s->eos[i]] = keep_eos[i], n++;
+        for (int i = 0; i < n_stop; i++) logits[r->stop_ids[i]] = keep_stop[i], n++;
+    }
+    return n;
+}
+
 /* Samples from row `row`'s logits (or takes pick >= 0, the forward's
  * token); emits the token or finishes the request. Returns whether it
  * keeps running. */
@@ -169,6 +187,11 @@ static int complete_row(loom_sched *s, const step_plan *p, int row, float *logit
     int traced = r->trace && p->rows[row].kind != SCHED_DECODE;
     double te = traced ? loom_now() : 0;
     loom_sample_result res;
+    if (r->grammar && !grammar_mask(s, r, logits)) {
+        /* nothing can follow (the output ends here or cannot go on) */
+        loom_sched_finish(s, r, LOOM_FINISH_STOP, LOOM_OK, NULL);
+        return 0;
+    }
     if (pick >= 0) res = (loom_sample_result){.id = pick};
     else loom_sampler_pick(&r->sampler, logits, r->logprobs, &res);
     double tc = traced ? loom_now() : 0;
@@ -193,6 +216,11 @@ static int emit_token(loom_sched *s, const step_plan *p, int row, const loom_sam
     memcpy(ev.top_logprobs, res->top_logprobs, sizeof ev.top_logprobs);
     loom_rq_push(r, &ev);
     int stop = is_stop(s, r, res->id);
+    /* the grammar moves on text tokens; once whole with nothing more to
+     * come, the output ends here rather than one step later at an EOS */
+    if (r->grammar && !stop && !loom_gmatcher_accept_token(&r->gm, res->id) && loom_gmatcher_done(&r->gm) &&
+        !loom_gmatcher_can_continue(&r->gm))
+        stop = 1;
     if (traced) {
         int n = p->rows[row].n;
         double t = loom_now();

@@ -55,7 +55,7 @@ loom_request_params loom_request_default_params(void) {
 static void mark_pick(loom_engine *e, loom_request *r, int i, int wants) {
     e->picks[i] = -2;
     e->samp[i] = (loom_sample_pick){0};
-    if (wants && r->logprobs < 0 && loom_exec_pick_for(e->exec, &r->sampler, &e->samp[i]))
+    if (wants && r->logprobs < 0 && !r->grammar && loom_exec_pick_for(e->exec, &r->sampler, &e->samp[i]))
         e->picks[i] = -1;
 }
 
@@ -586,6 +586,9 @@ loom_status loom_engine_submit(loom_engine *e, const loom_request_params *p, loo
     if (p->pooling && p->prompt_logprobs >= 0)
         return loom_err(LOOM_ERR_INVALID_ARG, "request: an embedding request has no prompt logprobs");
     int embed = p->pooling != LOOM_POOLING_NONE;
+    if (p->grammar && (!loom_grammar_vocab(p->grammar) || loom_gvocab_size(loom_grammar_vocab(p->grammar)) < V))
+        return loom_err(LOOM_ERR_INVALID_ARG, "request: the grammar was compiled without this model's vocabulary "
+                        "(%d tokens)", V);
     for (int i = 0; i < p->n_prompt; i++)
         if (p->prompt[i] < 0 || p->prompt[i] >= V)
             return loom_err(LOOM_ERR_RANGE,
@@ -637,7 +640,13 @@ loom_status loom_engine_submit(loom_engine *e, const loom_request_params *p, loo
     pthread_cond_init(&r->cv, NULL);
     atomic_init(&r->refs, 1);
     atomic_init(&r->abort, 0);
-    loom_status s = !r->tokens || !r->stop_ids || (embed && (!r->pool_sum || !r->embed))
+    if (p->grammar) {
+        r->grammar = loom_grammar_retain(p->grammar);
+        loom_gmatcher_init(&r->gm, r->grammar);
+        r->gmask = malloc(sizeof *r->gmask * (size_t)((loom_gvocab_size(loom_grammar_vocab(p->grammar)) + 31) / 32));
+    }
+    loom_status s = !r->tokens || !r->stop_ids || (embed && (!r->pool_sum || !r->embed)) ||
+                            (p->grammar && !r->gmask)
                         ? loom_err(LOOM_ERR_NOMEM, "out of memory")
                         : LOOM_OK;
     if (!s && p->n_images) s = copy_images(e, p, r);
@@ -663,9 +672,11 @@ loom_status loom_engine_submit(loom_engine *e, const loom_request_params *p, loo
     if (p->n_stop_ids) memcpy(r->stop_ids, p->stop_ids, sizeof *r->stop_ids * (size_t)p->n_stop_ids);
     r->n_tokens = p->n_prompt;
     for (int i = 0; i < p->n_prompt; i++) loom_sampler_accept(&r->sampler, p->prompt[i], 0);
-    /* XTC's cut is a draw of its own, which verification cannot replay */
-    r->spec_k = p->sampling.xtc_probability > 0 ? 0 : e->s.spec_k;
-    if (p->sampling.xtc_probability > 0) r->spec_idle = INT32_MIN; /* never probes again */
+    /* XTC's cut is a draw of its own, which verification cannot replay, and
+     * verification does not apply a grammar's mask: such rows decode plainly */
+    int no_spec = p->sampling.xtc_probability > 0 || p->grammar;
+    r->spec_k = no_spec ? 0 : e->s.spec_k;
+    if (no_spec) r->spec_idle = INT32_MIN; /* never probes again */
     /* State snapshots (linear-attention models): at the caller's boundary
      * and at the prompt's last full block, both rounded down to blocks,
      * when at least 256 tokens in and short of the prompt's end. */

@@ -158,6 +158,8 @@ void loom_rq_release(loom_request *r) {
     free(r->stop_ids);
     free(r->pool_sum);
     free(r->embed);
+    free(r->gmask);
+    loom_grammar_release(r->grammar);
     free(r->spans);
     free(r->events);
     free(r->seq.blocks);

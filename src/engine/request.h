@@ -14,6 +14,7 @@
 #include <stdio.h>
 
 #include "engine/kv.h"
+#include "grammar/grammar.h"
 #include "sample/sample.h"
 
 typedef enum rq_state {
@@ -64,12 +65,15 @@ struct loom_request {
                                   placeholders holding its hash (negative, so
                                   never a token id); owned [cap] with images,
                                   else == tokens */
+    loom_grammar *grammar;     /* a reference, or NULL: constrained output */
 
     /* engine thread */
     int32_t *tokens;           /* owned [cap]: prompt then generated */
     int n_tokens, cap;
     int n_generated;
     loom_sampler sampler;
+    loom_gmatcher gm;          /* the output so far against grammar */
+    uint32_t *gmask;           /* owned [(vocab + 31) / 32] allowed tokens, with grammar */
     rq_state state;
     loom_kv_seq seq;           /* KV holds tokens [0, seq.n_tokens) */
     int plan_end;              /* planned prefill chunk end; 0 = none */

@@ -403,6 +403,66 @@ static int parse_sampling(api_req *r, int vocab, api_error *err) {
     return 0;
 }
 
+/* ---- constrained output ------------------------------------------------- */
+
+static int set_grammar(api_req *r, api_grammar g, const char *param, char *src, api_error *err) {
+    if (r->grammar) {
+        free(src);
+        return api_fail(err, 400, param, "'%s' and '%s' both constrain the output: give one", r->grammar_param, param);
+    }
+    if (g != API_GRAMMAR_JSON_OBJECT && !src) return api_fail(err, 500, NULL, "out of memory");
+    r->grammar = g;
+    r->grammar_src = src;
+    r->grammar_param = param;
+    return 0;
+}
+
+/* response_format (OpenAI), grammar (GBNF, as llama.cpp's server), regex,
+ * and vLLM's guided_json / guided_regex / guided_grammar. */
+static int parse_grammar(api_req *r, api_error *err) {
+    const cJSON *rf = field(r, "response_format");
+    if (rf && !cJSON_IsNull(rf)) {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(rf, "type");
+        if (!cJSON_IsObject(rf) || !cJSON_IsString(t) ||
+            (strcmp(t->valuestring, "text") && strcmp(t->valuestring, "json_object") && strcmp(t->valuestring, "json_schema")))
+            return api_fail(err, 400, "response_format", "'response_format.type' must be text, json_object or json_schema");
+        if (!strcmp(t->valuestring, "json_object") && set_grammar(r, API_GRAMMAR_JSON_OBJECT, "response_format", NULL, err))
+            return -1;
+        if (!strcmp(t->valuestring, "json_schema")) {
+            const cJSON *js = cJSON_GetObjectItemCaseSensitive(rf, "json_schema");
+            const cJSON *sc = cJSON_GetObjectItemCaseSensitive(js, "schema");
+            const cJSON *strict = cJSON_GetObjectItemCaseSensitive(js, "strict");
+            if (!cJSON_IsObject(js))
+                return api_fail(err, 400, "response_format", "'response_format.json_schema' must be an object");
+            if (strict && !cJSON_IsBool(strict) && !cJSON_IsNull(strict))
+                return api_fail(err, 400, "response_format", "'response_format.json_schema.strict' must be a boolean");
+            if (sc && !cJSON_IsObject(sc) && !cJSON_IsBool(sc))
+                return api_fail(err, 400, "response_format", "'response_format.json_schema.schema' must be an object");
+            /* no schema: any JSON object, as OpenAI's json_object */
+            if (set_grammar(r, sc ? API_GRAMMAR_JSON_SCHEMA : API_GRAMMAR_JSON_OBJECT, "response_format",
+                            sc ? cJSON_PrintUnformatted(sc) : NULL, err))
+                return -1;
+        }
+    }
+    static const struct {
+        const char *name;
+        api_grammar g;
+    } ext[] = {{"grammar", API_GRAMMAR_GBNF}, {"guided_grammar", API_GRAMMAR_GBNF}, {"regex", API_GRAMMAR_REGEX},
+               {"guided_regex", API_GRAMMAR_REGEX}, {"guided_json", API_GRAMMAR_JSON_SCHEMA}};
+    for (size_t i = 0; i < sizeof ext / sizeof *ext; i++) {
+        const cJSON *v = field(r, ext[i].name);
+        if (!v || cJSON_IsNull(v)) continue;
+        char *src = NULL;
+        if (ext[i].g == API_GRAMMAR_JSON_SCHEMA && (cJSON_IsObject(v) || cJSON_IsString(v)))
+            src = cJSON_IsObject(v) ? cJSON_PrintUnformatted(v) : strdup(v->valuestring);
+        else if (cJSON_IsString(v) && v->valuestring[0]) src = strdup(v->valuestring);
+        else return api_fail(err, 400, ext[i].name, "'%s' must be a non-empty string%s", ext[i].name,
+                             ext[i].g == API_GRAMMAR_JSON_SCHEMA ? " or a schema object" : "");
+        if (set_grammar(r, ext[i].g, ext[i].name, src, err)) return -1;
+    }
+    return 0;
+}
+
 /* ---- body checks ---------------------------------------------------------- */
 
 /* Offset of the first \u0000 escape in a JSON text, or -1. Backslashes
@@ -553,6 +613,7 @@ int api_parse(api_kind kind, const char *body, size_t len, int vocab, api_req *r
     r->previous_response_id = cJSON_IsString(prev) ? prev->valuestring : NULL;
     if (parse_sampling(r, vocab, err) < 0) goto fail;
     if (parse_stop(r, err) < 0) goto fail;
+    if (parse_grammar(r, err) < 0) goto fail;
 
     if (kind == API_CHAT) {
         int lp = 0;
@@ -566,17 +627,6 @@ int api_parse(api_kind kind, const char *body, size_t len, int vocab, api_req *r
         r->logprobs = lp ? top : -1;
         if (get_bool(r, "return_token_ids", &r->return_token_ids, err) < 0) goto fail;
         if (parse_messages(r, err) < 0 || parse_tools(r, err) < 0) goto fail;
-        const cJSON *rf = field(r, "response_format");
-        if (rf) {
-            const cJSON *t = cJSON_GetObjectItemCaseSensitive(rf, "type");
-            if (!cJSON_IsString(t) || (strcmp(t->valuestring, "text") && strcmp(t->valuestring, "json_object") &&
-                                       strcmp(t->valuestring, "json_schema"))) {
-                api_fail(err, 400, "response_format",
-                         "'response_format.type' must be text, json_object or json_schema");
-                goto fail;
-            }
-            r->json_object = strcmp(t->valuestring, "text") != 0;
-        }
         const cJSON *kw = field(r, "chat_template_kwargs");
         if (kw) {
             if (!cJSON_IsObject(kw)) {
@@ -633,5 +683,6 @@ void api_req_free(api_req *r) {
     free(r->kwargs_json);
     free(r->prompt_ids);
     for (int i = 0; i < r->n_images; i++) free(r->image_urls[i]);
+    free(r->grammar_src);
     memset(r, 0, sizeof *r);
 }

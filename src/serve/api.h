@@ -28,6 +28,17 @@ typedef struct api_error {
 
 typedef enum api_kind { API_CHAT, API_COMPLETION } api_kind;
 
+/* What the output must match (response_format and the grammar, regex and
+ * guided_* extensions): one at most, as source text the server compiles
+ * over the model's vocabulary (job.c) into loom_request_params.grammar. */
+typedef enum api_grammar {
+    API_GRAMMAR_NONE = 0,
+    API_GRAMMAR_JSON_OBJECT,    /* response_format {"type": "json_object"} */
+    API_GRAMMAR_JSON_SCHEMA,    /* grammar_src: JSON Schema text */
+    API_GRAMMAR_GBNF,           /* grammar_src: GBNF text */
+    API_GRAMMAR_REGEX,          /* grammar_src: a regex over the whole output */
+} api_grammar;
+
 #define API_MAX_N 16
 #define API_MAX_STOPS 16
 #define API_MAX_IMAGES 16 /* image content parts in one request */
@@ -47,7 +58,9 @@ typedef struct api_req {
     int n_stops;
     int logprobs;               /* -1 none; else top n (chat: top_logprobs) */
     int echo, return_token_ids;
-    int json_object;            /* response_format json_object */
+    api_grammar grammar;        /* constrained output, or API_GRAMMAR_NONE */
+    char *grammar_src;          /* owned: its source text (NULL for json_object) */
+    const char *grammar_param;  /* the field it came from, for errors */
     int ignore_eos;
     int trace;                  /* loom_trace: the engine's spans go in the response */
     /* chat */

@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "base/base.h"
+#include "grammar/grammar.h"
 #include "model/forward.h"
 
 job *job_create(server *s, const api_endpoint *ep, const char *body, size_t len, api_error *err) {
@@ -50,6 +51,7 @@ void job_free(job *j) {
     free(j->prompt_off);
     api_req_free(&j->req);
     cJSON_Delete(j->client);
+    loom_grammar_release(j->grammar);
     atomic_fetch_sub(&j->srv->inflight, 1);
     free(j);
 }
@@ -193,6 +195,75 @@ static int prompt_offsets(job *j, api_error *err) {
     return 0;
 }
 
+/* tool_choice "required" or a named function: the output is one call (a
+ * model left free to add more rarely stops) in the syntax the model writes
+ * calls in (toolcall.h), so the scanner parses it as it would any call; the
+ * output ends with the call. Syntaxes
+ * whose calls are not JSON, or whose markers are special tokens a grammar
+ * over text cannot write, are refused. */
+static int tool_syntax(const server *s, const api_req *r, loom_gtool_syntax *syn, api_error *err) {
+    int named = strcmp(r->tool_choice, "required") != 0;
+    switch (s->tc_syntax) {
+    case LOOM_TC_AUTO:
+    case LOOM_TC_QWEN:
+        if (s->tc_syntax == LOOM_TC_QWEN && loom_toolcall_xml_form(s->chat)) break;
+        *syn = (loom_gtool_syntax){"", "", "<tool_call>\n", "\n</tool_call>", "\n", "arguments", 1};
+        return 0;
+    case LOOM_TC_LLAMA3:
+        *syn = (loom_gtool_syntax){"", "", "", "", NULL, "parameters", 1};
+        return 0;
+    case LOOM_TC_MISTRAL:
+        *syn = (loom_gtool_syntax){"[TOOL_CALLS][", "]", "", "", ", ", "arguments", 1};
+        return 0;
+    default: break;
+    }
+    return api_fail(err, 400, "tool_choice",
+                    "tool_choice '%s' is not supported for this model: its tool calls (%s%s syntax) are not "
+                    "JSON a grammar can force; use \"auto\"",
+                    named ? "function" : "required", loom_toolcall_syntax_name(s->tc_syntax),
+                    s->tc_syntax == LOOM_TC_QWEN ? " with XML arguments" : "");
+}
+
+static int forced_tool(const api_req *r) {
+    return r->kind == API_CHAT && r->tools_json && r->tool_choice && strcmp(r->tool_choice, "auto") &&
+           strcmp(r->tool_choice, "none");
+}
+
+int job_grammar(server *s, const api_req *r, loom_grammar **out, api_error *err) {
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    *out = NULL;
+    int tool = forced_tool(r);
+    if (tool && r->grammar)
+        return api_fail(err, 400, r->grammar_param, "'%s' and tool_choice '%s' both constrain the output: give one",
+                        r->grammar_param, r->tool_choice);
+    if (!r->grammar && !tool) return 0;
+    const char *param = tool ? "tool_choice" : r->grammar_param;
+    loom_gtool_syntax syn;
+    if (tool && tool_syntax(s, r, &syn, err) < 0) return -1;
+    if (!s->tok) return api_fail(err, 400, param, "constrained output needs the model's tokenizer");
+    pthread_mutex_lock(&lock);
+    loom_status st = s->gvocab ? LOOM_OK : loom_gvocab_from_tok(s->tok, s->vocab, &s->gvocab);
+    pthread_mutex_unlock(&lock);
+    if (st) return api_fail(err, 500, NULL, "%s", loom_last_error());
+    char msg[400];
+    if (tool) {
+        const char *only = strcmp(r->tool_choice, "required") ? r->tool_choice : NULL;
+        st = loom_grammar_from_tools(r->tools_json, only, &syn, s->gvocab, out, msg, sizeof msg);
+        if (st == LOOM_ERR_NOMEM) return api_fail(err, 500, NULL, "out of memory");
+        if (st) return api_fail(err, 400, "tools", "tool_choice '%s' cannot be forced: %s", r->tool_choice, msg);
+        return 0;
+    }
+    switch (r->grammar) {
+    case API_GRAMMAR_JSON_OBJECT: st = loom_grammar_json_object(s->gvocab, out, msg, sizeof msg); break;
+    case API_GRAMMAR_JSON_SCHEMA: st = loom_grammar_from_schema(r->grammar_src, s->gvocab, out, msg, sizeof msg); break;
+    case API_GRAMMAR_GBNF: st = loom_grammar_from_gbnf(r->grammar_src, s->gvocab, out, msg, sizeof msg); break;
+    default: st = loom_grammar_from_regex(r->grammar_src, s->gvocab, out, msg, sizeof msg); break;
+    }
+    if (st == LOOM_ERR_NOMEM) return api_fail(err, 500, NULL, "out of memory");
+    if (st) return api_fail(err, 400, r->grammar_param, "'%s' cannot be used: %s", r->grammar_param, msg);
+    return 0;
+}
+
 /* Submits the n choices. */
 static int submit(job *j, api_error *err) {
     server *s = j->srv;
@@ -226,6 +297,8 @@ static int submit(job *j, api_error *err) {
         rp.stop_ids = s->turn_end;
         rp.n_stop_ids = s->n_turn_end;
     }
+    if (job_grammar(s, r, &j->grammar, err) < 0) return -1;
+    rp.grammar = j->grammar; /* each choice's request takes its own reference */
     j->n = r->n;
     for (int i = 0; i < j->n; i++) {
         choice *c = &j->ch[i];

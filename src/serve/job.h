@@ -44,6 +44,8 @@ typedef struct server {
     int32_t turn_end[8];           /* end-of-turn ids chat requests stop at */
     int n_turn_end;
     loom_tc_syntax tc_syntax;      /* how the model writes tool calls */
+    struct loom_gvocab *gvocab;    /* the vocabulary as bytes, for grammars; made
+                                      at the first one (job_grammar) */
     loom_sampling sampling;        /* what a request leaves out (resolve_sampling) */
     loom_imgproc *imgproc;         /* owned image processor, or NULL: no images */
     int image_token;               /* image_token_id (config.json), with imgproc */
@@ -130,6 +132,7 @@ struct job {
     loom_request_image *images; /* owned [n_images]: the chat's images, pixels in px */
     loom_imgproc_out *px;       /* owned [n_images] */
     int n_images;
+    struct loom_grammar *grammar; /* a reference, or NULL (job_grammar) */
     int snapshot_at;            /* conversation boundary, for recurrent-state snapshots */
     char *prompt_text;          /* owned, rendered chat or the completion prompt */
     size_t *prompt_off;         /* owned [n_prompt]: each prompt token's offset in
@@ -168,6 +171,10 @@ void job_free(job *j);
 void job_cancel(job *j);
 /* Names the job, builds the prompt and submits the choices. */
 int job_start(job *j, api_error *err);
+/* Compiles what a request's output must match (api_req.grammar) over the
+ * model's vocabulary into *out (NULL for none); a grammar that does not
+ * compile is a 400 naming the field and what is unsupported. */
+int job_grammar(server *s, const api_req *r, struct loom_grammar **out, api_error *err);
 /* Starts a non-streaming job, runs it to the end and frees it. Returns the
  * response body (or an error body) with *status set; NULL with status 0
  * when the client went away. */

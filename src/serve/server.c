@@ -20,6 +20,7 @@
 #include "base/base.h"
 #include "serve/embed.h"
 #include "serve/http.h"
+#include "grammar/grammar.h"
 #include "serve/job.h"
 #include "model/forward.h"
 
@@ -344,6 +345,7 @@ static void free_server(server *s) {
     job_images_close(s);
     loom_chat_template_free(s->chat);
     loom_tok_free(s->tok);
+    loom_gvocab_free(s->gvocab);
     loom_model_free(s->model);
     pthread_rwlock_destroy(&s->engine_lock);
     metrics_free(&s->metrics);

@@ -816,8 +816,9 @@ static int has_token(const loom_tok *tok, const char *s) {
     return tok && loom_tok_token_to_id(tok, s, strlen(s)) >= 0;
 }
 
-/* How the template renders a call in history is how the model writes one. */
-static loom_tc_syntax from_template(const loom_chat_template *chat) {
+/* The template's rendering of a conversation with one probe call (the
+ * arguments as an object, else as a string); NULL when neither renders. */
+static char *render_probe(const loom_chat_template *chat) {
     static const char tools[] =
         "[{\"type\":\"function\",\"function\":{\"name\":\"loom_probe\",\"description\":\"probe\","
         "\"parameters\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"}}}}}]";
@@ -842,6 +843,22 @@ static loom_tc_syntax from_template(const loom_chat_template *chat) {
             loom_err_clear();
             continue;
         }
+        return out;
+    }
+    return NULL;
+}
+
+int loom_toolcall_xml_form(const loom_chat_template *chat) {
+    char *out = chat ? render_probe(chat) : NULL;
+    int xml = out && strstr(out, "<function=loom_probe>");
+    free(out);
+    return xml;
+}
+
+/* How the template renders a call in history is how the model writes one. */
+static loom_tc_syntax from_template(const loom_chat_template *chat) {
+    char *out = render_probe(chat);
+    if (out) {
         loom_tc_syntax s = LOOM_TC_AUTO;
         if (strstr(out, "to=functions.loom_probe")) s = LOOM_TC_HARMONY;
         else if (strstr(out, "<|tool_call>call:loom_probe")) s = LOOM_TC_GEMMA4;

@@ -73,6 +73,9 @@ typedef struct loom_toolscan {
  * (or a match), the vocabulary's marker tokens decide. Either may be NULL. */
 loom_tc_syntax loom_toolcall_detect(const loom_chat_template *chat, const loom_tok *tok);
 const char *loom_toolcall_syntax_name(loom_tc_syntax syntax);
+/* 1 when the template writes calls as <function=NAME><parameter=K>V
+ * (Qwen3-Coder) rather than as JSON. Renders the template: not per token. */
+int loom_toolcall_xml_form(const loom_chat_template *chat);
 /* The special ids of the syntax's markers, which the text stream must keep
  * (decode skips special tokens): in out[0..cap), returns the count. tools:
  * whether the request has tools (the channel markers are kept regardless). */

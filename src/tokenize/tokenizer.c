@@ -282,6 +282,39 @@ int loom_tok_is_special(const loom_tok *t, int32_t id) {
     return loom_tok_is_added(t, id) && t->added[t->added_of_id[id]].special;
 }
 
+static int has_bytelevel(const tk_dec *d) {
+    if (!d) return 0;
+    if (d->type == TK_DEC_BYTELEVEL) return 1;
+    for (int i = 0; d->type == TK_DEC_SEQUENCE && i < d->n_sub; i++)
+        if (has_bytelevel(&d->sub[i])) return 1;
+    return 0;
+}
+
+int loom_tok_token_bytes(const loom_tok *t, int32_t id, char *out, size_t cap) {
+    size_t n;
+    const char *s = loom_tok_id_to_token(t, id, &n);
+    if (!s || loom_tok_is_special(t, id)) return -1;
+    tk_buf b = {0};
+    int bad = 0;
+    if (loom_tok_is_added(t, id)) bad = tk_buf_put(&b, s, n);
+    else if (has_bytelevel(t->dec)) bad = tk_bytelevel_bytes(s, n, &b);
+    else if (n == 6 && !memcmp(s, "<0x", 3) && s[5] == '>') {
+        unsigned v;
+        bad = sscanf(s + 3, "%2x", &v) != 1 || tk_buf_putc(&b, (int)v);
+    } else {
+        for (size_t k = 0; k < n && !bad; k++) {
+            if (k + 3 <= n && !memcmp(s + k, "\xe2\x96\x81", 3)) {
+                bad = tk_buf_putc(&b, ' ');
+                k += 2;
+            } else bad = tk_buf_putc(&b, s[k]);
+        }
+    }
+    int len = bad ? -1 : (int)b.n;
+    if (len > 0) memcpy(out, b.p, LOOM_MIN(b.n, cap));
+    tk_buf_free(&b);
+    return len;
+}
+
 int32_t loom_tok_bos_id(const loom_tok *t) { return t->bos_id; }
 int32_t loom_tok_eos_id(const loom_tok *t) { return t->eos_id; }
 int32_t loom_tok_pad_id(const loom_tok *t) { return t->pad_id; }

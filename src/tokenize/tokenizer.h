@@ -69,6 +69,13 @@ int32_t loom_tok_token_to_id(const loom_tok *t, const char *s, size_t len);
 const char *loom_tok_id_to_token(const loom_tok *t, int32_t id, size_t *len);
 /* 1 if id is an added token marked special (skipped by skip_special). */
 int loom_tok_is_special(const loom_tok *t, int32_t id);
+/* The bytes token id stands for in the middle of decoded text (byte-level
+ * tokens mapped back through the GPT-2 alphabet, <0xNN> byte tokens as their
+ * byte, SentencePiece's U+2581 as a space): a piece of UTF-8 that may be
+ * incomplete. Appends at most cap bytes to out and returns the full length,
+ * or -1 for a special token or an unknown id (a grammar never allows those
+ * as text). */
+int loom_tok_token_bytes(const loom_tok *t, int32_t id, char *out, size_t cap);
 /* 1 if id is an added token (special or not). */
 int loom_tok_is_added(const loom_tok *t, int32_t id);
 /* Ids from tokenizer_config.json's bos_token / eos_token / pad_token, or -1. */

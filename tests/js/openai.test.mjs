@@ -4,6 +4,7 @@
 //   LOOM_URL=http://127.0.0.1:PORT LOOM_API_KEY=KEY [LOOM_BUSY_URL=...] node openai.test.mjs
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
+import Ajv from 'ajv';
 
 const base = process.env.LOOM_URL;
 const key = process.env.LOOM_API_KEY || 'none';
@@ -315,6 +316,124 @@ test('an aborted stream is cancelled in the engine', async () => {
     assert.ok(Date.now() - t0 < 2000, 'still running 2 s after the abort');
     await new Promise((r) => setTimeout(r, 20));
   }
+});
+
+// Structured output: the bundled model writes Python, so every valid
+// document below comes from the grammar; ajv checks it against the schema.
+const toolSchema = {
+  type: 'object',
+  properties: {
+    city: { type: 'string', minLength: 1, maxLength: 16 },
+    days: { type: 'integer', minimum: 1, maximum: 14 },
+    units: { enum: ['metric', 'imperial'] },
+    hourly: { type: 'boolean' },
+    tags: { type: 'array', items: { type: 'string', maxLength: 8 }, maxItems: 3 },
+    where: { $ref: '#/$defs/point' },
+  },
+  required: ['city', 'days', 'units'],
+  additionalProperties: false,
+  $defs: { point: { type: 'object', properties: { lat: { type: 'number', minimum: 0, maximum: 90 } }, required: ['lat'] } },
+};
+
+test('response_format json_schema: every output parses and validates (ajv)', async () => {
+  const validate = new Ajv({ strict: false }).compile(toolSchema);
+  const response_format = { type: 'json_schema', json_schema: { name: 'weather', schema: toolSchema, strict: true } };
+  const runs = [];
+  for (let seed = 0; seed < 6; seed++)
+    runs.push(client.chat.completions.create(
+      { model, messages: user('Weather in Paris?'), max_tokens: 400, temperature: 1, seed, response_format }));
+  runs.push(client.chat.completions.create(
+    { model, messages: user('Weather?'), max_tokens: 400, temperature: 0, response_format, n: 2 }));
+  for (const r of await Promise.all(runs))
+    for (const c of r.choices) {
+      assert.equal(c.finish_reason, 'stop', `ended early: ${c.message.content}`);
+      const doc = JSON.parse(c.message.content);
+      assert.ok(validate(doc), `${c.message.content}: ${JSON.stringify(validate.errors)}`);
+    }
+  const chunks = await collect(await client.chat.completions.create(
+    { model, messages: user('x'), max_tokens: 400, temperature: 0.7, seed: 9, response_format, stream: true }));
+  const doc = JSON.parse(chatText(chunks));
+  assert.ok(validate(doc), JSON.stringify(validate.errors));
+});
+
+test('response_format json_object, and the regex extension on completions', async () => {
+  const r = await client.chat.completions.create(
+    { model, messages: user('x'), max_tokens: 300, temperature: 1, seed: 4, response_format: { type: 'json_object' } });
+  const doc = JSON.parse(r.choices[0].message.content);
+  assert.ok(doc && typeof doc === 'object' && !Array.isArray(doc), r.choices[0].message.content);
+  const c = await client.completions.create({ model, prompt: 'id = ', max_tokens: 20, regex: '[A-Z]{3}-[0-9]{2,4}' });
+  assert.match(c.choices[0].text, /^[A-Z]{3}-[0-9]{2,4}$/);
+});
+
+test('a schema that cannot be compiled is a 400 naming what is unsupported', async () => {
+  const e = await expectError(client.chat.completions.create({
+    model, messages: user('x'),
+    response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'array', prefixItems: [] } } },
+  }), OpenAI.BadRequestError, 400, 'response_format');
+  assert.match(e.message, /prefixItems/);
+});
+
+test('a schema error names the keyword and its JSON pointer', async () => {
+  const e = await expectError(client.chat.completions.create({
+    model, messages: user('x'),
+    response_format: { type: 'json_schema', json_schema: { name: 'x', schema:
+      { type: 'object', properties: { ids: { type: 'array', contains: { type: 'integer' } } } } } },
+  }), OpenAI.BadRequestError, 400, 'response_format');
+  assert.match(e.message, /'contains' is not supported \(at #\/properties\/ids\/contains\)/);
+});
+
+// tool_choice "required" and a named function force a call whose arguments
+// validate against the tool's parameters; "none" never gives a call.
+const weatherTool = { type: 'function', function: { name: 'get_weather', description: 'weather of a city',
+  parameters: toolSchema } };
+const timeTool = { type: 'function', function: { name: 'get_time', parameters: { type: 'object',
+  properties: { tz: { type: 'string', enum: ['UTC', 'CET'] } }, required: ['tz'], additionalProperties: false } } };
+
+test('tool_choice required / named: a valid call every time (ajv on the arguments)', async () => {
+  const tools = [weatherTool, timeTool];
+  const check = { get_weather: new Ajv({ strict: false }).compile(toolSchema),
+                  get_time: new Ajv({ strict: false }).compile(timeTool.function.parameters) };
+  const runs = [];
+  for (let seed = 0; seed < 4; seed++) {
+    runs.push([null, client.chat.completions.create({ model, messages: user('Weather in Paris?'), tools,
+      tool_choice: 'required', max_tokens: 400, temperature: 1, seed })]);
+    runs.push(['get_time', client.chat.completions.create({ model, messages: user('What time is it?'), tools,
+      tool_choice: { type: 'function', function: { name: 'get_time' } }, max_tokens: 400, temperature: 1, seed })]);
+  }
+  for (const [want, p] of runs) {
+    const c = (await p).choices[0];
+    assert.equal(c.finish_reason, 'tool_calls', `no call: ${JSON.stringify(c.message)}`);
+    assert.ok(c.message.tool_calls.length >= 1);
+    for (const call of c.message.tool_calls) {
+      if (want) assert.equal(call.function.name, want);
+      const v = check[call.function.name];
+      assert.ok(v, `unknown tool ${call.function.name}`);
+      const args = JSON.parse(call.function.arguments);
+      assert.ok(v(args), `${call.function.arguments}: ${JSON.stringify(v.errors)}`);
+    }
+  }
+  const s = await collect(await client.chat.completions.create({ model, messages: user('x'), tools, stream: true,
+    tool_choice: { type: 'function', function: { name: 'get_weather' } }, max_tokens: 400, temperature: 0.8, seed: 3 }));
+  const deltas = s.flatMap((ch) => ch.choices[0]?.delta?.tool_calls || []);
+  assert.ok(deltas.length >= 1, 'a streamed call');
+  const args = deltas.map((d) => d.function?.arguments || '').join('');
+  assert.ok(check.get_weather(JSON.parse(args)), args);
+});
+
+test('tool_choice none: no tool call; a forced call and response_format together are a 400', async () => {
+  for (let seed = 0; seed < 3; seed++) {
+    const r = await client.chat.completions.create({ model, messages: user('Weather in Paris?'),
+      tools: [weatherTool], tool_choice: 'none', max_tokens: 32, temperature: 1, seed });
+    assert.ok(!r.choices[0].message.tool_calls?.length);
+    assert.notEqual(r.choices[0].finish_reason, 'tool_calls');
+  }
+  const e = await expectError(client.chat.completions.create({ model, messages: user('x'), tools: [weatherTool],
+    tool_choice: 'required', response_format: { type: 'json_object' } }), OpenAI.BadRequestError, 400, 'response_format');
+  assert.match(e.message, /both constrain/);
+  const e2 = await expectError(client.chat.completions.create({ model, messages: user('x'), tool_choice: 'required',
+    tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object', properties: { a: { not: {} } } } } }] }),
+  OpenAI.BadRequestError, 400, 'tools');
+  assert.match(e2.message, /tool 'f' parameters: 'not' is not supported \(at #\/properties\/a\/not\)/);
 });
 
 let failed = 0;

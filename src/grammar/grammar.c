@@ -1,0 +1,1455 @@
+/* grammar: the rule representation, the GBNF parser and the matcher.
+ *
+ * Design notes.
+ *  1. The compiled grammar is one flat array `el` of elements: >= 0 a byte
+ *     set id, < 0 a rule reference -(rule + 1), EL_END closing an
+ *     alternative. A rule is a list of alternative start offsets. Element
+ *     positions (indexes into `el`) are what stacks hold.
+ *  2. A stack node is (pos, parent): pos is the byte set to match next,
+ *     parent the node to continue with once pos's rule is done (-1: the
+ *     root). Nodes are hash-consed, so equal stacks have equal ids. A
+ *     continuation that is EL_END is never pushed (tail calls), so right
+ *     recursion (x*) keeps stacks flat.
+ *  3. A state is a sorted set of node ids plus a `done` bit (the root rule
+ *     may end here), interned: state 0 is the dead state. Moving on a byte
+ *     is memoised per (state, byte), and each state keeps its set of
+ *     possible next bytes, so walking the token trie is a walk of a lazily
+ *     built DFA.
+ *  4. Rules are never left-recursive (checked at compile): expanding a
+ *     position then always ends, at byte sets or at the end of the root.
+ *  5. Caches only grow while the grammar lives, except token masks, which
+ *     are bounded (MASK_CACHE_BYTES) and replaced when full.
+ *  6. Text tokens. Most tokens are "text": complete code points, none a
+ *     control, '"' or '\\' (the JSON string's plain characters). The
+ *     vocabulary keeps, per k <= TEXT_MAX, the bitset of text tokens of at
+ *     most k code points, and a second trie of the other tokens. A state is
+ *     uniform when every such code point leads to one same state (its
+ *     `uni`, checked over all UTF-8 byte ranges, exact); inside a JSON
+ *     string every state is. When the chain of uniform successors is known
+ *     for TEXT_MAX steps, the text tokens allowed are those shorter than the
+ *     first dead one (one copy of a bitset) and only the other trie is
+ *     walked: a string's mask no longer visits the whole vocabulary. */
+#include "grammar/grammar.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "tokenize/tokenizer.h"
+
+#define EL_END INT32_MIN
+#define MAX_RULES 200000
+#define MAX_REPEAT 4096
+#define MASK_CACHE_BYTES (32u << 20)
+#define TEXT_MAX 24
+
+/* ---- small vectors ---------------------------------------------------- */
+
+typedef struct ivec {
+    int32_t *v;
+    int n, cap;
+} ivec;
+
+static int iv_push(ivec *a, int32_t x) {
+    if (a->n == a->cap) {
+        int cap = a->cap ? a->cap * 2 : 8;
+        int32_t *nv = realloc(a->v, sizeof *nv * (size_t)cap);
+        if (!nv) return -1;
+        a->v = nv;
+        a->cap = cap;
+    }
+    a->v[a->n++] = x;
+    return 0;
+}
+
+/* ---- builder ------------------------------------------------------------ */
+
+typedef struct brule {
+    char *name;       /* owned; NULL for a generated rule */
+    ivec *alts;       /* owned [n_alts] */
+    int n_alts, cap_alts;
+    int defined;      /* a named rule: its definition was seen */
+    long ref_at;      /* 1 + the text offset it was first referenced at, for errors */
+    size_t name_len;
+    uint64_t name_hash;
+} brule;
+
+typedef uint8_t bset[32];
+
+typedef struct builder {
+    brule *rules;
+    int n_rules, cap_rules;
+    bset *sets;
+    int n_sets, cap_sets;
+    int32_t byte_set[256]; /* single-byte set ids, -1 none yet */
+    int32_t *names;        /* [cap_names] open addressing: rule id + 1, 0 empty */
+    size_t cap_names;
+    char *err;
+    size_t err_cap;
+    int failed;
+} builder;
+
+static int bfail(builder *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int bfail(builder *b, const char *fmt, ...) {
+    if (b->failed) return -1;
+    b->failed = 1;
+    va_list ap;
+    va_start(ap, fmt);
+    if (b->err && b->err_cap) vsnprintf(b->err, b->err_cap, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static uint64_t name_hash(const char *s, size_t n) {
+    uint64_t h = 1469598103934665603ULL;
+    for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)s[i]) * 1099511628211ULL;
+    return h;
+}
+
+/* Adds rule r (named) to the name table, doubling it when half full. */
+static int name_put(builder *b, int r) {
+    if ((size_t)(b->n_rules + 1) * 2 > b->cap_names) {
+        size_t cap = b->cap_names ? b->cap_names * 2 : 256;
+        int32_t *nt = calloc(cap, sizeof *nt);
+        if (!nt) return -1;
+        for (size_t i = 0; i < b->cap_names; i++) {
+            if (!b->names[i]) continue;
+            size_t j = b->rules[b->names[i] - 1].name_hash & (cap - 1);
+            while (nt[j]) j = (j + 1) & (cap - 1);
+            nt[j] = b->names[i];
+        }
+        free(b->names);
+        b->names = nt;
+        b->cap_names = cap;
+    }
+    size_t j = b->rules[r].name_hash & (b->cap_names - 1);
+    while (b->names[j]) j = (j + 1) & (b->cap_names - 1);
+    b->names[j] = r + 1;
+    return 0;
+}
+
+static int new_rule(builder *b, const char *name, size_t len) {
+    if (b->n_rules >= MAX_RULES) return bfail(b, "grammar: more than %d rules", MAX_RULES);
+    if (b->n_rules == b->cap_rules) {
+        int cap = b->cap_rules ? b->cap_rules * 2 : 64;
+        brule *nr = realloc(b->rules, sizeof *nr * (size_t)cap);
+        if (!nr) return bfail(b, "out of memory");
+        b->rules = nr;
+        b->cap_rules = cap;
+    }
+    brule *r = &b->rules[b->n_rules];
+    memset(r, 0, sizeof *r);
+    if (name) {
+        r->name = malloc(len + 1);
+        if (!r->name) return bfail(b, "out of memory");
+        memcpy(r->name, name, len);
+        r->name[len] = 0;
+        r->name_len = len;
+        r->name_hash = name_hash(name, len);
+        if (name_put(b, b->n_rules)) return bfail(b, "out of memory");
+    }
+    return b->n_rules++;
+}
+
+/* Opens a new alternative of rule r; returns it. */
+static ivec *new_alt(builder *b, int r) {
+    brule *R = &b->rules[r];
+    if (R->n_alts == R->cap_alts) {
+        int cap = R->cap_alts ? R->cap_alts * 2 : 4;
+        ivec *na = realloc(R->alts, sizeof *na * (size_t)cap);
+        if (!na) return bfail(b, "out of memory"), NULL;
+        R->alts = na;
+        R->cap_alts = cap;
+    }
+    ivec *a = &R->alts[R->n_alts++];
+    memset(a, 0, sizeof *a);
+    return a;
+}
+
+static int find_rule(builder *b, const char *name, size_t len) {
+    if (!b->cap_names) return -1;
+    uint64_t h = name_hash(name, len);
+    for (size_t j = h & (b->cap_names - 1); b->names[j]; j = (j + 1) & (b->cap_names - 1)) {
+        const brule *r = &b->rules[b->names[j] - 1];
+        if (r->name_hash == h && r->name_len == len && !memcmp(r->name, name, len)) return b->names[j] - 1;
+    }
+    return -1;
+}
+
+static int32_t intern_set(builder *b, const bset s) {
+    int single = -1, count = 0;
+    for (int c = 0; c < 256; c++)
+        if (s[c >> 3] >> (c & 7) & 1) single = c, count++;
+    if (count == 1 && b->byte_set[single] >= 0) return b->byte_set[single];
+    for (int i = 0; i < b->n_sets && count != 1; i++)
+        if (!memcmp(b->sets[i], s, sizeof(bset))) return i;
+    if (b->n_sets == b->cap_sets) {
+        int cap = b->cap_sets ? b->cap_sets * 2 : 64;
+        bset *ns = realloc(b->sets, sizeof *ns * (size_t)cap);
+        if (!ns) return bfail(b, "out of memory");
+        b->sets = ns;
+        b->cap_sets = cap;
+    }
+    memcpy(b->sets[b->n_sets], s, sizeof(bset));
+    if (count == 1) b->byte_set[single] = b->n_sets;
+    return b->n_sets++;
+}
+
+static int32_t byte_el(builder *b, int c) {
+    bset s = {0};
+    s[c >> 3] = (uint8_t)(1u << (c & 7));
+    return intern_set(b, s);
+}
+
+static int32_t range_el(builder *b, int lo, int hi) {
+    bset s = {0};
+    for (int c = lo; c <= hi; c++) s[c >> 3] |= (uint8_t)(1u << (c & 7));
+    return intern_set(b, s);
+}
+
+static int32_t ref_el(int r) { return -(r + 1); }
+
+/* ---- code point classes -> UTF-8 byte sequences ------------------------- */
+
+typedef struct cprange {
+    uint32_t lo, hi;
+} cprange;
+
+static int utf8_len(uint32_t c) { return c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4; }
+
+static int utf8_enc(uint32_t c, uint8_t *o) {
+    if (c < 0x80) return o[0] = (uint8_t)c, 1;
+    if (c < 0x800) return o[0] = (uint8_t)(0xC0 | c >> 6), o[1] = (uint8_t)(0x80 | (c & 63)), 2;
+    if (c < 0x10000)
+        return o[0] = (uint8_t)(0xE0 | c >> 12), o[1] = (uint8_t)(0x80 | (c >> 6 & 63)),
+               o[2] = (uint8_t)(0x80 | (c & 63)), 3;
+    return o[0] = (uint8_t)(0xF0 | c >> 18), o[1] = (uint8_t)(0x80 | (c >> 12 & 63)),
+           o[2] = (uint8_t)(0x80 | (c >> 6 & 63)), o[3] = (uint8_t)(0x80 | (c & 63)), 4;
+}
+
+/* Adds alternatives to rule r matching the UTF-8 of code points [lo, hi]
+ * (same encoded length, no surrogates), split until every byte position is
+ * one byte range (the usual UTF-8 range splitting). */
+static int utf8_range_alts(builder *b, int r, uint32_t lo, uint32_t hi) {
+    int n = utf8_len(lo);
+    for (int i = 1; i < n; i++) {
+        uint32_t m = (1u << (6 * i)) - 1;
+        if ((lo & ~m) != (hi & ~m)) {
+            if (lo & m) return utf8_range_alts(b, r, lo, lo | m) || utf8_range_alts(b, r, (lo | m) + 1, hi);
+            if ((hi & m) != m) return utf8_range_alts(b, r, lo, (hi & ~m) - 1) || utf8_range_alts(b, r, hi & ~m, hi);
+        }
+    }
+    uint8_t a[4], z[4];
+    utf8_enc(lo, a);
+    utf8_enc(hi, z);
+    ivec *alt = new_alt(b, r);
+    if (!alt) return -1;
+    for (int k = 0; k < n; k++)
+        if (iv_push(alt, range_el(b, a[k], z[k]))) return bfail(b, "out of memory");
+    return b->failed ? -1 : 0;
+}
+
+/* Sorts and merges ranges in place; returns the new count. */
+static int cmp_range(const void *x, const void *y) {
+    const cprange *a = x, *c = y;
+    return a->lo < c->lo ? -1 : a->lo > c->lo;
+}
+
+static int norm_ranges(cprange *r, int n) {
+    qsort(r, (size_t)n, sizeof *r, cmp_range);
+    int w = 0;
+    for (int i = 0; i < n; i++) {
+        if (w && r[i].lo <= r[w - 1].hi + 1) {
+            if (r[i].hi > r[w - 1].hi) r[w - 1].hi = r[i].hi;
+        } else r[w++] = r[i];
+    }
+    return w;
+}
+
+/* The element matching one code point of the set (sorted, merged): a byte
+ * set when it is ASCII only, else a new rule. */
+static int32_t class_el(builder *b, cprange *r, int n) {
+    bset ascii = {0};
+    int any_ascii = 0, wide = 0;
+    for (int i = 0; i < n; i++) {
+        for (uint32_t c = r[i].lo; c <= r[i].hi && c < 0x80; c++) ascii[c >> 3] |= (uint8_t)(1u << (c & 7)), any_ascii = 1;
+        wide |= r[i].hi >= 0x80;
+    }
+    if (!wide) {
+        if (!any_ascii) return bfail(b, "grammar: an empty character class");
+        return intern_set(b, ascii);
+    }
+    int rule = new_rule(b, NULL, 0);
+    if (rule < 0) return -1;
+    if (any_ascii) {
+        ivec *a = new_alt(b, rule);
+        if (!a || iv_push(a, intern_set(b, ascii))) return bfail(b, "out of memory");
+    }
+    static const uint32_t bounds[][2] = {{0x80, 0x7FF}, {0x800, 0xD7FF}, {0xE000, 0xFFFF}, {0x10000, 0x10FFFF}};
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < 4; k++) {
+            uint32_t lo = LOOM_MAX(r[i].lo, bounds[k][0]), hi = LOOM_MIN(r[i].hi, bounds[k][1]);
+            if (lo <= hi && utf8_range_alts(b, rule, lo, hi)) return -1;
+        }
+    return b->failed ? -1 : ref_el(rule);
+}
+
+/* ---- GBNF parser ---------------------------------------------------------- */
+
+typedef struct gparse {
+    builder *b;
+    const char *s, *p;
+    int depth;
+} gparse;
+
+static int line_of(const gparse *g, const char *at) {
+    int line = 1;
+    for (const char *q = g->s; q < at; q++) line += *q == '\n';
+    return line;
+}
+
+static int perr(gparse *g, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int perr(gparse *g, const char *fmt, ...) {
+    char msg[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    char near[24];
+    int k = 0;
+    for (const char *q = g->p; *q && *q != '\n' && k < 20; q++) near[k++] = *q;
+    near[k] = 0;
+    return bfail(g->b, "grammar line %d: %s, found %s%s%s", line_of(g, g->p), msg, *g->p ? "'" : "",
+                 *g->p ? near : "the end", *g->p ? "'" : "");
+}
+
+static void skip_space(gparse *g) {
+    for (;;) {
+        while (*g->p == ' ' || *g->p == '\t' || *g->p == '\n' || *g->p == '\r') g->p++;
+        if (*g->p != '#') return;
+        while (*g->p && *g->p != '\n') g->p++;
+    }
+}
+
+static int is_name_char(char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_';
+}
+
+static size_t name_len(const char *p) {
+    size_t n = 0;
+    while (is_name_char(p[n])) n++;
+    return n;
+}
+
+/* At the start of the next rule: `name ::=`. */
+static int at_rule_start(const gparse *g) {
+    size_t n = name_len(g->p);
+    if (!n) return 0;
+    const char *q = g->p + n;
+    while (*q == ' ' || *q == '\t') q++;
+    return q[0] == ':' && q[1] == ':' && q[2] == '=';
+}
+
+static int hexval(char c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+/* One character of a literal or class: an escape or a UTF-8 code point. */
+static int read_char(gparse *g, uint32_t *cp) {
+    const char *p = g->p;
+    if (!*p) return perr(g, "expected a character");
+    if (*p == '\\') {
+        p++;
+        int n = 0;
+        switch (*p) {
+        case 'n': *cp = '\n'; break;
+        case 't': *cp = '\t'; break;
+        case 'r': *cp = '\r'; break;
+        case 'f': *cp = '\f'; break;
+        case 'v': *cp = '\v'; break;
+        case '0': *cp = 0; break;
+        case 'x': n = 2; break;
+        case 'u': n = 4; break;
+        case 'U': n = 8; break;
+        case 0: return perr(g, "expected an escaped character");
+        default: *cp = (unsigned char)*p;
+        }
+        p++;
+        if (n) {
+            uint32_t v = 0;
+            for (int i = 0; i < n; i++, p++) {
+                int h = hexval(*p);
+                if (h < 0) return g->p = p, perr(g, "expected %d hex digits", n);
+                v = v * 16 + (uint32_t)h;
+            }
+            if (v > 0x10FFFF) return perr(g, "code point above U+10FFFF");
+            *cp = v;
+        }
+        g->p = p;
+        return 0;
+    }
+    uint8_t c = (uint8_t)*p;
+    int n = c < 0x80 ? 1 : c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 0;
+    if (!n) return perr(g, "expected UTF-8");
+    uint32_t v = n == 1 ? c : n == 2 ? c & 31 : n == 3 ? c & 15 : c & 7;
+    for (int i = 1; i < n; i++) {
+        if (((uint8_t)p[i] & 0xC0) != 0x80) return perr(g, "expected UTF-8");
+        v = v << 6 | ((uint8_t)p[i] & 63);
+    }
+    *cp = v;
+    g->p = p + n;
+    return 0;
+}
+
+static int parse_alternatives(gparse *g, int rule);
+
+/* Appends the bytes of code point cp as elements. */
+static int push_cp(builder *b, ivec *seq, uint32_t cp) {
+    uint8_t u[4];
+    int n = utf8_enc(cp, u);
+    for (int i = 0; i < n; i++)
+        if (iv_push(seq, byte_el(b, u[i]))) return bfail(b, "out of memory");
+    return b->failed ? -1 : 0;
+}
+
+static int parse_class(gparse *g, ivec *seq) {
+    g->p++; /* [ */
+    int neg = *g->p == '^';
+    if (neg) g->p++;
+    cprange r[512];
+    int n = 0;
+    while (*g->p != ']') {
+        if (!*g->p) return perr(g, "expected ']' closing the character class");
+        if (n == (int)(sizeof r / sizeof *r)) return perr(g, "more than 512 ranges in one class");
+        uint32_t lo, hi;
+        if (read_char(g, &lo)) return -1;
+        hi = lo;
+        if (g->p[0] == '-' && g->p[1] != ']' && g->p[1]) {
+            g->p++;
+            if (read_char(g, &hi)) return -1;
+            if (hi < lo) return perr(g, "a class range ends below its start");
+        }
+        r[n++] = (cprange){lo, hi};
+    }
+    g->p++;
+    n = norm_ranges(r, n);
+    if (neg) {
+        cprange c[513];
+        int m = 0;
+        uint32_t next = 0;
+        for (int i = 0; i < n; i++) {
+            if (r[i].lo > next) c[m++] = (cprange){next, r[i].lo - 1};
+            next = r[i].hi + 1;
+        }
+        if (next <= 0x10FFFF) c[m++] = (cprange){next, 0x10FFFF};
+        memcpy(r, c, sizeof *c * (size_t)LOOM_MIN(m, 512));
+        n = LOOM_MIN(m, 512);
+    }
+    int32_t e = class_el(g->b, r, n);
+    if (g->b->failed) return -1;
+    return iv_push(seq, e) ? bfail(g->b, "out of memory") : 0;
+}
+
+static int read_int(gparse *g, int *v) {
+    if (*g->p < '0' || *g->p > '9') return perr(g, "expected a number");
+    long x = 0;
+    while (*g->p >= '0' && *g->p <= '9') {
+        x = x * 10 + (*g->p++ - '0');
+        if (x > MAX_REPEAT) return perr(g, "a repetition count above %d", MAX_REPEAT);
+    }
+    *v = (int)x;
+    return 0;
+}
+
+/* The elements seq[from..] repeated min..max times (max -1: unbounded). */
+static int repeat(builder *b, ivec *seq, int from, int min, int max) {
+    int n = seq->n - from;
+    int32_t item;
+    if (n == 1) item = seq->v[from];
+    else {
+        int r = new_rule(b, NULL, 0);
+        ivec *a = r < 0 ? NULL : new_alt(b, r);
+        if (!a) return -1;
+        for (int i = 0; i < n; i++)
+            if (iv_push(a, seq->v[from + i])) return bfail(b, "out of memory");
+        item = ref_el(r);
+    }
+    seq->n = from;
+    for (int i = 0; i < min; i++)
+        if (iv_push(seq, item)) return bfail(b, "out of memory");
+    if (max == min) return 0;
+    int tail;
+    if (max < 0) { /* R ::= item R | () */
+        tail = new_rule(b, NULL, 0);
+        ivec *a = tail < 0 ? NULL : new_alt(b, tail);
+        if (!a || iv_push(a, item) || iv_push(a, ref_el(tail)) || !new_alt(b, tail)) return bfail(b, "out of memory");
+    } else { /* O_k ::= item O_{k-1} | () */
+        tail = -1;
+        for (int k = 0; k < max - min; k++) {
+            int r = new_rule(b, NULL, 0);
+            ivec *a = r < 0 ? NULL : new_alt(b, r);
+            if (!a || iv_push(a, item) || (tail >= 0 && iv_push(a, ref_el(tail))) || !new_alt(b, r))
+                return bfail(b, "out of memory");
+            tail = r;
+        }
+    }
+    return iv_push(seq, ref_el(tail)) ? bfail(b, "out of memory") : 0;
+}
+
+static int parse_sequence(gparse *g, ivec *seq) {
+    for (;;) {
+        skip_space(g);
+        char c = *g->p;
+        if (!c || c == '|' || c == ')' || (g->depth == 0 && at_rule_start(g))) return 0;
+        int from = seq->n;
+        if (c == '"') {
+            g->p++;
+            while (*g->p != '"') {
+                if (!*g->p) return perr(g, "expected '\"' closing the literal");
+                uint32_t cp;
+                if (read_char(g, &cp) || push_cp(g->b, seq, cp)) return -1;
+            }
+            g->p++;
+        } else if (c == '[') {
+            if (parse_class(g, seq)) return -1;
+        } else if (c == '.') {
+            g->p++;
+            cprange all = {0, 0x10FFFF};
+            int32_t e = class_el(g->b, &all, 1);
+            if (g->b->failed || iv_push(seq, e)) return bfail(g->b, "out of memory");
+        } else if (c == '(') {
+            g->p++;
+            int r = new_rule(g->b, NULL, 0);
+            if (r < 0) return -1;
+            g->depth++;
+            if (parse_alternatives(g, r)) return -1;
+            g->depth--;
+            if (*g->p != ')') return perr(g, "expected ')'");
+            g->p++;
+            if (iv_push(seq, ref_el(r))) return bfail(g->b, "out of memory");
+        } else if (is_name_char(c)) {
+            size_t n = name_len(g->p);
+            int r = find_rule(g->b, g->p, n);
+            if (r < 0 && (r = new_rule(g->b, g->p, n)) < 0) return -1;
+            if (!g->b->rules[r].ref_at) g->b->rules[r].ref_at = 1 + (long)(g->p - g->s);
+            g->p += n;
+            if (iv_push(seq, ref_el(r))) return bfail(g->b, "out of memory");
+        } else {
+            return perr(g, "expected a literal, a class, a rule name or '('");
+        }
+        /* a postfix operator applies to what was just parsed */
+        c = *g->p;
+        int min = -2, max = -1;
+        if (c == '*') min = 0;
+        else if (c == '+') min = 1;
+        else if (c == '?') min = 0, max = 1;
+        if (min >= 0) g->p++;
+        else if (c == '{') {
+            g->p++;
+            if (read_int(g, &min)) return -1;
+            max = min;
+            if (*g->p == ',') {
+                g->p++;
+                max = -1;
+                if (*g->p != '}' && read_int(g, &max)) return -1;
+            }
+            if (*g->p != '}') return perr(g, "expected '}' closing the repetition");
+            g->p++;
+            if (max >= 0 && max < min) return perr(g, "a repetition {%d,%d} with max below min", min, max);
+        }
+        if (min >= 0 && seq->n > from && repeat(g->b, seq, from, min, max)) return -1;
+    }
+}
+
+static int parse_alternatives(gparse *g, int rule) {
+    for (;;) {
+        ivec *a = new_alt(g->b, rule);
+        if (!a) return -1;
+        /* a may move as rules are added: parse into a local vector */
+        ivec seq = {0};
+        int rc = parse_sequence(g, &seq);
+        g->b->rules[rule].alts[g->b->rules[rule].n_alts - 1] = seq;
+        if (rc) return -1;
+        skip_space(g);
+        if (*g->p != '|') return 0;
+        g->p++;
+    }
+}
+
+static int parse_gbnf(builder *b, const char *text) {
+    gparse g = {.b = b, .s = text, .p = text};
+    skip_space(&g);
+    if (!*g.p) return perr(&g, "expected a rule (name ::= ...)");
+    while (*g.p) {
+        size_t n = name_len(g.p);
+        if (!n || !at_rule_start(&g)) return perr(&g, "expected a rule (name ::= ...)");
+        int r = find_rule(b, g.p, n);
+        if (r < 0 && (r = new_rule(b, g.p, n)) < 0) return -1;
+        if (b->rules[r].defined) return perr(&g, "rule '%s' is defined twice", b->rules[r].name);
+        b->rules[r].defined = 1;
+        g.p = strstr(g.p, "::=") + 3;
+        if (parse_alternatives(&g, r)) return -1;
+        if (*g.p == ')') return perr(&g, "unbalanced ')'");
+        skip_space(&g);
+    }
+    for (int i = 0; i < b->n_rules; i++)
+        if (b->rules[i].name && !b->rules[i].defined)
+            return bfail(b, "grammar line %d: rule '%s' is used but not defined",
+                         line_of(&g, text + b->rules[i].ref_at - 1), b->rules[i].name);
+    if (find_rule(b, "root", 4) < 0) return bfail(b, "grammar: no rule named 'root'");
+    return 0;
+}
+
+/* ---- compiled grammar ------------------------------------------------------ */
+
+typedef struct hslot {
+    uint64_t key;
+    int32_t val;
+} hslot;
+
+/* Open-addressing map from a 64-bit key to an int32 (keys != UINT64_MAX). */
+typedef struct hmap {
+    hslot *s;
+    size_t cap, n;
+} hmap;
+
+static uint64_t mix64(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    return x ^ (x >> 33);
+}
+
+static int32_t *hm_find(hmap *m, uint64_t key) {
+    if (!m->cap) return NULL;
+    size_t i = mix64(key) & (m->cap - 1);
+    for (;; i = (i + 1) & (m->cap - 1)) {
+        if (m->s[i].key == key) return &m->s[i].val;
+        if (m->s[i].key == UINT64_MAX) return NULL;
+    }
+}
+
+static int hm_put(hmap *m, uint64_t key, int32_t val) {
+    if ((m->n + 1) * 2 > m->cap) {
+        size_t cap = m->cap ? m->cap * 2 : 1024;
+        hslot *ns = malloc(sizeof *ns * cap);
+        if (!ns) return -1;
+        for (size_t i = 0; i < cap; i++) ns[i].key = UINT64_MAX;
+        for (size_t i = 0; i < m->cap; i++) {
+            if (m->s[i].key == UINT64_MAX) continue;
+            size_t j = mix64(m->s[i].key) & (cap - 1);
+            while (ns[j].key != UINT64_MAX) j = (j + 1) & (cap - 1);
+            ns[j] = m->s[i];
+        }
+        free(m->s);
+        m->s = ns;
+        m->cap = cap;
+    }
+    size_t i = mix64(key) & (m->cap - 1);
+    while (m->s[i].key != UINT64_MAX && m->s[i].key != key) i = (i + 1) & (m->cap - 1);
+    if (m->s[i].key == UINT64_MAX) m->n++;
+    m->s[i] = (hslot){key, val};
+    return 0;
+}
+
+typedef struct gnode {
+    int32_t pos, parent;
+} gnode;
+
+typedef struct gstate {
+    uint32_t off;       /* into st_nodes */
+    int32_t n;
+    int32_t done;
+    uint32_t mask_slot; /* 1 + index into masks, 0 = none */
+    int32_t uni;        /* design note 6: the state after any text code point,
+                           0 dead, -1 not uniform, -2 not yet known */
+    bset next;          /* bytes some stack can take */
+} gstate;
+
+struct loom_gvocab {
+    int n_vocab;
+    /* trie in preorder: node i's subtree is [i, end[i]); node 0 is the root */
+    uint8_t *byte;      /* [n_nodes] */
+    int32_t *end;       /* [n_nodes] */
+    int32_t *tok_off;   /* [n_nodes + 1] into toks */
+    int32_t *toks;      /* token ids ending at each node */
+    int n_nodes;
+    char **bytes;       /* [n_vocab] owned copies, NULL for none */
+    int *lens;          /* [n_vocab] */
+    /* design note 6; all NULL in the vocabulary of the other tokens */
+    uint32_t *text;     /* [TEXT_MAX + 1][words]: text tokens of <= k code points */
+    int32_t *text_count;/* [TEXT_MAX + 1] */
+    struct loom_gvocab *other; /* owned: the trie of every non-text token */
+    /* after a state that any text code point leads back to (a string's
+       inside), an other token's fate is that of its bytes after its text
+       prefix: the trie of those rests, and the text tokens too long for
+       the bitsets (nothing after their text) */
+    struct loom_gvocab *rest;  /* owned */
+    int32_t *long_text;        /* [n_long_text] token ids */
+    int n_long_text;
+};
+
+struct loom_grammar {
+    atomic_int refs;
+    const loom_gvocab *vocab;   /* borrowed */
+    int32_t *el;                /* [n_el] flat elements */
+    int n_el;
+    int32_t *alt_off;           /* [n_rules + 1] into alts */
+    int32_t *alts;              /* alternative start positions */
+    int n_rules, root;
+    bset *sets;                 /* [n_sets] */
+    int n_sets;
+    /* stacks and states (design notes 2, 3) */
+    gnode *nodes;
+    int n_nodes, cap_nodes;
+    hmap node_map;              /* (pos, parent) -> node id */
+    gstate *states;
+    int n_states, cap_states;
+    int32_t *st_nodes;          /* node ids of all states */
+    uint32_t n_st_nodes, cap_st_nodes;
+    hmap state_map;             /* hash of a state's content -> first state id (chained below) */
+    int32_t *state_next;        /* [cap_states] next state with the same hash, -1 */
+    int32_t **trans;            /* [cap_states] owned rows [256] of next states
+                                   (-1: not yet known), made at a state's first step */
+    int32_t start;              /* the state before any byte */
+    /* bytes no byte set tells apart move every state alike: a transition
+       found for one byte is written for its whole class */
+    int16_t cls_next[256];      /* the next byte of the same class, -1 */
+    uint8_t cls_head[256];      /* the first byte of each byte's class */
+    /* token masks (design note 5) */
+    uint32_t **masks;           /* [n_masks] owned, each [mask_words] */
+    int32_t *mask_owner;        /* [n_masks] state holding each */
+    int n_masks, max_masks, mask_words, next_victim;
+    /* scratch */
+    ivec scratch;
+    int oom;
+};
+
+static void builder_free(builder *b) {
+    for (int i = 0; i < b->n_rules; i++) {
+        for (int k = 0; k < b->rules[i].n_alts; k++) free(b->rules[i].alts[k].v);
+        free(b->rules[i].alts);
+        free(b->rules[i].name);
+    }
+    free(b->rules);
+    free(b->sets);
+    free(b->names);
+}
+
+/* Nullable rules, then a search for a rule reachable from itself through
+ * leftmost positions (each step past only nullable elements). */
+static int check_left_recursion(builder *b) {
+    int n = b->n_rules;
+    uint8_t *nullable = calloc((size_t)n, 1), *state = calloc((size_t)n, 1);
+    int32_t *stack = malloc(sizeof *stack * (size_t)n * 2);
+    if (!nullable || !state || !stack) {
+        free(nullable), free(state), free(stack);
+        return bfail(b, "out of memory");
+    }
+    for (int changed = 1; changed;) {
+        changed = 0;
+        for (int r = 0; r < n; r++) {
+            if (nullable[r]) continue;
+            for (int a = 0; a < b->rules[r].n_alts && !nullable[r]; a++) {
+                const ivec *alt = &b->rules[r].alts[a];
+                int all = 1;
+                for (int k = 0; k < alt->n && all; k++) all = alt->v[k] < 0 && nullable[-alt->v[k] - 1];
+                if (all) nullable[r] = 1, changed = 1;
+            }
+        }
+    }
+    /* iterative DFS over "r may begin with rule q"; state 1 = on stack, 2 = done */
+    int rc = 0;
+    for (int s0 = 0; s0 < n && !rc; s0++) {
+        if (state[s0]) continue;
+        int sp = 0;
+        stack[sp++] = s0, stack[sp++] = 0;
+        state[s0] = 1;
+        while (sp && !rc) {
+            int r = stack[sp - 2], edge = stack[sp - 1]++;
+            /* edge enumerates (alt, k) pairs flattened */
+            int q = -1, seen = 0;
+            for (int a = 0; a < b->rules[r].n_alts && q < 0; a++) {
+                const ivec *alt = &b->rules[r].alts[a];
+                for (int k = 0; k < alt->n; k++) {
+                    if (alt->v[k] >= 0) break;
+                    if (seen++ == edge) { q = -alt->v[k] - 1; break; }
+                    if (!nullable[-alt->v[k] - 1]) break;
+                }
+                if (q < 0 && seen > edge) break;
+            }
+            if (q < 0) {
+                state[r] = 2;
+                sp -= 2;
+            } else if (state[q] == 1) {
+                const char *nm = b->rules[q].name;
+                rc = bfail(b, "grammar: rule '%s' is left-recursive (it can begin with itself)", nm ? nm : "(a group)");
+            } else if (!state[q]) {
+                state[q] = 1;
+                stack[sp++] = q, stack[sp++] = 0;
+            }
+        }
+    }
+    free(nullable), free(state), free(stack);
+    return rc;
+}
+
+static void grammar_free(loom_grammar *g) {
+    if (!g) return;
+    free(g->el), free(g->alt_off), free(g->alts), free(g->sets);
+    free(g->nodes), free(g->node_map.s), free(g->states), free(g->st_nodes);
+    free(g->state_map.s), free(g->state_next);
+    for (int i = 0; i < g->n_states && g->trans; i++) free(g->trans[i]);
+    free(g->trans);
+    for (int i = 0; i < g->n_masks; i++) free(g->masks[i]);
+    free(g->masks), free(g->mask_owner), free(g->scratch.v);
+    free(g);
+}
+
+static int32_t intern_node(loom_grammar *g, int32_t pos, int32_t parent) {
+    uint64_t key = (uint64_t)(uint32_t)pos << 32 | (uint32_t)parent;
+    int32_t *v = hm_find(&g->node_map, key);
+    if (v) return *v;
+    if (g->n_nodes == g->cap_nodes) {
+        int cap = g->cap_nodes ? g->cap_nodes * 2 : 256;
+        gnode *nn = realloc(g->nodes, sizeof *nn * (size_t)cap);
+        if (!nn) return g->oom = 1, 0;
+        g->nodes = nn;
+        g->cap_nodes = cap;
+    }
+    g->nodes[g->n_nodes] = (gnode){pos, parent};
+    if (hm_put(&g->node_map, key, g->n_nodes)) return g->oom = 1, 0;
+    return g->n_nodes++;
+}
+
+/* Adds to scratch the stacks that pos (with parent below) expands to,
+ * each with a byte set on top; *done when the root can end here. */
+static void expand(loom_grammar *g, int32_t pos, int32_t parent, int *done) {
+    for (;;) {
+        int32_t e = g->el[pos];
+        if (e == EL_END) {
+            if (parent < 0) {
+                *done = 1;
+                return;
+            }
+            pos = g->nodes[parent].pos;
+            parent = g->nodes[parent].parent;
+            continue;
+        }
+        if (e >= 0) {
+            if (iv_push(&g->scratch, intern_node(g, pos, parent))) g->oom = 1;
+            return;
+        }
+        int r = -e - 1;
+        int32_t below = g->el[pos + 1] == EL_END ? parent : intern_node(g, pos + 1, parent);
+        for (int a = g->alt_off[r]; a < g->alt_off[r + 1]; a++) expand(g, g->alts[a], below, done);
+        return;
+    }
+}
+
+static int cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Interns the state made of scratch's node ids (sorted here) and done. */
+static int32_t intern_state(loom_grammar *g, int done) {
+    ivec *sc = &g->scratch;
+    if (sc->n > 1) qsort(sc->v, (size_t)sc->n, sizeof *sc->v, cmp_i32);
+    int w = 0;
+    for (int i = 0; i < sc->n; i++)
+        if (!w || sc->v[w - 1] != sc->v[i]) sc->v[w++] = sc->v[i];
+    sc->n = w;
+    if (!w && !done) return 0;
+    uint64_t h = 1469598103934665603ULL ^ (uint64_t)done;
+    for (int i = 0; i < w; i++) h = (h ^ (uint32_t)sc->v[i]) * 1099511628211ULL;
+    h &= ~(1ULL << 63); /* never UINT64_MAX */
+    int32_t *first = hm_find(&g->state_map, h);
+    for (int32_t s = first ? *first : -1; s >= 0; s = g->state_next[s]) {
+        gstate *st = &g->states[s];
+        if (st->n == w && st->done == done && !memcmp(g->st_nodes + st->off, sc->v, sizeof *sc->v * (size_t)w))
+            return s;
+    }
+    if (g->n_states == g->cap_states) {
+        int cap = g->cap_states ? g->cap_states * 2 : 256;
+        gstate *ns = realloc(g->states, sizeof *ns * (size_t)cap);
+        int32_t *nx = ns ? realloc(g->state_next, sizeof *nx * (size_t)cap) : NULL;
+        if (ns) g->states = ns;
+        if (nx) g->state_next = nx;
+        int32_t **nt = nx ? realloc(g->trans, sizeof *nt * (size_t)cap) : NULL;
+        if (!nt) return g->oom = 1, 0;
+        g->trans = nt;
+        memset(nt + g->cap_states, 0, sizeof *nt * (size_t)(cap - g->cap_states));
+        g->cap_states = cap;
+    }
+    if (g->n_st_nodes + (uint32_t)w > g->cap_st_nodes) {
+        uint32_t cap = LOOM_MAX(g->cap_st_nodes * 2, g->n_st_nodes + (uint32_t)w + 1024);
+        int32_t *nn = realloc(g->st_nodes, sizeof *nn * cap);
+        if (!nn) return g->oom = 1, 0;
+        g->st_nodes = nn;
+        g->cap_st_nodes = cap;
+    }
+    int32_t id = g->n_states++;
+    gstate *st = &g->states[id];
+    memset(st, 0, sizeof *st);
+    st->off = g->n_st_nodes;
+    st->n = w;
+    st->done = done;
+    st->uni = -2;
+    if (w) memcpy(g->st_nodes + st->off, sc->v, sizeof *sc->v * (size_t)w); /* the done-only state has none */
+    g->n_st_nodes += (uint32_t)w;
+    for (int i = 0; i < w; i++) {
+        const uint8_t *set = g->sets[g->el[g->nodes[sc->v[i]].pos]];
+        for (int k = 0; k < 32; k++) st->next[k] |= set[k];
+    }
+    g->state_next[id] = first ? *first : -1;
+    if (hm_put(&g->state_map, h, id)) g->oom = 1;
+    return id;
+}
+
+/* The state after byte c from state s (0: dead), memoised. */
+static int32_t step(loom_grammar *g, int32_t s, int c) {
+    if (!(g->states[s].next[c >> 3] >> (c & 7) & 1)) return 0;
+    if (!g->trans[s]) {
+        if (!(g->trans[s] = malloc(sizeof **g->trans * 256))) return g->oom = 1, 0;
+        memset(g->trans[s], -1, sizeof **g->trans * 256);
+    }
+    if (g->trans[s][c] >= 0) return g->trans[s][c];
+    g->scratch.n = 0;
+    int done = 0;
+    for (int i = 0; i < g->states[s].n; i++) {
+        /* st_nodes may move as states are added: index afresh each time */
+        int32_t nd = g->st_nodes[g->states[s].off + (uint32_t)i];
+        int32_t pos = g->nodes[nd].pos;
+        if (g->sets[g->el[pos]][c >> 3] >> (c & 7) & 1) expand(g, pos + 1, g->nodes[nd].parent, &done);
+    }
+    int32_t t = intern_state(g, done);
+    for (int d = g->cls_head[c]; d >= 0; d = g->cls_next[d]) g->trans[s][d] = t;
+    return t;
+}
+
+/* Byte classes: partition refinement of the 256 bytes by every set. */
+static void byte_classes(loom_grammar *g) {
+    uint8_t cls[256] = {0};
+    for (int k = 0, n = 1; k < g->n_sets && n < 256; k++) {
+        int16_t id_of[512]; /* (old class, member) -> new class, first seen first */
+        memset(id_of, -1, sizeof id_of);
+        n = 0;
+        for (int c = 0; c < 256; c++) {
+            int key = cls[c] * 2 + (g->sets[k][c >> 3] >> (c & 7) & 1);
+            if (id_of[key] < 0) id_of[key] = (int16_t)n++;
+            cls[c] = (uint8_t)id_of[key];
+        }
+    }
+    int16_t last[256];
+    memset(last, -1, sizeof last);
+    for (int c = 255; c >= 0; c--) {
+        g->cls_next[c] = last[cls[c]];
+        last[cls[c]] = (int16_t)c;
+    }
+    for (int c = 0; c < 256; c++) g->cls_head[c] = (uint8_t)last[cls[c]];
+}
+
+static loom_status finish(builder *b, const loom_gvocab *vocab, loom_grammar **out) {
+    *out = NULL;
+    if (b->failed || check_left_recursion(b)) return LOOM_ERR_INVALID_ARG;
+    loom_grammar *g = calloc(1, sizeof *g);
+    if (!g) return bfail(b, "out of memory"), LOOM_ERR_NOMEM;
+    atomic_init(&g->refs, 1);
+    g->vocab = vocab;
+    g->n_rules = b->n_rules;
+    g->root = find_rule(b, "root", 4);
+    int n_alts = 0, n_el = 0;
+    for (int r = 0; r < b->n_rules; r++) {
+        n_alts += b->rules[r].n_alts;
+        for (int a = 0; a < b->rules[r].n_alts; a++) n_el += b->rules[r].alts[a].n + 1;
+    }
+    g->el = malloc(sizeof *g->el * (size_t)(n_el + 1));
+    g->alt_off = malloc(sizeof *g->alt_off * (size_t)(b->n_rules + 1));
+    g->alts = malloc(sizeof *g->alts * (size_t)(n_alts + 1));
+    g->sets = malloc(sizeof *g->sets * (size_t)(b->n_sets + 1));
+    if (!g->el || !g->alt_off || !g->alts || !g->sets) {
+        grammar_free(g);
+        return bfail(b, "out of memory"), LOOM_ERR_NOMEM;
+    }
+    if (b->n_sets) memcpy(g->sets, b->sets, sizeof *g->sets * (size_t)b->n_sets);
+    g->n_sets = b->n_sets;
+    int ka = 0, ke = 0;
+    for (int r = 0; r < b->n_rules; r++) {
+        g->alt_off[r] = ka;
+        for (int a = 0; a < b->rules[r].n_alts; a++) {
+            g->alts[ka++] = ke;
+            if (b->rules[r].alts[a].n) memcpy(g->el + ke, b->rules[r].alts[a].v, sizeof *g->el * (size_t)b->rules[r].alts[a].n);
+            ke += b->rules[r].alts[a].n;
+            g->el[ke++] = EL_END;
+        }
+    }
+    g->alt_off[b->n_rules] = ka;
+    g->n_el = ke;
+    byte_classes(g);
+    /* the start: the root rule's alternatives over an empty stack */
+    g->el[ke] = ref_el(g->root);
+    g->states = calloc(1, sizeof *g->states); /* state 0: dead */
+    g->state_next = calloc(1, sizeof *g->state_next);
+    g->trans = calloc(1, sizeof *g->trans);
+    g->n_states = g->cap_states = 1;
+    int done = 0;
+    int32_t e0 = ke;
+    /* expanding a reference at e0 reads el[e0 + 1]: give it an END */
+    int32_t *el2 = realloc(g->el, sizeof *g->el * (size_t)(ke + 2));
+    if (el2) g->el = el2, g->el[ke + 1] = EL_END;
+    if (!g->states || !g->state_next || !g->trans || !el2) g->oom = 1;
+    else {
+        expand(g, e0, -1, &done);
+        g->start = intern_state(g, done);
+    }
+    if (g->oom) {
+        grammar_free(g);
+        return bfail(b, "out of memory"), LOOM_ERR_NOMEM;
+    }
+    if (!g->start) {
+        grammar_free(g);
+        return bfail(b, "grammar: the root matches nothing"), LOOM_ERR_INVALID_ARG;
+    }
+    if (vocab) {
+        g->mask_words = (vocab->n_vocab + 31) / 32;
+        g->max_masks = (int)LOOM_MAX(4, MASK_CACHE_BYTES / (4 * (size_t)g->mask_words));
+        g->masks = calloc((size_t)g->max_masks, sizeof *g->masks);
+        g->mask_owner = calloc((size_t)g->max_masks, sizeof *g->mask_owner);
+        if (!g->masks || !g->mask_owner) {
+            grammar_free(g);
+            return bfail(b, "out of memory"), LOOM_ERR_NOMEM;
+        }
+    }
+    *out = g;
+    return LOOM_OK;
+}
+
+static loom_status compile_gbnf(const char *text, const loom_gvocab *vocab, loom_grammar **out, char *err,
+                                size_t cap) {
+    builder b = {.err = err, .err_cap = cap};
+    memset(b.byte_set, -1, sizeof b.byte_set);
+    if (err && cap) err[0] = 0;
+    *out = NULL;
+    loom_status st = LOOM_ERR_INVALID_ARG;
+    if (!parse_gbnf(&b, text)) st = finish(&b, vocab, out);
+    builder_free(&b);
+    return st;
+}
+
+loom_status loom_grammar_from_gbnf(const char *text, const loom_gvocab *vocab, loom_grammar **out, char *err,
+                                   size_t cap) {
+    return compile_gbnf(text, vocab, out, err, cap);
+}
+
+loom_status loom_grammar_from_regex(const char *re, const loom_gvocab *vocab, loom_grammar **out, char *err,
+                                    size_t cap) {
+    *out = NULL;
+    char *text = loom_grammar_regex_to_gbnf(re, err, cap);
+    if (!text) return LOOM_ERR_INVALID_ARG;
+    loom_status st = compile_gbnf(text, vocab, out, err, cap);
+    free(text);
+    return st;
+}
+
+loom_status loom_grammar_from_schema(const char *schema, const loom_gvocab *vocab, loom_grammar **out,
+                                     char *err, size_t cap) {
+    *out = NULL;
+    char *text = loom_grammar_schema_to_gbnf(schema, err, cap);
+    if (!text) return LOOM_ERR_INVALID_ARG;
+    loom_status st = compile_gbnf(text, vocab, out, err, cap);
+    free(text);
+    return st;
+}
+
+loom_status loom_grammar_from_tools(const char *tools_json, const char *only, const loom_gtool_syntax *syn,
+                                    const loom_gvocab *vocab, loom_grammar **out, char *err, size_t cap) {
+    *out = NULL;
+    char *text = loom_grammar_tools_to_gbnf(tools_json, only, syn, err, cap);
+    if (!text) return LOOM_ERR_INVALID_ARG;
+    loom_status st = compile_gbnf(text, vocab, out, err, cap);
+    free(text);
+    return st;
+}
+
+loom_status loom_grammar_json_object(const loom_gvocab *vocab, loom_grammar **out, char *err, size_t cap) {
+    return loom_grammar_from_schema("{\"type\": \"object\"}", vocab, out, err, cap);
+}
+
+loom_grammar *loom_grammar_retain(loom_grammar *g) {
+    if (g) atomic_fetch_add(&g->refs, 1);
+    return g;
+}
+
+void loom_grammar_release(loom_grammar *g) {
+    if (g && atomic_fetch_sub(&g->refs, 1) == 1) grammar_free(g);
+}
+
+const loom_gvocab *loom_grammar_vocab(const loom_grammar *g) { return g->vocab; }
+
+int loom_grammar_n_states(const loom_grammar *g) { return g->n_states; }
+
+/* ---- matcher ---------------------------------------------------------------- */
+
+void loom_gmatcher_init(loom_gmatcher *m, loom_grammar *g) {
+    m->g = g;
+    m->state = g->start;
+}
+
+int loom_gmatcher_accept_bytes(loom_gmatcher *m, const char *s, size_t n) {
+    int32_t st = m->state;
+    for (size_t i = 0; i < n && st; i++) st = step(m->g, st, (uint8_t)s[i]);
+    if (!st || m->g->oom) return -1;
+    m->state = st;
+    return 0;
+}
+
+int loom_gmatcher_accept_token(loom_gmatcher *m, int32_t id) {
+    const loom_gvocab *v = m->g->vocab;
+    if (!v || id < 0 || id >= v->n_vocab || v->lens[id] <= 0) return -1;
+    return loom_gmatcher_accept_bytes(m, v->bytes[id], (size_t)v->lens[id]);
+}
+
+int loom_gmatcher_done(const loom_gmatcher *m) { return m->state && m->g->states[m->state].done; }
+
+int loom_gmatcher_can_continue(const loom_gmatcher *m) { return m->state && m->g->states[m->state].n > 0; }
+
+int loom_grammar_accepts(loom_grammar *g, const char *s, size_t n) {
+    loom_gmatcher m;
+    loom_gmatcher_init(&m, g);
+    return !loom_gmatcher_accept_bytes(&m, s, n) && loom_gmatcher_done(&m);
+}
+
+/* Marks every token in trie node i's subtree whose bytes stay alive from
+ * state s (s is the state after node i's own byte). */
+static int walk(loom_grammar *g, const loom_gvocab *v, int32_t i, int32_t s, uint32_t *bits) {
+    int count = 0;
+    for (int32_t k = v->tok_off[i]; k < v->tok_off[i + 1]; k++) {
+        int32_t t = v->toks[k];
+        bits[t >> 5] |= 1u << (t & 31);
+        count++;
+    }
+    for (int32_t j = i + 1; j < v->end[i]; j = v->end[j]) {
+        int c = v->byte[j];
+        if (!(g->states[s].next[c >> 3] >> (c & 7) & 1)) continue;
+        int32_t t = step(g, s, c);
+        if (t) count += walk(g, v, j, t, bits);
+    }
+    return count;
+}
+
+/* Well-formed UTF-8 (Unicode's table of byte ranges), as [lead lo, hi]
+ * then the ranges of the bytes that follow. */
+static const uint8_t UTF8_SEQS[][4][2] = {
+    {{0xC2, 0xDF}, {0x80, 0xBF}},
+    {{0xE0, 0xE0}, {0xA0, 0xBF}, {0x80, 0xBF}},
+    {{0xE1, 0xEC}, {0x80, 0xBF}, {0x80, 0xBF}},
+    {{0xED, 0xED}, {0x80, 0x9F}, {0x80, 0xBF}},
+    {{0xEE, 0xEF}, {0x80, 0xBF}, {0x80, 0xBF}},
+    {{0xF0, 0xF0}, {0x90, 0xBF}, {0x80, 0xBF}, {0x80, 0xBF}},
+    {{0xF1, 0xF3}, {0x80, 0xBF}, {0x80, 0xBF}, {0x80, 0xBF}},
+    {{0xF4, 0xF4}, {0x80, 0x8F}, {0x80, 0xBF}, {0x80, 0xBF}},
+};
+static const int UTF8_SEQ_LEN[] = {2, 3, 3, 3, 3, 4, 4, 4};
+
+/* The one state every byte sequence of ranges r[0..n) leads s to, or -1
+ * when they do not all lead to one state. Dead stays dead. */
+static int32_t uniform_over(loom_grammar *g, int32_t s, const uint8_t (*r)[2], int n) {
+    if (!n || !s) return s;
+    int32_t to = -1;
+    for (int c = r[0][0]; c <= r[0][1]; c++) {
+        int32_t t = step(g, s, c);
+        if (to >= 0 && t != to) return -1;
+        to = t;
+    }
+    return uniform_over(g, to, r + 1, n - 1);
+}
+
+/* s's state after any text code point (design note 6), memoised. */
+static int32_t uniform_next(loom_grammar *g, int32_t s) {
+    if (g->states[s].uni != -2) return g->states[s].uni;
+    int32_t to = -1;
+    for (int c = 0x20; c < 0x80 && to != -2; c++) {
+        if (c == '"' || c == '\\') continue;
+        int32_t t = step(g, s, c);
+        to = to == -1 || to == t ? t : -2;
+    }
+    for (size_t k = 0; k < sizeof UTF8_SEQS / sizeof *UTF8_SEQS && to != -2; k++) {
+        const uint8_t (*r)[2] = UTF8_SEQS[k];
+        for (int c = r[0][0]; c <= r[0][1] && to != -2; c++) {
+            int32_t t = uniform_over(g, step(g, s, c), r + 1, UTF8_SEQ_LEN[k] - 1);
+            to = t >= 0 && (to == -1 || to == t) ? t : -2;
+        }
+    }
+    if (g->oom) return -1;
+    g->states[s].uni = to < 0 ? -1 : to;
+    return g->states[s].uni;
+}
+
+/* How many text code points s stays alive over when the chain of uniform
+ * successors is known for TEXT_MAX steps; -1 when it is not. */
+static int text_reach(loom_grammar *g, int32_t s) {
+    int k = 0;
+    for (; k < TEXT_MAX; k++) {
+        int32_t t = uniform_next(g, s);
+        if (t < 0) return -1;
+        if (!t) return k;
+        if (t == s) return TEXT_MAX + 1; /* a loop: any number */
+        s = t;
+    }
+    return k;
+}
+
+int loom_gmatcher_mask(loom_gmatcher *m, uint32_t *bits) {
+    loom_grammar *g = m->g;
+    const loom_gvocab *v = g->vocab;
+    size_t bytes = sizeof *bits * (size_t)g->mask_words;
+    gstate *st = &g->states[m->state];
+    if (st->mask_slot) {
+        memcpy(bits, g->masks[st->mask_slot - 1] + 1, bytes);
+        return (int)g->masks[st->mask_slot - 1][0];
+    }
+    if (!m->state || !v) return memset(bits, 0, bytes), 0;
+    int reach = v->other ? text_reach(g, m->state) : -1, count;
+    if (reach > TEXT_MAX) { /* design note 6: inside a string */
+        memcpy(bits, v->text + (size_t)TEXT_MAX * (size_t)g->mask_words, bytes);
+        count = v->text_count[TEXT_MAX] + v->n_long_text + walk(g, v->rest, 0, m->state, bits);
+        for (int i = 0; i < v->n_long_text; i++) bits[v->long_text[i] >> 5] |= 1u << (v->long_text[i] & 31);
+    } else if (reach >= 0) {
+        memcpy(bits, v->text + (size_t)reach * (size_t)g->mask_words, bytes);
+        count = v->text_count[reach] + walk(g, v->other, 0, m->state, bits);
+    } else {
+        memset(bits, 0, bytes);
+        count = walk(g, v, 0, m->state, bits);
+    }
+    /* cache it: a free slot, else replace one round-robin */
+    int slot;
+    if (g->n_masks < g->max_masks) {
+        g->masks[g->n_masks] = malloc(bytes + sizeof *bits);
+        if (!g->masks[g->n_masks]) return count;
+        slot = g->n_masks++;
+    } else {
+        slot = g->next_victim;
+        g->next_victim = (g->next_victim + 1) % g->max_masks;
+        g->states[g->mask_owner[slot]].mask_slot = 0;
+    }
+    g->masks[slot][0] = (uint32_t)count;
+    memcpy(g->masks[slot] + 1, bits, bytes);
+    g->mask_owner[slot] = m->state;
+    g->states[m->state].mask_slot = (uint32_t)slot + 1;
+    return count;
+}
+
+int loom_gmatcher_mask_logits(loom_gmatcher *m, uint32_t *bits, float *logits, int n) {
+    int count = loom_gmatcher_mask(m, bits);
+    for (int w = 0; w * 32 < n; w++) {
+        uint32_t b = bits[w];
+        if (b == ~0u) continue;
+        int end = LOOM_MIN(32, n - w * 32);
+        for (int k = 0; k < end; k++)
+            if (!(b >> k & 1)) logits[w * 32 + k] = -INFINITY;
+    }
+    return count;
+}
+
+/* ---- vocabulary ---------------------------------------------------------------- */
+
+static const loom_gvocab *sort_vocab; /* qsort has no context argument */
+static int cmp_tok(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    int lx = sort_vocab->lens[x], ly = sort_vocab->lens[y];
+    int c = memcmp(sort_vocab->bytes[x], sort_vocab->bytes[y], (size_t)LOOM_MIN(lx, ly));
+    return c ? c : lx != ly ? (lx < ly ? -1 : 1) : (x < y ? -1 : x > y);
+}
+
+void loom_gvocab_free(loom_gvocab *v) {
+    if (!v) return;
+    for (int i = 0; i < v->n_vocab && v->bytes; i++) free(v->bytes[i]);
+    free(v->bytes), free(v->lens), free(v->byte), free(v->end), free(v->tok_off), free(v->toks);
+    free(v->text), free(v->text_count), free(v->long_text);
+    loom_gvocab_free(v->other);
+    loom_gvocab_free(v->rest);
+    free(v);
+}
+
+static loom_status loom_gvocab_create_plain(const char *const *bytes, const int *lens, int n_vocab,
+                                           loom_gvocab **out);
+
+/* The number of code points of a text token (design note 6), or -1;
+ * *prefix: the bytes of its longest prefix of text code points. */
+static int text_len(const char *s, int n, int *prefix) {
+    int cps = 0;
+    for (int i = 0; i < n; cps++) {
+        *prefix = i;
+        uint8_t c = (uint8_t)s[i];
+        if (c < 0x80) {
+            if (c < 0x20 || c == '"' || c == '\\') return -1;
+            i++;
+            continue;
+        }
+        int k = 0, nk = (int)(sizeof UTF8_SEQS / sizeof *UTF8_SEQS);
+        while (k < nk && (c < UTF8_SEQS[k][0][0] || c > UTF8_SEQS[k][0][1])) k++;
+        if (k == nk || i + UTF8_SEQ_LEN[k] > n) return -1;
+        for (int j = 1; j < UTF8_SEQ_LEN[k]; j++) {
+            uint8_t d = (uint8_t)s[i + j];
+            if (d < UTF8_SEQS[k][j][0] || d > UTF8_SEQS[k][j][1]) return -1;
+        }
+        i += UTF8_SEQ_LEN[k];
+    }
+    *prefix = n;
+    return cps;
+}
+
+/* The text bitsets and the trie of the other tokens. */
+static loom_status build_text(loom_gvocab *v) {
+    size_t words = (size_t)(v->n_vocab + 31) / 32;
+    v->text = calloc((TEXT_MAX + 1) * words, sizeof *v->text);
+    v->text_count = calloc(TEXT_MAX + 1, sizeof *v->text_count);
+    int *olens = malloc(sizeof *olens * (size_t)(v->n_vocab + 1));
+    int *rlens = malloc(sizeof *rlens * (size_t)(v->n_vocab + 1));
+    const char **rest = malloc(sizeof *rest * (size_t)(v->n_vocab + 1));
+    v->long_text = malloc(sizeof *v->long_text * (size_t)(v->n_vocab + 1));
+    loom_status st = LOOM_OK;
+    if (!v->text || !v->text_count || !olens || !rlens || !rest || !v->long_text) {
+        st = loom_err(LOOM_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    for (int t = 0; t < v->n_vocab; t++) {
+        int prefix = 0, k = v->lens[t] > 0 ? text_len(v->bytes[t], v->lens[t], &prefix) : -1;
+        olens[t] = k >= 1 && k <= TEXT_MAX ? -1 : v->lens[t];
+        rlens[t] = olens[t] > 0 ? v->lens[t] - prefix : -1;
+        rest[t] = v->bytes[t] ? v->bytes[t] + prefix : NULL;
+        if (olens[t] > 0 && rlens[t] == 0) v->long_text[v->n_long_text++] = t;
+        for (int j = k; j >= 1 && j <= TEXT_MAX; j++) {
+            v->text[(size_t)j * words + (size_t)(t >> 5)] |= 1u << (t & 31);
+            v->text_count[j]++;
+        }
+    }
+    st = loom_gvocab_create_plain((const char *const *)v->bytes, olens, v->n_vocab, &v->other);
+    if (!st) st = loom_gvocab_create_plain(rest, rlens, v->n_vocab, &v->rest);
+out:
+    free(olens), free(rlens), free(rest);
+    return st;
+}
+
+int loom_gvocab_size(const loom_gvocab *v) { return v->n_vocab; }
+
+/* Builds the preorder trie from the tokens sorted by their bytes: each
+ * token shares its path with the previous one up to their common prefix. */
+static loom_status build_trie(loom_gvocab *v) {
+    int n = 0;
+    size_t total = 1;
+    for (int i = 0; i < v->n_vocab; i++)
+        if (v->lens[i] > 0) n++, total += (size_t)v->lens[i];
+    int32_t *order = malloc(sizeof *order * (size_t)(n + 1));
+    int32_t *tnode = malloc(sizeof *tnode * (size_t)(n + 1));
+    int32_t *path = malloc(sizeof *path * (total + 1));
+    int32_t *cnt = calloc(total + 1, sizeof *cnt);
+    v->byte = malloc(total);
+    v->end = malloc(sizeof *v->end * total);
+    v->tok_off = malloc(sizeof *v->tok_off * (total + 1));
+    v->toks = malloc(sizeof *v->toks * (size_t)(n + 1));
+    loom_status st = LOOM_OK;
+    if (!order || !tnode || !path || !cnt || !v->byte || !v->end || !v->tok_off || !v->toks) {
+        st = loom_err(LOOM_ERR_NOMEM, "out of memory for the vocabulary trie");
+        goto out;
+    }
+    n = 0;
+    for (int i = 0; i < v->n_vocab; i++)
+        if (v->lens[i] > 0) order[n++] = i;
+    sort_vocab = v;
+    qsort(order, (size_t)n, sizeof *order, cmp_tok);
+    int nn = 1, depth = 0, prev_len = 0;
+    const char *prev = NULL;
+    v->byte[0] = 0;
+    path[0] = 0;
+    for (int k = 0; k < n; k++) {
+        int t = order[k], len = v->lens[t];
+        const char *s = v->bytes[t];
+        int common = 0;
+        while (common < prev_len && common < len && prev[common] == s[common]) common++;
+        while (depth > common) v->end[path[depth--]] = nn; /* close finished subtrees */
+        for (int d = common; d < len; d++) {
+            v->byte[nn] = (uint8_t)s[d];
+            path[++depth] = nn++;
+        }
+        tnode[k] = path[len];
+        cnt[path[len]]++;
+        prev = s;
+        prev_len = len;
+    }
+    while (depth > 0) v->end[path[depth--]] = nn;
+    v->end[0] = nn;
+    v->n_nodes = nn;
+    v->tok_off[0] = 0;
+    for (int i = 0; i < nn; i++) v->tok_off[i + 1] = v->tok_off[i] + cnt[i];
+    for (int k = 0; k < n; k++) v->toks[v->tok_off[tnode[k]] + --cnt[tnode[k]]] = order[k];
+out:
+    free(order), free(tnode), free(path), free(cnt);
+    return st;
+}
+
+static loom_status gvocab_create(const char *const *bytes, const int *lens, int n_vocab, int text,
+                                 loom_gvocab **out) {
+    *out = NULL;
+    loom_gvocab *v = calloc(1, sizeof *v);
+    if (!v) return loom_err(LOOM_ERR_NOMEM, "out of memory");
+    v->n_vocab = n_vocab;
+    v->bytes = calloc((size_t)n_vocab, sizeof *v->bytes);
+    v->lens = calloc((size_t)n_vocab, sizeof *v->lens);
+    if (!v->bytes || !v->lens) {
+        loom_gvocab_free(v);
+        return loom_err(LOOM_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < n_vocab; i++) {
+        v->lens[i] = lens[i] > 0 ? lens[i] : -1;
+        if (lens[i] <= 0) continue;
+        v->bytes[i] = malloc((size_t)lens[i]);
+        if (!v->bytes[i]) {
+            loom_gvocab_free(v);
+            return loom_err(LOOM_ERR_NOMEM, "out of memory");
+        }
+        memcpy(v->bytes[i], bytes[i], (size_t)lens[i]);
+    }
+    loom_status st = build_trie(v);
+    if (!st && text) st = build_text(v);
+    if (st) {
+        loom_gvocab_free(v);
+        return st;
+    }
+    *out = v;
+    return LOOM_OK;
+}
+
+static loom_status loom_gvocab_create_plain(const char *const *bytes, const int *lens, int n_vocab,
+                                           loom_gvocab **out) {
+    return gvocab_create(bytes, lens, n_vocab, 0, out);
+}
+
+loom_status loom_gvocab_create(const char *const *bytes, const int *lens, int n_vocab, loom_gvocab **out) {
+    return gvocab_create(bytes, lens, n_vocab, 1, out);
+}
+
+loom_status loom_gvocab_from_tok(const loom_tok *t, int n_vocab, loom_gvocab **out) {
+    *out = NULL;
+    int n = LOOM_MAX(n_vocab, loom_tok_vocab_size(t));
+    char **bytes = calloc((size_t)n, sizeof *bytes);
+    int *lens = calloc((size_t)n, sizeof *lens);
+    loom_status st = bytes && lens ? LOOM_OK : loom_err(LOOM_ERR_NOMEM, "out of memory");
+    char buf[1024];
+    for (int i = 0; i < n && !st; i++) {
+        int len = i < loom_tok_vocab_size(t) ? loom_tok_token_bytes(t, i, buf, sizeof buf) : -1;
+        lens[i] = len > (int)sizeof buf ? -1 : len;
+        if (lens[i] > 0 && !(bytes[i] = malloc((size_t)len))) st = loom_err(LOOM_ERR_NOMEM, "out of memory");
+        if (lens[i] > 0 && bytes[i]) memcpy(bytes[i], buf, (size_t)len);
+    }
+    if (!st) st = loom_gvocab_create((const char *const *)bytes, lens, n, out);
+    for (int i = 0; i < n && bytes; i++) free(bytes[i]);
+    free(bytes), free(lens);
+    return st;
+}
