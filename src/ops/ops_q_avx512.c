@@ -156,7 +156,10 @@ INLINE void ex_rows_multi(float *y, size_t ldy, const float *const *xp, const fl
             facc[t] = bias_dot(w->biases + (size_t)r * ng, xsg + (size_t)t * MAXB, ng, w->f16);
         for (int c0 = 0; c0 < nb; c0 += 16) {
             int cnt = LOOM_MIN(16, nb - c0);
-            __m512 scv = block_scales(scr, c0, cnt, gs, w->f16);
+            /* stored whole and read back a lane at a time (a load that
+             * broadcasts, off the shuffle port the 4-bit unpacking keeps busy) */
+            float scb[16] __attribute__((aligned(64)));
+            _mm512_store_ps(scb, block_scales(scr, c0, cnt, gs, w->f16));
             for (int jj = 0; jj < cnt; jj++) {
                 int j = c0 + jj;
                 __m512 wv[4];
@@ -175,7 +178,7 @@ INLINE void ex_rows_multi(float *y, size_t ldy, const float *const *xp, const fl
                         wv[2 * c + 1] = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), tbl);
                     }
                 }
-                __m512 sj = _mm512_permutexvar_ps(_mm512_set1_epi32(jj), scv);
+                __m512 sj = _mm512_set1_ps(scb[jj]);
 #pragma GCC unroll 8
                 for (int t = 0; t < T; t++) {
                     const float *xj = xp[t] + (size_t)j * XBLK;
