@@ -32,9 +32,10 @@
 #    GGUF formats store the same bits per weight: 16, 16, 8.5, 4.5).
 #
 # 5. Batched decode (VS_BATCHED=1): for each format in $VS_BATCH_FORMATS,
-#    llama-batched-bench (-npp 128 -ntg 64 -npl 1,4,8) against bench_engine
-#    --decode-only with the same protocol (each sequence its own 128-token
-#    prompt, 64 generated tokens, aggregate decode tokens/s), alternating.
+#    llama-batched-bench (-npp 128 -ntg 64 -npl $VS_BATCH_SEQS) against
+#    bench_engine --decode-only with the same protocol (each sequence its own
+#    128-token prompt, 64 generated tokens, aggregate decode tokens/s),
+#    alternating.
 #
 # llama.cpp is found in $LLAMA_CPP_DIR (default /tmp/llama.cpp/build/bin,
 # needs llama-bench); without it the script prints loom's figures and the
@@ -42,7 +43,8 @@
 #
 # Environment: BUILD (default build/bench), VS_DIR, LLAMA_CPP_DIR,
 # VS_FORMATS (default "bf16 f16 q8_0 q4_0"), VS_MODES ("exact fast"),
-# VS_BATCHED (0), VS_BATCH_FORMATS ("q8_0"), VS_ROUNDS (3), VS_REPS (2),
+# VS_BATCHED (0), VS_BATCH_FORMATS ("q8_0"), VS_BATCH_SEQS ("1,4,8"; at
+# most 32), VS_ROUNDS (3), VS_REPS (2),
 # VS_THREADS (all cores), VS_P (512), VS_N (128), VS_SEED (1), VS_PRESET
 # (qwen3-0.6b; tiny for a quick check of the script). VS_TABLE=<runs dir>
 # prints the table of an earlier (or interrupted) run and times nothing.
@@ -57,6 +59,9 @@ FORMATS=${VS_FORMATS:-bf16 f16 q8_0 q4_0}
 MODES=${VS_MODES:-exact fast}
 BATCHED=${VS_BATCHED:-0}
 BATCH_FORMATS=${VS_BATCH_FORMATS:-q8_0}
+BATCH_SEQS=${VS_BATCH_SEQS:-1,4,8}
+BATCH_CTX=$(( $(echo "$BATCH_SEQS" | tr , '\n' | sort -n | tail -n 1) * 256 ))
+BATCH_CTX=$(( BATCH_CTX < 2048 ? 2048 : BATCH_CTX ))
 ROUNDS=${VS_ROUNDS:-3}
 REPS=${VS_REPS:-2}
 THREADS=${VS_THREADS:-$(nproc)}
@@ -144,7 +149,7 @@ run_loom_batched() { # format round
     for mode in $MODES; do
         say "round $2 $1: loom batched $mode ($m), load $(load)"
         # shellcheck disable=SC2046
-        "$BUILD/bench/bench_engine" --model "$m" --decode-only --prompt 128 --gen 64 --seqs 1,4,8 \
+        "$BUILD/bench/bench_engine" --model "$m" --decode-only --prompt 128 --gen 64 --seqs "$BATCH_SEQS" \
             --reps "$REPS" --threads "$THREADS" --json $(fast_flag $mode) \
             >"$OUT/loomb-$1-$mode-$2.json" 2>>"$OUT/loom.log" ||
             die "bench_engine $mode failed on $m (see $OUT/loom.log)"
@@ -155,8 +160,9 @@ run_llama_batched() {
     say "round $2 $1: llama-batched-bench (gguf-$1), load $(load)"
     k=1
     while [ $k -le "$REPS" ]; do
-        "$LLAMA/llama-batched-bench" -m "$DIR/gguf-$1/model.gguf" -c 2048 -b 2048 -ub 512 \
-            -npp 128 -ntg 64 -npl 1,4,8 -t "$THREADS" --output-format jsonl \
+        # each sequence gets c / (most sequences) positions of the context
+        "$LLAMA/llama-batched-bench" -m "$DIR/gguf-$1/model.gguf" -c "$BATCH_CTX" -b 2048 -ub 512 \
+            -npp 128 -ntg 64 -npl "$BATCH_SEQS" -t "$THREADS" --output-format jsonl \
             >>"$OUT/llamab-$1-$2.jsonl" 2>>"$OUT/llama.log" ||
             die "llama-batched-bench failed on gguf-$1 (see $OUT/llama.log)"
         k=$((k + 1))
@@ -319,7 +325,7 @@ if [ "$BATCHED" = 1 ]; then
         gf=$(ls "$OUT"/llamab-"$f"-*.jsonl 2>/dev/null || true)
         for mode in $MODES; do
             lf=$(ls "$OUT"/loomb-"$f"-"$mode"-*.json 2>/dev/null || true)
-            for k in 1 4 8; do
+            for k in $(echo "$BATCH_SEQS" | tr , ' '); do
                 l=$(loomb_samples $k $lf | median); g=$(llamab_samples $k $gf | median)
                 printf '| %-6s | %-5s | %4s | %9s | %9s | %5s |\n' "$f" "$mode" $k "$l" "$g" "$(ratio "$l" "$g")"
             done

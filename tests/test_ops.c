@@ -480,6 +480,11 @@ static void test_matmul_q(void) {
                 int ri = (T + (int)si) % 4, group = q48[si][0], n = q48[si][1];
                 check_matmul_q(bits, group, n, T, T % 2, 37, rr[ri][0], rr[ri][1], n + T % 3, 40);
             }
+    /* A batched decode's token counts (several tiles, a partial one) over
+     * the 128-column panels with a 64-column tail and partial row panels. */
+    for (int bits = 4; bits <= 8; bits += 4)
+        for (int T = 31; T <= 33; T++)
+            check_matmul_q(bits, 64, 1088, T, T % 2, 37, T % 5, 37 - T % 3, 1088 + T % 3, 40);
 }
 
 /* The --fast reference against the exact one on 4- and 8-bit weights: the

@@ -156,7 +156,10 @@ INLINE void ex_rows_multi(float *y, size_t ldy, const float *const *xp, const fl
             facc[t] = bias_dot(w->biases + (size_t)r * ng, xsg + (size_t)t * MAXB, ng, w->f16);
         for (int c0 = 0; c0 < nb; c0 += 16) {
             int cnt = LOOM_MIN(16, nb - c0);
-            __m512 scv = block_scales(scr, c0, cnt, gs, w->f16);
+            /* stored whole and read back a lane at a time (a load that
+             * broadcasts, off the shuffle port the 4-bit unpacking keeps busy) */
+            float scb[16] __attribute__((aligned(64)));
+            _mm512_store_ps(scb, block_scales(scr, c0, cnt, gs, w->f16));
             for (int jj = 0; jj < cnt; jj++) {
                 int j = c0 + jj;
                 __m512 wv[4];
@@ -175,7 +178,7 @@ INLINE void ex_rows_multi(float *y, size_t ldy, const float *const *xp, const fl
                         wv[2 * c + 1] = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), tbl);
                     }
                 }
-                __m512 sj = _mm512_permutexvar_ps(_mm512_set1_epi32(jj), scv);
+                __m512 sj = _mm512_set1_ps(scb[jj]);
 #pragma GCC unroll 8
                 for (int t = 0; t < T; t++) {
                     const float *xj = xp[t] + (size_t)j * XBLK;
@@ -214,37 +217,59 @@ static void ex_matvec_multi(float *y, int ldy, const float *x, int ldx, const lo
 
 /* ---- exact, prefill ------------------------------------------------------ */
 
-/* pan[k][i] = row p0 + i, column k0 + k dequantized (sc * q + bi, rounded
- * twice like the reference), zero for rows past R; len % 64 == 0. */
-static void ex_panel(float *pan, const loom_qmat *w, int p0, int R, int k0, int len) {
+/* The scales and biases of rows p0 .. p0 + R - 1 for group g, one row a
+ * lane (zero past R). */
+INLINE void ex_params(__m512 *sc, __m512 *bi, const loom_qmat *w, int p0, int R, int g) {
     const int ng = w->n / w->group;
-    for (int c = 0; c < len; c += XBLK) {
-        int k = k0 + c, g = k / w->group;
-        __m512i rows[4][16]; /* four 16-column quarters of 16 rows */
-        for (int i = 0; i < PR; i++) {
-            if (i >= R) {
-                for (int q = 0; q < 4; q++) rows[q][i] = _mm512_setzero_si512();
-                continue;
+    uint16_t s[16], b[16];
+    for (int i = 0; i < R; i++) {
+        s[i] = w->scales[(size_t)(p0 + i) * ng + g];
+        b[i] = w->biases[(size_t)(p0 + i) * ng + g];
+    }
+    *sc = params16(s, R, w->f16);
+    *bi = params16(b, R, w->f16);
+}
+
+/* pan[k][i] = row p0 + i, column k0 + k dequantized (sc * q + bi, rounded
+ * twice like the reference), zero for rows past R; len % 64 == 0. The
+ * rows' packed dwords are transposed first (16 x 16: lane i of vector m is
+ * row i's dword m, 4 bytes or 8 nibbles), so each column's 16 fields come
+ * out of one vector with a shift, the rows' scales and biases stay in
+ * lanes, and nothing is transposed after conversion: about half the work
+ * of converting row by row, which a few dozen tokens do not amortize. */
+INLINE void ex_panel_bits(float *pan, const loom_qmat *w, int p0, int R, int k0, int len,
+                          const int bits) {
+    const int per = 32 / bits, span = 16 * per; /* fields a dword, columns a transpose */
+    const __m512 tbl = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i ff = _mm512_set1_epi32(255);
+    for (int c = 0; c < len; c += span) {
+        const int k = k0 + c, cols = LOOM_MIN(span, len - c);
+        __m512i r[16];
+        for (int i = 0; i < PR; i++)
+            r[i] = i < R ? _mm512_maskz_loadu_epi32(mask16(cols / per), qrow(w, p0 + i) + (size_t)k * bits / 8)
+                         : _mm512_setzero_si512();
+        loom_tr16(r);
+        __m512 sc = _mm512_setzero_ps(), bi = sc;
+        for (int m = 0, g = -1; m < cols / per; m++) {
+            if ((k + m * per) / w->group != g) {
+                g = (k + m * per) / w->group;
+                ex_params(&sc, &bi, w, p0, R, g);
             }
-            size_t si = (size_t)(p0 + i) * ng + g;
-            __m512 sc = _mm512_set1_ps(w->f16 ? _cvtsh_ss(w->scales[si]) : loom_bf16_to_f32(w->scales[si]));
-            __m512 bi = _mm512_set1_ps(w->f16 ? _cvtsh_ss(w->biases[si]) : loom_bf16_to_f32(w->biases[si]));
-            const uint8_t *row = qrow(w, p0 + i);
-            __m512i b = w->bits == 8 ? _mm512_loadu_si512(row + k) : unpack4_natural(row + k / 2);
-            __m512i d[4] = {_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(b, 0)),
-                            _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(b, 1)),
-                            _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(b, 2)),
-                            _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(b, 3))};
-            for (int q = 0; q < 4; q++)
-                rows[q][i] = _mm512_castps_si512(
-                    _mm512_add_ps(_mm512_mul_ps(sc, _mm512_cvtepi32_ps(d[q])), bi));
-        }
-        for (int q = 0; q < 4; q++) {
-            loom_tr16(rows[q]);
-            for (int m = 0; m < 16; m++)
-                _mm512_store_si512((__m512i *)(pan + (size_t)(c + 16 * q + m) * PR), rows[q][m]);
+#pragma GCC unroll 8
+            for (int b = 0; b < per; b++) {
+                __m512i f = b ? _mm512_srli_epi32(r[m], bits * b) : r[m];
+                __m512 q = bits == 4 ? _mm512_permutexvar_ps(f, tbl) /* reads the low 4 bits */
+                                     : _mm512_cvtepi32_ps(b < 3 ? _mm512_and_si512(f, ff) : f);
+                _mm512_store_ps(pan + (size_t)(c + m * per + b) * PR,
+                                _mm512_add_ps(_mm512_mul_ps(sc, q), bi));
+            }
         }
     }
+}
+
+static void ex_panel(float *pan, const loom_qmat *w, int p0, int R, int k0, int len) {
+    if (w->bits == 8) ex_panel_bits(pan, w, p0, R, k0, len, 8);
+    else ex_panel_bits(pan, w, p0, R, k0, len, 4);
 }
 
 /* y[t][p0 + i] (+)= sum_k xp[k][t] * pan[k][i] for TT tokens; xp is the
@@ -271,6 +296,41 @@ INLINE void ex_tile(float *y, size_t ldy, const float *xp, const float *pan, int
  * dequantized once per token block and swept by every tile from L1. */
 #define EX_TB 240
 
+/* The weight lines (and the rows' scales and biases) of the panel after
+ * this one. A panel's rows are a row length apart, a pattern the hardware
+ * prefetchers do not follow; a prompt's many tiles hide the misses, but a
+ * batch of a few dozen decoded tokens waited on them (a fifth of the step
+ * at 32 sequences). */
+static void ex_prefetch(const loom_qmat *w, int p0, int R, int k0, int len) {
+    const size_t off = (size_t)k0 * w->bits / 8, bytes = (size_t)len * w->bits / 8;
+    const int ng = w->n / w->group, g = k0 / w->group;
+    for (int i = 0; i < R; i++) {
+        const char *row = (const char *)qrow(w, p0 + i) + off;
+        for (size_t b = 0; b < bytes; b += 64) _mm_prefetch(row + b, _MM_HINT_T0);
+        _mm_prefetch((const char *)(w->scales + (size_t)(p0 + i) * ng + g), _MM_HINT_T0);
+        _mm_prefetch((const char *)(w->biases + (size_t)(p0 + i) * ng + g), _MM_HINT_T0);
+    }
+}
+
+/* xp[tile][k][t % TT_MAX] = x[t][k0 + k] for tn tokens and len (% 16 == 0)
+ * columns: 16 x 16 transposes of 12 tokens' rows (a scalar copy was a
+ * tenth of a 32-token step). */
+static void ex_pack(float *xp, const float *x, size_t lx, int tn, int k0, int len) {
+    for (int t0 = 0; t0 < tn; t0 += TT_MAX) {
+        int tt = LOOM_MIN(TT_MAX, tn - t0);
+        float *d = xp + (size_t)(t0 / TT_MAX) * TT_MAX * KC_EXACT;
+        for (int c = 0; c < len; c += 16) {
+            __m512i r[16];
+            for (int t = 0; t < 16; t++)
+                r[t] = t < tt ? _mm512_loadu_si512(x + (size_t)(t0 + t) * lx + k0 + c)
+                              : _mm512_setzero_si512();
+            loom_tr16(r);
+            for (int m = 0; m < 16; m++)
+                _mm512_mask_storeu_epi32(d + (size_t)(c + m) * TT_MAX, 0x0FFF, r[m]);
+        }
+    }
+}
+
 static void ex_gemm(float *y, int ldy, const float *x, int ldx, const loom_qmat *w, int T, int r0,
                     int r1) {
     float pan[KC_EXACT * PR] __attribute__((aligned(64)));
@@ -280,15 +340,14 @@ static void ex_gemm(float *y, int ldy, const float *x, int ldx, const loom_qmat 
         int tn = LOOM_MIN(EX_TB, T - t0);
         for (int k0 = 0; k0 < w->n; k0 += KC_EXACT) {
             int len = LOOM_MIN(KC_EXACT, w->n - k0), first = k0 == 0;
-            /* xp[tile][k][t]: tile t / TT_MAX, lane t % TT_MAX. */
-            for (int t = 0; t < tn; t++) {
-                const float *xt = x + (size_t)(t0 + t) * lx + k0;
-                float *d = xp + (size_t)(t / TT_MAX) * TT_MAX * KC_EXACT + t % TT_MAX;
-                for (int k = 0; k < len; k++) d[(size_t)k * TT_MAX] = xt[k];
-            }
+            ex_pack(xp, x + (size_t)t0 * lx, lx, tn, k0, len);
             for (int p0 = r0; p0 < r1; p0 += PR) {
                 int R = LOOM_MIN(PR, r1 - p0);
                 __mmask16 rm = mask16(R);
+                if (p0 + PR < r1) ex_prefetch(w, p0 + PR, LOOM_MIN(PR, r1 - p0 - PR), k0, len);
+                else if (k0 + KC_EXACT < w->n)
+                    ex_prefetch(w, r0, LOOM_MIN(PR, r1 - r0), k0 + KC_EXACT,
+                                LOOM_MIN(KC_EXACT, w->n - k0 - KC_EXACT));
                 ex_panel(pan, w, p0, R, k0, len);
                 for (int t = 0; t < tn; t += TT_MAX) {
                     float *yt = y + (size_t)(t0 + t) * ly + p0;
