@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "vision/vision_int.h"
 #include "vision/vit.h"
 
 typedef struct qv_block {
@@ -376,40 +377,29 @@ loom_status loom_qwen25_vit_encode(loom_qwen25_vit *v, const float *pixels, cons
     return s;
 }
 
-loom_status loom_qwen25_rope_index(const int32_t *ids, int n, int image_token, const int *grids,
-                                   int n_images, int merge, int32_t *pos, int *delta) {
-    int next = 0, im = 0;
-    for (int i = 0; i < n;) {
-        if (ids[i] != image_token) {
-            pos[i] = pos[n + i] = pos[2 * n + i] = next++;
-            i++;
-            continue;
-        }
-        if (im == n_images)
-            return loom_err(LOOM_ERR_INVALID_ARG, "prompt: image token at %d after the %d "
-                            "images given", i, n_images);
-        const int *g = grids + 3 * im;
-        int gh = g[1] / merge, gw = g[2] / merge, cnt = g[0] * gh * gw;
-        if (i + cnt > n)
-            return loom_err(LOOM_ERR_INVALID_ARG, "prompt: image %d needs %d image tokens from "
-                            "%d, the prompt ends at %d", im, cnt, i, n);
-        for (int k = 0; k < cnt; k++) {
-            if (ids[i + k] != image_token)
-                return loom_err(LOOM_ERR_INVALID_ARG, "prompt: image %d has %d image tokens, its "
-                                "grid (%d, %d, %d) needs %d", im, k, g[0], g[1], g[2], cnt);
-            /* images have one temporal position (their time step is 0) */
-            int r = k % (gh * gw);
-            pos[i + k] = next;
-            pos[n + i + k] = next + r / gw;
-            pos[2 * n + i + k] = next + r % gw;
-        }
-        next += LOOM_MAX(gh, gw);
-        i += cnt;
-        im++;
-    }
-    if (im != n_images)
-        return loom_err(LOOM_ERR_INVALID_ARG, "prompt: image tokens for %d images, %d given", im,
-                        n_images);
-    *delta = next - n;
+/* ---- its row of the vision family table (vision.c) ---------------------- */
+
+loom_status loom_qwen25_vit_family_load(loom_vision *v, const cJSON *root, const cJSON *vc) {
+    (void)vc;
+    loom_qwen25_vit *t = NULL;
+    loom_status s = loom_qwen25_vit_load(v->m, root, v->m->cfg.hidden_size, &t);
+    if (s) return s;
+    v->tower = t;
+    loom_vision_info *vi = &v->info;
+    vi->patch = t->patch;
+    vi->temporal_patch = t->tpatch;
+    vi->in_channels = t->in_ch;
+    vi->patch_dim = t->patch_dim;
+    vi->merge = t->merge;
+    vi->out_hidden = t->out_dim;
     return LOOM_OK;
 }
+
+loom_status loom_qwen25_vit_family_encode(loom_vision *v, const loom_vision_image *img,
+                                          float *embeds, float *deep) {
+    (void)deep;
+    loom_qwen25_vit_taps taps = {.patch_embed = v->tap_patch, .merger_in = v->tap_merge_in};
+    return loom_qwen25_vit_encode(v->tower, img->pixels, img->grid, 1, embeds, &taps);
+}
+
+void loom_qwen25_vit_family_free(void *tower) { loom_qwen25_vit_free(tower); }

@@ -53,7 +53,7 @@ typedef struct qwen_vit {
     int n_deep;
 } qwen_vit;
 
-void loom_qwen_vit_free(void *tower) {
+void loom_qwen_vit_family_free(void *tower) {
     qwen_vit *q = tower;
     if (!q) return;
     free(q->blocks);
@@ -110,7 +110,8 @@ static loom_status bind_block(loom_vision *v, const qwen_vit *q, int l, vit_bloc
     return LOOM_OK;
 }
 
-loom_status loom_qwen_vit_load(loom_vision *v, const cJSON *vc) {
+loom_status loom_qwen_vit_family_load(loom_vision *v, const cJSON *root, const cJSON *vc) {
+    (void)root;
     loom_vision_info *vi = &v->info;
     qwen_vit *q = calloc(1, sizeof *q);
     if (!q) return loom_err(LOOM_ERR_NOMEM, "out of memory");
@@ -322,7 +323,7 @@ static void merge(loom_model *m, const vit_merger *g, const float *x, int N, int
     add_bias(out, g->fc2_b, G, g->fc2.rows);
 }
 
-loom_status loom_qwen_vit_encode(loom_vision *v, const loom_vision_image *img, float *embeds,
+loom_status loom_qwen_vit_family_encode(loom_vision *v, const loom_vision_image *img, float *embeds,
                                  float *deep) {
     const qwen_vit *q = v->tower;
     const loom_vision_info *vi = &v->info;

@@ -9,6 +9,7 @@
 
 #include "base/base.h"
 #include "model/matmul.h"
+#include "vision/vision_int.h"
 #include "vision/vit.h"
 
 typedef struct sg_layer {
@@ -297,3 +298,35 @@ out:
     free(cu);
     return s;
 }
+
+/* ---- its row of the vision family table (vision.c) ---------------------- */
+
+/* An image is one (3, S, S) plane of pixels, grid (1, 1, 1), giving
+ * mm_tokens_per_image tokens. */
+loom_status loom_siglip_family_load(loom_vision *v, const cJSON *root, const cJSON *vc) {
+    (void)vc;
+    loom_siglip *t = NULL;
+    loom_status s = loom_siglip_load(v->m, root, v->m->cfg.hidden_size, &t);
+    if (s) return s;
+    v->tower = t;
+    loom_vision_info *vi = &v->info;
+    vi->patch = t->patch;
+    vi->temporal_patch = 1;
+    vi->in_channels = t->ch;
+    vi->patch_dim = t->ch * t->image * t->image;
+    vi->merge = 1;
+    vi->tokens_per_image = loom_siglip_tokens(t);
+    vi->out_hidden = t->out_dim;
+    return LOOM_OK;
+}
+
+/* The tower's merger input is the post layer norm's output (the projector
+ * pools it); there is no tap before the position embeddings. */
+loom_status loom_siglip_family_encode(loom_vision *v, const loom_vision_image *img,
+                                      float *embeds, float *deep) {
+    (void)deep;
+    loom_siglip_taps taps = {.post_layernorm = v->tap_merge_in};
+    return loom_siglip_encode(v->tower, img->pixels, 1, embeds, &taps);
+}
+
+void loom_siglip_family_free(void *tower) { loom_siglip_free(tower); }

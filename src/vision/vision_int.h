@@ -11,13 +11,15 @@
 /* One family of towers (a row of vision.c's table). */
 typedef struct loom_vision_family {
     const char *arch;        /* architectures[0] of config.json */
-    /* Reads vision_config (vc) and the weights into v->tower, fills
-     * v->info's tower fields (patch sizes, merge, out_hidden, n_deep). */
-    loom_status (*load)(loom_vision *v, const cJSON *vc);
+    /* Reads vision_config (vc; root is the whole config.json) and the
+     * weights into v->tower, fills v->info's tower fields (patch sizes,
+     * merge or tokens_per_image, out_hidden, n_deep). */
+    loom_status (*load)(loom_vision *v, const cJSON *root, const cJSON *vc);
     loom_status (*encode)(loom_vision *v, const loom_vision_image *img, float *embeds,
                           float *deep);
     void (*free)(void *tower);
     int mrope;               /* the prompt takes M-RoPE positions (Qwen rule) */
+    int spans;               /* each image's tokens attend both ways (Gemma 3) */
 } loom_vision_family;
 
 struct loom_vision {
