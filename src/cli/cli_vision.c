@@ -49,3 +49,12 @@ void cli_vision_free(cli_vision *cv) {
     loom_vision_free(cv->v);
     cv->v = NULL;
 }
+
+/* the context's own chunk when n_batch is 0 */
+#define CLI_CONTEXT_BATCH 512
+
+int cli_vision_n_batch(const cli_vision *cv) {
+    if (!cv->v || !cv->p.groups) return 0;
+    int b = loom_vision_prompt_batch(&cv->p, CLI_CONTEXT_BATCH);
+    return b == CLI_CONTEXT_BATCH ? 0 : b;
+}
