@@ -47,9 +47,7 @@ struct loom_qwen25_vit {
 /* The weights' prefix in this checkpoint. */
 static const char *find_prefix(const loom_safetensors *st) {
     static const char *const prefixes[] = {"visual.", "model.visual."};
-    for (size_t i = 0; i < LOOM_ARRAY_LEN(prefixes); i++)
-        if (loom_vit_find(st, prefixes[i], "patch_embed.proj.weight")) return prefixes[i];
-    return NULL;
+    return loom_vit_prefix(st, prefixes, LOOM_ARRAY_LEN(prefixes), "patch_embed.proj.weight");
 }
 
 static loom_status parse_config(loom_qwen25_vit *v, const cJSON *vc, int out_dim,
@@ -236,23 +234,6 @@ static void window_index(const loom_qwen25_vit *v, const int *grids, int n_image
     *n_w = nw;
 }
 
-/* q and k (T rows of stride ld, heads of hd) rotated by each row's angles
- * (T, hd / 2) as rotate_half pairs them: (i, i + hd / 2). */
-static void rope_rows(float *x, int ld, int T, int heads, int hd, const float *cs,
-                      const float *sn) {
-    int half = hd / 2;
-    for (int t = 0; t < T; t++)
-        for (int h = 0; h < heads; h++) {
-            float *r = x + (size_t)t * ld + (size_t)h * hd;
-            const float *c = cs + (size_t)t * half, *s = sn + (size_t)t * half;
-            for (int i = 0; i < half; i++) {
-                float a = r[i], b = r[i + half];
-                r[i] = a * c[i] - b * s[i];
-                r[i + half] = b * c[i] + a * s[i];
-            }
-        }
-}
-
 typedef struct qv_bufs {
     float *x, *xn, *qkv, *att, *hb, *hb2, *cs, *sn, *mo;
     int *unit, *wcu, *fcu, *upos;
@@ -270,8 +251,7 @@ static loom_status run_block(loom_qwen25_vit *v, const qv_block *b, qv_bufs *u, 
     int d = v->dim, I = v->inter;
     loom_vit_rmsnorm(u->xn, u->x, b->norm1, N, d, 1e-6f);
     loom_vit_linear(m, u->qkv, u->xn, &b->qkv, b->qkv_b, N);
-    rope_rows(u->qkv, 3 * d, N, v->heads, v->hd, u->cs, u->sn);
-    rope_rows(u->qkv + d, 3 * d, N, v->heads, v->hd, u->cs, u->sn);
+    loom_vit_rope(u->qkv, 3 * d, N, 2 * v->heads, v->hd, u->cs, u->sn); /* q heads, k heads */
     loom_status s = loom_vit_attention(m, u->att, u->qkv, u->qkv + d, u->qkv + 2 * d, 3 * d,
                                        v->heads, v->hd, cu, n_seg,
                                        (float)(1.0 / sqrt((double)v->hd)));

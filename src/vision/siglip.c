@@ -41,13 +41,6 @@ struct loom_siglip {
     loom_vit_mem mem;
 };
 
-static const char *find_prefix(const loom_safetensors *st, const char *const *list, size_t n,
-                               const char *probe) {
-    for (size_t i = 0; i < n; i++)
-        if (loom_vit_find(st, list[i], probe)) return list[i];
-    return NULL;
-}
-
 static loom_status parse_config(loom_siglip *v, const cJSON *root, const cJSON *vc) {
     const char *w = "vision_config";
     loom_status s;
@@ -116,7 +109,7 @@ static loom_status bind_layer(loom_siglip *v, const char *pre, int i, sg_layer *
 static loom_status bind_projector(loom_siglip *v) {
     static const char *const pres[] = {"multi_modal_projector.", "model.multi_modal_projector."};
     const loom_safetensors *st = v->m->st;
-    const char *pre = find_prefix(st, pres, LOOM_ARRAY_LEN(pres), "mm_input_projection_weight");
+    const char *pre = loom_vit_prefix(st, pres, LOOM_ARRAY_LEN(pres), "mm_input_projection_weight");
     if (!pre)
         return loom_err(LOOM_ERR_FORMAT, "tensor multi_modal_projector.mm_input_projection_weight:"
                         " missing (nor under model.)");
@@ -144,7 +137,7 @@ static loom_status bind_all(loom_siglip *v) {
     static const char *const pres[] = {"vision_tower.vision_model.", "vision_tower.",
                                        "model.vision_tower.vision_model.", "model.vision_tower."};
     const loom_safetensors *st = v->m->st;
-    const char *pre = find_prefix(st, pres, LOOM_ARRAY_LEN(pres),
+    const char *pre = loom_vit_prefix(st, pres, LOOM_ARRAY_LEN(pres),
                                   "embeddings.patch_embedding.weight");
     if (!pre)
         return loom_err(LOOM_ERR_FORMAT, "tensor vision_tower.vision_model.embeddings."

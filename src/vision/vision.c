@@ -35,69 +35,8 @@ static const loom_vision_family families[] = {
 };
 #undef ROW
 
-/* ---- helpers for the towers ---------------------------------------------- */
-
-const loom_st_tensor *loom_vision_tensor(const loom_vision *v, const char *name) {
-    static const char *const prefixes[] = {"model.visual.", "visual."};
-    char full[256];
-    for (size_t i = 0; i < LOOM_ARRAY_LEN(prefixes); i++) {
-        snprintf(full, sizeof full, "%s%s", prefixes[i], name);
-        const loom_st_tensor *t = loom_st_find(v->m->st, full);
-        if (t) return t;
-    }
-    return NULL;
-}
-
-static loom_status missing(const char *name) {
-    return loom_err(LOOM_ERR_FORMAT, "vision tower: tensor model.visual.%s (or visual.%s) is "
-                    "missing", name, name);
-}
-
-loom_status loom_vision_weight(loom_vision *v, const char *name, int rows, int cols,
-                               loom_weight *w) {
-    const loom_st_tensor *t = loom_vision_tensor(v, name);
-    if (!t) return missing(name);
-    int64_t c = 1;
-    for (int d = 1; d < t->ndim; d++) c *= t->shape[d];
-    char got[96];
-    loom_st_describe(t, got, sizeof got);
-    if (t->ndim < 2 || t->shape[0] != rows || c != cols ||
-        (t->dtype != LOOM_DT_F32 && t->dtype != LOOM_DT_F16 && t->dtype != LOOM_DT_BF16))
-        return loom_err(LOOM_ERR_FORMAT, "vision tower: tensor %s: expected F32, F16 or BF16 "
-                        "[%d, %d], found %s", t->name, rows, cols, got);
-    *w = (loom_weight){.dtype = t->dtype, .rows = rows, .cols = cols, .data = t->data};
-    return LOOM_OK;
-}
-
-loom_status loom_vision_vec(loom_vision *v, const char *name, int n, const float **out) {
-    const loom_st_tensor *t = loom_vision_tensor(v, name);
-    if (!t) return missing(name);
-    char got[96];
-    loom_st_describe(t, got, sizeof got);
-    if (t->ndim != 1 || t->shape[0] != n ||
-        (t->dtype != LOOM_DT_F32 && t->dtype != LOOM_DT_F16 && t->dtype != LOOM_DT_BF16))
-        return loom_err(LOOM_ERR_FORMAT, "vision tower: tensor %s: expected F32, F16 or BF16 "
-                        "[%d], found %s", t->name, n, got);
-    if (v->n_vecs == v->cap_vecs) {
-        int cap = v->cap_vecs ? 2 * v->cap_vecs : 64;
-        float **nv = realloc(v->vecs, sizeof *nv * (size_t)cap);
-        if (!nv) return loom_err(LOOM_ERR_NOMEM, "out of memory");
-        v->vecs = nv;
-        v->cap_vecs = cap;
-    }
-    float *f = malloc(sizeof(float) * (size_t)n);
-    if (!f) return loom_err(LOOM_ERR_NOMEM, "out of memory");
-    const uint16_t *h = t->data;
-    for (int i = 0; i < n; i++)
-        f[i] = t->dtype == LOOM_DT_F32    ? ((const float *)t->data)[i]
-               : t->dtype == LOOM_DT_BF16 ? loom_bf16_to_f32(h[i])
-                                          : loom_f16_to_f32(h[i]);
-    v->vecs[v->n_vecs++] = f;
-    *out = f;
-    return LOOM_OK;
-}
-
-int loom_vision_cfg_int(const cJSON *o, const char *k, int def) {
+/* Integer field of a config object (def when absent). */
+static int cfg_int(const cJSON *o, const char *k, int def) {
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, k);
     return cJSON_IsNumber(x) ? x->valueint : def;
 }
@@ -138,13 +77,13 @@ loom_status loom_vision_load(loom_model *m, const char *dir, loom_vision **out) 
     v->m = m;
     loom_vision_info *vi = &v->info;
     /* Gemma 3 spells them image_token_index, boi_token_index, eoi_token_index */
-    vi->image_token = loom_vision_cfg_int(root, "image_token_id",
-                                          loom_vision_cfg_int(root, "image_token_index", -1));
-    vi->video_token = loom_vision_cfg_int(root, "video_token_id", -1);
-    vi->vision_start = loom_vision_cfg_int(root, "vision_start_token_id",
-                                           loom_vision_cfg_int(root, "boi_token_index", -1));
-    vi->vision_end = loom_vision_cfg_int(root, "vision_end_token_id",
-                                         loom_vision_cfg_int(root, "eoi_token_index", -1));
+    vi->image_token = cfg_int(root, "image_token_id",
+                                          cfg_int(root, "image_token_index", -1));
+    vi->video_token = cfg_int(root, "video_token_id", -1);
+    vi->vision_start = cfg_int(root, "vision_start_token_id",
+                                           cfg_int(root, "boi_token_index", -1));
+    vi->vision_end = cfg_int(root, "vision_end_token_id",
+                                         cfg_int(root, "eoi_token_index", -1));
     vi->mrope = fam->mrope;
     vi->spans = fam->spans;
     if (vi->image_token < 0 || vi->image_token >= m->cfg.vocab_size)
@@ -166,8 +105,6 @@ loom_status loom_vision_load(loom_model *m, const char *dir, loom_vision **out) 
 void loom_vision_free(loom_vision *v) {
     if (!v) return;
     if (v->tower) v->fam->free(v->tower);
-    for (int i = 0; i < v->n_vecs; i++) free(v->vecs[i]);
-    free(v->vecs);
     free(v);
 }
 
