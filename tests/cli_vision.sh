@@ -40,6 +40,16 @@ if ! out=$("$LOOM" generate --model "$d" --tokens "$long" --image "$d/images/A_6
   echo "gemma image across the 512-token chunk: $out"; fail=1
 fi
 IDS=$QWEN3_IDS
+# a PNG whose header claims 100000 x 100000: refused from the header, the
+# message naming the file once and the size
+printf '\211PNG\r\n\032\n\000\000\000\rIHDR\000\001\206\240\000\001\206\240\010\002\000\000\000\000\000\000\000' \
+  >"$dir/claim.png"
+err=$("$LOOM" generate --model "$d" --tokens "$GEMMA_IDS" --image "$dir/claim.png" \
+      --image "$dir/claim.png" --max-tokens 1 2>&1)
+case "$err" in
+  *"claim.png: PNG: image is 100000x100000"*) ;;
+  *) echo "a 100000x100000 PNG: no error naming its size in: $err"; fail=1 ;;
+esac
 d=tests/fixtures/models/qwen3-vl-tiny
 err=$("$LOOM" generate --model "$d" --tokens "$IDS" --image "$d/images/C_32x32_rgba.png" \
       --max-tokens 1 2>&1)

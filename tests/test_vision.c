@@ -7,6 +7,7 @@
  * each prepared prompt (in one forward and in chunks), 8 greedy tokens
  * through the KV cache with the decode delta, and the errors of prompts
  * whose placeholders do not match. */
+#include <png.h>
 #include <stdint.h>
 #include <unistd.h>
 
@@ -16,6 +17,8 @@
 #include "load/safetensors.h"
 #include "model/model.h"
 #include "test.h"
+#include "vision/image.h"
+#include "vision/imgproc.h"
 #include "vision/vision.h"
 #include "vision/vision_int.h"
 
@@ -345,6 +348,92 @@ static void check_mrope_config(void) {
     CHECK(cfg.rope.mrope_interleaved == 1);
 }
 
+/* A w x h RGB PNG of a gradient (fast to write: no filter, deflate level
+ * 1) at path; 0 on failure. */
+static int write_png(const char *path, int w, int h) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return 0;
+    png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, NULL, NULL, NULL);
+    png_infop info = png_create_info_struct(png);
+    uint8_t *row = malloc((size_t)w * 3);
+    if (setjmp(png_jmpbuf(png))) {
+        png_destroy_write_struct(&png, &info);
+        free(row);
+        fclose(f);
+        return 0;
+    }
+    png_init_io(png, f);
+    png_set_user_limits(png, 0x7fffffff, 0x7fffffff);
+    png_set_compression_level(png, 1);
+    png_set_filter(png, 0, PNG_FILTER_NONE);
+    png_set_IHDR(png, info, (png_uint_32)w, (png_uint_32)h, 8, PNG_COLOR_TYPE_RGB,
+                 PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+    png_write_info(png, info);
+    for (int y = 0; y < h; y++) {
+        for (int x = 0; x < w; x++) {
+            row[3 * x] = (uint8_t)(x >> 5);
+            row[3 * x + 1] = (uint8_t)(y >> 5);
+            row[3 * x + 2] = 128;
+        }
+        png_write_row(png, row);
+    }
+    png_write_end(png, NULL);
+    png_destroy_write_struct(&png, &info);
+    free(row);
+    return fclose(f) == 0;
+}
+
+/* Huge images: a 50-megapixel PNG is decoded and resized within each
+ * processor's limits (max_pixels for Qwen, the fixed size for Gemma), its
+ * grid one the tower takes; a PNG header claiming 100000 x 100000 is
+ * refused from the header, naming the size and the limit; the Qwen plan
+ * of that size stays within max_pixels. */
+static void check_huge_images(void) {
+    char dir[] = "/tmp/loom_vision_big_XXXXXX", big[96], claim[96];
+    CHECK(mkdtemp(dir) != NULL);
+    snprintf(big, sizeof big, "%s/big.png", dir);
+    snprintf(claim, sizeof claim, "%s/claim.png", dir);
+    CHECK(write_png(big, 7200, 7000));
+    static const char *const dirs[] = {"tests/fixtures/models/qwen2.5-vl-tiny",
+                                       "tests/fixtures/models/gemma3-vl-tiny"};
+    loom_image img = {0};
+    CHECKF(loom_image_load(big, &img) == LOOM_OK, "%s", loom_last_error());
+    for (size_t d = 0; img.rgb && d < LOOM_ARRAY_LEN(dirs); d++) {
+        loom_imgproc p;
+        loom_imgproc_out o;
+        CHECK(loom_imgproc_load(dirs[d], &p) == LOOM_OK);
+        CHECKF(loom_imgproc_run(&p, &img, &o) == LOOM_OK, "%s", loom_last_error());
+        int64_t px = (int64_t)o.plan.resized_w * o.plan.resized_h;
+        printf("  %s: 7200x7000 -> %dx%d, %d tokens\n", dirs[d], o.plan.resized_w,
+               o.plan.resized_h, o.plan.n_tokens);
+        if (p.kind == LOOM_IMGPROC_QWEN2VL)
+            CHECKF(px <= p.max_pixels && px >= p.min_pixels, "%lld pixels", (long long)px);
+        else
+            CHECK(o.plan.resized_w == p.width && o.plan.resized_h == p.height);
+        loom_imgproc_out_free(&o);
+    }
+    loom_image_free(&img);
+    /* the header alone: 100000 x 100000 RGB, no pixel data */
+    static const uint8_t hdr[] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n', 0, 0, 0, 13,
+                                  'I', 'H', 'D', 'R', 0, 1, 0x86, 0xa0, 0, 1, 0x86, 0xa0,
+                                  8, 2, 0, 0, 0, 0, 0, 0, 0};
+    FILE *f = fopen(claim, "wb");
+    CHECK(f && fwrite(hdr, 1, sizeof hdr, f) == sizeof hdr);
+    if (f) fclose(f);
+    CHECK(loom_image_load(claim, &img) == LOOM_ERR_UNSUPPORTED && !img.rgb);
+    CHECKF(strstr(loom_last_error(), "100000x100000") != NULL, "%s", loom_last_error());
+    loom_imgproc p;
+    loom_imgproc_plan plan;
+    CHECK(loom_imgproc_parse("{\"image_processor_type\": \"Qwen2VLImageProcessor\", "
+                             "\"patch_size\": 14, \"merge_size\": 2, \"temporal_patch_size\": 2, "
+                             "\"max_pixels\": 12845056}", NULL, &p) == LOOM_OK);
+    CHECKF(loom_imgproc_plan_image(&p, 100000, 100000, &plan) == LOOM_OK, "%s", loom_last_error());
+    CHECK((int64_t)plan.resized_w * plan.resized_h <= 12845056);
+    remove(big);
+    remove(claim);
+    rmdir(dir);
+}
+
 int main(void) {
     check_mrope_config();
     check_rope_streams();
@@ -353,5 +442,6 @@ int main(void) {
     check_model("tests/fixtures/models/qwen3.5-vl-tiny-hybrid", 0, 2e-5);
     check_model("tests/fixtures/models/qwen2.5-vl-tiny", 0, 1e-5);
     check_model("tests/fixtures/models/gemma3-vl-tiny", 0, 1e-5);
+    check_huge_images();
     return test_report("test_vision");
 }

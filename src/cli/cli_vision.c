@@ -24,13 +24,11 @@ loom_status cli_vision_prompt(loom_model *m, const char *model_dir, const int32_
     if (!s && (!px || !imgs)) s = loom_err(LOOM_ERR_NOMEM, "out of memory");
     for (int k = 0; !s && k < n_files; k++) {
         loom_image img = {0};
-        s = loom_image_load(files[k], &img);
-        if (!s) s = loom_imgproc_run(&proc, &img, &px[k]);
+        s = loom_image_load(files[k], &img); /* its errors name the file */
+        if (!s && (s = loom_imgproc_run(&proc, &img, &px[k])))
+            loom_err_wrap(s, "image %s", files[k]);
         loom_image_free(&img);
-        if (s) {
-            loom_err(s, "image %s: %s", files[k], loom_last_error());
-            break;
-        }
+        if (s) break;
         imgs[k].pixels = px[k].pixel_values;
         imgs[k].grid[0] = px[k].plan.grid_t;
         imgs[k].grid[1] = px[k].plan.grid_h;
