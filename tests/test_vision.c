@@ -348,6 +348,36 @@ static void check_mrope_config(void) {
     CHECK(cfg.rope.mrope_interleaved == 1);
 }
 
+/* The tower's FLOPs from its shapes, worked by hand for two fixtures:
+ * Qwen2.5-VL (grid 1x4x4: 16 patches of 1176, D 32, MLP 96, 2 blocks,
+ * one window of all 16 patches, merger 128 -> 128 -> 64) and Gemma 3 (64
+ * patches of 588, D 64, MLP 128, 2 layers, 16 tokens projected to 64). */
+static void check_flops(void) {
+    static const struct { const char *dir; int grid[3]; double want; } cases[] = {
+        {"tests/fixtures/models/qwen2.5-vl-tiny", {1, 4, 4},
+         2.0 * 16 * 1176 * 32 + 2 * (2.0 * 16 * (4 * 32 * 32 + 3 * 32 * 96) + 4.0 * 16 * 16 * 32) +
+             2.0 * 4 * (128 * 128 + 128 * 64)},
+        {"tests/fixtures/models/gemma3-vl-tiny", {1, 1, 1},
+         2.0 * 64 * 588 * 64 + 2 * (2.0 * 64 * (4 * 64 * 64 + 2 * 64 * 128) + 4.0 * 64 * 64 * 64) +
+             2.0 * 16 * 64 * 64},
+    };
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(cases); i++) {
+        loom_model *m = NULL;
+        loom_vision *v = NULL;
+        CHECK(loom_model_load(cases[i].dir, NULL, &m) == LOOM_OK);
+        if (m) CHECK(loom_vision_load(m, cases[i].dir, &v) == LOOM_OK && v);
+        if (v) {
+            double f = loom_vision_flops(v, cases[i].grid);
+            CHECKF(f == cases[i].want, "%s: %.0f FLOPs, expected %.0f", cases[i].dir, f,
+                   cases[i].want);
+            int bad[3] = {1, 3, 4};
+            CHECK(loom_vision_flops(v, bad) == 0);
+        }
+        loom_vision_free(v);
+        loom_model_free(m);
+    }
+}
+
 /* A w x h RGB PNG of a gradient (fast to write: no filter, deflate level
  * 1) at path; 0 on failure. */
 static int write_png(const char *path, int w, int h) {
@@ -443,5 +473,6 @@ int main(void) {
     check_model("tests/fixtures/models/qwen2.5-vl-tiny", 0, 1e-5);
     check_model("tests/fixtures/models/gemma3-vl-tiny", 0, 1e-5);
     check_huge_images();
+    check_flops();
     return test_report("test_vision");
 }

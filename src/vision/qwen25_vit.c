@@ -383,3 +383,24 @@ loom_status loom_qwen25_vit_family_encode(loom_vision *v, const loom_vision_imag
 }
 
 void loom_qwen25_vit_family_free(void *tower) { loom_qwen25_vit_free(tower); }
+
+double loom_qwen25_vit_family_flops(const loom_vision *v, const int grid[3]) {
+    const loom_qwen25_vit *t = v->tower;
+    int U = t->merge * t->merge, units = grid[0] * grid[1] * grid[2] / U, n_w = 0;
+    int *unit = malloc(sizeof(int) * (size_t)units), *wcu = malloc(sizeof(int) * (size_t)(units + 1));
+    if (!unit || !wcu) {
+        free(unit);
+        free(wcu);
+        return 0;
+    }
+    window_index(t, grid, 1, unit, wcu, &n_w);
+    double N = (double)units * U, D = t->dim, I = t->inter, W = U * D, frame = N / grid[0];
+    double win = 0, full = grid[0] * frame * frame;
+    for (int k = 0; k < n_w; k++) win += (double)(wcu[k + 1] - wcu[k]) * (wcu[k + 1] - wcu[k]);
+    free(unit);
+    free(wcu);
+    double f = 2 * N * t->patch_dim * D;
+    for (int i = 0; i < t->depth; i++)
+        f += 2 * N * (4 * D * D + 3 * D * I) + 4 * (t->blocks[i].full ? full : win) * D;
+    return f + 2 * (N / U) * (W * W + W * t->out_dim);
+}

@@ -311,3 +311,14 @@ out:
     free(cu);
     return s;
 }
+
+double loom_qwen_vit_family_flops(const loom_vision *v, const int grid[3]) {
+    const qwen_vit *q = v->tower;
+    const loom_vision_info *vi = &v->info;
+    double n = (double)grid[1] * grid[2], N = grid[0] * n, D = q->D, I = q->inter;
+    double M2 = (double)vi->merge * vi->merge, G = N / M2, W = M2 * D;
+    double f = 2 * N * vi->patch_dim * D;
+    f += q->depth * (2 * N * (3 * D * D + D * D + 2 * D * I) + 4 * grid[0] * n * n * D);
+    f += (1 + q->n_deep) * 2 * G * (W * W + W * vi->out_hidden);
+    return f;
+}

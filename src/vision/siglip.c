@@ -323,3 +323,12 @@ loom_status loom_siglip_family_encode(loom_vision *v, const loom_vision_image *i
 }
 
 void loom_siglip_family_free(void *tower) { loom_siglip_free(tower); }
+
+double loom_siglip_family_flops(const loom_vision *v, const int grid[3]) {
+    (void)grid;
+    const loom_siglip *t = v->tower;
+    double T = t->n_patch, D = t->dim, I = t->inter, tok = loom_siglip_tokens(t);
+    double f = 2 * T * (t->ch * t->patch * t->patch) * D;
+    f += t->n_layers * (2 * T * (4 * D * D + 2 * D * I) + 4 * T * T * D);
+    return f + 2 * tok * D * t->out_dim;
+}

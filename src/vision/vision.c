@@ -15,13 +15,15 @@
     loom_status name##_family_load(loom_vision *v, const cJSON *root, const cJSON *vc);    \
     loom_status name##_family_encode(loom_vision *v, const loom_vision_image *img,         \
                                      float *embeds, float *deep);                          \
-    void name##_family_free(void *tower)
+    void name##_family_free(void *tower);                                                  \
+    double name##_family_flops(const loom_vision *v, const int grid[3])
 TOWER(loom_qwen_vit);
 TOWER(loom_qwen25_vit);
 TOWER(loom_siglip);
 #undef TOWER
 #define ROW(arch, name, mrope, spans) \
-    {arch, name##_family_load, name##_family_encode, name##_family_free, mrope, spans}
+    {arch, name##_family_load, name##_family_encode, name##_family_free, name##_family_flops, \
+     mrope, spans}
 
 /* One row per family; a new tower is its own file and a row here.
  * Qwen2.5-VL's images take the same get_rope_index positions as Qwen3-VL's
@@ -132,6 +134,10 @@ loom_status loom_vision_encode(loom_vision *v, const loom_vision_image *img, flo
     if (!loom_vision_tokens(&v->info, img->grid))
         return grid_error(&v->info, "vision", img->grid);
     return v->fam->encode(v, img, embeds, deep);
+}
+
+double loom_vision_flops(const loom_vision *v, const int grid[3]) {
+    return loom_vision_tokens(&v->info, grid) ? v->fam->flops(v, grid) : 0;
 }
 
 /* ---- positions ----------------------------------------------------------- */

@@ -65,6 +65,13 @@ int loom_vision_tokens(const loom_vision_info *vi, const int grid[3]);
 loom_status loom_vision_encode(loom_vision *v, const loom_vision_image *img, float *embeds,
                                float *deep);
 
+/* The FLOPs the tower spends on one image of grid, counted from the
+ * shapes: 2 per multiply-add of every matmul (patch embed, blocks,
+ * mergers, projector) and of attention's two products over each segment;
+ * norms, activations and rotary are left out. 0 for a grid the tower
+ * cannot take. */
+double loom_vision_flops(const loom_vision *v, const int grid[3]);
+
 /* Positions of a prompt. Without M-RoPE (Gemma 3): 0 .. n - 1 on all three
  * streams, delta 0. M-RoPE (Qwen's get_rope_index rule): text tokens count on from
  * the last position in all three streams; image k's placeholders (the next

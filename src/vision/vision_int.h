@@ -18,6 +18,8 @@ typedef struct loom_vision_family {
     loom_status (*encode)(loom_vision *v, const loom_vision_image *img, float *embeds,
                           float *deep);
     void (*free)(void *tower);
+    /* FLOPs of one image (loom_vision_flops) */
+    double (*flops)(const loom_vision *v, const int grid[3]);
     int mrope;               /* the prompt takes M-RoPE positions (Qwen rule) */
     int spans;               /* each image's tokens attend both ways (Gemma 3) */
 } loom_vision_family;
