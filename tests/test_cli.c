@@ -1,5 +1,5 @@
 /* The CLI end to end: `loom logits` and `loom generate` against the
- * reference fixtures, --help on every command, and error exits. Runs the
+ * reference fixtures (with --image on every vision family), --help on every command, and error exits. Runs the
  * binary at $LOOM_BUILD/loom. */
 #include <stdint.h>
 #include <sys/stat.h>
@@ -222,6 +222,57 @@ static void check_bench(void) {
            "loom bench: %s", out);
 }
 
+/* loom logits / generate --image on each vision family's two-image case
+ * (images C then D from their files): logits within tol of the fixture's,
+ * its 8 greedy tokens. */
+static void check_vision_fixture(const char *dir, double tol) {
+    char path[512], cmd[8192], out[65536];
+    snprintf(path, sizeof path, "%s/reference.safetensors", dir);
+    loom_safetensors *ref = NULL;
+    CHECK(loom_st_open(path, &ref) == LOOM_OK);
+    if (!ref) return;
+    const loom_st_tensor *ids = loom_st_find(ref, "case.3.input_ids");
+    const loom_st_tensor *lg = loom_st_find(ref, "case.3.logits");
+    const loom_st_tensor *gr = loom_st_find(ref, "case.3.greedy");
+    CHECK(ids && lg && gr);
+    if (!ids || !lg || !gr) {
+        loom_st_close(ref);
+        return;
+    }
+    char csv[4096], imgs[1200];
+    size_t w = 0;
+    for (int i = 0; i < ids->shape[0]; i++)
+        w += (size_t)snprintf(csv + w, sizeof csv - w, "%s%d", i ? "," : "",
+                              (int)((const int64_t *)ids->data)[i]);
+    snprintf(imgs, sizeof imgs, "--image %s/images/C_32x32_rgba.png --image "
+             "%s/images/D_300x200_rgb.png", dir, dir);
+    snprintf(path, sizeof path, "%s/vlogits.safetensors", tmpdir);
+    snprintf(cmd, sizeof cmd, "%s logits --model %s --tokens %s %s --out %s 2>&1", loom, dir, csv,
+             imgs, path);
+    CHECKF(run(cmd, out, sizeof out) == 0, "%s: %s", dir, out);
+    loom_safetensors *got = NULL;
+    CHECK(loom_st_open(path, &got) == LOOM_OK);
+    const loom_st_tensor *t = got ? loom_st_find(got, "logits") : NULL;
+    CHECK(t && t->nbytes == lg->nbytes);
+    if (t && t->nbytes == lg->nbytes) {
+        double e = test_rel_err(t->data, lg->data, t->nbytes / 4);
+        printf("  %s --image logits: %.2e\n", dir, e);
+        CHECKF(e <= tol, "%s with images: logits rel err %g (tolerance %g)", dir, e, tol);
+    }
+    loom_st_close(got);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --tokens %s %s --max-tokens 8 "
+             "--temperature 0 --ids --ignore-eos 2>/dev/null | tail -n 1", loom, dir, csv, imgs);
+    CHECK_EQ_INT(run(cmd, out, sizeof out), 0);
+    char want[256] = "[";
+    w = 1;
+    for (int k = 0; k < gr->shape[0]; k++)
+        w += (size_t)snprintf(want + w, sizeof want - w, "%s%d", k ? ", " : "",
+                              (int)((const int64_t *)gr->data)[k]);
+    snprintf(want + w, sizeof want - w, "]\n");
+    CHECKF(!strcmp(out, want), "%s with images: got %s want %s", dir, out, want);
+    loom_st_close(ref);
+}
+
 int main(void) {
     const char *b = getenv("LOOM_BUILD");
     snprintf(loom, sizeof loom, "%s/loom", b ? b : "build");
@@ -233,6 +284,11 @@ int main(void) {
     check_fixture("tests/fixtures/models/llama3-tiny");
     check_fixture("tests/fixtures/models/qwen2-tiny");
     check_fixture("tests/fixtures/models/qwen3-tiny");
+    check_vision_fixture("tests/fixtures/models/qwen3-vl-tiny", 1e-5);
+    /* the reference computes the delta rule in float32 (test_vision) */
+    check_vision_fixture("tests/fixtures/models/qwen3.5-vl-tiny-hybrid", 2e-5);
+    check_vision_fixture("tests/fixtures/models/qwen2.5-vl-tiny", 1e-5);
+    check_vision_fixture("tests/fixtures/models/gemma3-vl-tiny", 1e-5);
     check_errors();
     check_gen_defaults();
     check_bench();

@@ -1,9 +1,13 @@
-/* Vision-language parity against the Hugging Face fixtures (Qwen3-VL,
- * Qwen3.5-VL): the tower alone (patch embeddings, the merger's input, image
- * features, deepstack planes), the M-RoPE positions and delta of every
- * case, logits at every position of each prepared prompt (in one forward
- * and in chunks), 8 greedy tokens through the KV cache with the decode
- * delta, and the errors of prompts whose placeholders do not match. */
+/* Vision-language parity against the Hugging Face fixtures of every family
+ * (Qwen3-VL, Qwen3.5-VL, Qwen2.5-VL, Gemma 3), all through loom_vision_load,
+ * loom_vision_encode and loom_vision_prompt_build: the tower alone (patch
+ * embeddings and the merger's input where the fixture keeps them, image
+ * features, deepstack planes), the positions and delta of every case
+ * (M-RoPE, or plain with Gemma's image spans), logits at every position of
+ * each prepared prompt (in one forward and in chunks), 8 greedy tokens
+ * through the KV cache with the decode delta, and the errors of prompts
+ * whose placeholders do not match. */
+#include <png.h>
 #include <stdint.h>
 #include <unistd.h>
 
@@ -13,6 +17,8 @@
 #include "load/safetensors.h"
 #include "model/model.h"
 #include "test.h"
+#include "vision/image.h"
+#include "vision/imgproc.h"
 #include "vision/vision.h"
 #include "vision/vision_int.h"
 
@@ -38,12 +44,13 @@ static int case_images(const loom_safetensors *ref, int i, const loom_vision_inf
                        loom_vision_image *imgs) {
     const loom_st_tensor *pv = ref_get(ref, i, "pixel_values");
     const loom_st_tensor *gt = ref_get(ref, i, "image_grid_thw");
-    if (!pv || !gt) return 0;
-    int n_img = (int)gt->shape[0];
-    const int64_t *g = gt->data;
+    if (!pv || (!gt && !vi->tokens_per_image)) return 0;
+    /* Gemma: (n, 3, S, S), one whole image each */
+    int n_img = (int)(gt ? gt->shape[0] : pv->shape[0]);
+    const int64_t *g = gt ? gt->data : NULL;
     const float *px = pv->data;
     for (int k = 0; k < n_img; k++) {
-        for (int d = 0; d < 3; d++) imgs[k].grid[d] = (int)g[3 * k + d];
+        for (int d = 0; d < 3; d++) imgs[k].grid[d] = g ? (int)g[3 * k + d] : 1;
         imgs[k].pixels = px;
         px += (size_t)imgs[k].grid[0] * imgs[k].grid[1] * imgs[k].grid[2] * vi->patch_dim;
     }
@@ -74,7 +81,9 @@ static void check_tower(loom_vision *v, const loom_safetensors *ref, int has_dee
         for (int k = 0; k < n_img; k++) {
             int cnt = loom_vision_tokens(vi, imgs[k].grid), N = cnt * vi->merge * vi->merge;
             float *tp = NULL, *tm = NULL;
-            if (i == 1) {
+            const loom_st_tensor *pe = loom_st_find(ref, "case.1.vision.patch_embed_out");
+            const loom_st_tensor *mi = loom_st_find(ref, "case.1.vision.merger_in");
+            if (i == 1 && pe && mi) {
                 v->tap_patch = tp = malloc(sizeof(float) * (size_t)N * 1024);
                 v->tap_merge_in = tm = malloc(sizeof(float) * (size_t)N * 1024);
             }
@@ -87,11 +96,8 @@ static void check_tower(loom_vision *v, const loom_safetensors *ref, int has_dee
                 memcpy(deep + ((size_t)p * total + at) * H, d + (size_t)p * cnt * H,
                        sizeof(float) * (size_t)cnt * H);
             at += cnt;
-            if (i == 1) {
-                const loom_st_tensor *pe = loom_st_find(ref, "case.1.vision.patch_embed_out");
-                const loom_st_tensor *mi = loom_st_find(ref, "case.1.vision.merger_in");
-                CHECK(pe && mi);
-                if (pe && mi) {
+            if (i == 1 && pe && mi) {
+                {
                     size_t sz = pe->nbytes / 4;
                     double e1 = rel_err(tp, pe->data, sz), e2 = rel_err(tm, mi->data, sz);
                     printf("  case 1 patch_embed_out %.2e, merger_in %.2e\n", e1, e2);
@@ -114,27 +120,41 @@ static void check_tower(loom_vision *v, const loom_safetensors *ref, int has_dee
     }
 }
 
+/* Every case's positions and delta: M-RoPE (t, h, w) against position_ids
+ * (3, n) and rope_deltas, or, without M-RoPE (Gemma 3: position_ids (n)),
+ * plain positions on every stream and delta 0. */
 static void check_positions(loom_vision *v, const loom_safetensors *ref) {
     const loom_vision_info *vi = loom_vision_get_info(v);
     for (int i = 0; i < N_CASES; i++) {
-        int n;
+        int n, n_want;
         int32_t *ids = ints(ref_get(ref, i, "input_ids"), &n);
-        int32_t *want = ints(ref_get(ref, i, "position_ids"), NULL);
-        int32_t *wd = ints(ref_get(ref, i, "rope_deltas"), NULL);
+        int32_t *want = ints(ref_get(ref, i, "position_ids"), &n_want);
+        const loom_st_tensor *rd = ref_get(ref, i, "rope_deltas");
+        int32_t *wd = rd ? ints(rd, NULL) : NULL;
+        CHECK_EQ_INT(!!rd, vi->mrope);
+        CHECK_EQ_INT(n_want, vi->mrope ? 3 * n : n);
         loom_vision_image imgs[4];
         int n_img = i ? case_images(ref, i, vi, imgs) : 0, grids[4][3], delta = 99;
         for (int k = 0; k < n_img; k++) memcpy(grids[k], imgs[k].grid, sizeof grids[k]);
         int32_t *pos = malloc(sizeof *pos * 3 * (size_t)n);
         CHECKF(loom_vision_positions(vi, ids, n, (const int(*)[3])grids, n_img, pos, &delta) ==
                    LOOM_OK, "%s", loom_last_error());
-        CHECKF(!memcmp(pos, want, sizeof *pos * 3 * (size_t)n), "case %d: positions differ", i);
-        CHECK_EQ_INT(delta, wd[0]);
-        /* one placeholder too few or too many: an error naming both counts */
+        for (int k = 0; k < (vi->mrope ? 1 : 3); k++)
+            CHECKF(!memcmp(pos + (size_t)k * n, want, sizeof *pos * (size_t)n_want),
+                   "case %d: positions differ", i);
+        CHECK_EQ_INT(delta, wd ? wd[0] : 0);
         if (n_img > 0) {
+            /* an image fewer than the placeholders: an error naming both counts */
+            CHECK(loom_vision_positions(vi, ids, n, (const int(*)[3])grids, n_img - 1, pos,
+                                        &delta) == LOOM_ERR_INVALID_ARG);
+            CHECKF(strstr(loom_last_error(), "placeholder tokens") != NULL, "%s", loom_last_error());
+            /* a grid that does not fit its run */
             grids[0][2] += vi->merge;
             CHECK(loom_vision_positions(vi, ids, n, (const int(*)[3])grids, n_img, pos, &delta) ==
                   LOOM_ERR_INVALID_ARG);
-            CHECKF(strstr(loom_last_error(), "placeholder tokens") != NULL, "%s", loom_last_error());
+            CHECKF(strstr(loom_last_error(), vi->tokens_per_image ? "expected 1x1x1"
+                                                                  : "placeholder tokens") != NULL,
+                   "%s", loom_last_error());
         }
         free(pos);
         free(ids);
@@ -158,17 +178,37 @@ static void check_logits(loom_model *m, loom_vision *v, const loom_safetensors *
         loom_vision_prompt p;
         CHECKF(loom_vision_prompt_build(v, ids, n, imgs, n_img, &p) == LOOM_OK, "%s",
                loom_last_error());
+        /* Gemma: the image tokens are the spans mm_token_type_ids marks */
+        const loom_st_tensor *tt = ref_get(ref, i, "mm_token_type_ids");
+        CHECK_EQ_INT(p.groups != NULL, vi->spans && n_img > 0);
+        for (int k = 0; p.groups && tt && k < n; k++)
+            CHECKF((p.groups[k] >= 0) == (((const int64_t *)tt->data)[k] != 0),
+                   "case %d: token %d in span %d, token type %d", i, k, p.groups[k],
+                   (int)((const int64_t *)tt->data)[k]);
         float *got = malloc(sizeof(float) * (size_t)n * V);
+        if (p.groups) {
+            /* chunks of 5 cut a span: refused naming it */
+            loom_context_params cp = loom_context_default_params();
+            cp.n_batch = 5;
+            loom_context *c = NULL;
+            CHECK(loom_context_create(m, &cp, &c) == LOOM_OK);
+            CHECK(loom_context_eval_input(c, ids, n, &p.in, 1, got) == LOOM_ERR_INVALID_ARG);
+            CHECKF(strstr(loom_last_error(), "bidirectional span") != NULL, "%s",
+                   loom_last_error());
+            loom_context_free(c);
+        }
+        int batch = loom_vision_prompt_batch(&p, 5);
+        CHECK(p.groups ? batch >= 16 && batch <= n : batch == 5);
         for (int chunk = 0; chunk < 2; chunk++) {
             loom_context_params cp = loom_context_default_params();
             cp.n_ctx = 256;
-            cp.n_batch = chunk ? 5 : 0;
+            cp.n_batch = chunk ? batch : 0;
             loom_context *c = NULL;
             CHECKF(loom_context_create(m, &cp, &c) == LOOM_OK, "%s", loom_last_error());
             CHECKF(loom_context_eval_input(c, ids, n, &p.in, 1, got) == LOOM_OK, "%s",
                    loom_last_error());
             double e = rel_err(got, lt->data, (size_t)n * V);
-            printf("  case %d%s logits %.2e\n", i, chunk ? " (chunks of 5)" : "", e);
+            printf("  case %d logits %.2e%s\n", i, e, chunk ? " (in chunks)" : "");
             CHECKF(e < tol, "case %d: logits off by %.3e of max |logit| (tolerance %.0e)", i, e, tol);
             int32_t tok = loom_argmax(got + (size_t)(n - 1) * V, V), out[8];
             float *last = malloc(sizeof(float) * (size_t)V);
@@ -308,11 +348,131 @@ static void check_mrope_config(void) {
     CHECK(cfg.rope.mrope_interleaved == 1);
 }
 
+/* The tower's FLOPs from its shapes, worked by hand for two fixtures:
+ * Qwen2.5-VL (grid 1x4x4: 16 patches of 1176, D 32, MLP 96, 2 blocks,
+ * one window of all 16 patches, merger 128 -> 128 -> 64) and Gemma 3 (64
+ * patches of 588, D 64, MLP 128, 2 layers, 16 tokens projected to 64). */
+static void check_flops(void) {
+    static const struct { const char *dir; int grid[3]; double want; } cases[] = {
+        {"tests/fixtures/models/qwen2.5-vl-tiny", {1, 4, 4},
+         2.0 * 16 * 1176 * 32 + 2 * (2.0 * 16 * (4 * 32 * 32 + 3 * 32 * 96) + 4.0 * 16 * 16 * 32) +
+             2.0 * 4 * (128 * 128 + 128 * 64)},
+        {"tests/fixtures/models/gemma3-vl-tiny", {1, 1, 1},
+         2.0 * 64 * 588 * 64 + 2 * (2.0 * 64 * (4 * 64 * 64 + 2 * 64 * 128) + 4.0 * 64 * 64 * 64) +
+             2.0 * 16 * 64 * 64},
+    };
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(cases); i++) {
+        loom_model *m = NULL;
+        loom_vision *v = NULL;
+        CHECK(loom_model_load(cases[i].dir, NULL, &m) == LOOM_OK);
+        if (m) CHECK(loom_vision_load(m, cases[i].dir, &v) == LOOM_OK && v);
+        if (v) {
+            double f = loom_vision_flops(v, cases[i].grid);
+            CHECKF(f == cases[i].want, "%s: %.0f FLOPs, expected %.0f", cases[i].dir, f,
+                   cases[i].want);
+            int bad[3] = {1, 3, 4};
+            CHECK(loom_vision_flops(v, bad) == 0);
+        }
+        loom_vision_free(v);
+        loom_model_free(m);
+    }
+}
+
+/* A w x h RGB PNG of a gradient (fast to write: no filter, deflate level
+ * 1) at path; 0 on failure. */
+static int write_png(const char *path, int w, int h) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return 0;
+    png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, NULL, NULL, NULL);
+    png_infop info = png_create_info_struct(png);
+    uint8_t *row = malloc((size_t)w * 3);
+    if (setjmp(png_jmpbuf(png))) {
+        png_destroy_write_struct(&png, &info);
+        free(row);
+        fclose(f);
+        return 0;
+    }
+    png_init_io(png, f);
+    png_set_user_limits(png, 0x7fffffff, 0x7fffffff);
+    png_set_compression_level(png, 1);
+    png_set_filter(png, 0, PNG_FILTER_NONE);
+    png_set_IHDR(png, info, (png_uint_32)w, (png_uint_32)h, 8, PNG_COLOR_TYPE_RGB,
+                 PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+    png_write_info(png, info);
+    for (int y = 0; y < h; y++) {
+        for (int x = 0; x < w; x++) {
+            row[3 * x] = (uint8_t)(x >> 5);
+            row[3 * x + 1] = (uint8_t)(y >> 5);
+            row[3 * x + 2] = 128;
+        }
+        png_write_row(png, row);
+    }
+    png_write_end(png, NULL);
+    png_destroy_write_struct(&png, &info);
+    free(row);
+    return fclose(f) == 0;
+}
+
+/* Huge images: a 50-megapixel PNG is decoded and resized within each
+ * processor's limits (max_pixels for Qwen, the fixed size for Gemma), its
+ * grid one the tower takes; a PNG header claiming 100000 x 100000 is
+ * refused from the header, naming the size and the limit; the Qwen plan
+ * of that size stays within max_pixels. */
+static void check_huge_images(void) {
+    char dir[] = "/tmp/loom_vision_big_XXXXXX", big[96], claim[96];
+    CHECK(mkdtemp(dir) != NULL);
+    snprintf(big, sizeof big, "%s/big.png", dir);
+    snprintf(claim, sizeof claim, "%s/claim.png", dir);
+    CHECK(write_png(big, 7200, 7000));
+    static const char *const dirs[] = {"tests/fixtures/models/qwen2.5-vl-tiny",
+                                       "tests/fixtures/models/gemma3-vl-tiny"};
+    loom_image img = {0};
+    CHECKF(loom_image_load(big, &img) == LOOM_OK, "%s", loom_last_error());
+    for (size_t d = 0; img.rgb && d < LOOM_ARRAY_LEN(dirs); d++) {
+        loom_imgproc p;
+        loom_imgproc_out o;
+        CHECK(loom_imgproc_load(dirs[d], &p) == LOOM_OK);
+        CHECKF(loom_imgproc_run(&p, &img, &o) == LOOM_OK, "%s", loom_last_error());
+        int64_t px = (int64_t)o.plan.resized_w * o.plan.resized_h;
+        printf("  %s: 7200x7000 -> %dx%d, %d tokens\n", dirs[d], o.plan.resized_w,
+               o.plan.resized_h, o.plan.n_tokens);
+        if (p.kind == LOOM_IMGPROC_QWEN2VL)
+            CHECKF(px <= p.max_pixels && px >= p.min_pixels, "%lld pixels", (long long)px);
+        else
+            CHECK(o.plan.resized_w == p.width && o.plan.resized_h == p.height);
+        loom_imgproc_out_free(&o);
+    }
+    loom_image_free(&img);
+    /* the header alone: 100000 x 100000 RGB, no pixel data */
+    static const uint8_t hdr[] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n', 0, 0, 0, 13,
+                                  'I', 'H', 'D', 'R', 0, 1, 0x86, 0xa0, 0, 1, 0x86, 0xa0,
+                                  8, 2, 0, 0, 0, 0, 0, 0, 0};
+    FILE *f = fopen(claim, "wb");
+    CHECK(f && fwrite(hdr, 1, sizeof hdr, f) == sizeof hdr);
+    if (f) fclose(f);
+    CHECK(loom_image_load(claim, &img) == LOOM_ERR_UNSUPPORTED && !img.rgb);
+    CHECKF(strstr(loom_last_error(), "100000x100000") != NULL, "%s", loom_last_error());
+    loom_imgproc p;
+    loom_imgproc_plan plan;
+    CHECK(loom_imgproc_parse("{\"image_processor_type\": \"Qwen2VLImageProcessor\", "
+                             "\"patch_size\": 14, \"merge_size\": 2, \"temporal_patch_size\": 2, "
+                             "\"max_pixels\": 12845056}", NULL, &p) == LOOM_OK);
+    CHECKF(loom_imgproc_plan_image(&p, 100000, 100000, &plan) == LOOM_OK, "%s", loom_last_error());
+    CHECK((int64_t)plan.resized_w * plan.resized_h <= 12845056);
+    remove(big);
+    remove(claim);
+    rmdir(dir);
+}
+
 int main(void) {
     check_mrope_config();
     check_rope_streams();
     check_model("tests/fixtures/models/qwen3-vl-tiny", 1, 1e-5);
     /* the reference computes the delta rule in float32 (loom lands at ~1e-5) */
     check_model("tests/fixtures/models/qwen3.5-vl-tiny-hybrid", 0, 2e-5);
+    check_model("tests/fixtures/models/qwen2.5-vl-tiny", 0, 1e-5);
+    check_model("tests/fixtures/models/gemma3-vl-tiny", 0, 1e-5);
+    check_huge_images();
+    check_flops();
     return test_report("test_vision");
 }

@@ -1,8 +1,8 @@
 /* The text side of the vision-language models: bidirectional spans (Gemma
  * 3's images attend to each other both ways inside one image) in the CPU
- * forward, and a row that would split one is refused; Gemma 3's logits and
- * greedy tokens for every fixture case, images encoded by the SigLIP
- * tower. */
+ * forward, and a row that would split one is refused; both spellings of
+ * M-RoPE's sections. Every family's logits and greedy tokens through the
+ * prepared prompt are test_vision's. */
 #include <cjson/cJSON.h>
 #include <stdint.h>
 
@@ -14,11 +14,8 @@
 #include "ops/ops.h"
 #include "model/matmul.h"
 #include "test.h"
-#include "vision/qwen25_vit.h"
-#include "vision/siglip.h"
 
 #define GEMMA_DIR "tests/fixtures/models/gemma3-vl-tiny"
-#define QWEN_DIR "tests/fixtures/models/qwen2.5-vl-tiny"
 
 static const loom_st_tensor *ref_t(const loom_safetensors *ref, const char *fmt, int i) {
     char name[96];
@@ -128,155 +125,6 @@ static void spans(void) {
     lm_close(&t);
 }
 
-/* The prompt's layer-0 rows: each token's embedding (times the model's
- * scale, as the forward does for ids), with image token tok's rows taken
- * from the tower's output in order. */
-static float *prompt_embeds(loom_model *m, const int32_t *ids, int n, int tok, const float *img) {
-    int H = m->cfg.hidden_size;
-    float *e = malloc(sizeof(float) * (size_t)n * H);
-    for (int i = 0, k = 0; i < n; i++) {
-        float *x = e + (size_t)i * H;
-        if (ids[i] == tok) {
-            memcpy(x, img + (size_t)k++ * H, sizeof(float) * (size_t)H);
-            continue;
-        }
-        loom_fwd_weight_row(m, &m->embed, x, ids[i]);
-        for (int j = 0; j < H; j++) x[j] *= m->embed_scale;
-    }
-    return e;
-}
-
-/* Gemma 3 with images, end to end: the SigLIP tower's (projected) rows go
- * in where the image tokens' embeddings were (after the embedding scale),
- * the image's tokens attending to each other both ways. */
-static void gemma_logits(void) {
-    lm t;
-    loom_safetensors *ref = NULL;
-    CHECKF(lm_open(&t, GEMMA_DIR), "%s", loom_last_error());
-    CHECK(loom_st_open(GEMMA_DIR "/reference.safetensors", &ref) == LOOM_OK);
-    char *text = NULL;
-    size_t len;
-    CHECK(loom_read_file(GEMMA_DIR "/config.json", &text, &len) == LOOM_OK);
-    cJSON *cfg = cJSON_Parse(text);
-    free(text);
-    loom_model *m = t.m;
-    int V = t.V, H = m->cfg.hidden_size;
-    loom_siglip *tower = NULL;
-    CHECKF(loom_siglip_load(m, cfg, H, &tower) == LOOM_OK, "%s", loom_last_error());
-    for (int c = 0; tower && c <= 3; c++) {
-        const loom_st_tensor *it = ref_t(ref, "case.%d.input_ids", c);
-        const loom_st_tensor *lg = ref_t(ref, "case.%d.logits", c);
-        const loom_st_tensor *gr = ref_t(ref, "case.%d.greedy", c);
-        const loom_st_tensor *px = ref_t(ref, "case.%d.pixel_values", c);
-        int n = (int)it->shape[0], n_img = px ? (int)px->shape[0] : 0;
-        int32_t *ids = malloc((size_t)n * 4), *g = malloc((size_t)n * 4);
-        for (int i = 0; i < n; i++) ids[i] = (int32_t)((const int64_t *)it->data)[i];
-        image_groups(ids, n, 507, g);
-        float *rows = malloc(sizeof(float) * ((size_t)n_img * 16 + 1) * H);
-        if (n_img) CHECKF(loom_siglip_encode(tower, px->data, n_img, rows, NULL) == LOOM_OK, "%s",
-                          loom_last_error());
-        float *emb = prompt_embeds(m, ids, n, 507, rows);
-        float *out = calloc((size_t)n * V, 4);
-        loom_kv_seq_release(t.kv, &t.seq);
-        CHECK(loom_kv_seq_reserve(t.kv, &t.seq, n + 8) == LOOM_OK);
-        loom_fwd_row r = {.tokens = ids, .n = n, .seq = &t.seq, .logits = LOOM_LOGITS_ALL,
-                          .out = out, .embeds = emb, .groups = g, .pos_ld = n};
-        CHECKF(loom_forward(m, t.fs, &t.kv->lay, &r, 1) == LOOM_OK, "%s", loom_last_error());
-        double e = test_rel_err(out, lg->data, (size_t)n * V);
-        fprintf(stderr, "  gemma3-vl case %d logits: max err / max |ref| = %.3g\n", c, e);
-        CHECKF(e < 1e-5, "gemma3-vl case %d logits: %g", c, e);
-        /* greedy through the KV cache */
-        float *last = out + (size_t)(n - 1) * V;
-        int same = 1;
-        for (int k = 0; k < 8; k++) {
-            int32_t next = loom_argmax(last, V);
-            same &= next == ((const int64_t *)gr->data)[k];
-            r = (loom_fwd_row){.tokens = &next, .n = 1, .seq = &t.seq, .logits = LOOM_LOGITS_LAST,
-                               .out = out, .decode = 1};
-            last = out;
-            if (k < 7) CHECK(loom_forward(m, t.fs, &t.kv->lay, &r, 1) == LOOM_OK);
-        }
-        CHECKF(same, "gemma3-vl case %d greedy tokens differ", c);
-        free(out);
-        free(emb);
-        free(rows);
-        free(ids);
-        free(g);
-    }
-    loom_siglip_free(tower);
-    cJSON_Delete(cfg);
-    loom_st_close(ref);
-    lm_close(&t);
-}
-
-/* Qwen2.5-VL with images, end to end: the tower's rows in place of the
- * image pads, M-RoPE positions from loom_qwen25_rope_index, decode
- * positions continuing from its delta. */
-static void qwen_logits(void) {
-    lm t;
-    loom_safetensors *ref = NULL;
-    CHECKF(lm_open(&t, QWEN_DIR), "%s", loom_last_error());
-    CHECK(loom_st_open(QWEN_DIR "/reference.safetensors", &ref) == LOOM_OK);
-    char *text = NULL;
-    size_t len;
-    CHECK(loom_read_file(QWEN_DIR "/config.json", &text, &len) == LOOM_OK);
-    cJSON *cfg = cJSON_Parse(text);
-    free(text);
-    loom_model *m = t.m;
-    int V = t.V, H = m->cfg.hidden_size;
-    CHECK(m->cfg.rope.mrope_section[0] == 2 && m->cfg.rope.mrope_section[2] == 3);
-    loom_qwen25_vit *tower = NULL;
-    CHECKF(loom_qwen25_vit_load(m, cfg, H, &tower) == LOOM_OK, "%s", loom_last_error());
-    for (int c = 0; tower && c <= 3; c++) {
-        const loom_st_tensor *it = ref_t(ref, "case.%d.input_ids", c);
-        const loom_st_tensor *lg = ref_t(ref, "case.%d.logits", c);
-        const loom_st_tensor *gr = ref_t(ref, "case.%d.greedy", c);
-        const loom_st_tensor *px = ref_t(ref, "case.%d.pixel_values", c);
-        const loom_st_tensor *gt = ref_t(ref, "case.%d.image_grid_thw", c);
-        int n = (int)it->shape[0], n_img = gt ? (int)gt->shape[0] : 0, grids[24], n_rows = 0;
-        for (int k = 0; k < 3 * n_img; k++) grids[k] = (int)((const int64_t *)gt->data)[k];
-        for (int k = 0; k < n_img; k++) n_rows += loom_qwen25_vit_tokens(tower, grids + 3 * k);
-        int32_t *ids = malloc((size_t)n * 4), *mpos = malloc((size_t)n * 12);
-        for (int i = 0; i < n; i++) ids[i] = (int32_t)((const int64_t *)it->data)[i];
-        float *rows = malloc(sizeof(float) * ((size_t)n_rows + 1) * H);
-        if (n_img) CHECKF(loom_qwen25_vit_encode(tower, px->data, grids, n_img, rows, NULL) ==
-                          LOOM_OK, "%s", loom_last_error());
-        int delta = 0;
-        CHECK(loom_qwen25_rope_index(ids, n, 504, grids, n_img, 2, mpos, &delta) == LOOM_OK);
-        float *emb = prompt_embeds(m, ids, n, 504, rows);
-        float *out = calloc((size_t)n * V, 4);
-        loom_kv_seq_release(t.kv, &t.seq);
-        CHECK(loom_kv_seq_reserve(t.kv, &t.seq, n + 8) == LOOM_OK);
-        loom_fwd_row r = {.tokens = ids, .n = n, .seq = &t.seq, .logits = LOOM_LOGITS_ALL,
-                          .out = out, .embeds = emb, .pos3 = mpos, .pos_ld = n};
-        CHECKF(loom_forward(m, t.fs, &t.kv->lay, &r, 1) == LOOM_OK, "%s", loom_last_error());
-        double e = test_rel_err(out, lg->data, (size_t)n * V);
-        fprintf(stderr, "  qwen2.5-vl case %d logits: max err / max |ref| = %.3g\n", c, e);
-        CHECKF(e < 1e-5, "qwen2.5-vl case %d logits: %g", c, e);
-        /* greedy through the KV cache, positions past the prompt + delta */
-        float *last = out + (size_t)(n - 1) * V;
-        int same = 1;
-        for (int k = 0; k < 8; k++) {
-            int32_t next = loom_argmax(last, V);
-            same &= next == ((const int64_t *)gr->data)[k];
-            r = (loom_fwd_row){.tokens = &next, .n = 1, .seq = &t.seq, .logits = LOOM_LOGITS_LAST,
-                               .out = out, .decode = 1, .pos_delta = delta};
-            last = out;
-            if (k < 7) CHECK(loom_forward(m, t.fs, &t.kv->lay, &r, 1) == LOOM_OK);
-        }
-        CHECKF(same, "qwen2.5-vl case %d greedy tokens differ", c);
-        free(out);
-        free(emb);
-        free(rows);
-        free(ids);
-        free(mpos);
-    }
-    loom_qwen25_vit_free(tower);
-    cJSON_Delete(cfg);
-    loom_st_close(ref);
-    lm_close(&t);
-}
-
 /* Both spellings of M-RoPE's sections: transformers 5's rope_parameters
  * and the older rope_scaling of type "mrope". */
 static void mrope_config(void) {
@@ -300,7 +148,5 @@ static void mrope_config(void) {
 int main(void) {
     mrope_config();
     spans();
-    gemma_logits();
-    qwen_logits();
     return test_report("test_vision_lm");
 }

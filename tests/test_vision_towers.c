@@ -149,41 +149,6 @@ out:
     shell_close(&s);
 }
 
-/* Every case's M-RoPE positions and decode delta from its ids and grids. */
-static void qwen_rope_index(void) {
-    shell s;
-    CHECK(shell_open(&s, QWEN_DIR, 1));
-    for (int i = 0; i <= 3; i++) {
-        const loom_st_tensor *ids = ref_t(&s, "case.%d.input_ids", i);
-        const loom_st_tensor *pid = ref_t(&s, "case.%d.position_ids", i);
-        const loom_st_tensor *dl = ref_t(&s, "case.%d.rope_deltas", i);
-        const loom_st_tensor *gt = ref_t(&s, "case.%d.image_grid_thw", i);
-        CHECK(ids && pid && dl);
-        if (!ids || !pid || !dl) continue;
-        int n = (int)ids->shape[0], n_img = gt ? (int)gt->shape[0] : 0, grids[24], delta = 0;
-        int32_t *tok = calloc((size_t)n, 4), *pos = calloc((size_t)n * 3, 4);
-        for (int k = 0; k < n; k++) tok[k] = (int32_t)((const int64_t *)ids->data)[k];
-        for (int k = 0; k < 3 * n_img; k++) grids[k] = (int)((const int64_t *)gt->data)[k];
-        CHECKF(loom_qwen25_rope_index(tok, n, 504, grids, n_img, 2, pos, &delta) == LOOM_OK, "%s",
-               loom_last_error());
-        int same = 1;
-        for (int k = 0; k < 3 * n; k++) same &= pos[k] == ((const int64_t *)pid->data)[k];
-        CHECKF(same, "case %d positions", i);
-        CHECK_EQ_INT(delta, ((const int64_t *)dl->data)[0]);
-        /* a grid that does not fit the image tokens is refused */
-        if (n_img) {
-            grids[1] += 2;
-            CHECK(loom_qwen25_rope_index(tok, n, 504, grids, n_img, 2, pos, &delta) ==
-                  LOOM_ERR_INVALID_ARG);
-            CHECK(loom_qwen25_rope_index(tok, n, 504, grids, n_img - 1, 2, pos, &delta) ==
-                  LOOM_ERR_INVALID_ARG);
-        }
-        free(tok);
-        free(pos);
-    }
-    shell_close(&s);
-}
-
 /* m's tensors written again under other names: each name starting with
  * from[i] gets to[i] in its place. Returns the reopened file, or NULL. */
 static loom_safetensors *renamed(const loom_safetensors *st, const char *const *from,
@@ -299,7 +264,6 @@ int main(void) {
     qwen_cases(3);
     gemma_cases(1);
     gemma_cases(3);
-    qwen_rope_index();
     key_spellings();
     missing_tensor();
     return test_report("test_vision_towers");

@@ -88,6 +88,9 @@ typedef struct cli_vision {
 loom_status cli_vision_prompt(loom_model *m, const char *model_dir, const int32_t *ids, int n,
                               const char *const *files, int n_files, cli_vision *out);
 void cli_vision_free(cli_vision *cv);
+/* The n_batch a context prefilling cv's prompt takes: 0 (the default)
+ * unless the default's chunks would cut an image's bidirectional span. */
+int cli_vision_n_batch(const cli_vision *cv);
 
 /* Returns the value of option argv[*i] (advancing *i), or NULL after
  * reporting that it is missing. */

@@ -24,13 +24,11 @@ loom_status cli_vision_prompt(loom_model *m, const char *model_dir, const int32_
     if (!s && (!px || !imgs)) s = loom_err(LOOM_ERR_NOMEM, "out of memory");
     for (int k = 0; !s && k < n_files; k++) {
         loom_image img = {0};
-        s = loom_image_load(files[k], &img);
-        if (!s) s = loom_imgproc_run(&proc, &img, &px[k]);
+        s = loom_image_load(files[k], &img); /* its errors name the file */
+        if (!s && (s = loom_imgproc_run(&proc, &img, &px[k])))
+            loom_err_wrap(s, "image %s", files[k]);
         loom_image_free(&img);
-        if (s) {
-            loom_err(s, "image %s: %s", files[k], loom_last_error());
-            break;
-        }
+        if (s) break;
         imgs[k].pixels = px[k].pixel_values;
         imgs[k].grid[0] = px[k].plan.grid_t;
         imgs[k].grid[1] = px[k].plan.grid_h;
@@ -48,4 +46,13 @@ void cli_vision_free(cli_vision *cv) {
     loom_vision_prompt_free(&cv->p);
     loom_vision_free(cv->v);
     cv->v = NULL;
+}
+
+/* the context's own chunk when n_batch is 0 */
+#define CLI_CONTEXT_BATCH 512
+
+int cli_vision_n_batch(const cli_vision *cv) {
+    if (!cv->v || !cv->p.groups) return 0;
+    int b = loom_vision_prompt_batch(&cv->p, CLI_CONTEXT_BATCH);
+    return b == CLI_CONTEXT_BATCH ? 0 : b;
 }

@@ -274,8 +274,15 @@ int cmd_generate(int argc, char **argv) {
         int ctx = LOOM_MIN(n_prompt, 4);
         loom_ts_prime(ts, prompt + n_prompt - ctx, (size_t)ctx);
     }
+    double t_img = loom_now();
+    if (n_images && (s = cli_vision_prompt(m, model, prompt, n_prompt, images, n_images, &cv))) {
+        rc = cli_fail("preparing the images", s);
+        goto done;
+    }
+    t_img = loom_now() - t_img;
     loom_context_params cp = loom_context_default_params();
     cp.n_ctx = n_ctx ? n_ctx : n_prompt + max_tokens;
+    cp.n_batch = cli_vision_n_batch(&cv);
     cp.kv_type = kv_type;
     cp.kv_config = cli_kv_config(kv_config, model, kvc, sizeof kvc);
     if ((s = loom_context_create(m, &cp, &c))) { rc = cli_fail("creating context", s); goto done; }
@@ -340,10 +347,6 @@ int cmd_generate(int argc, char **argv) {
     for (int k = 0; k < n_prompt; k++) loom_sampler_accept(&smp, prompt[k], 0);
     double t0 = loom_now();
     int32_t id = 0;
-    if (n_images && (s = cli_vision_prompt(m, model, prompt, n_prompt, images, n_images, &cv))) {
-        rc = cli_fail("preparing the images", s);
-        goto done;
-    }
     if (n_images) loom_context_prepare(c, &cv.p.in);
     /* with no token to make, the prompt still runs (its timing is reported) */
     s = max_tokens > 0 ? next_token(c, prompt, n_prompt, &smp, logits, gram ? &gm : NULL, gbits, eos, n_eos, &id)
@@ -365,6 +368,7 @@ int cmd_generate(int argc, char **argv) {
         }
         if (id < 0) break; /* nothing the grammar allows */
     }
+    if (n_images) fprintf(stderr, "images: %d decoded, preprocessed and encoded in %.3f s\n", n_images, t_img);
     report(&go, prompt_text, json_ids, n_prompt, t0, t1, loom_now());
     rc = 0;
 done:

@@ -88,16 +88,17 @@ int cmd_logits(int argc, char **argv) {
     mp.fast_matmul = cli_fast;
     loom_status s = loom_model_load(model, &mp, &m);
     if (s != LOOM_OK) { rc = cli_fail("loading model", s); goto done; }
-    loom_context_params cp = loom_context_default_params();
-    cp.n_ctx = n;
-    if ((s = loom_context_create(m, &cp, &c))) { rc = cli_fail("creating context", s); goto done; }
-    int V = loom_model_vocab_size(m);
-    logits = malloc(sizeof(float) * (size_t)n * V);
-    if (!logits) { fprintf(stderr, "loom: error: out of memory\n"); goto done; }
     if (n_images && (s = cli_vision_prompt(m, model, ids, n, images, n_images, &cv))) {
         rc = cli_fail("preparing the images", s);
         goto done;
     }
+    loom_context_params cp = loom_context_default_params();
+    cp.n_ctx = n;
+    cp.n_batch = cli_vision_n_batch(&cv);
+    if ((s = loom_context_create(m, &cp, &c))) { rc = cli_fail("creating context", s); goto done; }
+    int V = loom_model_vocab_size(m);
+    logits = malloc(sizeof(float) * (size_t)n * V);
+    if (!logits) { fprintf(stderr, "loom: error: out of memory\n"); goto done; }
     if (n_images) loom_context_prepare(c, &cv.p.in);
     if ((s = loom_context_eval(c, ids, n, 1, logits))) { rc = cli_fail("evaluating", s); goto done; }
     loom_st_write_entry e[2] = {

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "vision/vision_int.h"
 #include "vision/vit.h"
 
 typedef struct qv_block {
@@ -46,9 +47,7 @@ struct loom_qwen25_vit {
 /* The weights' prefix in this checkpoint. */
 static const char *find_prefix(const loom_safetensors *st) {
     static const char *const prefixes[] = {"visual.", "model.visual."};
-    for (size_t i = 0; i < LOOM_ARRAY_LEN(prefixes); i++)
-        if (loom_vit_find(st, prefixes[i], "patch_embed.proj.weight")) return prefixes[i];
-    return NULL;
+    return loom_vit_prefix(st, prefixes, LOOM_ARRAY_LEN(prefixes), "patch_embed.proj.weight");
 }
 
 static loom_status parse_config(loom_qwen25_vit *v, const cJSON *vc, int out_dim,
@@ -235,23 +234,6 @@ static void window_index(const loom_qwen25_vit *v, const int *grids, int n_image
     *n_w = nw;
 }
 
-/* q and k (T rows of stride ld, heads of hd) rotated by each row's angles
- * (T, hd / 2) as rotate_half pairs them: (i, i + hd / 2). */
-static void rope_rows(float *x, int ld, int T, int heads, int hd, const float *cs,
-                      const float *sn) {
-    int half = hd / 2;
-    for (int t = 0; t < T; t++)
-        for (int h = 0; h < heads; h++) {
-            float *r = x + (size_t)t * ld + (size_t)h * hd;
-            const float *c = cs + (size_t)t * half, *s = sn + (size_t)t * half;
-            for (int i = 0; i < half; i++) {
-                float a = r[i], b = r[i + half];
-                r[i] = a * c[i] - b * s[i];
-                r[i + half] = b * c[i] + a * s[i];
-            }
-        }
-}
-
 typedef struct qv_bufs {
     float *x, *xn, *qkv, *att, *hb, *hb2, *cs, *sn, *mo;
     int *unit, *wcu, *fcu, *upos;
@@ -269,8 +251,7 @@ static loom_status run_block(loom_qwen25_vit *v, const qv_block *b, qv_bufs *u, 
     int d = v->dim, I = v->inter;
     loom_vit_rmsnorm(u->xn, u->x, b->norm1, N, d, 1e-6f);
     loom_vit_linear(m, u->qkv, u->xn, &b->qkv, b->qkv_b, N);
-    rope_rows(u->qkv, 3 * d, N, v->heads, v->hd, u->cs, u->sn);
-    rope_rows(u->qkv + d, 3 * d, N, v->heads, v->hd, u->cs, u->sn);
+    loom_vit_rope(u->qkv, 3 * d, N, 2 * v->heads, v->hd, u->cs, u->sn); /* q heads, k heads */
     loom_status s = loom_vit_attention(m, u->att, u->qkv, u->qkv + d, u->qkv + 2 * d, 3 * d,
                                        v->heads, v->hd, cu, n_seg,
                                        (float)(1.0 / sqrt((double)v->hd)));
@@ -376,40 +357,50 @@ loom_status loom_qwen25_vit_encode(loom_qwen25_vit *v, const float *pixels, cons
     return s;
 }
 
-loom_status loom_qwen25_rope_index(const int32_t *ids, int n, int image_token, const int *grids,
-                                   int n_images, int merge, int32_t *pos, int *delta) {
-    int next = 0, im = 0;
-    for (int i = 0; i < n;) {
-        if (ids[i] != image_token) {
-            pos[i] = pos[n + i] = pos[2 * n + i] = next++;
-            i++;
-            continue;
-        }
-        if (im == n_images)
-            return loom_err(LOOM_ERR_INVALID_ARG, "prompt: image token at %d after the %d "
-                            "images given", i, n_images);
-        const int *g = grids + 3 * im;
-        int gh = g[1] / merge, gw = g[2] / merge, cnt = g[0] * gh * gw;
-        if (i + cnt > n)
-            return loom_err(LOOM_ERR_INVALID_ARG, "prompt: image %d needs %d image tokens from "
-                            "%d, the prompt ends at %d", im, cnt, i, n);
-        for (int k = 0; k < cnt; k++) {
-            if (ids[i + k] != image_token)
-                return loom_err(LOOM_ERR_INVALID_ARG, "prompt: image %d has %d image tokens, its "
-                                "grid (%d, %d, %d) needs %d", im, k, g[0], g[1], g[2], cnt);
-            /* images have one temporal position (their time step is 0) */
-            int r = k % (gh * gw);
-            pos[i + k] = next;
-            pos[n + i + k] = next + r / gw;
-            pos[2 * n + i + k] = next + r % gw;
-        }
-        next += LOOM_MAX(gh, gw);
-        i += cnt;
-        im++;
-    }
-    if (im != n_images)
-        return loom_err(LOOM_ERR_INVALID_ARG, "prompt: image tokens for %d images, %d given", im,
-                        n_images);
-    *delta = next - n;
+/* ---- its row of the vision family table (vision.c) ---------------------- */
+
+loom_status loom_qwen25_vit_family_load(loom_vision *v, const cJSON *root, const cJSON *vc) {
+    (void)vc;
+    loom_qwen25_vit *t = NULL;
+    loom_status s = loom_qwen25_vit_load(v->m, root, v->m->cfg.hidden_size, &t);
+    if (s) return s;
+    v->tower = t;
+    loom_vision_info *vi = &v->info;
+    vi->patch = t->patch;
+    vi->temporal_patch = t->tpatch;
+    vi->in_channels = t->in_ch;
+    vi->patch_dim = t->patch_dim;
+    vi->merge = t->merge;
+    vi->out_hidden = t->out_dim;
     return LOOM_OK;
+}
+
+loom_status loom_qwen25_vit_family_encode(loom_vision *v, const loom_vision_image *img,
+                                          float *embeds, float *deep) {
+    (void)deep;
+    loom_qwen25_vit_taps taps = {.patch_embed = v->tap_patch, .merger_in = v->tap_merge_in};
+    return loom_qwen25_vit_encode(v->tower, img->pixels, img->grid, 1, embeds, &taps);
+}
+
+void loom_qwen25_vit_family_free(void *tower) { loom_qwen25_vit_free(tower); }
+
+double loom_qwen25_vit_family_flops(const loom_vision *v, const int grid[3]) {
+    const loom_qwen25_vit *t = v->tower;
+    int U = t->merge * t->merge, units = grid[0] * grid[1] * grid[2] / U, n_w = 0;
+    int *unit = malloc(sizeof(int) * (size_t)units), *wcu = malloc(sizeof(int) * (size_t)(units + 1));
+    if (!unit || !wcu) {
+        free(unit);
+        free(wcu);
+        return 0;
+    }
+    window_index(t, grid, 1, unit, wcu, &n_w);
+    double N = (double)units * U, D = t->dim, I = t->inter, W = U * D, frame = N / grid[0];
+    double win = 0, full = grid[0] * frame * frame;
+    for (int k = 0; k < n_w; k++) win += (double)(wcu[k + 1] - wcu[k]) * (wcu[k + 1] - wcu[k]);
+    free(unit);
+    free(wcu);
+    double f = 2 * N * t->patch_dim * D;
+    for (int i = 0; i < t->depth; i++)
+        f += 2 * N * (4 * D * D + 3 * D * I) + 4 * (t->blocks[i].full ? full : win) * D;
+    return f + 2 * (N / U) * (W * W + W * t->out_dim);
 }

@@ -17,7 +17,6 @@
 #define LOOM_QWEN25_VIT_H
 
 #include <cjson/cJSON.h>
-#include <stdint.h>
 
 #include "model/model.h"
 
@@ -49,16 +48,5 @@ typedef struct loom_qwen25_vit_taps {
  * out_dim), image after image. taps may be NULL. */
 loom_status loom_qwen25_vit_encode(loom_qwen25_vit *v, const float *pixels, const int *grids,
                                    int n_images, float *out, const loom_qwen25_vit_taps *taps);
-
-/* M-RoPE positions of a prompt as the reference's get_rope_index lays
- * them out for images: text runs count up on all three axes; an image's
- * run of t * h * w / merge^2 image_token ids (grids in order) takes the
- * text position p reached so far on the temporal axis and p + row, p +
- * column on the others, and text resumes at 1 + the largest position
- * used. pos is [3][n] (t, h, w); *delta is what decode positions add to
- * the sequence length (largest position + 1 - n). The image tokens must
- * match the grids, in count and in run lengths. */
-loom_status loom_qwen25_rope_index(const int32_t *ids, int n, int image_token, const int *grids,
-                                   int n_images, int merge, int32_t *pos, int *delta);
 
 #endif

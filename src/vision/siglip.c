@@ -9,6 +9,7 @@
 
 #include "base/base.h"
 #include "model/matmul.h"
+#include "vision/vision_int.h"
 #include "vision/vit.h"
 
 typedef struct sg_layer {
@@ -39,13 +40,6 @@ struct loom_siglip {
     loom_weight proj;               /* (out_dim, dim), owned f32 (the file holds its transpose) */
     loom_vit_mem mem;
 };
-
-static const char *find_prefix(const loom_safetensors *st, const char *const *list, size_t n,
-                               const char *probe) {
-    for (size_t i = 0; i < n; i++)
-        if (loom_vit_find(st, list[i], probe)) return list[i];
-    return NULL;
-}
 
 static loom_status parse_config(loom_siglip *v, const cJSON *root, const cJSON *vc) {
     const char *w = "vision_config";
@@ -115,7 +109,7 @@ static loom_status bind_layer(loom_siglip *v, const char *pre, int i, sg_layer *
 static loom_status bind_projector(loom_siglip *v) {
     static const char *const pres[] = {"multi_modal_projector.", "model.multi_modal_projector."};
     const loom_safetensors *st = v->m->st;
-    const char *pre = find_prefix(st, pres, LOOM_ARRAY_LEN(pres), "mm_input_projection_weight");
+    const char *pre = loom_vit_prefix(st, pres, LOOM_ARRAY_LEN(pres), "mm_input_projection_weight");
     if (!pre)
         return loom_err(LOOM_ERR_FORMAT, "tensor multi_modal_projector.mm_input_projection_weight:"
                         " missing (nor under model.)");
@@ -143,7 +137,7 @@ static loom_status bind_all(loom_siglip *v) {
     static const char *const pres[] = {"vision_tower.vision_model.", "vision_tower.",
                                        "model.vision_tower.vision_model.", "model.vision_tower."};
     const loom_safetensors *st = v->m->st;
-    const char *pre = find_prefix(st, pres, LOOM_ARRAY_LEN(pres),
+    const char *pre = loom_vit_prefix(st, pres, LOOM_ARRAY_LEN(pres),
                                   "embeddings.patch_embedding.weight");
     if (!pre)
         return loom_err(LOOM_ERR_FORMAT, "tensor vision_tower.vision_model.embeddings."
@@ -296,4 +290,45 @@ out:
     loom_free(vv); loom_free(att); loom_free(hb);
     free(cu);
     return s;
+}
+
+/* ---- its row of the vision family table (vision.c) ---------------------- */
+
+/* An image is one (3, S, S) plane of pixels, grid (1, 1, 1), giving
+ * mm_tokens_per_image tokens. */
+loom_status loom_siglip_family_load(loom_vision *v, const cJSON *root, const cJSON *vc) {
+    (void)vc;
+    loom_siglip *t = NULL;
+    loom_status s = loom_siglip_load(v->m, root, v->m->cfg.hidden_size, &t);
+    if (s) return s;
+    v->tower = t;
+    loom_vision_info *vi = &v->info;
+    vi->patch = t->patch;
+    vi->temporal_patch = 1;
+    vi->in_channels = t->ch;
+    vi->patch_dim = t->ch * t->image * t->image;
+    vi->merge = 1;
+    vi->tokens_per_image = loom_siglip_tokens(t);
+    vi->out_hidden = t->out_dim;
+    return LOOM_OK;
+}
+
+/* The tower's merger input is the post layer norm's output (the projector
+ * pools it); there is no tap before the position embeddings. */
+loom_status loom_siglip_family_encode(loom_vision *v, const loom_vision_image *img,
+                                      float *embeds, float *deep) {
+    (void)deep;
+    loom_siglip_taps taps = {.post_layernorm = v->tap_merge_in};
+    return loom_siglip_encode(v->tower, img->pixels, 1, embeds, &taps);
+}
+
+void loom_siglip_family_free(void *tower) { loom_siglip_free(tower); }
+
+double loom_siglip_family_flops(const loom_vision *v, const int grid[3]) {
+    (void)grid;
+    const loom_siglip *t = v->tower;
+    double T = t->n_patch, D = t->dim, I = t->inter, tok = loom_siglip_tokens(t);
+    double f = 2 * T * (t->ch * t->patch * t->patch) * D;
+    f += t->n_layers * (2 * T * (4 * D * D + 2 * D * I) + 4 * T * T * D);
+    return f + 2 * tok * D * t->out_dim;
 }

@@ -10,82 +10,35 @@
 #include "base/base.h"
 #include "model/matmul.h"
 
-loom_status loom_qwen_vit_load(loom_vision *v, const cJSON *vc);
-loom_status loom_qwen_vit_encode(loom_vision *v, const loom_vision_image *img, float *embeds,
-                                 float *deep);
-void loom_qwen_vit_free(void *tower);
+/* Each tower file's side of its row. */
+#define TOWER(name)                                                                        \
+    loom_status name##_family_load(loom_vision *v, const cJSON *root, const cJSON *vc);    \
+    loom_status name##_family_encode(loom_vision *v, const loom_vision_image *img,         \
+                                     float *embeds, float *deep);                          \
+    void name##_family_free(void *tower);                                                  \
+    double name##_family_flops(const loom_vision *v, const int grid[3])
+TOWER(loom_qwen_vit);
+TOWER(loom_qwen25_vit);
+TOWER(loom_siglip);
+#undef TOWER
+#define ROW(arch, name, mrope, spans) \
+    {arch, name##_family_load, name##_family_encode, name##_family_free, name##_family_flops, \
+     mrope, spans}
 
-/* One row per family; a new tower is its own file and a row here. */
+/* One row per family; a new tower is its own file and a row here.
+ * Qwen2.5-VL's images take the same get_rope_index positions as Qwen3-VL's
+ * (its time axis only moves for video); Gemma 3 keeps plain positions and
+ * makes each image's tokens one bidirectional span. */
 static const loom_vision_family families[] = {
-    {"Qwen3VLForConditionalGeneration", loom_qwen_vit_load, loom_qwen_vit_encode,
-     loom_qwen_vit_free, 1},
-    {"Qwen3_5ForConditionalGeneration", loom_qwen_vit_load, loom_qwen_vit_encode,
-     loom_qwen_vit_free, 1},
+    ROW("Qwen3VLForConditionalGeneration", loom_qwen_vit, 1, 0),
+    ROW("Qwen3_5ForConditionalGeneration", loom_qwen_vit, 1, 0),
+    ROW("Qwen2_5_VLForConditionalGeneration", loom_qwen25_vit, 1, 0),
+    ROW("Gemma3ForConditionalGeneration", loom_siglip, 0, 1),
 };
+#undef ROW
 
-/* ---- helpers for the towers ---------------------------------------------- */
-
-const loom_st_tensor *loom_vision_tensor(const loom_vision *v, const char *name) {
-    static const char *const prefixes[] = {"model.visual.", "visual."};
-    char full[256];
-    for (size_t i = 0; i < LOOM_ARRAY_LEN(prefixes); i++) {
-        snprintf(full, sizeof full, "%s%s", prefixes[i], name);
-        const loom_st_tensor *t = loom_st_find(v->m->st, full);
-        if (t) return t;
-    }
-    return NULL;
-}
-
-static loom_status missing(const char *name) {
-    return loom_err(LOOM_ERR_FORMAT, "vision tower: tensor model.visual.%s (or visual.%s) is "
-                    "missing", name, name);
-}
-
-loom_status loom_vision_weight(loom_vision *v, const char *name, int rows, int cols,
-                               loom_weight *w) {
-    const loom_st_tensor *t = loom_vision_tensor(v, name);
-    if (!t) return missing(name);
-    int64_t c = 1;
-    for (int d = 1; d < t->ndim; d++) c *= t->shape[d];
-    char got[96];
-    loom_st_describe(t, got, sizeof got);
-    if (t->ndim < 2 || t->shape[0] != rows || c != cols ||
-        (t->dtype != LOOM_DT_F32 && t->dtype != LOOM_DT_F16 && t->dtype != LOOM_DT_BF16))
-        return loom_err(LOOM_ERR_FORMAT, "vision tower: tensor %s: expected F32, F16 or BF16 "
-                        "[%d, %d], found %s", t->name, rows, cols, got);
-    *w = (loom_weight){.dtype = t->dtype, .rows = rows, .cols = cols, .data = t->data};
-    return LOOM_OK;
-}
-
-loom_status loom_vision_vec(loom_vision *v, const char *name, int n, const float **out) {
-    const loom_st_tensor *t = loom_vision_tensor(v, name);
-    if (!t) return missing(name);
-    char got[96];
-    loom_st_describe(t, got, sizeof got);
-    if (t->ndim != 1 || t->shape[0] != n ||
-        (t->dtype != LOOM_DT_F32 && t->dtype != LOOM_DT_F16 && t->dtype != LOOM_DT_BF16))
-        return loom_err(LOOM_ERR_FORMAT, "vision tower: tensor %s: expected F32, F16 or BF16 "
-                        "[%d], found %s", t->name, n, got);
-    if (v->n_vecs == v->cap_vecs) {
-        int cap = v->cap_vecs ? 2 * v->cap_vecs : 64;
-        float **nv = realloc(v->vecs, sizeof *nv * (size_t)cap);
-        if (!nv) return loom_err(LOOM_ERR_NOMEM, "out of memory");
-        v->vecs = nv;
-        v->cap_vecs = cap;
-    }
-    float *f = malloc(sizeof(float) * (size_t)n);
-    if (!f) return loom_err(LOOM_ERR_NOMEM, "out of memory");
-    const uint16_t *h = t->data;
-    for (int i = 0; i < n; i++)
-        f[i] = t->dtype == LOOM_DT_F32    ? ((const float *)t->data)[i]
-               : t->dtype == LOOM_DT_BF16 ? loom_bf16_to_f32(h[i])
-                                          : loom_f16_to_f32(h[i]);
-    v->vecs[v->n_vecs++] = f;
-    *out = f;
-    return LOOM_OK;
-}
-
-int loom_vision_cfg_int(const cJSON *o, const char *k, int def) {
+/* Integer field of a config object (def when absent). */
+static int cfg_int(const cJSON *o, const char *k, int def) {
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, k);
     return cJSON_IsNumber(x) ? x->valueint : def;
 }
@@ -125,15 +78,20 @@ loom_status loom_vision_load(loom_model *m, const char *dir, loom_vision **out) 
     v->fam = fam;
     v->m = m;
     loom_vision_info *vi = &v->info;
-    vi->image_token = loom_vision_cfg_int(root, "image_token_id", -1);
-    vi->video_token = loom_vision_cfg_int(root, "video_token_id", -1);
-    vi->vision_start = loom_vision_cfg_int(root, "vision_start_token_id", -1);
-    vi->vision_end = loom_vision_cfg_int(root, "vision_end_token_id", -1);
+    /* Gemma 3 spells them image_token_index, boi_token_index, eoi_token_index */
+    vi->image_token = cfg_int(root, "image_token_id",
+                                          cfg_int(root, "image_token_index", -1));
+    vi->video_token = cfg_int(root, "video_token_id", -1);
+    vi->vision_start = cfg_int(root, "vision_start_token_id",
+                                           cfg_int(root, "boi_token_index", -1));
+    vi->vision_end = cfg_int(root, "vision_end_token_id",
+                                         cfg_int(root, "eoi_token_index", -1));
     vi->mrope = fam->mrope;
+    vi->spans = fam->spans;
     if (vi->image_token < 0 || vi->image_token >= m->cfg.vocab_size)
         s = loom_err(LOOM_ERR_FORMAT, "%s: image_token_id %d is not in the vocabulary of %d",
                      path, vi->image_token, m->cfg.vocab_size);
-    if (!s) s = fam->load(v, vc);
+    if (!s) s = fam->load(v, root, vc);
     if (!s && vi->out_hidden != m->cfg.hidden_size)
         s = loom_err(LOOM_ERR_FORMAT, "%s: vision out_hidden_size %d differs from the text "
                      "model's hidden_size %d", path, vi->out_hidden, m->cfg.hidden_size);
@@ -149,15 +107,23 @@ loom_status loom_vision_load(loom_model *m, const char *dir, loom_vision **out) 
 void loom_vision_free(loom_vision *v) {
     if (!v) return;
     if (v->tower) v->fam->free(v->tower);
-    for (int i = 0; i < v->n_vecs; i++) free(v->vecs[i]);
-    free(v->vecs);
     free(v);
 }
 
 const loom_vision_info *loom_vision_get_info(const loom_vision *v) { return &v->info; }
 
+/* The error for a grid the tower cannot take. */
+static loom_status grid_error(const loom_vision_info *vi, const char *what, const int g[3]) {
+    if (vi->tokens_per_image > 0)
+        return loom_err(LOOM_ERR_INVALID_ARG, "%s: grid %dx%dx%d, expected 1x1x1 (one whole "
+                        "image of %d tokens)", what, g[0], g[1], g[2], vi->tokens_per_image);
+    return loom_err(LOOM_ERR_INVALID_ARG, "%s: grid %dx%dx%d is not a grid of %dx%d merge "
+                    "blocks", what, g[0], g[1], g[2], vi->merge, vi->merge);
+}
+
 int loom_vision_tokens(const loom_vision_info *vi, const int grid[3]) {
     int t = grid[0], h = grid[1], w = grid[2], g = vi->merge;
+    if (vi->tokens_per_image > 0) return t == 1 && h == 1 && w == 1 ? vi->tokens_per_image : 0;
     if (t <= 0 || h <= 0 || w <= 0 || g <= 0 || h % g || w % g) return 0;
     if ((long long)t * h * w > (1 << 24)) return 0;
     return t * (h / g) * (w / g);
@@ -166,13 +132,16 @@ int loom_vision_tokens(const loom_vision_info *vi, const int grid[3]) {
 loom_status loom_vision_encode(loom_vision *v, const loom_vision_image *img, float *embeds,
                                float *deep) {
     if (!loom_vision_tokens(&v->info, img->grid))
-        return loom_err(LOOM_ERR_INVALID_ARG, "vision: grid %dx%dx%d is not a grid of %dx%d merge "
-                        "blocks", img->grid[0], img->grid[1], img->grid[2], v->info.merge,
-                        v->info.merge);
+        return grid_error(&v->info, "vision", img->grid);
     return v->fam->encode(v, img, embeds, deep);
 }
 
+double loom_vision_flops(const loom_vision *v, const int grid[3]) {
+    return loom_vision_tokens(&v->info, grid) ? v->fam->flops(v, grid) : 0;
+}
+
 /* ---- positions ----------------------------------------------------------- */
+
 
 /* The error for placeholders that do not match the images. */
 static loom_status count_error(const loom_vision_info *vi, const int32_t *ids, int n,
@@ -187,15 +156,43 @@ static loom_status count_error(const loom_vision_info *vi, const int32_t *ids, i
                     "come in one run of each image's token count, in image order", vi->image_token);
 }
 
+/* Whether the placeholders come as one run per image, of its token count. */
+static loom_status check_runs(const loom_vision_info *vi, const int32_t *ids, int n,
+                              const int (*grids)[3], int n_img) {
+    int st = 0;
+    for (int k = 0; k < n_img; k++) {
+        int cnt = loom_vision_tokens(vi, grids[k]), ed = st;
+        char what[32];
+        snprintf(what, sizeof what, "image %d", k + 1);
+        if (!cnt) return grid_error(vi, what, grids[k]);
+        while (ed < n && ids[ed] != vi->image_token) ed++;
+        if (ed + cnt > n) return count_error(vi, ids, n, grids, n_img);
+        for (int i = ed; i < ed + cnt; i++)
+            if (ids[i] != vi->image_token) return count_error(vi, ids, n, grids, n_img);
+        st = ed + cnt;
+    }
+    for (int i = st; i < n; i++)
+        if (ids[i] == vi->image_token) return count_error(vi, ids, n, grids, n_img);
+    return LOOM_OK;
+}
+
 loom_status loom_vision_positions(const loom_vision_info *vi, const int32_t *ids, int n,
                                   const int (*grids)[3], int n_img, int32_t *pos3, int *delta) {
+    if (!vi->mrope) {
+        /* plain positions on all three streams */
+        loom_status s = check_runs(vi, ids, n, grids, n_img);
+        if (s) return s;
+        for (int i = 0; i < n; i++)
+            for (int k = 0; k < 3; k++) pos3[(size_t)k * n + i] = i;
+        *delta = 0;
+        return LOOM_OK;
+    }
     int st = 0, next = 0; /* next token to place; next free position */
     for (int k = 0; k < n_img; k++) {
         int cnt = loom_vision_tokens(vi, grids[k]);
-        if (!cnt)
-            return loom_err(LOOM_ERR_INVALID_ARG, "image %d: grid %dx%dx%d is not a grid of "
-                            "%dx%d merge blocks", k + 1, grids[k][0], grids[k][1], grids[k][2],
-                            vi->merge, vi->merge);
+        char what[32];
+        snprintf(what, sizeof what, "image %d", k + 1);
+        if (!cnt) return grid_error(vi, what, grids[k]);
         int ed = st;
         while (ed < n && ids[ed] != vi->image_token) ed++;
         if (ed + cnt > n) return count_error(vi, ids, n, grids, n_img);
@@ -231,7 +228,26 @@ void loom_vision_prompt_free(loom_vision_prompt *p) {
     loom_free(p->embeds);
     loom_free(p->pos3);
     loom_free(p->deepstack);
+    loom_free(p->groups);
     memset(p, 0, sizeof *p);
+}
+
+/* Whether a cut before token i splits a span of g. */
+static int cuts_span(const int32_t *g, int i) { return g[i] >= 0 && g[i - 1] == g[i]; }
+
+int loom_vision_prompt_batch(const loom_vision_prompt *p, int n_batch) {
+    if (!p->groups || n_batch <= 0 || n_batch >= p->n) return n_batch;
+    int longest = 0;
+    for (int i = 0, run = 0; i < p->n; i++) {
+        run = i > 0 && cuts_span(p->groups, i) ? run + 1 : p->groups[i] >= 0;
+        longest = LOOM_MAX(longest, run);
+    }
+    for (int b = n_batch; b >= LOOM_MAX(longest, 1); b--) {
+        int ok = 1;
+        for (int i = b; ok && i < p->n; i += b) ok = !cuts_span(p->groups, i);
+        if (ok) return b;
+    }
+    return p->n;
 }
 
 loom_status loom_vision_prompt_build(loom_vision *v, const int32_t *ids, int n,
@@ -259,12 +275,16 @@ loom_status loom_vision_prompt_build(loom_vision *v, const int32_t *ids, int n,
     int delta = 0;
     if (!s && vi->mrope) s = loom_vision_positions(vi, ids, n, (const int(*)[3])grids, n_img,
                                                    out->pos3, &delta);
-    if (!s && !vi->mrope) {
-        /* without M-RoPE only the counts are checked */
-        int have = 0, need = 0;
-        for (int i = 0; i < n; i++) have += ids[i] == vi->image_token;
-        for (int k = 0; k < n_img; k++) need += loom_vision_tokens(vi, grids[k]);
-        if (have != need) s = count_error(vi, ids, n, (const int(*)[3])grids, n_img);
+    if (!s && !vi->mrope) s = check_runs(vi, ids, n, (const int(*)[3])grids, n_img);
+    if (!s && vi->spans && n_img > 0) {
+        /* image k's run of placeholders is span k */
+        out->groups = loom_alloc(sizeof(int32_t) * (size_t)n);
+        if (!out->groups) s = loom_err(LOOM_ERR_NOMEM, "vision prompt: out of memory");
+        for (int i = 0, k = 0, left = 0; !s && i < n; i++) {
+            if (ids[i] == vi->image_token && !left) left = loom_vision_tokens(vi, grids[k++]);
+            out->groups[i] = ids[i] == vi->image_token ? k - 1 : -1;
+            if (ids[i] == vi->image_token) left--;
+        }
     }
     for (int i = 0; !s && i < n; i++) {
         float *x = out->embeds + (size_t)i * H;
@@ -307,6 +327,6 @@ loom_status loom_vision_prompt_build(loom_vision *v, const int32_t *ids, int n,
     }
     out->in = (loom_fwd_input){.embeds = out->embeds, .pos3 = out->pos3,
                                .deepstack = out->deepstack, .n_deep = out->deepstack ? D : 0,
-                               .pos_delta = delta};
+                               .groups = out->groups, .pos_delta = delta};
     return LOOM_OK;
 }

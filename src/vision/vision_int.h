@@ -1,6 +1,6 @@
 /* vision_int: what a tower file sees of the vision module: the family
- * row it fills in, the loaded vision state, and the helpers that find its
- * tensors under either key spelling. Not part of the model API. */
+ * row it fills in and the loaded vision state (the pieces towers share are
+ * vit.h's). Not part of the model API. */
 #ifndef LOOM_VISION_INT_H
 #define LOOM_VISION_INT_H
 
@@ -11,13 +11,17 @@
 /* One family of towers (a row of vision.c's table). */
 typedef struct loom_vision_family {
     const char *arch;        /* architectures[0] of config.json */
-    /* Reads vision_config (vc) and the weights into v->tower, fills
-     * v->info's tower fields (patch sizes, merge, out_hidden, n_deep). */
-    loom_status (*load)(loom_vision *v, const cJSON *vc);
+    /* Reads vision_config (vc; root is the whole config.json) and the
+     * weights into v->tower, fills v->info's tower fields (patch sizes,
+     * merge or tokens_per_image, out_hidden, n_deep). */
+    loom_status (*load)(loom_vision *v, const cJSON *root, const cJSON *vc);
     loom_status (*encode)(loom_vision *v, const loom_vision_image *img, float *embeds,
                           float *deep);
     void (*free)(void *tower);
+    /* FLOPs of one image (loom_vision_flops) */
+    double (*flops)(const loom_vision *v, const int grid[3]);
     int mrope;               /* the prompt takes M-RoPE positions (Qwen rule) */
+    int spans;               /* each image's tokens attend both ways (Gemma 3) */
 } loom_vision_family;
 
 struct loom_vision {
@@ -25,26 +29,9 @@ struct loom_vision {
     loom_vision_info info;
     loom_model *m;           /* borrowed: pool, kernels, embeddings, safetensors */
     void *tower;             /* owned by fam */
-    float **vecs;            /* owned: f32 copies of small tensors (norms, biases) */
-    int n_vecs, cap_vecs;
     /* Tests: when set, a tower copies its patch embeddings (before the
      * position embeddings) and the merger's input there, (patches, D). */
     float *tap_patch, *tap_merge_in;
 };
-
-/* The tower's tensor `name` (without the prefix): model.visual.name or
- * visual.name; NULL if neither. */
-const loom_st_tensor *loom_vision_tensor(const loom_vision *v, const char *name);
-
-/* A matrix (rows, cols): the tensor's first dimension is rows, the rest
- * flattened is cols (a conv kernel as a matmul); F32, F16 or BF16. */
-loom_status loom_vision_weight(loom_vision *v, const char *name, int rows, int cols,
-                               loom_weight *w);
-
-/* A vector of n values as owned f32 (freed with v). */
-loom_status loom_vision_vec(loom_vision *v, const char *name, int n, const float **out);
-
-/* Integer field of a config object (def when absent). */
-int loom_vision_cfg_int(const cJSON *o, const char *k, int def);
 
 #endif

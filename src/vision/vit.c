@@ -159,6 +159,27 @@ void loom_vit_rmsnorm(float *y, const float *x, const float *w, int T, int n, fl
     }
 }
 
+void loom_vit_rope(float *x, int ld, int T, int heads, int hd, const float *cs, const float *sn) {
+    int half = hd / 2;
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < heads; h++) {
+            float *r = x + (size_t)t * ld + (size_t)h * hd;
+            const float *c = cs + (size_t)t * half, *s = sn + (size_t)t * half;
+            for (int i = 0; i < half; i++) {
+                float a = r[i], b = r[i + half];
+                r[i] = a * c[i] - b * s[i];
+                r[i + half] = b * c[i] + a * s[i];
+            }
+        }
+}
+
+const char *loom_vit_prefix(const loom_safetensors *st, const char *const *list, size_t n,
+                            const char *probe) {
+    for (size_t i = 0; i < n; i++)
+        if (loom_vit_find(st, list[i], probe)) return list[i];
+    return NULL;
+}
+
 /* Queries one attention task covers: the segment's keys are read once per
  * task for all of them. */
 #define VIT_ATT_Q 16
@@ -166,43 +187,51 @@ void loom_vit_rmsnorm(float *y, const float *x, const float *w, int T, int n, fl
 typedef struct att_job {
     const loom_kernels *k;
     float *out;
-    const float *q, *kk, *v;
+    const float *q;
+    const float *kh;   /* per segment s at cu[s] * dim: (heads, len, hd) keys */
+    const float *vt;   /* per segment s at cu[s] * dim: (heads, hd, len) values */
     int ld, n_heads, hd, ldo;
     const int *cu;
     const int *task0;  /* [n_seg + 1]: first task of each segment */
-    int n_seg;
     float scale;
     float *scratch;    /* per thread: VIT_ATT_Q * max segment length */
     size_t per_thread;
 } att_job;
 
+/* One task = one head of one segment and a run of VIT_ATT_Q queries:
+ * softmax(q k^T * scale) v over the segment, both products on the matmul
+ * kernel. */
 static void att_task(void *ctx, int task, int thread) {
     const att_job *j = ctx;
     int s = 0;
     while (task >= j->task0[s + 1]) s++;
-    int s0 = j->cu[s], len = j->cu[s + 1] - s0;
+    int s0 = j->cu[s], len = j->cu[s + 1] - s0, hd = j->hd, D = j->ldo;
     int nb = (len + VIT_ATT_Q - 1) / VIT_ATT_Q, local = task - j->task0[s];
-    int h = local / nb, i0 = s0 + (local % nb) * VIT_ATT_Q;
-    int i1 = LOOM_MIN(i0 + VIT_ATT_Q, s0 + len), hd = j->hd;
-    float *p = j->scratch + (size_t)thread * j->per_thread;
-    for (int i = i0; i < i1; i++) {
-        const float *qi = j->q + (size_t)i * j->ld + (size_t)h * hd;
-        float *sc = p + (size_t)(i - i0) * len;
-        for (int t = 0; t < len; t++)
-            sc[t] = j->k->dot(qi, j->kk + (size_t)(s0 + t) * j->ld + (size_t)h * hd, hd) *
-                    j->scale;
-        j->k->softmax(sc, len);
-        float *o = j->out + (size_t)i * j->ldo + (size_t)h * hd;
-        memset(o, 0, (size_t)hd * sizeof *o);
-        for (int t = 0; t < len; t++)
-            j->k->axpy(o, sc[t], j->v + (size_t)(s0 + t) * j->ld + (size_t)h * hd, hd);
+    int h = local / nb, i0 = (local % nb) * VIT_ATT_Q, rows = LOOM_MIN(VIT_ATT_Q, len - i0);
+    float *sc = j->scratch + (size_t)thread * j->per_thread;
+    const float *seg_k = j->kh + (size_t)s0 * D + (size_t)h * len * hd;
+    const float *seg_v = j->vt + (size_t)s0 * D + (size_t)h * hd * len;
+    j->k->matmul_f32(sc, len, j->q + (size_t)(s0 + i0) * j->ld + (size_t)h * hd, j->ld, seg_k, hd,
+                     rows, 0, len);
+    for (int i = 0; i < rows; i++) {
+        float *row = sc + (size_t)i * len, mx = -INFINITY;
+        for (int p = 0; p < len; p++) {
+            row[p] *= j->scale;
+            mx = LOOM_MAX(mx, row[p]);
+        }
+        double sum = 0;
+        for (int p = 0; p < len; p++) sum += row[p] = expf(row[p] - mx);
+        float inv = (float)(1.0 / sum);
+        for (int p = 0; p < len; p++) row[p] *= inv;
     }
+    j->k->matmul_f32(j->out + (size_t)(s0 + i0) * D + (size_t)h * hd, D, sc, len, seg_v, len, rows,
+                     0, hd);
 }
 
 loom_status loom_vit_attention(loom_model *m, float *out, const float *q, const float *k,
                                const float *v, int ld, int n_heads, int hd, const int *cu,
                                int n_seg, float scale) {
-    int max_len = 0;
+    int max_len = 0, D = n_heads * hd, N = cu[n_seg];
     int *task0 = malloc(((size_t)n_seg + 1) * sizeof *task0);
     if (!task0) return loom_err(LOOM_ERR_NOMEM, "out of memory");
     task0[0] = 0;
@@ -214,18 +243,34 @@ loom_status loom_vit_attention(loom_model *m, float *out, const float *q, const 
     int n_thr = loom_pool_size(m->pool);
     size_t per = (size_t)VIT_ATT_Q * (size_t)LOOM_MAX(max_len, 1);
     float *scratch = loom_alloc_raw((size_t)n_thr * per * sizeof(float));
-    if (!scratch) {
+    float *kh = loom_alloc_raw((size_t)N * D * sizeof(float));
+    float *vt = loom_alloc_raw((size_t)N * D * sizeof(float));
+    if (!scratch || !kh || !vt) {
+        loom_free(scratch), loom_free(kh), loom_free(vt);
         free(task0);
-        return loom_err(LOOM_ERR_NOMEM, "out of memory (attention over %d rows)", max_len);
+        return loom_err(LOOM_ERR_NOMEM, "out of memory (attention over %d rows)", N);
     }
-    att_job j = {.k = m->k, .out = out, .q = q, .kk = k, .v = v, .ld = ld, .n_heads = n_heads,
-                 .hd = hd, .ldo = n_heads * hd, .cu = cu, .task0 = task0, .n_seg = n_seg,
-                 .scale = scale, .scratch = scratch, .per_thread = per};
+    /* keys head by head and values transposed, segment by segment, so that
+     * each product is one matmul over contiguous rows */
+    for (int s = 0; s < n_seg; s++) {
+        int s0 = cu[s], len = cu[s + 1] - s0;
+        for (int p = 0; p < len; p++)
+            for (int h = 0; h < n_heads; h++) {
+                const float *kr = k + (size_t)(s0 + p) * ld + (size_t)h * hd;
+                const float *vr = v + (size_t)(s0 + p) * ld + (size_t)h * hd;
+                memcpy(kh + (size_t)s0 * D + ((size_t)h * len + p) * hd, kr, (size_t)hd * 4);
+                float *vc = vt + (size_t)s0 * D + (size_t)h * hd * len + p;
+                for (int e = 0; e < hd; e++) vc[(size_t)e * len] = vr[e];
+            }
+    }
+    att_job j = {.k = m->k, .out = out, .q = q, .kh = kh, .vt = vt, .ld = ld, .n_heads = n_heads,
+                 .hd = hd, .ldo = D, .cu = cu, .task0 = task0, .scale = scale,
+                 .scratch = scratch, .per_thread = per};
     if (n_thr == 1)
         for (int t = 0; t < task0[n_seg]; t++) att_task(&j, t, 0);
     else
         loom_pool_run(m->pool, task0[n_seg], att_task, &j);
-    loom_free(scratch);
+    loom_free(scratch), loom_free(kh), loom_free(vt);
     free(task0);
     return LOOM_OK;
 }

@@ -1,7 +1,9 @@
-/* vit: the pieces the vision towers (qwen25_vit.c, siglip.c) share:
+/* vit: the pieces the vision towers (qwen_vit.c, qwen25_vit.c, siglip.c)
+ * share:
  * weight binding by Hugging Face name under one of several prefixes,
  * owned f32 vectors, linear layers over the model's matmul, norms,
- * activations and bidirectional attention inside segments of a sequence.
+ * activations, rotary and bidirectional attention inside segments of a
+ * sequence.
  * Not part of the model API.
  *
  * A tower's matrices are borrowed from the mapping (F32, F16 or BF16) and
@@ -66,10 +68,20 @@ void loom_vit_layernorm(float *y, const float *x, const float *w, const float *b
 /* y (T, n) = x / rms(x) * w, row by row, in double; y may alias x. */
 void loom_vit_rmsnorm(float *y, const float *x, const float *w, int T, int n, float eps);
 
+/* Rotate-half rotary: in each of T rows (stride ld), each of heads heads
+ * of hd values turns pair (i, i + hd / 2) by the row's angle, given as
+ * cos and sin tables (T, hd / 2). */
+void loom_vit_rope(float *x, int ld, int T, int heads, int hd, const float *cs, const float *sn);
+
+/* The first prefix of list under which tensor probe exists, or NULL. */
+const char *loom_vit_prefix(const loom_safetensors *st, const char *const *list, size_t n,
+                            const char *probe);
+
 /* Bidirectional softmax attention inside segments: the rows of segment s
  * are [cu[s], cu[s + 1]) and attend to every row of their segment, no
  * other. q, k and v are (T, n_heads * hd) with row stride ld; out (T,
- * n_heads * hd) is dense. Runs over m's pool. */
+ * n_heads * hd) is dense. Both products run on the matmul kernel, over
+ * m's pool. */
 loom_status loom_vit_attention(loom_model *m, float *out, const float *q, const float *k,
                                const float *v, int ld, int n_heads, int hd, const int *cu,
                                int n_seg, float scale);
