@@ -270,7 +270,7 @@ static void forward_matches_reference(target *t) {
     float *tp = tap_states(t, prompt, NP);
     size_t row = loom_dflash_row_floats(d);
     float *ctx = malloc(sizeof(float) * row * NP);
-    float *scr = malloc(sizeof(float) * LOOM_MAX(loom_dflash_scratch(d, NP), (size_t)NP * 80));
+    float *scr = malloc(sizeof(float) * LOOM_MAX(loom_dflash_scratch(d, NP, 1), (size_t)NP * 80));
     float *got = malloc(sizeof(float) * (DB - 1) * (size_t)V), *want = malloc(sizeof(float) * (DB - 1) * (size_t)V);
     /* context rows projected in two pieces, as two forwards would */
     loom_dflash_project(d, t->m, tp, 0, 5, ctx, scr);
@@ -280,6 +280,33 @@ static void forward_matches_reference(target *t) {
     double err = test_rel_err(got, want, (size_t)(DB - 1) * V);
     CHECKF(err < 1e-4, "block logits: relative error %g against the reference", err);
     free(tp), free(ctx), free(scr), free(got), free(want);
+}
+
+/* Blocks of several requests in one forward (different contexts, one
+ * of them empty, positions, tokens and rows wanted) give bit for bit the
+ * logits of each request's own forward. */
+static void batched_matches_single(target *t) {
+    const loom_dflash *d = t->draft->dflash;
+    int V = t->m->cfg.vocab_size;
+    float *tp = tap_states(t, prompt, NP);
+    size_t row = loom_dflash_row_floats(d);
+    float *ctx = malloc(sizeof(float) * row * NP);
+    float *scr = malloc(sizeof(float) * LOOM_MAX(loom_dflash_scratch(d, NP, 3), (size_t)NP * 80));
+    float *got = malloc(sizeof(float) * 3 * (DB - 1) * (size_t)V), *one = malloc(sizeof(float) * (DB - 1) * (size_t)V);
+    loom_dflash_project(d, t->m, tp, 0, NP, ctx, scr);
+    loom_dflash_req rq[3] = {
+        {.ctx = ctx, .n_ctx = 9, .pos = 9, .n_out = 3, .last = prompt[9]},
+        {.ctx = ctx, .n_ctx = NP, .pos = NP, .n_out = DB - 1, .last = 123},
+        {.ctx = ctx + 4 * row, .n_ctx = 0, .pos = 4, .n_out = 1, .last = 77},
+    };
+    loom_dflash_blocks(d, t->m, rq, 3, got, scr);
+    const float *g = got;
+    for (int k = 0; k < 3; g += (size_t)rq[k++].n_out * V) {
+        loom_dflash_block(d, t->m, rq[k].ctx, rq[k].n_ctx, rq[k].pos, rq[k].last, one, scr);
+        CHECKF(!memcmp(g, one, sizeof(float) * (size_t)rq[k].n_out * V),
+               "request %d of a batched drafter forward: logits differ from its own forward", k);
+    }
+    free(tp), free(ctx), free(scr), free(got), free(one);
 }
 
 /* One forward of rows through the spec hooks, as the engine steps them. */
@@ -469,7 +496,7 @@ static void trained_reference(const char *dir, const char *target_dir) {
         CHECK(loom_exec_create(m, kv, p, p + 1, &x) == LOOM_OK);
         float *taps_out = malloc(sizeof(float) * (size_t)p * d->n_taps * H);
         float *ctx = malloc(sizeof(float) * loom_dflash_row_floats(d) * (size_t)p);
-        float *scr = malloc(sizeof(float) * LOOM_MAX(loom_dflash_scratch(d, p), (size_t)p * (H + d->n_kv * d->head_dim)));
+        float *scr = malloc(sizeof(float) * LOOM_MAX(loom_dflash_scratch(d, p, 1), (size_t)p * (H + d->n_kv * d->head_dim)));
         float *got = malloc(sizeof(float) * (size_t)(d->block - 1) * V);
         loom_kv_seq seq = {0};
         CHECK(loom_kv_seq_reserve(kv, &seq, p) == LOOM_OK);
@@ -499,6 +526,7 @@ int main(void) {
     target t;
     if (open_target(&t, sub)) {
         forward_matches_reference(&t);
+        batched_matches_single(&t);
         rollback(&t);
         engine_identity(&t);
     } else {

@@ -17,6 +17,9 @@
  * verification tokens (on pycoder-16m with pycoder-draft-3m, 0.3 keeps
  * nearly every run that would be accepted). */
 #define DRAFT_MIN_PROB 0.3f
+/* Blocks one projected-context drafter forward stacks at most: their
+ * rows share every matmul's pass over the weights. */
+#define DFL_BATCH 16
 /* The draft pool's bound; its pages are taken only as blocks are first used. */
 #define DRAFT_POOL_BYTES ((size_t)1 << 30)
 
@@ -43,6 +46,9 @@ struct loom_spec {
     loom_model *target;        /* borrowed: lends embeddings, lm_head, kernels */
     float *taps;               /* owned [step_tokens, n_taps * hidden] */
     float *scratch;            /* owned */
+    loom_dflash_req *dfl_reqs; /* owned [dfl_batch]: one forward's blocks */
+    int *dfl_rows;             /* owned [dfl_batch]: their plan rows */
+    int dfl_batch;             /* blocks one drafter forward takes at most */
     int tapped;                /* the forward since the last taps on wrote sp->taps */
 };
 
@@ -255,32 +261,46 @@ static void dfl_after(loom_spec *sp, const step_plan *plan, const loom_fwd_row *
     }
 }
 
+/* Turns request rq's logits l (rq->n_out rows) into row w's proposals. */
+static void dfl_pick(loom_spec *sp, step_plan *plan, sched_row *w, const loom_dflash_req *rq, const float *l) {
+    int got = rq->n_out;
+    for (int t = 0; t < rq->n_out; t++, l += sp->vocab) {
+        int32_t id = loom_argmax(l, sp->vocab);
+        /* as the draft model: a proposal the drafter doubts ends the run */
+        if (t > 0 && top_prob(l, id, sp->vocab) < sp->min_prob) {
+            got = t;
+            break;
+        }
+        w->r->tokens[rq->pos + 1 + t] = id;
+    }
+    trim(plan, w, got);
+}
+
+/* Every drafting row's block, up to dfl_batch of them in one forward, with
+ * logits only for the proposals the row may carry. */
 static loom_status dfl_draft(loom_spec *sp, step_plan *plan) {
     const loom_dflash *d = sp->dfl;
-    float *logits = sp->logits;
-    for (int i = 0; i < plan->n_rows; i++) {
-        sched_row *w = &plan->rows[i];
-        if (w->draft <= 0) continue;
-        loom_request *r = w->r;
-        int p = w->start;
-        if (r->dfl_n > p) r->dfl_n = LOOM_MAX(p, r->dfl_lo); /* last round's rejected proposals */
-        if (r->dfl_n < p) {
-            trim(plan, w, 0);
-            continue;
-        }
-        loom_dflash_block(d, sp->target, r->dfl_ctx, r->dfl_n - r->dfl_lo, p, r->tokens[p], logits, sp->scratch);
-        int got = LOOM_MIN(w->draft, d->block - 1);
-        for (int t = 0; t < got; t++) {
-            const float *l = logits + (size_t)t * sp->vocab;
-            int32_t id = loom_argmax(l, sp->vocab);
-            /* as the draft model: a proposal the drafter doubts ends the run */
-            if (t > 0 && top_prob(l, id, sp->vocab) < sp->min_prob) {
-                got = t;
-                break;
+    for (int i = 0; i < plan->n_rows;) {
+        int n = 0;
+        for (; i < plan->n_rows && n < sp->dfl_batch; i++) {
+            sched_row *w = &plan->rows[i];
+            if (w->draft <= 0) continue;
+            loom_request *r = w->r;
+            int p = w->start;
+            if (r->dfl_n > p) r->dfl_n = LOOM_MAX(p, r->dfl_lo); /* last round's rejected proposals */
+            if (r->dfl_n < p) {
+                trim(plan, w, 0);
+                continue;
             }
-            r->tokens[p + 1 + t] = id;
+            sp->dfl_rows[n] = i;
+            sp->dfl_reqs[n++] = (loom_dflash_req){.ctx = r->dfl_ctx, .n_ctx = r->dfl_n - r->dfl_lo, .pos = p,
+                                                  .n_out = LOOM_MIN(w->draft, d->block - 1), .last = r->tokens[p]};
         }
-        trim(plan, w, got);
+        if (n == 0) break;
+        loom_dflash_blocks(d, sp->target, sp->dfl_reqs, n, sp->logits, sp->scratch);
+        const float *l = sp->logits;
+        for (int k = 0; k < n; l += (size_t)sp->dfl_reqs[k++].n_out * sp->vocab)
+            dfl_pick(sp, plan, &plan->rows[sp->dfl_rows[k]], &sp->dfl_reqs[k], l);
     }
     return LOOM_OK;
 }
@@ -305,11 +325,14 @@ static loom_status dfl_create(loom_spec *sp, loom_model *target, int n_ctx) {
         return loom_err(LOOM_ERR_UNSUPPORTED, "dflash: the target's hidden states are exported on "
                         "the CPU only; the target is on cuda:%d", target->device);
     size_t proj = (size_t)sp->step_tokens * (size_t)(d->hidden + d->n_kv * d->head_dim);
-    size_t scr = LOOM_MAX(proj, loom_dflash_scratch(d, n_ctx));
+    sp->dfl_batch = LOOM_MAX(1, LOOM_MIN(sp->max_seqs, DFL_BATCH));
+    size_t scr = LOOM_MAX(proj, loom_dflash_scratch(d, n_ctx, sp->dfl_batch));
     sp->taps = loom_alloc(sizeof(float) * (size_t)sp->step_tokens * (size_t)d->n_taps * (size_t)d->target_hidden);
     sp->scratch = loom_alloc(sizeof(float) * scr);
-    sp->logits = loom_alloc(sizeof(float) * (size_t)(d->block - 1) * (size_t)sp->vocab);
-    if (!sp->taps || !sp->scratch || !sp->logits) return loom_err(LOOM_ERR_NOMEM, "dflash: out of memory");
+    sp->logits = loom_alloc(sizeof(float) * (size_t)sp->dfl_batch * (size_t)(d->block - 1) * (size_t)sp->vocab);
+    sp->dfl_reqs = calloc((size_t)sp->dfl_batch, sizeof *sp->dfl_reqs);
+    sp->dfl_rows = calloc((size_t)sp->dfl_batch, sizeof *sp->dfl_rows);
+    if (!sp->taps || !sp->scratch || !sp->logits || !sp->dfl_reqs || !sp->dfl_rows) return loom_err(LOOM_ERR_NOMEM, "dflash: out of memory");
     return LOOM_OK;
 }
 
@@ -380,6 +403,8 @@ void loom_spec_free(loom_spec *sp) {
     loom_free(sp->taps);
     loom_free(sp->scratch);
     free(sp->rows);
+    free(sp->dfl_reqs);
+    free(sp->dfl_rows);
     free(sp);
 }
 

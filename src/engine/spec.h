@@ -14,8 +14,9 @@
  *   dflash  a projected-context drafter (model/dflash.h): every target
  *          forward exports the hidden states of its tap layers for all
  *          rows (loom_spec_taps), which become the request's context
- *          rows (loom_spec_after_forward); a round drafts a whole block
- *          in one drafter forward over them. A row's context rows are cut
+ *          rows (loom_spec_after_forward); a round drafts the blocks of
+ *          all drafting rows (up to 16) in one drafter forward over them,
+ *          the head only over the proposals each row may carry. A row's context rows are cut
  *          back to the row's first position before new ones go on, so
  *          rows of rejected proposals never stay; a row whose earlier
  *          positions had no target forward (a prefix-cache hit) starts its

@@ -19,6 +19,7 @@ typedef struct dflash_priv {
     loom_safetensors *st;  /* the matrices point into it */
     float **vecs;          /* owned: the norm vectors */
     int n_vecs;
+    double *freq;          /* owned [head_dim / 2]: rope's theta^(-2i/head_dim) */
 } dflash_priv;
 
 static cJSON *read_config(const char *dir) {
@@ -174,6 +175,10 @@ loom_status loom_dflash_load(const char *dir, loom_dflash **out) {
         s = loom_st_open(path, &p->st);
     }
     if (!s) s = bind(p);
+    if (!s && !(p->freq = malloc(sizeof(double) * (size_t)(p->d.head_dim / 2))))
+        s = loom_err(LOOM_ERR_NOMEM, "out of memory");
+    for (int i = 0; !s && i < p->d.head_dim / 2; i++)
+        p->freq[i] = pow(p->d.theta, -2.0 * i / p->d.head_dim);
     if (s) {
         loom_dflash_free(&p->d);
         return s;
@@ -187,6 +192,7 @@ void loom_dflash_free(loom_dflash *d) {
     dflash_priv *p = (dflash_priv *)d; /* d is its first member */
     for (int i = 0; i < p->n_vecs; i++) free(p->vecs[i]);
     free(p->vecs);
+    free(p->freq);
     free(d->layers);
     loom_st_close(p->st);
     free(p);
@@ -210,9 +216,10 @@ loom_status loom_dflash_check(const loom_dflash *d, const loom_model *t) {
 
 /* Rotate-half rope of one head v [hd] at position pos. */
 static void rope(const loom_dflash *d, float *v, int pos) {
+    const double *freq = ((const dflash_priv *)d)->freq; /* d is its first member */
     int half = d->head_dim / 2;
     for (int i = 0; i < half; i++) {
-        double ang = (double)pos * pow(d->theta, -2.0 * i / d->head_dim);
+        double ang = (double)pos * freq[i];
         float c = (float)cos(ang), s = (float)sin(ang), a = v[i], b = v[i + half];
         v[i] = a * c - b * s;
         v[i + half] = b * c + a * s;
@@ -252,65 +259,107 @@ void loom_dflash_project(const loom_dflash *d, loom_model *t, const float *taps,
     }
 }
 
-size_t loom_dflash_scratch(const loom_dflash *d, int n_ctx) {
-    size_t B = (size_t)d->block, H = (size_t)d->hidden, qd = (size_t)(d->n_heads * d->head_dim);
-    size_t kvd = (size_t)(d->n_kv * d->head_dim);
-    return B * (2 * H + 2 * qd + 2 * kvd + 2 * (size_t)d->inter) + (size_t)n_ctx + B;
+/* Rows of all blocks in the scratch, and the attention's per request. */
+typedef struct blk_buf {
+    float *x, *h, *q, *att, *kb, *vb, *hb, *hb2;
+    float *keys; /* [n_ctx + block, head_dim]: one kv head's keys, contiguous */
+    float *sc;   /* [block, n_ctx + block] */
+} blk_buf;
+
+static blk_buf blk_carve(const loom_dflash *d, float *s, int n_ctx, int n_req) {
+    size_t R = (size_t)d->block * (size_t)n_req, H = (size_t)d->hidden;
+    size_t qd = (size_t)(d->n_heads * d->head_dim), kvd = (size_t)(d->n_kv * d->head_dim);
+    size_t nk = (size_t)n_ctx + (size_t)d->block;
+    blk_buf b;
+    b.x = s, b.h = b.x + R * H, b.q = b.h + R * H, b.att = b.q + R * qd, b.kb = b.att + R * qd;
+    b.vb = b.kb + R * kvd, b.hb = b.vb + R * kvd, b.hb2 = b.hb + R * (size_t)d->inter;
+    b.keys = b.hb2 + R * (size_t)d->inter, b.sc = b.keys + nk * (size_t)d->head_dim;
+    return b;
 }
 
-void loom_dflash_block(const loom_dflash *d, loom_model *t, const float *ctx, int n_ctx, int pos,
-                       int32_t last, float *logits, float *scratch) {
-    int B = d->block, H = d->hidden, hd = d->head_dim, nh = d->n_heads, nkv = d->n_kv;
-    int qd = nh * hd, kvd = nkv * hd, group = nh / nkv;
+size_t loom_dflash_scratch(const loom_dflash *d, int n_ctx, int n_req) {
+    size_t R = (size_t)d->block * (size_t)n_req, H = (size_t)d->hidden;
+    size_t qd = (size_t)(d->n_heads * d->head_dim), kvd = (size_t)(d->n_kv * d->head_dim);
+    size_t nk = (size_t)n_ctx + (size_t)d->block;
+    return R * (2 * H + 2 * qd + 2 * kvd + 2 * (size_t)d->inter) + nk * (size_t)(d->head_dim + d->block);
+}
+
+/* One request's attention at layer l: its block rows q, kb, vb (row
+ * strides qd, kvd) see every context row and the whole block; into att. */
+static void blk_attend(const loom_dflash *d, loom_model *t, const blk_buf *b, const loom_dflash_req *rq,
+                       int l, const float *q, const float *kb, const float *vb, float *att) {
+    int B = d->block, hd = d->head_dim, nh = d->n_heads, nkv = d->n_kv;
+    int qd = nh * hd, kvd = nkv * hd, group = nh / nkv, nc = rq->n_ctx, n = nc + B;
     size_t row = loom_dflash_row_floats(d);
-    float *x = scratch, *h = x + (size_t)B * H, *q = h + (size_t)B * H, *att = q + (size_t)B * qd;
-    float *kb = att + (size_t)B * qd, *vb = kb + (size_t)B * kvd, *hb = vb + (size_t)B * kvd;
-    float *hb2 = hb + (size_t)B * d->inter, *sc = hb2 + (size_t)B * d->inter;
+    const float *kc = rq->ctx + (size_t)l * 2 * kvd, *vc = kc + kvd;
     float scale = 1.0f / sqrtf((float)hd);
+    int ctx_keys[2 * 64], blk_keys[2 * 64];
     for (int i = 0; i < B; i++) {
-        float *xi = x + (size_t)i * H;
-        loom_fwd_weight_row(t, &t->embed, xi, i ? d->mask_id : last);
+        ctx_keys[2 * i] = blk_keys[2 * i] = 0;
+        ctx_keys[2 * i + 1] = nc;
+        blk_keys[2 * i + 1] = B;
+    }
+    memset(att, 0, sizeof(float) * (size_t)B * qd);
+    for (int g = 0; g < nkv; g++) {
+        /* the kv head's keys in one run, so scores are one kernel matmul */
+        for (int j = 0; j < nc; j++)
+            memcpy(b->keys + (size_t)j * hd, kc + (size_t)j * row + (size_t)g * hd, sizeof(float) * hd);
+        for (int j = 0; j < B; j++)
+            memcpy(b->keys + (size_t)(nc + j) * hd, kb + (size_t)j * kvd + (size_t)g * hd, sizeof(float) * hd);
+        for (int a = g * group; a < (g + 1) * group; a++) {
+            t->k->matmul_f32(b->sc, n, q + (size_t)a * hd, qd, b->keys, hd, B, 0, n);
+            for (int i = 0; i < B; i++) {
+                float *s = b->sc + (size_t)i * n;
+                for (int j = 0; j < n; j++) s[j] *= scale;
+                t->k->softmax(s, n);
+            }
+            float *o = att + (size_t)a * hd;
+            if (nc) t->k->attn_pv(o, qd, b->sc, n, ctx_keys, B, vc + (size_t)g * hd, (int)row, nc, hd);
+            t->k->attn_pv(o, qd, b->sc + nc, n, blk_keys, B, vb + (size_t)g * hd, kvd, B, hd);
+        }
+    }
+}
+
+void loom_dflash_blocks(const loom_dflash *d, loom_model *t, const loom_dflash_req *rq, int n_req,
+                        float *logits, float *scratch) {
+    int B = d->block, H = d->hidden, nh = d->n_heads, nkv = d->n_kv;
+    int qd = nh * d->head_dim, kvd = nkv * d->head_dim, R = B * n_req, max_ctx = 0;
+    for (int r = 0; r < n_req; r++) max_ctx = LOOM_MAX(max_ctx, rq[r].n_ctx);
+    blk_buf b = blk_carve(d, scratch, max_ctx, n_req);
+    for (int i = 0; i < R; i++) {
+        float *xi = b.x + (size_t)i * H;
+        loom_fwd_weight_row(t, &t->embed, xi, i % B ? d->mask_id : rq[i / B].last);
         if (t->embed_scale != 1.0f)
             for (int k = 0; k < H; k++) xi[k] *= t->embed_scale;
     }
     for (int l = 0; l < d->n_layers; l++) {
         const loom_dflash_layer *L = &d->layers[l];
-        for (int i = 0; i < B; i++) t->k->rmsnorm(h + (size_t)i * H, x + (size_t)i * H, L->in_norm, H, d->eps);
-        loom_fwd_matmul(t, q, h, &L->q, B);
-        loom_fwd_matmul(t, kb, h, &L->k, B);
-        loom_fwd_matmul(t, vb, h, &L->v, B);
-        heads_norm_rope(d, t, q, B, nh, L->q_norm, pos);
-        heads_norm_rope(d, t, kb, B, nkv, L->k_norm, pos);
-        const float *kc = ctx + (size_t)l * 2 * kvd, *vc = kc + kvd;
-        /* every block row sees every context row and the whole block */
-        for (int i = 0; i < B; i++)
-            for (int a = 0; a < nh; a++) {
-                const float *qa = q + (size_t)i * qd + (size_t)a * hd;
-                int g = a / group, n = n_ctx + B;
-                float mx = -INFINITY, sum = 0;
-                for (int j = 0; j < n; j++) {
-                    const float *kj = j < n_ctx ? kc + (size_t)j * row + (size_t)g * hd
-                                                : kb + (size_t)(j - n_ctx) * kvd + (size_t)g * hd;
-                    sc[j] = t->k->dot(qa, kj, hd) * scale;
-                    mx = sc[j] > mx ? sc[j] : mx;
-                }
-                for (int j = 0; j < n; j++) sum += sc[j] = expf(sc[j] - mx);
-                float *o = att + (size_t)i * qd + (size_t)a * hd;
-                memset(o, 0, sizeof(float) * hd);
-                for (int j = 0; j < n; j++) {
-                    const float *vj = j < n_ctx ? vc + (size_t)j * row + (size_t)g * hd
-                                                : vb + (size_t)(j - n_ctx) * kvd + (size_t)g * hd;
-                    float w = sc[j] / sum;
-                    for (int k = 0; k < hd; k++) o[k] += w * vj[k];
-                }
-            }
-        loom_fwd_matmul(t, h, att, &L->o, B);
-        for (size_t k = 0; k < (size_t)B * H; k++) x[k] += h[k];
-        for (int i = 0; i < B; i++) t->k->rmsnorm(h + (size_t)i * H, x + (size_t)i * H, L->post_norm, H, d->eps);
-        loom_fwd_mlp(t, &L->mlp, h, h, B, hb, hb2);
-        for (size_t k = 0; k < (size_t)B * H; k++) x[k] += h[k];
+        for (int i = 0; i < R; i++) t->k->rmsnorm(b.h + (size_t)i * H, b.x + (size_t)i * H, L->in_norm, H, d->eps);
+        float *ys[] = {b.q, b.kb, b.vb};
+        const loom_weight *ws[] = {&L->q, &L->k, &L->v};
+        loom_fwd_matmul_n(t, 3, ys, b.h, ws, R);
+        for (int r = 0; r < n_req; r++) {
+            size_t o = (size_t)r * B;
+            heads_norm_rope(d, t, b.q + o * qd, B, nh, L->q_norm, rq[r].pos);
+            heads_norm_rope(d, t, b.kb + o * kvd, B, nkv, L->k_norm, rq[r].pos);
+            blk_attend(d, t, &b, &rq[r], l, b.q + o * qd, b.kb + o * kvd, b.vb + o * kvd, b.att + o * qd);
+        }
+        loom_fwd_matmul(t, b.h, b.att, &L->o, R);
+        for (size_t k = 0; k < (size_t)R * H; k++) b.x[k] += b.h[k];
+        for (int i = 0; i < R; i++) t->k->rmsnorm(b.h + (size_t)i * H, b.x + (size_t)i * H, L->post_norm, H, d->eps);
+        loom_fwd_mlp(t, &L->mlp, b.h, b.h, R, b.hb, b.hb2);
+        for (size_t k = 0; k < (size_t)R * H; k++) b.x[k] += b.h[k];
     }
-    for (int i = 1; i < B; i++)
-        t->k->rmsnorm(h + (size_t)(i - 1) * H, x + (size_t)i * H, d->norm, H, d->eps);
-    loom_fwd_matmul(t, logits, h, &t->lm_head, B - 1);
+    /* only the wanted rows go through the head: it is most of the work */
+    int n_out = 0;
+    for (int r = 0; r < n_req; r++)
+        for (int i = 1; i <= rq[r].n_out; i++)
+            t->k->rmsnorm(b.h + (size_t)n_out++ * H, b.x + ((size_t)r * B + i) * H, d->norm, H, d->eps);
+    loom_fwd_matmul(t, logits, b.h, &t->lm_head, n_out);
+}
+
+void loom_dflash_block(const loom_dflash *d, loom_model *t, const float *ctx, int n_ctx, int pos,
+                       int32_t last, float *logits, float *scratch) {
+    loom_dflash_req rq = {.ctx = ctx, .n_ctx = n_ctx, .pos = pos, .n_out = d->block - 1, .last = last};
+    loom_dflash_blocks(d, t, &rq, 1, logits, scratch);
 }

@@ -49,12 +49,26 @@ static inline size_t loom_dflash_row_floats(const loom_dflash *d) {
  * scratch holds n * (hidden + n_kv*head_dim) floats. */
 void loom_dflash_project(const loom_dflash *d, loom_model *t, const float *taps, int pos, int n,
                          float *out, float *scratch);
-/* Floats of scratch one block forward needs. */
-size_t loom_dflash_scratch(const loom_dflash *d, int n_ctx);
-/* The block at position pos (token `last`, then masks) over n_ctx
- * context rows ctx [n_ctx, row_floats] (each roped at its own position
- * when projected; all before pos): logits [block-1, vocab] of rows 1..
- * into logits. */
+/* One request's block: the last accepted token `last` at position pos,
+ * then masks, over n_ctx context rows ctx [n_ctx, row_floats] (each roped
+ * at its own position when projected; all before pos). Logits of rows
+ * 1..n_out (n_out <= block - 1) are wanted. */
+typedef struct loom_dflash_req {
+    const float *ctx;
+    int n_ctx, pos, n_out;
+    int32_t last;
+} loom_dflash_req;
+/* Floats of scratch a forward of n_req blocks over at most n_ctx context
+ * rows each needs. */
+size_t loom_dflash_scratch(const loom_dflash *d, int n_ctx, int n_req);
+/* The blocks of n_req requests in one forward (their rows stacked through
+ * every matmul; attention stays within a request): logits [n_out, vocab]
+ * of each request in turn into logits. A request's logits do not depend
+ * on the others' (each output of the kernels' matmuls is one row's). */
+void loom_dflash_blocks(const loom_dflash *d, loom_model *t, const loom_dflash_req *rq, int n_req,
+                        float *logits, float *scratch);
+/* One request, all block - 1 rows: logits [block-1, vocab]. scratch holds
+ * loom_dflash_scratch(d, n_ctx, 1) floats. */
 void loom_dflash_block(const loom_dflash *d, loom_model *t, const float *ctx, int n_ctx, int pos,
                        int32_t last, float *logits, float *scratch);
 
