@@ -55,7 +55,9 @@ have_lib = $(shell printf '\043include <%s>\nint main(void) { return 0; }\n' $(1
                    $(CC) $(DEPS_FLAGS) -x c - -l$(2) -o /dev/null >/dev/null 2>&1 && echo y)
 MIN_CJSON   ?= $(call have_lib,cjson/cJSON.h,cjson)
 MIN_SYSLIBS ?= $(if $(call have_lib,xxhash.h,xxhash),$(call have_lib,utf8proc.h,utf8proc))
-LIB_SRC  := $(filter-out src/serve/% src/stream/% src/tokenize/% src/template/% src/vision/image.c,$(LIB_SRC))
+LIB_SRC  := $(filter-out src/serve/% src/stream/% src/tokenize/% src/template/% src/vision/image.c \
+                         src/grammar/vocab_tok.c,$(LIB_SRC))
+override CFLAGS += -DLOOM_NO_PCRE2 # the schema compiler's pattern check (src/grammar/schema.c)
 MIN_LIBS := $(filter -lzstd,$(LDLIBS)) -lm -pthread
 ifeq ($(MIN_SYSLIBS),y)
 MIN_LIBS += -lxxhash -lutf8proc
