@@ -582,6 +582,19 @@ def write_reference(torch, t, d, c, ids, out_dir):
     log("reference: block logits after %d held-out tokens; proposals %s" % (p, lg.argmax(-1).tolist()))
 
 
+def resume(torch, d, c, src):
+    """Starts from the weights of an earlier run in src (same layout)."""
+    from safetensors.torch import load_file
+    with open(os.path.join(src, "config.json")) as f:
+        old = json.load(f)
+    for k in ("num_hidden_layers", "hidden_size", "block_size", "target_layer_ids", "mask_token_id"):
+        if old.get(k) != c[k]:
+            sys.exit("--resume: %s is %s in %s, expected %s" % (k, old.get(k), src, c[k]))
+    sd = load_file(os.path.join(src, "model.safetensors"))
+    d.load_state_dict({k: v.float() for k, v in sd.items()})
+    log("resumed from %s" % src)
+
+
 def run(args, torch, Target, Drafter, t, tcfg, corpus, held_prompts, smoke):
     dev = next(t.parameters()).device
     t0 = time.time()
@@ -614,6 +627,8 @@ def run(args, torch, Target, Drafter, t, tcfg, corpus, held_prompts, smoke):
     }
     torch.manual_seed(args.seed)
     d = Drafter(c).to(dev)
+    if args.resume:
+        resume(torch, d, c, args.resume)
     n_par = sum(p.numel() for p in d.parameters())
     log("drafter: %d parameters, %d layers, taps %s, block %d" % (n_par, args.layers, taps, args.block))
     P, G = (32, 48) if smoke else (args.prompt_len, args.gen_len)
@@ -647,6 +662,8 @@ def run(args, torch, Target, Drafter, t, tcfg, corpus, held_prompts, smoke):
     d.eval()
     info = {"steps": step, "seconds": round(time.time() - t0, 1), "batch": S, "anchors": A,
             "lr": args.lr, "pool": int(pool.shape[0]), "prompt_len": P, "gen_len": G, "loss": loss_avg}
+    if args.resume:
+        info["resumed_from"] = args.resume
     save(torch, d, c, out, info)  # first: whatever follows, the weights are kept
     write_reference(torch, t, d, c, held_prompts[0], out)
     n_new = 16 if smoke else args.eval_tokens
@@ -687,6 +704,7 @@ def main():
     ap.add_argument("--eval-tokens", type=int, default=128)
     ap.add_argument("--eval-s", type=float, default=60)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--resume", help="a drafter directory to continue training from")
     ap.add_argument("--data-only", action="store_true", help="build the corpus and stop (no torch)")
     args = ap.parse_args()
 
