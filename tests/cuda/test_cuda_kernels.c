@@ -1625,7 +1625,8 @@ static int test_moe(const moe_case *mc) {
     float *wt = xmalloc((size_t)N * 4), *rwt = xmalloc((size_t)N * 4);
     int32_t *plan = xmalloc((size_t)plan_n * 4);
     float *ref = xmalloc((size_t)T * H * 4), *got = xmalloc((size_t)T * H * 4);
-    double *g = xmalloc((size_t)2 * I * 8), *y = xmalloc((size_t)H * 8);
+    /* y holds a router row (E) as well as an expert's output (H) */
+    double *g = xmalloc((size_t)2 * I * 8), *y = xmalloc((size_t)(H > E ? H : E) * 8);
     float *a = xmalloc((size_t)I * 4);
     void *dx = up(x, (size_t)T * H * 4), *dwr = up(hr, nr * es), *dwgu = up(hgu, ngu * es);
     void *dwd = up(hd, nd * es);
