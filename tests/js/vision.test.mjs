@@ -129,7 +129,7 @@ test('a placeholder typed into the text: a 400 naming both counts', async () => 
     messages: [{ role: 'user', content: [{ type: 'text', text: 'see <|image_pad|>' },
                                          part(dataUrl(imgD, 'image/png'))] }],
     max_tokens: 2,
-  }), 'messages', 'rendered 2 image placeholders (token 504) for the request\'s 1 images');
+  }), 'messages', 'has 2 image placeholders (<|image_pad|>) for 1 images');
 });
 
 // The same question through Anthropic's Messages API (an image block) and
