@@ -2,9 +2,10 @@
  * prompt expanded as each family's processor does (loom_imgprompt_expand),
  * and the Gemma 3 fixture made servable (a tokenizer whose tokens are the
  * fixture's ids, Gemma 3's own chat template) answering a chat with two
- * image_url parts, an Anthropic image block and a Responses input_image
- * with the fixture's prompt ids and greedy tokens, the ones `loom generate
- * --image` gives for the same text. */
+ * image_url parts with the fixture's prompt ids and greedy tokens, the
+ * ones `loom generate --image` gives for the same text; an Anthropic image
+ * block, a Responses input_image and `loom chat`'s /image answer as the
+ * chat does. */
 #include <cjson/cJSON.h>
 #include <limits.h>
 #include <stdlib.h>
@@ -325,21 +326,33 @@ static void test_gemma_server(const char *dir, const gemma_case *fc) {
     free(a);
     free(mb);
     free(b64);
-    free(one);
     loom_service_close(svc);
 
-    /* loom generate --image over the same text with its markers: the same answer */
+    /* loom chat's /image (the image, then the text): the same reply */
     const char *b = getenv("LOOM_BUILD");
     char cmd[3 * PATH_MAX + 1024], out[512] = "";
+    snprintf(cmd, sizeof cmd, "printf '/image %s/D_300x200_rgb.png\\nw39\\n' | %s/loom chat --model %s "
+             "--temperature 0 --repeat-penalty 1 --max-tokens 6 --threads 1 2>/dev/null", media,
+             b ? b : "build", dir);
+    FILE *f = popen(cmd, "r");
+    size_t n = f ? fread(out, 1, sizeof out - 1, f) : 0;
+    out[n] = 0;
+    int st = f ? pclose(f) : -1;
+    if (n && out[n - 1] == '\n') out[n - 1] = 0;
+    CHECKF(st == 0 && one && !strcmp(out, one), "loom chat /image: \"%s\", the server's \"%s\"", out,
+           one ? one : "");
+    free(one);
+
+    /* loom generate --image over the same text with its markers: the same answer */
     snprintf(cmd, sizeof cmd,
              "%s/loom generate --model %s --prompt '<start_of_turn>user\n%s<start_of_image>%s"
              "<start_of_image>%s<end_of_turn>\n<start_of_turn>model\n' --image %s/C_32x32_rgba.png "
              "--image %s/D_300x200_rgb.png --max-tokens 8 --temperature 0 --ignore-eos --threads 1 --ids "
              "2>/dev/null", b ? b : "build", dir, case_text[0], case_text[1], case_text[2], media, media);
-    FILE *f = popen(cmd, "r");
-    size_t n = f ? fread(out, 1, sizeof out - 1, f) : 0;
+    f = popen(cmd, "r");
+    n = f ? fread(out, 1, sizeof out - 1, f) : 0;
     out[n] = 0;
-    int st = f ? pclose(f) : -1;
+    st = f ? pclose(f) : -1;
     if (n && out[n - 1] == '\n') out[n - 1] = 0;
     CHECKF(st == 0 && !strcmp(out, want), "loom generate --image: %s, want %s", out, want);
 }
