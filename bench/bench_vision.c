@@ -3,20 +3,8 @@
  *   bench_vision --model DIR --image FILE [--reps R] [--threads N] [--json]
  *   bench_vision --gen DIR [--text-layers N]
  *
- * In order:
- * 1. Validation: the image is decoded and preprocessed, the tower encodes
- *    it twice (finite, and the same bits both times), and the prompt built
- *    around it prefills to finite logits.
- * 2. The peer: the model's own matmul (loom_fwd_matmul on the pool) over a
- *    [1280, 1280] weight of the tower's dtype with T = 1024 rows, the
- *    achievable peak of this CPU for the tower's work, measured in the
- *    same run.
- * 3. Timed, median of R after one warm-up: preprocessing (decode + resize
- *    + patches), the tower's encode, and the time to the first token: file
- *    to first greedy token (decode, preprocess, encode, prompt build,
- *    prefill of a short prompt holding the image's placeholders).
- *    The tower's FLOPs per image are counted from its shapes
- *    (loom_vision_flops); GFLOP/s and the share of the peer follow.
+ * The measuring is src/vision/vision_bench.c's (validation, the matmul
+ * peer, the timed medians), shared with `loom bench --image`.
  *
  * --gen writes a random-weight Qwen2.5-VL-3B-shaped model to DIR: the
  * vision tower of the 3B checkpoint (depth 32, hidden 1280, MLP 3420, 16
@@ -31,28 +19,14 @@
 #include <sys/stat.h>
 
 #include "base/base.h"
-#include "engine/context.h"
 #include "load/safetensors.h"
-#include "model/matmul.h"
 #include "model/model.h"
-#include "ops/threadpool.h"
-#include "vision/image.h"
-#include "vision/imgproc.h"
 #include "vision/vision.h"
+#include "vision/vision_bench.h"
 
 static const char usage[] =
     "usage: bench_vision --model DIR --image FILE [--reps R] [--threads N] [--json]\n"
     "       bench_vision --gen DIR [--text-layers N]\n";
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 /* ---- the random Qwen2.5-VL-3B-shaped model ------------------------------ */
 
@@ -173,114 +147,6 @@ static int gen_model(const char *dir, int text_layers) {
     return ok;
 }
 
-/* ---- the run ------------------------------------------------------------- */
-
-typedef struct run {
-    loom_model *m;
-    loom_vision *v;
-    loom_imgproc proc;
-    const char *image, *dir;
-} run;
-
-/* File -> pixels: decode, preprocess. */
-static loom_status prep(const run *r, loom_imgproc_out *px) {
-    loom_image img = {0};
-    loom_status s = loom_image_load(r->image, &img);
-    if (!s) s = loom_imgproc_run(&r->proc, &img, px);
-    loom_image_free(&img);
-    return s;
-}
-
-/* A short prompt around the image's tok placeholders:
- * 8 text, start, image x tok, end, 8 text. *n gets its length. */
-static int32_t *prompt_ids(const loom_vision_info *vi, int tok, int *n) {
-    int32_t *ids = malloc(sizeof *ids * (size_t)(tok + 18));
-    int k = 0;
-    for (int i = 0; i < 8; i++) ids[k++] = 10 + i;
-    if (vi->vision_start >= 0) ids[k++] = vi->vision_start;
-    for (int i = 0; i < tok; i++) ids[k++] = vi->image_token;
-    if (vi->vision_end >= 0) ids[k++] = vi->vision_end;
-    for (int i = 0; i < 8; i++) ids[k++] = 20 + i;
-    *n = k;
-    return ids;
-}
-
-/* File to first greedy token; *tok gets it. */
-static loom_status first_token(run *r, int32_t *tok) {
-    loom_imgproc_out px;
-    loom_status s = prep(r, &px);
-    if (s) return s;
-    const loom_vision_info *vi = loom_vision_get_info(r->v);
-    loom_vision_image img = {px.pixel_values,
-                             {px.plan.grid_t, px.plan.grid_h, px.plan.grid_w}};
-    int n = 0;
-    int32_t *ids = prompt_ids(vi, loom_vision_tokens(vi, img.grid), &n);
-    loom_vision_prompt p;
-    loom_context *c = NULL;
-    float *logits = malloc(sizeof(float) * (size_t)r->m->cfg.vocab_size);
-    s = loom_vision_prompt_build(r->v, ids, n, &img, 1, &p);
-    int built = !s;
-    loom_context_params cp = loom_context_default_params();
-    cp.n_ctx = n + 1;
-    /* whole prompt in one row: no image span is cut */
-    cp.n_batch = n;
-    if (!s) s = loom_context_create(r->m, &cp, &c);
-    if (!s) s = loom_context_eval_input(c, ids, n, &p.in, 0, logits);
-    if (!s) {
-        int V = r->m->cfg.vocab_size, ok = 1;
-        for (int i = 0; i < V; i++) ok &= isfinite(logits[i]) != 0;
-        if (!ok) s = loom_err(LOOM_ERR_INTERNAL, "bench_vision: the prompt's logits are not finite");
-        *tok = loom_argmax(logits, V);
-    }
-    loom_context_free(c);
-    if (built) loom_vision_prompt_free(&p);
-    free(logits);
-    free(ids);
-    loom_imgproc_out_free(&px);
-    return s;
-}
-
-/* The matmul peer: GFLOP/s of loom_fwd_matmul over [1280, 1280] of dtype
- * dt at T = 1024, best of 5 after a warm-up. */
-static double matmul_peer(loom_model *m, loom_dtype dt) {
-    enum { R = 1280, C = 1280, T = 1024 };
-    size_t es = loom_dtype_size(dt);
-    void *w = loom_alloc((size_t)R * C * es);
-    float *x = loom_alloc(sizeof(float) * (size_t)T * C), *y = loom_alloc(sizeof(float) * (size_t)T * R);
-    if (!w || !x || !y) return 0;
-    for (size_t i = 0; i < (size_t)R * C; i++) {
-        float f = 0.03f * frand();
-        if (dt == LOOM_DT_F32) ((float *)w)[i] = f;
-        else if (dt == LOOM_DT_BF16) ((uint16_t *)w)[i] = loom_f32_to_bf16(f);
-        else ((uint16_t *)w)[i] = loom_f32_to_f16(f);
-    }
-    for (size_t i = 0; i < (size_t)T * C; i++) x[i] = frand();
-    loom_weight lw = {.dtype = dt, .rows = R, .cols = C, .data = w};
-    double best = 0;
-    for (int r = 0; r < 6; r++) {
-        double t0 = loom_now();
-        loom_fwd_matmul(m, y, x, &lw, T);
-        double dtm = loom_now() - t0;
-        if (r) best = LOOM_MAX(best, 2.0 * R * C * T / dtm / 1e9);
-    }
-    loom_free(w), loom_free(x), loom_free(y);
-    return best;
-}
-
-/* The dtype most of the tower's bytes are in (F32 if unsure). */
-static loom_dtype tower_dtype(const loom_model *m) {
-    double by[LOOM_DT_COUNT] = {0};
-    for (int i = 0; i < loom_st_count(m->st); i++) {
-        const loom_st_tensor *t = loom_st_at(m->st, i);
-        if (strstr(t->name, "visual.") || strstr(t->name, "vision_tower."))
-            by[t->dtype] += (double)t->nbytes;
-    }
-    loom_dtype best = LOOM_DT_F32;
-    for (int d = 0; d < LOOM_DT_COUNT; d++)
-        if (by[d] > by[best]) best = (loom_dtype)d;
-    return best == LOOM_DT_BF16 || best == LOOM_DT_F16 ? best : LOOM_DT_F32;
-}
-
 int main(int argc, char **argv) {
     const char *model = NULL, *image = NULL, *gen = NULL;
     int reps = 5, threads = 0, json = 0, text_layers = 2;
@@ -305,87 +171,24 @@ int main(int argc, char **argv) {
         fputs(usage, stderr);
         return 2;
     }
-    run r = {.image = image, .dir = model};
+    loom_model *m = NULL;
+    loom_vision *v = NULL;
     loom_model_params mp = loom_model_default_params();
     mp.n_threads = threads;
-    loom_status s = loom_model_load(model, &mp, &r.m);
-    if (!s) s = loom_vision_load(r.m, model, &r.v);
-    if (!s && !r.v) s = loom_err(LOOM_ERR_UNSUPPORTED, "%s has no vision tower", model);
-    if (!s) s = loom_imgproc_load(model, &r.proc);
-    loom_imgproc_out px = {0};
-    if (!s) s = prep(&r, &px);
-    if (s) {
+    loom_status s = loom_model_load(model, &mp, &m);
+    if (!s) s = loom_vision_load(m, model, &v);
+    if (!s && !v) s = loom_err(LOOM_ERR_UNSUPPORTED, "%s has no vision tower", model);
+    loom_vision_bench b;
+    if (!s) s = loom_vision_bench_run(m, v, model, image, reps, &b);
+    if (!s) {
+        loom_buf out = {0};
+        loom_vision_bench_format(&b, model, image, json, &out);
+        if (out.p) fputs(out.p, stdout);
+        loom_buf_free(&out);
+    } else {
         fprintf(stderr, "bench_vision: %s\n", loom_last_error());
-        return 1;
     }
-    const loom_vision_info *vi = loom_vision_get_info(r.v);
-    loom_vision_image img = {px.pixel_values, {px.plan.grid_t, px.plan.grid_h, px.plan.grid_w}};
-    int tok = loom_vision_tokens(vi, img.grid), H = vi->out_hidden, D = vi->n_deep;
-    size_t ne = (size_t)tok * H, nd = (size_t)LOOM_MAX(D, 1) * tok * H;
-    float *e1 = malloc(sizeof(float) * ne), *e2 = malloc(sizeof(float) * ne);
-    float *d1 = malloc(sizeof(float) * nd), *d2 = malloc(sizeof(float) * nd);
-    /* 1. validate */
-    s = loom_vision_encode(r.v, &img, e1, D ? d1 : NULL);
-    if (!s) s = loom_vision_encode(r.v, &img, e2, D ? d2 : NULL);
-    int ok = !s && !memcmp(e1, e2, sizeof(float) * ne) && (!D || !memcmp(d1, d2, sizeof(float) * nd));
-    for (size_t i = 0; ok && i < ne; i++) ok = isfinite(e1[i]) != 0;
-    int32_t first = -1;
-    if (ok && (s = first_token(&r, &first))) ok = 0;
-    if (!ok) {
-        fprintf(stderr, "bench_vision: validation failed: %s\n",
-                s ? loom_last_error() : "the tower's output is not finite or not reproducible");
-        return 1;
-    }
-    /* 2. the peer */
-    loom_dtype dt = tower_dtype(r.m);
-    double peer = matmul_peer(r.m, dt);
-    /* 3. timed */
-    double *tp = malloc(sizeof(double) * (size_t)reps), *te = malloc(sizeof(double) * (size_t)reps);
-    double *tt = malloc(sizeof(double) * (size_t)reps);
-    for (int k = -1; k < reps; k++) {
-        loom_imgproc_out o;
-        double t0 = loom_now();
-        if (prep(&r, &o)) return 1;
-        double t1 = loom_now();
-        loom_imgproc_out_free(&o);
-        if (loom_vision_encode(r.v, &img, e1, D ? d1 : NULL)) return 1;
-        double t2 = loom_now();
-        int32_t t_;
-        if (first_token(&r, &t_) || t_ != first) {
-            fprintf(stderr, "bench_vision: the first token changed (%d, then %d)\n", first, t_);
-            return 1;
-        }
-        double t3 = loom_now();
-        if (k >= 0) tp[k] = t1 - t0, te[k] = t2 - t1, tt[k] = t3 - t2;
-    }
-    double flops = loom_vision_flops(r.v, img.grid);
-    double mp_ = median(tp, reps), me = median(te, reps), mt = median(tt, reps);
-    double gf = flops / me / 1e9;
-    int nt = loom_pool_size(r.m->pool);
-    if (json)
-        printf("{\"model\":\"%s\",\"image\":\"%s\",\"resized\":[%d,%d],\"grid\":[%d,%d,%d],"
-               "\"tokens\":%d,\"threads\":%d,\"dtype\":\"%s\",\"tower_gflop\":%.4f,"
-               "\"preprocess_s\":%.6f,\"encode_s\":%.6f,\"ttft_s\":%.6f,\"encode_gflops\":%.3f,"
-               "\"matmul_peer_gflops\":%.3f,\"share_of_peer\":%.4f}\n",
-               model, image, px.plan.resized_w, px.plan.resized_h, img.grid[0], img.grid[1],
-               img.grid[2], tok, nt, loom_dtype_name(dt), flops / 1e9, mp_, me, mt, gf, peer,
-               peer > 0 ? gf / peer : 0);
-    else {
-        printf("%s, %s: %dx%d -> grid %dx%dx%d, %d image tokens; %d threads, tower %s\n", model,
-               image, px.plan.resized_w, px.plan.resized_h, img.grid[0], img.grid[1], img.grid[2],
-               tok, nt, loom_dtype_name(dt));
-        printf("  tower      %.3f GFLOP per image (counted from the shapes)\n", flops / 1e9);
-        printf("  preprocess %8.2f ms   (decode + resize + patches)\n", mp_ * 1e3);
-        printf("  encode     %8.2f ms   %.1f GFLOP/s, %.0f%% of the matmul peer (%.1f GFLOP/s, "
-               "%s [1280 x 1280] at T = 1024)\n", me * 1e3, gf, peer > 0 ? 100 * gf / peer : 0,
-               peer, loom_dtype_name(dt));
-        printf("  TTFT       %8.2f ms   (file to first token, %d-token prompt)\n", mt * 1e3,
-               tok + 16 + (vi->vision_start >= 0) + (vi->vision_end >= 0));
-    }
-    free(tp), free(te), free(tt);
-    free(e1), free(e2), free(d1), free(d2);
-    loom_imgproc_out_free(&px);
-    loom_vision_free(r.v);
-    loom_model_free(r.m);
-    return 0;
+    loom_vision_free(v);
+    loom_model_free(m);
+    return s ? 1 : 0;
 }

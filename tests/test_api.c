@@ -670,6 +670,13 @@ static char *complete_text(loom_service *svc, const char *fields) {
     return out;
 }
 
+/* The text a completion request with fields gets must be want. */
+static void expect_text(loom_service *svc, const char *fields, const char *want, const char *what) {
+    char *a = complete_text(svc, fields);
+    CHECKF(!strcmp(a, want), "%s: \"%s\", want \"%s\"", what, a, want);
+    free(a);
+}
+
 /* Each sampling field a request leaves out comes from the server's flag,
  * else generation_config.json, else the API default (temperature 1); the
  * request's own value wins over all. Greedy answers the same whatever the
@@ -696,51 +703,34 @@ static void test_sampling_defaults(void) {
 
     /* generation_config temperature 0: greedy unless the request asks */
     loom_service *g0 = sampling_service(dir[1], NULL, 0);
-    char *a = complete_text(g0, ", \"seed\": 7"), *b = complete_text(g0, ", \"seed\": 8");
-    CHECKF(!strcmp(a, greedy) && !strcmp(b, greedy), "generation_config temperature 0: \"%s\" \"%s\", "
-           "want \"%s\"", a, b, greedy);
-    free(a);
-    a = complete_text(g0, ", \"seed\": 7, \"temperature\": 1");
-    CHECKF(!strcmp(a, seed7), "the request's temperature: \"%s\", want \"%s\"", a, seed7);
-    free(a);
-    free(b);
+    expect_text(g0, ", \"seed\": 7", greedy, "generation_config temperature 0, seed 7");
+    expect_text(g0, ", \"seed\": 8", greedy, "generation_config temperature 0, seed 8");
+    expect_text(g0, ", \"seed\": 7, \"temperature\": 1", seed7, "the request's temperature");
     loom_service_close(g0);
 
     /* a server flag wins over generation_config.json */
     loom_sampling flags = loom_sampling_default();
     flags.temperature = 1;
     loom_service *g0f = sampling_service(dir[1], &flags, LOOM_SAMPLING_TEMPERATURE);
-    a = complete_text(g0f, ", \"seed\": 7");
-    CHECKF(!strcmp(a, seed7), "the --temperature flag: \"%s\", want \"%s\"", a, seed7);
-    free(a);
+    expect_text(g0f, ", \"seed\": 7", seed7, "the --temperature flag");
     loom_service_close(g0f);
 
     /* do_sample false: greedy; a request's temperature samples without the
      * file's top_k */
     loom_service *ds = sampling_service(dir[2], NULL, 0);
-    a = complete_text(ds, ", \"seed\": 7");
-    CHECKF(!strcmp(a, greedy), "do_sample false: \"%s\", want \"%s\"", a, greedy);
-    free(a);
-    a = complete_text(ds, ", \"seed\": 7, \"temperature\": 1");
-    CHECKF(!strcmp(a, seed7), "do_sample false, temperature 1 asked: \"%s\", want \"%s\"", a, seed7);
-    free(a);
+    expect_text(ds, ", \"seed\": 7", greedy, "do_sample false");
+    expect_text(ds, ", \"seed\": 7, \"temperature\": 1", seed7, "do_sample false, temperature 1 asked");
     loom_service_close(ds);
 
     /* top_k 1 from the file is greedy at any temperature; the request's
      * top_k and a flag's each override it */
     loom_service *k1 = sampling_service(dir[3], NULL, 0);
-    a = complete_text(k1, ", \"seed\": 7");
-    CHECKF(!strcmp(a, greedy), "generation_config top_k 1: \"%s\", want \"%s\"", a, greedy);
-    free(a);
-    a = complete_text(k1, ", \"seed\": 7, \"top_k\": 0");
-    CHECKF(!strcmp(a, seed7), "the request's top_k 0: \"%s\", want \"%s\"", a, seed7);
-    free(a);
+    expect_text(k1, ", \"seed\": 7", greedy, "generation_config top_k 1");
+    expect_text(k1, ", \"seed\": 7, \"top_k\": 0", seed7, "the request's top_k 0");
     loom_service_close(k1);
     flags.top_k = 0;
     k1 = sampling_service(dir[3], &flags, LOOM_SAMPLING_TOP_K);
-    a = complete_text(k1, ", \"seed\": 7");
-    CHECKF(!strcmp(a, seed7), "the --top-k 0 flag: \"%s\", want \"%s\"", a, seed7);
-    free(a);
+    expect_text(k1, ", \"seed\": 7", seed7, "the --top-k 0 flag");
     loom_service_close(k1);
 
     free(greedy);

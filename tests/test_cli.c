@@ -220,6 +220,17 @@ static void check_bench(void) {
     CHECKF(strstr(out, "batch 3: 3 of 3 rows' first 8 greedy tokens equal the context's") &&
            strstr(out, "\"greedy_match\": 3}") && strstr(out, "\"tg_tok_s\": "),
            "loom bench: %s", out);
+    /* --image: bench_vision's run through the CLI, for each model; a text model refuses */
+    const char *g = "tests/fixtures/models/gemma3-vl-tiny";
+    snprintf(cmd, sizeof cmd, "%s bench --model %s --model tests/fixtures/models/qwen3-vl-tiny --image "
+             "%s/images/D_300x200_rgb.png --reps 1 --threads 2 --json 2>&1", loom, g, g);
+    CHECK_EQ_INT(run(cmd, out, sizeof out), 0);
+    CHECKF(strstr(out, "{\"model\":\"tests/fixtures/models/gemma3-vl-tiny\"") &&
+           strstr(out, "\"grid\":[1,1,1],\"tokens\":16,") && strstr(out, "\"grid\":[1,6,8],\"tokens\":12,") &&
+           strstr(out, "\"ttft_s\":") && strstr(out, "\"matmul_peer_gflops\":"), "loom bench --image: %s", out);
+    snprintf(cmd, sizeof cmd, "%s bench --model tests/fixtures/models/qwen3-tiny --image "
+             "%s/images/D_300x200_rgb.png --reps 1 2>&1", loom, g);
+    CHECK(run(cmd, out, sizeof out) == 1 && strstr(out, "qwen3-tiny has no vision tower"));
 }
 
 /* loom logits / generate --image on each vision family's two-image case

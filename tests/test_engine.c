@@ -14,43 +14,13 @@
 #include "model/model.h"
 #include "load/safetensors.h"
 #include "test.h"
+#include "test_fixture.h"
 #include "test_path.h"
 
-#define NP 4
+#define NP TEST_FIXTURE_PROMPTS
 #define NG 20
 
-typedef struct fixture {
-    loom_safetensors *ref;
-    loom_model *m;
-    const int32_t *ids[NP];
-    int len[NP];
-    const int32_t *greedy[NP];
-} fixture;
-
-static int load_fixture(const char *dir, fixture *f) {
-    char path[512];
-    memset(f, 0, sizeof *f);
-    snprintf(path, sizeof path, "%s/reference.safetensors", dir);
-    if (loom_st_open(path, &f->ref) || loom_model_load(dir, NULL, &f->m)) {
-        fprintf(stderr, "%s: %s\n", dir, loom_last_error());
-        return 0;
-    }
-    for (int i = 0; i < NP; i++) {
-        char name[64];
-        snprintf(name, sizeof name, "prompt.%d.ids", i);
-        const loom_st_tensor *t = loom_st_find(f->ref, name);
-        f->ids[i] = t->data;
-        f->len[i] = (int)t->shape[0];
-        snprintf(name, sizeof name, "prompt.%d.greedy", i);
-        f->greedy[i] = loom_st_find(f->ref, name)->data;
-    }
-    return 1;
-}
-
-static void free_fixture(fixture *f) {
-    loom_model_free(f->m);
-    loom_st_close(f->ref);
-}
+typedef test_fixture fixture;
 
 static loom_request *submit(loom_engine *e, const int32_t *ids, int n, int max_tokens, int chunk) {
     loom_request_params rp = loom_request_default_params();
@@ -128,7 +98,7 @@ static void solo_logprobs(fixture *f, int i, float *out) {
 
 static void batched_equals_solo(const char *dir) {
     fixture f;
-    if (!load_fixture(dir, &f)) { CHECK(0); return; }
+    if (!test_fixture_load(dir, &f)) { CHECK(0); return; }
     float solo_lp[NP][NG];
     for (int i = 0; i < NP; i++) solo_logprobs(&f, i, solo_lp[i]);
     static const int budgets[] = {16, 64, 2048};
@@ -179,7 +149,7 @@ static void batched_equals_solo(const char *dir) {
                 check_idle(e);
                 loom_engine_free(e);
             }
-    free_fixture(&f);
+    test_fixture_free(&f);
 }
 
 /* ---- prompt logprobs -------------------------------------------------------- */
@@ -289,7 +259,7 @@ static void check_plp(loom_request *r, fixture *f, int i, const plp_ref *ref, co
  * prefix cache holds the prompt, and across preemptions. */
 static void prompt_logprobs(const char *dir, int preempt) {
     fixture f;
-    if (!load_fixture(dir, &f)) { CHECK(0); return; }
+    if (!test_fixture_load(dir, &f)) { CHECK(0); return; }
     plp_ref ref[NP];
     for (int i = 0; i < NP; i++) plp_ref_make(&f, i, &ref[i]);
     static const struct { int budget, chunk; } cfg[] = {{2048, 0}, {2048, 7}, {16, 64}, {64, 0}};
@@ -368,12 +338,12 @@ static void prompt_logprobs(const char *dir, int preempt) {
     if (e) CHECK(loom_engine_submit(e, &rp, &bad) == LOOM_ERR_INVALID_ARG && !bad);
     loom_engine_free(e);
     for (int i = 0; i < NP; i++) plp_ref_free(&ref[i]);
-    free_fixture(&f);
+    test_fixture_free(&f);
 }
 
 static void cancellation(void) {
     fixture f;
-    if (!load_fixture("tests/fixtures/models/qwen3-tiny", &f)) { CHECK(0); return; }
+    if (!test_fixture_load("tests/fixtures/models/qwen3-tiny", &f)) { CHECK(0); return; }
     loom_engine_params ep = loom_engine_default_params();
     ep.max_batch_tokens = 32;
     ep.prefill_chunk = 7;
@@ -415,12 +385,12 @@ static void cancellation(void) {
     int n;
     CHECK(drain(y, toks, NULL, &n) == LOOM_FINISH_CANCELLED);
     loom_request_free(y);
-    free_fixture(&f);
+    test_fixture_free(&f);
 }
 
 static void preemption(void) {
     fixture f;
-    if (!load_fixture("tests/fixtures/models/qwen3-tiny", &f)) { CHECK(0); return; }
+    if (!test_fixture_load("tests/fixtures/models/qwen3-tiny", &f)) { CHECK(0); return; }
     /* qwen3-tiny: 3 layers x 64 KV dims x 16 tokens x K,V x f32 = 24 KiB a
      * block. 12 blocks admit four 45-token prompts (3 blocks each) but not
      * their growth to 65 tokens (5 blocks each). */
@@ -516,7 +486,7 @@ static void preemption(void) {
     loom_request_free(d);
     check_idle(e);
     loom_engine_free(e);
-    free_fixture(&f);
+    test_fixture_free(&f);
 }
 
 /* Cached equals uncached: a prompt served from the prefix cache gives the
@@ -536,7 +506,7 @@ static void prefix_cache_hybrid(const char *dir) {
 
 static void prefix_cache_expect(const char *dir, const int want_cached[3]) {
     fixture f;
-    if (!load_fixture(dir, &f)) { CHECK(0); return; }
+    if (!test_fixture_load(dir, &f)) { CHECK(0); return; }
     float solo[NG];
     solo_logprobs(&f, 3, solo);
     loom_engine_params ep = loom_engine_default_params();
@@ -571,7 +541,7 @@ static void prefix_cache_expect(const char *dir, const int want_cached[3]) {
     check_idle(e);
     free(mixed);
     loom_engine_free(e);
-    free_fixture(&f);
+    test_fixture_free(&f);
 }
 
 /* Runs prompt 3 once on a fresh engine over dir; returns cached tokens. */
@@ -580,7 +550,7 @@ static int run_disk(fixture *f, const char *dir, const float *solo, loom_engine_
 /* A hybrid model's snapshot survives a restart through the disk tier. */
 static void disk_tier_hybrid(void) {
     fixture f;
-    if (!load_fixture("tests/fixtures/models/qwen3.5-tiny-hybrid", &f)) { CHECK(0); return; }
+    if (!test_fixture_load("tests/fixtures/models/qwen3.5-tiny-hybrid", &f)) { CHECK(0); return; }
     float solo[NG];
     solo_logprobs(&f, 3, solo);
     char dir[] = "/tmp/loom-test-kvdisk-hybrid-XXXXXX";
@@ -598,7 +568,7 @@ static void disk_tier_hybrid(void) {
     CHECK(st.disk_bad_files >= 1);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     CHECK(system(cmd) == 0);
-    free_fixture(&f);
+    test_fixture_free(&f);
 }
 
 static int disk_zstd; /* zstd level of run_disk's engines */
@@ -628,7 +598,7 @@ static int run_disk(fixture *f, const char *dir, const float *solo, loom_engine_
 
 static void disk_tier(void) {
     fixture f;
-    if (!load_fixture("tests/fixtures/models/qwen3-tiny", &f)) { CHECK(0); return; }
+    if (!test_fixture_load("tests/fixtures/models/qwen3-tiny", &f)) { CHECK(0); return; }
     float solo[NG];
     solo_logprobs(&f, 3, solo);
     char dir[] = "/tmp/loom-test-kvdisk-XXXXXX";
@@ -687,14 +657,14 @@ static void disk_tier(void) {
     CHECK_EQ_INT(run_disk(&f, "/dev/null/kv", solo, &st), 0);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     CHECK(system(cmd) == 0);
-    free_fixture(&f);
+    test_fixture_free(&f);
 }
 
 /* Traced requests write their spans as JSON lines; shared forwards carry
  * one work id on every request that took part. */
 static void tracing(void) {
     fixture f;
-    if (!load_fixture("tests/fixtures/models/qwen3-tiny", &f)) { CHECK(0); return; }
+    if (!test_fixture_load("tests/fixtures/models/qwen3-tiny", &f)) { CHECK(0); return; }
     /* Whether the second request arrives while the first still prefills is
      * up to the scheduler of a busy machine: a few tries. */
     int shared = 0;
@@ -761,7 +731,7 @@ static void tracing(void) {
         unlink(path);
     }
     CHECKF(shared, "the two prefills never shared a forward in 8 tries");
-    free_fixture(&f);
+    test_fixture_free(&f);
 }
 
 /* The spans of one request, from loom_request_trace_json after its final
@@ -809,7 +779,7 @@ static void trace_spans(void) {
     static const char *tagged[] = {"cache.lookup_restore", "prefill.batch_setup", "prefill.chunk",
                                    "prefill.total"};
     fixture f;
-    if (!load_fixture("tests/fixtures/models/qwen3-tiny", &f)) { CHECK(0); return; }
+    if (!test_fixture_load("tests/fixtures/models/qwen3-tiny", &f)) { CHECK(0); return; }
     loom_engine_params ep = loom_engine_default_params();
     ep.n_ctx = 400;
     ep.prefill_chunk = 32;
@@ -877,10 +847,10 @@ static void trace_spans(void) {
     }
     check_idle(e);
     loom_engine_free(e);
-    free_fixture(&f);
+    test_fixture_free(&f);
 
     /* a state snapshot at the prompt's last full block (>= 256 tokens in) */
-    if (!load_fixture("tests/fixtures/models/qwen3.5-tiny-hybrid", &f)) { CHECK(0); return; }
+    if (!test_fixture_load("tests/fixtures/models/qwen3.5-tiny-hybrid", &f)) { CHECK(0); return; }
     CHECK(loom_engine_create(f.m, &ep, &e) == LOOM_OK);
     loom_request_params rp = loom_request_default_params();
     rp.prompt = f.ids[3];
@@ -897,14 +867,14 @@ static void trace_spans(void) {
     cJSON_Delete(spans);
     loom_request_free(r);
     loom_engine_free(e);
-    free_fixture(&f);
+    test_fixture_free(&f);
 }
 
 /* Every layer of mistral-tiny-swa slides over 32 tokens: a sequence
  * decoding at position 300+ holds only the blocks of its window. */
 static void sliding_window_blocks(void) {
     fixture f;
-    if (!load_fixture("tests/fixtures/models/mistral-tiny-swa", &f)) { CHECK(0); return; }
+    if (!test_fixture_load("tests/fixtures/models/mistral-tiny-swa", &f)) { CHECK(0); return; }
     loom_engine_params ep = loom_engine_default_params();
     ep.n_ctx = 400;
     ep.prefix_cache = 0;
@@ -927,7 +897,7 @@ static void sliding_window_blocks(void) {
     loom_request_free(r);
     check_idle(e);
     loom_engine_free(e);
-    free_fixture(&f);
+    test_fixture_free(&f);
 }
 
 /* 16-bit and quantized KV: logits stay close to the f32 reference, and
@@ -935,7 +905,7 @@ static void sliding_window_blocks(void) {
  * and 8-bit). */
 static void kv_lossy(const char *dir) {
     fixture f;
-    if (!load_fixture(dir, &f)) { CHECK(0); return; }
+    if (!test_fixture_load(dir, &f)) { CHECK(0); return; }
     static const loom_kv_type types[] = {LOOM_KV_F16, LOOM_KV_BF16, LOOM_KV_Q8, LOOM_KV_Q4};
     static const double tol[] = {1e-3, 1e-2, 2e-2, 2.5e-1};
     /* 4-bit on random weights is only bounded in logits; its greedy
@@ -982,7 +952,7 @@ static void kv_lossy(const char *dir) {
         check_idle(e);
         loom_engine_free(e);
     }
-    free_fixture(&f);
+    test_fixture_free(&f);
 }
 
 
@@ -1253,7 +1223,7 @@ static double worst_diff(float (*a)[NTOP], float (*b)[NTOP]) {
  * leaves the pool idle. */
 static void sessions(const char *dir) {
     fixture f;
-    if (!load_fixture(dir, &f)) { CHECK(0); return; }
+    if (!test_fixture_load(dir, &f)) { CHECK(0); return; }
     int stateful = strstr(dir, "hybrid") != NULL;
     loom_engine_params ep = loom_engine_default_params();
     ep.n_ctx = 400;
@@ -1264,7 +1234,7 @@ static void sessions(const char *dir) {
     ep.kv_memory = loom_kv_block_bytes(f.m->cfg.n_layers, loom_model_kv_dim(f.m), 16, LOOM_KV_F32) * 32;
     loom_engine *e = NULL;
     CHECK(loom_engine_create(f.m, &ep, &e) == LOOM_OK);
-    if (!e) { free_fixture(&f); return; }
+    if (!e) { test_fixture_free(&f); return; }
     int32_t g1[NG], toks[NG], cold[NG];
     float lp1[NG][NTOP], lp[NG][NTOP], lpc[NG][NTOP];
     int cached = -1, A = 150;
@@ -1338,7 +1308,7 @@ static void sessions(const char *dir) {
            "%s: run after eviction differs from cold (logprob diff %g)", dir, worst_diff(lp, lpc));
     check_idle(e);
     loom_engine_free(e);
-    free_fixture(&f);
+    test_fixture_free(&f);
 }
 
 /* ---- per-layer KV (kv_config.json) ------------------------------------------- */
@@ -1421,7 +1391,7 @@ static int kvc_disk_run(fixture *f, loom_kv_type type, const char *config, const
  * tier) keeps layouts apart; bad files are refused naming the problem. */
 static void kv_config(void) {
     fixture f;
-    if (!load_fixture("tests/fixtures/models/qwen3-tiny", &f)) { CHECK(0); return; }
+    if (!test_fixture_load("tests/fixtures/models/qwen3-tiny", &f)) { CHECK(0); return; }
     if (!mkdtemp(kvc_dir)) { CHECK(0); return; }
     const char *all8 = kvc_file("all8.json",
                                 "[{\"layer_idx\": 0, \"bits\": 8, \"group_size\": 64},"
@@ -1504,7 +1474,7 @@ static void kv_config(void) {
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf %s", kvc_dir);
     CHECK(system(cmd) == 0);
-    free_fixture(&f);
+    test_fixture_free(&f);
 }
 
 /* Cached tokens of prompt 3 on a fresh engine of KV type t over the disk
@@ -1536,9 +1506,9 @@ static int layout_run(fixture *f, loom_kv_type t, const char *dir, uint64_t *bad
  * bf16, whose files have the same size. */
 static void kv_layout_namespace(void) {
     fixture f;
-    if (!load_fixture("tests/fixtures/models/qwen3-tiny", &f)) { CHECK(0); return; }
+    if (!test_fixture_load("tests/fixtures/models/qwen3-tiny", &f)) { CHECK(0); return; }
     char dir[] = "/tmp/loom-test-kvlayout-XXXXXX";
-    if (!mkdtemp(dir)) { CHECK(0); free_fixture(&f); return; }
+    if (!mkdtemp(dir)) { CHECK(0); test_fixture_free(&f); return; }
     static const loom_kv_type order[] = {LOOM_KV_F16, LOOM_KV_BF16, LOOM_KV_F16, LOOM_KV_BF16,
                                          LOOM_KV_Q8, LOOM_KV_F32, LOOM_KV_Q4, LOOM_KV_Q8, LOOM_KV_F32, LOOM_KV_Q4};
     int full = (f.len[3] - 1) / 16 * 16, seen[5] = {0};
@@ -1551,14 +1521,14 @@ static void kv_layout_namespace(void) {
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     CHECK(system(cmd) == 0);
-    free_fixture(&f);
+    test_fixture_free(&f);
 }
 
 /* Compressed disk-tier files: smaller, restored exactly, damage detected;
  * files of either form are read whatever the level. */
 static void disk_tier_zstd(void) {
     fixture f;
-    if (!load_fixture("tests/fixtures/models/qwen3-tiny", &f)) { CHECK(0); return; }
+    if (!test_fixture_load("tests/fixtures/models/qwen3-tiny", &f)) { CHECK(0); return; }
     float solo[NG];
     solo_logprobs(&f, 3, solo);
     char dir[] = "/tmp/loom-test-kvdisk-zstd-XXXXXX";
@@ -1597,7 +1567,7 @@ static void disk_tier_zstd(void) {
     char rm[400];
     snprintf(rm, sizeof rm, "rm -rf %s", dir);
     CHECK(system(rm) == 0);
-    free_fixture(&f);
+    test_fixture_free(&f);
 }
 
 /* ---- tenant isolation ----------------------------------------------------- */
@@ -1643,7 +1613,7 @@ static loom_engine *iso_engine(fixture *f, const char *dir, int blocks) {
  * disk directory; the same session hits every time. */
 static void cache_isolation(void) {
     fixture f;
-    if (!load_fixture("tests/fixtures/models/qwen3-tiny", &f)) { CHECK(0); return; }
+    if (!test_fixture_load("tests/fixtures/models/qwen3-tiny", &f)) { CHECK(0); return; }
     int full = (f.len[3] - 1) / 16 * 16;
     loom_engine_stats st;
     /* in memory */
@@ -1666,7 +1636,7 @@ static void cache_isolation(void) {
     /* a session's blocks evicted to disk by another session's run (a pool
      * of 24 blocks holds one run of prompt 3: 20 blocks) */
     char dir[] = "/tmp/loom-test-kviso-XXXXXX";
-    if (!mkdtemp(dir)) { CHECK(0); free_fixture(&f); return; }
+    if (!mkdtemp(dir)) { CHECK(0); test_fixture_free(&f); return; }
     e = iso_engine(&f, dir, 24);
     if (e) {
         CHECK_EQ_INT(iso_run(e, &f, "tenant-a"), 0);
@@ -1703,7 +1673,7 @@ static void cache_isolation(void) {
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     CHECK(system(cmd) == 0);
-    free_fixture(&f);
+    test_fixture_free(&f);
 }
 
 /* Opens (for writing, without blocking) whichever FIFO in dir a reader is
@@ -1737,7 +1707,7 @@ static int release_fifo_reader(const char *dir) {
  * (an empty file) and the request computes its prompt instead. */
 static void disk_restore_async(void) {
     fixture f;
-    if (!load_fixture("tests/fixtures/models/qwen3-tiny", &f)) { CHECK(0); return; }
+    if (!test_fixture_load("tests/fixtures/models/qwen3-tiny", &f)) { CHECK(0); return; }
     float solo[NG];
     solo_logprobs(&f, 3, solo);
     char dir[] = "/tmp/loom-test-kvdisk-fifo-XXXXXX";
@@ -1790,7 +1760,7 @@ static void disk_restore_async(void) {
     CHECK(system(cmd) == 0);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     CHECK(system(cmd) == 0);
-    free_fixture(&f);
+    test_fixture_free(&f);
 }
 
 /* A full session store evicts its oldest entry to keep a new one, and the
@@ -1798,13 +1768,13 @@ static void disk_restore_async(void) {
  * recurrent state holds as many entries as states fit its cap: one here). */
 static void session_cap_evictions(const char *dir) {
     fixture f;
-    if (!load_fixture(dir, &f)) { CHECK(0); return; }
+    if (!test_fixture_load(dir, &f)) { CHECK(0); return; }
     loom_engine_params ep = loom_engine_default_params();
     ep.n_ctx = 256;
     ep.snapshot_bytes = loom_seq_state_bytes(f.m);
     loom_engine *e = NULL;
     CHECK(loom_engine_create(f.m, &ep, &e) == LOOM_OK);
-    if (!e) { free_fixture(&f); return; }
+    if (!e) { test_fixture_free(&f); return; }
     int32_t toks[NG];
     float lp[NG][NTOP];
     int cached = 0;
@@ -1820,7 +1790,7 @@ static void session_cap_evictions(const char *dir) {
     CHECK(st.kv_blocks_parked > 0 && st.kv_blocks_touched > 0);
     CHECK_EQ_INT(st.kv_blocks_lru + st.kv_blocks_parked + st.kv_blocks_unused, st.kv_blocks_total);
     loom_engine_free(e);
-    free_fixture(&f);
+    test_fixture_free(&f);
 }
 
 /* A small prefix cache full of unreferenced blocks: a response kept
@@ -1828,12 +1798,12 @@ static void session_cap_evictions(const char *dir) {
  * going first, instead of being evicted the moment it is parked. */
 static void kept_response_over_cache_cap(void) {
     fixture f;
-    if (!load_fixture("tests/fixtures/models/qwen3-tiny", &f)) { CHECK(0); return; }
+    if (!test_fixture_load("tests/fixtures/models/qwen3-tiny", &f)) { CHECK(0); return; }
     loom_engine_params ep = loom_engine_default_params();
     ep.n_ctx = 256;
     loom_engine *e = NULL;
     CHECK(loom_engine_create(f.m, &ep, &e) == LOOM_OK);
-    if (!e) { free_fixture(&f); return; }
+    if (!e) { test_fixture_free(&f); return; }
     loom_engine_stats st;
     loom_engine_get_stats(e, &st);
     loom_engine_free(e);
@@ -1843,7 +1813,7 @@ static void kept_response_over_cache_cap(void) {
     ep.prefix_cache_bytes = (size_t)kept * st.kv_block_bytes;
     e = NULL;
     CHECK(loom_engine_create(f.m, &ep, &e) == LOOM_OK);
-    if (!e) { free_fixture(&f); return; }
+    if (!e) { test_fixture_free(&f); return; }
     int32_t toks[NG];
     float lp[NG][NTOP];
     int cached = 0;
@@ -1861,7 +1831,7 @@ static void kept_response_over_cache_cap(void) {
            (unsigned long long)st.session_hits);
     CHECK_EQ_INT(cached, f.len[1] - 1);
     loom_engine_free(e);
-    free_fixture(&f);
+    test_fixture_free(&f);
 }
 
 int main(void) {

@@ -105,6 +105,27 @@ static void regexes(void) {
     }
 }
 
+/* A counted repetition is read by one parser for GBNF and regexes: the
+ * same errors from both. */
+static void repeat_counts(void) {
+    static const struct { const char *rep, *msg; } cases[] = {
+        {"{3,1}", "a repetition {3,1} with max below min"},
+        {"{5000}", "a repetition count above 4096"},
+        {"{2,x}", "expected a number in {m,n}"},
+        {"{2", "expected '}' closing the repetition"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char text[64], err[256] = "", rerr[256] = "";
+        loom_grammar *g = NULL;
+        snprintf(text, sizeof text, "root ::= \"a\"%s", cases[i].rep);
+        CHECK(loom_grammar_from_gbnf(text, NULL, &g, err, sizeof err) != LOOM_OK && !g);
+        CHECKF(strstr(err, cases[i].msg) != NULL, "%s: '%s' lacks '%s'", text, err, cases[i].msg);
+        snprintf(text, sizeof text, "a%s", cases[i].rep);
+        CHECK(loom_grammar_from_regex(text, NULL, &g, rerr, sizeof rerr) != LOOM_OK && !g);
+        CHECKF(strstr(rerr, cases[i].msg) != NULL, "regex %s: '%s' lacks '%s'", text, rerr, cases[i].msg);
+    }
+}
+
 static void schemas(void) {
     lang(schema("{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},\"age\":{\"type\":\"integer\"}},"
                 "\"required\":[\"name\"]}"),
@@ -530,6 +551,7 @@ int main(void) {
     gbnf_errors();
     gbnf_lang();
     regexes();
+    repeat_counts();
     schemas();
     tools();
     masks_small();

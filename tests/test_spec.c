@@ -12,34 +12,28 @@
 #include "load/safetensors.h"
 #include "model/model.h"
 #include "test.h"
+#include "test_fixture.h"
 #include "tokenize/tokenizer.h"
 
-#define NP 4
+#define NP TEST_FIXTURE_PROMPTS
 #define NG 40
 #define NR (NP + 2) /* the fixture's prompts, a long one, a sampled one with XTC */
 
 typedef struct fixture {
-    loom_safetensors *ref;
-    loom_model *m;
-    int32_t *ids[NR];
+    test_fixture t;           /* the model and its reference */
+    loom_model *m;            /* t.m */
+    int32_t *ids[NR];         /* owned: the prompts (64 tokens at most), a long one, a copy */
     int len[NR];
 } fixture;
 
 static int load_fixture(const char *dir, fixture *f) {
-    char path[512];
     memset(f, 0, sizeof *f);
-    snprintf(path, sizeof path, "%s/reference.safetensors", dir);
-    if (loom_st_open(path, &f->ref) || loom_model_load(dir, NULL, &f->m)) {
-        fprintf(stderr, "%s: %s\n", dir, loom_last_error());
-        return 0;
-    }
+    if (!test_fixture_load(dir, &f->t)) return 0;
+    f->m = f->t.m;
     for (int i = 0; i < NP; i++) {
-        char name[64];
-        snprintf(name, sizeof name, "prompt.%d.ids", i);
-        const loom_st_tensor *t = loom_st_find(f->ref, name);
-        f->len[i] = (int)LOOM_MIN(t->shape[0], 64);
+        f->len[i] = LOOM_MIN(f->t.len[i], 64);
         f->ids[i] = malloc(sizeof(int32_t) * (size_t)f->len[i]);
-        memcpy(f->ids[i], t->data, sizeof(int32_t) * (size_t)f->len[i]);
+        memcpy(f->ids[i], f->t.ids[i], sizeof(int32_t) * (size_t)f->len[i]);
     }
     /* a prompt whose decode tokens attend over more than 256 keys (the
      * chunked decode path), with repeats for prompt lookup to find */
@@ -54,8 +48,7 @@ static int load_fixture(const char *dir, fixture *f) {
 
 static void free_fixture(fixture *f) {
     for (int i = 0; i < NR; i++) free(f->ids[i]);
-    loom_model_free(f->m);
-    loom_st_close(f->ref);
+    test_fixture_free(&f->t);
 }
 
 typedef struct run_out {

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "loom.h"
+#include "tokenize/tokenizer.h"
 #include "vision/vision.h"
 
 int cmd_logits(int argc, char **argv);
@@ -88,6 +89,11 @@ typedef struct cli_vision {
 loom_status cli_vision_prompt(loom_model *m, const char *model_dir, const int32_t *ids, int n,
                               const char *const *files, int n_files, cli_vision *out);
 void cli_vision_free(cli_vision *cv);
+/* text with each image's marker (as the chat template writes it) expanded
+ * to the image's tokens, as the server does (vision/imgprompt.h), into
+ * *out (malloc'd); markers already expanded are kept. */
+loom_status cli_vision_expand(const char *model_dir, const loom_tok *tok, const char *const *files,
+                              int n_files, const char *text, char **out, size_t *out_len);
 /* The n_batch a context prefilling cv's prompt takes: 0 (the default)
  * unless the default's chunks would cut an image's bidirectional span. */
 int cli_vision_n_batch(const cli_vision *cv);

@@ -9,6 +9,7 @@
 #include "cli/cli.h"
 #include "vision/image.h"
 #include "vision/imgproc.h"
+#include "vision/imgprompt.h"
 
 loom_status cli_vision_prompt(loom_model *m, const char *model_dir, const int32_t *ids, int n,
                               const char *const *files, int n_files, cli_vision *out) {
@@ -40,6 +41,26 @@ loom_status cli_vision_prompt(loom_model *m, const char *model_dir, const int32_
     free(imgs);
     if (s) cli_vision_free(out);
     return s;
+}
+
+loom_status cli_vision_expand(const char *model_dir, const loom_tok *tok, const char *const *files,
+                              int n_files, const char *text, char **out, size_t *out_len) {
+    int n_tok[CLI_MAX_IMAGES];
+    loom_imgproc proc;
+    loom_imgprompt ip;
+    loom_status s = n_files <= CLI_MAX_IMAGES ? loom_imgproc_load(model_dir, &proc)
+                    : loom_err(LOOM_ERR_INVALID_ARG, "at most %d images", CLI_MAX_IMAGES);
+    if (!s) s = loom_imgprompt_load(model_dir, tok, &ip);
+    for (int k = 0; !s && k < n_files; k++) {
+        loom_image img = {0};
+        loom_imgproc_plan plan = {0};
+        s = loom_image_load(files[k], &img); /* its errors name the file */
+        if (!s && (s = loom_imgproc_plan_image(&proc, img.w, img.h, &plan)))
+            loom_err_wrap(s, "image %s", files[k]);
+        loom_image_free(&img);
+        n_tok[k] = plan.n_tokens;
+    }
+    return s ? s : loom_imgprompt_expand(&ip, text, strlen(text), n_tok, n_files, out, out_len);
 }
 
 void cli_vision_free(cli_vision *cv) {

@@ -27,11 +27,13 @@
 #include "load/safetensors.h"
 #include "ops/ops.h"
 #include "tokenize/tokenizer.h"
+#include "vision/vision_bench.h"
 
 static const char usage[] =
     "usage: loom bench --model DIR [--model DIR2 ...] [-p 512] [-n 128] [--threads N]\n"
     "                  [--reps R] [--batch B,...] [--tg-prompt N] [--kv-type T] [--json]\n"
     "                  [--speculative ngram | --draft-model DIR] [--tg-text FILE]\n"
+    "       loom bench --model DIR [--model DIR2 ...] --image FILE [--reps R] [--threads N] [--json]\n"
     "\n"
     "Measures prompt processing (pp: p tokens from an empty context) and text\n"
     "generation (tg: n tokens decoded one at a time after a 4-token prompt)\n"
@@ -64,7 +66,11 @@ static const char usage[] =
     "                     give the same greedy tokens first): tokens/s, speed-up\n"
     "                     and tokens per verifying step (1 + mean accepted run)\n"
     "  --tg-text FILE     the batched decode's prompts: tg-prompt tokens of FILE's\n"
-    "                     text each (row i from token i x tg-prompt), not random ids\n";
+    "                     text each (row i from token i x tg-prompt), not random ids\n"
+    "  --image FILE       instead, one PNG or JPEG through each vision-language\n"
+    "                     model: preprocessing, the tower's encode (GFLOP/s and its\n"
+    "                     share of the model's own matmul on the tower's dtype) and\n"
+    "                     file to first token, medians of R (bench/bench_vision's run)\n";
 
 /* Speculative decoding of the batched decode (--speculative, --draft-model). */
 static loom_engine_params spec_ep;
@@ -75,6 +81,35 @@ static const char *spec_draft_dir, *tg_text;
 #define CHECK_GEN 8         /* greedy tokens compared, batch vs context */
 
 static int tg_prompt = 4;   /* --tg-prompt */
+
+/* --image: the vision first-token bench (vision/vision_bench.h) on each model. */
+static int bench_image(const char *const *dirs, int nm, const char *image, int reps, int threads,
+                       int json) {
+    for (int k = 0; k < nm; k++) {
+        loom_model *m = NULL;
+        loom_vision *v = NULL;
+        loom_model_params mp = loom_model_default_params();
+        mp.n_threads = threads;
+        mp.fast_matmul = cli_fast;
+        loom_status s = loom_model_load(dirs[k], &mp, &m);
+        if (!s) s = loom_vision_load(m, dirs[k], &v);
+        if (!s && !v)
+            s = loom_err(LOOM_ERR_UNSUPPORTED, "%s has no vision tower (no vision_config in "
+                         "config.json), so it takes no --image", dirs[k]);
+        loom_vision_bench b;
+        if (!s) s = loom_vision_bench_run(m, v, dirs[k], image, reps, &b);
+        if (!s) {
+            loom_buf out = {0};
+            loom_vision_bench_format(&b, dirs[k], image, json, &out);
+            if (out.p) fputs(out.p, stdout);
+            loom_buf_free(&out);
+        }
+        loom_vision_free(v);
+        loom_model_free(m);
+        if (s) return cli_fail("bench --image", s);
+    }
+    return 0;
+}
 
 typedef struct stats {
     double median, mean, sd, min, max;
@@ -375,7 +410,7 @@ int cmd_bench(int argc, char **argv) {
     int nm = 0;
     int p = 512, n = 128, threads = 0, reps = 5, json = 0;
     loom_kv_type kv_type = LOOM_KV_F32;
-    const char *kv_config = NULL;
+    const char *kv_config = NULL, *image = NULL;
     char kvc[4096];
     memset(bm, 0, sizeof bm);
     for (int i = 1; i < argc; i++) {
@@ -387,7 +422,8 @@ int cmd_bench(int argc, char **argv) {
         if (!strcmp(a, "--json")) { json = 1; continue; }
         static const char *valued[] = {"--model", "-p", "--prompt", "-n", "--gen",
                                        "--threads", "--reps", "--batch", "--tg-prompt",
-                                       "--kv-type", "--kv-config", "--tg-text", CLI_SPEC_FLAGS};
+                                       "--kv-type", "--kv-config", "--tg-text", "--image",
+                                       CLI_SPEC_FLAGS};
         int known = 0;
         for (size_t k = 0; k < LOOM_ARRAY_LEN(valued); k++) known |= !strcmp(a, valued[k]);
         if (!known) return cli_usage_error("bench", "unknown option \"%s\"", a);
@@ -409,6 +445,7 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--kv-type")) bad = cli_kv_type("bench", v, &kv_type);
         else if (!strcmp(a, "--kv-config")) kv_config = v;
         else if (!strcmp(a, "--tg-text")) tg_text = v;
+        else if (!strcmp(a, "--image")) image = v;
         else if (!strcmp(a, "--batch")) {
             int32_t *ids = NULL;
             int cnt = 0;
@@ -426,6 +463,14 @@ int cmd_bench(int argc, char **argv) {
         if (bad) return 2;
     }
     if (!nm) return cli_usage_error("bench", "--model is required");
+    if (image && (n_batches || spec_ep.speculative))
+        return cli_usage_error("bench", "--image times one image's first token; it takes no --batch "
+                               "or speculative decoding");
+    if (image) {
+        const char *dirs[MAX_MODELS];
+        for (int k = 0; k < nm; k++) dirs[k] = bm[k].dir;
+        return bench_image(dirs, nm, image, reps, threads, json);
+    }
     if (!p && !n) return cli_usage_error("bench", "nothing to measure: -p and -n are both 0");
     if (n_batches && n < 2) return cli_usage_error("bench", "--batch needs -n >= 2");
     if (spec_ep.speculative && !n_batches)

@@ -17,6 +17,7 @@
 #include "tokenize/tokenizer.h"
 #include "vision/image.h"
 #include "vision/imgproc.h"
+#include "vision/imgprompt.h"
 
 static const char usage[] =
     "usage: loom chat --model DIR [options]\n"
@@ -56,7 +57,7 @@ typedef struct chat_state {
     /* images (vision-language models) */
     const char *dir;           /* the model directory */
     loom_imgproc *proc;        /* owned, or NULL: the model takes no images */
-    int image_token;
+    loom_imgprompt ip;         /* its image markers' expansion, with proc */
     char *images[CLI_MAX_IMAGES]; /* owned paths: the conversation's images, in order */
     int n_tok[CLI_MAX_IMAGES];    /* their placeholder counts */
     int n_images, n_pending;      /* of them, the last n_pending go with the next message */
@@ -88,7 +89,7 @@ static void reset(chat_state *c) {
     c->n_images = c->n_pending = 0;
 }
 
-/* The model's image processor and image token, when it has both. */
+/* The model's image processor and image markers, when it has both. */
 static void open_images(chat_state *c) {
     char path[4096], *text = NULL;
     if (loom_path_join(path, sizeof path, c->dir, "config.json") || loom_read_file(path, &text, NULL)) {
@@ -96,12 +97,10 @@ static void open_images(chat_state *c) {
         return;
     }
     cJSON *cfg = cJSON_Parse(text);
-    free(text);
-    const cJSON *t = cJSON_GetObjectItemCaseSensitive(cfg, "image_token_id");
-    c->image_token = cJSON_IsNumber(t) ? t->valueint : -1;
     int vision = cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(cfg, "vision_config"));
     cJSON_Delete(cfg);
-    loom_imgproc *p = vision && c->image_token >= 0 ? malloc(sizeof *p) : NULL;
+    loom_imgproc *p = vision && loom_imgprompt_parse(text, c->tok, &c->ip) == LOOM_OK ? malloc(sizeof *p) : NULL;
+    free(text);
     if (p && loom_imgproc_load(c->dir, p) == LOOM_OK) c->proc = p;
     else free(p);
     loom_err_clear();
@@ -134,29 +133,6 @@ static void add_image(chat_state *c, const char *file) {
     fprintf(stderr, "(image %s, %d tokens, goes with the next message)\n", file, plan.n_tokens);
 }
 
-/* The prompt's one placeholder per image repeated to its token count. */
-static int expand_images(chat_state *c, int32_t **ids, size_t *n) {
-    size_t have = 0, total = *n;
-    for (size_t i = 0; i < *n; i++) have += (*ids)[i] == c->image_token;
-    if ((int)have != c->n_images) {
-        fprintf(stderr, "loom: error: the chat template rendered %zu image placeholders for the "
-                        "conversation's %d images\n", have, c->n_images);
-        return 1;
-    }
-    for (int k = 0; k < c->n_images; k++) total += (size_t)c->n_tok[k] - 1;
-    int32_t *out = malloc(sizeof *out * total);
-    if (!out) return 1;
-    size_t w = 0;
-    for (size_t i = 0, k = 0; i < *n; i++) {
-        int rep = (*ids)[i] == c->image_token ? c->n_tok[k++] : 1;
-        for (int r = 0; r < rep; r++) out[w++] = (*ids)[i];
-    }
-    free(*ids);
-    *ids = out;
-    *n = w;
-    return 0;
-}
-
 /* One turn: render, reuse the common prefix of the context, generate. */
 static int turn(chat_state *c, const char *user, int max_tokens, float *logits) {
     cJSON *m = cJSON_CreateObject();
@@ -186,15 +162,18 @@ static int turn(chat_state *c, const char *user, int max_tokens, float *logits) 
     loom_status s = loom_chat_apply(c->tpl, &cp, &text, &len);
     free(msgs);
     if (s) return cli_fail("chat template", s);
+    if (c->n_images) { /* each image's marker expanded to its tokens, as the server does */
+        char *expanded = NULL;
+        s = loom_imgprompt_expand(&c->ip, text, len, c->n_tok, c->n_images, &expanded, &len);
+        free(text);
+        if (s) return cli_fail("chat template", s);
+        text = expanded;
+    }
     int32_t *ids = NULL;
     size_t n = 0;
     s = loom_tok_encode(c->tok, text, len, LOOM_TOK_NO_SPECIAL, &ids, &n);
     free(text);
     if (s) return cli_fail("tokenizing", s);
-    if (c->n_images && expand_images(c, &ids, &n)) {
-        free(ids);
-        return 1;
-    }
     int keep = 0;
     while (keep < c->n_held && keep < (int)n - 1 && c->held[keep] == ids[keep]) keep++;
     /* a prepared prompt (images) is evaluated whole: the context takes

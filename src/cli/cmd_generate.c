@@ -265,9 +265,19 @@ int cmd_generate(int argc, char **argv) {
             if ((s = cli_render_user_turn(model, prompt_text, &rendered))) { rc = cli_fail("chat template", s); goto done; }
             n_turn_end = loom_tok_turn_end_ids(tok, turn_end, 8);
         }
-        s = rendered ? loom_tok_encode(tok, rendered, strlen(rendered), LOOM_TOK_NO_SPECIAL, &prompt, &n)
-                     : loom_tok_encode(tok, prompt_text, strlen(prompt_text), LOOM_TOK_ADD_SPECIAL_CONFIG, &prompt, &n);
+        char *expanded = NULL;
+        size_t len = 0;
+        if (n_images && (s = cli_vision_expand(model, tok, images, n_images, rendered ? rendered : prompt_text,
+                                               &expanded, &len))) {
+            free(rendered);
+            rc = cli_fail("the prompt's images", s);
+            goto done;
+        }
+        const char *text = expanded ? expanded : rendered ? rendered : prompt_text;
+        s = loom_tok_encode(tok, text, strlen(text), rendered ? LOOM_TOK_NO_SPECIAL : LOOM_TOK_ADD_SPECIAL_CONFIG,
+                            &prompt, &n);
         free(rendered);
+        free(expanded);
         if (s) { rc = cli_fail("tokenizing the prompt", s); goto done; }
         n_prompt = (int)n;
         if (!n_prompt) { fprintf(stderr, "loom: error: the prompt encodes to no tokens\n"); goto done; }

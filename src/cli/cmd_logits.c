@@ -62,11 +62,17 @@ int cmd_logits(int argc, char **argv) {
         char *rendered = NULL;
         size_t cnt = 0;
         loom_status ts = loom_tok_load_dir(model, &tok);
+        char *expanded = NULL;
+        size_t len = 0;
         if (!ts && chat) ts = cli_render_user_turn(model, prompt, &rendered);
+        if (!ts && n_images)
+            ts = cli_vision_expand(model, tok, images, n_images, rendered ? rendered : prompt, &expanded, &len);
+        const char *text = expanded ? expanded : rendered ? rendered : prompt;
         if (!ts)
-            ts = rendered ? loom_tok_encode(tok, rendered, strlen(rendered), LOOM_TOK_NO_SPECIAL, &ids, &cnt)
-                          : loom_tok_encode(tok, prompt, strlen(prompt), LOOM_TOK_ADD_SPECIAL_CONFIG, &ids, &cnt);
+            ts = loom_tok_encode(tok, text, strlen(text), rendered ? LOOM_TOK_NO_SPECIAL : LOOM_TOK_ADD_SPECIAL_CONFIG,
+                                 &ids, &cnt);
         free(rendered);
+        free(expanded);
         loom_tok_free(tok);
         if (ts) return cli_fail("tokenizing the prompt", ts);
         n = (int)cnt;

@@ -151,8 +151,12 @@ void loom_rq_release(loom_request *r) {
     loom_seq_state_free(r->rstate);
     if (r->keys != r->tokens) free(r->keys);
     free(r->tokens);
-    for (int k = 0; k < r->n_images; k++) free((void *)r->images[k].pixels);
+    for (int k = 0; k < r->n_images; k++) {
+        free((void *)r->images[k].pixels);
+        if (r->features) free(r->features[k]);
+    }
     free(r->images);
+    free(r->features);
     if (r->prompt) loom_vision_prompt_free(r->prompt);
     free(r->prompt);
     free(r->stop_ids);

@@ -57,7 +57,10 @@ struct loom_request {
     atomic_int abort;
     atomic_int refs;
     /* images (vision-language prompts) */
-    loom_request_image *images; /* owned [n_images], each pixels owned */
+    loom_request_image *images; /* owned [n_images], each pixels owned until features */
+    float **features;          /* owned [n_images], each owned or NULL: the image's tower
+                                  output (loom_vision_image.features), kept to the end so
+                                  a recompute after preemption runs no tower again */
     int n_images;
     int pos_delta;             /* rope delta of rows past the prompt (M-RoPE) */
     int32_t *keys;             /* the tokens the prefix cache, the disk tier and

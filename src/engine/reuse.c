@@ -251,36 +251,59 @@ static int maybe_snapshot(loom_engine *e, loom_request *r) {
     return buf != NULL;
 }
 
+/* Image k's tower output into r->features[k] (run once per request: a
+ * recompute after preemption takes it from there); its pixels are then
+ * not needed and freed. */
+static loom_status encode_image(loom_engine *e, loom_request *r, int k) {
+    const loom_vision_info *vi = loom_vision_get_info(e->vision);
+    loom_request_image *im = &r->images[k];
+    size_t cnt = (size_t)loom_vision_tokens(vi, im->grid), H = (size_t)vi->out_hidden;
+    if (!r->features && !(r->features = calloc((size_t)r->n_images, sizeof *r->features)))
+        return loom_err(LOOM_ERR_NOMEM, "out of memory for the prompt's image features");
+    float *f = malloc(sizeof *f * cnt * H * (size_t)(1 + vi->n_deep));
+    if (!f) return loom_err(LOOM_ERR_NOMEM, "out of memory for image %d's features", k + 1);
+    loom_vision_image img = {.pixels = im->pixels};
+    memcpy(img.grid, im->grid, sizeof img.grid);
+    loom_status st = loom_vision_encode(e->vision, &img, f, vi->n_deep ? f + cnt * H : NULL);
+    if (st) {
+        free(f);
+        return st;
+    }
+    r->features[k] = f;
+    free((void *)im->pixels);
+    im->pixels = NULL;
+    e->s.counters.vision_encodes++;
+    return LOOM_OK;
+}
+
 /* The prepared prompt of a request with images, for its rows from
  * seq.n_tokens on: an image whose placeholders all lie before that (a
  * prefix-cache or session hit holds their KV) is not encoded. */
 loom_status loom_reuse_prepare(loom_engine *e, loom_request *r) {
     const loom_vision_info *vi = loom_vision_get_info(e->vision);
     int from = r->seq.n_tokens, at = 0, encoded = 0;
+    double t0 = loom_sched_now(&e->s);
     loom_vision_image *imgs = calloc((size_t)r->n_images, sizeof *imgs);
     r->prompt = calloc(1, sizeof *r->prompt);
-    if (!imgs || !r->prompt) {
-        free(imgs);
-        return loom_err(LOOM_ERR_NOMEM, "out of memory preparing the prompt's images");
-    }
-    for (int k = 0; k < r->n_images; k++) {
+    loom_status st = imgs && r->prompt ? LOOM_OK
+                     : loom_err(LOOM_ERR_NOMEM, "out of memory preparing the prompt's images");
+    for (int k = 0; !st && k < r->n_images; k++) {
         /* image k covers the next run of placeholders (checked at submit) */
         while (at < r->n_prompt && r->tokens[at] != vi->image_token) at++;
         at += loom_vision_tokens(vi, r->images[k].grid);
-        imgs[k] = (loom_vision_image){.pixels = at > from ? r->images[k].pixels : NULL};
+        int want = at > from, have = r->features && r->features[k];
+        if (want && !have && !(st = encode_image(e, r, k))) encoded++;
+        imgs[k] = (loom_vision_image){.features = want && !st ? r->features[k] : NULL};
         memcpy(imgs[k].grid, r->images[k].grid, sizeof imgs[k].grid);
-        encoded += imgs[k].pixels != NULL;
     }
-    double t0 = loom_sched_now(&e->s);
-    loom_status st = loom_vision_prompt_build(e->vision, r->tokens, r->n_prompt, imgs, r->n_images,
-                                              r->prompt);
+    if (!st) st = loom_vision_prompt_build(e->vision, r->tokens, r->n_prompt, imgs, r->n_images,
+                                           r->prompt);
     free(imgs);
     if (st) {
         free(r->prompt);
         r->prompt = NULL;
         return st;
     }
-    e->s.counters.vision_encodes += (uint64_t)encoded;
     loom_rq_span(r, "prefill.vision", NULL, t0, loom_sched_now(&e->s),
                  RQ_ATTRS({"images", r->n_images}, {"encoded", encoded}, {"startToken", from}));
     return LOOM_OK;

@@ -39,11 +39,11 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "grammar/grammar_int.h"
 #include "tokenize/tokenizer.h"
 
 #define EL_END INT32_MIN
 #define MAX_RULES 200000
-#define MAX_REPEAT 4096
 #define MASK_CACHE_BYTES (32u << 20)
 #define TEXT_MAX 24
 
@@ -454,17 +454,6 @@ static int parse_class(gparse *g, ivec *seq) {
     return iv_push(seq, e) ? bfail(g->b, "out of memory") : 0;
 }
 
-static int read_int(gparse *g, int *v) {
-    if (*g->p < '0' || *g->p > '9') return perr(g, "expected a number");
-    long x = 0;
-    while (*g->p >= '0' && *g->p <= '9') {
-        x = x * 10 + (*g->p++ - '0');
-        if (x > MAX_REPEAT) return perr(g, "a repetition count above %d", MAX_REPEAT);
-    }
-    *v = (int)x;
-    return 0;
-}
-
 /* The elements seq[from..] repeated min..max times (max -1: unbounded). */
 static int repeat(builder *b, ivec *seq, int from, int min, int max) {
     int n = seq->n - from;
@@ -549,17 +538,10 @@ static int parse_sequence(gparse *g, ivec *seq) {
         else if (c == '?') min = 0, max = 1;
         if (min >= 0) g->p++;
         else if (c == '{') {
+            char msg[64];
             g->p++;
-            if (read_int(g, &min)) return -1;
-            max = min;
-            if (*g->p == ',') {
-                g->p++;
-                max = -1;
-                if (*g->p != '}' && read_int(g, &max)) return -1;
-            }
-            if (*g->p != '}') return perr(g, "expected '}' closing the repetition");
-            g->p++;
-            if (max >= 0 && max < min) return perr(g, "a repetition {%d,%d} with max below min", min, max);
+            const char *e = loom_grammar_braces(&g->p, &min, &max, msg, sizeof msg);
+            if (e) return perr(g, "%s", e);
         }
         if (min >= 0 && seq->n > from && repeat(g->b, seq, from, min, max)) return -1;
     }

@@ -32,10 +32,11 @@
 #include "base/base.h"
 #include "base/buf.h"
 #include "grammar/grammar.h"
+#include "grammar/grammar_int.h"
 
 #define MAX_DEPTH 64
 #define MAX_INT_DIGITS 16
-#define MAX_COUNT 4096 /* grammar.c's MAX_REPEAT */
+#define MAX_COUNT LOOM_GRAMMAR_MAX_REPEAT
 
 typedef struct sref {
     const cJSON *node;
@@ -326,17 +327,6 @@ static int rx_class(rx *x, loom_buf *b) {
     return put_class(x, b, r, n, neg);
 }
 
-static int rx_count(rx *x, int *v) {
-    if (*x->p < '0' || *x->p > '9') return rfail(x, "expected a number in {m,n}");
-    long n = 0;
-    while (*x->p >= '0' && *x->p <= '9') {
-        n = n * 10 + (*x->p++ - '0');
-        if (n > 4096) return rfail(x, "a repetition count above 4096");
-    }
-    *v = (int)n;
-    return 0;
-}
-
 static int rx_seq(rx *x, loom_buf *b, int depth) {
     int atoms = 0;
     loom_buf_puts(b, "(");
@@ -399,17 +389,10 @@ static int rx_seq(rx *x, loom_buf *b, int depth) {
             x->p++;
         } else if (c == '{' && x->p[1] >= '0' && x->p[1] <= '9') {
             int m, n;
+            char msg[64];
             x->p++;
-            if (rx_count(x, &m)) return -1;
-            n = m;
-            if (*x->p == ',') {
-                x->p++;
-                n = -1;
-                if (*x->p != '}' && rx_count(x, &n)) return -1;
-            }
-            if (*x->p != '}') return rfail(x, "expected '}'");
-            x->p++;
-            if (n >= 0 && n < m) return rfail(x, "{%d,%d}: max below min", m, n);
+            const char *e = loom_grammar_braces(&x->p, &m, &n, msg, sizeof msg);
+            if (e) return rfail(x, "%s", e);
             if (n < 0) loom_buf_printf(b, "{%d,}", m);
             else loom_buf_printf(b, "{%d,%d}", m, n);
         } else continue;

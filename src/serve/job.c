@@ -101,12 +101,12 @@ int job_build_prompt(job *j, api_error *err) {
         loom_status st = loom_chat_apply(s->chat, &cp, &j->prompt_text, &len);
         if (st != LOOM_OK)
             return api_fail(err, 400, "messages", "chat template: %s", loom_last_error());
+        if (r->n_images && job_images_expand(j, &len, err) < 0) return -1;
         size_t n = 0;
         st = loom_tok_encode(s->tok, j->prompt_text, len, LOOM_TOK_NO_SPECIAL, &j->prompt, &n);
         if (st != LOOM_OK) return api_fail(err, 400, "messages", "%s", loom_last_error());
         j->n_prompt = (int)n;
         j->snapshot_at = conversation_boundary(j);
-        if (r->n_images && job_images_expand(j, err) < 0) return -1;
     } else if (r->prompt_ids) {
         j->prompt = r->prompt_ids;
         j->n_prompt = r->n_prompt_ids;

@@ -15,6 +15,7 @@
 #include "serve/toolcall.h"
 #include "stream/textstream.h"
 #include "vision/imgproc.h"
+#include "vision/imgprompt.h"
 #include "template/chat.h"
 #include "tokenize/tokenizer.h"
 
@@ -48,7 +49,7 @@ typedef struct server {
                                       at the first one (job_grammar) */
     loom_sampling sampling;        /* what a request leaves out (resolve_sampling) */
     loom_imgproc *imgproc;         /* owned image processor, or NULL: no images */
-    int image_token;               /* image_token_id (config.json), with imgproc */
+    loom_imgprompt imgprompt;      /* its image markers' expansion, with imgproc */
     loom_metrics metrics;
     pthread_mutex_t watch_lock;    /* guards watched and every entry's deadline */
     struct conn_watch *watched;    /* open connections (HTTP only) */
@@ -208,10 +209,10 @@ void job_images_close(server *s);
  * preprocessed on the calling (HTTP) thread (before the template: a model
  * without images refuses them first). */
 int job_images_prepare(job *j, api_error *err);
-/* Then, once the prompt is tokenized, each of its image placeholders (one
- * an image, as the template renders it) repeated to the image's token
- * count, as the Hugging Face processor does. */
-int job_images_expand(job *j, api_error *err);
+/* Then, once the template has rendered j->prompt_text (len bytes), each
+ * image's marker in it expanded to the image's tokens, as the Hugging Face
+ * processor does before tokenizing (vision/imgprompt.h). */
+int job_images_expand(job *j, size_t *len, api_error *err);
 void job_images_free(job *j);
 
 /* For the formatters. */

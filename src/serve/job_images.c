@@ -2,8 +2,8 @@
  * (media.c), decoded (PNG/JPEG, refused from its header past
  * LOOM_IMAGE_MAX_PIXELS before any pixel memory is taken), preprocessed as
  * the model's processor does (resized within its max_pixels), hashed for
- * the prefix cache, and its placeholder in the prompt repeated to its
- * token count. The engine runs the vision tower itself (engine.c). */
+ * the prefix cache, and its marker in the rendered prompt expanded to its
+ * tokens. The engine runs the vision tower itself (engine.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,21 +16,20 @@
 void job_images_open(server *s) {
     char path[4096], *text = NULL;
     s->imgproc = NULL;
-    if (loom_path_join(path, sizeof path, s->p.model_dir, "preprocessor_config.json") != LOOM_OK ||
+    if (!s->tok ||
+        loom_path_join(path, sizeof path, s->p.model_dir, "preprocessor_config.json") != LOOM_OK ||
         loom_path_join(path, sizeof path, s->p.model_dir, "config.json") != LOOM_OK ||
         loom_read_file(path, &text, NULL) != LOOM_OK) {
         loom_err_clear();
         return;
     }
     cJSON *cfg = cJSON_Parse(text);
-    free(text);
-    const cJSON *tok = cJSON_GetObjectItemCaseSensitive(cfg, "image_token_id");
-    if (!tok) tok = cJSON_GetObjectItemCaseSensitive(cfg, "image_token_index");
     int has_vision = cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(cfg, "vision_config"));
-    s->image_token = cJSON_IsNumber(tok) ? tok->valueint : -1;
     cJSON_Delete(cfg);
-    if (!has_vision || s->image_token < 0) return;
-    loom_imgproc *p = malloc(sizeof *p);
+    loom_status st = has_vision ? loom_imgprompt_parse(text, s->tok, &s->imgprompt) : LOOM_OK;
+    free(text);
+    if (!has_vision) return;
+    loom_imgproc *p = st == LOOM_OK ? malloc(sizeof *p) : NULL;
     if (p && loom_imgproc_load(s->p.model_dir, p) == LOOM_OK) {
         s->imgproc = p;
         return;
@@ -93,26 +92,16 @@ int job_images_prepare(job *j, api_error *err) {
     return 0;
 }
 
-int job_images_expand(job *j, api_error *err) {
-    server *s = j->srv;
-    api_req *r = &j->req;
-    /* the template rendered one placeholder per image: repeat each */
-    int have = 0;
-    size_t n = (size_t)j->n_prompt;
-    for (int i = 0; i < j->n_prompt; i++) have += j->prompt[i] == s->image_token;
-    if (have != r->n_images)
-        return api_fail(err, 400, "messages", "the chat template rendered %d image placeholders "
-                        "(token %d) for the request's %d images", have, s->image_token, r->n_images);
-    for (int k = 0; k < r->n_images; k++) n += (size_t)j->px[k].plan.n_tokens - 1;
-    int32_t *out = malloc(sizeof *out * n);
-    if (!out) return api_fail(err, 500, NULL, "out of memory");
-    size_t w = 0;
-    for (int i = 0, k = 0; i < j->n_prompt; i++) {
-        int rep = j->prompt[i] == s->image_token ? j->px[k++].plan.n_tokens : 1;
-        for (int t = 0; t < rep; t++) out[w++] = j->prompt[i];
-    }
-    free(j->prompt);
-    j->prompt = out;
-    j->n_prompt = (int)w;
+int job_images_expand(job *j, size_t *len, api_error *err) {
+    int n_tok[API_MAX_IMAGES];
+    for (int k = 0; k < j->n_images; k++) n_tok[k] = j->px[k].plan.n_tokens;
+    char *text = NULL;
+    loom_status st = loom_imgprompt_expand(&j->srv->imgprompt, j->prompt_text, *len, n_tok,
+                                           j->n_images, &text, len);
+    if (st != LOOM_OK)
+        return api_fail(err, st == LOOM_ERR_NOMEM ? 500 : 400, "messages", "chat template: %s",
+                        loom_last_error());
+    free(j->prompt_text);
+    j->prompt_text = text;
     return 0;
 }

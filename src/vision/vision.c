@@ -296,25 +296,30 @@ loom_status loom_vision_prompt_build(loom_vision *v, const int32_t *ids, int n,
     float *feat = NULL, *deep = NULL;
     for (int k = 0, at = 0; !s && k < n_img; k++) {
         int cnt = loom_vision_tokens(vi, grids[k]);
-        if (!imgs[k].pixels) { /* not wanted: its rows keep the text embedding */
+        const float *src = imgs[k].features, *dsrc = src ? src + (size_t)cnt * H : NULL;
+        if (!imgs[k].pixels && !src) { /* not wanted: its rows keep the text embedding */
             for (int j = 0; j < cnt; j++, at++)
                 while (ids[at] != vi->image_token) at++;
             continue;
         }
-        free(feat);
-        free(deep);
-        feat = malloc(sizeof(float) * (size_t)cnt * H);
-        deep = D > 0 ? malloc(sizeof(float) * (size_t)D * cnt * H) : NULL;
-        if (!feat || (D > 0 && !deep)) {
-            s = loom_err(LOOM_ERR_NOMEM, "vision prompt: out of memory");
-            break;
+        if (!src) {
+            free(feat);
+            free(deep);
+            feat = malloc(sizeof(float) * (size_t)cnt * H);
+            deep = D > 0 ? malloc(sizeof(float) * (size_t)D * cnt * H) : NULL;
+            if (!feat || (D > 0 && !deep)) {
+                s = loom_err(LOOM_ERR_NOMEM, "vision prompt: out of memory");
+                break;
+            }
+            if ((s = loom_vision_encode(v, &imgs[k], feat, deep))) break;
+            src = feat;
+            dsrc = deep;
         }
-        if ((s = loom_vision_encode(v, &imgs[k], feat, deep))) break;
         for (int j = 0; j < cnt; j++, at++) {
             while (ids[at] != vi->image_token) at++;
-            memcpy(out->embeds + (size_t)at * H, feat + (size_t)j * H, sizeof(float) * (size_t)H);
+            memcpy(out->embeds + (size_t)at * H, src + (size_t)j * H, sizeof(float) * (size_t)H);
             for (int d = 0; d < D; d++)
-                memcpy(out->deepstack + ((size_t)d * n + at) * H, deep + ((size_t)d * cnt + j) * H,
+                memcpy(out->deepstack + ((size_t)d * n + at) * H, dsrc + ((size_t)d * cnt + j) * H,
                        sizeof(float) * (size_t)H);
         }
     }

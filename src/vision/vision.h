@@ -27,6 +27,9 @@
 typedef struct loom_vision_image {
     const float *pixels;     /* (t * h * w, patch_dim) borrowed */
     int grid[3];
+    const float *features;   /* or NULL; borrowed: the tower's output for it already,
+                                (tokens, out_hidden) then deepstack (n_deep, tokens,
+                                out_hidden); pixels are then not read */
 } loom_vision_image;
 
 /* What the prompt side needs to know of the model (config.json). */
@@ -93,7 +96,8 @@ typedef struct loom_vision_prompt {
 } loom_vision_prompt;
 
 /* Builds the prepared prompt of ids (placeholders already repeated) with
- * n_img images, in order. An image whose pixels is NULL is not encoded:
+ * n_img images, in order, each encoded unless it has features. An image
+ * whose pixels and features are NULL is not encoded:
  * its placeholders keep their text embeddings and zero deepstack rows (for
  * a caller that holds their KV already, e.g. from a prefix cache). */
 loom_status loom_vision_prompt_build(loom_vision *v, const int32_t *ids, int n,

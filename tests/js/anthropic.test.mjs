@@ -6,6 +6,7 @@
 //   LOOM_URL=... LOOM_TOOLS_URL=... LOOM_API_KEY=KEY node anthropic.test.mjs
 import assert from 'node:assert/strict';
 import Anthropic from '@anthropic-ai/sdk';
+import { expectAnthropicError, run, test } from './harness.mjs';
 
 const base = process.env.LOOM_URL;
 const toolsBase = process.env.LOOM_TOOLS_URL;
@@ -16,23 +17,6 @@ const tclient = new Anthropic({ baseURL: toolsBase, apiKey: key, maxRetries: 0, 
 const model = 'pycoder-16m';
 const user = (content) => [{ role: 'user', content }];
 const textOf = (m) => m.content.filter((b) => b.type === 'text').map((b) => b.text).join('');
-
-const tests = [];
-const test = (name, fn) => tests.push({ name, fn });
-
-async function expectError(promise, cls, status, type, pattern) {
-  try {
-    await promise;
-  } catch (e) {
-    assert.ok(e instanceof cls, `expected ${cls.name}, got ${e.constructor.name}: ${e.message}`);
-    assert.equal(e.status, status);
-    assert.equal(e.error?.type, 'error', `Anthropic's shape: ${JSON.stringify(e.error)}`);
-    assert.equal(e.type, type);
-    if (pattern) assert.match(e.apiMessage, pattern);
-    return e;
-  }
-  assert.fail(`expected ${cls.name} (${status})`);
-}
 
 test('messages.create: a message with a text block, usage, stop reason', async () => {
   const m = await client.messages.create({ model, max_tokens: 12, messages: user('def add(a, b):'), temperature: 0 });
@@ -137,31 +121,31 @@ test('the key: x-api-key or Authorization: Bearer; a wrong one is 401 authentica
   const m = await bearer.messages.create({ model, max_tokens: 2, messages: user('x') });
   assert.equal(m.type, 'message');
   const bad = new Anthropic({ baseURL: base, apiKey: 'wrong', maxRetries: 0 });
-  await expectError(bad.messages.create({ model, max_tokens: 2, messages: user('x') }),
+  await expectAnthropicError(bad.messages.create({ model, max_tokens: 2, messages: user('x') }),
     Anthropic.AuthenticationError, 401, 'authentication_error', /x-api-key/);
-  await expectError(bad.messages.countTokens({ model, messages: user('x') }),
+  await expectAnthropicError(bad.messages.countTokens({ model, messages: user('x') }),
     Anthropic.AuthenticationError, 401, 'authentication_error');
 });
 
 test('errors: 400 invalid_request_error naming the field, 404 not_found_error', async () => {
   const B = Anthropic.BadRequestError;
-  await expectError(client.messages.create({ model, messages: user('x') }), B, 400, 'invalid_request_error', /'max_tokens' is required/);
-  await expectError(client.messages.create({ model, max_tokens: 'ten', messages: user('x') }), B, 400, 'invalid_request_error', /max_tokens/);
-  await expectError(client.messages.create({ model, max_tokens: 4, messages: [] }), B, 400, 'invalid_request_error', /messages/);
-  await expectError(client.messages.create({ model, max_tokens: 4, messages: [{ role: 'system', content: 'x' }] }), B, 400,
+  await expectAnthropicError(client.messages.create({ model, messages: user('x') }), B, 400, 'invalid_request_error', /'max_tokens' is required/);
+  await expectAnthropicError(client.messages.create({ model, max_tokens: 'ten', messages: user('x') }), B, 400, 'invalid_request_error', /max_tokens/);
+  await expectAnthropicError(client.messages.create({ model, max_tokens: 4, messages: [] }), B, 400, 'invalid_request_error', /messages/);
+  await expectAnthropicError(client.messages.create({ model, max_tokens: 4, messages: [{ role: 'system', content: 'x' }] }), B, 400,
     'invalid_request_error', /messages\[0\]\.role/);
-  await expectError(client.messages.create({ model, max_tokens: 4, temperature: 1.5, messages: user('x') }), B, 400,
+  await expectAnthropicError(client.messages.create({ model, max_tokens: 4, temperature: 1.5, messages: user('x') }), B, 400,
     'invalid_request_error', /temperature/);
-  await expectError(client.messages.create({ model, max_tokens: 4, stop_sequences: 'x', messages: user('x') }), B, 400,
+  await expectAnthropicError(client.messages.create({ model, max_tokens: 4, stop_sequences: 'x', messages: user('x') }), B, 400,
     'invalid_request_error', /stop_sequences/);
-  await expectError(client.messages.create({ model, max_tokens: 4,
+  await expectAnthropicError(client.messages.create({ model, max_tokens: 4,
     messages: user([{ type: 'image', source: { type: 'base64', media_type: 'image/png', data: 'AA==' } }]) }), B, 400,
     'invalid_request_error', /messages\[0\]\.content\[0\].*takes no images/);
-  await expectError(client.messages.create({ model, max_tokens: 4, messages: user([{ type: 'hologram' }]) }), B, 400,
+  await expectAnthropicError(client.messages.create({ model, max_tokens: 4, messages: user([{ type: 'hologram' }]) }), B, 400,
     'invalid_request_error', /messages\[0\]\.content\[0\].*hologram/);
-  await expectError(client.messages.create({ model, max_tokens: 4, messages: user('x'), stream: true, temperature: -1 }), B, 400,
+  await expectAnthropicError(client.messages.create({ model, max_tokens: 4, messages: user('x'), stream: true, temperature: -1 }), B, 400,
     'invalid_request_error', /temperature/);
-  await expectError(client.messages.create({ model: 'claude-nope', max_tokens: 4, messages: user('x') }),
+  await expectAnthropicError(client.messages.create({ model: 'claude-nope', max_tokens: 4, messages: user('x') }),
     Anthropic.NotFoundError, 404, 'not_found_error', /claude-nope/);
   // bad JSON cannot come from the client: send it raw, with the headers it sends
   const res = await fetch(`${base}/v1/messages`, { method: 'POST', body: '{"messages": [',
@@ -188,9 +172,9 @@ test('tools: rendered through the template; tool_choice none offers none', async
     const m = await tclient.messages.create({ model, max_tokens: 4, messages, tools, tool_choice });
     assert.ok(['end_turn', 'max_tokens', 'tool_use'].includes(m.stop_reason), m.stop_reason);
   }
-  await expectError(tclient.messages.create({ model, max_tokens: 4, messages, tools, tool_choice: { type: 'tool', name: 'nope' } }),
+  await expectAnthropicError(tclient.messages.create({ model, max_tokens: 4, messages, tools, tool_choice: { type: 'tool', name: 'nope' } }),
     Anthropic.BadRequestError, 400, 'invalid_request_error', /nope/);
-  await expectError(tclient.messages.create({ model, max_tokens: 4, messages, tools: [{ name: 'f' }] }),
+  await expectAnthropicError(tclient.messages.create({ model, max_tokens: 4, messages, tools: [{ name: 'f' }] }),
     Anthropic.BadRequestError, 400, 'invalid_request_error', /tools\[0\]\.input_schema/);
 });
 
@@ -217,16 +201,4 @@ test('tools: a tool_use and tool_result round trip renders the call and its resu
   assert.ok(['end_turn', 'max_tokens', 'tool_use'].includes(s.stop_reason));
 });
 
-let failed = 0;
-for (const t of tests) {
-  const t0 = Date.now();
-  try {
-    await t.fn();
-    console.log(`ok   ${t.name} (${Date.now() - t0} ms)`);
-  } catch (e) {
-    failed++;
-    console.log(`FAIL ${t.name}\n     ${(e.stack || String(e)).split('\n').slice(0, 6).join('\n     ')}`);
-  }
-}
-console.log(failed ? `${failed} of ${tests.length} failed` : `all ${tests.length} passed`);
-process.exit(failed ? 1 : 0);
+await run();

@@ -9,6 +9,7 @@
 //   LOOM_URL=http://127.0.0.1:PORT LOOM_API_KEY=KEY node embeddings.test.mjs
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
+import { expectError, run, test } from './harness.mjs';
 
 const base = process.env.LOOM_URL;
 const key = process.env.LOOM_API_KEY || 'none';
@@ -17,23 +18,8 @@ const client = new OpenAI({ baseURL: `${base}/v1`, apiKey: key, maxRetries: 0, t
 const model = 'pycoder-16m';
 const HIDDEN = 384;
 
-const tests = [];
-const test = (name, fn) => tests.push({ name, fn });
-
 const norm = (v) => Math.sqrt(v.reduce((s, x) => s + x * x, 0));
 const maxDiff = (a, b) => a.reduce((m, x, i) => Math.max(m, Math.abs(x - b[i])), 0);
-
-async function expectError(promise, cls, status, param) {
-  try {
-    await promise;
-  } catch (e) {
-    assert.ok(e instanceof cls, `expected ${cls.name}, got ${e.constructor.name}: ${e.message}`);
-    assert.equal(e.status, status);
-    if (param !== undefined) assert.equal(e.param, param, `param of: ${e.message}`);
-    return e;
-  }
-  assert.fail(`expected ${cls.name} (${status})`);
-}
 
 // The prompt's token ids as the server tokenizes them.
 async function ids(text) {
@@ -150,16 +136,4 @@ test('errors: empty input, wrong types, dimensions, unknown model, too long', as
   assert.equal(u.data.length, 1);
 });
 
-let failed = 0;
-for (const t of tests) {
-  const t0 = Date.now();
-  try {
-    await t.fn();
-    console.log(`ok   ${t.name} (${Date.now() - t0} ms)`);
-  } catch (e) {
-    failed++;
-    console.log(`FAIL ${t.name}\n     ${(e.stack || String(e)).split('\n').slice(0, 6).join('\n     ')}`);
-  }
-}
-console.log(failed ? `${failed} of ${tests.length} failed` : `all ${tests.length} passed`);
-process.exit(failed ? 1 : 0);
+await run();

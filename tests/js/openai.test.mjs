@@ -5,6 +5,7 @@
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
 import Ajv from 'ajv';
+import { expectError, run, test } from './harness.mjs';
 
 const base = process.env.LOOM_URL;
 const key = process.env.LOOM_API_KEY || 'none';
@@ -12,9 +13,6 @@ if (!base) throw new Error('LOOM_URL is not set');
 const client = new OpenAI({ baseURL: `${base}/v1`, apiKey: key, maxRetries: 0, timeout: 120000 });
 const model = 'pycoder-16m';
 const user = (content) => [{ role: 'user', content }];
-
-const tests = [];
-const test = (name, fn) => tests.push({ name, fn });
 
 async function collect(stream) {
   const chunks = [];
@@ -25,18 +23,6 @@ async function collect(stream) {
 // Concatenated text of choice i in chat chunks.
 const chatText = (chunks, i = 0) =>
   chunks.flatMap((c) => c.choices.filter((x) => x.index === i)).map((x) => x.delta?.content ?? '').join('');
-
-async function expectError(promise, cls, status, param) {
-  try {
-    await promise;
-  } catch (e) {
-    assert.ok(e instanceof cls, `expected ${cls.name}, got ${e.constructor.name}: ${e.message}`);
-    assert.equal(e.status, status);
-    if (param !== undefined) assert.equal(e.param, param, `param of: ${e.message}`);
-    return e;
-  }
-  assert.fail(`expected ${cls.name} (${status})`);
-}
 
 test('models.list names the model', async () => {
   const list = await client.models.list();
@@ -436,16 +422,4 @@ test('tool_choice none: no tool call; a forced call and response_format together
   assert.match(e2.message, /tool 'f' parameters: 'not' is not supported \(at #\/properties\/a\/not\)/);
 });
 
-let failed = 0;
-for (const t of tests) {
-  const t0 = Date.now();
-  try {
-    await t.fn();
-    console.log(`ok   ${t.name} (${Date.now() - t0} ms)`);
-  } catch (e) {
-    failed++;
-    console.log(`FAIL ${t.name}\n     ${(e.stack || String(e)).split('\n').slice(0, 6).join('\n     ')}`);
-  }
-}
-console.log(failed ? `${failed} of ${tests.length} failed` : `all ${tests.length} passed`);
-process.exit(failed ? 1 : 0);
+await run();

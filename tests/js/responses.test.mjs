@@ -7,6 +7,7 @@
 //   LOOM_URL=... LOOM_TOOLS_URL=... LOOM_API_KEY=KEY node responses.test.mjs
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
+import { expectError, run, test } from './harness.mjs';
 
 const base = process.env.LOOM_URL;
 const toolsBase = process.env.LOOM_TOOLS_URL;
@@ -15,21 +16,6 @@ if (!base || !toolsBase) throw new Error('LOOM_URL and LOOM_TOOLS_URL must be se
 const client = new OpenAI({ baseURL: `${base}/v1`, apiKey: key, maxRetries: 0, timeout: 120000 });
 const tclient = new OpenAI({ baseURL: `${toolsBase}/v1`, apiKey: key, maxRetries: 0, timeout: 120000 });
 const model = 'pycoder-16m';
-
-const tests = [];
-const test = (name, fn) => tests.push({ name, fn });
-
-async function expectError(promise, cls, status, param) {
-  try {
-    await promise;
-  } catch (e) {
-    assert.ok(e instanceof cls, `expected ${cls.name}, got ${e.constructor.name}: ${e.message}`);
-    assert.equal(e.status, status);
-    if (param !== undefined) assert.equal(e.param, param, `param of: ${e.message}`);
-    return e;
-  }
-  assert.fail(`expected ${cls.name} (${status})`);
-}
 
 const messageText = (r) => r.output.filter((o) => o.type === 'message')
   .flatMap((o) => o.content).filter((c) => c.type === 'output_text').map((c) => c.text).join('');
@@ -197,16 +183,4 @@ test('400s name the field', async () => {
   await expectError(bad.responses.create({ model, input: 'x' }), OpenAI.AuthenticationError, 401);
 });
 
-let failed = 0;
-for (const t of tests) {
-  const t0 = Date.now();
-  try {
-    await t.fn();
-    console.log(`ok   ${t.name} (${Date.now() - t0} ms)`);
-  } catch (e) {
-    failed++;
-    console.log(`FAIL ${t.name}\n     ${(e.stack || String(e)).split('\n').slice(0, 6).join('\n     ')}`);
-  }
-}
-console.log(failed ? `${failed} of ${tests.length} failed` : `all ${tests.length} passed`);
-process.exit(failed ? 1 : 0);
+await run();

@@ -11,6 +11,7 @@ import { execFileSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import Anthropic from '@anthropic-ai/sdk';
 import OpenAI from 'openai';
+import { expectError, run, test } from './harness.mjs';
 
 const { LOOM_URL: base, LOOM_BIN: bin, LOOM_VL_MODEL: modelDir, LOOM_MEDIA: media } = process.env;
 if (!base || !bin || !modelDir || !media) throw new Error('LOOM_URL, LOOM_BIN, LOOM_VL_MODEL, LOOM_MEDIA');
@@ -31,20 +32,10 @@ const generate = (ids, files) => {
   return JSON.parse(out.trim().split('\n').pop());
 };
 
-const tests = [];
-const test = (name, fn) => tests.push({ name, fn });
-
+// A 400 naming param (when given) whose message holds text.
 async function badRequest(promise, param, text) {
-  try {
-    await promise;
-  } catch (e) {
-    assert.ok(e instanceof OpenAI.BadRequestError, `expected BadRequestError, got ${e.constructor.name}: ${e.message}`);
-    assert.equal(e.status, 400);
-    if (param) assert.equal(e.param, param, e.message);
-    assert.ok(e.message.includes(text), `"${e.message}" lacks "${text}"`);
-    return;
-  }
-  assert.fail(`expected a 400 (${text})`);
+  const e = await expectError(promise, OpenAI.BadRequestError, 400, param || undefined);
+  assert.ok(e.message.includes(text), `"${e.message}" lacks "${text}"`);
 }
 
 let first;
@@ -129,7 +120,7 @@ test('a placeholder typed into the text: a 400 naming both counts', async () => 
     messages: [{ role: 'user', content: [{ type: 'text', text: 'see <|image_pad|>' },
                                          part(dataUrl(imgD, 'image/png'))] }],
     max_tokens: 2,
-  }), 'messages', 'rendered 2 image placeholders (token 504) for the request\'s 1 images');
+  }), 'messages', 'has 2 image placeholders (<|image_pad|>) for 1 images');
 });
 
 // The same question through Anthropic's Messages API (an image block) and
@@ -158,15 +149,4 @@ test('an image block on /v1/messages and an input_image on /v1/responses: the ch
   assert.equal(r.output_text, chat.choices[0].message.content);
 });
 
-let failed = 0;
-for (const t of tests) {
-  try {
-    await t.fn();
-    console.log(`ok: ${t.name}`);
-  } catch (e) {
-    failed++;
-    console.log(`FAIL: ${t.name}: ${e.stack || e}`);
-  }
-}
-if (failed) process.exit(1);
-console.log(`all ${tests.length} vision client checks passed`);
+await run();
