@@ -124,8 +124,9 @@ static loom_status check_states(loom_model *m, loom_fwd_state *fs, const char *f
     }
     loom_seq_state_save(cpu->sa, sc);
     loom_seq_state_save(gpu->sa, sg);
-    double e = rel_err(sg, sc, n);
-    verdict(e <= 1e-4, fixture, kvn, "state from the device", e, 1e-4);
+    /* 16-bit weights: the device rounds the projections' inputs too */
+    double e = rel_err(sg, sc, n), stol = tol >= 1e-2 ? tol : 1e-4;
+    verdict(e <= stol, fixture, kvn, "state from the device", e, stol);
     loom_status st = LOOM_OK;
     for (int k = 0; k < 3 && st == LOOM_OK; k++) {
         /* k 0: the CPU; 1: the GPU; 2: the GPU again from the saved state */
@@ -274,6 +275,7 @@ static void run_single(const char *dir, loom_kv_type kvt) {
     double tol = tolerance(m, kvt);
     loom_kv_pool *kv[2] = {NULL, NULL};  /* CPU, GPU */
     loom_kv_seq sq[2][2];
+    loom_seq_state *ss[2][2] = {{NULL, NULL}, {NULL, NULL}};  /* recurrent states (hybrids) */
     memset(sq, 0, sizeof sq);
     loom_fwd_state *fs = NULL;
     loom_cuda_model *g = NULL;
@@ -290,11 +292,14 @@ static void run_single(const char *dir, loom_kv_type kvt) {
         for (int i = 0; i < 200; i++) toks[j][i] = (int32_t)(test_rand_u32(&rng) % (unsigned)V);
     int len[2] = {20, 150};
     for (int i = 0; i < 2 && st == LOOM_OK; i++)
-        for (int j = 0; j < 2 && st == LOOM_OK; j++) st = loom_kv_seq_reserve(kv[i], &sq[i][j], 200);
+        for (int j = 0; j < 2 && st == LOOM_OK; j++) {
+            st = loom_kv_seq_reserve(kv[i], &sq[i][j], 200);
+            if (st == LOOM_OK) st = loom_seq_state_create(m, &ss[i][j]);
+        }
     /* the prompts, one row each */
     for (int j = 0; j < 2; j++)
         for (int i = 0; i < 2 && st == LOOM_OK; i++) {
-            loom_fwd_row row = {.tokens = toks[j], .n = len[j], .seq = &sq[i][j], .logits = LOOM_LOGITS_LAST, .out = out[i], .decode = 0};
+            loom_fwd_row row = {.tokens = toks[j], .n = len[j], .seq = &sq[i][j], .logits = LOOM_LOGITS_LAST, .out = out[i], .state = ss[i][j], .decode = 0};
             st = i ? loom_cuda_forward(g, &kv[i]->lay, &row, 1, NULL, NULL)
                    : loom_forward(m, fs, &kv[0]->lay, &row, 1);
         }
@@ -302,7 +307,7 @@ static void run_single(const char *dir, loom_kv_type kvt) {
         int j = k & 1, pick_step = k >= 6;
         int32_t pick = -1;
         for (int i = 0; i < 2 && st == LOOM_OK; i++) {
-            loom_fwd_row row = {.tokens = toks[j] + len[j], .n = 1, .seq = &sq[i][j], .logits = LOOM_LOGITS_LAST, .out = out[i], .decode = 1};
+            loom_fwd_row row = {.tokens = toks[j] + len[j], .n = 1, .seq = &sq[i][j], .logits = LOOM_LOGITS_LAST, .out = out[i], .state = ss[i][j], .decode = 1};
             st = i ? loom_cuda_forward(g, &kv[i]->lay, &row, 1, pick_step ? &pick : NULL, NULL)
                    : loom_forward(m, fs, &kv[0]->lay, &row, 1);
         }
@@ -322,6 +327,7 @@ static void run_single(const char *dir, loom_kv_type kvt) {
     if (st != LOOM_OK) fail_status("single", dir, kvn, "", st);
 out:
     for (int i = 0; i < 2; i++) {
+        for (int j = 0; j < 2; j++) loom_seq_state_free(ss[i][j]);
         for (int j = 0; j < 2 && kv[i]; j++) loom_kv_seq_release(kv[i], &sq[i][j]);
         loom_kv_pool_free(kv[i]);
         free(out[i]);
