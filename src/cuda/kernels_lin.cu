@@ -144,15 +144,24 @@ extern "C" loom_status loom_cuda_lin_prep(loom_cuda *c, float *d_qkv, float *d_b
 #define LIN_KMAX (LIN_P * LIN_KPT)
 
 /* Per token of the row: S = e^g S; u = beta (v - S^T k); S += k u^T;
- * o = S^T q (linear_attn.c's delta_step), S (dk, dv) in the state. */
+ * o = S^T q (linear_attn.c's delta_step), S (dk, dv) in the state. The
+ * tokens follow one another, so each step's latency is the kernel's: the
+ * next token's q, k (one element of each a thread: blockDim is LIN_KMAX),
+ * v, beta and decay are loaded while this one computes, into the other
+ * half of the double-buffered q/k (one barrier a token), and the sums run
+ * in four independent chains. */
+static_assert(LIN_VB * LIN_P == LIN_KMAX, "a thread loads one q and one k entry a token");
+
 __global__ void __launch_bounds__(LIN_VB * LIN_P)
 lin_delta_kernel(float *o, const float *qkv, const float *beta, const float *gdec,
                  const int32_t *rtok, float *const *state, size_t off, int D, int nk, int nv,
                  int dk, int dv) {
-    __shared__ float qs[LIN_KMAX], ks[LIN_KMAX];
-    int r = blockIdx.x / nv, h = blockIdx.x % nv, kh = h / (nv / nk);
-    int part = threadIdx.x % LIN_P, b = blockIdx.y * LIN_VB + threadIdx.x / LIN_P;
-    int col = b < dv;
+    __shared__ float qs[2][LIN_KMAX], ks[2][LIN_KMAX];
+    int r = blockIdx.x / nv, h = blockIdx.x % nv, kh = h / (nv / nk), tid = threadIdx.x;
+    int part = tid % LIN_P, b = blockIdx.y * LIN_VB + tid / LIN_P;
+    int col = b < dv, own = tid < dk;
+    size_t qo = (size_t)kh * dk + tid, ko = (size_t)(nk + kh) * dk + tid;
+    size_t vo = (size_t)2 * nk * dk + (size_t)h * dv + b;
     float *S = state[r] + off + (size_t)h * dk * dv;
     double s[LIN_KPT];
 #pragma unroll
@@ -160,32 +169,51 @@ lin_delta_kernel(float *o, const float *qkv, const float *beta, const float *gde
         int a = part + LIN_P * i;
         s[i] = col && a < dk ? (double)S[(size_t)a * dv + b] : 0.0;
     }
-    int t1 = rtok[r + 1];
-    for (int t = rtok[r]; t < t1; t++) {
-        const float *x = qkv + (size_t)t * D;
-        __syncthreads();  /* the last token's reads of qs, ks are done */
-        for (int i = threadIdx.x; i < LIN_KMAX; i += blockDim.x) {
-            qs[i] = i < dk ? x[(size_t)kh * dk + i] : 0.0f;
-            ks[i] = i < dk ? x[(size_t)(nk + kh) * dk + i] : 0.0f;
+    int t0 = rtok[r], t1 = rtok[r + 1];
+    /* token t0 into buffer 0 */
+    const float *x = qkv + (size_t)t0 * D;
+    qs[0][tid] = own ? x[qo] : 0.0f;
+    ks[0][tid] = own ? x[ko] : 0.0f;
+    double v = col ? (double)x[vo] : 0.0, bt = beta[(size_t)t0 * nv + h];
+    double decay = exp((double)gdec[(size_t)t0 * nv + h]);
+    __syncthreads();
+    for (int t = t0; t < t1; t++) {
+        int cur = (t - t0) & 1;
+        /* the next token's inputs, in flight during this one's sums */
+        float nq = 0.0f, nkk = 0.0f, nvv = 0.0f, nb = 0.0f, ng = 0.0f;
+        if (t + 1 < t1) {
+            const float *xn = qkv + (size_t)(t + 1) * D;
+            nq = own ? xn[qo] : 0.0f;
+            nkk = own ? xn[ko] : 0.0f;
+            nvv = col ? xn[vo] : 0.0f;
+            nb = beta[(size_t)(t + 1) * nv + h];
+            ng = gdec[(size_t)(t + 1) * nv + h];
         }
-        __syncthreads();
-        double decay = exp((double)gdec[(size_t)t * nv + h]), bt = beta[(size_t)t * nv + h];
-        double kS = 0;
+        const float *q = qs[cur], *k = ks[cur];
+        double kS[4] = {0, 0, 0, 0};
 #pragma unroll
         for (int i = 0; i < LIN_KPT; i++) {
             s[i] *= decay;
-            kS += s[i] * (double)ks[part + LIN_P * i];
+            kS[i % 4] += s[i] * (double)k[part + LIN_P * i];
         }
-        for (int m = 1; m < LIN_P; m <<= 1) kS += __shfl_xor_sync(0xffffffffu, kS, m);
-        double v = col ? (double)x[(size_t)2 * nk * dk + (size_t)h * dv + b] : 0.0;
-        double u = (v - kS) * bt, oq = 0;
+        double ksum = (kS[0] + kS[1]) + (kS[2] + kS[3]);
+        for (int m = 1; m < LIN_P; m <<= 1) ksum += __shfl_xor_sync(0xffffffffu, ksum, m);
+        double u = (v - ksum) * bt, oq[4] = {0, 0, 0, 0};
 #pragma unroll
         for (int i = 0; i < LIN_KPT; i++) {
-            s[i] += (double)ks[part + LIN_P * i] * u;
-            oq += s[i] * (double)qs[part + LIN_P * i];
+            s[i] += (double)k[part + LIN_P * i] * u;
+            oq[i % 4] += s[i] * (double)q[part + LIN_P * i];
         }
-        for (int m = 1; m < LIN_P; m <<= 1) oq += __shfl_xor_sync(0xffffffffu, oq, m);
-        if (col && part == 0) o[((size_t)t * nv + h) * dv + b] = (float)oq;
+        double osum = (oq[0] + oq[1]) + (oq[2] + oq[3]);
+        for (int m = 1; m < LIN_P; m <<= 1) osum += __shfl_xor_sync(0xffffffffu, osum, m);
+        if (col && part == 0) o[((size_t)t * nv + h) * dv + b] = (float)osum;
+        /* buffer cur ^ 1 was last read before the previous barrier */
+        qs[cur ^ 1][tid] = nq;
+        ks[cur ^ 1][tid] = nkk;
+        v = nvv;
+        bt = nb;
+        decay = exp((double)ng);
+        __syncthreads();
     }
 #pragma unroll
     for (int i = 0; i < LIN_KPT; i++) {
