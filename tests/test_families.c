@@ -668,6 +668,122 @@ static void test_multimodal(const char *fixture, const char *arch, int old_style
 /* Hybrid models: chunked prefill and the recurrence agree, and a saved
  * recurrent state (with the KV of its positions) continues exactly like the
  * original sequence. */
+/* A device owner of one slot for the residency test: its "device" copy
+ * is a host buffer of the state's floats (conv states, then delta-rule). */
+typedef struct fake_dev {
+    loom_seq_state_dev d;  /* first: the hooks get &d */
+    float *buf;
+    int pulls, releases;
+} fake_dev;
+
+static loom_status fake_pull(loom_seq_state_dev *d, int slot, float *conv, size_t conv_n,
+                             float *rec, size_t rec_n) {
+    fake_dev *f = (fake_dev *)d;
+    (void)slot;
+    memcpy(conv, f->buf, conv_n * sizeof(float));
+    memcpy(rec, f->buf + conv_n, rec_n * sizeof(float));
+    f->pulls++;
+    return LOOM_OK;
+}
+
+static void fake_release(loom_seq_state_dev *d, int slot) {
+    (void)slot;
+    ((fake_dev *)d)->releases++;
+}
+
+/* The device residency of a recurrent state (what the CUDA forward relies
+ * on): a bound state's host arrays are brought up to date from the device
+ * copy exactly when the host reads them after a device step (save, copy,
+ * a CPU forward), host writes (load, copy into, reset) mark them newer for
+ * the next upload, and freeing a bound state frees its slot. */
+static void test_state_residency(const char *fixture) {
+    char dir[256];
+    snprintf(dir, sizeof dir, "tests/fixtures/models/%s", fixture);
+    loom_model *m = NULL;
+    CHECKF(loom_model_load(dir, NULL, &m) == LOOM_OK, "%s", loom_last_error());
+    if (!m) return;
+    size_t bytes = loom_seq_state_bytes(m), n = bytes / sizeof(float), cn, rn;
+    fake_dev f = {{fake_pull, fake_release}, malloc(bytes), 0, 0};
+    float *out = malloc(bytes), *other = malloc(bytes);
+    loom_seq_state *st = NULL, *dst = NULL, *st2 = NULL;
+    CHECK(loom_seq_state_create(m, &st) == LOOM_OK && loom_seq_state_create(m, &dst) == LOOM_OK &&
+          loom_seq_state_create(m, &st2) == LOOM_OK);
+    const float *rec, *conv;
+    if (!st || !dst || !st2 || !f.buf || !out || !other) goto out;
+    for (size_t i = 0; i < n; i++) other[i] = (float)i * 0.25f;
+    CHECK_EQ_INT(loom_seq_state_dev_slot(st, &f.d), -1);
+    loom_seq_state_dev_bind(st, &f.d, 3);
+    CHECK_EQ_INT(loom_seq_state_dev_slot(st, &f.d), 3);
+    /* just bound: the host arrays are the ones to upload */
+    conv = loom_seq_state_dev_stale(st, &cn, &rec, &rn);
+    CHECK(conv != NULL && cn + rn == n);
+    if (!conv) goto out;
+    memcpy(f.buf, conv, cn * sizeof(float));
+    memcpy(f.buf + cn, rec, rn * sizeof(float));
+    loom_seq_state_dev_synced(st);
+    CHECK(loom_seq_state_dev_stale(st, &cn, &rec, &rn) == NULL);
+    /* a device step: the next save pulls, once */
+    for (size_t i = 0; i < n; i++) f.buf[i] = 1.0f + (float)i;
+    loom_seq_state_dev_advanced(st);
+    CHECK(loom_seq_state_dev_stale(st, &cn, &rec, &rn) == NULL);
+    loom_seq_state_save(st, out);
+    CHECK_EQ_INT(f.pulls, 1);
+    CHECK(!memcmp(out, f.buf, bytes));
+    loom_seq_state_save(st, out);
+    CHECK_EQ_INT(f.pulls, 1);
+    /* a restore on the host: uploaded next */
+    loom_seq_state_load(st, other, 7);
+    CHECK_EQ_INT(loom_seq_state_tokens(st), 7);
+    conv = loom_seq_state_dev_stale(st, &cn, &rec, &rn);
+    CHECK(conv && !memcmp(conv, other, cn * sizeof(float)) &&
+          !memcmp(rec, other + cn, rn * sizeof(float)));
+    /* zeroed on the device, then copied: the copy pulls the zeros */
+    memset(f.buf, 0, bytes);
+    loom_seq_state_dev_zeroed(st);
+    CHECK_EQ_INT(loom_seq_state_tokens(st), 0);
+    loom_seq_state_load(dst, other, 7);
+    loom_seq_state_copy(dst, st);
+    CHECK_EQ_INT(f.pulls, 2);
+    loom_seq_state_save(dst, out);
+    int zero = 1;
+    for (size_t i = 0; i < n; i++) zero &= out[i] == 0.0f;
+    CHECK(zero);
+    /* a CPU forward's check reads the host arrays: pulled first */
+    loom_seq_state_dev_advanced(st);
+    loom_kv_pool *kv = NULL;
+    loom_fwd_state *fs = NULL;
+    loom_kv_seq seq = {0};
+    CHECK(loom_kv_pool_create(m->cfg.n_layers, loom_model_kv_dim(m), 16, 8, LOOM_KV_F32, &kv) == LOOM_OK);
+    CHECK(loom_fwd_state_create(m, 8, 64, &fs) == LOOM_OK);
+    if (kv && fs && loom_kv_seq_reserve(kv, &seq, 2) == LOOM_OK) {
+        int32_t tok[1] = {5};
+        loom_fwd_row row = {.tokens = tok, .n = 1, .seq = &seq, .state = st};
+        CHECK(loom_forward(m, fs, &kv->lay, &row, 1) == LOOM_OK);
+        CHECK_EQ_INT(f.pulls, 3);
+        /* the CPU wrote the host arrays: a device forward uploads them */
+        CHECK(loom_seq_state_dev_stale(st, &cn, &rec, &rn) != NULL);
+        loom_kv_seq_release(kv, &seq);
+    }
+    loom_fwd_state_free(fs);
+    loom_kv_pool_free(kv);
+    /* freed while bound: its slot is released; unbound first: not */
+    loom_seq_state_dev_bind(st2, &f.d, 4);
+    loom_seq_state_free(st2);
+    st2 = NULL;
+    CHECK_EQ_INT(f.releases, 1);
+    loom_seq_state_dev_bind(st, NULL, 0);
+    CHECK_EQ_INT(loom_seq_state_dev_slot(st, &f.d), -1);
+out:
+    loom_seq_state_free(st);
+    loom_seq_state_free(dst);
+    loom_seq_state_free(st2);
+    CHECK_EQ_INT(f.releases, 1);
+    free(f.buf);
+    free(out);
+    free(other);
+    loom_model_free(m);
+}
+
 static void test_recurrent_state(const char *fixture) {
     char dir[256];
     snprintf(dir, sizeof dir, "tests/fixtures/models/%s", fixture);
@@ -748,6 +864,7 @@ int main(void) {
     test_multimodal("gemma4-tiny", "Gemma4ForConditionalGeneration", 0, 1e-5);
     test_recurrent_state("qwen3.5-tiny-hybrid");
     test_recurrent_state("qwen3next-tiny-hybrid-moe");
+    test_state_residency("qwen3.5-tiny-hybrid");
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);

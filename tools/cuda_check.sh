@@ -111,8 +111,10 @@ fwd="$tests/test_cuda_forward"
 # Qwen3-MoE: 64 experts, top 8, width 256 in f32 (bf16 rounding of the
 # attention inputs would move near-tied routing choices, a jump no tolerance
 # bounds), and in bf16 with top k = all 16 experts (routing then moves
-# smoothly) and a shared expert. A model that fails to generate is left out,
-# not the others.
+# smoothly) and a shared expert; the Qwen3.5 and Qwen3-Next hybrid layouts
+# with the real linear-attention heads (16/32 of 128) and gated attention of
+# head_dim 256, Qwen3-Next with all 16 of its experts. A model that fails to
+# generate is left out, not the others.
 gm="$out/tools/gen_model"
 if [ -x "$gm" ] && [ -z "${LOOM_CUDA_TEST_MODELS:-}" ]; then
   small="--hidden 256 --heads 4 --kv-heads 2 --head-dim 64 --intermediate 512 --vocab 512 --layers 3"
@@ -121,7 +123,8 @@ if [ -x "$gm" ] && [ -z "${LOOM_CUDA_TEST_MODELS:-}" ]; then
   for spec in "qwen3-bf16 qwen3-0.6b 7 $small" "llama-bf16 llama3-8b 8 $small" \
               "qwen3-wide qwen3-0.6b 9 $wide --kv-heads 2" "llama-wide llama3-8b 10 $wide --kv-heads 4" \
               "gemma2-bf16 gemma2 11" "gemma3-bf16 gemma3 12" "moe-f32 qwen3moe 13 --dtype f32" \
-              "moe-all-bf16 qwen3moe 14 --experts 16 --experts-used 16 --shared-intermediate 384"; do
+              "moe-all-bf16 qwen3moe 14 --experts 16 --experts-used 16 --shared-intermediate 384" \
+              "qwen35-bf16 qwen3.5 15" "next-all-bf16 qwen3next 16 --experts-used 16"; do
     # shellcheck disable=SC2086
     set -- $spec
     name=$1 preset=$2 seed=$3

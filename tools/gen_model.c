@@ -2,7 +2,8 @@
  * a real checkpoint, for benchmarks that need a model of realistic size but
  * not its trained weights.
  *
- *   gen_model --preset qwen3-0.6b|llama3-8b|gemma2|gemma3|qwen3moe|tiny --dtype bf16
+ *   gen_model --preset qwen3-0.6b|llama3-8b|gemma2|gemma3|qwen3moe|qwen3.5|qwen3next|tiny
+ *             --dtype bf16
  *             --seed 1 --out DIR [--format safetensors|gguf]
  *             [--layers N --hidden N --heads N --kv-heads N --head-dim N
  *              --intermediate N --vocab N --max-pos N --experts N --experts-used N
@@ -68,6 +69,9 @@ typedef struct gm_shape {
     int vocab, hidden, layers, heads, kv_heads, head_dim, inter, max_pos;
     int experts, experts_used, moe_inter; /* routed experts (qwen3_moe), 0 = dense */
     int shared_inter;          /* the gated shared expert's width, 0 = none */
+    /* hybrids (Qwen3.5, Qwen3-Next): Gated DeltaNet layers, every attn_every-th
+     * layer full (gated) attention with partial rotary */
+    int lin_nk, lin_nv, lin_dk, lin_dv, lin_kernel, attn_every;
     double rope_theta, rms_eps;
     int tie;                   /* tie_word_embeddings */
     int bos_id, eos_id;
@@ -104,6 +108,21 @@ static const gm_shape presets[] = {
      .head_dim = 64, .inter = 1024, .max_pos = 4096, .rope_theta = 1000000.0,
      .rms_eps = 1e-6, .tie = 0, .bos_id = 1, .eos_id = 2, .experts = 64, .experts_used = 8,
      .moe_inter = 256},
+    /* Qwen3.5's and Qwen3-Next's hybrid layouts at a small hidden size
+     * with the real linear-attention heads (16 key heads, 32 value heads of
+     * 128) and full-attention heads of 256 every fourth layer: for the GPU
+     * forward tests. */
+    {.preset = "qwen3.5", .arch = "Qwen3_5ForCausalLM", .model_type = "qwen3_5_text",
+     .vocab = 512, .hidden = 512, .layers = 4, .heads = 8, .kv_heads = 2,
+     .head_dim = 256, .inter = 1024, .max_pos = 4096, .rope_theta = 10000000.0,
+     .rms_eps = 1e-6, .tie = 0, .bos_id = 1, .eos_id = 2, .lin_nk = 16, .lin_nv = 32,
+     .lin_dk = 128, .lin_dv = 128, .lin_kernel = 4, .attn_every = 4},
+    {.preset = "qwen3next", .arch = "Qwen3NextForCausalLM", .model_type = "qwen3_next",
+     .vocab = 512, .hidden = 512, .layers = 4, .heads = 8, .kv_heads = 2,
+     .head_dim = 256, .inter = 1024, .max_pos = 4096, .rope_theta = 10000000.0,
+     .rms_eps = 1e-6, .tie = 0, .bos_id = 1, .eos_id = 2, .experts = 16, .experts_used = 4,
+     .moe_inter = 256, .shared_inter = 512, .lin_nk = 16, .lin_nv = 32, .lin_dk = 128,
+     .lin_dv = 128, .lin_kernel = 4, .attn_every = 4},
     /* A few MB: for quick checks of the tool and the benchmark. */
     {.preset = "tiny", .arch = "Qwen3ForCausalLM", .model_type = "qwen3",
      .vocab = 512, .hidden = 64, .layers = 2, .heads = 4, .kv_heads = 2,
@@ -113,13 +132,14 @@ static const gm_shape presets[] = {
 
 /* ---- tensor list -------------------------------------------------------- */
 
-/* GM_INIT_NORM0: norm weights stored as w - 1 (gemma), so ~ N(0, 0.02) */
-enum { GM_INIT_MATRIX, GM_INIT_NORM, GM_INIT_NORM0 };
+/* GM_INIT_NORM0: norm weights stored as w - 1 (gemma, the hybrids), so
+ * ~ N(0, 0.02); GM_INIT_WIDE ~ N(0, 0.5) (the hybrids' conv and decay) */
+enum { GM_INIT_MATRIX, GM_INIT_NORM, GM_INIT_NORM0, GM_INIT_WIDE };
 
 typedef struct gm_tensor {
     char name[96];
     int ndim;
-    int64_t shape[2];
+    int64_t shape[3];
     int init;                  /* GM_INIT_* */
 } gm_tensor;
 
@@ -152,34 +172,70 @@ static void gm_add_expert(gm_tensor *list, int *n, int64_t rows, int64_t cols, c
 
 static int gm_gemma(const gm_shape *s) { return !strncmp(s->model_type, "gemma", 5); }
 
+/* Layer l of a hybrid is linear attention (all but every attn_every-th). */
+static int gm_linear(const gm_shape *s, int l) {
+    return s->attn_every > 0 && (l + 1) % s->attn_every != 0;
+}
+
 /* Qwen3 (dense and MoE) and Gemma 3 have RMSNorms on q and k per head;
  * Llama and Gemma 2 none. */
 static int gm_qk_norm(const gm_shape *s) {
     return !strcmp(s->model_type, "qwen3") || !strcmp(s->model_type, "qwen3_moe") ||
-           !strcmp(s->model_type, "gemma3_text");
+           !strcmp(s->model_type, "gemma3_text") || s->attn_every > 0;
 }
 
 /* Tensors gm_tensors lists for s. */
 static size_t gm_capacity(const gm_shape *s) {
-    return 3 + (13 + 3 * (size_t)s->experts + 5) * (size_t)s->layers;
+    return 3 + (24 + 3 * (size_t)s->experts + 5) * (size_t)s->layers;
 }
 
 /* Fills list (gm_capacity(s) entries) in Hugging Face order; returns the
  * count. */
 static int gm_tensors(const gm_shape *s, gm_tensor *list) {
-    int n = 0, norm = gm_gemma(s) ? GM_INIT_NORM0 : GM_INIT_NORM;
+    int n = 0, norm = gm_gemma(s) || s->attn_every ? GM_INIT_NORM0 : GM_INIT_NORM;
     int64_t H = s->hidden, q = (int64_t)s->heads * s->head_dim;
     int64_t kv = (int64_t)s->kv_heads * s->head_dim, I = s->inter;
     gm_add(list, &n, GM_INIT_MATRIX, s->vocab, H, "model.embed_tokens.weight", 0);
     for (int l = 0; l < s->layers; l++) {
         gm_add(list, &n, norm, H, 0, "model.layers.%d.input_layernorm.weight", l);
-        gm_add(list, &n, GM_INIT_MATRIX, q, H, "model.layers.%d.self_attn.q_proj.weight", l);
-        gm_add(list, &n, GM_INIT_MATRIX, kv, H, "model.layers.%d.self_attn.k_proj.weight", l);
-        gm_add(list, &n, GM_INIT_MATRIX, kv, H, "model.layers.%d.self_attn.v_proj.weight", l);
-        gm_add(list, &n, GM_INIT_MATRIX, H, q, "model.layers.%d.self_attn.o_proj.weight", l);
-        if (gm_qk_norm(s)) {
-            gm_add(list, &n, norm, s->head_dim, 0, "model.layers.%d.self_attn.q_norm.weight", l);
-            gm_add(list, &n, norm, s->head_dim, 0, "model.layers.%d.self_attn.k_norm.weight", l);
+        if (gm_linear(s, l)) {
+            int64_t nk = s->lin_nk, nv = s->lin_nv, vd = nv * s->lin_dv;
+            int64_t conv = 2 * nk * s->lin_dk + vd;
+            if (!strcmp(s->model_type, "qwen3_next")) {
+                gm_add(list, &n, GM_INIT_MATRIX, conv + vd, H,
+                       "model.layers.%d.linear_attn.in_proj_qkvz.weight", l);
+                gm_add(list, &n, GM_INIT_MATRIX, 2 * nv, H,
+                       "model.layers.%d.linear_attn.in_proj_ba.weight", l);
+            } else {
+                gm_add(list, &n, GM_INIT_MATRIX, conv, H,
+                       "model.layers.%d.linear_attn.in_proj_qkv.weight", l);
+                gm_add(list, &n, GM_INIT_MATRIX, vd, H,
+                       "model.layers.%d.linear_attn.in_proj_z.weight", l);
+                gm_add(list, &n, GM_INIT_MATRIX, nv, H,
+                       "model.layers.%d.linear_attn.in_proj_b.weight", l);
+                gm_add(list, &n, GM_INIT_MATRIX, nv, H,
+                       "model.layers.%d.linear_attn.in_proj_a.weight", l);
+            }
+            gm_add(list, &n, GM_INIT_WIDE, conv, 1, "model.layers.%d.linear_attn.conv1d.weight", l);
+            list[n - 1].ndim = 3;
+            list[n - 1].shape[2] = s->lin_kernel;
+            gm_add(list, &n, GM_INIT_WIDE, nv, 0, "model.layers.%d.linear_attn.A_log", l);
+            gm_add(list, &n, GM_INIT_MATRIX, nv, 0, "model.layers.%d.linear_attn.dt_bias", l);
+            gm_add(list, &n, GM_INIT_NORM, s->lin_dv, 0, "model.layers.%d.linear_attn.norm.weight", l);
+            gm_add(list, &n, GM_INIT_MATRIX, H, vd, "model.layers.%d.linear_attn.out_proj.weight", l);
+        } else {
+            /* the hybrids' q_proj also yields the output gate: [query | gate] per head */
+            gm_add(list, &n, GM_INIT_MATRIX, s->attn_every ? 2 * q : q, H,
+                   "model.layers.%d.self_attn.q_proj.weight", l);
+            gm_add(list, &n, GM_INIT_MATRIX, kv, H, "model.layers.%d.self_attn.k_proj.weight", l);
+            gm_add(list, &n, GM_INIT_MATRIX, kv, H, "model.layers.%d.self_attn.v_proj.weight", l);
+            gm_add(list, &n, GM_INIT_MATRIX, H, q, "model.layers.%d.self_attn.o_proj.weight", l);
+            if (gm_qk_norm(s)) {
+                gm_add(list, &n, norm, s->head_dim, 0, "model.layers.%d.self_attn.q_norm.weight",
+                       l);
+                gm_add(list, &n, norm, s->head_dim, 0, "model.layers.%d.self_attn.k_norm.weight",
+                       l);
+            }
         }
         gm_add(list, &n, norm, H, 0, "model.layers.%d.post_attention_layernorm.weight", l);
         if (gm_gemma(s)) {
@@ -249,6 +305,7 @@ static void gm_fill(const gm_tensor *t, uint64_t seed, size_t start, size_t n, f
         float z = (sum - 2.0f * 65535.0f) * scale;
         out[i] = t->init == GM_INIT_NORM    ? 1.0f + GM_NORM_STD * z
                  : t->init == GM_INIT_NORM0 ? GM_NORM_STD * z
+                 : t->init == GM_INIT_WIDE  ? 0.5f * z
                                             : GM_MATRIX_STD * z;
     }
 }
@@ -420,7 +477,7 @@ static int gm_write_safetensors(const gm_job *j) {
         size_t bytes = gm_numel(t) * es;
         ok = gm_printf(&h, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[%lld", t->name,
                        loom_dtype_name(j->dtype), (long long)t->shape[0]);
-        if (ok && t->ndim == 2) ok = gm_printf(&h, ",%lld", (long long)t->shape[1]);
+        for (int d = 1; d < t->ndim && ok; d++) ok = gm_printf(&h, ",%lld", (long long)t->shape[d]);
         if (ok) ok = gm_printf(&h, "],\"data_offsets\":[%zu,%zu]}", off, off + bytes);
         off += bytes;
     }
@@ -453,9 +510,12 @@ static const char *gm_torch_dtype(loom_dtype t) {
  * Qwen3ForCausalLM (the form of the published Qwen3 checkpoints). */
 static int gm_write_config_gemma(const gm_job *j);
 
+static int gm_write_config_hybrid(const gm_job *j);
+
 static int gm_write_config(const gm_job *j) {
     const gm_shape *s = j->shape;
     if (gm_gemma(s)) return gm_write_config_gemma(j);
+    if (s->attn_every) return gm_write_config_hybrid(j);
     /* Qwen3-MoE's keys (decoder_sparse_step 1: every layer routed) */
     char moe[512] = "";
     if (s->experts)
@@ -568,6 +628,68 @@ static int gm_write_config_gemma(const gm_job *j) {
         g3 ? "null" : "30.0", s->head_dim, s->hidden, s->inter, types, s->max_pos,
         s->model_type, s->heads, s->layers, s->kv_heads, s->head_dim, s->rms_eps, rope,
         s->tie ? "true" : "false", s->vocab);
+    return gm_commit(f, w > 0, tmp, j->dir, "config.json");
+}
+
+/* config.json as transformers 5 writes Qwen3_5ForCausalLM (text) and
+ * Qwen3NextForCausalLM: explicit layer_types, the linear-attention heads,
+ * partial rotary 0.25; Qwen3-Next's routed and shared experts. */
+static int gm_write_config_hybrid(const gm_job *j) {
+    const gm_shape *s = j->shape;
+    char types[4096] = "", moe[512] = "";
+    size_t w0 = 0;
+    for (int l = 0; l < s->layers && w0 < sizeof types - 64; l++)
+        w0 += (size_t)snprintf(types + w0, sizeof types - w0, "%s\"%s_attention\"", l ? ", " : "",
+                               gm_linear(s, l) ? "linear" : "full");
+    if (s->experts)
+        snprintf(moe, sizeof moe,
+                 "  \"decoder_sparse_step\": 1,\n"
+                 "  \"mlp_only_layers\": [],\n"
+                 "  \"moe_intermediate_size\": %d,\n"
+                 "  \"norm_topk_prob\": true,\n"
+                 "  \"num_experts\": %d,\n"
+                 "  \"num_experts_per_tok\": %d,\n"
+                 "  \"shared_expert_intermediate_size\": %d,\n",
+                 s->moe_inter, s->experts, s->experts_used, s->shared_inter);
+    char tmp[4096];
+    FILE *f = gm_open_tmp(j->dir, "config.json", tmp, sizeof tmp);
+    if (!f) return 0;
+    int w = fprintf(f,
+        "{\n"
+        "  \"architectures\": [\"%s\"],\n"
+        "  \"attention_bias\": false,\n"
+        "  \"bos_token_id\": %d,\n"
+        "%s"
+        "  \"dtype\": \"%s\",\n"
+        "  \"eos_token_id\": %d,\n"
+        "  \"full_attention_interval\": %d,\n"
+        "  \"head_dim\": %d,\n"
+        "  \"hidden_act\": \"silu\",\n"
+        "  \"hidden_size\": %d,\n"
+        "  \"intermediate_size\": %d,\n"
+        "  \"layer_types\": [%s],\n"
+        "  \"linear_conv_kernel_dim\": %d,\n"
+        "  \"linear_key_head_dim\": %d,\n"
+        "  \"linear_num_key_heads\": %d,\n"
+        "  \"linear_num_value_heads\": %d,\n"
+        "  \"linear_value_head_dim\": %d,\n"
+        "  \"max_position_embeddings\": %d,\n"
+        "  \"model_type\": \"%s\",\n"
+        "  \"num_attention_heads\": %d,\n"
+        "  \"num_hidden_layers\": %d,\n"
+        "  \"num_key_value_heads\": %d,\n"
+        "  \"partial_rotary_factor\": 0.25,\n"
+        "  \"rms_norm_eps\": %g,\n"
+        "  \"rope_parameters\": {\"partial_rotary_factor\": 0.25, \"rope_theta\": %.1f, "
+        "\"rope_type\": \"default\"},\n"
+        "  \"tie_word_embeddings\": %s,\n"
+        "  \"transformers_version\": \"5.17.0\",\n"
+        "  \"vocab_size\": %d\n"
+        "}\n",
+        s->arch, s->bos_id, moe, gm_torch_dtype(j->dtype), s->eos_id, s->attn_every,
+        s->head_dim, s->hidden, s->inter, types, s->lin_kernel, s->lin_dk, s->lin_nk, s->lin_nv,
+        s->lin_dv, s->max_pos, s->model_type, s->heads, s->layers, s->kv_heads, s->rms_eps,
+        s->rope_theta, s->tie ? "true" : "false", s->vocab);
     return gm_commit(f, w > 0, tmp, j->dir, "config.json");
 }
 
@@ -1041,7 +1163,8 @@ static int mkdir_p(const char *dir) {
 
 static void usage(FILE *f) {
     fprintf(f,
-        "usage: gen_model --out DIR [--preset qwen3-0.6b|llama3-8b|gemma2|gemma3|qwen3moe|tiny]\n"
+        "usage: gen_model --out DIR [--preset qwen3-0.6b|llama3-8b|gemma2|gemma3|qwen3moe|qwen3.5|\n"
+        "                 qwen3next|tiny]\n"
         "                 [--dtype bf16|f16|f32|q8_0|q4_0] [--seed N]\n"
         "                 [--format safetensors|gguf]\n"
         "                 [--layers N] [--hidden N] [--heads N] [--kv-heads N]\n"
@@ -1140,7 +1263,7 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < LOOM_ARRAY_LEN(presets); i++)
         if (!strcmp(presets[i].preset, preset)) p = &presets[i];
     if (!p) {
-        fprintf(stderr, "gen_model: unknown preset \"%s\" (expected qwen3-0.6b, llama3-8b, gemma2, gemma3, qwen3moe or tiny)\n",
+        fprintf(stderr, "gen_model: unknown preset \"%s\" (expected qwen3-0.6b, llama3-8b, gemma2, gemma3, qwen3moe, qwen3.5, qwen3next or tiny)\n",
                 preset);
         return 2;
     }
@@ -1154,9 +1277,9 @@ int main(int argc, char **argv) {
         moe_ov |= o >= 8 && ov[o];
     }
     if (untied) s.tie = 0;
-    if (moe_ov && strcmp(s.model_type, "qwen3_moe")) {
+    if (moe_ov && !p->experts) {
         fprintf(stderr, "gen_model: --experts, --experts-used, --moe-intermediate and "
-                "--shared-intermediate need --preset qwen3moe (preset %s is %s)\n", s.preset,
+                "--shared-intermediate need --preset qwen3moe or qwen3next (preset %s is %s)\n", s.preset,
                 s.arch);
         return 2;
     }

@@ -312,6 +312,53 @@ loom_status loom_cuda_moe_combine(loom_cuda *c, float *d_out, int acc, const flo
 loom_status loom_cuda_moe_gate_add(loom_cuda *c, float *d_out, const float *d_y, const float *d_g,
                                    int T, int n);
 
+/* ---- Gated DeltaNet (kernels_lin.cu; reference src/model/linear_attn.c) -- */
+
+/* A step's rows (d_rtok [n_rows + 1]: row r owns tokens [rtok[r],
+ * rtok[r + 1])) each carry their recurrent state on the device: d_state
+ * [n_rows] points at each row's slot, off (floats) at the layer's part of
+ * it (conv state (K - 1, D) oldest first; delta-rule state (nv, dk, dv)). */
+
+/* d_out (T, D) = silu(causal depthwise conv of d_in (T, D) with d_w (D, K)),
+ * the K - 1 inputs before a row's first token read from its conv state;
+ * then each row's conv state becomes the last K - 1 of (state, inputs). */
+loom_status loom_cuda_lin_conv(loom_cuda *c, float *d_out, const float *d_in, const float *d_w,
+                               int K, int D, int T, int n_rows, const int32_t *d_rtok,
+                               float *const *d_state, size_t off);
+
+/* In place on d_qkv (T, D) = [q (nk dk) | k (nk dk) | v]: q and k heads
+ * L2-normalised (q also by 1/sqrt(dk)); d_beta, d_g (T, nv) = sigmoid(b),
+ * neg_a * softplus(a + dt_bias) from d_b, d_a (T, nv). */
+loom_status loom_cuda_lin_prep(loom_cuda *c, float *d_qkv, float *d_beta, float *d_g,
+                               const float *d_b, const float *d_a, const float *d_neg_a,
+                               const float *d_dt_bias, int T, int D, int nk, int dk, int nv);
+
+/* The gated delta rule along each row, token by token, d_o (T, nv, dv) from
+ * d_qkv as loom_cuda_lin_prep leaves it; the rows' states advance. Value
+ * head h reads key head h / (nv / nk); dk up to loom_cuda_lin_delta_max_k(). */
+loom_status loom_cuda_lin_delta(loom_cuda *c, float *d_o, const float *d_qkv,
+                                const float *d_beta, const float *d_g, int n_rows,
+                                const int32_t *d_rtok, float *const *d_state, size_t off, int D,
+                                int nk, int nv, int dk, int dv);
+int loom_cuda_lin_delta_max_k(void);
+
+/* d_y (T, nv, dv) = rmsnorm(d_o) * d_w [dv] * silu(d_z) per (token, head). */
+loom_status loom_cuda_lin_gated_norm(loom_cuda *c, float *d_y, const float *d_o, const float *d_z,
+                                     const float *d_w, int T, int nv, int dv, float eps);
+
+/* Qwen3-Next's projections grouped by key head: d_raw_qkvz (T, nk (2 dk +
+ * 2 rep dv)) into d_qkv (T, D) and d_z (T, nk rep dv); d_raw_ba (T, nk 2 rep)
+ * into d_b, d_a (T, nk rep). */
+loom_status loom_cuda_lin_split(loom_cuda *c, float *d_qkv, float *d_z, float *d_b, float *d_a,
+                                const float *d_raw_qkvz, const float *d_raw_ba, int T, int nk,
+                                int dk, int rep, int dv, int D);
+
+/* Gated attention: d_raw (T, nh, 2 hd), per head [query | gate], into d_q
+ * and d_gate (T, nh, hd); after the attention d_x *= sigmoid(d_gate). */
+loom_status loom_cuda_attn_gate_split(loom_cuda *c, float *d_q, float *d_gate,
+                                      const float *d_raw, int T, int nh, int hd);
+loom_status loom_cuda_attn_gate_mul(loom_cuda *c, float *d_x, const float *d_gate, size_t n);
+
 /* ---- paged attention --------------------------------------------------- */
 
 /* One layer's view of the paged KV pool (src/model/kv_layout.h): the K (V) row

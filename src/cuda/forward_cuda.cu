@@ -63,6 +63,7 @@ extern "C" {
 #include "base/base.h"
 #include "model/forward.h"
 #include "model/kv_layout.h"
+#include "model/linear_attn.h"
 #include "model/model.h"
 }
 
@@ -163,6 +164,15 @@ typedef struct dlayer {
     dweight sgu, sdown;        /* shared expert: (2 * inter, hidden) gate | up, (hidden, inter);
                                   sgu.rows 0 = none */
     dweight sgate;             /* (1, hidden): its sigmoid gate */
+    int gated;                 /* q_proj yields [query | gate] per head (Qwen3.5, Qwen3-Next) */
+    /* a Gated DeltaNet token mixer instead of attention (kernels_lin.cu) */
+    int lin;                   /* 1: the fields below replace the attention's */
+    int lin_fused;             /* in_qkvz/in_ba grouped by key head (Qwen3-Next) */
+    int lin_slot;              /* index among the linear layers (recurrent state) */
+    dweight in_qkv, in_z, in_b, in_a, in_qkvz, in_ba, lin_out;
+    const float *conv_w;       /* device (conv_dim, kernel) */
+    const float *neg_a, *dt_bias;  /* device [n_v] */
+    const float *lin_norm;     /* device [v_dim] gated RMSNorm weight */
 } dlayer;
 
 struct loom_cuda_model {
@@ -209,6 +219,30 @@ struct loom_cuda_model {
     float *m_hb;               /* (step_tokens, max(K * 2 moe_inter, 2 shared inter)) gate | up */
     float *m_ab;               /* (step_tokens, max(K * moe_inter, shared inter)) act * up */
     float *m_y;                /* (step_tokens, K, hidden) each pair's expert output */
+    /* gated attention (device; models with the output gate only) */
+    float *qraw;               /* (step_tokens, 2 * n_heads * head_dim) [query | gate] per head */
+    float *gate;               /* (step_tokens, n_heads * head_dim) */
+    /* linear attention's scratch (device; hybrid models only) */
+    float *l_qkv, *l_conv;     /* (step_tokens, conv_dim) conv input, conv output then normed */
+    float *l_z, *l_o, *l_y;    /* (step_tokens, n_v * v_dim) gate z, delta-rule output, normed */
+    float *l_b, *l_a;          /* (step_tokens, n_v) */
+    float *l_beta, *l_g;       /* (step_tokens, n_v) */
+    float *l_raw;              /* (step_tokens, in_qkvz rows) grouped projections, or NULL */
+    float *l_raw_ba;           /* (step_tokens, 2 n_v), or NULL */
+    /* Recurrent states on the device: one slot per bound host state (the
+     * slot's buffer is the layout of loom_seq_state_save: conv states of
+     * every linear layer, then delta-rule states), kept for reuse when
+     * the state is freed. d_sptr [step_tokens] holds the step's rows' slot
+     * pointers (fixed address: decode graphs read it), staged in h_sptr. */
+    loom_seq_state_dev sdev;   /* the hooks the states call (first: container of g) */
+    struct dslot {
+        loom_seq_state *st;    /* borrowed; NULL: free */
+        float *d;              /* owned (one of allocs) */
+    } *slots;                  /* owned [n_slots] */
+    int n_slots;
+    size_t conv_n, rec_n;      /* floats of a slot's two parts */
+    float **d_sptr;            /* device [step_tokens] */
+    float **h_sptr;            /* pinned [step_tokens] */
     float *cs, *sn;            /* (n_ropes, step_tokens, max_half) */
     int max_half;
     const double *inv_freq[LOOM_MAX_ROPES]; /* device [rot_dim / 2] per rope */
@@ -356,9 +390,38 @@ static loom_status linear(loom_cuda_model *g, float *y, const float *x, const dw
 
 static void st_flush(loom_cuda_model *g);
 
+static loom_cuda_model *of_sdev(loom_seq_state_dev *d) {
+    return (loom_cuda_model *)((char *)d - offsetof(loom_cuda_model, sdev));
+}
+
+/* loom_seq_state_dev.pull: a slot's state into the host arrays. */
+static loom_status sdev_pull(loom_seq_state_dev *d, int slot, float *conv, size_t conv_n,
+                             float *rec, size_t rec_n) {
+    loom_cuda_model *g = of_sdev(d);
+    if (slot < 0 || slot >= g->n_slots || conv_n != g->conv_n || rec_n != g->rec_n)
+        return loom_err(LOOM_ERR_INTERNAL, "cuda forward: state slot %d of %d, %zu + %zu floats "
+                        "(expected %zu + %zu)", slot, g->n_slots, conv_n, rec_n, g->conv_n,
+                        g->rec_n);
+    const float *src = g->slots[slot].d;
+    loom_status st = loom_cuda_download(g->c, conv, src, conv_n * sizeof(float));
+    if (st == LOOM_OK) st = loom_cuda_download(g->c, rec, src + conv_n, rec_n * sizeof(float));
+    return st;
+}
+
+/* loom_seq_state_dev.release: the slot serves the next state bound. */
+static void sdev_release(loom_seq_state_dev *d, int slot) {
+    loom_cuda_model *g = of_sdev(d);
+    if (slot >= 0 && slot < g->n_slots) g->slots[slot].st = NULL;
+}
+
 extern "C" void loom_cuda_model_free(loom_cuda_model *g) {
     if (!g) return;
     if (g->c) loom_cuda_sync(g->c);
+    /* states outlive the model: their host arrays take the live copy */
+    for (int i = 0; i < g->n_slots; i++)
+        if (g->slots[i].st) loom_seq_state_dev_bind(g->slots[i].st, NULL, 0);
+    free(g->slots);
+    if (g->h_sptr) cudaFreeHost(g->h_sptr);
     st_flush(g);
     for (int i = 0; i < 2 && g->st_on; i++)
         for (int k = 0; k < 3; k++) cudaEventDestroy(g->st_ev[i][k]);
@@ -381,8 +444,6 @@ static loom_status check_model(const loom_model *m) {
         unsigned flags;
         const char *what;
     } bad[] = {
-        {LOOM_ARCH_LINEAR | LOOM_ARCH_LINEAR_FUSED, "linear-attention (Gated DeltaNet) layers"},
-        {LOOM_ARCH_ATTN_GATE, "gated attention"},
         {LOOM_ARCH_V_NORM, "value norms"},
         {LOOM_ARCH_PLE, "per-layer inputs"},
         {LOOM_ARCH_LAYER_SCALAR, "layer scalars"},
@@ -393,15 +454,33 @@ static loom_status check_model(const loom_model *m) {
             return loom_err(LOOM_ERR_UNSUPPORTED, "cuda forward: %s needs %s, which the CUDA "
                             "forward does not have (flags 0x%x)", m->arch->name, bad[i].what,
                             m->arch->flags & bad[i].flags);
-    if (m->has_ple || m->n_linear > 0)
-        return loom_err(LOOM_ERR_UNSUPPORTED, "cuda forward: %s has per-layer inputs or linear "
-                        "attention", m->arch->name);
+    if (m->has_ple)
+        return loom_err(LOOM_ERR_UNSUPPORTED, "cuda forward: %s has per-layer inputs",
+                        m->arch->name);
+    if (m->n_linear > 0) {
+        int nk = c->lin_n_k_heads, nv = c->lin_n_v_heads, dk = c->lin_k_head_dim;
+        int dv = c->lin_v_head_dim;
+        if (nk <= 0 || nv % nk || dk > loom_cuda_lin_delta_max_k() || c->lin_conv_kernel < 1)
+            return loom_err(LOOM_ERR_UNSUPPORTED, "cuda forward: linear attention with %d key "
+                            "heads of %d, %d value heads of %d, conv kernel %d (expected key dims "
+                            "up to %d)", nk, dk, nv, dv, c->lin_conv_kernel,
+                            loom_cuda_lin_delta_max_k());
+    }
     for (int l = 0; l < c->n_layers; l++) {
         const loom_layer *L = &m->layers[l];
-        if (L->kind == LOOM_LAYER_LINEAR || L->moe_beside || L->attn.k_eq_v ||
-            L->attn.kv_layer != l || L->out_scale != 1.0f)
-            return loom_err(LOOM_ERR_UNSUPPORTED, "cuda forward: layer %d is not an attention + "
-                            "MLP or MoE layer (with or without sandwich norms)", l);
+        int lin = L->kind == LOOM_LAYER_LINEAR;
+        if (lin && L->lin.fused &&
+            (L->lin.in_qkvz.rows != m->lin_conv_dim + c->lin_n_v_heads * c->lin_v_head_dim ||
+             L->lin.in_ba.rows != 2 * c->lin_n_v_heads))
+            return loom_err(LOOM_ERR_UNSUPPORTED, "cuda forward: layer %d: grouped projections of "
+                            "%d and %d rows (expected %d and %d)", l, L->lin.in_qkvz.rows,
+                            L->lin.in_ba.rows, m->lin_conv_dim + c->lin_n_v_heads *
+                            c->lin_v_head_dim, 2 * c->lin_n_v_heads);
+        if (L->moe_beside || (!lin && (L->attn.k_eq_v || L->attn.kv_layer != l)) ||
+            L->out_scale != 1.0f)
+            return loom_err(LOOM_ERR_UNSUPPORTED, "cuda forward: layer %d is not an attention or "
+                            "linear-attention + MLP or MoE layer (with or without sandwich norms)",
+                            l);
         if (L->is_moe && (L->moe.in_scale || L->moe.expert_scale || L->post_ffn_norm ||
                           c->n_experts_used > LOOM_CUDA_MOE_KMAX))
             return loom_err(LOOM_ERR_UNSUPPORTED, "cuda forward: layer %d: MoE with router "
@@ -486,6 +565,32 @@ static loom_status up_moe(loom_cuda_model *g, dlayer *D, const loom_layer *S, in
     return LOOM_OK;
 }
 
+/* A linear-attention layer's projections, conv, decay and norm weights. */
+static loom_status up_lin(loom_cuda_model *g, dlayer *D, const loom_layer *S) {
+    const loom_config *cf = &g->m->cfg;
+    const loom_linattn *A = &S->lin;
+    int nv = cf->lin_n_v_heads, K = cf->lin_conv_kernel;
+    D->lin = 1;
+    D->lin_fused = A->fused;
+    D->lin_slot = A->slot;
+    loom_status st;
+    if (A->fused) {
+        st = up_weight(g, &D->in_qkvz, &A->in_qkvz, "linear_attn.in_proj_qkvz");
+        if (st == LOOM_OK) st = up_weight(g, &D->in_ba, &A->in_ba, "linear_attn.in_proj_ba");
+    } else {
+        st = up_weight(g, &D->in_qkv, &A->in_qkv, "linear_attn.in_proj_qkv");
+        if (st == LOOM_OK) st = up_weight(g, &D->in_z, &A->in_z, "linear_attn.in_proj_z");
+        if (st == LOOM_OK) st = up_weight(g, &D->in_b, &A->in_b, "linear_attn.in_proj_b");
+        if (st == LOOM_OK) st = up_weight(g, &D->in_a, &A->in_a, "linear_attn.in_proj_a");
+    }
+    if (st == LOOM_OK) st = up_weight(g, &D->lin_out, &A->out, "linear_attn.out_proj");
+    if (st == LOOM_OK) st = up_vec(g, &D->conv_w, A->conv, g->m->lin_conv_dim * K);
+    if (st == LOOM_OK) st = up_vec(g, &D->neg_a, A->neg_a, nv);
+    if (st == LOOM_OK) st = up_vec(g, &D->dt_bias, A->dt_bias, nv);
+    if (st == LOOM_OK) st = up_vec(g, &D->lin_norm, A->norm, cf->lin_v_head_dim);
+    return st;
+}
+
 extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
                                               const struct loom_kv_layout *kv, int step_tokens,
                                               int max_ctx, loom_cuda_model **out) {
@@ -522,11 +627,14 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
         const loom_attn *A = &S->attn;
         dlayer *D = &g->layers[l];
         int qd = A->wq.rows, kvd = A->wk.rows, hd = A->head_dim, nh_ = cf->n_heads;
-        if (st == LOOM_OK) st = up_weight(g, &D->wq, &A->wq, "q_proj");
-        if (st == LOOM_OK) st = up_weight(g, &D->wk, &A->wk, "k_proj");
-        if (st == LOOM_OK) st = up_weight(g, &D->wv, &A->wv, "v_proj");
+        int att = S->kind != LOOM_LAYER_LINEAR;
+        if (st == LOOM_OK && !att) st = up_lin(g, D, S);
+        D->gated = att && (m->arch->flags & LOOM_ARCH_ATTN_GATE) != 0;
+        if (st == LOOM_OK && att) st = up_weight(g, &D->wq, &A->wq, "q_proj");
+        if (st == LOOM_OK && att) st = up_weight(g, &D->wk, &A->wk, "k_proj");
+        if (st == LOOM_OK && att) st = up_weight(g, &D->wv, &A->wv, "v_proj");
         /* q, k and v of one dense type side by side: one GEMM for all three */
-        D->fused_qkv = st == LOOM_OK && !D->wq.quant && !D->wk.quant && !D->wv.quant &&
+        D->fused_qkv = st == LOOM_OK && att && !D->gated && !D->wq.quant && !D->wk.quant && !D->wv.quant &&
                        D->wq.dt == D->wk.dt && D->wq.dt == D->wv.dt && D->wq.cols == D->wk.cols &&
                        D->wq.cols == D->wv.cols && qd == nh_ * hd && kvd == A->n_kv_heads * hd;
         if (D->fused_qkv) {
@@ -559,7 +667,7 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
                 free(b);
             }
         }
-        if (st == LOOM_OK) st = up_weight(g, &D->wo, &A->wo, "o_proj");
+        if (st == LOOM_OK && att) st = up_weight(g, &D->wo, &A->wo, "o_proj");
         if (st == LOOM_OK && S->is_moe) st = up_moe(g, D, S, l);
         const loom_weight *wg = &S->mlp.gate, *wu = &S->mlp.up;
         D->fused_gu = !S->is_moe && wg->dtype == wu->dtype && wg->cols == wu->cols &&
@@ -630,7 +738,10 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
     int sandwich = 0;
     for (int l = 0; l < L && st == LOOM_OK; l++)
         sandwich |= g->layers[l].post_attn_norm || g->layers[l].post_ffn_norm;
-    if (st == LOOM_OK && L > 0 && !sandwich && !g->layers[0].wq.quant &&
+    /* Hybrids (linear attention, the attention's output gate) take it too:
+     * their own kernels read and write f32. */
+    int hybrid = m->n_linear > 0 || (m->arch->flags & LOOM_ARCH_ATTN_GATE);
+    if (st == LOOM_OK && L > 0 && !sandwich && !hybrid && !g->layers[0].wq.quant &&
         g->layers[0].wq.dt != LOOM_CUDA_F32) {
         loom_cuda_dtype t = g->layers[0].wq.dt;
         int ok = 1;
@@ -699,6 +810,35 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
         if (st == LOOM_OK) st = g_alloc(g, (void **)&g->m_ab, T * mab * 4);
         if (st == LOOM_OK) st = g_alloc(g, (void **)&g->m_y, T * K * H * 4);
     }
+    if (st == LOOM_OK && (m->arch->flags & LOOM_ARCH_ATTN_GATE)) {
+        st = g_alloc(g, (void **)&g->qraw, 2 * T * qd * 4);
+        if (st == LOOM_OK) st = g_alloc(g, (void **)&g->gate, T * qd * 4);
+    }
+    if (st == LOOM_OK && m->n_linear > 0) {
+        size_t Dc = (size_t)m->lin_conv_dim, nv = (size_t)cf->lin_n_v_heads;
+        size_t VD = nv * cf->lin_v_head_dim;
+        st = g_alloc(g, (void **)&g->l_qkv, T * Dc * 4);
+        if (st == LOOM_OK) st = g_alloc(g, (void **)&g->l_conv, T * Dc * 4);
+        if (st == LOOM_OK) st = g_alloc(g, (void **)&g->l_z, T * VD * 4);
+        if (st == LOOM_OK) st = g_alloc(g, (void **)&g->l_o, T * VD * 4);
+        if (st == LOOM_OK) st = g_alloc(g, (void **)&g->l_y, T * VD * 4);
+        if (st == LOOM_OK) st = g_alloc(g, (void **)&g->l_b, T * nv * 4);
+        if (st == LOOM_OK) st = g_alloc(g, (void **)&g->l_a, T * nv * 4);
+        if (st == LOOM_OK) st = g_alloc(g, (void **)&g->l_beta, T * nv * 4);
+        if (st == LOOM_OK) st = g_alloc(g, (void **)&g->l_g, T * nv * 4);
+        if (st == LOOM_OK && (m->arch->flags & LOOM_ARCH_LINEAR_FUSED)) {
+            st = g_alloc(g, (void **)&g->l_raw, T * (Dc + VD) * 4);
+            if (st == LOOM_OK) st = g_alloc(g, (void **)&g->l_raw_ba, T * 2 * nv * 4);
+        }
+        if (st == LOOM_OK) st = g_alloc(g, (void **)&g->d_sptr, T * sizeof(float *));
+        if (st == LOOM_OK && cudaMallocHost((void **)&g->h_sptr, T * sizeof(float *)) != cudaSuccess)
+            st = loom_err(LOOM_ERR_NOMEM, "cuda forward: pinned host memory for %zu state "
+                          "pointers", T);
+        g->conv_n = (size_t)(cf->lin_conv_kernel - 1) * Dc * m->n_linear;
+        g->rec_n = nv * cf->lin_k_head_dim * cf->lin_v_head_dim * m->n_linear;
+        g->sdev.pull = sdev_pull;
+        g->sdev.release = sdev_release;
+    }
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->cs, rope_n * 4);
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->sn, rope_n * 4);
     if (st == LOOM_OK) st = loom_cuda_memset0(c, g->cs, rope_n * 4);
@@ -746,10 +886,87 @@ static loom_status check_rows(const loom_cuda_model *g, const loom_kv_layout *kv
     if (kv->n_blocks != g->kv_blocks || kv->block_size != g->kv_bs || kv->row_bytes != g->kv_row_bytes)
         return loom_err(LOOM_ERR_INVALID_ARG, "cuda forward: KV pool differs from the one the "
                         "model was created with");
-    for (int r = 0; r < n_rows; r++)
+    for (int r = 0; r < n_rows && g->m->n_linear == 0; r++)
         if (rows[r].state)
             return loom_err(LOOM_ERR_INVALID_ARG, "forward: row %d carries a recurrent state", r);
     return loom_fwd_check_rows(g->m, rows, n_rows, kv->block_size, g->max_ctx, g->step_tokens, total);
+}
+
+/* A device slot for st: a free one, else a new one. */
+static loom_status bind_slot(loom_cuda_model *g, loom_seq_state *st, int *out) {
+    int i = 0;
+    while (i < g->n_slots && g->slots[i].st) i++;
+    if (i == g->n_slots) {
+        struct loom_cuda_model::dslot *ns = (struct loom_cuda_model::dslot *)realloc(
+            g->slots, sizeof *ns * (size_t)(g->n_slots + 1));
+        if (!ns) return loom_err(LOOM_ERR_NOMEM, "out of memory");
+        g->slots = ns;
+        void *d = NULL;
+        loom_status st = g_alloc(g, &d, (g->conv_n + g->rec_n) * sizeof(float));
+        if (st != LOOM_OK) return st;
+        g->slots[g->n_slots++] = {NULL, (float *)d};
+    }
+    loom_seq_state_dev_bind(st, &g->sdev, i);
+    g->slots[i].st = st;
+    *out = i;
+    return LOOM_OK;
+}
+
+/* The rows' recurrent states onto the device before the body: each bound
+ * to a slot, zeroed there for a row at position 0, or uploaded where the
+ * host changed it (a snapshot restored, a copy); d_sptr gets their slots.
+ * Checks first what loom_fwd_check_states checks, then changes anything. */
+static loom_status lin_states(loom_cuda_model *g, const loom_fwd_row *rows, int n_rows) {
+    const loom_model *m = g->m;
+    if (m->n_linear == 0) return LOOM_OK;
+    for (int r = 0; r < n_rows; r++) {
+        loom_seq_state *st = rows[r].state;
+        size_t cn, rn;
+        const float *rec;
+        if (!st)
+            return loom_err(LOOM_ERR_INVALID_ARG, "forward: row %d has no recurrent state (the "
+                            "model has %d linear-attention layers)", r, m->n_linear);
+        loom_seq_state_dev_stale(st, &cn, &rec, &rn);
+        if (cn != g->conv_n || rn != g->rec_n)
+            return loom_err(LOOM_ERR_INVALID_ARG, "forward: row %d: recurrent state made for "
+                            "another model", r);
+        for (int j = 0; j < r; j++)
+            if (rows[j].state == st)
+                return loom_err(LOOM_ERR_INVALID_ARG, "forward: rows %d and %d share a recurrent "
+                                "state", j, r);
+        int n = rows[r].seq->n_tokens;
+        if (n != 0 && loom_seq_state_tokens(st) != n)
+            return loom_err(LOOM_ERR_INVALID_ARG, "forward: row %d: recurrent state holds %d "
+                            "tokens, the sequence %d (linear-attention state cannot be rewound)",
+                            r, loom_seq_state_tokens(st), n);
+    }
+    loom_cuda *c = g->c;
+    for (int r = 0; r < n_rows; r++) {
+        loom_seq_state *st = rows[r].state;
+        int slot = loom_seq_state_dev_slot(st, &g->sdev);
+        if (slot < 0) {
+            loom_status e = bind_slot(g, st, &slot);
+            if (e != LOOM_OK) return e;
+        }
+        float *d = g->slots[slot].d;
+        size_t cn, rn;
+        const float *rec, *conv = loom_seq_state_dev_stale(st, &cn, &rec, &rn);
+        if (rows[r].seq->n_tokens == 0) {
+            CUDA_CHECK(cudaMemsetAsync(d, 0, (cn + rn) * sizeof(float), c->stream));
+            loom_seq_state_dev_zeroed(st);
+        } else if (conv) {
+            CUDA_CHECK(cudaMemcpyAsync(d, conv, cn * sizeof(float), cudaMemcpyHostToDevice,
+                                       c->stream));
+            CUDA_CHECK(cudaMemcpyAsync(d + cn, rec, rn * sizeof(float), cudaMemcpyHostToDevice,
+                                       c->stream));
+            loom_seq_state_dev_synced(st);
+        }
+        g->h_sptr[r] = d;
+    }
+    /* pinned source: rewritten only by the next step, after this one's sync */
+    CUDA_CHECK(cudaMemcpyAsync(g->d_sptr, g->h_sptr, (size_t)n_rows * sizeof(float *),
+                               cudaMemcpyHostToDevice, c->stream));
+    return LOOM_OK;
 }
 
 /* Step times (LOOM_CUDA_STEP_TIMES=1), over runs of decode steps of one
@@ -836,6 +1053,70 @@ static loom_status moe_ffn(loom_cuda_model *g, const dlayer *D, int T) {
     return loom_cuda_moe_combine(c, g->x, 1, g->m_y, g->m_plan, g->m_wt, T, K, H, E);
 }
 
+/* rmsnorm(x) -> MLP or MoE -> x += (post norm of) it, all in f32: the
+ * second half of a layer on the f32-activation path. */
+static loom_status ffn_f32(loom_cuda_model *g, const dlayer *D, int T) {
+    const loom_config *cf = &g->m->cfg;
+    loom_cuda *c = g->c;
+    int H = cf->hidden_size, gelu = g->m->act == LOOM_ACT_GELU_TANH, I = D->gate.rows;
+    TRY(loom_cuda_rmsnorm(c, g->xb, g->x, D->ffn_norm, T, H, (float)cf->rms_eps, 0));
+    if (D->moe) return moe_ffn(g, D, T);
+    const float *hin;
+    if (D->fused_gu) {
+        TRY(linear(g, g->hb, g->xb, &D->gate_up, NULL, T));
+        TRY(loom_cuda_act_mul_split(c, g->hb2, g->hb, T, I, gelu));
+        hin = g->hb2;
+    } else {
+        TRY(linear(g, g->hb, g->xb, &D->gate, NULL, T));
+        TRY(linear(g, g->hb2, g->xb, &D->up, NULL, T));
+        size_t TI = (size_t)T * I;
+        if (gelu) TRY(loom_cuda_gelu_tanh_mul(c, g->hb, g->hb2, TI));
+        else TRY(loom_cuda_silu_mul(c, g->hb, g->hb2, TI));
+        hin = g->hb;
+    }
+    TRY(linear(g, g->xb, hin, &D->down, NULL, T));
+    return residual(g, g->xb, D->post_ffn_norm, T);
+}
+
+/* A linear-attention layer (linear_attn.c's loom_lin_forward, then the
+ * MLP or MoE): projections -> causal conv over each row's conv state ->
+ * q/k norms, beta, decay -> the delta rule over each row's state -> gated
+ * RMSNorm -> out projection, all on the device; the rows' states (slots
+ * d_sptr points at) advance in place. */
+static loom_status lin_layer(loom_cuda_model *g, const dlayer *D, const fw_step *S) {
+    const loom_model *m = g->m;
+    const loom_config *cf = &m->cfg;
+    loom_cuda *c = g->c;
+    int T = S->T, H = cf->hidden_size, nk = cf->lin_n_k_heads, nv = cf->lin_n_v_heads;
+    int dk = cf->lin_k_head_dim, dv = cf->lin_v_head_dim, K = cf->lin_conv_kernel;
+    int Dc = m->lin_conv_dim;
+    float eps = (float)cf->rms_eps;
+    size_t conv_off = (size_t)D->lin_slot * (K - 1) * Dc;
+    size_t rec_off = g->conv_n + (size_t)D->lin_slot * nv * dk * dv;
+    TRY(loom_cuda_rmsnorm(c, g->xb, g->x, D->attn_norm, T, H, eps, 0));
+    if (D->lin_fused) {
+        TRY(linear(g, g->l_raw, g->xb, &D->in_qkvz, NULL, T));
+        TRY(linear(g, g->l_raw_ba, g->xb, &D->in_ba, NULL, T));
+        TRY(loom_cuda_lin_split(c, g->l_qkv, g->l_z, g->l_b, g->l_a, g->l_raw, g->l_raw_ba, T, nk,
+                                dk, nv / nk, dv, Dc));
+    } else {
+        TRY(linear(g, g->l_qkv, g->xb, &D->in_qkv, NULL, T));
+        TRY(linear(g, g->l_z, g->xb, &D->in_z, NULL, T));
+        TRY(linear(g, g->l_b, g->xb, &D->in_b, NULL, T));
+        TRY(linear(g, g->l_a, g->xb, &D->in_a, NULL, T));
+    }
+    TRY(loom_cuda_lin_conv(c, g->l_conv, g->l_qkv, D->conv_w, K, Dc, T, S->n_rows, S->rtok,
+                           g->d_sptr, conv_off));
+    TRY(loom_cuda_lin_prep(c, g->l_conv, g->l_beta, g->l_g, g->l_b, g->l_a, D->neg_a, D->dt_bias,
+                           T, Dc, nk, dk, nv));
+    TRY(loom_cuda_lin_delta(c, g->l_o, g->l_conv, g->l_beta, g->l_g, S->n_rows, S->rtok,
+                            g->d_sptr, rec_off, Dc, nk, nv, dk, dv));
+    TRY(loom_cuda_lin_gated_norm(c, g->l_y, g->l_o, g->l_z, D->lin_norm, T, nv, dv, eps));
+    TRY(linear(g, g->xb, g->l_y, &D->lin_out, NULL, T));
+    TRY(residual(g, g->xb, D->post_attn_norm, T));
+    return ffn_f32(g, D, T);
+}
+
 /* Everything on the device between the integer upload and the copies back:
  * what a decode graph captures. Reads per-step values only from S's
  * device arrays. */
@@ -867,6 +1148,10 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
         const loom_layer *L = &m->layers[l];
         const loom_attn *A = &L->attn;
         const dlayer *D = &g->layers[l];
+        if (D->lin) {
+            TRY(lin_layer(g, D, S));
+            continue;
+        }
         int hd = A->head_dim, nkv = A->n_kv_heads, kvd = nkv * hd;
         const loom_rope *R = &m->ropes[A->rope];
         int a16 = g->act16 != LOOM_CUDA_F32;
@@ -938,7 +1223,13 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
                 TRY(linear16(g, g->k, &D->wk, D->bk, T));
                 TRY(linear16(g, g->v, &D->wv, D->bv, T));
             } else {
-                TRY(linear(g, g->q, g->xb, &D->wq, D->bq, T));
+                if (D->gated) {
+                    /* per head [query | gate]: the gate multiplies the attention's output */
+                    TRY(linear(g, g->qraw, g->xb, &D->wq, D->bq, T));
+                    TRY(loom_cuda_attn_gate_split(c, g->q, g->gate, g->qraw, T, nh, hd));
+                } else {
+                    TRY(linear(g, g->q, g->xb, &D->wq, D->bq, T));
+                }
                 TRY(linear(g, g->k, g->xb, &D->wk, D->bk, T));
                 TRY(linear(g, g->v, g->xb, &D->wv, D->bv, T));
             }
@@ -967,6 +1258,7 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
         else
             TRY(loom_cuda_attn_prefill(c, g->att, g->q, &dkv, &at, S->tab, S->tstride, S->rtok,
                                        S->rpos, S->n_rows, S->max_new));
+        if (D->gated) TRY(loom_cuda_attn_gate_mul(c, g->att, g->gate, (size_t)T * nh * hd));
         int gelu = m->act == LOOM_ACT_GELU_TANH, I = D->gate.rows;
         if (a16) {
             if (!oacc) {
@@ -1008,26 +1300,7 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
         }
         TRY(linear(g, g->xb, g->att, &D->wo, D->bo, T));
         TRY(residual(g, g->xb, D->post_attn_norm, T));
-        TRY(loom_cuda_rmsnorm(c, g->xb, g->x, D->ffn_norm, T, H, eps, 0));
-        if (D->moe) {
-            TRY(moe_ffn(g, D, T));
-            continue;
-        }
-        const float *hin;
-        if (D->fused_gu) {
-            TRY(linear(g, g->hb, g->xb, &D->gate_up, NULL, T));
-            TRY(loom_cuda_act_mul_split(c, g->hb2, g->hb, T, I, gelu));
-            hin = g->hb2;
-        } else {
-            TRY(linear(g, g->hb, g->xb, &D->gate, NULL, T));
-            TRY(linear(g, g->hb2, g->xb, &D->up, NULL, T));
-            size_t TI = (size_t)T * I;
-            if (gelu) TRY(loom_cuda_gelu_tanh_mul(c, g->hb, g->hb2, TI));
-            else TRY(loom_cuda_silu_mul(c, g->hb, g->hb2, TI));
-            hin = g->hb;
-        }
-        TRY(linear(g, g->xb, hin, &D->down, NULL, T));
-        TRY(residual(g, g->xb, D->post_ffn_norm, T));
+        TRY(ffn_f32(g, D, T));
     }
 
     int n_sel = S->n_sel, V = cf->vocab_size;
@@ -1210,6 +1483,7 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_layout *kv,
     /* Pinned source: the copy runs in stream order; h_ints is rewritten
      * only by the next step, after this one's final synchronisation. */
     CUDA_CHECK(cudaMemcpyAsync(g->ints, g->h_ints, n_ints * 4, cudaMemcpyHostToDevice, c->stream));
+    TRY(lin_states(g, rows, n_rows));
 
     if (S.n_sel > g->logits_rows) {
         CUDA_CHECK(cudaStreamSynchronize(c->stream));
@@ -1313,6 +1587,8 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_layout *kv,
             picks_in[r] = samp_in && samp_in[r].temperature > 0 ? g->h_sids[j] : g->h_ids[j];
         j += cnt;
     }
+    for (int r = 0; r < n_rows && m->n_linear > 0; r++) loom_seq_state_dev_advanced(rows[r].state);
+    loom_fwd_commit_states(rows, n_rows);
     for (int r = 0; r < n_rows; r++) rows[r].seq->n_tokens += rows[r].n;
     return LOOM_OK;
 }

@@ -115,8 +115,10 @@ static int resume_session(loom_engine *e, loom_request *r) {
         else /* KV is exact up to any position; one token is left to compute */
             use = LOOM_MIN(common, r->prefill_len - 1);
         /* on a device the partial last block cannot be copied (its rows
-         * live in device memory): resume whole blocks only */
-        if (loom_exec_on_device(e->exec)) use = use / bs * bs;
+         * live in device memory): resume whole blocks only, and a
+         * recurrent state, which holds the session's every token, only
+         * when they end on a block boundary */
+        if (loom_exec_on_device(e->exec)) use = e->has_state && use % bs ? 0 : use / bs * bs;
         /* sliding windows: the blocks the next positions see must be there */
         for (int i = e->window ? LOOM_MAX(use - e->window + 1, 0) / bs : 0;
              use > 0 && i < (use + bs - 1) / bs; i++)

@@ -56,6 +56,37 @@ void loom_seq_state_save(const loom_seq_state *st, void *buf);
 void loom_seq_state_load(loom_seq_state *st, const void *buf, int n_tokens);
 void loom_seq_state_copy(loom_seq_state *dst, const loom_seq_state *src);
 
+/* Device residency. A backend that runs the linear layers on a device (the
+ * CUDA forward) binds a state to a slot of its own and keeps the live copy
+ * there; the host arrays are then brought up to date only when something
+ * on the host reads them (save, copy, a CPU forward), through pull. States
+ * are engine-thread objects, so none of this locks. */
+typedef struct loom_seq_state_dev loom_seq_state_dev;
+struct loom_seq_state_dev {
+    /* copies slot's device state into the host arrays conv [conv_n] and
+     * rec [rec_n] (the layout of loom_seq_state_save: every linear layer's
+     * conv state, then every layer's delta-rule state) */
+    loom_status (*pull)(loom_seq_state_dev *d, int slot, float *conv, size_t conv_n, float *rec,
+                        size_t rec_n);
+    /* the state is freed: slot may serve another */
+    void (*release)(loom_seq_state_dev *d, int slot);
+};
+
+/* st's slot under d, or -1 when st is not bound to d. */
+int loom_seq_state_dev_slot(const loom_seq_state *st, const loom_seq_state_dev *d);
+/* Binds st to slot of d (d NULL: unbinds, the host arrays made current
+ * first). The device copy counts as stale until the backend says otherwise. */
+void loom_seq_state_dev_bind(loom_seq_state *st, loom_seq_state_dev *d, int slot);
+/* The host arrays when they are newer than the device copy (the backend
+ * uploads them and calls loom_seq_state_dev_synced), else NULL. */
+const float *loom_seq_state_dev_stale(const loom_seq_state *st, size_t *conv_n,
+                                      const float **rec, size_t *rec_n);
+void loom_seq_state_dev_synced(loom_seq_state *st);
+/* The backend zeroed the device copy (the sequence restarts at 0). */
+void loom_seq_state_dev_zeroed(loom_seq_state *st);
+/* A device forward advanced the device copy: the host arrays are stale. */
+void loom_seq_state_dev_advanced(loom_seq_state *st);
+
 typedef struct loom_fwd_row {
     const int32_t *tokens;   /* [n] borrowed */
     int n;

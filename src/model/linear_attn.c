@@ -44,7 +44,61 @@ struct loom_seq_state {
     size_t conv_per, rec_per;  /* floats per slot */
     float *conv;               /* owned (n_slots, kernel - 1, conv_dim) oldest first */
     float *rec;                /* owned (n_slots, n_v, k_dim, v_dim) */
+    loom_seq_state_dev *dev;   /* borrowed: the backend holding a device copy, or NULL */
+    int dev_slot;              /* its slot there */
+    int where;                 /* ST_* below: which copy is live */
 };
+
+/* With a device copy: the host arrays are newer (ST_HOST), the device
+ * copy is (ST_DEV), or both are the same (ST_BOTH). Without: ST_HOST. */
+enum { ST_HOST, ST_DEV, ST_BOTH };
+
+/* Brings the host arrays up to date before the host reads them. */
+static void host_current(const loom_seq_state *cst) {
+    loom_seq_state *st = (loom_seq_state *)cst; /* the live copy moves; the value does not */
+    if (!st->dev || st->where != ST_DEV) return;
+    size_t conv = st->conv_per * (size_t)st->n_slots, rec = st->rec_per * (size_t)st->n_slots;
+    if (st->dev->pull(st->dev, st->dev_slot, st->conv, conv, st->rec, rec) != LOOM_OK) {
+        loom_log(LOOM_LOG_ERROR, "recurrent state: copy from the device failed: %s",
+                 loom_last_error());
+        return;
+    }
+    st->where = ST_BOTH;
+}
+
+/* The host is about to write its arrays. */
+static void host_writes(loom_seq_state *st) { st->where = ST_HOST; }
+
+int loom_seq_state_dev_slot(const loom_seq_state *st, const loom_seq_state_dev *d) {
+    return st && d && st->dev == d ? st->dev_slot : -1;
+}
+
+void loom_seq_state_dev_bind(loom_seq_state *st, loom_seq_state_dev *d, int slot) {
+    if (st->dev) {
+        host_current(st);
+        if (d) st->dev->release(st->dev, st->dev_slot);
+    }
+    st->dev = d;
+    st->dev_slot = d ? slot : 0;
+    st->where = ST_HOST;
+}
+
+const float *loom_seq_state_dev_stale(const loom_seq_state *st, size_t *conv_n,
+                                      const float **rec, size_t *rec_n) {
+    *conv_n = st->conv_per * (size_t)st->n_slots;
+    *rec_n = st->rec_per * (size_t)st->n_slots;
+    *rec = st->rec;
+    return st->where == ST_HOST ? st->conv : NULL;
+}
+
+void loom_seq_state_dev_synced(loom_seq_state *st) { st->where = ST_BOTH; }
+
+void loom_seq_state_dev_zeroed(loom_seq_state *st) {
+    st->where = ST_DEV;
+    st->n_tokens = 0;
+}
+
+void loom_seq_state_dev_advanced(loom_seq_state *st) { st->where = ST_DEV; }
 
 static void state_sizes(const loom_model *m, size_t *conv, size_t *rec) {
     const loom_config *c = &m->cfg;
@@ -78,6 +132,7 @@ loom_status loom_seq_state_create(const loom_model *m, loom_seq_state **out) {
 
 void loom_seq_state_free(loom_seq_state *st) {
     if (!st) return;
+    if (st->dev) st->dev->release(st->dev, st->dev_slot);
     free(st->conv);
     free(st->rec);
     free(st);
@@ -85,6 +140,7 @@ void loom_seq_state_free(loom_seq_state *st) {
 
 void loom_seq_state_reset(loom_seq_state *st) {
     if (!st) return;
+    host_writes(st);
     memset(st->conv, 0, sizeof(float) * st->conv_per * (size_t)st->n_slots);
     memset(st->rec, 0, sizeof(float) * st->rec_per * (size_t)st->n_slots);
     st->n_tokens = 0;
@@ -93,12 +149,14 @@ void loom_seq_state_reset(loom_seq_state *st) {
 int loom_seq_state_tokens(const loom_seq_state *st) { return st ? st->n_tokens : 0; }
 
 void loom_seq_state_save(const loom_seq_state *st, void *buf) {
+    host_current(st);
     size_t conv = st->conv_per * (size_t)st->n_slots, rec = st->rec_per * (size_t)st->n_slots;
     memcpy(buf, st->conv, conv * sizeof(float));
     memcpy((float *)buf + conv, st->rec, rec * sizeof(float));
 }
 
 void loom_seq_state_load(loom_seq_state *st, const void *buf, int n_tokens) {
+    host_writes(st);
     size_t conv = st->conv_per * (size_t)st->n_slots, rec = st->rec_per * (size_t)st->n_slots;
     memcpy(st->conv, buf, conv * sizeof(float));
     memcpy(st->rec, (const float *)buf + conv, rec * sizeof(float));
@@ -106,6 +164,8 @@ void loom_seq_state_load(loom_seq_state *st, const void *buf, int n_tokens) {
 }
 
 void loom_seq_state_copy(loom_seq_state *dst, const loom_seq_state *src) {
+    host_current(src);
+    host_writes(dst);
     memcpy(dst->conv, src->conv, sizeof(float) * src->conv_per * (size_t)src->n_slots);
     memcpy(dst->rec, src->rec, sizeof(float) * src->rec_per * (size_t)src->n_slots);
     dst->n_tokens = src->n_tokens;
@@ -131,9 +191,13 @@ loom_status loom_fwd_check_states(const loom_model *m, loom_fwd_row *rows, int n
                             "tokens, the sequence %d (linear-attention state cannot be rewound)",
                             r, st->n_tokens, n);
     }
-    for (int r = 0; r < n_rows; r++)
+    for (int r = 0; r < n_rows; r++) {
+        /* the CPU forward reads and writes the host arrays */
+        host_current(rows[r].state);
+        host_writes(rows[r].state);
         if (rows[r].seq->n_tokens == 0 && rows[r].state->n_tokens != 0)
             loom_seq_state_reset(rows[r].state);
+    }
     return LOOM_OK;
 }
 

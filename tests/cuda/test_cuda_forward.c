@@ -1,6 +1,9 @@
 /* test_cuda_forward: loom_cuda_forward against loom_forward (the CPU
- * reference) on the tiny fixtures (dense and Qwen3-MoE): a two-row prefill, decode steps,
- * and a step mixing a decode row with a prefill chunk, for f32 and f16 KV.
+ * reference) on the tiny fixtures (dense, Qwen3-MoE, and the Qwen3.5 and
+ * Qwen3-Next hybrids with their recurrent states on the device): a two-row
+ * prefill, decode steps, and a step mixing a decode row with a prefill
+ * chunk, for f32 and f16 KV; for the hybrids also the device state against
+ * the CPU's and a decode step replayed from a saved state.
  * Needs a GPU; run by tools/cuda_check.sh. One PASS/FAIL line per step:
  * err = max |gpu - cpu| / max |cpu| over the step's logits, and how many
  * of the logit rows agree on the argmax. */
@@ -53,6 +56,7 @@ static void compare(const char *fixture, const char *kvn, const char *step, cons
 typedef struct side {
     loom_kv_pool *kv;
     loom_kv_seq a, b;
+    loom_seq_state *sa, *sb;   /* recurrent states (hybrids), else NULL */
 } side;
 
 /* The model at dir, or NULL after a FAIL line naming the test. */
@@ -82,6 +86,67 @@ static void fail_status(const char *test, const char *name, const char *kvn, con
     printf("FAIL  %s %-18s kv=%-3s %s%s: %s\n", test, name, kvn, what, loom_status_str(st),
            loom_last_error());
     n_fail++;
+}
+
+/* Largest |x - y| / max |y| over n floats. */
+static double rel_err(const float *x, const float *y, size_t n) {
+    double e = 0, mx = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)x[i] - y[i]);
+        if (d > e || d != d) e = d;
+        if (fabs(y[i]) > mx) mx = fabs(y[i]);
+    }
+    return mx > 0 ? e / mx : e;
+}
+
+static void verdict(int ok, const char *fixture, const char *kvn, const char *what, double err,
+                    double tol) {
+    printf("%s  forward %-18s kv=%-3s %-28s err=%.3g (tol %.0e)\n", ok ? "PASS" : "FAIL", fixture,
+           kvn, what, err, tol);
+    fflush(stdout);
+    ok ? n_pass++ : n_fail++;
+}
+
+/* The hybrids' recurrent state of row a (na tokens in) brought back from
+ * the device (a snapshot's copy) against the CPU's; then a decode step on
+ * each side, the GPU's state restored from that copy (the host changed
+ * it: uploaded again) with its KV cut back, and the step replayed: the
+ * replay gives the first run's logits, and both the CPU's. */
+static loom_status check_states(loom_model *m, loom_fwd_state *fs, const char *fixture,
+                                const char *kvn, side *cpu, side *gpu, loom_cuda_model *g,
+                                const int32_t *ta, int na, float *lc, float *lg, double tol) {
+    int V = loom_model_vocab_size(m);
+    size_t bytes = loom_seq_state_bytes(m), n = bytes / sizeof(float);
+    float *sc = malloc(bytes), *sg = malloc(bytes), *first = malloc(sizeof(float) * (size_t)V);
+    if (!sc || !sg || !first) {
+        free(sc), free(sg), free(first);
+        return LOOM_ERR_NOMEM;
+    }
+    loom_seq_state_save(cpu->sa, sc);
+    loom_seq_state_save(gpu->sa, sg);
+    /* 16-bit weights: the device rounds the projections' inputs too */
+    double e = rel_err(sg, sc, n), stol = tol >= 1e-2 ? tol : 1e-4;
+    verdict(e <= stol, fixture, kvn, "state from the device", e, stol);
+    loom_status st = LOOM_OK;
+    for (int k = 0; k < 3 && st == LOOM_OK; k++) {
+        /* k 0: the CPU; 1: the GPU; 2: the GPU again from the saved state */
+        side *sd = k ? gpu : cpu;
+        if (k == 2) {
+            loom_seq_state_load(gpu->sa, sg, na);
+            loom_kv_seq_truncate(gpu->kv, &gpu->a, na);
+        }
+        loom_fwd_row row = {.tokens = ta + na, .n = 1, .seq = &sd->a, .logits = LOOM_LOGITS_LAST,
+                            .out = k == 0 ? lc : k == 1 ? first : lg, .state = sd->sa, .decode = 1};
+        st = k ? loom_cuda_forward(g, &gpu->kv->lay, &row, 1, NULL, NULL)
+               : loom_forward(m, fs, &cpu->kv->lay, &row, 1);
+    }
+    if (st == LOOM_OK) {
+        compare(fixture, kvn, "decode after the state", first, lc, 1, V, tol);
+        e = rel_err(lg, first, (size_t)V);
+        verdict(e <= 1e-6, fixture, kvn, "replay from a saved state", e, 1e-6);
+    }
+    free(sc), free(sg), free(first);
+    return st;
 }
 
 /* fixture: a name under tests/fixtures/models, or a directory path. */
@@ -114,13 +179,18 @@ static void run_fixture(const char *fixture, loom_kv_type kvt) {
     for (int s = 0; s < 2; s++) {
         loom_kv_seq_reserve(sides[s]->kv, &sides[s]->a, 80);
         loom_kv_seq_reserve(sides[s]->kv, &sides[s]->b, 80);
+        if (loom_seq_state_create(m, &sides[s]->sa) != LOOM_OK ||
+            loom_seq_state_create(m, &sides[s]->sb) != LOOM_OK) {
+            st = LOOM_ERR_NOMEM;
+            goto fail;
+        }
     }
     /* step 1: prefill 45 + 20 tokens, all logits */
     int na = 45, nb = 20;
     for (int s = 0; s < 2; s++) {
         float *out = s ? lg : lc;
-        loom_fwd_row rows[2] = {{.tokens = ta, .n = na, .seq = &sides[s]->a, .logits = LOOM_LOGITS_ALL, .out = out, .decode = 0},
-                                {.tokens = tb, .n = nb, .seq = &sides[s]->b, .logits = LOOM_LOGITS_ALL, .out = out + (size_t)na * V, .decode = 0}};
+        loom_fwd_row rows[2] = {{.tokens = ta, .n = na, .seq = &sides[s]->a, .logits = LOOM_LOGITS_ALL, .out = out, .state = sides[s]->sa, .decode = 0},
+                                {.tokens = tb, .n = nb, .seq = &sides[s]->b, .logits = LOOM_LOGITS_ALL, .out = out + (size_t)na * V, .state = sides[s]->sb, .decode = 0}};
         st = s ? loom_cuda_forward(g, &gpu.kv->lay, rows, 2, NULL, NULL) : loom_forward(m, fs, &cpu.kv->lay, rows, 2);
         if (st != LOOM_OK) goto fail;
     }
@@ -134,8 +204,8 @@ static void run_fixture(const char *fixture, loom_kv_type kvt) {
         int32_t picks[2] = {-1, -2};
         for (int s = 0; s < 2; s++) {
             float *out = s ? lg : lc;
-            loom_fwd_row rows[2] = {{.tokens = ta + na, .n = 1, .seq = &sides[s]->a, .logits = LOOM_LOGITS_LAST, .out = out, .decode = 1},
-                                    {.tokens = tb + nb, .n = 1, .seq = &sides[s]->b, .logits = LOOM_LOGITS_LAST, .out = out + V, .decode = 1}};
+            loom_fwd_row rows[2] = {{.tokens = ta + na, .n = 1, .seq = &sides[s]->a, .logits = LOOM_LOGITS_LAST, .out = out, .state = sides[s]->sa, .decode = 1},
+                                    {.tokens = tb + nb, .n = 1, .seq = &sides[s]->b, .logits = LOOM_LOGITS_LAST, .out = out + V, .state = sides[s]->sb, .decode = 1}};
             st = s ? loom_cuda_forward(g, &gpu.kv->lay, rows, 2, k == 2 ? picks : NULL, NULL)
                    : loom_forward(m, fs, &cpu.kv->lay, rows, 2);
             if (st != LOOM_OK) goto fail;
@@ -157,16 +227,25 @@ static void run_fixture(const char *fixture, loom_kv_type kvt) {
     /* step 5: a decode row beside a prefill chunk of 9 */
     for (int s = 0; s < 2; s++) {
         float *out = s ? lg : lc;
-        loom_fwd_row rows[2] = {{.tokens = ta + na, .n = 1, .seq = &sides[s]->a, .logits = LOOM_LOGITS_LAST, .out = out, .decode = 1},
-                                {.tokens = tb + nb, .n = 9, .seq = &sides[s]->b, .logits = LOOM_LOGITS_ALL, .out = out + V, .decode = 0}};
+        loom_fwd_row rows[2] = {{.tokens = ta + na, .n = 1, .seq = &sides[s]->a, .logits = LOOM_LOGITS_LAST, .out = out, .state = sides[s]->sa, .decode = 1},
+                                {.tokens = tb + nb, .n = 9, .seq = &sides[s]->b, .logits = LOOM_LOGITS_ALL, .out = out + V, .state = sides[s]->sb, .decode = 0}};
         st = s ? loom_cuda_forward(g, &gpu.kv->lay, rows, 2, NULL, NULL) : loom_forward(m, fs, &cpu.kv->lay, rows, 2);
         if (st != LOOM_OK) goto fail;
     }
     compare(fixture, kvn, "mixed 1 + chunk 9", lg, lc, 10, V, tol);
+    na++, nb += 9;
+    if (cpu.sa) {
+        st = check_states(m, fs, fixture, kvn, &cpu, &gpu, g, ta, na, lc, lg, tol);
+        if (st != LOOM_OK) goto fail;
+    }
     goto out;
 fail:
     fail_status("forward", fixture, kvn, "", st);
 out:
+    loom_seq_state_free(cpu.sa);
+    loom_seq_state_free(cpu.sb);
+    loom_seq_state_free(gpu.sa);
+    loom_seq_state_free(gpu.sb);
     if (cpu.kv) {
         loom_kv_seq_release(cpu.kv, &cpu.a);
         loom_kv_seq_release(cpu.kv, &cpu.b);
@@ -196,6 +275,7 @@ static void run_single(const char *dir, loom_kv_type kvt) {
     double tol = tolerance(m, kvt);
     loom_kv_pool *kv[2] = {NULL, NULL};  /* CPU, GPU */
     loom_kv_seq sq[2][2];
+    loom_seq_state *ss[2][2] = {{NULL, NULL}, {NULL, NULL}};  /* recurrent states (hybrids) */
     memset(sq, 0, sizeof sq);
     loom_fwd_state *fs = NULL;
     loom_cuda_model *g = NULL;
@@ -212,11 +292,14 @@ static void run_single(const char *dir, loom_kv_type kvt) {
         for (int i = 0; i < 200; i++) toks[j][i] = (int32_t)(test_rand_u32(&rng) % (unsigned)V);
     int len[2] = {20, 150};
     for (int i = 0; i < 2 && st == LOOM_OK; i++)
-        for (int j = 0; j < 2 && st == LOOM_OK; j++) st = loom_kv_seq_reserve(kv[i], &sq[i][j], 200);
+        for (int j = 0; j < 2 && st == LOOM_OK; j++) {
+            st = loom_kv_seq_reserve(kv[i], &sq[i][j], 200);
+            if (st == LOOM_OK) st = loom_seq_state_create(m, &ss[i][j]);
+        }
     /* the prompts, one row each */
     for (int j = 0; j < 2; j++)
         for (int i = 0; i < 2 && st == LOOM_OK; i++) {
-            loom_fwd_row row = {.tokens = toks[j], .n = len[j], .seq = &sq[i][j], .logits = LOOM_LOGITS_LAST, .out = out[i], .decode = 0};
+            loom_fwd_row row = {.tokens = toks[j], .n = len[j], .seq = &sq[i][j], .logits = LOOM_LOGITS_LAST, .out = out[i], .state = ss[i][j], .decode = 0};
             st = i ? loom_cuda_forward(g, &kv[i]->lay, &row, 1, NULL, NULL)
                    : loom_forward(m, fs, &kv[0]->lay, &row, 1);
         }
@@ -224,7 +307,7 @@ static void run_single(const char *dir, loom_kv_type kvt) {
         int j = k & 1, pick_step = k >= 6;
         int32_t pick = -1;
         for (int i = 0; i < 2 && st == LOOM_OK; i++) {
-            loom_fwd_row row = {.tokens = toks[j] + len[j], .n = 1, .seq = &sq[i][j], .logits = LOOM_LOGITS_LAST, .out = out[i], .decode = 1};
+            loom_fwd_row row = {.tokens = toks[j] + len[j], .n = 1, .seq = &sq[i][j], .logits = LOOM_LOGITS_LAST, .out = out[i], .state = ss[i][j], .decode = 1};
             st = i ? loom_cuda_forward(g, &kv[i]->lay, &row, 1, pick_step ? &pick : NULL, NULL)
                    : loom_forward(m, fs, &kv[0]->lay, &row, 1);
         }
@@ -244,6 +327,7 @@ static void run_single(const char *dir, loom_kv_type kvt) {
     if (st != LOOM_OK) fail_status("single", dir, kvn, "", st);
 out:
     for (int i = 0; i < 2; i++) {
+        for (int j = 0; j < 2; j++) loom_seq_state_free(ss[i][j]);
         for (int j = 0; j < 2 && kv[i]; j++) loom_kv_seq_release(kv[i], &sq[i][j]);
         loom_kv_pool_free(kv[i]);
         free(out[i]);
@@ -261,7 +345,8 @@ int main(void) {
     }
     static const char *fixtures[] = {"llama3-tiny", "qwen2-tiny", "qwen3-tiny", "mistral-tiny-swa",
                                      "qwen3-tiny-mlx4", "qwen3-tiny-mlx8", "gemma2-tiny",
-                                     "gemma3-tiny", "qwen3moe-tiny"};
+                                     "gemma3-tiny", "qwen3moe-tiny", "qwen3.5-tiny-hybrid",
+                                     "qwen3next-tiny-hybrid-moe"};
     for (size_t i = 0; i < sizeof fixtures / sizeof fixtures[0]; i++) {
         run_fixture(fixtures[i], LOOM_KV_F32);
         run_fixture(fixtures[i], LOOM_KV_F16);

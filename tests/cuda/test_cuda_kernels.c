@@ -1795,6 +1795,400 @@ static void test_moe_limits(void) {
     ok ? n_pass++ : n_fail++;
 }
 
+/* ---- Gated DeltaNet (kernels_lin.cu; reference linear_attn.c) ------------ */
+
+static double lin_silu_ref(double x) { return x / (1.0 + exp(-x)); }
+
+/* Device buffers of n_rows states of per floats each, from host h (n_rows,
+ * per), plus a pad of `off` floats before each row's part; *dptr gets the
+ * device array of their base pointers. */
+static int lin_states_up(const float *h, int n_rows, size_t per, size_t off, float **dbuf,
+                         float ***dptr) {
+    size_t stride = off + per;
+    float *tmp = xmalloc(sizeof(float) * stride * (size_t)n_rows);
+    for (int r = 0; r < n_rows; r++) {
+        for (size_t i = 0; i < off; i++) tmp[(size_t)r * stride + i] = -7.0f;
+        memcpy(tmp + (size_t)r * stride + off, h + (size_t)r * per, sizeof(float) * per);
+    }
+    *dbuf = up(tmp, sizeof(float) * stride * (size_t)n_rows);
+    free(tmp);
+    if (!*dbuf) return 0;
+    float **hp = xmalloc(sizeof(float *) * (size_t)n_rows);
+    for (int r = 0; r < n_rows; r++) hp[r] = *dbuf + (size_t)r * stride;
+    *dptr = up(hp, sizeof(float *) * (size_t)n_rows);
+    free(hp);
+    return *dptr != NULL;
+}
+
+static int lin_states_down(float *h, int n_rows, size_t per, size_t off, const float *dbuf) {
+    size_t stride = off + per;
+    float *tmp = xmalloc(sizeof(float) * stride * (size_t)n_rows);
+    loom_status st = loom_cuda_download(C, tmp, dbuf, sizeof(float) * stride * (size_t)n_rows);
+    for (int r = 0; r < n_rows; r++)
+        memcpy(h + (size_t)r * per, tmp + (size_t)r * stride + off, sizeof(float) * per);
+    free(tmp);
+    return st == LOOM_OK;
+}
+
+static int32_t *lin_rtok(const int *lens, int n_rows, int *T) {
+    int32_t *rt = xmalloc(sizeof(int32_t) * (size_t)(n_rows + 1));
+    rt[0] = 0;
+    for (int r = 0; r < n_rows; r++) rt[r + 1] = rt[r] + lens[r];
+    *T = rt[n_rows];
+    return rt;
+}
+
+/* Causal conv over rows of lens[] tokens with their conv states (K-1, D):
+ * the outputs and the rolled states, against linear_attn.c's conv_row. */
+static int test_lin_conv(int K, int D, const int *lens, int n_rows) {
+    char what[96];
+    int T;
+    int32_t *rt = lin_rtok(lens, n_rows, &T);
+    snprintf(what, sizeof what, "K=%d D=%d rows=%d T=%d%s", K, D, n_rows, T,
+             n_rows > 1 || lens[0] > 1 ? "" : " (decode)");
+    size_t per = (size_t)(K - 1) * D, off = 3 * (size_t)D + 5;
+    float *in = xmalloc(sizeof(float) * (size_t)T * D), *w = xmalloc(sizeof(float) * (size_t)D * K);
+    float *st = xmalloc(sizeof(float) * (per * n_rows + 1)), *st_ref = xmalloc(sizeof(float) * (per * n_rows + 1));
+    float *st_got = xmalloc(sizeof(float) * (per * n_rows + 1));
+    float *ref = xmalloc(sizeof(float) * (size_t)T * D), *got = xmalloc(sizeof(float) * (size_t)T * D);
+    fill(in, (size_t)T * D, 2.0f);
+    fill(w, (size_t)D * K, 0.7f);
+    fill(st, per * n_rows, 2.0f);
+    memcpy(st_ref, st, sizeof(float) * per * n_rows);
+    for (int r = 0; r < n_rows; r++) {
+        float *s = st_ref + per * r;
+        const float *x = in + (size_t)rt[r] * D;
+        int n = lens[r];
+        for (int i = 0; i < n; i++)
+            for (int d = 0; d < D; d++) {
+                double acc = 0;
+                for (int j = 0; j < K; j++) {
+                    int src = i - (K - 1) + j;
+                    float v = src >= 0 ? x[(size_t)src * D + d] : s[(size_t)(K - 1 + src) * D + d];
+                    acc += (double)w[(size_t)d * K + j] * v;
+                }
+                ref[((size_t)rt[r] + i) * D + d] = (float)lin_silu_ref(acc);
+            }
+        for (int j = 0; j < K - 1; j++) {
+            int src = n - (K - 1) + j;
+            if (src < 0) memmove(s + (size_t)j * D, s + (size_t)(j + n) * D, sizeof(float) * D);
+            else memcpy(s + (size_t)j * D, x + (size_t)src * D, sizeof(float) * D);
+        }
+    }
+    float *din = up(in, sizeof(float) * (size_t)T * D), *dw = up(w, sizeof(float) * (size_t)D * K);
+    float *dout = NULL, *dst = NULL, **dptr = NULL;
+    int32_t *drt = up(rt, sizeof(int32_t) * (size_t)(n_rows + 1));
+    int ok = 0;
+    loom_status s = loom_cuda_alloc(C, (void **)&dout, sizeof(float) * (size_t)T * D);
+    if (s == LOOM_OK && (!din || !dw || !drt || !lin_states_up(st, n_rows, per, off, &dst, &dptr)))
+        s = LOOM_ERR_NOMEM;
+    if (s == LOOM_OK) s = loom_cuda_lin_conv(C, dout, din, dw, K, D, T, n_rows, drt, dptr, off);
+    if (s == LOOM_OK) s = loom_cuda_download(C, got, dout, sizeof(float) * (size_t)T * D);
+    if (s == LOOM_OK && !lin_states_down(st_got, n_rows, per, off, dst)) s = LOOM_ERR_INTERNAL;
+    if (s != LOOM_OK) {
+        api_fail("lin_conv", what, s);
+    } else {
+        ok = report("lin_conv", what, got, ref, NULL, (size_t)T * D, 1e-6f, 1e-5f);
+        char w2[120];
+        snprintf(w2, sizeof w2, "%s state", what);
+        ok &= report("lin_conv", w2, st_got, st_ref, NULL, per * n_rows, 0, 0);
+    }
+    loom_cuda_release(C, din);
+    loom_cuda_release(C, dw);
+    loom_cuda_release(C, dout);
+    loom_cuda_release(C, dst);
+    loom_cuda_release(C, dptr);
+    loom_cuda_release(C, drt);
+    free(rt), free(in), free(w), free(st), free(st_ref), free(st_got), free(ref), free(got);
+    return ok;
+}
+
+/* q/k L2 norms in place, beta and decay, against linear_attn.c's. */
+static int test_lin_prep(int T, int nk, int dk, int nv, int dv) {
+    char what[96];
+    snprintf(what, sizeof what, "T=%d nk=%d dk=%d nv=%d dv=%d", T, nk, dk, nv, dv);
+    int D = 2 * nk * dk + nv * dv;
+    size_t N = (size_t)T * D, NV = (size_t)T * nv;
+    float *x = xmalloc(N * 4), *ref = xmalloc(N * 4), *got = xmalloc(N * 4);
+    float *b = xmalloc(NV * 4), *a = xmalloc(NV * 4), *na = xmalloc((size_t)nv * 4);
+    float *dtb = xmalloc((size_t)nv * 4), *rb = xmalloc(NV * 4), *rg = xmalloc(NV * 4);
+    float *gb = xmalloc(NV * 4), *gg = xmalloc(NV * 4);
+    fill(x, N, 1.5f);
+    fill(b, NV, 3.0f);
+    fill(a, NV, 12.0f);  /* reaches softplus's x > 20 branch with dt_bias */
+    fill(dtb, (size_t)nv, 10.0f);
+    for (int h = 0; h < nv; h++) na[h] = -expf(rnd());
+    memcpy(ref, x, N * 4);
+    for (int t = 0; t < T; t++) {
+        for (int h = 0; h < 2 * nk; h++) {
+            float *v = ref + (size_t)t * D + (size_t)h * dk;
+            double ss = 0;
+            for (int i = 0; i < dk; i++) ss += (double)v[i] * v[i];
+            double inv = 1.0 / sqrt(ss + 1e-6);
+            if (h < nk) inv *= 1.0 / sqrt((double)dk);
+            for (int i = 0; i < dk; i++) v[i] = (float)(v[i] * inv);
+        }
+        for (int h = 0; h < nv; h++) {
+            size_t i = (size_t)t * nv + h;
+            double z = (double)a[i] + dtb[h];
+            rb[i] = (float)(1.0 / (1.0 + exp(-(double)b[i])));
+            rg[i] = (float)(na[h] * (z > 20.0 ? z : log1p(exp(z))));
+        }
+    }
+    float *dx = up(x, N * 4), *db = up(b, NV * 4), *da = up(a, NV * 4), *dna = up(na, (size_t)nv * 4);
+    float *ddt = up(dtb, (size_t)nv * 4), *dbeta = NULL, *dg = NULL;
+    loom_status s = loom_cuda_alloc(C, (void **)&dbeta, NV * 4);
+    if (s == LOOM_OK) s = loom_cuda_alloc(C, (void **)&dg, NV * 4);
+    if (s == LOOM_OK && (!dx || !db || !da || !dna || !ddt)) s = LOOM_ERR_NOMEM;
+    if (s == LOOM_OK) s = loom_cuda_lin_prep(C, dx, dbeta, dg, db, da, dna, ddt, T, D, nk, dk, nv);
+    if (s == LOOM_OK) s = loom_cuda_download(C, got, dx, N * 4);
+    if (s == LOOM_OK) s = loom_cuda_download(C, gb, dbeta, NV * 4);
+    if (s == LOOM_OK) s = loom_cuda_download(C, gg, dg, NV * 4);
+    int ok = 0;
+    if (s != LOOM_OK) {
+        api_fail("lin_prep", what, s);
+    } else {
+        ok = report("lin_prep", what, got, ref, NULL, N, 1e-7f, 1e-6f);
+        char w2[120];
+        snprintf(w2, sizeof w2, "%s beta", what);
+        ok &= report("lin_prep", w2, gb, rb, NULL, NV, 1e-7f, 1e-6f);
+        snprintf(w2, sizeof w2, "%s decay", what);
+        ok &= report("lin_prep", w2, gg, rg, NULL, NV, 1e-7f, 1e-6f);
+    }
+    void *ds[] = {dx, db, da, dna, ddt, dbeta, dg};
+    for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++) loom_cuda_release(C, ds[i]);
+    free(x), free(ref), free(got), free(b), free(a), free(na), free(dtb), free(rb), free(rg);
+    free(gb), free(gg);
+    return ok;
+}
+
+/* The gated delta rule along rows of lens[] tokens from random states,
+ * against linear_attn.c's delta_step token by token (double): outputs and
+ * the states after. */
+static int test_lin_delta(int nk, int nv, int dk, int dv, const int *lens, int n_rows) {
+    char what[96];
+    int T;
+    int32_t *rt = lin_rtok(lens, n_rows, &T);
+    snprintf(what, sizeof what, "nk=%d nv=%d dk=%d dv=%d rows=%d T=%d", nk, nv, dk, dv, n_rows, T);
+    int D = 2 * nk * dk + nv * dv + 3, rep = nv / nk;  /* 3: a wider row than q|k|v */
+    size_t per = (size_t)nv * dk * dv, off = 11, NO = (size_t)T * nv * dv;
+    float *qkv = xmalloc(sizeof(float) * (size_t)T * D), *beta = xmalloc(sizeof(float) * (size_t)T * nv);
+    float *g = xmalloc(sizeof(float) * (size_t)T * nv), *st = xmalloc(sizeof(float) * per * n_rows);
+    float *st_ref = xmalloc(sizeof(float) * per * n_rows), *st_got = xmalloc(sizeof(float) * per * n_rows);
+    float *ref = xmalloc(sizeof(float) * NO), *got = xmalloc(sizeof(float) * NO);
+    double *S = xmalloc(sizeof(double) * (size_t)dk * dv), *tmp = xmalloc(sizeof(double) * (size_t)dv);
+    fill(qkv, (size_t)T * D, 1.0f);
+    for (int t = 0; t < T; t++)  /* unit q and k, as lin_prep leaves them */
+        for (int h = 0; h < 2 * nk; h++) {
+            float *v = qkv + (size_t)t * D + (size_t)h * dk;
+            double ss = 0;
+            for (int i = 0; i < dk; i++) ss += (double)v[i] * v[i];
+            for (int i = 0; i < dk; i++) v[i] = (float)(v[i] / sqrt(ss + 1e-6));
+        }
+    for (size_t i = 0; i < (size_t)T * nv; i++) {
+        beta[i] = 0.5f + 0.5f * rnd();
+        g[i] = -0.3f * fabsf(rnd());
+    }
+    fill(st, per * n_rows, 0.5f);
+    for (int r = 0; r < n_rows; r++)
+        for (int h = 0; h < nv; h++) {
+            int kh = h / rep;
+            for (int i = 0; i < dk * dv; i++) S[i] = st[per * r + (size_t)h * dk * dv + i];
+            for (int t = rt[r]; t < rt[r + 1]; t++) {
+                const float *x = qkv + (size_t)t * D;
+                const float *q = x + (size_t)kh * dk, *k = x + (size_t)(nk + kh) * dk;
+                const float *v = x + (size_t)2 * nk * dk + (size_t)h * dv;
+                double decay = exp((double)g[(size_t)t * nv + h]), bt = beta[(size_t)t * nv + h];
+                for (int i = 0; i < dk * dv; i++) S[i] *= decay;
+                for (int bb = 0; bb < dv; bb++) tmp[bb] = 0;
+                for (int aa = 0; aa < dk; aa++)
+                    for (int bb = 0; bb < dv; bb++) tmp[bb] += S[aa * dv + bb] * k[aa];
+                for (int bb = 0; bb < dv; bb++) tmp[bb] = (v[bb] - tmp[bb]) * bt;
+                for (int aa = 0; aa < dk; aa++)
+                    for (int bb = 0; bb < dv; bb++) S[aa * dv + bb] += k[aa] * tmp[bb];
+                for (int bb = 0; bb < dv; bb++) {
+                    double acc = 0;
+                    for (int aa = 0; aa < dk; aa++) acc += S[aa * dv + bb] * q[aa];
+                    ref[((size_t)t * nv + h) * dv + bb] = (float)acc;
+                }
+            }
+            for (int i = 0; i < dk * dv; i++) st_ref[per * r + (size_t)h * dk * dv + i] = (float)S[i];
+        }
+    float *dqkv = up(qkv, sizeof(float) * (size_t)T * D), *dbeta = up(beta, sizeof(float) * (size_t)T * nv);
+    float *dg = up(g, sizeof(float) * (size_t)T * nv), *dout = NULL, *dst = NULL, **dptr = NULL;
+    int32_t *drt = up(rt, sizeof(int32_t) * (size_t)(n_rows + 1));
+    loom_status s = loom_cuda_alloc(C, (void **)&dout, sizeof(float) * NO);
+    if (s == LOOM_OK && (!dqkv || !dbeta || !dg || !drt || !lin_states_up(st, n_rows, per, off, &dst, &dptr)))
+        s = LOOM_ERR_NOMEM;
+    if (s == LOOM_OK)
+        s = loom_cuda_lin_delta(C, dout, dqkv, dbeta, dg, n_rows, drt, dptr, off, D, nk, nv, dk, dv);
+    if (s == LOOM_OK) s = loom_cuda_download(C, got, dout, sizeof(float) * NO);
+    if (s == LOOM_OK && !lin_states_down(st_got, n_rows, per, off, dst)) s = LOOM_ERR_INTERNAL;
+    int ok = 0;
+    if (s != LOOM_OK) {
+        api_fail("lin_delta", what, s);
+    } else {
+        ok = report("lin_delta", what, got, ref, NULL, NO, 1e-6f, 1e-5f);
+        char w2[120];
+        snprintf(w2, sizeof w2, "%s state", what);
+        ok &= report("lin_delta", w2, st_got, st_ref, NULL, per * n_rows, 1e-6f, 1e-5f);
+    }
+    void *ds[] = {dqkv, dbeta, dg, dout, dst, dptr, drt};
+    for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++) loom_cuda_release(C, ds[i]);
+    free(rt), free(qkv), free(beta), free(g), free(st), free(st_ref), free(st_got), free(ref);
+    free(got), free(S), free(tmp);
+    return ok;
+}
+
+/* rmsnorm(o) * w * silu(z) per (token, value head). */
+static int test_lin_gated_norm(int T, int nv, int dv) {
+    char what[96];
+    snprintf(what, sizeof what, "T=%d nv=%d dv=%d", T, nv, dv);
+    size_t N = (size_t)T * nv * dv;
+    float *o = xmalloc(N * 4), *z = xmalloc(N * 4), *w = xmalloc((size_t)dv * 4);
+    float *ref = xmalloc(N * 4), *got = xmalloc(N * 4);
+    fill(o, N, 0.01f);  /* small outputs: the norm scales them up */
+    fill(z, N, 3.0f);
+    fill(w, (size_t)dv, 1.0f);
+    for (size_t r = 0; r < (size_t)T * nv; r++) {
+        double ss = 0;
+        for (int i = 0; i < dv; i++) ss += (double)o[r * dv + i] * o[r * dv + i];
+        double inv = 1.0 / sqrt(ss / dv + 1e-6);
+        for (int i = 0; i < dv; i++)
+            ref[r * dv + i] = (float)(o[r * dv + i] * inv * w[i] * lin_silu_ref(z[r * dv + i]));
+    }
+    float *d_o = up(o, N * 4), *dz = up(z, N * 4), *dw = up(w, (size_t)dv * 4), *dy = NULL;
+    loom_status s = loom_cuda_alloc(C, (void **)&dy, N * 4);
+    if (s == LOOM_OK && (!d_o || !dz || !dw)) s = LOOM_ERR_NOMEM;
+    if (s == LOOM_OK) s = loom_cuda_lin_gated_norm(C, dy, d_o, dz, dw, T, nv, dv, 1e-6f);
+    if (s == LOOM_OK) s = loom_cuda_download(C, got, dy, N * 4);
+    int ok = 0;
+    if (s != LOOM_OK) api_fail("lin_gated_norm", what, s);
+    else ok = report("lin_gated_norm", what, got, ref, NULL, N, 1e-6f, 1e-5f);
+    void *ds[] = {d_o, dz, dw, dy};
+    for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++) loom_cuda_release(C, ds[i]);
+    free(o), free(z), free(w), free(ref), free(got);
+    return ok;
+}
+
+/* Qwen3-Next's grouped projections into [q | k | v], z, b and a (exact). */
+static int test_lin_split(int T, int nk, int dk, int rep, int dv) {
+    char what[96];
+    snprintf(what, sizeof what, "T=%d nk=%d dk=%d rep=%d dv=%d", T, nk, dk, rep, dv);
+    int nv = nk * rep, D = 2 * nk * dk + nv * dv, gw = 2 * dk + 2 * rep * dv, W = nk * gw;
+    size_t NQ = (size_t)T * D, NZ = (size_t)T * nv * dv, NB = (size_t)T * nv;
+    float *raw = xmalloc(sizeof(float) * (size_t)T * W), *rba = xmalloc(sizeof(float) * NB * 2);
+    float *ref = xmalloc(sizeof(float) * (NQ + NZ + 2 * NB)), *got = xmalloc(sizeof(float) * (NQ + NZ + 2 * NB));
+    fill(raw, (size_t)T * W, 1.0f);
+    fill(rba, NB * 2, 1.0f);
+    float *rq = ref, *rz = ref + NQ, *rb = rz + NZ, *ra = rb + NB;
+    for (int t = 0; t < T; t++)
+        for (int g = 0; g < nk; g++) {
+            const float *src = raw + (size_t)t * W + (size_t)g * gw;
+            float *q = rq + (size_t)t * D;
+            memcpy(q + (size_t)g * dk, src, sizeof(float) * dk);
+            memcpy(q + (size_t)(nk + g) * dk, src + dk, sizeof(float) * dk);
+            memcpy(q + (size_t)2 * nk * dk + (size_t)g * rep * dv, src + 2 * dk, sizeof(float) * rep * dv);
+            memcpy(rz + (size_t)t * nv * dv + (size_t)g * rep * dv, src + 2 * dk + rep * dv,
+                   sizeof(float) * rep * dv);
+            for (int i = 0; i < rep; i++) {
+                const float *sb = rba + (size_t)t * 2 * nv + (size_t)g * 2 * rep;
+                rb[(size_t)t * nv + g * rep + i] = sb[i];
+                ra[(size_t)t * nv + g * rep + i] = sb[rep + i];
+            }
+        }
+    float *draw = up(raw, sizeof(float) * (size_t)T * W), *dba = up(rba, sizeof(float) * NB * 2);
+    float *dout = NULL;
+    loom_status s = loom_cuda_alloc(C, (void **)&dout, sizeof(float) * (NQ + NZ + 2 * NB));
+    if (s == LOOM_OK && (!draw || !dba)) s = LOOM_ERR_NOMEM;
+    if (s == LOOM_OK) s = loom_cuda_memset0(C, dout, sizeof(float) * (NQ + NZ + 2 * NB));
+    if (s == LOOM_OK)
+        s = loom_cuda_lin_split(C, dout, dout + NQ, dout + NQ + NZ, dout + NQ + NZ + NB, draw, dba,
+                                T, nk, dk, rep, dv, D);
+    if (s == LOOM_OK) s = loom_cuda_download(C, got, dout, sizeof(float) * (NQ + NZ + 2 * NB));
+    int ok = 0;
+    if (s != LOOM_OK) api_fail("lin_split", what, s);
+    else ok = report("lin_split", what, got, ref, NULL, NQ + NZ + 2 * NB, 0, 0);
+    loom_cuda_release(C, draw);
+    loom_cuda_release(C, dba);
+    loom_cuda_release(C, dout);
+    free(raw), free(rba), free(ref), free(got);
+    return ok;
+}
+
+/* Gated attention: [query | gate] per head split (exact), then
+ * x *= sigmoid(gate) as forward.c does it in f32. */
+static int test_attn_gate(int T, int nh, int hd) {
+    char what[96];
+    snprintf(what, sizeof what, "T=%d nh=%d hd=%d", T, nh, hd);
+    size_t N = (size_t)T * nh * hd;
+    float *raw = xmalloc(N * 8), *x = xmalloc(N * 4), *ref = xmalloc(N * 12), *got = xmalloc(N * 12);
+    fill(raw, 2 * N, 4.0f);
+    fill(x, N, 2.0f);
+    for (size_t th = 0; th < (size_t)T * nh; th++)
+        for (int k = 0; k < hd; k++) {
+            ref[th * hd + k] = raw[th * 2 * hd + k];
+            ref[N + th * hd + k] = raw[th * 2 * hd + hd + k];
+        }
+    for (size_t i = 0; i < N; i++) ref[2 * N + i] = x[i] * (1.0f / (1.0f + expf(-ref[N + i])));
+    float *draw = up(raw, N * 8), *dout = NULL;
+    loom_status s = loom_cuda_alloc(C, (void **)&dout, N * 12);
+    if (s == LOOM_OK && !draw) s = LOOM_ERR_NOMEM;
+    if (s == LOOM_OK) s = loom_cuda_upload(C, dout + 2 * N, x, N * 4);
+    if (s == LOOM_OK) s = loom_cuda_attn_gate_split(C, dout, dout + N, draw, T, nh, hd);
+    if (s == LOOM_OK) s = loom_cuda_attn_gate_mul(C, dout + 2 * N, dout + N, N);
+    if (s == LOOM_OK) s = loom_cuda_download(C, got, dout, N * 12);
+    int ok = 0;
+    if (s != LOOM_OK) {
+        api_fail("attn_gate", what, s);
+    } else {
+        ok = report("attn_gate", what, got, ref, NULL, 2 * N, 0, 0);
+        char w2[120];
+        snprintf(w2, sizeof w2, "%s mul", what);
+        ok &= report("attn_gate", w2, got + 2 * N, ref + 2 * N, NULL, N, 1e-7f, 1e-6f);
+    }
+    loom_cuda_release(C, draw);
+    loom_cuda_release(C, dout);
+    free(raw), free(x), free(ref), free(got);
+    return ok;
+}
+
+static void test_lin_all(void) {
+    /* conv: decode (one token, fewer than K - 1), a batch of decode rows,
+     * prefill rows shorter and longer than the kernel, kernel 1 and 2 */
+    int l1[] = {1}, l3[] = {1, 1, 1}, l4[] = {5, 1, 2, 70}, l2[] = {3, 130};
+    test_lin_conv(4, 37, l1, 1);
+    test_lin_conv(4, 8192, l3, 3);
+    test_lin_conv(4, 37, l4, 4);
+    test_lin_conv(2, 300, l4, 4);
+    test_lin_conv(1, 33, l2, 2);
+    test_lin_conv(5, 1000, l2, 2);
+    test_lin_prep(1, 2, 16, 4, 16);
+    test_lin_prep(37, 3, 33, 6, 20);
+    test_lin_prep(5, 16, 128, 32, 128);
+    /* the fixtures' shape, Qwen3.5/Next's (dk = dv = 128, 16 key heads of
+     * 32 value heads), odd dims (columns past a block, key entries not a
+     * multiple of the lanes), decode batches and long rows */
+    int d1[] = {1, 1}, d2[] = {40, 3}, d3[] = {17, 1, 9}, d4[] = {1}, d5[] = {300};
+    test_lin_delta(2, 4, 16, 16, d2, 2);
+    test_lin_delta(2, 4, 16, 16, d1, 2);
+    test_lin_delta(16, 32, 128, 128, d1, 2);
+    test_lin_delta(2, 4, 128, 128, d2, 2);
+    test_lin_delta(1, 3, 33, 45, d3, 3);
+    test_lin_delta(3, 3, 100, 70, d4, 1);
+    test_lin_delta(2, 8, 64, 33, d5, 1);
+    test_lin_gated_norm(3, 4, 16);
+    test_lin_gated_norm(17, 5, 45);
+    test_lin_gated_norm(2, 32, 128);
+    test_lin_gated_norm(1, 3, 300);
+    test_lin_split(1, 2, 16, 2, 16);
+    test_lin_split(7, 3, 33, 3, 20);
+    test_lin_split(4, 16, 128, 2, 128);
+    test_attn_gate(1, 4, 32);
+    test_attn_gate(9, 3, 33);
+    test_attn_gate(64, 16, 256);
+}
+
 int main(void) {
     loom_status st = loom_cuda_create(0, &C);
     if (st != LOOM_OK) {
@@ -2086,6 +2480,7 @@ int main(void) {
     };
     for (size_t i = 0; i < sizeof moes / sizeof moes[0]; i++) test_moe(&moes[i]);
     test_moe_limits();
+    test_lin_all();
 
     st = loom_cuda_sync(C);
     if (st != LOOM_OK) api_fail("sync", "end of run", st);
