@@ -359,12 +359,8 @@ loom_status loom_engine_create(loom_model *m, const loom_engine_params *params,
     if (!s) s = loom_exec_create(m, e->kv, p.max_batch_tokens, e->n_ctx, &e->exec);
     int spec_k = 0, spec_budget = 0;
     if (!s && p.speculative) {
-        /* verification rows are decode rows of several tokens, which the
-         * device forward does not take yet */
-        if (loom_exec_on_device(e->exec))
-            s = loom_err(LOOM_ERR_UNSUPPORTED, "speculative decoding runs on the CPU only; the "
-                         "model is on cuda:%d (load it on the CPU or drop the drafter)", m->device);
-        if (!s) s = loom_spec_create(&p, m, c->vocab_size, e->max_seqs, e->n_ctx, p.max_batch_tokens, &e->spec);
+        /* the drafters run on the CPU, beside a target on either backend */
+        s = loom_spec_create(&p, m, c->vocab_size, e->max_seqs, e->n_ctx, p.max_batch_tokens, &e->spec);
         /* a block drafter's default is its whole block */
         int k_dflt = e->spec && loom_spec_block(e->spec) ? loom_spec_block(e->spec) : 8;
         spec_k = LOOM_MIN(p.draft_tokens > 0 ? p.draft_tokens : k_dflt, 64);
