@@ -67,7 +67,7 @@ endif
 ifeq ($(MIN_CJSON),y)
 MIN_LIBS += -lcjson
 MIN_TESTS := cuda-tests/test_cuda_kernels cuda-tests/test_cuda_forward \
-             cuda-tests/test_cuda_engine tools/gen_model
+             cuda-tests/test_cuda_engine cuda-tests/test_cuda_spec tools/gen_model
 else
 LIB_SRC  := $(filter-out $(shell grep -l '^\#include <cjson/cJSON.h>' $(LIB_SRC)),$(LIB_SRC))
 MIN_TESTS := cuda-tests/test_cuda_kernels
@@ -108,7 +108,7 @@ CUC_SRC  := $(shell find src -name '*_cuda.c' ! -path 'src/cli/*' | sort)
 LIB_OBJ  += $(CU_OBJ) $(CUC_SRC:%.c=$(BUILD)/obj/%.o)
 LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
 CUDA_TESTS := $(BUILD)/cuda-tests/test_cuda_kernels $(BUILD)/cuda-tests/test_cuda_forward \
-              $(BUILD)/cuda-tests/test_cuda_engine
+              $(BUILD)/cuda-tests/test_cuda_engine $(BUILD)/cuda-tests/test_cuda_spec
 ifeq ($(CUDA_MIN),1)
 CUDA_TESTS := $(MIN_TESTS:%=$(BUILD)/%)
 endif

@@ -1,8 +1,9 @@
 #!/bin/sh
 # cuda_check: builds loom with the CUDA backend (make CUDA=1) and runs the
 # GPU tests: tests/cuda/test_cuda_kernels.c (one PASS/FAIL line per kernel
-# case with its largest error) and tests/cuda/test_cuda_forward.c (GPU
-# forward vs CPU forward logits on the tiny fixture models). Run from anywhere on a
+# case with its largest error), tests/cuda/test_cuda_forward.c (GPU
+# forward vs CPU forward logits on the tiny fixture models),
+# test_cuda_engine.c and test_cuda_spec.c (speculative decoding). Run from anywhere on a
 # machine with an NVIDIA GPU and the CUDA toolkit:
 #   sh tools/cuda_check.sh
 # Environment: CUDA_HOME (default /usr/local/cuda, else where nvcc is),
@@ -149,6 +150,13 @@ if [ -x "$eng" ]; then
   "$eng" || rc=1
 else
   echo "== engine tests SKIPPED: not built (see $log)"
+fi
+spec="$tests/test_cuda_spec"
+if [ -x "$spec" ]; then
+  echo "== speculative decoding with the target on the device (greedy tokens as plain decoding's)"
+  "$spec" || rc=1
+else
+  echo "== speculative decoding tests SKIPPED: not built (see $log)"
 fi
 if [ "${CUDA_CHECK_SANITIZE:-0}" = 1 ]; then
   echo "== compute-sanitizer (memcheck)"

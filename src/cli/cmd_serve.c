@@ -46,7 +46,7 @@ static const char usage[] =
     "                          from what followed the last 3, 2 or 1 tokens earlier on)\n"
     "  --draft-model DIR       speculative decoding with a draft model (same tokenizer)\n"
     "  --draft-tokens K        proposals a sequence verifies per step at most (default\n"
-    "                          8, a block drafter's block); output as plain decoding's (CPU only)\n"
+    "                          8, a block drafter's block); output as plain decoding's (drafters on the CPU)\n"
     "  --max-body SIZE         largest request body (default 8M)\n"
     "  --timeout S             idle connection timeout in seconds (default 60)\n"
     "  --header-timeout S      a request's line and headers must arrive within S seconds\n"

@@ -469,10 +469,20 @@ void loom_cuda_model_free(loom_cuda_model *g);
  * [n_rows]: such a row with samp[r].temperature > 0 gets the token drawn
  * with samp[r] (loom_cuda_sample) instead of the argmax, where the device
  * sampler takes the vocabulary (loom_cuda_sample_fits; else its logits are
- * written to out and picks[r] stays -1). */
+ * written to out and picks[r] stays -1). A row with logits ALL and ids set
+ * (verification) gets every position's greedy id there instead of logits. */
 loom_status loom_cuda_forward(loom_cuda_model *g, struct loom_kv_layout *kv,
                               struct loom_fwd_row *rows, int n_rows, int32_t *picks,
                               const loom_sample_pick *samp);
+
+/* A drafter's companion rows (model/forward.h: loom_fwd_set_taps): until
+ * set again, every loom_cuda_forward on g also writes the hidden state
+ * after each layer layers[k] (the residual stream, before the final norm)
+ * of its t-th token (rows in order) to out [t, k * hidden, (k + 1) *
+ * hidden), copied to the host with the logits. out NULL or n 0 stops it.
+ * Up to 16 layers; the device buffer (step_tokens rows) is made on the
+ * first call. On an error the taps are off. */
+loom_status loom_cuda_set_taps(loom_cuda_model *g, const int *layers, int n, float *out);
 
 #ifdef __cplusplus
 }

@@ -134,6 +134,12 @@ __global__ void fw_embed_q(float *out, const uint32_t *w, const unsigned short *
 
 /* ---- the model on the device -------------------------------------------- */
 
+/* Graph slots: decode keys, and verification steps' (one per token count
+ * a speculating row may carry, up to a drafter's block of 16). */
+#define FW_GRAPHS 32
+/* Layers whose hidden states one forward exports at most. */
+#define FW_TAPS_MAX 16
+
 typedef struct dweight {
     int rows, cols;
     int quant;                 /* 1: qm, else dense d of dt */
@@ -260,15 +266,22 @@ struct loom_cuda_model {
     int32_t *h_ids;            /* owned, ids_cap */
     int32_t *h_sids;           /* owned, ids_cap */
     loom_sample_pick *h_samp;  /* owned, ids_cap */
+    /* hidden states exported for a drafter (loom_cuda_set_taps) */
+    int n_taps;
+    int tap_layers[FW_TAPS_MAX];
+    float *d_taps;             /* (step_tokens, n_taps * hidden) device, grown */
+    size_t taps_cap;           /* floats d_taps holds */
+    float *taps_out;           /* borrowed host (tokens, n_taps * hidden), or NULL: off */
     /* decode graphs */
     int use_graphs;
     struct fw_graph {
-        int n_rows, tstride;   /* the key */
+        int n_rows, tstride;   /* the key: attention sequences, table width, */
+        int verify, taps;      /* verification numerics, hidden states exported */
         int state;             /* 0 free, 1 seen once (eager), 2 captured, -1 refused */
         unsigned sgen, lgen;   /* scratch_gen / logits_gen at capture */
         cudaGraphExec_t exec;  /* owned when state == 2 */
         unsigned long long used;
-    } graphs[16];
+    } graphs[FW_GRAPHS];
     unsigned long long clock;
     /* LOOM_CUDA_STEP_TIMES=1: where a decode step's wall time goes (see st_*) */
     int st_on, st_cur, st_rows, st_replayed;
@@ -428,7 +441,7 @@ extern "C" void loom_cuda_model_free(loom_cuda_model *g) {
     for (int i = 0; i < g->n_allocs; i++) loom_cuda_release(g->c, g->allocs[i]);
     free(g->allocs);
     free(g->layers);
-    for (int i = 0; i < 16; i++)
+    for (int i = 0; i < FW_GRAPHS; i++)
         if (g->graphs[i].state == 2) cudaGraphExecDestroy(g->graphs[i].exec);
     if (g->h_ints) cudaFreeHost(g->h_ints);
     if (g->h_ids) cudaFreeHost(g->h_ids);
@@ -988,6 +1001,8 @@ static void st_flush(loom_cuda_model *g) {
 /* One step's shape and its device integers (views into g->ints). */
 typedef struct fw_step {
     int T, n_rows, tstride, max_new, max_len, n_sel, decode;
+    int verify;                /* rows carry proposals: the decode path's numerics (below) */
+    int taps;                  /* hidden states exported (loom_cuda_set_taps) */
     const int32_t *tok, *slot, *sel, *rtok, *rpos, *lens, *pos, *tab;
 } fw_step;
 
@@ -1005,6 +1020,18 @@ static loom_status residual(loom_cuda_model *g, const float *y, const float *pos
     size_t TH = (size_t)T * H;
     fw_add<<<loom_cuda_blocks(TH, 256), 256, 0, g->c->stream>>>(g->x, y, TH);
     LAUNCH_CHECK();
+    return LOOM_OK;
+}
+
+/* The hidden states after layer l (x, (T, hidden)) into the column block
+ * of d_taps of every tap asking for l: the residual stream, complete at
+ * a layer's end on every path of fw_body. */
+static loom_status fw_taps(loom_cuda_model *g, const fw_step *S, int l) {
+    size_t H = (size_t)g->m->cfg.hidden_size, n = (size_t)g->n_taps;
+    for (int k = 0; S->taps && k < g->n_taps; k++)
+        if (g->tap_layers[k] == l)
+            CUDA_CHECK(cudaMemcpy2DAsync(g->d_taps + (size_t)k * H, n * H * 4, g->x, H * 4, H * 4,
+                                         (size_t)S->T, cudaMemcpyDeviceToDevice, g->c->stream));
     return LOOM_OK;
 }
 
@@ -1145,6 +1172,7 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
     size_t TH = (size_t)T * H;
     int small = g->act16 != LOOM_CUDA_F32 && T <= g->small_t && T <= g->gemv_t;
     for (int l = 0; l < cf->n_layers; l++) {
+        if (l > 0) TRY(fw_taps(g, S, l - 1)); /* every path below ends its layer with continue */
         const loom_layer *L = &m->layers[l];
         const loom_attn *A = &L->attn;
         const dlayer *D = &g->layers[l];
@@ -1160,13 +1188,19 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
         char *pk = (char *)g->kv_k + layer_off, *pv = (char *)g->kv_v + layer_off;
         loom_cuda_kv dkv = {pk, pv, g->kv_dt, bs, g->kv_row_bytes / esz};
         size_t roff = (size_t)A->rope * g->step_tokens * g->max_half;
-        loom_cuda_attn at = {nh, nkv, hd, A->scale, (float)cf->attn_softcap, A->window, 1};
+        /* verification keeps to the decode path's roundings: no bf16
+         * queries and weights in the attention, no bf16 q/k/v or gate/up
+         * (below), so a target's pick over a proposal is the pick plain
+         * decoding makes there, up to the order of f32 sums */
+        loom_cuda_attn at = {nh, nkv, hd, A->scale, (float)cf->attn_softcap, A->window, !S->verify};
         if (small) {
             /* x holds the whole residual: each GEMV makes its own input (norm,
              * activation) and wo and down add into x */
             int gelu = m->act == LOOM_ACT_GELU_TANH;
             TRY(gemv(g, g->qkv, LOOM_CUDA_GEMV_RMSNORM, g->x, D->attn_norm, &D->wqkv, NULL, T, 0));
-            if (S->decode && g->attn_qkv &&
+            /* not for verification: a token's attention there reads the K/V
+             * rows other blocks of the fused kernel store */
+            if (S->decode && g->attn_qkv && !S->verify &&
                 loom_cuda_attn_decode_qkv_ok(c, &dkv, &at, R->rot_dim, S->n_rows, S->max_len)) {
                 /* qkv_post inside the attention: five kernels a layer */
                 TRY(loom_cuda_attn_decode_qkv(c, g->att, g->q, &dkv, &at, g->qkv, D->bqkv,
@@ -1203,7 +1237,8 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
             TRY(loom_cuda_rmsnorm(c, g->xb, g->x, D->attn_norm, T, H, eps, 0));
         if (D->fused_qkv) {
             /* one GEMM, then bias, q/k norms, rope and the K/V store in one pass */
-            if (a16 && g->qkv16 && D->wqkv.dt == LOOM_CUDA_BF16 && !use_gemv(g, &D->wqkv, T)) {
+            if (a16 && g->qkv16 && !S->verify && D->wqkv.dt == LOOM_CUDA_BF16 &&
+                !use_gemv(g, &D->wqkv, T)) {
                 /* bf16 q/k/v: half the bytes between the GEMM and qkv_post */
                 TRY(loom_cuda_gemm16_bf16out(c, g->qkv, g->a16, D->wqkv.d, T, D->wqkv.rows,
                                              D->wqkv.cols));
@@ -1282,7 +1317,7 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
             }
             TRY(loom_cuda_add_rmsnorm16(c, g->a16, g->x, oacc ? NULL : g->xb, D->ffn_norm, T, H,
                                         eps, g->act16));
-            if (g->gu16 && !use_gemv(g, &D->gate_up, T) && I % 4 == 0) {
+            if (g->gu16 && !S->verify && !use_gemv(g, &D->gate_up, T) && I % 4 == 0) {
                 /* bf16 gate/up: half the bytes between the GEMM and the activation */
                 TRY(loom_cuda_gemm16_bf16out(c, g->hb, g->a16, D->gate_up.d, T, D->gate_up.rows,
                                              D->gate_up.cols));
@@ -1302,6 +1337,7 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
         TRY(residual(g, g->xb, D->post_attn_norm, T));
         TRY(ffn_f32(g, D, T));
     }
+    TRY(fw_taps(g, S, cf->n_layers - 1));
 
     int n_sel = S->n_sel, V = cf->vocab_size;
     if (n_sel > 0) {
@@ -1340,17 +1376,21 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
 
 /* The graph slot of a decode key: the existing one, else a free or the
  * least recently used one (reset). */
-static struct loom_cuda_model::fw_graph *graph_slot(loom_cuda_model *g, int n_rows, int tstride) {
+static struct loom_cuda_model::fw_graph *graph_slot(loom_cuda_model *g, const fw_step *S) {
     struct loom_cuda_model::fw_graph *best = NULL;
-    for (int i = 0; i < 16; i++) {
+    for (int i = 0; i < FW_GRAPHS; i++) {
         struct loom_cuda_model::fw_graph *x = &g->graphs[i];
-        if (x->state != 0 && x->n_rows == n_rows && x->tstride == tstride) return x;
+        if (x->state != 0 && x->n_rows == S->n_rows && x->tstride == S->tstride &&
+            x->verify == S->verify && x->taps == S->taps)
+            return x;
         if (!best || x->state == 0 || (best->state != 0 && x->used < best->used)) best = x;
     }
     if (best->state == 2) cudaGraphExecDestroy(best->exec);
     memset(best, 0, sizeof *best);
-    best->n_rows = n_rows;
-    best->tstride = tstride;
+    best->n_rows = S->n_rows;
+    best->tstride = S->tstride;
+    best->verify = S->verify;
+    best->taps = S->taps;
     return best;
 }
 
@@ -1359,7 +1399,7 @@ static struct loom_cuda_model::fw_graph *graph_slot(loom_cuda_model *g, int n_ro
 static loom_status fw_run(loom_cuda_model *g, const fw_step *S, int graphable) {
     loom_cuda *c = g->c;
     if (!graphable || !g->use_graphs) return fw_body(g, S);
-    struct loom_cuda_model::fw_graph *x = graph_slot(g, S->n_rows, S->tstride);
+    struct loom_cuda_model::fw_graph *x = graph_slot(g, S);
     x->used = ++g->clock;
     if (x->state == 2 && (x->sgen != c->scratch_gen || x->lgen != g->logits_gen)) {
         cudaGraphExecDestroy(x->exec);  /* scratch or logits moved: capture again */
@@ -1401,6 +1441,39 @@ static loom_status fw_run(loom_cuda_model *g, const fw_step *S, int graphable) {
     return LOOM_OK;
 }
 
+extern "C" loom_status loom_cuda_set_taps(loom_cuda_model *g, const int *layers, int n,
+                                          float *out) {
+    const loom_config *cf = &g->m->cfg;
+    g->taps_out = NULL;
+    if (!out || n <= 0) return LOOM_OK;
+    if (n > FW_TAPS_MAX)
+        return loom_err(LOOM_ERR_INVALID_ARG, "cuda forward: %d layers' hidden states asked for, "
+                        "at most %d", n, FW_TAPS_MAX);
+    for (int k = 0; k < n; k++)
+        if (layers[k] < 0 || layers[k] >= cf->n_layers)
+            return loom_err(LOOM_ERR_INVALID_ARG, "cuda forward: hidden states of layer %d asked "
+                            "for; the model has %d layers", layers[k], cf->n_layers);
+    int same = n == g->n_taps;
+    for (int k = 0; k < n && same; k++) same = g->tap_layers[k] == layers[k];
+    size_t need = (size_t)g->step_tokens * n * cf->hidden_size;
+    if (need > g->taps_cap) {
+        CUDA_CHECK(cudaStreamSynchronize(g->c->stream));
+        if (g->d_taps) g_release(g, g->d_taps);
+        g->d_taps = NULL;
+        g->taps_cap = 0;
+        TRY(g_alloc(g, (void **)&g->d_taps, need * sizeof(float)));
+        g->taps_cap = need;
+        same = 0;
+    }
+    if (!same) {
+        memcpy(g->tap_layers, layers, sizeof *layers * (size_t)n);
+        g->n_taps = n;
+        g->logits_gen++; /* captured graphs copy the old layers, or into the old buffer */
+    }
+    g->taps_out = out;
+    return LOOM_OK;
+}
+
 /* Whether row r gets its token from the device: asked for (picks -1, last
  * logits), and greedy or of a vocabulary the device sampler takes (else
  * its logits are copied and the pick left to the host). */
@@ -1408,6 +1481,12 @@ static int takes_pick(const loom_fwd_row *rows, int r, const int32_t *picks,
                       const loom_sample_pick *samp, int V) {
     if (!picks || picks[r] != -1 || rows[r].logits != LOOM_LOGITS_LAST) return 0;
     return !(samp && samp[r].temperature > 0) || loom_cuda_sample_fits(V);
+}
+
+/* Whether row r gets every position's greedy id (a verification row that
+ * asks: loom_fwd_row's ids) instead of its logits. */
+static int takes_ids(const loom_fwd_row *row) {
+    return row->ids && row->logits == LOOM_LOGITS_ALL;
 }
 
 extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_layout *kv,
@@ -1430,6 +1509,7 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_layout *kv,
     S.n_rows = n_rows;
     S.tstride = 1;
     S.decode = 1;
+    int all_dec = 1, hidden = 0;
     for (int r = 0; r < n_rows; r++) {
         int end = rows[r].seq->n_tokens + rows[r].n;
         S.tstride = LOOM_MAX_I(S.tstride, (end + bs - 1) / bs);
@@ -1437,10 +1517,22 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_layout *kv,
         S.max_len = LOOM_MAX_I(S.max_len, end);
         S.n_sel += loom_fwd_row_logits(&rows[r]);
         S.decode &= rows[r].n == 1;
+        S.verify |= rows[r].decode && rows[r].n > 1;
+        all_dec &= rows[r].decode && loom_fwd_row_logits(&rows[r]) == rows[r].n;
+        hidden |= rows[r].hidden != NULL;
     }
-    int hidden = 0;
-    for (int r = 0; r < n_rows; r++) hidden |= rows[r].hidden != NULL;
-    int graphable = S.decode && S.n_sel == n_rows && !hidden;
+    S.taps = g->taps_out != NULL;
+    /* A step of decode rows only, some carrying proposals (every token's
+     * logits wanted), is a decode step of T one-token sequences: token i
+     * of a row at position p attends to [lo, p] through the row's own
+     * block table, after the step's K/V rows are stored. Each token then
+     * takes plain decoding's attention, and the step a decode graph. */
+    int expand = S.verify && all_dec && !hidden;
+    if (expand) {
+        S.decode = 1;
+        S.n_rows = T;
+    }
+    int graphable = S.decode && S.n_sel == S.n_rows && !hidden;
     if (S.decode) {
         /* Round the table width up to 16 blocks (and size the attention grid
          * by it) so that a decode graph serves many steps. */
@@ -1448,17 +1540,16 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_layout *kv,
         S.tstride = LOOM_MIN_U((unsigned)((S.tstride + 15) / 16 * 16), (unsigned)tmax);
         S.max_len = S.tstride * bs;
     }
+    /* lens and tables per attention sequence (S.n_rows <= T: ints_cap) */
+    int ns = S.n_rows;
     int32_t *h_tok = g->h_ints, *h_slot = h_tok + T, *h_sel = h_slot + T;
     int32_t *h_rtok = h_sel + T, *h_rpos = h_rtok + n_rows + 1, *h_lens = h_rpos + n_rows;
-    int32_t *h_pos = h_lens + n_rows, *h_tab = h_pos + T;
-    size_t n_ints = (size_t)(h_tab - g->h_ints) + (size_t)n_rows * S.tstride;
+    int32_t *h_pos = h_lens + ns, *h_tab = h_pos + T;
+    size_t n_ints = (size_t)(h_tab - g->h_ints) + (size_t)ns * S.tstride;
     for (int r = 0, t = 0, j = 0; r < n_rows; r++) {
         const loom_kv_seq *seq = rows[r].seq;
         h_rtok[r] = t;
         h_rpos[r] = seq->n_tokens;
-        h_lens[r] = seq->n_tokens + rows[r].n;
-        for (int b = 0; b < S.tstride; b++)
-            h_tab[(size_t)r * S.tstride + b] = b < seq->n_blocks ? seq->blocks[b] : -1;
         for (int i = 0; i < rows[r].n; i++, t++) {
             int pos = seq->n_tokens + i;
             h_tok[t] = rows[r].tokens[i];
@@ -1466,6 +1557,12 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_layout *kv,
             h_pos[t] = pos;
             if (rows[r].logits == LOOM_LOGITS_ALL || (rows[r].logits == LOOM_LOGITS_LAST && i == rows[r].n - 1))
                 h_sel[j++] = t;
+            if (!expand && i > 0) continue;
+            /* the sequence of the row, or (expanded) of its token t */
+            int q = expand ? t : r;
+            h_lens[q] = expand ? pos + 1 : seq->n_tokens + rows[r].n;
+            for (int b = 0; b < S.tstride; b++)
+                h_tab[(size_t)q * S.tstride + b] = b < seq->n_blocks ? seq->blocks[b] : -1;
         }
         h_rtok[r + 1] = t;
     }
@@ -1475,7 +1572,7 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_layout *kv,
     S.rtok = S.sel + T;
     S.rpos = S.rtok + n_rows + 1;
     S.lens = S.rpos + n_rows;
-    S.pos = S.lens + n_rows;
+    S.pos = S.lens + ns;
     S.tab = S.pos + T;
     int st_step = g->st_on && graphable && g->use_graphs && S.n_sel <= g->logits_rows;
     cudaEvent_t *ev = g->st_ev[g->st_cur];
@@ -1501,6 +1598,10 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_layout *kv,
     g->st_replayed = 0;
     TRY(fw_run(g, &S, graphable));
     st_step &= g->st_replayed;
+    if (S.taps)
+        CUDA_CHECK(cudaMemcpyAsync(g->taps_out, g->d_taps,
+                                   (size_t)T * g->n_taps * cf->hidden_size * sizeof(float),
+                                   cudaMemcpyDeviceToHost, c->stream));
     if (hidden) {
         /* embeddings: every token's hidden state after the final norm, in
          * xb (the head has read it by now, in stream order); the rows that
@@ -1523,7 +1624,7 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_layout *kv,
     for (int r = 0, j = 0; r < n_rows; r++) {
         int cnt = loom_fwd_row_logits(&rows[r]);
         int pick = takes_pick(rows, r, picks_in, samp_in, V);
-        any |= pick;
+        any |= pick || takes_ids(&rows[r]);
         for (int k = 0; k < cnt; k++, j++) {
             int sampled = pick && samp_in && samp_in[r].temperature > 0;
             /* other rows: a cheap, valid setting (one round); their result is unused */
@@ -1546,7 +1647,7 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_layout *kv,
     for (int r = 0, j = 0; r < n_rows; r++) {
         int cnt = loom_fwd_row_logits(&rows[r]);
         int pick = takes_pick(rows, r, picks_in, samp_in, V);
-        if (cnt && !pick)
+        if (cnt && !pick && !takes_ids(&rows[r]))
             CUDA_CHECK(cudaMemcpyAsync(rows[r].out, g->logits + (size_t)j * V, (size_t)cnt * V * 4,
                                        cudaMemcpyDeviceToHost, c->stream));
         j += cnt;
@@ -1585,6 +1686,7 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_layout *kv,
         int cnt = loom_fwd_row_logits(&rows[r]);
         if (cnt && takes_pick(rows, r, picks_in, samp_in, V))
             picks_in[r] = samp_in && samp_in[r].temperature > 0 ? g->h_sids[j] : g->h_ids[j];
+        if (takes_ids(&rows[r])) memcpy(rows[r].ids, g->h_ids + j, sizeof *rows[r].ids * (size_t)cnt);
         j += cnt;
     }
     for (int r = 0; r < n_rows && m->n_linear > 0; r++) loom_seq_state_dev_advanced(rows[r].state);

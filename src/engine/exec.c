@@ -47,8 +47,7 @@ loom_status loom_exec_forward_picks(loom_exec *x, loom_kv_pool *kv, loom_fwd_row
 
 int loom_exec_set_taps(loom_exec *x, const int *layers, int n, float *out) {
     if (!x->ops->set_taps) return 0;
-    x->ops->set_taps(x, layers, n, out);
-    return 1;
+    return x->ops->set_taps(x, layers, n, out);
 }
 
 int loom_exec_on_device(const loom_exec *x) { return x->ops->on_device; }

@@ -31,8 +31,9 @@ loom_status loom_exec_forward_picks(loom_exec *x, loom_kv_pool *kv, loom_fwd_row
                                     int n_rows, int32_t *picks, const loom_sample_pick *samp);
 /* Until set again, forwards write the hidden states after layers[0..n)
  * of every token (rows in order) to out [tokens, n * hidden]
- * (loom_fwd_set_taps); out NULL stops it. Returns 0 where the backend
- * cannot (the device). */
+ * (loom_fwd_set_taps; on the device loom_cuda_set_taps, copied back with
+ * the logits); out NULL stops it. Returns 0 where the backend cannot
+ * (then the taps are off). */
 int loom_exec_set_taps(loom_exec *x, const int *layers, int n, float *out);
 /* 1 when the KV rows live on a device (the host pool holds no K/V data). */
 int loom_exec_on_device(const loom_exec *x);

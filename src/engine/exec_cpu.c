@@ -19,8 +19,9 @@ static loom_status cpu_forward(loom_exec *x, loom_kv_pool *kv, loom_fwd_row *row
     return loom_forward(c->m, c->fwd, &kv->lay, rows, n_rows);
 }
 
-static void cpu_set_taps(loom_exec *x, const int *layers, int n, float *out) {
+static int cpu_set_taps(loom_exec *x, const int *layers, int n, float *out) {
     loom_fwd_set_taps(((cpu_exec *)x)->fwd, layers, n, out);
+    return 1;
 }
 
 static void cpu_free(loom_exec *x) {

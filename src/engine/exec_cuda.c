@@ -1,6 +1,7 @@
 /* exec_cuda: the executor's CUDA backend (built with CUDA=1 only): the
  * device twin of the pool holds the K/V rows, the host pool the block
- * tables; the forward may pick tokens on the device. */
+ * tables; the forward may pick tokens on the device, and exports a
+ * drafter's hidden states to the host (loom_cuda_set_taps). */
 #include <stdlib.h>
 
 #include "base/base.h"
@@ -19,6 +20,12 @@ static loom_status cuda_forward(loom_exec *x, loom_kv_pool *kv, loom_fwd_row *ro
     return loom_cuda_forward(g->gpu, &kv->lay, rows, n_rows, picks, samp);
 }
 
+static int cuda_set_taps(loom_exec *x, const int *layers, int n, float *out) {
+    if (loom_cuda_set_taps(((cuda_exec *)x)->gpu, layers, n, out) == LOOM_OK) return 1;
+    loom_log(LOOM_LOG_WARN, "%s", loom_last_error());
+    return 0;
+}
+
 static void cuda_free(loom_exec *x) {
     cuda_exec *g = (cuda_exec *)x;
     loom_cuda_model_free(g->gpu);
@@ -27,7 +34,7 @@ static void cuda_free(loom_exec *x) {
 }
 
 static const loom_exec_ops cuda_ops = {
-    .forward = cuda_forward, .free = cuda_free, .on_device = 1,
+    .forward = cuda_forward, .free = cuda_free, .set_taps = cuda_set_taps, .on_device = 1,
     .pick_top_k_max = LOOM_CUDA_TOPK_MAX,
 };
 

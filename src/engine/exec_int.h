@@ -13,8 +13,9 @@ typedef struct loom_exec_ops {
     loom_status (*forward)(loom_exec *x, loom_kv_pool *kv, loom_fwd_row *rows, int n_rows,
                            int32_t *picks, const loom_sample_pick *samp);
     void (*free)(loom_exec *x);
-    /* loom_exec_set_taps, or NULL: the backend exports no hidden states */
-    void (*set_taps)(loom_exec *x, const int *layers, int n, float *out);
+    /* loom_exec_set_taps, or NULL: the backend exports no hidden states;
+     * returns 0 where it cannot this time (the taps are then off) */
+    int (*set_taps)(loom_exec *x, const int *layers, int n, float *out);
     int on_device;       /* 1: KV rows live on the device, the host pool holds no K/V data */
     int pick_top_k_max;  /* largest top-k the forward draws a token with (temperature, top-p,
                             min-p); 0: greedy picks only */

@@ -321,9 +321,9 @@ static loom_status dfl_create(loom_spec *sp, loom_model *target, int n_ctx) {
     loom_status s = target ? loom_dflash_check(d, target)
                            : loom_err(LOOM_ERR_INVALID_ARG, "dflash: the target model is needed");
     if (s) return s;
-    if (target->device >= 0)
-        return loom_err(LOOM_ERR_UNSUPPORTED, "dflash: the target's hidden states are exported on "
-                        "the CPU only; the target is on cuda:%d", target->device);
+    /* A target on a device exports the hidden states to the host (exec.h's
+     * loom_exec_set_taps); the drafter runs on the CPU over the target's
+     * host weights (embeddings, lm_head), which stay mapped. */
     size_t proj = (size_t)sp->step_tokens * (size_t)(d->hidden + d->n_kv * d->head_dim);
     sp->dfl_batch = LOOM_MAX(1, LOOM_MIN(sp->max_seqs, DFL_BATCH));
     size_t scr = LOOM_MAX(proj, loom_dflash_scratch(d, n_ctx, sp->dfl_batch));

@@ -219,25 +219,6 @@ static void check_embeddings(const char *name) {
     loom_st_close(ref);
 }
 
-/* Speculative decoding's verification rows (decode rows of several
- * tokens) are the CPU forward's only: an engine on the device refuses it
- * by name. */
-static void speculation_refused(void) {
-    loom_model *m = NULL;
-    loom_model_params mp = loom_model_default_params();
-    mp.device = 0;
-    CHECK(loom_model_load("tests/fixtures/models/qwen3-tiny", &mp, &m) == LOOM_OK);
-    if (!m) return;
-    loom_engine_params ep = loom_engine_default_params();
-    ep.speculative = LOOM_SPEC_NGRAM;
-    loom_engine *e = NULL;
-    CHECK(loom_engine_create(m, &ep, &e) == LOOM_ERR_UNSUPPORTED && !e);
-    CHECKF(strstr(loom_last_error(), "speculative decoding runs on the CPU only") != NULL, "%s",
-           loom_last_error());
-    loom_engine_free(e);
-    loom_model_free(m);
-}
-
 /* A hybrid's prompt served from the prefix cache resumes from the state
  * snapshot at its last full block (>= 256 tokens in), pulled from the
  * device when saved and uploaded again when restored: a prompt sharing only
@@ -395,7 +376,6 @@ static void session_hybrid(const char *name) {
 }
 
 int main(void) {
-    speculation_refused();
     session_hybrid("qwen3.5-tiny-hybrid");
     prefix_cache_hybrid("qwen3.5-tiny-hybrid");
     prefix_cache_hybrid("qwen3next-tiny-hybrid-moe");

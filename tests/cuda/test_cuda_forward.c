@@ -3,7 +3,8 @@
  * Qwen3-Next hybrids with their recurrent states on the device): a two-row
  * prefill, decode steps, and a step mixing a decode row with a prefill
  * chunk, for f32 and f16 KV; for the hybrids also the device state against
- * the CPU's and a decode step replayed from a saved state.
+ * the CPU's and a decode step replayed from a saved state; speculative
+ * verification rows with a drafter's hidden states exported.
  * Needs a GPU; run by tools/cuda_check.sh. One PASS/FAIL line per step:
  * err = max |gpu - cpu| / max |cpu| over the step's logits, and how many
  * of the logit rows agree on the argmax. */
@@ -337,6 +338,122 @@ out:
     loom_model_free(m);
 }
 
+/* Taps: max |gpu - cpu| / max |cpu| over the step's exported hidden states. */
+static void compare_taps(const char *dir, const char *kvn, const char *step, const float *g,
+                         const float *c, size_t n, double tol) {
+    double rel = test_rel_err(g, c, n);
+    int ok = rel <= tol && rel == rel;
+    printf("%s  verify  %-18s kv=%-3s %-28s taps err=%.3g (tol %.0e)\n", ok ? "PASS" : "FAIL", dir,
+           kvn, step, rel, tol);
+    ok ? n_pass++ : n_fail++;
+}
+
+/* Speculative verification: a decode row carrying its last token and four
+ * proposals (logits at every position) beside a plain decode row, against
+ * the CPU, with the hidden states after the last and the first layer
+ * exported (loom_cuda_set_taps, in that order) from the prompts on. After
+ * each step the row keeps 1 to 3 of its 5 tokens (rejected proposals:
+ * the KV cut back, both pools), so the next step writes over what was
+ * cut. The four verification steps share a graph key: the first runs
+ * eagerly, the second is captured, the others replay it; the fourth
+ * takes the row's greedy ids instead of its logits. */
+static void run_verify(const char *dir, loom_kv_type kvt) {
+    const char *kvn = loom_kv_type_name(kvt);
+    loom_model *m = load("verify", dir, dir);
+    if (!m) return;
+    if (m->n_linear > 0) { /* the engine refuses speculation on these (test_cuda_spec) */
+        printf("SKIP  verify %s: linear-attention layers take no verification rows\n", dir);
+        loom_model_free(m);
+        return;
+    }
+    int V = loom_model_vocab_size(m), H = loom_model_hidden_size(m), L = m->cfg.n_layers;
+    int max_tokens = 64, max_ctx = 256, layers[2] = {L - 1, 0};
+    double tol = tolerance(m, kvt);
+    loom_kv_pool *kv[2] = {NULL, NULL};  /* CPU, GPU */
+    loom_kv_seq sq[2][2];
+    memset(sq, 0, sizeof sq);
+    loom_fwd_state *fs = NULL;
+    loom_cuda_model *g = NULL;
+    float *out[2], *taps[2];
+    for (int i = 0; i < 2; i++) {
+        out[i] = malloc(sizeof(float) * (size_t)max_tokens * V);
+        taps[i] = calloc((size_t)max_tokens * 2 * H, sizeof(float));
+    }
+    loom_status st = sides_create(m, kvt, max_tokens, max_ctx, &kv[0], &kv[1], &fs, &g);
+    if (st == LOOM_OK) st = loom_cuda_set_taps(g, layers, 2, taps[1]);
+    if (st != LOOM_OK) {
+        fail_status("verify", dir, kvn, "setup ", st);
+        goto out;
+    }
+    loom_fwd_set_taps(fs, layers, 2, taps[0]);
+    unsigned long long rng = 0x7e51ull;
+    int32_t toks[2][200];
+    for (int j = 0; j < 2; j++)
+        for (int i = 0; i < 200; i++) toks[j][i] = (int32_t)(test_rand_u32(&rng) % (unsigned)V);
+    int len[2] = {30, 12};
+    for (int i = 0; i < 2 && st == LOOM_OK; i++)
+        for (int j = 0; j < 2 && st == LOOM_OK; j++) st = loom_kv_seq_reserve(kv[i], &sq[i][j], 200);
+    for (int i = 0; i < 2 && st == LOOM_OK; i++) {
+        loom_fwd_row rows[2] = {{.tokens = toks[0], .n = len[0], .seq = &sq[i][0], .logits = LOOM_LOGITS_LAST, .out = out[i], .decode = 0},
+                                {.tokens = toks[1], .n = len[1], .seq = &sq[i][1], .logits = LOOM_LOGITS_LAST, .out = out[i] + V, .decode = 0}};
+        st = i ? loom_cuda_forward(g, &kv[i]->lay, rows, 2, NULL, NULL)
+               : loom_forward(m, fs, &kv[0]->lay, rows, 2);
+    }
+    if (st != LOOM_OK) goto fail;
+    compare(dir, kvn, "prompts 30+12", out[1], out[0], 2, V, tol);
+    compare_taps(dir, kvn, "prompts 30+12", taps[1], taps[0], (size_t)(len[0] + len[1]) * 2 * H, tol);
+    for (int k = 0; k < 5 && st == LOOM_OK; k++) {
+        int tapped = k < 4, keep = 1 + k % 3, by_ids = k == 3;
+        int32_t ids[5] = {-1, -1, -1, -1, -1};
+        if (!tapped) { /* the same shape without taps: another key */
+            loom_fwd_set_taps(fs, NULL, 0, NULL);
+            st = loom_cuda_set_taps(g, NULL, 0, NULL);
+        }
+        for (int i = 0; i < 2 && st == LOOM_OK; i++) {
+            loom_fwd_row rows[2] = {{.tokens = toks[0] + len[0], .n = 5, .seq = &sq[i][0], .logits = LOOM_LOGITS_ALL, .out = out[i], .decode = 1},
+                                    {.tokens = toks[1] + len[1], .n = 1, .seq = &sq[i][1], .logits = LOOM_LOGITS_LAST, .out = out[i] + (size_t)5 * V, .decode = 1}};
+            if (i && by_ids) rows[0].ids = ids; /* the greedy ids instead of row 0's logits */
+            st = i ? loom_cuda_forward(g, &kv[i]->lay, rows, 2, NULL, NULL)
+                   : loom_forward(m, fs, &kv[0]->lay, rows, 2);
+        }
+        if (st != LOOM_OK) break;
+        char what[64];
+        snprintf(what, sizeof what, "verify %d (pos %d, %d)%s", k + 1, len[0], len[1], tapped ? "" : " no taps");
+        if (by_ids) {
+            int agree = 0;
+            for (int t = 0; t < 5; t++) agree += ids[t] == loom_argmax(out[0] + (size_t)t * V, V);
+            printf("%s  verify  %-18s kv=%-3s %-28s greedy ids %d/5 the CPU's argmax\n",
+                   agree == 5 ? "PASS" : "FAIL", dir, kvn, what, agree);
+            agree == 5 ? n_pass++ : n_fail++;
+            compare(dir, kvn, what, out[1] + (size_t)5 * V, out[0] + (size_t)5 * V, 1, V, tol);
+        } else {
+            compare(dir, kvn, what, out[1], out[0], 6, V, tol);
+        }
+        if (tapped) compare_taps(dir, kvn, what, taps[1], taps[0], (size_t)6 * 2 * H, tol);
+        /* the next step's tokens replace the rejected proposals */
+        len[0] += keep;
+        len[1]++;
+        for (int i = 0; i < 2 && st == LOOM_OK; i++) {
+            loom_kv_seq_truncate(kv[i], &sq[i][0], len[0]);
+            st = loom_kv_seq_reserve(kv[i], &sq[i][0], len[0] + 5);
+        }
+        for (int t = len[0]; t < len[0] + 5; t++) toks[0][t] = (int32_t)(test_rand_u32(&rng) % (unsigned)V);
+    }
+    if (st == LOOM_OK) goto out;
+fail:
+    fail_status("verify", dir, kvn, "", st);
+out:
+    for (int i = 0; i < 2; i++) {
+        for (int j = 0; j < 2 && kv[i]; j++) loom_kv_seq_release(kv[i], &sq[i][j]);
+        loom_kv_pool_free(kv[i]);
+        free(out[i]);
+        free(taps[i]);
+    }
+    loom_cuda_model_free(g);
+    loom_fwd_state_free(fs);
+    loom_model_free(m);
+}
+
 int main(void) {
     loom_status st = loom_cuda_create(0, &C);
     if (st != LOOM_OK) {
@@ -351,6 +468,11 @@ int main(void) {
         run_fixture(fixtures[i], LOOM_KV_F32);
         run_fixture(fixtures[i], LOOM_KV_F16);
     }
+    for (size_t i = 0; i < sizeof fixtures / sizeof fixtures[0]; i++) {
+        char dir[256];
+        snprintf(dir, sizeof dir, "tests/fixtures/models/%s", fixtures[i]);
+        run_verify(dir, LOOM_KV_F32);
+    }
     /* LOOM_CUDA_TEST_MODELS: extra model directories (tools/cuda_check.sh
      * writes random ones with gen_model, bf16 and an f32 MoE), run with
      * bf16 and f32 KV: the paths the fixtures' f32 weights never take
@@ -363,6 +485,7 @@ int main(void) {
         run_fixture(d, LOOM_KV_BF16);
         run_fixture(d, LOOM_KV_F32);
         run_single(d, LOOM_KV_BF16);
+        run_verify(d, LOOM_KV_BF16);
     }
     /* the same models with the other settings: the q/k/v GEMM writing f32
      * (LOOM_CUDA_QKV16=0), qkv_post inside the decode attention
@@ -373,6 +496,7 @@ int main(void) {
     for (char *sv = NULL, *d = strtok_r(buf, " ", &sv); d; d = strtok_r(NULL, " ", &sv)) {
         printf("== LOOM_CUDA_QKV16=0 LOOM_CUDA_ATTN_QKV=1\n");
         run_fixture(d, LOOM_KV_BF16);
+        run_verify(d, LOOM_KV_BF16);
     }
     unsetenv("LOOM_CUDA_QKV16");
     unsetenv("LOOM_CUDA_ATTN_QKV");
