@@ -48,21 +48,25 @@ static int run(loom_model *m, const int32_t *tok, int L, float *lg, int32_t *out
     return ok;
 }
 
-static void check_variant(const test_fp8_variant *v) {
+/* The FP8 copy of src (quantized as v says) against its dequantized twin;
+ * n_f8 weights must come out FP8. */
+static void check_variant_of(const char *src, const test_fp8_variant *v, int n_f8) {
     char fdir[512], ddir[512];
     snprintf(fdir, sizeof fdir, "%s/%s", tmpdir, v->name);
     snprintf(ddir, sizeof ddir, "%s/%s-deq", tmpdir, v->name);
-    CHECKF(test_fp8_write(SRC, fdir, ddir, v), "%s: writing the checkpoints", v->name);
+    CHECKF(test_fp8_write(src, fdir, ddir, v), "%s: writing the checkpoints", v->name);
     loom_model_params mp = loom_model_default_params();
     mp.n_threads = 1;
     loom_model *mf = NULL, *md = NULL;
     loom_safetensors *ref = NULL;
     CHECKF(loom_model_load(fdir, &mp, &mf) == LOOM_OK, "%s: %s", v->name, loom_last_error());
     CHECKF(loom_model_load(ddir, &mp, &md) == LOOM_OK, "%s: %s", v->name, loom_last_error());
-    CHECK(loom_st_open(SRC "/reference.safetensors", &ref) == LOOM_OK);
+    char path[512];
+    snprintf(path, sizeof path, "%s/reference.safetensors", src);
+    CHECK(loom_st_open(path, &ref) == LOOM_OK);
     if (!mf || !md || !ref) goto out;
-    CHECKF(mf->n_f8 == 3 * 7, "%s: %d FP8 weights bound", v->name, mf->n_f8);
-    CHECK(mf->layers[1].mlp.gate.dtype == LOOM_DT_F8_E4M3);
+    CHECKF(mf->n_f8 == n_f8, "%s: %d FP8 weights bound, expected %d", v->name, mf->n_f8, n_f8);
+    CHECK(mf->layers[1].attn.wq.dtype == LOOM_DT_F8_E4M3);
     int V = loom_model_vocab_size(mf);
     double worst = 0;
     for (int i = 0; i < 4; i++) {
@@ -92,6 +96,8 @@ out:
     loom_model_free(md);
 }
 
+static void check_variant(const test_fp8_variant *v) { check_variant_of(SRC, v, 3 * 7); }
+
 static void expect_refused(const test_fp8_variant *v, loom_status want, const char *needle) {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/%s", tmpdir, v->name);
@@ -118,6 +124,12 @@ int main(void) {
         .name = "tensor", .layout = TEST_FP8_TENSOR, .bf16_layer = -1, .scale_suffix = "_scale_inv",
         .qcfg = "{\"quant_method\": \"fp8\", \"weight_block_size\": null, "
                 "\"modules_to_not_convert\": [\"lm_head\"]}"});
+
+    /* Qwen3-MoE: every expert's projections FP8 (the router stays float) */
+    check_variant_of("tests/fixtures/models/qwen3moe-tiny",
+                     &(test_fp8_variant){.name = "moe", .layout = TEST_FP8_BLOCK, .bf16_layer = 0,
+                                         .scale_suffix = "_scale_inv", .qcfg = TEST_FP8_HF},
+                     84);
 
     test_fp8_variant v = block;
     v.name = "noscale";
