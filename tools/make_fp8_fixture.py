@@ -126,7 +126,7 @@ class Rope64(torch.nn.Module):
         super().__init__()
         self.inv = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
 
-    def forward(self, x, position_ids):
+    def forward(self, x, position_ids, **kwargs):
         f = position_ids[..., None].to(torch.float64) * self.inv
         emb = torch.cat((f, f), -1)
         return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
