@@ -70,7 +70,7 @@ static inline void test_fp8_quantize(const float *w, int rows, int cols, int br,
 
 /* src's config.json into dir, with quantization_config qcfg (NULL: as is). */
 static inline int test_fp8_config(const char *src, const char *dir, const char *qcfg) {
-    char path[1024], *text = NULL;
+    char path[4096], *text = NULL;
     size_t n;
     snprintf(path, sizeof path, "%s/config.json", src);
     if (loom_read_file(path, &text, &n) != LOOM_OK || !text) return 0;
@@ -93,7 +93,7 @@ static inline int test_fp8_write(const char *src_dir, const char *fp8_dir, const
     int ok = test_fp8_config(src_dir, fp8_dir, v->no_qcfg ? NULL : v->qcfg);
     if (deq_dir) ok = ok && test_fp8_config(src_dir, deq_dir, NULL);
     loom_safetensors *src = NULL;
-    char path[1024];
+    char path[4096];
     snprintf(path, sizeof path, "%s/model.safetensors", src_dir);
     if (!ok || loom_st_open(path, &src) != LOOM_OK) return 0;
     int cnt = loom_st_count(src), k = 0, kd = 0, no = 0;
