@@ -31,8 +31,8 @@ __device__ __forceinline__ float f8_dec(unsigned char b) {
 
 /* Two codes (low byte first) as floats. */
 __device__ __forceinline__ float2 f8_dec2(unsigned short p) {
-    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)p, __NV_E4M3);
-    return __half22float2(*reinterpret_cast<__half2 *>(&h));
+    __half2 h(__nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)p, __NV_E4M3));
+    return __half22float2(h);
 }
 
 /* VEC: columns a multiple of 16 and blocks too (or one block a row), so a

@@ -284,7 +284,8 @@ int main(void) {
         for (char *sv = NULL, *d = strtok_r(buf, " ", &sv); d; d = strtok_r(NULL, " ", &sv)) {
             if (strstr(d, "/rand-") && !strstr(d, "-wide")) continue;
             char out[1200];
-            snprintf(out, sizeof out, "%s/%s", tmp, strrchr(d, '/') + 1);
+            const char *base = strrchr(d, '/');
+            snprintf(out, sizeof out, "%s/%s", tmp, base ? base + 1 : d);
             if (!test_fp8_write(d, out, NULL, &v)) {
                 printf("FAIL  forward %s: writing its FP8 copy\n", d);
                 n_fail++;
