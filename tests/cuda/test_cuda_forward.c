@@ -266,7 +266,7 @@ int main(void) {
     }
     static const char *fixtures[] = {"llama3-tiny", "qwen2-tiny", "qwen3-tiny", "mistral-tiny-swa",
                                      "qwen3-tiny-mlx4", "qwen3-tiny-mlx8", "gemma2-tiny",
-                                     "gemma3-tiny", "qwen3moe-tiny"};
+                                     "gemma3-tiny", "qwen3moe-tiny", "qwen3-tiny-fp8"};
     for (size_t i = 0; i < sizeof fixtures / sizeof fixtures[0]; i++) {
         run_fixture(fixtures[i], LOOM_KV_F32);
         run_fixture(fixtures[i], LOOM_KV_F16);
