@@ -442,6 +442,7 @@ int main(void) {
     check_copy_same("tests/fixtures/trained/pycoder-16m");
     check_copy_same("tests/fixtures/models/qwen3-tiny-mlx4");
     check_copy_same("tests/fixtures/models/gemma2-tiny");
+    check_copy_same("tests/fixtures/models/qwen3-tiny-fp8");
     check_model("tests/fixtures/models/llama3-tiny", 4, 20);
     check_model("tests/fixtures/models/qwen2-tiny", 4, 20);
     check_model("tests/fixtures/models/qwen3-tiny", 4, 20);
@@ -451,6 +452,7 @@ int main(void) {
     check_model("tests/fixtures/models/qwen3moe-tiny", 4, 20);
     check_model("tests/fixtures/models/qwen3-tiny-mlx4", 4, 20);
     check_model("tests/fixtures/models/qwen3-tiny-mlx8", 4, 20);
+    check_model("tests/fixtures/models/qwen3-tiny-fp8", 4, 20);
     check_model_tol("tests/fixtures/models/qwen3.5-tiny-hybrid", 4, 20, TOL_HYBRID);
     check_model_tol("tests/fixtures/models/qwen3next-tiny-hybrid-moe", 4, 20, TOL_HYBRID);
     check_batched("tests/fixtures/models/gemma2-tiny", TOL);

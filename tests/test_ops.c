@@ -487,6 +487,120 @@ static void test_matmul_q(void) {
             check_matmul_q(bits, 64, 1088, T, T % 2, 37, T % 5, 37 - T % 3, 1088 + T % 3, 40);
 }
 
+/* ---- FP8 (e4m3 with block scales) ------------------------------------------ */
+
+/* e4m3 by its definition, in double. */
+static double e4m3_indep(unsigned b) {
+    int e = (b >> 3) & 15, m = b & 7;
+    double v = e == 0 ? ldexp(m, -9) : ldexp(8 + m, e - 10);
+    if (e == 15 && m == 7) v = NAN;
+    return b & 0x80 ? -v : v;
+}
+
+/* Random codes over the whole range (no NaN), random positive scales. */
+static void check_matmul_f8(int n, int T, int rows, int r0, int r1, int br, int bc, int ldx,
+                            int ldy) {
+    uint8_t *w = malloc((size_t)rows * n + 1);
+    for (size_t i = 0; i < (size_t)rows * n; i++) {
+        unsigned b;
+        do b = test_rand_u32(&rng) & 0xff; while ((b & 0x7f) == 0x7f || b == 0);
+        w[i] = (uint8_t)b;
+    }
+    int sr = (rows + br - 1) / br, sc = (n + bc - 1) / bc;
+    float *s = malloc((size_t)sr * sc * sizeof *s);
+    for (int i = 0; i < sr * sc; i++) s[i] = ldexpf(1.0f + 0.5f * test_rand_f(&rng), -9 + i % 5);
+    loom_f8mat q = {.w = w, .scales = s, .n = n, .br = br, .bc = bc};
+    size_t nx = (size_t)(T - 1) * ldx + n, ny = (size_t)(T - 1) * ldy + rows;
+    float *x = rand_f32(nx, 1.0f), *y = malloc(ny * sizeof *y), *yr = malloc(ny * sizeof *yr);
+    for (size_t i = 0; i < ny; i++) y[i] = yr[i] = SENTINEL;
+    K->matmul_f8(y, ldy, x, ldx, &q, T, r0, r1);
+    R->matmul_f8(yr, ldy, x, ldx, &q, T, r0, r1);
+    int bad = 0;
+    for (int t = 0; t < T && bad < 3; t++)
+        for (int r = 0; r < rows && bad < 3; r++) {
+            size_t i = (size_t)t * ldy + r;
+            if (r < r0 || r >= r1) {
+                if (y[i] != SENTINEL || yr[i] != SENTINEL) bad++;
+                CHECKF(y[i] == SENTINEL && yr[i] == SENTINEL, "f8 n %d T %d [%d,%d): wrote "
+                       "outside at t %d r %d", n, T, r0, r1, t, r);
+                continue;
+            }
+            /* against the definition in double, and the table under test
+             * against the reference */
+            double want = 0, sa = 0;
+            for (int k = 0; k < n; k++) {
+                double v = x[(size_t)t * ldx + k] * e4m3_indep(w[(size_t)r * n + k]) *
+                           s[(r / br) * sc + k / bc];
+                want += v;
+                sa += fabs(v);
+            }
+            int ok = close_sum(y[i], yr[i], sa) && close_sum(yr[i], (float)want, sa);
+            if (!ok) bad++;
+            CHECKF(ok, "f8 n %d T %d blocks %dx%d [%d,%d) t %d r %d: got %.9g ref %.9g want %.9g",
+                   n, T, br, bc, r0, r1, t, r, y[i], yr[i], want);
+        }
+    for (int t = 0; t + 1 < T; t++)
+        for (int r = rows; r < ldy; r++)
+            if (y[(size_t)t * ldy + r] != SENTINEL) {
+                CHECKF(0, "f8 n %d T %d: wrote into ldy padding", n, T);
+                t = T;
+                break;
+            }
+    free(w);
+    free(s);
+    free(x);
+    free(y);
+    free(yr);
+}
+
+/* Every code through the kernel (one column each, scale 1 then a scale
+ * that is not a power of 2) for one token and for two: NaN codes give NaN. */
+static void check_f8_codes(void) {
+    uint8_t w[256 * 8] = {0};
+    float x[16] = {1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0}, y[2 * 256];
+    for (int i = 0; i < 256; i++) w[i * 8] = (uint8_t)i;
+    for (int pass = 0; pass < 2; pass++) {
+        float sc = pass ? 0.3f : 1.0f;
+        loom_f8mat q = {.w = w, .scales = &sc, .n = 8, .br = 256, .bc = 8};
+        for (int T = 1; T <= 2; T++) {
+            K->matmul_f8(y, 256, x, 8, &q, T, 0, 256);
+            int bad = 0;
+            for (int t = 0; t < T; t++)
+                for (int i = 0; i < 256 && bad < 3; i++) {
+                    float want = (float)e4m3_indep((unsigned)i) * sc, got = y[t * 256 + i];
+                    int ok = isnan(want) ? isnan(got) : got == want;
+                    if (!ok) bad++;
+                    CHECKF(ok, "f8 code 0x%02x scale %g T %d: got %.9g want %.9g", i, sc, T, got,
+                           want);
+                }
+        }
+    }
+}
+
+static void test_matmul_f8(void) {
+    check_f8_codes();
+    /* {n, rows, br, bc}: 128 x 128 blocks with partial edges both ways,
+     * one partial block, per-channel (bc n), per-tensor, narrow blocks,
+     * past the 1024-column chunk. */
+    static const int shapes[][4] = {{64, 19, 128, 128}, {192, 19, 128, 128}, {320, 140, 128, 128},
+                                    {200, 19, 8, 16},   {72, 19, 1, 72},     {96, 19, 19, 96},
+                                    {1152, 9, 128, 128}, {2056, 5, 2, 128}};
+    static const int fT[] = {1, 2, 3, 5, 13};
+    static const int ranges[][2] = {{0, 19}, {1, 18}, {3, 10}, {5, 6}};
+    for (size_t si = 0; si < LOOM_ARRAY_LEN(shapes); si++)
+        for (size_t ti = 0; ti < LOOM_ARRAY_LEN(fT); ti++)
+            for (size_t ri = 0; ri < LOOM_ARRAY_LEN(ranges); ri++) {
+                int n = shapes[si][0], rows = shapes[si][1];
+                int r0 = LOOM_MIN(ranges[ri][0], rows), r1 = LOOM_MIN(ranges[ri][1], rows);
+                if (rows > 100 && ri == 0) r0 = 0, r1 = rows;  /* across the 128-row block */
+                check_matmul_f8(n, fT[ti], rows, r0, r1, shapes[si][2], shapes[si][3],
+                                n + (int)ri, rows + (int)ti);
+            }
+    /* Columns or blocks that split an 8-wide vector (the reference path). */
+    check_matmul_f8(13, 3, 7, 0, 7, 128, 128, 13, 7);
+    check_matmul_f8(48, 1, 7, 1, 6, 2, 12, 50, 7);
+}
+
 /* The --fast reference against the exact one on 4- and 8-bit weights: the
  * only change is x rounded per 64 columns to sx * qx with |x - sx qx| <=
  * sx / 2 = max|x| / 254 over the block, so |fast - exact| <= sum over the
@@ -899,7 +1013,41 @@ static void check_f32_to_bf16(float f) {
            want);
 }
 
+/* e4m3 <-> f32: every code against the definition, exact round trips,
+ * ties to even at every midpoint, saturation at 448, NaN. */
+static void test_e4m3_conversions(void) {
+    int bad = 0;
+    for (unsigned b = 0; b < 256 && bad < 5; b++) {
+        float f = loom_e4m3_to_f32((uint8_t)b);
+        double want = e4m3_indep(b);
+        int ok = isnan(want) ? isnan(f) && loom_f32_to_e4m3(f) == 0x7f
+                             : (double)f == want && !!signbit(f) == !!(b & 0x80) &&
+                                   loom_f32_to_e4m3(f) == b;
+        bad += !ok;
+        CHECKF(ok, "e4m3 0x%02x -> %.9g -> 0x%02x", b, f, loom_f32_to_e4m3(f));
+    }
+    for (unsigned b = 0; b < 0x7e; b++) {
+        double lo = e4m3_indep(b), hi = e4m3_indep(b + 1);
+        float mid = (float)((lo + hi) / 2);
+        unsigned even = (b & 1) ? b + 1 : b;
+        for (int sgn = 0; sgn < 2; sgn++) {
+            float m = sgn ? -mid : mid;
+            unsigned sb = sgn ? 0x80u : 0u;
+            CHECKF(loom_f32_to_e4m3(m) == (even | sb), "e4m3 midpoint %.9g -> 0x%02x", m,
+                   loom_f32_to_e4m3(m));
+            CHECKF(loom_f32_to_e4m3(nextafterf(m, 0)) == (b | sb), "e4m3 below %.9g", m);
+            CHECKF(loom_f32_to_e4m3(nextafterf(m, sgn ? -INFINITY : INFINITY)) == ((b + 1) | sb),
+                   "e4m3 above %.9g", m);
+        }
+    }
+    CHECK(loom_f32_to_e4m3(448.0f) == 0x7e && loom_f32_to_e4m3(1e9f) == 0x7e);
+    CHECK(loom_f32_to_e4m3(-470.0f) == 0xfe && loom_f32_to_e4m3(-INFINITY) == 0xfe);
+    CHECK(loom_f32_to_e4m3(NAN) == 0x7f && loom_f32_to_e4m3(1e-30f) == 0);
+    CHECK(loom_f32_to_e4m3(-0.0f) == 0x80);
+}
+
 static void test_base_conversions(void) {
+    test_e4m3_conversions();
     /* f16 -> f32 for every pattern, and exact round trip of every non-NaN. */
     int bad = 0;
     for (uint32_t h = 0; h < 65536 && bad < 5; h++) {
@@ -1018,6 +1166,7 @@ static void run_all(const char *label, const loom_kernels *k, const loom_kernels
     if (!strcmp(label, "avx512-fast")) test_matvec_fast_small_t();
     test_matmul_rounding();
     test_matmul_q();
+    test_matmul_f8();
     if (K->q_il16) test_matmul_q_il();
     test_dot_axpy();
     test_attn_pv();

@@ -208,6 +208,28 @@ uint16_t loom_f32_to_f16(float f) {
     return (uint16_t)(sign | (r >> 13));
 }
 
+uint8_t loom_f32_to_e4m3(float f) {
+    union { float f; uint32_t u; } v = {.f = f};
+    uint8_t sign = (uint8_t)((v.u >> 24) & 0x80);
+    uint32_t a = v.u & 0x7fffffffu;
+    if (a > 0x7f800000u) return 0x7f;
+    if (a >= 0x43e00000u) return sign | 0x7e;                        /* >= 448: saturate */
+    if (a < 0x3c800000u) {                                            /* below 2^-6: subnormal */
+        /* units of 2^-9, round half to even; 8 units is the smallest normal */
+        v.u = a;
+        float q = v.f * 512.0f;
+        uint32_t r = (uint32_t)q;
+        float rem = q - (float)r;
+        if (rem > 0.5f || (rem == 0.5f && (r & 1))) r++;
+        return sign | (uint8_t)r;
+    }
+    uint32_t r = a - (120u << 23);                                    /* rebias 127 -> 7 */
+    uint32_t lsb = (r >> 20) & 1;
+    r += 0x7ffff + lsb;
+    r >>= 20;
+    return sign | (uint8_t)(r > 0x7e ? 0x7e : r);
+}
+
 int loom_utf8_valid(const char *s, size_t n) {
     for (size_t i = 0; i < n;) {
         if ((unsigned char)s[i] < 0x80) {

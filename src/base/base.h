@@ -69,4 +69,20 @@ static inline uint16_t loom_f32_to_bf16(float f) {
 float loom_f16_to_f32(uint16_t h);
 uint16_t loom_f32_to_f16(float f);
 
+/* float8 e4m3fn (the FP8 checkpoints' weights): sign, 4 exponent bits
+ * (bias 7), 3 mantissa bits, exponent 0 subnormal, no infinities, S.1111.111
+ * NaN; largest finite 448. Decoding is exact. Encoding rounds to nearest
+ * even and saturates at +-448 (as the checkpoints' quantizers clamp before
+ * they cast); NaN gives 0x7f. */
+static inline float loom_e4m3_to_f32(uint8_t b) {
+    unsigned e = (b >> 3) & 15u, m = b & 7u;
+    union { uint32_t u; float f; } v;
+    if (e == 15 && m == 7) v.u = 0x7fc00000u;
+    else if (e == 0) v.f = (float)m * 0x1p-9f;
+    else v.u = (e + 120u) << 23 | m << 20;
+    if (b & 0x80) v.u ^= 0x80000000u;
+    return v.f;
+}
+uint8_t loom_f32_to_e4m3(float f);
+
 #endif

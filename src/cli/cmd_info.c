@@ -21,6 +21,9 @@ static double tensor_params(const loom_model *m, const loom_st_tensor *t) {
     size_t len = strlen(t->name);
     if (len > 7 && (!strcmp(t->name + len - 7, ".scales") || !strcmp(t->name + len - 7, ".biases")))
         return 0;
+    if ((len > 17 && !strcmp(t->name + len - 17, ".weight_scale_inv")) ||
+        (len > 13 && !strcmp(t->name + len - 13, ".weight_scale")))
+        return 0;
     double n = 1;
     for (int d = 0; d < t->ndim; d++) n *= (double)t->shape[d];
     if (t->dtype == LOOM_DT_U32 && m->cfg.quant_bits > 0) {
@@ -117,6 +120,12 @@ int cmd_info(int argc, char **argv) {
     if (c->quant_bits)
         printf("quantization    MLX affine, %d-bit, group %d (%d module overrides)\n", c->quant_bits,
                c->quant_group, c->n_quant_overrides);
+    if (c->fp8 && c->fp8_block[0])
+        printf("quantization    FP8 e4m3, %dx%d block scales (%d FP8 weights, %d modules not "
+               "converted)\n", c->fp8_block[0], c->fp8_block[1], m->n_f8, c->n_quant_overrides);
+    else if (c->fp8)
+        printf("quantization    FP8 e4m3, per-channel or per-tensor scales (%d FP8 weights, %d "
+               "modules not converted)\n", m->n_f8, c->n_quant_overrides);
     printf("context length  %d\n", c->max_positions);
     sampling_line(m);
     printf("hidden          %d, %d layers, %d heads / %d kv heads, head dim %d, vocab %d\n",

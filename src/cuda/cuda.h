@@ -255,6 +255,31 @@ typedef struct loom_cuda_qmat {
 loom_status loom_cuda_matmul_q(loom_cuda *c, float *d_y, const float *d_x,
                                const loom_cuda_qmat *w, int T);
 
+/* An FP8 matrix on the device, laid out as ops.h's loom_f8mat: row r,
+ * element k = e4m3(w[r][k]) * scales[r / br][k / bc] (kernels_fp8.cu). */
+typedef struct loom_cuda_f8mat {
+    const uint8_t *d_w;         /* (rows, cols) e4m3fn codes */
+    const float *d_scales;      /* (ceil(rows / br), ceil(cols / bc)) f32 */
+    int rows, cols, br, bc;
+} loom_cuda_f8mat;
+
+/* Decode: d_y (T, rows) = d_x (T, cols) @ dequant(W)^T, dequantizing in
+ * registers with f32 accumulation (matmul_f8's result up to summation
+ * order). One pass over the weights per 8 tokens. */
+loom_status loom_cuda_f8_gemv(loom_cuda *c, float *d_y, const float *d_x,
+                              const loom_cuda_f8mat *w, int T);
+/* Prefill: the same product through cuBLAS, W dequantized in slices
+ * (scratch): to bf16 with x rounded to bf16 (tensor cores, f32
+ * accumulation; the precision of loom_cuda_gemm on bf16 weights, about
+ * 2^-8 relative a product), or with f32 to f32 (SGEMM, no TF32: the CPU's
+ * result up to summation order, at SGEMM speed). */
+loom_status loom_cuda_f8_gemm(loom_cuda *c, float *d_y, const float *d_x,
+                              const loom_cuda_f8mat *w, int T, int f32);
+/* loom_cuda_f8_gemv up to LOOM_CUDA_F8_GEMV_T tokens, else loom_cuda_f8_gemm. */
+#define LOOM_CUDA_F8_GEMV_T 16
+loom_status loom_cuda_matmul_f8(loom_cuda *c, float *d_y, const float *d_x,
+                                const loom_cuda_f8mat *w, int T, int f32);
+
 /* ---- routed experts (kernels_moe.cu; reference src/model/moe.c) ------- */
 
 #define LOOM_CUDA_MOE_KMAX 32   /* most experts a token may take */

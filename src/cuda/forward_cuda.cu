@@ -50,6 +50,7 @@
  * cuBLAS (default 2, 0 = never); LOOM_CUDA_PDL=0 turns that launch off. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -132,6 +133,20 @@ __global__ void fw_embed_q(float *out, const uint32_t *w, const unsigned short *
     }
 }
 
+/* Embedding rows of an FP8 table (ops.h's loom_f8mat layout), times scale. */
+__global__ void fw_embed_f8(float *out, const unsigned char *w, const float *scales, int cols,
+                            int br, int bc, const int32_t *ids, float scale) {
+    int t = blockIdx.y;
+    size_t id = (size_t)ids[t];
+    int sc = (cols + bc - 1) / bc;
+    const float *sr = scales + (id / br) * sc;
+    for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < cols; k += gridDim.x * blockDim.x) {
+        __nv_fp8_e4m3 v;
+        v.__x = w[id * cols + k];
+        out[(size_t)t * cols + k] = float(v) * sr[k / bc] * scale;
+    }
+}
+
 /* ---- the model on the device -------------------------------------------- */
 
 /* Graph slots: decode keys, and verification steps' (one per token count
@@ -142,10 +157,12 @@ __global__ void fw_embed_q(float *out, const uint32_t *w, const unsigned short *
 
 typedef struct dweight {
     int rows, cols;
-    int quant;                 /* 1: qm, else dense d of dt */
+    int quant;                 /* 1: qm or (f8) fm, else dense d of dt */
+    int f8;                    /* 1: FP8 with block scales (fm) */
     loom_cuda_dtype dt;
     const void *d;             /* device (rows, cols) */
     loom_cuda_qmat qm;         /* device pointers */
+    loom_cuda_f8mat fm;        /* device pointers */
 } dweight;
 
 typedef struct dlayer {
@@ -211,6 +228,8 @@ struct loom_cuda_model {
                                   cuBLAS steps; LOOM_CUDA_QKV16=0: f32) */
     int attn_qkv;              /* 1: small decode steps fold qkv_post into the cluster
                                   attention (LOOM_CUDA_ATTN_QKV=1; default 0: two kernels) */
+    int f8_f32;                /* 1: FP8 prompts through f32 SGEMM (LOOM_CUDA_F8_F32=1), not
+                                  bf16 tensor cores */
     int head_am;               /* 1: the greedy picks inside the head's GEMV where it takes
                                   the step (LOOM_CUDA_HEAD_AM, 1; 0: the argmax kernel) */
     int small_t;               /* up to this many tokens (and gemv_t) a layer is 4 GEMVs that
@@ -357,9 +376,20 @@ static loom_status up_weight(loom_cuda_model *g, dweight *dw, const loom_weight 
         if (st == LOOM_OK) st = g_upload(g, (const void **)&dw->qm.d_biases, q->biases, ng * 2);
         return st;
     }
+    case LOOM_DT_F8_E4M3: {
+        /* FP8 weights take the f32 path, as MLX-quantized ones (quant) */
+        const loom_f8mat *f = &w->f8;
+        size_t ns = (size_t)((w->rows + f->br - 1) / f->br) * loom_f8_scale_cols(f);
+        dw->quant = dw->f8 = 1;
+        loom_cuda_f8mat fm = {NULL, NULL, w->rows, w->cols, f->br, f->bc};
+        dw->fm = fm;
+        loom_status st = g_upload(g, (const void **)&dw->fm.d_w, f->w, n);
+        if (st == LOOM_OK) st = g_upload(g, (const void **)&dw->fm.d_scales, f->scales, ns * 4);
+        return st;
+    }
     default:
         return loom_err(LOOM_ERR_UNSUPPORTED, "cuda forward: weight %s has dtype %d (expected "
-                        "F32, F16, BF16 or MLX-quantized U32)", what, (int)w->dtype);
+                        "F32, F16, BF16, MLX-quantized U32 or F8_E4M3)", what, (int)w->dtype);
     }
 }
 
@@ -392,8 +422,9 @@ static loom_status linear16(loom_cuda_model *g, float *y, const dweight *w, cons
 static loom_status linear(loom_cuda_model *g, float *y, const float *x, const dweight *w,
                           const float *bias, int T) {
     if (use_gemv(g, w, T)) return gemv(g, y, LOOM_CUDA_GEMV_F32, x, NULL, w, bias, T, 0);
-    loom_status st = w->quant ? loom_cuda_matmul_q(g->c, y, x, &w->qm, T)
-                              : loom_cuda_gemm(g->c, y, x, w->d, w->dt, T, w->rows, w->cols);
+    loom_status st = w->f8 ? loom_cuda_matmul_f8(g->c, y, x, &w->fm, T, g->f8_f32)
+                     : w->quant ? loom_cuda_matmul_q(g->c, y, x, &w->qm, T)
+                                : loom_cuda_gemm(g->c, y, x, w->d, w->dt, T, w->rows, w->cols);
     if (st != LOOM_OK || !bias) return st;
     size_t total = (size_t)T * w->rows;
     fw_add_bias<<<loom_cuda_blocks(total, 256), 256, 0, g->c->stream>>>(y, bias, total, w->rows);
@@ -801,6 +832,7 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
                                     (unsigned)loom_cuda_gemv_max_tokens(c, ws[k]->dt, ws[k]->cols));
     }
     g->head_am = tune.head_am;
+    g->f8_f32 = tune.f8_f32;
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->hb2, T * I * 4);
     int any_moe = 0;
     size_t mhb = 1, mab = 1;
@@ -1158,7 +1190,13 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
                                      g->inv_freq[i], m->ropes[i].rot_dim, m->ropes[i].scale));
     }
     /* embed */
-    if (g->embed.quant) {
+    if (g->embed.f8) {
+        const loom_cuda_f8mat *f = &g->embed.fm;
+        dim3 grid(LOOM_MIN_U(loom_cuda_blocks((size_t)H, 256), 64u), (unsigned)T);
+        fw_embed_f8<<<grid, 256, 0, c->stream>>>(g->x, f->d_w, f->d_scales, f->cols, f->br, f->bc,
+                                                 S->tok, m->embed_scale);
+        LAUNCH_CHECK();
+    } else if (g->embed.quant) {
         const loom_cuda_qmat *q = &g->embed.qm;
         dim3 grid(LOOM_MIN_U(loom_cuda_blocks((size_t)H, 256), 64u), (unsigned)T);
         fw_embed_q<<<grid, 256, 0, c->stream>>>(g->x, q->d_w, q->d_scales, q->d_biases, q->cols,

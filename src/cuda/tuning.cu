@@ -48,6 +48,7 @@ extern "C" void loom_cuda_tuning_read(loom_cuda_tuning *t) {
     const char *gv = getenv("LOOM_CUDA_GEMV_T");
     t->gemv_t = gv ? atoi(gv) : 2;
     t->head_am = on_unless_0("LOOM_CUDA_HEAD_AM");
+    t->f8_f32 = off_unless_1("LOOM_CUDA_F8_F32");
     t->graphs = on_unless_0("LOOM_CUDA_GRAPHS");
     t->step_times = off_unless_1("LOOM_CUDA_STEP_TIMES");
 }

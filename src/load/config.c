@@ -266,15 +266,77 @@ static loom_status parse_layer_types(const cJSON *c, const char *path, loom_conf
     return LOOM_OK;
 }
 
+/* found_str, with a string's own text. */
+static const char *value_str(const cJSON *v, char *buf, size_t n) {
+    if (cJSON_IsString(v)) snprintf(buf, n, "\"%.40s\"", v->valuestring);
+    else found_str(v, buf, n);
+    return buf;
+}
+
+/* Hugging Face FP8: {"quant_method": "fp8", "fmt": "e4m3",
+ * "activation_scheme": "dynamic", "weight_block_size": [128, 128],
+ * "modules_to_not_convert": [...]}, or fbgemm's per-channel "fbgemm_fp8". */
+static loom_status parse_fp8(const cJSON *hq, const char *method, const char *path,
+                             loom_config *cfg) {
+    char buf[64];
+    cfg->fp8 = 1;
+    const cJSON *fmt = get(hq, "fmt");
+    if (fmt && !cJSON_IsNull(fmt) && !(cJSON_IsString(fmt) && !strcmp(fmt->valuestring, "e4m3")))
+        return loom_err(LOOM_ERR_UNSUPPORTED, "%s: quantization_config fmt %s is not supported "
+                        "(expected \"e4m3\")", path, value_str(fmt, buf, sizeof buf));
+    const cJSON *act = get(hq, "activation_scheme");
+    if (act && !cJSON_IsNull(act) &&
+        !(cJSON_IsString(act) && !strcmp(act->valuestring, "dynamic")))
+        return loom_err(LOOM_ERR_UNSUPPORTED, "%s: quantization_config activation_scheme %s is "
+                        "not supported (expected \"dynamic\": activations stay f32 here)", path,
+                        value_str(act, buf, sizeof buf));
+    const cJSON *bs = get(hq, "weight_block_size");
+    if (bs && !cJSON_IsNull(bs)) {
+        int ok = cJSON_IsArray(bs) && cJSON_GetArraySize(bs) == 2;
+        for (int i = 0; ok && i < 2; i++) {
+            const cJSON *v = cJSON_GetArrayItem(bs, i);
+            ok = cJSON_IsNumber(v) && v->valuedouble >= 1 && v->valuedouble <= 1 << 20 &&
+                 v->valuedouble == (int)v->valuedouble;
+            if (ok) cfg->fp8_block[i] = (int)v->valuedouble;
+        }
+        if (!ok)
+            return loom_err(LOOM_ERR_FORMAT, "%s: quantization_config weight_block_size: "
+                            "expected [rows, cols] (positive integers)", path);
+    } else if (!bs && !strcmp(method, "fp8")) {
+        /* transformers' FineGrainedFP8Config default; null: per tensor or channel */
+        cfg->fp8_block[0] = cfg->fp8_block[1] = 128;
+    }
+    const cJSON *skip = get(hq, "modules_to_not_convert");
+    if (skip && !cJSON_IsNull(skip) && !cJSON_IsArray(skip))
+        return loom_err(LOOM_ERR_FORMAT, "%s: quantization_config modules_to_not_convert: "
+                        "expected a list of module names", path);
+    for (const cJSON *e = skip && cJSON_IsArray(skip) ? skip->child : NULL; e; e = e->next) {
+        if (!cJSON_IsString(e))
+            return loom_err(LOOM_ERR_FORMAT, "%s: quantization_config modules_to_not_convert: "
+                            "expected a list of module names", path);
+        if (cfg->n_quant_overrides == LOOM_MAX_QUANT_OVERRIDES)
+            return loom_err(LOOM_ERR_UNSUPPORTED, "%s: more than %d modules_to_not_convert",
+                            path, LOOM_MAX_QUANT_OVERRIDES);
+        loom_quant_override *o = &cfg->quant_overrides[cfg->n_quant_overrides++];
+        snprintf(o->path, sizeof o->path, "%s", e->valuestring);
+        o->bits = o->group = 0;
+    }
+    return LOOM_OK;
+}
+
 /* MLX "quantization": {"group_size", "bits", "<module path>": {...} | false}. */
 static loom_status parse_quant(const cJSON *root, const char *path, loom_config *cfg) {
     /* Hugging Face quantizers (gptq, awq, fp8, bitsandbytes, ...) name
      * themselves; MLX's copy of its settings there does not. */
     const cJSON *hq = get(root, "quantization_config");
     const cJSON *qm = cJSON_IsObject(hq) ? get(hq, "quant_method") : NULL;
+    if (cJSON_IsString(qm) &&
+        (!strcmp(qm->valuestring, "fp8") || !strcmp(qm->valuestring, "fbgemm_fp8")))
+        return parse_fp8(hq, qm->valuestring, path, cfg);
     if (cJSON_IsString(qm))
         return loom_err(LOOM_ERR_UNSUPPORTED, "%s: quantization_config quant_method \"%s\" is not "
-                        "supported (MLX affine \"quantization\" is)", path, qm->valuestring);
+                        "supported (MLX affine \"quantization\" and \"fp8\" are)", path,
+                        qm->valuestring);
     const cJSON *q = get(root, "quantization");
     if (!cJSON_IsObject(q)) return LOOM_OK;
     loom_status s;

@@ -118,6 +118,14 @@ typedef struct loom_config {
      * LOOM_POOLING_NONE when the directory has none. */
     int pooling;
 
+    /* Hugging Face FP8 (quantization_config quant_method "fp8", or
+     * "fbgemm_fp8"): F8_E4M3 weights with f32/bf16 scales, activations in
+     * f32 (dynamic scheme only). fp8_block 0 x 0: per-channel or
+     * per-tensor, as each scale's shape says. modules_to_not_convert
+     * become quant_overrides with bits 0. */
+    int fp8;
+    int fp8_block[2];               /* weight_block_size [rows, cols] */
+
     /* MLX affine quantization (bits 0 = not quantized). */
     int quant_bits, quant_group;
     int n_quant_overrides;

@@ -28,6 +28,7 @@ static const struct { const char *name; size_t size; } dtypes[LOOM_DT_COUNT] = {
     [LOOM_DT_I64] = {"I64", 8},  [LOOM_DT_U8] = {"U8", 1},
     [LOOM_DT_I8] = {"I8", 1},    [LOOM_DT_U16] = {"U16", 2},
     [LOOM_DT_I16] = {"I16", 2},  [LOOM_DT_BOOL] = {"BOOL", 1},
+    [LOOM_DT_F8_E4M3] = {"F8_E4M3", 1},
 };
 
 const char *loom_dtype_name(loom_dtype t) {
@@ -93,7 +94,7 @@ static loom_status parse_entry(const char *path, const cJSON *e,
     if (found < 0)
         return loom_err(LOOM_ERR_UNSUPPORTED,
                         "%s: tensor %s: unknown dtype \"%s\" (expected one of F32, F16, BF16, "
-                        "F64, U32, I32, I64, U16, I16, U8, I8, BOOL)",
+                        "F64, F8_E4M3, U32, I32, I64, U16, I16, U8, I8, BOOL)",
                         path, name, dt->valuestring);
     t->dtype = (loom_dtype)found;
     t->ndim = cJSON_GetArraySize(shape);

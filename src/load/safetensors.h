@@ -19,6 +19,7 @@ typedef enum loom_dtype {
     LOOM_DT_F32, LOOM_DT_F16, LOOM_DT_BF16, LOOM_DT_F64,
     LOOM_DT_U32, LOOM_DT_I32, LOOM_DT_I64, LOOM_DT_U8, LOOM_DT_I8,
     LOOM_DT_U16, LOOM_DT_I16, LOOM_DT_BOOL,
+    LOOM_DT_F8_E4M3,               /* float8 e4m3fn (bias 7, no infinities) */
     LOOM_DT_COUNT
 } loom_dtype;
 

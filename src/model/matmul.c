@@ -36,6 +36,9 @@ static void mm_task(void *ctx, int task, int thread) {
     case LOOM_DT_F16:
         j->k->matmul_f16(y, w->rows, j->x, j->ldx, w->data, w->cols, j->T, r0, r1);
         break;
+    case LOOM_DT_F8_E4M3:
+        j->k->matmul_f8(y, w->rows, j->x, j->ldx, &w->f8, j->T, r0, r1);
+        break;
     case LOOM_DT_U32:
         if (j->prep) j->k->matmul_q_prep(y, w->rows, j->prep, &w->q, j->T, r0, r1);
         else j->k->matmul_q(y, w->rows, j->x, j->ldx, &w->q, j->T, r0, r1);
@@ -114,6 +117,10 @@ void loom_fwd_weight_row(const loom_model *m, const loom_weight *e, float *dst, 
         m->k->f16_to_f32(dst, (const uint16_t *)e->data + off, e->cols);
     } else if (e->dtype == LOOM_DT_BF16) {
         m->k->bf16_to_f32(dst, (const uint16_t *)e->data + off, e->cols);
+    } else if (e->dtype == LOOM_DT_F8_E4M3) {
+        const loom_f8mat *f = &e->f8;
+        const float *s = f->scales + (size_t)(id / f->br) * loom_f8_scale_cols(f);
+        for (int k = 0; k < e->cols; k++) dst[k] = loom_e4m3_to_f32(f->w[off + k]) * s[k / f->bc];
     } else {
         const loom_qmat *q = &e->q;
         int ng = q->n / q->group, bits = q->bits;

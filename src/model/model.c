@@ -157,6 +157,84 @@ static loom_status bind_quant(loom_model *m, const char *name, const loom_st_ten
     return LOOM_OK;
 }
 
+/* An FP8 weight's scale tensor: "<module>.weight_scale_inv" (the fp8
+ * method's name) or "<module>.weight_scale" (fbgemm, compressed-tensors);
+ * both multiply. */
+static const loom_st_tensor *f8_scale_tensor(const loom_model *m, const char *module, char *name,
+                                             size_t n) {
+    snprintf(name, n, "%s.weight_scale_inv", module);
+    const loom_st_tensor *s = loom_st_find(m->st, name);
+    if (s) return s;
+    snprintf(name, n, "%s.weight_scale", module);
+    s = loom_st_find(m->st, name);
+    if (!s) snprintf(name, n, "%s.weight_scale_inv", module);
+    return s;
+}
+
+static int is_scale_name(const char *name) {
+    size_t len = strlen(name);
+    return (len > 17 && !strcmp(name + len - 17, ".weight_scale_inv")) ||
+           (len > 13 && !strcmp(name + len - 13, ".weight_scale"));
+}
+
+/* Binds an FP8 weight: "<module>.weight" F8_E4M3 [rows, cols] and its
+ * scales, f32 or bf16, converted to f32 once. With weight_block_size
+ * [br, bc] the scales are [ceil(rows / br), ceil(cols / bc)]; without it,
+ * per-channel [rows] / [rows, 1] or per-tensor [] / [1] / [1, 1]. */
+static loom_status bind_f8(loom_model *m, const char *name, const loom_st_tensor *t, int rows,
+                           int cols, loom_weight *w) {
+    const loom_config *c = &m->cfg;
+    char module[256], sname[300], want[200];
+    size_t len = strlen(name);
+    if (len < 8 || strcmp(name + len - 7, ".weight"))
+        return loom_err(LOOM_ERR_FORMAT, "tensor %s: F8_E4M3 but not a linear weight", name);
+    if (!c->fp8)
+        return loom_err(LOOM_ERR_FORMAT, "tensor %s: F8_E4M3 but config.json has no "
+                        "quantization_config with quant_method \"fp8\"", name);
+    snprintf(want, sizeof want, "F8_E4M3 [%d, %d]", rows, cols);
+    if (!dims_are(t, 0, rows, cols)) return shape_error(name, want, t);
+    snprintf(module, sizeof module, "%.*s", (int)(len - 7), name);
+    const loom_st_tensor *s = f8_scale_tensor(m, module, sname, sizeof sname);
+    int br = c->fp8_block[0], bc = c->fp8_block[1], sr, sc;
+    if (br > 0) {
+        sr = (rows + br - 1) / br, sc = (cols + bc - 1) / bc;
+        snprintf(want, sizeof want, "F32/BF16 [%d, %d] (%dx%d blocks of F8_E4M3 [%d, %d])", sr,
+                 sc, br, bc, rows, cols);
+    } else {
+        snprintf(want, sizeof want, "F32/BF16 [%d] or [%d, 1] per channel, or [1] per tensor "
+                 "(F8_E4M3 [%d, %d], no weight_block_size)", rows, rows, rows, cols);
+    }
+    if (!s) return loom_err(LOOM_ERR_FORMAT, "tensor %s: missing (expected %s)", sname, want);
+    size_t count = 1;
+    for (int d = 0; d < s->ndim; d++) count *= (size_t)s->shape[d];
+    int ok = is_float(s->dtype);
+    if (br > 0) {
+        ok = ok && dims_are(s, 0, sr, sc);
+    } else if (count == 1 && s->ndim <= 2) {
+        br = rows, bc = cols;                      /* per tensor */
+    } else {
+        ok = ok && ((s->ndim == 1 && s->shape[0] == rows) || dims_are(s, 0, rows, 1));
+        br = 1, bc = cols;                         /* per channel */
+    }
+    if (!ok) return shape_error(sname, want, s);
+    if (m->f8_used + count > m->f8_cap)
+        return loom_err(LOOM_ERR_INTERNAL, "FP8 scale buffer too small at %s", sname);
+    float *dst = m->f8_scales + m->f8_used;
+    m->f8_used += count;
+    for (size_t i = 0; i < count; i++) {
+        dst[i] = s->dtype == LOOM_DT_F32 ? ((const float *)s->data)[i]
+                 : s->dtype == LOOM_DT_BF16 ? loom_bf16_to_f32(((const uint16_t *)s->data)[i])
+                                            : loom_f16_to_f32(((const uint16_t *)s->data)[i]);
+        if (!isfinite(dst[i]))
+            return loom_err(LOOM_ERR_FORMAT, "tensor %s: scale %zu is %g (expected finite "
+                            "scales)", sname, i, (double)dst[i]);
+    }
+    *w = (loom_weight){.dtype = LOOM_DT_F8_E4M3, .rows = rows, .cols = cols, .data = t->data};
+    w->f8 = (loom_f8mat){.w = t->data, .scales = dst, .n = cols, .br = br, .bc = bc};
+    m->n_f8++;
+    return LOOM_OK;
+}
+
 /* Binds a 2-D weight (float, or quantized when the file packs it). */
 static loom_status bind_weight(loom_model *m, const char *name, int rows, int cols,
                                loom_weight *w) {
@@ -167,6 +245,7 @@ static loom_status bind_weight(loom_model *m, const char *name, int rows, int co
     snprintf(want, sizeof want, "F32/F16/BF16 [%d, %d]", rows, cols);
     if (!t) return loom_err(LOOM_ERR_FORMAT, "tensor %s: missing (expected %s)", name, want);
     if (t->dtype == LOOM_DT_U32) return bind_quant(m, name, t, 0, 0, rows, cols, w);
+    if (t->dtype == LOOM_DT_F8_E4M3) return bind_f8(m, name, t, rows, cols, w);
     if (!is_float(t->dtype) || t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols)
         return shape_error(name, want, t);
     *w = (loom_weight){.dtype = t->dtype, .rows = rows, .cols = cols, .data = t->data};
@@ -701,6 +780,19 @@ static size_t arena_need(const loom_safetensors *st) {
     return n;
 }
 
+/* Floats every FP8 scale tensor holds, converted to f32 at bind time. */
+static size_t f8_scale_need(const loom_safetensors *st) {
+    size_t n = 0;
+    for (int i = 0; i < loom_st_count(st); i++) {
+        const loom_st_tensor *t = loom_st_at(st, i);
+        if (!is_scale_name(t->name)) continue;
+        size_t e = 1;
+        for (int d = 0; d < t->ndim; d++) e *= (size_t)t->shape[d];
+        n += e;
+    }
+    return n;
+}
+
 /* config.json's vocab_size and hidden_size against the embedding's shape,
  * before anything sizes buffers by them: a wrong vocab_size otherwise shows
  * only as a shape mismatch, or not at all where nothing binds by it. */
@@ -751,6 +843,9 @@ static loom_status load(loom_model *m, const char *dir, const loom_model_params 
     m->arena_cap = arena_need(m->st);
     m->arena = loom_alloc(m->arena_cap * sizeof(float));
     if (!m->arena) return loom_err(LOOM_ERR_NOMEM, "out of memory");
+    m->f8_cap = f8_scale_need(m->st);
+    if (m->f8_cap && !(m->f8_scales = loom_alloc(m->f8_cap * sizeof(float))))
+        return loom_err(LOOM_ERR_NOMEM, "out of memory for %zu FP8 scales", m->f8_cap);
 
     if ((s = bind_weight(m, "model.embed_tokens.weight", c->vocab_size, H, &m->embed))) return s;
     m->embed_scale = 1.0f;
@@ -818,11 +913,13 @@ static void il_copy(il_pass *ps, const void **src, size_t n) {
  * row gathers, so there it keeps the file's pages. */
 static void interleave(il_pass *ps, loom_weight *w) {
     loom_weight *e = &ps->m->embed;
-    if (w->dtype == LOOM_DT_F32 || w->dtype == LOOM_DT_F16 || w->dtype == LOOM_DT_BF16) {
+    if (w->dtype == LOOM_DT_F32 || w->dtype == LOOM_DT_F16 || w->dtype == LOOM_DT_BF16 ||
+        w->dtype == LOOM_DT_F8_E4M3) {
         if (!w->data) return;
         int tied = e->data == w->data;
         il_copy(ps, &w->data, (size_t)w->rows * w->cols * loom_dtype_size(w->dtype));
-        if (tied) e->data = w->data;
+        if (w->dtype == LOOM_DT_F8_E4M3) w->f8.w = w->data;
+        if (tied) e->data = w->data, e->f8.w = w->f8.w;
         return;
     }
     if (w->dtype != LOOM_DT_U32 || !w->q.w) return;
@@ -934,6 +1031,7 @@ void loom_model_free(loom_model *m) {
         for (int l = 0; l < m->cfg.n_layers; l++) free(m->layers[l].moe.experts);
     free(m->layers);
     loom_free(m->arena);
+    loom_free(m->f8_scales);
     for (int i = 0; i < LOOM_MAX_ROPES; i++) {
         free(m->ropes[i].inv_freq);
         free(m->ropes[i].stream);

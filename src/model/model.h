@@ -49,10 +49,12 @@ const loom_arch *loom_arch_find(const char *name);
 
 /* A 2-D weight [rows = out features, cols = in features], borrowed. */
 typedef struct loom_weight {
-    loom_dtype dtype;          /* F32, F16, BF16, or U32 = MLX affine-quantized (q) */
+    loom_dtype dtype;          /* F32, F16, BF16, U32 = MLX affine-quantized (q), or
+                                  F8_E4M3 = FP8 with block scales (f8) */
     int rows, cols;
-    const void *data;          /* (rows, cols) in the mapping; q.w when quantized */
+    const void *data;          /* (rows, cols) in the mapping; q.w / f8.w when quantized */
     loom_qmat q;               /* when dtype == U32 */
+    loom_f8mat f8;             /* when dtype == F8_E4M3 */
 } loom_weight;
 
 typedef enum loom_act { LOOM_ACT_SILU, LOOM_ACT_GELU_TANH } loom_act;
@@ -154,6 +156,9 @@ struct loom_model {
     loom_layer *layers;        /* owned [n_layers] */
     float *arena;              /* owned: every f32 vector above */
     size_t arena_used, arena_cap;
+    float *f8_scales;          /* owned: every FP8 weight's scales as f32 */
+    size_t f8_used, f8_cap;
+    int n_f8;                  /* FP8 weights bound */
     loom_rope ropes[LOOM_MAX_ROPES];
     int n_ropes;
     loom_act act;

@@ -12,7 +12,7 @@ loom_kernels loom_kernels_over(loom_kernels base, const loom_kernels *t) {
 #define OVER(f) if (t->f) base.f = t->f
     OVER(matmul_f32); OVER(matmul_f16); OVER(matmul_bf16); OVER(dot);
     OVER(axpy); OVER(attn_pv); OVER(rmsnorm); OVER(softmax); OVER(silu_mul);
-    OVER(matmul_q); OVER(gelu_tanh_mul);
+    OVER(matmul_q); OVER(matmul_f8); OVER(gelu_tanh_mul);
     OVER(f16_to_f32); OVER(bf16_to_f32); OVER(q_il16);
     OVER(q_prep_bytes); OVER(q_prep); OVER(matmul_q_prep);
     OVER(bf16_prep_bytes); OVER(bf16_prep); OVER(matmul_bf16_prep);

@@ -47,6 +47,21 @@ loom_status loom_q_interleave(const loom_qmat *w, int rows, loom_qmat *dst, void
 size_t loom_q_il16_bytes(const loom_qmat *w, int rows);
 loom_status loom_q_interleave_into(const loom_qmat *w, int rows, loom_qmat *dst, void *out);
 
+/* An FP8 matrix (Hugging Face "fp8" checkpoints): row r, element k is
+ * e4m3(w[r][k]) * scales[r / br][k / bc], scales (ceil(rows / br),
+ * ceil(n / bc)) row-major; blocks at the right and bottom edges may be
+ * partial. 128 x 128 blocks are the DeepSeek/Qwen layout, br 1 and bc n
+ * per-channel, br rows and bc n per-tensor. */
+typedef struct loom_f8mat {
+    const uint8_t *w;          /* (rows, n) e4m3fn codes; borrowed */
+    const float *scales;       /* as above, f32; borrowed (the model owns the f32 copy) */
+    int n;                     /* columns (input features) */
+    int br, bc;                /* rows and columns per scale, >= 1 */
+} loom_f8mat;
+
+/* Scales per row of blocks. */
+static inline int loom_f8_scale_cols(const loom_f8mat *w) { return (w->n + w->bc - 1) / w->bc; }
+
 typedef struct loom_kernels {
     const char *name;
     /* y[t*ldy + r] = sum_k x[t*ldx + k] * w[r*n + k] for t in [0, T),
@@ -62,6 +77,10 @@ typedef struct loom_kernels {
      * time; the full matrix is never expanded. */
     void (*matmul_q)(float *y, int ldy, const float *x, int ldx,
                      const loom_qmat *w, int T, int r0, int r1);
+    /* The same over an FP8 matrix: the f32 matmul over the dequantized
+     * weights (each e4m3 value times its block's scale, rounded to f32). */
+    void (*matmul_f8)(float *y, int ldy, const float *x, int ldx,
+                      const loom_f8mat *w, int T, int r0, int r1);
     float (*dot)(const float *a, const float *b, int n);
     /* y += a * x */
     void (*axpy)(float *y, float a, const float *x, int n);

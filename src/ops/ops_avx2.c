@@ -21,6 +21,11 @@
  * rows, each group is summed as scale * x.q + bias * sum(x) straight from the
  * packed words.
  *
+ * matmul_f8 (e4m3 rows with block scales) follows matmul_q: T == 1 sums
+ * each block straight from the codes and scales the block's sum; T > 1
+ * dequantizes into the same buffer (bit for bit the reference's weights)
+ * and runs the f32 tile over it.
+ *
  * exp (softmax, silu, gelu) is a Cody-Waite reduction plus a degree-6
  * polynomial, within ~1 ulp of the true value over the whole float range. */
 #include <immintrin.h>
@@ -435,6 +440,125 @@ static void matmul_q(float *y, int ldy, const float *x, int ldx, const loom_qmat
     }
 }
 
+/* ---- FP8 (e4m3) rows ------------------------------------------------------ */
+
+/* Eight e4m3 codes as f32, each 2^-8 times its value: the code's bits
+ * placed as an f16 (sign, then exponent and mantissa one bit lower; e4m3's
+ * subnormals land on f16 subnormals, which F16C widens exactly), NaN codes
+ * as an f16 NaN. Callers fold the 2^8 into the block scale. */
+INLINE __m256 f8x8(const uint8_t *p) {
+    __m128i v = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p));
+    __m128i mag = _mm_and_si128(v, _mm_set1_epi16(0x7f));
+    __m128i h = _mm_or_si128(_mm_and_si128(_mm_slli_epi16(v, 8), _mm_set1_epi16((short)0x8000)),
+                             _mm_slli_epi16(mag, 7));
+    h = _mm_or_si128(h, _mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7f)));
+    return _mm256_cvtph_ps(h);
+}
+
+/* A row's next lines into L2, PF_BYTES ahead (one byte a weight). */
+INLINE void f8_prefetch(const uint8_t *const *row, int R, size_t k) {
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) _mm_prefetch((const char *)row[r] + k + PF_BYTES, PF_HINT);
+}
+
+/* Decode (T == 1), R (1..4) rows: per column block, y += scale * sum(x q),
+ * straight from the codes. The block width is a multiple of 8. */
+INLINE void f8_matvec_rows(float *y, const float *x, const loom_f8mat *w, int r0, int R) {
+    const size_t n = (size_t)w->n, bc = LOOM_MIN((size_t)w->bc, n);
+    const int sc = loom_f8_scale_cols(w);
+    const uint8_t *row[4];
+    const float *srow[4];
+    __m256 acc[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        row[r] = w->w + (size_t)(r0 + r) * n;
+        srow[r] = w->scales + (size_t)((r0 + r) / w->br) * sc;
+        acc[r] = _mm256_setzero_ps();
+    }
+    for (size_t k0 = 0, b = 0; k0 < n; k0 += bc, b++) {
+        size_t k1 = LOOM_MIN(k0 + bc, n), k = k0;
+        __m256 p0[4], p1[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) p0[r] = p1[r] = _mm256_setzero_ps();
+        for (; k + 16 <= k1; k += 16) {
+            __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8);
+            if ((k & 63) == 0) f8_prefetch(row, R, k);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                p0[r] = _mm256_fmadd_ps(f8x8(row[r] + k), x0, p0[r]);
+                p1[r] = _mm256_fmadd_ps(f8x8(row[r] + k + 8), x1, p1[r]);
+            }
+        }
+        if (k < k1) {
+            __m256 x0 = _mm256_loadu_ps(x + k);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) p0[r] = _mm256_fmadd_ps(f8x8(row[r] + k), x0, p0[r]);
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(srow[r][b] * 256.0f),
+                                     _mm256_add_ps(p0[r], p1[r]), acc[r]);
+    }
+    if (R == 4) {
+        _mm_storeu_ps(y + r0, hsum4(acc[0], acc[1], acc[2], acc[3]));
+    } else {
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) y[r0 + r] = hsum(acc[r]);
+    }
+}
+
+/* buf[0 .. len) = row r, columns [k0, k0 + len), dequantized exactly as
+ * the reference rounds them (code * 2^-8 times scale * 2^8 is the same
+ * product). k0 and len are multiples of 8. */
+static void f8_dequant(float *buf, const loom_f8mat *w, size_t r, size_t k0, size_t len) {
+    const size_t n = (size_t)w->n, bc = (size_t)w->bc;
+    const uint8_t *row = w->w + r * n;
+    const float *srow = w->scales + (r / (size_t)w->br) * (size_t)loom_f8_scale_cols(w);
+    for (size_t k = k0, end = k0 + len; k < end;) {
+        size_t b = k / bc, bend = LOOM_MIN(end, (b + 1) * bc);
+        __m256 s = _mm256_set1_ps(srow[b] * 256.0f);
+        for (; k < bend; k += 8) _mm256_storeu_ps(buf + (k - k0), _mm256_mul_ps(f8x8(row + k), s));
+    }
+}
+
+static void matmul_f8(float *y, int ldy, const float *x, int ldx, const loom_f8mat *w, int T,
+                      int r0, int r1) {
+    if (w->n % 8 || (w->bc % 8 && w->bc < w->n)) {
+        /* blocks that split an 8-wide vector: not a layout checkpoints use */
+        loom_kernels_ref.matmul_f8(y, ldy, x, ldx, w, T, r0, r1);
+        return;
+    }
+    if (T == 1) {
+        int r = r0;
+        for (; r + 4 <= r1; r += 4) f8_matvec_rows(y, x, w, r, 4);
+        switch (r1 - r) {
+        case 3: f8_matvec_rows(y, x, w, r, 3); break;
+        case 2: f8_matvec_rows(y, x, w, r, 2); break;
+        case 1: f8_matvec_rows(y, x, w, r, 1); break;
+        default: break;
+        }
+        return;
+    }
+    float buf[TILE_R * QCHUNK] __attribute__((aligned(32)));
+    const size_t n = (size_t)w->n, lx = (size_t)ldx, ly = (size_t)ldy;
+    for (int r = r0; r < r1; r += TILE_R) {
+        int R = LOOM_MIN(TILE_R, r1 - r);
+        size_t k0 = 0;
+        do { /* at least once, so that n == 0 still stores zeros */
+            size_t len = LOOM_MIN((size_t)QCHUNK, n - k0);
+            for (int i = 0; i < R; i++) f8_dequant(buf + (size_t)i * QCHUNK, w, (size_t)(r + i), k0, len);
+            int add = k0 > 0;
+            switch (R) {
+            case 4: tile_tokens(y + r, ly, x + k0, lx, buf, QCHUNK, len, T, 4, 0, add, DT_F32); break;
+            case 3: tile_tokens(y + r, ly, x + k0, lx, buf, QCHUNK, len, T, 3, 0, add, DT_F32); break;
+            case 2: tile_tokens(y + r, ly, x + k0, lx, buf, QCHUNK, len, T, 2, 0, add, DT_F32); break;
+            default: tile_tokens(y + r, ly, x + k0, lx, buf, QCHUNK, len, T, 1, 0, add, DT_F32); break;
+            }
+            k0 += len;
+        } while (k0 < n);
+    }
+}
+
 /* ---- vector kernels ------------------------------------------------------ */
 
 static float dot(const float *a, const float *b, int n) {
@@ -692,6 +816,7 @@ const loom_kernels loom_kernels_avx2 = {
     .matmul_f16 = matmul_f16,
     .matmul_bf16 = matmul_bf16,
     .matmul_q = matmul_q,
+    .matmul_f8 = matmul_f8,
     .dot = dot,
     .axpy = axpy,
     .attn_pv = attn_pv,

@@ -88,6 +88,23 @@ static void matmul_q(float *y, int ldy, const float *x, int ldx, const loom_qmat
     }
 }
 
+/* Each weight dequantized to f32 (code times its block's scale, one
+ * rounding), then matmul_f32's double sum. */
+static void matmul_f8(float *y, int ldy, const float *x, int ldx, const loom_f8mat *w, int T,
+                      int r0, int r1) {
+    int n = w->n, sc = loom_f8_scale_cols(w);
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *row = w->w + (size_t)r * n;
+        const float *s = w->scales + (size_t)(r / w->br) * sc;
+        for (int t = 0; t < T; t++) {
+            double acc = 0;
+            for (int k = 0; k < n; k++)
+                acc += (double)x[(size_t)t * ldx + k] * (loom_e4m3_to_f32(row[k]) * s[k / w->bc]);
+            y[(size_t)t * ldy + r] = (float)acc;
+        }
+    }
+}
+
 static float dot(const float *a, const float *b, int n) {
     float s = 0;
     for (int i = 0; i < n; i++) s += a[i] * b[i];
@@ -151,6 +168,7 @@ const loom_kernels loom_kernels_ref = {
     .matmul_f16 = matmul_f16,
     .matmul_bf16 = matmul_bf16,
     .matmul_q = matmul_q,
+    .matmul_f8 = matmul_f8,
     .dot = dot,
     .axpy = axpy,
     .attn_pv = attn_pv,

@@ -13,7 +13,7 @@
 static const char *models[] = {"llama3-tiny", "qwen2-tiny", "qwen3-tiny", "mistral-tiny-swa",
                                "qwen3-tiny-mlx4", "qwen3-tiny-mlx8", "gemma2-tiny",
                                "gemma3-tiny", "qwen3moe-tiny", "qwen3.5-tiny-hybrid",
-                               "qwen3next-tiny-hybrid-moe"};
+                               "qwen3next-tiny-hybrid-moe", "qwen3-tiny-fp8"};
 
 static void check(const char *name) {
     char dir[256], path[300];
@@ -96,8 +96,11 @@ static void check(const char *name) {
         }
         loom_engine_free(e);
     }
-    /* the hybrids' references are not float64 throughout (test_model.c's TOL_HYBRID) */
-    double tol = strstr(name, "hybrid") ? 5e-5 : 1e-5;
+    /* the hybrids' references are not float64 throughout (test_model.c's
+     * TOL_HYBRID); qwen3-tiny-fp8's head is its bf16 embedding table, whose
+     * GEMV rounds the normed row to bf16 (2^-9): ~1e-3 of the largest
+     * logit; its reference path's smallest top-2 margin is 6e-3 of it */
+    double tol = strstr(name, "hybrid") ? 5e-5 : strstr(name, "fp8") ? 3e-3 : 1e-5;
     int ok = worst <= tol && same == 4 && batched == 4;
     printf("%s  %-18s logits rel err %.2g (reference, device 0); greedy %d/4 context, %d/4 engine\n",
            ok ? "PASS" : "FAIL", name, worst, same, batched);
@@ -105,11 +108,13 @@ static void check(const char *name) {
     /* Sampled requests (temperature, top-k, top-p, min-p, a seed): drawn on
      * the device from the request's own generator, they must give the
      * tokens the CPU engine's sampler gives (the logits agree to ~1e-6; a
-     * draw on a boundary could still part them, not seen on these). */
+     * draw on a boundary could still part them, not seen on these). Not
+     * for the FP8 fixture, whose bf16 head parts the logits by ~1e-3. */
     loom_model *mc = NULL;
+    int fp8 = strstr(name, "fp8") != NULL;
     loom_model_params cpu = loom_model_default_params();
     int agree = 0;
-    if (loom_model_load(dir, &cpu, &mc) == LOOM_OK) {
+    if (!fp8 && loom_model_load(dir, &cpu, &mc) == LOOM_OK) {
         int32_t toks[2][4][20];
         for (int side = 0; side < 2; side++) {
             loom_engine *es = NULL;
@@ -145,9 +150,11 @@ static void check(const char *name) {
         for (int i = 0; i < 4; i++) agree += !memcmp(toks[0][i], toks[1][i], sizeof toks[0][i]);
         loom_model_free(mc);
     }
-    printf("%s  %-18s sampled on the device: %d/4 requests give the CPU sampler's tokens\n",
-           agree == 4 ? "PASS" : "FAIL", name, agree);
-    CHECK(agree == 4);
+    if (!fp8) {
+        printf("%s  %-18s sampled on the device: %d/4 requests give the CPU sampler's tokens\n",
+               agree == 4 ? "PASS" : "FAIL", name, agree);
+        CHECK(agree == 4);
+    }
     loom_model_free(m);
     loom_st_close(ref);
 }
@@ -376,6 +383,9 @@ static void session_hybrid(const char *name) {
 }
 
 int main(void) {
+    /* FP8 prompts through f32 SGEMM, so that only the bf16 head rounds
+     * (the bf16 tensor-core path is test_cuda_forward's) */
+    setenv("LOOM_CUDA_F8_F32", "1", 1);
     session_hybrid("qwen3.5-tiny-hybrid");
     prefix_cache_hybrid("qwen3.5-tiny-hybrid");
     prefix_cache_hybrid("qwen3next-tiny-hybrid-moe");

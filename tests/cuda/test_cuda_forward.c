@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "../test.h"
+#include "../test_fp8.h"
 #include "cuda/cuda.h"
 #include "engine/kv.h"
 #include "model/forward.h"
@@ -29,6 +30,10 @@ static int n_pass, n_fail;
  * two experts nearly tie. */
 static double tolerance(const loom_model *m, loom_kv_type kvt) {
     int dt = m->layers[0].attn.wq.dtype;
+    /* FP8 prompts run on bf16 tensor cores (loom_cuda_f8_gemm) unless
+     * LOOM_CUDA_F8_F32=1 */
+    const char *f32 = getenv("LOOM_CUDA_F8_F32");
+    if (dt == LOOM_DT_F8_E4M3 && !(f32 && !strcmp(f32, "1"))) return 5e-2;
     if (dt == LOOM_DT_BF16 || m->lm_head.dtype == LOOM_DT_BF16 || kvt == LOOM_KV_BF16) return 5e-2;
     if (dt == LOOM_DT_F16 || m->lm_head.dtype == LOOM_DT_F16) return 1e-2;
     return 2e-3;
@@ -463,7 +468,7 @@ int main(void) {
     static const char *fixtures[] = {"llama3-tiny", "qwen2-tiny", "qwen3-tiny", "mistral-tiny-swa",
                                      "qwen3-tiny-mlx4", "qwen3-tiny-mlx8", "gemma2-tiny",
                                      "gemma3-tiny", "qwen3moe-tiny", "qwen3.5-tiny-hybrid",
-                                     "qwen3next-tiny-hybrid-moe"};
+                                     "qwen3next-tiny-hybrid-moe", "qwen3-tiny-fp8"};
     for (size_t i = 0; i < sizeof fixtures / sizeof fixtures[0]; i++) {
         run_fixture(fixtures[i], LOOM_KV_F32);
         run_fixture(fixtures[i], LOOM_KV_F16);
@@ -473,13 +478,43 @@ int main(void) {
         snprintf(dir, sizeof dir, "tests/fixtures/models/%s", fixtures[i]);
         run_verify(dir, LOOM_KV_F32);
     }
+    /* FP8 copies (128x128 blocks, layer 1's scales bf16) of qwen3-tiny
+     * (partial blocks) and of the wide random models (whole blocks,
+     * decode GEMV over real widths): prompts through loom_cuda_f8_gemm,
+     * decode through loom_cuda_f8_gemv */
+    const char *extra = getenv("LOOM_CUDA_TEST_MODELS");
+    char buf[4096], tmp[] = "/tmp/loom-cuda-fp8-XXXXXX";
+    if (mkdtemp(tmp)) {
+        test_fp8_variant v = {.name = "fp8", .layout = TEST_FP8_BLOCK, .bf16_layer = 1,
+                              .scale_suffix = "_scale_inv", .qcfg = TEST_FP8_HF};
+        snprintf(buf, sizeof buf, "tests/fixtures/models/qwen3-tiny %s", extra ? extra : "");
+        for (char *sv = NULL, *d = strtok_r(buf, " ", &sv); d; d = strtok_r(NULL, " ", &sv)) {
+            if (strstr(d, "/rand-") && !strstr(d, "-wide")) continue;
+            char out[1200];
+            const char *base = strrchr(d, '/');
+            snprintf(out, sizeof out, "%s/%s", tmp, base ? base + 1 : d);
+            if (!test_fp8_write(d, out, NULL, &v)) {
+                printf("FAIL  forward %s: writing its FP8 copy\n", d);
+                n_fail++;
+                continue;
+            }
+            run_fixture(out, LOOM_KV_F32);
+            run_fixture(out, LOOM_KV_BF16);
+            run_single(out, LOOM_KV_BF16);
+            /* prompts through f32 SGEMM: the CPU's precision */
+            setenv("LOOM_CUDA_F8_F32", "1", 1);
+            printf("== LOOM_CUDA_F8_F32=1\n");
+            run_fixture(out, LOOM_KV_F32);
+            unsetenv("LOOM_CUDA_F8_F32");
+        }
+        snprintf(buf, sizeof buf, "rm -rf %s", tmp);
+        if (system(buf) != 0) printf("note: could not remove %s\n", tmp);
+    }
     /* LOOM_CUDA_TEST_MODELS: extra model directories (tools/cuda_check.sh
      * writes random ones with gen_model, bf16 and an f32 MoE), run with
      * bf16 and f32 KV: the paths the fixtures' f32 weights never take
      * (16-bit activations, tensor-core prefill attention, the vectorised
      * decode kernel, 64 experts). */
-    const char *extra = getenv("LOOM_CUDA_TEST_MODELS");
-    char buf[4096];
     snprintf(buf, sizeof buf, "%s", extra ? extra : "");
     for (char *sv = NULL, *d = strtok_r(buf, " ", &sv); d; d = strtok_r(NULL, " ", &sv)) {
         run_fixture(d, LOOM_KV_BF16);

@@ -916,6 +916,97 @@ static int test_matmul_q(int bits, int group, int f16, int T, int rows, int cols
     return ok;
 }
 
+/* ---- FP8 (e4m3 with block scales) --------------------------------------- */
+
+enum { F8_GEMV, F8_GEMM, F8_AUTO, F8_GEMM32 };
+static const char *F8_NAME[] = {"f8_gemv", "f8_gemm", "matmul_f8", "f8_gemm f32"};
+
+/* Random codes over the whole range (no NaN), positive scales of varied
+ * size, against ops_ref's matmul_f8. The GEMV sums in f32 (2e-5 of the
+ * sum of |terms|), and so does the GEMM in f32; in bf16 it rounds the
+ * dequantized weights and x (6e-3, as test_gemm's bf16 bound). */
+static int test_f8(int which, int T, int rows, int cols, int br, int bc) {
+    char what[96];
+    snprintf(what, sizeof what, "T=%d rows=%d cols=%d blocks %dx%d", T, rows, cols, br, bc);
+    int sr = (rows + br - 1) / br, sc = (cols + bc - 1) / bc;
+    size_t NW = (size_t)rows * cols, NX = (size_t)T * cols, NY = (size_t)T * rows;
+    uint8_t *w = xmalloc(NW);
+    float *s = xmalloc((size_t)sr * sc * 4), *x = xmalloc(NX * 4), *ref = xmalloc(NY * 4);
+    float *got = xmalloc(NY * 4), *bound = xmalloc(NY * 4);
+    for (size_t i = 0; i < NW; i++) {
+        unsigned b;
+        do b = test_rand_u32(&rng) & 0xff; while ((b & 0x7f) == 0x7f);
+        w[i] = (uint8_t)b;
+    }
+    for (int i = 0; i < sr * sc; i++) s[i] = ldexpf(1.0f + 0.5f * rnd(), -10 + i % 6);
+    fill(x, NX, 2.0f);
+    loom_f8mat q = {w, s, cols, br, bc};
+    loom_kernels_ref.matmul_f8(ref, rows, x, cols, &q, T, 0, rows);
+    int gemm = which == F8_GEMM || (which == F8_AUTO && T > LOOM_CUDA_F8_GEMV_T);
+    double rel = gemm ? 6e-3 : which == F8_GEMM32 ? 5e-5 : 2e-5;
+    for (int t = 0; t < T; t++)
+        for (int r = 0; r < rows; r++) {
+            double a = 0;
+            for (int k = 0; k < cols; k++)
+                a += fabs((double)x[(size_t)t * cols + k] * loom_e4m3_to_f32(w[(size_t)r * cols + k]) *
+                          s[(r / br) * sc + k / bc]);
+            bound[(size_t)t * rows + r] = (float)(rel * a + 1e-6);
+        }
+    uint8_t *dw = up(w, NW);
+    float *ds = up(s, (size_t)sr * sc * 4), *dx = up(x, NX * 4), *dy = NULL;
+    int ok = 0;
+    if (!dw || !ds || !dx || loom_cuda_alloc(C, (void **)&dy, NY * 4) != LOOM_OK) {
+        api_fail(F8_NAME[which], what, LOOM_ERR_NOMEM);
+    } else {
+        loom_cuda_f8mat dm = {dw, ds, rows, cols, br, bc};
+        loom_status st = which == F8_GEMV   ? loom_cuda_f8_gemv(C, dy, dx, &dm, T)
+                         : which == F8_AUTO ? loom_cuda_matmul_f8(C, dy, dx, &dm, T, 0)
+                                            : loom_cuda_f8_gemm(C, dy, dx, &dm, T, which == F8_GEMM32);
+        if (st == LOOM_OK) st = loom_cuda_download(C, got, dy, NY * 4);
+        if (st != LOOM_OK) api_fail(F8_NAME[which], what, st);
+        else ok = report(F8_NAME[which], what, got, ref, bound, NY, 0, 0);
+    }
+    loom_cuda_release(C, dw);
+    loom_cuda_release(C, ds);
+    loom_cuda_release(C, dx);
+    loom_cuda_release(C, dy);
+    free(w), free(s), free(x), free(ref), free(got), free(bound);
+    return ok;
+}
+
+/* Every code once (a column each, x one-hot per token): NaN codes stay
+ * NaN and every other value is exact, through both kernels. */
+static int test_f8_codes(int which) {
+    int rows = 256, cols = 16, T = 2;
+    uint8_t *w = xmalloc((size_t)rows * cols);
+    float s = 0.375f, x[32] = {0}, got[2 * 256], ref[2 * 256];
+    memset(w, 0, (size_t)rows * cols);
+    for (int i = 0; i < rows; i++) w[i * cols] = (uint8_t)i;
+    x[0] = 1, x[cols] = 1;
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < rows; i++) ref[t * rows + i] = loom_e4m3_to_f32((uint8_t)i) * s;
+    uint8_t *dw = up(w, (size_t)rows * cols);
+    float *ds = up(&s, 4), *dx = up(x, sizeof x), *dy = NULL;
+    int ok = 0;
+    if (!dw || !ds || !dx || loom_cuda_alloc(C, (void **)&dy, sizeof got) != LOOM_OK) {
+        api_fail(F8_NAME[which], "every code", LOOM_ERR_NOMEM);
+    } else {
+        loom_cuda_f8mat dm = {dw, ds, rows, cols, rows, cols};
+        loom_status st = which == F8_GEMV ? loom_cuda_f8_gemv(C, dy, dx, &dm, T)
+                                          : loom_cuda_f8_gemm(C, dy, dx, &dm, T, which == F8_GEMM32);
+        if (st == LOOM_OK) st = loom_cuda_download(C, got, dy, sizeof got);
+        /* bf16 holds every e4m3 value times 0.375 (5 significant bits) exactly */
+        if (st != LOOM_OK) api_fail(F8_NAME[which], "every code", st);
+        else ok = report(F8_NAME[which], "every code (NaN stays NaN)", got, ref, NULL, 2 * 256, 0, 0);
+    }
+    loom_cuda_release(C, dw);
+    loom_cuda_release(C, ds);
+    loom_cuda_release(C, dx);
+    loom_cuda_release(C, dy);
+    free(w);
+    return ok;
+}
+
 /* ---- paged attention ---------------------------------------------------- */
 
 typedef struct attn_case {
@@ -2362,6 +2453,25 @@ int main(void) {
     }
     test_matmul_q(4, 64, 0, 1, 4097, 2048);
     test_matmul_q(8, 64, 1, 2, 1000, 1024);
+
+    /* FP8: 128x128 blocks with partial edges (rows and columns), one
+     * partial block, per-channel and per-tensor scales, columns that are
+     * not a multiple of 16 (the scalar kernel), every token count of a
+     * decode tile and a prompt's */
+    static const int f8s[][5] = {{1, 192, 64, 128, 128},   {3, 64, 192, 128, 128},
+                                 {8, 300, 1000, 128, 128}, {9, 4097, 1024, 128, 128},
+                                 {2, 33, 520, 1, 520},     {5, 130, 72, 130, 72},
+                                 {4, 77, 200, 8, 8},       {1, 1000, 40, 128, 128},
+                                 {17, 1024, 3072, 128, 128}, {64, 2000, 1536, 128, 128},
+                                 {2, 33, 512, 1, 512},     {3, 130, 256, 130, 256}};
+    for (size_t i = 0; i < sizeof f8s / sizeof f8s[0]; i++)
+        for (int which = 0; which < 4; which++)
+            test_f8(which, f8s[i][0], f8s[i][1], f8s[i][2], f8s[i][3], f8s[i][4]);
+    /* slices of the dequantized weight (64 MiB of it a GEMM) */
+    test_f8(F8_AUTO, 17, 17000, 4096, 128, 128);
+    test_f8(F8_GEMM32, 17, 9000, 4096, 128, 128);
+    for (int which = 0; which < 4; which++)
+        if (which != F8_AUTO) test_f8_codes(which);
 
     {
         attn_case a1 = {8, 2, 64, 16, LOOM_KV_F32, 0, 0};
