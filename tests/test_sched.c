@@ -552,6 +552,14 @@ static void speculation(void) {
     h_run(&h, p);
     CHECK_EQ_INT(a->n_generated - ga, 5); /* 4 kept and the target's next */
     CHECK_EQ_INT(b->n_generated - gb, 3);
+    /* a step the gate pauses (engine/gate.h) carries no proposals, and
+     * the rows keep their draft lengths for the next */
+    h.s.spec_pause = 1;
+    p = h_plan(&h);
+    CHECK(p->n_rows == 2 && p->tokens == 2 && p->rows[0].draft == 0 && p->rows[1].draft == 0);
+    h_run(&h, p);
+    h.s.spec_pause = 0;
+    CHECK(a->spec_k == 4 && b->spec_k == 4);
     /* a prefill joining gets what the proposals leave */
     loom_request *c = h_submit(&h, 9, 3, 62);
     p = h_plan(&h);

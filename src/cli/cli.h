@@ -51,7 +51,7 @@ int cli_sampling_flag(const char *cmd, const char *opt, const char *text, loom_s
  * a usage error's 2. */
 int cli_spec_flag(const char *cmd, const char *opt, const char *text, loom_engine_params *p,
                   const char **draft_dir);
-#define CLI_SPEC_FLAGS "--speculative", "--draft-model", "--draft-tokens"
+#define CLI_SPEC_FLAGS "--speculative", "--draft-model", "--draft-tokens", "--spec-gate"
 #define CLI_SPEC_USAGE                                                                     \
     "  --speculative ngram  speculative decoding by prompt lookup: proposals copied\n"     \
     "                     from what followed the last 3, 2 or 1 tokens earlier on\n"      \

@@ -1,0 +1,96 @@
+/* gate: whether speculative decoding pays at the current batch size
+ * (design notes in engine/gate.h). */
+#include "engine/gate.h"
+
+#include "base/base.h"
+
+int loom_gate_class_of(int n_rows) {
+    int c = 0;
+    while (c + 1 < LOOM_GATE_CLASSES && (1 << c) < n_rows) c++;
+    return c;
+}
+
+static double rate(const loom_gate_class *c, int m) { return c->sec[m] > 0 ? c->tok[m] / c->sec[m] : 0; }
+
+/* Adds a step to mode m's moving sums: plain sums up to LOOM_GATE_AVG
+ * steps, then each step weighs 1 / LOOM_GATE_AVG. */
+static void add(loom_gate_class *c, int m, int tokens, double seconds) {
+    if (c->n[m] < LOOM_GATE_AVG) {
+        c->n[m]++;
+    } else {
+        c->tok[m] *= 1.0 - 1.0 / LOOM_GATE_AVG;
+        c->sec[m] *= 1.0 - 1.0 / LOOM_GATE_AVG;
+    }
+    c->tok[m] += tokens;
+    c->sec[m] += seconds;
+}
+
+/* Mode m becomes the choice: its first probe comes soon. */
+static void choose_mode(loom_gate_class *c, int m) {
+    c->mode = m;
+    c->since = 0;
+    c->probe = LOOM_GATE_PROBE_MIN;
+    c->probing = 0;
+}
+
+int loom_gate_choose(loom_gate *g, int n_rows) {
+    if (g->off) return 1;
+    loom_gate_class *c = &g->c[loom_gate_class_of(n_rows)];
+    if (!c->decided) {
+        if (c->n[1] < LOOM_GATE_WARM && c->n[1] <= c->n[0]) return 1;
+        if (c->n[0] < LOOM_GATE_WARM) return 0;
+        c->decided = 1;
+        choose_mode(c, rate(c, 1) >= rate(c, 0));
+    }
+    if (!c->probing && c->since >= c->probe) {
+        c->probing = LOOM_GATE_PROBE_STEPS;
+        c->lost = 0;
+        c->n[!c->mode] = 0; /* the probe measures now, not the past */
+        c->tok[!c->mode] = c->sec[!c->mode] = 0;
+    }
+    return c->probing ? !c->mode : c->mode;
+}
+
+/* The probe of mode !c->mode ended: it takes over if it beat the choice
+ * by the margin; else the next probe comes after as many steps as keep
+ * probing's cost within LOOM_GATE_PROBE_SHARE of the time. */
+static void probe_done(loom_gate_class *c) {
+    int m = c->mode;
+    if (rate(c, !m) > rate(c, m) * (1 + LOOM_GATE_MARGIN)) {
+        choose_mode(c, !m);
+        return;
+    }
+    double per_step = c->n[m] ? c->sec[m] / c->n[m] : 0, steps = LOOM_GATE_PROBE_MAX;
+    if (per_step > 0) steps = c->lost / (LOOM_GATE_PROBE_SHARE * per_step);
+    c->probe = (int)LOOM_MAX(LOOM_GATE_PROBE_MIN, LOOM_MIN(steps, LOOM_GATE_PROBE_MAX));
+    c->since = 0;
+}
+
+void loom_gate_record(loom_gate *g, int n_rows, int spec, int tokens, double seconds) {
+    if (g->off || tokens <= 0 || seconds <= 0) return;
+    loom_gate_class *c = &g->c[loom_gate_class_of(n_rows)];
+    int m = spec != 0;
+    if (!c->decided) {
+        add(c, m, tokens, seconds);
+        return;
+    }
+    if (m == c->mode) {
+        add(c, m, tokens, seconds);
+        c->since++;
+        /* the choice slowed down past what the other did last */
+        if (!c->probing && c->n[!m] && rate(c, !m) > rate(c, m) * (1 + LOOM_GATE_MARGIN)) choose_mode(c, !m);
+        return;
+    }
+    if (!c->probing) { /* not asked for (a step that could not take the choice): measured all the same */
+        add(c, m, tokens, seconds);
+        return;
+    }
+    double r = rate(c, c->mode);
+    add(c, m, tokens, seconds);
+    if (r > 0) c->lost += seconds - tokens / r;
+    if (--c->probing == 0) probe_done(c);
+}
+
+double loom_gate_rate(const loom_gate *g, int n_rows, int spec) {
+    return rate(&g->c[loom_gate_class_of(n_rows)], spec != 0);
+}
