@@ -388,6 +388,7 @@ typedef struct loom_engine_stats {
     int kv_blocks_parked;                /* held only by kept sessions / responses */
     uint64_t spec_drafted, spec_accepted; /* speculative proposals verified, and kept */
     uint64_t spec_rounds;                /* decode rows that verified proposals */
+    uint64_t spec_gated;                 /* steps the gate kept plain (engine/gate.h) */
     int kv_blocks_unused;                /* on the free list */
     int kv_blocks_touched;               /* ever handed out: the pool's resident part */
     int kv_cache_cap_blocks;             /* cap on lru + parked blocks; 0 = no cache */

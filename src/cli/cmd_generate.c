@@ -93,9 +93,9 @@ static loom_status gen_engine(loom_model *m, const loom_engine_params *ep, const
         loom_engine_stats st;
         loom_engine_get_stats(e, &st);
         if (st.spec_rounds)
-            fprintf(stderr, "speculative: %llu of %llu proposals accepted; %.2f tokens per verifying step\n",
-                    (unsigned long long)st.spec_accepted, (unsigned long long)st.spec_drafted,
-                    1.0 + (double)st.spec_accepted / (double)st.spec_rounds);
+            fprintf(stderr, "speculative: %llu of %llu proposals accepted; %.2f tokens per verifying step; "
+                    "%llu steps gated\n", (unsigned long long)st.spec_accepted, (unsigned long long)st.spec_drafted,
+                    1.0 + (double)st.spec_accepted / (double)st.spec_rounds, (unsigned long long)st.spec_gated);
     }
     loom_engine_free(e);
     return s;

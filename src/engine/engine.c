@@ -146,6 +146,7 @@ static int step(loom_engine *e) {
     const step_plan *plan = loom_sched_plan(&e->s);
     if (plan->n_rows == 0) return 0;
     if (e->spec) gate_kind(plan, &decode, &spec);
+    e->s.counters.spec_gated += (uint64_t)e->s.spec_pause;
     if (e->spec) draft(e, &e->s.plan);
     loom_sched_fwd_rows(&e->s, plan, e->rows, e->logits, e->plp_logits);
     /* embedding rows want every position's hidden state and no logits,
@@ -207,6 +208,7 @@ static void publish_stats(loom_engine *e) {
     e->stats.spec_drafted = s->counters.spec_drafted;
     e->stats.spec_accepted = s->counters.spec_accepted;
     e->stats.spec_rounds = s->counters.spec_rounds;
+    e->stats.spec_gated = s->counters.spec_gated;
     loom_kv_counts kc = loom_kv_counters(e->kv);
     e->stats.kv_blocks_lru = kc.blocks_lru;
     e->stats.kv_blocks_parked = kc.blocks_parked;

@@ -77,8 +77,11 @@ void loom_gate_record(loom_gate *g, int n_rows, int spec, int tokens, double sec
     if (m == c->mode) {
         add(c, m, tokens, seconds);
         c->since++;
-        /* the choice slowed down past what the other did last */
-        if (!c->probing && c->n[!m] && rate(c, !m) > rate(c, m) * (1 + LOOM_GATE_MARGIN)) choose_mode(c, !m);
+        /* the choice slowed down past what the other did when last
+         * measured: the other is probed now, since the machine may just
+         * have become busier (both slower), which a switch on the old
+         * figure would take for the other being faster */
+        if (!c->probing && c->n[!m] && rate(c, !m) > rate(c, m) * (1 + LOOM_GATE_MARGIN)) c->since = c->probe;
         return;
     }
     if (!c->probing) { /* not asked for (a step that could not take the choice): measured all the same */

@@ -28,6 +28,9 @@
  *   the chosen mode's rate, next after L / (share * seconds per chosen
  *   step) steps, at least LOOM_GATE_PROBE_MIN and at most
  *   LOOM_GATE_PROBE_MAX.
+ * - A choice that slows down below the other's last rate probes the
+ *   other at once rather than switching: both may have slowed (a busier
+ *   machine), and only measurements taken together compare.
  * - Determinism. The gate never reads a clock: the engine passes each
  *   step's seconds (loom_gate_record), tests inject them.
  * Call loom_gate_choose before planning a step and loom_gate_record after
