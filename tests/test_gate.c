@@ -72,6 +72,14 @@ static void warm_up(void) {
     for (int i = 0; i < 2 * LOOM_GATE_WARM; i++) CHECKF(want[i] == !(i % 2), "warm-up step %d chose %d", i, want[i]);
     CHECK_EQ_INT(loom_gate_choose(&g, 16), 0);
     CHECK(fabs(loom_gate_rate(&g, 16, 0) - 16.0) < 1e-9 && fabs(loom_gate_rate(&g, 16, 1) - 8.0) < 1e-9);
+    /* a speculating step lost 4 - 32 / 16 = 2 s against plain steps of
+     * 1 s: the first probe comes after 2 * 2 / (0.01 * 1) = 400 of them */
+    int plain = 0;
+    while (plain < 10000 && !loom_gate_choose(&g, 16)) {
+        loom_gate_record(&g, 16, 0, 16, 1.0);
+        plain++;
+    }
+    CHECKF(plain == 400, "first probe after %d plain steps", plain);
     /* another class knows nothing yet */
     CHECK_EQ_INT(loom_gate_choose(&g, 1), 1);
     /* steps that are not recorded (prefills) leave warm-up where it was */
@@ -133,7 +141,7 @@ static void turns(void) {
     run(&g, &mc, 4, 1, &t);
     mc.acc = 0.1; /* now it loses: 4.4 tokens in 15 ms against 4 in 10 */
     int after = steps_until(&g, &mc, 4, 0, 1000);
-    CHECKF(after < 2 * LOOM_GATE_AVG, "still speculating %d steps after it began to lose", after);
+    CHECKF(after <= 2 * LOOM_GATE_AVG + LOOM_GATE_PROBE_STEPS, "still speculating %d steps after it began to lose", after);
     tally lose = {0};
     run(&g, &mc, 4, 3000, &lose);
     CHECKF(lose.steps[1] * 30 < lose.steps[0], "losing: %d speculating steps of %d", lose.steps[1],

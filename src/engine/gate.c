@@ -25,12 +25,25 @@ static void add(loom_gate_class *c, int m, int tokens, double seconds) {
     c->sec[m] += seconds;
 }
 
-/* Mode m becomes the choice: its first probe comes soon. */
+/* Steps of the chosen mode before the next probe of the other: as many
+ * as keep probing's cost within LOOM_GATE_PROBE_SHARE of the time. A
+ * probe step costs what the other mode's steps took as last measured,
+ * less the time the chosen mode takes for the same tokens. */
+static int next_probe(const loom_gate_class *c) {
+    int m = c->mode, o = !m;
+    double r = rate(c, m), per_step = c->n[m] ? c->sec[m] / c->n[m] : 0;
+    if (!c->n[o] || r <= 0 || per_step <= 0) return LOOM_GATE_PROBE_MIN;
+    double lost = LOOM_GATE_PROBE_STEPS * (c->sec[o] - c->tok[o] / r) / c->n[o];
+    double steps = lost / (LOOM_GATE_PROBE_SHARE * per_step);
+    return (int)LOOM_MAX(LOOM_GATE_PROBE_MIN, LOOM_MIN(steps, LOOM_GATE_PROBE_MAX));
+}
+
+/* Mode m becomes the choice. */
 static void choose_mode(loom_gate_class *c, int m) {
     c->mode = m;
     c->since = 0;
-    c->probe = LOOM_GATE_PROBE_MIN;
     c->probing = 0;
+    c->probe = next_probe(c);
 }
 
 int loom_gate_choose(loom_gate *g, int n_rows) {
@@ -44,7 +57,6 @@ int loom_gate_choose(loom_gate *g, int n_rows) {
     }
     if (!c->probing && c->since >= c->probe) {
         c->probing = LOOM_GATE_PROBE_STEPS;
-        c->lost = 0;
         c->n[!c->mode] = 0; /* the probe measures now, not the past */
         c->tok[!c->mode] = c->sec[!c->mode] = 0;
     }
@@ -52,18 +64,15 @@ int loom_gate_choose(loom_gate *g, int n_rows) {
 }
 
 /* The probe of mode !c->mode ended: it takes over if it beat the choice
- * by the margin; else the next probe comes after as many steps as keep
- * probing's cost within LOOM_GATE_PROBE_SHARE of the time. */
+ * by the margin, else the choice holds until the next probe. */
 static void probe_done(loom_gate_class *c) {
     int m = c->mode;
     if (rate(c, !m) > rate(c, m) * (1 + LOOM_GATE_MARGIN)) {
         choose_mode(c, !m);
         return;
     }
-    double per_step = c->n[m] ? c->sec[m] / c->n[m] : 0, steps = LOOM_GATE_PROBE_MAX;
-    if (per_step > 0) steps = c->lost / (LOOM_GATE_PROBE_SHARE * per_step);
-    c->probe = (int)LOOM_MAX(LOOM_GATE_PROBE_MIN, LOOM_MIN(steps, LOOM_GATE_PROBE_MAX));
     c->since = 0;
+    c->probe = next_probe(c);
 }
 
 void loom_gate_record(loom_gate *g, int n_rows, int spec, int tokens, double seconds) {
@@ -88,9 +97,7 @@ void loom_gate_record(loom_gate *g, int n_rows, int spec, int tokens, double sec
         add(c, m, tokens, seconds);
         return;
     }
-    double r = rate(c, c->mode);
     add(c, m, tokens, seconds);
-    if (r > 0) c->lost += seconds - tokens / r;
     if (--c->probing == 0) probe_done(c);
 }
 

@@ -24,10 +24,13 @@
  *   steps of the other, whose averages restart there (the estimate is of
  *   now: acceptance, contexts and the machine's load change). The next
  *   probe comes after as many steps as keep probing's cost within
- *   LOOM_GATE_PROBE_SHARE of the time: a probe that lost L seconds against
- *   the chosen mode's rate, next after L / (share * seconds per chosen
- *   step) steps, at least LOOM_GATE_PROBE_MIN and at most
- *   LOOM_GATE_PROBE_MAX.
+ *   LOOM_GATE_PROBE_SHARE of the time: where the other mode's steps (as
+ *   last measured: the probe, or the warm-up) lost L seconds each against
+ *   the chosen mode's rate, after PROBE_STEPS * L / (share * seconds per
+ *   chosen step) steps, at least LOOM_GATE_PROBE_MIN and at most
+ *   LOOM_GATE_PROBE_MAX. A speculating step of a compute-bound batch
+ *   costs several plain ones, so its probes come rarely; a plain probe
+ *   of a batch that speculates well costs little and comes often.
  * - A choice that slows down below the other's last rate probes the
  *   other at once rather than switching: both may have slowed (a busier
  *   machine), and only measurements taken together compare.
@@ -55,7 +58,6 @@ typedef struct loom_gate_class {
     int since;                 /* steps of it since the last probe */
     int probe;                 /* steps of it before the next probe */
     int probing;               /* > 0: probe steps of the other mode left */
-    double lost;               /* seconds the current probe lost so far */
     int decided;               /* warm-up over */
 } loom_gate_class;
 
