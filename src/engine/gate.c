@@ -79,6 +79,10 @@ void loom_gate_record(loom_gate *g, int n_rows, int spec, int tokens, double sec
     if (g->off || tokens <= 0 || seconds <= 0) return;
     loom_gate_class *c = &g->c[loom_gate_class_of(n_rows)];
     int m = spec != 0;
+    if (!c->seen[m]) {
+        c->seen[m] = 1;
+        return;
+    }
     if (!c->decided) {
         add(c, m, tokens, seconds);
         return;

@@ -16,7 +16,10 @@
  *   drafting, the forward, the commit); a mode's rate is their ratio,
  *   which weighs a slow step by its time, as throughput does.
  * - Warm-up. A class measures each mode LOOM_GATE_WARM times, the two
- *   alternating (speculation first), before it decides.
+ *   alternating (speculation first), before it decides. The first step
+ *   of each mode in a class is left out: it touches buffers and weights
+ *   for the first time (the first drafter forward of a batch size costs
+ *   several later ones).
  * - Choice. The faster mode runs; the other must beat it by
  *   LOOM_GATE_MARGIN to take over (noise does not flip it back and
  *   forth).
@@ -42,7 +45,7 @@
 #define LOOM_GATE_H
 
 #define LOOM_GATE_CLASSES 8
-#define LOOM_GATE_WARM 2
+#define LOOM_GATE_WARM 3
 #define LOOM_GATE_MARGIN 0.03
 #define LOOM_GATE_PROBE_STEPS 2
 #define LOOM_GATE_PROBE_MIN 16
@@ -59,6 +62,7 @@ typedef struct loom_gate_class {
     int probe;                 /* steps of it before the next probe */
     int probing;               /* > 0: probe steps of the other mode left */
     int decided;               /* warm-up over */
+    int seen[2];               /* a step of the mode came (the first is left out) */
 } loom_gate_class;
 
 typedef struct loom_gate {
