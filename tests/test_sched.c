@@ -71,6 +71,7 @@ typedef struct harness {
     int restore_next;      /* the next admission plans a (fake) restore */
     int draft_good;        /* the fake drafter's proposals: this many right, then wrong */
     int draft_short;       /* it finds nothing to propose (prompt lookup without a match) */
+    int draft_cap;         /* > 0: it stops after this many (its own doubt) */
     int drafted;           /* proposals it made */
 } harness;
 
@@ -223,7 +224,7 @@ static void fake_draft(harness *h, const step_plan *cp) {
     step_plan *p = (step_plan *)cp; /* the drafter may lower a row's proposals */
     for (int i = 0; i < p->n_rows; i++) {
         sched_row *w = &p->rows[i];
-        int got = h->draft_short ? 0 : w->draft;
+        int got = h->draft_short ? 0 : h->draft_cap > 0 && h->draft_cap < w->draft ? h->draft_cap : w->draft;
         p->tokens -= w->draft - got;
         w->n -= w->draft - got;
         w->draft = got;
@@ -712,8 +713,37 @@ static void span_hit(void) {
     h_free(&h);
 }
 
+/* A row's proposal cap follows its acceptance: a full run of fewer than
+ * the cap (the drafter stopped on its own) keeps the cap, a miss halves
+ * it, a partial run halves it but keeps one more than held. */
+static void spec_lengths(void) {
+    harness h;
+    h_init(&h, 64, 64, 8, 0);
+    h.s.spec_k = 8;
+    h.s.spec_budget = 64;
+    h.draft_good = 8;
+    loom_request *a = h_submit(&h, 5, 60, 70);
+    for (int i = 0; i < 10 && a->state != RQ_DECODE; i++) h_step(&h);
+    CHECK_EQ_INT(a->spec_k, 8);
+    h.draft_cap = 2;
+    h_step(&h);
+    CHECK_EQ_INT(a->spec_k, 8);
+    h.draft_cap = 0;
+    h.draft_good = 0;
+    h_step(&h);
+    CHECK_EQ_INT(a->spec_k, 4);
+    h.draft_good = 1;
+    h_step(&h);
+    CHECK_EQ_INT(a->spec_k, 2);
+    h.draft_good = 8;
+    h_drain(&h);
+    check_solo(a);
+    h_free(&h);
+}
+
 int main(void) {
     speculation();
+    spec_lengths();
     speculation_cancel();
     spans();
     span_hit();
