@@ -15,6 +15,9 @@ static double rate(const loom_gate_class *c, int m) { return c->sec[m] > 0 ? c->
 /* Adds a step to mode m's moving sums: plain sums up to LOOM_GATE_AVG
  * steps, then each step weighs 1 / LOOM_GATE_AVG. */
 static void add(loom_gate_class *c, int m, int tokens, double seconds) {
+    /* a step the machine stalled (the process descheduled: another's work)
+     * weighs no more than LOOM_GATE_CLIP typical ones */
+    if (c->typ[m] > 0) seconds = LOOM_MIN(seconds, LOOM_GATE_CLIP * c->typ[m]);
     if (c->n[m] < LOOM_GATE_AVG) {
         c->n[m]++;
     } else {
@@ -23,6 +26,7 @@ static void add(loom_gate_class *c, int m, int tokens, double seconds) {
     }
     c->tok[m] += tokens;
     c->sec[m] += seconds;
+    c->typ[m] = c->sec[m] / c->n[m];
 }
 
 /* Steps of the chosen mode before the next probe of the other: as many
@@ -90,11 +94,13 @@ void loom_gate_record(loom_gate *g, int n_rows, int spec, int tokens, double sec
     if (m == c->mode) {
         add(c, m, tokens, seconds);
         c->since++;
-        /* the choice slowed down past what the other did when last
-         * measured: the other is probed now, since the machine may just
-         * have become busier (both slower), which a switch on the old
-         * figure would take for the other being faster */
-        if (!c->probing && c->n[!m] && rate(c, !m) > rate(c, m) * (1 + LOOM_GATE_MARGIN)) c->since = c->probe;
+        /* speculation slowed down past what plain steps did when last
+         * measured (acceptance fell): plain is probed now, not switched
+         * to, since the machine may just have become busier (both
+         * slower). Plain steps' cost does not follow acceptance: when
+         * they are the choice, only the scheduled probes ask (a stall
+         * would otherwise set off a dear probe). */
+        if (m == 1 && !c->probing && c->n[0] && rate(c, 0) > rate(c, 1) * (1 + LOOM_GATE_MARGIN)) c->since = c->probe;
         return;
     }
     if (!c->probing) { /* not asked for (a step that could not take the choice): measured all the same */

@@ -34,9 +34,17 @@
  *   LOOM_GATE_PROBE_MAX. A speculating step of a compute-bound batch
  *   costs several plain ones, so its probes come rarely; a plain probe
  *   of a batch that speculates well costs little and comes often.
- * - A choice that slows down below the other's last rate probes the
- *   other at once rather than switching: both may have slowed (a busier
- *   machine), and only measurements taken together compare.
+ * - Speculation, when chosen, that slows down below plain steps' last
+ *   rate (acceptance fell) probes plain at once rather than switching:
+ *   both may have slowed (a busier machine), and only measurements taken
+ *   together compare. Plain steps' cost does not follow acceptance; when
+ *   they are the choice only the scheduled probes ask.
+ * - Stalls. On a shared machine a step now and then takes many times its
+ *   usual time (the process was descheduled); one such plain step once
+ *   held a batch of 16 in speculation for the rest of its run. A step
+ *   counts as at most LOOM_GATE_CLIP typical steps of its mode (the
+ *   mode's mean step, kept across probes); a lasting slowdown still
+ *   moves the mean, by up to that factor a step.
  * - Determinism. The gate never reads a clock: the engine passes each
  *   step's seconds (loom_gate_record), tests inject them.
  * Call loom_gate_choose before planning a step and loom_gate_record after
@@ -53,6 +61,8 @@
 #define LOOM_GATE_PROBE_SHARE 0.01
 /* The moving sums' weight of the newest step, once a mode has that many */
 #define LOOM_GATE_AVG 8
+/* A step counts as at most this many typical steps of its mode */
+#define LOOM_GATE_CLIP 4
 
 typedef struct loom_gate_class {
     double tok[2], sec[2];     /* moving sums of tokens and seconds, per mode */
@@ -63,6 +73,7 @@ typedef struct loom_gate_class {
     int probing;               /* > 0: probe steps of the other mode left */
     int decided;               /* warm-up over */
     int seen[2];               /* a step of the mode came (the first is left out) */
+    double typ[2];             /* seconds of a typical step of each mode (kept across probes) */
 } loom_gate_class;
 
 typedef struct loom_gate {
