@@ -260,6 +260,10 @@ typedef struct loom_engine_params {
                                lossless: greedy output is that of plain decoding,
                                sampled output has the same distribution; CPU only) */
     int draft_tokens;       /* proposals a decode row carries at most (0 = 8) */
+    int spec_always;        /* 1: every step speculates; 0 (default): a step at a
+                               batch size where speculating steps measured slower
+                               than plain ones carries no proposals (probing now
+                               and then) */
     loom_model *draft_model; /* borrowed: LOOM_SPEC_DRAFT's drafter, a causal LM over
                                the same vocabulary (a hybrid drafts too: its state goes
                                back to a snapshot) */
@@ -384,6 +388,7 @@ typedef struct loom_engine_stats {
     int kv_blocks_parked;                /* held only by kept sessions / responses */
     uint64_t spec_drafted, spec_accepted; /* speculative proposals verified, and kept */
     uint64_t spec_rounds;                /* decode rows that verified proposals */
+    uint64_t spec_gated;                 /* steps the gate kept plain (engine/gate.h) */
     int kv_blocks_unused;                /* on the free list */
     int kv_blocks_touched;               /* ever handed out: the pool's resident part */
     int kv_cache_cap_blocks;             /* cap on lru + parked blocks; 0 = no cache */

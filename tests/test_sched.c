@@ -79,6 +79,7 @@ typedef struct harness {
     int restore_next;      /* the next admission plans a (fake) restore */
     int draft_good;        /* the fake drafter's proposals: this many right, then wrong */
     int draft_short;       /* it finds nothing to propose (prompt lookup without a match) */
+    int draft_cap;         /* > 0: it stops after this many (its own doubt) */
     int drafted;           /* proposals it made */
     int mark_ids;          /* verification rows ask for ids (as the engine's mark_ids) */
     int32_t ids[256];
@@ -233,7 +234,7 @@ static void fake_draft(harness *h, const step_plan *cp) {
     step_plan *p = (step_plan *)cp; /* the drafter may lower a row's proposals */
     for (int i = 0; i < p->n_rows; i++) {
         sched_row *w = &p->rows[i];
-        int got = h->draft_short ? 0 : w->draft;
+        int got = h->draft_short ? 0 : h->draft_cap > 0 && h->draft_cap < w->draft ? h->draft_cap : w->draft;
         p->tokens -= w->draft - got;
         w->n -= w->draft - got;
         w->draft = got;
@@ -592,6 +593,14 @@ static void speculation(void) {
     h_run(&h, p);
     CHECK_EQ_INT(a->n_generated - ga, 5); /* 4 kept and the target's next */
     CHECK_EQ_INT(b->n_generated - gb, 3);
+    /* a step the gate pauses (engine/gate.h) carries no proposals, and
+     * the rows keep their draft lengths for the next */
+    h.s.spec_pause = 1;
+    p = h_plan(&h);
+    CHECK(p->n_rows == 2 && p->tokens == 2 && p->rows[0].draft == 0 && p->rows[1].draft == 0);
+    h_run(&h, p);
+    h.s.spec_pause = 0;
+    CHECK(a->spec_k == 4 && b->spec_k == 4);
     /* a prefill joining gets what the proposals leave */
     loom_request *c = h_submit(&h, 9, 3, 62);
     p = h_plan(&h);
@@ -744,9 +753,38 @@ static void span_hit(void) {
     h_free(&h);
 }
 
+/* A row's proposal cap follows its acceptance: a full run of fewer than
+ * the cap (the drafter stopped on its own) keeps the cap, a miss halves
+ * it, a partial run halves it but keeps one more than held. */
+static void spec_lengths(void) {
+    harness h;
+    h_init(&h, 64, 64, 8, 0);
+    h.s.spec_k = 8;
+    h.s.spec_budget = 64;
+    h.draft_good = 8;
+    loom_request *a = h_submit(&h, 5, 60, 70);
+    for (int i = 0; i < 10 && a->state != RQ_DECODE; i++) h_step(&h);
+    CHECK_EQ_INT(a->spec_k, 8);
+    h.draft_cap = 2;
+    h_step(&h);
+    CHECK_EQ_INT(a->spec_k, 8);
+    h.draft_cap = 0;
+    h.draft_good = 0;
+    h_step(&h);
+    CHECK_EQ_INT(a->spec_k, 4);
+    h.draft_good = 1;
+    h_step(&h);
+    CHECK_EQ_INT(a->spec_k, 2);
+    h.draft_good = 8;
+    h_drain(&h);
+    check_solo(a);
+    h_free(&h);
+}
+
 int main(void) {
     speculation();
     speculation_ids();
+    spec_lengths();
     speculation_cancel();
     spans();
     span_hit();

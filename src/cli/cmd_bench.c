@@ -60,7 +60,7 @@ static const char usage[] =
     "  --kv-config FILE   per-layer KV bits (see loom serve --help; default: each\n"
     "                     model directory's kv_config.json, if any)\n"
     "  --json             print JSON instead of the table\n"
-    "  --speculative ngram, --draft-model DIR, --draft-tokens K\n"
+    "  --speculative ngram, --draft-model DIR, --draft-tokens K, --spec-gate on|off\n"
     "                     also run each --batch decode with speculative decoding,\n"
     "                     the runs alternating with the plain ones (checked to\n"
     "                     give the same greedy tokens first): tokens/s, speed-up\n"
@@ -255,11 +255,13 @@ static void batch_prompt(int32_t *t, int n, int vocab, int i) {
 }
 
 /* Engine stats' speculative counters, for the tokens per verifying step. */
-static void spec_counts(loom_engine *e, uint64_t *acc, uint64_t *rounds) {
+static void spec_counts(loom_engine *e, uint64_t *acc, uint64_t *rounds, uint64_t *gated, uint64_t *steps) {
     loom_engine_stats st;
     loom_engine_get_stats(e, &st);
     *acc = st.spec_accepted;
     *rounds = st.spec_rounds;
+    *gated = st.spec_gated;
+    *steps = st.steps;
 }
 
 /* B greedy requests of n tokens after tg_prompt-token prompts, read in
@@ -610,6 +612,7 @@ int cmd_bench(int argc, char **argv) {
         loom_engine_params ep2 = ep;
         ep2.speculative = spec_ep.speculative;
         ep2.draft_tokens = spec_ep.draft_tokens;
+        ep2.spec_always = spec_ep.spec_always;
         ep2.draft_model = draft;
         if (ok && spec_ep.speculative && (s = loom_engine_create(b->m, &ep2, &e2))) {
             ok = 0;
@@ -618,9 +621,9 @@ int cmd_bench(int argc, char **argv) {
         for (int i = 0; ok && i < n_batches; i++) {
             int B = batches[i];
             double ts = 0, ts2 = 0;
-            uint64_t acc0 = 0, rounds0 = 0, acc1, rounds1;
+            uint64_t acc0 = 0, rounds0 = 0, gated0 = 0, steps0 = 0, acc1, rounds1, gated1, steps1;
             for (int r = -1; ok && r < reps; r++) {
-                if (e2 && r == 0) spec_counts(e2, &acc0, &rounds0);
+                if (e2 && r == 0) spec_counts(e2, &acc0, &rounds0, &gated0, &steps0);
                 if ((s = run_batch(e, prompts, B, n, got, &ts)) ||
                     (e2 && (s = run_batch(e2, prompts, B, n, got2, &ts2)))) {
                     ok = 0;
@@ -665,11 +668,12 @@ int cmd_bench(int argc, char **argv) {
             if (ok) b->bts[i] = summarize(b->bt + (size_t)i * reps, reps);
             if (ok && e2) {
                 b->bts2[i] = summarize(b->bt2 + (size_t)i * reps, reps);
-                spec_counts(e2, &acc1, &rounds1);
+                spec_counts(e2, &acc1, &rounds1, &gated1, &steps1);
                 b->spec_len[i] = rounds1 > rounds0 ? 1.0 + (double)(acc1 - acc0) / (double)(rounds1 - rounds0) : 1;
                 fprintf(stderr, "loom bench: batch %d: speculative %.1f tok/s vs plain %.1f (%.2fx), "
-                        "%.2f tokens per verifying step\n", B, b->bts2[i].median, b->bts[i].median,
-                        b->bts2[i].median / b->bts[i].median, b->spec_len[i]);
+                        "%.2f tokens per verifying step, %llu of %llu steps gated\n", B, b->bts2[i].median,
+                        b->bts[i].median, b->bts2[i].median / b->bts[i].median, b->spec_len[i],
+                        (unsigned long long)(gated1 - gated0), (unsigned long long)(steps1 - steps0));
             }
         }
         loom_engine_free(e);

@@ -46,6 +46,8 @@ static const char usage[] =
     "  --image FILE       a PNG or JPEG for a vision-language model, once per image\n"
     "                     in prompt order; the prompt holds each image's placeholders\n"
     "  --threads N        worker threads (default: all cores)\n"
+    "  --trace-file FILE  speculative decoding: append the request's timed spans\n"
+    "                     (decode.draft, decode.step, ...) to FILE as a JSON line\n"
     CLI_SPEC_USAGE;
 
 /* What the output loop prints each token through. */
@@ -93,9 +95,9 @@ static loom_status gen_engine(loom_model *m, const loom_engine_params *ep, const
         loom_engine_stats st;
         loom_engine_get_stats(e, &st);
         if (st.spec_rounds)
-            fprintf(stderr, "speculative: %llu of %llu proposals accepted; %.2f tokens per verifying step\n",
-                    (unsigned long long)st.spec_accepted, (unsigned long long)st.spec_drafted,
-                    1.0 + (double)st.spec_accepted / (double)st.spec_rounds);
+            fprintf(stderr, "speculative: %llu of %llu proposals accepted; %.2f tokens per verifying step; "
+                    "%llu steps gated\n", (unsigned long long)st.spec_accepted, (unsigned long long)st.spec_drafted,
+                    1.0 + (double)st.spec_accepted / (double)st.spec_rounds, (unsigned long long)st.spec_gated);
     }
     loom_engine_free(e);
     return s;
@@ -180,7 +182,7 @@ int cmd_generate(int argc, char **argv) {
                                        "--top-k", "--top-p", "--min-p", "--seed", "--ctx-size",
                                        "--threads", "--prompt", "--stop", "--repeat-penalty",
                                        "--kv-type", "--kv-config", "--image", "--json-schema", "--grammar",
-                                       "--regex", CLI_SPEC_FLAGS};
+                                       "--regex", "--trace-file", CLI_SPEC_FLAGS};
         int known = 0;
         for (size_t k = 0; k < LOOM_ARRAY_LEN(valued); k++) known |= !strcmp(a, valued[k]);
         if (!known) return cli_usage_error("generate", "unknown option \"%s\"", a);
@@ -195,6 +197,7 @@ int cmd_generate(int argc, char **argv) {
         if (!strcmp(a, "--model")) model = v;
         else if (!strcmp(a, "--tokens")) tokens = v;
         else if (!strcmp(a, "--prompt")) prompt_text = v;
+        else if (!strcmp(a, "--trace-file")) ep.trace_file = v;
         else if (!strcmp(a, "--stop")) {
             if (n_stops == 16) return cli_usage_error("generate", "at most 16 --stop strings");
             stops[n_stops++] = v;
@@ -346,6 +349,7 @@ int cmd_generate(int argc, char **argv) {
         rp.n_stop_ids = ignore_eos ? 0 : n_turn_end;
         rp.logprobs = -1;
         rp.grammar = gram; /* the engine masks each pick by it */
+        rp.trace = ep.trace_file != NULL;
         double t0 = loom_now(), t1 = t0;
         if ((s = gen_engine(m, &ep, &rp, &go, &t1))) { rc = cli_fail("speculative decoding", s); goto done; }
         report(&go, prompt_text, json_ids, n_prompt, t0, t1, loom_now());

@@ -47,6 +47,8 @@ static const char usage[] =
     "  --draft-model DIR       speculative decoding with a draft model (same tokenizer)\n"
     "  --draft-tokens K        proposals a sequence verifies per step at most (default\n"
     "                          8, a block drafter's block); output as plain decoding's (drafters on the CPU)\n"
+    "  --spec-gate on|off      on (default): steps at a batch size where speculating\n"
+    "                          measured slower than plain decoding carry no proposals\n"
     "  --max-body SIZE         largest request body (default 8M)\n"
     "  --timeout S             idle connection timeout in seconds (default 60)\n"
     "  --header-timeout S      a request's line and headers must arrive within S seconds\n"

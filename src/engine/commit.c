@@ -237,12 +237,17 @@ static int emit_token(loom_sched *s, const step_plan *p, int row, const loom_sam
     return 0;
 }
 
-/* The next round's proposals after k of them met `kept` (sched.h:
- * speculation): twice as many after a full run, one more than held after
- * a miss; SPEC_MISSES rounds in a row that keep nothing take the row to
- * plain decoding, which tries one proposal again after SPEC_PROBE plain
- * steps. r->spec_idle counts the misses while speculating (negative) and
- * the plain steps after. */
+/* The next round's proposals at most (r->spec_k) after k of them met
+ * `kept` (sched.h: speculation): twice as many as made after a full
+ * run, and never fewer than before (a drafter that stopped on its own
+ * doubt made fewer than it could); after a partial run, half as many
+ * but at least one more than held; after a miss, half as many;
+ * SPEC_MISSES misses in a row take the row to plain decoding, which
+ * tries one proposal again after SPEC_PROBE plain steps. Halving rather
+ * than dropping to what was held keeps one unlucky round from costing a
+ * block drafter, whose forward costs the same for one proposal as for
+ * its whole block, several rounds of short blocks. r->spec_idle counts
+ * the misses while speculating (negative) and the plain steps after. */
 #define SPEC_MISSES 3
 #define SPEC_PROBE 16
 static void spec_adapt(const loom_sched *s, loom_request *r, int k, int kept) {
@@ -254,12 +259,13 @@ static void spec_adapt(const loom_sched *s, loom_request *r, int k, int kept) {
         return;
     }
     if (kept == 0) {
-        r->spec_k = --r->spec_idle <= -SPEC_MISSES ? 0 : 1;
+        r->spec_k = --r->spec_idle <= -SPEC_MISSES ? 0 : LOOM_MAX(1, r->spec_k / 2);
         if (r->spec_k == 0) r->spec_idle = 0;
         return;
     }
     r->spec_idle = 0;
-    r->spec_k = kept == k ? LOOM_MIN(s->spec_k, 2 * k) : LOOM_MIN(s->spec_k, kept + 1);
+    int next = kept == k ? LOOM_MAX(r->spec_k, 2 * k) : LOOM_MAX(kept + 1, r->spec_k / 2);
+    r->spec_k = LOOM_MIN(s->spec_k, next);
 }
 
 /* The KV bookkeeping after row i's forward: full blocks to the prefix

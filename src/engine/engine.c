@@ -143,11 +143,29 @@ static void after_forward(loom_engine *e, const step_plan *plan, const step_work
     }
 }
 
+/* The gate's measure of a step (engine/gate.h): whether it is
+ * decode-only, and whether it was planned with proposals (the drafter's
+ * cost counts even where it then proposed nothing). */
+static void gate_kind(const step_plan *plan, int *decode, int *spec) {
+    *decode = 1;
+    *spec = 0;
+    for (int i = 0; i < plan->n_rows; i++) {
+        *decode &= plan->rows[i].kind == SCHED_DECODE;
+        *spec |= plan->rows[i].draft > 0;
+    }
+}
+
 /* Plans and runs one step. Returns 0 when there was nothing to do. */
 static int step(loom_engine *e) {
     if (e->s.n_restoring) loom_reuse_take_restores(e);
+    int n_run = e->s.n_running, decode = 0, spec = 0;
+    double t0 = e->spec ? loom_now() : 0;
+    uint64_t before = e->s.counters.decode_tokens;
+    e->s.spec_pause = e->spec && !loom_gate_choose(&e->gate, n_run);
     const step_plan *plan = loom_sched_plan(&e->s);
     if (plan->n_rows == 0) return 0;
+    if (e->spec) gate_kind(plan, &decode, &spec);
+    e->s.counters.spec_gated += (uint64_t)e->s.spec_pause;
     if (e->spec) draft(e, &e->s.plan);
     loom_sched_fwd_rows(&e->s, plan, e->rows, e->logits, e->plp_logits);
     /* embedding rows want every position's hidden state and no logits,
@@ -184,6 +202,8 @@ static int step(loom_engine *e) {
         return 1;
     }
     loom_sched_commit(&e->s, plan, e->rows, e->picks, &w);
+    if (decode)
+        loom_gate_record(&e->gate, n_run, spec, (int)(e->s.counters.decode_tokens - before), loom_now() - t0);
     return 1;
 }
 
@@ -208,6 +228,7 @@ static void publish_stats(loom_engine *e) {
     e->stats.spec_drafted = s->counters.spec_drafted;
     e->stats.spec_accepted = s->counters.spec_accepted;
     e->stats.spec_rounds = s->counters.spec_rounds;
+    e->stats.spec_gated = s->counters.spec_gated;
     loom_kv_counts kc = loom_kv_counters(e->kv);
     e->stats.kv_blocks_lru = kc.blocks_lru;
     e->stats.kv_blocks_parked = kc.blocks_parked;
@@ -386,6 +407,7 @@ loom_status loom_engine_create(loom_model *m, const loom_engine_params *params,
             s = loom_err(LOOM_ERR_UNSUPPORTED, "speculative decoding with a linear-attention model "
                          "runs on the CPU only; the model is on cuda:%d", m->device);
         if (!s) s = loom_spec_create(&p, m, c->vocab_size, e->max_seqs, e->n_ctx, p.max_batch_tokens, &e->spec);
+        e->gate.off = p.spec_always != 0;
         /* a block drafter's default is its whole block */
         int k_dflt = e->spec && loom_spec_block(e->spec) ? loom_spec_block(e->spec) : 8;
         spec_k = LOOM_MIN(p.draft_tokens > 0 ? p.draft_tokens : k_dflt, 64);

@@ -13,6 +13,7 @@
 #include "engine/sched.h"
 #include "engine/session.h"
 #include "engine/snapshot.h"
+#include "engine/gate.h"
 #include "engine/spec.h"
 
 struct loom_engine {
@@ -45,6 +46,7 @@ struct loom_engine {
     loom_sessions *sessions;       /* owned parked sequences, or NULL (no prefix cache) */
     loom_restorer *restorer;       /* owned disk reader thread, with disk */
     loom_spec *spec;               /* owned drafter, or NULL (no speculation) */
+    loom_gate gate;                /* whether a step speculates, by batch size */
     atomic_int restores_ready;     /* finished jobs not yet taken up */
     int has_state;                 /* the model keeps recurrent state per sequence */
     int window;                    /* every layer slides over this many tokens; 0 = no */

@@ -171,6 +171,8 @@ void loom_rq_release(loom_request *r) {
     free(r->spec_state);
     loom_seq_state_free(r->draft_state);
     free(r->draft_snap);
+    free(r->dfl_ctx); /* NULL once the drafter's done hook ran */
+    free(r->dfl_raw);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
     free(r);

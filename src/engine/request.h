@@ -106,6 +106,9 @@ struct loom_request {
     float *dfl_ctx;            /* owned: a projected-context drafter's rows of positions
                                   [dfl_lo, dfl_n) (model/dflash.h), room for dfl_cap */
     int dfl_lo, dfl_n, dfl_cap;
+    float *dfl_raw;            /* owned: the target's tap states of decode positions
+                                  [dfl_n, dfl_raw_n), not projected yet */
+    int dfl_raw_n;
     double t_submit, t_admit;
     double *pool_sum;          /* owned [dim]: mean pooling's sum so far */
     float *embed;              /* owned [dim]: the vector, complete at the final event */

@@ -357,7 +357,7 @@ const step_plan *loom_sched_plan(loom_sched *s) {
         budget--;
         i++;
     }
-    if (s->spec_k > 0) add_proposals(s, p, &budget);
+    if (s->spec_k > 0 && !s->spec_pause) add_proposals(s, p, &budget);
     loom_err_clear();
     /* prefills in progress, oldest first */
     for (int i = 0; i < s->n_running && budget > 0; i++)

@@ -122,6 +122,7 @@ typedef struct loom_sched {
     sched_hooks hooks;
     int spec_k;                    /* > 0: speculative decoding, proposals per row at most */
     int spec_budget;               /* proposals in one step at most (the logits buffer's) */
+    int spec_pause;                /* this step carries no proposals (engine/gate.h) */
     const char *spec_mechanism;    /* static: the drafter's name in spans */
     FILE *trace;                   /* borrowed, may be NULL: finished traces go there */
 

@@ -20,6 +20,9 @@
 /* Blocks one projected-context drafter forward stacks at most: their
  * rows share every matmul's pass over the weights. */
 #define DFL_BATCH 16
+/* Decode positions whose tap states a request keeps unprojected at most
+ * (dfl_stash): 4.5 KiB each on pycoder-16m. */
+#define DFL_RAW_MAX 256
 /* The draft pool's bound; its pages are taken only as blocks are first used. */
 #define DRAFT_POOL_BYTES ((size_t)1 << 30)
 
@@ -225,39 +228,91 @@ static void dfl_taps(loom_spec *sp, loom_exec *x, int on) {
     if (!on) loom_exec_set_taps(x, NULL, 0, NULL);
 }
 
+/* Makes room for r's context rows up to position end. Returns 0 when
+ * there is none: the context then ends (a gap at the next forward starts
+ * it over). */
+static int dfl_room(loom_spec *sp, loom_request *r, int end) {
+    size_t row = loom_dflash_row_floats(sp->dfl);
+    int need = end - r->dfl_lo;
+    if (need <= r->dfl_cap) return 1;
+    int cap = LOOM_MAX(need, 2 * r->dfl_cap);
+    float *nc = realloc(r->dfl_ctx, sizeof(float) * row * (size_t)cap);
+    if (!nc) {
+        r->dfl_n = r->dfl_lo = r->dfl_raw_n = 0;
+        return 0;
+    }
+    r->dfl_ctx = nc;
+    r->dfl_cap = cap;
+    return 1;
+}
+
+/* Projects tap states taps (n positions from pos on) onto r's context
+ * rows, in pieces that fit the scratch (a long prefill row). They go on
+ * only right after the rows there are (pos == r->dfl_n; not so after a
+ * failed allocation ended the context). */
+static void dfl_project(loom_spec *sp, loom_request *r, const float *taps, int pos, int n) {
+    const loom_dflash *d = sp->dfl;
+    size_t w = (size_t)d->n_taps * (size_t)d->target_hidden, row = loom_dflash_row_floats(d);
+    if (n <= 0 || pos != r->dfl_n || !dfl_room(sp, r, pos + n)) return;
+    for (int a = 0; a < n; a += sp->step_tokens) {
+        int cnt = LOOM_MIN(n - a, sp->step_tokens);
+        loom_dflash_project(d, sp->target, taps + (size_t)a * w, pos + a, cnt,
+                            r->dfl_ctx + (size_t)(pos + a - r->dfl_lo) * row, sp->scratch);
+    }
+    r->dfl_n = pos + n;
+    r->dfl_raw_n = LOOM_MAX(r->dfl_raw_n, r->dfl_n); /* stashed states follow the projected ones */
+}
+
+/* Projects r's stashed tap states (dfl_raw) up to position end. */
+static void dfl_flush(loom_spec *sp, loom_request *r, int end) {
+    end = LOOM_MIN(end, r->dfl_raw_n);
+    if (end > r->dfl_n) dfl_project(sp, r, r->dfl_raw, r->dfl_n, end - r->dfl_n);
+    r->dfl_raw_n = r->dfl_n; /* what lay past end was not kept */
+}
+
+/* Keeps n tap states of decode positions pos.. unprojected: the next
+ * draft projects those that were kept, so a rejected proposal's and a
+ * row's that never drafts again cost nothing. Past DFL_RAW_MAX of them
+ * the oldest go, and the context starts over after them. */
+static void dfl_stash(loom_spec *sp, loom_request *r, const float *taps, int pos, int n) {
+    size_t w = (size_t)sp->dfl->n_taps * (size_t)sp->dfl->target_hidden;
+    if (!r->dfl_raw && !(r->dfl_raw = malloc(sizeof(float) * w * DFL_RAW_MAX))) {
+        dfl_project(sp, r, taps, pos, n);
+        return;
+    }
+    int have = pos - r->dfl_n, drop = have + n - DFL_RAW_MAX;
+    if (drop > 0) {
+        memmove(r->dfl_raw, r->dfl_raw + (size_t)drop * w, sizeof(float) * w * (size_t)(have - drop));
+        r->dfl_lo = r->dfl_n = r->dfl_n + drop;
+        have -= drop;
+    }
+    memcpy(r->dfl_raw + (size_t)have * w, taps, sizeof(float) * w * (size_t)n);
+    r->dfl_raw_n = pos + n;
+}
+
 /* Context rows for every row of the forward: first cut back to the row's
  * first position (what a rejected proposal left goes here), then the
- * row's own projected onto them. A row that starts past its context
+ * row's own: a prefill row's projected now, a decode row's stashed until
+ * the next draft (dfl_stash). A row that starts past its context
  * (positions the target never ran: a prefix-cache hit) starts it over
  * there: the drafter then sees only the positions after the gap. */
 static void dfl_after(loom_spec *sp, const step_plan *plan, const loom_fwd_row *rows) {
     const loom_dflash *d = sp->dfl;
-    size_t w = (size_t)d->n_taps * (size_t)d->target_hidden, row = loom_dflash_row_floats(d), off = 0;
+    size_t w = (size_t)d->n_taps * (size_t)d->target_hidden, off = 0;
     if (!sp->tapped) return;
     sp->tapped = 0;
     for (int i = 0; i < plan->n_rows; off += (size_t)rows[i++].n) {
         loom_request *r = plan->rows[i].r;
         int pos = plan->rows[i].start, n = rows[i].n;
-        if (pos < r->dfl_lo || pos > r->dfl_n) r->dfl_lo = pos; /* a gap */
-        r->dfl_n = pos;
-        int need = pos + n - r->dfl_lo;
-        if (need > r->dfl_cap) {
-            int cap = LOOM_MAX(need, 2 * r->dfl_cap);
-            float *nc = realloc(r->dfl_ctx, sizeof(float) * row * (size_t)cap);
-            if (!nc) { /* no room: the context ends here; a gap at the next forward restarts it */
-                r->dfl_n = r->dfl_lo = 0;
-                continue;
-            }
-            r->dfl_ctx = nc;
-            r->dfl_cap = cap;
+        if (pos < r->dfl_lo || pos > r->dfl_raw_n) r->dfl_lo = r->dfl_n = r->dfl_raw_n = pos; /* a gap */
+        if (pos < r->dfl_n) r->dfl_n = pos;
+        r->dfl_raw_n = LOOM_MIN(r->dfl_raw_n, pos);
+        if (plan->rows[i].kind == SCHED_DECODE) {
+            dfl_stash(sp, r, sp->taps + off * w, pos, n);
+        } else {
+            dfl_flush(sp, r, pos);
+            dfl_project(sp, r, sp->taps + off * w, pos, n);
         }
-        /* in pieces that fit the scratch (a long prefill row) */
-        for (int a = 0; a < n; a += sp->step_tokens) {
-            int cnt = LOOM_MIN(n - a, sp->step_tokens);
-            loom_dflash_project(d, sp->target, sp->taps + (off + (size_t)a) * w, pos + a, cnt,
-                                r->dfl_ctx + (size_t)(pos + a - r->dfl_lo) * row, sp->scratch);
-        }
-        r->dfl_n = pos + n;
     }
 }
 
@@ -287,7 +342,8 @@ static loom_status dfl_draft(loom_spec *sp, step_plan *plan) {
             if (w->draft <= 0) continue;
             loom_request *r = w->r;
             int p = w->start;
-            if (r->dfl_n > p) r->dfl_n = LOOM_MAX(p, r->dfl_lo); /* last round's rejected proposals */
+            if (r->dfl_n > p) r->dfl_n = r->dfl_raw_n = LOOM_MAX(p, r->dfl_lo);
+            dfl_flush(sp, r, p); /* the kept positions' states; the rejected ones' go */
             if (r->dfl_n < p) {
                 trim(plan, w, 0);
                 continue;
@@ -308,8 +364,10 @@ static loom_status dfl_draft(loom_spec *sp, step_plan *plan) {
 static void dfl_done(loom_spec *sp, loom_request *r) {
     (void)sp;
     free(r->dfl_ctx);
+    free(r->dfl_raw);
     r->dfl_ctx = NULL;
-    r->dfl_lo = r->dfl_n = r->dfl_cap = 0;
+    r->dfl_raw = NULL;
+    r->dfl_lo = r->dfl_n = r->dfl_cap = r->dfl_raw_n = 0;
 }
 
 static const spec_ops dfl_ops = {"dflash", dfl_draft, dfl_done, dfl_taps, dfl_after};
