@@ -46,6 +46,7 @@
 #define MAX_REPEAT 4096
 #define MASK_CACHE_BYTES (32u << 20)
 #define TEXT_MAX 24
+#define REST_P 254 /* longer text prefixes are walked byte by byte from the 254th */
 
 /* ---- small vectors ---------------------------------------------------- */
 
@@ -74,6 +75,7 @@ typedef struct brule {
     int n_alts, cap_alts;
     int defined;      /* a named rule: its definition was seen */
     long ref_at;      /* 1 + the text offset it was first referenced at, for errors */
+    int text;         /* made by class_el for exactly the text code points (design note 6) */
     size_t name_len;
     uint64_t name_hash;
 } brule;
@@ -285,6 +287,8 @@ static int32_t class_el(builder *b, cprange *r, int n) {
     }
     int rule = new_rule(b, NULL, 0);
     if (rule < 0) return -1;
+    b->rules[rule].text = n == 3 && r[0].lo == 0x20 && r[0].hi == '"' - 1 && r[1].lo == '"' + 1 &&
+                          r[1].hi == '\\' - 1 && r[2].lo == '\\' + 1 && r[2].hi == 0x10FFFF;
     if (any_ascii) {
         ivec *a = new_alt(b, rule);
         if (!a || iv_push(a, intern_set(b, ascii))) return bfail(b, "out of memory");
@@ -681,17 +685,14 @@ struct loom_gvocab {
     int n_nodes;
     char **bytes;       /* [n_vocab] owned copies, NULL for none */
     int *lens;          /* [n_vocab] */
-    /* design note 6; all NULL in the vocabulary of the other tokens */
+    /* design note 6; both NULL in the vocabulary of the rests */
     uint32_t *text;     /* [TEXT_MAX + 1][words]: text tokens of <= k code points */
     int32_t *text_count;/* [TEXT_MAX + 1] */
-    struct loom_gvocab *other; /* owned: the trie of every non-text token */
-    /* after a state that any text code point leads back to (a string's
-       inside), an other token's fate is that of its bytes after its text
-       prefix: the trie of those rests, and the text tokens too long for
-       the bitsets (nothing after their text) */
+    /* every other token as its text prefix's length in code points (one
+       byte, at most REST_P) then its bytes after that prefix: after a
+       state whose uniform successors are known, a token's fate is that of
+       its rest from the successor its prefix leads to */
     struct loom_gvocab *rest;  /* owned */
-    int32_t *long_text;        /* [n_long_text] token ids */
-    int n_long_text;
 };
 
 struct loom_grammar {
@@ -704,6 +705,11 @@ struct loom_grammar {
     int n_rules, root;
     bset *sets;                 /* [n_sets] */
     int n_sets;
+    /* design note 6's shortcut: text_alt[pos] is the text rule whose
+       alternative starts at pos (else -1); set_text[k] is 1 when set k
+       holds a byte a text code point can begin with */
+    int32_t *text_alt;          /* [n_el + 2] */
+    uint8_t *set_text;          /* [n_sets] */
     /* stacks and states (design notes 2, 3) */
     gnode *nodes;
     int n_nodes, cap_nodes;
@@ -801,7 +807,7 @@ static int check_left_recursion(builder *b) {
 
 static void grammar_free(loom_grammar *g) {
     if (!g) return;
-    free(g->el), free(g->alt_off), free(g->alts), free(g->sets);
+    free(g->el), free(g->alt_off), free(g->alts), free(g->sets), free(g->text_alt), free(g->set_text);
     free(g->nodes), free(g->node_map.s), free(g->states), free(g->st_nodes);
     free(g->state_map.s), free(g->state_next);
     for (int i = 0; i < g->n_states && g->trans; i++) free(g->trans[i]);
@@ -991,6 +997,18 @@ static loom_status finish(builder *b, const loom_gvocab *vocab, loom_grammar **o
     }
     g->alt_off[b->n_rules] = ka;
     g->n_el = ke;
+    g->text_alt = malloc(sizeof *g->text_alt * (size_t)(ke + 2));
+    g->set_text = calloc((size_t)b->n_sets + 1, 1);
+    if (!g->text_alt || !g->set_text) {
+        grammar_free(g);
+        return bfail(b, "out of memory"), LOOM_ERR_NOMEM;
+    }
+    memset(g->text_alt, -1, sizeof *g->text_alt * (size_t)(ke + 2));
+    for (int r = 0; r < b->n_rules; r++)
+        for (int a = g->alt_off[r]; a < g->alt_off[r + 1] && b->rules[r].text; a++) g->text_alt[g->alts[a]] = r;
+    for (int k = 0; k < b->n_sets; k++)
+        for (int c = 0x20; c <= 0xF4 && !g->set_text[k]; c++)
+            g->set_text[k] = (c < 0x80 || c >= 0xC2) && c != '"' && c != '\\' && (b->sets[k][c >> 3] >> (c & 7) & 1);
     byte_classes(g);
     /* the start: the root rule's alternatives over an empty stack */
     g->el[ke] = ref_el(g->root);
@@ -1170,10 +1188,52 @@ static int32_t uniform_over(loom_grammar *g, int32_t s, const uint8_t (*r)[2], i
     return uniform_over(g, to, r + 1, n - 1);
 }
 
+/* The state after any text code point from s, read off s's stacks: when
+ * every stack either sits at the start of an alternative of a text rule
+ * (all of that rule's alternatives there, over one same parent) or can take
+ * no byte a text code point begins with, each text code point is taken by
+ * exactly one alternative of each such rule and leads to those parents'
+ * continuations, whatever the code point. -2 when s is not of that shape
+ * (the byte-by-byte check decides). */
+static int32_t uniform_shape(loom_grammar *g, int32_t s) {
+    enum { MAXG = 16 };
+    int32_t rule[MAXG], parent[MAXG], seen[MAXG];
+    int ng = 0;
+    const gstate *st = &g->states[s];
+    for (int i = 0; i < st->n; i++) {
+        const gnode *nd = &g->nodes[g->st_nodes[st->off + (uint32_t)i]];
+        int32_t r = g->text_alt[nd->pos];
+        if (r < 0) {
+            if (g->set_text[g->el[nd->pos]]) return -2;
+            continue;
+        }
+        int k = 0;
+        while (k < ng && !(rule[k] == r && parent[k] == nd->parent)) k++;
+        if (k == ng) {
+            if (ng == MAXG) return -2;
+            rule[ng] = r, parent[ng] = nd->parent, seen[ng++] = 0;
+        }
+        seen[k]++;
+    }
+    g->scratch.n = 0;
+    int done = 0;
+    for (int k = 0; k < ng; k++) {
+        if (seen[k] != g->alt_off[rule[k] + 1] - g->alt_off[rule[k]]) return -2;
+        if (parent[k] < 0) done = 1;
+        else expand(g, g->nodes[parent[k]].pos, g->nodes[parent[k]].parent, &done);
+    }
+    return intern_state(g, done);
+}
+
 /* s's state after any text code point (design note 6), memoised. */
 static int32_t uniform_next(loom_grammar *g, int32_t s) {
     if (g->states[s].uni != -2) return g->states[s].uni;
-    int32_t to = -1;
+    int32_t to = uniform_shape(g, s);
+    if (to >= -1) {
+        if (g->oom) return -1;
+        return g->states[s].uni = to;
+    }
+    to = -1;
     for (int c = 0x20; c < 0x80 && to != -2; c++) {
         if (c == '"' || c == '\\') continue;
         int32_t t = step(g, s, c);
@@ -1191,18 +1251,43 @@ static int32_t uniform_next(loom_grammar *g, int32_t s) {
     return g->states[s].uni;
 }
 
-/* How many text code points s stays alive over when the chain of uniform
- * successors is known for TEXT_MAX steps; -1 when it is not. */
-static int text_reach(loom_grammar *g, int32_t s) {
-    int k = 0;
-    for (; k < TEXT_MAX; k++) {
-        int32_t t = uniform_next(g, s);
+/* The mask from s through its chain of uniform successors (design note
+ * 6): chain[k] is the state after k text code points. Returns the count,
+ * or -1 when some successor needed is not uniform (bits then hold part of
+ * a mask). */
+static int text_mask(loom_grammar *g, const loom_gvocab *v, int32_t s, uint32_t *bits) {
+    int32_t chain[REST_P + 1];
+    int n = 1; /* chain[0..n) known; chain[n - 1] == 0 or a loop ends it early */
+    chain[0] = s;
+    int loop = 0;
+    /* the bitsets need TEXT_MAX steps, or fewer when the chain dies */
+    while (n <= TEXT_MAX && chain[n - 1] && !loop) {
+        int32_t t = uniform_next(g, chain[n - 1]);
         if (t < 0) return -1;
-        if (!t) return k;
-        if (t == s) return TEXT_MAX + 1; /* a loop: any number */
-        s = t;
+        loop = t == chain[n - 1];
+        chain[n++] = t;
     }
-    return k;
+    int reach = 0;
+    while (reach + 1 < n && chain[reach + 1]) reach++;
+    if (loop) reach = TEXT_MAX;
+    size_t bytes = sizeof *bits * (size_t)g->mask_words;
+    if (reach) memcpy(bits, v->text + (size_t)reach * (size_t)g->mask_words, bytes);
+    else memset(bits, 0, bytes);
+    int count = v->text_count[reach];
+    const loom_gvocab *r = v->rest;
+    for (int32_t j = 1; j < r->end[0]; j = r->end[j]) {
+        int p = r->byte[j];
+        while (p >= n && chain[n - 1] && !loop) {
+            int32_t t = uniform_next(g, chain[n - 1]);
+            if (t < 0) return -1;
+            loop = t == chain[n - 1];
+            chain[n++] = t;
+        }
+        int32_t at = p < n ? chain[p] : loop ? chain[n - 1] : 0;
+        if (!at) break; /* p only grows, and a dead chain stays dead */
+        count += walk(g, r, j, at, bits);
+    }
+    return count;
 }
 
 int loom_gmatcher_mask(loom_gmatcher *m, uint32_t *bits) {
@@ -1215,15 +1300,9 @@ int loom_gmatcher_mask(loom_gmatcher *m, uint32_t *bits) {
         return (int)g->masks[st->mask_slot - 1][0];
     }
     if (!m->state || !v) return memset(bits, 0, bytes), 0;
-    int reach = v->other ? text_reach(g, m->state) : -1, count;
-    if (reach > TEXT_MAX) { /* design note 6: inside a string */
-        memcpy(bits, v->text + (size_t)TEXT_MAX * (size_t)g->mask_words, bytes);
-        count = v->text_count[TEXT_MAX] + v->n_long_text + walk(g, v->rest, 0, m->state, bits);
-        for (int i = 0; i < v->n_long_text; i++) bits[v->long_text[i] >> 5] |= 1u << (v->long_text[i] & 31);
-    } else if (reach >= 0) {
-        memcpy(bits, v->text + (size_t)reach * (size_t)g->mask_words, bytes);
-        count = v->text_count[reach] + walk(g, v->other, 0, m->state, bits);
-    } else {
+    int count = -1;
+    if (v->rest) count = text_mask(g, v, m->state, bits);
+    if (count < 0) {
         memset(bits, 0, bytes);
         count = walk(g, v, 0, m->state, bits);
     }
@@ -1271,8 +1350,7 @@ void loom_gvocab_free(loom_gvocab *v) {
     if (!v) return;
     for (int i = 0; i < v->n_vocab && v->bytes; i++) free(v->bytes[i]);
     free(v->bytes), free(v->lens), free(v->byte), free(v->end), free(v->tok_off), free(v->toks);
-    free(v->text), free(v->text_count), free(v->long_text);
-    loom_gvocab_free(v->other);
+    free(v->text), free(v->text_count);
     loom_gvocab_free(v->rest);
     free(v);
 }
@@ -1280,60 +1358,69 @@ void loom_gvocab_free(loom_gvocab *v) {
 static loom_status loom_gvocab_create_plain(const char *const *bytes, const int *lens, int n_vocab,
                                            loom_gvocab **out);
 
-/* The number of code points of a text token (design note 6), or -1;
- * *prefix: the bytes of its longest prefix of text code points. */
-static int text_len(const char *s, int n, int *prefix) {
-    int cps = 0;
-    for (int i = 0; i < n; cps++) {
-        *prefix = i;
+/* The longest prefix of s made of text code points (design note 6), at
+ * most REST_P of them: *cps code points in the returned number of bytes;
+ * *all when they are the whole of s. */
+static int text_prefix(const char *s, int n, int *cps, int *all) {
+    int i = 0, k = 0;
+    *all = 0;
+    while (i < n && k < REST_P) {
         uint8_t c = (uint8_t)s[i];
         if (c < 0x80) {
-            if (c < 0x20 || c == '"' || c == '\\') return -1;
-            i++;
+            if (c < 0x20 || c == '"' || c == '\\') break;
+            i++, k++;
             continue;
         }
-        int k = 0, nk = (int)(sizeof UTF8_SEQS / sizeof *UTF8_SEQS);
-        while (k < nk && (c < UTF8_SEQS[k][0][0] || c > UTF8_SEQS[k][0][1])) k++;
-        if (k == nk || i + UTF8_SEQ_LEN[k] > n) return -1;
-        for (int j = 1; j < UTF8_SEQ_LEN[k]; j++) {
+        int q = 0, nq = (int)(sizeof UTF8_SEQS / sizeof *UTF8_SEQS), ok = 1;
+        while (q < nq && (c < UTF8_SEQS[q][0][0] || c > UTF8_SEQS[q][0][1])) q++;
+        if (q == nq || i + UTF8_SEQ_LEN[q] > n) break;
+        for (int j = 1; j < UTF8_SEQ_LEN[q] && ok; j++) {
             uint8_t d = (uint8_t)s[i + j];
-            if (d < UTF8_SEQS[k][j][0] || d > UTF8_SEQS[k][j][1]) return -1;
+            ok = d >= UTF8_SEQS[q][j][0] && d <= UTF8_SEQS[q][j][1];
         }
-        i += UTF8_SEQ_LEN[k];
+        if (!ok) break;
+        i += UTF8_SEQ_LEN[q], k++;
     }
-    *prefix = n;
-    return cps;
+    *cps = k;
+    *all = i == n;
+    return i;
 }
 
-/* The text bitsets and the trie of the other tokens. */
+/* The text bitsets and the trie of the other tokens' rests. */
 static loom_status build_text(loom_gvocab *v) {
     size_t words = (size_t)(v->n_vocab + 31) / 32;
     v->text = calloc((TEXT_MAX + 1) * words, sizeof *v->text);
     v->text_count = calloc(TEXT_MAX + 1, sizeof *v->text_count);
-    int *olens = malloc(sizeof *olens * (size_t)(v->n_vocab + 1));
     int *rlens = malloc(sizeof *rlens * (size_t)(v->n_vocab + 1));
-    const char **rest = malloc(sizeof *rest * (size_t)(v->n_vocab + 1));
-    v->long_text = malloc(sizeof *v->long_text * (size_t)(v->n_vocab + 1));
+    char **rest = calloc((size_t)v->n_vocab + 1, sizeof *rest);
     loom_status st = LOOM_OK;
-    if (!v->text || !v->text_count || !olens || !rlens || !rest || !v->long_text) {
+    if (!v->text || !v->text_count || !rlens || !rest) {
         st = loom_err(LOOM_ERR_NOMEM, "out of memory");
         goto out;
     }
     for (int t = 0; t < v->n_vocab; t++) {
-        int prefix = 0, k = v->lens[t] > 0 ? text_len(v->bytes[t], v->lens[t], &prefix) : -1;
-        olens[t] = k >= 1 && k <= TEXT_MAX ? -1 : v->lens[t];
-        rlens[t] = olens[t] > 0 ? v->lens[t] - prefix : -1;
-        rest[t] = v->bytes[t] ? v->bytes[t] + prefix : NULL;
-        if (olens[t] > 0 && rlens[t] == 0) v->long_text[v->n_long_text++] = t;
-        for (int j = k; j >= 1 && j <= TEXT_MAX; j++) {
-            v->text[(size_t)j * words + (size_t)(t >> 5)] |= 1u << (t & 31);
-            v->text_count[j]++;
+        rlens[t] = -1;
+        if (v->lens[t] <= 0) continue;
+        int k, all, at = text_prefix(v->bytes[t], v->lens[t], &k, &all);
+        if (all && k >= 1 && k <= TEXT_MAX) {
+            for (int j = k; j <= TEXT_MAX; j++) {
+                v->text[(size_t)j * words + (size_t)(t >> 5)] |= 1u << (t & 31);
+                v->text_count[j]++;
+            }
+            continue;
         }
+        rlens[t] = 1 + v->lens[t] - at;
+        if (!(rest[t] = malloc((size_t)rlens[t]))) {
+            st = loom_err(LOOM_ERR_NOMEM, "out of memory");
+            goto out;
+        }
+        rest[t][0] = (char)k;
+        memcpy(rest[t] + 1, v->bytes[t] + at, (size_t)(v->lens[t] - at));
     }
-    st = loom_gvocab_create_plain((const char *const *)v->bytes, olens, v->n_vocab, &v->other);
-    if (!st) st = loom_gvocab_create_plain(rest, rlens, v->n_vocab, &v->rest);
+    st = loom_gvocab_create_plain((const char *const *)rest, rlens, v->n_vocab, &v->rest);
 out:
-    free(olens), free(rlens), free(rest);
+    for (int t = 0; t < v->n_vocab && rest; t++) free(rest[t]);
+    free(rlens), free(rest);
     return st;
 }
 
