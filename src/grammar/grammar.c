@@ -32,6 +32,7 @@
 #include "grammar/grammar.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -46,6 +47,8 @@
 #define MAX_REPEAT 4096
 #define MASK_CACHE_BYTES (32u << 20)
 #define TEXT_MAX 24
+#define CLASS_MIN 8     /* a state's byte class worth an index (design note 7) */
+#define MAX_CLASSES 32 /* indexes a vocabulary keeps */
 #define REST_P 254 /* longer text prefixes are walked byte by byte from the 254th */
 
 /* ---- small vectors ---------------------------------------------------- */
@@ -673,6 +676,8 @@ typedef struct gstate {
     int32_t uni;        /* design note 6: the state after any text code point,
                            0 dead, -1 not uniform, -2 not yet known */
     bset next;          /* bytes some stack can take */
+    int32_t cls_id;     /* design note 7: 1 + the class cls_next is for, 0 none */
+    int32_t cls_next;   /* the state after any byte of it, -1 not uniform */
 } gstate;
 
 struct loom_gvocab {
@@ -693,6 +698,12 @@ struct loom_gvocab {
        state whose uniform successors are known, a token's fate is that of
        its rest from the successor its prefix leads to */
     struct loom_gvocab *rest;  /* owned */
+    int max_len;               /* the longest token's bytes */
+    /* design note 7: class indexes, built as grammars need them and kept
+       for every grammar over this vocabulary (the lock guards them) */
+    pthread_mutex_t lock;
+    struct cindex *cls[MAX_CLASSES]; /* owned [n_cls] */
+    int n_cls;
 };
 
 struct loom_grammar {
@@ -1290,6 +1301,219 @@ static int text_mask(loom_grammar *g, const loom_gvocab *v, int32_t s, uint32_t 
     return count;
 }
 
+/* ---- class indexes (design note 7) ------------------------------------------- */
+
+/* Of one class C of ASCII bytes, the vocabulary's trie cut into segments:
+ * a segment starts at the root or at a node whose byte is ASCII and not in
+ * C, and holds the nodes below it reached over bytes of C (its spine). It
+ * keeps the tokens ending on its spine by their depth there, and its exits
+ * (the children of spine nodes over bytes not in C) grouped by (depth,
+ * byte): an ASCII exit is a segment of its own, any other a plain subtree.
+ * Every token is on exactly one spine. The root's spine tokens of at most
+ * TEXT_MAX bytes are bitsets by length instead. */
+typedef struct cindex {
+    uint64_t c[2];            /* the class: bit b of c[b >> 6] */
+    int id, rep;              /* its index in the vocabulary; a byte of it */
+    uint32_t *run;            /* [TEXT_MAX + 1][words]: root tokens of <= k bytes of C */
+    int32_t run_count[TEXT_MAX + 1];
+    int32_t *seg_node;        /* [n_seg] trie node */
+    int32_t *seg_tok;         /* [n_seg + 1] into sp_tok, sp_len */
+    int32_t *seg_grp;         /* [n_seg + 1] into grp_* */
+    int32_t *sp_tok, *sp_len; /* spine tokens and their depth, by depth */
+    int32_t *grp_p;           /* [n_grp] the depth a group leaves C at */
+    uint8_t *grp_b;           /* [n_grp] its byte */
+    int32_t *grp_child;       /* [n_grp + 1] into child */
+    int32_t *child;           /* segment ids (ASCII byte) or trie nodes (other) */
+    int n_seg, n_grp;
+} cindex;
+
+static void cindex_free(cindex *x) {
+    if (!x) return;
+    free(x->run), free(x->seg_node), free(x->seg_tok), free(x->seg_grp), free(x->sp_tok), free(x->sp_len);
+    free(x->grp_p), free(x->grp_b), free(x->grp_child), free(x->child);
+    free(x);
+}
+
+static int in_class(const uint64_t c[2], int b) { return b < 128 && (c[b >> 6] >> (b & 63) & 1); }
+
+static int cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static cindex *cindex_build(const loom_gvocab *v, const uint64_t c[2], int id) {
+    size_t words = (size_t)(v->n_vocab + 31) / 32;
+    cindex *x = calloc(1, sizeof *x);
+    int32_t *stack = malloc(sizeof *stack * (size_t)v->n_nodes * 2);
+    int64_t *tk = malloc(sizeof *tk * (size_t)(v->n_vocab + 1)), *ex = malloc(sizeof *ex * (size_t)v->n_nodes);
+    ivec seg = {0}, stok = {0}, sgrp = {0}, sptok = {0}, splen = {0}, gp = {0}, gb = {0}, gch = {0}, ch = {0};
+    if (!x || !stack || !tk || !ex) goto fail;
+    x->c[0] = c[0], x->c[1] = c[1], x->id = id;
+    while (!in_class(c, x->rep)) x->rep++;
+    x->run = calloc((TEXT_MAX + 1) * words, sizeof *x->run);
+    if (!x->run || iv_push(&seg, 0)) goto fail;
+    for (int k = 0; k < seg.n; k++) {
+        int sp = 0, nt = 0, ne = 0;
+        stack[sp++] = seg.v[k], stack[sp++] = 0;
+        while (sp) {
+            int d = stack[--sp], i = stack[--sp];
+            for (int32_t q = v->tok_off[i]; q < v->tok_off[i + 1]; q++) {
+                int32_t t = v->toks[q];
+                if (!k && d <= TEXT_MAX) x->run[(size_t)d * words + (size_t)(t >> 5)] |= 1u << (t & 31), x->run_count[d]++;
+                else tk[nt++] = (int64_t)d << 32 | t;
+            }
+            for (int32_t j = i + 1; j < v->end[i]; j = v->end[j]) {
+                if (in_class(c, v->byte[j])) stack[sp++] = j, stack[sp++] = d + 1;
+                else ex[ne++] = ((int64_t)d * 256 + v->byte[j]) << 32 | j;
+            }
+        }
+        qsort(tk, (size_t)nt, sizeof *tk, cmp_i64);
+        qsort(ex, (size_t)ne, sizeof *ex, cmp_i64);
+        if (iv_push(&stok, sptok.n) || iv_push(&sgrp, gp.n)) goto fail;
+        for (int q = 0; q < nt; q++)
+            if (iv_push(&sptok, (int32_t)(tk[q] & 0xffffffff)) || iv_push(&splen, (int32_t)(tk[q] >> 32))) goto fail;
+        for (int q = 0; q < ne; q++) {
+            int key = (int)(ex[q] >> 32), j = (int)(ex[q] & 0xffffffff);
+            if (!q || key != (int)(ex[q - 1] >> 32))
+                if (iv_push(&gp, key / 256) || iv_push(&gb, key % 256) || iv_push(&gch, ch.n)) goto fail;
+            if (key % 256 < 128) {
+                if (iv_push(&ch, seg.n) || iv_push(&seg, j)) goto fail;
+            } else if (iv_push(&ch, j)) goto fail;
+        }
+    }
+    if (iv_push(&stok, sptok.n) || iv_push(&sgrp, gp.n) || iv_push(&gch, ch.n)) goto fail;
+    for (int k = 1; k <= TEXT_MAX; k++) { /* <= k bytes */
+        for (size_t w = 0; w < words; w++) x->run[(size_t)k * words + w] |= x->run[(size_t)(k - 1) * words + w];
+        x->run_count[k] += x->run_count[k - 1];
+    }
+    x->n_seg = seg.n, x->n_grp = gp.n;
+    x->seg_node = seg.v, x->seg_tok = stok.v, x->seg_grp = sgrp.v, x->sp_tok = sptok.v, x->sp_len = splen.v;
+    x->grp_p = gp.v, x->grp_child = gch.v, x->child = ch.v;
+    x->grp_b = malloc((size_t)gb.n + 1);
+    if (!x->grp_b) goto fail_owned;
+    for (int q = 0; q < gb.n; q++) x->grp_b[q] = (uint8_t)gb.v[q];
+    free(gb.v), free(stack), free(tk), free(ex);
+    return x;
+fail:
+    free(seg.v), free(stok.v), free(sgrp.v), free(sptok.v), free(splen.v), free(gp.v), free(gch.v), free(ch.v);
+fail_owned:
+    free(gb.v), free(stack), free(tk), free(ex);
+    cindex_free(x);
+    return NULL;
+}
+
+/* The vocabulary's index of class c, built on first use; NULL when out of
+ * memory or when the vocabulary keeps as many as it may. */
+static const cindex *cindex_get(const loom_gvocab *cv, const uint64_t c[2]) {
+    loom_gvocab *v = (loom_gvocab *)cv; /* the indexes are a cache behind the lock */
+    const cindex *x = NULL;
+    pthread_mutex_lock(&v->lock);
+    for (int i = 0; i < v->n_cls && !x; i++)
+        if (v->cls[i]->c[0] == c[0] && v->cls[i]->c[1] == c[1]) x = v->cls[i];
+    if (!x && v->n_cls < MAX_CLASSES && (v->cls[v->n_cls] = cindex_build(v, c, v->n_cls))) x = v->cls[v->n_cls++];
+    pthread_mutex_unlock(&v->lock);
+    return x;
+}
+
+/* 1 when every stack top of s takes all of c or none of it: then every
+ * byte of c leads s to one same state. */
+static int class_uniform(const loom_grammar *g, int32_t s, const uint64_t c[2]) {
+    const gstate *st = &g->states[s];
+    for (int i = 0; i < st->n; i++) {
+        const uint8_t *set = g->sets[g->el[g->nodes[g->st_nodes[st->off + (uint32_t)i]].pos]];
+        uint64_t lo, hi;
+        memcpy(&lo, set, 8), memcpy(&hi, set + 8, 8);
+        lo &= c[0], hi &= c[1];
+        if ((lo || hi) && (lo != c[0] || hi != c[1])) return 0;
+    }
+    return 1;
+}
+
+/* The state after any byte of x's class from u (u live), memoised for the
+ * last class asked; -1 when u does not take the class uniformly. */
+static int32_t cstep(loom_grammar *g, const cindex *x, int32_t u) {
+    if (g->states[u].cls_id == x->id + 1) return g->states[u].cls_next;
+    int32_t t = class_uniform(g, u, x->c) ? step(g, u, x->rep) : -1;
+    g->states[u].cls_id = x->id + 1;
+    g->states[u].cls_next = t;
+    return t;
+}
+
+/* Marks the tokens of segment k allowed from u, the state after the
+ * segment's first byte (the root: the state itself), and counts them.
+ * Returns -1 (nothing marked) when the root meets a state that does not
+ * take the class uniformly; any other segment then falls back to a plain
+ * walk of its subtree. */
+static int seg_walk(loom_grammar *g, const loom_gvocab *v, const cindex *x, int k, int32_t u, uint32_t *bits) {
+    int t0 = x->seg_tok[k], t1 = x->seg_tok[k + 1], q0 = x->seg_grp[k], q1 = x->seg_grp[k + 1];
+    int deep = LOOM_MAX(t1 > t0 ? x->sp_len[t1 - 1] : 0, q1 > q0 ? x->grp_p[q1 - 1] : 0);
+    int d = 0, count = 0;
+    int32_t ud = u;
+    while (d < deep && ud > 0) ud = cstep(g, x, ud), d++; /* uniform as deep as needed? */
+    if (ud < 0) return k ? walk(g, v, x->seg_node[k], u, bits) : -1;
+    d = 0, ud = u;
+    for (int t = t0; t < t1; t++) {
+        while (d < x->sp_len[t] && ud > 0) ud = cstep(g, x, ud), d++;
+        if (!ud) break; /* by depth: the rest are deeper */
+        bits[x->sp_tok[t] >> 5] |= 1u << (x->sp_tok[t] & 31);
+        count++;
+    }
+    d = 0, ud = u;
+    for (int q = q0; q < q1; q++) {
+        while (d < x->grp_p[q] && ud > 0) ud = cstep(g, x, ud), d++;
+        if (!ud) break;
+        int b = x->grp_b[q];
+        if (!(g->states[ud].next[b >> 3] >> (b & 7) & 1)) continue;
+        int32_t t = step(g, ud, b);
+        for (int e = x->grp_child[q]; e < x->grp_child[q + 1] && t; e++)
+            count += b < 128 ? seg_walk(g, v, x, x->child[e], t, bits) : walk(g, v, x->child[e], t, bits);
+    }
+    return count;
+}
+
+/* s's largest class of ASCII bytes that every stack top takes all or none
+ * of, among the live ones; 0 when none has CLASS_MIN bytes. */
+static int pick_class(const loom_grammar *g, int32_t s, uint64_t c[2]) {
+    const gstate *st = &g->states[s];
+    uint64_t sig[128] = {0};
+    if (st->n > 64) return 0;
+    for (int i = 0; i < st->n; i++) {
+        const uint8_t *set = g->sets[g->el[g->nodes[g->st_nodes[st->off + (uint32_t)i]].pos]];
+        for (int b = 0; b < 128; b++)
+            if (set[b >> 3] >> (b & 7) & 1) sig[b] |= 1ull << i;
+    }
+    int best = 0;
+    uint8_t done[128] = {0};
+    for (int b = 0; b < 128; b++) {
+        if (!sig[b] || done[b]) continue;
+        uint64_t m[2] = {0, 0};
+        int n = 0;
+        for (int d = b; d < 128; d++)
+            if (sig[d] == sig[b]) m[d >> 6] |= 1ull << (d & 63), done[d] = 1, n++;
+        if (n > best) best = n, c[0] = m[0], c[1] = m[1];
+    }
+    return best >= CLASS_MIN;
+}
+
+/* The mask of s through its successors over one class (design note 7), or
+ * -1 when the class's successors are not uniform where needed. */
+static int class_mask(loom_grammar *g, const loom_gvocab *v, int32_t s, uint32_t *bits) {
+    uint64_t c[2];
+    if (!pick_class(g, s, c)) return -1;
+    const cindex *x = cindex_get(v, c);
+    if (!x) return -1;
+    int reach = 0;
+    for (int32_t u = s; reach < TEXT_MAX;) {
+        u = cstep(g, x, u);
+        if (u < 0) return -1;
+        if (!u) break;
+        reach++;
+    }
+    memcpy(bits, x->run + (size_t)reach * (size_t)g->mask_words, sizeof *bits * (size_t)g->mask_words);
+    int count = seg_walk(g, v, x, 0, s, bits);
+    return count < 0 ? -1 : x->run_count[reach] + count;
+}
+
 int loom_gmatcher_mask(loom_gmatcher *m, uint32_t *bits) {
     loom_grammar *g = m->g;
     const loom_gvocab *v = g->vocab;
@@ -1302,6 +1526,7 @@ int loom_gmatcher_mask(loom_gmatcher *m, uint32_t *bits) {
     if (!m->state || !v) return memset(bits, 0, bytes), 0;
     int count = -1;
     if (v->rest) count = text_mask(g, v, m->state, bits);
+    if (count < 0 && v->rest) count = class_mask(g, v, m->state, bits);
     if (count < 0) {
         memset(bits, 0, bytes);
         count = walk(g, v, 0, m->state, bits);
@@ -1352,6 +1577,8 @@ void loom_gvocab_free(loom_gvocab *v) {
     free(v->bytes), free(v->lens), free(v->byte), free(v->end), free(v->tok_off), free(v->toks);
     free(v->text), free(v->text_count);
     loom_gvocab_free(v->rest);
+    for (int i = 0; i < v->n_cls; i++) cindex_free(v->cls[i]);
+    pthread_mutex_destroy(&v->lock);
     free(v);
 }
 
@@ -1486,6 +1713,7 @@ static loom_status gvocab_create(const char *const *bytes, const int *lens, int 
     *out = NULL;
     loom_gvocab *v = calloc(1, sizeof *v);
     if (!v) return loom_err(LOOM_ERR_NOMEM, "out of memory");
+    pthread_mutex_init(&v->lock, NULL);
     v->n_vocab = n_vocab;
     v->bytes = calloc((size_t)n_vocab, sizeof *v->bytes);
     v->lens = calloc((size_t)n_vocab, sizeof *v->lens);
@@ -1502,6 +1730,7 @@ static loom_status gvocab_create(const char *const *bytes, const int *lens, int 
             return loom_err(LOOM_ERR_NOMEM, "out of memory");
         }
         memcpy(v->bytes[i], bytes[i], (size_t)lens[i]);
+        v->max_len = LOOM_MAX(v->max_len, lens[i]);
     }
     loom_status st = build_trie(v);
     if (!st && text) st = build_text(v);
