@@ -19,16 +19,35 @@
  *     position then always ends, at byte sets or at the end of the root.
  *  5. Caches only grow while the grammar lives, except token masks, which
  *     are bounded (MASK_CACHE_BYTES) and replaced when full.
- *  6. Text tokens. Most tokens are "text": complete code points, none a
- *     control, '"' or '\\' (the JSON string's plain characters). The
- *     vocabulary keeps, per k <= TEXT_MAX, the bitset of text tokens of at
- *     most k code points, and a second trie of the other tokens. A state is
- *     uniform when every such code point leads to one same state (its
- *     `uni`, checked over all UTF-8 byte ranges, exact); inside a JSON
- *     string every state is. When the chain of uniform successors is known
- *     for TEXT_MAX steps, the text tokens allowed are those shorter than the
- *     first dead one (one copy of a bitset) and only the other trie is
- *     walked: a string's mask no longer visits the whole vocabulary. */
+ *  6. Text tokens. Most tokens are "text": code points none of which is a
+ *     control, '"' or '\\' (the JSON string's plain characters), the last
+ *     one possibly cut by the token's end (byte-level vocabularies split
+ *     characters; the grammar only matches whole UTF-8, so a cut one is
+ *     alive exactly where a whole one is). The vocabulary keeps, per
+ *     k <= TEXT_MAX, the bitset of text tokens of at most k code points,
+ *     and a trie of every other token as (its text prefix's length p, the
+ *     bytes after that prefix). A state is uniform when every text code
+ *     point leads it to one same state (its `uni`): read off its stacks
+ *     when they sit at the start of a text rule (class_el's rule for
+ *     exactly these code points) or take no byte a text code point begins
+ *     with, else checked over all UTF-8 byte ranges; inside a JSON string
+ *     every state is. Then with chain[k] the state after k text code
+ *     points, the text tokens allowed are those of at most `reach` code
+ *     points (one copy of a bitset), and each other token's rest is walked
+ *     from chain[p]: a string's mask, bounded or not, visits only the
+ *     rests (a few thousand nodes), never the whole vocabulary.
+ *  7. Class indexes. Elsewhere (formats, patterns, numbers, keys) a state's
+ *     stacks often take a class C of ASCII bytes wholly or not at all (an
+ *     email's [a-zA-Z0-9_+-]): every byte of C then leads to one state, and
+ *     the successor over C is one step. The vocabulary keeps, per class a
+ *     grammar has asked for (at most MAX_CLASSES, built on first use under
+ *     its lock, shared by every grammar over it), the trie cut into
+ *     segments at the ASCII bytes not in C: each segment's tokens made of
+ *     C's bytes after its first byte, by length, and its exits by (depth,
+ *     byte). A mask copies the root's bitset of C-tokens no longer than
+ *     the chain of C-successors stays alive, then walks only the exits the
+ *     state can take at their depth. A segment whose chain meets a state
+ *     not uniform over C is walked plainly (exact either way). */
 #include "grammar/grammar.h"
 
 #include <math.h>
@@ -49,6 +68,7 @@
 #define TEXT_MAX 24
 #define CLASS_MIN 8     /* a state's byte class worth an index (design note 7) */
 #define MAX_CLASSES 32 /* indexes a vocabulary keeps */
+#define CLASS_MIN_TOKENS 256 /* tokens of the class an index must hold to be used */
 #define REST_P 254 /* longer text prefixes are walked byte by byte from the 254th */
 
 /* ---- small vectors ---------------------------------------------------- */
@@ -877,7 +897,14 @@ static int cmp_i32(const void *a, const void *b) {
 /* Interns the state made of scratch's node ids (sorted here) and done. */
 static int32_t intern_state(loom_grammar *g, int done) {
     ivec *sc = &g->scratch;
-    if (sc->n > 1) qsort(sc->v, (size_t)sc->n, sizeof *sc->v, cmp_i32);
+    if (sc->n > 16) qsort(sc->v, (size_t)sc->n, sizeof *sc->v, cmp_i32);
+    else /* most states have a few stacks: no qsort call */
+        for (int i = 1; i < sc->n; i++) {
+            int32_t x = sc->v[i];
+            int j = i;
+            for (; j > 0 && sc->v[j - 1] > x; j--) sc->v[j] = sc->v[j - 1];
+            sc->v[j] = x;
+        }
     int w = 0;
     for (int i = 0; i < sc->n; i++)
         if (!w || sc->v[w - 1] != sc->v[i]) sc->v[w++] = sc->v[i];
@@ -1336,9 +1363,23 @@ static void cindex_free(cindex *x) {
 
 static int in_class(const uint64_t c[2], int b) { return b < 128 && (c[b >> 6] >> (b & 63) & 1); }
 
-static int cmp_i64(const void *a, const void *b) {
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return x < y ? -1 : x > y;
+/* Sorts by the high 32 bits (below nkeys; the low ones in any order):
+ * a counting sort when large (tmp, cnt scratch), else insertion. */
+static void sort_i64(int64_t *a, int n, int64_t *tmp, int32_t *cnt, int nkeys) {
+    if (n > 256) {
+        memset(cnt, 0, sizeof *cnt * (size_t)(nkeys + 1));
+        for (int i = 0; i < n; i++) cnt[(a[i] >> 32) + 1]++;
+        for (int k = 0; k < nkeys; k++) cnt[k + 1] += cnt[k];
+        for (int i = 0; i < n; i++) tmp[cnt[a[i] >> 32]++] = a[i];
+        memcpy(a, tmp, sizeof *a * (size_t)n);
+        return;
+    }
+    for (int i = 1; i < n; i++) { /* most segments are small */
+        int64_t x = a[i];
+        int j = i;
+        for (; j > 0 && a[j - 1] > x; j--) a[j] = a[j - 1];
+        a[j] = x;
+    }
 }
 
 static cindex *cindex_build(const loom_gvocab *v, const uint64_t c[2], int id) {
@@ -1346,8 +1387,11 @@ static cindex *cindex_build(const loom_gvocab *v, const uint64_t c[2], int id) {
     cindex *x = calloc(1, sizeof *x);
     int32_t *stack = malloc(sizeof *stack * (size_t)v->n_nodes * 2);
     int64_t *tk = malloc(sizeof *tk * (size_t)(v->n_vocab + 1)), *ex = malloc(sizeof *ex * (size_t)v->n_nodes);
+    int nkeys = (v->max_len + 2) * 256; /* (depth, byte) keys */
+    int64_t *tmp = malloc(sizeof *tmp * (size_t)LOOM_MAX(v->n_nodes, v->n_vocab + 1));
+    int32_t *cnt = malloc(sizeof *cnt * (size_t)(nkeys + 1));
     ivec seg = {0}, stok = {0}, sgrp = {0}, sptok = {0}, splen = {0}, gp = {0}, gb = {0}, gch = {0}, ch = {0};
-    if (!x || !stack || !tk || !ex) goto fail;
+    if (!x || !stack || !tk || !ex || !tmp || !cnt) goto fail;
     x->c[0] = c[0], x->c[1] = c[1], x->id = id;
     while (!in_class(c, x->rep)) x->rep++;
     x->run = calloc((TEXT_MAX + 1) * words, sizeof *x->run);
@@ -1367,8 +1411,8 @@ static cindex *cindex_build(const loom_gvocab *v, const uint64_t c[2], int id) {
                 else ex[ne++] = ((int64_t)d * 256 + v->byte[j]) << 32 | j;
             }
         }
-        qsort(tk, (size_t)nt, sizeof *tk, cmp_i64);
-        qsort(ex, (size_t)ne, sizeof *ex, cmp_i64);
+        sort_i64(tk, nt, tmp, cnt, nkeys);
+        sort_i64(ex, ne, tmp, cnt, nkeys);
         if (iv_push(&stok, sptok.n) || iv_push(&sgrp, gp.n)) goto fail;
         for (int q = 0; q < nt; q++)
             if (iv_push(&sptok, (int32_t)(tk[q] & 0xffffffff)) || iv_push(&splen, (int32_t)(tk[q] >> 32))) goto fail;
@@ -1392,12 +1436,12 @@ static cindex *cindex_build(const loom_gvocab *v, const uint64_t c[2], int id) {
     x->grp_b = malloc((size_t)gb.n + 1);
     if (!x->grp_b) goto fail_owned;
     for (int q = 0; q < gb.n; q++) x->grp_b[q] = (uint8_t)gb.v[q];
-    free(gb.v), free(stack), free(tk), free(ex);
+    free(gb.v), free(stack), free(tk), free(ex), free(tmp), free(cnt);
     return x;
 fail:
     free(seg.v), free(stok.v), free(sgrp.v), free(sptok.v), free(splen.v), free(gp.v), free(gch.v), free(ch.v);
 fail_owned:
-    free(gb.v), free(stack), free(tk), free(ex);
+    free(gb.v), free(stack), free(tk), free(ex), free(tmp), free(cnt);
     cindex_free(x);
     return NULL;
 }
@@ -1501,7 +1545,7 @@ static int class_mask(loom_grammar *g, const loom_gvocab *v, int32_t s, uint32_t
     uint64_t c[2];
     if (!pick_class(g, s, c)) return -1;
     const cindex *x = cindex_get(v, c);
-    if (!x) return -1;
+    if (!x || x->run_count[TEXT_MAX] < CLASS_MIN_TOKENS) return -1; /* a plain walk is as quick */
     int reach = 0;
     for (int32_t u = s; reach < TEXT_MAX;) {
         u = cstep(g, x, u);
@@ -1586,8 +1630,9 @@ static loom_status loom_gvocab_create_plain(const char *const *bytes, const int 
                                            loom_gvocab **out);
 
 /* The longest prefix of s made of text code points (design note 6), at
- * most REST_P of them: *cps code points in the returned number of bytes;
- * *all when they are the whole of s. */
+ * most REST_P of them, the last possibly cut by the end of s: *cps code
+ * points in the returned number of bytes; *all when they are the whole of
+ * s. */
 static int text_prefix(const char *s, int n, int *cps, int *all) {
     int i = 0, k = 0;
     *all = 0;
@@ -1600,13 +1645,14 @@ static int text_prefix(const char *s, int n, int *cps, int *all) {
         }
         int q = 0, nq = (int)(sizeof UTF8_SEQS / sizeof *UTF8_SEQS), ok = 1;
         while (q < nq && (c < UTF8_SEQS[q][0][0] || c > UTF8_SEQS[q][0][1])) q++;
-        if (q == nq || i + UTF8_SEQ_LEN[q] > n) break;
-        for (int j = 1; j < UTF8_SEQ_LEN[q] && ok; j++) {
+        if (q == nq) break;
+        int len = LOOM_MIN(UTF8_SEQ_LEN[q], n - i);
+        for (int j = 1; j < len && ok; j++) {
             uint8_t d = (uint8_t)s[i + j];
             ok = d >= UTF8_SEQS[q][j][0] && d <= UTF8_SEQS[q][j][1];
         }
         if (!ok) break;
-        i += UTF8_SEQ_LEN[q], k++;
+        i += len, k++; /* a code point cut by the token's end counts as one */
     }
     *cps = k;
     *all = i == n;
