@@ -751,13 +751,13 @@ struct loom_grammar {
     uint32_t n_st_nodes, cap_st_nodes;
     hmap state_map;             /* hash of a state's content -> first state id (chained below) */
     int32_t *state_next;        /* [cap_states] next state with the same hash, -1 */
-    int32_t **trans;            /* [cap_states] owned rows [256] of next states
-                                   (-1: not yet known), made at a state's first step */
+    int32_t **trans;            /* [cap_states] owned rows [n_bcls] of next states by
+                                   byte class (-1: not yet known), made at a state's first step */
     int32_t start;              /* the state before any byte */
-    /* bytes no byte set tells apart move every state alike: a transition
-       found for one byte is written for its whole class */
-    int16_t cls_next[256];      /* the next byte of the same class, -1 */
-    uint8_t cls_head[256];      /* the first byte of each byte's class */
+    /* bytes no byte set tells apart move every state alike: transitions
+       are kept per class */
+    uint8_t bcls[256];          /* each byte's class */
+    int n_bcls;
     /* token masks (design note 5) */
     uint32_t **masks;           /* [n_masks] owned, each [mask_words] */
     int32_t *mask_owner;        /* [n_masks] state holding each */
@@ -960,10 +960,11 @@ static int32_t intern_state(loom_grammar *g, int done) {
 static int32_t step(loom_grammar *g, int32_t s, int c) {
     if (!(g->states[s].next[c >> 3] >> (c & 7) & 1)) return 0;
     if (!g->trans[s]) {
-        if (!(g->trans[s] = malloc(sizeof **g->trans * 256))) return g->oom = 1, 0;
-        memset(g->trans[s], -1, sizeof **g->trans * 256);
+        if (!(g->trans[s] = malloc(sizeof **g->trans * (size_t)g->n_bcls))) return g->oom = 1, 0;
+        memset(g->trans[s], -1, sizeof **g->trans * (size_t)g->n_bcls);
     }
-    if (g->trans[s][c] >= 0) return g->trans[s][c];
+    int32_t *row = g->trans[s] + g->bcls[c];
+    if (*row >= 0) return *row;
     g->scratch.n = 0;
     int done = 0;
     for (int i = 0; i < g->states[s].n; i++) {
@@ -973,7 +974,7 @@ static int32_t step(loom_grammar *g, int32_t s, int c) {
         if (g->sets[g->el[pos]][c >> 3] >> (c & 7) & 1) expand(g, pos + 1, g->nodes[nd].parent, &done);
     }
     int32_t t = intern_state(g, done);
-    for (int d = g->cls_head[c]; d >= 0; d = g->cls_next[d]) g->trans[s][d] = t;
+    g->trans[s][g->bcls[c]] = t;
     return t;
 }
 
@@ -990,13 +991,11 @@ static void byte_classes(loom_grammar *g) {
             cls[c] = (uint8_t)id_of[key];
         }
     }
-    int16_t last[256];
-    memset(last, -1, sizeof last);
-    for (int c = 255; c >= 0; c--) {
-        g->cls_next[c] = last[cls[c]];
-        last[cls[c]] = (int16_t)c;
+    g->n_bcls = 0;
+    for (int c = 0; c < 256; c++) {
+        g->bcls[c] = cls[c];
+        g->n_bcls = LOOM_MAX(g->n_bcls, cls[c] + 1);
     }
-    for (int c = 0; c < 256; c++) g->cls_head[c] = (uint8_t)last[cls[c]];
 }
 
 static loom_status finish(builder *b, const loom_gvocab *vocab, loom_grammar **out) {
