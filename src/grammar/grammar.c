@@ -68,7 +68,7 @@
 #define TEXT_MAX 24
 #define CLASS_MIN 8     /* a state's byte class worth an index (design note 7) */
 #define MAX_CLASSES 32 /* indexes a vocabulary keeps */
-#define CLASS_MIN_TOKENS 256 /* tokens of the class an index must hold to be used */
+#define CLASS_MIN_TOKENS 256 /* tokens of the class an index must hold to be used (fewer in a small vocabulary) */
 #define REST_P 254 /* longer text prefixes are walked byte by byte from the 254th */
 
 /* ---- small vectors ---------------------------------------------------- */
@@ -1544,7 +1544,7 @@ static int class_mask(loom_grammar *g, const loom_gvocab *v, int32_t s, uint32_t
     uint64_t c[2];
     if (!pick_class(g, s, c)) return -1;
     const cindex *x = cindex_get(v, c);
-    if (!x || x->run_count[TEXT_MAX] < CLASS_MIN_TOKENS) return -1; /* a plain walk is as quick */
+    if (!x || x->run_count[TEXT_MAX] < LOOM_MIN(CLASS_MIN_TOKENS, v->n_vocab / 64)) return -1; /* a plain walk is as quick */
     int reach = 0;
     for (int32_t u = s; reach < TEXT_MAX;) {
         u = cstep(g, x, u);
