@@ -40,7 +40,7 @@
  *     stacks often take a class C of ASCII bytes wholly or not at all (an
  *     email's [a-zA-Z0-9_+-]): every byte of C then leads to one state, and
  *     the successor over C is one step. The vocabulary keeps, per class a
- *     grammar has asked for (at most MAX_CLASSES, built on first use under
+ *     grammar has asked for (at most MAX_FULL, built on first use under
  *     its lock, shared by every grammar over it), the trie cut into
  *     segments at the ASCII bytes not in C: each segment's tokens made of
  *     C's bytes after its first byte, by length, and its exits by (depth,
@@ -67,7 +67,8 @@
 #define MASK_CACHE_BYTES (32u << 20)
 #define TEXT_MAX 24
 #define CLASS_MIN 8     /* a state's byte class worth an index (design note 7) */
-#define MAX_CLASSES 32 /* indexes a vocabulary keeps */
+#define MAX_CLASSES 64 /* classes a vocabulary keeps (most of few tokens: a count) */
+#define MAX_FULL 16    /* of which full indexes (a few MB each) */
 #define CLASS_MIN_TOKENS 256 /* tokens of the class an index must hold to be used (fewer in a small vocabulary) */
 #define REST_P 254 /* longer text prefixes are walked byte by byte from the 254th */
 
@@ -698,6 +699,7 @@ typedef struct gstate {
     bset next;          /* bytes some stack can take */
     int32_t cls_id;     /* design note 7: 1 + the class cls_next is for, 0 none */
     int32_t cls_next;   /* the state after any byte of it, -1 not uniform */
+    int32_t best;       /* the index its mask goes through: 1 + its id, -1 none, 0 not yet known */
 } gstate;
 
 struct loom_gvocab {
@@ -723,7 +725,7 @@ struct loom_gvocab {
        for every grammar over this vocabulary (the lock guards them) */
     pthread_mutex_t lock;
     struct cindex *cls[MAX_CLASSES]; /* owned [n_cls] */
-    int n_cls;
+    int n_cls, n_full;
 };
 
 struct loom_grammar {
@@ -1381,7 +1383,7 @@ static void sort_i64(int64_t *a, int n, int64_t *tmp, int32_t *cnt, int nkeys) {
     }
 }
 
-static cindex *cindex_build(const loom_gvocab *v, const uint64_t c[2], int id) {
+static cindex *cindex_build(const loom_gvocab *v, const uint64_t c[2], int id, int full) {
     size_t words = (size_t)(v->n_vocab + 31) / 32;
     cindex *x = calloc(1, sizeof *x);
     int32_t *stack = malloc(sizeof *stack * (size_t)v->n_nodes * 2);
@@ -1393,10 +1395,26 @@ static cindex *cindex_build(const loom_gvocab *v, const uint64_t c[2], int id) {
     if (!x || !stack || !tk || !ex || !tmp || !cnt) goto fail;
     x->c[0] = c[0], x->c[1] = c[1], x->id = id;
     while (!in_class(c, x->rep)) x->rep++;
+    /* first the root's spine alone: a class of few tokens keeps only its
+       count (the masks walk plainly), not a cut of the whole trie */
+    int sp = 0, few = 0;
+    stack[sp++] = 0, stack[sp++] = 0;
+    while (sp) {
+        int d = stack[--sp], i = stack[--sp];
+        if (d && d <= TEXT_MAX) few += v->tok_off[i + 1] - v->tok_off[i];
+        for (int32_t j = i + 1; j < v->end[i]; j = v->end[j])
+            if (in_class(c, v->byte[j])) stack[sp++] = j, stack[sp++] = d + 1;
+    }
+    if (few < LOOM_MIN(CLASS_MIN_TOKENS, v->n_vocab / 64) || !full) {
+        x->run_count[TEXT_MAX] = full ? few : 0; /* never used */
+        free(stack), free(tk), free(ex), free(tmp), free(cnt);
+        return x;
+    }
     x->run = calloc((TEXT_MAX + 1) * words, sizeof *x->run);
     if (!x->run || iv_push(&seg, 0)) goto fail;
     for (int k = 0; k < seg.n; k++) {
-        int sp = 0, nt = 0, ne = 0;
+        int nt = 0, ne = 0;
+        sp = 0;
         stack[sp++] = seg.v[k], stack[sp++] = 0;
         while (sp) {
             int d = stack[--sp], i = stack[--sp];
@@ -1453,7 +1471,10 @@ static const cindex *cindex_get(const loom_gvocab *cv, const uint64_t c[2]) {
     pthread_mutex_lock(&v->lock);
     for (int i = 0; i < v->n_cls && !x; i++)
         if (v->cls[i]->c[0] == c[0] && v->cls[i]->c[1] == c[1]) x = v->cls[i];
-    if (!x && v->n_cls < MAX_CLASSES && (v->cls[v->n_cls] = cindex_build(v, c, v->n_cls))) x = v->cls[v->n_cls++];
+    if (!x && v->n_cls < MAX_CLASSES && (v->cls[v->n_cls] = cindex_build(v, c, v->n_cls, v->n_full < MAX_FULL))) {
+        x = v->cls[v->n_cls++];
+        v->n_full += x->seg_node != NULL; /* a full index, not only a count */
+    }
     pthread_mutex_unlock(&v->lock);
     return x;
 }
@@ -1480,6 +1501,43 @@ static int32_t cstep(loom_grammar *g, const cindex *x, int32_t u) {
     g->states[u].cls_id = x->id + 1;
     g->states[u].cls_next = t;
     return t;
+}
+
+/* s's largest class of ASCII bytes that every stack top takes all or none
+ * of, among the live ones; 0 when none has CLASS_MIN bytes. */
+static int pick_class(const loom_grammar *g, int32_t s, uint64_t c[2]) {
+    const gstate *st = &g->states[s];
+    uint64_t sig[128] = {0};
+    if (st->n > 64) return 0;
+    for (int i = 0; i < st->n; i++) {
+        const uint8_t *set = g->sets[g->el[g->nodes[g->st_nodes[st->off + (uint32_t)i]].pos]];
+        for (int b = 0; b < 128; b++)
+            if (set[b >> 3] >> (b & 7) & 1) sig[b] |= 1ull << i;
+    }
+    int best = 0;
+    uint8_t done[128] = {0};
+    for (int b = 0; b < 128; b++) {
+        if (!sig[b] || done[b]) continue;
+        uint64_t m[2] = {0, 0};
+        int n = 0;
+        for (int d = b; d < 128; d++)
+            if (sig[d] == sig[b]) m[d >> 6] |= 1ull << (d & 63), done[d] = 1, n++;
+        if (n > best) best = n, c[0] = m[0], c[1] = m[1];
+    }
+    return best >= CLASS_MIN;
+}
+
+/* The index s's mask goes through (its class holds enough tokens), or
+ * NULL; memoised. */
+static const cindex *best_index(loom_grammar *g, const loom_gvocab *v, int32_t s) {
+    int32_t b = g->states[s].best;
+    if (b > 0) return v->cls[b - 1]; /* set once under the lock, never changed */
+    if (b < 0) return NULL;
+    uint64_t c[2];
+    const cindex *x = pick_class(g, s, c) ? cindex_get(v, c) : NULL;
+    if (x && x->run_count[TEXT_MAX] < LOOM_MIN(CLASS_MIN_TOKENS, v->n_vocab / 64)) x = NULL; /* a plain walk is as quick */
+    g->states[s].best = x ? x->id + 1 : -1;
+    return x;
 }
 
 /* Marks the tokens of segment k allowed from u, the state after the
@@ -1514,37 +1572,11 @@ static int seg_walk(loom_grammar *g, const loom_gvocab *v, const cindex *x, int 
     return count;
 }
 
-/* s's largest class of ASCII bytes that every stack top takes all or none
- * of, among the live ones; 0 when none has CLASS_MIN bytes. */
-static int pick_class(const loom_grammar *g, int32_t s, uint64_t c[2]) {
-    const gstate *st = &g->states[s];
-    uint64_t sig[128] = {0};
-    if (st->n > 64) return 0;
-    for (int i = 0; i < st->n; i++) {
-        const uint8_t *set = g->sets[g->el[g->nodes[g->st_nodes[st->off + (uint32_t)i]].pos]];
-        for (int b = 0; b < 128; b++)
-            if (set[b >> 3] >> (b & 7) & 1) sig[b] |= 1ull << i;
-    }
-    int best = 0;
-    uint8_t done[128] = {0};
-    for (int b = 0; b < 128; b++) {
-        if (!sig[b] || done[b]) continue;
-        uint64_t m[2] = {0, 0};
-        int n = 0;
-        for (int d = b; d < 128; d++)
-            if (sig[d] == sig[b]) m[d >> 6] |= 1ull << (d & 63), done[d] = 1, n++;
-        if (n > best) best = n, c[0] = m[0], c[1] = m[1];
-    }
-    return best >= CLASS_MIN;
-}
-
 /* The mask of s through its successors over one class (design note 7), or
  * -1 when the class's successors are not uniform where needed. */
 static int class_mask(loom_grammar *g, const loom_gvocab *v, int32_t s, uint32_t *bits) {
-    uint64_t c[2];
-    if (!pick_class(g, s, c)) return -1;
-    const cindex *x = cindex_get(v, c);
-    if (!x || x->run_count[TEXT_MAX] < LOOM_MIN(CLASS_MIN_TOKENS, v->n_vocab / 64)) return -1; /* a plain walk is as quick */
+    const cindex *x = best_index(g, v, s);
+    if (!x) return -1;
     int reach = 0;
     for (int32_t u = s; reach < TEXT_MAX;) {
         u = cstep(g, x, u);
