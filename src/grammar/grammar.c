@@ -639,7 +639,10 @@ typedef struct hslot {
     int32_t val;
 } hslot;
 
-/* Open-addressing map from a 64-bit key to an int32 (keys != UINT64_MAX). */
+/* Open-addressing map from a 64-bit key to an int32 (keys != UINT64_MAX).
+ * It starts at HM_FIRST slots: a grammar's first masks make a few thousand
+ * stacks and states, and each doubling is a rehash inside some mask. */
+#define HM_FIRST 8192
 typedef struct hmap {
     hslot *s;
     size_t cap, n;
@@ -664,7 +667,7 @@ static int32_t *hm_find(hmap *m, uint64_t key) {
 
 static int hm_put(hmap *m, uint64_t key, int32_t val) {
     if ((m->n + 1) * 2 > m->cap) {
-        size_t cap = m->cap ? m->cap * 2 : 1024;
+        size_t cap = m->cap ? m->cap * 2 : HM_FIRST;
         hslot *ns = malloc(sizeof *ns * cap);
         if (!ns) return -1;
         for (size_t i = 0; i < cap; i++) ns[i].key = UINT64_MAX;
@@ -855,7 +858,7 @@ static int32_t intern_node(loom_grammar *g, int32_t pos, int32_t parent) {
     int32_t *v = hm_find(&g->node_map, key);
     if (v) return *v;
     if (g->n_nodes == g->cap_nodes) {
-        int cap = g->cap_nodes ? g->cap_nodes * 2 : 256;
+        int cap = g->cap_nodes ? g->cap_nodes * 2 : 4096;
         gnode *nn = realloc(g->nodes, sizeof *nn * (size_t)cap);
         if (!nn) return g->oom = 1, 0;
         g->nodes = nn;
@@ -934,7 +937,7 @@ static int32_t intern_state(loom_grammar *g, int done) {
         g->cap_states = cap;
     }
     if (g->n_st_nodes + (uint32_t)w > g->cap_st_nodes) {
-        uint32_t cap = LOOM_MAX(g->cap_st_nodes * 2, g->n_st_nodes + (uint32_t)w + 1024);
+        uint32_t cap = LOOM_MAX(g->cap_st_nodes * 2, g->n_st_nodes + (uint32_t)w + 8192);
         int32_t *nn = realloc(g->st_nodes, sizeof *nn * cap);
         if (!nn) return g->oom = 1, 0;
         g->st_nodes = nn;
@@ -1051,10 +1054,13 @@ static loom_status finish(builder *b, const loom_gvocab *vocab, loom_grammar **o
     byte_classes(g);
     /* the start: the root rule's alternatives over an empty stack */
     g->el[ke] = ref_el(g->root);
-    g->states = calloc(1, sizeof *g->states); /* state 0: dead */
-    g->state_next = calloc(1, sizeof *g->state_next);
-    g->trans = calloc(1, sizeof *g->trans);
-    g->n_states = g->cap_states = 1;
+    /* room for the states a document's first masks make (growing copies
+       them inside some mask) */
+    g->cap_states = 1024;
+    g->states = calloc((size_t)g->cap_states, sizeof *g->states); /* state 0: dead */
+    g->state_next = calloc((size_t)g->cap_states, sizeof *g->state_next);
+    g->trans = calloc((size_t)g->cap_states, sizeof *g->trans);
+    g->n_states = 1;
     int done = 0;
     int32_t e0 = ke;
     /* expanding a reference at e0 reads el[e0 + 1]: give it an END */
