@@ -69,7 +69,8 @@
 #define CLASS_MIN 8     /* a state's byte class worth an index (design note 7) */
 #define MAX_CLASSES 64 /* classes a vocabulary keeps (most of few tokens: a count) */
 #define MAX_FULL 16    /* of which full indexes (a few MB each) */
-#define CLASS_MIN_TOKENS 256 /* tokens of the class an index must hold to be used (fewer in a small vocabulary) */
+#define CLASS_MIN_TOKENS 2048 /* tokens of the class an index must hold to be used (fewer in a small vocabulary) */
+#define MAX_SEGMENTS 65536    /* an index cut finer than this is not kept (a plain walk is as quick) */
 #define REST_P 254 /* longer text prefixes are walked byte by byte from the 254th */
 
 /* ---- small vectors ---------------------------------------------------- */
@@ -1421,6 +1422,13 @@ static cindex *cindex_build(const loom_gvocab *v, const uint64_t c[2], int id, i
     for (int k = 0; k < seg.n; k++) {
         int nt = 0, ne = 0;
         sp = 0;
+        if (seg.n > MAX_SEGMENTS) { /* keep the count only, marked unusable */
+            free(seg.v), free(stok.v), free(sgrp.v), free(sptok.v), free(splen.v), free(gp.v), free(gch.v), free(ch.v);
+            free(gb.v), free(stack), free(tk), free(ex), free(tmp), free(cnt), free(x->run);
+            x->run = NULL;
+            x->run_count[TEXT_MAX] = 0;
+            return x;
+        }
         stack[sp++] = seg.v[k], stack[sp++] = 0;
         while (sp) {
             int d = stack[--sp], i = stack[--sp];
