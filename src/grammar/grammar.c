@@ -1413,7 +1413,7 @@ static cindex *cindex_build(const loom_gvocab *v, const uint64_t c[2], int id, i
             if (in_class(c, v->byte[j])) stack[sp++] = j, stack[sp++] = d + 1;
     }
     if (few < LOOM_MIN(CLASS_MIN_TOKENS, v->n_vocab / 64) || !full) {
-        x->run_count[TEXT_MAX] = full ? few : 0; /* never used */
+        x->run_count[TEXT_MAX] = few;
         free(stack), free(tk), free(ex), free(tmp), free(cnt);
         return x;
     }
@@ -1426,7 +1426,6 @@ static cindex *cindex_build(const loom_gvocab *v, const uint64_t c[2], int id, i
             free(seg.v), free(stok.v), free(sgrp.v), free(sptok.v), free(splen.v), free(gp.v), free(gch.v), free(ch.v);
             free(gb.v), free(stack), free(tk), free(ex), free(tmp), free(cnt), free(x->run);
             x->run = NULL;
-            x->run_count[TEXT_MAX] = 0;
             return x;
         }
         stack[sp++] = seg.v[k], stack[sp++] = 0;
@@ -1549,7 +1548,8 @@ static const cindex *best_index(loom_grammar *g, const loom_gvocab *v, int32_t s
     if (b < 0) return NULL;
     uint64_t c[2];
     const cindex *x = pick_class(g, s, c) ? cindex_get(v, c) : NULL;
-    if (x && x->run_count[TEXT_MAX] < LOOM_MIN(CLASS_MIN_TOKENS, v->n_vocab / 64)) x = NULL; /* a plain walk is as quick */
+    if (x && (!x->seg_node || x->run_count[TEXT_MAX] < LOOM_MIN(CLASS_MIN_TOKENS, v->n_vocab / 64)))
+        x = NULL; /* only a count was kept: a plain walk is as quick */
     g->states[s].best = x ? x->id + 1 : -1;
     return x;
 }
