@@ -423,6 +423,117 @@ static void masks_model_vocab(void) {
     loom_tok_free(t);
 }
 
+/* qwen3's vocabulary (151k byte-level tokens): at every step of a valid
+ * document, and after short random detours from it, the mask of a fresh
+ * state must be exactly the tokens whose bytes the matcher takes one by
+ * one. The schemas reach the shortcuts of design notes 6 and 7: bounded
+ * and unbounded strings, formats and patterns over ASCII classes, keys,
+ * numbers, enums. */
+typedef struct mcase {
+    const char *schema, *doc;
+} mcase;
+
+static const mcase BIG_CASES[] = {
+    {"{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":64},\"short\":{\"type\":\"string\","
+     "\"minLength\":2,\"maxLength\":5},\"email\":{\"type\":\"string\",\"format\":\"email\"}},\"required\":[\"name\"]}",
+     "{\"name\": \"Ada Lovelace, née Byron \\\"the\\\" \\u00e9 \\n ok\", \"short\": \"ab\", \"email\": \"ada.l+x@math.example.org\"}"},
+    {"{\"type\":\"object\",\"properties\":{\"when\":{\"type\":\"string\",\"format\":\"date-time\"},\"id\":{\"type\":\"string\","
+     "\"format\":\"uuid\"},\"host\":{\"type\":\"string\",\"format\":\"hostname\"},\"ip\":{\"type\":\"string\",\"format\":\"ipv4\"},"
+     "\"site\":{\"type\":\"string\",\"format\":\"uri\"}}}",
+     "{\"when\": \"2024-02-29T23:59:59.5+01:00\", \"id\": \"0fa3b2c4-1d2e-4f50-8a9b-abcdef012345\", \"host\": "
+     "\"my-host.example.com\", \"ip\": \"192.168.0.255\", \"site\": \"https://example.com/a/b_c\"}"},
+    {"{\"type\":\"array\",\"items\":{\"type\":\"string\",\"pattern\":\"^[a-z][a-z0-9_]{0,30}$\"},\"maxItems\":4}",
+     "[\"snake_case_name\", \"x1\", \"abcdefghijklmnopqrstuvwxyz01234\"]"},
+    {"{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"number\"},\"i\":{\"type\":\"integer\",\"minimum\":-20,"
+     "\"maximum\":300},\"e\":{\"enum\":[\"red\",\"green\",42,null]},\"b\":{\"type\":\"boolean\"}}}",
+     "{\"n\": -12.5e+3, \"i\": 299, \"e\": \"green\", \"b\": true}"},
+    {"{\"type\":\"object\"}",
+     "{\"id\": 42, \"items\": [{\"sku\": \"A-1\", \"qty\": 3}], \"note\": \"deliver after 5pm\\t\\u2764\", \"x\": null}"},
+    {"{\"type\":\"array\",\"items\":{\"type\":\"string\",\"maxLength\":3}}", "[\"abc\", \"\", \"é€\", \"\\\"\\\\\"]"},
+};
+
+static int brute_mask(loom_gmatcher *m, int V, uint32_t *ref) {
+    int n = 0;
+    memset(ref, 0, sizeof *ref * (size_t)((V + 31) / 32));
+    for (int t = 0; t < V; t++) {
+        loom_gmatcher c = *m;
+        if (!loom_gmatcher_accept_token(&c, t)) ref[t >> 5] |= 1u << (t & 31), n++;
+    }
+    return n;
+}
+
+/* Compares m's mask with brute force; returns the number of differences. */
+static int mask_check(loom_gmatcher *m, int V, uint32_t *bits, uint32_t *ref, const char *what, int step) {
+    int count = loom_gmatcher_mask(m, bits), n = brute_mask(m, V, ref), bad = 0;
+    for (int w = 0; w < (V + 31) / 32; w++)
+        if (bits[w] != ref[w]) {
+            for (int k = 0; k < 32; k++)
+                if ((bits[w] ^ ref[w]) >> k & 1 && bad++ < 3)
+                    fprintf(stderr, "%s step %d: token %d: mask %d, reference %d\n", what, step, w * 32 + k,
+                            bits[w] >> k & 1, ref[w] >> k & 1);
+        }
+    CHECKF(count == n, "%s step %d: mask count %d, reference %d", what, step, count, n);
+    return bad;
+}
+
+static void masks_qwen3(void) {
+    const char *b = getenv("LOOM_BUILD");
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/fixtures/tokenizers/qwen3", b && *b ? b : "build");
+    loom_tok *t;
+    if (loom_tok_load_dir(dir, &t) != LOOM_OK) {
+        CHECKF(0, "%s: %s (tests/run.sh unpacks it)", dir, loom_last_error());
+        return;
+    }
+    int V = loom_tok_vocab_size(t);
+    loom_gvocab *v;
+    CHECK(loom_gvocab_from_tok(t, V, &v) == LOOM_OK);
+    uint32_t *bits = calloc((size_t)(V + 31) / 32, 4), *ref = calloc((size_t)(V + 31) / 32, 4);
+    int bad = 0, checked = 0;
+    for (size_t c = 0; c < sizeof BIG_CASES / sizeof *BIG_CASES; c++) {
+        loom_grammar *g;
+        char err[256];
+        CHECKF(loom_grammar_from_schema(BIG_CASES[c].schema, v, &g, err, sizeof err) == LOOM_OK, "%s", err);
+        if (!g) continue;
+        int32_t *ids;
+        size_t n;
+        CHECK(loom_tok_encode(t, BIG_CASES[c].doc, strlen(BIG_CASES[c].doc), LOOM_TOK_NO_SPECIAL, &ids, &n) == LOOM_OK);
+        char what[32];
+        snprintf(what, sizeof what, "case %zu", c);
+        loom_gmatcher m;
+        loom_gmatcher_init(&m, g);
+        for (size_t i = 0; i < n; i++) {
+            bad += mask_check(&m, V, bits, ref, what, (int)i), checked++;
+            /* a detour: two random allowed tokens, short ones likelier */
+            loom_gmatcher d = m;
+            for (int k = 0; k < 2; k++) {
+                int cnt = brute_mask(&d, V, ref);
+                if (!cnt) break;
+                int pick = -1;
+                for (int tries = 0; tries < 64 && pick < 0; tries++) {
+                    int x = (int)(rnd() % (uint32_t)V);
+                    char buf[256];
+                    if ((ref[x >> 5] >> (x & 31) & 1) && (rnd() % 4 == 0 || loom_tok_token_bytes(t, x, buf, sizeof buf) <= 2))
+                        pick = x;
+                }
+                for (int x = 0; pick < 0; x++)
+                    if (ref[x >> 5] >> (x & 31) & 1) pick = x;
+                CHECK(loom_gmatcher_accept_token(&d, pick) == 0);
+                bad += mask_check(&d, V, bits, ref, what, (int)i), checked++;
+            }
+            CHECKF(loom_gmatcher_accept_token(&m, ids[i]) == 0, "%s: the document's token %zu is refused", what, i);
+        }
+        CHECKF(loom_gmatcher_done(&m), "%s: the document does not end the grammar", what);
+        free(ids);
+        loom_grammar_release(g);
+    }
+    CHECK_EQ_INT(bad, 0);
+    CHECK(checked > 300);
+    free(bits), free(ref);
+    loom_gvocab_free(v);
+    loom_tok_free(t);
+}
+
 /* ---- the engine under a schema ----------------------------------------------- */
 
 /* The bundled model writes Python; under the schema every output must be a
@@ -556,6 +667,7 @@ int main(void) {
     tools();
     masks_small();
     masks_model_vocab();
+    masks_qwen3();
     engine_schema();
     cli_generate();
     return test_report("test_grammar");

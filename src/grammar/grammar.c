@@ -19,19 +19,39 @@
  *     position then always ends, at byte sets or at the end of the root.
  *  5. Caches only grow while the grammar lives, except token masks, which
  *     are bounded (MASK_CACHE_BYTES) and replaced when full.
- *  6. Text tokens. Most tokens are "text": complete code points, none a
- *     control, '"' or '\\' (the JSON string's plain characters). The
- *     vocabulary keeps, per k <= TEXT_MAX, the bitset of text tokens of at
- *     most k code points, and a second trie of the other tokens. A state is
- *     uniform when every such code point leads to one same state (its
- *     `uni`, checked over all UTF-8 byte ranges, exact); inside a JSON
- *     string every state is. When the chain of uniform successors is known
- *     for TEXT_MAX steps, the text tokens allowed are those shorter than the
- *     first dead one (one copy of a bitset) and only the other trie is
- *     walked: a string's mask no longer visits the whole vocabulary. */
+ *  6. Text tokens. Most tokens are "text": code points none of which is a
+ *     control, '"' or '\\' (the JSON string's plain characters), the last
+ *     one possibly cut by the token's end (byte-level vocabularies split
+ *     characters; the grammar only matches whole UTF-8, so a cut one is
+ *     alive exactly where a whole one is). The vocabulary keeps, per
+ *     k <= TEXT_MAX, the bitset of text tokens of at most k code points,
+ *     and a trie of every other token as (its text prefix's length p, the
+ *     bytes after that prefix). A state is uniform when every text code
+ *     point leads it to one same state (its `uni`): read off its stacks
+ *     when they sit at the start of a text rule (class_el's rule for
+ *     exactly these code points) or take no byte a text code point begins
+ *     with, else checked over all UTF-8 byte ranges; inside a JSON string
+ *     every state is. Then with chain[k] the state after k text code
+ *     points, the text tokens allowed are those of at most `reach` code
+ *     points (one copy of a bitset), and each other token's rest is walked
+ *     from chain[p]: a string's mask, bounded or not, visits only the
+ *     rests (a few thousand nodes), never the whole vocabulary.
+ *  7. Class indexes. Elsewhere (formats, patterns, numbers, keys) a state's
+ *     stacks often take a class C of ASCII bytes wholly or not at all (an
+ *     email's [a-zA-Z0-9_+-]): every byte of C then leads to one state, and
+ *     the successor over C is one step. The vocabulary keeps, per class a
+ *     grammar has asked for (at most MAX_FULL, built on first use under
+ *     its lock, shared by every grammar over it), the trie cut into
+ *     segments at the ASCII bytes not in C: each segment's tokens made of
+ *     C's bytes after its first byte, by length, and its exits by (depth,
+ *     byte). A mask copies the root's bitset of C-tokens no longer than
+ *     the chain of C-successors stays alive, then walks only the exits the
+ *     state can take at their depth. A segment whose chain meets a state
+ *     not uniform over C is walked plainly (exact either way). */
 #include "grammar/grammar.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -46,6 +66,12 @@
 #define MAX_RULES 200000
 #define MASK_CACHE_BYTES (32u << 20)
 #define TEXT_MAX 24
+#define CLASS_MIN 8     /* a state's byte class worth an index (design note 7) */
+#define MAX_CLASSES 64 /* classes a vocabulary keeps (most of few tokens: a count) */
+#define MAX_FULL 16    /* of which full indexes (a few MB each) */
+#define CLASS_MIN_TOKENS 2048 /* tokens of the class an index must hold to be used (fewer in a small vocabulary) */
+#define MAX_SEGMENTS 65536    /* an index cut finer than this is not kept (a plain walk is as quick) */
+#define REST_P 254 /* longer text prefixes are walked byte by byte from the 254th */
 
 /* ---- small vectors ---------------------------------------------------- */
 
@@ -74,6 +100,7 @@ typedef struct brule {
     int n_alts, cap_alts;
     int defined;      /* a named rule: its definition was seen */
     long ref_at;      /* 1 + the text offset it was first referenced at, for errors */
+    int text;         /* made by class_el for exactly the text code points (design note 6) */
     size_t name_len;
     uint64_t name_hash;
 } brule;
@@ -285,6 +312,8 @@ static int32_t class_el(builder *b, cprange *r, int n) {
     }
     int rule = new_rule(b, NULL, 0);
     if (rule < 0) return -1;
+    b->rules[rule].text = n == 3 && r[0].lo == 0x20 && r[0].hi == '"' - 1 && r[1].lo == '"' + 1 &&
+                          r[1].hi == '\\' - 1 && r[2].lo == '\\' + 1 && r[2].hi == 0x10FFFF;
     if (any_ascii) {
         ivec *a = new_alt(b, rule);
         if (!a || iv_push(a, intern_set(b, ascii))) return bfail(b, "out of memory");
@@ -593,7 +622,10 @@ typedef struct hslot {
     int32_t val;
 } hslot;
 
-/* Open-addressing map from a 64-bit key to an int32 (keys != UINT64_MAX). */
+/* Open-addressing map from a 64-bit key to an int32 (keys != UINT64_MAX).
+ * It starts at HM_FIRST slots: a grammar's first masks make a few thousand
+ * stacks and states, and each doubling is a rehash inside some mask. */
+#define HM_FIRST 8192
 typedef struct hmap {
     hslot *s;
     size_t cap, n;
@@ -618,7 +650,7 @@ static int32_t *hm_find(hmap *m, uint64_t key) {
 
 static int hm_put(hmap *m, uint64_t key, int32_t val) {
     if ((m->n + 1) * 2 > m->cap) {
-        size_t cap = m->cap ? m->cap * 2 : 1024;
+        size_t cap = m->cap ? m->cap * 2 : HM_FIRST;
         hslot *ns = malloc(sizeof *ns * cap);
         if (!ns) return -1;
         for (size_t i = 0; i < cap; i++) ns[i].key = UINT64_MAX;
@@ -651,6 +683,9 @@ typedef struct gstate {
     int32_t uni;        /* design note 6: the state after any text code point,
                            0 dead, -1 not uniform, -2 not yet known */
     bset next;          /* bytes some stack can take */
+    int32_t cls_id;     /* design note 7: 1 + the class cls_next is for, 0 none */
+    int32_t cls_next;   /* the state after any byte of it, -1 not uniform */
+    int32_t best;       /* the index its mask goes through: 1 + its id, -1 none, 0 not yet known */
 } gstate;
 
 struct loom_gvocab {
@@ -663,17 +698,20 @@ struct loom_gvocab {
     int n_nodes;
     char **bytes;       /* [n_vocab] owned copies, NULL for none */
     int *lens;          /* [n_vocab] */
-    /* design note 6; all NULL in the vocabulary of the other tokens */
+    /* design note 6; both NULL in the vocabulary of the rests */
     uint32_t *text;     /* [TEXT_MAX + 1][words]: text tokens of <= k code points */
     int32_t *text_count;/* [TEXT_MAX + 1] */
-    struct loom_gvocab *other; /* owned: the trie of every non-text token */
-    /* after a state that any text code point leads back to (a string's
-       inside), an other token's fate is that of its bytes after its text
-       prefix: the trie of those rests, and the text tokens too long for
-       the bitsets (nothing after their text) */
+    /* every other token as its text prefix's length in code points (one
+       byte, at most REST_P) then its bytes after that prefix: after a
+       state whose uniform successors are known, a token's fate is that of
+       its rest from the successor its prefix leads to */
     struct loom_gvocab *rest;  /* owned */
-    int32_t *long_text;        /* [n_long_text] token ids */
-    int n_long_text;
+    int max_len;               /* the longest token's bytes */
+    /* design note 7: class indexes, built as grammars need them and kept
+       for every grammar over this vocabulary (the lock guards them) */
+    pthread_mutex_t lock;
+    struct cindex *cls[MAX_CLASSES]; /* owned [n_cls] */
+    int n_cls, n_full;
 };
 
 struct loom_grammar {
@@ -686,6 +724,11 @@ struct loom_grammar {
     int n_rules, root;
     bset *sets;                 /* [n_sets] */
     int n_sets;
+    /* design note 6's shortcut: text_alt[pos] is the text rule whose
+       alternative starts at pos (else -1); set_text[k] is 1 when set k
+       holds a byte a text code point can begin with */
+    int32_t *text_alt;          /* [n_el + 2] */
+    uint8_t *set_text;          /* [n_sets] */
     /* stacks and states (design notes 2, 3) */
     gnode *nodes;
     int n_nodes, cap_nodes;
@@ -696,13 +739,13 @@ struct loom_grammar {
     uint32_t n_st_nodes, cap_st_nodes;
     hmap state_map;             /* hash of a state's content -> first state id (chained below) */
     int32_t *state_next;        /* [cap_states] next state with the same hash, -1 */
-    int32_t **trans;            /* [cap_states] owned rows [256] of next states
-                                   (-1: not yet known), made at a state's first step */
+    int32_t **trans;            /* [cap_states] owned rows [n_bcls] of next states by
+                                   byte class (-1: not yet known), made at a state's first step */
     int32_t start;              /* the state before any byte */
-    /* bytes no byte set tells apart move every state alike: a transition
-       found for one byte is written for its whole class */
-    int16_t cls_next[256];      /* the next byte of the same class, -1 */
-    uint8_t cls_head[256];      /* the first byte of each byte's class */
+    /* bytes no byte set tells apart move every state alike: transitions
+       are kept per class */
+    uint8_t bcls[256];          /* each byte's class */
+    int n_bcls;
     /* token masks (design note 5) */
     uint32_t **masks;           /* [n_masks] owned, each [mask_words] */
     int32_t *mask_owner;        /* [n_masks] state holding each */
@@ -783,7 +826,7 @@ static int check_left_recursion(builder *b) {
 
 static void grammar_free(loom_grammar *g) {
     if (!g) return;
-    free(g->el), free(g->alt_off), free(g->alts), free(g->sets);
+    free(g->el), free(g->alt_off), free(g->alts), free(g->sets), free(g->text_alt), free(g->set_text);
     free(g->nodes), free(g->node_map.s), free(g->states), free(g->st_nodes);
     free(g->state_map.s), free(g->state_next);
     for (int i = 0; i < g->n_states && g->trans; i++) free(g->trans[i]);
@@ -798,7 +841,7 @@ static int32_t intern_node(loom_grammar *g, int32_t pos, int32_t parent) {
     int32_t *v = hm_find(&g->node_map, key);
     if (v) return *v;
     if (g->n_nodes == g->cap_nodes) {
-        int cap = g->cap_nodes ? g->cap_nodes * 2 : 256;
+        int cap = g->cap_nodes ? g->cap_nodes * 2 : 4096;
         gnode *nn = realloc(g->nodes, sizeof *nn * (size_t)cap);
         if (!nn) return g->oom = 1, 0;
         g->nodes = nn;
@@ -842,7 +885,14 @@ static int cmp_i32(const void *a, const void *b) {
 /* Interns the state made of scratch's node ids (sorted here) and done. */
 static int32_t intern_state(loom_grammar *g, int done) {
     ivec *sc = &g->scratch;
-    if (sc->n > 1) qsort(sc->v, (size_t)sc->n, sizeof *sc->v, cmp_i32);
+    if (sc->n > 16) qsort(sc->v, (size_t)sc->n, sizeof *sc->v, cmp_i32);
+    else /* most states have a few stacks: no qsort call */
+        for (int i = 1; i < sc->n; i++) {
+            int32_t x = sc->v[i];
+            int j = i;
+            for (; j > 0 && sc->v[j - 1] > x; j--) sc->v[j] = sc->v[j - 1];
+            sc->v[j] = x;
+        }
     int w = 0;
     for (int i = 0; i < sc->n; i++)
         if (!w || sc->v[w - 1] != sc->v[i]) sc->v[w++] = sc->v[i];
@@ -870,7 +920,7 @@ static int32_t intern_state(loom_grammar *g, int done) {
         g->cap_states = cap;
     }
     if (g->n_st_nodes + (uint32_t)w > g->cap_st_nodes) {
-        uint32_t cap = LOOM_MAX(g->cap_st_nodes * 2, g->n_st_nodes + (uint32_t)w + 1024);
+        uint32_t cap = LOOM_MAX(g->cap_st_nodes * 2, g->n_st_nodes + (uint32_t)w + 8192);
         int32_t *nn = realloc(g->st_nodes, sizeof *nn * cap);
         if (!nn) return g->oom = 1, 0;
         g->st_nodes = nn;
@@ -898,10 +948,11 @@ static int32_t intern_state(loom_grammar *g, int done) {
 static int32_t step(loom_grammar *g, int32_t s, int c) {
     if (!(g->states[s].next[c >> 3] >> (c & 7) & 1)) return 0;
     if (!g->trans[s]) {
-        if (!(g->trans[s] = malloc(sizeof **g->trans * 256))) return g->oom = 1, 0;
-        memset(g->trans[s], -1, sizeof **g->trans * 256);
+        if (!(g->trans[s] = malloc(sizeof **g->trans * (size_t)g->n_bcls))) return g->oom = 1, 0;
+        memset(g->trans[s], -1, sizeof **g->trans * (size_t)g->n_bcls);
     }
-    if (g->trans[s][c] >= 0) return g->trans[s][c];
+    int32_t *row = g->trans[s] + g->bcls[c];
+    if (*row >= 0) return *row;
     g->scratch.n = 0;
     int done = 0;
     for (int i = 0; i < g->states[s].n; i++) {
@@ -911,7 +962,7 @@ static int32_t step(loom_grammar *g, int32_t s, int c) {
         if (g->sets[g->el[pos]][c >> 3] >> (c & 7) & 1) expand(g, pos + 1, g->nodes[nd].parent, &done);
     }
     int32_t t = intern_state(g, done);
-    for (int d = g->cls_head[c]; d >= 0; d = g->cls_next[d]) g->trans[s][d] = t;
+    g->trans[s][g->bcls[c]] = t;
     return t;
 }
 
@@ -928,13 +979,11 @@ static void byte_classes(loom_grammar *g) {
             cls[c] = (uint8_t)id_of[key];
         }
     }
-    int16_t last[256];
-    memset(last, -1, sizeof last);
-    for (int c = 255; c >= 0; c--) {
-        g->cls_next[c] = last[cls[c]];
-        last[cls[c]] = (int16_t)c;
+    g->n_bcls = 0;
+    for (int c = 0; c < 256; c++) {
+        g->bcls[c] = cls[c];
+        g->n_bcls = LOOM_MAX(g->n_bcls, cls[c] + 1);
     }
-    for (int c = 0; c < 256; c++) g->cls_head[c] = (uint8_t)last[cls[c]];
 }
 
 static loom_status finish(builder *b, const loom_gvocab *vocab, loom_grammar **out) {
@@ -973,13 +1022,28 @@ static loom_status finish(builder *b, const loom_gvocab *vocab, loom_grammar **o
     }
     g->alt_off[b->n_rules] = ka;
     g->n_el = ke;
+    g->text_alt = malloc(sizeof *g->text_alt * (size_t)(ke + 2));
+    g->set_text = calloc((size_t)b->n_sets + 1, 1);
+    if (!g->text_alt || !g->set_text) {
+        grammar_free(g);
+        return bfail(b, "out of memory"), LOOM_ERR_NOMEM;
+    }
+    memset(g->text_alt, -1, sizeof *g->text_alt * (size_t)(ke + 2));
+    for (int r = 0; r < b->n_rules; r++)
+        for (int a = g->alt_off[r]; a < g->alt_off[r + 1] && b->rules[r].text; a++) g->text_alt[g->alts[a]] = r;
+    for (int k = 0; k < b->n_sets; k++)
+        for (int c = 0x20; c <= 0xF4 && !g->set_text[k]; c++)
+            g->set_text[k] = (c < 0x80 || c >= 0xC2) && c != '"' && c != '\\' && (b->sets[k][c >> 3] >> (c & 7) & 1);
     byte_classes(g);
     /* the start: the root rule's alternatives over an empty stack */
     g->el[ke] = ref_el(g->root);
-    g->states = calloc(1, sizeof *g->states); /* state 0: dead */
-    g->state_next = calloc(1, sizeof *g->state_next);
-    g->trans = calloc(1, sizeof *g->trans);
-    g->n_states = g->cap_states = 1;
+    /* room for the states a document's first masks make (growing copies
+       them inside some mask) */
+    g->cap_states = 1024;
+    g->states = calloc((size_t)g->cap_states, sizeof *g->states); /* state 0: dead */
+    g->state_next = calloc((size_t)g->cap_states, sizeof *g->state_next);
+    g->trans = calloc((size_t)g->cap_states, sizeof *g->trans);
+    g->n_states = 1;
     int done = 0;
     int32_t e0 = ke;
     /* expanding a reference at e0 reads el[e0 + 1]: give it an END */
@@ -1152,10 +1216,52 @@ static int32_t uniform_over(loom_grammar *g, int32_t s, const uint8_t (*r)[2], i
     return uniform_over(g, to, r + 1, n - 1);
 }
 
+/* The state after any text code point from s, read off s's stacks: when
+ * every stack either sits at the start of an alternative of a text rule
+ * (all of that rule's alternatives there, over one same parent) or can take
+ * no byte a text code point begins with, each text code point is taken by
+ * exactly one alternative of each such rule and leads to those parents'
+ * continuations, whatever the code point. -2 when s is not of that shape
+ * (the byte-by-byte check decides). */
+static int32_t uniform_shape(loom_grammar *g, int32_t s) {
+    enum { MAXG = 16 };
+    int32_t rule[MAXG], parent[MAXG], seen[MAXG];
+    int ng = 0;
+    const gstate *st = &g->states[s];
+    for (int i = 0; i < st->n; i++) {
+        const gnode *nd = &g->nodes[g->st_nodes[st->off + (uint32_t)i]];
+        int32_t r = g->text_alt[nd->pos];
+        if (r < 0) {
+            if (g->set_text[g->el[nd->pos]]) return -2;
+            continue;
+        }
+        int k = 0;
+        while (k < ng && !(rule[k] == r && parent[k] == nd->parent)) k++;
+        if (k == ng) {
+            if (ng == MAXG) return -2;
+            rule[ng] = r, parent[ng] = nd->parent, seen[ng++] = 0;
+        }
+        seen[k]++;
+    }
+    g->scratch.n = 0;
+    int done = 0;
+    for (int k = 0; k < ng; k++) {
+        if (seen[k] != g->alt_off[rule[k] + 1] - g->alt_off[rule[k]]) return -2;
+        if (parent[k] < 0) done = 1;
+        else expand(g, g->nodes[parent[k]].pos, g->nodes[parent[k]].parent, &done);
+    }
+    return intern_state(g, done);
+}
+
 /* s's state after any text code point (design note 6), memoised. */
 static int32_t uniform_next(loom_grammar *g, int32_t s) {
     if (g->states[s].uni != -2) return g->states[s].uni;
-    int32_t to = -1;
+    int32_t to = uniform_shape(g, s);
+    if (to >= -1) {
+        if (g->oom) return -1;
+        return g->states[s].uni = to;
+    }
+    to = -1;
     for (int c = 0x20; c < 0x80 && to != -2; c++) {
         if (c == '"' || c == '\\') continue;
         int32_t t = step(g, s, c);
@@ -1173,18 +1279,310 @@ static int32_t uniform_next(loom_grammar *g, int32_t s) {
     return g->states[s].uni;
 }
 
-/* How many text code points s stays alive over when the chain of uniform
- * successors is known for TEXT_MAX steps; -1 when it is not. */
-static int text_reach(loom_grammar *g, int32_t s) {
-    int k = 0;
-    for (; k < TEXT_MAX; k++) {
-        int32_t t = uniform_next(g, s);
+/* The mask from s through its chain of uniform successors (design note
+ * 6): chain[k] is the state after k text code points. Returns the count,
+ * or -1 when some successor needed is not uniform (bits then hold part of
+ * a mask). */
+static int text_mask(loom_grammar *g, const loom_gvocab *v, int32_t s, uint32_t *bits) {
+    int32_t chain[REST_P + 1];
+    int n = 1; /* chain[0..n) known; chain[n - 1] == 0 or a loop ends it early */
+    chain[0] = s;
+    int loop = 0;
+    /* the bitsets need TEXT_MAX steps, or fewer when the chain dies */
+    while (n <= TEXT_MAX && chain[n - 1] && !loop) {
+        int32_t t = uniform_next(g, chain[n - 1]);
         if (t < 0) return -1;
-        if (!t) return k;
-        if (t == s) return TEXT_MAX + 1; /* a loop: any number */
-        s = t;
+        loop = t == chain[n - 1];
+        chain[n++] = t;
     }
-    return k;
+    int reach = 0;
+    while (reach + 1 < n && chain[reach + 1]) reach++;
+    if (loop) reach = TEXT_MAX;
+    size_t bytes = sizeof *bits * (size_t)g->mask_words;
+    if (reach) memcpy(bits, v->text + (size_t)reach * (size_t)g->mask_words, bytes);
+    else memset(bits, 0, bytes);
+    int count = v->text_count[reach];
+    const loom_gvocab *r = v->rest;
+    for (int32_t j = 1; j < r->end[0]; j = r->end[j]) {
+        int p = r->byte[j];
+        while (p >= n && chain[n - 1] && !loop) {
+            int32_t t = uniform_next(g, chain[n - 1]);
+            if (t < 0) return -1;
+            loop = t == chain[n - 1];
+            chain[n++] = t;
+        }
+        int32_t at = p < n ? chain[p] : loop ? chain[n - 1] : 0;
+        if (!at) break; /* p only grows, and a dead chain stays dead */
+        count += walk(g, r, j, at, bits);
+    }
+    return count;
+}
+
+/* ---- class indexes (design note 7) ------------------------------------------- */
+
+/* Of one class C of ASCII bytes, the vocabulary's trie cut into segments:
+ * a segment starts at the root or at a node whose byte is ASCII and not in
+ * C, and holds the nodes below it reached over bytes of C (its spine). It
+ * keeps the tokens ending on its spine by their depth there, and its exits
+ * (the children of spine nodes over bytes not in C) grouped by (depth,
+ * byte): an ASCII exit is a segment of its own, any other a plain subtree.
+ * Every token is on exactly one spine. The root's spine tokens of at most
+ * TEXT_MAX bytes are bitsets by length instead. */
+typedef struct cindex {
+    uint64_t c[2];            /* the class: bit b of c[b >> 6] */
+    int id, rep;              /* its index in the vocabulary; a byte of it */
+    uint32_t *run;            /* [TEXT_MAX + 1][words]: root tokens of <= k bytes of C */
+    int32_t run_count[TEXT_MAX + 1];
+    int32_t *seg_node;        /* [n_seg] trie node */
+    int32_t *seg_tok;         /* [n_seg + 1] into sp_tok, sp_len */
+    int32_t *seg_grp;         /* [n_seg + 1] into grp_* */
+    int32_t *sp_tok, *sp_len; /* spine tokens and their depth, by depth */
+    int32_t *grp_p;           /* [n_grp] the depth a group leaves C at */
+    uint8_t *grp_b;           /* [n_grp] its byte */
+    int32_t *grp_child;       /* [n_grp + 1] into child */
+    int32_t *child;           /* segment ids (ASCII byte) or trie nodes (other) */
+    int n_seg, n_grp;
+} cindex;
+
+static void cindex_free(cindex *x) {
+    if (!x) return;
+    free(x->run), free(x->seg_node), free(x->seg_tok), free(x->seg_grp), free(x->sp_tok), free(x->sp_len);
+    free(x->grp_p), free(x->grp_b), free(x->grp_child), free(x->child);
+    free(x);
+}
+
+static int in_class(const uint64_t c[2], int b) { return b < 128 && (c[b >> 6] >> (b & 63) & 1); }
+
+/* Sorts by the high 32 bits (below nkeys; the low ones in any order):
+ * a counting sort when large (tmp, cnt scratch), else insertion. */
+static void sort_i64(int64_t *a, int n, int64_t *tmp, int32_t *cnt, int nkeys) {
+    if (n > 256) {
+        memset(cnt, 0, sizeof *cnt * (size_t)(nkeys + 1));
+        for (int i = 0; i < n; i++) cnt[(a[i] >> 32) + 1]++;
+        for (int k = 0; k < nkeys; k++) cnt[k + 1] += cnt[k];
+        for (int i = 0; i < n; i++) tmp[cnt[a[i] >> 32]++] = a[i];
+        memcpy(a, tmp, sizeof *a * (size_t)n);
+        return;
+    }
+    for (int i = 1; i < n; i++) { /* most segments are small */
+        int64_t x = a[i];
+        int j = i;
+        for (; j > 0 && a[j - 1] > x; j--) a[j] = a[j - 1];
+        a[j] = x;
+    }
+}
+
+static cindex *cindex_build(const loom_gvocab *v, const uint64_t c[2], int id, int full) {
+    size_t words = (size_t)(v->n_vocab + 31) / 32;
+    cindex *x = calloc(1, sizeof *x);
+    int32_t *stack = malloc(sizeof *stack * (size_t)v->n_nodes * 2);
+    int64_t *tk = malloc(sizeof *tk * (size_t)(v->n_vocab + 1)), *ex = malloc(sizeof *ex * (size_t)v->n_nodes);
+    int nkeys = (v->max_len + 2) * 256; /* (depth, byte) keys */
+    int64_t *tmp = malloc(sizeof *tmp * (size_t)LOOM_MAX(v->n_nodes, v->n_vocab + 1));
+    int32_t *cnt = malloc(sizeof *cnt * (size_t)(nkeys + 1));
+    ivec seg = {0}, stok = {0}, sgrp = {0}, sptok = {0}, splen = {0}, gp = {0}, gb = {0}, gch = {0}, ch = {0};
+    if (!x || !stack || !tk || !ex || !tmp || !cnt) goto fail;
+    x->c[0] = c[0], x->c[1] = c[1], x->id = id;
+    while (!in_class(c, x->rep)) x->rep++;
+    /* first the root's spine alone: a class of few tokens keeps only its
+       count (the masks walk plainly), not a cut of the whole trie */
+    int sp = 0, few = 0;
+    stack[sp++] = 0, stack[sp++] = 0;
+    while (sp) {
+        int d = stack[--sp], i = stack[--sp];
+        if (d && d <= TEXT_MAX) few += v->tok_off[i + 1] - v->tok_off[i];
+        for (int32_t j = i + 1; j < v->end[i]; j = v->end[j])
+            if (in_class(c, v->byte[j])) stack[sp++] = j, stack[sp++] = d + 1;
+    }
+    if (few < LOOM_MIN(CLASS_MIN_TOKENS, v->n_vocab / 64) || !full) {
+        x->run_count[TEXT_MAX] = few;
+        free(stack), free(tk), free(ex), free(tmp), free(cnt);
+        return x;
+    }
+    x->run = calloc((TEXT_MAX + 1) * words, sizeof *x->run);
+    if (!x->run || iv_push(&seg, 0)) goto fail;
+    for (int k = 0; k < seg.n; k++) {
+        int nt = 0, ne = 0;
+        sp = 0;
+        if (seg.n > MAX_SEGMENTS) { /* keep the count only, marked unusable */
+            free(seg.v), free(stok.v), free(sgrp.v), free(sptok.v), free(splen.v), free(gp.v), free(gch.v), free(ch.v);
+            free(gb.v), free(stack), free(tk), free(ex), free(tmp), free(cnt), free(x->run);
+            x->run = NULL;
+            return x;
+        }
+        stack[sp++] = seg.v[k], stack[sp++] = 0;
+        while (sp) {
+            int d = stack[--sp], i = stack[--sp];
+            for (int32_t q = v->tok_off[i]; q < v->tok_off[i + 1]; q++) {
+                int32_t t = v->toks[q];
+                if (!k && d <= TEXT_MAX) x->run[(size_t)d * words + (size_t)(t >> 5)] |= 1u << (t & 31), x->run_count[d]++;
+                else tk[nt++] = (int64_t)d << 32 | t;
+            }
+            for (int32_t j = i + 1; j < v->end[i]; j = v->end[j]) {
+                if (in_class(c, v->byte[j])) stack[sp++] = j, stack[sp++] = d + 1;
+                else ex[ne++] = ((int64_t)d * 256 + v->byte[j]) << 32 | j;
+            }
+        }
+        sort_i64(tk, nt, tmp, cnt, nkeys);
+        sort_i64(ex, ne, tmp, cnt, nkeys);
+        if (iv_push(&stok, sptok.n) || iv_push(&sgrp, gp.n)) goto fail;
+        for (int q = 0; q < nt; q++)
+            if (iv_push(&sptok, (int32_t)(tk[q] & 0xffffffff)) || iv_push(&splen, (int32_t)(tk[q] >> 32))) goto fail;
+        for (int q = 0; q < ne; q++) {
+            int key = (int)(ex[q] >> 32), j = (int)(ex[q] & 0xffffffff);
+            if (!q || key != (int)(ex[q - 1] >> 32))
+                if (iv_push(&gp, key / 256) || iv_push(&gb, key % 256) || iv_push(&gch, ch.n)) goto fail;
+            if (key % 256 < 128) {
+                if (iv_push(&ch, seg.n) || iv_push(&seg, j)) goto fail;
+            } else if (iv_push(&ch, j)) goto fail;
+        }
+    }
+    if (iv_push(&stok, sptok.n) || iv_push(&sgrp, gp.n) || iv_push(&gch, ch.n)) goto fail;
+    for (int k = 1; k <= TEXT_MAX; k++) { /* <= k bytes */
+        for (size_t w = 0; w < words; w++) x->run[(size_t)k * words + w] |= x->run[(size_t)(k - 1) * words + w];
+        x->run_count[k] += x->run_count[k - 1];
+    }
+    x->n_seg = seg.n, x->n_grp = gp.n;
+    x->seg_node = seg.v, x->seg_tok = stok.v, x->seg_grp = sgrp.v, x->sp_tok = sptok.v, x->sp_len = splen.v;
+    x->grp_p = gp.v, x->grp_child = gch.v, x->child = ch.v;
+    x->grp_b = malloc((size_t)gb.n + 1);
+    if (!x->grp_b) goto fail_owned;
+    for (int q = 0; q < gb.n; q++) x->grp_b[q] = (uint8_t)gb.v[q];
+    free(gb.v), free(stack), free(tk), free(ex), free(tmp), free(cnt);
+    return x;
+fail:
+    free(seg.v), free(stok.v), free(sgrp.v), free(sptok.v), free(splen.v), free(gp.v), free(gch.v), free(ch.v);
+fail_owned:
+    free(gb.v), free(stack), free(tk), free(ex), free(tmp), free(cnt);
+    cindex_free(x);
+    return NULL;
+}
+
+/* The vocabulary's index of class c, built on first use; NULL when out of
+ * memory or when the vocabulary keeps as many as it may. */
+static const cindex *cindex_get(const loom_gvocab *cv, const uint64_t c[2]) {
+    loom_gvocab *v = (loom_gvocab *)cv; /* the indexes are a cache behind the lock */
+    const cindex *x = NULL;
+    pthread_mutex_lock(&v->lock);
+    for (int i = 0; i < v->n_cls && !x; i++)
+        if (v->cls[i]->c[0] == c[0] && v->cls[i]->c[1] == c[1]) x = v->cls[i];
+    if (!x && v->n_cls < MAX_CLASSES && (v->cls[v->n_cls] = cindex_build(v, c, v->n_cls, v->n_full < MAX_FULL))) {
+        x = v->cls[v->n_cls++];
+        v->n_full += x->seg_node != NULL; /* a full index, not only a count */
+    }
+    pthread_mutex_unlock(&v->lock);
+    return x;
+}
+
+/* 1 when every stack top of s takes all of c or none of it: then every
+ * byte of c leads s to one same state. */
+static int class_uniform(const loom_grammar *g, int32_t s, const uint64_t c[2]) {
+    const gstate *st = &g->states[s];
+    for (int i = 0; i < st->n; i++) {
+        const uint8_t *set = g->sets[g->el[g->nodes[g->st_nodes[st->off + (uint32_t)i]].pos]];
+        uint64_t lo, hi;
+        memcpy(&lo, set, 8), memcpy(&hi, set + 8, 8);
+        lo &= c[0], hi &= c[1];
+        if ((lo || hi) && (lo != c[0] || hi != c[1])) return 0;
+    }
+    return 1;
+}
+
+/* The state after any byte of x's class from u (u live), memoised for the
+ * last class asked; -1 when u does not take the class uniformly. */
+static int32_t cstep(loom_grammar *g, const cindex *x, int32_t u) {
+    if (g->states[u].cls_id == x->id + 1) return g->states[u].cls_next;
+    int32_t t = class_uniform(g, u, x->c) ? step(g, u, x->rep) : -1;
+    g->states[u].cls_id = x->id + 1;
+    g->states[u].cls_next = t;
+    return t;
+}
+
+/* s's largest class of ASCII bytes that every stack top takes all or none
+ * of, among the live ones; 0 when none has CLASS_MIN bytes. */
+static int pick_class(const loom_grammar *g, int32_t s, uint64_t c[2]) {
+    const gstate *st = &g->states[s];
+    uint64_t sig[128] = {0};
+    if (st->n > 64) return 0;
+    for (int i = 0; i < st->n; i++) {
+        const uint8_t *set = g->sets[g->el[g->nodes[g->st_nodes[st->off + (uint32_t)i]].pos]];
+        for (int b = 0; b < 128; b++)
+            if (set[b >> 3] >> (b & 7) & 1) sig[b] |= 1ull << i;
+    }
+    int best = 0;
+    uint8_t done[128] = {0};
+    for (int b = 0; b < 128; b++) {
+        if (!sig[b] || done[b]) continue;
+        uint64_t m[2] = {0, 0};
+        int n = 0;
+        for (int d = b; d < 128; d++)
+            if (sig[d] == sig[b]) m[d >> 6] |= 1ull << (d & 63), done[d] = 1, n++;
+        if (n > best) best = n, c[0] = m[0], c[1] = m[1];
+    }
+    return best >= CLASS_MIN;
+}
+
+/* The index s's mask goes through (its class holds enough tokens), or
+ * NULL; memoised. */
+static const cindex *best_index(loom_grammar *g, const loom_gvocab *v, int32_t s) {
+    int32_t b = g->states[s].best;
+    if (b > 0) return v->cls[b - 1]; /* set once under the lock, never changed */
+    if (b < 0) return NULL;
+    uint64_t c[2];
+    const cindex *x = pick_class(g, s, c) ? cindex_get(v, c) : NULL;
+    if (x && (!x->seg_node || x->run_count[TEXT_MAX] < LOOM_MIN(CLASS_MIN_TOKENS, v->n_vocab / 64)))
+        x = NULL; /* only a count was kept: a plain walk is as quick */
+    g->states[s].best = x ? x->id + 1 : -1;
+    return x;
+}
+
+/* Marks the tokens of segment k allowed from u, the state after the
+ * segment's first byte (the root: the state itself), and counts them.
+ * Returns -1 (nothing marked) when the root meets a state that does not
+ * take the class uniformly; any other segment then falls back to a plain
+ * walk of its subtree. */
+static int seg_walk(loom_grammar *g, const loom_gvocab *v, const cindex *x, int k, int32_t u, uint32_t *bits) {
+    int t0 = x->seg_tok[k], t1 = x->seg_tok[k + 1], q0 = x->seg_grp[k], q1 = x->seg_grp[k + 1];
+    int deep = LOOM_MAX(t1 > t0 ? x->sp_len[t1 - 1] : 0, q1 > q0 ? x->grp_p[q1 - 1] : 0);
+    int d = 0, count = 0;
+    int32_t ud = u;
+    while (d < deep && ud > 0) ud = cstep(g, x, ud), d++; /* uniform as deep as needed? */
+    if (ud < 0) return k ? walk(g, v, x->seg_node[k], u, bits) : -1;
+    d = 0, ud = u;
+    for (int t = t0; t < t1; t++) {
+        while (d < x->sp_len[t] && ud > 0) ud = cstep(g, x, ud), d++;
+        if (!ud) break; /* by depth: the rest are deeper */
+        bits[x->sp_tok[t] >> 5] |= 1u << (x->sp_tok[t] & 31);
+        count++;
+    }
+    d = 0, ud = u;
+    for (int q = q0; q < q1; q++) {
+        while (d < x->grp_p[q] && ud > 0) ud = cstep(g, x, ud), d++;
+        if (!ud) break;
+        int b = x->grp_b[q];
+        if (!(g->states[ud].next[b >> 3] >> (b & 7) & 1)) continue;
+        int32_t t = step(g, ud, b);
+        for (int e = x->grp_child[q]; e < x->grp_child[q + 1] && t; e++)
+            count += b < 128 ? seg_walk(g, v, x, x->child[e], t, bits) : walk(g, v, x->child[e], t, bits);
+    }
+    return count;
+}
+
+/* The mask of s through its successors over one class (design note 7), or
+ * -1 when the class's successors are not uniform where needed. */
+static int class_mask(loom_grammar *g, const loom_gvocab *v, int32_t s, uint32_t *bits) {
+    const cindex *x = best_index(g, v, s);
+    if (!x) return -1;
+    int reach = 0;
+    for (int32_t u = s; reach < TEXT_MAX;) {
+        u = cstep(g, x, u);
+        if (u < 0) return -1;
+        if (!u) break;
+        reach++;
+    }
+    memcpy(bits, x->run + (size_t)reach * (size_t)g->mask_words, sizeof *bits * (size_t)g->mask_words);
+    int count = seg_walk(g, v, x, 0, s, bits);
+    return count < 0 ? -1 : x->run_count[reach] + count;
 }
 
 int loom_gmatcher_mask(loom_gmatcher *m, uint32_t *bits) {
@@ -1197,15 +1595,10 @@ int loom_gmatcher_mask(loom_gmatcher *m, uint32_t *bits) {
         return (int)g->masks[st->mask_slot - 1][0];
     }
     if (!m->state || !v) return memset(bits, 0, bytes), 0;
-    int reach = v->other ? text_reach(g, m->state) : -1, count;
-    if (reach > TEXT_MAX) { /* design note 6: inside a string */
-        memcpy(bits, v->text + (size_t)TEXT_MAX * (size_t)g->mask_words, bytes);
-        count = v->text_count[TEXT_MAX] + v->n_long_text + walk(g, v->rest, 0, m->state, bits);
-        for (int i = 0; i < v->n_long_text; i++) bits[v->long_text[i] >> 5] |= 1u << (v->long_text[i] & 31);
-    } else if (reach >= 0) {
-        memcpy(bits, v->text + (size_t)reach * (size_t)g->mask_words, bytes);
-        count = v->text_count[reach] + walk(g, v->other, 0, m->state, bits);
-    } else {
+    int count = -1;
+    if (v->rest) count = text_mask(g, v, m->state, bits);
+    if (count < 0 && v->rest) count = class_mask(g, v, m->state, bits);
+    if (count < 0) {
         memset(bits, 0, bytes);
         count = walk(g, v, 0, m->state, bits);
     }
@@ -1253,69 +1646,81 @@ void loom_gvocab_free(loom_gvocab *v) {
     if (!v) return;
     for (int i = 0; i < v->n_vocab && v->bytes; i++) free(v->bytes[i]);
     free(v->bytes), free(v->lens), free(v->byte), free(v->end), free(v->tok_off), free(v->toks);
-    free(v->text), free(v->text_count), free(v->long_text);
-    loom_gvocab_free(v->other);
+    free(v->text), free(v->text_count);
     loom_gvocab_free(v->rest);
+    for (int i = 0; i < v->n_cls; i++) cindex_free(v->cls[i]);
+    pthread_mutex_destroy(&v->lock);
     free(v);
 }
 
 static loom_status loom_gvocab_create_plain(const char *const *bytes, const int *lens, int n_vocab,
                                            loom_gvocab **out);
 
-/* The number of code points of a text token (design note 6), or -1;
- * *prefix: the bytes of its longest prefix of text code points. */
-static int text_len(const char *s, int n, int *prefix) {
-    int cps = 0;
-    for (int i = 0; i < n; cps++) {
-        *prefix = i;
+/* The longest prefix of s made of text code points (design note 6), at
+ * most REST_P of them, the last possibly cut by the end of s: *cps code
+ * points in the returned number of bytes; *all when they are the whole of
+ * s. */
+static int text_prefix(const char *s, int n, int *cps, int *all) {
+    int i = 0, k = 0;
+    *all = 0;
+    while (i < n && k < REST_P) {
         uint8_t c = (uint8_t)s[i];
         if (c < 0x80) {
-            if (c < 0x20 || c == '"' || c == '\\') return -1;
-            i++;
+            if (c < 0x20 || c == '"' || c == '\\') break;
+            i++, k++;
             continue;
         }
-        int k = 0, nk = (int)(sizeof UTF8_SEQS / sizeof *UTF8_SEQS);
-        while (k < nk && (c < UTF8_SEQS[k][0][0] || c > UTF8_SEQS[k][0][1])) k++;
-        if (k == nk || i + UTF8_SEQ_LEN[k] > n) return -1;
-        for (int j = 1; j < UTF8_SEQ_LEN[k]; j++) {
+        int q = 0, nq = (int)(sizeof UTF8_SEQS / sizeof *UTF8_SEQS), ok = 1;
+        while (q < nq && (c < UTF8_SEQS[q][0][0] || c > UTF8_SEQS[q][0][1])) q++;
+        if (q == nq) break;
+        int len = LOOM_MIN(UTF8_SEQ_LEN[q], n - i);
+        for (int j = 1; j < len && ok; j++) {
             uint8_t d = (uint8_t)s[i + j];
-            if (d < UTF8_SEQS[k][j][0] || d > UTF8_SEQS[k][j][1]) return -1;
+            ok = d >= UTF8_SEQS[q][j][0] && d <= UTF8_SEQS[q][j][1];
         }
-        i += UTF8_SEQ_LEN[k];
+        if (!ok) break;
+        i += len, k++; /* a code point cut by the token's end counts as one */
     }
-    *prefix = n;
-    return cps;
+    *cps = k;
+    *all = i == n;
+    return i;
 }
 
-/* The text bitsets and the trie of the other tokens. */
+/* The text bitsets and the trie of the other tokens' rests. */
 static loom_status build_text(loom_gvocab *v) {
     size_t words = (size_t)(v->n_vocab + 31) / 32;
     v->text = calloc((TEXT_MAX + 1) * words, sizeof *v->text);
     v->text_count = calloc(TEXT_MAX + 1, sizeof *v->text_count);
-    int *olens = malloc(sizeof *olens * (size_t)(v->n_vocab + 1));
     int *rlens = malloc(sizeof *rlens * (size_t)(v->n_vocab + 1));
-    const char **rest = malloc(sizeof *rest * (size_t)(v->n_vocab + 1));
-    v->long_text = malloc(sizeof *v->long_text * (size_t)(v->n_vocab + 1));
+    char **rest = calloc((size_t)v->n_vocab + 1, sizeof *rest);
     loom_status st = LOOM_OK;
-    if (!v->text || !v->text_count || !olens || !rlens || !rest || !v->long_text) {
+    if (!v->text || !v->text_count || !rlens || !rest) {
         st = loom_err(LOOM_ERR_NOMEM, "out of memory");
         goto out;
     }
     for (int t = 0; t < v->n_vocab; t++) {
-        int prefix = 0, k = v->lens[t] > 0 ? text_len(v->bytes[t], v->lens[t], &prefix) : -1;
-        olens[t] = k >= 1 && k <= TEXT_MAX ? -1 : v->lens[t];
-        rlens[t] = olens[t] > 0 ? v->lens[t] - prefix : -1;
-        rest[t] = v->bytes[t] ? v->bytes[t] + prefix : NULL;
-        if (olens[t] > 0 && rlens[t] == 0) v->long_text[v->n_long_text++] = t;
-        for (int j = k; j >= 1 && j <= TEXT_MAX; j++) {
-            v->text[(size_t)j * words + (size_t)(t >> 5)] |= 1u << (t & 31);
-            v->text_count[j]++;
+        rlens[t] = -1;
+        if (v->lens[t] <= 0) continue;
+        int k, all, at = text_prefix(v->bytes[t], v->lens[t], &k, &all);
+        if (all && k >= 1 && k <= TEXT_MAX) {
+            for (int j = k; j <= TEXT_MAX; j++) {
+                v->text[(size_t)j * words + (size_t)(t >> 5)] |= 1u << (t & 31);
+                v->text_count[j]++;
+            }
+            continue;
         }
+        rlens[t] = 1 + v->lens[t] - at;
+        if (!(rest[t] = malloc((size_t)rlens[t]))) {
+            st = loom_err(LOOM_ERR_NOMEM, "out of memory");
+            goto out;
+        }
+        rest[t][0] = (char)k;
+        memcpy(rest[t] + 1, v->bytes[t] + at, (size_t)(v->lens[t] - at));
     }
-    st = loom_gvocab_create_plain((const char *const *)v->bytes, olens, v->n_vocab, &v->other);
-    if (!st) st = loom_gvocab_create_plain(rest, rlens, v->n_vocab, &v->rest);
+    st = loom_gvocab_create_plain((const char *const *)rest, rlens, v->n_vocab, &v->rest);
 out:
-    free(olens), free(rlens), free(rest);
+    for (int t = 0; t < v->n_vocab && rest; t++) free(rest[t]);
+    free(rlens), free(rest);
     return st;
 }
 
@@ -1381,6 +1786,7 @@ static loom_status gvocab_create(const char *const *bytes, const int *lens, int 
     *out = NULL;
     loom_gvocab *v = calloc(1, sizeof *v);
     if (!v) return loom_err(LOOM_ERR_NOMEM, "out of memory");
+    pthread_mutex_init(&v->lock, NULL);
     v->n_vocab = n_vocab;
     v->bytes = calloc((size_t)n_vocab, sizeof *v->bytes);
     v->lens = calloc((size_t)n_vocab, sizeof *v->lens);
@@ -1397,6 +1803,7 @@ static loom_status gvocab_create(const char *const *bytes, const int *lens, int 
             return loom_err(LOOM_ERR_NOMEM, "out of memory");
         }
         memcpy(v->bytes[i], bytes[i], (size_t)lens[i]);
+        v->max_len = LOOM_MAX(v->max_len, lens[i]);
     }
     loom_status st = build_trie(v);
     if (!st && text) st = build_text(v);
