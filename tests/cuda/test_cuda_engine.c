@@ -383,6 +383,7 @@ static void session_hybrid(const char *name) {
 }
 
 int main(void) {
+    setenv("LOOM_CUDA_FP8", "1", 1); /* the device's FP8 path, off by default until checked here */
     /* FP8 prompts through f32 SGEMM, so that only the bf16 head rounds
      * (the bf16 tensor-core path is test_cuda_forward's) */
     setenv("LOOM_CUDA_F8_F32", "1", 1);
