@@ -1189,7 +1189,35 @@ static void test_nan_poisons(void) {
     CHECK(test_max_abs_err(b, b, 4) == 0 && test_rel_err(b, b, 4) == 0);
 }
 
+/* --fast takes the bf16 entries only where VDPBF16PS outruns the f32
+ * FMAs (on an Intel Xeon that has it, at half their rate, it made the
+ * prefill no faster and the logits less exact); LOOM_FAST_BF16 forces
+ * either way. Runs before anything else asks for the fast table, so the
+ * forced "0" below is what the table is built with. */
+static void test_fast_bf16_pick(void) {
+    CHECK(loom_fast_bf16_pick(2.0, NULL) == 1);
+    CHECK(loom_fast_bf16_pick(0.5, NULL) == 0);
+    CHECK(loom_fast_bf16_pick(LOOM_FAST_BF16_MIN_GAIN, NULL) == 1);
+    CHECK(loom_fast_bf16_pick(0.5, "1") == 1);
+    CHECK(loom_fast_bf16_pick(2.0, "0") == 0);
+    CHECK(loom_fast_bf16_pick(0.5, "yes") == 0); /* unknown: the measurement decides */
+    CHECK(loom_fast_bf16_pick(2.0, "yes") == 1);
+    if (getenv("LOOM_FAST_BF16")) return;
+    setenv("LOOM_FAST_BF16", "0", 1);
+    const loom_kernels *fast = loom_kernels_get_fast(), *exact = loom_kernels_get();
+    unsetenv("LOOM_FAST_BF16");
+    CHECKF(fast->matmul_bf16 == exact->matmul_bf16 && fast->bf16_prep_bytes == exact->bf16_prep_bytes,
+           "LOOM_FAST_BF16=0: --fast still takes the %s bf16 entries", fast->name);
+#if defined(__x86_64__)
+    if (loom_cpu_has_avx512()) {
+        double g = loom_avx512_bf16_gain();
+        CHECKF(g > 0.05 && g < 20, "bf16 gain probe: %g, expected a ratio near 0.5-2", g);
+    }
+#endif
+}
+
 int main(void) {
+    test_fast_bf16_pick();
     test_nan_poisons();
     const loom_kernels *best = loom_kernels_get();
     CHECK(best != NULL);

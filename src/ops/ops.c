@@ -21,7 +21,8 @@ loom_kernels loom_kernels_over(loom_kernels base, const loom_kernels *t) {
 }
 
 static loom_kernels best, best_fast;
-static pthread_once_t once = PTHREAD_ONCE_INIT;
+static pthread_once_t once = PTHREAD_ONCE_INIT, fast_once = PTHREAD_ONCE_INIT;
+static int fast_bf16_avail; /* the AVX-512 --fast bf16 entries run here */
 
 /* --fast only changes the entries a SIMD table has a faster rounded
  * variant for; elsewhere best_fast is best. */
@@ -42,8 +43,8 @@ static void pick_table(const char *force) {
     if (!(force && !strcmp(force, "avx2")) && loom_cpu_has_avx512()) {
         best = loom_kernels_over(loom_kernels_over(best, &loom_kernels_avx512_dense),
                                  &loom_kernels_avx512_q);
-        best_fast = loom_kernels_over(loom_kernels_over(best, &loom_kernels_avx512_dense_fast),
-                                      &loom_kernels_avx512_q_fast);
+        best_fast = loom_kernels_over(best, &loom_kernels_avx512_q_fast);
+        fast_bf16_avail = 1; /* added by pick_fast where they pay */
         best.name = "avx512";
         best_fast.name = "avx512-fast";
     }
@@ -83,8 +84,39 @@ const loom_kernels *loom_kernels_get(void) {
     return &best;
 }
 
+int loom_fast_bf16_pick(double gain, const char *env) {
+    if (env && !strcmp(env, "1")) return 1;
+    if (env && !strcmp(env, "0")) return 0;
+    return gain >= LOOM_FAST_BF16_MIN_GAIN;
+}
+
+/* --fast bf16 rounds activations to multiply them with VDPBF16PS: a loss
+ * of precision that only buys speed where that instruction outruns the
+ * exact f32 FMAs, which it does not on every CPU that has it. Measured on
+ * the first --fast request (a few ms), so exact-only users never pay. */
+static void pick_fast(void) {
+#if defined(__x86_64__)
+    if (!fast_bf16_avail) return;
+    const char *env = getenv("LOOM_FAST_BF16");
+    if (env && !*env) env = NULL;
+    if (env && strcmp(env, "0") && strcmp(env, "1"))
+        loom_log(LOOM_LOG_WARN, "LOOM_FAST_BF16=%s: expected 0 or 1; measuring", env);
+    int forced = env && (!strcmp(env, "0") || !strcmp(env, "1"));
+    double gain = forced ? 0 : loom_avx512_bf16_gain();
+    int use = loom_fast_bf16_pick(gain, env);
+    if (forced)
+        loom_log(LOOM_LOG_INFO, "--fast bf16 matmuls: %s (LOOM_FAST_BF16)", use ? "VDPBF16PS" : "exact");
+    else
+        loom_log(LOOM_LOG_INFO, "--fast bf16 matmuls: %s (VDPBF16PS gives %.2fx the multiply-adds of "
+                 "f32 FMAs here, %.2f needed)", use ? "VDPBF16PS" : "exact", gain,
+                 LOOM_FAST_BF16_MIN_GAIN);
+    if (use) best_fast = loom_kernels_over(best_fast, &loom_kernels_avx512_dense_fast);
+#endif
+}
+
 const loom_kernels *loom_kernels_get_fast(void) {
     pthread_once(&once, pick);
+    pthread_once(&fast_once, pick_fast);
     return &best_fast;
 }
 

@@ -144,11 +144,23 @@ int loom_cpu_has_avx512(void);
 /* base with every non-NULL entry of t put over it. */
 loom_kernels loom_kernels_over(loom_kernels base, const loom_kernels *t);
 
+#if defined(__x86_64__)
+/* Multiply-adds a second of VDPBF16PS over those of f32 FMAs on this core
+ * (a few ms of probing; call only where loom_cpu_has_avx512()). */
+double loom_avx512_bf16_gain(void);
+#endif
+/* Whether --fast takes the bf16 entries: LOOM_FAST_BF16 (env, may be NULL)
+ * "1" or "0" decides; otherwise gain (loom_avx512_bf16_gain) must reach
+ * LOOM_FAST_BF16_MIN_GAIN, a margin over the activations' rounding. */
+#define LOOM_FAST_BF16_MIN_GAIN 1.25
+int loom_fast_bf16_pick(double gain, const char *env);
+
 /* Best table for this CPU (cached after the first call). Entries of a SIMD
  * table that are NULL fall back to the next best table's. */
 const loom_kernels *loom_kernels_get(void);
-/* The same with the reduced-precision variants where this CPU has them;
- * every other entry is loom_kernels_get()'s. */
+/* The same with the reduced-precision variants where this CPU has them
+ * (the bf16 ones only where loom_fast_bf16_pick says they pay); every
+ * other entry is loom_kernels_get()'s. */
 const loom_kernels *loom_kernels_get_fast(void);
 
 /* Index of the largest element (first on ties). */

@@ -23,7 +23,9 @@
  *
  * --fast (bf16 weights only): x is rounded to bf16 (nearest even,
  * VCVTNE2PS2BF16) and VDPBF16PS multiplies pairs of bf16 values into f32
- * sums, twice the FMA rate. For T >= T_SMALL a block of up to 384 rows x
+ * sums, twice the FMA rate on Zen 4 but half of it on the Intel Xeon
+ * measured (family 6, model 207): ops.c takes these entries for --fast
+ * only where loom_avx512_bf16_gain finds them faster. For T >= T_SMALL a block of up to 384 rows x
  * 512 columns of w is transposed once into panels of 32 rows of 32-bit
  * column pairs, [k/2][32] (L2), each token block's x is rounded beside it
  * (L1), and a 32-row x 12-token register tile (24 accumulators) runs with
@@ -34,6 +36,7 @@
  * zmm FMA, 233 GFLOP/s with VDPBF16PS (12 independent chains). */
 #include <immintrin.h>
 #include <string.h>
+#include <time.h>
 
 #include "base/base.h"
 #include "ops/ops.h"
@@ -504,3 +507,57 @@ const loom_kernels loom_kernels_avx512_dense_fast = {
     .bf16_prep = bf16_prep,
     .matmul_bf16_prep = gemm_bf16_prep,
 };
+
+/* ---- whether VDPBF16PS pays on this CPU -------------------------------- */
+
+#define PROBE_CHAINS 16 /* independent sums: more than either latency x ports */
+
+static double cpu_seconds(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Seconds (this thread's CPU time) for iters rounds of PROBE_CHAINS
+ * VDPBF16PS (bf16 != 0) or f32 FMAs; sink keeps the sums alive. */
+static double probe_run(long iters, int bf16, float *sink) {
+    const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
+    const __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x3c00);
+    __m512 x[PROBE_CHAINS];
+    for (int i = 0; i < PROBE_CHAINS; i++) x[i] = _mm512_set1_ps(1.0f + 0.01f * (float)i);
+    double t = cpu_seconds();
+    if (bf16)
+        for (long i = 0; i < iters; i++) {
+#pragma GCC unroll 16
+            for (int j = 0; j < PROBE_CHAINS; j++) x[j] = _mm512_dpbf16_ps(x[j], a, b);
+        }
+    else
+        for (long i = 0; i < iters; i++) {
+#pragma GCC unroll 16
+            for (int j = 0; j < PROBE_CHAINS; j++) x[j] = _mm512_fmadd_ps(x[j], m, c);
+        }
+    t = cpu_seconds() - t;
+    __m512 s = x[0];
+    for (int i = 1; i < PROBE_CHAINS; i++) s = _mm512_add_ps(s, x[i]);
+    *sink += _mm512_reduce_add_ps(s);
+    return t;
+}
+
+/* Multiply-adds a second of VDPBF16PS (32 per instruction) over those of
+ * f32 FMAs (16), each the fastest of 3 alternating runs of a few ms in
+ * thread CPU time (another process holding the core does not count).
+ * About 2 on Zen 4, where VDPBF16PS issues at the FMA rate; 0.5 on the
+ * Intel Xeon (family 6, model 207) the --fast bf16 prefill did not gain
+ * on. */
+double loom_avx512_bf16_gain(void) {
+    const long iters = 200000;
+    double tb = 1e30, tf = 1e30;
+    float sink = 0;
+    for (int r = 0; r < 3; r++) {
+        tb = LOOM_MIN(tb, probe_run(iters, 1, &sink));
+        tf = LOOM_MIN(tf, probe_run(iters, 0, &sink));
+    }
+    volatile float keep = sink;
+    (void)keep;
+    return tb > 0 ? 2.0 * tf / tb : 0.0;
+}
