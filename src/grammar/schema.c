@@ -50,6 +50,7 @@ typedef struct sref {
 
 typedef struct sconv {
     loom_buf out;           /* the rules written so far */
+    loom_buf mod_out;       /* multipleOf rules (self-contained: kept when a branch is dropped) */
     const cJSON *doc;       /* the whole schema, for $ref */
     int n_names;
     sref refs[256];
@@ -60,6 +61,7 @@ typedef struct sconv {
     int n_mods;
     int strict;             /* refuse what is only approximated (oneOf taken as anyOf) */
     int approx;             /* approximations made (oneOf branches that may overlap) */
+    int empty;              /* the failure is that nothing validates (a branch may be dropped) */
     char *err;
     size_t err_cap;
     int failed, depth;
@@ -80,6 +82,21 @@ static int sfail(sconv *c, const char *fmt, ...) {
         snprintf(c->err + n, c->err_cap - n, " (at #%.*s)", (int)c->at_len, c->at);
     }
     va_end(ap);
+    return -1;
+}
+
+/* A failure saying that nothing validates: an alternative that ends so is
+ * dropped (gen_alt). */
+static int sempty(sconv *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int sempty(sconv *c, const char *fmt, ...) {
+    if (c->failed) return -1;
+    char msg[300];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    sfail(c, "%s", msg);
+    c->empty = 1;
     return -1;
 }
 
@@ -855,9 +872,12 @@ static int merge_into(sconv *c, cJSON *m, const cJSON *b) {
         }
         return become_or(m, alts);
     }
+    /* properties first: b's are checked against m's own additionalProperties */
+    for (int pass = 0; pass < 2; pass++)
     for (const cJSON *q = b->child; q; q = q->next) {
         const char *k = q->string;
         cJSON *have = cJSON_GetObjectItemCaseSensitive(m, k);
+        if ((!strcmp(k, "properties")) != !pass) continue;
         if (is_note(k) || !strcmp(k, K_VALS) || (have && cJSON_Compare(have, q, 1))) continue;
         if (!strcmp(k, "const") || !strcmp(k, "enum")) {
             if (!get(m, "const") && !get(m, "enum")) {
@@ -1114,7 +1134,7 @@ static const cJSON *rewrite_if(sconv *c, const cJSON *s) {
         const cJSON *side = cJSON_IsFalse(d) ? els : then;
         size_t mark = at_push(c, cJSON_IsFalse(d) ? "else" : "then");
         int r = side ? merge_into(c, base, side) : 0;
-        if (r > 0) sfail(c, "nothing validates against this and the schema around it");
+        if (r > 0) sempty(c, "nothing validates against this and the schema around it");
         c->at_len = mark;
         return r ? NULL : base;
     }
@@ -1139,7 +1159,7 @@ static const cJSON *rewrite_if(sconv *c, const cJSON *s) {
     else cJSON_Delete(no);
     cJSON *m = own(c, cJSON_CreateObject());
     if (!m) return cJSON_Delete(alts), NULL;
-    if (become_or(m, alts)) return sfail(c, "neither 'then' nor 'else' can hold alongside the schema around them"), NULL;
+    if (become_or(m, alts)) return sempty(c, "neither 'then' nor 'else' can hold alongside the schema around them"), NULL;
     return m;
 }
 
@@ -1150,7 +1170,7 @@ static const cJSON *apply_not(sconv *c, const cJSON *s) {
     cJSON_DeleteItemFromObjectCaseSensitive(m, "not");
     size_t mark = at_push(c, "not");
     int r = negate_into(c, m, get(s, "not"));
-    if (r > 0) sfail(c, "nothing validates against this schema and its 'not'");
+    if (r > 0) sempty(c, "nothing validates against this schema and its 'not'");
     c->at_len = mark;
     return r ? NULL : m;
 }
@@ -1402,7 +1422,7 @@ static void mod_rule(sconv *c, modk *t, int r, int n, loom_buf *e) {
         loom_buf_puts(&body, "] ");
         mod_rule(c, t, to, n - 1, &body);
     }
-    loom_buf_printf(&c->out, "%s ::= %s\n", name, body.p);
+    loom_buf_printf(&c->mod_out, "%s ::= %s\n", name, body.p);
     loom_buf_free(&body);
 }
 
@@ -1540,7 +1560,7 @@ static int gen_int_core(sconv *c, const cJSON *s, loom_buf *e, long long lo, lon
     }
     if (!alts) {
         loom_buf_free(&b);
-        return sfail(c, "no integer in [%lld, %lld] is left by 'multipleOf' and 'not'", lo, hi);
+        return sempty(c, "no integer in [%lld, %lld] is left by 'multipleOf' and 'not'", lo, hi);
     }
     loom_buf_printf(e, "(%s)", b.p);
     loom_buf_free(&b);
@@ -1598,7 +1618,7 @@ static int int_bounds(sconv *c, const cJSON *s, long long *lo, long long *hi) {
         if (k == 3) h = LOOM_MIN(h, ceil(x) - 1);
         any = 1;
     }
-    if (l > h) return sfail(c, "an integer range [%g, %g] that holds no integer", l, h);
+    if (l > h) return sempty(c, "an integer range [%g, %g] that holds no integer", l, h);
     *lo = (long long)LOOM_MAX(l, -LIM);
     *hi = (long long)LOOM_MIN(h, LIM);
     return any;
@@ -1673,7 +1693,7 @@ static int gen_number(sconv *c, const cJSON *s, loom_buf *e) {
         else loom_buf_puts(e, "json-number");
         return 0;
     }
-    if (l > h) return sfail(c, "a number range holding no integer (loom writes bounded numbers from integral bounds), found [%g, %g]", l, h);
+    if (l > h) return sempty(c, "a number range holding no integer (loom writes bounded numbers from integral bounds), found [%g, %g]", l, h);
     if (l > LIM || h < -LIM) return sfail(c, "number bounds beyond %d digits", MAX_INT_DIGITS);
     long long lo = isinf(l) ? -(long long)LIM : (long long)LOOM_MAX(l, -LIM);
     long long hi = isinf(h) ? -1 : (long long)LOOM_MIN(h, LIM);
@@ -1752,7 +1772,7 @@ static int gen_string(sconv *c, const cJSON *s, loom_buf *e) {
     if (n_out) {
         int mn, mx;
         if (get_count(c, s, "minLength", 0, &mn) || get_count(c, s, "maxLength", -1, &mx)) return -1;
-        if (mx >= 0 && mx < mn) return sfail(c, "maxLength %d below minLength %d", mx, mn);
+        if (mx >= 0 && mx < mn) return sempty(c, "maxLength %d below minLength %d", mx, mn);
         str_not_in(c, e, out, n_out, mn, mx);
         return 0;
     }
@@ -1774,7 +1794,7 @@ static int gen_string(sconv *c, const cJSON *s, loom_buf *e) {
     }
     int mn, mx;
     if (get_count(c, s, "minLength", 0, &mn) || get_count(c, s, "maxLength", -1, &mx)) return -1;
-    if (mx >= 0 && mx < mn) return sfail(c, "maxLength %d below minLength %d", mx, mn);
+    if (mx >= 0 && mx < mn) return sempty(c, "maxLength %d below minLength %d", mx, mn);
     if (!mn && mx < 0) loom_buf_puts(e, "json-string");
     else if (mx < 0) loom_buf_printf(e, "\"\\\"\" json-char{%d,} \"\\\"\"", mn);
     else loom_buf_printf(e, "\"\\\"\" json-char{%d,%d} \"\\\"\"", mn, mx);
@@ -1786,7 +1806,7 @@ static int gen_array(sconv *c, const cJSON *s, loom_buf *e) {
     const cJSON *items = cJSON_GetObjectItemCaseSensitive(s, "items");
     int mn, mx;
     if (get_count(c, s, "minItems", 0, &mn) || get_count(c, s, "maxItems", -1, &mx)) return -1;
-    if (mx >= 0 && mx < mn) return sfail(c, "maxItems %d below minItems %d", mx, mn);
+    if (mx >= 0 && mx < mn) return sempty(c, "maxItems %d below minItems %d", mx, mn);
     /* uniqueItems: the grammar cannot compare items; arrays of at most one
        item are unique (a subset) */
     if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(s, "uniqueItems"))) {
@@ -2141,7 +2161,7 @@ static const cJSON *values_rewrite(sconv *c, const cJSON *s) {
         int bits = type_bits(m);
         cJSON_DeleteItemFromObjectCaseSensitive(m, K_NOTVALS);
         if (filter_values(m, keep_bits, &bits) || (nv && filter_values(m, keep_out, nv)))
-            return sfail(c, "no value of 'enum' or 'const' is of the schema's type and not left out by 'not'"), NULL;
+            return sempty(c, "no value of 'enum' or 'const' is of the schema's type and not left out by 'not'"), NULL;
         return m;
     }
     int bits0 = gen_bits(s), bits = bits0, t = 0, f = 0;
@@ -2152,9 +2172,34 @@ static const cJSON *values_rewrite(sconv *c, const cJSON *s) {
         t |= cJSON_IsTrue(v), f |= cJSON_IsFalse(v);
     }
     if (t && f) bits &= ~T_BOOL;
-    if (!bits) return sfail(c, "nothing validates: 'not' leaves out every value of the schema's types"), NULL;
+    if (!bits) return sempty(c, "nothing validates: 'not' leaves out every value of the schema's types"), NULL;
     if (bits != bits0 || (!get(s, "type") && bits0 == T_ALL)) set_type(m, bits);
     return m;
+}
+
+/* One alternative of anyOf, oneOf or K_OR, appended to body after " | "
+ * once there is one; an alternative in which nothing validates is
+ * dropped, and what it wrote with it. */
+static int gen_alt(sconv *c, const cJSON *b, loom_buf *body, int *alts) {
+    size_t out_len = c->out.len, at_len = c->at_len;
+    int n_refs = c->n_refs, depth = c->depth;
+    loom_buf one = {0};
+    int rc = gen(c, b, &one);
+    if (rc && c->empty) {
+        c->failed = c->empty = 0;
+        if (c->err && c->err_cap) c->err[0] = 0;
+        c->out.len = out_len;
+        if (c->out.p) c->out.p[out_len] = 0;
+        c->n_refs = n_refs, c->depth = depth, c->at_len = at_len;
+        loom_buf_free(&one);
+        return 0;
+    }
+    if (!rc) {
+        if ((*alts)++) loom_buf_puts(body, " | ");
+        loom_buf_puts(body, one.p ? one.p : "\"\"");
+    }
+    loom_buf_free(&one);
+    return rc;
 }
 
 /* anyOf, and oneOf: each branch with the keywords around it; for oneOf a
@@ -2206,12 +2251,11 @@ static int gen_any_of(sconv *c, const cJSON *s, const cJSON *k, loom_buf *body) 
     }
     for (i = 0; i < n && !rc; i++) {
         if (!out[i]) continue;
-        if (alts++) loom_buf_puts(body, " | ");
         size_t mark = at_push_i(c, k->string, i);
-        rc = gen(c, out[i], body);
+        rc = gen_alt(c, out[i], body, &alts);
         c->at_len = mark;
     }
-    if (!rc && !alts) rc = sfail(c, "no branch of '%s' can hold alongside the keywords around it", k->string);
+    if (!rc && !alts) rc = sempty(c, "no branch of '%s' can hold alongside the keywords around it", k->string);
     free(br), free(raw), free(out);
     return rc;
 }
@@ -2220,7 +2264,8 @@ static int gen_any_of(sconv *c, const cJSON *s, const cJSON *k, loom_buf *body) 
 static int gen(sconv *c, const cJSON *s, loom_buf *e) {
     if (c->failed) return -1;
     if (cJSON_IsTrue(s)) return loom_buf_puts(e, "json-value"), 0;
-    if (!cJSON_IsObject(s)) return sfail(c, "a schema must be an object or true, found %s", cJSON_IsFalse(s) ? "false (matches nothing)" : "another value");
+    if (cJSON_IsFalse(s)) return sempty(c, "a schema must be an object or true, found false (matches nothing)");
+    if (!cJSON_IsObject(s)) return sfail(c, "a schema must be an object or true, found another value");
     if (++c->depth > MAX_DEPTH) return sfail(c, "schema nested deeper than %d", MAX_DEPTH);
     const cJSON *ref = cJSON_GetObjectItemCaseSensitive(s, "$ref");
     int rc = 0;
@@ -2274,10 +2319,9 @@ static int gen(sconv *c, const cJSON *s, loom_buf *e) {
     loom_buf body = {0};
     const cJSON *k;
     if ((k = get(s, K_OR))) {
-        for (const cJSON *v = k->child; v && !rc; v = v->next) {
-            if (v != k->child) loom_buf_puts(&body, " | ");
-            rc = gen(c, v, &body);
-        }
+        int alts = 0;
+        for (const cJSON *v = k->child; v && !rc; v = v->next) rc = gen_alt(c, v, &body, &alts);
+        if (!rc && !alts) rc = sempty(c, "nothing validates against any of the alternatives written for this schema");
     } else if ((k = cJSON_GetObjectItemCaseSensitive(s, "const"))) {
         rc = gen_literal(c, k, &body);
     } else if ((k = cJSON_GetObjectItemCaseSensitive(s, "enum"))) {
@@ -2363,6 +2407,8 @@ char *loom_grammar_schema_to_gbnf_ex(const char *schema, int flags, char *err, s
     int rc = gen(&c, doc, &root);
     if (!rc) loom_buf_printf(&c.out, "root ::= %s\n", root.p);
     loom_buf_free(&root);
+    loom_buf_put(&c.out, c.mod_out.p ? c.mod_out.p : "", c.mod_out.len);
+    loom_buf_free(&c.mod_out);
     sconv_free(&c);
     cJSON_Delete(doc);
     if (!rc && c.out.oom) rc = sfail(&c, "out of memory");
@@ -2438,6 +2484,8 @@ char *loom_grammar_tools_to_gbnf(const char *tools_json, const char *only, const
         loom_buf_puts(&c.out, "\n");
     }
     loom_buf_free(&calls);
+    loom_buf_put(&c.out, c.mod_out.p ? c.mod_out.p : "", c.mod_out.len);
+    loom_buf_free(&c.mod_out);
     sconv_free(&c);
     cJSON_Delete(tools);
     if (!rc && c.out.oom) rc = sfail(&c, "out of memory");
