@@ -3,6 +3,8 @@
  * against a brute-force reference over a small vocabulary and the bundled
  * model's vocabulary, from random reachable states. */
 #include <cjson/cJSON.h>
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -190,6 +192,12 @@ static void schemas(void) {
          L("[]", "1", "{\"a\"}", "{a:1}"));
     lang(schema("true"), "true", L("1", "\"x\"", "[null]"), L("x"));
     /* bounded whitespace: a newline and 20 spaces at most */
+    /* a pattern's own lengths drop redundant bounds; a maximum too large
+       for the product is lowered (a subset) */
+    lang(schema("{\"type\":\"string\",\"pattern\":\"[a-z]{0,60}\",\"maxLength\":4000}"), "bound kept by the pattern",
+         L("\"\"", "\"abc\""), L("\"A\""));
+    lang(schema("{\"type\":\"string\",\"pattern\":\"[a-z]+\",\"maxLength\":4000}"), "maximum lowered",
+         L("\"a\"", "\"abcdefghijklmnopqrstuvwxyz\""), L("\"\"", "\"A\""));
     lang(schema("{\"type\":\"array\"}"), "ws", L("[\n                    1]"), L("[\n                     1]", "[  1]"));
     static const struct {
         const char *s, *msg;
@@ -215,7 +223,9 @@ static void schemas(void) {
         {"{\"type\":\"string\",\"not\":{\"type\":\"string\"}}", "nothing validates against this schema and its 'not' (at #/not)"},
         {"{\"type\":\"string\",\"pattern\":\"a+\",\"not\":{\"const\":\"aa\"}}", "'not' of the string \"aa\" with 'pattern'"},
         {"{\"type\":\"object\",\"properties\":{\"p\":{\"type\":\"string\",\"pattern\":\"a(\"}}}", "(at #/properties/p/pattern)"},
-        {"{\"type\":\"string\",\"pattern\":\"[a-z]+\",\"maxLength\":3}", "'maxLength' together with 'pattern'"},
+        {"{\"type\":\"string\",\"format\":\"email\",\"maxLength\":3}", "'maxLength' together with 'format'"},
+        {"{\"type\":\"string\",\"pattern\":\"[a-z]{3}\",\"maxLength\":2}", "no string of the length bounds matches 'pattern'"},
+        {"{\"type\":\"string\",\"pattern\":\"[a-z]+x\",\"minLength\":1000}", "is too large"},
         {"{\"if\":{\"minLength\":2},\"then\":{\"maxLength\":5}}", "'if' is supported when loom can write its negation"},
         {"false", "matches nothing"},
         {"{\"type\":\"integer\",\"minimum\":5,\"maximum\":4}", "holds no integer"},
@@ -393,6 +403,67 @@ static void logic_props(void) {
     CHECKF(!t && strstr(err, "'oneOf' branches 0 and 1 may both match one value") && strstr(err, "(at #/oneOf)"), "%s", err);
     free(t);
     lang(schema(overlap), "oneOf approximated", L("\"ab\"", "\"a\"", "\"b\""), L("\"c\""));
+}
+
+/* pattern with minLength/maxLength: random strings over an alphabet that
+ * meets each pattern, accepted iff PCRE2 matches the whole string and its
+ * length in code points is in bounds. */
+static void pattern_length_props(void) {
+    static const struct {
+        const char *re;
+        int mn, mx;
+        const char *good, *bad; /* JSON strings: one in the language, one out by its length */
+    } cases[] = {
+        {"^[a-c]+x?$", 2, 4, "\"abcx\"", "\"abcbx\""},
+        {"[a-c0-9._-]+@[a-c]+\\\\.(com|org)", 0, 12, "\"a.b@cc.org\"", "\"a.b-12@cc.org\""},
+        {"(ab|c)*", 3, 7, "\"abcab\"", "\"abcababc\""},
+        {"\\\\d{2,}-[^x]*", 5, -1, "\"12-\\\"\\n\"", "\"12-a\""},
+        {"\\u00e9+.?", 0, 3, "\"\xc3\xa9\xc3\xa9\xc3\xa9\"", "\"\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\""},
+        {".*\\\"", 2, 3, "\"a\\\"\"", "\"\\\"\""},
+    };
+    const char *alpha[] = {"a", "b", "c", "x", "1", "2", "-", ".", "@", "o", "m", "r", "g", "\xc3\xa9", "\"", "\n"};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char sch[256];
+        snprintf(sch, sizeof sch, "{\"type\":\"string\",\"pattern\":\"%s\",\"minLength\":%d%s", cases[i].re, cases[i].mn,
+                 cases[i].mx >= 0 ? ",\"maxLength\":" : "}");
+        if (cases[i].mx >= 0) snprintf(sch + strlen(sch), sizeof sch - strlen(sch), "%d}", cases[i].mx);
+        loom_grammar *g = schema(sch);
+        cJSON *doc = cJSON_Parse(sch);
+        const char *re = cJSON_GetObjectItem(doc, "pattern")->valuestring;
+        int ec;
+        PCRE2_SIZE eo;
+        pcre2_code *code = pcre2_compile((PCRE2_SPTR)re, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_ANCHORED | PCRE2_ENDANCHORED,
+                                         &ec, &eo, NULL);
+        pcre2_match_data *md = code ? pcre2_match_data_create_from_pattern(code, NULL) : NULL;
+        CHECKF(code && md, "pcre2 %s", re);
+        int acc = 0;
+        for (int k = 0; g && md && k < 4000; k++) {
+            char raw[64] = "", js[160] = "\"";
+            int n = (int)(prnd() % 10);
+            for (int j = 0; j < n; j++) strcat(raw, k % 3 ? alpha[prnd() % 4 + (k % 5 == 1 ? 4 : 0)] : alpha[prnd() % 16]);
+            size_t w = 1;
+            for (const char *q = raw; *q; q++) {
+                if (*q == '"' || *q == '\\') js[w++] = '\\', js[w++] = *q;
+                else if (*q == '\n') js[w++] = '\\', js[w++] = 'n';
+                else js[w++] = *q;
+            }
+            js[w++] = '"', js[w] = 0;
+            int len = 0;
+            for (const char *q = raw; *q; q++) len += ((unsigned char)*q & 0xC0) != 0x80;
+            int want = pcre2_match(code, (PCRE2_SPTR)raw, strlen(raw), 0, 0, md, NULL) >= 0 && len >= cases[i].mn &&
+                       (cases[i].mx < 0 || len <= cases[i].mx);
+            int got = loom_grammar_accepts(g, js, w);
+            acc += got;
+            CHECKF(got == want, "%s: %s %s", sch, js, got ? "accepted" : "rejected");
+        }
+        CHECKF(acc > 0 || (cases[i].good && i == 1), "%s: no random string accepted", sch);
+        CHECKF(!g || loom_grammar_accepts(g, cases[i].good, strlen(cases[i].good)), "%s: %s rejected", sch, cases[i].good);
+        CHECKF(!g || !loom_grammar_accepts(g, cases[i].bad, strlen(cases[i].bad)), "%s: %s accepted", sch, cases[i].bad);
+        pcre2_match_data_free(md);
+        pcre2_code_free(code);
+        cJSON_Delete(doc);
+        if (g) loom_grammar_release(g);
+    }
 }
 
 /* Forced tool calls: the syntax around the call, the name, the arguments
@@ -705,6 +776,7 @@ int main(void) {
     multiple_of_props();
     not_strings_props();
     logic_props();
+    pattern_length_props();
     tools();
     masks_small();
     masks_model_vocab();

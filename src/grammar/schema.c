@@ -6,7 +6,8 @@
  * properties takes any value), additionalProperties (absent or false: no
  * other keys once properties are listed; true or a schema: any other string
  * key after them), arrays with items, minItems, maxItems, strings with
- * minLength, maxLength, pattern, format (date, time, date-time, uuid,
+ * minLength, maxLength, pattern (with a length: the pattern's automaton
+ * times a character counter), format (date, time, date-time, uuid,
  * email, ipv4, hostname, uri; other formats are annotations), enum and
  * const of any JSON value, integers with minimum, maximum and their
  * exclusive forms, numbers with bounds (narrowed to integers: a subset of
@@ -22,7 +23,7 @@
  * space, or a newline and at most 20 spaces or tabs), numbers have at most
  * 16 digits: a model cannot loop forever in either. A pattern is matched as
  * the whole string (anchors implied). A keyword that constrains and is not
- * kept (contains, propertyNames, pattern with a length, ...) is an error
+ * kept (contains, propertyNames, a length with a format, ...) is an error
  * naming it and its JSON pointer; annotations and unknown words are ignored. */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -459,6 +460,516 @@ static int rx_alt(rx *x, loom_buf *b, int depth) {
     }
     loom_buf_puts(b, ")");
     return 0;
+}
+
+static void new_name(sconv *c, char *name);
+
+static int regex_expr(const char *re, int json, loom_buf *b, char *err, size_t cap);
+/* ---- a pattern with a length: a DFA times a counter -----------------------
+ *
+ * minLength/maxLength beside a pattern need the intersection of two
+ * languages, which GBNF cannot say directly: the pattern becomes an
+ * automaton (syntax tree, Thompson NFA over code point ranges, subset
+ * construction), and the rules are its product with a character counter,
+ * only the states from which a whole string of a length in bounds can
+ * still be reached. Sizes are bounded; a larger product is refused. */
+
+enum { RN_SET, RN_CAT, RN_ALT, RN_REP, RN_EMPTY };
+
+typedef struct rnode {
+    int op, a, b, lo, hi; /* REP: a repeated lo..hi times (hi -1: unbounded) */
+    int r0, nr;           /* SET: ranges rg[r0..r0+nr) */
+} rnode;
+
+#define RA_MAX_NODES 4096
+#define RA_MAX_RANGES 16384
+#define NFA_MAX 4000
+#define DFA_MAX 600
+#define PROD_MAX 2000 /* states times lengths: bounds the rules and the compile time */
+
+typedef struct rast {
+    rx x;
+    rnode n[RA_MAX_NODES];
+    int nn;
+    rrange rg[RA_MAX_RANGES];
+    int nrg;
+} rast;
+
+static int ra_node(rast *a, int op, int l, int r) {
+    if (a->nn == RA_MAX_NODES) return rfail(&a->x, "pattern too large for a length bound"), -1;
+    a->n[a->nn] = (rnode){op, l, r, 0, 0, 0, 0};
+    return a->nn++;
+}
+
+/* A SET node of the n ranges r, negated when neg (over all code points). */
+static int ra_set(rast *a, rrange *r, int n, int neg) {
+    qsort(r, (size_t)n, sizeof *r, cmp_rr);
+    int id = ra_node(a, RN_SET, 0, 0);
+    if (id < 0) return -1;
+    a->n[id].r0 = a->nrg;
+    uint32_t next = 0;
+    for (int i = 0; i < n; i++) {
+        if (a->nrg + 2 >= RA_MAX_RANGES) return rfail(&a->x, "pattern too large for a length bound"), -1;
+        if (!neg) {
+            if (a->n[id].nr && r[i].lo <= a->rg[a->nrg - 1].hi + 1) a->rg[a->nrg - 1].hi = LOOM_MAX(a->rg[a->nrg - 1].hi, r[i].hi);
+            else a->rg[a->nrg++] = r[i], a->n[id].nr++;
+        } else {
+            if (r[i].lo > next) a->rg[a->nrg++] = (rrange){next, r[i].lo - 1}, a->n[id].nr++;
+            next = LOOM_MAX(next, r[i].hi + 1);
+        }
+    }
+    if (neg && next <= 0x10FFFF) a->rg[a->nrg++] = (rrange){next, 0x10FFFF}, a->n[id].nr++;
+    if (!a->n[id].nr) return rfail(&a->x, "a character class that matches nothing"), -1;
+    return id;
+}
+
+static int ra_alt(rast *a, int depth);
+
+static int ra_class(rast *a) {
+    rx *x = &a->x;
+    x->p++;
+    int neg = *x->p == '^';
+    if (neg) x->p++;
+    rrange r[256];
+    int n = 0;
+    for (int first = 1; *x->p != ']' || first; first = 0) {
+        if (!*x->p) return rfail(x, "expected ']'"), -1;
+        if (n > 250) return rfail(x, "too many ranges in one class"), -1;
+        uint32_t lo;
+        if (*x->p == '\\') {
+            x->p++;
+            int sneg, k = shorthand(*x->p, r + n, &sneg);
+            if (k) {
+                if (sneg) return rfail(x, "a negated shorthand (\\%c) inside a class is not supported", *x->p), -1;
+                x->p++;
+                n += k;
+                continue;
+            }
+            if (escape_char(x, &lo)) return -1;
+        } else x->p += utf8_dec(x->p, &lo);
+        uint32_t hi = lo;
+        if (x->p[0] == '-' && x->p[1] && x->p[1] != ']') {
+            x->p++;
+            if (*x->p == '\\') {
+                x->p++;
+                if (escape_char(x, &hi)) return -1;
+            } else x->p += utf8_dec(x->p, &hi);
+            if (hi < lo) return rfail(x, "a class range ends below its start"), -1;
+        }
+        r[n++] = (rrange){lo, hi};
+    }
+    x->p++;
+    return ra_set(a, r, n, neg);
+}
+
+static int ra_seq(rast *a, int depth) {
+    rx *x = &a->x;
+    int seq = ra_node(a, RN_EMPTY, 0, 0);
+    for (;;) {
+        char c = *x->p;
+        int atom = -1;
+        if (seq < 0 || !c || c == '|' || c == ')') break;
+        if ((c == '^' && x->p == x->s) || (c == '$' && !x->p[1])) {
+            x->p++;
+            continue;
+        }
+        if (c == '^' || c == '$') return rfail(x, "anchors inside the pattern are not supported"), -1;
+        if (c == '(') {
+            x->p++;
+            if (*x->p == '?') {
+                if (x->p[1] == ':') x->p += 2;
+                else if (x->p[1] == 'P' && x->p[2] == '<') x->p = strchr(x->p, '>') ? strchr(x->p, '>') + 1 : x->p + 3;
+                else if (x->p[1] == '<' && x->p[2] != '=' && x->p[2] != '!') x->p = strchr(x->p, '>') ? strchr(x->p, '>') + 1 : x->p + 2;
+                else return rfail(x, "lookaround and other (?...) groups are not supported"), -1;
+            }
+            if (depth > 64) return rfail(x, "groups nested deeper than 64"), -1;
+            atom = ra_alt(a, depth + 1);
+            if (atom < 0) return -1;
+            if (*x->p != ')') return rfail(x, "expected ')'"), -1;
+            x->p++;
+        } else if (c == '[') {
+            atom = ra_class(a);
+        } else if (c == '.') {
+            x->p++;
+            rrange nl = {'\n', '\n'};
+            atom = ra_set(a, &nl, 1, 1);
+        } else if (c == '\\') {
+            x->p++;
+            rrange r[4];
+            int neg, k = shorthand(*x->p, r, &neg);
+            if (k) x->p++, atom = ra_set(a, r, k, neg);
+            else {
+                uint32_t cp;
+                if (escape_char(x, &cp)) return -1;
+                rrange one = {cp, cp};
+                atom = ra_set(a, &one, 1, 0);
+            }
+        } else if (c == '*' || c == '+' || c == '?' || c == '{') {
+            return rfail(x, "a quantifier with nothing to repeat"), -1;
+        } else {
+            uint32_t cp;
+            x->p += utf8_dec(x->p, &cp);
+            rrange one = {cp, cp};
+            atom = ra_set(a, &one, 1, 0);
+        }
+        if (atom < 0) return -1;
+        c = *x->p;
+        int lo = 1, hi = 1;
+        if (c == '*' || c == '+' || c == '?') {
+            lo = c == '+', hi = c == '?' ? 1 : -1;
+            x->p++;
+        } else if (c == '{' && x->p[1] >= '0' && x->p[1] <= '9') {
+            x->p++;
+            if (rx_count(x, &lo)) return -1;
+            hi = lo;
+            if (*x->p == ',') {
+                x->p++;
+                hi = -1;
+                if (*x->p != '}' && rx_count(x, &hi)) return -1;
+            }
+            if (*x->p != '}') return rfail(x, "expected '}'"), -1;
+            x->p++;
+            if (hi >= 0 && hi < lo) return rfail(x, "{%d,%d}: max below min", lo, hi), -1;
+        }
+        if (lo != 1 || hi != 1) {
+            if (*x->p == '?' || *x->p == '+') x->p++;
+            int rep = ra_node(a, RN_REP, atom, 0);
+            if (rep < 0) return -1;
+            a->n[rep].lo = lo, a->n[rep].hi = hi;
+            atom = rep;
+        }
+        seq = ra_node(a, RN_CAT, seq, atom);
+    }
+    return seq;
+}
+
+static int ra_alt(rast *a, int depth) {
+    int l = ra_seq(a, depth);
+    while (l >= 0 && *a->x.p == '|') {
+        a->x.p++;
+        int r = ra_seq(a, depth);
+        if (r < 0) return -1;
+        l = ra_node(a, RN_ALT, l, r);
+    }
+    return l;
+}
+
+typedef struct nfa {
+    int n;
+    int eps[NFA_MAX][2], n_eps[NFA_MAX];
+    int set[NFA_MAX], to[NFA_MAX]; /* one character edge: AST set node (or -1) */
+} nfa;
+
+static int nfa_new(nfa *f) {
+    if (f->n == NFA_MAX) return -1;
+    f->n_eps[f->n] = 0, f->set[f->n] = -1;
+    return f->n++;
+}
+
+static int nfa_eps(nfa *f, int s, int t) {
+    if (f->n_eps[s] == 2) { /* a third edge goes through a fresh state */
+        int u = nfa_new(f);
+        if (u < 0) return -1;
+        f->eps[u][0] = f->eps[s][1], f->n_eps[u] = 1;
+        f->eps[s][1] = u;
+        s = u;
+    }
+    f->eps[s][f->n_eps[s]++] = t;
+    return 0;
+}
+
+/* Builds node id from state s; returns the end state (-1: too large). */
+static int nfa_build(nfa *f, const rast *a, int id, int s) {
+    const rnode *n = &a->n[id];
+    if (s < 0) return -1;
+    switch (n->op) {
+    case RN_EMPTY: return s;
+    case RN_SET: {
+        int t = nfa_new(f), u = t >= 0 ? nfa_new(f) : -1;
+        if (u < 0 || nfa_eps(f, s, t)) return -1;
+        f->set[t] = id, f->to[t] = u;
+        return u;
+    }
+    case RN_CAT: return nfa_build(f, a, n->b, nfa_build(f, a, n->a, s));
+    case RN_ALT: {
+        int x = nfa_new(f), y = x >= 0 ? nfa_new(f) : -1, e = y >= 0 ? nfa_new(f) : -1;
+        if (e < 0 || nfa_eps(f, s, x) || nfa_eps(f, s, y)) return -1;
+        int ex = nfa_build(f, a, n->a, x), ey = nfa_build(f, a, n->b, y);
+        if (ex < 0 || ey < 0 || nfa_eps(f, ex, e) || nfa_eps(f, ey, e)) return -1;
+        return e;
+    }
+    default: { /* REP */
+        for (int i = 0; i < n->lo && s >= 0; i++) s = nfa_build(f, a, n->a, s);
+        if (s < 0) return -1;
+        int e = nfa_new(f);
+        if (e < 0) return -1;
+        if (n->hi < 0) {
+            int x = nfa_new(f);
+            if (x < 0 || nfa_eps(f, s, x) || nfa_eps(f, s, e)) return -1;
+            int ex = nfa_build(f, a, n->a, x);
+            if (ex < 0 || nfa_eps(f, ex, s)) return -1;
+            return e;
+        }
+        for (int i = n->lo; i < n->hi; i++) {
+            int x = nfa_new(f);
+            if (x < 0 || nfa_eps(f, s, x) || nfa_eps(f, s, e)) return -1;
+            s = nfa_build(f, a, n->a, x);
+            if (s < 0) return -1;
+        }
+        return nfa_eps(f, s, e) ? -1 : e;
+    }
+    }
+}
+
+#define NW ((NFA_MAX + 63) / 64)
+
+typedef struct dtrans {
+    int to, r0, nr; /* ranges in the dfa's pool */
+} dtrans;
+
+typedef struct dfa {
+    int n;
+    uint64_t sets[DFA_MAX][NW];
+    int accept[DFA_MAX];
+    int t0[DFA_MAX], nt[DFA_MAX]; /* transitions tr[t0..t0+nt) */
+    dtrans tr[DFA_MAX * 16];
+    int ntr;
+    rrange rg[DFA_MAX * 64];
+    int nrg;
+    uint32_t pts[RA_MAX_RANGES * 2]; /* scratch: range boundaries */
+} dfa;
+
+static void closure(const nfa *f, uint64_t *set) {
+    int stack[NFA_MAX], sp = 0;
+    for (int i = 0; i < f->n; i++)
+        if (set[i / 64] >> (i % 64) & 1) stack[sp++] = i;
+    while (sp) {
+        int s = stack[--sp];
+        for (int k = 0; k < f->n_eps[s]; k++) {
+            int t = f->eps[s][k];
+            if (!(set[t / 64] >> (t % 64) & 1)) set[t / 64] |= 1ull << (t % 64), stack[sp++] = t;
+        }
+    }
+}
+
+static int cmp_u32(const void *a, const void *b) {
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Subset construction; -1 when the DFA would be too large. */
+static int dfa_build(dfa *d, const nfa *f, const rast *a, int start, int final) {
+    memset(d->sets[0], 0, sizeof d->sets[0]);
+    d->sets[0][start / 64] |= 1ull << (start % 64);
+    closure(f, d->sets[0]);
+    d->n = 1, d->ntr = 0, d->nrg = 0;
+    uint32_t *pts = d->pts;
+    for (int q = 0; q < d->n; q++) {
+        d->accept[q] = d->sets[q][final / 64] >> (final % 64) & 1;
+        int np = 0;
+        for (int s = 0; s < f->n; s++) {
+            if (!(d->sets[q][s / 64] >> (s % 64) & 1) || f->set[s] < 0) continue;
+            const rnode *n = &a->n[f->set[s]];
+            for (int i = 0; i < n->nr && np + 8 <= (int)LOOM_ARRAY_LEN(d->pts); i++)
+                pts[np++] = a->rg[n->r0 + i].lo, pts[np++] = a->rg[n->r0 + i].hi + 1;
+        }
+        /* control characters other than \t \n \r are left out (a subset:
+           each would be a \u escape of its own, and none is wanted) */
+        static const uint32_t cuts[] = {9, 11, 13, 14, 0x20};
+        for (size_t i = 0; i < LOOM_ARRAY_LEN(cuts); i++) pts[np++] = cuts[i];
+        qsort(pts, (size_t)np, sizeof *pts, cmp_u32);
+        d->t0[q] = d->ntr, d->nt[q] = 0;
+        for (int i = 0; i + 1 < np; i++) {
+            if (pts[i] == pts[i + 1]) continue;
+            uint32_t lo = pts[i], hi = pts[i + 1] - 1;
+            if (lo < 0x20 && lo != 9 && lo != 10 && lo != 13) continue;
+            uint64_t tgt[NW] = {0};
+            int any = 0;
+            for (int s = 0; s < f->n; s++) {
+                if (!(d->sets[q][s / 64] >> (s % 64) & 1) || f->set[s] < 0) continue;
+                const rnode *n = &a->n[f->set[s]];
+                for (int k = 0; k < n->nr; k++)
+                    if (a->rg[n->r0 + k].lo <= lo && hi <= a->rg[n->r0 + k].hi) {
+                        tgt[f->to[s] / 64] |= 1ull << (f->to[s] % 64), any = 1;
+                        break;
+                    }
+            }
+            if (!any) continue;
+            closure(f, tgt);
+            int to = -1;
+            for (int p = 0; p < d->n && to < 0; p++)
+                if (!memcmp(d->sets[p], tgt, sizeof tgt)) to = p;
+            if (to < 0) {
+                if (d->n == DFA_MAX) return -1;
+                memcpy(d->sets[d->n], tgt, sizeof tgt);
+                to = d->n++;
+            }
+            /* one transition per target: ranges appended (they come in order) */
+            dtrans *t = NULL;
+            for (int k = d->t0[q]; k < d->ntr; k++)
+                if (d->tr[k].to == to) t = &d->tr[k];
+            if (d->nrg + 1 >= (int)LOOM_ARRAY_LEN(d->rg)) return -1;
+            if (!t) {
+                if (d->ntr == (int)LOOM_ARRAY_LEN(d->tr)) return -1;
+                t = &d->tr[d->ntr++];
+                *t = (dtrans){to, -1, 0};
+                d->nt[q]++;
+            }
+            /* a transition's ranges must be contiguous in rg: copy them on */
+            if (t->nr && t->r0 + t->nr != d->nrg) {
+                if (d->nrg + t->nr + 1 >= (int)LOOM_ARRAY_LEN(d->rg)) return -1;
+                memmove(d->rg + d->nrg, d->rg + t->r0, sizeof *d->rg * (size_t)t->nr);
+                t->r0 = d->nrg, d->nrg += t->nr;
+            }
+            if (!t->nr) t->r0 = d->nrg;
+            if (t->nr && d->rg[d->nrg - 1].hi + 1 == lo) d->rg[d->nrg - 1].hi = hi;
+            else d->rg[d->nrg++] = (rrange){lo, hi}, t->nr++;
+        }
+    }
+    return 0;
+}
+
+/* Longest string from q to an accepting state over states in co (which
+ * can reach one); -1 when unbounded (a cycle). mark: 0 new, 1 on the
+ * path, 2 done with len[q]. */
+static int dfa_longest(const dfa *d, const unsigned char *co, int q, unsigned char *mark, int *len) {
+    if (mark[q] == 2) return len[q];
+    if (mark[q] == 1) return -1;
+    mark[q] = 1;
+    int best = d->accept[q] ? 0 : -2;
+    for (int t = 0; t < d->nt[q]; t++) {
+        int to = d->tr[d->t0[q] + t].to;
+        if (!co[to]) continue;
+        int l = dfa_longest(d, co, to, mark, len);
+        if (l == -1) return -1;
+        best = LOOM_MAX(best, l + 1);
+    }
+    mark[q] = 2;
+    return len[q] = best;
+}
+
+/* Drops the bounds the pattern's own strings always meet (the shortest
+ * string is long enough, the longest short enough). */
+static void dfa_trim_bounds(const dfa *d, int *mn, int *mx) {
+    unsigned char co[DFA_MAX] = {0}, mark[DFA_MAX] = {0};
+    int len[DFA_MAX], dist[DFA_MAX], queue[DFA_MAX], qh = 0, qt = 0;
+    for (int q = 0; q < d->n; q++) co[q] = (unsigned char)d->accept[q];
+    for (int changed = 1; changed;) {
+        changed = 0;
+        for (int q = 0; q < d->n; q++)
+            for (int t = 0; t < d->nt[q] && !co[q]; t++)
+                if (co[d->tr[d->t0[q] + t].to]) co[q] = 1, changed = 1;
+    }
+    for (int q = 0; q < d->n; q++) dist[q] = -1;
+    dist[0] = 0, queue[qt++] = 0;
+    int shortest = -1;
+    while (qh < qt && shortest < 0) {
+        int q = queue[qh++];
+        if (d->accept[q]) shortest = dist[q];
+        for (int t = 0; t < d->nt[q]; t++) {
+            int to = d->tr[d->t0[q] + t].to;
+            if (dist[to] < 0) dist[to] = dist[q] + 1, queue[qt++] = to;
+        }
+    }
+    if (shortest >= *mn) *mn = 0;
+    int longest = co[0] ? dfa_longest(d, co, 0, mark, len) : -1;
+    if (*mx >= 0 && longest >= 0 && longest <= *mx) *mx = -1;
+}
+
+/* The JSON string (quotes included) matching pattern p whole, of mn..mx
+ * characters (mx < 0: no maximum). */
+static int pattern_len(sconv *c, loom_buf *e, const char *p, int mn, int mx) {
+    rast *a = calloc(1, sizeof *a);
+    nfa *f = calloc(1, sizeof *f);
+    dfa *d = calloc(1, sizeof *d);
+    int rc = -1, L = mx < 0 ? mn : mx, root = -1, start = -1, end = -1, np = 0;
+    unsigned char *live = NULL;
+    if (!a || !f || !d) {
+        sfail(c, "out of memory");
+        goto done;
+    }
+    a->x = (rx){.s = p, .p = p, .json = 1, .err = c->err, .err_cap = c->err_cap};
+    root = ra_alt(a, 0);
+    if (root >= 0 && *a->x.p == ')') root = rfail(&a->x, "unbalanced ')'");
+    if (root < 0) {
+        size_t n = c->err ? strlen(c->err) : 0;
+        if (c->err && n < c->err_cap) snprintf(c->err + n, c->err_cap - n, " (at #%.*s/pattern)", (int)c->at_len, c->at);
+        c->failed = 1;
+        goto done;
+    }
+    start = nfa_new(f);
+    end = nfa_build(f, a, root, start);
+    if (end < 0 || dfa_build(d, f, a, start, end)) {
+        sfail(c, "'pattern' with a length bound: the pattern's automaton is too large (at most %d states)", DFA_MAX);
+        goto done;
+    }
+    dfa_trim_bounds(d, &mn, &mx);
+    if (!mn && mx < 0) { /* the bounds hold for every string of the pattern */
+        free(a), free(f), free(d);
+        loom_buf_puts(e, "\"\\\"\" ");
+        if (regex_expr(p, 1, e, c->err, c->err_cap)) return c->failed = 1, -1;
+        loom_buf_puts(e, " \"\\\"\"");
+        return 0;
+    }
+    /* a maximum beyond what fits is lowered (shorter strings: a subset) */
+    if (mx >= 0 && d->n * (mx + 1) > PROD_MAX) mx = LOOM_MAX(mn, PROD_MAX / d->n - 1);
+    L = mx < 0 ? mn : mx;
+    np = d->n * (L + 1);
+    if (np > PROD_MAX) {
+        sfail(c, "'pattern' with minLength %d: %d states times %d lengths is too large (at most %d)", mn, d->n, L + 1, PROD_MAX);
+        goto done;
+    }
+    /* live[q * (L + 1) + k]: a string of a length in bounds can end from here */
+    live = calloc((size_t)np, 1);
+    if (!live) {
+        sfail(c, "out of memory");
+        goto done;
+    }
+    for (int changed = 1; changed;) {
+        changed = 0;
+        for (int q = 0; q < d->n; q++)
+            for (int k = L; k >= 0; k--) {
+                int id = q * (L + 1) + k;
+                if (live[id]) continue;
+                int ok = d->accept[q] && k >= mn;
+                int k2 = mx < 0 ? LOOM_MIN(k + 1, mn) : k + 1;
+                for (int t = 0; !ok && t < d->nt[q] && k2 <= L; t++) ok = live[d->tr[d->t0[q] + t].to * (L + 1) + k2];
+                if (ok) live[id] = 1, changed = 1;
+            }
+    }
+    if (!live[0]) {
+        sempty(c, "no string of the length bounds matches 'pattern'");
+        goto done;
+    }
+    char base[16];
+    new_name(c, base);
+    rx jx = {.s = p, .p = p, .json = 1, .err = c->err, .err_cap = c->err_cap};
+    for (int q = 0; q < d->n; q++)
+        for (int k = 0; k <= L; k++) {
+            if (!live[q * (L + 1) + k]) continue;
+            loom_buf_printf(&c->out, "%s-%d-%d ::= ", base, q, k);
+            int alts = 0, k2 = mx < 0 ? LOOM_MIN(k + 1, mn) : k + 1;
+            if (d->accept[q] && k >= mn) loom_buf_puts(&c->out, "\"\\\"\""), alts++;
+            for (int t = 0; t < d->nt[q] && k2 <= L; t++) {
+                const dtrans *tr = &d->tr[d->t0[q] + t];
+                if (!live[tr->to * (L + 1) + k2]) continue;
+                if (alts++) loom_buf_puts(&c->out, " | ");
+                rrange r[300];
+                int n = LOOM_MIN(tr->nr, 300);
+                memcpy(r, d->rg + tr->r0, sizeof *r * (size_t)n);
+                if (put_class(&jx, &c->out, r, n, 0)) {
+                    c->failed = 1;
+                    goto done;
+                }
+                loom_buf_printf(&c->out, " %s-%d-%d", base, tr->to, k2);
+            }
+            loom_buf_putc(&c->out, '\n');
+        }
+    loom_buf_printf(e, "\"\\\"\" %s-0-0", base);
+    rc = 0;
+done:
+    free(live), free(a), free(f), free(d);
+    return rc;
 }
 
 /* The GBNF expression for regex re (json: inside a JSON string). */
@@ -1776,6 +2287,13 @@ static int gen_string(sconv *c, const cJSON *s, loom_buf *e) {
         str_not_in(c, e, out, n_out, mn, mx);
         return 0;
     }
+    if (pat && (get(s, "minLength") || get(s, "maxLength"))) {
+        int mn, mx;
+        if (!cJSON_IsString(pat)) return sfail(c, "'pattern' must be a string");
+        if (get_count(c, s, "minLength", 0, &mn) || get_count(c, s, "maxLength", -1, &mx)) return -1;
+        if (mx >= 0 && mx < mn) return sempty(c, "maxLength %d below minLength %d", mx, mn);
+        if (mn || mx >= 0) return pattern_len(c, e, pat->valuestring, mn, mx);
+    }
     if (pat) {
         if (!cJSON_IsString(pat)) return sfail(c, "'pattern' must be a string");
         loom_buf_puts(e, "\"\\\"\" ");
@@ -2127,8 +2645,9 @@ static int check_keywords(sconv *c, const cJSON *s) {
             (cJSON_GetObjectItemCaseSensitive(s, "pattern") || cJSON_GetObjectItemCaseSensitive(s, "format")) &&
             !cJSON_GetObjectItemCaseSensitive(s, "enum") && !cJSON_GetObjectItemCaseSensitive(s, "const")) {
             const cJSON *f = cJSON_GetObjectItemCaseSensitive(s, "format");
-            /* a length bound on a format loom does not know is kept (the format is not) */
-            bad = cJSON_GetObjectItemCaseSensitive(s, "pattern") || (cJSON_IsString(f) && known_format(f->valuestring));
+            /* a length bound on a format loom does not know is kept (the format is not);
+               one beside a pattern is the pattern's automaton times a counter */
+            bad = !cJSON_GetObjectItemCaseSensitive(s, "pattern") && cJSON_IsString(f) && known_format(f->valuestring);
             if (bad) {
                 size_t mark = at_push(c, key);
                 sfail(c, "'%s' together with '%s' is not supported", key,
