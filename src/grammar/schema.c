@@ -2047,6 +2047,9 @@ static int cmp_ll(const void *a, const void *b) {
 /* Integers in [lo, hi], multiples of k, none of the integral values of
  * K_NOTVALS. */
 static int gen_int_core(sconv *c, const cJSON *s, loom_buf *e, long long lo, long long hi, long long k) {
+    /* multiples stay within 15 digits, which a double holds exactly (a
+       validator reading 16 digits as a double may land off the multiple) */
+    if (k > 1) lo = LOOM_MAX(lo, -(pow10ll(15) - 1)), hi = LOOM_MIN(hi, pow10ll(15) - 1);
     long long pts[256];
     int n = 0;
     for (const cJSON *v = get(s, K_NOTVALS) ? get(s, K_NOTVALS)->child : NULL; v; v = v->next)
@@ -2175,7 +2178,8 @@ static int gen_number(sconv *c, const cJSON *s, loom_buf *e) {
     int bounded = get(s, "minimum") || get(s, "maximum") || get(s, "exclusiveMinimum") || get(s, "exclusiveMaximum");
     if (cJSON_IsTrue(get(s, K_FRAC))) {
         if (bounded || num || ints) return sfail(c, "a number that is not an integer, with bounds, multipleOf or values left out, is not supported");
-        loom_buf_puts(e, "(\"-\"? (\"0\" | [1-9] [0-9]{0,15}) \".\" [0-9]{0,15} [1-9])");
+        /* at most 15 significant digits: a double keeps the fraction */
+        loom_buf_puts(e, "(\"-\"? (\"0\" | [1-9] [0-9]{0,8}) \".\" [0-9]{0,5} [1-9])");
         return 0;
     }
     if (ints || (num && (num != 1 || !j))) {
