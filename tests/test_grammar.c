@@ -224,6 +224,7 @@ static void schemas(void) {
         {"{\"type\":\"string\",\"pattern\":\"a+\",\"not\":{\"const\":\"aa\"}}", "'not' of the string \"aa\" with 'pattern'"},
         {"{\"type\":\"object\",\"properties\":{\"p\":{\"type\":\"string\",\"pattern\":\"a(\"}}}", "(at #/properties/p/pattern)"},
         {"{\"type\":\"string\",\"format\":\"email\",\"maxLength\":3}", "'maxLength' together with 'format'"},
+        {"{\"type\":\"string\",\"allOf\":[{\"format\":\"uri\"},{\"pattern\":\"^https?://\"}]}", "'pattern' together with 'format' uri"},
         {"{\"type\":\"string\",\"pattern\":\"[a-z]{3}\",\"maxLength\":2}", "no string of the length bounds matches 'pattern'"},
         {"{\"type\":\"string\",\"pattern\":\"[a-z]+x\",\"minLength\":1000}", "is too large"},
         {"{\"if\":{\"minLength\":2},\"then\":{\"maxLength\":5}}", "'if' is supported when loom can write its negation"},
@@ -396,6 +397,15 @@ static void logic_props(void) {
          L("\"ab\"", "3"), L("\"abc\"", "1.5", "null"));
     lang(schema("{\"type\":\"integer\",\"anyOf\":[{\"minimum\":10},{\"maximum\":-10}],\"minimum\":0}"), "siblings intersect",
          L("10", "99"), L("5", "-20", "0"));
+    /* allOf intersects its parts, whatever their types; additionalProperties
+       false in a part leaves out the other parts' keys */
+    lang(schema("{\"type\":\"string\",\"allOf\":[{\"minLength\":2},{\"maxLength\":3},{\"pattern\":\"[a-z]+\"}]}"),
+         "allOf of strings", L("\"ab\"", "\"abc\""), L("\"a\"", "\"abcd\"", "\"AB\""));
+    lang(schema("{\"allOf\":[{\"properties\":{\"a\":{\"type\":\"integer\"}}},{\"properties\":{\"b\":{\"type\":\"integer\"}},"
+                "\"additionalProperties\":false}],\"type\":\"object\"}"),
+         "allOf additionalProperties", L("{}", "{\"b\": 1}"), L("{\"a\": 1}"));
+    lang(schema("{\"allOf\":[{\"type\":\"integer\",\"minimum\":0},{\"multipleOf\":5},{\"maximum\":20}]}"), "allOf of numbers",
+         L("0", "5", "20"), L("-5", "3", "25"));
     /* strict refuses what is only approximated; without it oneOf is anyOf */
     const char *overlap = "{\"oneOf\":[{\"type\":\"string\",\"pattern\":\"a.*\"},{\"type\":\"string\",\"pattern\":\".*b\"}]}";
     char err[256] = "";

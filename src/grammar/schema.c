@@ -2291,6 +2291,8 @@ static int gen_string(sconv *c, const cJSON *s, loom_buf *e) {
         str_not_in(c, e, out, n_out, mn, mx);
         return 0;
     }
+    if (pat && cJSON_IsString(fmt) && known_format(fmt->valuestring))
+        return sfail(c, "'pattern' together with 'format' %s is not supported", fmt->valuestring);
     if (pat && (get(s, "minLength") || get(s, "maxLength"))) {
         int mn, mx;
         if (!cJSON_IsString(pat)) return sfail(c, "'pattern' must be a string");
@@ -2575,37 +2577,19 @@ static int gen_typed(sconv *c, const cJSON *s, const char *t, loom_buf *e) {
     return sfail(c, "unknown type '%s' (expected string, integer, number, boolean, null, object or array)", t);
 }
 
-/* allOf: one schema, or objects merged (properties, required). */
+/* allOf: the schema intersected with each part in turn (merge_into). */
 static const cJSON *merge_all_of(sconv *c, const cJSON *s, const cJSON *all) {
     if (!cJSON_IsArray(all) || !cJSON_GetArraySize(all)) return sfail(c, "'allOf' must be a non-empty array"), NULL;
-    cJSON *m = own(c, cJSON_CreateObject()), *props = cJSON_CreateObject(), *req = cJSON_CreateArray();
-    if (!m || !props || !req) return cJSON_Delete(props), cJSON_Delete(req), sfail(c, "out of memory"), NULL;
-    cJSON_AddItemToObject(m, "properties", props);
-    cJSON_AddItemToObject(m, "required", req);
-    cJSON_AddStringToObject(m, "type", "object");
-    const cJSON *parts[65];
-    int n = 0;
-    parts[n++] = s;
-    for (const cJSON *a = all->child; a && n < 65; a = a->next) parts[n++] = a;
-    for (int i = 0; i < n; i++) {
-        const cJSON *p = parts[i];
-        for (int hops = 0; cJSON_GetObjectItemCaseSensitive(p, "$ref") && hops < 16; hops++) {
-            const cJSON *r = cJSON_GetObjectItemCaseSensitive(p, "$ref");
-            if (!cJSON_IsString(r) || !(p = resolve_ref(c, r->valuestring))) return NULL;
-        }
-        const cJSON *t = cJSON_GetObjectItemCaseSensitive(p, "type");
-        if (i && ((t && (!cJSON_IsString(t) || strcmp(t->valuestring, "object"))) || cJSON_GetObjectItemCaseSensitive(p, "allOf") ||
-                  cJSON_GetObjectItemCaseSensitive(p, "anyOf") || cJSON_GetObjectItemCaseSensitive(p, "oneOf")))
-            return sfail(c, "'allOf' is supported for object schemas only"), NULL;
-        const cJSON *pp = cJSON_GetObjectItemCaseSensitive(p, "properties");
-        for (const cJSON *q = pp ? pp->child : NULL; q; q = q->next)
-            if (!cJSON_GetObjectItemCaseSensitive(props, q->string)) cJSON_AddItemToObject(props, q->string, cJSON_Duplicate(q, 1));
-        const cJSON *rq = cJSON_GetObjectItemCaseSensitive(p, "required");
-        for (const cJSON *q = rq ? rq->child : NULL; q; q = q->next)
-            if (cJSON_IsString(q) && !is_required(req, q->valuestring)) cJSON_AddItemToArray(req, cJSON_CreateString(q->valuestring));
-        const cJSON *ap = cJSON_GetObjectItemCaseSensitive(p, "additionalProperties");
-        if (ap && !cJSON_GetObjectItemCaseSensitive(m, "additionalProperties"))
-            cJSON_AddItemToObject(m, "additionalProperties", cJSON_Duplicate(ap, 1));
+    cJSON *m = own(c, cJSON_Duplicate(s, 1));
+    if (!m) return NULL;
+    cJSON_DeleteItemFromObjectCaseSensitive(m, "allOf");
+    int i = 0;
+    for (const cJSON *a = all->child; a; a = a->next, i++) {
+        size_t mark = at_push_i(c, "allOf", i);
+        int r = merge_into(c, m, a);
+        if (r > 0) sempty(c, "nothing validates against every part of 'allOf'");
+        c->at_len = mark;
+        if (r) return NULL;
     }
     return m;
 }
