@@ -291,7 +291,7 @@ static void test_parse_tool_choice(void) {
     static const struct { int tools; const char *choice, *want; int has_tools; } good[] = {
         {1, "{\"type\":\"function\",\"function\":{\"name\":\"g\"}}", "g", 1},
         {1, "\"required\"", "required", 1},
-        {1, "\"none\"", "none", 0},
+        {1, "\"none\"", "none", 1}, /* the tools stay in the prompt */
         {1, "null", "auto", 1},
         {0, "\"auto\"", "auto", 0},
         {0, "\"none\"", "none", 0},
@@ -306,6 +306,43 @@ static void test_parse_tool_choice(void) {
         CHECK_EQ_INT(r.tools_json != NULL, good[i].has_tools);
         api_req_free(&r);
     }
+}
+
+/* A schema loom cannot keep is a 400 at parse time, in OpenAI's error
+ * shape, naming the keyword and where it is; strict also refuses what
+ * would only be approximated, and a strict tool's parameters are checked
+ * the same way. */
+static void test_parse_schemas(void) {
+    const char *M = "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]";
+    const char *overlap = "{\"oneOf\":[{\"type\":\"string\",\"maxLength\":3},{\"type\":\"string\",\"minLength\":2}]}";
+    char b[1024];
+    snprintf(b, sizeof b, "{%s,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\","
+             "\"schema\":{\"type\":\"object\",\"properties\":{\"ids\":{\"type\":\"array\",\"contains\":{}}}}}}}", M);
+    check_rejects_msg(API_CHAT, b, strlen(b), "response_format",
+                      "'response_format' cannot be used: 'contains' is not supported (at #/properties/ids/contains)");
+    check_rejects(API_CHAT, b, 400, "response_format");
+    snprintf(b, sizeof b, "{%s,\"guided_json\":{\"type\":\"array\",\"prefixItems\":[]}}", M);
+    check_rejects_msg(API_CHAT, b, strlen(b), "guided_json", "'prefixItems' is not supported");
+    snprintf(b, sizeof b, "{%s,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\","
+             "\"strict\":true,\"schema\":%s}}}", M, overlap);
+    check_rejects_msg(API_CHAT, b, strlen(b), "response_format", "'oneOf' branches 0 and 1 may both match one value");
+    /* without strict the same schema is taken (oneOf written as anyOf) */
+    snprintf(b, sizeof b, "{%s,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\","
+             "\"schema\":%s}}}", M, overlap);
+    api_req r;
+    api_error e;
+    CHECKF(api_parse(API_CHAT, b, strlen(b), 1000, &r, &e) == 0, "%s: %s", b, e.message);
+    api_req_free(&r);
+    const char *tool = "{\"type\":\"function\",\"function\":{\"name\":\"f\",%s\"parameters\":{\"type\":\"object\","
+                       "\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"(?=x)\"}}}}}";
+    char t[512];
+    snprintf(t, sizeof t, tool, "\"strict\":true,");
+    snprintf(b, sizeof b, "{%s,\"tools\":[%s]}", M, t);
+    check_rejects_msg(API_CHAT, b, strlen(b), "tools[0].function.parameters", "strict tool 'f' parameters: regex '(?=x)'");
+    snprintf(t, sizeof t, tool, "");
+    snprintf(b, sizeof b, "{%s,\"tools\":[%s]}", M, t);
+    CHECKF(api_parse(API_CHAT, b, strlen(b), 1000, &r, &e) == 0, "%s: %s", b, e.message);
+    api_req_free(&r);
 }
 
 /* max_tokens 0 (the prompt alone) is for completions with echo only. */
@@ -938,6 +975,7 @@ int main(void) {
     test_parse_nul();
     test_parse_trailing();
     test_parse_tool_choice();
+    test_parse_schemas();
     test_parse_max_tokens_zero();
     test_json_str();
     test_toolcalls();

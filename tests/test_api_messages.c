@@ -176,7 +176,8 @@ static void test_messages_translate(void) {
     CHECK(r.kwargs_json && !strcmp(r.kwargs_json, "{\"enable_thinking\":true}"));
     api_req_free(&r);
 
-    /* tool_choice: a named tool; none offers no tools to the template */
+    /* tool_choice: a named tool; none keeps the tools for the template (the
+       job bans the token that opens a call) */
     const char *T = "\"tools\":[{\"name\":\"f\",\"input_schema\":{}}]";
     char b[512];
     snprintf(b, sizeof b, "{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],%s,"
@@ -185,7 +186,7 @@ static void test_messages_translate(void) {
     api_req_free(&r);
     snprintf(b, sizeof b, "{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],%s,"
                           "\"tool_choice\":{\"type\":\"none\"}}", T);
-    CHECK(msg_parse(b, 0, &r, &e) == 0 && !strcmp(r.tool_choice, "none") && !r.tools_json);
+    CHECK(msg_parse(b, 0, &r, &e) == 0 && !strcmp(r.tool_choice, "none") && r.tools_json);
     api_req_free(&r);
     /* count_tokens: no max_tokens asked for; a user turn of tool results alone */
     const char *c = "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\",\"tool_use_id\":\"t\"}]}]}";

@@ -479,6 +479,22 @@ static void test_harmony_tokens(void) {
     loom_tok_free(tok);
 }
 
+/* tool_choice "none" bans the tokens that open a call: the syntax's own
+ * marker, every syntax's under AUTO, none where the vocabulary has no
+ * such token. */
+static void test_open_ids(void) {
+    loom_tok *tok = NULL;
+    CHECKF(loom_tok_load_dir(fixture("qwen3"), &tok) == LOOM_OK, "%s", loom_last_error());
+    if (!tok) return;
+    int32_t ids[8];
+    int n = loom_toolcall_open_ids(LOOM_TC_QWEN, tok, ids, 8);
+    CHECK_EQ_INT(n, 1);
+    CHECK(n == 1 && ids[0] == loom_tok_token_to_id(tok, "<tool_call>", 11));
+    CHECK(loom_toolcall_open_ids(LOOM_TC_AUTO, tok, ids, 8) >= 1);
+    CHECK_EQ_INT(loom_toolcall_open_ids(LOOM_TC_MISTRAL, tok, ids, 8), 0);
+    loom_tok_free(tok);
+}
+
 int main(void) {
     const char *b = getenv("LOOM_BUILD");
     snprintf(fixdir, sizeof fixdir, "%s/fixtures/tokenizers", b && *b ? b : "build");
@@ -487,5 +503,6 @@ int main(void) {
     test_garbage();
     test_detect();
     test_harmony_tokens();
+    test_open_ids();
     return test_report("test_toolcall");
 }

@@ -56,6 +56,12 @@ loom_status loom_grammar_from_regex(const char *re, const loom_gvocab *vocab,
 /* schema is JSON Schema text. */
 loom_status loom_grammar_from_schema(const char *schema, const loom_gvocab *vocab,
                                      loom_grammar **out, char *err, size_t cap);
+/* loom_grammar_from_schema with flags: LOOM_SCHEMA_STRICT refuses what
+ * would otherwise be approximated (oneOf branches that may overlap, which
+ * are written as anyOf without it). */
+#define LOOM_SCHEMA_STRICT 1
+loom_status loom_grammar_from_schema_ex(const char *schema, int flags, const loom_gvocab *vocab,
+                                        loom_grammar **out, char *err, size_t cap);
 /* Any JSON object. */
 loom_status loom_grammar_json_object(const loom_gvocab *vocab, loom_grammar **out, char *err,
                                      size_t cap);
@@ -81,6 +87,7 @@ loom_status loom_grammar_from_tools(const char *tools_json, const char *only, co
 /* Text translators behind the compilers: a malloc'd GBNF text (root rule
  * "root"), or NULL with err filled. */
 char *loom_grammar_schema_to_gbnf(const char *schema, char *err, size_t cap);
+char *loom_grammar_schema_to_gbnf_ex(const char *schema, int flags, char *err, size_t cap);
 char *loom_grammar_regex_to_gbnf(const char *re, char *err, size_t cap);
 char *loom_grammar_tools_to_gbnf(const char *tools_json, const char *only, const loom_gtool_syntax *syn, char *err,
                                  size_t cap);

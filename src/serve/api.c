@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "grammar/grammar.h"
 #include "serve/media.h"
 
 int api_fail(api_error *err, int status, const char *param, const char *fmt, ...) {
@@ -305,6 +306,36 @@ static int parse_tool_choice(api_req *r, const cJSON *tools, api_error *err) {
                     name->valuestring);
 }
 
+/* Schemas are translated here (no vocabulary needed), so what loom cannot
+ * keep is a 400 naming it before any work; strict: what it would only
+ * approximate too. */
+static int check_schema(const char *param, const char *src, int strict, api_error *err) {
+    char msg[400];
+    char *g = loom_grammar_schema_to_gbnf_ex(src, strict ? LOOM_SCHEMA_STRICT : 0, msg, sizeof msg);
+    if (!g) return api_fail(err, 400, param, "'%s' cannot be used: %s", param, msg);
+    free(g);
+    return 0;
+}
+
+/* A tool with "strict": true promises arguments that validate: its
+ * parameters must be a schema loom writes exactly (tools_to_gbnf reads
+ * the flag). */
+static int check_strict_tool(const cJSON *t, int i, api_error *err) {
+    const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+    if (!cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(fn, "strict"))) return 0;
+    cJSON *one = cJSON_CreateArray();
+    cJSON_AddItemToArray(one, cJSON_Duplicate(t, 1));
+    char *j = cJSON_PrintUnformatted(one), msg[400], param[64];
+    cJSON_Delete(one);
+    if (!j) return api_fail(err, 500, NULL, "out of memory");
+    loom_gtool_syntax syn = {"", "", "", "", NULL, "arguments", 1};
+    char *g = loom_grammar_tools_to_gbnf(j, NULL, &syn, msg, sizeof msg);
+    free(j);
+    if (g) return free(g), 0;
+    snprintf(param, sizeof param, "tools[%d].function.parameters", i);
+    return api_fail(err, 400, param, "strict %s", msg);
+}
+
 static int parse_tools(api_req *r, api_error *err) {
     const cJSON *tools = field(r, "tools");
     if (tools && !cJSON_IsArray(tools)) return api_fail(err, 400, "tools", "'tools' must be an array");
@@ -317,9 +348,12 @@ static int parse_tools(api_req *r, api_error *err) {
             snprintf(param, sizeof param, "tools[%d].function.name", i);
             return api_fail(err, 400, param, "'%s' is required", param);
         }
+        if (check_strict_tool(t, i, err) < 0) return -1;
     }
     if (parse_tool_choice(r, tools, err) < 0) return -1;
-    if (!tools || !strcmp(r->tool_choice, "none")) return 0;
+    /* "none" keeps the tools in the prompt (the model sees them, as with
+       OpenAI); the job bans the call markers instead */
+    if (!tools) return 0;
     r->tools_json = cJSON_PrintUnformatted(tools);
     if (!r->tools_json) return api_fail(err, 500, NULL, "out of memory");
     return 0;
@@ -442,6 +476,7 @@ static int parse_grammar(api_req *r, api_error *err) {
             if (set_grammar(r, sc ? API_GRAMMAR_JSON_SCHEMA : API_GRAMMAR_JSON_OBJECT, "response_format",
                             sc ? cJSON_PrintUnformatted(sc) : NULL, err))
                 return -1;
+            if (sc && check_schema("response_format", r->grammar_src, cJSON_IsTrue(strict), err)) return -1;
         }
     }
     static const struct {
@@ -459,6 +494,7 @@ static int parse_grammar(api_req *r, api_error *err) {
         else return api_fail(err, 400, ext[i].name, "'%s' must be a non-empty string%s", ext[i].name,
                              ext[i].g == API_GRAMMAR_JSON_SCHEMA ? " or a schema object" : "");
         if (set_grammar(r, ext[i].g, ext[i].name, src, err)) return -1;
+        if (ext[i].g == API_GRAMMAR_JSON_SCHEMA && check_schema(ext[i].name, r->grammar_src, 0, err)) return -1;
     }
     return 0;
 }

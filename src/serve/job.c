@@ -4,6 +4,7 @@
  * its requests cancelled) even while events keep coming. */
 #include "serve/job.h"
 
+#include <math.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -299,6 +300,19 @@ static int submit(job *j, api_error *err) {
     }
     if (job_grammar(s, r, &j->grammar, err) < 0) return -1;
     rp.grammar = j->grammar; /* each choice's request takes its own reference */
+    /* tool_choice "none": the tools stay in the prompt, and the tokens that
+       open a call are banned (the request copies the biases at submit) */
+    int no_calls = r->kind == API_CHAT && r->tools_json && !strcmp(r->tool_choice, "none");
+    if (no_calls) {
+        int32_t ids[8];
+        int n_ids = loom_toolcall_open_ids(s->tc_syntax, s->tok, ids, 8), nb = r->sampling.n_logit_bias;
+        loom_logit_bias *b = realloc(r->bias, sizeof *b * (size_t)(nb + n_ids + 1));
+        if (!b) return api_fail(err, 500, NULL, "out of memory");
+        for (int i = 0; i < n_ids; i++) b[nb++] = (loom_logit_bias){ids[i], -INFINITY};
+        r->bias = b;
+        r->sampling.logit_bias = rp.sampling.logit_bias = b;
+        r->sampling.n_logit_bias = rp.sampling.n_logit_bias = nb;
+    }
     j->n = r->n;
     for (int i = 0; i < j->n; i++) {
         choice *c = &j->ch[i];
@@ -310,7 +324,7 @@ static int submit(job *j, api_error *err) {
             return api_fail(err, 500, NULL, "%s", loom_last_error());
         int ctx = LOOM_MIN(j->n_prompt, 4);
         loom_ts_prime(c->ts, j->prompt + j->n_prompt - ctx, (size_t)ctx);
-        loom_toolscan_init(&c->scan, r->kind == API_CHAT && r->tools_json != NULL,
+        loom_toolscan_init(&c->scan, r->kind == API_CHAT && r->tools_json != NULL && !no_calls,
                            r->kind == API_CHAT && s->think, j->prompt_text);
         if (r->kind == API_CHAT) {
             /* the markers the scanner reads may be special tokens */

@@ -912,6 +912,21 @@ int loom_toolcall_keep_ids(loom_tc_syntax syntax, const loom_tok *tok, int tools
     return n;
 }
 
+int loom_toolcall_open_ids(loom_tc_syntax syntax, const loom_tok *tok, int32_t *out, int cap) {
+    static const struct {
+        loom_tc_syntax syntax;
+        const char *open;
+    } opens[] = {{LOOM_TC_QWEN, "<tool_call>"}, {LOOM_TC_GEMMA4, "<|tool_call>"}, {LOOM_TC_LLAMA3, "<|python_tag|>"},
+                 {LOOM_TC_MISTRAL, "[TOOL_CALLS]"}};
+    int n = 0;
+    for (size_t i = 0; i < sizeof opens / sizeof *opens && n < cap; i++) {
+        if (syntax != LOOM_TC_AUTO && syntax != opens[i].syntax) continue;
+        int32_t id = tok ? loom_tok_token_to_id(tok, opens[i].open, strlen(opens[i].open)) : -1;
+        if (id >= 0) out[n++] = id;
+    }
+    return n;
+}
+
 int loom_toolcall_turn_end_ids(loom_tc_syntax syntax, const loom_tok *tok, int32_t *out, int cap) {
     if (syntax == LOOM_TC_HARMONY) {
         static const char *const ends[] = {"<|return|>", "<|call|>", NULL};

@@ -81,6 +81,10 @@ int loom_toolcall_xml_form(const loom_chat_template *chat);
  * whether the request has tools (the channel markers are kept regardless). */
 int loom_toolcall_keep_ids(loom_tc_syntax syntax, const loom_tok *tok, int tools, int32_t *out,
                            int cap);
+/* The ids that open a tool call in the syntax (AUTO: every syntax's), for
+ * tool_choice "none" to ban: in out[0..cap), returns the count. Markers
+ * that are not one token of the vocabulary are not among them. */
+int loom_toolcall_open_ids(loom_tc_syntax syntax, const loom_tok *tok, int32_t *out, int cap);
 /* The ids a chat turn ends at: loom_tok_turn_end_ids, except that gpt-oss
  * ends at <|return|> or <|call|> (its <|end|> only ends a message) and a
  * Gemma 4 tool call hands over at <|tool_response>. */

@@ -342,6 +342,45 @@ test('response_format json_schema: every output parses and validates (ajv)', asy
   assert.ok(validate(doc), JSON.stringify(validate.errors));
 });
 
+// not, multipleOf, if/then/else, oneOf and a pattern with a length. ajv
+// checks multipleOf to 1e-9: by default it divides in binary floating
+// point, and 0.07 / 0.01 is 7.000000000000001.
+const logicSchema = {
+  type: 'object',
+  properties: {
+    kind: { enum: ['a', 'b', 'c'] },
+    n: { type: 'integer', multipleOf: 7, minimum: -50, maximum: 500 },
+    price: { type: 'number', multipleOf: 0.01, minimum: 0, maximum: 100 },
+    code: { type: 'string', pattern: '^[A-Z][a-z0-9]*$', minLength: 3, maxLength: 6 },
+    name: { type: 'string', maxLength: 8, not: { enum: ['', 'x'] } },
+    v: { oneOf: [{ type: 'string', maxLength: 3 }, { type: 'integer' }, { type: 'number' }] },
+    opt: { type: 'object', not: { required: ['bad'] }, additionalProperties: { type: 'integer' } },
+  },
+  required: ['kind', 'n', 'price', 'code', 'name', 'v'],
+  additionalProperties: false,
+  if: { properties: { kind: { const: 'a' } } },
+  then: { properties: { n: { minimum: 0 } } },
+  else: { properties: { name: { maxLength: 4 } } },
+};
+
+test('response_format with not, multipleOf, if/then/else, oneOf, pattern and length: outputs validate (ajv)', async () => {
+  const validate = new Ajv({ strict: false, multipleOfPrecision: 9 }).compile(logicSchema);
+  const response_format = { type: 'json_schema', json_schema: { name: 'logic', schema: logicSchema, strict: true } };
+  const runs = [];
+  for (let seed = 0; seed < 10; seed++)
+    runs.push(client.chat.completions.create(
+      { model, messages: user('x'), max_tokens: 800, temperature: 1, seed, response_format }));
+  let whole = 0;
+  for (const r of await Promise.all(runs)) {
+    const c = r.choices[0];
+    if (c.finish_reason !== 'stop') continue; /* a prefix: the grammar cut nothing */
+    const doc = JSON.parse(c.message.content);
+    assert.ok(validate(doc), `${JSON.stringify(validate.errors)}: ${JSON.stringify(doc)}`);
+    whole++;
+  }
+  assert.ok(whole >= 3, `only ${whole} of 10 outputs ended`);
+});
+
 test('response_format json_object, and the regex extension on completions', async () => {
   const r = await client.chat.completions.create(
     { model, messages: user('x'), max_tokens: 300, temperature: 1, seed: 4, response_format: { type: 'json_object' } });
@@ -417,9 +456,15 @@ test('tool_choice none: no tool call; a forced call and response_format together
     tool_choice: 'required', response_format: { type: 'json_object' } }), OpenAI.BadRequestError, 400, 'response_format');
   assert.match(e.message, /both constrain/);
   const e2 = await expectError(client.chat.completions.create({ model, messages: user('x'), tool_choice: 'required',
-    tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object', properties: { a: { not: {} } } } } }] }),
+    tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object', properties: { a: { not: { pattern: 'x' } } } } } }] }),
   OpenAI.BadRequestError, 400, 'tools');
-  assert.match(e2.message, /tool 'f' parameters: 'not' is not supported \(at #\/properties\/a\/not\)/);
+  assert.match(e2.message, /tool 'f' parameters: 'not' over 'pattern' is not supported .*\(at #\/properties\/a\/not\/pattern\)/);
+  // strict: true on a tool promises valid arguments, so what loom cannot write is refused even under auto
+  const e3 = await expectError(client.chat.completions.create({ model, messages: user('x'),
+    tools: [{ type: 'function', function: { name: 'f', strict: true, parameters: { type: 'object',
+      properties: { a: { oneOf: [{ type: 'string', pattern: 'a' }, { type: 'string', pattern: 'b' }] } } } } }] }),
+  OpenAI.BadRequestError, 400, 'tools[0].function.parameters');
+  assert.match(e3.message, /'oneOf' branches 0 and 1 may both match one value/);
 });
 
 await run();
