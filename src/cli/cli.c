@@ -189,6 +189,14 @@ int cli_spec_flag(const char *cmd, const char *opt, const char *text, loom_engin
     return -1;
 }
 
+loom_model_params cli_model_params(int threads) {
+    loom_model_params mp = loom_model_default_params();
+    mp.n_threads = threads;
+    mp.device = cli_device;
+    mp.fast_matmul = cli_fast;
+    return mp;
+}
+
 loom_status cli_load_draft(const char *dir, loom_model **out) {
     loom_model_params mp = loom_model_default_params();
     mp.n_threads = 1;

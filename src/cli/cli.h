@@ -30,6 +30,9 @@ int cmd_imgproc(int argc, char **argv);
 extern int cli_device;
 /* --fast, taken out of argv by main: loom_model_params.fast_matmul. */
 extern int cli_fast;
+/* The model parameters of a command that runs the model: threads, with
+ * --device and --fast as main took them. */
+loom_model_params cli_model_params(int threads);
 
 /* Reports a failed loom call ("loom: error: <what>: <last error>"), returns 1. */
 int cli_fail(const char *what, loom_status s);

@@ -486,10 +486,7 @@ int cmd_bench(int argc, char **argv) {
     loom_status s;
     for (int k = 0; k < nm; k++) {
         bench_model *b = &bm[k];
-        loom_model_params mp = loom_model_default_params();
-        mp.n_threads = threads;
-        mp.device = cli_device;
-        mp.fast_matmul = cli_fast;
+        loom_model_params mp = cli_model_params(threads);
         if ((s = loom_model_load(b->dir, &mp, &b->m))) {
             fprintf(stderr, "loom: error: %s:\n", b->dir);
             rc = cli_fail("loading model", s);

@@ -319,10 +319,7 @@ int cmd_chat(int argc, char **argv) {
     int rc = 1;
     float *logits = NULL;
     c.sp = &sp;
-    loom_model_params mp = loom_model_default_params();
-    mp.n_threads = threads;
-    mp.device = cli_device;
-    mp.fast_matmul = cli_fast;
+    loom_model_params mp = cli_model_params(threads);
     loom_status s = loom_model_load(model, &mp, &c.m);
     if (!s) s = loom_tok_load_dir(model, &c.tok);
     if (!s) s = loom_chat_template_load(model, &c.tpl);

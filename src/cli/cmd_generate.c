@@ -243,10 +243,7 @@ int cmd_generate(int argc, char **argv) {
     uint32_t *gbits = NULL;
     char *gtext = NULL;
     int32_t *out = malloc(sizeof *out * (size_t)(max_tokens + 1));
-    loom_model_params mp = loom_model_default_params();
-    mp.n_threads = threads;
-    mp.device = cli_device;
-    mp.fast_matmul = cli_fast;
+    loom_model_params mp = cli_model_params(threads);
     loom_status s = loom_model_load(model, &mp, &m);
     if (s != LOOM_OK) { rc = cli_fail("loading model", s); goto done; }
     loom_sampling gen;

@@ -88,10 +88,7 @@ int cmd_logits(int argc, char **argv) {
     loom_context *c = NULL;
     float *logits = NULL;
     cli_vision cv = {0};
-    loom_model_params mp = loom_model_default_params();
-    mp.n_threads = threads;
-    mp.device = cli_device;
-    mp.fast_matmul = cli_fast;
+    loom_model_params mp = cli_model_params(threads);
     loom_status s = loom_model_load(model, &mp, &m);
     if (s != LOOM_OK) { rc = cli_fail("loading model", s); goto done; }
     if (n_images && (s = cli_vision_prompt(m, model, ids, n, images, n_images, &cv))) {

@@ -67,10 +67,7 @@ int cmd_perplexity(int argc, char **argv) {
     size_t len = 0, n = 0;
     loom_status s = loom_read_file(file, &text, &len);
     if (s) { rc = cli_fail("reading text", s); goto done; }
-    loom_model_params mp = loom_model_default_params();
-    mp.n_threads = threads;
-    mp.device = cli_device;
-    mp.fast_matmul = cli_fast;
+    loom_model_params mp = cli_model_params(threads);
     if ((s = loom_model_load(model, &mp, &m))) { rc = cli_fail("loading model", s); goto done; }
     if ((s = loom_tok_load_dir(model, &tok))) { rc = cli_fail("loading tokenizer", s); goto done; }
     double t0 = loom_now();

@@ -603,16 +603,9 @@ static int ra_seq(rast *a, int depth) {
             x->p++;
         } else if (c == '{' && x->p[1] >= '0' && x->p[1] <= '9') {
             x->p++;
-            if (rx_count(x, &lo)) return -1;
-            hi = lo;
-            if (*x->p == ',') {
-                x->p++;
-                hi = -1;
-                if (*x->p != '}' && rx_count(x, &hi)) return -1;
-            }
-            if (*x->p != '}') return rfail(x, "expected '}'"), -1;
-            x->p++;
-            if (hi >= 0 && hi < lo) return rfail(x, "{%d,%d}: max below min", lo, hi), -1;
+            char msg[64];
+            const char *e = loom_grammar_braces(&x->p, &lo, &hi, msg, sizeof msg);
+            if (e) return rfail(x, "%s", e), -1;
         }
         if (lo != 1 || hi != 1) {
             if (*x->p == '?' || *x->p == '+') x->p++;

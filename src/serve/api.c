@@ -9,6 +9,7 @@
 
 #include "base/base.h"
 #include "grammar/grammar.h"
+#include "serve/json_field.h"
 #include "serve/media.h"
 
 int api_fail(api_error *err, int status, const char *param, const char *fmt, ...) {
@@ -95,8 +96,7 @@ char *api_error_json(const api_error *err) {
 /* ---- field readers ------------------------------------------------------ */
 
 static const cJSON *field(const api_req *r, const char *k) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(r->body, k);
-    return v && !cJSON_IsNull(v) ? v : NULL;
+    return json_get(r->body, k);
 }
 
 static int get_number(const api_req *r, const char *k, double lo, double hi, double *out,

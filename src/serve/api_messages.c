@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "serve/json_field.h"
 
 static int bad(api_error *err, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -24,17 +25,6 @@ static int bad(api_error *err, const char *param, const char *fmt, ...) {
     return api_fail(err, 400, param, "%s", msg);
 }
 
-static const cJSON *get(const cJSON *o, const char *k) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-    return v && !cJSON_IsNull(v) ? v : NULL;
-}
-
-/* Copies field k of in to out as it is (api_parse checks its type). */
-static void copy(const cJSON *in, cJSON *out, const char *k, const char *as) {
-    const cJSON *v = get(in, k);
-    if (v) cJSON_AddItemToObject(out, as ? as : k, cJSON_Duplicate(v, 1));
-}
-
 /* A string, or text blocks joined: system prompts and tool results. */
 static int text_of(const cJSON *v, const char *param, loom_buf *b, api_error *err) {
     if (cJSON_IsString(v)) {
@@ -44,7 +34,7 @@ static int text_of(const cJSON *v, const char *param, loom_buf *b, api_error *er
     if (!cJSON_IsArray(v)) return bad(err, param, "'%s' must be a string or an array of text blocks", param);
     int i = 0;
     for (const cJSON *blk = v->child; blk; blk = blk->next, i++) {
-        const cJSON *type = get(blk, "type"), *text = get(blk, "text");
+        const cJSON *type = json_get(blk, "type"), *text = json_get(blk, "text");
         char p[96];
         snprintf(p, sizeof p, "%s[%d]", param, i);
         if (cJSON_IsString(type) && !strcmp(type->valuestring, "image"))
@@ -58,29 +48,22 @@ static int text_of(const cJSON *v, const char *param, loom_buf *b, api_error *er
     return 0;
 }
 
-static cJSON *message(const char *role, const char *content) {
-    cJSON *m = cJSON_CreateObject();
-    cJSON_AddStringToObject(m, "role", role);
-    cJSON_AddStringToObject(m, "content", content);
-    return m;
-}
-
 /* An image block's source as a chat image_url part: base64 data becomes a
  * data: URL, a url source passes as it is (the chat path refuses what it
  * does not read, http(s) among them). NULL with err filled otherwise. */
 static cJSON *image_part(const cJSON *blk, const char *p, api_error *err) {
-    const cJSON *src = get(blk, "source"), *type = get(src, "type");
+    const cJSON *src = json_get(blk, "source"), *type = json_get(src, "type");
     const char *t = cJSON_IsString(type) ? type->valuestring : "";
     loom_buf url = {0};
     if (!strcmp(t, "base64")) {
-        const cJSON *mt = get(src, "media_type"), *data = get(src, "data");
+        const cJSON *mt = json_get(src, "media_type"), *data = json_get(src, "data");
         if (!cJSON_IsString(mt) || !cJSON_IsString(data)) {
             bad(err, p, "'%s.source' (base64) needs a string 'media_type' and 'data'", p);
             return NULL;
         }
         loom_buf_printf(&url, "data:%s;base64,%s", mt->valuestring, data->valuestring);
-    } else if (!strcmp(t, "url") && cJSON_IsString(get(src, "url"))) {
-        loom_buf_puts(&url, get(src, "url")->valuestring);
+    } else if (!strcmp(t, "url") && cJSON_IsString(json_get(src, "url"))) {
+        loom_buf_puts(&url, json_get(src, "url")->valuestring);
     } else {
         bad(err, p, "'%s.source' must be {\"type\": \"base64\", \"media_type\", \"data\"} or "
             "{\"type\": \"url\", \"url\"}, found type %s", p, t[0] ? t : "none");
@@ -111,7 +94,7 @@ static int translate_message(const cJSON *m, int idx, cJSON *out, api_error *err
     char param[96];
     snprintf(param, sizeof param, "messages[%d]", idx);
     if (!cJSON_IsObject(m)) return bad(err, param, "'%s' must be an object", param);
-    const cJSON *role = get(m, "role"), *content = get(m, "content");
+    const cJSON *role = json_get(m, "role"), *content = json_get(m, "content");
     snprintf(param, sizeof param, "messages[%d].role", idx);
     if (!cJSON_IsString(role) || (strcmp(role->valuestring, "user") && strcmp(role->valuestring, "assistant")))
         return bad(err, param, "'%s' must be \"user\" or \"assistant\", found %s", param,
@@ -120,7 +103,7 @@ static int translate_message(const cJSON *m, int idx, cJSON *out, api_error *err
     snprintf(param, sizeof param, "messages[%d].content", idx);
     if (!content) return bad(err, param, "'%s' is required", param);
     if (cJSON_IsString(content)) {
-        cJSON_AddItemToArray(out, message(role->valuestring, content->valuestring));
+        cJSON_AddItemToArray(out, json_message(role->valuestring, content->valuestring));
         return 0;
     }
     if (!cJSON_IsArray(content)) return bad(err, param, "'%s' must be a string or an array of content blocks", param);
@@ -130,12 +113,12 @@ static int translate_message(const cJSON *m, int idx, cJSON *out, api_error *err
     for (const cJSON *blk = content->child; blk && !rc; blk = blk->next, i++) {
         char p[128];
         snprintf(p, sizeof p, "messages[%d].content[%d]", idx, i);
-        const cJSON *type = get(blk, "type");
+        const cJSON *type = json_get(blk, "type");
         const char *t = cJSON_IsString(type) ? type->valuestring : "";
         if (!cJSON_IsObject(blk) || !cJSON_IsString(type)) {
             rc = bad(err, p, "'%s' must be a content block object with a string 'type'", p);
         } else if (!strcmp(t, "text")) {
-            const cJSON *s = get(blk, "text");
+            const cJSON *s = json_get(blk, "text");
             if (!cJSON_IsString(s)) rc = bad(err, p, "'%s.text' must be a string", p);
             else loom_buf_printf(&text, "%s%s", n_text++ ? "\n" : "", s->valuestring);
         } else if (!strcmp(t, "image") && user) {
@@ -151,7 +134,7 @@ static int translate_message(const cJSON *m, int idx, cJSON *out, api_error *err
         } else if (!strcmp(t, "document")) {
             rc = bad(err, p, "'%s': documents are not supported", p);
         } else if (!strcmp(t, "tool_use") && !user) {
-            const cJSON *id = get(blk, "id"), *name = get(blk, "name"), *input = get(blk, "input");
+            const cJSON *id = json_get(blk, "id"), *name = json_get(blk, "name"), *input = json_get(blk, "input");
             if (!cJSON_IsString(id) || !cJSON_IsString(name) || (input && !cJSON_IsObject(input))) {
                 rc = bad(err, p, "'%s' (tool_use) needs a string 'id' and 'name' and an object 'input'", p);
                 continue;
@@ -165,7 +148,7 @@ static int translate_message(const cJSON *m, int idx, cJSON *out, api_error *err
             cJSON_AddItemToObject(tc, "function", fn);
             cJSON_AddItemToArray(calls, tc);
         } else if (!strcmp(t, "tool_result") && user) {
-            const cJSON *id = get(blk, "tool_use_id"), *c = get(blk, "content");
+            const cJSON *id = json_get(blk, "tool_use_id"), *c = json_get(blk, "content");
             char cp[160];
             if (!cJSON_IsString(id)) {
                 snprintf(cp, sizeof cp, "%s.tool_use_id", p);
@@ -176,13 +159,13 @@ static int translate_message(const cJSON *m, int idx, cJSON *out, api_error *err
             snprintf(cp, sizeof cp, "%s.content", p);
             if (c && text_of(c, cp, &r, err) < 0) rc = -1;
             else {
-                cJSON *tm = message("tool", r.p ? r.p : "");
+                cJSON *tm = json_message("tool", r.p ? r.p : "");
                 cJSON_AddStringToObject(tm, "tool_call_id", id->valuestring);
                 cJSON_AddItemToArray(out, tm); /* results answer the calls, before any text */
             }
             loom_buf_free(&r);
         } else if ((!strcmp(t, "thinking") || !strcmp(t, "redacted_thinking")) && !user) {
-            const cJSON *s = get(blk, "thinking");
+            const cJSON *s = json_get(blk, "thinking");
             if (cJSON_IsString(s)) loom_buf_puts(&thinking, s->valuestring);
         } else {
             rc = bad(err, p, "'%s': unsupported content block type '%s' in a%s %s message (expected text%s)", p,
@@ -191,7 +174,7 @@ static int translate_message(const cJSON *m, int idx, cJSON *out, api_error *err
     }
     if (!rc && (user ? n_text > 0 || n_img > 0 || cJSON_GetArraySize(content) == 0 : 1)) {
         /* "" rather than null: templates concatenate content */
-        cJSON *msg = message(role->valuestring, text.p ? text.p : "");
+        cJSON *msg = json_message(role->valuestring, text.p ? text.p : "");
         if (parts) {
             flush_text(parts, &text, &n_text);
             cJSON_ReplaceItemInObject(msg, "content", parts);
@@ -210,14 +193,14 @@ static int translate_message(const cJSON *m, int idx, cJSON *out, api_error *err
 
 /* tools: [{name, description, input_schema}] -> chat's function tools. */
 static int translate_tools(const cJSON *in, cJSON *out, api_error *err) {
-    const cJSON *tools = get(in, "tools");
+    const cJSON *tools = json_get(in, "tools");
     if (!tools) return 0;
     if (!cJSON_IsArray(tools)) return bad(err, "tools", "'tools' must be an array");
     cJSON *arr = cJSON_AddArrayToObject(out, "tools");
     int i = 0;
     for (const cJSON *t = tools->child; t; t = t->next, i++) {
         char p[64];
-        const cJSON *type = get(t, "type"), *name = get(t, "name"), *schema = get(t, "input_schema");
+        const cJSON *type = json_get(t, "type"), *name = json_get(t, "name"), *schema = json_get(t, "input_schema");
         snprintf(p, sizeof p, "tools[%d]", i);
         if (!cJSON_IsObject(t)) return bad(err, p, "'%s' must be an object", p);
         if (type && (!cJSON_IsString(type) || strcmp(type->valuestring, "custom")))
@@ -229,9 +212,9 @@ static int translate_tools(const cJSON *in, cJSON *out, api_error *err) {
         if (!cJSON_IsObject(schema)) return bad(err, p, "'%s' must be a JSON schema object", p);
         cJSON *fn = cJSON_CreateObject(), *tool = cJSON_CreateObject();
         cJSON_AddStringToObject(tool, "type", "function");
-        copy(t, fn, "name", NULL);
-        copy(t, fn, "description", NULL);
-        copy(t, fn, "input_schema", "parameters");
+        json_copy(t, fn, "name", NULL);
+        json_copy(t, fn, "description", NULL);
+        json_copy(t, fn, "input_schema", "parameters");
         cJSON_AddItemToObject(tool, "function", fn);
         cJSON_AddItemToArray(arr, tool);
     }
@@ -241,13 +224,13 @@ static int translate_tools(const cJSON *in, cJSON *out, api_error *err) {
 /* tool_choice {type: auto|any|tool|none, name} -> auto, required, the named
  * function, none (whose tools are then not offered to the template). */
 static int translate_tool_choice(const cJSON *in, cJSON *out, api_error *err) {
-    const cJSON *tc = get(in, "tool_choice");
+    const cJSON *tc = json_get(in, "tool_choice");
     if (!tc) return 0;
-    const cJSON *type = get(tc, "type"), *name = get(tc, "name");
+    const cJSON *type = json_get(tc, "type"), *name = json_get(tc, "name");
     if (!cJSON_IsObject(tc) || !cJSON_IsString(type))
         return bad(err, "tool_choice", "'tool_choice' must be an object with a 'type' (auto, any, tool or none)");
     const char *t = type->valuestring;
-    int n_tools = cJSON_GetArraySize(get(in, "tools"));
+    int n_tools = cJSON_GetArraySize(json_get(in, "tools"));
     if (!strcmp(t, "auto") || !strcmp(t, "none")) {
         cJSON_AddStringToObject(out, "tool_choice", t);
     } else if (!strcmp(t, "any") || !strcmp(t, "tool")) {
@@ -267,34 +250,34 @@ static int translate_tool_choice(const cJSON *in, cJSON *out, api_error *err) {
 }
 
 static int translate(const cJSON *in, int count, cJSON *out, api_error *err) {
-    copy(in, out, "model", NULL);
-    copy(in, out, "stream", NULL);
+    json_copy(in, out, "model", NULL);
+    json_copy(in, out, "stream", NULL);
     if (!count) {
-        if (!get(in, "max_tokens")) return bad(err, "max_tokens", "'max_tokens' is required");
-        copy(in, out, "max_tokens", NULL);
+        if (!json_get(in, "max_tokens")) return bad(err, "max_tokens", "'max_tokens' is required");
+        json_copy(in, out, "max_tokens", NULL);
     }
-    const cJSON *temp = get(in, "temperature");
+    const cJSON *temp = json_get(in, "temperature");
     if (temp && (!cJSON_IsNumber(temp) || temp->valuedouble < 0 || temp->valuedouble > 1))
         return bad(err, "temperature", "'temperature' must be a number between 0 and 1");
-    copy(in, out, "temperature", NULL);
-    copy(in, out, "top_p", NULL);
-    copy(in, out, "top_k", NULL);
+    json_copy(in, out, "temperature", NULL);
+    json_copy(in, out, "top_p", NULL);
+    json_copy(in, out, "top_k", NULL);
     /* loom's own sampling fields, as on the OpenAI routes */
     static const char *extra[] = {"seed", "ignore_eos", "min_p", "repetition_penalty", "cache_session_id"};
-    for (size_t i = 0; i < LOOM_ARRAY_LEN(extra); i++) copy(in, out, extra[i], NULL);
-    const cJSON *stops = get(in, "stop_sequences");
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(extra); i++) json_copy(in, out, extra[i], NULL);
+    const cJSON *stops = json_get(in, "stop_sequences");
     if (stops) {
         if (!cJSON_IsArray(stops) || cJSON_GetArraySize(stops) > API_MAX_STOPS)
             return bad(err, "stop_sequences", "'stop_sequences' must be an array of at most %d strings", API_MAX_STOPS);
         for (const cJSON *s = stops->child; s; s = s->next)
             if (!cJSON_IsString(s)) return bad(err, "stop_sequences", "'stop_sequences' must contain only strings");
-        copy(in, out, "stop_sequences", "stop");
+        json_copy(in, out, "stop_sequences", "stop");
     }
-    const cJSON *meta = get(in, "metadata"); /* user_id: nothing here uses it */
+    const cJSON *meta = json_get(in, "metadata"); /* user_id: nothing here uses it */
     if (meta && !cJSON_IsObject(meta)) return bad(err, "metadata", "'metadata' must be an object");
-    const cJSON *th = get(in, "thinking");
+    const cJSON *th = json_get(in, "thinking");
     if (th) {
-        const cJSON *type = get(th, "type");
+        const cJSON *type = json_get(th, "type");
         if (!cJSON_IsObject(th) || !cJSON_IsString(type) ||
             (strcmp(type->valuestring, "enabled") && strcmp(type->valuestring, "disabled")))
             return bad(err, "thinking", "'thinking' must be {\"type\": \"enabled\", \"budget_tokens\": N} "
@@ -305,15 +288,15 @@ static int translate(const cJSON *in, int count, cJSON *out, api_error *err) {
     }
 
     cJSON *msgs = cJSON_AddArrayToObject(out, "messages");
-    const cJSON *sys = get(in, "system");
+    const cJSON *sys = json_get(in, "system");
     if (sys) {
         loom_buf b = {0};
         int rc = text_of(sys, "system", &b, err);
-        if (!rc) cJSON_AddItemToArray(msgs, message("system", b.p ? b.p : ""));
+        if (!rc) cJSON_AddItemToArray(msgs, json_message("system", b.p ? b.p : ""));
         loom_buf_free(&b);
         if (rc) return -1;
     }
-    const cJSON *in_msgs = get(in, "messages");
+    const cJSON *in_msgs = json_get(in, "messages");
     if (!in_msgs) return bad(err, "messages", "'messages' is required");
     if (!cJSON_IsArray(in_msgs) || !cJSON_GetArraySize(in_msgs))
         return bad(err, "messages", "'messages' must be a non-empty array");

@@ -11,16 +11,7 @@
 #include <string.h>
 
 #include "base/base.h"
-
-static const cJSON *get(const cJSON *o, const char *k) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-    return v && !cJSON_IsNull(v) ? v : NULL;
-}
-
-static void copy(const cJSON *in, cJSON *out, const char *k, const char *as) {
-    const cJSON *v = get(in, k);
-    if (v) cJSON_AddItemToObject(out, as ? as : k, cJSON_Duplicate(v, 1));
-}
+#include "serve/json_field.h"
 
 /* The text gathered so far as a text part of parts (then cleared). */
 static void flush_text(cJSON *parts, loom_buf *b) {
@@ -48,10 +39,10 @@ static int parts_text(const cJSON *v, const char *param, loom_buf *b, cJSON **pa
     for (const cJSON *p = v->child; p; p = p->next, i++) {
         char pp[96];
         snprintf(pp, sizeof pp, "%s[%d]", param, i);
-        const cJSON *type = get(p, "type"), *text = get(p, "text");
+        const cJSON *type = json_get(p, "type"), *text = json_get(p, "text");
         const char *t = cJSON_IsString(type) ? type->valuestring : "";
         if (!strcmp(t, "input_image") && parts) {
-            const cJSON *url = get(p, "image_url");
+            const cJSON *url = json_get(p, "image_url");
             if (!cJSON_IsString(url))
                 return api_fail(err, 400, pp, "'%s.image_url' must be a string (a data: or file:// URL; "
                                 "file_id is not supported)", pp);
@@ -71,7 +62,7 @@ static int parts_text(const cJSON *v, const char *param, loom_buf *b, cJSON **pa
         if (strcmp(t, "input_text") && strcmp(t, "output_text") && strcmp(t, "text") && strcmp(t, "refusal"))
             return api_fail(err, 400, pp, "'%s' must be an input_text or output_text part, found type %s", pp,
                             t[0] ? t : "none");
-        if (!strcmp(t, "refusal")) text = get(p, "refusal");
+        if (!strcmp(t, "refusal")) text = json_get(p, "refusal");
         if (!cJSON_IsString(text)) return api_fail(err, 400, pp, "'%s.text' must be a string", pp);
         if (n_text++) loom_buf_puts(b, "\n");
         loom_buf_puts(b, text->valuestring);
@@ -80,21 +71,14 @@ static int parts_text(const cJSON *v, const char *param, loom_buf *b, cJSON **pa
     return 0;
 }
 
-static cJSON *message(const char *role, const char *content) {
-    cJSON *m = cJSON_CreateObject();
-    cJSON_AddStringToObject(m, "role", role);
-    cJSON_AddStringToObject(m, "content", content);
-    return m;
-}
-
 /* The assistant message a function_call item joins: the last message when
  * it is the assistant's, else a new one. */
 static cJSON *assistant_for_call(cJSON *out) {
     int n = cJSON_GetArraySize(out);
     cJSON *last = n ? cJSON_GetArrayItem(out, n - 1) : NULL;
-    const cJSON *role = get(last, "role");
+    const cJSON *role = json_get(last, "role");
     if (!cJSON_IsString(role) || strcmp(role->valuestring, "assistant")) {
-        last = message("assistant", "");
+        last = json_message("assistant", "");
         cJSON_AddItemToArray(out, last);
     }
     cJSON *calls = cJSON_GetObjectItemCaseSensitive(last, "tool_calls");
@@ -103,7 +87,7 @@ static cJSON *assistant_for_call(cJSON *out) {
 
 static int input_item(const cJSON *it, const char *param, cJSON *out, api_error *err) {
     if (!cJSON_IsObject(it)) return api_fail(err, 400, param, "'%s' must be an object", param);
-    const cJSON *type = get(it, "type"), *role = get(it, "role");
+    const cJSON *type = json_get(it, "type"), *role = json_get(it, "role");
     const char *t = cJSON_IsString(type) ? type->valuestring : "message";
     char p[128];
     if (!strcmp(t, "message")) {
@@ -113,13 +97,13 @@ static int input_item(const cJSON *it, const char *param, cJSON *out, api_error 
         for (size_t k = 0; k < LOOM_ARRAY_LEN(roles); k++) known |= cJSON_IsString(role) && !strcmp(role->valuestring, roles[k]);
         if (!known) return api_fail(err, 400, p, "'%s' must be user, assistant, system or developer", p);
         snprintf(p, sizeof p, "%s.content", param);
-        const cJSON *content = get(it, "content");
+        const cJSON *content = json_get(it, "content");
         if (!content) return api_fail(err, 400, p, "'%s' is required", p);
         loom_buf b = {0};
         cJSON *parts = NULL;
         int rc = parts_text(content, p, &b, strcmp(role->valuestring, "user") ? NULL : &parts, err);
         if (!rc) {
-            cJSON *m = message(role->valuestring, b.p ? b.p : "");
+            cJSON *m = json_message(role->valuestring, b.p ? b.p : "");
             if (parts) cJSON_ReplaceItemInObject(m, "content", parts), parts = NULL;
             cJSON_AddItemToArray(out, m);
         }
@@ -128,7 +112,7 @@ static int input_item(const cJSON *it, const char *param, cJSON *out, api_error 
         return rc;
     }
     if (!strcmp(t, "function_call")) {
-        const cJSON *id = get(it, "call_id"), *name = get(it, "name"), *args = get(it, "arguments");
+        const cJSON *id = json_get(it, "call_id"), *name = json_get(it, "name"), *args = json_get(it, "arguments");
         if (!cJSON_IsString(id) || !cJSON_IsString(name) || !cJSON_IsString(args))
             return api_fail(err, 400, param, "'%s' (function_call) needs string 'call_id', 'name' and 'arguments'", param);
         cJSON *obj = cJSON_Parse(args->valuestring);
@@ -147,7 +131,7 @@ static int input_item(const cJSON *it, const char *param, cJSON *out, api_error 
         return 0;
     }
     if (!strcmp(t, "function_call_output")) {
-        const cJSON *id = get(it, "call_id"), *o = get(it, "output");
+        const cJSON *id = json_get(it, "call_id"), *o = json_get(it, "output");
         snprintf(p, sizeof p, "%s.call_id", param);
         if (!cJSON_IsString(id)) return api_fail(err, 400, p, "'%s' must be a string", p);
         snprintf(p, sizeof p, "%s.output", param);
@@ -155,7 +139,7 @@ static int input_item(const cJSON *it, const char *param, cJSON *out, api_error 
         loom_buf b = {0};
         int rc = parts_text(o, p, &b, NULL, err);
         if (!rc) {
-            cJSON *m = message("tool", b.p ? b.p : "");
+            cJSON *m = json_message("tool", b.p ? b.p : "");
             cJSON_AddStringToObject(m, "tool_call_id", id->valuestring);
             cJSON_AddItemToArray(out, m);
         }
@@ -168,10 +152,10 @@ static int input_item(const cJSON *it, const char *param, cJSON *out, api_error 
 }
 
 int api_responses_input(const cJSON *in, cJSON *out, api_error *err) {
-    const cJSON *input = get(in, "input");
+    const cJSON *input = json_get(in, "input");
     if (!input) return api_fail(err, 400, "input", "'input' is required");
     if (cJSON_IsString(input)) {
-        cJSON_AddItemToArray(out, message("user", input->valuestring));
+        cJSON_AddItemToArray(out, json_message("user", input->valuestring));
         return 0;
     }
     if (!cJSON_IsArray(input) || !cJSON_GetArraySize(input))
@@ -187,14 +171,14 @@ int api_responses_input(const cJSON *in, cJSON *out, api_error *err) {
 
 /* tools: [{type: function, name, description, parameters}] -> chat's. */
 static int translate_tools(const cJSON *in, cJSON *out, api_error *err) {
-    const cJSON *tools = get(in, "tools");
+    const cJSON *tools = json_get(in, "tools");
     if (!tools) return 0;
     if (!cJSON_IsArray(tools)) return api_fail(err, 400, "tools", "'tools' must be an array");
     cJSON *arr = cJSON_AddArrayToObject(out, "tools");
     int i = 0;
     for (const cJSON *t = tools->child; t; t = t->next, i++) {
         char p[48];
-        const cJSON *type = get(t, "type"), *name = get(t, "name");
+        const cJSON *type = json_get(t, "type"), *name = json_get(t, "name");
         snprintf(p, sizeof p, "tools[%d].type", i);
         if (!cJSON_IsString(type) || strcmp(type->valuestring, "function"))
             return api_fail(err, 400, p, "'%s' must be \"function\" (the only tools run here are the client's)", p);
@@ -202,16 +186,16 @@ static int translate_tools(const cJSON *in, cJSON *out, api_error *err) {
         if (!cJSON_IsString(name)) return api_fail(err, 400, p, "'%s' is required", p);
         cJSON *tool = cJSON_CreateObject(), *fn = cJSON_CreateObject();
         cJSON_AddStringToObject(tool, "type", "function");
-        copy(t, fn, "name", NULL);
-        copy(t, fn, "description", NULL);
-        copy(t, fn, "parameters", NULL);
+        json_copy(t, fn, "name", NULL);
+        json_copy(t, fn, "description", NULL);
+        json_copy(t, fn, "parameters", NULL);
         cJSON_AddItemToObject(tool, "function", fn);
         cJSON_AddItemToArray(arr, tool);
     }
-    const cJSON *tc = get(in, "tool_choice");
+    const cJSON *tc = json_get(in, "tool_choice");
     if (cJSON_IsObject(tc)) { /* {type: function, name} -> chat's nesting */
-        const cJSON *name = get(tc, "name");
-        if (!cJSON_IsString(get(tc, "type")) || strcmp(get(tc, "type")->valuestring, "function") ||
+        const cJSON *name = json_get(tc, "name");
+        if (!cJSON_IsString(json_get(tc, "type")) || strcmp(json_get(tc, "type")->valuestring, "function") ||
             !cJSON_IsString(name))
             return api_fail(err, 400, "tool_choice", "'tool_choice' must be none, auto, required or "
                             "{\"type\": \"function\", \"name\": ...}");
@@ -219,7 +203,7 @@ static int translate_tools(const cJSON *in, cJSON *out, api_error *err) {
         cJSON_AddStringToObject(o, "type", "function");
         cJSON_AddStringToObject(cJSON_AddObjectToObject(o, "function"), "name", name->valuestring);
     } else {
-        copy(in, out, "tool_choice", NULL);
+        json_copy(in, out, "tool_choice", NULL);
     }
     return 0;
 }
@@ -227,13 +211,13 @@ static int translate_tools(const cJSON *in, cJSON *out, api_error *err) {
 /* text.format {type: text | json_object | json_schema, name, schema,
  * strict} -> response_format. */
 static int translate_format(const cJSON *in, cJSON *out, api_error *err) {
-    const cJSON *text = get(in, "text");
+    const cJSON *text = json_get(in, "text");
     if (!text) return 0;
-    const cJSON *fmt = get(text, "format");
+    const cJSON *fmt = json_get(text, "format");
     if (!cJSON_IsObject(text) || (fmt && !cJSON_IsObject(fmt)))
         return api_fail(err, 400, "text.format", "'text' must be an object whose 'format' is an object");
     if (!fmt) return 0;
-    const cJSON *type = get(fmt, "type");
+    const cJSON *type = json_get(fmt, "type");
     if (!cJSON_IsString(type))
         return api_fail(err, 400, "text.format.type", "'text.format.type' must be text, json_object or json_schema");
     cJSON *rf = cJSON_AddObjectToObject(out, "response_format");
@@ -241,32 +225,32 @@ static int translate_format(const cJSON *in, cJSON *out, api_error *err) {
     if (!strcmp(type->valuestring, "json_schema")) {
         cJSON *js = cJSON_AddObjectToObject(rf, "json_schema");
         static const char *keys[] = {"name", "description", "schema", "strict"};
-        for (size_t i = 0; i < LOOM_ARRAY_LEN(keys); i++) copy(fmt, js, keys[i], NULL);
+        for (size_t i = 0; i < LOOM_ARRAY_LEN(keys); i++) json_copy(fmt, js, keys[i], NULL);
     }
     return 0;
 }
 
 static int translate(const cJSON *in, const cJSON *history, cJSON *out, api_error *err) {
-    copy(in, out, "model", NULL);
-    copy(in, out, "stream", NULL);
-    copy(in, out, "max_output_tokens", "max_tokens");
-    copy(in, out, "previous_response_id", NULL);
+    json_copy(in, out, "model", NULL);
+    json_copy(in, out, "stream", NULL);
+    json_copy(in, out, "max_output_tokens", "max_tokens");
+    json_copy(in, out, "previous_response_id", NULL);
     static const char *same[] = {"temperature", "top_p", "top_k", "seed", "ignore_eos", "min_p",
                                  "repetition_penalty", "cache_session_id"};
-    for (size_t i = 0; i < LOOM_ARRAY_LEN(same); i++) copy(in, out, same[i], NULL);
-    const cJSON *reasoning = get(in, "reasoning"), *effort = get(reasoning, "effort");
+    for (size_t i = 0; i < LOOM_ARRAY_LEN(same); i++) json_copy(in, out, same[i], NULL);
+    const cJSON *reasoning = json_get(in, "reasoning"), *effort = json_get(reasoning, "effort");
     if (reasoning && (!cJSON_IsObject(reasoning) || (effort && !cJSON_IsString(effort))))
         return api_fail(err, 400, "reasoning", "'reasoning' must be an object with a string 'effort'");
     /* the switch reasoning templates read (gpt-oss's) */
     if (effort) cJSON_AddStringToObject(cJSON_AddObjectToObject(out, "chat_template_kwargs"), "reasoning_effort",
                                         effort->valuestring);
-    const cJSON *store = get(in, "store"), *ins = get(in, "instructions");
+    const cJSON *store = json_get(in, "store"), *ins = json_get(in, "instructions");
     if (store && !cJSON_IsBool(store)) return api_fail(err, 400, "store", "'store' must be a boolean");
     if (ins && !cJSON_IsString(ins)) return api_fail(err, 400, "instructions", "'instructions' must be a string");
     cJSON *msgs = cJSON_AddArrayToObject(out, "messages");
     /* instructions are this request's alone: a continued conversation
      * does not carry the earlier ones */
-    if (ins) cJSON_AddItemToArray(msgs, message("system", ins->valuestring));
+    if (ins) cJSON_AddItemToArray(msgs, json_message("system", ins->valuestring));
     for (const cJSON *m = history ? history->child : NULL; m; m = m->next)
         cJSON_AddItemToArray(msgs, cJSON_Duplicate(m, 1));
     if (api_responses_input(in, msgs, err) < 0) return -1;

@@ -21,6 +21,7 @@
 #include "base/base.h"
 #include "serve/api_messages.h"
 #include "serve/job.h"
+#include "serve/json_field.h"
 
 #define STORE_MAX_ENTRIES 1024
 #define STORE_MAX_BYTES (64u << 20)
@@ -123,16 +124,11 @@ static char *store_get(struct resp_store *st, const char *id, int want_messages)
 
 /* ---- the request ---------------------------------------------------------------- */
 
-static const cJSON *get(const cJSON *o, const char *k) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-    return v && !cJSON_IsNull(v) ? v : NULL;
-}
-
 static int responses_parse(job *j, const char *body, size_t len, api_error *err) {
     memset(err, 0, sizeof *err);
     cJSON *in = api_parse_object(body, len, err), *history = NULL;
     if (!in) return -1;
-    const cJSON *prev = get(in, "previous_response_id");
+    const cJSON *prev = json_get(in, "previous_response_id");
     if (prev && !cJSON_IsString(prev)) {
         cJSON_Delete(in);
         return api_fail(err, 400, "previous_response_id", "'previous_response_id' must be a string");
@@ -223,7 +219,7 @@ static void put_output(job *j, loom_buf *b) {
 
 /* The field of the request as sent, or dflt (JSON text). */
 static void put_echo(job *j, loom_buf *b, const char *key, const char *as, const char *dflt) {
-    const cJSON *v = get(j->client, key);
+    const cJSON *v = json_get(j->client, key);
     char *t = v ? cJSON_PrintUnformatted(v) : NULL;
     loom_buf_printf(b, ",\"%s\":%s", as ? as : key, t ? t : dflt);
     free(t);
@@ -270,7 +266,7 @@ static void put_response(job *j, loom_buf *b, int final) {
 static char *conversation(job *j) {
     cJSON *msgs = cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(j->req.body, "messages"), 1);
     if (!msgs) return NULL;
-    if (cJSON_IsString(get(j->client, "instructions"))) cJSON_DeleteItemFromArray(msgs, 0);
+    if (cJSON_IsString(json_get(j->client, "instructions"))) cJSON_DeleteItemFromArray(msgs, 0);
     const choice *c = &j->ch[0];
     cJSON *m = cJSON_CreateObject();
     cJSON_AddStringToObject(m, "role", "assistant");
@@ -297,7 +293,7 @@ static char *conversation(job *j) {
 
 /* Keeps the finished response unless the request said store: false. */
 static void keep(job *j, const loom_buf *response) {
-    if (cJSON_IsFalse(get(j->client, "store")) || response->oom || !response->p) return;
+    if (cJSON_IsFalse(json_get(j->client, "store")) || response->oom || !response->p) return;
     char *r = strdup(response->p), *m = conversation(j);
     if (!r || !m) {
         free(r);
