@@ -25,11 +25,10 @@
  *                          logits (complete_row)
  *   prefill.complete       emitting it; the request decodes on or ends
  *                          (complete_row)
- *   prefill.project, prefill.companion: a speculative drafter's projection
- *                          of the target's hidden states and its companion
- *                          prefill. loom has no drafter yet; when it has,
- *                          they are recorded right after the forward, as the
- *                          seed does.
+ *   prefill.project, prefill.companion: the projected-context drafter's
+ *                          projection of the target's hidden states and the
+ *                          forward that exports them (engine.c), recorded
+ *                          right after the forward, as the seed does.
  *   decode.step            a decode row's share of the forward (trace_step)
  *   cache.disk_restore     the restore thread's reads (reuse.c)
  * The four the seed tags (cache.lookup_restore, prefill.batch_setup,
