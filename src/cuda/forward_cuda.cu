@@ -377,15 +377,7 @@ static loom_status up_weight(loom_cuda_model *g, dweight *dw, const loom_weight 
         return st;
     }
     case LOOM_DT_F8_E4M3: {
-        /* FP8 weights take the f32 path, as MLX-quantized ones (quant). Their
-         * device kernels have not run against the CPU yet (test_cuda_* set
-         * LOOM_CUDA_FP8=1): until they have, a user gets a refusal rather
-         * than unchecked logits. */
-        const char *on = getenv("LOOM_CUDA_FP8");
-        if (!on || strcmp(on, "1"))
-            return loom_err(LOOM_ERR_UNSUPPORTED, "cuda forward: weight %s is FP8 (F8_E4M3): FP8 "
-                            "weights run on the CPU (--device cpu); the device path is experimental "
-                            "(LOOM_CUDA_FP8=1)", what);
+        /* FP8 weights take the f32 path, as MLX-quantized ones (quant) */
         const loom_f8mat *f = &w->f8;
         size_t ns = (size_t)((w->rows + f->br - 1) / f->br) * loom_f8_scale_cols(f);
         dw->quant = dw->f8 = 1;

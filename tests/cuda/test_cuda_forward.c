@@ -448,7 +448,6 @@ out:
 }
 
 int main(void) {
-    setenv("LOOM_CUDA_FP8", "1", 1); /* the device's FP8 path, off by default until checked here */
     loom_status st = loom_cuda_create(0, &C);
     if (st != LOOM_OK) {
         printf("FAIL  cuda_create  %s: %s\n", loom_status_str(st), loom_last_error());

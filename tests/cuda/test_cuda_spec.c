@@ -224,6 +224,10 @@ static void fixture(const char *name) {
         ep = params(LOOM_SPEC_NGRAM, NULL, 8);
         run(m, &ep, &p, 1, 0, &o);
         check_same(name, "ngram", &p, &plain, &o);
+        /* every step speculating: the gate's timing-led choices aside */
+        ep.spec_always = 1;
+        run(m, &ep, &p, 1, 0, &o);
+        check_same(name, "ngram always", &p, &plain, &o);
         ep = params(LOOM_SPEC_DRAFT, dm, 4);
         run(m, &ep, &p, 1, 0, &o);
         check_same(name, "self-draft", &p, &plain, &o);
