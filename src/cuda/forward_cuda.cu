@@ -1572,10 +1572,14 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_layout *kv,
         S.tstride = LOOM_MIN_U((unsigned)((S.tstride + 15) / 16 * 16), (unsigned)tmax);
         S.max_len = S.tstride * bs;
     }
-    /* lens and tables per attention sequence (S.n_rows <= T: ints_cap) */
+    /* lens and tables per attention sequence (S.n_rows <= T: ints_cap).
+     * Every offset follows from T and S.n_rows alone, which a decode
+     * graph's key fixes: a verification step of T tokens has as many
+     * attention sequences whatever rows carry them, and a graph replayed
+     * for it must find its lengths and tables where it read them. */
     int ns = S.n_rows;
     int32_t *h_tok = g->h_ints, *h_slot = h_tok + T, *h_sel = h_slot + T;
-    int32_t *h_rtok = h_sel + T, *h_rpos = h_rtok + n_rows + 1, *h_lens = h_rpos + n_rows;
+    int32_t *h_rtok = h_sel + T, *h_rpos = h_rtok + T + 1, *h_lens = h_rpos + T;
     int32_t *h_pos = h_lens + ns, *h_tab = h_pos + T;
     size_t n_ints = (size_t)(h_tab - g->h_ints) + (size_t)ns * S.tstride;
     for (int r = 0, t = 0, j = 0; r < n_rows; r++) {
@@ -1602,8 +1606,8 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_layout *kv,
     S.slot = S.tok + T;
     S.sel = S.slot + T;
     S.rtok = S.sel + T;
-    S.rpos = S.rtok + n_rows + 1;
-    S.lens = S.rpos + n_rows;
+    S.rpos = S.rtok + T + 1;
+    S.lens = S.rpos + T;
     S.pos = S.lens + ns;
     S.tab = S.pos + T;
     int st_step = g->st_on && graphable && g->use_graphs && S.n_sel <= g->logits_rows;
