@@ -14,7 +14,8 @@
 #            the copy's first 50 lines (what follows is largely in the prompt)
 # Usage: sh bench/spec_cuda.sh (env: BUILD, default build/cuda; N tokens,
 # default 256; PROMPT tokens, default 256; REPS, default 5; MODES, default
-# "ngram dflash draft"; DEVICE, default cuda: cpu runs the same on the CPU,
+# "ngram dflash draft"; GATE, default on: off adds --spec-gate off (every
+# step speculates, the raw speculative speed); DEVICE, default cuda: cpu runs the same on the CPU,
 # with BUILD=build and CUDA= to build without the backend).
 set -eu
 cd "$(dirname "$0")/.."
@@ -24,6 +25,7 @@ PROMPT=${PROMPT:-256}
 REPS=${REPS:-5}
 MODES=${MODES:-"ngram dflash draft"}
 DEVICE=${DEVICE:-cuda}
+GATE=${GATE:-on}
 CUDA=${CUDA-1}
 LOOM="$BUILD/loom"
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/loom-spec-cuda.XXXXXX")
@@ -54,6 +56,7 @@ for name in heldout edit; do
     esac
     len=$PROMPT
     [ "$name" = edit ] && len=$edit_len
+    [ "$GATE" = off ] && flag="$flag --spec-gate off"
     # shellcheck disable=SC2086
     if ! "$LOOM" bench --device "$DEVICE" --model models/pycoder-16m -p 0 -n "$N" --tg-prompt "$len" \
       --tg-text "$TMP/$name" --batch 1 --reps "$REPS" $flag >"$TMP/out" 2>"$TMP/err"; then
@@ -71,5 +74,5 @@ for name in heldout edit; do
   done
 done
 echo "(batch 1, greedy, $N tokens after $PROMPT prompt tokens (edit: $edit_len), medians of $REPS runs; the target on"
-echo " $DEVICE, the drafters on the CPU; tokens/step: 1 + the mean accepted run; every speculative run"
-echo " first checked to give plain decoding's tokens)"
+echo " $DEVICE, the drafters on the CPU; gate $GATE; tokens/step: 1 + the mean accepted run; every"
+echo " speculative run first checked to give plain decoding's tokens, on a GPU up to near-ties)"
