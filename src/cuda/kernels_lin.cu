@@ -290,7 +290,7 @@ static size_t lin_chunk_wu_smem(int dk) {
 }
 
 static size_t lin_chunk_state_smem(int dk) {
-    size_t stage = LOOM_MAX_I(LC_C * dk, LC_C * LC_C + (LC_C * dk + 1) / 2);
+    size_t stage = LC_C * dk + LC_C * LC_C + (LC_C * dk + 1) / 2;  /* W | P | Q (f32) */
     return sizeof(double) * ((size_t)dk * LC_VT + LC_C * LC_VT + 2 * LC_C + stage);
 }
 
@@ -388,9 +388,10 @@ lin_chunk_wu_kernel(lin_chunk_bufs B, const float *qkv, const float *beta, const
 
 /* Block (row r, value head h; state columns blockIdx.y * LC_VT + lane):
  * the row's chunks in order, the state tile S (dk, LC_VT) in shared
- * memory. Warp w takes the chunk rows w + 8 m for u and o, the state rows
- * w + 8 m for the update; a warp's reads of W, Q, P and K are broadcasts,
- * of S and u consecutive doubles. The stage holds W, then P and Q, then K. */
+ * memory. Warp w takes the chunk rows w + 8 m for u and o (one sweep over
+ * S for W S and Q S), the state rows w + 8 m for the update; a warp's
+ * reads of W, Q, P and K are broadcasts, of S and u consecutive doubles.
+ * The stage holds W, P and Q, then K. */
 __global__ void __launch_bounds__(LC_THREADS)
 lin_chunk_state_kernel(float *o, lin_chunk_bufs B, const float *qkv, const int32_t *rtok,
                        float *const *state, size_t off, int min_n, int D, int nk, int nv, int dk,
@@ -404,9 +405,9 @@ lin_chunk_state_kernel(float *o, lin_chunk_bufs B, const float *qkv, const int32
     double *Vn = S + dk * LC_VT;       /* (C, VT) the chunk's u */
     double *G = Vn + LC_C * LC_VT;     /* (C) */
     double *Dj = G + LC_C;             /* (C) e^{G_C - G_j} */
-    double *St = Dj + LC_C;            /* the stage */
-    double *Ps = St;                   /* (C, C) */
-    float *Qf = (float *)(St + LC_C * LC_C), *Kf = (float *)St;  /* (C, dk) */
+    double *Ws = Dj + LC_C;            /* the stage: (C, dk) W */
+    double *Ps = Ws + LC_C * dk;       /* (C, C) */
+    float *Qf = (float *)(Ps + LC_C * LC_C), *Kf = (float *)Ws;  /* (C, dk) */
     float *Sg = state[r] + off + (size_t)h * dk * dv;
     for (int a = warp; a < dk; a += 8) S[a * LC_VT + lane] = col ? (double)Sg[(size_t)a * dv + b] : 0.0;
     for (int c0 = 0; c0 < n; c0 += LC_C) {
@@ -414,48 +415,41 @@ lin_chunk_state_kernel(float *o, lin_chunk_bufs B, const float *qkv, const int32
         __syncthreads();  /* the last chunk's update is done with the stage, u and G */
         for (int e = tid; e < LC_C * dk; e += LC_THREADS) {
             int i = e / dk, a = e % dk;
-            St[e] = i < cn ? B.W[((size_t)(tb + i) * nv + h) * dk + a] : 0.0;
+            size_t ti = (size_t)(tb + i);
+            Ws[e] = i < cn ? B.W[(ti * nv + h) * dk + a] : 0.0;
+            Qf[e] = i < cn ? qkv[ti * D + (size_t)kh * dk + a] : 0.0f;
+        }
+        for (int e = tid; e < LC_C * LC_C; e += LC_THREADS) {
+            int i = e / LC_C;
+            Ps[e] = i < cn ? B.P[((size_t)(tb + i) * nv + h) * LC_C + e % LC_C] : 0.0;
         }
         if (tid < LC_C) G[tid] = tid < cn ? B.G[(size_t)(tb + tid) * nv + h] : 0.0;
         __syncthreads();
-        /* u = U - W S0 */
-        double acc[LC_C / 8];
+        /* W S0 and Q S0; then u = U - W S0 */
+        double wa[LC_C / 8], qa[LC_C / 8];
 #pragma unroll
-        for (int m = 0; m < LC_C / 8; m++) acc[m] = 0.0;
+        for (int m = 0; m < LC_C / 8; m++) wa[m] = qa[m] = 0.0;
         for (int a = 0; a < dk; a++) {
             double s = S[a * LC_VT + lane];
 #pragma unroll
-            for (int m = 0; m < LC_C / 8; m++) acc[m] += St[(warp + 8 * m) * dk + a] * s;
+            for (int m = 0; m < LC_C / 8; m++) {
+                wa[m] += Ws[(warp + 8 * m) * dk + a] * s;
+                qa[m] += (double)Qf[(warp + 8 * m) * dk + a] * s;
+            }
         }
 #pragma unroll
         for (int m = 0; m < LC_C / 8; m++) {
             int i = warp + 8 * m;
             Vn[i * LC_VT + lane] =
-                i < cn && col ? B.U[((size_t)(tb + i) * nv + h) * dv + b] - acc[m] : 0.0;
-        }
-        __syncthreads();
-        for (int e = tid; e < LC_C * LC_C; e += LC_THREADS) {
-            int i = e / LC_C;
-            Ps[e] = i < cn ? B.P[((size_t)(tb + i) * nv + h) * LC_C + e % LC_C] : 0.0;
-        }
-        for (int e = tid; e < LC_C * dk; e += LC_THREADS) {
-            int i = e / dk;
-            Qf[e] = i < cn ? qkv[(size_t)(tb + i) * D + (size_t)kh * dk + e % dk] : 0.0f;
+                i < cn && col ? B.U[((size_t)(tb + i) * nv + h) * dv + b] - wa[m] : 0.0;
         }
         __syncthreads();
         /* o_i = e^{G_i} q_i^T S0 + sum_{j<=i} P_ij u_j */
 #pragma unroll
-        for (int m = 0; m < LC_C / 8; m++) acc[m] = 0.0;
-        for (int a = 0; a < dk; a++) {
-            double s = S[a * LC_VT + lane];
-#pragma unroll
-            for (int m = 0; m < LC_C / 8; m++) acc[m] += (double)Qf[(warp + 8 * m) * dk + a] * s;
-        }
-#pragma unroll
         for (int m = 0; m < LC_C / 8; m++) {
             int i = warp + 8 * m;
             if (i >= cn) continue;
-            double y = exp(G[i]) * acc[m];
+            double y = exp(G[i]) * qa[m];
             for (int j = 0; j <= i; j++) y += Ps[i * LC_C + j] * Vn[j * LC_VT + lane];
             if (col) o[((size_t)(tb + i) * nv + h) * dv + b] = (float)y;
         }
