@@ -4,7 +4,8 @@
 #   0. builds everything, then writes the random models in the background;
 #   1. tools/cuda_check.sh (parity; its log in $OUT/check.txt);
 #   2. with GEMV=1, bench/cuda_gemv (the decode GEMV's variants alone and
-#      over whole layers; $OUT/gemv.txt);
+#      over whole layers; $OUT/gemv.txt); with DELTA=1, bench/cuda_delta
+#      (the delta rule token by token against chunked; $OUT/delta.txt);
 #   3. bench/cuda_bench.sh (loom only, LOOM_BENCH_BATCH default 1,32;
 #      $OUT/bench.txt);
 #   4. a 4096-token prefill (`loom bench -p 4096 -n 0 --reps 3`) under the
@@ -37,7 +38,7 @@ left() { echo $(( BUDGET - ($(date +%s) - t0) )); }
 
 el "build"
 make -s -j"$(nproc)" BUILD="$B" CUDA=1 cuda-tests "$B/loom" "$B/tools/gen_model" "$B/bench/cuda_gemv" \
-  >"$OUT/make.txt" 2>&1 || tail -n 30 "$OUT/make.txt"
+  "$B/bench/cuda_delta" >"$OUT/make.txt" 2>&1 || tail -n 30 "$OUT/make.txt"
 (
   for m in qwen3-0.6b llama3-8b; do
     [ -f "$DIR/$m/model.safetensors" ] ||
@@ -57,6 +58,12 @@ if [ "${GEMV:-0}" = 1 ]; then
   el "gemv"
   timeout 100 "$B/bench/cuda_gemv" 30 >"$OUT/gemv.txt" 2>&1
   grep -E "^best|cuda_gemv:" "$OUT/gemv.txt"
+fi
+
+if [ "${DELTA:-0}" = 1 ]; then
+  el "delta"
+  timeout 100 "$B/bench/cuda_delta" 20 >"$OUT/delta.txt" 2>&1
+  cat "$OUT/delta.txt"
 fi
 
 wait $gen

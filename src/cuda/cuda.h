@@ -367,6 +367,20 @@ loom_status loom_cuda_lin_delta(loom_cuda *c, float *d_o, const float *d_qkv,
                                 int nk, int nv, int dk, int dv);
 int loom_cuda_lin_delta_max_k(void);
 
+/* As loom_cuda_lin_delta (same outputs and states, to rounding), rows of
+ * at least chunk_min tokens by the chunked form: T tokens in all, the
+ * longest row max_n (both host-side: they size the grid and a device
+ * scratch of T nv (dk + dv + loom_cuda_lin_delta_chunk_len() + 1)
+ * doubles); shorter rows token by token. chunk_min 1: every row chunked.
+ * LOOM_ERR_UNSUPPORTED where the device lacks the shared memory. */
+loom_status loom_cuda_lin_delta_chunked(loom_cuda *c, float *d_o, const float *d_qkv,
+                                        const float *d_beta, const float *d_g, int T, int n_rows,
+                                        int max_n, const int32_t *d_rtok, float *const *d_state,
+                                        size_t off, int D, int nk, int nv, int dk, int dv,
+                                        int chunk_min);
+/* Tokens a chunk of loom_cuda_lin_delta_chunked. */
+int loom_cuda_lin_delta_chunk_len(void);
+
 /* d_y (T, nv, dv) = rmsnorm(d_o) * d_w [dv] * silu(d_z) per (token, head). */
 loom_status loom_cuda_lin_gated_norm(loom_cuda *c, float *d_y, const float *d_o, const float *d_z,
                                      const float *d_w, int T, int nv, int dv, float eps);

@@ -232,6 +232,8 @@ struct loom_cuda_model {
                                   bf16 tensor cores */
     int head_am;               /* 1: the greedy picks inside the head's GEMV where it takes
                                   the step (LOOM_CUDA_HEAD_AM, 1; 0: the argmax kernel) */
+    int lin_chunk;             /* rows of this many tokens or more take the chunked delta
+                                  rule (LOOM_CUDA_LIN_CHUNK, 64; 0: token by token) */
     int small_t;               /* up to this many tokens (and gemv_t) a layer is 4 GEMVs that
                                   make their own inputs + qkv_post + attention; 0: never */
     void *a16;                 /* (step_tokens, max(hidden, inter)) of act16 */
@@ -819,6 +821,7 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
      * longer overlap a kernel ahead) */
     g->attn_qkv = tune.attn_qkv;
     g->gemv_t = tune.gemv_t;
+    g->lin_chunk = tune.lin_chunk;
     g->small_t = g->act16 != LOOM_CUDA_F32 ? 8 : 0;
     for (int l = 0; l < L && g->small_t; l++) {
         const dlayer *D = &g->layers[l];
@@ -1168,8 +1171,20 @@ static loom_status lin_layer(loom_cuda_model *g, const dlayer *D, const fw_step 
                            g->d_sptr, conv_off));
     TRY(loom_cuda_lin_prep(c, g->l_conv, g->l_beta, g->l_g, g->l_b, g->l_a, D->neg_a, D->dt_bias,
                            T, Dc, nk, dk, nv));
-    TRY(loom_cuda_lin_delta(c, g->l_o, g->l_conv, g->l_beta, g->l_g, S->n_rows, S->rtok,
-                            g->d_sptr, rec_off, Dc, nk, nv, dk, dv));
+    /* Long prefill rows by chunks; decode (graphs capture it) and proposals
+     * token by token. Either way the states end as the recurrence leaves
+     * them (to rounding): the prefix cache and decode read them. */
+    loom_status ds = LOOM_ERR_UNSUPPORTED;
+    if (g->lin_chunk > 0 && !S->decode && !S->verify && S->max_new >= g->lin_chunk) {
+        ds = loom_cuda_lin_delta_chunked(c, g->l_o, g->l_conv, g->l_beta, g->l_g, T, S->n_rows,
+                                         S->max_new, S->rtok, g->d_sptr, rec_off, Dc, nk, nv,
+                                         dk, dv, g->lin_chunk);
+        if (ds == LOOM_ERR_UNSUPPORTED) loom_err_clear();  /* too little shared memory */
+        else TRY(ds);
+    }
+    if (ds == LOOM_ERR_UNSUPPORTED)
+        TRY(loom_cuda_lin_delta(c, g->l_o, g->l_conv, g->l_beta, g->l_g, S->n_rows, S->rtok,
+                                g->d_sptr, rec_off, Dc, nk, nv, dk, dv));
     TRY(loom_cuda_lin_gated_norm(c, g->l_y, g->l_o, g->l_z, D->lin_norm, T, nv, dv, eps));
     TRY(linear(g, g->xb, g->l_y, &D->lin_out, NULL, T));
     TRY(residual(g, g->xb, D->post_attn_norm, T));

@@ -10,10 +10,12 @@
  *
  * The delta rule runs token by token along each row, parallel over rows,
  * value heads and value columns (a column of the state evolves on its own
- * given k, q, beta and g): prefill and decode take the same kernel. Its
- * arithmetic is double, as the CPU's is (outputs are RMS-normalised per
- * head, which magnifies any cancellation in S^T q); the state is stored in
- * f32 between steps. */
+ * given k, q, beta and g): decode and short rows take that kernel. Long
+ * prefill rows take the chunked form (linear_attn.c's, below), whose
+ * steps along the row are chunks of LC_C tokens instead of tokens. The
+ * arithmetic of both is double, as the CPU's is (outputs are
+ * RMS-normalised per head, which magnifies any cancellation in S^T q);
+ * the state is stored in f32 between steps. */
 #include <math.h>
 
 #include "cuda/cuda_int.cuh"
@@ -152,12 +154,15 @@ extern "C" loom_status loom_cuda_lin_prep(loom_cuda *c, float *d_qkv, float *d_b
  * in four independent chains. */
 static_assert(LIN_VB * LIN_P == LIN_KMAX, "a thread loads one q and one k entry a token");
 
+/* Rows of skip_from tokens or more are left alone (the chunked kernels
+ * take them). */
 __global__ void __launch_bounds__(LIN_VB * LIN_P)
 lin_delta_kernel(float *o, const float *qkv, const float *beta, const float *gdec,
                  const int32_t *rtok, float *const *state, size_t off, int D, int nk, int nv,
-                 int dk, int dv) {
+                 int dk, int dv, int skip_from) {
     __shared__ float qs[2][LIN_KMAX], ks[2][LIN_KMAX];
     int r = blockIdx.x / nv, h = blockIdx.x % nv, kh = h / (nv / nk), tid = threadIdx.x;
+    if (rtok[r + 1] - rtok[r] >= skip_from) return;
     int part = tid % LIN_P, b = blockIdx.y * LIN_VB + tid / LIN_P;
     int col = b < dv, own = tid < dk;
     size_t qo = (size_t)kh * dk + tid, ko = (size_t)(nk + kh) * dk + tid;
@@ -224,18 +229,298 @@ lin_delta_kernel(float *o, const float *qkv, const float *beta, const float *gde
 
 extern "C" int loom_cuda_lin_delta_max_k(void) { return LIN_KMAX; }
 
+static loom_status lin_delta_check(const char *what, int nk, int nv, int dk, int dv, int D) {
+    if (dk < 1 || dk > LIN_KMAX || dv < 1 || nk < 1 || nv % nk || 2 * nk * dk + nv * dv > D)
+        return loom_err(LOOM_ERR_UNSUPPORTED, "cuda %s: %d key heads of %d, %d value heads "
+                        "of %d in %d channels (expected key dims up to %d and value heads a "
+                        "multiple of the key heads)", what, nk, dk, nv, dv, D, LIN_KMAX);
+    return LOOM_OK;
+}
+
+static loom_status lin_delta_seq(loom_cuda *c, float *d_o, const float *d_qkv,
+                                 const float *d_beta, const float *d_g, int n_rows,
+                                 const int32_t *d_rtok, float *const *d_state, size_t off, int D,
+                                 int nk, int nv, int dk, int dv, int skip_from) {
+    dim3 grid((unsigned)(n_rows * nv), loom_cuda_blocks((size_t)dv, LIN_VB));
+    lin_delta_kernel<<<grid, LIN_VB * LIN_P, 0, c->stream>>>(d_o, d_qkv, d_beta, d_g, d_rtok,
+                                                             d_state, off, D, nk, nv, dk, dv,
+                                                             skip_from);
+    LAUNCH_CHECK();
+    return LOOM_OK;
+}
+
 extern "C" loom_status loom_cuda_lin_delta(loom_cuda *c, float *d_o, const float *d_qkv,
                                            const float *d_beta, const float *d_g, int n_rows,
                                            const int32_t *d_rtok, float *const *d_state,
                                            size_t off, int D, int nk, int nv, int dk, int dv) {
     if (n_rows < 1) return LOOM_OK;
-    if (dk < 1 || dk > LIN_KMAX || dv < 1 || nk < 1 || nv % nk || 2 * nk * dk + nv * dv > D)
-        return loom_err(LOOM_ERR_UNSUPPORTED, "cuda lin_delta: %d key heads of %d, %d value heads "
-                        "of %d in %d channels (expected key dims up to %d and value heads a "
-                        "multiple of the key heads)", nk, dk, nv, dv, D, LIN_KMAX);
-    dim3 grid((unsigned)(n_rows * nv), loom_cuda_blocks((size_t)dv, LIN_VB));
-    lin_delta_kernel<<<grid, LIN_VB * LIN_P, 0, c->stream>>>(d_o, d_qkv, d_beta, d_g, d_rtok,
-                                                             d_state, off, D, nk, nv, dk, dv);
+    loom_status st = lin_delta_check("lin_delta", nk, nv, dk, dv, D);
+    if (st != LOOM_OK) return st;
+    return lin_delta_seq(c, d_o, d_qkv, d_beta, d_g, n_rows, d_rtok, d_state, off, D, nk, nv, dk,
+                         dv, 0x7fffffff);
+}
+
+/* ---- the chunked gated delta rule ------------------------------------------ */
+
+/* Within a chunk of C tokens from state S0, with G = cumsum(g) and
+ * A (C, C) strictly lower, A_ij = beta_i e^{G_i - G_j} (k_i . k_j), the
+ * recurrence's u_i (linear_attn.c's chunked form) solve (I + A) u =
+ * beta v - beta e^G K S0, so u = U - W S0 with
+ *   U = (I + A)^-1 (beta V) (C, dv),  W = (I + A)^-1 (beta e^G K) (C, dk),
+ * neither of which depends on S0. Then
+ *   o_i = e^{G_i} q_i^T S0 + sum_{j<=i} P_ij u_j,  P_ij = e^{G_i - G_j} (q_i . k_j),
+ *   S   = e^{G_C} S0 + sum_j e^{G_C - G_j} k_j u_j^T.
+ * lin_chunk_wu_kernel makes U, W, P and G for every chunk of every long
+ * row at once (one block a chunk and value head); lin_chunk_state_kernel
+ * then walks each row's chunks in order (one block a row, value head and
+ * LC_VT state columns), the only sequential part. Both in double. */
+#define LC_C 64        /* tokens a chunk */
+#define LC_THREADS 256 /* 8 warps: lin_chunk_state_kernel's rows warp + 8 m */
+#define LC_VT 32       /* state columns a block of lin_chunk_state_kernel */
+static_assert(LC_THREADS == 32 * 8 && LC_C % 8 == 0, "8 warps, each C / 8 rows of a chunk");
+
+/* The scratch the chunked kernels share, per (token, value head): W (dk),
+ * U (dv), P's row (LC_C), G (1), all double. */
+struct lin_chunk_bufs {
+    double *W, *U, *P, *G;
+};
+
+static size_t lin_chunk_wu_smem(int dk) {
+    return sizeof(double) * (LC_C * LC_C + 3 * LC_C) + sizeof(float) * 2 * LC_C * (dk | 1);
+}
+
+static size_t lin_chunk_state_smem(int dk) {
+    size_t stage = LC_C * dk + LC_C * LC_C + (LC_C * dk + 1) / 2;  /* W | P | Q (f32) */
+    return sizeof(double) * ((size_t)dk * LC_VT + LC_C * LC_VT + 2 * LC_C + stage);
+}
+
+/* Block (row r, chunk ch of it; value head h): U, W, P, G of the chunk's
+ * tokens, rows of fewer than min_n tokens skipped. q and k rows sit in
+ * shared memory at an odd stride, so that a warp reading the rows j of one
+ * column hits distinct banks. */
+__global__ void __launch_bounds__(LC_THREADS)
+lin_chunk_wu_kernel(lin_chunk_bufs B, const float *qkv, const float *beta, const float *gdec,
+                    const int32_t *rtok, int nch, int min_n, int D, int nk, int nv, int dk,
+                    int dv) {
+    extern __shared__ double lc_sh[];
+    int r = blockIdx.x / nch, ch = blockIdx.x % nch, h = blockIdx.y, kh = h / (nv / nk);
+    int tid = threadIdx.x, t0 = rtok[r], n = rtok[r + 1] - t0;
+    if (n < min_n || ch * LC_C >= n) return;
+    int tb = t0 + ch * LC_C, cn = min(LC_C, n - ch * LC_C), ldk = dk | 1;
+    double *A = lc_sh;              /* (C, C) */
+    double *G = A + LC_C * LC_C;    /* (C) cumulative log-decay */
+    double *eG = G + LC_C;          /* (C) e^G */
+    double *bt = eG + LC_C;         /* (C) beta, 0 past the chunk */
+    float *Qs = (float *)(bt + LC_C), *Ks = Qs + LC_C * ldk;  /* (C, ldk) */
+    for (int e = tid; e < LC_C * dk; e += LC_THREADS) {
+        int i = e / dk, a = e % dk;
+        float q = 0.0f, k = 0.0f;
+        if (i < cn) {
+            const float *x = qkv + (size_t)(tb + i) * D;
+            q = x[(size_t)kh * dk + a];
+            k = x[(size_t)(nk + kh) * dk + a];
+        }
+        Qs[i * ldk + a] = q;
+        Ks[i * ldk + a] = k;
+    }
+    if (tid < LC_C) bt[tid] = tid < cn ? (double)beta[(size_t)(tb + tid) * nv + h] : 0.0;
+    if (tid == 0) {
+        /* in token order, as the CPU sums it */
+        double acc = 0;
+        for (int i = 0; i < LC_C; i++) {
+            if (i < cn) acc += (double)gdec[(size_t)(tb + i) * nv + h];
+            G[i] = acc;
+            eG[i] = exp(acc);
+        }
+    }
+    __syncthreads();
+    /* A and P; a warp shares i (32 consecutive e of one row) */
+    for (int e = tid; e < LC_C * LC_C; e += LC_THREADS) {
+        int i = e / LC_C, j = e % LC_C;
+        double a = 0.0, p = 0.0;
+        if (i < cn && j <= i) {
+            const float *ki = Ks + i * ldk, *kj = Ks + j * ldk, *qi = Qs + i * ldk;
+            double kk0 = 0, kk1 = 0, qk0 = 0, qk1 = 0;  /* two chains each */
+            int x = 0;
+            for (; x + 1 < dk; x += 2) {
+                double kj0 = kj[x], kj1 = kj[x + 1];
+                kk0 += (double)ki[x] * kj0;
+                kk1 += (double)ki[x + 1] * kj1;
+                qk0 += (double)qi[x] * kj0;
+                qk1 += (double)qi[x + 1] * kj1;
+            }
+            if (x < dk) {
+                kk0 += (double)ki[x] * kj[x];
+                qk0 += (double)qi[x] * kj[x];
+            }
+            double w = exp(G[i] - G[j]);
+            if (j < i) a = bt[i] * w * (kk0 + kk1);
+            p = w * (qk0 + qk1);
+        }
+        A[e] = a;
+        if (i < cn) B.P[((size_t)(tb + i) * nv + h) * LC_C + j] = p;
+    }
+    if (tid < cn) B.G[(size_t)(tb + tid) * nv + h] = G[tid];
+    __syncthreads();
+    /* Forward substitution down one column of [beta e^G K | beta V] a
+     * thread: x_i = rhs_i - sum_{j<i} A_ij x_j, unrolled so that x stays in
+     * registers (rows past the chunk have rhs 0 and A 0: x 0). */
+    const float *vb = qkv + (size_t)2 * nk * dk + (size_t)h * dv;
+    for (int col = tid; col < dk + dv; col += LC_THREADS) {
+        double x[LC_C];
+#pragma unroll
+        for (int i = 0; i < LC_C; i++) {
+            double rhs = 0.0;
+            if (i < cn)
+                rhs = col < dk ? bt[i] * eG[i] * (double)Ks[i * ldk + col]
+                               : bt[i] * (double)vb[(size_t)(tb + i) * D + col - dk];
+#pragma unroll
+            for (int j = 0; j < i; j++) rhs -= A[i * LC_C + j] * x[j];
+            x[i] = rhs;
+        }
+        double *dst = col < dk ? B.W + col : B.U + col - dk;
+        size_t ld = col < dk ? (size_t)dk : (size_t)dv;
+#pragma unroll
+        for (int i = 0; i < LC_C; i++)
+            if (i < cn) dst[((size_t)(tb + i) * nv + h) * ld] = x[i];
+    }
+}
+
+/* Block (row r, value head h; state columns blockIdx.y * LC_VT + lane):
+ * the row's chunks in order, the state tile S (dk, LC_VT) in shared
+ * memory. Warp w takes the chunk rows w + 8 m for u and o (one sweep over
+ * S for W S and Q S), the state rows w + 8 m for the update; a warp's
+ * reads of W, Q, P and K are broadcasts, of S and u consecutive doubles.
+ * The stage holds W, P and Q, then K. */
+__global__ void __launch_bounds__(LC_THREADS)
+lin_chunk_state_kernel(float *o, lin_chunk_bufs B, const float *qkv, const int32_t *rtok,
+                       float *const *state, size_t off, int min_n, int D, int nk, int nv, int dk,
+                       int dv) {
+    extern __shared__ double lc_sh[];
+    int r = blockIdx.x / nv, h = blockIdx.x % nv, kh = h / (nv / nk), tid = threadIdx.x;
+    int lane = tid % 32, warp = tid / 32, b = blockIdx.y * LC_VT + lane, col = b < dv;
+    int t0 = rtok[r], n = rtok[r + 1] - t0;
+    if (n < min_n) return;
+    double *S = lc_sh;                 /* (dk, VT) */
+    double *Vn = S + dk * LC_VT;       /* (C, VT) the chunk's u */
+    double *G = Vn + LC_C * LC_VT;     /* (C) */
+    double *Dj = G + LC_C;             /* (C) e^{G_C - G_j} */
+    double *Ws = Dj + LC_C;            /* the stage: (C, dk) W */
+    double *Ps = Ws + LC_C * dk;       /* (C, C) */
+    float *Qf = (float *)(Ps + LC_C * LC_C), *Kf = (float *)Ws;  /* (C, dk) */
+    float *Sg = state[r] + off + (size_t)h * dk * dv;
+    for (int a = warp; a < dk; a += 8) S[a * LC_VT + lane] = col ? (double)Sg[(size_t)a * dv + b] : 0.0;
+    for (int c0 = 0; c0 < n; c0 += LC_C) {
+        int tb = t0 + c0, cn = min(LC_C, n - c0);
+        __syncthreads();  /* the last chunk's update is done with the stage, u and G */
+        for (int e = tid; e < LC_C * dk; e += LC_THREADS) {
+            int i = e / dk, a = e % dk;
+            size_t ti = (size_t)(tb + i);
+            Ws[e] = i < cn ? B.W[(ti * nv + h) * dk + a] : 0.0;
+            Qf[e] = i < cn ? qkv[ti * D + (size_t)kh * dk + a] : 0.0f;
+        }
+        for (int e = tid; e < LC_C * LC_C; e += LC_THREADS) {
+            int i = e / LC_C;
+            Ps[e] = i < cn ? B.P[((size_t)(tb + i) * nv + h) * LC_C + e % LC_C] : 0.0;
+        }
+        if (tid < LC_C) G[tid] = tid < cn ? B.G[(size_t)(tb + tid) * nv + h] : 0.0;
+        __syncthreads();
+        /* W S0 and Q S0; then u = U - W S0 */
+        double wa[LC_C / 8], qa[LC_C / 8];
+#pragma unroll
+        for (int m = 0; m < LC_C / 8; m++) wa[m] = qa[m] = 0.0;
+        for (int a = 0; a < dk; a++) {
+            double s = S[a * LC_VT + lane];
+#pragma unroll
+            for (int m = 0; m < LC_C / 8; m++) {
+                wa[m] += Ws[(warp + 8 * m) * dk + a] * s;
+                qa[m] += (double)Qf[(warp + 8 * m) * dk + a] * s;
+            }
+        }
+#pragma unroll
+        for (int m = 0; m < LC_C / 8; m++) {
+            int i = warp + 8 * m;
+            Vn[i * LC_VT + lane] =
+                i < cn && col ? B.U[((size_t)(tb + i) * nv + h) * dv + b] - wa[m] : 0.0;
+        }
+        __syncthreads();
+        /* o_i = e^{G_i} q_i^T S0 + sum_{j<=i} P_ij u_j */
+#pragma unroll
+        for (int m = 0; m < LC_C / 8; m++) {
+            int i = warp + 8 * m;
+            if (i >= cn) continue;
+            double y = exp(G[i]) * qa[m];
+            for (int j = 0; j <= i; j++) y += Ps[i * LC_C + j] * Vn[j * LC_VT + lane];
+            if (col) o[((size_t)(tb + i) * nv + h) * dv + b] = (float)y;
+        }
+        __syncthreads();
+        for (int e = tid; e < LC_C * dk; e += LC_THREADS) {
+            int i = e / dk;
+            Kf[e] = i < cn ? qkv[(size_t)(tb + i) * D + (size_t)(nk + kh) * dk + e % dk] : 0.0f;
+        }
+        if (tid < LC_C) Dj[tid] = tid < cn ? exp(G[cn - 1] - G[tid]) : 0.0;
+        __syncthreads();
+        /* S = e^{G_C} S0 + sum_j e^{G_C - G_j} k_j u_j^T; a thread updates
+         * only the entries it owns (and stores at the end) */
+        double eg = exp(G[cn - 1]);
+        for (int a = warp; a < dk; a += 8) {
+            double s = eg * S[a * LC_VT + lane];
+            for (int j = 0; j < cn; j++) s += (Dj[j] * (double)Kf[j * dk + a]) * Vn[j * LC_VT + lane];
+            S[a * LC_VT + lane] = s;
+        }
+    }
+    for (int a = warp; a < dk; a += 8)
+        if (col) Sg[(size_t)a * dv + b] = (float)S[a * LC_VT + lane];
+}
+
+extern "C" int loom_cuda_lin_delta_chunk_len(void) { return LC_C; }
+
+extern "C" loom_status loom_cuda_lin_delta_chunked(loom_cuda *c, float *d_o, const float *d_qkv,
+                                                   const float *d_beta, const float *d_g, int T,
+                                                   int n_rows, int max_n, const int32_t *d_rtok,
+                                                   float *const *d_state, size_t off, int D,
+                                                   int nk, int nv, int dk, int dv,
+                                                   int chunk_min) {
+    if (n_rows < 1 || T < 1) return LOOM_OK;
+    loom_status st = lin_delta_check("lin_delta_chunked", nk, nv, dk, dv, D);
+    if (st != LOOM_OK) return st;
+    if (max_n < 1 || max_n > T || n_rows > T)
+        return loom_err(LOOM_ERR_INVALID_ARG, "cuda lin_delta_chunked: %d rows of up to %d "
+                        "tokens in %d tokens", n_rows, max_n, T);
+    if (chunk_min < 1) chunk_min = 1;
+    size_t smem_wu = lin_chunk_wu_smem(dk), smem_st = lin_chunk_state_smem(dk);
+    size_t need = smem_wu > smem_st ? smem_wu : smem_st;
+    if (max_n >= chunk_min && need > c->smem_optin)  /* before anything runs: callers fall back */
+        return loom_err(LOOM_ERR_UNSUPPORTED, "cuda lin_delta_chunked: %zu bytes of shared "
+                        "memory a block, the device allows %zu", need, c->smem_optin);
+    /* rows shorter than chunk_min (all of them, or some unless one row) */
+    if (max_n < chunk_min || n_rows > 1)
+        if ((st = lin_delta_seq(c, d_o, d_qkv, d_beta, d_g, n_rows, d_rtok, d_state, off, D, nk,
+                                nv, dk, dv, chunk_min)) != LOOM_OK)
+            return st;
+    if (max_n < chunk_min) return LOOM_OK;
+    size_t per = (size_t)T * nv;
+    void *scr = NULL;
+    st = loom_cuda_scratch(c, sizeof(double) * per * ((size_t)dk + dv + LC_C + 1), &scr);
+    if (st != LOOM_OK) return st;
+    lin_chunk_bufs B;
+    B.W = (double *)scr;
+    B.U = B.W + per * dk;
+    B.P = B.U + per * dv;
+    B.G = B.P + per * LC_C;
+    CUDA_CHECK(cudaFuncSetAttribute(lin_chunk_wu_kernel,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_wu));
+    CUDA_CHECK(cudaFuncSetAttribute(lin_chunk_state_kernel,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_st));
+    int nch = (max_n + LC_C - 1) / LC_C;
+    dim3 g1((unsigned)(n_rows * nch), (unsigned)nv);
+    lin_chunk_wu_kernel<<<g1, LC_THREADS, smem_wu, c->stream>>>(B, d_qkv, d_beta, d_g, d_rtok,
+                                                                nch, chunk_min, D, nk, nv, dk, dv);
+    LAUNCH_CHECK();
+    dim3 g2((unsigned)(n_rows * nv), loom_cuda_blocks((size_t)dv, LC_VT));
+    lin_chunk_state_kernel<<<g2, LC_THREADS, smem_st, c->stream>>>(d_o, B, d_qkv, d_rtok,
+                                                                   d_state, off, chunk_min, D, nk,
+                                                                   nv, dk, dv);
     LAUNCH_CHECK();
     return LOOM_OK;
 }

@@ -466,6 +466,23 @@ int main(void) {
         snprintf(dir, sizeof dir, "tests/fixtures/models/%s", fixtures[i]);
         run_verify(dir, LOOM_KV_F32);
     }
+    /* the hybrids' prefill rows through the chunked delta rule: the
+     * fixture steps' 45- and 20-token prompts with LOOM_CUDA_LIN_CHUNK=16
+     * (the 9-token chunk stays token by token; the states, then decode
+     * from a saved one, against the CPU), and a 150-token prompt beside a
+     * 20-token one at the default, then decode from their states */
+    static const char *hybrids[] = {"qwen3.5-tiny-hybrid", "qwen3next-tiny-hybrid-moe"};
+    setenv("LOOM_CUDA_LIN_CHUNK", "16", 1);
+    for (size_t i = 0; i < sizeof hybrids / sizeof hybrids[0]; i++) {
+        printf("== LOOM_CUDA_LIN_CHUNK=16\n");
+        run_fixture(hybrids[i], LOOM_KV_F32);
+    }
+    unsetenv("LOOM_CUDA_LIN_CHUNK");
+    for (size_t i = 0; i < sizeof hybrids / sizeof hybrids[0]; i++) {
+        char dir[256];
+        snprintf(dir, sizeof dir, "tests/fixtures/models/%s", hybrids[i]);
+        run_single(dir, LOOM_KV_F32);
+    }
     /* FP8 copies (128x128 blocks, layer 1's scales bf16) of qwen3-tiny
      * (partial blocks) and of the wide random models (whole blocks,
      * decode GEMV over real widths): prompts through loom_cuda_f8_gemm,

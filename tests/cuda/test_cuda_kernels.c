@@ -2053,20 +2053,15 @@ static int test_lin_prep(int T, int nk, int dk, int nv, int dv) {
     return ok;
 }
 
-/* The gated delta rule along rows of lens[] tokens from random states,
- * against linear_attn.c's delta_step token by token (double): outputs and
- * the states after. */
-static int test_lin_delta(int nk, int nv, int dk, int dv, const int *lens, int n_rows) {
-    char what[96];
-    int T;
-    int32_t *rt = lin_rtok(lens, n_rows, &T);
-    snprintf(what, sizeof what, "nk=%d nv=%d dk=%d dv=%d rows=%d T=%d", nk, nv, dk, dv, n_rows, T);
-    int D = 2 * nk * dk + nv * dv + 3, rep = nv / nk;  /* 3: a wider row than q|k|v */
-    size_t per = (size_t)nv * dk * dv, off = 11, NO = (size_t)T * nv * dv;
-    float *qkv = xmalloc(sizeof(float) * (size_t)T * D), *beta = xmalloc(sizeof(float) * (size_t)T * nv);
-    float *g = xmalloc(sizeof(float) * (size_t)T * nv), *st = xmalloc(sizeof(float) * per * n_rows);
-    float *st_ref = xmalloc(sizeof(float) * per * n_rows), *st_got = xmalloc(sizeof(float) * per * n_rows);
-    float *ref = xmalloc(sizeof(float) * NO), *got = xmalloc(sizeof(float) * NO);
+/* Random inputs of the delta rule (qkv (T, D) with unit q and k heads, as
+ * lin_prep leaves them; beta, g (T, nv); states (n_rows, per), zero
+ * unless st_scale) and linear_attn.c's delta_step token by token (double)
+ * over them: ref (T, nv, dv) and st_ref. */
+static void lin_delta_case(int nk, int nv, int dk, int dv, const int32_t *rt, int n_rows, int D,
+                           float st_scale, float *qkv, float *beta, float *g, float *st,
+                           float *ref, float *st_ref) {
+    int T = rt[n_rows], rep = nv / nk;
+    size_t per = (size_t)nv * dk * dv;
     double *S = xmalloc(sizeof(double) * (size_t)dk * dv), *tmp = xmalloc(sizeof(double) * (size_t)dv);
     fill(qkv, (size_t)T * D, 1.0f);
     for (int t = 0; t < T; t++)  /* unit q and k, as lin_prep leaves them */
@@ -2080,7 +2075,8 @@ static int test_lin_delta(int nk, int nv, int dk, int dv, const int *lens, int n
         beta[i] = 0.5f + 0.5f * rnd();
         g[i] = -0.3f * fabsf(rnd());
     }
-    fill(st, per * n_rows, 0.5f);
+    if (st_scale > 0) fill(st, per * n_rows, st_scale);
+    else memset(st, 0, sizeof(float) * per * n_rows);
     for (int r = 0; r < n_rows; r++)
         for (int h = 0; h < nv; h++) {
             int kh = h / rep;
@@ -2105,6 +2101,24 @@ static int test_lin_delta(int nk, int nv, int dk, int dv, const int *lens, int n
             }
             for (int i = 0; i < dk * dv; i++) st_ref[per * r + (size_t)h * dk * dv + i] = (float)S[i];
         }
+    free(S), free(tmp);
+}
+
+/* The gated delta rule along rows of lens[] tokens from random states,
+ * against linear_attn.c's delta_step token by token (double): outputs and
+ * the states after. */
+static int test_lin_delta(int nk, int nv, int dk, int dv, const int *lens, int n_rows) {
+    char what[96];
+    int T;
+    int32_t *rt = lin_rtok(lens, n_rows, &T);
+    snprintf(what, sizeof what, "nk=%d nv=%d dk=%d dv=%d rows=%d T=%d", nk, nv, dk, dv, n_rows, T);
+    int D = 2 * nk * dk + nv * dv + 3;  /* 3: a wider row than q|k|v */
+    size_t per = (size_t)nv * dk * dv, off = 11, NO = (size_t)T * nv * dv;
+    float *qkv = xmalloc(sizeof(float) * (size_t)T * D), *beta = xmalloc(sizeof(float) * (size_t)T * nv);
+    float *g = xmalloc(sizeof(float) * (size_t)T * nv), *st = xmalloc(sizeof(float) * per * n_rows);
+    float *st_ref = xmalloc(sizeof(float) * per * n_rows), *st_got = xmalloc(sizeof(float) * per * n_rows);
+    float *ref = xmalloc(sizeof(float) * NO), *got = xmalloc(sizeof(float) * NO);
+    lin_delta_case(nk, nv, dk, dv, rt, n_rows, D, 0.5f, qkv, beta, g, st, ref, st_ref);
     float *dqkv = up(qkv, sizeof(float) * (size_t)T * D), *dbeta = up(beta, sizeof(float) * (size_t)T * nv);
     float *dg = up(g, sizeof(float) * (size_t)T * nv), *dout = NULL, *dst = NULL, **dptr = NULL;
     int32_t *drt = up(rt, sizeof(int32_t) * (size_t)(n_rows + 1));
@@ -2127,7 +2141,78 @@ static int test_lin_delta(int nk, int nv, int dk, int dv, const int *lens, int n
     void *ds[] = {dqkv, dbeta, dg, dout, dst, dptr, drt};
     for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++) loom_cuda_release(C, ds[i]);
     free(rt), free(qkv), free(beta), free(g), free(st), free(st_ref), free(st_got), free(ref);
-    free(got), free(S), free(tmp);
+    free(got);
+    return ok;
+}
+
+/* The chunked delta rule (rows of chunk_min tokens or more; shorter ones
+ * token by token) against the same reference, outputs and states after,
+ * from random states or (st_scale 0) zero ones; then against the
+ * token-by-token kernel on the same inputs. Both kernels compute in
+ * double and round once to f32, so the tolerance is lin_delta's. The
+ * state's padding before each row's part must come back untouched. */
+static int test_lin_delta_chunked(int nk, int nv, int dk, int dv, const int *lens, int n_rows,
+                                  float st_scale, int chunk_min) {
+    char what[120];
+    int T, max_n = 0;
+    int32_t *rt = lin_rtok(lens, n_rows, &T);
+    for (int r = 0; r < n_rows; r++) max_n = lens[r] > max_n ? lens[r] : max_n;
+    snprintf(what, sizeof what, "nk=%d nv=%d dk=%d dv=%d T=%d max=%d%s min=%d", nk, nv, dk, dv,
+             T, max_n, st_scale > 0 ? "" : " S0=0", chunk_min);
+    int D = 2 * nk * dk + nv * dv + 5;
+    size_t per = (size_t)nv * dk * dv, off = 7, NO = (size_t)T * nv * dv, NS = per * n_rows;
+    float *qkv = xmalloc(sizeof(float) * (size_t)T * D), *beta = xmalloc(sizeof(float) * (size_t)T * nv);
+    float *g = xmalloc(sizeof(float) * (size_t)T * nv), *st = xmalloc(sizeof(float) * NS);
+    float *st_ref = xmalloc(sizeof(float) * NS), *st_got = xmalloc(sizeof(float) * NS);
+    float *st_seq = xmalloc(sizeof(float) * NS), *ref = xmalloc(sizeof(float) * NO);
+    float *got = xmalloc(sizeof(float) * NO), *seq = xmalloc(sizeof(float) * NO);
+    float *pad = xmalloc(sizeof(float) * (off + per) * n_rows);
+    lin_delta_case(nk, nv, dk, dv, rt, n_rows, D, st_scale, qkv, beta, g, st, ref, st_ref);
+    float *dqkv = up(qkv, sizeof(float) * (size_t)T * D), *dbeta = up(beta, sizeof(float) * (size_t)T * nv);
+    float *dg = up(g, sizeof(float) * (size_t)T * nv), *dout = NULL, *dst = NULL, **dptr = NULL;
+    float *dst2 = NULL, **dptr2 = NULL;
+    int32_t *drt = up(rt, sizeof(int32_t) * (size_t)(n_rows + 1));
+    loom_status s = loom_cuda_alloc(C, (void **)&dout, sizeof(float) * NO);
+    if (s == LOOM_OK && (!dqkv || !dbeta || !dg || !drt || !lin_states_up(st, n_rows, per, off, &dst, &dptr) ||
+                         !lin_states_up(st, n_rows, per, off, &dst2, &dptr2)))
+        s = LOOM_ERR_NOMEM;
+    /* NaN outputs before: every one must be written */
+    for (size_t i = 0; i < NO; i++) got[i] = NAN;
+    if (s == LOOM_OK) s = loom_cuda_upload(C, dout, got, sizeof(float) * NO);
+    if (s == LOOM_OK)
+        s = loom_cuda_lin_delta_chunked(C, dout, dqkv, dbeta, dg, T, n_rows, max_n, drt, dptr, off,
+                                        D, nk, nv, dk, dv, chunk_min);
+    if (s == LOOM_OK) s = loom_cuda_download(C, got, dout, sizeof(float) * NO);
+    if (s == LOOM_OK && !lin_states_down(st_got, n_rows, per, off, dst)) s = LOOM_ERR_INTERNAL;
+    if (s == LOOM_OK)
+        s = loom_cuda_download(C, pad, dst, sizeof(float) * (off + per) * n_rows);
+    if (s == LOOM_OK)
+        s = loom_cuda_lin_delta(C, dout, dqkv, dbeta, dg, n_rows, drt, dptr2, off, D, nk, nv, dk, dv);
+    if (s == LOOM_OK) s = loom_cuda_download(C, seq, dout, sizeof(float) * NO);
+    if (s == LOOM_OK && !lin_states_down(st_seq, n_rows, per, off, dst2)) s = LOOM_ERR_INTERNAL;
+    int ok = 0;
+    if (s != LOOM_OK) {
+        api_fail("lin_chunked", what, s);
+    } else {
+        char w2[160];
+        ok = report("lin_chunked", what, got, ref, NULL, NO, 1e-6f, 1e-5f);
+        snprintf(w2, sizeof w2, "%s state", what);
+        ok &= report("lin_chunked", w2, st_got, st_ref, NULL, NS, 1e-6f, 1e-5f);
+        snprintf(w2, sizeof w2, "%s vs seq", what);
+        ok &= report("lin_chunked", w2, got, seq, NULL, NO, 1e-6f, 1e-5f);
+        snprintf(w2, sizeof w2, "%s vs seq state", what);
+        ok &= report("lin_chunked", w2, st_got, st_seq, NULL, NS, 1e-6f, 1e-5f);
+        int pad_ok = 1;
+        for (int r = 0; r < n_rows; r++)
+            for (size_t i = 0; i < off; i++) pad_ok &= pad[(size_t)r * (off + per) + i] == -7.0f;
+        printf("%s  %-14s %-44s\n", pad_ok ? "PASS" : "FAIL", "lin_chunked", "state padding kept");
+        pad_ok ? n_pass++ : n_fail++;
+        ok &= pad_ok;
+    }
+    void *ds[] = {dqkv, dbeta, dg, dout, dst, dptr, dst2, dptr2, drt};
+    for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++) loom_cuda_release(C, ds[i]);
+    free(rt), free(qkv), free(beta), free(g), free(st), free(st_ref), free(st_got), free(st_seq);
+    free(ref), free(got), free(seq), free(pad);
     return ok;
 }
 
@@ -2268,6 +2353,21 @@ static void test_lin_all(void) {
     test_lin_delta(1, 3, 33, 45, d3, 3);
     test_lin_delta(3, 3, 100, 70, d4, 1);
     test_lin_delta(2, 8, 64, 33, d5, 1);
+    /* chunked: lengths around the chunk (1, 17, 63, 64, 65, 130, 257),
+     * several heads, odd dims, mixed rows (short ones token by token),
+     * zero and random initial states, the models' shape */
+    static const int cl[] = {1, 17, 63, 64, 65, 130, 257};
+    for (size_t i = 0; i < sizeof cl / sizeof cl[0]; i++) {
+        test_lin_delta_chunked(2, 4, 16, 16, &cl[i], 1, 0.5f, 1);
+        test_lin_delta_chunked(1, 3, 33, 45, &cl[i], 1, 0.0f, 1);
+    }
+    int c2[] = {130, 1, 65, 17}, c3[] = {257, 63}, c4[] = {200};
+    test_lin_delta_chunked(2, 4, 128, 128, cl, 7, 0.5f, 1);
+    test_lin_delta_chunked(3, 6, 100, 70, c2, 4, 0.5f, 64);
+    test_lin_delta_chunked(3, 6, 100, 70, c2, 4, 0.0f, 64);
+    test_lin_delta_chunked(2, 8, 64, 33, c3, 2, 0.5f, 100);
+    test_lin_delta_chunked(16, 32, 128, 128, c4, 1, 0.5f, 64);
+    test_lin_delta_chunked(16, 32, 128, 128, c3, 2, 0.0f, 64);
     test_lin_gated_norm(3, 4, 16);
     test_lin_gated_norm(17, 5, 45);
     test_lin_gated_norm(2, 32, 128);
