@@ -105,6 +105,12 @@ loom_status loom_cuda_rope_table_dev(loom_cuda *c, float *d_cos, float *d_sin, i
 loom_status loom_cuda_silu_mul(loom_cuda *c, float *d_g, const float *d_u, size_t n);
 loom_status loom_cuda_gelu_tanh_mul(loom_cuda *c, float *d_g, const float *d_u, size_t n);
 
+/* The same over rows of d_g (T, n) with row t of u at d_u + t * ld (ld >=
+ * n): g = act(g) * u (gelu: gelu_tanh, else silu), as silu_mul /
+ * gelu_tanh_mul compute each value. */
+loom_status loom_cuda_act_mul_ld(loom_cuda *c, float *d_g, const float *d_u, int T, int n,
+                                 int ld, int gelu);
+
 /* The same after a fused gate/up GEMM: d_gu (T, 2n) holds gate in columns
  * [0, n) and up in [n, 2n); d_out (T, n) = act(gate) * up (gelu: gelu_tanh,
  * else silu). */
@@ -126,6 +132,10 @@ loom_status loom_cuda_act_mul_split_bf16(loom_cuda *c, void *d_out16, const void
  * bf16). */
 loom_status loom_cuda_add_rmsnorm16(loom_cuda *c, void *d_y16, float *d_x, const float *d_r,
                                     const float *d_w, int T, int n, float eps, loom_cuda_dtype dt);
+
+/* x = x * s, and x = (x + y) * s, over n values (y must not alias x). */
+loom_status loom_cuda_scale(loom_cuda *c, float *d_x, size_t n, float s);
+loom_status loom_cuda_add_scale(loom_cuda *c, float *d_x, const float *d_y, size_t n, float s);
 
 /* d_out (T, cols) = table[ids[t]] * scale, table (vocab, cols) of dtype.
  * Ids are trusted (the caller checked them against the vocabulary). */
