@@ -483,10 +483,11 @@ typedef struct loom_cuda_model loom_cuda_model;
  * allocates the device KV rows in the host pool's layout kv (same
  * layers, blocks, block size and row bytes; type f32, f16 or bf16) plus
  * activations for step_tokens tokens per forward over sequences of up to
- * max_ctx positions. Dense decoders (Llama, Mistral, Qwen2, Qwen3, Gemma 2
- * and 3, and their MLX-quantized forms) and Qwen3-MoE (experts of f32, f16
- * or bf16, with or without a gated shared expert): LOOM_ERR_UNSUPPORTED
- * names what else a model needs (linear attention, per-layer inputs, ...). */
+ * max_ctx positions. Dense decoders (Llama, Mistral, Qwen2, Qwen3, Gemma 2,
+ * 3 and 4, and their MLX-quantized forms), Qwen3-MoE (experts of f32, f16
+ * or bf16, with or without a gated shared expert) and the Qwen3.5 /
+ * Qwen3-Next hybrids: LOOM_ERR_UNSUPPORTED names what else a model needs
+ * (Gemma 4's MoE block, ...). */
 loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
                                    const struct loom_kv_layout *kv, int step_tokens, int max_ctx,
                                    loom_cuda_model **out);
