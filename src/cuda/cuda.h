@@ -342,6 +342,11 @@ loom_status loom_cuda_moe_combine(loom_cuda *c, float *d_out, int acc, const flo
                                   const int32_t *d_plan, const float *d_wt, int T, int k, int n,
                                   int E);
 
+/* Per-expert scales on the routing weights (Gemma 4): d_wt (T, k) entry a
+ * *= d_scale[d_sel[a]], d_scale [n_experts]. */
+loom_status loom_cuda_moe_scale_weights(loom_cuda *c, float *d_wt, const int32_t *d_sel,
+                                        const float *d_scale, int T, int k);
+
 /* The gated shared expert's add: d_out (T, n) row t += sigmoid(d_g[t]) *
  * d_y row t. */
 loom_status loom_cuda_moe_gate_add(loom_cuda *c, float *d_out, const float *d_y, const float *d_g,
@@ -487,7 +492,8 @@ typedef struct loom_cuda_model loom_cuda_model;
  * 3 and 4, and their MLX-quantized forms), Qwen3-MoE (experts of f32, f16
  * or bf16, with or without a gated shared expert) and the Qwen3.5 /
  * Qwen3-Next hybrids: LOOM_ERR_UNSUPPORTED names what else a model needs
- * (Gemma 4's MoE block, ...). */
+ * (routing to more than LOOM_CUDA_MOE_KMAX experts a token, linear-attention
+ * heads the kernels do not take, ...). */
 loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
                                    const struct loom_kv_layout *kv, int step_tokens, int max_ctx,
                                    loom_cuda_model **out);

@@ -1765,6 +1765,40 @@ static void mv_ref(double *y, const float *w, const float *x, int rows, int cols
 
 static float silu_ref(double g) { return (float)(g / (1.0 + exp(-g))); }
 
+/* moe_scale_weights: each routing weight times its expert's scale (one f32
+ * multiply: equal bits), experts chosen at random, repeats included. */
+static int test_moe_scale_weights(int T, int k, int E) {
+    const char *kn = "moe_scale_w";
+    char what[96];
+    snprintf(what, sizeof what, "T=%d k=%d E=%d", T, k, E);
+    size_t N = (size_t)T * k;
+    float *w = xmalloc(N * 4), *sc = xmalloc((size_t)E * 4), *ref = xmalloc(N * 4);
+    float *got = xmalloc(N * 4);
+    int32_t *sel = xmalloc(N * 4);
+    fill(w, N, 1.0f);
+    fill(sc, (size_t)E, 2.0f);
+    for (size_t i = 0; i < N; i++) {
+        sel[i] = (int32_t)(test_rand_u32(&rng) % (unsigned)E);
+        ref[i] = w[i] * sc[sel[i]];
+    }
+    float *dw = up(w, N * 4), *ds = up(sc, (size_t)E * 4);
+    int32_t *dsel = up(sel, N * 4);
+    int ok = 0;
+    if (!dw || !ds || !dsel) {
+        api_fail(kn, what, LOOM_ERR_NOMEM);
+    } else {
+        loom_status st = loom_cuda_moe_scale_weights(C, dw, dsel, ds, T, k);
+        if (st == LOOM_OK) st = loom_cuda_download(C, got, dw, N * 4);
+        if (st != LOOM_OK) api_fail(kn, what, st);
+        else ok = report(kn, what, got, ref, NULL, N, 0.0f, 0.0f);
+    }
+    loom_cuda_release(C, dw);
+    loom_cuda_release(C, ds);
+    loom_cuda_release(C, dsel);
+    free(w), free(sc), free(ref), free(got), free(sel);
+    return ok;
+}
+
 /* The whole feed-forward of one MoE layer against a double reference:
  * the router as a GEMV (sel NULL) and as a one-group GEMM, routing, the
  * bucketing plan (checked entry by entry), then the experts both ways:
@@ -2674,6 +2708,9 @@ int main(void) {
     };
     for (size_t i = 0; i < sizeof moes / sizeof moes[0]; i++) test_moe(&moes[i]);
     test_moe_limits();
+    test_moe_scale_weights(1, 8, 128);
+    test_moe_scale_weights(37, 2, 4);
+    test_moe_scale_weights(300, 8, 128);
     test_lin_all();
 
     st = loom_cuda_sync(C);
