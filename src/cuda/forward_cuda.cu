@@ -12,7 +12,9 @@
  * Gemma 4's pieces (ple_inputs, layer_end, the unfused q/k/v path): a
  * layer that shares KV (num_kv_shared_layers) projects q only and its
  * attention reads the rows of the layer it shares with, in the device
- * pool; attention_k_eq_v layers take their values from the raw keys.
+ * pool; attention_k_eq_v layers take their values from the raw keys; the
+ * MoE block beside the MLP (moe_beside) runs the routed experts' kernels
+ * on its own router input, scales and norms.
  *
  * A MoE layer replaces gate/up -> down by moe_ffn below (kernels_moe.cu):
  * the router and routing on the device, then the chosen experts (grouped
@@ -210,6 +212,12 @@ typedef struct dlayer {
     dweight ple_gate, ple_proj;/* (ple_dim, hidden), (hidden, ple_dim); rows 0 = none */
     const float *ple_norm;     /* device [hidden] after ple_proj */
     float out_scale;           /* layer_scalar: x *= it at the layer's end (1: none) */
+    /* Gemma 4's MoE block beside the dense MLP (the routed fields above, moe 0) */
+    int beside;
+    const float *post_ffn_norm1;   /* device [hidden] after the dense MLP */
+    const float *pre_moe_norm, *post_moe_norm;  /* device [hidden] around the experts */
+    const float *moe_in_scale;     /* device [hidden] router input scale (times hidden^-0.5) */
+    const float *moe_expert_scale; /* device [n_experts] on the routing weights */
 } dlayer;
 
 struct loom_cuda_model {
@@ -265,6 +273,8 @@ struct loom_cuda_model {
     float *m_hb;               /* (step_tokens, max(K * 2 moe_inter, 2 shared inter)) gate | up */
     float *m_ab;               /* (step_tokens, max(K * moe_inter, shared inter)) act * up */
     float *m_y;                /* (step_tokens, K, hidden) each pair's expert output */
+    float *m_rin, *m_sum;      /* (step_tokens, hidden) Gemma 4's router, then expert input;
+                                  the experts' sum (MoE blocks beside an MLP only) */
     /* gated attention (device; models with the output gate only) */
     float *qraw;               /* (step_tokens, 2 * n_heads * head_dim) [query | gate] per head */
     float *gate;               /* (step_tokens, n_heads * head_dim) */
@@ -532,10 +542,11 @@ static loom_status check_model(const loom_model *m) {
                             "%d and %d rows (expected %d and %d)", l, L->lin.in_qkvz.rows,
                             L->lin.in_ba.rows, m->lin_conv_dim + c->lin_n_v_heads *
                             c->lin_v_head_dim, 2 * c->lin_n_v_heads);
-        if (L->moe_beside)
-            return loom_err(LOOM_ERR_UNSUPPORTED, "cuda forward: layer %d has a MoE block beside "
-                            "the MLP (Gemma 4 enable_moe_block), which the CUDA forward does not "
-                            "have; run it on the CPU (--device cpu)", l);
+        if (L->moe_beside && (c->n_experts_used > LOOM_CUDA_MOE_KMAX || L->moe.shared.gate.rows))
+            return loom_err(LOOM_ERR_UNSUPPORTED, "cuda forward: layer %d: MoE block beside the "
+                            "MLP with top %d experts%s (expected at most %d, no shared expert)", l,
+                            c->n_experts_used, L->moe.shared.gate.rows ? " and a shared expert" : "",
+                            LOOM_CUDA_MOE_KMAX);
         if (L->is_moe && (L->moe.in_scale || L->moe.expert_scale || L->post_ffn_norm ||
                           c->n_experts_used > LOOM_CUDA_MOE_KMAX))
             return loom_err(LOOM_ERR_UNSUPPORTED, "cuda forward: layer %d: MoE with router "
@@ -732,7 +743,18 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
             }
         }
         if (st == LOOM_OK && att) st = up_weight(g, &D->wo, &A->wo, "o_proj");
-        if (st == LOOM_OK && S->is_moe) st = up_moe(g, D, S, l);
+        if (st == LOOM_OK && (S->is_moe || S->moe_beside)) st = up_moe(g, D, S, l);
+        if (st == LOOM_OK && S->moe_beside) {
+            /* the experts beside the dense MLP, not instead of it */
+            D->moe = 0;
+            D->beside = 1;
+            st = up_vec(g, &D->post_ffn_norm1, S->post_ffn_norm1, H);
+            if (st == LOOM_OK) st = up_vec(g, &D->pre_moe_norm, S->pre_moe_norm, H);
+            if (st == LOOM_OK) st = up_vec(g, &D->post_moe_norm, S->post_moe_norm, H);
+            if (st == LOOM_OK) st = up_vec(g, &D->moe_in_scale, S->moe.in_scale, H);
+            if (st == LOOM_OK)
+                st = up_vec(g, &D->moe_expert_scale, S->moe.expert_scale, cf->n_experts);
+        }
         const loom_weight *wg = &S->mlp.gate, *wu = &S->mlp.up;
         D->fused_gu = !S->is_moe && wg->dtype == wu->dtype && wg->cols == wu->cols &&
                       wg->rows == wu->rows &&
@@ -817,7 +839,7 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
     /* so do per-layer inputs and layer scalars (layer_end, after the MLP's
      * residual add) and value norms (the unfused q/k/v path) */
     for (int l = 0; l < L && st == LOOM_OK; l++)
-        sandwich |= g->layers[l].out_scale != 1.0f || g->layers[l].v_norm;
+        sandwich |= g->layers[l].out_scale != 1.0f || g->layers[l].v_norm || g->layers[l].beside;
     sandwich |= m->has_ple;
     /* Hybrids (linear attention, the attention's output gate) take it too:
      * their own kernels read and write f32. */
@@ -881,7 +903,7 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
     size_t mhb = 1, mab = 1;
     for (int l = 0; l < L && st == LOOM_OK; l++) {
         const dlayer *D = &g->layers[l];
-        if (!D->moe) continue;
+        if (!D->moe && !D->beside) continue;
         size_t K = (size_t)cf->n_experts_used, Is = (size_t)D->sgu.rows / 2;
         any_moe = 1;
         mhb = LOOM_MAX(mhb, LOOM_MAX(K * 2 * D->moe_inter, 2 * Is));
@@ -897,6 +919,10 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
         if (st == LOOM_OK) st = g_alloc(g, (void **)&g->m_hb, T * mhb * 4);
         if (st == LOOM_OK) st = g_alloc(g, (void **)&g->m_ab, T * mab * 4);
         if (st == LOOM_OK) st = g_alloc(g, (void **)&g->m_y, T * K * H * 4);
+        if (st == LOOM_OK && (cf->enable_moe_block)) {
+            st = g_alloc(g, (void **)&g->m_rin, T * H * 4);
+            if (st == LOOM_OK) st = g_alloc(g, (void **)&g->m_sum, T * H * 4);
+        }
     }
     if (st == LOOM_OK && (m->arch->flags & LOOM_ARCH_ATTN_GATE)) {
         st = g_alloc(g, (void **)&g->qraw, 2 * T * qd * 4);
@@ -1124,14 +1150,17 @@ static loom_status moe_linear(loom_cuda_model *g, float *y, const float *x, cons
     return loom_cuda_moe_gemm(g->c, y, x, 0, w->d, w->dt, w->rows, w->cols, NULL, 1, T);
 }
 
+static loom_status moe_experts(loom_cuda_model *g, const dlayer *D, const float *xin, float *out,
+                               int acc, int T);
+
 /* x += moe(xb) for a MoE layer (moe.c's loom_moe_ffn), xb (T, hidden) the
  * normed input: the router, routing, the gated shared expert, then the
  * routed experts, all on the device with grids fixed by T (capturable). */
 static loom_status moe_ffn(loom_cuda_model *g, const dlayer *D, int T) {
     const loom_config *cf = &g->m->cfg;
     loom_cuda *c = g->c;
-    int E = cf->n_experts, K = cf->n_experts_used, H = cf->hidden_size, I = D->moe_inter;
-    int N = T * K, gelu = g->m->act == LOOM_ACT_GELU_TANH;
+    int E = cf->n_experts, K = cf->n_experts_used, H = cf->hidden_size;
+    int gelu = g->m->act == LOOM_ACT_GELU_TANH;
     TRY(moe_linear(g, g->m_logits, g->xb, &D->router, T));
     TRY(loom_cuda_moe_route(c, g->m_sel, g->m_wt, g->m_logits, T, E, K, D->renorm));
     if (D->sgu.rows) {
@@ -1142,17 +1171,47 @@ static loom_status moe_ffn(loom_cuda_model *g, const dlayer *D, int T) {
         TRY(moe_linear(g, g->m_logits, g->xb, &D->sgate, T));  /* routing is done */
         TRY(loom_cuda_moe_gate_add(c, g->x, g->m_y, g->m_logits, T, H));
     }
+    return moe_experts(g, D, g->xb, g->x, 1, T);
+}
+
+/* The routed experts on their input xin (T, hidden), the routing (m_sel,
+ * m_wt) done: out = (acc: out +) the weighted sum of each token's experts. */
+static loom_status moe_experts(loom_cuda_model *g, const dlayer *D, const float *xin, float *out,
+                               int acc, int T) {
+    const loom_config *cf = &g->m->cfg;
+    loom_cuda *c = g->c;
+    int E = cf->n_experts, K = cf->n_experts_used, H = cf->hidden_size, I = D->moe_inter;
+    int N = T * K, gelu = g->m->act == LOOM_ACT_GELU_TANH;
     if (T <= MOE_GEMV_T) {
-        TRY(loom_cuda_moe_gemv(c, g->m_hb, g->xb, K, g->m_sel, D->egu, D->edt, 2 * I, H, N));
+        TRY(loom_cuda_moe_gemv(c, g->m_hb, xin, K, g->m_sel, D->egu, D->edt, 2 * I, H, N));
         TRY(loom_cuda_act_mul_split(c, g->m_ab, g->m_hb, N, I, gelu));
-        return loom_cuda_moe_gemv_sum(c, g->x, 1, g->m_ab, g->m_sel, g->m_wt, D->edown, D->edt,
+        return loom_cuda_moe_gemv_sum(c, out, acc, g->m_ab, g->m_sel, g->m_wt, D->edown, D->edt,
                                       T, K, H, I);
     }
     TRY(loom_cuda_moe_sort(c, g->m_plan, g->m_sel, T, K, E));
-    TRY(loom_cuda_moe_gemm(c, g->m_hb, g->xb, 1, D->egu, D->edt, 2 * I, H, g->m_plan, E, N));
+    TRY(loom_cuda_moe_gemm(c, g->m_hb, xin, 1, D->egu, D->edt, 2 * I, H, g->m_plan, E, N));
     TRY(loom_cuda_act_mul_split(c, g->m_ab, g->m_hb, N, I, gelu));
     TRY(loom_cuda_moe_gemm(c, g->m_y, g->m_ab, 0, D->edown, D->edt, H, I, g->m_plan, E, N));
-    return loom_cuda_moe_combine(c, g->x, 1, g->m_y, g->m_plan, g->m_wt, T, K, H, E);
+    return loom_cuda_moe_combine(c, out, acc, g->m_y, g->m_plan, g->m_wt, T, K, H, E);
+}
+
+/* Gemma 4's MoE block beside the dense MLP (moe.c's loom_moe_beside), the
+ * MLP's post-normed output in xb: routing on rmsnorm(x) * in_scale, the
+ * weights renormalised then times their experts' scales, the experts on
+ * rmsnorm(x) * pre_moe_norm, and xb += rmsnorm(their sum) * post_moe_norm. */
+static loom_status moe_beside(loom_cuda_model *g, const dlayer *D, int T) {
+    const loom_config *cf = &g->m->cfg;
+    loom_cuda *c = g->c;
+    int E = cf->n_experts, K = cf->n_experts_used, H = cf->hidden_size;
+    float eps = (float)cf->rms_eps;
+    TRY(loom_cuda_rmsnorm(c, g->m_rin, g->x, D->moe_in_scale, T, H, eps, 0));
+    TRY(moe_linear(g, g->m_logits, g->m_rin, &D->router, T));
+    TRY(loom_cuda_moe_route(c, g->m_sel, g->m_wt, g->m_logits, T, E, K, D->renorm));
+    if (D->moe_expert_scale)
+        TRY(loom_cuda_moe_scale_weights(c, g->m_wt, g->m_sel, D->moe_expert_scale, T, K));
+    TRY(loom_cuda_rmsnorm(c, g->m_rin, g->x, D->pre_moe_norm, T, H, eps, 0)); /* routing is done */
+    TRY(moe_experts(g, D, g->m_rin, g->m_sum, 0, T));
+    return loom_cuda_rmsnorm_add(c, g->xb, g->m_sum, D->post_moe_norm, T, H, eps);
 }
 
 /* rmsnorm(x) -> MLP or MoE -> x += (post norm of) it, all in f32: the
@@ -1177,6 +1236,10 @@ static loom_status ffn_f32(loom_cuda_model *g, const dlayer *D, int T) {
         hin = g->hb;
     }
     TRY(linear(g, g->xb, hin, &D->down, NULL, T));
+    if (D->beside) {
+        TRY(loom_cuda_rmsnorm(c, g->xb, g->xb, D->post_ffn_norm1, T, H, (float)cf->rms_eps, 0));
+        TRY(moe_beside(g, D, T));
+    }
     return residual(g, g->xb, D->post_ffn_norm, T);
 }
 
