@@ -8,6 +8,7 @@
  *             [--layers N --hidden N --heads N --kv-heads N --head-dim N
  *              --intermediate N --vocab N --max-pos N --experts N --experts-used N
  *              --moe-intermediate N --shared-intermediate N --untied]
+ *   (--experts on gemma4: its MoE block beside every MLP)
  *   gen_model --check FILE.gguf --against DIR
  *
  * --format safetensors (the default) writes a Hugging Face directory:
@@ -262,7 +263,7 @@ static int gm_tensors(const gm_shape *s, gm_tensor *list) {
             gm_add(list, &n, norm, H, 0, "model.layers.%d.pre_feedforward_layernorm.weight", l);
             gm_add(list, &n, norm, H, 0, "model.layers.%d.post_feedforward_layernorm.weight", l);
         }
-        if (s->experts) {
+        if (s->experts && !g4) {
             /* the router, one tensor per expert (the hub checkpoints' form),
              * and the optional shared expert with its sigmoid gate */
             int64_t M = s->moe_inter, S = s->shared_inter;
@@ -297,6 +298,23 @@ static int gm_tensors(const gm_shape *s, gm_tensor *list) {
                    "model.layers.%d.per_layer_projection.weight", l);
             gm_add(list, &n, norm, H, 0, "model.layers.%d.post_per_layer_input_norm.weight", l);
             gm_add(list, &n, norm, 1, 0, "model.layers.%d.layer_scalar", l);
+        }
+        if (g4 && s->experts) {
+            /* the MoE block beside the MLP: router with its input and
+             * per-expert scales, fused experts (E, 2 I, H) and (E, H, I) */
+            int64_t E = s->experts, M = s->moe_inter;
+            gm_add(list, &n, GM_INIT_MATRIX, E, H, "model.layers.%d.router.proj.weight", l);
+            gm_add(list, &n, GM_INIT_NORM, H, 0, "model.layers.%d.router.scale", l);
+            gm_add(list, &n, GM_INIT_NORM, E, 0, "model.layers.%d.router.per_expert_scale", l);
+            gm_add(list, &n, GM_INIT_MATRIX, E, 2 * M, "model.layers.%d.experts.gate_up_proj", l);
+            list[n - 1].ndim = 3;
+            list[n - 1].shape[2] = H;
+            gm_add(list, &n, GM_INIT_MATRIX, E, H, "model.layers.%d.experts.down_proj", l);
+            list[n - 1].ndim = 3;
+            list[n - 1].shape[2] = M;
+            gm_add(list, &n, norm, H, 0, "model.layers.%d.post_feedforward_layernorm_1.weight", l);
+            gm_add(list, &n, norm, H, 0, "model.layers.%d.pre_feedforward_layernorm_2.weight", l);
+            gm_add(list, &n, norm, H, 0, "model.layers.%d.post_feedforward_layernorm_2.weight", l);
         }
     }
     gm_add(list, &n, norm, H, 0, "model.norm.weight", 0);
@@ -673,6 +691,11 @@ static int gm_write_config_gemma4(const gm_job *j) {
     for (int l = 0; l < s->layers && w0 < sizeof types - 64; l++)
         w0 += (size_t)snprintf(types + w0, sizeof types - w0, "%s\"%s_attention\"", l ? ", " : "",
                                gm_g4_full(l) ? "full" : "sliding");
+    char moe[256] = "  \"enable_moe_block\": false,\n";
+    if (s->experts)
+        snprintf(moe, sizeof moe, "  \"enable_moe_block\": true,\n  \"moe_intermediate_size\": %d,\n"
+                 "  \"num_experts\": %d,\n  \"top_k_experts\": %d,\n", s->moe_inter, s->experts,
+                 s->experts_used);
     char tmp[4096];
     FILE *f = gm_open_tmp(j->dir, "config.json", tmp, sizeof tmp);
     if (!f) return 0;
@@ -683,7 +706,7 @@ static int gm_write_config_gemma4(const gm_job *j) {
         "  \"attention_k_eq_v\": false,\n"
         "  \"bos_token_id\": %d,\n"
         "  \"dtype\": \"%s\",\n"
-        "  \"enable_moe_block\": false,\n"
+        "%s"
         "  \"eos_token_id\": %d,\n"
         "  \"final_logit_softcapping\": 30.0,\n"
         "  \"global_head_dim\": %d,\n"
@@ -710,7 +733,7 @@ static int gm_write_config_gemma4(const gm_job *j) {
         "  \"vocab_size\": %d,\n"
         "  \"vocab_size_per_layer_input\": %d\n"
         "}\n",
-        s->arch, s->bos_id, gm_torch_dtype(j->dtype), s->eos_id,
+        s->arch, s->bos_id, gm_torch_dtype(j->dtype), moe, s->eos_id,
         s->global_head_dim ? s->global_head_dim : s->head_dim, s->head_dim, s->hidden,
         s->ple_dim, s->inter, types, s->max_pos, s->model_type, s->heads, s->layers,
         s->kv_heads, s->kv_shared, s->rms_eps, s->rope_theta, s->tie ? "true" : "false",
@@ -1364,9 +1387,10 @@ int main(int argc, char **argv) {
         moe_ov |= o >= 8 && ov[o];
     }
     if (untied) s.tie = 0;
-    if (moe_ov && !p->experts) {
+    if (moe_ov && !p->experts && !(p->ple_dim && !s.shared_inter)) {
         fprintf(stderr, "gen_model: --experts, --experts-used, --moe-intermediate and "
-                "--shared-intermediate need --preset qwen3moe or qwen3next (preset %s is %s)\n", s.preset,
+                "--shared-intermediate need --preset qwen3moe or qwen3next (gemma4: all but "
+                "--shared-intermediate) (preset %s is %s)\n", s.preset,
                 s.arch);
         return 2;
     }
