@@ -108,7 +108,11 @@ fwd="$tests/test_cuda_forward"
 # Random bf16 models for the paths the f32 fixtures never take, where
 # gen_model was built: qwen3 and llama layouts at head_dim 64, and at head_dim
 # 128 with the GEMV widths of the real models (groups of 4 and 2), gemma2
-# and gemma3 layouts at head_dim 256 (sandwich norms, softcaps, windows), and
+# and gemma3 layouts at head_dim 256 (sandwich norms, softcaps, windows),
+# gemma4's (per-layer inputs of 256, one KV head, sliding heads of 256 and
+# full ones of 512, the last two layers sharing KV, layer scalars; and with
+# its MoE block beside every MLP, all 8 experts taken as for bf16 Qwen3-MoE
+# below), and
 # Qwen3-MoE: 64 experts, top 8, width 256 in f32 (bf16 rounding of the
 # attention inputs would move near-tied routing choices, a jump no tolerance
 # bounds), and in bf16 with top k = all 16 experts (routing then moves
@@ -123,7 +127,9 @@ if [ -x "$gm" ] && [ -z "${LOOM_CUDA_TEST_MODELS:-}" ]; then
   LOOM_CUDA_TEST_MODELS=""
   for spec in "qwen3-bf16 qwen3-0.6b 7 $small" "llama-bf16 llama3-8b 8 $small" \
               "qwen3-wide qwen3-0.6b 9 $wide --kv-heads 2" "llama-wide llama3-8b 10 $wide --kv-heads 4" \
-              "gemma2-bf16 gemma2 11" "gemma3-bf16 gemma3 12" "moe-f32 qwen3moe 13 --dtype f32" \
+              "gemma2-bf16 gemma2 11" "gemma3-bf16 gemma3 12" "gemma4-bf16 gemma4 17" \
+              "gemma4-moe-bf16 gemma4 18 --experts 8 --experts-used 8 --moe-intermediate 128" \
+              "moe-f32 qwen3moe 13 --dtype f32" \
               "moe-all-bf16 qwen3moe 14 --experts 16 --experts-used 16 --shared-intermediate 384" \
               "qwen35-bf16 qwen3.5 15" "next-all-bf16 qwen3next 16 --experts-used 16"; do
     # shellcheck disable=SC2086

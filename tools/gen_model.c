@@ -2,12 +2,13 @@
  * a real checkpoint, for benchmarks that need a model of realistic size but
  * not its trained weights.
  *
- *   gen_model --preset qwen3-0.6b|llama3-8b|gemma2|gemma3|qwen3moe|qwen3.5|qwen3next|tiny
+ *   gen_model --preset qwen3-0.6b|llama3-8b|gemma2|gemma3|gemma4|qwen3moe|qwen3.5|qwen3next|tiny
  *             --dtype bf16
  *             --seed 1 --out DIR [--format safetensors|gguf]
  *             [--layers N --hidden N --heads N --kv-heads N --head-dim N
  *              --intermediate N --vocab N --max-pos N --experts N --experts-used N
  *              --moe-intermediate N --shared-intermediate N --untied]
+ *   (--experts on gemma4: its MoE block beside every MLP)
  *   gen_model --check FILE.gguf --against DIR
  *
  * --format safetensors (the default) writes a Hugging Face directory:
@@ -72,6 +73,9 @@ typedef struct gm_shape {
     /* hybrids (Qwen3.5, Qwen3-Next): Gated DeltaNet layers, every attn_every-th
      * layer full (gated) attention with partial rotary */
     int lin_nk, lin_nv, lin_dk, lin_dv, lin_kernel, attn_every;
+    /* Gemma 4: per-layer inputs of ple_dim, full layers (every third) of
+     * global_head_dim, the last kv_shared layers reading earlier layers' KV */
+    int ple_dim, global_head_dim, kv_shared;
     double rope_theta, rms_eps;
     int tie;                   /* tie_word_embeddings */
     int bos_id, eos_id;
@@ -100,6 +104,14 @@ static const gm_shape presets[] = {
      .vocab = 512, .hidden = 256, .layers = 6, .heads = 4, .kv_heads = 2,
      .head_dim = 256, .inter = 512, .max_pos = 8192, .rope_theta = 1000000.0,
      .rms_eps = 1e-6, .tie = 1, .bos_id = 2, .eos_id = 1},
+    /* Gemma 4 (text, dense) at a small hidden size with the E2B's heads:
+     * one KV head, sliding heads of 256 and full ones of 512, per-layer
+     * inputs of 256, the last two layers sharing KV, layer scalars. */
+    {.preset = "gemma4", .arch = "Gemma4ForCausalLM", .model_type = "gemma4_text",
+     .vocab = 512, .hidden = 256, .layers = 6, .heads = 4, .kv_heads = 1,
+     .head_dim = 256, .inter = 512, .max_pos = 8192, .rope_theta = 1000000.0,
+     .rms_eps = 1e-6, .tie = 1, .bos_id = 2, .eos_id = 1, .ple_dim = 256,
+     .global_head_dim = 512, .kv_shared = 2},
     /* Qwen3-MoE's layout (every layer routed, top-k renormalised) at a
      * small hidden size with a realistic expert count, top-k and expert
      * width: for the GPU forward tests. */
@@ -177,26 +189,37 @@ static int gm_linear(const gm_shape *s, int l) {
     return s->attn_every > 0 && (l + 1) % s->attn_every != 0;
 }
 
-/* Qwen3 (dense and MoE) and Gemma 3 have RMSNorms on q and k per head;
- * Llama and Gemma 2 none. */
+/* Qwen3 (dense and MoE) and Gemma 3 and 4 have RMSNorms on q and k per
+ * head; Llama and Gemma 2 none. */
 static int gm_qk_norm(const gm_shape *s) {
     return !strcmp(s->model_type, "qwen3") || !strcmp(s->model_type, "qwen3_moe") ||
-           !strcmp(s->model_type, "gemma3_text") || s->attn_every > 0;
+           !strcmp(s->model_type, "gemma3_text") || s->ple_dim > 0 || s->attn_every > 0;
 }
+
+/* Gemma 4's layer l is full attention (every third), else sliding. */
+static int gm_g4_full(int l) { return (l + 1) % 3 == 0; }
 
 /* Tensors gm_tensors lists for s. */
 static size_t gm_capacity(const gm_shape *s) {
-    return 3 + (24 + 3 * (size_t)s->experts + 5) * (size_t)s->layers;
+    return 8 + (24 + 3 * (size_t)s->experts + 5) * (size_t)s->layers;
 }
 
 /* Fills list (gm_capacity(s) entries) in Hugging Face order; returns the
  * count. */
 static int gm_tensors(const gm_shape *s, gm_tensor *list) {
-    int n = 0, norm = gm_gemma(s) || s->attn_every ? GM_INIT_NORM0 : GM_INIT_NORM;
-    int64_t H = s->hidden, q = (int64_t)s->heads * s->head_dim;
-    int64_t kv = (int64_t)s->kv_heads * s->head_dim, I = s->inter;
+    /* Gemma 4 stores its norms as w (not w - 1) */
+    int n = 0, g4 = s->ple_dim > 0;
+    int norm = (gm_gemma(s) && !g4) || s->attn_every ? GM_INIT_NORM0 : GM_INIT_NORM;
+    int64_t H = s->hidden, I = s->inter, LP = (int64_t)s->layers * s->ple_dim;
     gm_add(list, &n, GM_INIT_MATRIX, s->vocab, H, "model.embed_tokens.weight", 0);
+    if (g4) {
+        gm_add(list, &n, GM_INIT_MATRIX, s->vocab, LP, "model.embed_tokens_per_layer.weight", 0);
+        gm_add(list, &n, GM_INIT_MATRIX, LP, H, "model.per_layer_model_projection.weight", 0);
+        gm_add(list, &n, norm, s->ple_dim, 0, "model.per_layer_projection_norm.weight", 0);
+    }
     for (int l = 0; l < s->layers; l++) {
+        int hd = g4 && gm_g4_full(l) && s->global_head_dim ? s->global_head_dim : s->head_dim;
+        int64_t q = (int64_t)s->heads * hd, kv = (int64_t)s->kv_heads * hd;
         gm_add(list, &n, norm, H, 0, "model.layers.%d.input_layernorm.weight", l);
         if (gm_linear(s, l)) {
             int64_t nk = s->lin_nk, nv = s->lin_nv, vd = nv * s->lin_dv;
@@ -231,10 +254,8 @@ static int gm_tensors(const gm_shape *s, gm_tensor *list) {
             gm_add(list, &n, GM_INIT_MATRIX, kv, H, "model.layers.%d.self_attn.v_proj.weight", l);
             gm_add(list, &n, GM_INIT_MATRIX, H, q, "model.layers.%d.self_attn.o_proj.weight", l);
             if (gm_qk_norm(s)) {
-                gm_add(list, &n, norm, s->head_dim, 0, "model.layers.%d.self_attn.q_norm.weight",
-                       l);
-                gm_add(list, &n, norm, s->head_dim, 0, "model.layers.%d.self_attn.k_norm.weight",
-                       l);
+                gm_add(list, &n, norm, hd, 0, "model.layers.%d.self_attn.q_norm.weight", l);
+                gm_add(list, &n, norm, hd, 0, "model.layers.%d.self_attn.k_norm.weight", l);
             }
         }
         gm_add(list, &n, norm, H, 0, "model.layers.%d.post_attention_layernorm.weight", l);
@@ -242,7 +263,7 @@ static int gm_tensors(const gm_shape *s, gm_tensor *list) {
             gm_add(list, &n, norm, H, 0, "model.layers.%d.pre_feedforward_layernorm.weight", l);
             gm_add(list, &n, norm, H, 0, "model.layers.%d.post_feedforward_layernorm.weight", l);
         }
-        if (s->experts) {
+        if (s->experts && !g4) {
             /* the router, one tensor per expert (the hub checkpoints' form),
              * and the optional shared expert with its sigmoid gate */
             int64_t M = s->moe_inter, S = s->shared_inter;
@@ -270,6 +291,31 @@ static int gm_tensors(const gm_shape *s, gm_tensor *list) {
         gm_add(list, &n, GM_INIT_MATRIX, I, H, "model.layers.%d.mlp.gate_proj.weight", l);
         gm_add(list, &n, GM_INIT_MATRIX, I, H, "model.layers.%d.mlp.up_proj.weight", l);
         gm_add(list, &n, GM_INIT_MATRIX, H, I, "model.layers.%d.mlp.down_proj.weight", l);
+        if (g4) {
+            gm_add(list, &n, GM_INIT_MATRIX, s->ple_dim, H,
+                   "model.layers.%d.per_layer_input_gate.weight", l);
+            gm_add(list, &n, GM_INIT_MATRIX, H, s->ple_dim,
+                   "model.layers.%d.per_layer_projection.weight", l);
+            gm_add(list, &n, norm, H, 0, "model.layers.%d.post_per_layer_input_norm.weight", l);
+            gm_add(list, &n, norm, 1, 0, "model.layers.%d.layer_scalar", l);
+        }
+        if (g4 && s->experts) {
+            /* the MoE block beside the MLP: router with its input and
+             * per-expert scales, fused experts (E, 2 I, H) and (E, H, I) */
+            int64_t E = s->experts, M = s->moe_inter;
+            gm_add(list, &n, GM_INIT_MATRIX, E, H, "model.layers.%d.router.proj.weight", l);
+            gm_add(list, &n, GM_INIT_NORM, H, 0, "model.layers.%d.router.scale", l);
+            gm_add(list, &n, GM_INIT_NORM, E, 0, "model.layers.%d.router.per_expert_scale", l);
+            gm_add(list, &n, GM_INIT_MATRIX, E, 2 * M, "model.layers.%d.experts.gate_up_proj", l);
+            list[n - 1].ndim = 3;
+            list[n - 1].shape[2] = H;
+            gm_add(list, &n, GM_INIT_MATRIX, E, H, "model.layers.%d.experts.down_proj", l);
+            list[n - 1].ndim = 3;
+            list[n - 1].shape[2] = M;
+            gm_add(list, &n, norm, H, 0, "model.layers.%d.post_feedforward_layernorm_1.weight", l);
+            gm_add(list, &n, norm, H, 0, "model.layers.%d.pre_feedforward_layernorm_2.weight", l);
+            gm_add(list, &n, norm, H, 0, "model.layers.%d.post_feedforward_layernorm_2.weight", l);
+        }
     }
     gm_add(list, &n, norm, H, 0, "model.norm.weight", 0);
     if (!s->tie) gm_add(list, &n, GM_INIT_MATRIX, s->vocab, H, "lm_head.weight", 0);
@@ -577,8 +623,11 @@ static int gm_write_config(const gm_job *j) {
  * Gemma3ForCausalLM: explicit layer_types (gemma2: even layers slide;
  * gemma3: five sliding layers, then a full one), a 16-token window, and
  * gemma2's softcaps; gemma3's sliding layers take rope theta 10000. */
+static int gm_write_config_gemma4(const gm_job *j);
+
 static int gm_write_config_gemma(const gm_job *j) {
     const gm_shape *s = j->shape;
+    if (s->ple_dim > 0) return gm_write_config_gemma4(j);
     int g3 = gm_qk_norm(s);
     char types[4096] = "", rope[512];
     size_t w0 = 0;
@@ -628,6 +677,67 @@ static int gm_write_config_gemma(const gm_job *j) {
         g3 ? "null" : "30.0", s->head_dim, s->hidden, s->inter, types, s->max_pos,
         s->model_type, s->heads, s->layers, s->kv_heads, s->head_dim, s->rms_eps, rope,
         s->tie ? "true" : "false", s->vocab);
+    return gm_commit(f, w > 0, tmp, j->dir, "config.json");
+}
+
+/* config.json as transformers 5 writes Gemma4ForCausalLM (text, dense):
+ * every third layer full (proportional rope, partial rotary 0.25, its
+ * global_head_dim), sliding ones of a 16-token window at theta 10000,
+ * per-layer inputs, the last kv_shared layers sharing KV. */
+static int gm_write_config_gemma4(const gm_job *j) {
+    const gm_shape *s = j->shape;
+    char types[4096] = "";
+    size_t w0 = 0;
+    for (int l = 0; l < s->layers && w0 < sizeof types - 64; l++)
+        w0 += (size_t)snprintf(types + w0, sizeof types - w0, "%s\"%s_attention\"", l ? ", " : "",
+                               gm_g4_full(l) ? "full" : "sliding");
+    char moe[256] = "  \"enable_moe_block\": false,\n";
+    if (s->experts)
+        snprintf(moe, sizeof moe, "  \"enable_moe_block\": true,\n  \"moe_intermediate_size\": %d,\n"
+                 "  \"num_experts\": %d,\n  \"top_k_experts\": %d,\n", s->moe_inter, s->experts,
+                 s->experts_used);
+    char tmp[4096];
+    FILE *f = gm_open_tmp(j->dir, "config.json", tmp, sizeof tmp);
+    if (!f) return 0;
+    int w = fprintf(f,
+        "{\n"
+        "  \"architectures\": [\"%s\"],\n"
+        "  \"attention_bias\": false,\n"
+        "  \"attention_k_eq_v\": false,\n"
+        "  \"bos_token_id\": %d,\n"
+        "  \"dtype\": \"%s\",\n"
+        "%s"
+        "  \"eos_token_id\": %d,\n"
+        "  \"final_logit_softcapping\": 30.0,\n"
+        "  \"global_head_dim\": %d,\n"
+        "  \"head_dim\": %d,\n"
+        "  \"hidden_activation\": \"gelu_pytorch_tanh\",\n"
+        "  \"hidden_size\": %d,\n"
+        "  \"hidden_size_per_layer_input\": %d,\n"
+        "  \"intermediate_size\": %d,\n"
+        "  \"layer_types\": [%s],\n"
+        "  \"max_position_embeddings\": %d,\n"
+        "  \"model_type\": \"%s\",\n"
+        "  \"num_attention_heads\": %d,\n"
+        "  \"num_hidden_layers\": %d,\n"
+        "  \"num_key_value_heads\": %d,\n"
+        "  \"num_kv_shared_layers\": %d,\n"
+        "  \"rms_norm_eps\": %g,\n"
+        "  \"rope_parameters\": {\"full_attention\": {\"partial_rotary_factor\": 0.25, "
+        "\"rope_theta\": %.1f, \"rope_type\": \"proportional\"}, \"sliding_attention\": "
+        "{\"rope_theta\": 10000.0, \"rope_type\": \"default\"}},\n"
+        "  \"sliding_window\": 16,\n"
+        "  \"tie_word_embeddings\": %s,\n"
+        "  \"transformers_version\": \"5.17.0\",\n"
+        "  \"use_double_wide_mlp\": false,\n"
+        "  \"vocab_size\": %d,\n"
+        "  \"vocab_size_per_layer_input\": %d\n"
+        "}\n",
+        s->arch, s->bos_id, gm_torch_dtype(j->dtype), moe, s->eos_id,
+        s->global_head_dim ? s->global_head_dim : s->head_dim, s->head_dim, s->hidden,
+        s->ple_dim, s->inter, types, s->max_pos, s->model_type, s->heads, s->layers,
+        s->kv_heads, s->kv_shared, s->rms_eps, s->rope_theta, s->tie ? "true" : "false",
+        s->vocab, s->vocab);
     return gm_commit(f, w > 0, tmp, j->dir, "config.json");
 }
 
@@ -1163,7 +1273,7 @@ static int mkdir_p(const char *dir) {
 
 static void usage(FILE *f) {
     fprintf(f,
-        "usage: gen_model --out DIR [--preset qwen3-0.6b|llama3-8b|gemma2|gemma3|qwen3moe|qwen3.5|\n"
+        "usage: gen_model --out DIR [--preset qwen3-0.6b|llama3-8b|gemma2|gemma3|gemma4|qwen3moe|qwen3.5|\n"
         "                 qwen3next|tiny]\n"
         "                 [--dtype bf16|f16|f32|q8_0|q4_0] [--seed N]\n"
         "                 [--format safetensors|gguf]\n"
@@ -1263,7 +1373,7 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < LOOM_ARRAY_LEN(presets); i++)
         if (!strcmp(presets[i].preset, preset)) p = &presets[i];
     if (!p) {
-        fprintf(stderr, "gen_model: unknown preset \"%s\" (expected qwen3-0.6b, llama3-8b, gemma2, gemma3, qwen3moe, qwen3.5, qwen3next or tiny)\n",
+        fprintf(stderr, "gen_model: unknown preset \"%s\" (expected qwen3-0.6b, llama3-8b, gemma2, gemma3, gemma4, qwen3moe, qwen3.5, qwen3next or tiny)\n",
                 preset);
         return 2;
     }
@@ -1277,9 +1387,10 @@ int main(int argc, char **argv) {
         moe_ov |= o >= 8 && ov[o];
     }
     if (untied) s.tie = 0;
-    if (moe_ov && !p->experts) {
+    if (moe_ov && !p->experts && !(p->ple_dim && !s.shared_inter)) {
         fprintf(stderr, "gen_model: --experts, --experts-used, --moe-intermediate and "
-                "--shared-intermediate need --preset qwen3moe or qwen3next (preset %s is %s)\n", s.preset,
+                "--shared-intermediate need --preset qwen3moe or qwen3next (gemma4: all but "
+                "--shared-intermediate) (preset %s is %s)\n", s.preset,
                 s.arch);
         return 2;
     }

@@ -105,6 +105,12 @@ loom_status loom_cuda_rope_table_dev(loom_cuda *c, float *d_cos, float *d_sin, i
 loom_status loom_cuda_silu_mul(loom_cuda *c, float *d_g, const float *d_u, size_t n);
 loom_status loom_cuda_gelu_tanh_mul(loom_cuda *c, float *d_g, const float *d_u, size_t n);
 
+/* The same over rows of d_g (T, n) with row t of u at d_u + t * ld (ld >=
+ * n): g = act(g) * u (gelu: gelu_tanh, else silu), as silu_mul /
+ * gelu_tanh_mul compute each value. */
+loom_status loom_cuda_act_mul_ld(loom_cuda *c, float *d_g, const float *d_u, int T, int n,
+                                 int ld, int gelu);
+
 /* The same after a fused gate/up GEMM: d_gu (T, 2n) holds gate in columns
  * [0, n) and up in [n, 2n); d_out (T, n) = act(gate) * up (gelu: gelu_tanh,
  * else silu). */
@@ -126,6 +132,10 @@ loom_status loom_cuda_act_mul_split_bf16(loom_cuda *c, void *d_out16, const void
  * bf16). */
 loom_status loom_cuda_add_rmsnorm16(loom_cuda *c, void *d_y16, float *d_x, const float *d_r,
                                     const float *d_w, int T, int n, float eps, loom_cuda_dtype dt);
+
+/* x = x * s, and x = (x + y) * s, over n values (y must not alias x). */
+loom_status loom_cuda_scale(loom_cuda *c, float *d_x, size_t n, float s);
+loom_status loom_cuda_add_scale(loom_cuda *c, float *d_x, const float *d_y, size_t n, float s);
 
 /* d_out (T, cols) = table[ids[t]] * scale, table (vocab, cols) of dtype.
  * Ids are trusted (the caller checked them against the vocabulary). */
@@ -332,6 +342,11 @@ loom_status loom_cuda_moe_combine(loom_cuda *c, float *d_out, int acc, const flo
                                   const int32_t *d_plan, const float *d_wt, int T, int k, int n,
                                   int E);
 
+/* Per-expert scales on the routing weights (Gemma 4): d_wt (T, k) entry a
+ * *= d_scale[d_sel[a]], d_scale [n_experts]. */
+loom_status loom_cuda_moe_scale_weights(loom_cuda *c, float *d_wt, const int32_t *d_sel,
+                                        const float *d_scale, int T, int k);
+
 /* The gated shared expert's add: d_out (T, n) row t += sigmoid(d_g[t]) *
  * d_y row t. */
 loom_status loom_cuda_moe_gate_add(loom_cuda *c, float *d_out, const float *d_y, const float *d_g,
@@ -487,10 +502,12 @@ typedef struct loom_cuda_model loom_cuda_model;
  * allocates the device KV rows in the host pool's layout kv (same
  * layers, blocks, block size and row bytes; type f32, f16 or bf16) plus
  * activations for step_tokens tokens per forward over sequences of up to
- * max_ctx positions. Dense decoders (Llama, Mistral, Qwen2, Qwen3, Gemma 2
- * and 3, and their MLX-quantized forms) and Qwen3-MoE (experts of f32, f16
- * or bf16, with or without a gated shared expert): LOOM_ERR_UNSUPPORTED
- * names what else a model needs (linear attention, per-layer inputs, ...). */
+ * max_ctx positions. Dense decoders (Llama, Mistral, Qwen2, Qwen3, Gemma 2,
+ * 3 and 4, and their MLX-quantized forms), Qwen3-MoE (experts of f32, f16
+ * or bf16, with or without a gated shared expert) and the Qwen3.5 /
+ * Qwen3-Next hybrids: LOOM_ERR_UNSUPPORTED names what else a model needs
+ * (routing to more than LOOM_CUDA_MOE_KMAX experts a token, linear-attention
+ * heads the kernels do not take, ...). */
 loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
                                    const struct loom_kv_layout *kv, int step_tokens, int max_ctx,
                                    loom_cuda_model **out);

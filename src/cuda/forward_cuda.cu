@@ -1,12 +1,20 @@
-/* forward_cuda: the dense decoder (Llama, Mistral, Qwen2, Qwen3, Gemma 2
- * and 3 and the like) and Qwen3-MoE on the GPU, computing what
+/* forward_cuda: the dense decoder (Llama, Mistral, Qwen2, Qwen3, Gemma 2,
+ * 3 and 4 and the like) and Qwen3-MoE on the GPU, computing what
  * src/model/forward.c computes for the same rows:
  *
- *   embed (* scale) -> per layer: rmsnorm -> q/k/v (+ bias) -> q/k norms
- *   -> rope (per layer kind) -> K/V rows into the device KV pool -> paged
- *   attention (window, softcap) -> o [-> post norm] -> residual -> rmsnorm
- *   -> gate/up -> act * up -> down [-> post norm] -> residual
+ *   embed (* scale) [-> per-layer inputs] -> per layer: rmsnorm -> q/k/v
+ *   (+ bias) -> q/k [/v] norms -> rope (per layer kind) -> K/V rows into
+ *   the device KV pool -> paged attention (window, softcap) -> o [-> post
+ *   norm] -> residual -> rmsnorm -> gate/up -> act * up -> down [-> post
+ *   norm] -> residual [-> per-layer input block] [* layer scalar]
  *   -> final norm and head (-> softcap) on the tokens whose logits are wanted.
+ *
+ * Gemma 4's pieces (ple_inputs, layer_end, the unfused q/k/v path): a
+ * layer that shares KV (num_kv_shared_layers) projects q only and its
+ * attention reads the rows of the layer it shares with, in the device
+ * pool; attention_k_eq_v layers take their values from the raw keys; the
+ * MoE block beside the MLP (moe_beside) runs the routed experts' kernels
+ * on its own router input, scales and norms.
  *
  * A MoE layer replaces gate/up -> down by moe_ffn below (kernels_moe.cu):
  * the router and routing on the device, then the chosen experts (grouped
@@ -196,6 +204,20 @@ typedef struct dlayer {
     const float *conv_w;       /* device (conv_dim, kernel) */
     const float *neg_a, *dt_bias;  /* device [n_v] */
     const float *lin_norm;     /* device [v_dim] gated RMSNorm weight */
+    /* Gemma 4 */
+    int kv_layer;              /* layer whose K/V rows the attention reads (itself unless
+                                  shared; a sharing layer projects and stores none) */
+    int k_eq_v;                /* no v_proj: values are the keys before their norm and rope */
+    int v_norm;                /* unweighted RMSNorm on each value head */
+    dweight ple_gate, ple_proj;/* (ple_dim, hidden), (hidden, ple_dim); rows 0 = none */
+    const float *ple_norm;     /* device [hidden] after ple_proj */
+    float out_scale;           /* layer_scalar: x *= it at the layer's end (1: none) */
+    /* Gemma 4's MoE block beside the dense MLP (the routed fields above, moe 0) */
+    int beside;
+    const float *post_ffn_norm1;   /* device [hidden] after the dense MLP */
+    const float *pre_moe_norm, *post_moe_norm;  /* device [hidden] around the experts */
+    const float *moe_in_scale;     /* device [hidden] router input scale (times hidden^-0.5) */
+    const float *moe_expert_scale; /* device [n_experts] on the routing weights */
 } dlayer;
 
 struct loom_cuda_model {
@@ -207,6 +229,13 @@ struct loom_cuda_model {
     dweight embed, lm_head;
     const float *final_norm;
     dlayer *layers;            /* owned [n_layers] */
+    /* Gemma 4's per-layer inputs (model/ple.c; has_ple models only) */
+    dweight ple_embed;         /* (vocab, n_layers * ple_dim) */
+    dweight ple_model_proj;    /* (n_layers * ple_dim, hidden) */
+    const float *ple_proj_norm;/* device [ple_dim] */
+    float *ple_in;             /* (step_tokens, n_layers * ple_dim) every layer's input */
+    float *ple_e;              /* (step_tokens, n_layers * ple_dim) the tokens' table rows */
+    float *ple_tmp;            /* (step_tokens, ple_dim) */
     /* device KV: (n_layers, n_blocks, block_size) rows of row_bytes, as the host pool */
     void *kv_k, *kv_v;
     int kv_blocks, kv_bs;
@@ -246,6 +275,8 @@ struct loom_cuda_model {
     float *m_hb;               /* (step_tokens, max(K * 2 moe_inter, 2 shared inter)) gate | up */
     float *m_ab;               /* (step_tokens, max(K * moe_inter, shared inter)) act * up */
     float *m_y;                /* (step_tokens, K, hidden) each pair's expert output */
+    float *m_rin, *m_sum;      /* (step_tokens, hidden) Gemma 4's router, then expert input;
+                                  the experts' sum (MoE blocks beside an MLP only) */
     /* gated attention (device; models with the output gate only) */
     float *qraw;               /* (step_tokens, 2 * n_heads * head_dim) [query | gate] per head */
     float *gate;               /* (step_tokens, n_heads * head_dim) */
@@ -486,23 +517,6 @@ extern "C" void loom_cuda_model_free(loom_cuda_model *g) {
 /* The features this forward implements; anything else is refused, named. */
 static loom_status check_model(const loom_model *m) {
     const loom_config *c = &m->cfg;
-    static const struct {
-        unsigned flags;
-        const char *what;
-    } bad[] = {
-        {LOOM_ARCH_V_NORM, "value norms"},
-        {LOOM_ARCH_PLE, "per-layer inputs"},
-        {LOOM_ARCH_LAYER_SCALAR, "layer scalars"},
-        {LOOM_ARCH_MOE_BESIDE, "a MoE block beside the MLP"},
-    };
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
-        if (m->arch->flags & bad[i].flags)
-            return loom_err(LOOM_ERR_UNSUPPORTED, "cuda forward: %s needs %s, which the CUDA "
-                            "forward does not have (flags 0x%x)", m->arch->name, bad[i].what,
-                            m->arch->flags & bad[i].flags);
-    if (m->has_ple)
-        return loom_err(LOOM_ERR_UNSUPPORTED, "cuda forward: %s has per-layer inputs",
-                        m->arch->name);
     if (m->n_linear > 0) {
         int nk = c->lin_n_k_heads, nv = c->lin_n_v_heads, dk = c->lin_k_head_dim;
         int dv = c->lin_v_head_dim;
@@ -522,11 +536,11 @@ static loom_status check_model(const loom_model *m) {
                             "%d and %d rows (expected %d and %d)", l, L->lin.in_qkvz.rows,
                             L->lin.in_ba.rows, m->lin_conv_dim + c->lin_n_v_heads *
                             c->lin_v_head_dim, 2 * c->lin_n_v_heads);
-        if (L->moe_beside || (!lin && (L->attn.k_eq_v || L->attn.kv_layer != l)) ||
-            L->out_scale != 1.0f)
-            return loom_err(LOOM_ERR_UNSUPPORTED, "cuda forward: layer %d is not an attention or "
-                            "linear-attention + MLP or MoE layer (with or without sandwich norms)",
-                            l);
+        if (L->moe_beside && (c->n_experts_used > LOOM_CUDA_MOE_KMAX || L->moe.shared.gate.rows))
+            return loom_err(LOOM_ERR_UNSUPPORTED, "cuda forward: layer %d: MoE block beside the "
+                            "MLP with top %d experts%s (expected at most %d, no shared expert)", l,
+                            c->n_experts_used, L->moe.shared.gate.rows ? " and a shared expert" : "",
+                            LOOM_CUDA_MOE_KMAX);
         if (L->is_moe && (L->moe.in_scale || L->moe.expert_scale || L->post_ffn_norm ||
                           c->n_experts_used > LOOM_CUDA_MOE_KMAX))
             return loom_err(LOOM_ERR_UNSUPPORTED, "cuda forward: layer %d: MoE with router "
@@ -676,11 +690,20 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
         int att = S->kind != LOOM_LAYER_LINEAR;
         if (st == LOOM_OK && !att) st = up_lin(g, D, S);
         D->gated = att && (m->arch->flags & LOOM_ARCH_ATTN_GATE) != 0;
+        D->kv_layer = att ? A->kv_layer : l;
+        D->k_eq_v = att && A->k_eq_v;
+        D->v_norm = att && (m->arch->flags & LOOM_ARCH_V_NORM) != 0;
+        D->out_scale = S->out_scale;
+        int own_kv = D->kv_layer == l; /* a sharing layer has no k/v weights */
         if (st == LOOM_OK && att) st = up_weight(g, &D->wq, &A->wq, "q_proj");
-        if (st == LOOM_OK && att) st = up_weight(g, &D->wk, &A->wk, "k_proj");
-        if (st == LOOM_OK && att) st = up_weight(g, &D->wv, &A->wv, "v_proj");
-        /* q, k and v of one dense type side by side: one GEMM for all three */
-        D->fused_qkv = st == LOOM_OK && att && !D->gated && !D->wq.quant && !D->wk.quant && !D->wv.quant &&
+        if (st == LOOM_OK && att && own_kv) st = up_weight(g, &D->wk, &A->wk, "k_proj");
+        if (st == LOOM_OK && att && own_kv && !D->k_eq_v)
+            st = up_weight(g, &D->wv, &A->wv, "v_proj");
+        /* q, k and v of one dense type side by side: one GEMM for all three
+         * (qkv_post stores K and V: not where V takes a norm, is K, or where
+         * the layer reads another's) */
+        D->fused_qkv = st == LOOM_OK && att && own_kv && !D->k_eq_v && !D->v_norm && !D->gated &&
+                       !D->wq.quant && !D->wk.quant && !D->wv.quant &&
                        D->wq.dt == D->wk.dt && D->wq.dt == D->wv.dt && D->wq.cols == D->wk.cols &&
                        D->wq.cols == D->wv.cols && qd == nh_ * hd && kvd == A->n_kv_heads * hd;
         if (D->fused_qkv) {
@@ -714,7 +737,18 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
             }
         }
         if (st == LOOM_OK && att) st = up_weight(g, &D->wo, &A->wo, "o_proj");
-        if (st == LOOM_OK && S->is_moe) st = up_moe(g, D, S, l);
+        if (st == LOOM_OK && (S->is_moe || S->moe_beside)) st = up_moe(g, D, S, l);
+        if (st == LOOM_OK && S->moe_beside) {
+            /* the experts beside the dense MLP, not instead of it */
+            D->moe = 0;
+            D->beside = 1;
+            st = up_vec(g, &D->post_ffn_norm1, S->post_ffn_norm1, H);
+            if (st == LOOM_OK) st = up_vec(g, &D->pre_moe_norm, S->pre_moe_norm, H);
+            if (st == LOOM_OK) st = up_vec(g, &D->post_moe_norm, S->post_moe_norm, H);
+            if (st == LOOM_OK) st = up_vec(g, &D->moe_in_scale, S->moe.in_scale, H);
+            if (st == LOOM_OK)
+                st = up_vec(g, &D->moe_expert_scale, S->moe.expert_scale, cf->n_experts);
+        }
         const loom_weight *wg = &S->mlp.gate, *wu = &S->mlp.up;
         D->fused_gu = !S->is_moe && wg->dtype == wu->dtype && wg->cols == wu->cols &&
                       wg->rows == wu->rows &&
@@ -751,6 +785,18 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
         if (st == LOOM_OK) st = up_vec(g, &D->bk, A->bk, kvd);
         if (st == LOOM_OK) st = up_vec(g, &D->bv, A->bv, kvd);
         if (st == LOOM_OK) st = up_vec(g, &D->bo, A->bo, H);
+        if (st == LOOM_OK && m->has_ple) {
+            st = up_weight(g, &D->ple_gate, &S->ple_gate, "per_layer_input_gate");
+            if (st == LOOM_OK) st = up_weight(g, &D->ple_proj, &S->ple_proj, "per_layer_projection");
+            if (st == LOOM_OK) st = up_vec(g, &D->ple_norm, S->ple_norm, H);
+        }
+    }
+    if (st == LOOM_OK && m->has_ple) {
+        st = up_weight(g, &g->ple_embed, &m->ple_embed, "embed_tokens_per_layer");
+        if (st == LOOM_OK)
+            st = up_weight(g, &g->ple_model_proj, &m->ple_model_proj, "per_layer_model_projection");
+        if (st == LOOM_OK)
+            st = up_vec(g, &g->ple_proj_norm, m->ple_proj_norm, cf->per_layer_input_dim);
     }
     /* device KV pool, the host pool's layout */
     g->kv_blocks = kv->n_blocks;
@@ -784,6 +830,11 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
     int sandwich = 0;
     for (int l = 0; l < L && st == LOOM_OK; l++)
         sandwich |= g->layers[l].post_attn_norm || g->layers[l].post_ffn_norm;
+    /* so do per-layer inputs and layer scalars (layer_end, after the MLP's
+     * residual add) and value norms (the unfused q/k/v path) */
+    for (int l = 0; l < L && st == LOOM_OK; l++)
+        sandwich |= g->layers[l].out_scale != 1.0f || g->layers[l].v_norm || g->layers[l].beside;
+    sandwich |= m->has_ple;
     /* Hybrids (linear attention, the attention's output gate) take it too:
      * their own kernels read and write f32. */
     int hybrid = m->n_linear > 0 || (m->arch->flags & LOOM_ARCH_ATTN_GATE);
@@ -837,11 +888,17 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
     g->head_am = tune.head_am;
     g->f8_f32 = tune.f8_f32;
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->hb2, T * I * 4);
+    if (st == LOOM_OK && m->has_ple) {
+        size_t P = (size_t)cf->per_layer_input_dim, LP = (size_t)L * P;
+        st = g_alloc(g, (void **)&g->ple_in, T * LP * 4);
+        if (st == LOOM_OK) st = g_alloc(g, (void **)&g->ple_e, T * LP * 4);
+        if (st == LOOM_OK) st = g_alloc(g, (void **)&g->ple_tmp, T * P * 4);
+    }
     int any_moe = 0;
     size_t mhb = 1, mab = 1;
     for (int l = 0; l < L && st == LOOM_OK; l++) {
         const dlayer *D = &g->layers[l];
-        if (!D->moe) continue;
+        if (!D->moe && !D->beside) continue;
         size_t K = (size_t)cf->n_experts_used, Is = (size_t)D->sgu.rows / 2;
         any_moe = 1;
         mhb = LOOM_MAX(mhb, LOOM_MAX(K * 2 * D->moe_inter, 2 * Is));
@@ -857,6 +914,10 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
         if (st == LOOM_OK) st = g_alloc(g, (void **)&g->m_hb, T * mhb * 4);
         if (st == LOOM_OK) st = g_alloc(g, (void **)&g->m_ab, T * mab * 4);
         if (st == LOOM_OK) st = g_alloc(g, (void **)&g->m_y, T * K * H * 4);
+        if (st == LOOM_OK && (cf->enable_moe_block)) {
+            st = g_alloc(g, (void **)&g->m_rin, T * H * 4);
+            if (st == LOOM_OK) st = g_alloc(g, (void **)&g->m_sum, T * H * 4);
+        }
     }
     if (st == LOOM_OK && (m->arch->flags & LOOM_ARCH_ATTN_GATE)) {
         st = g_alloc(g, (void **)&g->qraw, 2 * T * qd * 4);
@@ -1084,14 +1145,17 @@ static loom_status moe_linear(loom_cuda_model *g, float *y, const float *x, cons
     return loom_cuda_moe_gemm(g->c, y, x, 0, w->d, w->dt, w->rows, w->cols, NULL, 1, T);
 }
 
+static loom_status moe_experts(loom_cuda_model *g, const dlayer *D, const float *xin, float *out,
+                               int acc, int T);
+
 /* x += moe(xb) for a MoE layer (moe.c's loom_moe_ffn), xb (T, hidden) the
  * normed input: the router, routing, the gated shared expert, then the
  * routed experts, all on the device with grids fixed by T (capturable). */
 static loom_status moe_ffn(loom_cuda_model *g, const dlayer *D, int T) {
     const loom_config *cf = &g->m->cfg;
     loom_cuda *c = g->c;
-    int E = cf->n_experts, K = cf->n_experts_used, H = cf->hidden_size, I = D->moe_inter;
-    int N = T * K, gelu = g->m->act == LOOM_ACT_GELU_TANH;
+    int E = cf->n_experts, K = cf->n_experts_used, H = cf->hidden_size;
+    int gelu = g->m->act == LOOM_ACT_GELU_TANH;
     TRY(moe_linear(g, g->m_logits, g->xb, &D->router, T));
     TRY(loom_cuda_moe_route(c, g->m_sel, g->m_wt, g->m_logits, T, E, K, D->renorm));
     if (D->sgu.rows) {
@@ -1102,17 +1166,47 @@ static loom_status moe_ffn(loom_cuda_model *g, const dlayer *D, int T) {
         TRY(moe_linear(g, g->m_logits, g->xb, &D->sgate, T));  /* routing is done */
         TRY(loom_cuda_moe_gate_add(c, g->x, g->m_y, g->m_logits, T, H));
     }
+    return moe_experts(g, D, g->xb, g->x, 1, T);
+}
+
+/* The routed experts on their input xin (T, hidden), the routing (m_sel,
+ * m_wt) done: out = (acc: out +) the weighted sum of each token's experts. */
+static loom_status moe_experts(loom_cuda_model *g, const dlayer *D, const float *xin, float *out,
+                               int acc, int T) {
+    const loom_config *cf = &g->m->cfg;
+    loom_cuda *c = g->c;
+    int E = cf->n_experts, K = cf->n_experts_used, H = cf->hidden_size, I = D->moe_inter;
+    int N = T * K, gelu = g->m->act == LOOM_ACT_GELU_TANH;
     if (T <= MOE_GEMV_T) {
-        TRY(loom_cuda_moe_gemv(c, g->m_hb, g->xb, K, g->m_sel, D->egu, D->edt, 2 * I, H, N));
+        TRY(loom_cuda_moe_gemv(c, g->m_hb, xin, K, g->m_sel, D->egu, D->edt, 2 * I, H, N));
         TRY(loom_cuda_act_mul_split(c, g->m_ab, g->m_hb, N, I, gelu));
-        return loom_cuda_moe_gemv_sum(c, g->x, 1, g->m_ab, g->m_sel, g->m_wt, D->edown, D->edt,
+        return loom_cuda_moe_gemv_sum(c, out, acc, g->m_ab, g->m_sel, g->m_wt, D->edown, D->edt,
                                       T, K, H, I);
     }
     TRY(loom_cuda_moe_sort(c, g->m_plan, g->m_sel, T, K, E));
-    TRY(loom_cuda_moe_gemm(c, g->m_hb, g->xb, 1, D->egu, D->edt, 2 * I, H, g->m_plan, E, N));
+    TRY(loom_cuda_moe_gemm(c, g->m_hb, xin, 1, D->egu, D->edt, 2 * I, H, g->m_plan, E, N));
     TRY(loom_cuda_act_mul_split(c, g->m_ab, g->m_hb, N, I, gelu));
     TRY(loom_cuda_moe_gemm(c, g->m_y, g->m_ab, 0, D->edown, D->edt, H, I, g->m_plan, E, N));
-    return loom_cuda_moe_combine(c, g->x, 1, g->m_y, g->m_plan, g->m_wt, T, K, H, E);
+    return loom_cuda_moe_combine(c, out, acc, g->m_y, g->m_plan, g->m_wt, T, K, H, E);
+}
+
+/* Gemma 4's MoE block beside the dense MLP (moe.c's loom_moe_beside), the
+ * MLP's post-normed output in xb: routing on rmsnorm(x) * in_scale, the
+ * weights renormalised then times their experts' scales, the experts on
+ * rmsnorm(x) * pre_moe_norm, and xb += rmsnorm(their sum) * post_moe_norm. */
+static loom_status moe_beside(loom_cuda_model *g, const dlayer *D, int T) {
+    const loom_config *cf = &g->m->cfg;
+    loom_cuda *c = g->c;
+    int E = cf->n_experts, K = cf->n_experts_used, H = cf->hidden_size;
+    float eps = (float)cf->rms_eps;
+    TRY(loom_cuda_rmsnorm(c, g->m_rin, g->x, D->moe_in_scale, T, H, eps, 0));
+    TRY(moe_linear(g, g->m_logits, g->m_rin, &D->router, T));
+    TRY(loom_cuda_moe_route(c, g->m_sel, g->m_wt, g->m_logits, T, E, K, D->renorm));
+    if (D->moe_expert_scale)
+        TRY(loom_cuda_moe_scale_weights(c, g->m_wt, g->m_sel, D->moe_expert_scale, T, K));
+    TRY(loom_cuda_rmsnorm(c, g->m_rin, g->x, D->pre_moe_norm, T, H, eps, 0)); /* routing is done */
+    TRY(moe_experts(g, D, g->m_rin, g->m_sum, 0, T));
+    return loom_cuda_rmsnorm_add(c, g->xb, g->m_sum, D->post_moe_norm, T, H, eps);
 }
 
 /* rmsnorm(x) -> MLP or MoE -> x += (post norm of) it, all in f32: the
@@ -1137,6 +1231,10 @@ static loom_status ffn_f32(loom_cuda_model *g, const dlayer *D, int T) {
         hin = g->hb;
     }
     TRY(linear(g, g->xb, hin, &D->down, NULL, T));
+    if (D->beside) {
+        TRY(loom_cuda_rmsnorm(c, g->xb, g->xb, D->post_ffn_norm1, T, H, (float)cf->rms_eps, 0));
+        TRY(moe_beside(g, D, T));
+    }
     return residual(g, g->xb, D->post_ffn_norm, T);
 }
 
@@ -1191,6 +1289,63 @@ static loom_status lin_layer(loom_cuda_model *g, const dlayer *D, const fw_step 
     return ffn_f32(g, D, T);
 }
 
+/* out (T, w's columns) = rows ids[t] of the table w, times scale. */
+static loom_status embed_rows(loom_cuda_model *g, float *out, const dweight *w,
+                              const int32_t *ids, int T, float scale) {
+    loom_cuda *c = g->c;
+    if (w->f8) {
+        const loom_cuda_f8mat *f = &w->fm;
+        dim3 grid(LOOM_MIN_U(loom_cuda_blocks((size_t)f->cols, 256), 64u), (unsigned)T);
+        fw_embed_f8<<<grid, 256, 0, c->stream>>>(out, f->d_w, f->d_scales, f->cols, f->br, f->bc,
+                                                 ids, scale);
+        LAUNCH_CHECK();
+        return LOOM_OK;
+    }
+    if (w->quant) {
+        const loom_cuda_qmat *q = &w->qm;
+        dim3 grid(LOOM_MIN_U(loom_cuda_blocks((size_t)q->cols, 256), 64u), (unsigned)T);
+        fw_embed_q<<<grid, 256, 0, c->stream>>>(out, q->d_w, q->d_scales, q->d_biases, q->cols,
+                                                q->bits, q->group, q->f16, ids, scale);
+        LAUNCH_CHECK();
+        return LOOM_OK;
+    }
+    return loom_cuda_embed(c, out, w->d, w->dt, w->cols, ids, T, scale);
+}
+
+/* Every layer's per-layer input (ple.c's loom_ple_inputs) from the scaled
+ * token embeddings in x: ple_in (T, n_layers, P) = (norm(proj(x) /
+ * sqrt(hidden)) + table(id) * its scale) / sqrt(2). */
+static loom_status ple_inputs(loom_cuda_model *g, const fw_step *S) {
+    const loom_model *m = g->m;
+    const loom_config *cf = &m->cfg;
+    int T = S->T, P = cf->per_layer_input_dim, L = cf->n_layers;
+    size_t n = (size_t)T * L * P;
+    TRY(linear(g, g->ple_in, g->x, &g->ple_model_proj, NULL, T));
+    TRY(loom_cuda_scale(g->c, g->ple_in, n, (float)(1.0 / sqrt((double)cf->hidden_size))));
+    TRY(loom_cuda_rmsnorm(g->c, g->ple_in, g->ple_in, g->ple_proj_norm, T * L, P,
+                          (float)cf->rms_eps, 0));
+    TRY(embed_rows(g, g->ple_e, &g->ple_embed, S->tok, T, m->ple_embed_scale));
+    return loom_cuda_add_scale(g->c, g->ple_in, g->ple_e, n, (float)0.70710678118654752440);
+}
+
+/* What ends layer l after the MLP's residual add: its per-layer input
+ * block, x += norm(proj(act(gate(x)) * ple_l)) (ple.c's loom_ple_block),
+ * and its layer scalar. */
+static loom_status layer_end(loom_cuda_model *g, const dlayer *D, int l, int T) {
+    const loom_config *cf = &g->m->cfg;
+    int H = cf->hidden_size;
+    if (D->ple_gate.rows) {
+        int P = cf->per_layer_input_dim, gelu = g->m->act == LOOM_ACT_GELU_TANH;
+        TRY(linear(g, g->ple_tmp, g->x, &D->ple_gate, NULL, T));
+        TRY(loom_cuda_act_mul_ld(g->c, g->ple_tmp, g->ple_in + (size_t)l * P, T, P,
+                                 cf->n_layers * P, gelu));
+        TRY(linear(g, g->xb, g->ple_tmp, &D->ple_proj, NULL, T));
+        TRY(residual(g, g->xb, D->ple_norm, T));
+    }
+    if (D->out_scale != 1.0f) TRY(loom_cuda_scale(g->c, g->x, (size_t)T * H, D->out_scale));
+    return LOOM_OK;
+}
+
 /* Everything on the device between the integer upload and the copies back:
  * what a decode graph captures. Reads per-step values only from S's
  * device arrays. */
@@ -1204,22 +1359,8 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
         TRY(loom_cuda_rope_table_dev(c, g->cs + off, g->sn + off, g->max_half, S->pos, T,
                                      g->inv_freq[i], m->ropes[i].rot_dim, m->ropes[i].scale));
     }
-    /* embed */
-    if (g->embed.f8) {
-        const loom_cuda_f8mat *f = &g->embed.fm;
-        dim3 grid(LOOM_MIN_U(loom_cuda_blocks((size_t)H, 256), 64u), (unsigned)T);
-        fw_embed_f8<<<grid, 256, 0, c->stream>>>(g->x, f->d_w, f->d_scales, f->cols, f->br, f->bc,
-                                                 S->tok, m->embed_scale);
-        LAUNCH_CHECK();
-    } else if (g->embed.quant) {
-        const loom_cuda_qmat *q = &g->embed.qm;
-        dim3 grid(LOOM_MIN_U(loom_cuda_blocks((size_t)H, 256), 64u), (unsigned)T);
-        fw_embed_q<<<grid, 256, 0, c->stream>>>(g->x, q->d_w, q->d_scales, q->d_biases, q->cols,
-                                                q->bits, q->group, q->f16, S->tok, m->embed_scale);
-        LAUNCH_CHECK();
-    } else {
-        TRY(loom_cuda_embed(c, g->x, g->embed.d, g->embed.dt, H, S->tok, T, m->embed_scale));
-    }
+    TRY(embed_rows(g, g->x, &g->embed, S->tok, T, m->embed_scale));
+    if (m->has_ple) TRY(ple_inputs(g, S));
 
     float eps = (float)cf->rms_eps;
     size_t TH = (size_t)T * H;
@@ -1231,12 +1372,15 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
         const dlayer *D = &g->layers[l];
         if (D->lin) {
             TRY(lin_layer(g, D, S));
+            TRY(layer_end(g, D, l, T));
             continue;
         }
         int hd = A->head_dim, nkv = A->n_kv_heads, kvd = nkv * hd;
         const loom_rope *R = &m->ropes[A->rope];
         int a16 = g->act16 != LOOM_CUDA_F32;
-        size_t layer_off = (size_t)l * g->kv_blocks * g->kv_bs * g->kv_row_bytes;
+        /* the rows of the layer whose KV this one reads (its own unless shared) */
+        size_t layer_off = (size_t)D->kv_layer * g->kv_blocks * g->kv_bs * g->kv_row_bytes;
+        int own_kv = D->kv_layer == l;
         size_t esz = g->kv_dt == LOOM_CUDA_F32 ? 4 : 2;
         char *pk = (char *)g->kv_k + layer_off, *pv = (char *)g->kv_v + layer_off;
         loom_cuda_kv dkv = {pk, pv, g->kv_dt, bs, g->kv_row_bytes / esz};
@@ -1306,10 +1450,13 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
                                        g->sn + roff, g->max_half));
             }
         } else {
+            /* k and v only where the layer keeps its own KV; v the raw k
+             * (bias included) where k_eq_v */
+            int vproj = own_kv && !D->k_eq_v;
             if (a16) {
                 TRY(linear16(g, g->q, &D->wq, D->bq, T));
-                TRY(linear16(g, g->k, &D->wk, D->bk, T));
-                TRY(linear16(g, g->v, &D->wv, D->bv, T));
+                if (own_kv) TRY(linear16(g, g->k, &D->wk, D->bk, T));
+                if (vproj) TRY(linear16(g, g->v, &D->wv, D->bv, T));
             } else {
                 if (D->gated) {
                     /* per head [query | gate]: the gate multiplies the attention's output */
@@ -1318,19 +1465,26 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
                 } else {
                     TRY(linear(g, g->q, g->xb, &D->wq, D->bq, T));
                 }
-                TRY(linear(g, g->k, g->xb, &D->wk, D->bk, T));
-                TRY(linear(g, g->v, g->xb, &D->wv, D->bv, T));
+                if (own_kv) TRY(linear(g, g->k, g->xb, &D->wk, D->bk, T));
+                if (vproj) TRY(linear(g, g->v, g->xb, &D->wv, D->bv, T));
             }
+            if (own_kv && D->k_eq_v)
+                CUDA_CHECK(cudaMemcpyAsync(g->v, g->k, (size_t)T * kvd * sizeof(float),
+                                           cudaMemcpyDeviceToDevice, c->stream));
             if (D->q_norm) TRY(loom_cuda_rmsnorm(c, g->q, g->q, D->q_norm, T * nh, hd, eps, 0));
-            if (D->k_norm) TRY(loom_cuda_rmsnorm(c, g->k, g->k, D->k_norm, T * nkv, hd, eps, 0));
             TRY(loom_cuda_rope(c, g->q, T, nh, hd, R->rot_dim, g->cs + roff, g->sn + roff,
                                g->max_half));
-            TRY(loom_cuda_rope(c, g->k, T, nkv, hd, R->rot_dim, g->cs + roff, g->sn + roff,
-                               g->max_half));
-            dim3 grid(LOOM_MIN_U(loom_cuda_blocks((size_t)kvd, 256), 16u), (unsigned)T);
-            fw_kv_store<<<grid, 256, 0, c->stream>>>(pk, pv, (int)g->kv_dt, g->kv_row_bytes / esz,
-                                                     g->k, g->v, S->slot, kvd);
-            LAUNCH_CHECK();
+            if (own_kv) {
+                if (D->k_norm) TRY(loom_cuda_rmsnorm(c, g->k, g->k, D->k_norm, T * nkv, hd, eps, 0));
+                if (D->v_norm) TRY(loom_cuda_rmsnorm(c, g->v, g->v, NULL, T * nkv, hd, eps, 0));
+                TRY(loom_cuda_rope(c, g->k, T, nkv, hd, R->rot_dim, g->cs + roff, g->sn + roff,
+                                   g->max_half));
+                dim3 grid(LOOM_MIN_U(loom_cuda_blocks((size_t)kvd, 256), 16u), (unsigned)T);
+                fw_kv_store<<<grid, 256, 0, c->stream>>>(pk, pv, (int)g->kv_dt,
+                                                         g->kv_row_bytes / esz, g->k, g->v,
+                                                         S->slot, kvd);
+                LAUNCH_CHECK();
+            }
         }
         /* tc (at's last field): bf16 KV already rounds K and V; prefill may
          * round q and the weights too and run on the tensor cores */
@@ -1389,6 +1543,7 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
         TRY(linear(g, g->xb, g->att, &D->wo, D->bo, T));
         TRY(residual(g, g->xb, D->post_attn_norm, T));
         TRY(ffn_f32(g, D, T));
+        TRY(layer_end(g, D, l, T));
     }
     TRY(fw_taps(g, S, cf->n_layers - 1));
 

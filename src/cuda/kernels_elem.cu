@@ -520,6 +520,35 @@ extern "C" loom_status loom_cuda_gelu_tanh_mul(loom_cuda *c, float *d_g, const f
     return LOOM_OK;
 }
 
+/* g (T, n) = act(g) * u with row t of u at u + t * ld: Gemma 4's gate
+ * over one layer's slice of the per-layer inputs (T, n_layers * n). */
+__global__ void act_mul_ld_kernel(float *g, const float *u, int n, int ld, size_t total,
+                                  int gelu) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total) return;
+    size_t t = i / (size_t)n, k = i % (size_t)n;
+    float x = g[i], v = u[t * (size_t)ld + k];
+    if (gelu) {
+        float in = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+        g[i] = 0.5f * x * (1.0f + tanhf(in)) * v;
+    } else {
+        g[i] = x / (1.0f + expf(-x)) * v;
+    }
+}
+
+extern "C" loom_status loom_cuda_act_mul_ld(loom_cuda *c, float *d_g, const float *d_u, int T,
+                                            int n, int ld, int gelu) {
+    size_t total = (size_t)T * n;
+    if (!total) return LOOM_OK;
+    if (ld < n)
+        return loom_err(LOOM_ERR_INVALID_ARG, "cuda act_mul_ld: rows of u %d apart, narrower "
+                        "than their %d values", ld, n);
+    act_mul_ld_kernel<<<loom_cuda_blocks(total, 256), 256, 0, c->stream>>>(d_g, d_u, n, ld, total,
+                                                                          gelu);
+    LAUNCH_CHECK();
+    return LOOM_OK;
+}
+
 /* The gate and up projections of one fused GEMM: gu (T, 2n), gate in
  * columns [0, n), up in [n, 2n). out (T, n) = act(gate) * up, each value
  * computed as silu_mul_kernel / gelu_tanh_mul_kernel compute it. */
@@ -634,6 +663,28 @@ extern "C" loom_status loom_cuda_act_mul_split16(loom_cuda *c, void *d_out16, co
     }
     act_mul_split_kernel<<<loom_cuda_blocks(total, 256), 256, 0, c->stream>>>(
         d_out16, d_gu, n, total, gelu, (int)dt);
+    LAUNCH_CHECK();
+    return LOOM_OK;
+}
+
+/* ---- scaling ------------------------------------------------------------ */
+
+__global__ void scale_kernel(float *x, const float *y, size_t n, float s) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = y ? (x[i] + y[i]) * s : x[i] * s;
+}
+
+extern "C" loom_status loom_cuda_scale(loom_cuda *c, float *d_x, size_t n, float s) {
+    if (!n) return LOOM_OK;
+    scale_kernel<<<loom_cuda_blocks(n, 256), 256, 0, c->stream>>>(d_x, NULL, n, s);
+    LAUNCH_CHECK();
+    return LOOM_OK;
+}
+
+extern "C" loom_status loom_cuda_add_scale(loom_cuda *c, float *d_x, const float *d_y, size_t n,
+                                           float s) {
+    if (!n) return LOOM_OK;
+    scale_kernel<<<loom_cuda_blocks(n, 256), 256, 0, c->stream>>>(d_x, d_y, n, s);
     LAUNCH_CHECK();
     return LOOM_OK;
 }

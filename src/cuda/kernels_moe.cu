@@ -444,3 +444,22 @@ extern "C" loom_status loom_cuda_moe_gate_add(loom_cuda *c, float *d_out, const 
     LAUNCH_CHECK();
     return LOOM_OK;
 }
+
+/* Gemma 4's per-expert scales on the routing weights (after the top-k
+ * renormalisation, as moe.c applies them): wt[a] *= scale[sel[a]]. */
+__global__ void moe_scale_weights_kernel(float *wt, const int32_t *sel, const float *scale,
+                                         int N) {
+    int a = blockIdx.x * blockDim.x + threadIdx.x;
+    if (a < N) wt[a] *= scale[sel[a]];
+}
+
+extern "C" loom_status loom_cuda_moe_scale_weights(loom_cuda *c, float *d_wt,
+                                                   const int32_t *d_sel, const float *d_scale,
+                                                   int T, int k) {
+    int N = T * k;
+    if (N <= 0) return LOOM_OK;
+    moe_scale_weights_kernel<<<loom_cuda_blocks((size_t)N, 256), 256, 0, c->stream>>>(
+        d_wt, d_sel, d_scale, N);
+    LAUNCH_CHECK();
+    return LOOM_OK;
+}

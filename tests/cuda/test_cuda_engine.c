@@ -1,6 +1,7 @@
 /* The context and the engine with forwards on CUDA device 0: reference
  * logits (context) and greedy continuations (context and batched engine)
- * of the dense, Qwen3-MoE and hybrid (Qwen3.5, Qwen3-Next) fixtures,
+ * of the dense (Gemma 4 with its per-layer inputs among them), Qwen3-MoE
+ * and hybrid (Qwen3.5, Qwen3-Next) fixtures,
  * embedding vectors against the CPU engine's, and a hybrid's prefix-cache
  * hit resumed from a state snapshot. Needs a GPU; run through
  * tools/cuda_check.sh. */
@@ -12,8 +13,9 @@
 
 static const char *models[] = {"llama3-tiny", "qwen2-tiny", "qwen3-tiny", "mistral-tiny-swa",
                                "qwen3-tiny-mlx4", "qwen3-tiny-mlx8", "gemma2-tiny",
-                               "gemma3-tiny", "qwen3moe-tiny", "qwen3.5-tiny-hybrid",
-                               "qwen3next-tiny-hybrid-moe", "qwen3-tiny-fp8"};
+                               "gemma3-tiny", "gemma4-tiny", "qwen3moe-tiny",
+                               "qwen3.5-tiny-hybrid", "qwen3next-tiny-hybrid-moe",
+                               "qwen3-tiny-fp8"};
 
 static void check(const char *name) {
     char dir[256], path[300];

@@ -12,11 +12,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "../test.h"
 #include "../test_fp8.h"
 #include "cuda/cuda.h"
 #include "engine/kv.h"
+#include "load/safetensors.h"
 #include "model/forward.h"
 #include "model/model.h"
 #include "ops/ops.h"
@@ -447,6 +450,166 @@ out:
     loom_model_free(m);
 }
 
+/* Gemma 4's variants of gemma4-tiny (the CPU forward has them, the fixture
+ * not): dir/config.json is the fixture's with the replacements from[i] ->
+ * to[i]; dir/model.safetensors its tensors, those named in repl[] (2-D of
+ * rows x cols, or 1-D of rows when cols is 0) replaced by random values
+ * (1-D: around 1), and with moe_e > 0 every layer's MoE block beside the
+ * MLP added (moe_e experts of width moe_i, random). 0 after a FAIL line. */
+typedef struct g4_tensor {
+    const char *name;
+    int64_t rows, cols;
+} g4_tensor;
+
+static int g4_variant(const char *dir, const char *const *from, const char *const *to, int n_rep,
+                      const g4_tensor *repl, int n_repl, int moe_e, int moe_i) {
+    const char *fx = "tests/fixtures/models/gemma4-tiny";
+    char path[1200], *text = NULL;
+    size_t len;
+    mkdir(dir, 0700);
+    snprintf(path, sizeof path, "%s/config.json", fx);
+    int ok = loom_read_file(path, &text, &len) == LOOM_OK;
+    for (int i = 0; ok && i < n_rep; i++) {
+        char *at = strstr(text, from[i]);
+        if (!at) {
+            loom_err(LOOM_ERR_FORMAT, "\"%s\" not in the fixture's config", from[i]);
+            ok = 0;
+            break;
+        }
+        size_t nl = strlen(text) - strlen(from[i]) + strlen(to[i]) + 1;
+        char *nt = malloc(nl);
+        snprintf(nt, nl, "%.*s%s%s", (int)(at - text), text, to[i], at + strlen(from[i]));
+        free(text);
+        text = nt;
+    }
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = ok ? fopen(path, "wb") : NULL;
+    ok = f && fputs(text, f) >= 0;
+    if (f) ok &= fclose(f) == 0;
+    free(text);
+    loom_safetensors *src = NULL;
+    snprintf(path, sizeof path, "%s/model.safetensors", fx);
+    if (ok) ok = loom_st_open(path, &src) == LOOM_OK;
+    int cnt = src ? loom_st_count(src) : 0, L = 6, H = 64, k = cnt;
+    loom_st_write_entry *e = calloc((size_t)cnt + 8 * (size_t)L, sizeof *e);
+    char (*names)[96] = calloc(8 * (size_t)L, sizeof *names);
+    float *big = malloc(sizeof(float) * 256 * 256), *ones = malloc(sizeof(float) * 256);
+    unsigned long long seed = 99;
+    for (int i = 0; i < 256 * 256; i++) big[i] = test_rand_f(&seed) * 0.1f;
+    /* norms and scales around 1, unequal (per-expert scales among them) */
+    for (int i = 0; i < 256; i++) ones[i] = 0.6f + 0.15f * (float)(i % 7);
+    for (int i = 0; ok && i < cnt; i++) {
+        const loom_st_tensor *t = loom_st_at(src, i);
+        e[i] = (loom_st_write_entry){.name = t->name, .dtype = t->dtype, .ndim = t->ndim,
+                                     .data = t->data};
+        memcpy(e[i].shape, t->shape, sizeof t->shape);
+        for (int j = 0; j < n_repl; j++)
+            if (!strcmp(t->name, repl[j].name)) {
+                e[i].ndim = repl[j].cols ? 2 : 1;
+                e[i].shape[0] = repl[j].rows;
+                e[i].shape[1] = repl[j].cols;
+                e[i].data = repl[j].cols ? (const void *)big : (const void *)ones;
+            }
+    }
+    for (int l = 0; ok && moe_e > 0 && l < L; l++) {
+        static const char *suffix[] = {"router.proj.weight", "router.scale",
+                                       "router.per_expert_scale", "experts.gate_up_proj",
+                                       "experts.down_proj", "post_feedforward_layernorm_1.weight",
+                                       "pre_feedforward_layernorm_2.weight",
+                                       "post_feedforward_layernorm_2.weight"};
+        int64_t E = moe_e, I = moe_i;
+        int64_t shapes[8][3] = {{E, H}, {H}, {E}, {E, 2 * I, H}, {E, H, I}, {H}, {H}, {H}};
+        int nd[8] = {2, 1, 1, 3, 3, 1, 1, 1};
+        for (int j = 0; j < 8; j++, k++) {
+            snprintf(names[l * 8 + j], sizeof names[0], "model.layers.%d.%s", l, suffix[j]);
+            e[k] = (loom_st_write_entry){.name = names[l * 8 + j], .dtype = LOOM_DT_F32,
+                                         .ndim = nd[j], .data = nd[j] == 1 ? ones : big};
+            memcpy(e[k].shape, shapes[j], sizeof shapes[j]);
+        }
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if (ok) ok = loom_st_write(path, e, k) == LOOM_OK;
+    if (!ok) {
+        printf("FAIL  forward %s: writing the variant: %s\n", dir, loom_last_error());
+        n_fail++;
+    }
+    free(e), free(names), free(big), free(ones);
+    loom_st_close(src);
+    return ok;
+}
+
+/* One FAIL line unless the variant at dir loads with layer l reading the
+ * KV of layer kv_l, with head size hd, (k_eq_v) values that are its keys
+ * and (moe) a MoE block beside its MLP. */
+static int g4_expect(const char *dir, int l, int kv_l, int hd, int k_eq_v, int moe) {
+    loom_model *m = load("forward", dir, dir);
+    if (!m) return 0;
+    const loom_attn *A = &m->layers[l].attn;
+    int ok = A->kv_layer == kv_l && A->head_dim == hd && A->k_eq_v == k_eq_v && m->has_ple &&
+             m->layers[l].moe_beside == moe;
+    if (!ok) {
+        printf("FAIL  forward %s: layer %d reads layer %d's KV, head_dim %d, k_eq_v %d, MoE block "
+               "%d (expected %d, %d, %d, %d)\n", dir, l, A->kv_layer, A->head_dim, A->k_eq_v,
+               m->layers[l].moe_beside, kv_l, hd, k_eq_v, moe);
+        n_fail++;
+    }
+    loom_model_free(m);
+    return ok;
+}
+
+/* gemma4-tiny's variants, each through the prefill/decode/mixed steps,
+ * batch-1 decode and verification against the CPU: layers 4 and 5 reading
+ * layers 2 and 3's KV (num_kv_shared_layers, layer kinds alternating so
+ * both kinds share); full layers whose values are their keys
+ * (attention_k_eq_v); a full layer of global_head_dim 64 beside sliding
+ * ones of 32 (wider device KV rows, proportional rope over 64); the MoE
+ * block beside every MLP (4 experts of 32, top 2, router and expert
+ * scales). */
+static void run_gemma4_variants(const char *tmp) {
+    static const char *types_from =
+        "\"sliding_attention\",\n    \"sliding_attention\",\n    \"sliding_attention\",\n"
+        "    \"sliding_attention\",\n    \"sliding_attention\",\n    \"full_attention\"";
+    static const char *types_to =
+        "\"sliding_attention\",\n    \"full_attention\",\n    \"sliding_attention\",\n"
+        "    \"full_attention\",\n    \"sliding_attention\",\n    \"full_attention\"";
+    char dir[4][512];
+    snprintf(dir[0], sizeof dir[0], "%s/gemma4-kvshare", tmp);
+    snprintf(dir[1], sizeof dir[1], "%s/gemma4-keqv", tmp);
+    snprintf(dir[2], sizeof dir[2], "%s/gemma4-ghd", tmp);
+    snprintf(dir[3], sizeof dir[3], "%s/gemma4-moe", tmp);
+    const char *f0[] = {"\"num_kv_shared_layers\": 0", types_from};
+    const char *t0[] = {"\"num_kv_shared_layers\": 2", types_to};
+    const char *f1[] = {"\"attention_k_eq_v\": false", types_from};
+    const char *t1[] = {"\"attention_k_eq_v\": true", types_to};
+    const char *f2[] = {"\"head_dim\": 32"};
+    const char *t2[] = {"\"head_dim\": 32, \"global_head_dim\": 64"};
+    const char *f3[] = {"\"enable_moe_block\": false", "\"moe_intermediate_size\": null",
+                        "\"num_experts\": null", "\"top_k_experts\": null"};
+    const char *t3[] = {"\"enable_moe_block\": true", "\"moe_intermediate_size\": 32",
+                        "\"num_experts\": 4", "\"top_k_experts\": 2"};
+    static const g4_tensor ghd[] = {
+        {"model.layers.5.self_attn.q_proj.weight", 256, 64},
+        {"model.layers.5.self_attn.k_proj.weight", 128, 64},
+        {"model.layers.5.self_attn.v_proj.weight", 128, 64},
+        {"model.layers.5.self_attn.o_proj.weight", 64, 256},
+        {"model.layers.5.self_attn.q_norm.weight", 64, 0},
+        {"model.layers.5.self_attn.k_norm.weight", 64, 0},
+    };
+    int ok[4];
+    ok[0] = g4_variant(dir[0], f0, t0, 2, NULL, 0, 0, 0) && g4_expect(dir[0], 4, 2, 32, 0, 0) &&
+            g4_expect(dir[0], 5, 3, 32, 0, 0);
+    ok[1] = g4_variant(dir[1], f1, t1, 2, NULL, 0, 0, 0) && g4_expect(dir[1], 3, 3, 32, 1, 0);
+    ok[2] = g4_variant(dir[2], f2, t2, 1, ghd, 6, 0, 0) && g4_expect(dir[2], 5, 5, 64, 0, 0);
+    ok[3] = g4_variant(dir[3], f3, t3, 4, NULL, 0, 4, 32) && g4_expect(dir[3], 2, 2, 32, 0, 1);
+    for (int i = 0; i < 4; i++) {
+        if (!ok[i]) continue;
+        run_fixture(dir[i], LOOM_KV_F32);
+        run_fixture(dir[i], LOOM_KV_F16);
+        run_single(dir[i], LOOM_KV_F32);
+        run_verify(dir[i], LOOM_KV_F32);
+    }
+}
+
 int main(void) {
     loom_status st = loom_cuda_create(0, &C);
     if (st != LOOM_OK) {
@@ -455,8 +618,9 @@ int main(void) {
     }
     static const char *fixtures[] = {"llama3-tiny", "qwen2-tiny", "qwen3-tiny", "mistral-tiny-swa",
                                      "qwen3-tiny-mlx4", "qwen3-tiny-mlx8", "gemma2-tiny",
-                                     "gemma3-tiny", "qwen3moe-tiny", "qwen3.5-tiny-hybrid",
-                                     "qwen3next-tiny-hybrid-moe", "qwen3-tiny-fp8"};
+                                     "gemma3-tiny", "gemma4-tiny", "qwen3moe-tiny",
+                                     "qwen3.5-tiny-hybrid", "qwen3next-tiny-hybrid-moe",
+                                     "qwen3-tiny-fp8"};
     for (size_t i = 0; i < sizeof fixtures / sizeof fixtures[0]; i++) {
         run_fixture(fixtures[i], LOOM_KV_F32);
         run_fixture(fixtures[i], LOOM_KV_F16);
@@ -490,6 +654,7 @@ int main(void) {
     const char *extra = getenv("LOOM_CUDA_TEST_MODELS");
     char buf[4096], tmp[] = "/tmp/loom-cuda-fp8-XXXXXX";
     if (mkdtemp(tmp)) {
+        run_gemma4_variants(tmp);
         test_fp8_variant v = {.name = "fp8", .layout = TEST_FP8_BLOCK, .bf16_layer = 1,
                               .scale_suffix = "_scale_inv", .qcfg = TEST_FP8_HF};
         snprintf(buf, sizeof buf, "tests/fixtures/models/qwen3-tiny %s", extra ? extra : "");

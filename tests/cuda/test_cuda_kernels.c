@@ -332,6 +332,81 @@ static int test_act_split(int T, int n, int gelu) {
     return ok;
 }
 
+/* act_mul_ld: rows of g (T, n) gated by a slice of wider rows of u (T,
+ * ld), as Gemma 4's per-layer inputs take one layer's columns; the
+ * reference is applied to each row, and the columns of u beside the
+ * slice must not be read into g. */
+static int test_act_ld(int T, int n, int ld, int off, int gelu) {
+    const char *k = gelu ? "act_ld_gelu" : "act_ld_silu";
+    char what[96];
+    snprintf(what, sizeof what, "T=%d n=%d ld=%d off=%d", T, n, ld, off);
+    size_t N = (size_t)T * n, NU = (size_t)T * ld;
+    float *g = xmalloc(N * 4), *u = xmalloc(NU * 4), *ref = xmalloc(N * 4), *got = xmalloc(N * 4);
+    fill(g, N, 8.0f);
+    fill(u, NU, 2.0f);
+    memcpy(ref, g, N * 4);
+    for (int t = 0; t < T; t++) {
+        const float *ur = u + (size_t)t * ld + off;
+        if (gelu) loom_kernels_ref.gelu_tanh_mul(ref + (size_t)t * n, ur, n);
+        else loom_kernels_ref.silu_mul(ref + (size_t)t * n, ur, n);
+    }
+    float *dg = up(g, N * 4), *du = up(u, NU * 4);
+    int ok = 0;
+    if (!dg || !du) {
+        api_fail(k, what, LOOM_ERR_NOMEM);
+    } else {
+        loom_status st = loom_cuda_act_mul_ld(C, dg, du + off, T, n, ld, gelu);
+        if (st == LOOM_OK) st = loom_cuda_download(C, got, dg, N * 4);
+        if (st != LOOM_OK) api_fail(k, what, st);
+        else ok = report(k, what, got, ref, NULL, N, 1e-6f, 1e-5f);
+    }
+    loom_cuda_release(C, dg);
+    loom_cuda_release(C, du);
+    free(g), free(u), free(ref), free(got);
+    return ok;
+}
+
+/* act_mul_ld refuses rows of u narrower than n. */
+static int test_act_ld_limits(void) {
+    loom_status st = loom_cuda_act_mul_ld(C, NULL, NULL, 2, 16, 8, 1);
+    int ok = st == LOOM_ERR_INVALID_ARG && strstr(loom_last_error(), "narrower") != NULL;
+    printf("%s  %-14s %-44s %s\n", ok ? "PASS" : "FAIL", "act_ld", "ld < n refused",
+           ok ? "" : loom_last_error());
+    loom_err_clear();
+    ok ? n_pass++ : n_fail++;
+    return ok;
+}
+
+/* scale and add_scale: x * s and (x + y) * s, each value one f32 multiply
+ * (and add) as the CPU forward computes it: equal bits. */
+static int test_scale(size_t n, int add) {
+    const char *k = add ? "add_scale" : "scale";
+    char what[96];
+    float s = 0.70710678f + (float)n * 1e-7f;
+    snprintf(what, sizeof what, "n=%zu s=%.9g", n, s);
+    float *x = xmalloc(n * 4), *y = xmalloc(n * 4), *ref = xmalloc(n * 4), *got = xmalloc(n * 4);
+    fill(x, n, 8.0f);
+    fill(y, n, 3.0f);
+    for (size_t i = 0; i < n; i++) {
+        volatile float v = add ? x[i] + y[i] : x[i]; /* no fused multiply-add */
+        ref[i] = v * s;
+    }
+    float *dx = up(x, n * 4), *dy = up(y, n * 4);
+    int ok = 0;
+    if (!dx || !dy) {
+        api_fail(k, what, LOOM_ERR_NOMEM);
+    } else {
+        loom_status st = add ? loom_cuda_add_scale(C, dx, dy, n, s) : loom_cuda_scale(C, dx, n, s);
+        if (st == LOOM_OK) st = loom_cuda_download(C, got, dx, n * 4);
+        if (st != LOOM_OK) api_fail(k, what, st);
+        else ok = report(k, what, got, ref, NULL, n, 0.0f, 0.0f);
+    }
+    loom_cuda_release(C, dx);
+    loom_cuda_release(C, dy);
+    free(x), free(y), free(ref), free(got);
+    return ok;
+}
+
 /* ---- 16-bit activations ------------------------------------------------ */
 
 static const char *DT_NAME[] = {"f32", "f16", "bf16"};
@@ -1690,6 +1765,40 @@ static void mv_ref(double *y, const float *w, const float *x, int rows, int cols
 
 static float silu_ref(double g) { return (float)(g / (1.0 + exp(-g))); }
 
+/* moe_scale_weights: each routing weight times its expert's scale (one f32
+ * multiply: equal bits), experts chosen at random, repeats included. */
+static int test_moe_scale_weights(int T, int k, int E) {
+    const char *kn = "moe_scale_w";
+    char what[96];
+    snprintf(what, sizeof what, "T=%d k=%d E=%d", T, k, E);
+    size_t N = (size_t)T * k;
+    float *w = xmalloc(N * 4), *sc = xmalloc((size_t)E * 4), *ref = xmalloc(N * 4);
+    float *got = xmalloc(N * 4);
+    int32_t *sel = xmalloc(N * 4);
+    fill(w, N, 1.0f);
+    fill(sc, (size_t)E, 2.0f);
+    for (size_t i = 0; i < N; i++) {
+        sel[i] = (int32_t)(test_rand_u32(&rng) % (unsigned)E);
+        ref[i] = w[i] * sc[sel[i]];
+    }
+    float *dw = up(w, N * 4), *ds = up(sc, (size_t)E * 4);
+    int32_t *dsel = up(sel, N * 4);
+    int ok = 0;
+    if (!dw || !ds || !dsel) {
+        api_fail(kn, what, LOOM_ERR_NOMEM);
+    } else {
+        loom_status st = loom_cuda_moe_scale_weights(C, dw, dsel, ds, T, k);
+        if (st == LOOM_OK) st = loom_cuda_download(C, got, dw, N * 4);
+        if (st != LOOM_OK) api_fail(kn, what, st);
+        else ok = report(kn, what, got, ref, NULL, N, 0.0f, 0.0f);
+    }
+    loom_cuda_release(C, dw);
+    loom_cuda_release(C, ds);
+    loom_cuda_release(C, dsel);
+    free(w), free(sc), free(ref), free(got), free(sel);
+    return ok;
+}
+
 /* The whole feed-forward of one MoE layer against a double reference:
  * the router as a GEMV (sel NULL) and as a one-group GEMM, routing, the
  * bucketing plan (checked entry by entry), then the experts both ways:
@@ -2466,6 +2575,15 @@ int main(void) {
         test_act(SIZES[i], 0);
         test_act(SIZES[i], 1);
     }
+    /* one layer's slice of Gemma 4's per-layer inputs (P 16 and 256 of 6 and 35 layers) */
+    test_act_ld(7, 16, 96, 80, 1);
+    test_act_ld(33, 256, 35 * 256, 17 * 256, 1);
+    test_act_ld(1, 33, 100, 5, 0);
+    test_act_ld_limits();
+    for (int i = 0; i < N_SIZES; i++) {
+        test_scale((size_t)SIZES[i], 0);
+        test_scale((size_t)SIZES[i], 1);
+    }
     test_act_split(1, 3072, 0);
     test_act_split(7, 33, 1);
     test_act_split(33, 1000, 0);
@@ -2690,6 +2808,9 @@ int main(void) {
     };
     for (size_t i = 0; i < sizeof moes / sizeof moes[0]; i++) test_moe(&moes[i]);
     test_moe_limits();
+    test_moe_scale_weights(1, 8, 128);
+    test_moe_scale_weights(37, 2, 4);
+    test_moe_scale_weights(300, 8, 128);
     test_lin_all();
 
     st = loom_cuda_sync(C);

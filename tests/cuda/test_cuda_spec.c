@@ -258,7 +258,8 @@ static void hybrid_refused(void) {
 
 int main(void) {
     static const char *models[] = {"llama3-tiny", "qwen2-tiny", "qwen3-tiny", "mistral-tiny-swa",
-                                   "qwen3-tiny-mlx4", "gemma2-tiny", "gemma3-tiny", "qwen3moe-tiny"};
+                                   "qwen3-tiny-mlx4", "gemma2-tiny", "gemma3-tiny", "gemma4-tiny",
+                                   "qwen3moe-tiny"};
     trained();
     hybrid_refused();
     for (size_t i = 0; i < LOOM_ARRAY_LEN(models); i++) fixture(models[i]);
