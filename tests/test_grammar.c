@@ -497,6 +497,32 @@ static void pattern_length_props(void) {
     }
 }
 
+/* One pattern with a length on many properties is written once: the
+ * grammar of twelve such properties is not twelve times that of one (the
+ * product with the counter is the bulk of it), and every property still
+ * holds its language; so does a use after a branch that used the pattern
+ * was dropped (nothing validates in it). */
+static void pattern_length_shared(void) {
+    const char *prop = "{\"type\":\"string\",\"pattern\":\"^(?:\\\\S+\\\\s+){0,9}\\\\S+$\",\"maxLength\":60}";
+    char one[512], many[4096], err[256];
+    snprintf(one, sizeof one, "{\"type\":\"object\",\"properties\":{\"p0\":%s}}", prop);
+    int w = snprintf(many, sizeof many, "{\"type\":\"object\",\"properties\":{");
+    for (int i = 0; i < 12; i++) w += snprintf(many + w, sizeof many - (size_t)w, "%s\"p%d\":%s", i ? "," : "", i, prop);
+    snprintf(many + w, sizeof many - (size_t)w, "}}");
+    char *g1 = loom_grammar_schema_to_gbnf(one, err, sizeof err), *g12 = loom_grammar_schema_to_gbnf(many, err, sizeof err);
+    CHECKF(g1 && g12, "%s", err);
+    if (g1 && g12) CHECKF(strlen(g12) < 2 * strlen(g1), "12 properties: %zu bytes of grammar, one: %zu", strlen(g12), strlen(g1));
+    free(g1), free(g12);
+    lang(schema(many), "shared pattern", L("{\"p0\":\"a b\",\"p11\":\"c\"}", "{\"p5\":\"one two three\"}"),
+         L("{\"p11\":\"a  \"}", "{\"p3\":\"a b c d e f g h i j k\"}",
+           "{\"p7\":\"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\"}"));
+    snprintf(many, sizeof many,
+             "{\"type\":\"object\",\"properties\":{\"a\":{\"anyOf\":[{\"type\":\"object\",\"properties\":{\"x\":%s,"
+             "\"y\":{\"type\":\"string\",\"enum\":[1]}},\"required\":[\"x\",\"y\"]},{\"type\":\"null\"}]},\"b\":%s}}",
+             prop, prop);
+    lang(schema(many), "pattern after a dropped branch", L("{\"a\":null,\"b\":\"x y\"}"), L("{\"a\":\"x\"}", "{\"b\":\" \"}"));
+}
+
 /* Forced tool calls: the syntax around the call, the name, the arguments
  * under the tool's schema. */
 static void tools(void) {
@@ -920,6 +946,7 @@ int main(void) {
     not_strings_props();
     logic_props();
     pattern_length_props();
+    pattern_length_shared();
     tools();
     masks_small();
     masks_model_vocab();
