@@ -137,6 +137,15 @@ static void schemas(void) {
     lang(schema("{\"properties\":{\"a\":{\"type\":\"boolean\"},\"b\":{\"type\":\"null\"}},\"additionalProperties\":true}"),
          "additional", L("{}", "{\"b\":null}", "{\"a\":true,\"zz\":[1,{}]}", "{\"q\":1,\"r\":\"s\"}"),
          L("{\"a\":true,}", "{\"zz\"}", "{\"q\":1 \"r\":2}"));
+    /* a listed key comes once: never again as an extra key */
+    lang(schema("{\"properties\":{\"a\":{\"type\":\"boolean\"},\"b\":{\"type\":\"null\"}},\"additionalProperties\":true}"),
+         "additional, listed once", L("{\"a\":true,\"b\":null,\"ab\":1,\"\":2}", "{\"b\":null,\"zz\":1}", "{\"a\":false,\"B\":1}"),
+         L("{\"a\":true,\"a\":false}", "{\"b\":null,\"zz\":1,\"b\":null}", "{\"a\":true,\"a\":1}", "{\"a\":true,\"\\u0061\":1}"));
+    lang(schema("{\"properties\":{\"n\":{\"type\":\"string\"}},\"additionalProperties\":{\"type\":\"integer\"},"
+                "\"not\":{\"required\":[\"n\"]}}"), "additional schema, listed once",
+         L("{\"m\":1}", "{}"), L("{\"n\":\"x\"}", "{\"m\":1,\"n\":3}"));
+    lang(schema("{\"properties\":{\"n\":{\"type\":\"string\"}},\"additionalProperties\":{\"type\":\"integer\"}}"),
+         "additional schema, listed key once", L("{\"n\":\"x\",\"m\":3}"), L("{\"n\":\"x\",\"n\":3}", "{\"n\":3}"));
     lang(schema("{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"}}"), "map",
          L("{}", "{\"x\":1,\"y\":2}"), L("{\"x\":\"1\"}"));
     lang(schema("{\"type\":\"array\",\"items\":{\"type\":\"number\"},\"minItems\":1,\"maxItems\":3}"), "array",

@@ -2542,12 +2542,22 @@ static int gen_object(sconv *c, const cJSON *s, loom_buf *e) {
         int arc = cJSON_IsObject(ap) ? gen(c, ap, &v) : (loom_buf_puts(&v, "json-value"), 0);
         c->at_len = mark;
         if (arc) return loom_buf_free(&v), -1;
-        const char *keys[256];
+        /* an extra key is none of the listed ones either: else a listed
+           key could come twice, once listed and once as an extra */
+        const char **keys = malloc(sizeof *keys * (size_t)(cJSON_GetArraySize(forbid_keys) + n + 1));
         int nk = 0;
-        for (const cJSON *q = forbid_keys ? forbid_keys->child : NULL; q && nk < 256; q = q->next)
+        if (!keys) return loom_buf_free(&v), sfail(c, "out of memory");
+        for (const cJSON *q = forbid_keys ? forbid_keys->child : NULL; q; q = q->next)
             if (cJSON_IsString(q)) keys[nk++] = q->valuestring;
+        for (const cJSON *q = props ? props->child : NULL; q; q = q->next) keys[nk++] = q->string;
+        qsort(keys, (size_t)nk, sizeof *keys, cmp_str);
+        int nu = 0; /* a key both listed and left out by 'not' once */
+        for (int j = 0; j < nk; j++)
+            if (!nu || strcmp(keys[nu - 1], keys[j])) keys[nu++] = keys[j];
+        nk = nu;
         if (nk) str_not_in(c, &k, keys, nk, 0, -1);
         else loom_buf_puts(&k, "json-string");
+        free(keys);
         new_name(c, extra);
         loom_buf_printf(&c->out, "%s ::= %s ws \":\" ws %s\n", extra, k.p, v.p);
         loom_buf_free(&v), loom_buf_free(&k);
