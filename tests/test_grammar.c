@@ -671,6 +671,30 @@ static void masks_small(void) {
     CHECK(loom_grammar_from_gbnf("root ::= \"\xc3\xa9\"+ | [a-b]+ \"\\n\"", v, &g, err, sizeof err) == LOOM_OK);
     mask_vs_ref(g, bytes, lens, V, 10, 10);
     loom_grammar_release(g);
+    /* mask_logits: -inf exactly where the mask refuses, whole words (32
+     * refused tokens) and the last, partial word included */
+    CHECK(loom_grammar_from_schema(schemas_[0], v, &g, err, sizeof err) == LOOM_OK);
+    loom_gmatcher m;
+    loom_gmatcher_init(&m, g);
+    for (int step = 0; step < 12; step++) {
+        uint32_t bits[4], ref[4];
+        float logits[64];
+        for (int k = 0; k < V; k++) logits[k] = (float)k;
+        logits[V] = 7; /* past n: untouched */
+        loom_gmatcher copy = m;
+        int n = loom_gmatcher_mask_logits(&m, bits, logits, V), allowed = 0, first = -1;
+        loom_gmatcher_mask(&copy, ref);
+        for (int k = 0; k < V; k++) {
+            int on = ref[k >> 5] >> (k & 31) & 1;
+            allowed += on;
+            if (on && first < 0) first = k;
+            CHECKF(on ? logits[k] == (float)k : logits[k] == -INFINITY, "step %d token %d: logit %g, allowed %d", step,
+                   k, logits[k], on);
+        }
+        CHECKF(n == allowed && logits[V] == 7, "step %d: %d allowed, mask_logits said %d", step, allowed, n);
+        if (first < 0 || loom_gmatcher_accept_token(&m, first)) break;
+    }
+    loom_grammar_release(g);
     loom_gvocab_free(v);
 }
 

@@ -1657,8 +1657,13 @@ int loom_gmatcher_mask_logits(loom_gmatcher *m, uint32_t *bits, float *logits, i
         uint32_t b = bits[w];
         if (b == ~0u) continue;
         int end = LOOM_MIN(32, n - w * 32);
-        for (int k = 0; k < end; k++)
-            if (!(b >> k & 1)) logits[w * 32 + k] = -INFINITY;
+        float *l = logits + w * 32;
+        if (!b) { /* most words outside strings: a plain fill the compiler vectorises */
+            for (int k = 0; k < end; k++) l[k] = -INFINITY;
+            continue;
+        }
+        for (uint32_t off = ~b & (end == 32 ? ~0u : (1u << end) - 1); off; off &= off - 1)
+            l[__builtin_ctz(off)] = -INFINITY;
     }
     return count;
 }
