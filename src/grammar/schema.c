@@ -1009,6 +1009,11 @@ static int pattern_len(sconv *c, loom_buf *e, const char *p, int mn, int mx) {
     pattern_remember(c, p, mn0, mx0, base);
     rc = 0;
 done:
+    for (int i = 0; d && i < d->ntr; i++) {
+        if (cls) free(cls[i]);
+        if (body) free(body[i]);
+    }
+    free(cls), free(body);
     free(live), free(a), free(f), free(d);
     return rc;
 }
