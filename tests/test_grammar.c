@@ -137,6 +137,15 @@ static void schemas(void) {
     lang(schema("{\"properties\":{\"a\":{\"type\":\"boolean\"},\"b\":{\"type\":\"null\"}},\"additionalProperties\":true}"),
          "additional", L("{}", "{\"b\":null}", "{\"a\":true,\"zz\":[1,{}]}", "{\"q\":1,\"r\":\"s\"}"),
          L("{\"a\":true,}", "{\"zz\"}", "{\"q\":1 \"r\":2}"));
+    /* a listed key comes once: never again as an extra key */
+    lang(schema("{\"properties\":{\"a\":{\"type\":\"boolean\"},\"b\":{\"type\":\"null\"}},\"additionalProperties\":true}"),
+         "additional, listed once", L("{\"a\":true,\"b\":null,\"ab\":1,\"\":2}", "{\"b\":null,\"zz\":1}", "{\"a\":false,\"B\":1}"),
+         L("{\"a\":true,\"a\":false}", "{\"b\":null,\"zz\":1,\"b\":null}", "{\"a\":true,\"a\":1}", "{\"a\":true,\"\\u0061\":1}"));
+    lang(schema("{\"properties\":{\"n\":{\"type\":\"string\"}},\"additionalProperties\":{\"type\":\"integer\"},"
+                "\"not\":{\"required\":[\"n\"]}}"), "additional schema, listed once",
+         L("{\"m\":1}", "{}"), L("{\"n\":\"x\"}", "{\"m\":1,\"n\":3}"));
+    lang(schema("{\"properties\":{\"n\":{\"type\":\"string\"}},\"additionalProperties\":{\"type\":\"integer\"}}"),
+         "additional schema, listed key once", L("{\"n\":\"x\",\"m\":3}"), L("{\"n\":\"x\",\"n\":3}", "{\"n\":3}"));
     lang(schema("{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"}}"), "map",
          L("{}", "{\"x\":1,\"y\":2}"), L("{\"x\":\"1\"}"));
     lang(schema("{\"type\":\"array\",\"items\":{\"type\":\"number\"},\"minItems\":1,\"maxItems\":3}"), "array",
@@ -497,6 +506,32 @@ static void pattern_length_props(void) {
     }
 }
 
+/* One pattern with a length on many properties is written once: the
+ * grammar of twelve such properties is not twelve times that of one (the
+ * product with the counter is the bulk of it), and every property still
+ * holds its language; so does a use after a branch that used the pattern
+ * was dropped (nothing validates in it). */
+static void pattern_length_shared(void) {
+    const char *prop = "{\"type\":\"string\",\"pattern\":\"^(?:\\\\S+\\\\s+){0,9}\\\\S+$\",\"maxLength\":60}";
+    char one[512], many[4096], err[256];
+    snprintf(one, sizeof one, "{\"type\":\"object\",\"properties\":{\"p0\":%s}}", prop);
+    int w = snprintf(many, sizeof many, "{\"type\":\"object\",\"properties\":{");
+    for (int i = 0; i < 12; i++) w += snprintf(many + w, sizeof many - (size_t)w, "%s\"p%d\":%s", i ? "," : "", i, prop);
+    snprintf(many + w, sizeof many - (size_t)w, "}}");
+    char *g1 = loom_grammar_schema_to_gbnf(one, err, sizeof err), *g12 = loom_grammar_schema_to_gbnf(many, err, sizeof err);
+    CHECKF(g1 && g12, "%s", err);
+    if (g1 && g12) CHECKF(strlen(g12) < 2 * strlen(g1), "12 properties: %zu bytes of grammar, one: %zu", strlen(g12), strlen(g1));
+    free(g1), free(g12);
+    lang(schema(many), "shared pattern", L("{\"p0\":\"a b\",\"p11\":\"c\"}", "{\"p5\":\"one two three\"}"),
+         L("{\"p11\":\"a  \"}", "{\"p3\":\"a b c d e f g h i j k\"}",
+           "{\"p7\":\"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\"}"));
+    snprintf(many, sizeof many,
+             "{\"type\":\"object\",\"properties\":{\"a\":{\"anyOf\":[{\"type\":\"object\",\"properties\":{\"x\":%s,"
+             "\"y\":{\"type\":\"string\",\"enum\":[1]}},\"required\":[\"x\",\"y\"]},{\"type\":\"null\"}]},\"b\":%s}}",
+             prop, prop);
+    lang(schema(many), "pattern after a dropped branch", L("{\"a\":null,\"b\":\"x y\"}"), L("{\"a\":\"x\"}", "{\"b\":\" \"}"));
+}
+
 /* Forced tool calls: the syntax around the call, the name, the arguments
  * under the tool's schema. */
 static void tools(void) {
@@ -635,6 +670,30 @@ static void masks_small(void) {
     char err[256];
     CHECK(loom_grammar_from_gbnf("root ::= \"\xc3\xa9\"+ | [a-b]+ \"\\n\"", v, &g, err, sizeof err) == LOOM_OK);
     mask_vs_ref(g, bytes, lens, V, 10, 10);
+    loom_grammar_release(g);
+    /* mask_logits: -inf exactly where the mask refuses, whole words (32
+     * refused tokens) and the last, partial word included */
+    CHECK(loom_grammar_from_schema(schemas_[0], v, &g, err, sizeof err) == LOOM_OK);
+    loom_gmatcher m;
+    loom_gmatcher_init(&m, g);
+    for (int step = 0; step < 12; step++) {
+        uint32_t bits[4], ref[4];
+        float logits[64];
+        for (int k = 0; k < V; k++) logits[k] = (float)k;
+        logits[V] = 7; /* past n: untouched */
+        loom_gmatcher copy = m;
+        int n = loom_gmatcher_mask_logits(&m, bits, logits, V), allowed = 0, first = -1;
+        loom_gmatcher_mask(&copy, ref);
+        for (int k = 0; k < V; k++) {
+            int on = ref[k >> 5] >> (k & 31) & 1;
+            allowed += on;
+            if (on && first < 0) first = k;
+            CHECKF(on ? logits[k] == (float)k : logits[k] == -INFINITY, "step %d token %d: logit %g, allowed %d", step,
+                   k, logits[k], on);
+        }
+        CHECKF(n == allowed && logits[V] == 7, "step %d: %d allowed, mask_logits said %d", step, allowed, n);
+        if (first < 0 || loom_gmatcher_accept_token(&m, first)) break;
+    }
     loom_grammar_release(g);
     loom_gvocab_free(v);
 }
@@ -920,6 +979,7 @@ int main(void) {
     not_strings_props();
     logic_props();
     pattern_length_props();
+    pattern_length_shared();
     tools();
     masks_small();
     masks_model_vocab();

@@ -113,6 +113,8 @@ typedef struct builder {
     bset *sets;
     int n_sets, cap_sets;
     int32_t byte_set[256]; /* single-byte set ids, -1 none yet */
+    int32_t *set_ix;       /* [cap_set_ix] open addressing: set id + 1, 0 empty */
+    size_t cap_set_ix;
     int32_t *names;        /* [cap_names] open addressing: rule id + 1, 0 empty */
     size_t cap_names;
     char *err;
@@ -207,13 +209,41 @@ static int find_rule(builder *b, const char *name, size_t len) {
     return -1;
 }
 
+/* Adds set id k to the set index, doubling it when half full. A pattern
+ * with a length bound writes thousands of rules over a few hundred
+ * classes: a linear search of the sets was most of their compile. */
+static int set_ix_put(builder *b, int k) {
+    if ((size_t)(b->n_sets + 1) * 2 > b->cap_set_ix) {
+        size_t cap = b->cap_set_ix ? b->cap_set_ix * 2 : 256;
+        int32_t *nt = calloc(cap, sizeof *nt);
+        if (!nt) return -1;
+        for (int i = 0; i < k; i++) {
+            size_t j = name_hash((const char *)b->sets[i], sizeof(bset)) & (cap - 1);
+            while (nt[j]) j = (j + 1) & (cap - 1);
+            nt[j] = i + 1;
+        }
+        free(b->set_ix);
+        b->set_ix = nt, b->cap_set_ix = cap;
+    }
+    size_t j = name_hash((const char *)b->sets[k], sizeof(bset)) & (b->cap_set_ix - 1);
+    while (b->set_ix[j]) j = (j + 1) & (b->cap_set_ix - 1);
+    b->set_ix[j] = k + 1;
+    return 0;
+}
+
 static int32_t intern_set(builder *b, const bset s) {
     int single = -1, count = 0;
-    for (int c = 0; c < 256; c++)
-        if (s[c >> 3] >> (c & 7) & 1) single = c, count++;
+    for (int w = 0; w < 4; w++) {
+        uint64_t x;
+        memcpy(&x, s + 8 * w, 8);
+        if (x && !count) single = 64 * w + __builtin_ctzll(x); /* little-endian: bit c of byte c >> 3 */
+        count += __builtin_popcountll(x);
+    }
     if (count == 1 && b->byte_set[single] >= 0) return b->byte_set[single];
-    for (int i = 0; i < b->n_sets && count != 1; i++)
-        if (!memcmp(b->sets[i], s, sizeof(bset))) return i;
+    if (count != 1 && b->cap_set_ix)
+        for (size_t j = name_hash((const char *)s, sizeof(bset)) & (b->cap_set_ix - 1); b->set_ix[j];
+             j = (j + 1) & (b->cap_set_ix - 1))
+            if (!memcmp(b->sets[b->set_ix[j] - 1], s, sizeof(bset))) return b->set_ix[j] - 1;
     if (b->n_sets == b->cap_sets) {
         int cap = b->cap_sets ? b->cap_sets * 2 : 64;
         bset *ns = realloc(b->sets, sizeof *ns * (size_t)cap);
@@ -223,6 +253,7 @@ static int32_t intern_set(builder *b, const bset s) {
     }
     memcpy(b->sets[b->n_sets], s, sizeof(bset));
     if (count == 1) b->byte_set[single] = b->n_sets;
+    else if (set_ix_put(b, b->n_sets)) return bfail(b, "out of memory");
     return b->n_sets++;
 }
 
@@ -762,7 +793,7 @@ static void builder_free(builder *b) {
         free(b->rules[i].name);
     }
     free(b->rules);
-    free(b->sets);
+    free(b->sets), free(b->set_ix);
     free(b->names);
 }
 
@@ -1626,8 +1657,13 @@ int loom_gmatcher_mask_logits(loom_gmatcher *m, uint32_t *bits, float *logits, i
         uint32_t b = bits[w];
         if (b == ~0u) continue;
         int end = LOOM_MIN(32, n - w * 32);
-        for (int k = 0; k < end; k++)
-            if (!(b >> k & 1)) logits[w * 32 + k] = -INFINITY;
+        float *l = logits + w * 32;
+        if (!b) { /* most words outside strings: a plain fill the compiler vectorises */
+            for (int k = 0; k < end; k++) l[k] = -INFINITY;
+            continue;
+        }
+        for (uint32_t off = ~b & (end == 32 ? ~0u : (1u << end) - 1); off; off &= off - 1)
+            l[__builtin_ctz(off)] = -INFINITY;
     }
     return count;
 }

@@ -60,6 +60,8 @@ typedef struct sconv {
     cJSON **owned;          /* schemas made here (merged allOf, rewritten objects) */
     int n_owned, cap_owned;
     struct modk *mods[8];   /* multipleOf tables, one per divisor */
+    struct pmemo *pats;     /* [n_pats] patterns with a length written (pattern_len) */
+    int n_pats;
     int n_mods;
     int strict;             /* refuse what is only approximated (oneOf taken as anyOf) */
     int approx;             /* approximations made (oneOf branches that may overlap) */
@@ -852,14 +854,49 @@ static void dfa_trim_bounds(const dfa *d, int *mn, int *mx) {
     if (*mx >= 0 && longest >= 0 && longest <= *mx) *mx = -1;
 }
 
+/* A pattern with a length already written: its rules start at base-0-0.
+ * Tool schemas repeat one pattern on many properties, and its product
+ * with the counter is the costliest part of their compile. */
+typedef struct pmemo {
+    char *p;
+    int mn, mx;
+    char base[16];
+} pmemo;
+
+static const pmemo *pattern_seen(const sconv *c, const char *p, int mn, int mx) {
+    for (int i = 0; i < c->n_pats; i++)
+        if (c->pats[i].mn == mn && c->pats[i].mx == mx && !strcmp(c->pats[i].p, p)) return &c->pats[i];
+    return NULL;
+}
+
+static void pattern_remember(sconv *c, const char *p, int mn, int mx, const char *base) {
+    pmemo *np = realloc(c->pats, sizeof *np * (size_t)(c->n_pats + 1));
+    if (!np) return; /* not remembered: written again next time */
+    c->pats = np;
+    pmemo *m = &np[c->n_pats];
+    if (!(m->p = strdup(p))) return;
+    m->mn = mn, m->mx = mx;
+    snprintf(m->base, sizeof m->base, "%s", base);
+    c->n_pats++;
+}
+
 /* The JSON string (quotes included) matching pattern p whole, of mn..mx
- * characters (mx < 0: no maximum). */
+ * characters (mx < 0: no maximum). The product's rules go to mod_out
+ * (they refer only to each other: kept when a branch is dropped, so a
+ * remembered pattern stays defined). */
 static int pattern_len(sconv *c, loom_buf *e, const char *p, int mn, int mx) {
+    const pmemo *seen = pattern_seen(c, p, mn, mx);
+    if (seen) {
+        loom_buf_printf(e, "\"\\\"\" %s-0-0", seen->base);
+        return 0;
+    }
+    int mn0 = mn, mx0 = mx;
     rast *a = calloc(1, sizeof *a);
     nfa *f = calloc(1, sizeof *f);
     dfa *d = calloc(1, sizeof *d);
     int rc = -1, L = mx < 0 ? mn : mx, root = -1, start = -1, end = -1, np = 0;
     unsigned char *live = NULL;
+    char **cls = NULL, **body = NULL; /* [d->ntr] (pattern_len's class table) */
     if (!a || !f || !d) {
         sfail(c, "out of memory");
         goto done;
@@ -920,30 +957,63 @@ static int pattern_len(sconv *c, loom_buf *e, const char *p, int mn, int mx) {
     char base[16];
     new_name(c, base);
     rx jx = {.s = p, .p = p, .json = 1, .err = c->err, .err_cap = c->err_cap};
+    /* each transition's class, written once: a long one (\S is every
+     * non-space code point, dozens of UTF-8 alternatives) becomes a rule
+     * shared by all the lengths and states that take it */
+    cls = calloc((size_t)d->ntr, sizeof *cls), body = calloc((size_t)d->ntr, sizeof *body);
+    if (!cls || !body) {
+        sfail(c, "out of memory");
+        goto done;
+    }
+    int n_long = 0;
+    for (int i = 0; i < d->ntr; i++) {
+        loom_buf cb = {0};
+        rrange r[300];
+        int n = LOOM_MIN(d->tr[i].nr, 300);
+        memcpy(r, d->rg + d->tr[i].r0, sizeof *r * (size_t)n);
+        if (put_class(&jx, &cb, r, n, 0) || cb.oom) {
+            loom_buf_free(&cb);
+            c->failed = 1;
+            goto done;
+        }
+        int same = -1;
+        for (int k = 0; k < i && same < 0 && cb.len > 40; k++)
+            if (body[k] && !strcmp(body[k], cb.p)) same = k;
+        if (same >= 0) cls[i] = strdup(cls[same]), loom_buf_free(&cb);
+        else if (cb.len > 40) {
+            char name[40];
+            snprintf(name, sizeof name, "%s-c%d", base, n_long++);
+            loom_buf_printf(&c->mod_out, "%s ::= %s\n", name, cb.p);
+            cls[i] = strdup(name), body[i] = cb.p;
+        } else cls[i] = cb.p;
+        if (!cls[i]) {
+            sfail(c, "out of memory");
+            goto done;
+        }
+    }
     for (int q = 0; q < d->n; q++)
         for (int k = 0; k <= L; k++) {
             if (!live[q * (L + 1) + k]) continue;
-            loom_buf_printf(&c->out, "%s-%d-%d ::= ", base, q, k);
+            loom_buf_printf(&c->mod_out, "%s-%d-%d ::= ", base, q, k);
             int alts = 0, k2 = mx < 0 ? LOOM_MIN(k + 1, mn) : k + 1;
-            if (d->accept[q] && k >= mn) loom_buf_puts(&c->out, "\"\\\"\""), alts++;
+            if (d->accept[q] && k >= mn) loom_buf_puts(&c->mod_out, "\"\\\"\""), alts++;
             for (int t = 0; t < d->nt[q] && k2 <= L; t++) {
                 const dtrans *tr = &d->tr[d->t0[q] + t];
                 if (!live[tr->to * (L + 1) + k2]) continue;
-                if (alts++) loom_buf_puts(&c->out, " | ");
-                rrange r[300];
-                int n = LOOM_MIN(tr->nr, 300);
-                memcpy(r, d->rg + tr->r0, sizeof *r * (size_t)n);
-                if (put_class(&jx, &c->out, r, n, 0)) {
-                    c->failed = 1;
-                    goto done;
-                }
-                loom_buf_printf(&c->out, " %s-%d-%d", base, tr->to, k2);
+                if (alts++) loom_buf_puts(&c->mod_out, " | ");
+                loom_buf_printf(&c->mod_out, "%s %s-%d-%d", cls[tr - d->tr], base, tr->to, k2);
             }
-            loom_buf_putc(&c->out, '\n');
+            loom_buf_putc(&c->mod_out, '\n');
         }
     loom_buf_printf(e, "\"\\\"\" %s-0-0", base);
+    pattern_remember(c, p, mn0, mx0, base);
     rc = 0;
 done:
+    for (int i = 0; d && i < d->ntr; i++) {
+        if (cls) free(cls[i]);
+        if (body) free(body[i]);
+    }
+    free(cls), free(body);
     free(live), free(a), free(f), free(d);
     return rc;
 }
@@ -1022,6 +1092,8 @@ static void sconv_free(sconv *c) {
     for (int i = 0; i < c->n_owned; i++) cJSON_Delete(c->owned[i]);
     free(c->owned);
     for (int i = 0; i < c->n_mods; i++) free(c->mods[i]);
+    for (int i = 0; i < c->n_pats; i++) free(c->pats[i].p);
+    free(c->pats);
 }
 
 static void put_rule(sconv *c, const char *name, const loom_buf *body) {
@@ -2475,12 +2547,22 @@ static int gen_object(sconv *c, const cJSON *s, loom_buf *e) {
         int arc = cJSON_IsObject(ap) ? gen(c, ap, &v) : (loom_buf_puts(&v, "json-value"), 0);
         c->at_len = mark;
         if (arc) return loom_buf_free(&v), -1;
-        const char *keys[256];
+        /* an extra key is none of the listed ones either: else a listed
+           key could come twice, once listed and once as an extra */
+        const char **keys = malloc(sizeof *keys * (size_t)(cJSON_GetArraySize(forbid_keys) + n + 1));
         int nk = 0;
-        for (const cJSON *q = forbid_keys ? forbid_keys->child : NULL; q && nk < 256; q = q->next)
+        if (!keys) return loom_buf_free(&v), sfail(c, "out of memory");
+        for (const cJSON *q = forbid_keys ? forbid_keys->child : NULL; q; q = q->next)
             if (cJSON_IsString(q)) keys[nk++] = q->valuestring;
+        for (const cJSON *q = props ? props->child : NULL; q; q = q->next) keys[nk++] = q->string;
+        qsort(keys, (size_t)nk, sizeof *keys, cmp_str);
+        int nu = 0; /* a key both listed and left out by 'not' once */
+        for (int j = 0; j < nk; j++)
+            if (!nu || strcmp(keys[nu - 1], keys[j])) keys[nu++] = keys[j];
+        nk = nu;
         if (nk) str_not_in(c, &k, keys, nk, 0, -1);
         else loom_buf_puts(&k, "json-string");
+        free(keys);
         new_name(c, extra);
         loom_buf_printf(&c->out, "%s ::= %s ws \":\" ws %s\n", extra, k.p, v.p);
         loom_buf_free(&v), loom_buf_free(&k);

@@ -263,7 +263,7 @@ static int translate(const cJSON *in, int count, cJSON *out, api_error *err) {
     json_copy(in, out, "top_p", NULL);
     json_copy(in, out, "top_k", NULL);
     /* loom's own sampling fields, as on the OpenAI routes */
-    static const char *extra[] = {"seed", "ignore_eos", "min_p", "repetition_penalty", "cache_session_id"};
+    static const char *extra[] = {"seed", "ignore_eos", "min_p", "repetition_penalty", "cache_session_id", "logit_bias"};
     for (size_t i = 0; i < LOOM_ARRAY_LEN(extra); i++) json_copy(in, out, extra[i], NULL);
     const cJSON *stops = json_get(in, "stop_sequences");
     if (stops) {
