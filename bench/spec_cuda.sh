@@ -16,7 +16,8 @@
 # default 256; PROMPT tokens, default 256; REPS, default 5; MODES, default
 # "ngram dflash draft"; DEVICE, default cuda: cpu runs the same on the CPU,
 # with BUILD=build and CUDA= to build without the backend; THREADS, default
-# all cores). Columns: the ratio of the medians, the median of each
+# all cores; GATE, default on: off times the drafter itself, where the
+# gate's choice from a few noisy early steps can keep a whole run plain). Columns: the ratio of the medians, the median of each
 # repeat's own ratio (plain and speculative back to back, so a load that
 # drifts over the run cancels) and the ratio of tokens per CPU second of
 # the process (descheduling leaves it alone; with one thread it is the
@@ -30,6 +31,7 @@ REPS=${REPS:-5}
 MODES=${MODES:-"ngram dflash draft"}
 DEVICE=${DEVICE:-cuda}
 THREADS=${THREADS:-0}
+GATE=${GATE:-on}
 CUDA=${CUDA-1}
 LOOM="$BUILD/loom"
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/loom-spec-cuda.XXXXXX")
@@ -62,7 +64,7 @@ for name in heldout edit; do
     [ "$name" = edit ] && len=$edit_len
     # shellcheck disable=SC2086
     if ! "$LOOM" bench --device "$DEVICE" --model models/pycoder-16m -p 0 -n "$N" --tg-prompt "$len" \
-      --tg-text "$TMP/$name" --batch 1 --reps "$REPS" --threads "$THREADS" $flag >"$TMP/out" 2>"$TMP/err"; then
+      --tg-text "$TMP/$name" --batch 1 --reps "$REPS" --threads "$THREADS" --spec-gate "$GATE" $flag >"$TMP/out" 2>"$TMP/err"; then
       echo "spec_cuda: $name $mode failed:" >&2
       tail -n 20 "$TMP/err" >&2
       exit 1
@@ -78,6 +80,6 @@ for name in heldout edit; do
     printf '%-8s %-7s %10s %10s %8s %8s %8s %12s %14s\n' "$name" "$mode" "$plain" "$spec" "$x" "$pair" "$cpux" "$steps" "$acc"
   done
 done
-echo "(batch 1, greedy, $N tokens after $PROMPT prompt tokens (edit: $edit_len), medians of $REPS runs, threads $THREADS (0: all); the target on"
+echo "(batch 1, greedy, $N tokens after $PROMPT prompt tokens (edit: $edit_len), medians of $REPS runs, threads $THREADS (0: all), gate $GATE; the target on"
 echo " $DEVICE, the drafters on the CPU; tokens/step: 1 + the mean accepted run; every speculative run"
 echo " first checked to give plain decoding's tokens)"
