@@ -72,7 +72,7 @@ for name in heldout edit; do
     line=$(grep 'loom bench: batch 1: speculative' "$TMP/err" || true)
     spec=$(echo "$line" | sed -n 's/.*speculative \([0-9.]*\) tok\/s vs plain.*/\1/p')
     plain=$(echo "$line" | sed -n 's/.*vs plain \([0-9.]*\) (.*/\1/p')
-    x=$(echo "$line" | sed -n 's/.*(\([0-9.]*x\)).*/\1/p')
+    x=$(echo "$line" | sed -n 's/.*vs plain [0-9.]* (\([0-9.]*x\)).*/\1/p')
     steps=$(echo "$line" | sed -n 's/.*, \([0-9.]*\) tokens per verifying step.*/\1/p')
     pair=$(echo "$line" | sed -n 's/.*per repeat \([0-9.]*x\).*/\1/p')
     cpux=$(echo "$line" | sed -n 's/.*per CPU second .*(\([0-9.]*x\)).*/\1/p')
