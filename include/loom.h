@@ -394,6 +394,16 @@ typedef struct loom_engine_stats {
     int kv_cache_cap_blocks;             /* cap on lru + parked blocks; 0 = no cache */
     int kv_block_size;                   /* tokens per block */
     size_t kv_block_bytes;               /* bytes of one block (K and V, every layer) */
+    /* Decode-only steps, plain and speculating (proposals planned), and
+     * where each kind spent the engine thread's CPU seconds: the forward
+     * (the thread's share: the pool's workers do the rest), the drafter
+     * (speculating steps) and the commit (sampling, or verification,
+     * rollback and emission, and a DFlash drafter's stash of the
+     * forward's hidden states). Apart from wall time, which a shared
+     * machine's other work moves. */
+    uint64_t plain_steps, spec_steps;
+    double plain_fwd_cpu_s, plain_commit_cpu_s;
+    double spec_draft_cpu_s, spec_fwd_cpu_s, spec_commit_cpu_s;
 } loom_engine_stats;
 
 loom_engine_params loom_engine_default_params(void);

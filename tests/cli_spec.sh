@@ -33,6 +33,18 @@ ok "generate with a draft model and with prompt lookup prints plain decoding's t
 [ $? -eq 1 ] && grep -q 'draft model' "$TMPD/e" || fail "a missing draft model: $(cat "$TMPD/e")"
 ok "usage errors"
 
+# bench: the speculative decode's ratio per repeat and per CPU second, and
+# the engine thread's CPU time per step by kind
+"$LOOM_BIN" bench --model "$MODEL" -p 0 -n 16 --tg-prompt 32 --batch 1 --reps 2 --threads 1 \
+  --speculative ngram --spec-gate off --json >"$TMPD/b.json" 2>"$TMPD/b.err" || fail "bench: $(cat "$TMPD/b.err")"
+grep -q '"spec_speedup_per_repeat": [0-9]' "$TMPD/b.json" && grep -q '"spec_tok_per_cpu_s": [0-9]' "$TMPD/b.json" ||
+  fail "bench --json: no per-repeat or per-CPU ratio: $(cat "$TMPD/b.json")"
+grep -q 'per repeat [0-9.]*x (.*); per CPU second [0-9.]* vs [0-9.]*' "$TMPD/b.err" ||
+  fail "bench: no per-repeat or per-CPU ratio: $(cat "$TMPD/b.err")"
+grep -q 'engine thread CPU ms a step: plain forward [0-9.]*, commit [0-9.]* ([1-9][0-9]* steps); speculating: draft' "$TMPD/b.err" ||
+  fail "bench: no CPU time per step: $(cat "$TMPD/b.err")"
+ok "bench: per-repeat and per-CPU ratios, CPU time per step by kind"
+
 # a grammar's rows decode plainly beside speculation: the plain output
 printf '%s' '{"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"string","maxLength":5}},"required":["a","b"]}' >"$TMPD/s.json"
 g0=$("$LOOM_BIN" generate --model "$MODEL" --prompt 'x = ' --json-schema "$TMPD/s.json" --max-tokens 40 --temperature 0 2>/dev/null) ||

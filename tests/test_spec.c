@@ -321,6 +321,11 @@ static void trained_pair(void) {
     printf("pycoder: draft %llu/%llu accepted\n", (unsigned long long)o.st.spec_accepted,
            (unsigned long long)o.st.spec_drafted);
     CHECK(o.st.spec_accepted * 4 > o.st.spec_drafted); /* the pair agrees often */
+    /* where decode-only steps spent the engine thread's CPU, by kind */
+    CHECK(plain.st.plain_steps > 0 && plain.st.spec_steps == 0 && plain.st.plain_fwd_cpu_s > 0);
+    CHECK(plain.st.spec_draft_cpu_s == 0 && plain.st.spec_fwd_cpu_s == 0);
+    CHECK(o.st.spec_steps > 0 && o.st.spec_steps + o.st.plain_steps <= o.st.steps);
+    CHECK(o.st.spec_draft_cpu_s > 0 && o.st.spec_fwd_cpu_s > 0 && o.st.spec_commit_cpu_s > 0);
     ep = params(LOOM_SPEC_NGRAM, NULL, 8);
     run(&f, &ep, &o);
     check_same("pycoder ngram", &plain, &o);

@@ -43,6 +43,9 @@ int loom_utf8_valid(const char *s, size_t n);
 /* Monotonic time in seconds. */
 double loom_now(void);
 
+/* CPU seconds the calling thread has used. */
+double loom_thread_cpu(void);
+
 /* Number of online CPUs (at least 1). */
 int loom_cpu_count(void);
 

@@ -264,9 +264,26 @@ static void spec_counts(loom_engine *e, uint64_t *acc, uint64_t *rounds, uint64_
     *steps = st.steps;
 }
 
-/* B greedy requests of n tokens after tg_prompt-token prompts, read in
- * lockstep. Aggregate tokens/s over the steps after every request had its
- * first token (prefill excluded). first (B * n) receives the tokens. */
+/* The engine thread's CPU time per decode step by kind (loom_engine_stats),
+ * over the timed repeats: a0 from before them (plain engine e, speculating
+ * e2), printed as milliseconds a step. */
+static void print_step_cpu(int B, const loom_engine_stats *a0, loom_engine *e,
+                           const loom_engine_stats *b0, loom_engine *e2) {
+    loom_engine_stats a, b;
+    loom_engine_get_stats(e, &a);
+    loom_engine_get_stats(e2, &b);
+    double np = (double)(a.plain_steps - a0->plain_steps), ns = (double)(b.spec_steps - b0->spec_steps);
+    double nsp = (double)(b.plain_steps - b0->plain_steps);
+    if (np <= 0 || ns <= 0) return;
+    fprintf(stderr, "loom bench: batch %d: engine thread CPU ms a step: plain forward %.3f, commit %.3f "
+            "(%.0f steps); speculating: draft %.3f, forward %.3f, commit %.3f (%.0f steps; %.0f plain, "
+            "forward %.3f)\n", B, 1e3 * (a.plain_fwd_cpu_s - a0->plain_fwd_cpu_s) / np,
+            1e3 * (a.plain_commit_cpu_s - a0->plain_commit_cpu_s) / np, np,
+            1e3 * (b.spec_draft_cpu_s - b0->spec_draft_cpu_s) / ns, 1e3 * (b.spec_fwd_cpu_s - b0->spec_fwd_cpu_s) / ns,
+            1e3 * (b.spec_commit_cpu_s - b0->spec_commit_cpu_s) / ns, ns, nsp,
+            nsp > 0 ? 1e3 * (b.plain_fwd_cpu_s - b0->plain_fwd_cpu_s) / nsp : 0);
+}
+
 /* Whether the speculating engine's tokens (spec) are plain decoding's
  * (plain, with its top-2 gaps). On the CPU they must be, token for token.
  * On a GPU verification runs a row's tokens through the kernels of a
@@ -297,10 +314,13 @@ static int spec_same(int B, int n, const int32_t *plain, const int32_t *spec, co
     return 1;
 }
 
-/* B greedy requests of n tokens each; first gets their tokens, gap (when
- * not NULL) each token's log-probability over the runner-up's. */
+/* B greedy requests of n tokens after tg_prompt-token prompts, read in
+ * lockstep. Aggregate tokens/s over the steps after every request had its
+ * first token (prefill excluded), and the same per CPU second of the
+ * process (*tok_cpu). first (B * n) receives the tokens, gap (when not
+ * NULL) each token's log-probability over the runner-up's. */
 static loom_status run_batch(loom_engine *e, const int32_t *prompts, int B, int n,
-                             int32_t *first, float *gap, double *tok_s) {
+                             int32_t *first, float *gap, double *tok_s, double *tok_cpu) {
     loom_request **r = calloc((size_t)B, sizeof *r);
     if (!r) return loom_err(LOOM_ERR_NOMEM, "out of memory");
     loom_status s = LOOM_OK;
@@ -313,7 +333,7 @@ static loom_status run_batch(loom_engine *e, const int32_t *prompts, int B, int 
         if (gap) rp.logprobs = 2;
         s = loom_engine_submit(e, &rp, &r[i]);
     }
-    double t0 = 0;
+    double t0 = 0, c0 = 0;
     for (int k = 0; k < n && !s; k++) {
         for (int i = 0; i < B && !s; i++) {
             loom_event ev;
@@ -328,12 +348,16 @@ static loom_status run_batch(loom_engine *e, const int32_t *prompts, int B, int 
             if (gap)
                 gap[(size_t)i * n + k] = ev.n_top >= 2 ? ev.top_logprobs[0] - ev.top_logprobs[1] : 1e9f;
         }
-        if (k == 0) t0 = loom_now();
+        if (k == 0) {
+            t0 = loom_now();
+            c0 = cpu_now();
+        }
     }
-    double t1 = loom_now();
+    double t1 = loom_now(), c1 = cpu_now();
     for (int i = 0; i < B; i++) loom_request_free(r[i]);
     free(r);
     *tok_s = n > 1 && t1 > t0 ? (double)B * (n - 1) / (t1 - t0) : 0;
+    *tok_cpu = n > 1 && c1 > c0 ? (double)B * (n - 1) / (c1 - c0) : 0;
     return s;
 }
 
@@ -393,6 +417,9 @@ typedef struct bench_model {
     stats bts[MAX_BATCHES];
     double *bt2;            /* owned [n_batch * reps]: the same with speculation */
     stats bts2[MAX_BATCHES];
+    double *btc, *bt2c;     /* owned [n_batch * reps]: bt, bt2 per CPU second */
+    double *pair;           /* owned [n_batch * reps]: bt2 / bt of the same repeat */
+    stats pairs[MAX_BATCHES], btcs[MAX_BATCHES], bt2cs[MAX_BATCHES];
     double spec_len[MAX_BATCHES]; /* tokens per verifying step over the timed runs */
     int b_match[MAX_BATCHES]; /* requests whose greedy tokens match the context */
 } bench_model;
@@ -433,8 +460,10 @@ static void print_json(const bench_model *b, int nthreads, int p, int n, int rep
                    "\"greedy_match\": %d", i ? ", " : "", batches[i], b->bts[i].median,
                    b->bts[i].sd, b->bts[i].min, b->bts[i].max, b->b_match[i]);
             if (spec_ep.speculative)
-                printf(", \"spec_tok_s\": %.3f, \"spec_speedup\": %.3f, \"spec_tokens_per_step\": %.3f",
-                       b->bts2[i].median, b->bts2[i].median / b->bts[i].median, b->spec_len[i]);
+                printf(", \"spec_tok_s\": %.3f, \"spec_speedup\": %.3f, \"spec_tokens_per_step\": %.3f, "
+                       "\"spec_speedup_per_repeat\": %.3f, \"tok_per_cpu_s\": %.3f, \"spec_tok_per_cpu_s\": %.3f",
+                       b->bts2[i].median, b->bts2[i].median / b->bts[i].median, b->spec_len[i],
+                       b->pairs[i].median, b->btcs[i].median, b->bt2cs[i].median);
             printf("}");
         }
         printf("]");
@@ -551,7 +580,11 @@ int cmd_bench(int argc, char **argv) {
         b->tgc = calloc((size_t)reps, sizeof *b->tgc);
         b->bt = calloc((size_t)reps * (n_batches ? n_batches : 1), sizeof *b->bt);
         b->bt2 = calloc((size_t)reps * (n_batches ? n_batches : 1), sizeof *b->bt2);
-        if (!b->la || !b->lb || !b->pp || !b->tg || !b->ppc || !b->tgc || !b->bt || !b->bt2) {
+        b->btc = calloc((size_t)reps * (n_batches ? n_batches : 1), sizeof *b->btc);
+        b->bt2c = calloc((size_t)reps * (n_batches ? n_batches : 1), sizeof *b->bt2c);
+        b->pair = calloc((size_t)reps * (n_batches ? n_batches : 1), sizeof *b->pair);
+        if (!b->la || !b->lb || !b->pp || !b->tg || !b->ppc || !b->tgc || !b->bt || !b->bt2 ||
+            !b->btc || !b->bt2c || !b->pair) {
             fprintf(stderr, "loom: error: out of memory\n");
             goto done;
         }
@@ -653,12 +686,17 @@ int cmd_bench(int argc, char **argv) {
         }
         for (int i = 0; ok && i < n_batches; i++) {
             int B = batches[i];
-            double ts = 0, ts2 = 0;
+            double ts = 0, ts2 = 0, tc = 0, tc2 = 0;
             uint64_t acc0 = 0, rounds0 = 0, gated0 = 0, steps0 = 0, acc1, rounds1, gated1, steps1;
+            loom_engine_stats cpu0 = {0}, cpu20 = {0};
             for (int r = -1; ok && r < reps; r++) {
-                if (e2 && r == 0) spec_counts(e2, &acc0, &rounds0, &gated0, &steps0);
-                if ((s = run_batch(e, prompts, B, n, got, r < 0 && e2 ? gaps : NULL, &ts)) ||
-                    (e2 && (s = run_batch(e2, prompts, B, n, got2, NULL, &ts2)))) {
+                if (e2 && r == 0) {
+                    spec_counts(e2, &acc0, &rounds0, &gated0, &steps0);
+                    loom_engine_get_stats(e, &cpu0);
+                    loom_engine_get_stats(e2, &cpu20);
+                }
+                if ((s = run_batch(e, prompts, B, n, got, r < 0 && e2 ? gaps : NULL, &ts, &tc)) ||
+                    (e2 && (s = run_batch(e2, prompts, B, n, got2, NULL, &ts2, &tc2)))) {
                     ok = 0;
                     rc = cli_fail("batch decode", s);
                 } else if (r < 0 && e2 && !spec_same(B, n, got, got2, gaps)) {
@@ -692,19 +730,30 @@ int cmd_bench(int argc, char **argv) {
                             "equal the context's, %d leave them at a near-tie\n", B, match, rows,
                             gen, ties);
                 } else {
-                    b->bt[(size_t)i * reps + r] = ts;
-                    b->bt2[(size_t)i * reps + r] = ts2;
+                    size_t at = (size_t)i * reps + r;
+                    b->bt[at] = ts;
+                    b->bt2[at] = ts2;
+                    b->btc[at] = tc;
+                    b->bt2c[at] = tc2;
+                    b->pair[at] = ts > 0 ? ts2 / ts : 0;
                 }
             }
             if (ok) b->bts[i] = summarize(b->bt + (size_t)i * reps, reps);
             if (ok && e2) {
                 b->bts2[i] = summarize(b->bt2 + (size_t)i * reps, reps);
+                b->pairs[i] = summarize(b->pair + (size_t)i * reps, reps);
+                b->btcs[i] = summarize(b->btc + (size_t)i * reps, reps);
+                b->bt2cs[i] = summarize(b->bt2c + (size_t)i * reps, reps);
                 spec_counts(e2, &acc1, &rounds1, &gated1, &steps1);
                 b->spec_len[i] = rounds1 > rounds0 ? 1.0 + (double)(acc1 - acc0) / (double)(rounds1 - rounds0) : 1;
                 fprintf(stderr, "loom bench: batch %d: speculative %.1f tok/s vs plain %.1f (%.2fx), "
-                        "%.2f tokens per verifying step, %llu of %llu steps gated\n", B, b->bts2[i].median,
+                        "%.2f tokens per verifying step, %llu of %llu steps gated; per repeat %.2fx "
+                        "(%.2f..%.2f); per CPU second %.1f vs %.1f (%.2fx)\n", B, b->bts2[i].median,
                         b->bts[i].median, b->bts2[i].median / b->bts[i].median, b->spec_len[i],
-                        (unsigned long long)(gated1 - gated0), (unsigned long long)(steps1 - steps0));
+                        (unsigned long long)(gated1 - gated0), (unsigned long long)(steps1 - steps0),
+                        b->pairs[i].median, b->pairs[i].min, b->pairs[i].max, b->bt2cs[i].median,
+                        b->btcs[i].median, b->btcs[i].median > 0 ? b->bt2cs[i].median / b->btcs[i].median : 0);
+                print_step_cpu(B, &cpu0, e, &cpu20, e2);
             }
         }
         loom_engine_free(e);
@@ -772,6 +821,9 @@ done:
         free(bm[k].tgc);
         free(bm[k].bt);
         free(bm[k].bt2);
+        free(bm[k].btc);
+        free(bm[k].bt2c);
+        free(bm[k].pair);
         loom_context_free(bm[k].c);
         loom_model_free(bm[k].m);
     }

@@ -145,9 +145,11 @@ static int step(loom_engine *e) {
     e->s.spec_pause = e->spec && !loom_gate_choose(&e->gate, n_run);
     const step_plan *plan = loom_sched_plan(&e->s);
     if (plan->n_rows == 0) return 0;
-    if (e->spec) gate_kind(plan, &decode, &spec);
+    gate_kind(plan, &decode, &spec);
     e->s.counters.spec_gated += (uint64_t)e->s.spec_pause;
+    double c0 = decode ? loom_thread_cpu() : 0;
     if (e->spec) draft(e, &e->s.plan);
+    double c1 = decode ? loom_thread_cpu() : 0;
     loom_sched_fwd_rows(&e->s, plan, e->rows, e->logits, e->plp_logits);
     /* embedding rows want every position's hidden state and no logits,
      * each in its own part of e->hidden (a plan holds max_batch_tokens) */
@@ -170,6 +172,7 @@ static int step(loom_engine *e) {
     w.t1 = loom_sched_now(&e->s);
     loom_status st = loom_exec_forward_picks(e->exec, e->kv, e->rows, plan->n_rows, e->picks, e->samp);
     w.t2 = loom_sched_now(&e->s);
+    double c2 = decode ? loom_thread_cpu() : 0;
     if (e->spec && st == LOOM_OK && loom_spec_reads_target(e->spec)) after_forward(e, plan, &w);
     if (e->spec) loom_spec_taps(e->spec, e->exec, 0);
     e->s.counters.steps++;
@@ -182,7 +185,14 @@ static int step(loom_engine *e) {
         return 1;
     }
     loom_sched_commit(&e->s, plan, e->rows, e->picks, &w);
-    if (decode)
+    if (decode) {
+        double c3 = loom_thread_cpu();
+        e->cpu_steps[spec]++;
+        if (spec) e->cpu_draft += c1 - c0;
+        e->cpu_fwd[spec] += c2 - c1;
+        e->cpu_commit[spec] += c3 - c2;
+    }
+    if (decode && e->spec)
         loom_gate_record(&e->gate, n_run, spec, (int)(e->s.counters.decode_tokens - before), loom_now() - t0);
     return 1;
 }
@@ -209,6 +219,13 @@ static void publish_stats(loom_engine *e) {
     e->stats.spec_accepted = s->counters.spec_accepted;
     e->stats.spec_rounds = s->counters.spec_rounds;
     e->stats.spec_gated = s->counters.spec_gated;
+    e->stats.plain_steps = e->cpu_steps[0];
+    e->stats.spec_steps = e->cpu_steps[1];
+    e->stats.plain_fwd_cpu_s = e->cpu_fwd[0];
+    e->stats.plain_commit_cpu_s = e->cpu_commit[0];
+    e->stats.spec_draft_cpu_s = e->cpu_draft;
+    e->stats.spec_fwd_cpu_s = e->cpu_fwd[1];
+    e->stats.spec_commit_cpu_s = e->cpu_commit[1];
     loom_kv_counts kc = loom_kv_counters(e->kv);
     e->stats.kv_blocks_lru = kc.blocks_lru;
     e->stats.kv_blocks_parked = kc.blocks_parked;

@@ -44,6 +44,9 @@ struct loom_engine {
     loom_restorer *restorer;       /* owned disk reader thread, with disk */
     loom_spec *spec;               /* owned drafter, or NULL (no speculation) */
     loom_gate gate;                /* whether a step speculates, by batch size */
+    /* engine thread only: decode-only steps' CPU seconds by kind (stats) */
+    uint64_t cpu_steps[2];         /* [spec] */
+    double cpu_draft, cpu_fwd[2], cpu_commit[2];
     atomic_int restores_ready;     /* finished jobs not yet taken up */
     int has_state;                 /* the model keeps recurrent state per sequence */
     int window;                    /* every layer slides over this many tokens; 0 = no */
