@@ -487,6 +487,66 @@ static void test_matmul_q(void) {
             check_matmul_q(bits, 64, 1088, T, T % 2, 37, T % 5, 37 - T % 3, 1088 + T % 3, 40);
 }
 
+/* The AVX-512 exact 4-/8-bit prompt path (more than 8 tokens) promises
+ * one f32 chain per output: starting at 0, y = fma(w_k, x_k, y) over the
+ * columns in order, each weight dequantized as sc * q + bi (the product
+ * of a 4-/8-bit code and a bf16/f16 scale is exact in f32). Its panels, tiles and token blocks may change shape; these
+ * bits may not. Token counts cross the 12-token tiles and the 240-token
+ * blocks, columns the 256-column panels (a 64- and a 128-column tail). */
+static void check_matmul_q_chain(int bits, int group, int n, int T, int f16, int r0, int r1) {
+    enum { ROWS = 37 };
+    int words = n * bits / 32, ng = n / group, ldx = n + T % 3, ldy = ROWS + 2;
+    uint32_t *wq = malloc((size_t)ROWS * words * sizeof *wq);
+    for (int i = 0; i < ROWS * words; i++) wq[i] = test_rand_u32(&rng);
+    uint16_t *sc = malloc((size_t)ROWS * ng * sizeof *sc), *bi = malloc((size_t)ROWS * ng * sizeof *bi);
+    for (int i = 0; i < ROWS * ng; i++) {
+        float s = (0.02f + 0.05f * fabsf(test_rand_f(&rng))) / (float)(1 << bits);
+        float b = -s * (float)(1 << (bits - 1)) * (1.0f + 0.2f * test_rand_f(&rng));
+        sc[i] = f16 ? loom_f32_to_f16(s) : loom_f32_to_bf16(s);
+        bi[i] = f16 ? loom_f32_to_f16(b) : loom_f32_to_bf16(b);
+    }
+    loom_qmat w = {.w = wq, .scales = sc, .biases = bi, .n = n, .bits = bits, .group = group,
+                   .f16 = f16};
+    float *x = rand_f32((size_t)(T - 1) * ldx + n, 1.0f);
+    float *y = malloc((size_t)T * ldy * sizeof *y), *wr = malloc((size_t)n * sizeof *wr);
+    K->matmul_q(y, ldy, x, ldx, &w, T, r0, r1);
+    int bad = 0;
+    for (int r = r0; r < r1 && bad < 3; r++) {
+        for (int k = 0; k < n; k++) {
+            size_t gi = (size_t)r * ng + k / group;
+            float q = (float)q_field_indep(wq + (size_t)r * words, k, bits);
+            wr[k] = q_param_f(sc, gi, f16) * q + q_param_f(bi, gi, f16);
+        }
+        for (int t = 0; t < T && bad < 3; t++) {
+            const float *xt = x + (size_t)t * ldx;
+            float s = 0;
+            for (int k = 0; k < n; k++) s = fmaf(wr[k], xt[k], s);
+            float got = y[(size_t)t * ldy + r];
+            bad += memcmp(&got, &s, sizeof s) != 0;
+            CHECKF(!memcmp(&got, &s, sizeof s), "matmul_q chain bits %d group %d n %d T %d f16 %d "
+                   "t %d r %d: %.9g, the chain gives %.9g", bits, group, n, T, f16, t, r, got, s);
+        }
+    }
+    free(wq);
+    free(sc);
+    free(bi);
+    free(x);
+    free(y);
+    free(wr);
+}
+
+static void test_matmul_q_chain(void) {
+    static const int shapes[][2] = {{64, 320}, {128, 384}, {64, 1088}, {128, 2176}};
+    static const int Ts[] = {9, 12, 13, 32, 241, 250};
+    for (int bits = 4; bits <= 8; bits += 4)
+        for (size_t si = 0; si < LOOM_ARRAY_LEN(shapes); si++)
+            for (size_t ti = 0; ti < LOOM_ARRAY_LEN(Ts); ti++) {
+                int v = (int)(si + ti);
+                check_matmul_q_chain(bits, shapes[si][0], shapes[si][1], Ts[ti], v % 2, v % 5,
+                                     37 - v % 3);
+            }
+}
+
 /* ---- FP8 (e4m3 with block scales) ------------------------------------------ */
 
 /* e4m3 by its definition, in double. */
@@ -1166,6 +1226,7 @@ static void run_all(const char *label, const loom_kernels *k, const loom_kernels
     if (!strcmp(label, "avx512-fast")) test_matvec_fast_small_t();
     test_matmul_rounding();
     test_matmul_q();
+    if (!strcmp(label, "avx512")) test_matmul_q_chain();
     test_matmul_f8();
     if (K->q_il16) test_matmul_q_il();
     test_dot_axpy();
