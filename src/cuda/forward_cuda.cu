@@ -262,7 +262,7 @@ struct loom_cuda_model {
     int head_am;               /* 1: the greedy picks inside the head's GEMV where it takes
                                   the step (LOOM_CUDA_HEAD_AM, 1; 0: the argmax kernel) */
     int lin_chunk;             /* rows of this many tokens or more take the chunked delta
-                                  rule (LOOM_CUDA_LIN_CHUNK, 64; 0: token by token) */
+                                  rule (LOOM_CUDA_LIN_CHUNK; 0, the default: token by token) */
     int small_t;               /* up to this many tokens (and gemv_t) a layer is 4 GEMVs that
                                   make their own inputs + qkv_post + attention; 0: never */
     void *a16;                 /* (step_tokens, max(hidden, inter)) of act16 */

@@ -50,7 +50,7 @@ extern "C" void loom_cuda_tuning_read(loom_cuda_tuning *t) {
     t->head_am = on_unless_0("LOOM_CUDA_HEAD_AM");
     t->f8_f32 = off_unless_1("LOOM_CUDA_F8_F32");
     const char *lc = getenv("LOOM_CUDA_LIN_CHUNK");
-    t->lin_chunk = lc && atoi(lc) >= 0 ? atoi(lc) : 64;
+    t->lin_chunk = lc && atoi(lc) >= 0 ? atoi(lc) : 0;
     t->graphs = on_unless_0("LOOM_CUDA_GRAPHS");
     t->step_times = off_unless_1("LOOM_CUDA_STEP_TIMES");
 }
