@@ -31,6 +31,10 @@ static void fake_logits(int32_t want, float *out) {
     for (int v = 0; v < V; v++) out[v] = v == want ? 4.0f : -(float)((v * 7 + want) % 5);
 }
 
+/* The fake executor as a device one: a verification row with ids gets
+ * next_token there and logits that pick another token. */
+static int fake_ids;
+
 /* The fake executor: writes each row's tokens at their positions, then
  * gives logits that pick next_token of the whole sequence as read back
  * from the pool. */
@@ -51,7 +55,11 @@ static void fake_forward(loom_kv_pool *kv, const loom_fwd_row *rows, int n_rows)
         for (int p = 0; p < end; p++)
             seen[p] = (int32_t)loom_kv_layer_load(&kv->lay, 0, loom_kv_k_row(&kv->lay, seq, 0, p), 0, KVD, tmp)[0];
         if (rows[i].logits == LOOM_LOGITS_ALL)
-            for (int k = 0; k < rows[i].n; k++) fake_logits(next_token(seen, start + k + 1), rows[i].out + (size_t)k * V);
+            for (int k = 0; k < rows[i].n; k++) {
+                int32_t want = next_token(seen, start + k + 1);
+                if (fake_ids && rows[i].ids) rows[i].ids[k] = want;
+                fake_logits(fake_ids && rows[i].ids ? (want + 1) % V : want, rows[i].out + (size_t)k * V);
+            }
         else if (rows[i].logits == LOOM_LOGITS_LAST)
             fake_logits(next_token(seen, end), rows[i].out);
     }
@@ -73,6 +81,8 @@ typedef struct harness {
     int draft_short;       /* it finds nothing to propose (prompt lookup without a match) */
     int draft_cap;         /* > 0: it stops after this many (its own doubt) */
     int drafted;           /* proposals it made */
+    int mark_ids;          /* verification rows ask for ids (as the engine's mark_ids) */
+    int32_t ids[256];
 } harness;
 
 static void h_init(harness *h, int n_blocks, int budget, int max_seqs, int chunk) {
@@ -241,6 +251,12 @@ static void h_run(harness *h, const step_plan *p) {
     if (p->n_rows) {
         fake_draft(h, p);
         loom_sched_fwd_rows(&h->s, p, h->rows, h->logits, h->plp);
+        for (int i = 0, at = 0; i < p->n_rows && h->mark_ids; i++) {
+            if (p->rows[i].draft <= 0) continue;
+            h->rows[i].ids = h->ids + at;
+            h->ids[at] = -1;
+            at += h->rows[i].n;
+        }
         fake_forward(h->kv, h->rows, p->n_rows);
         step_work w = {.id = ++h->steps, .rows = p->n_rows, .tokens = p->tokens};
         loom_sched_commit(&h->s, p, h->rows, NULL, &w);
@@ -533,6 +549,30 @@ static void cancellation(void) {
     h_free(&h);
 }
 
+/* Verification by a device forward's greedy ids (loom_fwd_row's ids):
+ * the commit takes them over the logits (which pick other tokens here);
+ * where the forward leaves them unset (-1: the CPU), the logits. */
+static void speculation_ids(void) {
+    for (int dev = 0; dev < 2; dev++) {
+        harness h;
+        h_init(&h, 64, 16, 8, 0);
+        h.s.spec_k = 4;
+        h.s.spec_budget = 32;
+        h.draft_good = 2;
+        h.mark_ids = 1;
+        fake_ids = dev;
+        loom_request *a = h_submit(&h, 5, 20, 70), *b = h_submit(&h, 7, 20, 71);
+        h_drain(&h);
+        check_solo(a);
+        check_solo(b);
+        CHECKF(h.s.counters.spec_accepted > 0 && h.s.counters.spec_accepted < h.s.counters.spec_drafted,
+               "%llu of %llu accepted", (unsigned long long)h.s.counters.spec_accepted,
+               (unsigned long long)h.s.counters.spec_drafted);
+        fake_ids = 0;
+        h_free(&h);
+    }
+}
+
 /* Speculation: proposals come out of the budget the decode rows leave,
  * never past max_tokens or the free blocks (no preemption for them); kept
  * runs and rejections both give the solo output; rejected KV goes back. */
@@ -743,6 +783,7 @@ static void spec_lengths(void) {
 
 int main(void) {
     speculation();
+    speculation_ids();
     spec_lengths();
     speculation_cancel();
     spans();

@@ -525,7 +525,8 @@ void loom_cuda_model_free(loom_cuda_model *g);
  * [n_rows]: such a row with samp[r].temperature > 0 gets the token drawn
  * with samp[r] (loom_cuda_sample) instead of the argmax, where the device
  * sampler takes the vocabulary (loom_cuda_sample_fits; else its logits are
- * written to out and picks[r] stays -1). */
+ * written to out and picks[r] stays -1). A row with logits ALL and ids set
+ * (verification) gets every position's greedy id there instead of logits. */
 loom_status loom_cuda_forward(loom_cuda_model *g, struct loom_kv_layout *kv,
                               struct loom_fwd_row *rows, int n_rows, int32_t *picks,
                               const loom_sample_pick *samp);

@@ -1691,6 +1691,12 @@ static int takes_pick(const loom_fwd_row *rows, int r, const int32_t *picks,
     return !(samp && samp[r].temperature > 0) || loom_cuda_sample_fits(V);
 }
 
+/* Whether row r gets every position's greedy id (a verification row that
+ * asks: loom_fwd_row's ids) instead of its logits. */
+static int takes_ids(const loom_fwd_row *row) {
+    return row->ids && row->logits == LOOM_LOGITS_ALL;
+}
+
 extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_layout *kv,
                                          loom_fwd_row *rows, int n_rows, int32_t *picks_in,
                                          const loom_sample_pick *samp_in) {
@@ -1830,7 +1836,7 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_layout *kv,
     for (int r = 0, j = 0; r < n_rows; r++) {
         int cnt = loom_fwd_row_logits(&rows[r]);
         int pick = takes_pick(rows, r, picks_in, samp_in, V);
-        any |= pick;
+        any |= pick || takes_ids(&rows[r]);
         for (int k = 0; k < cnt; k++, j++) {
             int sampled = pick && samp_in && samp_in[r].temperature > 0;
             /* other rows: a cheap, valid setting (one round); their result is unused */
@@ -1853,7 +1859,7 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_layout *kv,
     for (int r = 0, j = 0; r < n_rows; r++) {
         int cnt = loom_fwd_row_logits(&rows[r]);
         int pick = takes_pick(rows, r, picks_in, samp_in, V);
-        if (cnt && !pick)
+        if (cnt && !pick && !takes_ids(&rows[r]))
             CUDA_CHECK(cudaMemcpyAsync(rows[r].out, g->logits + (size_t)j * V, (size_t)cnt * V * 4,
                                        cudaMemcpyDeviceToHost, c->stream));
         j += cnt;
@@ -1892,6 +1898,7 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_layout *kv,
         int cnt = loom_fwd_row_logits(&rows[r]);
         if (cnt && takes_pick(rows, r, picks_in, samp_in, V))
             picks_in[r] = samp_in && samp_in[r].temperature > 0 ? g->h_sids[j] : g->h_ids[j];
+        if (takes_ids(&rows[r])) memcpy(rows[r].ids, g->h_ids + j, sizeof *rows[r].ids * (size_t)cnt);
         j += cnt;
     }
     for (int r = 0; r < n_rows && m->n_linear > 0; r++) loom_seq_state_dev_advanced(rows[r].state);

@@ -295,9 +295,17 @@ static int verify_row(loom_sched *s, const step_plan *p, int i, const loom_fwd_r
     }
     double tv = loom_sched_now(s);
     loom_sample_result res[SPEC_MAX + 1];
+    /* a device forward's greedy ids, where the row asked for them */
+    const int32_t *ids = row->ids && row->ids[0] >= 0 ? row->ids : NULL;
     for (int done = 0; !done && m <= k;) {
         int32_t d = m < k ? r->tokens[start + 1 + m] : -1;
-        int ok = loom_sampler_verify(&r->sampler, row->out + (size_t)m * s->vocab, d, r->logprobs, &res[m]);
+        int ok;
+        if (ids) {
+            res[m] = (loom_sample_result){.id = ids[m]};
+            ok = d >= 0 && ids[m] == d;
+        } else {
+            ok = loom_sampler_verify(&r->sampler, row->out + (size_t)m * s->vocab, d, r->logprobs, &res[m]);
+        }
         loom_sampler_accept(&r->sampler, res[m].id, 1);
         kept += ok;
         r->tokens[start + 1 + m] = loom_rq_keys(r)[start + 1 + m] = res[m].id;

@@ -59,6 +59,25 @@ static void mark_pick(loom_engine *e, loom_request *r, int i, int wants) {
         e->picks[i] = -1;
 }
 
+/* A verification row of a greedy request that needs nothing but its
+ * tokens (as mark_pick's rows) takes each position's greedy id from a
+ * device forward instead of its logits: no vocabulary-sized copy back per
+ * position. The commit verifies by the ids (verify_row). */
+static void mark_ids(loom_engine *e, const step_plan *plan) {
+    size_t at = 0;
+    for (int i = 0; i < plan->n_rows; i++) {
+        loom_request *r = plan->rows[i].r;
+        const loom_sampling *p = &r->sampler.p;
+        loom_sample_pick samp;
+        if (plan->rows[i].draft <= 0 || r->logprobs >= 0 || r->grammar ||
+            (p->temperature > 0 && p->top_k != 1) || !loom_exec_pick_for(e->exec, &r->sampler, &samp))
+            continue;
+        e->rows[i].ids = e->vids + at;
+        e->vids[at] = -1; /* stays -1 where the forward wrote logits instead */
+        at += (size_t)e->rows[i].n;
+    }
+}
+
 /* Speculation's part of a step before the target's forward: the
  * drafter's proposals, and the recurrent state of each row that carries
  * some, kept so that the commit can rewind it (rewind_state). Traced
@@ -166,6 +185,7 @@ static int step(loom_engine *e) {
         mark_pick(e, plan->rows[i].r, i, plan->rows[i].kind != SCHED_DRAIN && !plan->rows[i].all &&
                                               !plan->rows[i].r->pooling &&
                                               plan->rows[i].draft == 0);
+    if (e->vids) mark_ids(e, plan);
 
     step_work w = {.id = ++e->s.next_work, .rows = plan->n_rows, .t0 = plan->t0};
     if (e->s.n_traced) w.tokens = plan->tokens;
@@ -421,7 +441,9 @@ loom_status loom_engine_create(loom_model *m, const loom_engine_params *params,
         e->rows = calloc((size_t)e->max_seqs, sizeof *e->rows);
         e->picks = calloc((size_t)e->max_seqs, sizeof *e->picks);
         e->samp = calloc((size_t)e->max_seqs, sizeof *e->samp);
-        if (!e->logits || !e->rows || !e->picks || !e->samp)
+        if (e->spec && loom_exec_on_device(e->exec))
+            e->vids = calloc((size_t)(e->max_seqs + spec_budget), sizeof *e->vids);
+        if (!e->logits || !e->rows || !e->picks || !e->samp || (e->spec && loom_exec_on_device(e->exec) && !e->vids))
             s = loom_err(LOOM_ERR_NOMEM, "engine: out of memory");
     }
     if (!s) {
@@ -514,6 +536,7 @@ void loom_engine_free(loom_engine *e) {
     free(e->rows);
     free(e->picks);
     free(e->samp);
+    free(e->vids);
     loom_sched_release(&e->s);
     free(e->inbox);
     free(e);

@@ -36,6 +36,9 @@ struct loom_engine {
                                       sample from the logits */
     loom_sample_pick *samp;        /* owned [max_seqs]: how a -1 row is sampled
                                       (temperature 0: greedy) */
+    int32_t *vids;                 /* owned [max_seqs + spec budget]: verification rows'
+                                      greedy ids from a device forward (loom_fwd_row's
+                                      ids), or NULL (no speculation, or the CPU) */
     FILE *trace;                   /* owned, may be NULL */
     int cache;                     /* prefix cache in use */
     loom_kvdisk *disk;             /* owned disk tier, or NULL */

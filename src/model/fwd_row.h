@@ -116,6 +116,11 @@ typedef struct loom_fwd_row {
      * hidden state after the final norm (what the head reads), besides
      * whatever logits asks for (the CPU and CUDA forwards both do). */
     float *hidden;
+    /* Verification on a backend that picks (the device): when non-NULL,
+     * [n] receives each position's greedy id (first on ties) in place of
+     * its logits in out (a row with logits ALL); the CPU forward leaves it
+     * alone, so the caller sets ids[0] = -1 to tell. */
+    int32_t *ids;
 } loom_fwd_row;
 
 /* A whole prepared prompt of n tokens as its owner keeps it (stride n);

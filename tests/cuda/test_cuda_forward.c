@@ -363,7 +363,8 @@ static void compare_taps(const char *dir, const char *kvn, const char *step, con
  * each step the row keeps 1 to 3 of its 5 tokens (rejected proposals:
  * the KV cut back, both pools), so the next step writes over what was
  * cut. The four verification steps share a graph key: the first runs
- * eagerly, the second is captured, the others replay it. */
+ * eagerly, the second is captured, the others replay it; the fourth
+ * takes the row's greedy ids instead of its logits. */
 static void run_verify(const char *dir, loom_kv_type kvt) {
     const char *kvn = loom_kv_type_name(kvt);
     loom_model *m = load("verify", dir, dir);
@@ -410,7 +411,8 @@ static void run_verify(const char *dir, loom_kv_type kvt) {
     compare(dir, kvn, "prompts 30+12", out[1], out[0], 2, V, tol);
     compare_taps(dir, kvn, "prompts 30+12", taps[1], taps[0], (size_t)(len[0] + len[1]) * 2 * H, tol);
     for (int k = 0; k < 5 && st == LOOM_OK; k++) {
-        int tapped = k < 4, keep = 1 + k % 3;
+        int tapped = k < 4, keep = 1 + k % 3, by_ids = k == 3;
+        int32_t ids[5] = {-1, -1, -1, -1, -1};
         if (!tapped) { /* the same shape without taps: another key */
             loom_fwd_set_taps(fs, NULL, 0, NULL);
             st = loom_cuda_set_taps(g, NULL, 0, NULL);
@@ -418,13 +420,23 @@ static void run_verify(const char *dir, loom_kv_type kvt) {
         for (int i = 0; i < 2 && st == LOOM_OK; i++) {
             loom_fwd_row rows[2] = {{.tokens = toks[0] + len[0], .n = 5, .seq = &sq[i][0], .logits = LOOM_LOGITS_ALL, .out = out[i], .decode = 1},
                                     {.tokens = toks[1] + len[1], .n = 1, .seq = &sq[i][1], .logits = LOOM_LOGITS_LAST, .out = out[i] + (size_t)5 * V, .decode = 1}};
+            if (i && by_ids) rows[0].ids = ids; /* the greedy ids instead of row 0's logits */
             st = i ? loom_cuda_forward(g, &kv[i]->lay, rows, 2, NULL, NULL)
                    : loom_forward(m, fs, &kv[0]->lay, rows, 2);
         }
         if (st != LOOM_OK) break;
         char what[64];
         snprintf(what, sizeof what, "verify %d (pos %d, %d)%s", k + 1, len[0], len[1], tapped ? "" : " no taps");
-        compare(dir, kvn, what, out[1], out[0], 6, V, tol);
+        if (by_ids) {
+            int agree = 0;
+            for (int t = 0; t < 5; t++) agree += ids[t] == loom_argmax(out[0] + (size_t)t * V, V);
+            printf("%s  verify  %-18s kv=%-3s %-28s greedy ids %d/5 the CPU's argmax\n",
+                   agree == 5 ? "PASS" : "FAIL", dir, kvn, what, agree);
+            agree == 5 ? n_pass++ : n_fail++;
+            compare(dir, kvn, what, out[1] + (size_t)5 * V, out[0] + (size_t)5 * V, 1, V, tol);
+        } else {
+            compare(dir, kvn, what, out[1], out[0], 6, V, tol);
+        }
         if (tapped) compare_taps(dir, kvn, what, taps[1], taps[0], (size_t)6 * 2 * H, tol);
         /* the next step's tokens replace the rejected proposals */
         len[0] += keep;
