@@ -145,8 +145,12 @@ static const gm_shape presets[] = {
 /* ---- tensor list -------------------------------------------------------- */
 
 /* GM_INIT_NORM0: norm weights stored as w - 1 (gemma, the hybrids), so
- * ~ N(0, 0.02); GM_INIT_WIDE ~ N(0, 0.5) (the hybrids' conv and decay) */
-enum { GM_INIT_MATRIX, GM_INIT_NORM, GM_INIT_NORM0, GM_INIT_WIDE };
+ * ~ N(0, 0.02); GM_INIT_WIDE ~ N(0, 0.5) (the hybrids' conv and decay);
+ * GM_INIT_QK: Gemma 4's q/k norms, whose attention has no 1/sqrt(head_dim):
+ * at 1 its scores of unit-RMS heads have variance head_dim, a softmax near
+ * one-hot that bf16 rounding flips, unlike trained weights; head_dim^-1/4
+ * on each side gives them variance 1. */
+enum { GM_INIT_MATRIX, GM_INIT_NORM, GM_INIT_NORM0, GM_INIT_WIDE, GM_INIT_QK };
 
 typedef struct gm_tensor {
     char name[96];
@@ -254,8 +258,9 @@ static int gm_tensors(const gm_shape *s, gm_tensor *list) {
             gm_add(list, &n, GM_INIT_MATRIX, kv, H, "model.layers.%d.self_attn.v_proj.weight", l);
             gm_add(list, &n, GM_INIT_MATRIX, H, q, "model.layers.%d.self_attn.o_proj.weight", l);
             if (gm_qk_norm(s)) {
-                gm_add(list, &n, norm, hd, 0, "model.layers.%d.self_attn.q_norm.weight", l);
-                gm_add(list, &n, norm, hd, 0, "model.layers.%d.self_attn.k_norm.weight", l);
+                int qk = g4 ? GM_INIT_QK : norm;
+                gm_add(list, &n, qk, hd, 0, "model.layers.%d.self_attn.q_norm.weight", l);
+                gm_add(list, &n, qk, hd, 0, "model.layers.%d.self_attn.k_norm.weight", l);
             }
         }
         gm_add(list, &n, norm, H, 0, "model.layers.%d.post_attention_layernorm.weight", l);
@@ -350,6 +355,7 @@ static void gm_fill(const gm_tensor *t, uint64_t seed, size_t start, size_t n, f
                     (float)((r >> 32) & 0xffff) + (float)(r >> 48);
         float z = (sum - 2.0f * 65535.0f) * scale;
         out[i] = t->init == GM_INIT_NORM    ? 1.0f + GM_NORM_STD * z
+                 : t->init == GM_INIT_QK    ? (1.0f + GM_NORM_STD * z) / sqrtf(sqrtf((float)t->shape[0]))
                  : t->init == GM_INIT_NORM0 ? GM_NORM_STD * z
                  : t->init == GM_INIT_WIDE  ? 0.5f * z
                                             : GM_MATRIX_STD * z;

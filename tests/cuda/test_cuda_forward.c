@@ -42,6 +42,19 @@ static double tolerance(const loom_model *m, loom_kv_type kvt) {
     return 2e-3;
 }
 
+/* A greedy pick made on the device agrees with the CPU's logits c when it
+ * is their argmax or ties it within what compare() allows the logits on
+ * either side (tol relative to the row's largest magnitude, twice): a bf16
+ * row can hold a near-tie that rounding breaks either way. */
+static int pick_agrees(const float *c, int V, int id, double tol) {
+    if (id < 0 || id >= V) return 0;
+    int best = loom_argmax(c, V);
+    double mx = 0;
+    for (int i = 0; i < V; i++)
+        if (fabs(c[i]) > mx) mx = fabs(c[i]);
+    return id == best || (double)c[best] - c[id] <= 2 * tol * (mx > 0 ? mx : 1);
+}
+
 static void compare(const char *fixture, const char *kvn, const char *step, const float *g,
                     const float *c, int n_rows, int V, double tol) {
     double e = 0, mx = 0;
@@ -221,10 +234,8 @@ static void run_fixture(const char *fixture, loom_kv_type kvt) {
         }
         if (k == 2) {
             /* row 0's logits were not copied: check its pick instead */
-            int best = 0;
-            for (int i = 1; i < V; i++)
-                if (lc[i] > lc[best]) best = i;
-            int ok = picks[0] == best && picks[1] == -2;
+            int best = loom_argmax(lc, V);
+            int ok = pick_agrees(lc, V, picks[0], tol) && picks[1] == -2;
             printf("%s  forward %-18s kv=%-3s %-28s pick %d, CPU argmax %d\n", ok ? "PASS" : "FAIL",
                    fixture, kvn, "device greedy pick", picks[0], best);
             ok ? n_pass++ : n_fail++;
@@ -324,7 +335,7 @@ static void run_single(const char *dir, loom_kv_type kvt) {
         char what[64];
         snprintf(what, sizeof what, "b1 decode %d (pos %d)", k + 1, len[j]);
         if (pick_step) {
-            int best = loom_argmax(out[0], V), ok = pick == best;
+            int best = loom_argmax(out[0], V), ok = pick_agrees(out[0], V, pick, tol);
             printf("%s  single %-18s kv=%-3s %-28s pick %d, CPU argmax %d\n", ok ? "PASS" : "FAIL",
                    dir, kvn, what, pick, best);
             ok ? n_pass++ : n_fail++;
@@ -429,8 +440,8 @@ static void run_verify(const char *dir, loom_kv_type kvt) {
         snprintf(what, sizeof what, "verify %d (pos %d, %d)%s", k + 1, len[0], len[1], tapped ? "" : " no taps");
         if (by_ids) {
             int agree = 0;
-            for (int t = 0; t < 5; t++) agree += ids[t] == loom_argmax(out[0] + (size_t)t * V, V);
-            printf("%s  verify  %-18s kv=%-3s %-28s greedy ids %d/5 the CPU's argmax\n",
+            for (int t = 0; t < 5; t++) agree += pick_agrees(out[0] + (size_t)t * V, V, ids[t], tol);
+            printf("%s  verify  %-18s kv=%-3s %-28s greedy ids %d/5 the CPU's argmax or tied\n",
                    agree == 5 ? "PASS" : "FAIL", dir, kvn, what, agree);
             agree == 5 ? n_pass++ : n_fail++;
             compare(dir, kvn, what, out[1] + (size_t)5 * V, out[0] + (size_t)5 * V, 1, V, tol);
