@@ -9,7 +9,8 @@
 #   1. builds loom and gen_model with `make CUDA=1` (BUILD, default build/cu);
 #   2. measures the limits (bench/cuda_peer.py limits): device-to-device
 #      copy bandwidth (bytes read + written) and the bf16 8192^3 GEMM rate;
-#   3. for each model (LOOM_BENCH_MODELS, default "qwen3-0.6b llama3-8b"):
+#   3. for each model (LOOM_BENCH_MODELS, default "qwen3-0.6b llama3-8b";
+#      shape() below has one of each family):
 #      writes random bf16 weights with the real shapes (tools/gen_model,
 #      under LOOM_BENCH_DIR, default /tmp/loom-cuda), runs
 #        loom bench --device cuda -p 4096 -n 128 --tg-prompt 128
@@ -18,11 +19,15 @@
 #      and the batch's greedy tokens against the context's), then the peer
 #      (bench/cuda_peer.py model DIR: same shapes, random init, bf16, sdpa,
 #      static KV cache);
-#   4. prints one table: loom, peer, ratio, and the physical bound of each
-#      figure. Decode bound = copy bandwidth / (weight bytes + KV bytes read
-#      per step); prefill bound = GEMM rate / FLOPs per token (matrices of
-#      the layers plus causal attention, average position p/2).
+#   4. prints one table (bench/cuda_table.py): loom, peer, ratio, and the
+#      physical bound of each figure, counted from the model's own tensors:
+#      decode bound = copy bandwidth / (weight bytes, routed experts where
+#      picked, + KV and recurrent state per step); prefill bound = GEMM rate
+#      / FLOPs per token (the layers' matrices, causal attention at average
+#      position p/2, sliding layers at most their window).
 #
+# Every family: LOOM_BENCH_MODELS="gemma2-2b gemma3-1b gemma4-e2b
+# qwen3-30b-a3b-8l qwen3.5-h2048 qwen3next-80b-a3b-4l".
 # Environment: BUILD, LOOM_BENCH_MODELS, LOOM_BENCH_DIR, LOOM_BENCH_REPS
 # (default 3), LOOM_BENCH_BATCH (default 1,8,32,128), LOOM_BENCH_GEN (128),
 # LOOM_BENCH_PREFILL (4096), LOOM_BENCH_PEER=0 skips the peer,
@@ -58,11 +63,45 @@ echo "built in $(( $(date +%s) - t0 )) s"
 echo "== limits"
 $PY bench/cuda_peer.py limits | tee "$OUTD/limits.json"
 
+# A model of each family with the shapes of a released one: gen_model's
+# arguments, then the config's sliding window where the preset's (a few
+# tokens, for the forward tests) is not the release's. The MoE releases are
+# too large to write and load whole here: a slice of their layers (the
+# bound is counted for the slice).
+shape() {
+  case $1 in
+    qwen3-0.6b|llama3-8b) echo "--preset $1" ;;
+    gemma2-2b) echo "--preset gemma2 --vocab 256000 --hidden 2304 --layers 26 --heads 8 --kv-heads 4 --head-dim 256 --intermediate 9216 window=4096" ;;
+    gemma3-1b) echo "--preset gemma3 --vocab 262144 --hidden 1152 --layers 26 --heads 4 --kv-heads 1 --head-dim 256 --intermediate 6912 window=512" ;;
+    # Gemma 3n/4 E2B's widths; its last 2 layers share KV (E2B: 20)
+    gemma4-e2b) echo "--preset gemma4 --vocab 262144 --hidden 1536 --layers 35 --heads 8 --kv-heads 1 --head-dim 256 --intermediate 6144 window=512" ;;
+    qwen3-30b-a3b-8l) echo "--preset qwen3moe --vocab 151936 --hidden 2048 --layers 8 --heads 32 --kv-heads 4 --head-dim 128 --intermediate 6144 --experts 128 --experts-used 8 --moe-intermediate 768" ;;
+    qwen3next-80b-a3b-4l) echo "--preset qwen3next --vocab 151936 --hidden 2048 --layers 4 --heads 16 --kv-heads 2 --head-dim 256 --intermediate 5120 --experts 512 --experts-used 10 --moe-intermediate 512 --shared-intermediate 512" ;;
+    # Qwen3.5's hybrid layout (3 linear-attention layers to 1 full) at 2048 wide
+    qwen3.5-h2048) echo "--preset qwen3.5 --vocab 151936 --hidden 2048 --layers 24 --heads 8 --kv-heads 2 --head-dim 256 --intermediate 6144" ;;
+    *) echo "--preset $1" ;;
+  esac
+}
+
+# the models are written in parallel (gen_model is one thread each)
+echo "== models"
 for m in $MODELS; do
   md="$DIR/$m"
-  if [ ! -f "$md/model.safetensors" ]; then
-    "$BUILD/tools/gen_model" --preset "$m" --dtype bf16 --seed 1 --out "$md"
-  fi
+  [ -f "$md/model.safetensors" ] && continue
+  (
+    args=$(shape "$m")
+    # shellcheck disable=SC2086
+    "$BUILD/tools/gen_model" $(echo "$args" | sed 's/ window=[0-9]*//') --dtype bf16 --seed 1 --out "$md" ||
+      { echo "cuda_bench: gen_model failed on $m"; rm -rf "$md"; exit 1; }
+    w=$(echo "$args" | sed -n 's/.* window=\([0-9]*\).*/\1/p')
+    [ -z "$w" ] || $PY -c "import json,sys; p=sys.argv[1]+'/config.json'; c=json.load(open(p)); c['sliding_window']=int(sys.argv[2]); json.dump(c,open(p,'w'),indent=1)" "$md" "$w"
+  ) &
+done
+wait
+
+for m in $MODELS; do
+  md="$DIR/$m"
+  [ -f "$md/model.safetensors" ] || continue
   echo "== loom: $m"
   "$BUILD/loom" bench --device cuda --model "$md" -p "$PREFILL" -n "$GEN" --tg-prompt "$PROMPT" \
     --batch "$BATCH" --kv-type bf16 --reps "$REPS" --json >"$OUTD/loom-$m.json" ||
@@ -77,51 +116,4 @@ for m in $MODELS; do
 done
 
 echo "== table"
-$PY - "$OUTD" "$DIR" "$MODELS" "$PROMPT" "$GEN" "$commit" <<'EOF'
-import json, os, sys
-outd, dir_, models, prompt, gen, commit = sys.argv[1], sys.argv[2], sys.argv[3].split(), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
-def load(p):
-    try:
-        with open(p) as f:
-            return json.loads(f.read().strip().splitlines()[-1])
-    except Exception:
-        return None
-lim = load(os.path.join(outd, "limits.json"))
-bw, peak = lim["copy_bytes_s"], lim["gemm_flop_s"]
-print(f"{lim['gpu']}: copy {bw / 1e12:.2f} TB/s (read + write), bf16 GEMM 8192^3 {peak / 1e12:.0f} TFLOP/s; commit {commit}")
-print()
-print("| model | figure | loom | peer | loom / peer | bound | loom / bound | peer / bound |")
-print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-for m in models:
-    cfg = json.load(open(os.path.join(dir_, m, "config.json")))
-    H, L, V, I = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"], cfg["intermediate_size"]
-    nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    hd = cfg.get("head_dim") or H // nh
-    tied = cfg.get("tie_word_embeddings", False)
-    layer_mat = L * (H * nh * hd + 2 * H * nkv * hd + nh * hd * H + 3 * H * I)
-    layer_vec = L * (2 * H + (2 * hd if cfg["model_type"] == "qwen3" else 0))
-    # bytes read per decode step: every layer matrix, the norms and the head
-    # (the embedding table is read one row per token; tied, it is the head)
-    wbytes = 2 * (layer_mat + layer_vec + H + V * H)
-    kv_tok = L * 2 * nkv * hd * 2        # bf16 K and V of one position, all layers
-    lo, pe = load(os.path.join(outd, f"loom-{m}.json")), load(os.path.join(outd, f"peer-{m}.json"))
-    def row(fig, a, b, bound):
-        f = lambda x: f"{x:,.0f}" if x else "-"
-        r = lambda x, y: f"{x / y:.2f}" if x and y else "-"
-        print(f"| {m} | {fig} | {f(a)} | {f(b)} | {r(a, b)} | {f(bound)} | {r(a, bound)} | {r(b, bound)} |")
-    P = (lo or {}).get("p") or (pe or {}).get("prefill") or 4096
-    flops_tok = 2 * layer_mat + 4 * nh * hd * (P / 2) * L
-    row(f"prefill {P} tok/s", (lo or {}).get("pp_tok_s"), (pe or {}).get("prefill_tok_s"), peak / flops_tok)
-    lb = {x["b"]: x for x in (lo or {}).get("batch", [])}
-    pb = {x["b"]: x for x in (pe or {}).get("batch", [])}
-    for B in sorted(set(lb) | set(pb)):
-        avg_ctx = prompt + gen / 2
-        step_bytes = wbytes + B * kv_tok * avg_ctx
-        row(f"decode b{B} tok/s", lb.get(B, {}).get("tok_s"), pb.get(B, {}).get("tok_s"), B * bw / step_bytes)
-    if lo:
-        print(f"| {m} | (loom tg{lo['n']}, one context) | {lo['tg_tok_s']:,.0f} | | | | | |")
-print()
-print(f"decode: prompt {prompt} tokens, {gen} generated per sequence, greedy, bf16 KV; "
-      "bound = copy bandwidth / (weights + KV read per step); "
-      "prefill bound = GEMM rate / (2 * layer matrix params + causal attention FLOPs) per token")
-EOF
+$PY bench/cuda_table.py "$OUTD" "$DIR" "$MODELS" "$PROMPT" "$GEN" "$commit"
