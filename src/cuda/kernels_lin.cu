@@ -155,14 +155,16 @@ extern "C" loom_status loom_cuda_lin_prep(loom_cuda *c, float *d_qkv, float *d_b
 static_assert(LIN_VB * LIN_P == LIN_KMAX, "a thread loads one q and one k entry a token");
 
 /* Rows of skip_from tokens or more are left alone (the chunked kernels
- * take them). */
+ * take them), as are rows of none (their first token would be the next
+ * row's, or past the end). */
 __global__ void __launch_bounds__(LIN_VB * LIN_P)
 lin_delta_kernel(float *o, const float *qkv, const float *beta, const float *gdec,
                  const int32_t *rtok, float *const *state, size_t off, int D, int nk, int nv,
                  int dk, int dv, int skip_from) {
     __shared__ float qs[2][LIN_KMAX], ks[2][LIN_KMAX];
     int r = blockIdx.x / nv, h = blockIdx.x % nv, kh = h / (nv / nk), tid = threadIdx.x;
-    if (rtok[r + 1] - rtok[r] >= skip_from) return;
+    int n_r = rtok[r + 1] - rtok[r];
+    if (n_r <= 0 || n_r >= skip_from) return;
     int part = tid % LIN_P, b = blockIdx.y * LIN_VB + tid / LIN_P;
     int col = b < dv, own = tid < dk;
     size_t qo = (size_t)kh * dk + tid, ko = (size_t)(nk + kh) * dk + tid;

@@ -2455,6 +2455,7 @@ static void test_lin_all(void) {
      * 32 value heads), odd dims (columns past a block, key entries not a
      * multiple of the lanes), decode batches and long rows */
     int d1[] = {1, 1}, d2[] = {40, 3}, d3[] = {17, 1, 9}, d4[] = {1}, d5[] = {300};
+    int d6[] = {5, 0, 7, 0};  /* rows of no tokens keep their state (the last one at the end) */
     test_lin_delta(2, 4, 16, 16, d2, 2);
     test_lin_delta(2, 4, 16, 16, d1, 2);
     test_lin_delta(16, 32, 128, 128, d1, 2);
@@ -2462,6 +2463,7 @@ static void test_lin_all(void) {
     test_lin_delta(1, 3, 33, 45, d3, 3);
     test_lin_delta(3, 3, 100, 70, d4, 1);
     test_lin_delta(2, 8, 64, 33, d5, 1);
+    test_lin_delta(2, 4, 16, 16, d6, 4);
     /* chunked: lengths around the chunk (1, 17, 63, 64, 65, 130, 257),
      * several heads, odd dims, mixed rows (short ones token by token),
      * zero and random initial states, the models' shape */
