@@ -338,13 +338,9 @@ static float q_param_f(const uint16_t *p, size_t i, int f16) {
     return f16 ? loom_f16_to_f32(p[i]) : loom_bf16_to_f32(p[i]);
 }
 
-/* Set by run_all for the AVX-512 tables: their 4- and 8-bit matmuls give
- * each of up to 8 tokens the bits it gets alone. */
-static int q_invariant;
-
-/* il: K runs on the matrix in the 16-row interleaved layout (rows % 16 == 0). */
-static void check_matmul_q_il(int bits, int group, int n, int T, int f16, int rows, int r0,
-                              int r1, int ldx, int ldy, int il) {
+/* A random MLX-style quantized matrix (rows, n): codes, and per-group
+ * scales and biases that centre each group's values near 0. */
+static loom_qmat rand_qmat(int bits, int group, int n, int f16, int rows) {
     int words = n * bits / 32, ng = n / group;
     uint32_t *wq = malloc((size_t)rows * words * sizeof *wq);
     for (int i = 0; i < rows * words; i++) wq[i] = test_rand_u32(&rng);
@@ -355,8 +351,27 @@ static void check_matmul_q_il(int bits, int group, int n, int T, int f16, int ro
         sc[i] = f16 ? loom_f32_to_f16(s) : loom_f32_to_bf16(s);
         bi[i] = f16 ? loom_f32_to_f16(b) : loom_f32_to_bf16(b);
     }
-    loom_qmat w = {.w = wq, .scales = sc, .biases = bi, .n = n, .bits = bits, .group = group,
-                   .f16 = f16};
+    return (loom_qmat){.w = wq, .scales = sc, .biases = bi, .n = n, .bits = bits, .group = group,
+                       .f16 = f16};
+}
+
+static void free_qmat(loom_qmat *w) {
+    free((void *)w->w);
+    free((void *)w->scales);
+    free((void *)w->biases);
+}
+
+/* Set by run_all for the AVX-512 tables: their 4- and 8-bit matmuls give
+ * each of up to 8 tokens the bits it gets alone. */
+static int q_invariant;
+
+/* il: K runs on the matrix in the 16-row interleaved layout (rows % 16 == 0). */
+static void check_matmul_q_il(int bits, int group, int n, int T, int f16, int rows, int r0,
+                              int r1, int ldx, int ldy, int il) {
+    int words = n * bits / 32, ng = n / group;
+    loom_qmat w = rand_qmat(bits, group, n, f16, rows);
+    const uint32_t *wq = w.w;
+    const uint16_t *sc = w.scales, *bi = w.biases;
     loom_qmat wk = w;
     void *il_mem = NULL;
     if (il) CHECK(loom_q_interleave(&w, rows, &wk, &il_mem) == LOOM_OK);
@@ -414,9 +429,7 @@ static void check_matmul_q_il(int bits, int group, int n, int T, int f16, int ro
         free(y1);
     }
     loom_free(il_mem);
-    free(wq);
-    free(sc);
-    free(bi);
+    free_qmat(&w);
     free(x);
     free(y);
     free(yr);
@@ -496,17 +509,9 @@ static void test_matmul_q(void) {
 static void check_matmul_q_chain(int bits, int group, int n, int T, int f16, int r0, int r1) {
     enum { ROWS = 37 };
     int words = n * bits / 32, ng = n / group, ldx = n + T % 3, ldy = ROWS + 2;
-    uint32_t *wq = malloc((size_t)ROWS * words * sizeof *wq);
-    for (int i = 0; i < ROWS * words; i++) wq[i] = test_rand_u32(&rng);
-    uint16_t *sc = malloc((size_t)ROWS * ng * sizeof *sc), *bi = malloc((size_t)ROWS * ng * sizeof *bi);
-    for (int i = 0; i < ROWS * ng; i++) {
-        float s = (0.02f + 0.05f * fabsf(test_rand_f(&rng))) / (float)(1 << bits);
-        float b = -s * (float)(1 << (bits - 1)) * (1.0f + 0.2f * test_rand_f(&rng));
-        sc[i] = f16 ? loom_f32_to_f16(s) : loom_f32_to_bf16(s);
-        bi[i] = f16 ? loom_f32_to_f16(b) : loom_f32_to_bf16(b);
-    }
-    loom_qmat w = {.w = wq, .scales = sc, .biases = bi, .n = n, .bits = bits, .group = group,
-                   .f16 = f16};
+    loom_qmat w = rand_qmat(bits, group, n, f16, ROWS);
+    const uint32_t *wq = w.w;
+    const uint16_t *sc = w.scales, *bi = w.biases;
     float *x = rand_f32((size_t)(T - 1) * ldx + n, 1.0f);
     float *y = malloc((size_t)T * ldy * sizeof *y), *wr = malloc((size_t)n * sizeof *wr);
     K->matmul_q(y, ldy, x, ldx, &w, T, r0, r1);
@@ -527,9 +532,7 @@ static void check_matmul_q_chain(int bits, int group, int n, int T, int f16, int
                    "t %d r %d: %.9g, the chain gives %.9g", bits, group, n, T, f16, t, r, got, s);
         }
     }
-    free(wq);
-    free(sc);
-    free(bi);
+    free_qmat(&w);
     free(x);
     free(y);
     free(wr);
