@@ -45,9 +45,16 @@ static void put_usage(job *j, loom_buf *b, int final) {
                     j->n_prompt - cached, cached, final ? gen : 0);
 }
 
+/* A call's id in Anthropic's form: toolu_ and what follows the scanner's
+ * call_ (the same call keeps one id blocking and streamed). */
+static void put_tool_id(loom_buf *b, const char *id) {
+    if (!strncmp(id, "call_", 5)) id += 5;
+    loom_buf_printf(b, "\"toolu_%s\"", id);
+}
+
 static void put_tool_use(const loom_tool_call *tc, loom_buf *b) {
     loom_buf_puts(b, "{\"type\":\"tool_use\",\"id\":");
-    api_put_json_str(b, tc->id, strlen(tc->id));
+    put_tool_id(b, tc->id);
     loom_buf_puts(b, ",\"name\":");
     api_put_json_str(b, tc->name, strlen(tc->name));
     loom_buf_printf(b, ",\"input\":%s}", tc->arguments);
@@ -148,7 +155,7 @@ static void messages_sse_tools(job *j, int index) {
         block_stop(j);
         event_begin(j, "content_block_start");
         loom_buf_printf(&j->out, ",\"index\":%d,\"content_block\":{\"type\":\"tool_use\",\"id\":", j->part++);
-        api_put_json_str(&j->out, tc->id, strlen(tc->id));
+        put_tool_id(&j->out, tc->id);
         loom_buf_puts(&j->out, ",\"name\":");
         api_put_json_str(&j->out, tc->name, strlen(tc->name));
         loom_buf_puts(&j->out, ",\"input\":{}}}\n\n");

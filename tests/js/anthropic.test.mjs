@@ -201,4 +201,41 @@ test('tools: a tool_use and tool_result round trip renders the call and its resu
   assert.ok(['end_turn', 'max_tokens', 'tool_use'].includes(s.stop_reason));
 });
 
+// tool_choice any or a named tool: the reply is that tool's call, its input
+// valid for input_schema (constrained decoding), the same blocking and
+// streamed (input_json_delta), and the call feeds a tool_result turn.
+test('tools: tool_choice any / tool gives a valid tool_use, streamed as input_json_delta', async () => {
+  const Ajv = (await import('ajv')).default;
+  const shortTools = [{ name: 'get_weather', description: 'weather of a city',
+    input_schema: { type: 'object', properties: { city: { type: 'string', maxLength: 12 },
+      days: { type: 'integer', minimum: 1, maximum: 7 } }, required: ['city', 'days'], additionalProperties: false } },
+  { name: 'get_time', description: 'time in a zone', input_schema: { type: 'object', properties: { zone: { type: 'string', enum: ['UTC', 'CET'] } }, required: ['zone'] } }];
+  const valid = new Ajv().compile(shortTools[0].input_schema);
+  const messages = user('weather in Paris for the next 3 days?');
+  const args = { model, max_tokens: 96, messages, tools: shortTools, temperature: 0 };
+  for (const tool_choice of [{ type: 'tool', name: 'get_weather' }, { type: 'any' }]) {
+    const m = await tclient.messages.create({ ...args, tool_choice });
+    assert.equal(m.stop_reason, 'tool_use', JSON.stringify(m.content));
+    const uses = m.content.filter((b) => b.type === 'tool_use');
+    assert.equal(uses.length, 1, JSON.stringify(m.content));
+    const use = uses[0];
+    assert.match(use.id, /^toolu_/);
+    assert.ok(['get_weather', 'get_time'].includes(use.name), use.name);
+    if (tool_choice.type === 'tool') assert.equal(use.name, 'get_weather');
+    if (use.name === 'get_weather') assert.ok(valid(use.input), `${JSON.stringify(use.input)}: ${JSON.stringify(valid.errors)}`);
+    else assert.ok(['UTC', 'CET'].includes(use.input.zone), JSON.stringify(use.input));
+    const events = [];
+    for await (const ev of await tclient.messages.create({ ...args, tool_choice, stream: true })) events.push(ev);
+    const start = events.find((e) => e.type === 'content_block_start' && e.content_block.type === 'tool_use');
+    assert.ok(start, events.map((e) => e.type).join());
+    assert.equal(start.content_block.name, use.name);
+    const json = events.filter((e) => e.type === 'content_block_delta' && e.index === start.index)
+      .map((e) => { assert.equal(e.delta.type, 'input_json_delta'); return e.delta.partial_json; }).join('');
+    assert.deepEqual(JSON.parse(json), use.input);
+    assert.equal(events.find((e) => e.type === 'message_delta').delta.stop_reason, 'tool_use');
+    const fm = await tclient.messages.stream({ ...args, tool_choice }).finalMessage();
+    assert.deepEqual(fm.content.find((b) => b.type === 'tool_use').input, use.input);
+  }
+});
+
 await run();
