@@ -4,9 +4,8 @@
 # (--speculative ngram), the DFlash drafter (--draft-model
 # models/pycoder-16m-dflash) and the draft model (--draft-model
 # models/pycoder-draft-3m). The target's forwards run on the device
-# (verification rows included), and so do the draft model's; DFlash's
-# drafter runs on the CPU (over the target's hidden states, copied back
-# from the device each step).
+# (verification rows included); the drafters run on the CPU (DFlash over
+# the target's hidden states, copied back from the device each step).
 # Each line is one `loom bench --device cuda --batch 1` run, which first
 # checks that the speculative run gives exactly the plain run's greedy
 # tokens, then times both (median of REPS, alternating). Prompts (Python):

@@ -3,7 +3,6 @@
 
 #include <cjson/cJSON.h>
 
-#include "model/dflash.h"
 #include "template/chat.h"
 #include "tokenize/tokenizer.h"
 
@@ -201,9 +200,6 @@ loom_model_params cli_model_params(int threads) {
 loom_status cli_load_draft(const char *dir, loom_model **out) {
     loom_model_params mp = loom_model_default_params();
     mp.n_threads = 1;
-    /* a draft model on the target's device (its steps are launches there,
-     * not a CPU thread's matmuls); DFlash's drafter runs on the CPU */
-    mp.device = loom_dflash_is(dir) ? -1 : cli_device;
     mp.fast_matmul = cli_fast;
     return loom_model_load(dir, &mp, out);
 }

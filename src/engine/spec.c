@@ -420,10 +420,8 @@ loom_status loom_spec_create(const loom_engine_params *p, loom_model *target, in
     else if (m->cfg.vocab_size != vocab)
         s = loom_err(LOOM_ERR_INVALID_ARG, "draft model: expected the target's vocabulary of %d "
                      "tokens, found %d", vocab, m->cfg.vocab_size);
-    else if (m->device >= 0 && m->device != target->device)
-        s = loom_err(LOOM_ERR_INVALID_ARG, "draft model: expected the CPU or the target's device "
-                     "(%s%d), found cuda:%d", target->device >= 0 ? "cuda:" : "cpu, ",
-                     target->device, m->device);
+    else if (m->device >= 0)
+        s = loom_err(LOOM_ERR_UNSUPPORTED, "draft model: expected a CPU model, found cuda:%d", m->device);
     if (!s && m->dflash) {
         s = dfl_create(sp, target, n_ctx);
         if (s) {

@@ -22,7 +22,6 @@
 #include "serve/http.h"
 #include "grammar/grammar.h"
 #include "serve/job.h"
-#include "model/dflash.h"
 #include "model/forward.h"
 
 /* ---- one request ---------------------------------------------------------------- */
@@ -481,9 +480,7 @@ static int server_open(server *s, const loom_serve_params *params) {
     s->n_turn_end = s->tok ? loom_toolcall_turn_end_ids(s->tc_syntax, s->tok, s->turn_end, 8) : 0;
     resolve_sampling(s);
     if (s->p.draft_model_dir) {
-        /* a draft model beside the target, on its device; DFlash's drafter
-         * and a CPU draft on one thread (its matmuls are small) */
-        if (loom_dflash_is(s->p.draft_model_dir)) mp.device = -1;
+        mp.device = -1; /* drafting runs on the CPU, on one thread (its matmuls are small) */
         mp.n_threads = 1;
         if ((st = loom_model_load(s->p.draft_model_dir, &mp, &s->draft))) {
             fprintf(stderr, "loom: error: draft model: %s (%s)\n", loom_last_error(), loom_status_str(st));
