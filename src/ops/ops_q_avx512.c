@@ -52,8 +52,18 @@
 /* Decode: bytes ahead of the read position to prefetch. Rows go one at
  * a time (one sequential stream): that measured twice the cold bandwidth
  * of two or four interleaved rows on Zen 4 (20-26 vs 10-13 GB/s a core),
- * more than the x loads shared by several rows save. */
+ * more than the x loads shared by several rows save. 8-bit rows take
+ * twice the bytes a column: 4 KiB ahead measured 33 -> 41-43 tok/s for
+ * exact 8-bit Qwen3-0.6B on an EPYC (Zen 4) VM, 2 threads, where 1 KiB
+ * left the first load of each block waiting on memory; 4-bit there: no
+ * clear change (bench/RESULTS.md). */
+#ifndef PF_DIST
 #define PF_DIST 1024
+#endif
+#ifndef PF_DIST8
+#define PF_DIST8 4096
+#endif
+#define PF_AHEAD(bits) ((bits) == 8 ? PF_DIST8 : PF_DIST)
 /* The --fast 4-bit loop reads fastest: 4 KiB ahead measured 36 -> 42 GB/s
  * on 2 threads (8-bit: no clear change). */
 #define PF_FAST4 4096
@@ -163,7 +173,7 @@ INLINE void ex_rows_multi(float *y, size_t ldy, const float *const *xp, const fl
             for (int jj = 0; jj < cnt; jj++) {
                 int j = c0 + jj;
                 __m512 wv[4];
-                _mm_prefetch((const char *)row + (size_t)j * 8 * bits + PF_DIST, _MM_HINT_T0);
+                _mm_prefetch((const char *)row + (size_t)j * 8 * bits + PF_AHEAD(bits), _MM_HINT_T0);
                 if (bits == 8) {
 #pragma GCC unroll 4
                     for (int c = 0; c < 4; c++)
@@ -496,7 +506,7 @@ INLINE void fq_rows_multi(float *y, size_t ldy, const int8_t *xq, const float *s
             }
             for (; jj < cnt; jj++) {
                 int j = c0 + jj;
-                _mm_prefetch((const char *)row + (size_t)j * 8 * bits + PF_DIST, _MM_HINT_T0);
+                _mm_prefetch((const char *)row + (size_t)j * 8 * bits + PF_AHEAD(bits), _MM_HINT_T0);
                 __m512i wv = bits == 8 ? _mm512_loadu_si512(row + (size_t)j * 64)
                                        : unpack4_split(row + (size_t)j * 32);
                 __m512i sel = _mm512_set1_epi32(jj);
