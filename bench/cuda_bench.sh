@@ -70,7 +70,6 @@ $PY bench/cuda_peer.py limits | tee "$OUTD/limits.json"
 # bound is counted for the slice).
 shape() {
   case $1 in
-    qwen3-0.6b|llama3-8b) echo "--preset $1" ;;
     gemma2-2b) echo "--preset gemma2 --vocab 256000 --hidden 2304 --layers 26 --heads 8 --kv-heads 4 --head-dim 256 --intermediate 9216 window=4096" ;;
     gemma3-1b) echo "--preset gemma3 --vocab 262144 --hidden 1152 --layers 26 --heads 4 --kv-heads 1 --head-dim 256 --intermediate 6912 window=512" ;;
     # Gemma 3n/4 E2B's widths; its last 2 layers share KV (E2B: 20)

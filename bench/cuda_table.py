@@ -53,11 +53,9 @@ class Shape:
 
     def __init__(self, d):
         cfg = text_cfg(json.load(open(os.path.join(d, "config.json"))))
-        self.cfg = cfg
         h = header(os.path.join(d, "model.safetensors"))
         self.H = cfg["hidden_size"]
         self.L = cfg["num_hidden_layers"]
-        self.V = cfg["vocab_size"]
         nh = cfg["num_attention_heads"]
         self.nh = nh
         self.nkv = cfg.get("num_key_value_heads", nh)
