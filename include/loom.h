@@ -264,6 +264,10 @@ typedef struct loom_engine_params {
                                batch size where speculating steps measured slower
                                than plain ones carries no proposals (probing now
                                and then) */
+    int draft_exact;        /* 1: a DFlash drafter multiplies in exact f32 over its
+                               checkpoint's values; 0 (default): over 8-bit copies with
+                               the --fast integer kernels where the CPU has them (its
+                               proposals are verified, so output is the same) */
     loom_model *draft_model; /* borrowed: LOOM_SPEC_DRAFT's drafter, a causal LM over
                                the same vocabulary (a hybrid drafts too: its state goes
                                back to a snapshot) */

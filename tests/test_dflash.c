@@ -423,7 +423,10 @@ static void stash_bound(target *t) {
 static void engine_identity(target *t) {
     int32_t toks[2][3][48];
     uint64_t drafted = 0, accepted = 0;
-    for (int mode = 0; mode < 3; mode++) {
+    /* 0 plain; 1 and 2 the drafter as it runs by default (8-bit where the
+     * CPU has the integer kernels), without and with the prefix cache; 3
+     * the drafter in exact f32 */
+    for (int mode = 0; mode < 4; mode++) {
         loom_engine_params ep = loom_engine_default_params();
         ep.max_batch_tokens = 64;
         ep.max_seqs = 4;
@@ -433,6 +436,7 @@ static void engine_identity(target *t) {
             ep.speculative = LOOM_SPEC_DRAFT;
             ep.draft_model = t->draft;
             ep.draft_tokens = DB - 1;
+            ep.draft_exact = mode == 3;
         }
         loom_engine *e = NULL;
         CHECKF(loom_engine_create(t->m, &ep, &e) == LOOM_OK, "engine: %s", loom_last_error());
@@ -513,6 +517,37 @@ static void engine_identity(target *t) {
            (unsigned long long)drafted);
 }
 
+/* The 8-bit drafter (loom_dflash_prepare) against its exact logits
+ * `exact` for one block: where the CPU has the integer kernels, close,
+ * and the same pick on nearly every row; elsewhere, and once prepared
+ * back to exact, the very same bits. */
+static void q8_agrees(loom_dflash *d, loom_model *m, const float *ctx, int n_ctx, int32_t last,
+                      const float *exact, float *scr) {
+    int V = m->cfg.vocab_size, rows = d->block - 1;
+    float *got = malloc(sizeof(float) * (size_t)rows * V);
+    CHECKF(loom_dflash_prepare(d, m, 1) == LOOM_OK, "prepare: %s", loom_last_error());
+    CHECK(loom_dflash_prepare(d, m, 1) == LOOM_OK); /* again: kept as it is */
+    loom_dflash_block(d, m, ctx, n_ctx, n_ctx, last, got, scr);
+    if (loom_dflash_is_q8(d)) {
+        int same = 0;
+        for (int i = 0; i < rows; i++)
+            same += loom_argmax(got + (size_t)i * V, V) == loom_argmax(exact + (size_t)i * V, V);
+        double err = test_rel_err(got, exact, (size_t)rows * V);
+        CHECKF(err < 5e-2 && same >= rows - 2, "8-bit drafter: logits %g from exact, %d of %d picks "
+               "the same", err, same, rows);
+        printf("8-bit drafter: logits within %.2g of exact, %d of %d picks the same\n", err, same, rows);
+    } else {
+        CHECKF(!memcmp(got, exact, sizeof(float) * (size_t)rows * V),
+               "prepare(fast) without integer kernels changed the logits");
+    }
+    CHECK(loom_dflash_prepare(d, m, 0) == LOOM_OK);
+    CHECK(!loom_dflash_is_q8(d));
+    loom_dflash_block(d, m, ctx, n_ctx, n_ctx, last, got, scr);
+    CHECKF(!memcmp(got, exact, sizeof(float) * (size_t)rows * V), "prepared back to exact: the "
+           "logits are not the checkpoint's");
+    free(got);
+}
+
 /* A trained drafter's reference.safetensors (tools/train_dflash.py writes
  * one: block logits after a held-out prompt, from PyTorch in f32): loom's
  * projection and block forward give the same logits. Skipped without one. */
@@ -551,6 +586,7 @@ static void trained_reference(const char *dir, const char *target_dir) {
         double err = test_rel_err(got, want->data, (size_t)(d->block - 1) * V);
         CHECKF(err < 2e-3, "%s: block logits %g from the reference", dir, err);
         printf("%s: block logits within %.2g of PyTorch's\n", dir, err);
+        q8_agrees(dm->dflash, m, ctx, p, tok[p], got, scr);
         loom_kv_seq_release(kv, &seq);
         loom_exec_free(x);
         loom_kv_pool_free(kv);

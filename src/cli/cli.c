@@ -180,6 +180,12 @@ int cli_spec_flag(const char *cmd, const char *opt, const char *text, loom_engin
         return 0;
     }
     if (!strcmp(opt, "--draft-tokens")) return cli_int(cmd, opt, text, 1, 64, &p->draft_tokens) ? 2 : 0;
+    if (!strcmp(opt, "--draft-exact")) {
+        if (strcmp(text, "on") && strcmp(text, "off"))
+            return cli_usage_error(cmd, "--draft-exact: expected on or off, found \"%s\"", text);
+        p->draft_exact = !strcmp(text, "on");
+        return 0;
+    }
     if (!strcmp(opt, "--spec-gate")) {
         if (strcmp(text, "on") && strcmp(text, "off"))
             return cli_usage_error(cmd, "--spec-gate: expected on or off, found \"%s\"", text);

@@ -55,7 +55,7 @@ int cli_sampling_flag(const char *cmd, const char *opt, const char *text, loom_s
  * a usage error's 2. */
 int cli_spec_flag(const char *cmd, const char *opt, const char *text, loom_engine_params *p,
                   const char **draft_dir);
-#define CLI_SPEC_FLAGS "--speculative", "--draft-model", "--draft-tokens", "--spec-gate"
+#define CLI_SPEC_FLAGS "--speculative", "--draft-model", "--draft-tokens", "--spec-gate", "--draft-exact"
 #define CLI_SPEC_USAGE                                                                     \
     "  --speculative ngram  speculative decoding by prompt lookup: proposals copied\n"     \
     "                     from what followed the last 3, 2 or 1 tokens earlier on\n"      \
@@ -63,7 +63,9 @@ int cli_spec_flag(const char *cmd, const char *opt, const char *text, loom_engin
     "  --draft-tokens K   proposals a sequence verifies per step at most (default 8);\n" \
     "                     the output is that of plain decoding (CPU only)\n"        \
     "  --spec-gate on|off on (default): steps at a batch size where speculating\n"     \
-    "                     measured slower than plain decoding carry no proposals\n"
+    "                     measured slower than plain decoding carry no proposals\n"     \
+    "  --draft-exact on|off off (default): a DFlash drafter multiplies over 8-bit\n"     \
+    "                     copies with the integer kernels where the CPU has them\n"
 
 /* Loads a draft model on the CPU, on one thread: its matmuls are too small
  * to share (waking workers for them costs more than they save). */

@@ -60,7 +60,8 @@ static const char usage[] =
     "  --kv-config FILE   per-layer KV bits (see loom serve --help; default: each\n"
     "                     model directory's kv_config.json, if any)\n"
     "  --json             print JSON instead of the table\n"
-    "  --speculative ngram, --draft-model DIR, --draft-tokens K, --spec-gate on|off\n"
+    "  --speculative ngram, --draft-model DIR, --draft-tokens K, --spec-gate on|off,\n"
+    "  --draft-exact on|off\n"
     "                     also run each --batch decode with speculative decoding,\n"
     "                     the runs alternating with the plain ones (checked to\n"
     "                     give the same greedy tokens first): tokens/s, speed-up\n"
@@ -679,6 +680,7 @@ int cmd_bench(int argc, char **argv) {
         ep2.speculative = spec_ep.speculative;
         ep2.draft_tokens = spec_ep.draft_tokens;
         ep2.spec_always = spec_ep.spec_always;
+        ep2.draft_exact = spec_ep.draft_exact;
         ep2.draft_model = draft;
         if (ok && spec_ep.speculative && (s = loom_engine_create(b->m, &ep2, &e2))) {
             ok = 0;

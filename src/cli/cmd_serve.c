@@ -47,6 +47,8 @@ static const char usage[] =
     "  --draft-model DIR       speculative decoding with a draft model (same tokenizer)\n"
     "  --draft-tokens K        proposals a sequence verifies per step at most (default\n"
     "                          8, a block drafter's block); output as plain decoding's (drafters on the CPU)\n"
+    "  --draft-exact on|off    off (default): a DFlash drafter multiplies over 8-bit copies\n"
+    "                          with the integer kernels where the CPU has them; on: exact f32\n"
     "  --spec-gate on|off      on (default): steps at a batch size where speculating\n"
     "                          measured slower than plain decoding carry no proposals\n"
     "  --max-body SIZE         largest request body (default 8M)\n"

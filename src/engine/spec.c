@@ -372,12 +372,13 @@ static void dfl_done(loom_spec *sp, loom_request *r) {
 
 static const spec_ops dfl_ops = {"dflash", dfl_draft, dfl_done, dfl_taps, dfl_after};
 
-static loom_status dfl_create(loom_spec *sp, loom_model *target, int n_ctx) {
+static loom_status dfl_create(loom_spec *sp, loom_model *target, int n_ctx, int draft_exact) {
     const loom_dflash *d = sp->dfl = sp->m->dflash;
     sp->target = target;
     sp->ops = &dfl_ops;
     loom_status s = target ? loom_dflash_check(d, target)
                            : loom_err(LOOM_ERR_INVALID_ARG, "dflash: the target model is needed");
+    if (!s) s = loom_dflash_prepare(sp->m->dflash, target, !draft_exact);
     if (s) return s;
     /* A target on a device exports the hidden states to the host (exec.h's
      * loom_exec_set_taps); the drafter runs on the CPU over the target's
@@ -423,7 +424,7 @@ loom_status loom_spec_create(const loom_engine_params *p, loom_model *target, in
     else if (m->device >= 0)
         s = loom_err(LOOM_ERR_UNSUPPORTED, "draft model: expected a CPU model, found cuda:%d", m->device);
     if (!s && m->dflash) {
-        s = dfl_create(sp, target, n_ctx);
+        s = dfl_create(sp, target, n_ctx, p->draft_exact);
         if (s) {
             loom_spec_free(sp);
             return s;

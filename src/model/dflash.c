@@ -9,8 +9,10 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "load/quantize.h"
 #include "load/safetensors.h"
 #include "model/matmul.h"
+#include "ops/ops.h"
 
 #define ARCH "DFlashDraftModel"
 
@@ -20,6 +22,10 @@ typedef struct dflash_priv {
     float **vecs;          /* owned: the norm vectors */
     int n_vecs;
     double *freq;          /* owned [head_dim / 2]: rope's theta^(-2i/head_dim) */
+    loom_weight fc0;       /* the checkpoint's matrices, as bound */
+    loom_dflash_layer *layers0; /* owned [n_layers] */
+    void *q8;              /* owned (loom_alloc): the 8-bit copies */
+    const void *q8_head;   /* the target head they were made with */
 } dflash_priv;
 
 static cJSON *read_config(const char *dir) {
@@ -177,6 +183,12 @@ loom_status loom_dflash_load(const char *dir, loom_dflash **out) {
     if (!s) s = bind(p);
     if (!s && !(p->freq = malloc(sizeof(double) * (size_t)(p->d.head_dim / 2))))
         s = loom_err(LOOM_ERR_NOMEM, "out of memory");
+    if (!s && !(p->layers0 = malloc(sizeof *p->layers0 * (size_t)p->d.n_layers)))
+        s = loom_err(LOOM_ERR_NOMEM, "out of memory");
+    if (!s) {
+        p->fc0 = p->d.fc;
+        memcpy(p->layers0, p->d.layers, sizeof *p->layers0 * (size_t)p->d.n_layers);
+    }
     for (int i = 0; !s && i < p->d.head_dim / 2; i++)
         p->freq[i] = pow(p->d.theta, -2.0 * i / p->d.head_dim);
     if (s) {
@@ -194,6 +206,8 @@ void loom_dflash_free(loom_dflash *d) {
     free(p->vecs);
     free(p->freq);
     free(d->layers);
+    free(p->layers0);
+    loom_free(p->q8);
     loom_st_close(p->st);
     free(p);
 }
@@ -212,7 +226,126 @@ loom_status loom_dflash_check(const loom_dflash *d, const loom_model *t) {
     return LOOM_OK;
 }
 
+/* ---- the drafter's arithmetic -------------------------------------------------- */
+
+#define Q8_GROUP 64
+#define Q8_ALIGN(n) (((n) + (size_t)63) & ~(size_t)63)
+
+typedef struct q8_pass {
+    const loom_model *t;
+    const loom_kernels *k;
+    uint8_t *mem;          /* NULL: a pass that only sizes */
+    size_t used;
+    float *row;            /* [widest matrix] */
+    loom_status s;
+} q8_pass;
+
+/* Bytes of a plain 8-bit copy of w: levels, then scales, then biases. */
+static size_t q8_plain_bytes(const loom_weight *w, size_t *wb, size_t *sb) {
+    *wb = Q8_ALIGN((size_t)w->rows * (size_t)w->cols);
+    *sb = Q8_ALIGN((size_t)w->rows * (size_t)(w->cols / Q8_GROUP) * sizeof(uint16_t));
+    return *wb + 2 * *sb;
+}
+
+/* Replaces dense w by its 8-bit copy, laid out for ps->k (16 rows
+ * interleaved where the table reads that), carved from ps->mem. */
+static void q8_copy(q8_pass *ps, loom_weight *w) {
+    if ((w->dtype != LOOM_DT_F32 && w->dtype != LOOM_DT_BF16 && w->dtype != LOOM_DT_F16) ||
+        w->cols % Q8_GROUP || ps->s)
+        return;
+    loom_qmat q = {.n = w->cols, .bits = 8, .group = Q8_GROUP};
+    size_t wb, sb, plain = q8_plain_bytes(w, &wb, &sb);
+    int il = ps->k->q_il16 && loom_q_il16_ok(&q, w->rows);
+    size_t at = ps->used;
+    ps->used += il ? Q8_ALIGN(loom_q_il16_bytes(&q, w->rows)) : plain;
+    if (!ps->mem) return;
+    uint8_t *base = il ? loom_alloc(plain) : ps->mem + at;
+    if (!base) {
+        ps->s = loom_err(LOOM_ERR_NOMEM, "%s: out of memory for an 8-bit copy", ARCH);
+        return;
+    }
+    uint32_t *qw = (uint32_t *)base;
+    uint16_t *sc = (uint16_t *)(base + wb), *bi = (uint16_t *)(base + wb + sb);
+    int ng = w->cols / Q8_GROUP;
+    for (int r = 0; r < w->rows && !ps->s; r++) {
+        loom_fwd_weight_row(ps->t, w, ps->row, r);
+        if (loom_quant_row(ps->row, w->cols, 8, Q8_GROUP, LOOM_DT_BF16, LOOM_QPACK_F32,
+                           qw + (size_t)r * (size_t)(w->cols / 4), sc + (size_t)r * ng,
+                           bi + (size_t)r * ng))
+            ps->s = loom_err(LOOM_ERR_FORMAT, "%s: row %d of a %d x %d matrix holds a NaN or "
+                             "infinity", ARCH, r, w->rows, w->cols);
+    }
+    q.w = qw, q.scales = sc, q.biases = bi;
+    if (il && !ps->s) {
+        loom_qmat qi;
+        ps->s = loom_q_interleave_into(&q, w->rows, &qi, ps->mem + at);
+        q = qi;
+    }
+    if (il) loom_free(base);
+    if (!ps->s) *w = (loom_weight){.dtype = LOOM_DT_U32, .rows = w->rows, .cols = w->cols, .data = q.w, .q = q};
+}
+
+static void q8_all(q8_pass *ps, loom_dflash *d) {
+    q8_copy(ps, &d->fc);
+    for (int l = 0; l < d->n_layers; l++) {
+        loom_dflash_layer *L = &d->layers[l];
+        loom_weight *ws[] = {&L->q, &L->k, &L->v, &L->o, &L->mlp.gate, &L->mlp.up, &L->mlp.down};
+        for (size_t i = 0; i < sizeof ws / sizeof *ws; i++) q8_copy(ps, ws[i]);
+    }
+    q8_copy(ps, &d->head);
+}
+
+int loom_dflash_is_q8(const loom_dflash *d) { return ((const dflash_priv *)d)->q8 != NULL; }
+
+loom_status loom_dflash_prepare(loom_dflash *d, const loom_model *t, int fast) {
+    dflash_priv *p = (dflash_priv *)d; /* d is its first member */
+    const loom_kernels *kf = loom_kernels_get_fast();
+    /* only where the fast table multiplies 8-bit weights in integers */
+    int q8 = fast && kf->matmul_q != loom_kernels_get()->matmul_q;
+    if (q8 && p->q8 && p->q8_head == t->lm_head.data) return LOOM_OK;
+    loom_free(p->q8);
+    p->q8 = NULL;
+    p->q8_head = NULL;
+    d->fc = p->fc0;
+    memcpy(d->layers, p->layers0, sizeof *d->layers * (size_t)d->n_layers);
+    d->head = t->lm_head;
+    d->k = t->k;
+    if (!q8) return LOOM_OK;
+    int widest = LOOM_MAX(d->fc.cols, LOOM_MAX(d->inter, LOOM_MAX(d->head.cols, d->n_heads * d->head_dim)));
+    q8_pass ps = {.t = t, .k = kf, .row = malloc(sizeof(float) * (size_t)widest)};
+    q8_all(&ps, d); /* sizes, changing nothing */
+    ps.mem = ps.row ? loom_alloc(ps.used) : NULL;
+    if (!ps.mem) {
+        free(ps.row);
+        return loom_err(LOOM_ERR_NOMEM, "%s: out of memory for 8-bit copies (%zu bytes)", ARCH, ps.used);
+    }
+    ps.used = 0;
+    q8_all(&ps, d);
+    free(ps.row);
+    if (ps.s) {
+        loom_free(ps.mem);
+        d->fc = p->fc0;
+        memcpy(d->layers, p->layers0, sizeof *d->layers * (size_t)d->n_layers);
+        d->head = t->lm_head;
+        return ps.s;
+    }
+    p->q8 = ps.mem;
+    p->q8_head = t->lm_head.data;
+    d->k = kf;
+    return LOOM_OK;
+}
+
 /* ---- the forwards ------------------------------------------------------------ */
+
+/* The table and head loom_dflash_prepare chose (the target's before it). */
+static const loom_kernels *mmk(const loom_dflash *d, const loom_model *t) { return d->k ? d->k : t->k; }
+static const loom_weight *head(const loom_dflash *d, const loom_model *t) {
+    return d->k ? &d->head : &t->lm_head;
+}
+
+static void mm(const loom_dflash *d, loom_model *t, float *y, const float *x, const loom_weight *w, int n) {
+    loom_fwd_matmul_k(t, mmk(d, t), 1, &y, x, &w, n);
+}
 
 /* Rotate-half rope of one head v [hd] at position pos. */
 static void rope(const loom_dflash *d, float *v, int pos) {
@@ -244,15 +377,15 @@ void loom_dflash_project(const loom_dflash *d, loom_model *t, const float *taps,
     int H = d->hidden, kvd = d->n_kv * d->head_dim;
     size_t row = loom_dflash_row_floats(d);
     float *c = scratch, *kx = scratch + (size_t)n * H;
-    loom_fwd_matmul(t, c, taps, &d->fc, n);
+    mm(d, t, c, taps, &d->fc, n);
     for (int j = 0; j < n; j++) t->k->rmsnorm(c + (size_t)j * H, c + (size_t)j * H, d->hidden_norm, H, d->eps);
     for (int l = 0; l < d->n_layers; l++) {
         const loom_dflash_layer *L = &d->layers[l];
-        loom_fwd_matmul(t, kx, c, &L->k, n);
+        mm(d, t, kx, c, &L->k, n);
         heads_norm_rope(d, t, kx, n, d->n_kv, L->k_norm, pos);
         for (int j = 0; j < n; j++)
             memcpy(out + (size_t)j * row + (size_t)l * 2 * kvd, kx + (size_t)j * kvd, sizeof(float) * kvd);
-        loom_fwd_matmul(t, kx, c, &L->v, n);
+        mm(d, t, kx, c, &L->v, n);
         for (int j = 0; j < n; j++)
             memcpy(out + (size_t)j * row + (size_t)(l * 2 + 1) * kvd, kx + (size_t)j * kvd,
                    sizeof(float) * kvd);
@@ -337,17 +470,22 @@ void loom_dflash_blocks(const loom_dflash *d, loom_model *t, const loom_dflash_r
         for (int i = 0; i < R; i++) t->k->rmsnorm(b.h + (size_t)i * H, b.x + (size_t)i * H, L->in_norm, H, d->eps);
         float *ys[] = {b.q, b.kb, b.vb};
         const loom_weight *ws[] = {&L->q, &L->k, &L->v};
-        loom_fwd_matmul_n(t, 3, ys, b.h, ws, R);
+        loom_fwd_matmul_k(t, mmk(d, t), 3, ys, b.h, ws, R);
         for (int r = 0; r < n_req; r++) {
             size_t o = (size_t)r * B;
             heads_norm_rope(d, t, b.q + o * qd, B, nh, L->q_norm, rq[r].pos);
             heads_norm_rope(d, t, b.kb + o * kvd, B, nkv, L->k_norm, rq[r].pos);
             blk_attend(d, t, &b, &rq[r], l, b.q + o * qd, b.kb + o * kvd, b.vb + o * kvd, b.att + o * qd);
         }
-        loom_fwd_matmul(t, b.h, b.att, &L->o, R);
+        mm(d, t, b.h, b.att, &L->o, R);
         for (size_t k = 0; k < (size_t)R * H; k++) b.x[k] += b.h[k];
         for (int i = 0; i < R; i++) t->k->rmsnorm(b.h + (size_t)i * H, b.x + (size_t)i * H, L->post_norm, H, d->eps);
-        loom_fwd_mlp(t, &L->mlp, b.h, b.h, R, b.hb, b.hb2);
+        float *gu[] = {b.hb, b.hb2};
+        const loom_weight *gw[] = {&L->mlp.gate, &L->mlp.up};
+        loom_fwd_matmul_k(t, mmk(d, t), 2, gu, b.h, gw, R);
+        for (int i = 0; i < R; i++)
+            loom_fwd_act_mul(t, b.hb + (size_t)i * d->inter, b.hb2 + (size_t)i * d->inter, d->inter);
+        mm(d, t, b.h, b.hb, &L->mlp.down, R);
         for (size_t k = 0; k < (size_t)R * H; k++) b.x[k] += b.h[k];
     }
     /* only the wanted rows go through the head: it is most of the work */
@@ -355,7 +493,7 @@ void loom_dflash_blocks(const loom_dflash *d, loom_model *t, const loom_dflash_r
     for (int r = 0; r < n_req; r++)
         for (int i = 1; i <= rq[r].n_out; i++)
             t->k->rmsnorm(b.h + (size_t)n_out++ * H, b.x + ((size_t)r * B + i) * H, d->norm, H, d->eps);
-    loom_fwd_matmul(t, logits, b.h, &t->lm_head, n_out);
+    mm(d, t, logits, b.h, head(d, t), n_out);
 }
 
 void loom_dflash_block(const loom_dflash *d, loom_model *t, const float *ctx, int n_ctx, int pos,

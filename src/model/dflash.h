@@ -6,7 +6,9 @@
  * embeddings, attend to all context rows and to the whole block (no causal
  * mask), and the target's lm_head turns rows 1.. into block-1 proposals.
  * All math is f32 on the CPU; the target lends its embeddings, head,
- * kernels and thread pool. */
+ * kernels and thread pool. Its proposals are only ever verified, so its
+ * arithmetic is free to be approximate: loom_dflash_prepare can give it
+ * 8-bit copies of its matrices and of the head under the --fast kernels. */
 #ifndef LOOM_DFLASH_H
 #define LOOM_DFLASH_H
 
@@ -30,6 +32,10 @@ typedef struct loom_dflash {
     const float *hidden_norm, *norm;
     loom_dflash_layer *layers;      /* owned [n_layers] */
     float *arena;                   /* owned: every f32 tensor */
+    /* Set by loom_dflash_prepare (NULL / zero before: the target's table
+     * and head): the table the matmuls run on, and the head they use. */
+    const loom_kernels *k;
+    loom_weight head;
 } loom_dflash;
 
 /* Reads dir/config.json and dir/model.safetensors. */
@@ -39,6 +45,15 @@ void loom_dflash_free(loom_dflash *d);
 int loom_dflash_is(const char *dir);
 /* Whether d fits target t: hidden size, vocabulary, tap layers. */
 loom_status loom_dflash_check(const loom_dflash *d, const loom_model *t);
+
+/* Binds d to target t's head and picks its arithmetic: with fast, 8-bit
+ * copies (group 64, scales from the f32 range) of every matrix and of a
+ * dense head, run by loom_kernels_get_fast()'s integer kernels, where that
+ * table has them (AVX-512 VNNI); else the target's table over the
+ * checkpoint's values. Call with no forward of d running. */
+loom_status loom_dflash_prepare(loom_dflash *d, const loom_model *t, int fast);
+/* Whether d runs 8-bit copies (after loom_dflash_prepare). */
+int loom_dflash_is_q8(const loom_dflash *d);
 
 /* Floats one context row takes: K and V of every layer. */
 static inline size_t loom_dflash_row_floats(const loom_dflash *d) {

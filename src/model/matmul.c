@@ -64,6 +64,11 @@ static size_t prep_bytes(const loom_kernels *k, const loom_weight *const *w, int
 
 void loom_fwd_matmul_n(loom_model *m, int n_w, float *const *y, const float *x,
                        const loom_weight *const *w, int T) {
+    loom_fwd_matmul_k(m, m->k, n_w, y, x, w, T);
+}
+
+void loom_fwd_matmul_k(loom_model *m, const loom_kernels *k, int n_w, float *const *y,
+                       const float *x, const loom_weight *const *w, int T) {
     if (T <= 0 || n_w <= 0) return;
     assert(n_w <= MM_MAX);
     int n = loom_pool_size(m->pool), cols = w[0]->cols;
@@ -80,7 +85,7 @@ void loom_fwd_matmul_n(loom_model *m, int n_w, float *const *y, const float *x,
      * does it once below), which a prompt (T >= 16) makes large: 2 there,
      * and one slice on one thread. */
     int per = n == 1 ? 1 : T >= 16 ? 2 : 4;
-    mm_job j = {.k = m->k, .x = x, .ldx = cols, .T = T};
+    mm_job j = {.k = k, .x = x, .ldx = cols, .T = T};
     for (int i = 0; i < n_w; i++) {
         int chunk = (w[i]->rows + per * n - 1) / (per * n);
         j.y[i] = y[i];
@@ -91,11 +96,11 @@ void loom_fwd_matmul_n(loom_model *m, int n_w, float *const *y, const float *x,
     /* x rounded once here rather than once per slice */
     _Alignas(64) uint8_t stack[32 << 10];
     void *heap = NULL;
-    size_t bytes = prep_bytes(m->k, w, n_w, T);
+    size_t bytes = prep_bytes(k, w, n_w, T);
     if (bytes) {
         void *buf = bytes <= sizeof stack ? stack : (heap = malloc(bytes));
-        if (buf && w[0]->dtype == LOOM_DT_U32) m->k->q_prep(buf, x, cols, &w[0]->q, T);
-        else if (buf) m->k->bf16_prep(buf, x, cols, cols, T);
+        if (buf && w[0]->dtype == LOOM_DT_U32) k->q_prep(buf, x, cols, &w[0]->q, T);
+        else if (buf) k->bf16_prep(buf, x, cols, cols, T);
         j.prep = buf;
     }
     if (n == 1)

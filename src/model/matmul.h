@@ -15,6 +15,9 @@ void loom_fwd_matmul(loom_model *m, float *y, const float *x, const loom_weight 
 /* The same for n_w <= 4 weights of equal width over one x, in one dispatch. */
 void loom_fwd_matmul_n(loom_model *m, int n_w, float *const *y, const float *x,
                        const loom_weight *const *w, int T);
+/* The same over kernel table k instead of the model's (m lends its pool). */
+void loom_fwd_matmul_k(loom_model *m, const loom_kernels *k, int n_w, float *const *y,
+                       const float *x, const loom_weight *const *w, int T);
 
 /* Row id of an embedding table as f32 (any weight format) into dst. */
 void loom_fwd_weight_row(const loom_model *m, const loom_weight *e, float *dst, int id);
