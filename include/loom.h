@@ -54,6 +54,12 @@ typedef struct loom_model_params {
     int no_copy;          /* CPU: leave the weights in the file mapping (for
                              callers that only read metadata). Default 0: the
                              matrices are copied onto 2 MiB pages at load. */
+    int quantize_bits;    /* CPU: 8 or 4 quantizes a float checkpoint at load as
+                             `loom convert --bits N` would (every 2-D matrix whose
+                             rows split into groups of 64, the embeddings included;
+                             MLX affine, scales in the checkpoint's half type), in
+                             memory; the tensors left unquantized keep their dtype
+                             (convert rounds f32 ones to bf16). Default 0: as stored. */
 } loom_model_params;
 
 loom_model_params loom_model_default_params(void);
@@ -65,6 +71,13 @@ loom_model_params loom_model_default_params(void);
  * *out is NULL. */
 loom_status loom_model_load(const char *dir, const loom_model_params *params,
                             loom_model **out);
+/* A drafter for speculative decoding (loom_engine_params.draft_model): on
+ * the CPU, on one thread (its matmuls are too small to share). Unless
+ * exact, a float causal LM is quantized to 8 bits at load and multiplied
+ * with the --fast integer kernels where the CPU has them: its proposals
+ * are verified by the target, so only their acceptance can change. A
+ * DFlash drafter picks its arithmetic with the engine (draft_exact). */
+loom_status loom_draft_model_load(const char *dir, int exact, loom_model **out);
 void loom_model_free(loom_model *m);
 /* Reads every weight page still read from the mapping now (mapped pages
  * come in lazily) so the first request does not wait on the disk; nothing
@@ -267,7 +280,8 @@ typedef struct loom_engine_params {
     int draft_exact;        /* 1: a DFlash drafter multiplies in exact f32 over its
                                checkpoint's values; 0 (default): over 8-bit copies with
                                the --fast integer kernels where the CPU has them (its
-                               proposals are verified, so output is the same) */
+                               proposals are verified, so output is the same). A draft
+                               model's arithmetic is loom_draft_model_load's */
     loom_model *draft_model; /* borrowed: LOOM_SPEC_DRAFT's drafter, a causal LM over
                                the same vocabulary (a hybrid drafts too: its state goes
                                back to a snapshot) */

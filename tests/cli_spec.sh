@@ -16,7 +16,9 @@ def main(argv):
 '
 gen() { "$LOOM_BIN" generate --model "$MODEL" --prompt "$P" --temperature 0 --max-tokens 96 --threads 2 "$@"; }
 plain=$(gen 2>/dev/null) || fail "plain generate"
-for flags in "--draft-model $DRAFT" "--speculative ngram" "--draft-model $DRAFT --draft-tokens 3"; do
+for flags in "--draft-model $DRAFT" "--speculative ngram" "--draft-model $DRAFT --draft-tokens 3" \
+             "--draft-model $DRAFT --draft-exact on" "--draft-model models/pycoder-16m-dflash" \
+             "--draft-model models/pycoder-16m-dflash --draft-exact on"; do
   # shellcheck disable=SC2086
   got=$(gen $flags 2>"$TMPD/gen.err") || fail "generate $flags: $(cat "$TMPD/gen.err")"
   [ "$got" = "$plain" ] || fail "generate $flags differs from plain decoding"
@@ -24,6 +26,19 @@ for flags in "--draft-model $DRAFT" "--speculative ngram" "--draft-model $DRAFT 
     fail "generate $flags: no proposal count: $(cat "$TMPD/gen.err")"
 done
 ok "generate with a draft model and with prompt lookup prints plain decoding's text"
+
+"$LOOM_BIN" generate --model "$MODEL" --prompt x --draft-model "$DRAFT" --draft-exact maybe >/dev/null 2>&1
+[ $? -eq 2 ] || fail "--draft-exact maybe is not a usage error"
+
+# --quantize 8: the bf16 model quantized at load prints what its
+# conversion by loom convert prints
+"$LOOM_BIN" convert --model "$MODEL" --bits 8 --out "$TMPD/q8" >/dev/null 2>&1 || fail "convert --bits 8"
+q8=$("$LOOM_BIN" generate --model "$TMPD/q8" --prompt "$P" --temperature 0 --max-tokens 96 --threads 2 2>/dev/null) ||
+  fail "generate on the converted model"
+[ "$(gen --quantize 8 2>/dev/null)" = "$q8" ] || fail "generate --quantize 8 differs from the converted model"
+"$LOOM_BIN" generate --model "$MODEL" --prompt x --quantize 5 >/dev/null 2>"$TMPD/e"
+[ $? -eq 2 ] && grep -q 'expected 8 or 4, found "5"' "$TMPD/e" || fail "--quantize 5 is not a usage error naming it"
+ok "generate --quantize 8 prints the converted model's text; --draft-exact and --quantize usage errors"
 
 "$LOOM_BIN" generate --model "$MODEL" --prompt x --speculative bigram >/dev/null 2>&1
 [ $? -eq 2 ] || fail "--speculative bigram is not a usage error"

@@ -170,11 +170,9 @@ out:
     loom_st_close(got);
 }
 
-/* Logits of every position of a prompt. */
-static float *prompt_logits(const char *dir, const int32_t *ids, int L, int *V) {
+/* Logits of every position of a prompt, the model loaded with mp. */
+static float *prompt_logits_mp(const char *dir, loom_model_params mp, const int32_t *ids, int L, int *V) {
     loom_model *m = NULL;
-    loom_model_params mp = loom_model_default_params();
-    mp.n_threads = 1;
     loom_status s = loom_model_load(dir, &mp, &m);
     CHECKF(s == LOOM_OK, "%s: %s", dir, loom_last_error());
     if (!m) return NULL;
@@ -188,6 +186,74 @@ static float *prompt_logits(const char *dir, const int32_t *ids, int L, int *V) 
     loom_context_free(c);
     loom_model_free(m);
     return out;
+}
+
+static float *prompt_logits(const char *dir, const int32_t *ids, int L, int *V) {
+    loom_model_params mp = loom_model_default_params();
+    mp.n_threads = 1;
+    return prompt_logits_mp(dir, mp, ids, L, V);
+}
+
+/* dst: the f32 model in src with every tensor in bf16 (as `loom convert`
+ * leaves the ones it does not quantize). */
+static void write_bf16_copy(const char *src, const char *dst) {
+    char cmd[2400], path[700];
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp '%s'/*.json '%s'/", dst, src, dst);
+    CHECK(system(cmd) == 0);
+    loom_safetensors *in = open_model(src);
+    if (!in) return;
+    int n = loom_st_count(in);
+    loom_st_write_entry *e = calloc((size_t)n, sizeof *e);
+    uint16_t **bufs = calloc((size_t)n, sizeof *bufs);
+    for (int i = 0; i < n; i++) {
+        const loom_st_tensor *t = loom_st_at(in, i);
+        CHECK(t->dtype == LOOM_DT_F32);
+        size_t cnt = t->nbytes / 4;
+        bufs[i] = malloc(cnt * 2);
+        for (size_t k = 0; k < cnt; k++) bufs[i][k] = loom_f32_to_bf16(((const float *)t->data)[k]);
+        e[i] = (loom_st_write_entry){.name = t->name, .dtype = LOOM_DT_BF16, .ndim = t->ndim, .data = bufs[i]};
+        memcpy(e[i].shape, t->shape, sizeof e[i].shape);
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", dst);
+    CHECK(loom_st_write(path, e, n) == LOOM_OK);
+    for (int i = 0; i < n; i++) free(bufs[i]);
+    free(bufs);
+    free(e);
+    loom_st_close(in);
+}
+
+/* The bf16 model in src quantized at load (quantize_bits) computes the
+ * very logits of its conversion in converted, exact and --fast. */
+static void check_load_quantized(const char *src, const char *converted, int bits) {
+    loom_safetensors *ref = NULL;
+    CHECK(loom_st_open(FIX "qwen3-tiny/reference.safetensors", &ref) == LOOM_OK);
+    const loom_st_tensor *ids = ref ? loom_st_find(ref, "prompt.2.ids") : NULL;
+    for (int fast = 0; ids && fast < 2; fast++) {
+        int L = (int)ids->shape[0], V = 0, V2 = 0;
+        loom_model_params mp = loom_model_default_params();
+        mp.n_threads = 1;
+        mp.fast_matmul = fast;
+        float *a = prompt_logits_mp(converted, mp, ids->data, L, &V);
+        mp.quantize_bits = bits;
+        float *b = prompt_logits_mp(src, mp, ids->data, L, &V2);
+        CHECKF(a && b && V == V2 && !memcmp(a, b, sizeof(float) * (size_t)L * V),
+               "%s quantized to %d bits at load (fast %d): not the logits of its conversion", src, bits, fast);
+        free(a);
+        free(b);
+    }
+    loom_st_close(ref);
+}
+
+/* quantize_bits refusals: a width other than 8 or 4, and no copy to make. */
+static void check_load_quantized_refusals(void) {
+    loom_model_params mp = loom_model_default_params();
+    loom_model *m = NULL;
+    mp.quantize_bits = 5;
+    CHECK(loom_model_load(FIX "qwen3-tiny", &mp, &m) == LOOM_ERR_INVALID_ARG && !m);
+    CHECK(strstr(loom_last_error(), "expected 0, 4 or 8, found 5") != NULL);
+    mp.quantize_bits = 8;
+    mp.no_copy = 1;
+    CHECK(loom_model_load(FIX "qwen3-tiny", &mp, &m) == LOOM_ERR_UNSUPPORTED && !m);
 }
 
 /* Converted logits vs the f32 model's on a 45-token prompt: the error
@@ -514,7 +580,20 @@ int main(void) {
         if (bits[k] == 4) check_greedy(dst, ref);
         else check_greedy8(dst);
         check_pack_f32(dst, bits[k]);
+        /* from bf16 copies (convert rounds what it does not quantize to
+         * bf16; quantize_bits keeps it as stored); untied embeddings too */
+        const char *fams[2] = {"qwen3-tiny", "llama3-tiny"};
+        for (int f = 0; f < 2; f++) {
+            char half[512], fix[256];
+            snprintf(fix, sizeof fix, FIX "%s", fams[f]);
+            snprintf(half, sizeof half, "%s/%s-bf16", tmpdir, fams[f]);
+            if (k == 0) write_bf16_copy(fix, half);
+            snprintf(dst, sizeof dst, "%s/%s-q%d", tmpdir, fams[f], bits[k]);
+            CHECK(loom_convert_model(half, dst, &p, &st) == LOOM_OK);
+            check_load_quantized(half, dst, bits[k]);
+        }
     }
+    check_load_quantized_refusals();
     check_stream();
     check_refusals();
     check_cli();

@@ -16,6 +16,7 @@
 
 int cli_device = -1;
 int cli_fast;
+int cli_quantize;
 
 int cli_fail(const char *what, loom_status s) {
     fprintf(stderr, "loom: error: %s: %s (%s)\n", what, loom_last_error(), loom_status_str(s));
@@ -200,12 +201,8 @@ loom_model_params cli_model_params(int threads) {
     mp.n_threads = threads;
     mp.device = cli_device;
     mp.fast_matmul = cli_fast;
+    mp.quantize_bits = cli_quantize;
     return mp;
 }
 
-loom_status cli_load_draft(const char *dir, loom_model **out) {
-    loom_model_params mp = loom_model_default_params();
-    mp.n_threads = 1;
-    mp.fast_matmul = cli_fast;
-    return loom_model_load(dir, &mp, out);
-}
+

@@ -30,6 +30,8 @@ int cmd_imgproc(int argc, char **argv);
 extern int cli_device;
 /* --fast, taken out of argv by main: loom_model_params.fast_matmul. */
 extern int cli_fast;
+/* --quantize N, taken out of argv by main: loom_model_params.quantize_bits. */
+extern int cli_quantize;
 /* The model parameters of a command that runs the model: threads, with
  * --device and --fast as main took them. */
 loom_model_params cli_model_params(int threads);
@@ -64,12 +66,10 @@ int cli_spec_flag(const char *cmd, const char *opt, const char *text, loom_engin
     "                     the output is that of plain decoding (CPU only)\n"        \
     "  --spec-gate on|off on (default): steps at a batch size where speculating\n"     \
     "                     measured slower than plain decoding carry no proposals\n"     \
-    "  --draft-exact on|off off (default): a DFlash drafter multiplies over 8-bit\n"     \
-    "                     copies with the integer kernels where the CPU has them\n"
+    "  --draft-exact on|off off (default): the drafter (a draft model or a DFlash\n"     \
+    "                     drafter) multiplies over 8-bit copies with the integer\n"       \
+    "                     kernels where the CPU has them\n"
 
-/* Loads a draft model on the CPU, on one thread: its matmuls are too small
- * to share (waking workers for them costs more than they save). */
-loom_status cli_load_draft(const char *dir, loom_model **out);
 
 /* Parses "1,2,3" into a malloc'd array. */
 int cli_ids(const char *cmd, const char *opt, const char *text, int32_t **out, int *n);

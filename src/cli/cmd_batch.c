@@ -164,6 +164,7 @@ int cmd_batch(int argc, char **argv) {
     loom_serve_params p = loom_serve_default_params();
     p.device = cli_device;
     p.fast_matmul = cli_fast;
+    p.quantize_bits = cli_quantize;
     p.tokenizer_optional = 1; /* token-id requests need none */
     const char *input = NULL, *output = NULL, *errors = NULL;
     for (int i = 1; i < argc; i++) {

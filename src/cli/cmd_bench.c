@@ -92,6 +92,7 @@ static int bench_image(const char *const *dirs, int nm, const char *image, int r
         loom_model_params mp = loom_model_default_params();
         mp.n_threads = threads;
         mp.fast_matmul = cli_fast;
+        mp.quantize_bits = cli_quantize;
         loom_status s = loom_model_load(dirs[k], &mp, &m);
         if (!s) s = loom_vision_load(m, dirs[k], &v);
         if (!s && !v)
@@ -596,7 +597,7 @@ int cmd_bench(int argc, char **argv) {
         goto done;
     }
     fill_tokens(toks, n_tok, min_vocab);
-    if (spec_draft_dir && (s = cli_load_draft(spec_draft_dir, &draft))) {
+    if (spec_draft_dir && (s = loom_draft_model_load(spec_draft_dir, spec_ep.draft_exact, &draft))) {
         rc = cli_fail("loading the draft model", s);
         goto done;
     }

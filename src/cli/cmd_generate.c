@@ -328,7 +328,7 @@ int cmd_generate(int argc, char **argv) {
     }
     gen_out go = {.ts = ts, .text = prompt_text != NULL, .json_ids = json_ids, .out = out};
     if (ep.speculative) {
-        if (draft_dir && (s = cli_load_draft(draft_dir, &draft))) { rc = cli_fail("loading the draft model", s); goto done; }
+        if (draft_dir && (s = loom_draft_model_load(draft_dir, ep.draft_exact, &draft))) { rc = cli_fail("loading the draft model", s); goto done; }
         ep.draft_model = draft;
         ep.max_seqs = 1;
         ep.n_ctx = cp.n_ctx;

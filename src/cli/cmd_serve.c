@@ -47,7 +47,7 @@ static const char usage[] =
     "  --draft-model DIR       speculative decoding with a draft model (same tokenizer)\n"
     "  --draft-tokens K        proposals a sequence verifies per step at most (default\n"
     "                          8, a block drafter's block); output as plain decoding's (drafters on the CPU)\n"
-    "  --draft-exact on|off    off (default): a DFlash drafter multiplies over 8-bit copies\n"
+    "  --draft-exact on|off    off (default): the drafter multiplies over 8-bit copies\n"
     "                          with the integer kernels where the CPU has them; on: exact f32\n"
     "  --spec-gate on|off      on (default): steps at a batch size where speculating\n"
     "                          measured slower than plain decoding carry no proposals\n"
@@ -111,6 +111,7 @@ int cmd_serve(int argc, char **argv) {
     loom_serve_params p = loom_serve_default_params();
     p.device = cli_device;
     p.fast_matmul = cli_fast;
+    p.quantize_bits = cli_quantize;
     p.engine.max_queue = 256;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;

@@ -33,7 +33,8 @@ static void usage(FILE *f) {
                "model also take --device cpu|cuda[:N] (CUDA builds: make CUDA=1) and --fast\n"
                "(CPU: activations rounded to 8 bits for quantized weights and to bf16 for bf16\n"
                "weights in the matmuls, where the CPU has instructions for it; logits then\n"
-               "differ from the exact default by about 1e-3).\n");
+               "differ from the exact default by about 1e-3), and --quantize 8|4 (CPU: a float\n"
+               "checkpoint quantized at load, as 'loom convert --bits N' writes it).\n");
 }
 
 /* Takes --device out of argv (any position); returns 0 or a usage error. */
@@ -72,8 +73,25 @@ static void take_fast(int *argc, char **argv) {
     }
 }
 
+/* Takes --quantize N out of argv (any position); returns 0 or a usage error. */
+static int take_quantize(int *argc, char **argv) {
+    for (int i = 1; i < *argc; i++) {
+        if (strcmp(argv[i], "--quantize")) continue;
+        const char *v = i + 1 < *argc ? argv[i + 1] : "";
+        if (strcmp(v, "8") && strcmp(v, "4")) {
+            fprintf(stderr, "loom: --quantize: expected 8 or 4, found \"%s\"\n", v);
+            return 2;
+        }
+        cli_quantize = atoi(v);
+        memmove(&argv[i], &argv[i + 2], sizeof *argv * (size_t)(*argc - i - 1));
+        *argc -= 2;
+        i--;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
-    if (take_device(&argc, argv)) return 2;
+    if (take_device(&argc, argv) || take_quantize(&argc, argv)) return 2;
     take_fast(&argc, argv);
     if (argc < 2) {
         usage(stderr);

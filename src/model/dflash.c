@@ -9,9 +9,9 @@
 #include <string.h>
 
 #include "base/base.h"
-#include "load/quantize.h"
 #include "load/safetensors.h"
 #include "model/matmul.h"
+#include "model/wquant.h"
 #include "ops/ops.h"
 
 #define ARCH "DFlashDraftModel"
@@ -228,61 +228,21 @@ loom_status loom_dflash_check(const loom_dflash *d, const loom_model *t) {
 
 /* ---- the drafter's arithmetic -------------------------------------------------- */
 
-#define Q8_GROUP 64
-#define Q8_ALIGN(n) (((n) + (size_t)63) & ~(size_t)63)
-
 typedef struct q8_pass {
     const loom_model *t;
     const loom_kernels *k;
     uint8_t *mem;          /* NULL: a pass that only sizes */
     size_t used;
-    float *row;            /* [widest matrix] */
     loom_status s;
 } q8_pass;
 
-/* Bytes of a plain 8-bit copy of w: levels, then scales, then biases. */
-static size_t q8_plain_bytes(const loom_weight *w, size_t *wb, size_t *sb) {
-    *wb = Q8_ALIGN((size_t)w->rows * (size_t)w->cols);
-    *sb = Q8_ALIGN((size_t)w->rows * (size_t)(w->cols / Q8_GROUP) * sizeof(uint16_t));
-    return *wb + 2 * *sb;
-}
-
-/* Replaces dense w by its 8-bit copy, laid out for ps->k (16 rows
- * interleaved where the table reads that), carved from ps->mem. */
+/* Replaces dense w by its 8-bit copy, laid out for ps->k, carved from
+ * ps->mem. */
 static void q8_copy(q8_pass *ps, loom_weight *w) {
-    if ((w->dtype != LOOM_DT_F32 && w->dtype != LOOM_DT_BF16 && w->dtype != LOOM_DT_F16) ||
-        w->cols % Q8_GROUP || ps->s)
-        return;
-    loom_qmat q = {.n = w->cols, .bits = 8, .group = Q8_GROUP};
-    size_t wb, sb, plain = q8_plain_bytes(w, &wb, &sb);
-    int il = ps->k->q_il16 && loom_q_il16_ok(&q, w->rows);
-    size_t at = ps->used;
-    ps->used += il ? Q8_ALIGN(loom_q_il16_bytes(&q, w->rows)) : plain;
-    if (!ps->mem) return;
-    uint8_t *base = il ? loom_alloc(plain) : ps->mem + at;
-    if (!base) {
-        ps->s = loom_err(LOOM_ERR_NOMEM, "%s: out of memory for an 8-bit copy", ARCH);
-        return;
-    }
-    uint32_t *qw = (uint32_t *)base;
-    uint16_t *sc = (uint16_t *)(base + wb), *bi = (uint16_t *)(base + wb + sb);
-    int ng = w->cols / Q8_GROUP;
-    for (int r = 0; r < w->rows && !ps->s; r++) {
-        loom_fwd_weight_row(ps->t, w, ps->row, r);
-        if (loom_quant_row(ps->row, w->cols, 8, Q8_GROUP, LOOM_DT_BF16, LOOM_QPACK_F32,
-                           qw + (size_t)r * (size_t)(w->cols / 4), sc + (size_t)r * ng,
-                           bi + (size_t)r * ng))
-            ps->s = loom_err(LOOM_ERR_FORMAT, "%s: row %d of a %d x %d matrix holds a NaN or "
-                             "infinity", ARCH, r, w->rows, w->cols);
-    }
-    q.w = qw, q.scales = sc, q.biases = bi;
-    if (il && !ps->s) {
-        loom_qmat qi;
-        ps->s = loom_q_interleave_into(&q, w->rows, &qi, ps->mem + at);
-        q = qi;
-    }
-    if (il) loom_free(base);
-    if (!ps->s) *w = (loom_weight){.dtype = LOOM_DT_U32, .rows = w->rows, .cols = w->cols, .data = q.w, .q = q};
+    size_t n = loom_wq_bytes(w, 8, ps->k->q_il16);
+    if (!n || ps->s) return;
+    if (ps->mem) ps->s = loom_wq_copy(ps->t, w, 8, ps->k->q_il16, ps->mem + ps->used, w);
+    ps->used += n;
 }
 
 static void q8_all(q8_pass *ps, loom_dflash *d) {
@@ -311,17 +271,12 @@ loom_status loom_dflash_prepare(loom_dflash *d, const loom_model *t, int fast) {
     d->head = t->lm_head;
     d->k = t->k;
     if (!q8) return LOOM_OK;
-    int widest = LOOM_MAX(d->fc.cols, LOOM_MAX(d->inter, LOOM_MAX(d->head.cols, d->n_heads * d->head_dim)));
-    q8_pass ps = {.t = t, .k = kf, .row = malloc(sizeof(float) * (size_t)widest)};
+    q8_pass ps = {.t = t, .k = kf};
     q8_all(&ps, d); /* sizes, changing nothing */
-    ps.mem = ps.row ? loom_alloc(ps.used) : NULL;
-    if (!ps.mem) {
-        free(ps.row);
+    if (!(ps.mem = loom_alloc(ps.used)))
         return loom_err(LOOM_ERR_NOMEM, "%s: out of memory for 8-bit copies (%zu bytes)", ARCH, ps.used);
-    }
     ps.used = 0;
     q8_all(&ps, d);
-    free(ps.row);
     if (ps.s) {
         loom_free(ps.mem);
         d->fc = p->fc0;

@@ -10,6 +10,7 @@
 
 #include "base/base.h"
 #include "model/dflash.h"
+#include "model/wquant.h"
 
 #define GEMMA (LOOM_ARCH_NORM_1P | LOOM_ARCH_SANDWICH | LOOM_ARCH_EMBED_SCALE | LOOM_ARCH_QPAS)
 #define GEMMA4 (LOOM_ARCH_SANDWICH | LOOM_ARCH_EMBED_SCALE | LOOM_ARCH_QK_NORM | \
@@ -105,7 +106,7 @@ static int dims_are(const loom_st_tensor *t, int stack, int rows, int cols) {
     return t->ndim == 2 && t->shape[0] == rows && t->shape[1] == cols;
 }
 
-static void interleave_all(loom_model *m);
+static loom_status interleave_all(loom_model *m);
 
 /* Binds an MLX affine-quantized weight: name is "<module>.weight" (U32
  * packed), with "<module>.scales" and "<module>.biases". Bits and group
@@ -878,7 +879,13 @@ static loom_status load(loom_model *m, const char *dir, const loom_model_params 
         if ((s = bind_layer(m, l))) return s;
     if (m->kv_dim == 0) m->kv_dim = c->n_kv_heads * c->head_dim;  /* no attention layer */
     m->k = p->fast_matmul ? loom_kernels_get_fast() : loom_kernels_get();
-    if (m->device < 0 && !p->no_copy) interleave_all(m);
+    if (p->quantize_bits && (p->quantize_bits != 4 && p->quantize_bits != 8))
+        return loom_err(LOOM_ERR_INVALID_ARG, "quantize_bits: expected 0, 4 or 8, found %d", p->quantize_bits);
+    if (p->quantize_bits && (m->device >= 0 || p->no_copy))
+        return loom_err(LOOM_ERR_UNSUPPORTED, "quantize_bits: quantizing at load is for the CPU, "
+                        "with the weights copied (found %s)", m->device >= 0 ? "a CUDA device" : "no_copy");
+    m->quant_bits = p->quantize_bits;
+    if (m->device < 0 && !p->no_copy && (s = interleave_all(m))) return s;
     return loom_pool_create(p->n_threads, &m->pool);
 }
 
@@ -891,6 +898,7 @@ typedef struct {
     loom_model *m;
     uint8_t *il;
     size_t used;
+    loom_status s;   /* the first failure of a quantized copy */
 } il_pass;
 
 #define IL_ALIGN(n) (((n) + 63) & ~(size_t)63)
@@ -911,8 +919,59 @@ static void il_copy(il_pass *ps, const void **src, size_t n) {
  * layout when the table has one and the shape fits it, else as it is. A
  * tied embedding follows a plain copy; the 16-row layout cannot serve its
  * row gathers, so there it keeps the file's pages. */
+static void interleave(il_pass *ps, loom_weight *w);
+
+/* w (dense) replaced by its quant_bits copy (model/wquant.h) in the
+ * buffer, in the kernels' layout, or in the plain one (il16 0) that row
+ * gathers read; the file's pages are dropped unless keep. */
+static void quantize(il_pass *ps, loom_weight *w, int il16, int keep) {
+    size_t n = loom_wq_bytes(w, ps->m->quant_bits, il16);
+    if (ps->il && !ps->s) {
+        loom_weight q;
+        ps->s = loom_wq_copy(ps->m, w, ps->m->quant_bits, il16, ps->il + ps->used, &q);
+        if (!ps->s && !keep) loom_st_release(w->data, (size_t)w->rows * w->cols * loom_dtype_size(w->dtype));
+        if (!ps->s) *w = q;
+    }
+    ps->used += IL_ALIGN(n);
+}
+
+/* quant_bits: the embeddings and the head as `loom convert` leaves them,
+ * both quantized (a tied head then reads the embeddings' copy, in the
+ * kernels' layout when it has one). */
+static void quantize_embed_head(il_pass *ps) {
+    loom_model *m = ps->m;
+    loom_weight *e = &m->embed, *h = &m->lm_head;
+    int tied = h->data == e->data, il = m->k->q_il16;
+    if (!loom_wq_bytes(e, m->quant_bits, 0)) {
+        interleave(ps, h);
+        return;
+    }
+    loom_qmat shape = {.n = e->cols, .bits = m->quant_bits, .group = LOOM_WQ_GROUP};
+    if (!tied) {
+        quantize(ps, e, 0, 0);
+        if (loom_wq_bytes(h, m->quant_bits, il)) quantize(ps, h, il, 0);
+        else interleave(ps, h);
+    } else if (il && loom_q_il16_ok(&shape, e->rows)) {
+        quantize(ps, e, 0, 0);
+        size_t n = loom_q_il16_bytes(&shape, e->rows);
+        if (ps->il && !ps->s) {
+            loom_qmat q;
+            ps->s = loom_q_interleave_into(&e->q, e->rows, &q, ps->il + ps->used);
+            *h = (loom_weight){.dtype = LOOM_DT_U32, .rows = e->rows, .cols = e->cols, .data = q.w, .q = q};
+        }
+        ps->used += IL_ALIGN(n);
+    } else {
+        quantize(ps, e, 0, 0);
+        if (ps->il) *h = *e;
+    }
+}
+
 static void interleave(il_pass *ps, loom_weight *w) {
     loom_weight *e = &ps->m->embed;
+    if (ps->m->quant_bits && w != &ps->m->lm_head && loom_wq_bytes(w, ps->m->quant_bits, 1)) {
+        quantize(ps, w, ps->m->k->q_il16, 0);
+        return;
+    }
     if (w->dtype == LOOM_DT_F32 || w->dtype == LOOM_DT_F16 || w->dtype == LOOM_DT_BF16 ||
         w->dtype == LOOM_DT_F8_E4M3) {
         if (!w->data) return;
@@ -958,7 +1017,8 @@ static void interleave_mlp(il_pass *ps, loom_mlp *p) {
 /* Every matrix the forward multiplies by (not the embeddings it gathers). */
 static void interleave_pass(il_pass *ps) {
     loom_model *m = ps->m;
-    interleave(ps, &m->lm_head);
+    if (m->quant_bits) quantize_embed_head(ps);
+    else interleave(ps, &m->lm_head);
     interleave(ps, &m->ple_model_proj);
     for (int l = 0; l < m->cfg.n_layers; l++) {
         loom_layer *L = &m->layers[l];
@@ -977,19 +1037,34 @@ static void interleave_pass(il_pass *ps) {
 /* Without room for the copy the weights stay in the file mapping (the
  * kernels read either): slower, but a model larger than the free memory
  * still loads, as the page cache can evict clean file pages. */
-static void interleave_all(loom_model *m) {
+static loom_status interleave_all(loom_model *m) {
     il_pass ps = {.m = m};
     interleave_pass(&ps);
-    if (!ps.used) return;
+    if (!ps.used) return LOOM_OK;
     size_t avail = loom_mem_available();
     /* every byte a kernel reads is written below; the padding is not read */
     if ((avail && ps.used > avail / 10 * 9) || !(m->il_mem = loom_alloc_raw(ps.used))) {
+        if (m->quant_bits)
+            return loom_err(LOOM_ERR_NOMEM, "quantize_bits %d: no room for the %zu-byte quantized "
+                            "copy (%zu bytes available)", m->quant_bits, ps.used, avail);
         loom_log(LOOM_LOG_WARN, "no room for a %zu-byte copy of the weights on 2 MiB pages "
                  "(%zu bytes available); reading them from the file mapping", ps.used, avail);
-        return;
+        return LOOM_OK;
     }
     ps = (il_pass){.m = m, .il = m->il_mem};
     interleave_pass(&ps);
+    return ps.s;
+}
+
+loom_status loom_draft_model_load(const char *dir, int exact, loom_model **out) {
+    loom_model_params mp = loom_model_default_params();
+    mp.n_threads = 1;
+    /* 8-bit only where the fast table multiplies it in integers */
+    if (!exact && loom_kernels_get_fast()->matmul_q != loom_kernels_get()->matmul_q) {
+        mp.quantize_bits = 8;
+        mp.fast_matmul = 1;
+    }
+    return loom_model_load(dir, &mp, out);
 }
 
 loom_model_params loom_model_default_params(void) {

@@ -179,6 +179,7 @@ struct loom_model {
     loom_pool *pool;           /* owned */
     const loom_kernels *k;     /* borrowed, static */
     uint8_t *il_mem;           /* owned: the matrices on 2 MiB pages, quantized ones re-laid out for k */
+    int quant_bits;            /* loom_model_params.quantize_bits */
     /* A DFlashDraftModel checkpoint loads as a model of nothing but this
      * (and cfg.arch, cfg.vocab_size): a drafter, not a decoder */
     struct loom_dflash *dflash; /* owned, or NULL */

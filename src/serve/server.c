@@ -452,6 +452,7 @@ static int server_open(server *s, const loom_serve_params *params) {
     mp.n_threads = s->p.n_threads;
     mp.device = s->p.device;
     mp.fast_matmul = s->p.fast_matmul;
+    mp.quantize_bits = s->p.quantize_bits;
     loom_status st = loom_model_load(dir, &mp, &s->model);
     char tj[4096];
     int no_tok = s->p.tokenizer_optional && loom_path_join(tj, sizeof tj, dir, "tokenizer.json") == LOOM_OK &&
@@ -480,9 +481,7 @@ static int server_open(server *s, const loom_serve_params *params) {
     s->n_turn_end = s->tok ? loom_toolcall_turn_end_ids(s->tc_syntax, s->tok, s->turn_end, 8) : 0;
     resolve_sampling(s);
     if (s->p.draft_model_dir) {
-        mp.device = -1; /* drafting runs on the CPU, on one thread (its matmuls are small) */
-        mp.n_threads = 1;
-        if ((st = loom_model_load(s->p.draft_model_dir, &mp, &s->draft))) {
+        if ((st = loom_draft_model_load(s->p.draft_model_dir, s->p.engine.draft_exact, &s->draft))) {
             fprintf(stderr, "loom: error: draft model: %s (%s)\n", loom_last_error(), loom_status_str(st));
             free_server(s);
             return 1;

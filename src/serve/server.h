@@ -27,6 +27,7 @@ typedef struct loom_serve_params {
     int n_threads;              /* model threads; 0 = all cores */
     int device;                 /* -1 CPU, n = CUDA device n */
     int fast_matmul;            /* loom_model_params.fast_matmul */
+    int quantize_bits;          /* loom_model_params.quantize_bits */
     int default_max_tokens;     /* when a request gives none */
     int tokenizer_optional;     /* a model directory without tokenizer.json loads;
                                    only token-id completions run, their text is "" */
