@@ -302,29 +302,34 @@ static void mm(const loom_dflash *d, loom_model *t, float *y, const float *x, co
     loom_fwd_matmul_k(t, mmk(d, t), 1, &y, x, &w, n);
 }
 
-/* Rotate-half rope of one head v [hd] at position pos. */
-static void rope(const loom_dflash *d, float *v, int pos) {
-    const double *freq = ((const dflash_priv *)d)->freq; /* d is its first member */
-    int half = d->head_dim / 2;
+/* Rotate-half rope of one head v [hd] by the angles' cos c and sin s. */
+static void rope(int half, float *v, const float *c, const float *s) {
     for (int i = 0; i < half; i++) {
-        double ang = (double)pos * freq[i];
-        float c = (float)cos(ang), s = (float)sin(ang), a = v[i], b = v[i + half];
-        v[i] = a * c - b * s;
-        v[i + half] = b * c + a * s;
+        float a = v[i], b = v[i + half];
+        v[i] = a * c[i] - b * s[i];
+        v[i + half] = b * c[i] + a * s[i];
     }
 }
 
 /* rmsnorm with w and rope over every head of rows x [n, heads * hd] at
- * positions pos.. */
+ * positions pos.. (each position's angles once for all its heads) */
 static void heads_norm_rope(const loom_dflash *d, loom_model *t, float *x, int n, int heads,
                             const float *w, int pos) {
-    int hd = d->head_dim;
-    for (int j = 0; j < n; j++)
+    const double *freq = ((const dflash_priv *)d)->freq; /* d is its first member */
+    int hd = d->head_dim, half = hd / 2;
+    float c[half], s[half];
+    for (int j = 0; j < n; j++) {
+        for (int i = 0; i < half; i++) {
+            double ang = (double)(pos + j) * freq[i];
+            c[i] = (float)cos(ang);
+            s[i] = (float)sin(ang);
+        }
         for (int h = 0; h < heads; h++) {
             float *v = x + ((size_t)j * heads + h) * hd;
             t->k->rmsnorm(v, v, w, hd, d->eps);
-            rope(d, v, pos + j);
+            rope(half, v, c, s);
         }
+    }
 }
 
 void loom_dflash_project(const loom_dflash *d, loom_model *t, const float *taps, int pos, int n,
