@@ -17,7 +17,8 @@
 # "ngram dflash draft"; DEVICE, default cuda: cpu runs the same on the CPU,
 # with BUILD=build and CUDA= to build without the backend; THREADS, default
 # all cores; GATE, default on: off times the drafter itself, where the
-# gate's choice from a few noisy early steps can keep a whole run plain). Columns: the ratio of the medians, the median of each
+# gate's choice from a few noisy early steps can keep a whole run plain;
+# DRAFT_EXACT, default off: on runs the drafters in exact f32). Columns: the ratio of the medians, the median of each
 # repeat's own ratio (plain and speculative back to back, so a load that
 # drifts over the run cancels) and the ratio of tokens per CPU second of
 # the process (descheduling leaves it alone; with one thread it is the
@@ -32,6 +33,7 @@ MODES=${MODES:-"ngram dflash draft"}
 DEVICE=${DEVICE:-cuda}
 THREADS=${THREADS:-0}
 GATE=${GATE:-on}
+DRAFT_EXACT=${DRAFT_EXACT:-off}
 CUDA=${CUDA-1}
 LOOM="$BUILD/loom"
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/loom-spec-cuda.XXXXXX")
@@ -56,8 +58,8 @@ for name in heldout edit; do
   for mode in $MODES; do
     case $mode in
       ngram) flag="--speculative ngram" ;;
-      dflash) flag="--draft-model models/pycoder-16m-dflash" ;;
-      draft) flag="--draft-model models/pycoder-draft-3m" ;;
+      dflash) flag="--draft-model models/pycoder-16m-dflash --draft-exact $DRAFT_EXACT" ;;
+      draft) flag="--draft-model models/pycoder-draft-3m --draft-exact $DRAFT_EXACT" ;;
       *) echo "spec_cuda: unknown mode $mode" >&2; exit 2 ;;
     esac
     len=$PROMPT
