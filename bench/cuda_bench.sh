@@ -31,6 +31,8 @@
 # Environment: BUILD, LOOM_BENCH_MODELS, LOOM_BENCH_DIR, LOOM_BENCH_REPS
 # (default 3), LOOM_BENCH_BATCH (default 1,8,32,128), LOOM_BENCH_GEN (128),
 # LOOM_BENCH_PREFILL (4096), LOOM_BENCH_PEER=0 skips the peer,
+# LOOM_BENCH_PEER_GRAPHS=1 also times the peer's decode replayed from a CUDA
+# graph (its faster figure is the peer's; a failed capture is said),
 # LOOM_BENCH_OUT (where the JSON results go; default $LOOM_BENCH_DIR/results),
 # CC (e.g. with -I/-L for libraries installed outside the system paths).
 set -eu
@@ -109,7 +111,7 @@ for m in $MODELS; do
   if [ "${LOOM_BENCH_PEER:-1}" = 1 ]; then
     echo "== peer: $m"
     $PY bench/cuda_peer.py model "$md" --prefill "$PREFILL" --batch "$BATCH" --prompt "$PROMPT" \
-      --gen "$GEN" --reps "$REPS" >"$OUTD/peer-$m.json" ||
+      --gen "$GEN" --reps "$REPS" ${LOOM_BENCH_PEER_GRAPHS:+--graphs} >"$OUTD/peer-$m.json" ||
       { echo "cuda_bench: peer failed on $m"; rm -f "$OUTD/peer-$m.json"; }
   fi
 done
