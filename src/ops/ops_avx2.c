@@ -5,8 +5,9 @@
  * matmul layout: w is [rows][n] (row-major, one output per row), x is
  * [T][ldx]. Two shapes matter:
  *   - T == 1 (decode): a matvec bound by memory bandwidth. Four weight rows
- *     are streamed together so each x load feeds four rows, with two
- *     accumulators per row to hide FMA latency.
+ *     are streamed together so each x load feeds four rows, each summed in
+ *     the prefill tile's order (a token's outputs are the same alone or in
+ *     a batch).
  *   - T > 1 (prefill): a register tile of 4 rows x 3 tokens (12 accumulators
  *     + 3 x + 1 w = all 16 ymm). Each weight vector is converted to f32 once
  *     and reused for three tokens, so the work is FMA-bound. The row tile
@@ -73,11 +74,17 @@ INLINE float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* {hsum(a), hsum(b), hsum(c), hsum(d)} */
+/* {hsum(a), hsum(b), hsum(c), hsum(d)}, each lane summed in hsum's order:
+ * a row's sum must not depend on whether it falls in a group of four
+ * (attention scores over a key range that ends elsewhere, a row tile's
+ * remainder). */
 INLINE __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
-    __m256 ab = _mm256_hadd_ps(a, b), cd = _mm256_hadd_ps(c, d);
-    __m256 s = _mm256_hadd_ps(ab, cd);
-    return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    __m128 sa = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    __m128 sb = _mm_add_ps(_mm256_castps256_ps128(b), _mm256_extractf128_ps(b, 1));
+    __m128 sc = _mm_add_ps(_mm256_castps256_ps128(c), _mm256_extractf128_ps(c, 1));
+    __m128 sd = _mm_add_ps(_mm256_castps256_ps128(d), _mm256_extractf128_ps(d, 1));
+    _MM_TRANSPOSE4_PS(sa, sb, sc, sd);
+    return _mm_add_ps(_mm_add_ps(sa, sc), _mm_add_ps(sb, sd));
 }
 
 /* Matvec prefetch distance per row, into L2 (T2 reaches L2 on x86 parts
@@ -102,47 +109,40 @@ INLINE void prefetch_rows(const void *w, const size_t *base, int R, size_t n, si
     for (int r = 0; r < R; r++) _mm_prefetch((const char *)w + (base[r] + off) * sz, PF_HINT);
 }
 
-/* y[r0 .. r0+R) = w rows . x, for R in 1..4 (T == 1). */
+/* y[r0 .. r0+R) = w rows . x, for R in 1..4 (T == 1). One accumulator a
+ * row, summed in the order tile() sums a token (8-wide blocks, then the
+ * tail, then the same horizontal sum), so that a token's outputs do not
+ * depend on how many tokens share the matmul: batched decode gives each
+ * sequence its solo logits bit for bit. Four rows give four FMA chains,
+ * enough for a loop bound by memory. */
 INLINE void matvec_rows(float *y, const float *x, const void *w, size_t n,
                         int r0, int R, int dt) {
-    __m256 a0[4], a1[4];
+    __m256 a[4];
     size_t base[4];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) {
-        a0[r] = _mm256_setzero_ps();
-        a1[r] = _mm256_setzero_ps();
+        a[r] = _mm256_setzero_ps();
         base[r] = (size_t)(r0 + r) * n;
     }
     size_t k = 0;
-    for (; k + 16 <= n; k += 16) {
-        __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8);
-        if (dt == DT_F32 || (k & 16) == 0) prefetch_rows(w, base, R, n, k, dt);
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            a0[r] = _mm256_fmadd_ps(load_w(w, base[r] + k, dt), x0, a0[r]);
-            a1[r] = _mm256_fmadd_ps(load_w(w, base[r] + k + 8, dt), x1, a1[r]);
-        }
-    }
-    if (k + 8 <= n) {
+    for (; k + 8 <= n; k += 8) {
         __m256 x0 = _mm256_loadu_ps(x + k);
+        if (((k * (dt == DT_F32 ? 4 : 2)) & 63) == 0) prefetch_rows(w, base, R, n, k, dt);
 #pragma GCC unroll 4
-        for (int r = 0; r < R; r++)
-            a0[r] = _mm256_fmadd_ps(load_w(w, base[r] + k, dt), x0, a0[r]);
-        k += 8;
+        for (int r = 0; r < R; r++) a[r] = _mm256_fmadd_ps(load_w(w, base[r] + k, dt), x0, a[r]);
     }
     if (k < n) {
         int rem = (int)(n - k);
         __m256 x0 = _mm256_maskload_ps(x + k, tail_mask(rem));
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++)
-            a1[r] = _mm256_fmadd_ps(load_w_tail(w, base[r] + k, rem, dt), x0, a1[r]);
+            a[r] = _mm256_fmadd_ps(load_w_tail(w, base[r] + k, rem, dt), x0, a[r]);
     }
     if (R == 4) {
-        _mm_storeu_ps(y + r0, hsum4(_mm256_add_ps(a0[0], a1[0]), _mm256_add_ps(a0[1], a1[1]),
-                                    _mm256_add_ps(a0[2], a1[2]), _mm256_add_ps(a0[3], a1[3])));
+        _mm_storeu_ps(y + r0, hsum4(a[0], a[1], a[2], a[3]));
     } else {
 #pragma GCC unroll 4
-        for (int r = 0; r < R; r++) y[r0 + r] = hsum(_mm256_add_ps(a0[r], a1[r]));
+        for (int r = 0; r < R; r++) y[r0 + r] = hsum(a[r]);
     }
 }
 
