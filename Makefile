@@ -108,7 +108,8 @@ CUC_SRC  := $(shell find src -name '*_cuda.c' ! -path 'src/cli/*' | sort)
 LIB_OBJ  += $(CU_OBJ) $(CUC_SRC:%.c=$(BUILD)/obj/%.o)
 LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
 CUDA_TESTS := $(BUILD)/cuda-tests/test_cuda_kernels $(BUILD)/cuda-tests/test_cuda_forward \
-              $(BUILD)/cuda-tests/test_cuda_engine $(BUILD)/cuda-tests/test_cuda_spec
+              $(BUILD)/cuda-tests/test_cuda_engine $(BUILD)/cuda-tests/test_cuda_spec \
+              $(BUILD)/cuda-tests/test_cuda_vision
 ifeq ($(CUDA_MIN),1)
 CUDA_TESTS := $(MIN_TESTS:%=$(BUILD)/%)
 endif

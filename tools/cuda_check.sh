@@ -3,7 +3,8 @@
 # GPU tests: tests/cuda/test_cuda_kernels.c (one PASS/FAIL line per kernel
 # case with its largest error), tests/cuda/test_cuda_forward.c (GPU
 # forward vs CPU forward logits on the tiny fixture models),
-# test_cuda_engine.c and test_cuda_spec.c (speculative decoding). Run from anywhere on a
+# test_cuda_engine.c, test_cuda_spec.c (speculative decoding) and
+# test_cuda_vision.c (images, the tower on the CPU). Run from anywhere on a
 # machine with an NVIDIA GPU and the CUDA toolkit:
 #   sh tools/cuda_check.sh
 # Environment: CUDA_HOME (default /usr/local/cuda, else where nvcc is),
@@ -163,6 +164,13 @@ if [ -x "$spec" ]; then
   "$spec" || rc=1
 else
   echo "== speculative decoding tests SKIPPED: not built (see $log)"
+fi
+vis="$tests/test_cuda_vision"
+if [ -x "$vis" ]; then
+  echo "== images with the language model on the device (reference greedy tokens)"
+  "$vis" || rc=1
+else
+  echo "== vision tests SKIPPED: not built (see $log)"
 fi
 if [ "${CUDA_CHECK_SANITIZE:-0}" = 1 ]; then
   echo "== compute-sanitizer (memcheck)"

@@ -96,10 +96,13 @@ void loom_cuda_rope_table(float *cos_out, float *sin_out, int ld, const int *pos
                           const double *inv_freq, int rot_dim, double scale);
 
 /* The same table made on the device: positions d_pos[T] and inv_freq
- * d_inv_freq[rot_dim/2] (double) in device memory, angles in double. */
+ * d_inv_freq[rot_dim/2] (double) in device memory, angles in double.
+ * M-RoPE: with d_stream [rot_dim/2] (0 t, 1 h, 2 w), pair i turns by
+ * d_pos[d_stream[i] * pos_ld + t] (pos_ld >= T); NULL: d_pos[t]. */
 loom_status loom_cuda_rope_table_dev(loom_cuda *c, float *d_cos, float *d_sin, int ld,
                                      const int32_t *d_pos, int T, const double *d_inv_freq,
-                                     int rot_dim, double scale);
+                                     int rot_dim, double scale, const unsigned char *d_stream,
+                                     int pos_ld);
 
 /* g = silu(g) * u, and g = gelu_tanh(g) * u, over n values. */
 loom_status loom_cuda_silu_mul(loom_cuda *c, float *d_g, const float *d_u, size_t n);
@@ -435,6 +438,11 @@ typedef struct loom_cuda_attn {
     int tc;                     /* prefill may use the tensor-core kernel (bf16 KV,
                                    head_dim 64, 80, 96 or 128): queries and
                                    weights rounded to bf16, ~1e-3 relative error */
+    /* Prefill only; NULL for plain causal attention. Bidirectional spans
+     * (Gemma 3's images): device [T] per token of the step, the first and
+     * last position of its span (its own position outside spans); a token
+     * attends to keys up to span_hi and, under a window, from span_lo on. */
+    const int32_t *span_lo, *span_hi;
 } loom_cuda_attn;
 
 /* Decode: one query per sequence. d_q (n_seqs, n_heads, head_dim); sequence

@@ -304,6 +304,8 @@ struct loom_cuda_model {
     float *cs, *sn;            /* (n_ropes, step_tokens, max_half) */
     int max_half;
     const double *inv_freq[LOOM_MAX_ROPES]; /* device [rot_dim / 2] per rope */
+    const unsigned char *stream[LOOM_MAX_ROPES]; /* device [rot_dim / 2]: M-RoPE's streams, or NULL */
+    float *d_deep;             /* (step_tokens, hidden): deepstack rows, made when first asked */
     float *logits;             /* (logits_rows, vocab), grown */
     int logits_rows;
     unsigned logits_gen;       /* bumped when logits moves */
@@ -955,11 +957,16 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
     for (int i = 0; i < m->n_ropes && st == LOOM_OK; i++)
         st = g_upload(g, (const void **)&g->inv_freq[i], m->ropes[i].inv_freq,
                       (size_t)LOOM_MAX_I(m->ropes[i].rot_dim / 2, 1) * sizeof(double));
+    for (int i = 0; i < m->n_ropes && st == LOOM_OK; i++)
+        if (m->ropes[i].stream && m->ropes[i].rot_dim >= 2)
+            st = g_upload(g, (const void **)&g->stream[i], m->ropes[i].stream,
+                          (size_t)(m->ropes[i].rot_dim / 2));
     /* ints: tokens, slots, sel [T each], row_tok [T + 1], row_pos, lens,
      * pos [T each], then block tables (rows, stride) with stride <=
-     * ceil(max_ctx / bs) */
+     * ceil(max_ctx / bs), then the rope positions (3 streams of T) and
+     * the bidirectional spans' bounds (2 of T) */
     size_t tstride_max = (size_t)(max_ctx + kv->block_size - 1) / kv->block_size;
-    g->ints_cap = 7 * T + 1 + T * tstride_max;
+    g->ints_cap = 12 * T + 1 + T * tstride_max;
     g->ids_cap = step_tokens;
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->ints, g->ints_cap * 4);
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->ids, (size_t)g->ids_cap * 4);
@@ -1100,6 +1107,13 @@ typedef struct fw_step {
     int verify;                /* rows carry proposals: the decode path's numerics (below) */
     int taps;                  /* hidden states exported (loom_cuda_set_taps) */
     const int32_t *tok, *slot, *sel, *rtok, *rpos, *lens, *pos, *tab;
+    const int32_t *rp;         /* rope positions: 3 streams of T (t, h, w) */
+    const int32_t *slo, *shi;  /* bidirectional spans' first and last positions [T], or NULL */
+    /* prepared input (embeddings, deepstack): the step's rows, never graphed */
+    int prep;
+    const loom_fwd_row *rows;
+    int n_in;
+    const int32_t *h_rtok;     /* host: each row's first token, [n_in + 1] */
 } fw_step;
 
 #define TRY(call)                                  \
@@ -1346,6 +1360,34 @@ static loom_status layer_end(loom_cuda_model *g, const dlayer *D, int l, int T) 
     return LOOM_OK;
 }
 
+/* Prepared input: a row's own layer-0 input rows in place of its token
+ * embeddings (image features spliced in on the host). */
+static loom_status fw_embeds(loom_cuda_model *g, const fw_step *S) {
+    size_t H = (size_t)g->m->cfg.hidden_size;
+    for (int r = 0; S->prep && r < S->n_in; r++)
+        if (S->rows[r].embeds)
+            CUDA_CHECK(cudaMemcpyAsync(g->x + (size_t)S->h_rtok[r] * H, S->rows[r].embeds,
+                                       (size_t)S->rows[r].n * H * sizeof(float),
+                                       cudaMemcpyHostToDevice, g->c->stream));
+    return LOOM_OK;
+}
+
+/* Deepstack: after layer l, plane l of a row's features added to its
+ * tokens' hidden states (as the CPU forward's add_deepstack). */
+static loom_status fw_deepstack(loom_cuda_model *g, const fw_step *S, int l) {
+    size_t H = (size_t)g->m->cfg.hidden_size;
+    for (int r = 0; S->prep && r < S->n_in; r++) {
+        const loom_fwd_row *row = &S->rows[r];
+        if (!row->deepstack || l >= row->n_deep) continue;
+        size_t n = (size_t)row->n * H, t0 = (size_t)S->h_rtok[r] * H;
+        CUDA_CHECK(cudaMemcpyAsync(g->d_deep + t0, row->deepstack + (size_t)l * row->pos_ld * H,
+                                   n * sizeof(float), cudaMemcpyHostToDevice, g->c->stream));
+        fw_add<<<loom_cuda_blocks(n, 256), 256, 0, g->c->stream>>>(g->x + t0, g->d_deep + t0, n);
+        LAUNCH_CHECK();
+    }
+    return LOOM_OK;
+}
+
 /* Everything on the device between the integer upload and the copies back:
  * what a decode graph captures. Reads per-step values only from S's
  * device arrays. */
@@ -1356,17 +1398,22 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
     int T = S->T, H = cf->hidden_size, nh = cf->n_heads, bs = g->kv_bs;
     for (int i = 0; i < m->n_ropes; i++) {
         size_t off = (size_t)i * g->step_tokens * g->max_half;
-        TRY(loom_cuda_rope_table_dev(c, g->cs + off, g->sn + off, g->max_half, S->pos, T,
-                                     g->inv_freq[i], m->ropes[i].rot_dim, m->ropes[i].scale));
+        TRY(loom_cuda_rope_table_dev(c, g->cs + off, g->sn + off, g->max_half, S->rp, T,
+                                     g->inv_freq[i], m->ropes[i].rot_dim, m->ropes[i].scale,
+                                     g->stream[i], T));
     }
     TRY(embed_rows(g, g->x, &g->embed, S->tok, T, m->embed_scale));
+    TRY(fw_embeds(g, S));
     if (m->has_ple) TRY(ple_inputs(g, S));
 
     float eps = (float)cf->rms_eps;
     size_t TH = (size_t)T * H;
     int small = g->act16 != LOOM_CUDA_F32 && T <= g->small_t && T <= g->gemv_t;
     for (int l = 0; l < cf->n_layers; l++) {
-        if (l > 0) TRY(fw_taps(g, S, l - 1)); /* every path below ends its layer with continue */
+        if (l > 0) { /* every path below ends its layer with continue */
+            TRY(fw_deepstack(g, S, l - 1));
+            TRY(fw_taps(g, S, l - 1));
+        }
         const loom_layer *L = &m->layers[l];
         const loom_attn *A = &L->attn;
         const dlayer *D = &g->layers[l];
@@ -1389,7 +1436,8 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
          * queries and weights in the attention, no bf16 q/k/v or gate/up
          * (below), so a target's pick over a proposal is the pick plain
          * decoding makes there, up to the order of f32 sums */
-        loom_cuda_attn at = {nh, nkv, hd, A->scale, (float)cf->attn_softcap, A->window, !S->verify};
+        loom_cuda_attn at = {nh, nkv, hd, A->scale, (float)cf->attn_softcap, A->window, !S->verify,
+                             S->slo, S->shi};
         if (small) {
             /* x holds the whole residual: each GEMV makes its own input (norm,
              * activation) and wo and down add into x */
@@ -1545,6 +1593,7 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
         TRY(ffn_f32(g, D, T));
         TRY(layer_end(g, D, l, T));
     }
+    TRY(fw_deepstack(g, S, cf->n_layers - 1));
     TRY(fw_taps(g, S, cf->n_layers - 1));
 
     int n_sel = S->n_sel, V = cf->vocab_size;
@@ -1682,6 +1731,20 @@ extern "C" loom_status loom_cuda_set_taps(loom_cuda_model *g, const int *layers,
     return LOOM_OK;
 }
 
+/* A row's span bounds (the CPU forward's tok_first / tok_last): a run of
+ * equal groups >= 0 is one span, every other token its own position. */
+static void fw_spans(const loom_fwd_row *row, int32_t *lo, int32_t *hi) {
+    int p0 = row->seq->n_tokens, n = row->n;
+    const int32_t *g = row->groups;
+    for (int a = 0, b; a < n; a = b) {
+        for (b = a + 1; g && g[a] >= 0 && b < n && g[b] == g[a];) b++;
+        for (int i = a; i < b; i++) {
+            lo[i] = g && g[a] >= 0 ? p0 + a : p0 + i;
+            hi[i] = g && g[a] >= 0 ? p0 + b - 1 : p0 + i;
+        }
+    }
+}
+
 /* Whether row r gets its token from the device: asked for (picks -1, last
  * logits), and greedy or of a vocabulary the device sampler takes (else
  * its logits are copied and the pick left to the host). */
@@ -1717,8 +1780,11 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_layout *kv,
     S.n_rows = n_rows;
     S.tstride = 1;
     S.decode = 1;
-    int all_dec = 1, hidden = 0;
+    int all_dec = 1, hidden = 0, deep = 0, spans = 0;
     for (int r = 0; r < n_rows; r++) {
+        for (int i = 0; rows[r].groups && i < rows[r].n && !spans; i++) spans = rows[r].groups[i] >= 0;
+        S.prep |= rows[r].embeds != NULL || rows[r].deepstack != NULL;
+        deep |= rows[r].deepstack != NULL && rows[r].n_deep > 0;
         int end = rows[r].seq->n_tokens + rows[r].n;
         S.tstride = LOOM_MAX_I(S.tstride, (end + bs - 1) / bs);
         S.max_new = LOOM_MAX_I(S.max_new, rows[r].n);
@@ -1740,7 +1806,7 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_layout *kv,
         S.decode = 1;
         S.n_rows = T;
     }
-    int graphable = S.decode && S.n_sel == S.n_rows && !hidden;
+    int graphable = S.decode && S.n_sel == S.n_rows && !hidden && !S.prep;
     if (S.decode) {
         /* Round the table width up to 16 blocks (and size the attention grid
          * by it) so that a decode graph serves many steps. */
@@ -1756,8 +1822,9 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_layout *kv,
     int ns = S.n_rows;
     int32_t *h_tok = g->h_ints, *h_slot = h_tok + T, *h_sel = h_slot + T;
     int32_t *h_rtok = h_sel + T, *h_rpos = h_rtok + T + 1, *h_lens = h_rpos + T;
-    int32_t *h_pos = h_lens + ns, *h_tab = h_pos + T;
-    size_t n_ints = (size_t)(h_tab - g->h_ints) + (size_t)ns * S.tstride;
+    int32_t *h_pos = h_lens + ns, *h_tab = h_pos + T, *h_rp = h_tab + (size_t)ns * S.tstride;
+    int32_t *h_slo = h_rp + 3 * (size_t)T, *h_shi = h_slo + T;
+    size_t n_ints = (size_t)(h_rp - g->h_ints) + (spans ? 5 : 3) * (size_t)T;
     for (int r = 0, t = 0, j = 0; r < n_rows; r++) {
         const loom_kv_seq *seq = rows[r].seq;
         h_rtok[r] = t;
@@ -1767,6 +1834,9 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_layout *kv,
             h_tok[t] = rows[r].tokens[i];
             h_slot[t] = seq->blocks[pos / bs] * bs + pos % bs;
             h_pos[t] = pos;
+            for (int k = 0; k < 3; k++)
+                h_rp[(size_t)k * T + t] = rows[r].pos3 ? rows[r].pos3[(size_t)k * rows[r].pos_ld + i]
+                                                       : pos + rows[r].pos_delta;
             if (rows[r].logits == LOOM_LOGITS_ALL || (rows[r].logits == LOOM_LOGITS_LAST && i == rows[r].n - 1))
                 h_sel[j++] = t;
             if (!expand && i > 0) continue;
@@ -1777,6 +1847,7 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_layout *kv,
                 h_tab[(size_t)q * S.tstride + b] = b < seq->n_blocks ? seq->blocks[b] : -1;
         }
         h_rtok[r + 1] = t;
+        if (spans) fw_spans(&rows[r], h_slo + h_rtok[r], h_shi + h_rtok[r]);
     }
     S.tok = g->ints;
     S.slot = S.tok + T;
@@ -1786,6 +1857,14 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_layout *kv,
     S.lens = S.rpos + T;
     S.pos = S.lens + ns;
     S.tab = S.pos + T;
+    S.rp = S.tab + (size_t)ns * S.tstride;
+    S.slo = spans ? S.rp + 3 * (size_t)T : NULL;
+    S.shi = spans ? S.slo + T : NULL;
+    S.rows = rows;
+    S.n_in = n_rows;
+    S.h_rtok = h_rtok;
+    if (deep && !g->d_deep)
+        TRY(g_alloc(g, (void **)&g->d_deep, (size_t)g->step_tokens * cf->hidden_size * sizeof(float)));
     int st_step = g->st_on && graphable && g->use_graphs && S.n_sel <= g->logits_rows;
     cudaEvent_t *ev = g->st_ev[g->st_cur];
     if (st_step) CUDA_CHECK(cudaEventRecord(ev[0], c->stream));

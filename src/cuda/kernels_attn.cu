@@ -24,6 +24,7 @@
  * m = -inf, l = 0 and contributes nothing. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <cooperative_groups.h>
@@ -973,11 +974,21 @@ extern "C" loom_status loom_cuda_attn_decode_qkv(
 
 /* ---- prefill ------------------------------------------------------------ */
 
+/* Bidirectional spans (loom_cuda_attn's span_lo / span_hi): the key range
+ * [*lo, *hi] of a query tile widened to every token's span. */
+__device__ __forceinline__ void span_bounds(const int32_t *slo, const int32_t *shi, int t0, int nq,
+                                            int *lo, int *hi) {
+    for (int i = 0; shi && i < nq; i++) {
+        *lo = min(*lo, slo[t0 + i]);
+        *hi = max(*hi, shi[t0 + i]);
+    }
+}
+
 __global__ void attn_prefill_kernel(float *out, const float *q, const void *kb, const void *vb,
                                     int dt, size_t stride, int bs, const int32_t *tables,
                                     int tstride, const int32_t *row_tok, const int32_t *row_pos,
                                     int nh, int nkv, int hd, float scale, float softcap,
-                                    int window, int QT) {
+                                    int window, int QT, const int32_t *slo, const int32_t *shi) {
     extern __shared__ float smem[];
     int tile = blockIdx.x, kh = blockIdx.y, r = blockIdx.z;
     int group = nh / nkv, QR = QT * group;
@@ -1005,6 +1016,7 @@ __global__ void attn_prefill_kernel(float *out, const float *q, const void *kb, 
     }
     int posA = pos0 + qa, posB = pos0 + qa + nq - 1;
     int lo = window > 0 ? max(0, posA - window + 1) : 0;
+    span_bounds(slo, shi, tok0 + qa, nq, &lo, &posB);
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
     for (int k0 = lo; k0 <= posB; k0 += KT) {
         __syncthreads();  /* the previous tile's K/V/S are no longer read */
@@ -1022,9 +1034,10 @@ __global__ void attn_prefill_kernel(float *out, const float *q, const void *kb, 
         __syncthreads();
         for (int i = threadIdx.x; i < QR * KT; i += blockDim.x) {
             int rr = i / KT, j = i % KT, qt = rr / group, p = k0 + j;
-            int qpos = pos0 + qa + qt;
+            int qpos = pos0 + qa + qt, t = tok0 + qa + qt;
             float s = -INFINITY;
-            if (qt < nq && p <= qpos && (window <= 0 || p > qpos - window)) {
+            if (qt < nq && p <= (shi ? max(qpos, shi[t]) : qpos) &&
+                (window <= 0 || p > qpos - window || (slo && p >= slo[t]))) {
                 float d = 0;
                 const float *qr = Qs + rr * hd, *kr = Ks + j * (hd + 1);
                 for (int e = 0; e < hd; e++) d += qr[e] * kr[e];
@@ -1152,7 +1165,8 @@ __global__ void __launch_bounds__(FA_WARPS * 32, 2)
 attn_prefill_fa_kernel(OT *out, const float *q, const __nv_bfloat16 *kb,
                        const __nv_bfloat16 *vb, size_t stride, int bs, const int32_t *tables,
                        int tstride, const int32_t *row_tok, const int32_t *row_pos, int nh,
-                       int nkv, float scale, float softcap, int window, int QT) {
+                       int nkv, float scale, float softcap, int window, int QT,
+                       const int32_t *slo, const int32_t *shi) {
     constexpr int LD = HD + 8, CH = HD / 8, NT = FA_WARPS * 32, ROWS = FA_WARPS * 16 * MT;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     __nv_bfloat16 *sm = (__nv_bfloat16 *)smem_raw;
@@ -1164,6 +1178,7 @@ attn_prefill_fa_kernel(OT *out, const float *q, const __nv_bfloat16 *kb,
     int nq = min(ntok - qa, QT), nrows = nq * group;
     int posA = pos0 + qa, posB = pos0 + qa + nq - 1;
     int lo = window > 0 ? max(0, posA - window + 1) : 0;
+    span_bounds(slo, shi, tok0 + qa, nq, &lo, &posB);
     int k_lo = lo / FA_KT * FA_KT, n_tiles = (posB - k_lo) / FA_KT + 1;
     const int32_t *table = tables + (size_t)r * tstride;
     int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
@@ -1212,14 +1227,17 @@ attn_prefill_fa_kernel(OT *out, const float *q, const __nv_bfloat16 *kb,
         __syncthreads();  /* stage 1 is free for the next tile */
     }
 
-    /* this lane's rows: w * 16 * MT + 16 m + lane / 4 (+ 8) */
-    int qpos[MT][2];
+    /* this lane's rows: w * 16 * MT + 16 m + lane / 4 (+ 8); keys up to
+     * qhi, and below the window from qlo (spans) */
+    int qpos[MT][2], qhi[MT][2], qlo[MT][2];
 #pragma unroll
     for (int m = 0; m < MT; m++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            int rr = w * 16 * MT + m * 16 + (lane >> 2) + 8 * h;
+            int rr = w * 16 * MT + m * 16 + (lane >> 2) + 8 * h, t = tok0 + qa + rr / group;
             qpos[m][h] = rr < nrows ? pos0 + qa + rr / group : -1;  /* -1: every key masked */
+            qhi[m][h] = rr < nrows && shi ? max(qpos[m][h], shi[t]) : qpos[m][h];
+            qlo[m][h] = rr < nrows && slo ? slo[t] : INT_MAX;
         }
     float o[MT][HD / 8][4];
 #pragma unroll
@@ -1272,7 +1290,7 @@ attn_prefill_fa_kernel(OT *out, const float *q, const __nv_bfloat16 *kb,
         }
         /* element e of n-tile n: row h = e / 2, key k0 + 8 n + 2 (lane % 4) + e % 2;
          * rows past nrows hold zero queries: finite, never stored, unmasked */
-        int mask = k0 + FA_KT - 1 > posA || (window > 0 && k0 <= posB - window);
+        int mask = shi || k0 + FA_KT - 1 > posA || (window > 0 && k0 <= posB - window);
         /* P of m-tile m as A fragments (k-step j of P is n-tiles 2j and 2j + 1
          * of S), packed as soon as its softmax is done: S's registers free */
         unsigned pa[MT][FA_KT / 16][4];
@@ -1287,7 +1305,9 @@ attn_prefill_fa_kernel(OT *out, const float *q, const __nv_bfloat16 *kb,
                     if (softcap > 0) v = tanhf(v / softcap) * softcap;
                     if (mask) {
                         int p = k0 + n * 8 + (lane & 3) * 2 + (e & 1), qp = qpos[m][e >> 1];
-                        if (p > qp || (window > 0 && p <= qp - window)) v = -INFINITY;
+                        if (p > qhi[m][e >> 1] ||
+                            (window > 0 && p <= qp - window && p < qlo[m][e >> 1]))
+                            v = -INFINITY;
                     }
                     s[m][n][e] = v;
                     mx[e >> 1] = fmaxf(mx[e >> 1], v);
@@ -1403,7 +1423,8 @@ extern "C" loom_status loom_cuda_attn_prefill_to(loom_cuda *c, void *d_out, loom
         attn_prefill_fa_kernel<D, OT, M><<<grid, FA_WARPS * 32, smem, c->stream>>>(             \
             (OT *)d_out, d_q, (const __nv_bfloat16 *)kv->d_k, (const __nv_bfloat16 *)kv->d_v,   \
             kv->row_stride, kv->block_size, d_tables, table_stride, d_row_tok, d_row_pos,       \
-            a->n_heads, a->n_kv_heads, a->scale, a->softcap, a->window, QT);                    \
+            a->n_heads, a->n_kv_heads, a->scale, a->softcap, a->window, QT, a->span_lo,         \
+            a->span_hi);                                                                        \
     } while (0)
 #define FA_HD(OT)                          \
     do {                                   \
@@ -1473,7 +1494,7 @@ static loom_status attn_prefill_f32(loom_cuda *c, float *d_out, const float *d_q
     attn_prefill_kernel<<<grid, PRE_THREADS, smem, c->stream>>>(
         d_out, d_q, kv->d_k, kv->d_v, (int)kv->dt, kv->row_stride, kv->block_size, d_tables,
         table_stride, d_row_tok, d_row_pos, a->n_heads, a->n_kv_heads, hd, a->scale, a->softcap,
-        a->window, QT);
+        a->window, QT, a->span_lo, a->span_hi);
     LAUNCH_CHECK();
     return LOOM_OK;
 }

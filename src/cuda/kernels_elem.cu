@@ -246,12 +246,15 @@ extern "C" loom_status loom_cuda_add_rmsnorm16(loom_cuda *c, void *d_y16, float 
 }
 
 /* The same table on the device from positions there (decode steps replay
- * a captured graph; only the positions change). Double angles, as above. */
-__global__ void rope_table_kernel(float *cs, float *sn, int ld, const int32_t *pos, int T,
-                                  const double *inv_freq, int half, double scale) {
+ * a captured graph; only the positions change). Double angles, as above.
+ * M-RoPE: pair i turns by position stream stream[i] (pos[stream * pos_ld + t]). */
+__global__ void rope_table_kernel(float *cs, float *sn, int ld, const int32_t *pos, int pos_ld,
+                                  const unsigned char *stream, const double *inv_freq, int half,
+                                  double scale) {
     int t = blockIdx.y;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < half; i += gridDim.x * blockDim.x) {
-        double a = (double)pos[t] * inv_freq[i];
+        int k = stream ? stream[i] : 0;
+        double a = (double)pos[(size_t)k * pos_ld + t] * inv_freq[i];
         cs[(size_t)t * ld + i] = (float)(cos(a) * scale);
         sn[(size_t)t * ld + i] = (float)(sin(a) * scale);
     }
@@ -260,15 +263,17 @@ __global__ void rope_table_kernel(float *cs, float *sn, int ld, const int32_t *p
 extern "C" loom_status loom_cuda_rope_table_dev(loom_cuda *c, float *d_cos, float *d_sin, int ld,
                                                 const int32_t *d_pos, int T,
                                                 const double *d_inv_freq, int rot_dim,
-                                                double scale) {
+                                                double scale, const unsigned char *d_stream,
+                                                int pos_ld) {
     int half = rot_dim / 2;
     if (T <= 0 || half <= 0) return LOOM_OK;
-    if (T > 65535 || ld < half)
+    if (T > 65535 || ld < half || (d_stream && pos_ld < T))
         return loom_err(LOOM_ERR_INVALID_ARG, "cuda rope_table: %d tokens (at most 65535), ld %d "
-                        "< %d", T, ld, half);
+                        "(at least %d), position stride %d (at least the tokens)", T, ld, half,
+                        pos_ld);
     dim3 grid(loom_cuda_blocks((size_t)half, 128), (unsigned)T);
-    rope_table_kernel<<<grid, 128, 0, c->stream>>>(d_cos, d_sin, ld, d_pos, T, d_inv_freq, half,
-                                                   scale);
+    rope_table_kernel<<<grid, 128, 0, c->stream>>>(d_cos, d_sin, ld, d_pos, d_stream ? pos_ld : 0,
+                                                   d_stream, d_inv_freq, half, scale);
     LAUNCH_CHECK();
     return LOOM_OK;
 }

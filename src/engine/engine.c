@@ -552,9 +552,6 @@ static loom_status check_images(loom_engine *e, const loom_request_params *p, in
         return loom_err(LOOM_ERR_INVALID_ARG, "request: the model (%s) has no vision tower "
                         "(or the engine has no model_dir to load it from), so it takes no images",
                         e->m->cfg.arch);
-    if (loom_exec_on_device(e->exec)) /* refused here, not in a step it shares */
-        return loom_err(LOOM_ERR_UNSUPPORTED, "request: images run on the CPU backend only; this "
-                        "engine's forward runs on a device");
     const loom_vision_info *vi = loom_vision_get_info(e->vision);
     int (*grids)[3] = malloc(sizeof *grids * (size_t)LOOM_MAX(p->n_images, 1));
     int32_t *pos3 = p->n_images ? malloc(sizeof *pos3 * 3 * (size_t)p->n_prompt) : NULL;

@@ -24,25 +24,13 @@ void loom_exec_free(loom_exec *x) {
     if (x) x->ops->free(x);
 }
 
-/* Prepared input (embeddings, M-RoPE positions) runs on the CPU forward only. */
-static loom_status check_prepared(const loom_exec *x, const loom_fwd_row *rows, int n_rows) {
-    for (int r = 0; x->ops->on_device && r < n_rows; r++)
-        if (loom_fwd_row_prepared(&rows[r]))
-            return loom_err(LOOM_ERR_UNSUPPORTED, "forward: row %d carries prepared input "
-                            "(embeddings or multimodal positions), which the device forward "
-                            "does not take", r);
-    return LOOM_OK;
-}
-
 loom_status loom_exec_forward(loom_exec *x, loom_kv_pool *kv, loom_fwd_row *rows, int n_rows) {
-    loom_status s = check_prepared(x, rows, n_rows);
-    return s ? s : x->ops->forward(x, kv, rows, n_rows, NULL, NULL);
+    return x->ops->forward(x, kv, rows, n_rows, NULL, NULL);
 }
 
 loom_status loom_exec_forward_picks(loom_exec *x, loom_kv_pool *kv, loom_fwd_row *rows,
                                     int n_rows, int32_t *picks, const loom_sample_pick *samp) {
-    loom_status s = check_prepared(x, rows, n_rows);
-    return s ? s : x->ops->forward(x, kv, rows, n_rows, picks, samp);
+    return x->ops->forward(x, kv, rows, n_rows, picks, samp);
 }
 
 int loom_exec_set_taps(loom_exec *x, const int *layers, int n, float *out) {

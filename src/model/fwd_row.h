@@ -149,11 +149,6 @@ static inline void loom_fwd_row_input(loom_fwd_row *r, const loom_fwd_input *in,
     r->pos_delta = in->pos_delta;
 }
 
-/* Whether a row carries prepared input (backends without it refuse it). */
-static inline int loom_fwd_row_prepared(const loom_fwd_row *r) {
-    return r->embeds || r->pos3 || r->deepstack || r->groups || r->pos_delta;
-}
-
 /* The logits rows a row writes to out: n (ALL), 1 (LAST) or 0. */
 static inline int loom_fwd_row_logits(const loom_fwd_row *r) {
     return r->logits == LOOM_LOGITS_ALL ? r->n : r->logits ? 1 : 0;

@@ -230,33 +230,49 @@ static int test_rope(int T, int nh, int hd, int rot, double theta) {
 }
 
 /* The device-made rope table against the host one (double angles on both
- * sides: equal up to the last bit of cos/sin). */
-static int test_rope_table(int T, int rot, double theta, double scale) {
-    char what[96];
-    snprintf(what, sizeof what, "T=%d rot=%d theta=%g scale=%g", T, rot, theta, scale);
-    int half = rot / 2, ld = half + 5;
-    size_t N = (size_t)T * ld;
+ * sides: equal up to the last bit of cos/sin). With streams, M-RoPE: each
+ * pair picks one of three position streams (stride T + 3), against the
+ * CPU forward's rope_tables spelled out. */
+static int test_rope_table(int T, int rot, double theta, double scale, int streams) {
+    char what[112];
+    snprintf(what, sizeof what, "T=%d rot=%d theta=%g scale=%g%s", T, rot, theta, scale,
+             streams ? " 3 streams" : "");
+    int half = rot / 2, ld = half + 5, pld = streams ? T + 3 : T;
+    size_t N = (size_t)T * ld, NP = (size_t)(streams ? 3 : 1) * pld;
     float *cs = xmalloc(N * 4), *sn = xmalloc(N * 4), *got = xmalloc(2 * N * 4);
     float *ref = xmalloc(2 * N * 4);
     double *inv = xmalloc((size_t)half * sizeof(double));
-    int *pos = xmalloc((size_t)T * sizeof(int));
-    int32_t *pos32 = xmalloc((size_t)T * sizeof(int32_t));
+    int *pos = xmalloc(NP * sizeof(int));
+    int32_t *pos32 = xmalloc(NP * sizeof(int32_t));
+    unsigned char *str = xmalloc((size_t)half);
     for (int i = 0; i < half; i++) inv[i] = pow(theta, -2.0 * i / rot);
-    for (int t = 0; t < T; t++) pos32[t] = pos[t] = (int)(test_rand_u32(&rng) % 200000);
+    for (int i = 0; i < half; i++) str[i] = (unsigned char)(test_rand_u32(&rng) % 3);
+    for (size_t t = 0; t < NP; t++) pos32[t] = pos[t] = (int)(test_rand_u32(&rng) % 200000);
     memset(cs, 0, N * 4);
     memset(sn, 0, N * 4);
-    loom_cuda_rope_table(cs, sn, ld, pos, T, inv, rot, scale);
+    if (!streams) {
+        loom_cuda_rope_table(cs, sn, ld, pos, T, inv, rot, scale);
+    } else {
+        for (int t = 0; t < T; t++)
+            for (int i = 0; i < half; i++) {
+                double a = (double)pos[(size_t)str[i] * pld + t] * inv[i];
+                cs[(size_t)t * ld + i] = (float)(cos(a) * scale);
+                sn[(size_t)t * ld + i] = (float)(sin(a) * scale);
+            }
+    }
     memcpy(ref, cs, N * 4);
     memcpy(ref + N, sn, N * 4);
     float *dc = up(cs, N * 4), *ds = up(sn, N * 4);  /* pad columns stay as on the host */
-    int32_t *dp = up(pos32, (size_t)T * 4);
+    int32_t *dp = up(pos32, NP * 4);
     double *di = up(inv, (size_t)half * sizeof(double));
+    unsigned char *dstr = streams ? up(str, (size_t)half) : NULL;
     int ok = 0;
-    if (!dc || !ds || !dp || !di) {
+    if (!dc || !ds || !dp || !di || (streams && !dstr)) {
         api_fail("rope_table_dev", what, LOOM_ERR_NOMEM);
     } else {
         loom_status st = loom_cuda_memset0(C, dc, (size_t)half * 4);  /* row 0 must be rewritten */
-        if (st == LOOM_OK) st = loom_cuda_rope_table_dev(C, dc, ds, ld, dp, T, di, rot, scale);
+        if (st == LOOM_OK)
+            st = loom_cuda_rope_table_dev(C, dc, ds, ld, dp, T, di, rot, scale, dstr, pld);
         if (st == LOOM_OK) st = loom_cuda_download(C, got, dc, N * 4);
         if (st == LOOM_OK) st = loom_cuda_download(C, got + N, ds, N * 4);
         if (st != LOOM_OK) api_fail("rope_table_dev", what, st);
@@ -266,7 +282,8 @@ static int test_rope_table(int T, int rot, double theta, double scale) {
     loom_cuda_release(C, ds);
     loom_cuda_release(C, dp);
     loom_cuda_release(C, di);
-    free(cs), free(sn), free(got), free(ref), free(inv), free(pos), free(pos32);
+    loom_cuda_release(C, dstr);
+    free(cs), free(sn), free(got), free(ref), free(inv), free(pos), free(pos32), free(str);
     return ok;
 }
 
@@ -1155,11 +1172,14 @@ static void paged_free(paged *P) {
 
 /* Straightforward attention for one query token at position pos of
  * sequence seq (all heads), in double, reading rows as the CPU does. */
-static void attn_ref(const paged *P, const attn_case *a, int s, const float *q, int pos,
-                     float scale, float *out) {
+/* Keys [lo, hi] of sequence s (lo from the window, hi the query's own
+ * position; a bidirectional span widens both to its ends first, last). */
+static void attn_ref_span(const paged *P, const attn_case *a, int s, const float *q, int pos,
+                          int first, int last, float scale, float *out) {
     const loom_kv_layout *p = &P->pool->lay;
     int group = a->nh / a->nkv, lo = a->window > 0 ? LOOM_MAX(0, pos - a->window + 1) : 0;
-    int n = pos - lo + 1;
+    lo = LOOM_MIN(lo, first);
+    int n = LOOM_MAX(pos, last) - lo + 1;
     double *w = xmalloc((size_t)n * sizeof(double));
     float *tmp = xmalloc((size_t)a->hd * 4);
     for (int h = 0; h < a->nh; h++) {
@@ -1189,6 +1209,11 @@ static void attn_ref(const paged *P, const attn_case *a, int s, const float *q, 
     }
     free(w);
     free(tmp);
+}
+
+static void attn_ref(const paged *P, const attn_case *a, int s, const float *q, int pos,
+                     float scale, float *out) {
+    attn_ref_span(P, a, s, q, pos, pos, pos, scale, out);
 }
 
 static loom_cuda_dtype kv_dt(loom_kv_type t) {
@@ -1239,7 +1264,7 @@ static int test_attn_decode(const attn_case *a, const int *lens, int n_seqs) {
         loom_cuda_alloc(C, (void **)&dout, qn * 4) != LOOM_OK) {
         api_fail("attn_decode", what, LOOM_ERR_NOMEM);
     } else {
-        loom_cuda_attn at = {a->nh, a->nkv, a->hd, scale, a->softcap, a->window, 0};
+        loom_cuda_attn at = {a->nh, a->nkv, a->hd, scale, a->softcap, a->window, 0, NULL, NULL};
         /* the default, then each variant of C_att */
         ok = 1;
         for (int v = 0; v <= ATT_VARIANTS; v++) {
@@ -1363,7 +1388,7 @@ static int test_attn_decode_qkv(const attn_case *a, const int *lens, int n_seqs,
         api_fail("attn_decode_qkv", what, LOOM_ERR_NOMEM);
     } else {
         float scale = 1.0f / sqrtf((float)hd);
-        loom_cuda_attn at = {nh, nkv, hd, scale, a->softcap, a->window, 0};
+        loom_cuda_attn at = {nh, nkv, hd, scale, a->softcap, a->window, 0, NULL, NULL};
         ok = 1;
         /* the last pass: qkv_post then loom_cuda_attn_decode, the forward's
          * default (the pool row at len - 1 is garbage until qkv_post) */
@@ -1433,9 +1458,11 @@ static int test_attn_decode_qkv(const attn_case *a, const int *lens, int n_seqs,
 /* tc = 1: the tensor-core kernel where it applies (bf16 KV), whose queries
  * and weights are rounded to bf16: checked to bf16 precision. out_dt: the
  * output type (loom_cuda_attn_prefill_to; 16-bit outputs are checked after
- * widening, at bf16 precision). */
-static int test_attn_prefill_to(const attn_case *a, const int *start, const int *n_new,
-                                int n_rows, int tc, loom_cuda_dtype out_dt) {
+ * widening, at bf16 precision). span > 0: in each row of more than 2 new
+ * tokens, tokens [1, 1 + span) of them (cut at the row's end) attend to
+ * each other both ways. */
+static int test_attn_prefill_sp(const attn_case *a, const int *start, const int *n_new,
+                                int n_rows, int tc, loom_cuda_dtype out_dt, int span) {
     char what[128];
     int *lens = xmalloc((size_t)n_rows * sizeof(int));
     int32_t *row_tok = xmalloc((size_t)(n_rows + 1) * 4), *row_pos = xmalloc((size_t)n_rows * 4);
@@ -1448,9 +1475,9 @@ static int test_attn_prefill_to(const attn_case *a, const int *start, const int 
         max_new = LOOM_MAX(max_new, n_new[r]);
     }
     row_tok[n_rows] = T;
-    snprintf(what, sizeof what, "%s h=%d/%d d=%d bs=%d win=%d cap=%g rows=%d T=%d out=%s",
+    snprintf(what, sizeof what, "%s h=%d/%d d=%d bs=%d win=%d cap=%g rows=%d T=%d out=%s span=%d",
              kv_name(a->kv_type), a->nh, a->nkv, a->hd, a->bs, a->window, a->softcap, n_rows, T,
-             DT_NAME[out_dt]);
+             DT_NAME[out_dt], span);
     const char *kname = tc ? "attn_prefill_tc" : "attn_prefill";
     paged P;
     if (!paged_make(&P, a, lens, n_rows)) return api_fail(kname, what, LOOM_ERR_NOMEM);
@@ -1458,21 +1485,28 @@ static int test_attn_prefill_to(const attn_case *a, const int *start, const int 
     float *q = xmalloc(qn * 4), *ref = xmalloc(qn * 4), *got = xmalloc(qn * 4);
     fill(q, qn, 1.0f);
     float scale = 1.0f / sqrtf((float)a->hd);
+    int32_t *slo = xmalloc((size_t)(T ? T : 1) * 4), *shi = xmalloc((size_t)(T ? T : 1) * 4);
     for (int r = 0; r < n_rows; r++)
-        for (int i = 0; i < n_new[r]; i++)
-            attn_ref(&P, a, r, q + (row_tok[r] + i) * per, start[r] + i, scale,
-                     ref + (row_tok[r] + i) * per);
+        for (int i = 0; i < n_new[r]; i++) {
+            int t = row_tok[r] + i, pos = start[r] + i, b = LOOM_MIN(1 + span, n_new[r]);
+            int in = span > 0 && n_new[r] > 2 && i >= 1 && i < b;
+            slo[t] = in ? start[r] + 1 : pos;
+            shi[t] = in ? start[r] + b - 1 : pos;
+            attn_ref_span(&P, a, r, q + (size_t)t * per, pos, slo[t], shi[t], scale,
+                          ref + (size_t)t * per);
+        }
     loom_cuda_kv kv;
     void *dk = NULL, *dv = NULL;
     int32_t *dtab = NULL, *drt = up(row_tok, (size_t)(n_rows + 1) * 4);
     int32_t *drp = up(row_pos, (size_t)n_rows * 4);
+    int32_t *dslo = span ? up(slo, (size_t)T * 4) : NULL, *dshi = span ? up(shi, (size_t)T * 4) : NULL;
     float *dq = up(q, qn * 4), *dout = NULL;
     int ok = 0;
     if (!paged_upload(&P, &kv, &dk, &dv, &dtab) || !drt || !drp || !dq ||
-        loom_cuda_alloc(C, (void **)&dout, qn * 4) != LOOM_OK) {
+        (span && (!dslo || !dshi)) || loom_cuda_alloc(C, (void **)&dout, qn * 4) != LOOM_OK) {
         api_fail(kname, what, LOOM_ERR_NOMEM);
     } else {
-        loom_cuda_attn at = {a->nh, a->nkv, a->hd, scale, a->softcap, a->window, tc};
+        loom_cuda_attn at = {a->nh, a->nkv, a->hd, scale, a->softcap, a->window, tc, dslo, dshi};
         /* the default, then (tensor cores) one m-tile a warp */
         ok = 1;
         for (int v = 0; v < (tc ? 2 : 1); v++) {
@@ -1508,11 +1542,18 @@ static int test_attn_prefill_to(const attn_case *a, const int *start, const int 
     loom_cuda_release(C, dtab);
     loom_cuda_release(C, drt);
     loom_cuda_release(C, drp);
+    loom_cuda_release(C, dslo);
+    loom_cuda_release(C, dshi);
     loom_cuda_release(C, dq);
     loom_cuda_release(C, dout);
     paged_free(&P);
-    free(q), free(ref), free(got), free(lens), free(row_tok), free(row_pos);
+    free(q), free(ref), free(got), free(lens), free(row_tok), free(row_pos), free(slo), free(shi);
     return ok;
+}
+
+static int test_attn_prefill_to(const attn_case *a, const int *start, const int *n_new,
+                                int n_rows, int tc, loom_cuda_dtype out_dt) {
+    return test_attn_prefill_sp(a, start, n_new, n_rows, tc, out_dt, 0);
 }
 
 static int test_attn_prefill(const attn_case *a, const int *start, const int *n_new, int n_rows,
@@ -2550,9 +2591,12 @@ int main(void) {
     test_rope(5, 4, 128, 32, 1000000.0);  /* partial rotary */
     test_rope(33, 2, 10, 6, 500.0);
     test_rope(3, 8, 256, 64, 10000.0);
-    test_rope_table(1, 128, 1000000.0, 1.0);
-    test_rope_table(37, 64, 10000.0, 1.0);
-    test_rope_table(300, 6, 500.0, 0.5);
+    test_rope_table(1, 128, 1000000.0, 1.0, 0);
+    test_rope_table(37, 64, 10000.0, 1.0, 0);
+    test_rope_table(300, 6, 500.0, 0.5, 0);
+    test_rope_table(1, 128, 1000000.0, 1.0, 1);
+    test_rope_table(45, 128, 1000000.0, 1.0, 1);
+    test_rope_table(200, 22, 10000.0, 0.5, 1);
     test_qkv_post(1, 16, 8, 128, 128, 1, 0, LOOM_KV_BF16);   /* Qwen3-0.6B decode */
     test_qkv_post(7, 32, 8, 128, 128, 0, 0, LOOM_KV_BF16);   /* Llama-3-8B */
     test_qkv_post(33, 12, 4, 64, 32, 1, 1, LOOM_KV_F16);     /* partial rotary, biases */
@@ -2789,6 +2833,13 @@ int main(void) {
         int s13[] = {300}, n13[] = {777};
         test_attn_prefill(&a8, s13, n13, 1, 1);
         test_attn_prefill(&a12, s13, n13, 1, 1);
+        /* bidirectional spans (Gemma 3's images): longer than the window,
+         * across query tiles, after a cached prefix */
+        test_attn_prefill_sp(&a1, s1, n1, 5, 0, LOOM_CUDA_F32, 20);
+        test_attn_prefill_sp(&a6, s1, n1, 5, 0, LOOM_CUDA_F32, 40);
+        test_attn_prefill_sp(&a7, s10, n10, 6, 1, LOOM_CUDA_F32, 150);
+        test_attn_prefill_sp(&a11, s10, n10, 6, 1, LOOM_CUDA_F32, 90);
+        test_attn_prefill_sp(&a12, s13, n13, 1, 1, LOOM_CUDA_BF16, 256);
     }
 
     /* routed experts: the fixture's shape, Qwen3-30B-A3B-like and
