@@ -107,9 +107,17 @@ CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/cuda/%.o)
 CUC_SRC  := $(shell find src -name '*_cuda.c' ! -path 'src/cli/*' | sort)
 LIB_OBJ  += $(CU_OBJ) $(CUC_SRC:%.c=$(BUILD)/obj/%.o)
 LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+# NCCL (tensor parallelism across devices) where the toolkit has it;
+# NCCL=0 builds without (a split then runs only on one device)
+ifneq ($(NCCL),0)
+ifneq ($(wildcard $(CUDA_HOME)/include/nccl.h),)
+override NVCCFLAGS += -DLOOM_NCCL
+LDLIBS   += -lnccl
+endif
+endif
 CUDA_TESTS := $(BUILD)/cuda-tests/test_cuda_kernels $(BUILD)/cuda-tests/test_cuda_forward \
               $(BUILD)/cuda-tests/test_cuda_engine $(BUILD)/cuda-tests/test_cuda_spec \
-              $(BUILD)/cuda-tests/test_cuda_vision
+              $(BUILD)/cuda-tests/test_cuda_vision $(BUILD)/cuda-tests/test_cuda_tp
 ifeq ($(CUDA_MIN),1)
 CUDA_TESTS := $(MIN_TESTS:%=$(BUILD)/%)
 endif

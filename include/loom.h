@@ -60,6 +60,13 @@ typedef struct loom_model_params {
                              MLX affine, scales in the checkpoint's half type), in
                              memory; the tensors left unquantized keep their dtype
                              (convert rounds f32 ones to bf16). Default 0: as stored. */
+    int tensor_parallel;  /* CUDA: 0 = the model on one device (default); n >= 1 = split
+                             over n ranks (heads, KV heads and the MLP; the sums over
+                             NCCL), rank r on tp_devices[r], or on device + r where
+                             tp_devices is NULL. Dense attention models with float
+                             weights; at most 8 ranks. */
+    const int *tp_devices;/* [tensor_parallel] or NULL; one device named for every rank
+                             runs the split there (a check of the split on one GPU) */
 } loom_model_params;
 
 loom_model_params loom_model_default_params(void);

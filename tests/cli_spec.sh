@@ -40,6 +40,18 @@ q8=$("$LOOM_BIN" generate --model "$TMPD/q8" --prompt "$P" --temperature 0 --max
 [ $? -eq 2 ] && grep -q 'expected 8 or 4, found "5"' "$TMPD/e" || fail "--quantize 5 is not a usage error naming it"
 ok "generate --quantize 8 prints the converted model's text; --draft-exact and --quantize usage errors"
 
+# --tensor-parallel and device lists: usage errors, and a split asked of the CPU refused by name
+"$LOOM_BIN" generate --model "$MODEL" --prompt x --tensor-parallel 9 >/dev/null 2>"$TMPD/e"
+[ $? -eq 2 ] && grep -q 'expected 1 to 8 ranks, found "9"' "$TMPD/e" || fail "--tensor-parallel 9 is not a usage error naming it"
+"$LOOM_BIN" generate --model "$MODEL" --prompt x --device cuda:0,1 --tensor-parallel 3 >/dev/null 2>"$TMPD/e"
+[ $? -eq 2 ] && grep -q 'as many as --device lists' "$TMPD/e" || fail "a device list against another --tensor-parallel is not a usage error"
+"$LOOM_BIN" generate --model "$MODEL" --prompt x --device cuda:0,x >/dev/null 2>"$TMPD/e"
+[ $? -eq 2 ] && grep -q 'cuda:N,M' "$TMPD/e" || fail "--device cuda:0,x is not a usage error"
+"$LOOM_BIN" generate --model "$MODEL" --prompt x --tensor-parallel 2 >/dev/null 2>"$TMPD/e" &&
+  fail "a split on the CPU ran"
+grep -q 'tensor parallel over 2 ranks on the CPU' "$TMPD/e" || fail "a split on the CPU is not refused by name"
+ok "--tensor-parallel and --device cuda:N,M: usage errors, and no split on the CPU"
+
 "$LOOM_BIN" generate --model "$MODEL" --prompt x --speculative bigram >/dev/null 2>&1
 [ $? -eq 2 ] || fail "--speculative bigram is not a usage error"
 "$LOOM_BIN" generate --model "$MODEL" --prompt x --draft-model "$DRAFT" --draft-tokens 0 >/dev/null 2>&1

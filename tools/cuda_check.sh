@@ -4,7 +4,8 @@
 # case with its largest error), tests/cuda/test_cuda_forward.c (GPU
 # forward vs CPU forward logits on the tiny fixture models),
 # test_cuda_engine.c, test_cuda_spec.c (speculative decoding) and
-# test_cuda_vision.c (images, the tower on the CPU). Run from anywhere on a
+# test_cuda_vision.c (images, the tower on the CPU) and test_cuda_tp.c
+# (tensor parallelism). Run from anywhere on a
 # machine with an NVIDIA GPU and the CUDA toolkit:
 #   sh tools/cuda_check.sh
 # Environment: CUDA_HOME (default /usr/local/cuda, else where nvcc is),
@@ -171,6 +172,13 @@ if [ -x "$vis" ]; then
   "$vis" || rc=1
 else
   echo "== vision tests SKIPPED: not built (see $log)"
+fi
+tpt="$tests/test_cuda_tp"
+if [ -x "$tpt" ]; then
+  echo "== tensor parallelism: splits over ranks sharing the GPU, and one rank (NCCL)"
+  "$tpt" || rc=1
+else
+  echo "== tensor-parallel tests SKIPPED: not built (see $log)"
 fi
 if [ "${CUDA_CHECK_SANITIZE:-0}" = 1 ]; then
   echo "== compute-sanitizer (memcheck)"

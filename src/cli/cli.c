@@ -17,6 +17,9 @@
 int cli_device = -1;
 int cli_fast;
 int cli_quantize;
+int cli_tp;
+int cli_tp_list;
+int cli_tp_devices[8];
 
 int cli_fail(const char *what, loom_status s) {
     fprintf(stderr, "loom: error: %s: %s (%s)\n", what, loom_last_error(), loom_status_str(s));
@@ -202,6 +205,8 @@ loom_model_params cli_model_params(int threads) {
     mp.device = cli_device;
     mp.fast_matmul = cli_fast;
     mp.quantize_bits = cli_quantize;
+    mp.tensor_parallel = cli_tp;
+    mp.tp_devices = cli_tp_list ? cli_tp_devices : NULL;
     return mp;
 }
 

@@ -32,6 +32,11 @@ extern int cli_device;
 extern int cli_fast;
 /* --quantize N, taken out of argv by main: loom_model_params.quantize_bits. */
 extern int cli_quantize;
+/* --tensor-parallel N or --device cuda:A,B,...: loom_model_params'
+ * tensor_parallel and (for a list) tp_devices; 0 = one device. */
+extern int cli_tp;
+extern int cli_tp_list;          /* 1: the devices came as a list */
+extern int cli_tp_devices[8];
 /* The model parameters of a command that runs the model: threads, with
  * --device and --fast as main took them. */
 loom_model_params cli_model_params(int threads);

@@ -165,6 +165,8 @@ int cmd_batch(int argc, char **argv) {
     p.device = cli_device;
     p.fast_matmul = cli_fast;
     p.quantize_bits = cli_quantize;
+    p.tensor_parallel = cli_tp;
+    p.tp_devices = cli_tp_list ? cli_tp_devices : NULL;
     p.tokenizer_optional = 1; /* token-id requests need none */
     const char *input = NULL, *output = NULL, *errors = NULL;
     for (int i = 1; i < argc; i++) {

@@ -112,6 +112,8 @@ int cmd_serve(int argc, char **argv) {
     p.device = cli_device;
     p.fast_matmul = cli_fast;
     p.quantize_bits = cli_quantize;
+    p.tensor_parallel = cli_tp;
+    p.tp_devices = cli_tp_list ? cli_tp_devices : NULL;
     p.engine.max_queue = 256;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;

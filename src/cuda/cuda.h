@@ -548,6 +548,26 @@ loom_status loom_cuda_forward(loom_cuda_model *g, struct loom_kv_layout *kv,
  * first call. On an error the taps are off. */
 loom_status loom_cuda_set_taps(loom_cuda_model *g, const int *layers, int n, float *out);
 
+/* Tensor parallelism (model/shard.h): n ranks, rank r on device
+ * devices[r], each a loom_cuda_model of its shard on its own host thread.
+ * Distinct devices sum through NCCL (a build with LOOM_NCCL; NVLink
+ * multicast off unless NCCL_NVLS_ENABLE says otherwise); ranks all on one
+ * device (tests of a split on one GPU) through a kernel between host
+ * barriers; one rank through NCCL where built with it, else as itself. */
+#define LOOM_TP_MAX 8
+typedef struct loom_cuda_tp loom_cuda_tp;
+loom_status loom_cuda_tp_create(const int *devices, int n, loom_cuda_tp **out);
+void loom_cuda_tp_free(loom_cuda_tp *t);
+int loom_cuda_tp_size(const loom_cuda_tp *t);
+/* buf [n] on rank's device becomes the sum over the ranks of theirs (in
+ * c's stream); every rank calls it in the same order. */
+loom_status loom_cuda_tp_sum(loom_cuda_tp *t, int rank, loom_cuda *c, float *buf, size_t n);
+/* g (a shard's model) as rank of t: its o and down outputs are summed over
+ * the ranks before each residual, decode graphs are off, and a rank other
+ * than 0 computes no head and hands nothing back: its loom_cuda_forward
+ * reads the rows and leaves them (and picks, logits, sequences) alone. */
+loom_status loom_cuda_model_set_tp(loom_cuda_model *g, loom_cuda_tp *t, int rank);
+
 #ifdef __cplusplus
 }
 #endif

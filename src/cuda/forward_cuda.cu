@@ -306,6 +306,8 @@ struct loom_cuda_model {
     const double *inv_freq[LOOM_MAX_ROPES]; /* device [rot_dim / 2] per rope */
     const unsigned char *stream[LOOM_MAX_ROPES]; /* device [rot_dim / 2]: M-RoPE's streams, or NULL */
     float *d_deep;             /* (step_tokens, hidden): deepstack rows, made when first asked */
+    loom_cuda_tp *tp;          /* borrowed: the ranks this shard sums with, or NULL */
+    int tp_rank;
     float *logits;             /* (logits_rows, vocab), grown */
     int logits_rows;
     unsigned logits_gen;       /* bumped when logits moves */
@@ -1133,6 +1135,13 @@ static loom_status residual(loom_cuda_model *g, const float *y, const float *pos
     return LOOM_OK;
 }
 
+/* A shard's partial o or down output y (T, hidden) summed over the ranks
+ * (a no-op without tensor parallelism). */
+static loom_status tp_sum(loom_cuda_model *g, float *y, int T) {
+    if (!g->tp) return LOOM_OK;
+    return loom_cuda_tp_sum(g->tp, g->tp_rank, g->c, y, (size_t)T * g->m->cfg.hidden_size);
+}
+
 /* The hidden states after layer l (x, (T, hidden)) into the column block
  * of d_taps of every tap asking for l: the residual stream, complete at
  * a layer's end on every path of fw_body. */
@@ -1245,6 +1254,7 @@ static loom_status ffn_f32(loom_cuda_model *g, const dlayer *D, int T) {
         hin = g->hb;
     }
     TRY(linear(g, g->xb, hin, &D->down, NULL, T));
+    TRY(tp_sum(g, g->xb, T));
     if (D->beside) {
         TRY(loom_cuda_rmsnorm(c, g->xb, g->xb, D->post_ffn_norm1, T, H, (float)cf->rms_eps, 0));
         TRY(moe_beside(g, D, T));
@@ -1408,7 +1418,9 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
 
     float eps = (float)cf->rms_eps;
     size_t TH = (size_t)T * H;
-    int small = g->act16 != LOOM_CUDA_F32 && T <= g->small_t && T <= g->gemv_t;
+    /* a shard's o and down outputs are summed before they join x: not the
+     * small-step path, whose GEMVs add them into x themselves */
+    int small = g->act16 != LOOM_CUDA_F32 && T <= g->small_t && T <= g->gemv_t && !g->tp;
     for (int l = 0; l < cf->n_layers; l++) {
         if (l > 0) { /* every path below ends its layer with continue */
             TRY(fw_deepstack(g, S, l - 1));
@@ -1475,7 +1487,7 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
             continue;
         }
         /* 16-bit inputs: the o and down projections add into x themselves */
-        int oacc = a16 && !D->wo.quant;
+        int oacc = a16 && !D->wo.quant && !g->tp;
         if (a16)
             TRY(loom_cuda_add_rmsnorm16(c, g->a16, g->x, NULL, D->attn_norm, T, H, eps, g->act16));
         else
@@ -1553,6 +1565,7 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
         if (a16) {
             if (!oacc) {
                 TRY(linear(g, g->xb, g->att, &D->wo, D->bo, T));
+                TRY(tp_sum(g, g->xb, T));
             } else if (use_gemv(g, &D->wo, T)) {
                 TRY(gemv(g, g->x, LOOM_CUDA_GEMV_F32, g->att, NULL, &D->wo, D->bo, T, 1));
             } else {
@@ -1581,7 +1594,11 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
                 TRY(linear16(g, g->hb, &D->gate_up, NULL, T));
                 TRY(loom_cuda_act_mul_split16(c, g->a16, g->hb, T, I, gelu, g->act16));
             }
-            if (use_gemv(g, &D->down, T))
+            if (g->tp) {
+                TRY(linear16(g, g->xb, &D->down, NULL, T));
+                TRY(tp_sum(g, g->xb, T));
+                TRY(residual(g, g->xb, NULL, T));
+            } else if (use_gemv(g, &D->down, T))
                 TRY(gemv(g, g->x, LOOM_CUDA_GEMV_X16, g->a16, NULL, &D->down, NULL, T, 1));
             else
                 TRY(loom_cuda_gemm_acc(c, g->x, g->a16, 1, D->down.d, D->down.dt, T,
@@ -1589,6 +1606,7 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
             continue;
         }
         TRY(linear(g, g->xb, g->att, &D->wo, D->bo, T));
+        TRY(tp_sum(g, g->xb, T));
         TRY(residual(g, g->xb, D->post_attn_norm, T));
         TRY(ffn_f32(g, D, T));
         TRY(layer_end(g, D, l, T));
@@ -1596,7 +1614,7 @@ static loom_status fw_body(loom_cuda_model *g, const fw_step *S) {
     TRY(fw_deepstack(g, S, cf->n_layers - 1));
     TRY(fw_taps(g, S, cf->n_layers - 1));
 
-    int n_sel = S->n_sel, V = cf->vocab_size;
+    int n_sel = g->tp_rank > 0 ? 0 : S->n_sel, V = cf->vocab_size;  /* rank 0 has the head */
     if (n_sel > 0) {
         /* every token selected: sel is the identity, x is read in place */
         const float *hx = g->x;
@@ -1698,11 +1716,27 @@ static loom_status fw_run(loom_cuda_model *g, const fw_step *S, int graphable) {
     return LOOM_OK;
 }
 
+extern "C" loom_status loom_cuda_model_set_tp(loom_cuda_model *g, loom_cuda_tp *t, int rank) {
+    if (rank < 0 || rank >= loom_cuda_tp_size(t))
+        return loom_err(LOOM_ERR_INVALID_ARG, "tensor parallel: rank %d of %d", rank,
+                        loom_cuda_tp_size(t));
+    if (g->taps_out)
+        return loom_err(LOOM_ERR_UNSUPPORTED, "tensor parallel: a drafter's hidden states are "
+                        "not exported from a split model");
+    g->tp = t;
+    g->tp_rank = rank;
+    g->use_graphs = 0;  /* the sums hold host barriers (one device) or NCCL calls */
+    return LOOM_OK;
+}
+
 extern "C" loom_status loom_cuda_set_taps(loom_cuda_model *g, const int *layers, int n,
                                           float *out) {
     const loom_config *cf = &g->m->cfg;
     g->taps_out = NULL;
     if (!out || n <= 0) return LOOM_OK;
+    if (g->tp)
+        return loom_err(LOOM_ERR_UNSUPPORTED, "tensor parallel: a drafter's hidden states are "
+                        "not exported from a split model");
     if (n > FW_TAPS_MAX)
         return loom_err(LOOM_ERR_INVALID_ARG, "cuda forward: %d layers' hidden states asked for, "
                         "at most %d", n, FW_TAPS_MAX);
@@ -1888,6 +1922,10 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_layout *kv,
     }
     g->st_replayed = 0;
     TRY(fw_run(g, &S, graphable));
+    if (g->tp_rank > 0) {  /* rank 0 hands back what the step made */
+        CUDA_CHECK(cudaStreamSynchronize(c->stream));
+        return LOOM_OK;
+    }
     st_step &= g->st_replayed;
     if (S.taps)
         CUDA_CHECK(cudaMemcpyAsync(g->taps_out, g->d_taps,

@@ -12,6 +12,7 @@ loom_status loom_exec_create(loom_model *m, loom_kv_pool *kv, int step_tokens, i
     if (m->device < 0) return loom_exec_cpu_create(m, step_tokens, max_ctx, out);
     /* the one place a build switch decides: the CUDA backend exists only with CUDA=1 */
 #ifdef LOOM_CUDA
+    if (m->tp_n > 0) return loom_exec_tp_cuda_create(m, kv, step_tokens, max_ctx, out);
     return loom_exec_cuda_create(m, kv, step_tokens, max_ctx, out);
 #else
     (void)kv;

@@ -30,5 +30,8 @@ loom_status loom_exec_cpu_create(loom_model *m, int step_tokens, int max_ctx, lo
 /* Built with CUDA=1 only. */
 loom_status loom_exec_cuda_create(loom_model *m, loom_kv_pool *kv, int step_tokens, int max_ctx,
                                   loom_exec **out);
+/* The model split over m->tp_n ranks (exec_tp_cuda.c). */
+loom_status loom_exec_tp_cuda_create(loom_model *m, loom_kv_pool *kv, int step_tokens,
+                                     int max_ctx, loom_exec **out);
 
 #endif

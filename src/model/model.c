@@ -1088,6 +1088,15 @@ loom_status loom_model_load(const char *dir, const loom_model_params *params,
     loom_model *m = calloc(1, sizeof *m);
     if (!m) return loom_err(LOOM_ERR_NOMEM, "out of memory");
     m->device = p.device < 0 ? -1 : p.device;
+    if (p.tensor_parallel < 0 || p.tensor_parallel > 8 || (p.tensor_parallel && m->device < 0)) {
+        int cpu = m->device < 0;
+        free(m);
+        return loom_err(LOOM_ERR_INVALID_ARG, "tensor parallel over %d ranks%s (expected 1 to 8, "
+                        "on a CUDA device)", p.tensor_parallel, cpu ? " on the CPU" : "");
+    }
+    m->tp_n = p.tensor_parallel;
+    for (int r = 0; r < m->tp_n; r++) m->tp_devices[r] = p.tp_devices ? p.tp_devices[r] : m->device + r;
+    if (m->tp_n && p.tp_devices) m->device = p.tp_devices[0];
     loom_status s = loom_dflash_is(dir) ? load_dflash(m, dir) : load(m, dir, &p);
     if (s != LOOM_OK) {
         loom_err_wrap(s, "%s", dir);

@@ -180,6 +180,8 @@ struct loom_model {
     const loom_kernels *k;     /* borrowed, static */
     uint8_t *il_mem;           /* owned: the matrices on 2 MiB pages, quantized ones re-laid out for k */
     int quant_bits;            /* loom_model_params.quantize_bits */
+    int tp_n;                  /* tensor-parallel ranks (0: one device) */
+    int tp_devices[8];         /* their devices */
     /* A DFlashDraftModel checkpoint loads as a model of nothing but this
      * (and cfg.arch, cfg.vocab_size): a drafter, not a decoder */
     struct loom_dflash *dflash; /* owned, or NULL */

@@ -453,6 +453,8 @@ static int server_open(server *s, const loom_serve_params *params) {
     mp.device = s->p.device;
     mp.fast_matmul = s->p.fast_matmul;
     mp.quantize_bits = s->p.quantize_bits;
+    mp.tensor_parallel = s->p.tensor_parallel;
+    mp.tp_devices = s->p.tp_devices;
     loom_status st = loom_model_load(dir, &mp, &s->model);
     char tj[4096];
     int no_tok = s->p.tokenizer_optional && loom_path_join(tj, sizeof tj, dir, "tokenizer.json") == LOOM_OK &&

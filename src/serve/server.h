@@ -28,6 +28,8 @@ typedef struct loom_serve_params {
     int device;                 /* -1 CPU, n = CUDA device n */
     int fast_matmul;            /* loom_model_params.fast_matmul */
     int quantize_bits;          /* loom_model_params.quantize_bits */
+    int tensor_parallel;        /* loom_model_params.tensor_parallel */
+    const int *tp_devices;      /* loom_model_params.tp_devices (borrowed) */
     int default_max_tokens;     /* when a request gives none */
     int tokenizer_optional;     /* a model directory without tokenizer.json loads;
                                    only token-id completions run, their text is "" */
