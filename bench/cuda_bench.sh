@@ -32,7 +32,8 @@
 # (default 3), LOOM_BENCH_BATCH (default 1,8,32,128), LOOM_BENCH_GEN (128),
 # LOOM_BENCH_PREFILL (4096), LOOM_BENCH_PEER=0 skips the peer,
 # LOOM_BENCH_PEER_GRAPHS=1 also times the peer's decode replayed from a CUDA
-# graph (its faster figure is the peer's; a failed capture is said),
+# graph (its faster figure is the peer's; on transformers 5.17 the capture
+# hit a device-side assert, which leaves the peer's process unusable),
 # LOOM_BENCH_OUT (where the JSON results go; default $LOOM_BENCH_DIR/results),
 # CC (e.g. with -I/-L for libraries installed outside the system paths).
 set -eu
