@@ -63,9 +63,12 @@ loom_status loom_model_shard(const loom_model *m, int rank, int n, loom_model **
     if (n < 1 || rank < 0 || rank >= n || c->n_layers <= 0)
         return loom_err(LOOM_ERR_INVALID_ARG, "tensor parallel: rank %d of %d, %d layers", rank,
                         n, c->n_layers);
-    if (m->n_linear || m->has_ple || m->dflash || m->device < 0)
-        return loom_err(LOOM_ERR_UNSUPPORTED, "tensor parallel: %s splits only as a dense "
-                        "attention model loaded for a device", c->arch);
+    if (m->n_linear || m->has_ple || m->dflash)
+        return loom_err(LOOM_ERR_UNSUPPORTED, "tensor parallel: %s is not a dense attention "
+                        "model (linear attention, per-layer inputs or a drafter)", c->arch);
+    if (m->il_mem)
+        return loom_err(LOOM_ERR_UNSUPPORTED, "tensor parallel: the weights are laid out for the "
+                        "CPU kernels (expected a model loaded for a device, or without the copy)");
     size_t bytes = 0;
     for (int l = 0; l < c->n_layers; l++) {
         loom_status s = check_layer(m, l, n);

@@ -7,8 +7,8 @@
  * down outputs then sum (an all-reduce) to the unsplit model's, up to the
  * order of that sum. Row slices borrow the model's weights; column slices
  * are copied. Dense attention models only (no MoE, linear attention,
- * per-layer inputs or shared KV), F32/F16/BF16 weights, not interleaved
- * for the CPU (a model loaded for a device). */
+ * per-layer inputs or shared KV), F32/F16/BF16 weights, as stored (a
+ * model loaded for a device, or on the CPU with no_copy). */
 #ifndef LOOM_SHARD_H
 #define LOOM_SHARD_H
 
