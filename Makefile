@@ -107,12 +107,15 @@ CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/cuda/%.o)
 CUC_SRC  := $(shell find src -name '*_cuda.c' ! -path 'src/cli/*' | sort)
 LIB_OBJ  += $(CU_OBJ) $(CUC_SRC:%.c=$(BUILD)/obj/%.o)
 LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
-# NCCL (tensor parallelism across devices) where the toolkit has it;
-# NCCL=0 builds without (a split then runs only on one device)
+# NCCL (tensor parallelism across devices) where NCCL_HOME (default the
+# toolkit; e.g. a Python nvidia-nccl package's nvidia/nccl) has nccl.h and
+# lib64/ or lib/libnccl; NCCL=0 builds without (a split then runs on one device)
+NCCL_HOME ?= $(CUDA_HOME)
 ifneq ($(NCCL),0)
-ifneq ($(wildcard $(CUDA_HOME)/include/nccl.h),)
-override NVCCFLAGS += -DLOOM_NCCL
-LDLIBS   += -lnccl
+ifneq ($(wildcard $(NCCL_HOME)/include/nccl.h),)
+override NVCCFLAGS += -DLOOM_NCCL -I$(NCCL_HOME)/include
+NCCL_LIB := $(firstword $(wildcard $(NCCL_HOME)/lib64/libnccl.so* $(NCCL_HOME)/lib/libnccl.so*))
+LDLIBS   += -L$(dir $(NCCL_LIB)) -Wl,-rpath,$(dir $(NCCL_LIB)) -l:$(notdir $(NCCL_LIB))
 endif
 endif
 CUDA_TESTS := $(BUILD)/cuda-tests/test_cuda_kernels $(BUILD)/cuda-tests/test_cuda_forward \
