@@ -562,10 +562,15 @@ int loom_cuda_tp_size(const loom_cuda_tp *t);
 /* buf [n] on rank's device becomes the sum over the ranks of theirs (in
  * c's stream); every rank calls it in the same order. */
 loom_status loom_cuda_tp_sum(loom_cuda_tp *t, int rank, loom_cuda *c, float *buf, size_t n);
+/* A rank failed: every sum waiting or to come returns an error (NCCL's
+ * communicators are aborted), so no rank waits on it; t serves no more. */
+void loom_cuda_tp_abort(loom_cuda_tp *t);
 /* g (a shard's model) as rank of t: its o and down outputs are summed over
  * the ranks before each residual, decode graphs are off, and a rank other
  * than 0 computes no head and hands nothing back: its loom_cuda_forward
- * reads the rows and leaves them (and picks, logits, sequences) alone. */
+ * reads the rows and leaves them (and picks, logits, sequences) alone;
+ * rank 0 writes picks and logits but leaves each seq->n_tokens for the
+ * caller to advance once every rank has succeeded. */
 loom_status loom_cuda_model_set_tp(loom_cuda_model *g, loom_cuda_tp *t, int rank);
 
 #ifdef __cplusplus

@@ -1907,7 +1907,7 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_layout *kv,
     CUDA_CHECK(cudaMemcpyAsync(g->ints, g->h_ints, n_ints * 4, cudaMemcpyHostToDevice, c->stream));
     TRY(lin_states(g, rows, n_rows));
 
-    if (S.n_sel > g->logits_rows) {
+    if (S.n_sel > g->logits_rows && g->tp_rank == 0) {  /* other ranks run no head */
         CUDA_CHECK(cudaStreamSynchronize(c->stream));
         if (g->logits) {
             for (int i = 0; i < g->n_allocs; i++)
@@ -2020,7 +2020,8 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_layout *kv,
     }
     for (int r = 0; r < n_rows && m->n_linear > 0; r++) loom_seq_state_dev_advanced(rows[r].state);
     loom_fwd_commit_states(rows, n_rows);
-    for (int r = 0; r < n_rows; r++) rows[r].seq->n_tokens += rows[r].n;
+    /* a split model's sequences advance once every rank has succeeded */
+    for (int r = 0; r < n_rows && !g->tp; r++) rows[r].seq->n_tokens += rows[r].n;
     return LOOM_OK;
 }
 #undef TRY

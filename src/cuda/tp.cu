@@ -4,7 +4,8 @@
  * share one device (the tests' way to run a split on one GPU, where NCCL
  * refuses a device twice) add each other's buffers with a kernel, between
  * host barriers. Every rank runs on its own host thread and calls
- * loom_cuda_tp_sum the same number of times in the same order. */
+ * loom_cuda_tp_sum the same number of times in the same order; a rank that
+ * fails calls loom_cuda_tp_abort, which releases the others with an error. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,8 +23,13 @@ struct loom_cuda_tp {
     ncclComm_t comm[LOOM_TP_MAX];
     int have_comm;
 #endif
+    /* the ranks' meeting point; aborted once a rank failed (every wait
+     * then returns at once, so no rank waits on one that left) */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int waiting, aborted;
+    unsigned phase;
     /* shared device: each rank's buffer, a scratch sum and two events */
-    pthread_barrier_t bar;
     float *bufs[LOOM_TP_MAX];
     float *tmp[LOOM_TP_MAX];
     size_t tmp_n[LOOM_TP_MAX];
@@ -39,14 +45,17 @@ extern "C" loom_status loom_cuda_tp_create(const int *devices, int n, loom_cuda_
     if (!t) return loom_err(LOOM_ERR_NOMEM, "out of memory");
     t->n = n;
     memcpy(t->devices, devices, sizeof *devices * (size_t)n);
-    for (int i = 1; i < n; i++) t->shared |= devices[i] == devices[0];
-    for (int i = 1; i < n; i++)
-        if ((devices[i] == devices[0]) != t->shared) {
-            free(t);
-            return loom_err(LOOM_ERR_INVALID_ARG, "tensor parallel: devices must be all distinct "
-                            "or all one (found device %d twice among others)", devices[i]);
-        }
-    pthread_barrier_init(&t->bar, NULL, (unsigned)n);
+    int dup = 0;
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++) dup += devices[i] == devices[j];
+    t->shared = n > 1 && dup == n * (n - 1) / 2;
+    if (dup && !t->shared) {
+        free(t);
+        return loom_err(LOOM_ERR_INVALID_ARG, "tensor parallel: the ranks' devices must be all "
+                        "distinct or all one (a device named twice among others)");
+    }
+    pthread_mutex_init(&t->mu, NULL);
+    pthread_cond_init(&t->cv, NULL);
     loom_status st = LOOM_OK;
     if (t->shared || n == 1) {
 #ifdef LOOM_NCCL
@@ -98,11 +107,50 @@ extern "C" void loom_cuda_tp_free(loom_cuda_tp *t) {
         if (t->ev2[i]) cudaEventDestroy(t->ev2[i]);
         if (t->tmp[i]) cudaFree(t->tmp[i]);
     }
-    pthread_barrier_destroy(&t->bar);
+    pthread_mutex_destroy(&t->mu);
+    pthread_cond_destroy(&t->cv);
     free(t);
 }
 
+extern "C" void loom_cuda_tp_abort(loom_cuda_tp *t) {
+    if (!t) return;
+    pthread_mutex_lock(&t->mu);
+    int first = !t->aborted;
+    t->aborted = 1;
+    pthread_cond_broadcast(&t->cv);
+    pthread_mutex_unlock(&t->mu);
+#ifdef LOOM_NCCL
+    /* ranks blocked in an all-reduce that a failed rank never joins */
+    for (int i = 0; first && t->have_comm && i < t->n; i++) ncclCommAbort(t->comm[i]);
+    if (first) t->have_comm = 0;
+#else
+    (void)first;
+#endif
+}
+
+/* Every rank here, or an error once one has failed. */
+static loom_status meet(loom_cuda_tp *t) {
+    pthread_mutex_lock(&t->mu);
+    unsigned phase = t->phase;
+    if (!t->aborted && ++t->waiting == t->n) {
+        t->waiting = 0;
+        t->phase++;
+        pthread_cond_broadcast(&t->cv);
+    }
+    while (!t->aborted && t->phase == phase) pthread_cond_wait(&t->cv, &t->mu);
+    int aborted = t->aborted;
+    pthread_mutex_unlock(&t->mu);
+    return aborted ? loom_err(LOOM_ERR_INTERNAL, "tensor parallel: another rank failed; the split "
+                              "model takes no more steps") : LOOM_OK;
+}
+
 extern "C" int loom_cuda_tp_size(const loom_cuda_tp *t) { return t ? t->n : 1; }
+
+#define TRY_TP(call)                  \
+    do {                              \
+        loom_status s_ = (call);      \
+        if (s_ != LOOM_OK) return s_; \
+    } while (0)
 
 typedef struct tp_ptrs {
     const float *p[LOOM_TP_MAX];
@@ -122,6 +170,10 @@ __global__ void tp_sum_kernel(float *out, tp_ptrs ps, size_t n) {
 extern "C" loom_status loom_cuda_tp_sum(loom_cuda_tp *t, int rank, loom_cuda *c, float *buf,
                                         size_t n) {
     if (!t || n == 0) return LOOM_OK;
+    pthread_mutex_lock(&t->mu);
+    int aborted = t->aborted;
+    pthread_mutex_unlock(&t->mu);
+    if (aborted) return meet(t);
 #ifdef LOOM_NCCL
     if (t->have_comm) {
         ncclResult_t r = ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, t->comm[rank], c->stream);
@@ -141,7 +193,7 @@ extern "C" loom_status loom_cuda_tp_sum(loom_cuda_tp *t, int rank, loom_cuda *c,
     }
     t->bufs[rank] = buf;
     CUDA_CHECK(cudaEventRecord(t->ev[rank], c->stream));
-    pthread_barrier_wait(&t->bar);  /* every rank's buffer is named and its event recorded */
+    TRY_TP(meet(t));  /* every rank's buffer is named and its event recorded */
     tp_ptrs ps;
     ps.n = t->n;
     for (int j = 0; j < t->n; j++) {
@@ -152,7 +204,7 @@ extern "C" loom_status loom_cuda_tp_sum(loom_cuda_tp *t, int rank, loom_cuda *c,
         t->tmp[rank], ps, n);
     LAUNCH_CHECK();
     CUDA_CHECK(cudaEventRecord(t->ev2[rank], c->stream));
-    pthread_barrier_wait(&t->bar);  /* no rank writes its buffer before all have read it */
+    TRY_TP(meet(t));  /* no rank writes its buffer before all have read it */
     for (int j = 0; j < t->n; j++) CUDA_CHECK(cudaStreamWaitEvent(c->stream, t->ev2[j], 0));
     CUDA_CHECK(cudaMemcpyAsync(buf, t->tmp[rank], n * sizeof(float), cudaMemcpyDeviceToDevice,
                                c->stream));

@@ -42,6 +42,7 @@ struct tp_exec {
     pthread_cond_t go, done;
     unsigned gen;              /* bumped for each job */
     int job, pending;
+    int failed;                /* the first rank that failed a job, or -1 */
     /* the job's arguments */
     int step_tokens, max_ctx;
     loom_kv_pool *kv;
@@ -95,7 +96,13 @@ static void *rank_main(void *arg) {
         pthread_mutex_unlock(&x->mu);
         loom_status s = run_job(r, job);
         r->st = s;
-        if (s) snprintf(r->err, sizeof r->err, "%s", loom_last_error());
+        if (s) {
+            snprintf(r->err, sizeof r->err, "%s", loom_last_error());
+            pthread_mutex_lock(&x->mu);
+            if (x->failed < 0) x->failed = r->rank;
+            pthread_mutex_unlock(&x->mu);
+            loom_cuda_tp_abort(x->tp);  /* the others may be waiting on this rank's sums */
+        }
         pthread_mutex_lock(&x->mu);
         if (--x->pending == 0) pthread_cond_signal(&x->done);
         pthread_mutex_unlock(&x->mu);
@@ -104,8 +111,9 @@ static void *rank_main(void *arg) {
     return NULL;
 }
 
-/* Runs job on every rank and waits for all; the first rank's error is
- * raised on the calling thread. */
+/* Runs job on every rank and waits for all; the error of the rank that
+ * failed first (the others then stopped at their next sum) is raised on
+ * the calling thread. */
 static loom_status all_ranks(tp_exec *x, int job) {
     pthread_mutex_lock(&x->mu);
     x->job = job;
@@ -113,12 +121,13 @@ static loom_status all_ranks(tp_exec *x, int job) {
     x->gen++;
     pthread_cond_broadcast(&x->go);
     while (x->pending > 0) pthread_cond_wait(&x->done, &x->mu);
+    int f = x->failed;
     pthread_mutex_unlock(&x->mu);
-    if (job == JOB_QUIT) return LOOM_OK;
-    for (int i = 0; i < x->n; i++)
-        if (x->ranks[i].st)
-            return loom_err(x->ranks[i].st, "rank %d (device cuda:%d): %s", i,
-                            x->ranks[i].device, x->ranks[i].err);
+    if (job == JOB_QUIT || job == JOB_FREE) return LOOM_OK;
+    for (int i = 0; i < x->n; i++) {
+        const tp_rank *r = &x->ranks[f >= 0 ? f : i];
+        if (r->st) return loom_err(r->st, "rank %d (device cuda:%d): %s", r->rank, r->device, r->err);
+    }
     return LOOM_OK;
 }
 
@@ -130,7 +139,9 @@ static loom_status tp_forward(loom_exec *e, loom_kv_pool *kv, loom_fwd_row *rows
     x->n_rows = n_rows;
     x->picks = picks;
     x->samp = samp;
-    return all_ranks(x, JOB_FORWARD);
+    loom_status s = all_ranks(x, JOB_FORWARD);
+    for (int r = 0; !s && r < n_rows; r++) rows[r].seq->n_tokens += rows[r].n;
+    return s;
 }
 
 static void tp_free(loom_exec *e) {
@@ -179,6 +190,7 @@ loom_status loom_exec_tp_cuda_create(loom_model *m, loom_kv_pool *kv, int step_t
     x->base.ops = &tp_ops;
     x->m = m;
     x->n = n;
+    x->failed = -1;
     x->kv = kv;
     x->step_tokens = step_tokens;
     x->max_ctx = max_ctx;

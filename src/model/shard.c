@@ -89,6 +89,7 @@ loom_status loom_model_shard(const loom_model *m, int rank, int n, loom_model **
     sh->mem = mem;
     loom_model *s = &sh->m;
     s->layers = layers;
+    if (rank > 0) s->lm_head = s->embed;  /* never run there: no second head to upload */
     int nh = c->n_heads, qh = nh / n;
     s->cfg.n_heads = qh;
     s->kv_dim = s->max_q_dim = s->max_inter = 0;

@@ -2,8 +2,9 @@
  * Megatron split): rank r of n keeps q heads [r nh/n, (r+1) nh/n) and the
  * KV heads they read (split when there are at least n, else the one its
  * heads share, replicated), the gate/up rows [r I/n, (r+1) I/n), and the
- * o and down projections' matching columns; embeddings, norms and the
- * head whole, and the o projection's bias on rank 0 only. The ranks' o and
+ * o and down projections' matching columns; embeddings and norms whole,
+ * the head on rank 0 only (the others name the embeddings there, which
+ * they never multiply by), and the o projection's bias on rank 0 only. The ranks' o and
  * down outputs then sum (an all-reduce) to the unsplit model's, up to the
  * order of that sum. Row slices borrow the model's weights; column slices
  * are copied. Dense attention models only (no MoE, linear attention,
