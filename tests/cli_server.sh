@@ -234,12 +234,14 @@ curl -s "$BASE/metrics" | grep -q '^loom_requests_total{endpoint="chat",status="
 # ---- SIGTERM with requests in flight (grace 4 s) ----
 # A request that can finish within the grace period must finish; the
 # endless ones are cut when it ends. The short one is sized from this
-# build's speed (sanitizer builds are many times slower) to take about 1 s.
+# build's speed (sanitizer builds are many times slower) to take about
+# half a second alone: batched with the two endless ones on a loaded
+# 2-core host it still ends well inside the grace.
 t0=$(date +%s%N)
 s=$(req POST /v1/completions '{"prompt":"def","max_tokens":32,"ignore_eos":true}')
 expect_status 200 "$s" "timing request"
 ms=$((($(date +%s%N) - t0) / 1000000 + 1))
-n3=$((32 * 1000 / ms))
+n3=$((16 * 1000 / ms))
 [ "$n3" -ge 8 ] || n3=8
 [ "$n3" -le 2000 ] || n3=2000
 curl -s -N --max-time 60 -H 'Content-Type: application/json' "$BASE/v1/chat/completions" \
