@@ -4,10 +4,10 @@
  *
  * matmul layout: w is [rows][n] (row-major, one output per row), x is
  * [T][ldx]. Two shapes matter:
- *   - T == 1 (decode): a matvec bound by memory bandwidth. Four weight rows
- *     are streamed together so each x load feeds four rows, each summed in
- *     the prefill tile's order (a token's outputs are the same alone or in
- *     a batch).
+ *   - T == 1 (decode): a matvec bound by memory bandwidth, run by the same
+ *     tile as prefill with one token: four weight rows streamed together so
+ *     each x load feeds four rows, and each output summed in one order
+ *     whatever T is (a token's outputs are the same alone or in a batch).
  *   - T > 1 (prefill): a register tile of 4 rows x 3 tokens (12 accumulators
  *     + 3 x + 1 w = all 16 ymm). Each weight vector is converted to f32 once
  *     and reused for three tokens, so the work is FMA-bound. The row tile
@@ -107,43 +107,6 @@ INLINE void prefetch_rows(const void *w, const size_t *base, int R, size_t n, si
     size_t off = kp < n ? kp : kp - n + (size_t)R * n;
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) _mm_prefetch((const char *)w + (base[r] + off) * sz, PF_HINT);
-}
-
-/* y[r0 .. r0+R) = w rows . x, for R in 1..4 (T == 1). One accumulator a
- * row, summed in the order tile() sums a token (8-wide blocks, then the
- * tail, then the same horizontal sum), so that a token's outputs do not
- * depend on how many tokens share the matmul: batched decode gives each
- * sequence its solo logits bit for bit. Four rows give four FMA chains,
- * enough for a loop bound by memory. */
-INLINE void matvec_rows(float *y, const float *x, const void *w, size_t n,
-                        int r0, int R, int dt) {
-    __m256 a[4];
-    size_t base[4];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++) {
-        a[r] = _mm256_setzero_ps();
-        base[r] = (size_t)(r0 + r) * n;
-    }
-    size_t k = 0;
-    for (; k + 8 <= n; k += 8) {
-        __m256 x0 = _mm256_loadu_ps(x + k);
-        if (((k * (dt == DT_F32 ? 4 : 2)) & 63) == 0) prefetch_rows(w, base, R, n, k, dt);
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) a[r] = _mm256_fmadd_ps(load_w(w, base[r] + k, dt), x0, a[r]);
-    }
-    if (k < n) {
-        int rem = (int)(n - k);
-        __m256 x0 = _mm256_maskload_ps(x + k, tail_mask(rem));
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++)
-            a[r] = _mm256_fmadd_ps(load_w_tail(w, base[r] + k, rem, dt), x0, a[r]);
-    }
-    if (R == 4) {
-        _mm_storeu_ps(y + r0, hsum4(a[0], a[1], a[2], a[3]));
-    } else {
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) y[r0 + r] = hsum(a[r]);
-    }
 }
 
 /* Prefill register tile: TILE_R rows x TILE_T tokens of accumulators.
@@ -248,16 +211,6 @@ INLINE void matmul(float *y, int ldy, const float *x, int ldx, const void *w,
                    int n_, int T, int r0, int r1, int dt) {
     size_t n = (size_t)n_;
     int r = r0;
-    if (T == 1) {
-        for (; r + 4 <= r1; r += 4) matvec_rows(y, x, w, n, r, 4, dt);
-        switch (r1 - r) {
-        case 3: matvec_rows(y, x, w, n, r, 3, dt); break;
-        case 2: matvec_rows(y, x, w, n, r, 2, dt); break;
-        case 1: matvec_rows(y, x, w, n, r, 1, dt); break;
-        default: break;
-        }
-        return;
-    }
     size_t lx = (size_t)ldx, ly = (size_t)ldy, sz = dt == DT_F32 ? 4 : 2;
 #define ROWS(R) tile_tokens(y + r, ly, x, lx, (const char *)w + (size_t)r * n * sz, n, n, T, \
                             R, 1, 0, dt)
