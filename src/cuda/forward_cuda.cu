@@ -963,12 +963,12 @@ extern "C" loom_status loom_cuda_model_create(loom_cuda *c, const loom_model *m,
         if (m->ropes[i].stream && m->ropes[i].rot_dim >= 2)
             st = g_upload(g, (const void **)&g->stream[i], m->ropes[i].stream,
                           (size_t)(m->ropes[i].rot_dim / 2));
-    /* ints: tokens, slots, sel [T each], row_tok [T + 1], row_pos, lens,
-     * pos [T each], then block tables (rows, stride) with stride <=
+    /* ints: tokens, slots, sel [T each], row_tok [T + 1], row_pos, lens
+     * [T each], then block tables (rows, stride) with stride <=
      * ceil(max_ctx / bs), then the rope positions (3 streams of T) and
      * the bidirectional spans' bounds (2 of T) */
     size_t tstride_max = (size_t)(max_ctx + kv->block_size - 1) / kv->block_size;
-    g->ints_cap = 12 * T + 1 + T * tstride_max;
+    g->ints_cap = 11 * T + 1 + T * tstride_max;
     g->ids_cap = step_tokens;
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->ints, g->ints_cap * 4);
     if (st == LOOM_OK) st = g_alloc(g, (void **)&g->ids, (size_t)g->ids_cap * 4);
@@ -1108,7 +1108,7 @@ typedef struct fw_step {
     int T, n_rows, tstride, max_new, max_len, n_sel, decode;
     int verify;                /* rows carry proposals: the decode path's numerics (below) */
     int taps;                  /* hidden states exported (loom_cuda_set_taps) */
-    const int32_t *tok, *slot, *sel, *rtok, *rpos, *lens, *pos, *tab;
+    const int32_t *tok, *slot, *sel, *rtok, *rpos, *lens, *tab;
     const int32_t *rp;         /* rope positions: 3 streams of T (t, h, w) */
     const int32_t *slo, *shi;  /* bidirectional spans' first and last positions [T], or NULL */
     /* prepared input (embeddings, deepstack): the step's rows, never graphed */
@@ -1856,7 +1856,7 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_layout *kv,
     int ns = S.n_rows;
     int32_t *h_tok = g->h_ints, *h_slot = h_tok + T, *h_sel = h_slot + T;
     int32_t *h_rtok = h_sel + T, *h_rpos = h_rtok + T + 1, *h_lens = h_rpos + T;
-    int32_t *h_pos = h_lens + ns, *h_tab = h_pos + T, *h_rp = h_tab + (size_t)ns * S.tstride;
+    int32_t *h_tab = h_lens + ns, *h_rp = h_tab + (size_t)ns * S.tstride;
     int32_t *h_slo = h_rp + 3 * (size_t)T, *h_shi = h_slo + T;
     size_t n_ints = (size_t)(h_rp - g->h_ints) + (spans ? 5 : 3) * (size_t)T;
     for (int r = 0, t = 0, j = 0; r < n_rows; r++) {
@@ -1867,7 +1867,6 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_layout *kv,
             int pos = seq->n_tokens + i;
             h_tok[t] = rows[r].tokens[i];
             h_slot[t] = seq->blocks[pos / bs] * bs + pos % bs;
-            h_pos[t] = pos;
             for (int k = 0; k < 3; k++)
                 h_rp[(size_t)k * T + t] = rows[r].pos3 ? rows[r].pos3[(size_t)k * rows[r].pos_ld + i]
                                                        : pos + rows[r].pos_delta;
@@ -1889,8 +1888,7 @@ extern "C" loom_status loom_cuda_forward(loom_cuda_model *g, loom_kv_layout *kv,
     S.rtok = S.sel + T;
     S.rpos = S.rtok + T + 1;
     S.lens = S.rpos + T;
-    S.pos = S.lens + ns;
-    S.tab = S.pos + T;
+    S.tab = S.lens + ns;
     S.rp = S.tab + (size_t)ns * S.tstride;
     S.slo = spans ? S.rp + 3 * (size_t)T : NULL;
     S.shi = spans ? S.slo + T : NULL;
