@@ -1080,7 +1080,7 @@ __global__ void attn_prefill_kernel(float *out, const float *q, const void *kb, 
     }
 }
 
-/* Prefill on the tensor cores (bf16 KV, head_dim 64, 80, 96 or 128; asked
+/* Prefill on the tensor cores (bf16 KV, head_dim 64, 80, 96, 128 or 256; asked
  * for with loom_cuda_attn.tc). Flash attention in the FlashAttention-2
  * arrangement: a block takes FA_ROWS * MT query rows (whole tokens of one
  * row times the q heads of one KV head, so GQA reads each K/V tile once for
@@ -1099,7 +1099,9 @@ __global__ void attn_prefill_kernel(float *out, const float *q, const void *kb, 
  * Queries enter scaled and rounded to bf16, like K and V already are:
  * errors of bf16 operands (1e-3 relative). The output is f32 or, for the
  * next GEMM's input, bf16 / f16 (the rounding that GEMM's conversion would
- * do). */
+ * do). At head_dim 256 (Gemma) a lane's O accumulators alone take 128
+ * registers, so the queries stay in shared memory (QREG 0), read again
+ * each tile as with two m-tiles, and one m-tile is the only choice. */
 #define FA_ROWS 64
 #define FA_KT 64
 #define FA_WARPS 4
@@ -1168,6 +1170,7 @@ attn_prefill_fa_kernel(OT *out, const float *q, const __nv_bfloat16 *kb,
                        int nkv, float scale, float softcap, int window, int QT,
                        const int32_t *slo, const int32_t *shi) {
     constexpr int LD = HD + 8, CH = HD / 8, NT = FA_WARPS * 32, ROWS = FA_WARPS * 16 * MT;
+    constexpr int QREG = MT == 1 && HD <= 128;  /* queries in registers for the walk */
     extern __shared__ __align__(16) unsigned char smem_raw[];
     __nv_bfloat16 *sm = (__nv_bfloat16 *)smem_raw;
     int kh = blockIdx.x, tile = gridDim.y - 1 - blockIdx.y, r = blockIdx.z;
@@ -1202,7 +1205,7 @@ attn_prefill_fa_kernel(OT *out, const float *q, const __nv_bfloat16 *kb,
     /* queries, scaled and rounded: with one m-tile a warp through stage 1's
      * K area into registers for the whole walk; with two, a region of their
      * own read again each tile (registers hold the second tile's S and O) */
-    __nv_bfloat16 *Qs = sm + (MT == 1 ? 2 : 4) * FA_KT * LD;
+    __nv_bfloat16 *Qs = sm + (QREG ? 2 : 4) * FA_KT * LD;
     for (int i = tid; i < ROWS * (HD / 4); i += NT) {
         int rr = i / (HD / 4), d = (i % (HD / 4)) * 4;
         float4 v = make_float4(0, 0, 0, 0);
@@ -1220,10 +1223,10 @@ attn_prefill_fa_kernel(OT *out, const float *q, const __nv_bfloat16 *kb,
         return Qs + (w * 16 * MT + m * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + k * 16 +
                (lane >> 4) * 8;
     };
-    unsigned qf[MT == 1 ? HD / 16 : 1][4];
-    if (MT == 1) {
+    unsigned qf[QREG ? HD / 16 : 1][4];
+    if (QREG) {
 #pragma unroll
-        for (int k = 0; k < HD / 16; k++) fa_ldsm(qf[MT == 1 ? k : 0], q_at(0, k));
+        for (int k = 0; k < HD / 16; k++) fa_ldsm(qf[QREG ? k : 0], q_at(0, k));
         __syncthreads();  /* stage 1 is free for the next tile */
     }
 
@@ -1269,9 +1272,9 @@ attn_prefill_fa_kernel(OT *out, const float *q, const __nv_bfloat16 *kb,
             unsigned a[MT][4];
 #pragma unroll
             for (int m = 0; m < MT; m++) {
-                if (MT == 1) {
+                if (QREG) {
 #pragma unroll
-                    for (int x = 0; x < 4; x++) a[m][x] = qf[MT == 1 ? k : 0][x];
+                    for (int x = 0; x < 4; x++) a[m][x] = qf[QREG ? k : 0][x];
                 } else {
                     fa_ldsm(a[m], q_at(m, k));
                 }
@@ -1401,11 +1404,14 @@ extern "C" loom_status loom_cuda_attn_prefill_to(loom_cuda *c, void *d_out, loom
     if ((int)out_dt < 0 || (int)out_dt > 2)
         return loom_err(LOOM_ERR_INVALID_ARG, "cuda attn_prefill: output type %d", (int)out_dt);
     int group = a->n_heads / a->n_kv_heads, hd = a->head_dim;
-    if (a->tc && kv->dt == LOOM_CUDA_BF16 && (hd == 64 || hd == 80 || hd == 96 || hd == 128) &&
-        group <= FA_ROWS && kv->row_stride % 8 == 0) {
-        int mt = c->fa_mt == 1 ? 1 : 2, QT = FA_ROWS * mt / group;
-        /* two K/V stages, and with two m-tiles the queries' own region */
-        size_t smem = (size_t)(2 * 2 * FA_KT + (mt == 2 ? 2 * FA_ROWS : 0)) * (hd + 8) * 2;
+    if (a->tc && kv->dt == LOOM_CUDA_BF16 &&
+        (hd == 64 || hd == 80 || hd == 96 || hd == 128 || hd == 256) && group <= FA_ROWS &&
+        kv->row_stride % 8 == 0) {
+        int mt = c->fa_mt == 1 || hd > 128 ? 1 : 2, QT = FA_ROWS * mt / group;
+        /* two K/V stages, and the queries' own region unless they sit in
+         * registers (one m-tile, head_dim <= 128) */
+        int qreg = mt == 1 && hd <= 128;
+        size_t smem = (size_t)(2 * 2 * FA_KT + (qreg ? 0 : FA_ROWS * mt)) * (hd + 8) * 2;
         unsigned tiles = (unsigned)((max_row_tokens + QT - 1) / QT);
         if (smem <= c->smem_optin && tiles <= 65535) {
             dim3 grid((unsigned)a->n_kv_heads, tiles, (unsigned)n_rows);
@@ -1431,7 +1437,8 @@ extern "C" loom_status loom_cuda_attn_prefill_to(loom_cuda *c, void *d_out, loom
         if (hd == 64) FA_LAUNCH(64, OT);   \
         else if (hd == 80) FA_LAUNCH(80, OT); \
         else if (hd == 96) FA_LAUNCH(96, OT); \
-        else FA_LAUNCH(128, OT);           \
+        else if (hd == 128) FA_LAUNCH(128, OT); \
+        else FA_LAUNCH1(256, OT, 1);       \
     } while (0)
             if (out_dt == LOOM_CUDA_F32) FA_HD(float);
             else if (out_dt == LOOM_CUDA_BF16) FA_HD(__nv_bfloat16);

@@ -2833,6 +2833,13 @@ int main(void) {
         int s13[] = {300}, n13[] = {777};
         test_attn_prefill(&a8, s13, n13, 1, 1);
         test_attn_prefill(&a12, s13, n13, 1, 1);
+        /* head_dim 256 (Gemma 2/3/4's sliding layers), queries in shared
+         * memory: group 4, and softcap with a window across the tiles */
+        attn_case a13 = {4, 1, 256, 16, LOOM_KV_BF16, 0, 0};
+        attn_case a14 = {8, 4, 256, 16, LOOM_KV_BF16, 100, 50.0f};
+        test_attn_prefill(&a13, s10, n10, 6, 1);
+        test_attn_prefill(&a14, s10, n10, 6, 1);
+        test_attn_prefill_to(&a13, s13, n13, 1, 1, LOOM_CUDA_BF16);
         /* bidirectional spans (Gemma 3's images): longer than the window,
          * across query tiles, after a cached prefix */
         test_attn_prefill_sp(&a1, s1, n1, 5, 0, LOOM_CUDA_F32, 20);
@@ -2840,6 +2847,7 @@ int main(void) {
         test_attn_prefill_sp(&a7, s10, n10, 6, 1, LOOM_CUDA_F32, 150);
         test_attn_prefill_sp(&a11, s10, n10, 6, 1, LOOM_CUDA_F32, 90);
         test_attn_prefill_sp(&a12, s13, n13, 1, 1, LOOM_CUDA_BF16, 256);
+        test_attn_prefill_sp(&a14, s10, n10, 6, 1, LOOM_CUDA_F32, 120);
     }
 
     /* routed experts: the fixture's shape, Qwen3-30B-A3B-like and
