@@ -297,6 +297,7 @@ loom_status loom_cuda_matmul_f8(loom_cuda *c, float *d_y, const float *d_x,
 
 #define LOOM_CUDA_MOE_KMAX 32   /* most experts a token may take */
 #define LOOM_CUDA_MOE_TILE 64   /* grouped rows a block of loom_cuda_moe_gemm */
+#define LOOM_CUDA_MOE_TILE_S 16 /* the same for decode batches (few pairs an expert) */
 
 /* Each of the T rows of router logits d_logits (T, E): p = softmax, the
  * top k of p (larger first, the lower index on ties, as moe.c), into
@@ -308,22 +309,35 @@ loom_status loom_cuda_moe_route(loom_cuda *c, int32_t *d_sel, float *d_w, const 
 /* The plan's size in ints for T tokens of k pairs over E experts. */
 int loom_cuda_moe_plan_ints(int T, int k, int E);
 
+/* The plan's row tile for T tokens of k pairs over E experts:
+ * LOOM_CUDA_MOE_TILE, or LOOM_CUDA_MOE_TILE_S when the experts average
+ * fewer than 32 pairs. */
+int loom_cuda_moe_tile(int T, int k, int E);
+
 /* Buckets the N = T * k (token, choice) pairs d_sel (T, k) by expert, into
  * d_plan (loom_cuda_moe_plan_ints): off [E + 1] (expert e's grouped rows
- * are [off[e], off[e + 1])), tiles [E + 1] (the running count of
- * LOOM_CUDA_MOE_TILE-row tiles), row [N] (pair a's grouped row), src [N]
- * (grouped row r's token). Rows of one expert come in no fixed order. */
+ * are [off[e], off[e + 1])), tiles [E + 1] (the running count of tiles of
+ * `tile` rows, LOOM_CUDA_MOE_TILE or LOOM_CUDA_MOE_TILE_S), row [N] (pair
+ * a's grouped row), src [N] (grouped row r's token). Rows of one expert
+ * come in no fixed order. */
 loom_status loom_cuda_moe_sort(loom_cuda *c, int32_t *d_plan, const int32_t *d_sel, int T, int k,
-                               int E);
+                               int E, int tile);
 
 /* Grouped GEMM, one launch for all experts: grouped row r of expert e,
  * d_y (N, rows) row r = x @ W_e^T with W_e = d_w + e * rows * cols elements
  * (rows, cols) of dt, x = d_x row src[r] when gather, else row r (cols
- * wide, f32). d_plan NULL: one group of the N rows, expert 0 (a plain
- * GEMM, the router's). f32 accumulation of f32 x and widened weights. */
+ * wide, f32), over a plan made with the same tile. d_plan NULL: one group
+ * of the N rows, expert 0 (a plain GEMM, the router's; tile unused). f32
+ * accumulation of f32 x and widened weights, or where
+ * loom_cuda_moe_gemm_tc says so, of x rounded to the weights' 16-bit type
+ * on the tensor cores. */
 loom_status loom_cuda_moe_gemm(loom_cuda *c, float *d_y, const float *d_x, int gather,
                                const void *d_w, loom_cuda_dtype dt, int rows, int cols,
-                               const int32_t *d_plan, int E, int N);
+                               const int32_t *d_plan, int E, int N, int tile);
+
+/* 1 where loom_cuda_moe_gemm runs on the tensor cores (a plan, 16-bit
+ * weights, cols % 8 == 0, x and the weights on 16 bytes). */
+int loom_cuda_moe_gemm_tc(loom_cuda_dtype dt, int cols, int grouped);
 
 /* Decode: d_y (N, rows) row a = d_x row a / kdiv (cols wide) @ W_e^T, e =
  * d_sel[a] (NULL: 0), W_e as for loom_cuda_moe_gemm. Each pair reads its

@@ -1165,7 +1165,17 @@ static loom_status moe_linear(loom_cuda_model *g, float *y, const float *x, cons
                               int T) {
     if (T <= MOE_GEMV_T)
         return loom_cuda_moe_gemv(g->c, y, x, 1, NULL, w->d, w->dt, w->rows, w->cols, T);
-    return loom_cuda_moe_gemm(g->c, y, x, 0, w->d, w->dt, w->rows, w->cols, NULL, 1, T);
+    return loom_cuda_moe_gemm(g->c, y, x, 0, w->d, w->dt, w->rows, w->cols, NULL, 1, T, 0);
+}
+
+/* The shared expert's projections: above the GEMV's few tokens, cuBLAS on
+ * the tensor cores (x rounded to the weight's type, as the dense prefill
+ * GEMMs and the grouped expert GEMMs take it); the router keeps f32 x,
+ * since its top-k choice is a discrete decision. */
+static loom_status moe_linear_tc(loom_cuda_model *g, float *y, const float *x, const dweight *w,
+                                 int T) {
+    if (T <= MOE_GEMV_T || w->dt == LOOM_CUDA_F32) return moe_linear(g, y, x, w, T);
+    return loom_cuda_gemm(g->c, y, x, w->d, w->dt, T, w->rows, w->cols);
 }
 
 static loom_status moe_experts(loom_cuda_model *g, const dlayer *D, const float *xin, float *out,
@@ -1183,9 +1193,9 @@ static loom_status moe_ffn(loom_cuda_model *g, const dlayer *D, int T) {
     TRY(loom_cuda_moe_route(c, g->m_sel, g->m_wt, g->m_logits, T, E, K, D->renorm));
     if (D->sgu.rows) {
         int Is = D->sgu.rows / 2;
-        TRY(moe_linear(g, g->m_hb, g->xb, &D->sgu, T));
+        TRY(moe_linear_tc(g, g->m_hb, g->xb, &D->sgu, T));
         TRY(loom_cuda_act_mul_split(c, g->m_ab, g->m_hb, T, Is, gelu));
-        TRY(moe_linear(g, g->m_y, g->m_ab, &D->sdown, T));
+        TRY(moe_linear_tc(g, g->m_y, g->m_ab, &D->sdown, T));
         TRY(moe_linear(g, g->m_logits, g->xb, &D->sgate, T));  /* routing is done */
         TRY(loom_cuda_moe_gate_add(c, g->x, g->m_y, g->m_logits, T, H));
     }
@@ -1206,10 +1216,12 @@ static loom_status moe_experts(loom_cuda_model *g, const dlayer *D, const float 
         return loom_cuda_moe_gemv_sum(c, out, acc, g->m_ab, g->m_sel, g->m_wt, D->edown, D->edt,
                                       T, K, H, I);
     }
-    TRY(loom_cuda_moe_sort(c, g->m_plan, g->m_sel, T, K, E));
-    TRY(loom_cuda_moe_gemm(c, g->m_hb, xin, 1, D->egu, D->edt, 2 * I, H, g->m_plan, E, N));
+    int tile = loom_cuda_moe_tile(T, K, E);
+    TRY(loom_cuda_moe_sort(c, g->m_plan, g->m_sel, T, K, E, tile));
+    TRY(loom_cuda_moe_gemm(c, g->m_hb, xin, 1, D->egu, D->edt, 2 * I, H, g->m_plan, E, N, tile));
     TRY(loom_cuda_act_mul_split(c, g->m_ab, g->m_hb, N, I, gelu));
-    TRY(loom_cuda_moe_gemm(c, g->m_y, g->m_ab, 0, D->edown, D->edt, H, I, g->m_plan, E, N));
+    TRY(loom_cuda_moe_gemm(c, g->m_y, g->m_ab, 0, D->edown, D->edt, H, I, g->m_plan, E, N,
+                           tile));
     return loom_cuda_moe_combine(c, out, acc, g->m_y, g->m_plan, g->m_wt, T, K, H, E);
 }
 

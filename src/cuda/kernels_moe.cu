@@ -1,15 +1,18 @@
 /* kernels_moe: the routed-experts feed-forward (Qwen3-MoE) on the device:
  * routing (softmax, top-k, renormalisation), bucketing of the (token,
  * choice) pairs by expert, a grouped GEMM over every expert's rows in one
- * launch (prefill), an expert GEMV per pair and a GEMV that sums a token's
- * experts (decode), and the weighted combine. Reference: src/model/moe.c.
+ * launch (prefill, and decode batches: on the tensor cores for 16-bit
+ * weights), an expert GEMV per pair and a GEMV that sums a token's experts
+ * (decode of a few tokens), and the weighted combine. Reference:
+ * src/model/moe.c.
  *
  * Nothing here reads a count back to the host: every grid is sized by the
  * step's token count alone (the grouped GEMM's by an upper bound on its
  * tiles, the surplus blocks returning at once), so a step stays
  * capturable into a CUDA graph. Inputs are f32 rows; weights f32, f16 or
  * bf16, widened to f32 in the kernels and accumulated in f32, as the CPU's
- * matmuls do (they never round x). */
+ * matmuls do (they never round x), except in the tensor-core grouped GEMM,
+ * which rounds x to the weight's type as the dense prefill GEMMs do. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <math.h>
@@ -112,7 +115,8 @@ extern "C" loom_status loom_cuda_moe_route(loom_cuda *c, int32_t *d_sel, float *
  * pair within its expert, in no fixed order: every grouped row is computed
  * on its own, so where a row lands never changes a value), the offsets and
  * the tile counts, then each pair's grouped row and each row's token. */
-__global__ void moe_sort_kernel(int32_t *plan, const int32_t *sel, int N, int E, int k) {
+__global__ void moe_sort_kernel(int32_t *plan, const int32_t *sel, int N, int E, int k,
+                                int tile) {
     extern __shared__ int sh_cnt[];  /* [E] */
     int32_t *off = plan, *tiles = plan + E + 1, *row = plan + 2 * (E + 1), *src = row + N;
     for (int e = threadIdx.x; e < E; e += blockDim.x) sh_cnt[e] = 0;
@@ -127,7 +131,7 @@ __global__ void moe_sort_kernel(int32_t *plan, const int32_t *sel, int N, int E,
             int n = sh_cnt[e];
             sh_cnt[e] = o;
             o += n;
-            g += (n + LOOM_CUDA_MOE_TILE - 1) / LOOM_CUDA_MOE_TILE;
+            g += (n + tile - 1) / tile;
         }
         off[E] = o;
         tiles[E] = g;
@@ -140,15 +144,26 @@ __global__ void moe_sort_kernel(int32_t *plan, const int32_t *sel, int N, int E,
     }
 }
 
+static int moe_tile_ok(int tile) { return tile == LOOM_CUDA_MOE_TILE || tile == LOOM_CUDA_MOE_TILE_S; }
+
+extern "C" int loom_cuda_moe_tile(int T, int k, int E) {
+    /* fewer than 32 pairs an expert on average (decode batches): 64-row
+     * tiles would be mostly empty rows, computed all the same */
+    return (long)T * k >= 32L * E ? LOOM_CUDA_MOE_TILE : LOOM_CUDA_MOE_TILE_S;
+}
+
 extern "C" loom_status loom_cuda_moe_sort(loom_cuda *c, int32_t *d_plan, const int32_t *d_sel,
-                                          int T, int k, int E) {
+                                          int T, int k, int E, int tile) {
     int N = T * k;
+    if (!moe_tile_ok(tile))
+        return loom_err(LOOM_ERR_INVALID_ARG, "cuda moe_sort: tile of %d rows (expected %d or %d)",
+                        tile, LOOM_CUDA_MOE_TILE_S, LOOM_CUDA_MOE_TILE);
     if (N <= 0) return LOOM_OK;
     size_t smem = (size_t)E * sizeof(int);
     if (smem > 48 * 1024)
         return loom_err(LOOM_ERR_UNSUPPORTED, "cuda moe_sort: %d experts (expected <= %d)", E,
                         48 * 1024 / (int)sizeof(int));
-    moe_sort_kernel<<<1, 1024, smem, c->stream>>>(d_plan, d_sel, N, E, k);
+    moe_sort_kernel<<<1, 1024, smem, c->stream>>>(d_plan, d_sel, N, E, k, tile);
     LAUNCH_CHECK();
     return LOOM_OK;
 }
@@ -159,34 +174,43 @@ extern "C" loom_status loom_cuda_moe_sort(loom_cuda *c, int32_t *d_plan, const i
 #define GG_BN 64                 /* output columns (weight rows) a block */
 #define GG_BK 16
 
-/* Block (column tile, row tile g): row tile g belongs to the expert e with
- * tiles[e] <= g < tiles[e + 1] and covers its rows off[e] + (g -
- * tiles[e]) * BM, up to off[e + 1]. 256 threads, 4 x 4 outputs each (rows
- * ty + 16 i, columns tx + 16 j), f32 FMAs over k in order. */
+/* Row tile g of the plan (tiles of `tile` rows) belongs to the expert e
+ * with tiles[e] <= g < tiles[e + 1] and covers its rows [r0, r1): from
+ * off[e] + (g - tiles[e]) * tile, at most tile of them, up to off[e + 1].
+ * 0: past the last tile. */
+__device__ __forceinline__ int moe_tile_rows(const int32_t *plan, int E, int g, int tile, int *e,
+                                             int *r0, int *r1) {
+    const int32_t *off = plan, *tiles = plan + E + 1;
+    if (g >= tiles[E]) return 0;
+    int lo = 0, hi = E - 1;  /* the last e with tiles[e] <= g */
+    while (lo < hi) {
+        int mid = (lo + hi + 1) >> 1;
+        if (tiles[mid] <= g) lo = mid;
+        else hi = mid - 1;
+    }
+    *e = lo;
+    *r0 = off[lo] + (g - tiles[lo]) * tile;
+    *r1 = min(off[lo + 1], *r0 + tile);
+    return 1;
+}
+
+/* Block (column tile, row tile g) of the plan, or rows g * BM on without
+ * one. 256 threads, 4 x 4 outputs each (rows ty + 16 i, columns tx + 16
+ * j), f32 FMAs over k in order. */
 template <int DT>
 __global__ void __launch_bounds__(256)
 moe_gemm_kernel(float *y, const float *x, const void *w, int rows, int cols, const int32_t *plan,
-                int E, int N, int gather) {
+                int E, int N, int gather, int tile) {
     __shared__ float As[GG_BK][GG_BM + 1];
     __shared__ float Bs[GG_BK][GG_BN + 1];
     int g = blockIdx.y, e = 0, r0, r1;
     const int32_t *src = NULL;
     if (plan) {
-        const int32_t *off = plan, *tiles = plan + E + 1;
-        if (g >= tiles[E]) return;
-        int lo = 0, hi = E - 1;  /* the last e with tiles[e] <= g */
-        while (lo < hi) {
-            int mid = (lo + hi + 1) >> 1;
-            if (tiles[mid] <= g) lo = mid;
-            else hi = mid - 1;
-        }
-        e = lo;
-        r0 = off[e] + (g - tiles[e]) * GG_BM;
-        r1 = off[e + 1];
+        if (!moe_tile_rows(plan, E, g, tile, &e, &r0, &r1)) return;
         if (gather) src = plan + 2 * (E + 1) + N;
     } else {
         r0 = g * GG_BM;
-        r1 = N;
+        r1 = min(N, r0 + GG_BM);
     }
     int n0 = blockIdx.x * GG_BN;
     int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
@@ -228,29 +252,209 @@ moe_gemm_kernel(float *y, const float *x, const void *w, int rows, int cols, con
     }
 }
 
+/* The same on the tensor cores, for 16-bit weights (cols % 8 == 0): x
+ * rounded to the weight's type as it is staged (as the dense prefill GEMMs
+ * take their input), mma.m16n8k16 with f32 accumulation. A block is BM
+ * grouped rows (one plan tile: BM = tile) by TC_BN weight rows, 4 warps
+ * (2 x 2 of 32 x 64 at BM 64, 1 x 4 of 16 x 32 at BM 16), k in steps of
+ * TC_BK through two shared-memory stages: weights by cp.async, x by
+ * registers (loaded before the stage in use is computed, stored after). */
+#define TC_BN 128
+#define TC_BK 32
+#define TC_LD (TC_BK + 8) /* 80-byte rows: ldmatrix's 8 row addresses in distinct banks */
+
+__device__ __forceinline__ void tc_cp16(void *dst, const void *src, int n) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(n)
+                 : "memory");
+}
+
+__device__ __forceinline__ void tc_ldsm(unsigned *r, const void *p) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+
+template <int DT>
+__device__ __forceinline__ void tc_mma(float *d, const unsigned *a, unsigned b0, unsigned b1) {
+    if (DT == LOOM_CUDA_F16)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+                     "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+                     "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <int DT>
+__device__ __forceinline__ uint2 tc_pack4(float4 v) {
+    unsigned lo, hi;
+    if (DT == LOOM_CUDA_F16) {
+        __half2 a = __floats2half2_rn(v.x, v.y), b = __floats2half2_rn(v.z, v.w);
+        memcpy(&lo, &a, 4);
+        memcpy(&hi, &b, 4);
+    } else {
+        __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
+        memcpy(&lo, &a, 4);
+        memcpy(&hi, &b, 4);
+    }
+    return make_uint2(lo, hi);
+}
+
+template <int DT, int BM>
+__global__ void __launch_bounds__(128)
+moe_gemm_tc_kernel(float *y, const float *x, const unsigned short *w, int rows, int cols,
+                   const int32_t *plan, int E, int N, int gather) {
+    constexpr int WARPS_M = BM == 64 ? 2 : 1, WARPS_N = 4 / WARPS_M;
+    constexpr int WM = BM / WARPS_M, WN = TC_BN / WARPS_N, MT = WM / 16, NT = WN / 8;
+    constexpr int AV = BM * TC_BK / 4 / 128;  /* x float4s a thread a stage */
+    __shared__ __align__(16) unsigned short As[2][BM][TC_LD];
+    __shared__ __align__(16) unsigned short Bs[2][TC_BN][TC_LD];
+    int e, r0, r1;
+    if (!moe_tile_rows(plan, E, blockIdx.y, BM, &e, &r0, &r1)) return;
+    const int32_t *src = gather ? plan + 2 * (E + 1) + N : NULL;
+    int n0 = blockIdx.x * TC_BN, tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+    int wm = wid / WARPS_N, wn = wid % WARPS_N;
+    const unsigned short *we = w + (size_t)e * rows * cols;
+    /* this thread's x rows, fixed over k */
+    const float *xr[AV];
+#pragma unroll
+    for (int j = 0; j < AV; j++) {
+        int gr = r0 + (tid + j * 128) / (TC_BK / 4);
+        xr[j] = gr < r1 ? x + (size_t)(src ? src[gr] : gr) * cols : NULL;
+    }
+    auto load_b = [&](int k0, int s) {
+#pragma unroll
+        for (int j = 0; j < TC_BN * TC_BK / 8 / 128; j++) {
+            int i = tid + j * 128, n = i / (TC_BK / 8), c8 = (i % (TC_BK / 8)) * 8;
+            int gn = n0 + n, kc = k0 + c8, ok = gn < rows && kc < cols;
+            tc_cp16(&Bs[s][n][c8], ok ? we + (size_t)gn * cols + kc : we, ok ? 16 : 0);
+        }
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+    };
+    auto load_a = [&](int k0, float4 *v) {
+#pragma unroll
+        for (int j = 0; j < AV; j++) {
+            int kc = k0 + ((tid + j * 128) % (TC_BK / 4)) * 4;
+            v[j] = xr[j] && kc < cols ? *(const float4 *)(xr[j] + kc) : make_float4(0, 0, 0, 0);
+        }
+    };
+    auto store_a = [&](int s, const float4 *v) {
+#pragma unroll
+        for (int j = 0; j < AV; j++) {
+            int i = tid + j * 128;
+            *(uint2 *)&As[s][i / (TC_BK / 4)][(i % (TC_BK / 4)) * 4] = tc_pack4<DT>(v[j]);
+        }
+    };
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int n = 0; n < NT; n++) acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0;
+    float4 av[AV];
+    int nk = (cols + TC_BK - 1) / TC_BK;
+    load_b(0, 0);
+    load_a(0, av);
+    store_a(0, av);
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    __syncthreads();
+    for (int kt = 0; kt < nk; kt++) {
+        int cur = kt & 1, more = kt + 1 < nk;
+        if (more) {
+            load_b((kt + 1) * TC_BK, cur ^ 1);
+            load_a((kt + 1) * TC_BK, av);
+        }
+#pragma unroll
+        for (int ks = 0; ks < TC_BK / 16; ks++) {
+            unsigned a[MT][4];
+#pragma unroll
+            for (int m = 0; m < MT; m++)
+                tc_ldsm(a[m], &As[cur][wm * WM + m * 16 + (lane & 7) + ((lane >> 3) & 1) * 8]
+                                 [ks * 16 + (lane >> 4) * 8]);
+#pragma unroll
+            for (int n = 0; n < NT / 2; n++) {
+                unsigned b[4];
+                tc_ldsm(b, &Bs[cur][wn * WN + n * 16 + (lane & 7) + (lane >> 4) * 8]
+                              [ks * 16 + ((lane >> 3) & 1) * 8]);
+#pragma unroll
+                for (int m = 0; m < MT; m++) {
+                    tc_mma<DT>(acc[m][2 * n], a[m], b[0], b[1]);
+                    tc_mma<DT>(acc[m][2 * n + 1], a[m], b[2], b[3]);
+                }
+            }
+        }
+        if (more) {
+            store_a(cur ^ 1, av);
+            asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+        }
+        __syncthreads();
+    }
+    /* element h of n-tile n: row lane / 4 (+ 8 for h >= 2), column 2 (lane % 4) + h % 2 */
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int gr = r0 + wm * WM + m * 16 + (lane >> 2) + 8 * h;
+            if (gr >= r1) continue;
+            float *yr = y + (size_t)gr * rows;
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+                int gn = n0 + wn * WN + n * 8 + (lane & 3) * 2;
+                if (gn < rows) yr[gn] = acc[m][n][2 * h];
+                if (gn + 1 < rows) yr[gn + 1] = acc[m][n][2 * h + 1];
+            }
+        }
+}
+
 extern "C" int loom_cuda_moe_plan_ints(int T, int k, int E) { return 2 * (E + 1) + 2 * T * k; }
+
+extern "C" int loom_cuda_moe_gemm_tc(loom_cuda_dtype dt, int cols, int grouped) {
+    return grouped && dt != LOOM_CUDA_F32 && cols % 8 == 0;
+}
 
 extern "C" loom_status loom_cuda_moe_gemm(loom_cuda *c, float *d_y, const float *d_x, int gather,
                                           const void *d_w, loom_cuda_dtype dt, int rows, int cols,
-                                          const int32_t *d_plan, int E, int N) {
+                                          const int32_t *d_plan, int E, int N, int tile) {
     if (N <= 0 || rows <= 0) return LOOM_OK;
-    /* tiles over all experts: sum ceil(n_e / BM) <= N / BM + E */
-    size_t gy = d_plan ? (size_t)(N + GG_BM - 1) / GG_BM + (size_t)E
-                       : (size_t)(N + GG_BM - 1) / GG_BM;
+    if (d_plan && !moe_tile_ok(tile))
+        return loom_err(LOOM_ERR_INVALID_ARG, "cuda moe_gemm: tile of %d rows (expected %d or %d)",
+                        tile, LOOM_CUDA_MOE_TILE_S, LOOM_CUDA_MOE_TILE);
+    if (!d_plan) tile = GG_BM;
+    /* tiles over all experts: sum ceil(n_e / tile) <= N / tile + E */
+    size_t gy = (size_t)(N + tile - 1) / tile + (d_plan ? (size_t)E : 0);
     if (gy > 65535)
         return loom_err(LOOM_ERR_UNSUPPORTED, "cuda moe_gemm: %d rows over %d experts (expected "
                         "at most %d row tiles)", N, E, 65535);
+    if (loom_cuda_moe_gemm_tc(dt, cols, d_plan != NULL) && (uintptr_t)d_x % 16 == 0 &&
+        (uintptr_t)d_w % 16 == 0) {
+        dim3 grid((unsigned)((rows + TC_BN - 1) / TC_BN), (unsigned)gy);
+        const unsigned short *w = (const unsigned short *)d_w;
+#define TC_LAUNCH(DT, BM)                                                                     \
+    moe_gemm_tc_kernel<DT, BM><<<grid, 128, 0, c->stream>>>(d_y, d_x, w, rows, cols, d_plan, E, \
+                                                            N, gather)
+        if (dt == LOOM_CUDA_F16 && tile == LOOM_CUDA_MOE_TILE) TC_LAUNCH(LOOM_CUDA_F16, 64);
+        else if (dt == LOOM_CUDA_F16) TC_LAUNCH(LOOM_CUDA_F16, 16);
+        else if (tile == LOOM_CUDA_MOE_TILE) TC_LAUNCH(LOOM_CUDA_BF16, 64);
+        else TC_LAUNCH(LOOM_CUDA_BF16, 16);
+#undef TC_LAUNCH
+        LAUNCH_CHECK();
+        return LOOM_OK;
+    }
     dim3 grid((unsigned)((rows + GG_BN - 1) / GG_BN), (unsigned)gy);
     if (!d_plan) gather = 0, E = 1;
     if (dt == LOOM_CUDA_F32)
         moe_gemm_kernel<LOOM_CUDA_F32><<<grid, 256, 0, c->stream>>>(d_y, d_x, d_w, rows, cols,
-                                                                    d_plan, E, N, gather);
+                                                                    d_plan, E, N, gather, tile);
     else if (dt == LOOM_CUDA_F16)
         moe_gemm_kernel<LOOM_CUDA_F16><<<grid, 256, 0, c->stream>>>(d_y, d_x, d_w, rows, cols,
-                                                                    d_plan, E, N, gather);
+                                                                    d_plan, E, N, gather, tile);
     else
         moe_gemm_kernel<LOOM_CUDA_BF16><<<grid, 256, 0, c->stream>>>(d_y, d_x, d_w, rows, cols,
-                                                                     d_plan, E, N, gather);
+                                                                     d_plan, E, N, gather, tile);
     LAUNCH_CHECK();
     return LOOM_OK;
 }

@@ -1840,6 +1840,99 @@ static int test_moe_scale_weights(int T, int k, int E) {
     return ok;
 }
 
+/* v rounded to the 16-bit weight type dt (the tensor-core GEMM's input), or v. */
+static float moe_round(float v, loom_cuda_dtype dt, int tc) {
+    if (!tc) return v;
+    return dt == LOOM_CUDA_F16 ? loom_f16_to_f32(loom_f32_to_f16(v))
+                               : loom_bf16_to_f32(loom_f32_to_bf16(v));
+}
+
+/* One plan tile size: the plan checked entry by entry, the gate | up
+ * grouped GEMM against a double reference of each pair (x rounded where
+ * the tensor cores take it), then down + combine against a reference over
+ * the device's own activations (rounded likewise). 1: all passed. */
+static int moe_plan_path(const moe_case *mc, int tile, const char *what, const float *x,
+                         const float *res, const float *wgu, const float *wd, const int32_t *sel,
+                         const float *wt, int32_t *plan, void *dx, void *dwgu, void *dwd,
+                         void *dsel, void *dwt, void *dplan, void *dhb, void *dab, void *dy,
+                         void *dout, float *got) {
+    int T = mc->T, E = mc->E, K = mc->K, H = mc->H, I = mc->I, N = T * K;
+    int plan_n = loom_cuda_moe_plan_ints(T, K, E);
+    loom_status st = loom_cuda_moe_sort(C, dplan, dsel, T, K, E, tile);
+    if (st == LOOM_OK) st = loom_cuda_download(C, plan, dplan, (size_t)plan_n * 4);
+    if (st != LOOM_OK) {
+        api_fail("moe sort", what, st);
+        return 0;
+    }
+    const int32_t *off = plan, *tiles = plan + E + 1, *row = plan + 2 * (E + 1), *src = row + N;
+    {
+        /* counts per expert, each pair's row inside its expert's range,
+         * each row's token, rows a permutation */
+        int bad = off[0] != 0 || tiles[0] != 0 || off[E] != N, empty = 0;
+        char *seen = calloc((size_t)N, 1);
+        for (int e = 0; e < E && !bad; e++) {
+            int n = 0;
+            for (int i = 0; i < N; i++) n += sel[i] == e;
+            empty += n == 0;
+            bad |= off[e + 1] - off[e] != n || tiles[e + 1] - tiles[e] != (n + tile - 1) / tile;
+        }
+        for (int i = 0; i < N && !bad; i++) {
+            int r = row[i], e = sel[i];
+            bad |= r < off[e] || r >= off[e + 1] || seen[r] || src[r] != i / K;
+            if (!bad) seen[r] = 1;
+        }
+        free(seen);
+        printf("%s  %-14s %-44s %d experts without pairs\n", bad ? "FAIL" : "PASS", "moe sort",
+               what, empty);
+        bad ? n_fail++ : n_pass++;
+        if (bad) return 0;
+    }
+    int tcg = loom_cuda_moe_gemm_tc(mc->dt, H, 1), tcd = loom_cuda_moe_gemm_tc(mc->dt, I, 1);
+    size_t ngu = (size_t)N * 2 * I;
+    float *hb = xmalloc(ngu * 4), *hbr = xmalloc(ngu * 4), *ab = xmalloc((size_t)N * I * 4);
+    float *xr = xmalloc((size_t)H * 4), *ar = xmalloc((size_t)I * 4), *ref = xmalloc((size_t)T * H * 4);
+    double *gd = xmalloc((size_t)2 * I * 8), *yd = xmalloc((size_t)H * 8), *o = xmalloc((size_t)H * 8);
+    int ok = 0;
+    st = loom_cuda_memset0(C, dhb, ngu * 4);
+    if (st == LOOM_OK) st = loom_cuda_moe_gemm(C, dhb, dx, 1, dwgu, mc->dt, 2 * I, H, dplan, E, N, tile);
+    if (st == LOOM_OK) st = loom_cuda_download(C, hb, dhb, ngu * 4);
+    if (st == LOOM_OK) st = loom_cuda_act_mul_split(C, dab, dhb, N, I, 0);
+    if (st == LOOM_OK) st = loom_cuda_download(C, ab, dab, (size_t)N * I * 4);
+    if (st == LOOM_OK) st = loom_cuda_upload(C, dout, res, (size_t)T * H * 4);
+    if (st == LOOM_OK) st = loom_cuda_moe_gemm(C, dy, dab, 0, dwd, mc->dt, H, I, dplan, E, N, tile);
+    if (st == LOOM_OK) st = loom_cuda_moe_combine(C, dout, 1, dy, dplan, dwt, T, K, H, E);
+    if (st == LOOM_OK) st = loom_cuda_download(C, got, dout, (size_t)T * H * 4);
+    if (st != LOOM_OK) {
+        api_fail("moe gemm", what, st);
+        goto done;
+    }
+    for (int a = 0; a < N; a++) {
+        const float *xt = x + (size_t)(a / K) * H;
+        for (int i = 0; i < H; i++) xr[i] = moe_round(xt[i], mc->dt, tcg);
+        mv_ref(gd, wgu + (size_t)sel[a] * 2 * I * H, xr, 2 * I, H);
+        for (int i = 0; i < 2 * I; i++) hbr[(size_t)row[a] * 2 * I + i] = (float)gd[i];
+    }
+    char w2[200];
+    snprintf(w2, sizeof w2, "%s%s", what, tcg ? " tc" : "");
+    ok = report("moe gemm gu", w2, hb, hbr, NULL, ngu, 2e-5f, 1e-4f);
+    for (int t = 0; t < T; t++) {
+        for (int i = 0; i < H; i++) o[i] = 0;
+        for (int k = 0; k < K; k++) {
+            int a = t * K + k;
+            for (int i = 0; i < I; i++)
+                ar[i] = moe_round(ab[(size_t)row[a] * I + i], mc->dt, tcd);
+            mv_ref(yd, wd + (size_t)sel[a] * H * I, ar, H, I);
+            for (int i = 0; i < H; i++) o[i] += (double)wt[a] * yd[i];
+        }
+        for (int i = 0; i < H; i++) ref[(size_t)t * H + i] = (float)(res[(size_t)t * H + i] + o[i]);
+    }
+    snprintf(w2, sizeof w2, "%s%s", what, tcd ? " tc" : "");
+    ok &= report("moe gemm path", w2, got, ref, NULL, (size_t)T * H, 2e-5f, 1e-4f);
+done:
+    free(hb), free(hbr), free(ab), free(xr), free(ar), free(ref), free(gd), free(yd), free(o);
+    return ok;
+}
+
 /* The whole feed-forward of one MoE layer against a double reference:
  * the router as a GEMV (sel NULL) and as a one-group GEMM, routing, the
  * bucketing plan (checked entry by entry), then the experts both ways:
@@ -1895,7 +1988,7 @@ static int test_moe(const moe_case *mc) {
     }
     st = loom_cuda_moe_gemv(C, dlog, dx, 1, NULL, dwr, mc->dt, E, H, T);
     if (st == LOOM_OK) st = loom_cuda_download(C, logits, dlog, (size_t)T * E * 4);
-    if (st == LOOM_OK) st = loom_cuda_moe_gemm(C, dlog, dx, 0, dwr, mc->dt, E, H, NULL, 1, T);
+    if (st == LOOM_OK) st = loom_cuda_moe_gemm(C, dlog, dx, 0, dwr, mc->dt, E, H, NULL, 1, T, 0);
     if (st == LOOM_OK) st = loom_cuda_download(C, lg2, dlog, (size_t)T * E * 4);
     if (st != LOOM_OK) {
         api_fail("moe", what, st);
@@ -1928,37 +2021,6 @@ static int test_moe(const moe_case *mc) {
     }
     report("moe route w", what, wt, rwt, NULL, (size_t)N, 1e-6f, 1e-5f);
     if (!same) goto out;  /* the experts below take the GPU's choices */
-    /* the plan: counts per expert, each pair's row inside its expert's range,
-     * each row's token, rows a permutation */
-    st = loom_cuda_moe_sort(C, dplan, dsel, T, K, E);
-    if (st == LOOM_OK) st = loom_cuda_download(C, plan, dplan, (size_t)plan_n * 4);
-    if (st != LOOM_OK) {
-        api_fail("moe", what, st);
-        goto out;
-    }
-    {
-        const int32_t *off = plan, *tiles = plan + E + 1, *row = plan + 2 * (E + 1),
-                      *src = row + N;
-        int bad = off[0] != 0 || tiles[0] != 0 || off[E] != N, empty = 0;
-        char *seen = calloc((size_t)N, 1);
-        for (int e = 0; e < E && !bad; e++) {
-            int n = 0;
-            for (int i = 0; i < N; i++) n += sel[i] == e;
-            empty += n == 0;
-            bad |= off[e + 1] - off[e] != n ||
-                   tiles[e + 1] - tiles[e] != (n + LOOM_CUDA_MOE_TILE - 1) / LOOM_CUDA_MOE_TILE;
-        }
-        for (int i = 0; i < N && !bad; i++) {
-            int r = row[i], e = sel[i];
-            bad |= r < off[e] || r >= off[e + 1] || seen[r] || src[r] != i / K;
-            if (!bad) seen[r] = 1;
-        }
-        free(seen);
-        printf("%s  %-14s %-44s %d experts without pairs\n", bad ? "FAIL" : "PASS", "moe sort",
-               what, empty);
-        bad ? n_fail++ : n_pass++;
-        if (bad) goto out;
-    }
     /* reference: res + sum_k w_k * down_e(silu(gate_e x) * up_e x) */
     for (int t = 0; t < T; t++) {
         double *o = xmalloc((size_t)H * 8);
@@ -1985,19 +2047,17 @@ static int test_moe(const moe_case *mc) {
         goto out;
     }
     report("moe gemv path", what, got, ref, NULL, (size_t)T * H, 2e-5f, 1e-4f);
-    /* prefill: grouped GEMMs over the plan, act, combine into the residual */
-    st = loom_cuda_upload(C, dout, res, (size_t)T * H * 4);
-    if (st == LOOM_OK) st = loom_cuda_memset0(C, dhb, (size_t)N * 2 * I * 4);
-    if (st == LOOM_OK) st = loom_cuda_moe_gemm(C, dhb, dx, 1, dwgu, mc->dt, 2 * I, H, dplan, E, N);
-    if (st == LOOM_OK) st = loom_cuda_act_mul_split(C, dab, dhb, N, I, 0);
-    if (st == LOOM_OK) st = loom_cuda_moe_gemm(C, dy, dab, 0, dwd, mc->dt, H, I, dplan, E, N);
-    if (st == LOOM_OK) st = loom_cuda_moe_combine(C, dout, 1, dy, dplan, dwt, T, K, H, E);
-    if (st == LOOM_OK) st = loom_cuda_download(C, got, dout, (size_t)T * H * 4);
-    if (st != LOOM_OK) {
-        api_fail("moe gemm", what, st);
-        goto out;
+    /* prefill (and decode batches): the plan at both row tiles, grouped
+     * GEMMs over it, act, combine into the residual */
+    for (int ti = 0; ti < 2; ti++) {
+        int tile = ti ? LOOM_CUDA_MOE_TILE_S : LOOM_CUDA_MOE_TILE;
+        char wt_[160];
+        snprintf(wt_, sizeof wt_, "%s tile=%d", what, tile);
+        if (!moe_plan_path(mc, tile, wt_, x, res, wgu, wd, sel, wt, plan, dx, dwgu, dwd, dsel,
+                           dwt, dplan, dhb, dab, dy, dout, got))
+            goto out;
     }
-    ok = report("moe gemm path", what, got, ref, NULL, (size_t)T * H, 2e-5f, 1e-4f);
+    ok = 1;
     /* the shared expert's gate: out += sigmoid(g[t]) * y (y = x here) */
     {
         float *gg = xmalloc((size_t)T * 4);
@@ -2866,6 +2926,8 @@ int main(void) {
         {200, 512, 10, 64, 48, LOOM_CUDA_BF16, 1, 0},
         {9, 4, 4, 96, 17, LOOM_CUDA_F16, 1, 0},
         {300, 32, 3, 128, 64, LOOM_CUDA_BF16, 1, 1},
+        {512, 128, 8, 256, 136, LOOM_CUDA_BF16, 1, 0},
+        {33, 128, 8, 264, 40, LOOM_CUDA_F16, 1, 0},
     };
     for (size_t i = 0; i < sizeof moes / sizeof moes[0]; i++) test_moe(&moes[i]);
     test_moe_limits();
