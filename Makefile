@@ -188,7 +188,7 @@ $(BUILD)/cuda/%.o: %.cu $(CU_HDR)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@
 
-$(BUILD)/cuda-tests/%: tests/cuda/%.c $(LIB) tests/test.h $(CU_HDR)
+$(BUILD)/cuda-tests/%: tests/cuda/%.c $(LIB) tests/test.h $(wildcard tests/cuda/*.h) $(CU_HDR)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) $< $(LIB) $(LDLIBS) -o $@
 

@@ -10,6 +10,7 @@
 #include "base/base.h"
 #include "load/safetensors.h"
 #include "../test.h"
+#include "ref_prompt.h"
 
 static const char *models[] = {"llama3-tiny", "qwen2-tiny", "qwen3-tiny", "mistral-tiny-swa",
                                "qwen3-tiny-mlx4", "qwen3-tiny-mlx8", "gemma2-tiny",
@@ -37,15 +38,11 @@ static void check(const char *name) {
     double worst = 0;
     int same = 0;
     for (int i = 0; i < 4; i++) {
-        char k[64];
-        snprintf(k, sizeof k, "prompt.%d.ids", i);
-        const loom_st_tensor *t = loom_st_find(ref, k);
-        ids[i] = t->data;
-        len[i] = (int)t->shape[0];
-        snprintf(k, sizeof k, "prompt.%d.greedy", i);
-        greedy[i] = loom_st_find(ref, k)->data;
-        snprintf(k, sizeof k, "prompt.%d.logits", i);
-        const float *want = loom_st_find(ref, k)->data;
+        const float *want;
+        if (!ref_prompt(ref, i, &ids[i], &len[i], &greedy[i], &want)) {
+            CHECK(0);
+            continue;
+        }
         loom_context *c = NULL;
         loom_context_params cp = loom_context_default_params();
         cp.n_ctx = len[i] + 24;
@@ -198,13 +195,7 @@ static void check_embeddings(const char *name) {
     }
     const int32_t *ids[4];
     int len[4], H = m[0] ? loom_model_hidden_size(m[0]) : 0;
-    for (int i = 0; i < 4 && m[1]; i++) {
-        char k[64];
-        snprintf(k, sizeof k, "prompt.%d.ids", i);
-        const loom_st_tensor *t = loom_st_find(ref, k);
-        ids[i] = t->data;
-        len[i] = (int)t->shape[0];
-    }
+    for (int i = 0; i < 4 && m[1]; i++) CHECK(ref_prompt(ref, i, &ids[i], &len[i], NULL, NULL));
     float *v[2] = {calloc((size_t)8 * H + 1, sizeof(float)), calloc((size_t)8 * H + 1, sizeof(float))};
     for (int side = 0; side < 2 && m[1]; side++) {
         loom_engine_params ep = loom_engine_default_params();

@@ -11,6 +11,7 @@
 #include "base/base.h"
 #include "load/safetensors.h"
 #include "../test.h"
+#include "ref_prompt.h"
 
 static const char *models[] = {"llama3-tiny", "qwen2-tiny", "qwen3-tiny", "mistral-tiny-swa",
                                "gemma2-tiny", "gemma3-tiny"};
@@ -41,8 +42,6 @@ static float *eval(loom_model *m, const int32_t *ids, int n) {
     return got;
 }
 
-static double rel(const float *a, const float *b, size_t n) { return test_rel_err(a, b, n); }
-
 static void check(const char *name, int tp) {
     char dir[256], path[300];
     snprintf(dir, sizeof dir, "tests/fixtures/models/%s", name);
@@ -62,21 +61,17 @@ static void check(const char *name, int tp) {
     int len[4], same = 0;
     double worst_ref = 0, worst_one = 0;
     for (int i = 0; i < 4; i++) {
-        char k[64];
-        snprintf(k, sizeof k, "prompt.%d.ids", i);
-        const loom_st_tensor *t = loom_st_find(ref, k);
-        ids[i] = t->data;
-        len[i] = (int)t->shape[0];
-        snprintf(k, sizeof k, "prompt.%d.greedy", i);
-        greedy[i] = loom_st_find(ref, k)->data;
-        snprintf(k, sizeof k, "prompt.%d.logits", i);
-        const float *want = loom_st_find(ref, k)->data;
+        const float *want;
+        if (!ref_prompt(ref, i, &ids[i], &len[i], &greedy[i], &want)) {
+            CHECK(0);
+            continue;
+        }
         float *a = eval(split, ids[i], len[i]), *b = eval(one, ids[i], len[i]);
         CHECK(a && b);
         if (a && b) {
             size_t n = (size_t)len[i] * V;
-            worst_ref = test_max(worst_ref, rel(a, want, n));
-            worst_one = test_max(worst_one, rel(a, b, n));
+            worst_ref = test_max(worst_ref, test_rel_err(a, want, n));
+            worst_one = test_max(worst_one, test_rel_err(a, b, n));
         }
         free(a);
         free(b);
