@@ -498,6 +498,9 @@ static void test_matmul_q(void) {
     for (int bits = 4; bits <= 8; bits += 4)
         for (int T = 31; T <= 33; T++)
             check_matmul_q(bits, 64, 1088, T, T % 2, 37, T % 5, 37 - T % 3, 1088 + T % 3, 40);
+    /* Wide rows: a prompt that AVX2's --fast 8-bit path rounds in several
+     * chunks (16 tokens of 4096 columns at a time). */
+    check_matmul_q(8, 64, 4096, 37, 1, 9, 1, 8, 4099, 38);
 }
 
 /* The AVX-512 exact 4-/8-bit prompt path (more than 8 tokens) promises
@@ -1225,7 +1228,7 @@ static void run_all(const char *label, const loom_kernels *k, const loom_kernels
     test_matmul();
     test_matmul_specials();
     if (batch_invariant) test_matmul_batch_invariant();
-    q_invariant = !strcmp(label, "avx512") || !strcmp(label, "avx512-fast");
+    q_invariant = !strcmp(label, "avx512") || !strcmp(label, "avx512-fast") || !strcmp(label, "avx2-fast");
     if (!strcmp(label, "avx512-fast")) test_matvec_fast_small_t();
     test_matmul_rounding();
     test_matmul_q();
@@ -1302,6 +1305,12 @@ int main(void) {
         static loom_kernels avx2;
         avx2 = loom_kernels_over(loom_kernels_ref, &loom_kernels_avx2);
         run_all("avx2", &avx2, &loom_kernels_ref, 1);
+        /* AVX2 rounds only the quantized matmuls' activations */
+        static loom_kernels avx2_fast, ref_q_fast;
+        avx2_fast = loom_kernels_over(avx2, &loom_kernels_avx2_q_fast);
+        ref_q_fast = loom_kernels_over(loom_kernels_ref, &loom_kernels_ref_q_fast);
+        ref_q_fast.name = "ref-q-fast";
+        run_all("avx2-fast", &avx2_fast, &ref_q_fast, 0);
         ran = 1;
         if (loom_cpu_has_avx512()) {
             static loom_kernels avx512, avx512_fast;

@@ -260,8 +260,9 @@ int loom_dflash_is_q8(const loom_dflash *d) { return ((const dflash_priv *)d)->q
 loom_status loom_dflash_prepare(loom_dflash *d, const loom_model *t, int fast) {
     dflash_priv *p = (dflash_priv *)d; /* d is its first member */
     const loom_kernels *kf = loom_kernels_get_fast();
-    /* only where the fast table multiplies 8-bit weights in integers */
-    int q8 = fast && kf->matmul_q != loom_kernels_get()->matmul_q;
+    /* only where the fast table's 8-bit matmul outruns the exact one over
+     * a block's rows (VNNI; not AVX2's VPMADDUBSW) */
+    int q8 = fast && kf->q8_prompt_fast;
     if (q8 && p->q8 && p->q8_head == t->lm_head.data) return LOOM_OK;
     loom_free(p->q8);
     p->q8 = NULL;

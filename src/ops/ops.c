@@ -13,7 +13,7 @@ loom_kernels loom_kernels_over(loom_kernels base, const loom_kernels *t) {
     OVER(matmul_f32); OVER(matmul_f16); OVER(matmul_bf16); OVER(dot);
     OVER(axpy); OVER(attn_pv); OVER(rmsnorm); OVER(softmax); OVER(silu_mul);
     OVER(matmul_q); OVER(matmul_f8); OVER(gelu_tanh_mul);
-    OVER(f16_to_f32); OVER(bf16_to_f32); OVER(q_il16);
+    OVER(f16_to_f32); OVER(bf16_to_f32); OVER(q_il16); OVER(q8_prompt_fast);
     OVER(q_prep_bytes); OVER(q_prep); OVER(matmul_q_prep);
     OVER(bf16_prep_bytes); OVER(bf16_prep); OVER(matmul_bf16_prep);
 #undef OVER
@@ -25,7 +25,8 @@ static pthread_once_t once = PTHREAD_ONCE_INIT, fast_once = PTHREAD_ONCE_INIT;
 static int fast_bf16_avail; /* the AVX-512 --fast bf16 entries run here */
 
 /* --fast only changes the entries a SIMD table has a faster rounded
- * variant for; elsewhere best_fast is best. */
+ * variant for (AVX2: the 4-/8-bit matmuls; AVX-512: those, and bf16
+ * where it pays); elsewhere best_fast is best. */
 static void pick_table(const char *force) {
     best = loom_kernels_ref;
     best_fast = best;
@@ -37,7 +38,8 @@ static void pick_table(const char *force) {
         return;
     best = loom_kernels_over(best, &loom_kernels_avx2);
     best.name = "avx2";
-    best_fast = best;
+    best_fast = loom_kernels_over(best, &loom_kernels_avx2_q_fast);
+    best_fast.name = "avx2-fast";
     /* LOOM_KERNELS=avx2 keeps AVX-512 machines on the AVX2 kernels (for
      * comparisons and tests of both). */
     if (!(force && !strcmp(force, "avx2")) && loom_cpu_has_avx512()) {

@@ -107,6 +107,9 @@ typedef struct loom_kernels {
     void (*bf16_to_f32)(float *y, const uint16_t *x, int n);
     /* matmul_q also takes loom_q_interleave'd matrices. */
     int q_il16;
+    /* Its 8-bit matmul over a prompt's many tokens outruns the exact one
+     * (VNNI): what the drafters' 8-bit copies need to pay. */
+    int q8_prompt_fast;
     /* Optional, for those matrices: x rounded once into buf (q_prep_bytes
      * of it) serves every row slice of every matrix with w's columns and
      * group; matmul_q_prep gives matmul_q's bits from it. */
@@ -134,6 +137,8 @@ extern const loom_kernels loom_kernels_avx512_q, loom_kernels_avx512_dense;
  * bf16 for bf16 weights), as llama.cpp does. Each has a plain-C
  * reference of the same rounding (loom_kernels_ref_*_fast below). */
 extern const loom_kernels loom_kernels_avx512_q_fast, loom_kernels_avx512_dense_fast;
+/* The 4-/8-bit --fast matmul with AVX2 alone (VPMADDUBSW for VPDPBUSD). */
+extern const loom_kernels loom_kernels_avx2_q_fast;
 #endif
 /* Plain-C references of the rounded variants (ops_q_fast_ref.c,
  * ops_dense_fast_ref.c): what the _fast SIMD entries must agree with. */

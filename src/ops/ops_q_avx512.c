@@ -828,6 +828,6 @@ static void matmul_q_fast(float *y, int ldy, const float *x, int ldx, const loom
 
 const loom_kernels loom_kernels_avx512_q = {.name = "avx512-q", .matmul_q = matmul_q};
 const loom_kernels loom_kernels_avx512_q_fast = {.name = "avx512-q-fast", .matmul_q = matmul_q_fast,
-                                                 .q_il16 = 1, .q_prep_bytes = il_prep_bytes,
+                                                 .q_il16 = 1, .q8_prompt_fast = 1, .q_prep_bytes = il_prep_bytes,
                                                  .q_prep = il_prep_buf,
                                                  .matmul_q_prep = il_matmul_prep};
