@@ -143,6 +143,9 @@ extern const loom_kernels loom_kernels_avx2_q_fast;
 /* Plain-C references of the rounded variants (ops_q_fast_ref.c,
  * ops_dense_fast_ref.c): what the _fast SIMD entries must agree with. */
 extern const loom_kernels loom_kernels_ref_q_fast, loom_kernels_ref_dense_fast;
+/* Whether the --fast rounding applies to w (4- or 8-bit, groups of 64 << s
+ * columns, at most 32768 columns); other matrices take the exact matmul. */
+int loom_q_fast_ok(const loom_qmat *w);
 
 /* Whether this CPU runs the AVX-512 tables (F, BW, DQ, VL, VNNI, BF16). */
 int loom_cpu_has_avx512(void);

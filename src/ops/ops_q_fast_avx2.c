@@ -32,12 +32,6 @@
 #define MAXG (32768 / XBLK)   /* blocks (and groups) a row at most */
 #define FAST8_MAX_T 8
 
-static int fast_ok(const loom_qmat *w) {
-    int m = w->group / XBLK;
-    return (w->bits == 4 || w->bits == 8) && w->group % XBLK == 0 && (m & (m - 1)) == 0 &&
-           w->n % w->group == 0 && w->n <= 32768;
-}
-
 /* One block of 64 activations rounded to int8 into q; returns sum(q),
  * *sx the block's scale. */
 static int round_block(const float *xj, int32_t *q, float *sx) {
@@ -173,7 +167,7 @@ static void tile(float *y, size_t ldy, const int8_t *xq, const float *sx, const 
 
 static void matmul_q_fast(float *y, int ldy, const float *x, int ldx, const loom_qmat *w, int T,
                           int r0, int r1) {
-    if (!fast_ok(w) || w->il16) {
+    if (!loom_q_fast_ok(w) || w->il16) {
         loom_kernels_avx2.matmul_q(y, ldy, x, ldx, w, T, r0, r1);
         return;
     }

@@ -18,8 +18,7 @@
 
 #define XBLK 64
 
-/* Whether the fast rounding applies to w (the SIMD file checks the same). */
-static int fast_ok(const loom_qmat *w) {
+int loom_q_fast_ok(const loom_qmat *w) {
     int m = w->group / XBLK;
     return (w->bits == 4 || w->bits == 8) && w->group % XBLK == 0 && (m & (m - 1)) == 0 &&
            w->n % w->group == 0 && w->n <= 32768;
@@ -41,7 +40,7 @@ static int quant_block(const float *x, signed char *q, float *sx) {
 
 static void matmul_q(float *y, int ldy, const float *x, int ldx, const loom_qmat *w, int T,
                      int r0, int r1) {
-    if (!fast_ok(w)) {
+    if (!loom_q_fast_ok(w)) {
         loom_kernels_ref.matmul_q(y, ldy, x, ldx, w, T, r0, r1);
         return;
     }
