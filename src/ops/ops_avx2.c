@@ -296,6 +296,11 @@ static void q_dequant(float *buf, const loom_qmat *w, size_t r, size_t k0, size_
     const size_t row_bytes = (size_t)w->n * (size_t)w->bits / 8;
     const uint8_t *row = (const uint8_t *)w->w + r * row_bytes;
     const size_t group = (size_t)w->group, ng = (size_t)w->n / group;
+    /* the same columns TILE_R rows on into L2: a batched decode (a few
+     * tokens) streams the rows as the matvec does */
+    for (size_t b = (k0 * (size_t)w->bits / 8 + 63) & ~(size_t)63, e = (k0 + len) * (size_t)w->bits / 8;
+         b < e; b += 64)
+        _mm_prefetch((const char *)row + TILE_R * row_bytes + b, PF_HINT);
     for (size_t k = k0, end = k0 + len; k < end;) {
         size_t g = k / group, gend = LOOM_MIN(end, (g + 1) * group);
         __m256 sc = _mm256_set1_ps(q_param(w, w->scales, r * ng + g));
