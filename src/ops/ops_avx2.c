@@ -109,6 +109,12 @@ INLINE void prefetch_rows(const void *w, const size_t *base, int R, size_t n, si
     for (int r = 0; r < R; r++) _mm_prefetch((const char *)w + (base[r] + off) * sz, PF_HINT);
 }
 
+/* Bytes [b0, b1) from p into L2, a prefetch a line (the quantized rows,
+ * whose bytes per column vary with the width). */
+INLINE void prefetch_span(const void *p, size_t b0, size_t b1) {
+    for (size_t b = (b0 + 63) & ~(size_t)63; b < b1; b += 64) _mm_prefetch((const char *)p + b, PF_HINT);
+}
+
 /* Prefill register tile: TILE_R rows x TILE_T tokens of accumulators.
  * 4 x 3 uses all 16 ymm registers (12 + 3 x + 1 w). Measured against 2 x 6
  * and 3 x 4 at T = 64 on [3072 x 1024] and [1024 x 3072]: 4 x 3 was best
@@ -298,9 +304,7 @@ static void q_dequant(float *buf, const loom_qmat *w, size_t r, size_t k0, size_
     const size_t group = (size_t)w->group, ng = (size_t)w->n / group;
     /* the same columns TILE_R rows on into L2: a batched decode (a few
      * tokens) streams the rows as the matvec does */
-    for (size_t b = (k0 * (size_t)w->bits / 8 + 63) & ~(size_t)63, e = (k0 + len) * (size_t)w->bits / 8;
-         b < e; b += 64)
-        _mm_prefetch((const char *)row + TILE_R * row_bytes + b, PF_HINT);
+    prefetch_span(row + TILE_R * row_bytes, k0 * (size_t)w->bits / 8, (k0 + len) * (size_t)w->bits / 8);
     for (size_t k = k0, end = k0 + len; k < end;) {
         size_t g = k / group, gend = LOOM_MIN(end, (g + 1) * group);
         __m256 sc = _mm256_set1_ps(q_param(w, w->scales, r * ng + g));
@@ -332,11 +336,10 @@ INLINE void q_matvec_rows(float *y, const float *x, const loom_qmat *w, int r0, 
     }
     for (size_t g = 0; g < ng; g++) {
         __m256 p[4], xs = _mm256_setzero_ps();
-        /* the group's bytes of the next R rows into L2, a line at a time */
-        for (size_t b = (g * gbytes + 63) & ~(size_t)63; b < (g + 1) * gbytes; b += 64)
+        /* the group's bytes of the next R rows into L2 */
 #pragma GCC unroll 4
-            for (int r = 0; r < R; r++)
-                _mm_prefetch((const char *)row[r] + (size_t)R * row_bytes + b, PF_HINT);
+        for (int r = 0; r < R; r++)
+            prefetch_span(row[r] + (size_t)R * row_bytes, g * gbytes, (g + 1) * gbytes);
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) p[r] = _mm256_setzero_ps();
         for (size_t k = g * group, end = k + group; k < end; k += 8) {
